@@ -1,0 +1,12 @@
+"""Registry of CLI sub-commands beyond ``experiment``.
+
+Each entry is ``register(subparsers)``: it adds one sub-command with ``set_defaults(func=...)``.
+Keep command implementations in the module that owns the feature; list the registrar here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = []

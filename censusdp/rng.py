@@ -1,0 +1,154 @@
+"""Randomness: a cryptographically secure generator and keyed, partition-independent streams.
+
+Default mode draws a fresh 256-bit key from :func:`secrets.token_bytes`. Reproducible mode
+derives the key from an explicit integer seed and warns (:class:`ReproducibleSeedWarning`):
+seeded output is for reproduction and testing, never for a real release. The seed is never
+stored on the object in clear text and must never be written to outputs.
+
+Noise is a pure function of ``(key, label, node index)``: the nodes of a stream (one level and
+query, say) are cut into fixed chunks of :data:`CHUNK` nodes, and chunk ``j`` is drawn from a
+ChaCha20 generator keyed by ``HMAC-SHA256(key, f"{label}:{j}")``. Drawing nodes ``[a, c)`` and
+``[c, b)`` separately therefore equals drawing ``[a, b)`` at once, bit for bit, however the work
+is partitioned. This is the shared-secret-key protocol of Algorithm 4 in the subspace-DP paper
+(every agent holds the common key and regenerates locally the noise it needs).
+
+References
+----------
+Gao, Gong & Yu, "Subspace Differential Privacy", AAAI 2022, Algorithm 4 (distributed
+privatization with a common secret key).
+Bernstein, "ChaCha, a variant of Salsa20", 2008 (the ChaCha20 stream cipher as a CSPRNG).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+from randomgen import ChaCha
+
+__all__ = ["CHUNK", "KeyedRNG", "ReproducibleSeedWarning", "Sampler"]
+
+#: Nodes per keyed chunk. Fixed forever: changing it changes every seeded release.
+CHUNK = 1 << 16
+
+#: ``sampler(generator, size) -> 1-D array of `size` draws``.
+Sampler = Callable[[np.random.Generator, int], np.ndarray]
+
+
+class ReproducibleSeedWarning(UserWarning):
+    """Seeded (reproducible) randomness is in use: not for a real release."""
+
+
+def _chacha(key: bytes) -> np.random.Generator:
+    return np.random.Generator(ChaCha(key=int.from_bytes(key, "little"), counter=0, rounds=20))
+
+
+class KeyedRNG:
+    """A secret key and the generators derived from it.
+
+    Parameters
+    ----------
+    key : bytes
+        The 32-byte secret key. Use :meth:`secure` or :meth:`reproducible` rather than
+        passing a key by hand.
+
+    Examples
+    --------
+    >>> rng = KeyedRNG.reproducible(7)                       # doctest: +SKIP
+    >>> g = rng.generator("mcmc/proposals")                  # one stream
+    >>> noise = rng.draw("county/total", 3221, 0, 3221,      # nodes [0, 3221) of a level
+    ...                  lambda g, n: g.laplace(size=n))
+    """
+
+    __slots__ = ("_key", "reproducible_mode")
+
+    def __init__(self, key: bytes, *, reproducible_mode: bool = False) -> None:
+        if not isinstance(key, bytes | bytearray) or len(key) != 32:
+            raise ValueError("KeyedRNG needs a 32-byte key; use KeyedRNG.secure() or .reproducible(seed)")
+        self._key = bytes(key)
+        self.reproducible_mode = reproducible_mode
+
+    def __repr__(self) -> str:  # never show the key
+        mode = "reproducible" if self.reproducible_mode else "secure"
+        return f"KeyedRNG({mode})"
+
+    @classmethod
+    def secure(cls) -> KeyedRNG:
+        """A fresh key from the operating system's CSPRNG (the default for releases)."""
+        return cls(secrets.token_bytes(32))
+
+    @classmethod
+    def reproducible(cls, seed: int, *, warn: bool = True) -> KeyedRNG:
+        """A key derived from an explicit seed, for reproduction and tests only."""
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+            raise ValueError("the seed must be a non-negative integer")
+        if warn:
+            warnings.warn(
+                "reproducible mode: an explicit seed was given; seeded output is for "
+                "reproduction and testing, never for a real release",
+                ReproducibleSeedWarning,
+                stacklevel=2,
+            )
+        key = hashlib.sha256(b"censusdp/seed/" + str(int(seed)).encode()).digest()
+        return cls(key, reproducible_mode=True)
+
+    @classmethod
+    def from_seed(cls, seed: int | None) -> KeyedRNG:
+        """:meth:`secure` when ``seed`` is None, otherwise :meth:`reproducible`."""
+        return cls.secure() if seed is None else cls.reproducible(seed)
+
+    def subkey(self, label: str) -> bytes:
+        """``HMAC-SHA256(key, label)``: the key of one named stream."""
+        return hmac.new(self._key, label.encode(), hashlib.sha256).digest()
+
+    def child(self, label: str) -> KeyedRNG:
+        """An independent keyed RNG for a sub-task (e.g. one repetition of an experiment)."""
+        return KeyedRNG(self.subkey("child:" + label), reproducible_mode=self.reproducible_mode)
+
+    def generator(self, label: str, chunk: int = 0) -> np.random.Generator:
+        """The ChaCha20 generator of chunk ``chunk`` of stream ``label``."""
+        return _chacha(self.subkey(f"{label}:{int(chunk)}"))
+
+    def draw(
+        self,
+        label: str,
+        n_items: int,
+        start: int,
+        stop: int,
+        sampler: Sampler,
+        width: int = 1,
+    ) -> np.ndarray:
+        """Draws for items ``[start, stop)`` of a stream of ``n_items`` items.
+
+        Each item is a row of ``width`` draws. Chunk ``j`` covers items
+        ``[j*CHUNK, min((j+1)*CHUNK, n_items))`` and is always drawn whole, with one call
+        ``sampler(generator(label, j), rows*width)``, then sliced. The result depends only
+        on ``(key, label, n_items, start, stop, width)`` and the sampler, never on how the
+        range is split.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(stop - start, width)``.
+        """
+        if not 0 <= start <= stop <= n_items:
+            raise ValueError(f"stream {label!r}: range [{start}, {stop}) is outside [0, {n_items})")
+        if width < 1:
+            raise ValueError("width must be at least 1")
+        parts = []
+        first, last = start // CHUNK, (stop - 1) // CHUNK if stop > start else start // CHUNK - 1
+        for j in range(first, last + 1):
+            lo, hi = j * CHUNK, min((j + 1) * CHUNK, n_items)
+            rows = np.asarray(sampler(self.generator(label, j), (hi - lo) * width))
+            if rows.shape != ((hi - lo) * width,):
+                raise ValueError(f"sampler returned shape {rows.shape}, expected {((hi - lo) * width,)}")
+            rows = rows.reshape(hi - lo, width)
+            parts.append(rows[max(start, lo) - lo : min(stop, hi) - lo])
+        if not parts:
+            probe = np.asarray(sampler(self.generator(label, 0), 0))
+            return np.empty((0, width), dtype=probe.dtype)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)

@@ -1,0 +1,148 @@
+"""Discover and run experiments.
+
+``censusdp experiment NAME`` imports ``censusdp.experiments.<NAME with - replaced by _>`` and
+calls its ``run(ctx)``. The experiment writes figures and ``report.md`` through ``ctx`` into a
+temporary directory; the runner adds ``metrics.json`` (the returned dict) and renames the
+directory into place only when everything succeeded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import pkgutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from censusdp.atomic import atomic_dir
+from censusdp.errors import DataError, SpecError
+from censusdp.paths import shared_data_file
+from censusdp.rng import KeyedRNG
+
+__all__ = ["ExperimentContext", "available", "run_experiment", "to_jsonable"]
+
+
+@dataclass
+class ExperimentContext:
+    """What an experiment gets: where to write, how big to run, its data and randomness.
+
+    Attributes
+    ----------
+    out : Path
+        The (temporary) output directory; write figures and the report here.
+    quick : bool
+        Run the small form (≤ 60 s).
+    data : Path or None
+        ``--data``: overrides the experiment's default input file.
+    rng : KeyedRNG
+        Secure by default; reproducible when ``--seed`` was given.
+    timings : dict
+        Stage timings the experiment may fill; written into ``metrics.json``.
+    """
+
+    out: Path
+    quick: bool = False
+    data: Path | None = None
+    rng: KeyedRNG = field(default_factory=KeyedRNG.secure)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def input_file(self, default_name: str, *, required: bool = True) -> Path | None:
+        """``--data`` if given, else ``../shared/data/<default_name>``.
+
+        Raises
+        ------
+        DataError
+            When the file is required and neither exists.
+        """
+        if self.data is not None:
+            if not self.data.is_file():
+                raise DataError(f"--data {self.data}: no such file")
+            return self.data
+        p = shared_data_file(default_name)
+        if p is None and required:
+            raise DataError(
+                f"input {default_name!r} not found: pass --data PATH or place the shared "
+                "data folder beside the repository (../shared/data)"
+            )
+        return p
+
+    def savefig(self, fig: Any, name: str) -> Path:
+        """Save a matplotlib figure as PNG and close it."""
+        import matplotlib.pyplot as plt
+
+        path = self.out / name
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return path
+
+    def write_report(self, text: str) -> Path:
+        path = self.out / "report.md"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+
+def available() -> list[str]:
+    """Names of all experiments shipped in this package."""
+    import censusdp.experiments as pkg
+
+    names = []
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if mod.name.startswith("_") or mod.name == "registry":
+            continue
+        names.append(mod.name.replace("_", "-"))
+    return sorted(names)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """numpy scalars/arrays → Python; NaN/inf → None (JSON has neither)."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, float | np.floating):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    return obj
+
+
+def run_experiment(
+    name: str,
+    out: str | Path | None = None,
+    *,
+    quick: bool = False,
+    data: str | Path | None = None,
+    seed: int | None = None,
+) -> tuple[Path, dict]:
+    """Run experiment ``name``; returns the output directory and its metrics.
+
+    Raises
+    ------
+    SpecError
+        For an unknown experiment name.
+    """
+    if name not in available():
+        raise SpecError(f"unknown experiment {name!r}; available: {', '.join(available())}")
+    module = importlib.import_module(f"censusdp.experiments.{name.replace('-', '_')}")
+    target = Path(out) if out is not None else Path("results") / name
+    rng = KeyedRNG.from_seed(seed)
+    with atomic_dir(target) as tmp:
+        ctx = ExperimentContext(out=tmp, quick=quick, data=None if data is None else Path(data), rng=rng)
+        t0 = time.perf_counter()
+        metrics = module.run(ctx)
+        ctx.timings["total_seconds"] = time.perf_counter() - t0
+        metrics = dict(metrics)
+        metrics.setdefault("quick", quick)
+        metrics.setdefault("timings", ctx.timings)
+        (tmp / "metrics.json").write_text(json.dumps(to_jsonable(metrics), indent=2), encoding="utf-8")
+    return target, metrics

@@ -1,0 +1,249 @@
+"""The geographic hierarchy as arrays per level.
+
+Nodes are stored level by level in contiguous integer index ranges. Within a level, nodes are
+sorted by ``(parent, code)``, so the children of a node are a contiguous range of the level
+below (CSR: ``child_start``, ``child_count``). An 8-million-leaf tree is a handful of arrays,
+never one Python object per node. Level 0 is the root level and holds exactly one node.
+
+Node order is canonical (it depends on the codes only, never on input row order): noise is
+keyed by node index (:mod:`censusdp.rng`), so a canonical order makes seeded releases
+independent of how the input file was sorted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from censusdp.errors import HierarchyError
+
+__all__ = ["Level", "Hierarchy", "STRING_DTYPE", "as_codes"]
+
+#: Codes are stored as numpy variable-width strings (short codes are stored inline).
+STRING_DTYPE = np.dtypes.StringDType()
+
+
+def as_codes(values: object) -> np.ndarray:
+    """Convert any sequence of codes to a 1-D array of :data:`STRING_DTYPE`."""
+    arr = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values
+    return np.asarray(arr, dtype=STRING_DTYPE).reshape(-1)
+
+
+@dataclass(frozen=True, eq=False)
+class Level:
+    """One level of a :class:`Hierarchy`.
+
+    Attributes
+    ----------
+    name : str
+        Level name, e.g. ``"county"``.
+    codes : numpy.ndarray
+        Stable string id of every node (GISJOIN, FIPS, ...), unique within the level.
+    parent : numpy.ndarray
+        int64 index of each node's parent in the level above (``-1`` for the root);
+        non-decreasing.
+    child_start, child_count : numpy.ndarray
+        int64 CSR offsets of each node's children in the level below (zeros on the leaves).
+    """
+
+    name: str
+    codes: np.ndarray
+    parent: np.ndarray
+    child_start: np.ndarray
+    child_count: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.codes.shape[0])
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _csr(parent: np.ndarray, n_parents: int) -> tuple[np.ndarray, np.ndarray]:
+    count = np.bincount(parent, minlength=n_parents).astype(np.int64)
+    start = np.zeros(n_parents, dtype=np.int64)
+    np.cumsum(count[:-1], out=start[1:])
+    return start, count
+
+
+class Hierarchy:
+    """A rooted tree of nested geographies, stored as arrays per level.
+
+    Build one with the builders of :mod:`censusdp.hierarchy.builders` or with
+    :meth:`from_parents`; do not fill the arrays by hand.
+    """
+
+    __slots__ = ("levels",)
+
+    def __init__(self, levels: Sequence[Level]) -> None:
+        self.levels: tuple[Level, ...] = tuple(levels)
+        if not self.levels or self.levels[0].size != 1:
+            raise HierarchyError("a hierarchy needs a root level with exactly one node")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_parents(
+        cls,
+        names: Sequence[str],
+        codes: Sequence[object],
+        parents: Sequence[np.ndarray | None],
+        *,
+        return_order: bool = False,
+    ) -> Hierarchy | tuple[Hierarchy, list[np.ndarray]]:
+        """Build from per-level codes and parent indices (into the input order above).
+
+        Parameters
+        ----------
+        names : sequence of str
+            Level names, root first.
+        codes : sequence of array-like
+            Codes per level in input order; the root level has one code.
+        parents : sequence of int arrays
+            For level ``k >= 1``, the index (in the *input* order of level ``k-1``) of each
+            node's parent; ``parents[0]`` is ignored.
+        return_order : bool
+            Also return, per level, ``order`` such that canonical node ``i`` is input node
+            ``order[i]`` (use it to align data rows with nodes).
+        """
+        if not (len(names) == len(codes) == len(parents)):
+            raise HierarchyError("names, codes and parents must have one entry per level")
+        if len(set(names)) != len(names):
+            raise HierarchyError(f"level names must be unique, got {list(names)}")
+        levels: list[Level] = []
+        orders: list[np.ndarray] = []
+        inv_prev = np.zeros(1, dtype=np.int64)
+        for k, (name, raw_codes) in enumerate(zip(names, codes, strict=True)):
+            c = as_codes(raw_codes)
+            if k == 0:
+                if c.size != 1:
+                    raise HierarchyError(f"level {name!r}: the root level must have one node")
+                levels.append(Level(name, c, np.full(1, -1, np.int64), *_empty_csr(1)))
+                orders.append(np.zeros(1, dtype=np.int64))
+                continue
+            if c.size == 0:
+                raise HierarchyError(f"level {name!r} is empty: every level needs at least one node")
+            p_in = np.asarray(parents[k], dtype=np.int64).reshape(-1)
+            if p_in.shape != c.shape:
+                raise HierarchyError(f"level {name!r}: {c.size} codes but {p_in.size} parents")
+            n_up = levels[-1].size
+            bad = np.flatnonzero((p_in < 0) | (p_in >= n_up))
+            if bad.size:
+                raise HierarchyError(
+                    f"level {name!r}: node {str(c[bad[0]])!r} has no parent in level "
+                    f"{levels[-1].name!r} (orphan); every node needs a parent one level up"
+                )
+            p = inv_prev[p_in]
+            order = np.lexsort((c, p))
+            p_sorted = p[order]
+            start, count = _csr(p_sorted, n_up)
+            up = levels[-1]
+            levels[-1] = Level(up.name, up.codes, up.parent, start, count)
+            levels.append(Level(name, c[order], p_sorted, *_empty_csr(c.size)))
+            orders.append(order)
+            inv_prev = np.empty_like(order)
+            inv_prev[order] = np.arange(order.size)
+        h = cls(levels)
+        return (h, orders) if return_order else h
+
+    # ------------------------------------------------------------------ access
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(lv.name for lv in self.levels)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(lv.size for lv in self.levels)
+
+    @property
+    def depth(self) -> int:
+        """Number of levels, root included."""
+        return len(self.levels)
+
+    @property
+    def leaves(self) -> Level:
+        return self.levels[-1]
+
+    def __len__(self) -> int:
+        return len(self.levels)
+
+    def __iter__(self) -> Iterator[Level]:
+        return iter(self.levels)
+
+    def level_index(self, level: str | int) -> int:
+        """Index of a level given by name or (possibly negative) position."""
+        if isinstance(level, str):
+            try:
+                return self.names.index(level)
+            except ValueError:
+                raise HierarchyError(
+                    f"no level named {level!r}; the levels are {list(self.names)}"
+                ) from None
+        k = int(level)
+        if not -self.depth <= k < self.depth:
+            raise HierarchyError(f"level index {k} out of range for {self.depth} levels")
+        return k % self.depth
+
+    def __getitem__(self, level: str | int) -> Level:
+        return self.levels[self.level_index(level)]
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{lv.name}={lv.size}" for lv in self.levels)
+        return f"Hierarchy({body})"
+
+    # ------------------------------------------------------------------ structure
+    def ancestor_index(self, level: str | int, ancestor_level: str | int) -> np.ndarray:
+        """For every node of ``level``, the index of its ancestor at ``ancestor_level``."""
+        k, a = self.level_index(level), self.level_index(ancestor_level)
+        if a > k:
+            raise HierarchyError(
+                f"level {self.names[a]!r} is below {self.names[k]!r}; ancestors are above"
+            )
+        idx = np.arange(self.levels[k].size, dtype=np.int64)
+        for j in range(k, a, -1):
+            idx = self.levels[j].parent[idx]
+        return idx
+
+    def descendant_range(self, level: str | int, node: int, below: str | int) -> tuple[int, int]:
+        """The contiguous index range ``[lo, hi)`` of ``node``'s descendants at ``below``."""
+        k, b = self.level_index(level), self.level_index(below)
+        if b < k:
+            raise HierarchyError(f"level {self.names[b]!r} is above {self.names[k]!r}")
+        lo, hi = int(node), int(node) + 1
+        for j in range(k, b):
+            lv = self.levels[j]
+            if hi > lo:
+                lo, hi = int(lv.child_start[lo]), int(lv.child_start[hi - 1] + lv.child_count[hi - 1])
+        return lo, hi
+
+    # ------------------------------------------------------------------ aggregation
+    def aggregate_up(self, level: str | int, values: np.ndarray) -> np.ndarray:
+        """Sum node values of ``level`` into their parents (one level up)."""
+        k = self.level_index(level)
+        if k == 0:
+            raise HierarchyError("the root level has no parent level")
+        up = self.levels[k - 1]
+        values = np.asarray(values)
+        if values.shape[0] != self.levels[k].size:
+            raise HierarchyError(
+                f"level {self.names[k]!r} has {self.levels[k].size} nodes but the values "
+                f"have {values.shape[0]} rows"
+            )
+        out = np.zeros((up.size,) + values.shape[1:], dtype=values.dtype)
+        nz = up.child_count > 0
+        if values.shape[0]:
+            out[nz] = np.add.reduceat(values, up.child_start[nz], axis=0)
+        return out
+
+    def aggregate(self, leaf_values: np.ndarray) -> list[np.ndarray]:
+        """Sum leaf values (shape ``(n_leaves, ...)``) to every level, root first."""
+        out = [np.asarray(leaf_values)]
+        for k in range(self.depth - 1, 0, -1):
+            out.append(self.aggregate_up(k, out[-1]))
+        return out[::-1]
+
+
+def _empty_csr(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)

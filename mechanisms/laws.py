@@ -1,0 +1,148 @@
+"""Noise laws: one class per law, each a sampler, a (log-)density, a variance and a privacy
+function. The same object draws unconstrained noise and serves as an MCMC target.
+
+Continuous laws (:class:`Laplace`, :class:`Gaussian`) exist for the seeds' real-valued
+mechanisms; they use floating-point sampling and are **not floating-point safe** (Mironov 2012).
+The exact integer laws live in :mod:`censusdp.mechanisms.discrete`.
+
+References
+----------
+Dwork, McSherry, Nissim & Smith (2006), the Laplace mechanism.
+Bun & Steinke (2016), zero-concentrated DP: a Gaussian of scale σ on a query of ℓ₂
+sensitivity Δ is ρ-zCDP with ρ = Δ² / (2σ²).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+__all__ = ["NoiseLaw", "Laplace", "Gaussian"]
+
+
+class NoiseLaw(ABC):
+    """A zero-centred noise distribution used by a mechanism.
+
+    Attributes
+    ----------
+    name : str
+        Short identifier used in specs and manifests (``"laplace"``, ``"discrete_gaussian"``).
+    is_integer : bool
+        True when draws are integers (and :meth:`log_density` is a log-mass).
+    accounting : {"pure", "zcdp"}
+        Which accountant composes this law's privacy loss.
+    """
+
+    name: str = ""
+    is_integer: bool = False
+    accounting: str = "pure"
+
+    @abstractmethod
+    def sample(self, stream: np.random.Generator, size: int) -> np.ndarray:
+        """``size`` independent draws (float64, or int64 for integer laws)."""
+
+    @abstractmethod
+    def log_density(self, x: np.ndarray) -> np.ndarray:
+        """Normalised log-density (continuous) or log-mass (integer) at ``x``, elementwise."""
+
+    @property
+    @abstractmethod
+    def variance(self) -> float:
+        """Variance of one draw."""
+
+    @abstractmethod
+    def privacy(self, sensitivity: float) -> float:
+        """Privacy loss for a query of the given sensitivity: ε (pure) or ρ (zCDP).
+
+        The sensitivity is ℓ₁ for pure laws and ℓ₂ for zCDP laws.
+        """
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.variance)
+
+
+class Laplace(NoiseLaw):
+    """Laplace(0, b): density exp(−|x|/b) / (2b); ε = Δ₁ / b.
+
+    Parameters
+    ----------
+    scale : float
+        b > 0.
+    """
+
+    name = "laplace"
+    is_integer = False
+    accounting = "pure"
+
+    def __init__(self, scale: float) -> None:
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ValueError("Laplace scale must be a positive finite number")
+        self.scale = float(scale)
+
+    @classmethod
+    def from_epsilon(cls, epsilon: float, sensitivity: float = 1.0) -> Laplace:
+        """b = Δ₁ / ε."""
+        if not epsilon > 0 or not sensitivity > 0:
+            raise ValueError("epsilon and sensitivity must be positive")
+        return cls(sensitivity / epsilon)
+
+    def sample(self, stream: np.random.Generator, size: int) -> np.ndarray:
+        return stream.laplace(0.0, self.scale, size=size)
+
+    def log_density(self, x: np.ndarray) -> np.ndarray:
+        return -np.abs(x) / self.scale - math.log(2.0 * self.scale)
+
+    @property
+    def variance(self) -> float:
+        return 2.0 * self.scale**2
+
+    def privacy(self, sensitivity: float) -> float:
+        return float(sensitivity) / self.scale
+
+    def __repr__(self) -> str:
+        return f"Laplace(scale={self.scale:g})"
+
+
+class Gaussian(NoiseLaw):
+    """N(0, σ²); ρ = Δ₂² / (2σ²) (zCDP).
+
+    Parameters
+    ----------
+    sigma : float
+        Standard deviation σ > 0.
+    """
+
+    name = "gaussian"
+    is_integer = False
+    accounting = "zcdp"
+
+    def __init__(self, sigma: float) -> None:
+        if not (sigma > 0 and math.isfinite(sigma)):
+            raise ValueError("Gaussian sigma must be a positive finite number")
+        self.sigma = float(sigma)
+
+    @classmethod
+    def from_rho(cls, rho: float, sensitivity: float = 1.0) -> Gaussian:
+        """σ = Δ₂ / √(2ρ)."""
+        if not rho > 0 or not sensitivity > 0:
+            raise ValueError("rho and sensitivity must be positive")
+        return cls(sensitivity / math.sqrt(2.0 * rho))
+
+    def sample(self, stream: np.random.Generator, size: int) -> np.ndarray:
+        return stream.normal(0.0, self.sigma, size=size)
+
+    def log_density(self, x: np.ndarray) -> np.ndarray:
+        return -0.5 * (np.asarray(x) / self.sigma) ** 2 - math.log(self.sigma * math.sqrt(2 * math.pi))
+
+    @property
+    def variance(self) -> float:
+        return self.sigma**2
+
+    def privacy(self, sensitivity: float) -> float:
+        return float(sensitivity) ** 2 / (2.0 * self.sigma**2)
+
+    def __repr__(self) -> str:
+        return f"Gaussian(sigma={self.sigma:g})"
