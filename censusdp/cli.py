@@ -23,7 +23,9 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     if args.list or not args.name:
         print("\n".join(available()))
         return 0
-    out, metrics = run_experiment(args.name, args.out, quick=args.quick, data=args.data, seed=args.seed)
+    out, metrics = run_experiment(
+        args.name, args.out, quick=args.quick, data=args.data, seed=args.seed
+    )
     summary = {k: v for k, v in metrics.items() if not isinstance(v, dict | list)}
     print(json.dumps(to_jsonable(summary), indent=2))
     print(f"wrote {out}/ (metrics.json, report.md, figures)")

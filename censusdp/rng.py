@@ -68,7 +68,9 @@ class KeyedRNG:
 
     def __init__(self, key: bytes, *, reproducible_mode: bool = False) -> None:
         if not isinstance(key, bytes | bytearray) or len(key) != 32:
-            raise ValueError("KeyedRNG needs a 32-byte key; use KeyedRNG.secure() or .reproducible(seed)")
+            raise ValueError(
+                "KeyedRNG needs a 32-byte key; use KeyedRNG.secure() or .reproducible(seed)"
+            )
         self._key = bytes(key)
         self.reproducible_mode = reproducible_mode
 
@@ -145,7 +147,9 @@ class KeyedRNG:
             lo, hi = j * CHUNK, min((j + 1) * CHUNK, n_items)
             rows = np.asarray(sampler(self.generator(label, j), (hi - lo) * width))
             if rows.shape != ((hi - lo) * width,):
-                raise ValueError(f"sampler returned shape {rows.shape}, expected {((hi - lo) * width,)}")
+                raise ValueError(
+                    f"sampler returned shape {rows.shape}, expected {((hi - lo) * width,)}"
+                )
             rows = rows.reshape(hi - lo, width)
             parts.append(rows[max(start, lo) - lo : min(stop, hi) - lo])
         if not parts:

@@ -55,7 +55,9 @@ class Release:
             raise ValueError("a Release needs one estimate array per level")
         for lv, est in zip(self.hierarchy.levels, self.estimates, strict=True):
             if est.shape != (lv.size, len(self.cells)):
-                raise ValueError(f"level {lv.name!r}: estimates must be ({lv.size}, {len(self.cells)})")
+                raise ValueError(
+                    f"level {lv.name!r}: estimates must be ({lv.size}, {len(self.cells)})"
+                )
 
     def level(self, level: str | int) -> np.ndarray:
         """Estimates at one level, (n_nodes, n_cells)."""
@@ -73,7 +75,11 @@ class Release:
 
     def to_frame(self, levels: Sequence[str | int] | None = None) -> pd.DataFrame:
         """Long table: level, code, cell, estimator, value, se (se NaN where undefined)."""
-        ks = range(self.hierarchy.depth) if levels is None else [self.hierarchy.level_index(k) for k in levels]
+        ks = (
+            range(self.hierarchy.depth)
+            if levels is None
+            else [self.hierarchy.level_index(k) for k in levels]
+        )
         frames = []
         n_cells = len(self.cells)
         for k in ks:

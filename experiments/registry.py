@@ -137,12 +137,16 @@ def run_experiment(
     target = Path(out) if out is not None else Path("results") / name
     rng = KeyedRNG.from_seed(seed)
     with atomic_dir(target) as tmp:
-        ctx = ExperimentContext(out=tmp, quick=quick, data=None if data is None else Path(data), rng=rng)
+        ctx = ExperimentContext(
+            out=tmp, quick=quick, data=None if data is None else Path(data), rng=rng
+        )
         t0 = time.perf_counter()
         metrics = module.run(ctx)
         ctx.timings["total_seconds"] = time.perf_counter() - t0
         metrics = dict(metrics)
         metrics.setdefault("quick", quick)
         metrics.setdefault("timings", ctx.timings)
-        (tmp / "metrics.json").write_text(json.dumps(to_jsonable(metrics), indent=2), encoding="utf-8")
+        (tmp / "metrics.json").write_text(
+            json.dumps(to_jsonable(metrics), indent=2), encoding="utf-8"
+        )
     return target, metrics

@@ -124,7 +124,9 @@ class Hierarchy:
                 orders.append(np.zeros(1, dtype=np.int64))
                 continue
             if c.size == 0:
-                raise HierarchyError(f"level {name!r} is empty: every level needs at least one node")
+                raise HierarchyError(
+                    f"level {name!r} is empty: every level needs at least one node"
+                )
             p_in = np.asarray(parents[k], dtype=np.int64).reshape(-1)
             if p_in.shape != c.shape:
                 raise HierarchyError(f"level {name!r}: {c.size} codes but {p_in.size} parents")
@@ -215,7 +217,10 @@ class Hierarchy:
         for j in range(k, b):
             lv = self.levels[j]
             if hi > lo:
-                lo, hi = int(lv.child_start[lo]), int(lv.child_start[hi - 1] + lv.child_count[hi - 1])
+                lo, hi = (
+                    int(lv.child_start[lo]),
+                    int(lv.child_start[hi - 1] + lv.child_count[hi - 1]),
+                )
         return lo, hi
 
     # ------------------------------------------------------------------ aggregation

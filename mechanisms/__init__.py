@@ -4,4 +4,13 @@ lattice, matrix masking and Blowfish."""
 from censusdp.mechanisms.laws import Gaussian, Laplace, NoiseLaw
 from censusdp.mechanisms.queries import Invariant, Measurement, Query, invariant, measure
 
-__all__ = ["NoiseLaw", "Laplace", "Gaussian", "Query", "Measurement", "Invariant", "measure", "invariant"]
+__all__ = [
+    "NoiseLaw",
+    "Laplace",
+    "Gaussian",
+    "Query",
+    "Measurement",
+    "Invariant",
+    "measure",
+    "invariant",
+]

@@ -135,7 +135,9 @@ class Gaussian(NoiseLaw):
         return stream.normal(0.0, self.sigma, size=size)
 
     def log_density(self, x: np.ndarray) -> np.ndarray:
-        return -0.5 * (np.asarray(x) / self.sigma) ** 2 - math.log(self.sigma * math.sqrt(2 * math.pi))
+        return -0.5 * (np.asarray(x) / self.sigma) ** 2 - math.log(
+            self.sigma * math.sqrt(2 * math.pi)
+        )
 
     @property
     def variance(self) -> float:

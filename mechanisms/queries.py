@@ -20,7 +20,15 @@ from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.errors import SpecError
 from censusdp.rng import KeyedRNG
 
-__all__ = ["Query", "Measurement", "Invariant", "measure", "measure_range", "invariant", "stream_label"]
+__all__ = [
+    "Query",
+    "Measurement",
+    "Invariant",
+    "measure",
+    "measure_range",
+    "invariant",
+    "stream_label",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,7 +65,9 @@ class Query:
     @property
     def is_identity(self) -> bool:
         m = self.matrix
-        return m.shape[0] == m.shape[1] and bool(np.array_equal(m, np.eye(m.shape[0], dtype=m.dtype)))
+        return m.shape[0] == m.shape[1] and bool(
+            np.array_equal(m, np.eye(m.shape[0], dtype=m.dtype))
+        )
 
     @classmethod
     def detailed(cls, cells: Sequence[str]) -> Query:
@@ -70,7 +80,9 @@ class Query:
         return cls("total", np.ones((1, len(cells)), dtype=np.int64), ("total",))
 
     @classmethod
-    def marginal(cls, name: str, cells: Sequence[str], groups: Mapping[str, str | Sequence[str]]) -> Query:
+    def marginal(
+        cls, name: str, cells: Sequence[str], groups: Mapping[str, str | Sequence[str]]
+    ) -> Query:
         """A 0/1 marginal: one row per group; a group is a glob pattern or a list of cells.
 
         Raises
@@ -160,7 +172,9 @@ def measure_range(
     ``true_answers`` are the exact answers ``query.apply(counts)`` of those nodes.
     """
     stop = start + true_answers.shape[0]
-    noise = rng.draw(stream_label(level_name, query.name), n_nodes, start, stop, law.sample, query.n_rows)
+    noise = rng.draw(
+        stream_label(level_name, query.name), n_nodes, start, stop, law.sample, query.n_rows
+    )
     return true_answers + noise
 
 
