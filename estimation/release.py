@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from censusdp.hierarchy import Hierarchy
 
 from censusdp.budget import PrivacyStatement
+from censusdp.hierarchy import Hierarchy
 
 __all__ = ["Release"]
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from censusdp.mechanisms.laws import NoiseLaw
 
 from censusdp.errors import SpecError
+from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.rng import KeyedRNG
 
 __all__ = [
