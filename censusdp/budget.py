@@ -4,14 +4,235 @@ Two accountants: pure ε (Laplace, discrete Laplace; sequential composition adds
 ρ-zCDP (Gaussian, discrete Gaussian; ρ adds). With invariants the guarantee is *induced
 subspace DP* (Gao, Gong & Yu 2022, Def. 6), equivalently DP over databases that share the
 invariants (Dharangutte et al., integer subspace DP, Def. 2): never plain ε-DP.
+
+Contents: conversions between pure DP, zCDP and (ε, δ)-DP (:func:`zcdp_to_dp`,
+:func:`zcdp_to_dp_cks`, :func:`dp_to_zcdp`, :func:`pure_to_zcdp`, :func:`gaussian_rho`,
+:func:`gaussian_sigma`); accountants (:class:`PureAccountant`, :class:`ZCDPAccountant`);
+the split of a total budget per level and query (:func:`allocate`); and
+:class:`PrivacyStatement` with its builder :func:`statement_for`.
+
+References
+----------
+Bun & Steinke, "Concentrated Differential Privacy: Simplifications, Extensions, and Lower
+Bounds", TCC 2016 (Prop. 1.3: ρ-zCDP ⇒ (ρ + 2√(ρ ln(1/δ)), δ)-DP; Prop. 1.4: ε-DP ⇒
+(ε²/2)-zCDP; Prop. 1.6: Gaussian ρ = Δ²/(2σ²); Lemma 2.3: composition adds ρ).
+Canonne, Kamath & Steinke, "The Discrete Gaussian for Differential Privacy", NeurIPS 2020
+(Prop. 12 and Cor. 13: the tighter zCDP → (ε, δ) conversion).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["PrivacyStatement"]
+from scipy.optimize import brentq
+
+from censusdp.errors import BudgetError
+
+__all__ = [
+    "ACCOUNTINGS",
+    "NOISE_ACCOUNTING",
+    "SHARE_TOLERANCE",
+    "SPEND_TOLERANCE",
+    "Budget",
+    "Accountant",
+    "LedgerEntry",
+    "PrivacyStatement",
+    "PureAccountant",
+    "ZCDPAccountant",
+    "accountant_for",
+    "allocate",
+    "dp_to_zcdp",
+    "gaussian_rho",
+    "gaussian_sigma",
+    "pure_to_zcdp",
+    "statement_for",
+    "zcdp_to_dp",
+    "zcdp_to_dp_cks",
+]
+
+#: The two accounting modes and the unit of their budget.
+ACCOUNTINGS = {"pure": "epsilon", "zcdp": "rho"}
+
+# --------------------------------------------------------------------------------------------
+# Conversions
+
+
+def _check_positive(name: str, value: float) -> float:
+    value = float(value)
+    if not (value > 0 and math.isfinite(value)):
+        raise BudgetError(f"{name} must be a positive finite number, got {value!r}")
+    return value
+
+
+def _check_delta(delta: float) -> float:
+    delta = float(delta)
+    if not 0 < delta < 1:
+        raise BudgetError(f"delta must lie strictly between 0 and 1, got {delta!r}")
+    return delta
+
+
+def zcdp_to_dp(rho: float, delta: float) -> float:
+    """ε of the (ε, δ)-DP guarantee implied by ρ-zCDP (the simple bound).
+
+    ε = ρ + 2√(ρ ln(1/δ)).
+
+    Parameters
+    ----------
+    rho : float
+        ρ ≥ 0.
+    delta : float
+        δ in (0, 1).
+
+    Returns
+    -------
+    float
+        ε ≥ 0.
+
+    References
+    ----------
+    Bun & Steinke (2016), Proposition 1.3.
+    """
+    rho = float(rho)
+    if not (rho >= 0 and math.isfinite(rho)):
+        raise BudgetError(f"rho must be a non-negative finite number, got {rho!r}")
+    delta = _check_delta(delta)
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def zcdp_to_dp_cks(rho: float, delta: float) -> float:
+    """ε of the (ε, δ)-DP guarantee implied by ρ-zCDP (the tighter CKS conversion).
+
+    ρ-zCDP gives (α, αρ)-Rényi DP for every α > 1, and (α, τ)-RDP gives (ε, δ)-DP with
+    δ = exp((α−1)(τ−ε)) / (α−1) · (1 − 1/α)^α. Solving for ε with τ = αρ,
+
+        ε(α) = αρ + (ln(1/δ) − ln α) / (α−1) + ln(1 − 1/α),
+
+    and ε = inf over α > 1 of ε(α). Writing x = α − 1, dε/dα = ρ − (ln(1/δ) − ln α) / x²,
+    so the infimum is attained at the unique root of g(x) = ρx² + ln(1+x) − ln(1/δ) on
+    (0, √(ln(1/δ)/ρ)] (g < 0 at 0, g > 0 at the right end), found with Brent's method. At
+    the root ε = ρ(1 + 2x) + ln(x / (1+x)). The result is clipped below at 0 (a negative ε
+    carries no meaning; ε = 0 is the weaker, still valid, claim). It never exceeds
+    :func:`zcdp_to_dp`, the α-wise minimum of the same bound without the last two terms.
+
+    Parameters
+    ----------
+    rho : float
+        ρ ≥ 0.
+    delta : float
+        δ in (0, 1).
+
+    Returns
+    -------
+    float
+        ε ≥ 0.
+
+    References
+    ----------
+    Canonne, Kamath & Steinke (2020), Proposition 12 and Corollary 13.
+    """
+    rho = float(rho)
+    if not (rho >= 0 and math.isfinite(rho)):
+        raise BudgetError(f"rho must be a non-negative finite number, got {rho!r}")
+    delta = _check_delta(delta)
+    if rho == 0:
+        return 0.0
+    log_inv_delta = math.log(1.0 / delta)
+
+    def g(x: float) -> float:
+        return rho * x * x + math.log1p(x) - log_inv_delta
+
+    hi = math.sqrt(log_inv_delta / rho)
+    x = brentq(g, 0.0, hi, xtol=1e-300, rtol=1e-15, maxiter=500)
+    eps = rho * (1.0 + 2.0 * x) + math.log(x / (1.0 + x))
+    # ε(α) is flat at its minimum, so the root's error barely moves ε; never report less
+    # than the bound evaluated directly at that α.
+    alpha = 1.0 + x
+    direct = alpha * rho + (log_inv_delta - math.log(alpha)) / x + math.log(x / alpha)
+    return max(0.0, eps, direct)
+
+
+def dp_to_zcdp(eps: float, delta: float, *, tight: bool = False) -> float:
+    """The largest ρ whose (ε, δ) conversion does not exceed ``eps``.
+
+    The inverse of :func:`zcdp_to_dp` (closed form ρ = (√(ln(1/δ) + ε) − √ln(1/δ))²), or of
+    :func:`zcdp_to_dp_cks` when ``tight`` (Brent's method on ρ; the CKS bound is increasing
+    in ρ). The result is rounded in the privacy-safe direction: converting it back gives an
+    ε that is at most ``eps``.
+
+    Parameters
+    ----------
+    eps : float
+        Target ε > 0.
+    delta : float
+        δ in (0, 1).
+    tight : bool
+        Invert the CKS conversion (larger ρ for the same ε) instead of the simple bound.
+
+    Returns
+    -------
+    float
+        ρ > 0.
+
+    References
+    ----------
+    Bun & Steinke (2016), Proposition 1.3; Canonne, Kamath & Steinke (2020), Corollary 13.
+    """
+    eps = _check_positive("epsilon", eps)
+    delta = _check_delta(delta)
+    forward = zcdp_to_dp_cks if tight else zcdp_to_dp
+    log_inv_delta = math.log(1.0 / delta)
+    # stable form of (√(L+ε) − √L)²
+    rho = (eps / (math.sqrt(log_inv_delta + eps) + math.sqrt(log_inv_delta))) ** 2
+    if tight:
+        lo, hi = rho, 2.0 * rho
+        while forward(hi, delta) < eps:
+            lo, hi = hi, 2.0 * hi
+        rho = brentq(lambda r: forward(r, delta) - eps, lo, hi, xtol=1e-300, rtol=1e-15)
+    while forward(rho, delta) > eps:
+        rho = math.nextafter(rho, 0.0)
+    return rho
+
+
+def pure_to_zcdp(eps: float) -> float:
+    """ρ = ε²/2: an ε-DP mechanism is (ε²/2)-zCDP.
+
+    References
+    ----------
+    Bun & Steinke (2016), Proposition 1.4.
+    """
+    eps = _check_positive("epsilon", eps)
+    return eps * eps / 2.0
+
+
+def gaussian_rho(sigma: float, sensitivity: float = 1.0) -> float:
+    """ρ = Δ₂² / (2σ²) of the (continuous or discrete) Gaussian mechanism.
+
+    References
+    ----------
+    Bun & Steinke (2016), Proposition 1.6; Canonne, Kamath & Steinke (2020), Theorem 14
+    (the same ρ for the discrete Gaussian with integer-valued queries).
+    """
+    sigma = _check_positive("sigma", sigma)
+    sensitivity = _check_positive("sensitivity", sensitivity)
+    return sensitivity * sensitivity / (2.0 * sigma * sigma)
+
+
+def gaussian_sigma(rho: float, sensitivity: float = 1.0) -> float:
+    """σ = Δ₂ / √(2ρ): the Gaussian scale that spends exactly ρ (inverse of :func:`gaussian_rho`).
+
+    References
+    ----------
+    Bun & Steinke (2016), Proposition 1.6.
+    """
+    rho = _check_positive("rho", rho)
+    sensitivity = _check_positive("sensitivity", sensitivity)
+    return sensitivity / math.sqrt(2.0 * rho)
+
+
+# --------------------------------------------------------------------------------------------
+# The privacy statement
 
 
 @dataclass(frozen=True)
@@ -86,7 +307,7 @@ class PrivacyStatement:
             return f"ε = {self.epsilon:g} (pure)"
         text = f"ρ = {self.rho:g} (zCDP)"
         if self.delta is not None:
-            eps = self.rho + 2.0 * math.sqrt(self.rho * math.log(1.0 / self.delta))
+            eps = zcdp_to_dp(self.rho, self.delta)
             text += f", implying (ε = {eps:.4g}, δ = {self.delta:g})"
         return text
 
@@ -125,3 +346,352 @@ class PrivacyStatement:
             "notes": list(self.notes),
             "text": self.text(),
         }
+
+
+# --------------------------------------------------------------------------------------------
+# Accountants
+
+#: Relative slack allowed when spends add up to the total (float rounding of shares).
+SPEND_TOLERANCE = 1e-9
+
+#: Which accountant composes each noise law (pure: Laplace laws; zCDP: Gaussian laws).
+NOISE_ACCOUNTING = {
+    "laplace": "pure",
+    "discrete_laplace": "pure",
+    "gaussian": "zcdp",
+    "discrete_gaussian": "zcdp",
+}
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One spend: what was measured (``label``) and the ε or ρ it cost (``amount``)."""
+
+    label: str
+    amount: float
+
+
+class Accountant:
+    """Sequential composition of one privacy budget (base class).
+
+    Spends add: ε under pure DP, ρ under zCDP. The accountant refuses a spend that would
+    take the total over the stated budget (up to a relative :data:`SPEND_TOLERANCE` for the
+    rounding of shares). Budgets are not confidential, so errors print amounts.
+
+    Parameters
+    ----------
+    total : float
+        The stated total budget, > 0.
+
+    Attributes
+    ----------
+    accounting : {"pure", "zcdp"}
+    unit : {"epsilon", "rho"}
+    """
+
+    accounting: str = ""
+    unit: str = ""
+
+    def __init__(self, total: float) -> None:
+        self._total = _check_positive(f"total {self.unit}", total)
+        self._ledger: list[LedgerEntry] = []
+
+    @property
+    def total(self) -> float:
+        """The stated budget."""
+        return self._total
+
+    @property
+    def spent(self) -> float:
+        """Sum of all spends so far (compensated summation)."""
+        return math.fsum(e.amount for e in self._ledger)
+
+    @property
+    def remaining(self) -> float:
+        """Budget still available (never negative)."""
+        return max(0.0, self._total - self.spent)
+
+    @property
+    def ledger(self) -> tuple[LedgerEntry, ...]:
+        """Every spend, in order."""
+        return tuple(self._ledger)
+
+    def spend(self, amount: float, label: str) -> LedgerEntry:
+        """Record a spend of ``amount`` for the measurement ``label``.
+
+        Raises
+        ------
+        BudgetError
+            If ``amount`` is not positive and finite, or the spend would exceed the total.
+        """
+        amount = float(amount)
+        if not (amount > 0 and math.isfinite(amount)):
+            raise BudgetError(
+                f"spend for {label!r}: {self.unit} must be a positive finite number, got {amount!r}"
+            )
+        after = math.fsum([self.spent, amount])
+        if after > self._total * (1.0 + SPEND_TOLERANCE):
+            raise BudgetError(
+                f"spend for {label!r} of {self.unit} = {amount:g} would exceed the budget: "
+                f"{self.spent:g} already spent of {self._total:g} ({self.remaining:g} left); "
+                "lower the shares or raise the total"
+            )
+        entry = LedgerEntry(str(label), amount)
+        self._ledger.append(entry)
+        return entry
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.unit}: spent {self.spent:g} of {self._total:g}, "
+            f"{len(self._ledger)} spends)"
+        )
+
+
+class PureAccountant(Accountant):
+    """Pure ε-DP: ε adds under sequential composition (Laplace, discrete Laplace).
+
+    Parameters
+    ----------
+    total_epsilon : float
+        The stated total ε > 0.
+
+    References
+    ----------
+    Dwork & Roth, "The Algorithmic Foundations of Differential Privacy" (2014), Thm. 3.16.
+    """
+
+    accounting = "pure"
+    unit = "epsilon"
+
+    def __init__(self, total_epsilon: float) -> None:
+        super().__init__(total_epsilon)
+
+
+class ZCDPAccountant(Accountant):
+    """ρ-zCDP: ρ adds under composition (Gaussian, discrete Gaussian).
+
+    Parameters
+    ----------
+    total_rho : float
+        The stated total ρ > 0.
+    delta : float, optional
+        δ at which the budget is also reported as (ε, δ)-DP.
+
+    References
+    ----------
+    Bun & Steinke (2016), Lemma 2.3 (composition).
+    """
+
+    accounting = "zcdp"
+    unit = "rho"
+
+    def __init__(self, total_rho: float, delta: float | None = None) -> None:
+        super().__init__(total_rho)
+        self.delta = None if delta is None else _check_delta(delta)
+
+    def epsilon(self, *, tight: bool = True, spent: bool = False) -> float | None:
+        """(ε, δ)-DP equivalent of the total (or of the spent) ρ; None without a δ.
+
+        ``tight`` selects :func:`zcdp_to_dp_cks`, otherwise :func:`zcdp_to_dp`.
+        """
+        if self.delta is None:
+            return None
+        rho = self.spent if spent else self.total
+        return (zcdp_to_dp_cks if tight else zcdp_to_dp)(rho, self.delta)
+
+
+def accountant_for(accounting: str, total: float, delta: float | None = None) -> Accountant:
+    """A :class:`PureAccountant` or :class:`ZCDPAccountant` for ``accounting``."""
+    if accounting == "pure":
+        return PureAccountant(total)
+    if accounting == "zcdp":
+        return ZCDPAccountant(total, delta)
+    raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Allocation
+
+#: Absolute tolerance on a set of shares summing to 1.
+SHARE_TOLERANCE = 1e-9
+
+
+def _check_shares(shares: Mapping[str, float], where: str) -> None:
+    if not shares:
+        raise BudgetError(f"{where}: no shares given; give at least one share")
+    for name, share in shares.items():
+        if isinstance(share, bool) or not isinstance(share, int | float):
+            raise BudgetError(f"{where}: share of {name!r} must be a number, got {share!r}")
+        if not (math.isfinite(share) and share > 0):
+            raise BudgetError(
+                f"{where}: share of {name!r} is {share!r}; shares must be positive "
+                "(omit an entry rather than giving it a zero share)"
+            )
+    total = math.fsum(float(s) for s in shares.values())
+    if abs(total - 1.0) > SHARE_TOLERANCE:
+        raise BudgetError(
+            f"{where}: shares sum to {total:.12g}; they must sum to 1 "
+            f"(tolerance {SHARE_TOLERANCE:g})"
+        )
+
+
+def allocate(
+    total: float,
+    level_shares: Mapping[str, float],
+    query_shares: Mapping[str, Mapping[str, float]],
+) -> dict[tuple[str, str], float]:
+    """Split a total budget per level and per query: total × level share × query share.
+
+    Shares split the accounting unit itself: ε for pure accounting, ρ for zCDP (the Census
+    Bureau's convention for the 2020 DAS production settings, where ρ shares are published
+    per geographic level and query). Because the unit composes additively, the pieces add
+    back up to ``total``.
+
+    Parameters
+    ----------
+    total : float
+        Total ε or ρ, > 0.
+    level_shares : mapping of level → share
+        Positive shares summing to 1 (tolerance :data:`SHARE_TOLERANCE`).
+    query_shares : mapping of level → (mapping of query → share)
+        For every level of ``level_shares`` and no other, positive query shares summing to 1.
+
+    Returns
+    -------
+    dict of (level, query) → float
+        The budget of each measurement, in the order of ``level_shares`` then queries.
+
+    Raises
+    ------
+    BudgetError
+        Non-positive total or share, shares not summing to 1 (naming the level), or levels
+        of the two mappings that do not match.
+
+    References
+    ----------
+    Abowd et al., "The 2020 Census Disclosure Avoidance System TopDown Algorithm", Harvard
+    Data Science Review (2022), §5 (per-level, per-query ρ allocation).
+    """
+    total = _check_positive("total budget", total)
+    _check_shares(level_shares, "level shares")
+    missing = [lvl for lvl in level_shares if lvl not in query_shares]
+    if missing:
+        raise BudgetError(
+            f"no query shares for level(s) {missing}; give query shares for every level "
+            "that has a level share"
+        )
+    extra = [lvl for lvl in query_shares if lvl not in level_shares]
+    if extra:
+        raise BudgetError(
+            f"query shares given for level(s) {extra} that have no level share; "
+            f"levels with a share: {list(level_shares)}"
+        )
+    out: dict[tuple[str, str], float] = {}
+    for level, level_share in level_shares.items():
+        queries = query_shares[level]
+        _check_shares(queries, f"query shares at level {level!r}")
+        for query, share in queries.items():
+            out[(level, query)] = total * float(level_share) * float(share)
+    return out
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A stated privacy budget and its split per level and query.
+
+    Parameters
+    ----------
+    accounting : {"pure", "zcdp"}
+        Pure ε-DP or ρ-zCDP.
+    total : float
+        Total ε (pure) or ρ (zCDP), > 0.
+    level_shares : mapping of level → share
+        Shares of the total per level (sum to 1).
+    query_shares : mapping of level → (mapping of query → share)
+        Shares of each level's budget per query (each sums to 1).
+    delta : float, optional
+        δ at which a zCDP budget is also reported as (ε, δ)-DP.
+    """
+
+    accounting: str
+    total: float
+    level_shares: Mapping[str, float]
+    query_shares: Mapping[str, Mapping[str, float]]
+    delta: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.accounting not in ACCOUNTINGS:
+            raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {self.accounting!r}")
+        if self.delta is not None:
+            _check_delta(self.delta)
+        self.allocation()  # validate now
+
+    def allocation(self) -> dict[tuple[str, str], float]:
+        """The budget of each (level, query): see :func:`allocate`."""
+        return allocate(self.total, self.level_shares, self.query_shares)
+
+    def accountant(self) -> Accountant:
+        """A fresh accountant holding this total."""
+        return accountant_for(self.accounting, self.total, self.delta)
+
+
+def statement_for(
+    accounting: str,
+    total: float,
+    delta: float | None = None,
+    invariants: Sequence[str] | Mapping[str, str] = (),
+    mechanism: str = "",
+    geometry: str = "euclidean",
+) -> PrivacyStatement:
+    """Build the :class:`PrivacyStatement` of a release.
+
+    Parameters
+    ----------
+    accounting : {"pure", "zcdp"}
+    total : float
+        Total ε (pure) or ρ (zCDP) of the stated budget.
+    delta : float, optional
+        δ for reporting a zCDP budget as (ε, δ).
+    invariants : sequence of str, or mapping of level → invariant
+        Statistics released exactly; a mapping ``{"state": "total"}`` becomes
+        ``("state: total",)``. Any invariant makes the guarantee induced subspace DP.
+    mechanism : str
+        Noise law name; when it is one of :data:`NOISE_ACCOUNTING` it must match
+        ``accounting``.
+    geometry : {"euclidean", "weighted"}
+        Geometry of the projection onto the invariant subspace.
+
+    Raises
+    ------
+    BudgetError
+        Bad accounting, total, δ or geometry, or a noise law that needs the other accountant.
+
+    References
+    ----------
+    Gao, Gong & Yu (2022), Def. 6 (induced subspace DP).
+    """
+    if accounting not in ACCOUNTINGS:
+        raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
+    total = _check_positive(f"total {ACCOUNTINGS[accounting]}", total)
+    if delta is not None:
+        delta = _check_delta(delta)
+    if geometry not in ("euclidean", "weighted"):
+        raise BudgetError(f"geometry must be 'euclidean' or 'weighted', got {geometry!r}")
+    needed = NOISE_ACCOUNTING.get(mechanism)
+    if needed is not None and needed != accounting:
+        raise BudgetError(
+            f"mechanism {mechanism!r} is accounted under {needed!r}, not {accounting!r}"
+        )
+    if isinstance(invariants, Mapping):
+        names = tuple(f"{level}: {inv}" for level, inv in invariants.items())
+    else:
+        names = tuple(str(i) for i in invariants)
+    return PrivacyStatement(
+        accounting=accounting,
+        epsilon=total if accounting == "pure" else None,
+        rho=total if accounting == "zcdp" else None,
+        delta=delta,
+        invariants=names,
+        geometry=geometry,
+        mechanism=mechanism,
+    )
