@@ -3,7 +3,10 @@ function. The same object draws unconstrained noise and serves as an MCMC target
 
 Continuous laws (:class:`Laplace`, :class:`Gaussian`) exist for the seeds' real-valued
 mechanisms; they use floating-point sampling and are **not floating-point safe** (Mironov 2012).
-The exact integer laws live in :mod:`censusdp.mechanisms.discrete`.
+The exact integer laws (:class:`~censusdp.mechanisms.discrete.DiscreteLaplace`,
+:class:`~censusdp.mechanisms.discrete.DiscreteGaussian`) live in
+:mod:`censusdp.mechanisms.discrete`; calibration helpers in
+:mod:`censusdp.mechanisms.calibration`.
 
 References
 ----------
@@ -89,6 +92,11 @@ class Laplace(NoiseLaw):
             raise ValueError("epsilon and sensitivity must be positive")
         return cls(sensitivity / epsilon)
 
+    @classmethod
+    def from_epsilon_delta(cls, epsilon: float, delta: float, sensitivity: float = 1.0) -> Laplace:
+        """The pure mechanism ignores δ: b = Δ₁/ε (ε-DP implies (ε, δ)-DP)."""
+        return cls.from_epsilon(epsilon, sensitivity)
+
     def sample(self, stream: np.random.Generator, size: int) -> np.ndarray:
         return stream.laplace(0.0, self.scale, size=size)
 
@@ -130,6 +138,22 @@ class Gaussian(NoiseLaw):
         if not rho > 0 or not sensitivity > 0:
             raise ValueError("rho and sensitivity must be positive")
         return cls(sensitivity / math.sqrt(2.0 * rho))
+
+    @classmethod
+    def from_epsilon_delta(
+        cls,
+        epsilon: float,
+        delta: float,
+        sensitivity: float = 1.0,
+        method: str = "classical",
+    ) -> Gaussian:
+        """σ for (ε, δ)-DP: ``"classical"`` σ = c(ε, δ)·Δ₂ with c = (1 + √(1 + ln(1/δ)))/ε
+        (the seeds' Lemma 13), ``"analytic"`` (Balle & Wang 2018), or ``"zcdp"`` /
+        ``"zcdp_cks"`` (through ρ); see :func:`censusdp.mechanisms.calibration.gaussian_sigma_for`.
+        """
+        from censusdp.mechanisms.calibration import gaussian_sigma_for
+
+        return cls(gaussian_sigma_for(epsilon, delta, sensitivity, method))
 
     def sample(self, stream: np.random.Generator, size: int) -> np.ndarray:
         return stream.normal(0.0, self.sigma, size=size)

@@ -19,6 +19,7 @@ from censusdp.budget import PrivacyStatement
 from censusdp.errors import BudgetError, SpecError
 from censusdp.mechanisms.laws import Gaussian, Laplace, NoiseLaw
 from censusdp.mechanisms.queries import Query
+from censusdp.mechanisms.subspace import l1_sensitivity, l2_sensitivity
 
 __all__ = ["MeasurementPlan", "PlannedQuery", "build_plan", "sensitivity", "make_law", "NOISE_LAWS"]
 
@@ -32,11 +33,9 @@ NOISE_LAWS = {
 
 
 def sensitivity(query: Query, norm: int) -> float:
-    """Largest column ℓ₁ (norm=1) or ℓ₂ (norm=2) norm of the query matrix."""
-    m = np.abs(np.asarray(query.matrix, dtype=np.float64))
-    if norm == 1:
-        return float(m.sum(axis=0).max())
-    return float(np.sqrt((m**2).sum(axis=0)).max())
+    """Largest column ℓ₁ (norm=1) or ℓ₂ (norm=2) norm of the query matrix (a column is the
+    change one person makes)."""
+    return l1_sensitivity(query.matrix) if norm == 1 else l2_sensitivity(query.matrix)
 
 
 def make_law(noise: str, budget: float, query: Query) -> NoiseLaw:

@@ -1,0 +1,253 @@
+"""Noise calibration: the functions that tie ε, δ, ρ, σ and b together.
+
+* Laplace: b = Δ₁/ε and back.
+* Classical (ε, δ) Gaussian, as used in the subspace-DP seeds: c(ε, δ) = (1 + √(1 + ln(1/δ)))/ε
+  and σ = c·Δ₂ (Gao, Gong & Yu 2022, Lemma 13).
+* Analytic Gaussian mechanism: the smallest σ that is exactly (ε, δ)-DP (Balle & Wang 2018,
+  Theorem 8 and Algorithm 1), with scipy's normal CDF and Brent root finding.
+* zCDP: σ = Δ₂/√(2ρ) and ρ from (ε, δ) by :func:`censusdp.budget.dp_to_zcdp`.
+
+The seeds' constant c(ε, δ) is *not* a valid (ε, δ) calibration for every (ε, δ): the exact
+privacy profile (Balle & Wang, Thm. 8) shows σ = c(0.5, 10⁻¹²)·Δ₂ is only
+(0.5, 1.6·10⁻¹²)-DP. It is kept because the seeds use it (and reproductions need it); use
+``"analytic"`` for a calibration that is exact by construction. Any σ is ρ-zCDP with
+ρ = Δ₂²/(2σ²), which is what the accountants compose.
+
+Every function that returns a noise scale rounds in the privacy-safe direction: the scale it
+returns never spends more than the stated budget (checked after root finding, and nudged up
+by one ulp at a time when needed).
+
+References
+----------
+Dwork & Roth, "The Algorithmic Foundations of Differential Privacy", 2014, Thm. 3.6 (Laplace)
+and Thm. A.1 (classical Gaussian).
+Gao, Gong & Yu, "Subspace Differential Privacy", AAAI 2022, Lemma 13 (c(ε, δ)).
+Balle & Wang, "Improving the Gaussian Mechanism for Differential Privacy: Analytical
+Calibration and Optimal Denoising", ICML 2018, Theorem 8 (exact δ(ε) of a Gaussian) and
+Algorithm 1 (analytic Gaussian mechanism).
+Bun & Steinke (2016), Prop. 1.3 and 1.6; Canonne, Kamath & Steinke (2020), Cor. 13.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scipy.optimize import brentq
+from scipy.special import log_ndtr
+
+from censusdp.budget import dp_to_zcdp, gaussian_rho, gaussian_sigma
+from censusdp.errors import BudgetError
+
+__all__ = [
+    "GAUSSIAN_CALIBRATIONS",
+    "analytic_gaussian_delta",
+    "analytic_gaussian_epsilon",
+    "analytic_gaussian_sigma",
+    "classical_gaussian_c",
+    "classical_gaussian_epsilon",
+    "classical_gaussian_sigma",
+    "gaussian_rho",
+    "gaussian_sigma",
+    "gaussian_sigma_for",
+    "laplace_epsilon",
+    "laplace_scale",
+    "zcdp_gaussian_sigma",
+]
+
+#: Names accepted by :func:`gaussian_sigma_for`.
+GAUSSIAN_CALIBRATIONS = ("classical", "analytic", "zcdp", "zcdp_cks")
+
+
+def _positive(name: str, value: float) -> float:
+    value = float(value)
+    if not (value > 0 and math.isfinite(value)):
+        raise BudgetError(f"{name} must be a positive finite number, got {value!r}")
+    return value
+
+
+def _delta(delta: float) -> float:
+    delta = float(delta)
+    if not 0 < delta < 1:
+        raise BudgetError(f"delta must lie strictly between 0 and 1, got {delta!r}")
+    return delta
+
+
+def laplace_scale(epsilon: float, sensitivity: float = 1.0) -> float:
+    """b = Δ₁/ε (Dwork & Roth 2014, Thm. 3.6)."""
+    return _positive("sensitivity", sensitivity) / _positive("epsilon", epsilon)
+
+
+def laplace_epsilon(scale: float, sensitivity: float = 1.0) -> float:
+    """ε = Δ₁/b."""
+    return _positive("sensitivity", sensitivity) / _positive("scale", scale)
+
+
+def classical_gaussian_c(epsilon: float, delta: float) -> float:
+    """c(ε, δ) = (1 + √(1 + ln(1/δ)))/ε, the seeds' Gaussian multiplier.
+
+    References
+    ----------
+    Gao, Gong & Yu (2022), Lemma 13.
+    """
+    epsilon = _positive("epsilon", epsilon)
+    delta = _delta(delta)
+    return (1.0 + math.sqrt(1.0 + math.log(1.0 / delta))) / epsilon
+
+
+def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """σ = c(ε, δ)·Δ₂ (Gao, Gong & Yu 2022, Lemma 13)."""
+    return classical_gaussian_c(epsilon, delta) * _positive("sensitivity", sensitivity)
+
+
+def classical_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
+    """The ε of :func:`classical_gaussian_sigma` at a given σ: ε = (1 + √(1 + ln(1/δ)))·Δ₂/σ."""
+    sigma = _positive("sigma", sigma)
+    sensitivity = _positive("sensitivity", sensitivity)
+    return (1.0 + math.sqrt(1.0 + math.log(1.0 / _delta(delta)))) * sensitivity / sigma
+
+
+def analytic_gaussian_delta(epsilon: float, sigma: float, sensitivity: float = 1.0) -> float:
+    """The exact δ at which N(0, σ²) noise on a query of ℓ₂ sensitivity Δ is (ε, δ)-DP.
+
+    δ(ε) = Φ(Δ/(2σ) − εσ/Δ) − e^ε Φ(−Δ/(2σ) − εσ/Δ), evaluated in log space.
+
+    References
+    ----------
+    Balle & Wang (2018), Theorem 8.
+    """
+    epsilon = float(epsilon)
+    if not (epsilon >= 0 and math.isfinite(epsilon)):
+        raise BudgetError(f"epsilon must be a non-negative finite number, got {epsilon!r}")
+    sigma = _positive("sigma", sigma)
+    sensitivity = _positive("sensitivity", sensitivity)
+    a = sensitivity / (2.0 * sigma)
+    b = epsilon * sigma / sensitivity
+    first = float(log_ndtr(a - b))
+    second = epsilon + float(log_ndtr(-a - b))
+    if second >= first:
+        return 0.0
+    return math.exp(first) * -math.expm1(second - first)
+
+
+def analytic_gaussian_sigma(
+    epsilon: float, delta: float, sensitivity: float = 1.0, *, tol: float = 1e-12
+) -> float:
+    """The smallest σ such that the Gaussian mechanism is (ε, δ)-DP (analytic calibration).
+
+    Algorithm 1 of Balle & Wang (2018): with δ₀ = Φ(0) − e^ε Φ(−√(2ε)),
+
+    * if δ ≥ δ₀, v* = sup{v ≥ 0 : B⁺(v) ≤ δ}, B⁺(v) = Φ(√(εv)) − e^ε Φ(−√(ε(v+2))),
+      α = √(1 + v*/2) − √(v*/2);
+    * else u* = inf{u ≥ 0 : B⁻(u) ≤ δ}, B⁻(u) = Φ(−√(εu)) − e^ε Φ(−√(ε(u+2))),
+      α = √(1 + u*/2) + √(u*/2);
+
+    and σ = α·Δ/√(2ε). The root is found by Brent's method and the result is then checked
+    against the exact δ(ε) of :func:`analytic_gaussian_delta` and increased by ulps until it
+    does not exceed δ.
+
+    References
+    ----------
+    Balle & Wang (2018), Algorithm 1 and Theorem 8.
+    """
+    epsilon = _positive("epsilon", epsilon)
+    delta = _delta(delta)
+    sensitivity = _positive("sensitivity", sensitivity)
+
+    def gap(log_a: float, log_b: float) -> float:
+        # Φ-difference e^{log_a} − e^{log_b}, stable
+        return math.exp(log_a) * -math.expm1(log_b - log_a) if log_b < log_a else 0.0
+
+    def b_plus(v: float) -> float:
+        return gap(
+            float(log_ndtr(math.sqrt(epsilon * v))),
+            epsilon + float(log_ndtr(-math.sqrt(epsilon * (v + 2.0)))),
+        )
+
+    def b_minus(u: float) -> float:
+        return gap(
+            float(log_ndtr(-math.sqrt(epsilon * u))),
+            epsilon + float(log_ndtr(-math.sqrt(epsilon * (u + 2.0)))),
+        )
+
+    delta0 = b_plus(0.0)
+    if delta >= delta0:
+        # B⁺ increases in v: find where it crosses δ
+        hi = 1.0
+        while b_plus(hi) <= delta:
+            hi *= 2.0
+        v = brentq(lambda s: b_plus(s) - delta, 0.0, hi, xtol=tol, rtol=1e-15)
+        alpha = math.sqrt(1.0 + v / 2.0) - math.sqrt(v / 2.0)
+    else:
+        # B⁻ decreases in u
+        hi = 1.0
+        while b_minus(hi) > delta:
+            hi *= 2.0
+        u = brentq(lambda s: b_minus(s) - delta, 0.0, hi, xtol=tol, rtol=1e-15)
+        alpha = math.sqrt(1.0 + u / 2.0) + math.sqrt(u / 2.0)
+    sigma = alpha * sensitivity / math.sqrt(2.0 * epsilon)
+    while analytic_gaussian_delta(epsilon, sigma, sensitivity) > delta:
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma
+
+
+def analytic_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
+    """The smallest ε with N(0, σ²) noise (ε, δ)-DP (Balle & Wang 2018, Thm. 8, inverted).
+
+    δ(ε) decreases in ε; the root is found by Brent's method and rounded up (the returned ε
+    satisfies δ(ε) ≤ δ).
+    """
+    sigma = _positive("sigma", sigma)
+    delta = _delta(delta)
+    sensitivity = _positive("sensitivity", sensitivity)
+    if analytic_gaussian_delta(0.0, sigma, sensitivity) <= delta:
+        return 0.0
+    hi = 1.0
+    while analytic_gaussian_delta(hi, sigma, sensitivity) > delta:
+        hi *= 2.0
+    eps = brentq(
+        lambda e: analytic_gaussian_delta(e, sigma, sensitivity) - delta,
+        0.0,
+        hi,
+        xtol=1e-14,
+        rtol=1e-15,
+    )
+    while analytic_gaussian_delta(eps, sigma, sensitivity) > delta:
+        eps = math.nextafter(eps, math.inf)
+    return eps
+
+
+def zcdp_gaussian_sigma(
+    epsilon: float, delta: float, sensitivity: float = 1.0, *, tight: bool = False
+) -> float:
+    """σ = Δ₂/√(2ρ) with ρ the largest zCDP budget that converts to (ε, δ).
+
+    ``tight`` uses the Canonne–Kamath–Steinke conversion (:func:`censusdp.budget.zcdp_to_dp_cks`).
+    """
+    return gaussian_sigma(dp_to_zcdp(epsilon, delta, tight=tight), sensitivity)
+
+
+def gaussian_sigma_for(
+    epsilon: float, delta: float, sensitivity: float = 1.0, method: str = "classical"
+) -> float:
+    """The Gaussian σ for (ε, δ)-DP by the named calibration.
+
+    Parameters
+    ----------
+    method : {"classical", "analytic", "zcdp", "zcdp_cks"}
+        The seeds' c(ε, δ)·Δ₂; the analytic Gaussian; σ from the largest ρ whose simple
+        (Bun–Steinke) or tight (CKS) conversion gives (ε, δ).
+
+    Raises
+    ------
+    BudgetError
+        Unknown method.
+    """
+    if method == "classical":
+        return classical_gaussian_sigma(epsilon, delta, sensitivity)
+    if method == "analytic":
+        return analytic_gaussian_sigma(epsilon, delta, sensitivity)
+    if method in ("zcdp", "zcdp_cks"):
+        return zcdp_gaussian_sigma(epsilon, delta, sensitivity, tight=method == "zcdp_cks")
+    raise BudgetError(
+        f"unknown Gaussian calibration {method!r}; choose one of {GAUSSIAN_CALIBRATIONS}"
+    )
