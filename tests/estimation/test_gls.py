@@ -1,0 +1,394 @@
+"""Tree GLS (two-pass belief propagation) against the sparse KKT reference and its properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from censusdp.budget import PrivacyStatement
+from censusdp.errors import DataError, SpecError
+from censusdp.estimation import NodeVarianceMeasurement, general_gls, tree_gls
+from censusdp.estimation.gls_sparse import hierarchy_to_sparse, level_aggregator
+from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.laws import Gaussian
+from censusdp.mechanisms.queries import Invariant, Measurement, Query
+
+
+def random_tree(gen: np.random.Generator, fanouts: list[tuple[int, int]]) -> Hierarchy:
+    """A tree whose level ``d`` nodes have between ``fanouts[d-1]`` children each."""
+    names = [f"L{d}" for d in range(len(fanouts) + 1)]
+    codes: list = [["root"]]
+    parents: list = [None]
+    n = 1
+    for d, (lo, hi) in enumerate(fanouts, start=1):
+        par = np.repeat(np.arange(n), gen.integers(lo, hi + 1, size=n))
+        codes.append([f"{d}-{i:04d}" for i in range(par.size)])
+        parents.append(par)
+        n = par.size
+    return Hierarchy.from_parents(names, codes, parents)
+
+
+def cell_names(k: int) -> list[str]:
+    return [f"c{i}" for i in range(k)]
+
+
+def queries(cells: list[str]) -> dict[str, Query]:
+    q = {"detailed": Query.detailed(cells), "total": Query.total(cells)}
+    if len(cells) > 2:
+        half = len(cells) // 2
+        q["halves"] = Query.marginal("halves", cells, {"a": cells[:half], "b": cells[half:]})
+    return q
+
+
+def noisy(level: int, query: Query, exact: np.ndarray, sigma: float, gen) -> Measurement:
+    truth = query.apply(exact)
+    return Measurement(level, query, truth + gen.normal(0.0, sigma, truth.shape), Gaussian(sigma))
+
+
+def exact_invariant(level: int, query: Query, counts: list[np.ndarray]) -> Invariant:
+    return Invariant(level, query, query.apply(counts[level]).astype(float))
+
+
+PRIVACY = PrivacyStatement("zcdp", rho=1.0, invariants=("root: total",))
+
+
+def reference(h, K, meas, invs, geometry="weighted"):
+    """Per-level estimates and per-node covariances from the sparse KKT solver."""
+    A, y, v, C, c = hierarchy_to_sparse(h, meas, invs, n_cells=K)
+    x, cov = general_gls(A, y, v, C, c, geometry)
+    est, covs = [], []
+    for k in range(h.depth):
+        G = sp.kron(level_aggregator(h, k), sp.eye(K)).tocsr()
+        est.append((G @ x).reshape(-1, K))
+        full = G @ (G @ cov).T
+        n = h.levels[k].size
+        covs.append(np.stack([full[i * K : (i + 1) * K, i * K : (i + 1) * K] for i in range(n)]))
+    return est, covs
+
+
+def assert_matches(rel, est, covs, atol=1e-8):
+    for k, (e, c) in enumerate(zip(est, covs, strict=True)):
+        scale = 1.0 + np.abs(e).max()
+        np.testing.assert_allclose(rel.estimates[k], e, atol=atol * scale, err_msg=f"level {k}")
+        vscale = 1.0 + np.abs(c).max()
+        np.testing.assert_allclose(
+            rel.variances[k], np.diagonal(c, axis1=1, axis2=2), atol=atol * vscale
+        )
+        if rel.covariances is not None:
+            np.testing.assert_allclose(rel.covariances[k], c, atol=atol * vscale)
+
+
+@st.composite
+def problems(draw):
+    depth = draw(st.integers(2, 5))
+    K = draw(st.integers(1, 8))
+    seed = draw(st.integers(0, 2**32 - 1))
+    gen = np.random.default_rng(seed)
+    hi = {2: 6, 3: 4, 4: 3, 5: 3}[depth]
+    fan = [(1, int(gen.integers(1, hi + 1))) for _ in range(depth - 1)]
+    h = random_tree(gen, fan)
+    cells = cell_names(K)
+    q = queries(cells)
+    x = gen.integers(0, 50, size=(h.leaves.size, K))
+    counts = h.aggregate(x)
+    meas = [noisy(depth - 1, q["detailed"], counts[-1], float(gen.uniform(0.5, 4)), gen)]
+    for k in range(depth):
+        for name in q:
+            if gen.random() < 0.35:
+                meas.append(noisy(k, q[name], counts[k], float(gen.uniform(0.5, 4)), gen))
+    invs = []
+    for k in range(depth):
+        for name in q:
+            if gen.random() < 0.25:
+                invs.append(exact_invariant(k, q[name], counts))
+    return h, cells, meas, invs
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(problems())
+def test_tree_gls_equals_sparse_reference(problem):
+    h, cells, meas, invs = problem
+    rel = tree_gls(h, cells, meas, invs, PRIVACY, covariance=True)
+    est, covs = reference(h, len(cells), meas, invs)
+    assert_matches(rel, est, covs)
+    for k in range(h.depth - 1):  # consistency at every level
+        np.testing.assert_allclose(
+            h.aggregate_up(k + 1, rel.estimates[k + 1]), rel.estimates[k], atol=1e-9 * 1e3
+        )
+    for inv in invs:
+        np.testing.assert_allclose(
+            inv.query.apply(rel.estimates[inv.level]), inv.values, atol=1e-9 * 1e3
+        )
+
+
+def _flat_case(fan, K, plan, invplan, seed=3):
+    gen = np.random.default_rng(seed)
+    names = [f"L{d}" for d in range(len(fan) + 1)]
+    codes, parents, n = [["r"]], [None], 1
+    for d, counts in enumerate(fan, start=1):
+        par = np.repeat(np.arange(n), counts(n))
+        codes.append([f"{d}-{i}" for i in range(par.size)])
+        parents.append(par)
+        n = par.size
+    h = Hierarchy.from_parents(names, codes, parents)
+    cells = cell_names(K)
+    q = queries(cells)
+    q["first"] = Query.marginal("first", cells, {"a": cells[:1]})
+    counts = h.aggregate(gen.integers(0, 30, size=(h.leaves.size, K)))
+    meas = [noisy(k, q[name], counts[k], s, gen) for k, name, s in plan]
+    invs = [exact_invariant(k, q[name], counts) for k, name in invplan]
+    return h, cells, meas, invs
+
+
+ONE = lambda n: np.ones(n, dtype=int)  # noqa: E731
+
+
+@pytest.mark.parametrize(
+    ("fan", "K", "plan", "invplan"),
+    [
+        # leaves measured by their total only; the parent's detailed query identifies them
+        (
+            [lambda n: [4], ONE],
+            3,
+            [(2, "total", 1.0), (1, "detailed", 2.0), (0, "total", 1.5)],
+            [(0, "total")],
+        ),
+        # the parent's invariant marginal identifies leaves measured by their total
+        ([lambda n: [3], ONE], 2, [(2, "total", 1.0), (0, "detailed", 2.0)], [(1, "first")]),
+        # an undetermined direction passes through an unmeasured level to the root
+        ([lambda n: [1], ONE], 2, [(2, "total", 1.0), (0, "detailed", 2.0)], []),
+        # siblings: leaves measured on one cell and in total, parents detailed
+        (
+            [lambda n: [2], ONE],
+            3,
+            [(2, "first", 1.0), (2, "total", 0.7), (1, "detailed", 2.0)],
+            [(0, "total")],
+        ),
+    ],
+)
+def test_underdetermined_leaves_resolved_by_ancestors(fan, K, plan, invplan):
+    h, cells, meas, invs = _flat_case(fan, K, plan, invplan)
+    rel = tree_gls(h, cells, meas, invs, PRIVACY, covariance=True)
+    assert rel.diagnostics["path"] == "general"
+    assert_matches(rel, *reference(h, K, meas, invs))
+
+
+@pytest.mark.parametrize(
+    ("fan", "K", "plan", "level"),
+    [
+        ([lambda n: [2], lambda n: [2, 1]], 3, [(2, "total", 1.0), (1, "detailed", 2.0)], "L2"),
+        ([lambda n: [2], ONE], 3, [(2, "total", 1.0), (0, "detailed", 2.0)], "L1"),
+        ([lambda n: [2], ONE], 2, [(2, "total", 1.0), (1, "total", 2.0)], "L0"),
+        ([lambda n: [3], lambda n: [2, 1, 1]], 1, [(1, "total", 1.0)], "L2"),
+    ],
+)
+def test_not_identifiable_names_level(fan, K, plan, level):
+    h, cells, meas, invs = _flat_case(fan, K, plan, [])
+    with pytest.raises(SpecError, match=f"level '{level}'"):
+        tree_gls(h, cells, meas, invs, PRIVACY)
+
+
+def test_one_cell_unmeasured_only_children_take_their_parent_value():
+    # K = 1 (diagonal path): an unmeasured leaf that is its parent's only child
+    h, cells, meas, _ = _flat_case([lambda n: [3], ONE], 1, [(1, "total", 1.0)], [])
+    rel = tree_gls(h, cells, meas, [], PRIVACY)
+    assert rel.diagnostics["path"] == "diagonal"
+    assert_matches(rel, *reference(h, 1, meas, []))
+    np.testing.assert_array_equal(rel.estimates[2], rel.estimates[1])
+
+
+def test_noiseless_consistent_measurements_come_back_unchanged():
+    gen = np.random.default_rng(5)
+    h = random_tree(gen, [(2, 4), (1, 5), (1, 3)])
+    for K in (1, 4):
+        cells = cell_names(K)
+        q = queries(cells)
+        counts = h.aggregate(gen.integers(0, 100, size=(h.leaves.size, K)))
+        meas = [
+            Measurement(k, q[n], q[n].apply(counts[k]).astype(float), Gaussian(s))
+            for k, n, s in [(3, "detailed", 2.0), (2, "total", 1.0), (1, "detailed", 3.0)]
+        ]
+        invs = [exact_invariant(0, q["total"], counts), exact_invariant(1, q["total"], counts)]
+        rel = tree_gls(h, cells, meas, invs, PRIVACY)
+        for k in range(h.depth):
+            np.testing.assert_allclose(rel.estimates[k], counts[k], atol=1e-9)
+
+
+def test_node_variances_and_euclidean_geometry_match_reference():
+    gen = np.random.default_rng(9)
+    h = random_tree(gen, [(2, 3), (1, 4)])
+    cells = cell_names(3)
+    q = queries(cells)
+    counts = h.aggregate(gen.integers(0, 40, size=(h.leaves.size, 3)))
+    n_leaves = h.leaves.size
+    node_var = gen.uniform(0.5, 5.0, n_leaves)
+    leaf = noisy(2, q["detailed"], counts[2], 1.0, gen)
+    meas = [
+        NodeVarianceMeasurement(2, leaf.query, leaf.values, leaf.law, node_variance=node_var),
+        noisy(1, q["total"], counts[1], 2.0, gen),
+    ]
+    invs = [exact_invariant(0, q["total"], counts)]
+    rel = tree_gls(h, cells, meas, invs, PRIVACY, covariance=True)
+    assert_matches(rel, *reference(h, 3, meas, invs))
+    # Euclidean: unit weights; exact variances only when every scale is equal
+    rel_e = tree_gls(h, cells, meas, invs, PRIVACY, geometry="euclidean")
+    est, _ = reference(h, 3, meas, invs, geometry="euclidean")
+    for a, b in zip(rel_e.estimates, est, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-8 * (1 + np.abs(b).max()))
+    assert rel_e.variances is None and rel_e.privacy.geometry == "euclidean"
+    equal = [
+        noisy(2, q["detailed"], counts[2], 2.0, gen),
+        noisy(1, q["total"], counts[1], 2.0, gen),
+    ]
+    rel_eq = tree_gls(h, cells, equal, invs, PRIVACY, geometry="euclidean", covariance=True)
+    assert_matches(rel_eq, *reference(h, 3, equal, invs, geometry="euclidean"))
+
+
+def test_contradictory_invariants_raise():
+    gen = np.random.default_rng(2)
+    h = random_tree(gen, [(3, 3), (2, 2)])
+    cells = cell_names(2)
+    q = queries(cells)
+    counts = h.aggregate(gen.integers(0, 9, size=(h.leaves.size, 2)))
+    meas = [noisy(2, q["detailed"], counts[2], 1.0, gen)]
+    bad = Invariant(0, q["total"], q["total"].apply(counts[0]) + 1.0)
+    with pytest.raises(DataError, match="contradict"):
+        tree_gls(h, cells, meas, [bad, exact_invariant(1, q["total"], counts)], PRIVACY)
+
+
+def test_shape_errors_name_the_level():
+    gen = np.random.default_rng(2)
+    h = random_tree(gen, [(3, 3)])
+    cells = cell_names(2)
+    m = Measurement(1, Query.detailed(cells), np.zeros((2, 2)), Gaussian(1.0))
+    with pytest.raises(SpecError, match="level 'L1'"):
+        tree_gls(h, cells, [m], [], PRIVACY)
+
+
+def test_unbiased_exact_variance_and_coverage_over_noise_draws():
+    """2,000 Gaussian draws: |mean error| < 4 SE, variances within 5 %, 90 % coverage."""
+    from censusdp.estimation import coverage
+
+    gen = np.random.default_rng(11)
+    h = random_tree(gen, [(3, 3), (2, 3), (1, 3)])
+    cells = cell_names(3)
+    q = queries(cells)
+    counts = h.aggregate(gen.integers(0, 60, size=(h.leaves.size, 3)))
+    invs = [exact_invariant(0, q["total"], counts), exact_invariant(1, q["total"], counts)]
+    plan = [(3, "detailed", 2.0), (2, "total", 1.0), (2, "detailed", 3.0), (1, "halves", 1.5)]
+    R = 2000
+    errs = [np.empty((R,) + c.shape) for c in counts]
+    var = None
+    hits, n_cells = [], 0
+    for r in range(R):
+        meas = [noisy(k, q[n], counts[k], s, gen) for k, n, s in plan]
+        rel = tree_gls(h, cells, meas, invs, PRIVACY)
+        var = rel.variances
+        for k in range(h.depth):
+            errs[k][r] = rel.estimates[k] - counts[k]
+        est = np.concatenate([e.ravel() for e in rel.estimates[1:]])
+        tru = np.concatenate([c.ravel() for c in counts[1:]])
+        se = np.sqrt(np.concatenate([v.ravel() for v in var[1:]]))
+        live = se > 0
+        hits.append(coverage(est[live], tru[live], se[live], 0.1))
+        n_cells += int(live.sum())
+    for k in range(h.depth):
+        mean = errs[k].mean(axis=0)
+        sd = errs[k].std(axis=0, ddof=1)
+        live = var[k] > 1e-12
+        assert np.all(np.abs(mean[live]) < 4 * sd[live] / np.sqrt(R)), f"biased at level {k}"
+        ratio = errs[k].var(axis=0, ddof=1)[live] / var[k][live]
+        z = np.abs(mean[live]) / (sd[live] / np.sqrt(R))
+        print(
+            f"level {k}: max |bias|/SE {z.max():.2f}, variance ratio per cell "
+            f"{ratio.min():.3f}-{ratio.max():.3f}, pooled {ratio.mean():.4f}"
+        )
+        # pooled over cells within 5 %; per cell within sampling error (the sd of a variance
+        # ratio from R draws is sqrt(2 / R) = 3.2 %)
+        assert abs(ratio.mean() - 1) < 0.05
+        assert np.all(np.abs(ratio - 1) < 4 * np.sqrt(2 / R)), ratio
+        assert np.all(np.abs(errs[k][:, ~live]) < 1e-8)
+    cov = float(np.mean(hits))
+    print(f"coverage {cov:.4f} over {n_cells} cell-draws")
+    assert n_cells >= 10_000
+    assert 0.89 <= cov <= 0.91, cov
+
+
+def test_euclidean_projection_is_conditioning_for_spherical_gaussian():
+    """Gao, Gong & Yu (2022), Thm. 22: Π_N e has the law of e given C e = 0."""
+    gen = np.random.default_rng(4)
+    n, sigma = 6, 2.0
+    C = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [0, 0, 0, 1, 1, 0.0]])
+    x = gen.integers(0, 20, n).astype(float)
+    _, cov = general_gls(sp.eye(n), x, sigma**2, C, C @ x, "euclidean", covariance="full")
+    # the estimate is affine in y: recover the map from n + 1 solves, apply it to all draws
+    base, _ = general_gls(
+        sp.eye(n), np.zeros(n), sigma**2, C, C @ x, "euclidean", covariance="none"
+    )
+    L = np.column_stack(
+        [
+            general_gls(
+                sp.eye(n), np.eye(n)[i], sigma**2, C, C @ x, "euclidean", covariance="none"
+            )[0]
+            - base
+            for i in range(n)
+        ]
+    )
+    R = 20_000
+    y = x + gen.normal(0, sigma, (R, n))
+    errs = base + y @ L.T - x
+    cond = sigma**2 * (np.eye(n) - C.T @ np.linalg.solve(C @ C.T, C))
+    np.testing.assert_allclose(cov, cond, atol=1e-12)
+    emp = np.cov(errs.T)
+    # entrywise: the sample covariance has sd ≈ σ² √(2/R) ≈ 0.07 here
+    assert np.abs(emp - cond).max() < 5 * sigma**2 * np.sqrt(2 / R)
+    # and the conditional law sampled directly agrees: e − Σ Cᵀ (C Σ Cᵀ)⁻¹ C e
+    e = gen.normal(0, sigma, (R, n))
+    direct = e - (e @ C.T) @ np.linalg.solve(C @ C.T, C)
+    assert np.abs(np.cov(direct.T) - emp).max() < 7 * sigma**2 * np.sqrt(2 / R)
+
+
+@pytest.mark.shared
+def test_real_counties_by_sex_and_age_keep_state_totals(shared_file, rng):
+    """3,221 counties × 36 cells (2010 SF1): total and detailed queries at every level, state
+    totals invariant; the rounded release keeps every state total exactly."""
+    import pandas as pd
+
+    from censusdp.estimation import round_release
+    from censusdp.mechanisms.discrete import DiscreteGaussian
+    from censusdp.mechanisms.queries import measure
+
+    df = pd.read_csv(shared_file("county_sex_age5_2010.csv"), dtype={"fips": str})
+    df = df[df["version"] == "sf2010"]
+    cells = [c for c in df.columns if c not in ("gisjoin", "fips", "version")]
+    fips = df["fips"].to_numpy(dtype=str)
+    states, state_of = np.unique([f[:2] for f in fips], return_inverse=True)
+    h, order = Hierarchy.from_parents(
+        ["nation", "state", "county"],
+        [["US"], states, fips],
+        [None, np.zeros(states.size, int), state_of],
+        return_order=True,
+    )
+    counts = h.aggregate(df[cells].to_numpy(np.int64)[order[2]])
+    law = DiscreteGaussian(4)
+    plan = [(k, q, law) for k in range(3) for q in (Query.total(cells), Query.detailed(cells))]
+    meas = measure(h.names, counts, plan, rng)
+    invs = [exact_invariant(1, Query.total(cells), counts)]
+    rel = tree_gls(h, cells, meas, invs, PRIVACY)
+    np.testing.assert_allclose(rel.totals("state"), counts[1].sum(1), atol=1e-6)
+    assert rel.totals("nation")[0] == pytest.approx(counts[0].sum(), rel=1e-12)
+    rounded = round_release(rel, rng, method="totals")
+    assert np.array_equal(rounded.totals("state"), counts[1].sum(1))
+    assert (
+        rounded.totals("nation")[0]
+        == counts[0].sum()
+        == 308_745_538 + counts[1][states == "72"].sum()
+    )
