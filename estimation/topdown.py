@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -175,6 +176,8 @@ def topdown(
     primary: Collection[str] = ("total",),
     solver_l2: str = "CLARABEL",
     solver_l1: str = "HIGHS",
+    mapper: Callable[..., list[Any]] | None = None,
+    chunks: int = 1,
 ) -> Release:
     """TopDown-style estimates: non-negative integers, consistent, invariants exact.
 
@@ -197,6 +200,13 @@ def topdown(
     solver_l2, solver_l1 : str
         cvxpy solvers of the L2 step (``"CLARABEL"`` or ``"OSQP"``) and of the rounding LP
         (``"HIGHS"``).
+    mapper : callable, optional
+        ``mapper(fn, items, *shared) -> [fn(item, *shared) for item in items]`` in order, e.g.
+        the ``map`` of a :mod:`censusdp.pipelines` executor (threads, Dask). Each level's
+        non-trivial parents are cut into ``chunks`` runs and mapped; every parent's problem is
+        a pure function of its inputs, so the result does not depend on the mapper or chunks.
+    chunks : int
+        Number of runs of parents per level handed to ``mapper``.
 
     Returns
     -------
@@ -250,22 +260,22 @@ def topdown(
         out[up.child_start[single]] = parent_est[single]
         zero = (up.child_count > 1) & (parent_est.sum(axis=1) == 0)
         todo = np.flatnonzero((up.child_count > 1) & ~zero)
-        sols: list[ChildrenSolution] = []
+        tasks = []
         for p in todo:
             lo = int(up.child_start[p])
             hi = lo + int(up.child_count[p])
             sub_m = [Measurement(k, mm.query, mm.values[lo:hi], mm.law) for mm in meas[k]]
             sub_i = [Invariant(k, iv.query, iv.values[lo:hi]) for iv in invs[k]]
-            sol = solve_children_report(
-                parent_est[p],
-                sub_m,
-                sub_i,
-                n_children=hi - lo,
-                where=f"level {lv.name!r}, parent {str(up.codes[p])!r} (level {up.name!r})",
-                **opts,
-            )
+            where = f"level {lv.name!r}, parent {str(up.codes[p])!r} (level {up.name!r})"
+            tasks.append((lo, hi, parent_est[p], sub_m, sub_i, where))
+        runs = [r for r in np.array_split(np.arange(len(tasks)), max(1, chunks)) if r.size]
+        items = [[tasks[i] for i in r] for r in runs]
+        results = (
+            mapper(_solve_run, items, opts) if mapper else [_solve_run(it, opts) for it in items]
+        )
+        sols: list[ChildrenSolution] = [sol for run in results for sol in run]
+        for (lo, hi, *_), sol in zip(tasks, sols, strict=True):
             out[lo:hi] = sol.counts
-            sols.append(sol)
         _check_level(hierarchy, k, out, parent_est, invs[k])
         estimates.append(out)
         levels_diag[lv.name] = _level_diag(
@@ -293,6 +303,14 @@ def topdown(
         integer=True,
         diagnostics=diagnostics,
     )
+
+
+def _solve_run(run: list[tuple], opts: dict) -> list[ChildrenSolution]:
+    """Solve a run of parents' children problems (one unit of work for a mapper)."""
+    return [
+        solve_children_report(parent, sub_m, sub_i, n_children=hi - lo, where=where, **opts)
+        for lo, hi, parent, sub_m, sub_i, where in run
+    ]
 
 
 def _level_diag(sols: list[ChildrenSolution], single: int, zero: int, seconds: float) -> dict:
