@@ -9,7 +9,6 @@ Steinke 2016 for zCDP). A query implied by an invariant at the same level gets n
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -91,15 +90,13 @@ def build_plan(
     level_names: Sequence[str],
     queries: Mapping[str, Sequence[Query]],
     invariants: Mapping[str, Sequence[Query]],
+    allocation: Mapping[tuple[str, str], float],
     *,
     accounting: str,
-    total: float,
-    level_shares: Mapping[str, float],
-    query_shares: Mapping[str, Mapping[str, float]] | None = None,
     noise: str,
     delta: float | None = None,
 ) -> MeasurementPlan:
-    """Allocate ``total`` (ε for pure, ρ for zCDP) to every (level, query) and calibrate.
+    """Calibrate one noise law per measured (level, query) and name the invariants.
 
     Parameters
     ----------
@@ -107,13 +104,10 @@ def build_plan(
         The hierarchy's levels, root first.
     queries : mapping level name → queries measured at that level.
     invariants : mapping level name → queries held exact at that level.
+    allocation : mapping (level, query name) → budget (ε or ρ)
+        From :func:`censusdp.budget.allocate` (e.g. ``RunSpec.allocation()``), which checks
+        that the shares add up; every measured query needs a positive entry.
     accounting : {"pure", "zcdp"}
-    total : float
-        Total ε or ρ. Sequential composition: the shares' budgets add up to it.
-    level_shares : mapping level name → share of ``total``; must sum to 1 over the levels
-        that measure something.
-    query_shares : mapping level → (query name → share of the level's budget); default:
-        equal shares among the level's measured queries.
     noise : str
         A key of :data:`NOISE_LAWS`, consistent with ``accounting``.
     delta : float, optional
@@ -121,60 +115,44 @@ def build_plan(
 
     Raises
     ------
-    BudgetError
-        Non-positive total, shares that do not sum to 1, shares for levels that measure nothing.
     SpecError
-        Unknown level, noise law inconsistent with the accounting.
+        Unknown level, a noise law inconsistent with the accounting, a measured query that
+        an invariant at its level already fixes (its budget would be wasted).
+    BudgetError
+        A measured query without budget, or budget for a query that is not measured.
     """
     if NOISE_LAWS.get(noise) != accounting:
         raise SpecError(
             f"noise {noise!r} composes under {NOISE_LAWS.get(noise, '?')!r} accounting, not {accounting!r}"
         )
-    if not (total > 0 and math.isfinite(total)):
-        raise BudgetError("the total privacy budget must be a positive finite number")
-    for name in list(queries) + list(invariants) + list(level_shares):
+    for name in list(queries) + list(invariants):
         if name not in level_names:
             raise SpecError(
                 f"level {name!r} is not one of the hierarchy's levels {list(level_names)}"
             )
-    query_shares = query_shares or {}
     measured: list[PlannedQuery] = []
     inv_list: list[tuple[int, Query]] = []
-    share_sum = 0.0
+    used: set[tuple[str, str]] = set()
     for k, name in enumerate(level_names):
         inv_q = list(invariants.get(name, ()))
         inv_list.extend((k, q) for q in inv_q)
-        todo = [q for q in queries.get(name, ()) if not _implied(q, inv_q)]
-        share = float(level_shares.get(name, 0.0))
-        if share < 0:
-            raise BudgetError(f"level {name!r}: negative budget share")
-        if not todo:
-            if share > 0:
-                raise BudgetError(
-                    f"level {name!r} has a budget share but measures nothing (its queries are "
-                    "invariant or none are listed); give its share to another level"
+        for q in queries.get(name, ()):
+            if _implied(q, inv_q):
+                raise SpecError(
+                    f"level {name!r}: query {q.name!r} is fixed by the level's invariants; "
+                    "remove it from [queries] (its budget would be wasted)"
                 )
-            continue
-        if share == 0:
-            raise BudgetError(
-                f"level {name!r} measures {[q.name for q in todo]} but has no budget share"
-            )
-        share_sum += share
-        qs = query_shares.get(name) or {q.name: 1.0 / len(todo) for q in todo}
-        unknown = set(qs) - {q.name for q in todo}
-        if unknown:
-            raise SpecError(
-                f"level {name!r}: query shares for {sorted(unknown)}, which the level does not measure"
-            )
-        if abs(sum(qs.values()) - 1.0) > 1e-9:
-            raise BudgetError(f"level {name!r}: query shares sum to {sum(qs.values()):.12g}, not 1")
-        for q in todo:
-            if qs.get(q.name, 0.0) <= 0:
-                raise BudgetError(f"level {name!r}: query {q.name!r} has no positive share")
-            b = total * share * qs[q.name]
+            b = float(allocation.get((name, q.name), 0.0))
+            if not b > 0:
+                raise BudgetError(
+                    f"level {name!r}: query {q.name!r} is measured but has no budget share"
+                )
+            used.add((name, q.name))
             measured.append(PlannedQuery(k, q, b, make_law(noise, b, q)))
-    if abs(share_sum - 1.0) > 1e-9:
-        raise BudgetError(f"level shares sum to {share_sum:.12g}, not 1")
+    unused = sorted(set(allocation) - used)
+    if unused:
+        raise BudgetError(f"budget allocated to {unused}, which are not measured")
+    total = float(sum(allocation.values()))
     inv_names = tuple(f"{level_names[k]}: {q.name}" for k, q in inv_list)
     privacy = PrivacyStatement(
         accounting=accounting,

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from censusdp.budget import allocate
 from censusdp.errors import BudgetError, SpecError
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import Gaussian, Laplace
@@ -53,25 +54,25 @@ def test_sensitivities_are_computed_from_the_matrices():
     assert sensitivity(Query.detailed(CELLS), 1) == 1.0
 
 
-def test_plan_allocates_shares_and_skips_queries_implied_by_invariants():
+def test_plan_calibrates_each_measured_query_from_the_allocation():
+    alloc = allocate(
+        2.0,
+        {"state": 0.25, "county": 0.75},
+        {"state": {"detailed": 1.0}, "county": {"total": 0.5, "detailed": 0.5}},
+    )
     plan = build_plan(
         ["nation", "state", "county"],
-        {
-            "nation": [Query.total(CELLS)],
-            "state": [Query.total(CELLS), Query.detailed(CELLS)],
-            "county": [Query.total(CELLS), Query.detailed(CELLS)],
-        },
+        {"state": [Query.detailed(CELLS)], "county": [Query.total(CELLS), Query.detailed(CELLS)]},
         {"nation": [Query.total(CELLS)], "state": [Query.total(CELLS)]},
+        alloc,
         accounting="pure",
-        total=2.0,
-        level_shares={"state": 0.25, "county": 0.75},
-        query_shares={"county": {"total": 0.5, "detailed": 0.5}},
         noise="laplace",
     )
     got = [(p.level, p.query.name, p.budget) for p in plan.measured]
     assert got == [(1, "detailed", 0.5), (2, "total", 0.75), (2, "detailed", 0.75)]
     assert all(isinstance(p.law, Laplace) for p in plan.measured)
     assert plan.measured[1].law.scale == pytest.approx(1 / 0.75)
+    assert plan.privacy.epsilon == pytest.approx(2.0)
     assert plan.privacy.guarantee == "induced subspace differential privacy"
     assert "state: total" in plan.privacy.text()
 
@@ -81,9 +82,8 @@ def test_zcdp_plan_calibrates_gaussian():
         ["n", "c"],
         {"c": [Query.detailed(CELLS)]},
         {},
+        {("c", "detailed"): 0.5},
         accounting="zcdp",
-        total=0.5,
-        level_shares={"c": 1.0},
         noise="gaussian",
     )
     (p,) = plan.measured
@@ -92,22 +92,53 @@ def test_zcdp_plan_calibrates_gaussian():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
+    ("queries", "invariants", "alloc", "noise", "error", "match"),
     [
-        ({"level_shares": {"c": 0.9}}, BudgetError, "level shares sum to 0.9"),
-        ({"total": 0.0}, BudgetError, "positive finite"),
-        ({"noise": "gaussian"}, SpecError, "composes under 'zcdp'"),
-        ({"level_shares": {"c": 0.5, "x": 0.5}}, SpecError, "level 'x' is not one of"),
-        ({"query_shares": {"c": {"detailed": 0.7}}}, BudgetError, "query shares sum to 0.7"),
         (
-            {"level_shares": {"c": 0.5, "n": 0.5}},
+            {"c": ["detailed"]},
+            {},
+            {("c", "detailed"): 1.0},
+            "gaussian",
+            SpecError,
+            "composes under 'zcdp'",
+        ),
+        (
+            {"x": ["detailed"]},
+            {},
+            {("x", "detailed"): 1.0},
+            "laplace",
+            SpecError,
+            "level 'x' is not one of",
+        ),
+        (
+            {"c": ["detailed"]},
+            {},
+            {},
+            "laplace",
             BudgetError,
-            "level 'n' has a budget share but measures nothing",
+            "'detailed' is measured but has no budget",
+        ),
+        (
+            {"c": ["detailed"]},
+            {},
+            {("c", "detailed"): 0.5, ("c", "total"): 0.5},
+            "laplace",
+            BudgetError,
+            r"\('c', 'total'\)",
+        ),
+        (
+            {"c": ["total"]},
+            {"c": ["detailed"]},
+            {("c", "total"): 1.0},
+            "laplace",
+            SpecError,
+            "fixed by the level's invariants",
         ),
     ],
 )
-def test_bad_allocations_are_refused(kwargs, error, match):
-    args = dict(accounting="pure", total=1.0, level_shares={"c": 1.0}, noise="laplace")
-    args.update(kwargs)
+def test_bad_plans_are_refused(queries, invariants, alloc, noise, error, match):
+    named = {"detailed": Query.detailed(CELLS), "total": Query.total(CELLS)}
+    q = {lvl: [named[n] for n in names] for lvl, names in queries.items()}
+    i = {lvl: [named[n] for n in names] for lvl, names in invariants.items()}
     with pytest.raises(error, match=match):
-        build_plan(["n", "c"], {"c": [Query.detailed(CELLS)]}, {}, **args)
+        build_plan(["n", "c"], q, i, alloc, accounting="pure", noise=noise)
