@@ -10,3 +10,13 @@ import argparse
 from collections.abc import Callable
 
 REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = []
+
+
+def _register_hierarchy(sub: argparse._SubParsersAction) -> None:
+    """``censusdp hierarchy describe`` (implemented in :mod:`censusdp.hierarchy.describe`)."""
+    from censusdp.hierarchy.describe import register
+
+    register(sub)
+
+
+REGISTRARS.append(_register_hierarchy)

@@ -1,0 +1,129 @@
+"""Describe a hierarchy: nodes and fan-out per level; the ``censusdp hierarchy describe`` command.
+
+Fan-out of a level = number of children per node of that level (in the level below).
+Leaves have no level below, so their ``fanout`` is ``None`` (JSON ``null``), not zeros: a
+zero would read as "childless nodes", which :func:`~censusdp.hierarchy.validate.validate`
+refuses above the leaves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from censusdp.errors import DataError
+from censusdp.hierarchy.builders import LevelSpec, from_columns, parse_level_spec
+from censusdp.hierarchy.core import Hierarchy
+
+__all__ = ["describe", "describe_file", "format_description", "register"]
+
+
+def describe(h: Hierarchy) -> dict[str, Any]:
+    """``{"levels": [{"name", "nodes", "fanout": {"min", "median", "max"} | None}, ...]}``.
+
+    The median of an even number of fan-outs is the mean of the middle two (a float);
+    min and max are ints.
+    """
+    levels = []
+    for k, lv in enumerate(h.levels):
+        fanout = None
+        if k < h.depth - 1:
+            c = lv.child_count
+            fanout = {"min": int(c.min()), "median": _num(np.median(c)), "max": int(c.max())}
+        levels.append({"name": lv.name, "nodes": lv.size, "fanout": fanout})
+    return {"levels": levels}
+
+
+def _num(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def _read_code_columns(path: Path, columns: list[str]) -> pd.DataFrame:
+    """Read only ``columns`` of a CSV or Parquet file, as strings (leading zeros kept)."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        available = pq.read_schema(path).names
+    elif suffix in (".csv", ".txt") or path.name.endswith(".csv.gz"):
+        available = list(pd.read_csv(path, nrows=0).columns)
+    else:
+        raise DataError(f"{path}: unknown file type {suffix!r}; use a .csv or .parquet file")
+    missing = [c for c in columns if c not in available]
+    if missing:
+        raise DataError(f"{path.name}: no column {missing[0]!r}; the columns are {available[:30]}")
+    if suffix == ".parquet":
+        return pd.read_parquet(path, columns=columns).astype("str")
+    return pd.read_csv(path, usecols=columns, dtype=str, keep_default_na=False, na_values=[""])
+
+
+def describe_file(
+    path: str | Path, levels: list[LevelSpec], *, duplicates: str = "error"
+) -> dict[str, Any]:
+    """Build the hierarchy of a CSV/Parquet file from ``levels`` and :func:`describe` it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(2, "No such file", str(path))
+    columns = list(dict.fromkeys(s.column for s in levels))
+    df = _read_code_columns(path, columns)
+    h, _ = from_columns(df, levels, source=path.name, duplicates=duplicates)  # type: ignore[arg-type]
+    return describe(h)
+
+
+def format_description(d: dict[str, Any]) -> str:
+    """A plain-text table of :func:`describe`'s output."""
+    rows = [("level", "nodes", "fanout min", "median", "max")]
+    for lv in d["levels"]:
+        f = lv["fanout"]
+        rows.append(
+            (lv["name"], f"{lv['nodes']:,}")
+            + ((str(f["min"]), str(f["median"]), str(f["max"])) if f else ("-", "-", "-"))
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def _cmd_describe(args: argparse.Namespace) -> int:
+    specs = [parse_level_spec(s) for s in args.level]
+    d = describe_file(args.file, specs, duplicates="first" if args.allow_duplicates else "error")
+    print(json.dumps(d, indent=2) if args.json else format_description(d))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``censusdp hierarchy describe FILE --level NAME=COLUMN[:PREFIXLEN] ... [--json]``."""
+    hier = sub.add_parser("hierarchy", help="inspect a geographic hierarchy")
+    hsub = hier.add_subparsers(dest="hierarchy_command", metavar="SUBCOMMAND", required=True)
+    p = hsub.add_parser(
+        "describe",
+        help="nodes and fan-out per level of the hierarchy defined by code columns",
+        description="Build the hierarchy of a CSV or Parquet file (one row per leaf) from "
+        "code columns read as strings, and print nodes and fan-out per level. The nation "
+        "is an implicit root.",
+    )
+    p.add_argument("file", help="CSV or Parquet file")
+    p.add_argument(
+        "--level",
+        action="append",
+        required=True,
+        metavar="NAME=COLUMN[:PREFIXLEN]",
+        help="a level, top first; repeat (e.g. --level state=fips:2 --level county=fips)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--allow-duplicates",
+        action="store_true",
+        help="a leaf code on several rows (long tables) counts once instead of an error",
+    )
+    p.set_defaults(func=_cmd_describe)

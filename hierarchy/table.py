@@ -1,0 +1,215 @@
+"""``Table``: a hierarchy with integer counts on its leaves.
+
+Only the leaf counts are stored (int64, shape ``(n_leaves, n_cells)``, canonical leaf
+order); every upper level is a sum over the CSR child ranges
+(:meth:`Hierarchy.aggregate`), so a table is additive by construction.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from censusdp.errors import DataError
+from censusdp.hierarchy.builders import LevelLike, from_columns
+from censusdp.hierarchy.core import Hierarchy
+from censusdp.hierarchy.validate import check_counts
+
+__all__ = ["MIDWEST_CELLS", "Table", "resolve_cells"]
+
+#: Race cells of plotnine's ``midwest`` data (real 2000 census county populations).
+MIDWEST_CELLS = ("popwhite", "popblack", "popamerindian", "popasian", "popother")
+
+
+def resolve_cells(
+    patterns: str | Iterable[str], available: Sequence[str], *, source: str | None = None
+) -> list[str]:
+    """Expand cell names and glob patterns (``"M_*"``) against ``available``, in order.
+
+    Each pattern's matches are taken in the order of ``available``; a name matched twice
+    is kept once. A pattern that matches nothing is a :class:`DataError`.
+    """
+    where = f"{source}: " if source else ""
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    out: list[str] = []
+    for pat in patterns:
+        hits = [c for c in available if c == pat] or fnmatch.filter(list(available), pat)
+        if not hits:
+            raise DataError(
+                f"{where}no column matches cell {pat!r}; the columns are {list(available)[:30]}"
+            )
+        out.extend(h for h in hits if h not in out)
+    if not out:
+        raise DataError(f"{where}no cells were given")
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    """A hierarchy with non-negative int64 counts on its leaves.
+
+    Attributes
+    ----------
+    hierarchy : Hierarchy
+    cells : tuple of str
+        Cell (column) names, e.g. ``("M_0-4", ..., "F_85+")``.
+    leaf_counts : numpy.ndarray
+        int64, shape ``(n_leaves, n_cells)``, in canonical leaf order.
+    """
+
+    hierarchy: Hierarchy
+    cells: tuple[str, ...]
+    leaf_counts: np.ndarray
+
+    def __post_init__(self) -> None:
+        cells = tuple(str(c) for c in self.cells)
+        counts = np.asarray(self.leaf_counts)
+        if counts.ndim == 1:
+            counts = counts[:, None]
+        if not np.issubdtype(counts.dtype, np.integer):
+            raise DataError(f"leaf counts must be integers, got dtype {counts.dtype}")
+        counts = counts.astype(np.int64, copy=False)
+        if counts.shape != (self.hierarchy.leaves.size, len(cells)):
+            raise DataError(
+                f"leaf counts have shape {counts.shape}, expected "
+                f"({self.hierarchy.leaves.size}, {len(cells)}) (leaves, cells)"
+            )
+        if len(set(cells)) != len(cells):
+            raise DataError(f"cell names must be unique, got {list(cells)}")
+        if (counts < 0).any():
+            node, cell = np.argwhere(counts < 0)[0]
+            raise DataError(
+                f"leaf {str(self.hierarchy.leaves.codes[node])!r} of level "
+                f"{self.hierarchy.leaves.name!r}, cell {cells[cell]!r}: negative count"
+            )
+        object.__setattr__(self, "cells", cells)
+        object.__setattr__(self, "leaf_counts", counts)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_frame(
+        cls,
+        df: pd.DataFrame,
+        levels: Iterable[LevelLike],
+        cells: str | Iterable[str],
+        *,
+        source: str | None = None,
+        root_name: str = "nation",
+        root_code: str = "US",
+    ) -> Table:
+        """Build from a frame with one row per leaf.
+
+        Parameters
+        ----------
+        df : pandas.DataFrame
+            Code columns (strings) and count columns.
+        levels : iterable of LevelSpec or tuples
+            As :func:`censusdp.hierarchy.builders.from_columns`.
+        cells : str or iterable of str
+            Count columns, by name or glob pattern (``"M_*"``).
+        source : str, optional
+            File name for error messages.
+
+        Raises
+        ------
+        DataError
+            Negative, non-integer, NaN, missing or non-numeric counts (naming the 1-based
+            data row and the column), missing columns, duplicate leaves.
+        HierarchyError
+            Codes that do not nest.
+        """
+        names = resolve_cells(cells, [str(c) for c in df.columns], source=source)
+        check_counts(df, names, source=source)
+        h, leaf_row = from_columns(
+            df, levels, root_name=root_name, root_code=root_code, source=source
+        )
+        counts = np.empty((len(df), len(names)), dtype=np.int64)
+        for j, c in enumerate(names):
+            col = df[c]
+            counts[:, j] = (
+                col.to_numpy(dtype=np.int64)
+                if pd.api.types.is_integer_dtype(col.dtype)
+                else pd.to_numeric(col).to_numpy(dtype=np.float64)
+            )
+        counts = counts[leaf_row]
+        return cls(h, tuple(names), counts)
+
+    @classmethod
+    def from_midwest(cls) -> Table:
+        """The embedded demo: plotnine's ``midwest`` (IL, IN, MI, OH, WI; 437 counties).
+
+        State codes are postal abbreviations, county codes ``"IL-ADAMS"``; cells are
+        :data:`MIDWEST_CELLS`.
+
+        References
+        ----------
+        ``plotnine.data.midwest`` (from ggplot2): 2000 U.S. census county demographics.
+        """
+        from plotnine.data import midwest
+
+        df = pd.DataFrame(
+            {
+                "state": midwest["state"].astype("str"),
+                "county": midwest["state"].astype("str") + "-" + midwest["county"].astype("str"),
+            }
+        )
+        for c in MIDWEST_CELLS:
+            df[c] = midwest[c].to_numpy()
+        return cls.from_frame(
+            df, [("state", "state"), ("county", "county")], MIDWEST_CELLS, source="midwest"
+        )
+
+    # ------------------------------------------------------------------ access
+    @property
+    def n_cells(self) -> int:
+        return len(self.cells)
+
+    @property
+    def n_leaves(self) -> int:
+        return int(self.leaf_counts.shape[0])
+
+    @property
+    def total(self) -> int:
+        """Grand total over all leaves and cells."""
+        return int(self.leaf_counts.sum())
+
+    @property
+    def cell_totals(self) -> np.ndarray:
+        """Root counts per cell, shape ``(n_cells,)``."""
+        return self.leaf_counts.sum(axis=0)
+
+    def level_counts(self, level: str | int) -> np.ndarray:
+        """Counts of every node of ``level``, shape ``(n_nodes, n_cells)``, int64."""
+        h = self.hierarchy
+        k = h.level_index(level)
+        out = self.leaf_counts
+        for j in range(h.depth - 1, k, -1):
+            out = h.aggregate_up(j, out)
+        return out
+
+    def all_levels(self) -> list[np.ndarray]:
+        """Counts of every level, root first (:meth:`Hierarchy.aggregate`)."""
+        return self.hierarchy.aggregate(self.leaf_counts)
+
+    def subset_cells(self, cells: str | Iterable[str]) -> Table:
+        """A table with only the given cells (names or glob patterns), in that order."""
+        names = resolve_cells(cells, self.cells)
+        idx = [self.cells.index(c) for c in names]
+        return Table(self.hierarchy, tuple(names), self.leaf_counts[:, idx])
+
+    def to_frame(self, level: str | int | None = None) -> pd.DataFrame:
+        """One row per node of ``level`` (default: leaves): ``code`` then one column per cell."""
+        h = self.hierarchy
+        k = h.level_index(-1 if level is None else level)
+        counts = self.level_counts(k)
+        df = pd.DataFrame(counts, columns=list(self.cells))
+        df.insert(0, "code", pd.array(np.asarray(h.levels[k].codes, dtype=object), dtype="str"))
+        return df
+
+    def __repr__(self) -> str:
+        return f"Table({self.hierarchy!r}, cells={self.n_cells})"

@@ -1,0 +1,90 @@
+"""Table: from_frame, cells by glob, level counts, midwest, subset_cells."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from censusdp.errors import DataError
+from censusdp.hierarchy import MIDWEST_CELLS, Table, check_additive, validate
+
+FRAME = pd.DataFrame(
+    {
+        "fips": ["55025", "17031", "17001"],
+        "name": ["Dane", "Cook", "Adams"],
+        "M_0-4": [1, 2, 3],
+        "F_0-4": [4, 5, 6],
+        "M_5-9": [7, 8, 9],
+        "other": [0, 0, 0],
+    }
+)
+LEVELS = [("state", "fips", 2), ("county", "fips")]
+
+
+def test_from_frame_globs_keep_file_order_and_align_rows():
+    t = Table.from_frame(FRAME, LEVELS, ["M_*", "F_*"], source="f.csv")
+    assert t.cells == ("M_0-4", "M_5-9", "F_0-4")
+    assert t.hierarchy["county"].codes.tolist() == ["17001", "17031", "55025"]
+    assert t.leaf_counts.dtype == np.int64
+    assert t.leaf_counts.tolist() == [[3, 9, 6], [2, 8, 5], [1, 7, 4]]
+    assert (t.n_leaves, t.n_cells) == (3, 3)
+
+
+def test_level_counts_all_levels_total():
+    t = Table.from_frame(FRAME, LEVELS, ["M_*", "F_*"])
+    assert t.level_counts("state").tolist() == [[5, 17, 11], [1, 7, 4]]
+    assert t.level_counts("nation").tolist() == [[6, 24, 15]]
+    assert t.level_counts(-1).tolist() == t.leaf_counts.tolist()
+    levels = t.all_levels()
+    assert [lv.tolist() for lv in levels[:2]] == [
+        t.level_counts(0).tolist(),
+        t.level_counts(1).tolist(),
+    ]
+    check_additive(t.hierarchy, levels, cells=t.cells)
+    assert t.total == 45
+    assert t.cell_totals.tolist() == [6, 24, 15]
+
+
+def test_subset_cells_and_to_frame():
+    t = Table.from_frame(FRAME, LEVELS, ["M_*", "F_*"])
+    s = t.subset_cells(["F_0-4", "M_0-4"])
+    assert s.cells == ("F_0-4", "M_0-4")
+    assert s.leaf_counts.tolist() == [[6, 3], [5, 2], [4, 1]]
+    assert s.hierarchy is t.hierarchy
+    f = t.to_frame("state")
+    assert f["code"].tolist() == ["17", "55"]
+    assert f["M_5-9"].tolist() == [17, 7]
+    with pytest.raises(DataError, match="'X_\\*'"):
+        t.subset_cells("X_*")
+
+
+def test_string_count_columns_are_accepted():
+    df = FRAME.astype({"M_0-4": str})
+    t = Table.from_frame(df, LEVELS, "M_0-4")
+    assert t.leaf_counts[:, 0].tolist() == [3, 2, 1]
+
+
+def test_constructor_checks_shape_and_sign():
+    t = Table.from_frame(FRAME, LEVELS, "M_0-4")
+    with pytest.raises(DataError, match="shape"):
+        Table(t.hierarchy, ("a", "b"), t.leaf_counts)
+    with pytest.raises(DataError, match="'17031'.*'a'"):
+        Table(t.hierarchy, ("a",), np.array([[1], [-1], [2]]))
+
+
+def test_midwest():
+    from plotnine.data import midwest
+
+    t = Table.from_midwest()
+    assert t.hierarchy.sizes == (1, 5, 437)
+    assert t.cells == MIDWEST_CELLS
+    assert t.hierarchy["state"].codes.tolist() == ["IL", "IN", "MI", "OH", "WI"]
+    assert "IL-ADAMS" in t.hierarchy["county"].codes.tolist()
+    validate(t.hierarchy, nesting="prefix")
+    by_state = midwest.groupby("state")[list(MIDWEST_CELLS)].sum()
+    assert (
+        t.level_counts("state").tolist()
+        == by_state.loc[["IL", "IN", "MI", "OH", "WI"]].to_numpy().tolist()
+    )
+    assert t.total == int(midwest[list(MIDWEST_CELLS)].to_numpy().sum())
