@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from censusdp.budget import PrivacyStatement
-from censusdp.errors import DataError, SolverError
+from censusdp.errors import DataError, SolverError, SpecError
 from censusdp.estimation.release import Release
 from censusdp.estimation.topdown_problem import (
     DEFAULT_TOL,
@@ -138,6 +138,27 @@ def _check_same(
             f"invariant {name!r} at level {level!r}, node {code!r}, disagrees with the sum of "
             "the same invariant over its children; give invariants that nest"
         )
+
+
+def _check_identified(
+    hierarchy: Hierarchy, meas: list[list[Measurement]], invs: list[list[Invariant]], m: int
+) -> None:
+    """Refuse a level whose cells no measurement or invariant identifies.
+
+    TopDown fixes each level's histogram before the level below is solved, so a level whose
+    measured and invariant queries do not span the cells would be split arbitrarily (the
+    minimum-norm tie-break) and every level below would inherit that split.
+    """
+    for k, lv in enumerate(hierarchy.levels):
+        rows = [mm.query.matrix for mm in meas[k]] + [iv.query.matrix for iv in invs[k]]
+        rank = np.linalg.matrix_rank(np.vstack(rows).astype(np.float64)) if rows else 0
+        if rank < m:
+            raise SpecError(
+                f"TopDown-style needs every level's cells identified, but level {lv.name!r} has "
+                f"only {rank} independent measured or invariant queries over {m} cells; measure "
+                f"its histogram (add \"detailed\" to [queries] for {lv.name!r}), as the Census "
+                "Bureau measures every level"
+            )
 
 
 def _measurements_by_level(
@@ -237,6 +258,7 @@ def topdown(
             raise DataError(
                 f"invariant {iv.query.name!r} is over {iv.query.n_cells} cells, the table has {m}"
             )
+    _check_identified(hierarchy, meas, invs, m)
     opts = dict(primary=tuple(primary), tol=tol, solver_l2=solver_l2, solver_l1=solver_l1)
     root = hierarchy.levels[0]
     t0 = time.perf_counter()

@@ -228,7 +228,7 @@ def _l2_solve(problem: cp.Problem, solver: str, where: str, label: str) -> str:
     if solver.upper() == "OSQP":
         opts = {"polishing": True, "eps_abs": 1e-9, "eps_rel": 1e-9, "max_iter": 200_000}
     try:
-        problem.solve(solver=solver, **opts)
+        problem.solve(solver=solver, warm_start=False, **opts)
     except cp.error.SolverError as exc:
         raise SolverError(
             f"{where}: the TopDown L2 {label} failed in solver {solver} ({exc.__class__.__name__}); "
@@ -340,7 +340,7 @@ def _milp_round(
 
 def _lp_solve(problem: cp.Problem, solver: str) -> str:
     try:
-        problem.solve(solver=solver)
+        problem.solve(solver=solver, warm_start=False)
     except cp.error.SolverError:
         return "solver_error"
     return str(problem.status)

@@ -229,3 +229,22 @@ def test_invariants_propagate_and_must_nest():
     frac = Invariant(0, Query.total(cells), np.array([[2.5]]))
     with pytest.raises(DataError, match="not integer-valued"):
         propagate_invariants(h, [frac])
+
+
+def test_solution_does_not_depend_on_earlier_solves_of_the_same_shape():
+    """Cached problems must not warm-start from another parent's solution: a parent's answer
+    would then depend on which parents one process solved before (Dask partitions). Solving
+    the same table twice in one process is the smallest case that showed it."""
+    from censusdp.hierarchy.synthetic import synthetic_us
+    from censusdp.mechanisms.discrete import DiscreteGaussian
+
+    table = synthetic_us(3, states=4, counties=20, tracts=60, blocks=300, population=60_000)
+    h, cells = table.hierarchy, table.cells
+    counts = table.all_levels()
+    plan = [(k, Query.detailed(cells), DiscreteGaussian(3)) for k in (2, 3, 4)]
+    meas = measure(h.names, counts, plan, KeyedRNG.reproducible(1, warn=False))
+    invs = [invariant(counts, 1, Query.total(cells))]
+    tp.clear_problem_cache()
+    first = topdown(h, cells, meas, invs, PRIVACY)
+    again = topdown(h, cells, meas, invs, PRIVACY)
+    assert all(np.array_equal(a, b) for a, b in zip(first.estimates, again.estimates, strict=True))
