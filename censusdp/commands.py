@@ -20,3 +20,13 @@ def _register_hierarchy(sub: argparse._SubParsersAction) -> None:
 
 
 REGISTRARS.append(_register_hierarchy)
+
+
+def _register_pipelines(sub: argparse._SubParsersAction) -> None:
+    """``censusdp run``, ``demo`` and ``privatize`` (in :mod:`censusdp.pipelines.commands`)."""
+    from censusdp.pipelines.commands import register
+
+    register(sub)
+
+
+REGISTRARS.append(_register_pipelines)

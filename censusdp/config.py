@@ -723,9 +723,9 @@ class _Parser:
         p = "data"
         self.keys(t, p, ("source", "path", "cells", "truth", "version_column", "encoding"))
         source = self.choice(self.get(t, p, "source", str, required=True), "data.source", SOURCES)
+        # a file source may leave the path to the command line (--data, privatize FILE);
+        # the pipeline refuses to run when neither gives one
         path = self.get(t, p, "path", str)
-        if path is None and source in FILE_SOURCES:
-            raise self.fail("data.path", f"missing; source {source!r} reads a file")
         if path is not None:
             if not path:
                 raise self.fail("data.path", "must not be empty")

@@ -196,7 +196,7 @@ MALFORMED = {
     "zero partitions": (_set("run.partitions", 0), ["run.partitions", "at least 1"]),
     "bad code spec": (_set("hierarchy.codes.state", "fips:x"), ["hierarchy.codes.state"]),
     "missing code": (_delete("hierarchy.codes.state"), ["hierarchy.codes", "['state']"]),
-    "missing path": (_delete("data.path"), ["data.path", "missing"]),
+    "empty path": (_set("data.path", ""), ["data.path", "must not be empty"]),
     "bad source": (_set("data.source", "xlsx"), ["data.source", "'xlsx'"]),
     "bad encoding": (_set("data.encoding", "utf-42"), ["data.encoding"]),
     "marginal shadows builtin": (

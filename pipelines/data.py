@@ -1,0 +1,147 @@
+"""Load the confidential input of a run into a :class:`~censusdp.hierarchy.table.Table`.
+
+Sources (``[data] source``): ``midwest`` (the embedded plotnine table), ``csv`` / ``parquet``
+(one row per leaf, code columns named in ``[hierarchy] codes``; long files are filtered to the
+``truth`` version), ``nhgis`` (NHGIS-style batch files keyed by GISJOIN, see
+:mod:`censusdp.pipelines.nhgis`) and ``synthetic`` (the US-shaped synthetic hierarchy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from censusdp.config import RunSpec
+from censusdp.errors import DataError, SpecError
+from censusdp.hierarchy.builders import GISJOIN_LENGTHS, LevelSpec, from_gisjoin
+from censusdp.hierarchy.table import MIDWEST_CELLS, Table
+from censusdp.pipelines.nhgis import BatchFile, read_batch
+
+__all__ = ["RunData", "load_data"]
+
+
+@dataclass(eq=False)
+class RunData:
+    """The confidential table of a run, and the batch file it came from (NHGIS sources)."""
+
+    table: Table
+    source: str
+    batch: BatchFile | None = None
+    leaf_row: np.ndarray | None = None  # batch unit row of each canonical leaf
+
+
+def _read_table_file(path: Path, source: str, encoding: str | None) -> pd.DataFrame:
+    if not path.is_file():
+        raise DataError(f"{path}: no such file; check [data] path or --data")
+    if source == "parquet":
+        return pd.read_parquet(path)
+    try:
+        return pd.read_csv(
+            path, dtype=str, encoding=encoding or "utf-8", keep_default_na=False, na_values=[""]
+        )
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path.name}: cannot decode as {encoding or 'utf-8'!r} at byte {exc.start}; set [data] encoding "
+            "(e.g. 'latin-1')"
+        ) from None
+
+
+def _file_table(spec: RunSpec, path: Path) -> Table:
+    df = _read_table_file(path, spec.data.source, spec.data.encoding)
+    if spec.data.version_column:
+        col = spec.data.version_column
+        if col not in df.columns:
+            raise DataError(f"{path.name}: no column {col!r} ([data] version_column)")
+        if not spec.data.truth:
+            raise SpecError(f"{spec.source}: [data] truth must name the version holding the input")
+        df = df[df[col].astype(str) == spec.data.truth].reset_index(drop=True)
+        if df.empty:
+            raise DataError(
+                f"{path.name}: no rows of version {spec.data.truth!r} in column {col!r}"
+            )
+    levels = []
+    for name in spec.hierarchy.levels[1:]:
+        code = spec.hierarchy.codes.get(name)
+        if code is None:
+            raise SpecError(f"{spec.source}: [hierarchy] codes has no entry for level {name!r}")
+        levels.append(LevelSpec(name, code.column, code.prefix))
+    cells = list(spec.data.cells) or [
+        c for c in df.columns if c not in {lv.column for lv in levels}
+    ]
+    return Table.from_frame(
+        df, levels, cells, source=path.name, root_name=spec.hierarchy.levels[0], root_code="root"
+    )
+
+
+def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
+    """The run's confidential table; ``data`` overrides ``[data] path``.
+
+    Raises
+    ------
+    DataError, HierarchyError, SpecError
+        Missing or malformed files, levels that do not nest, specs that do not fit the data.
+    """
+    source = spec.data.source
+    path = Path(data) if data is not None else spec.data.path
+    levels = spec.hierarchy.levels
+    if source == "midwest":
+        if len(levels) != 3:
+            raise SpecError(
+                f"{spec.source}: the midwest data has three levels (root, state, county), "
+                f"[hierarchy] levels has {len(levels)}"
+            )
+        table = Table.from_midwest()
+        cells = list(spec.data.cells) or list(MIDWEST_CELLS)
+        if cells != list(table.cells):
+            table = table.subset_cells(cells)
+        return RunData(_renamed(table, levels), source)
+    if source == "synthetic":
+        from censusdp.hierarchy.synthetic import synthetic_us
+
+        return RunData(_renamed(synthetic_us(0), levels), source)
+    if path is None:
+        raise SpecError(
+            f"{spec.source}: [data] path is required for source {source!r} (or pass --data)"
+        )
+    if source == "nhgis":
+        batch = read_batch(
+            path,
+            cells=list(spec.data.cells) or None,
+            version_column=spec.data.version_column or "version",
+            truth_version=spec.data.truth,
+            encoding=spec.data.encoding,
+        )
+        below = levels[1:]
+        unknown = [lv for lv in below if lv not in GISJOIN_LENGTHS]
+        if unknown:
+            raise SpecError(
+                f"{spec.source}: GISJOIN levels must be among {sorted(GISJOIN_LENGTHS)}, got {unknown}"
+            )
+        h, leaf_row = from_gisjoin(
+            batch.gisjoin, below, root_name=levels[0], root_code="root", source=path.name
+        )
+        return RunData(Table(h, tuple(batch.cells), batch.truth[leaf_row]), source, batch, leaf_row)
+    return RunData(_file_table(spec, path), source)
+
+
+def _renamed(table: Table, levels: tuple[str, ...]) -> Table:
+    """The table with the spec's level names (the data fixes the shape, the spec the names)."""
+    h = table.hierarchy
+    if len(levels) != h.depth:
+        raise SpecError(
+            f"the data has {h.depth} levels {list(h.names)}, the spec names {len(levels)}"
+        )
+    if tuple(levels) == h.names:
+        return table
+    from censusdp.hierarchy.core import Hierarchy, Level
+
+    renamed = Hierarchy(
+        [
+            Level(n, lv.codes, lv.parent, lv.child_start, lv.child_count)
+            for n, lv in zip(levels, h.levels, strict=True)
+        ]
+    )
+    return Table(renamed, table.cells, table.leaf_counts)

@@ -1,0 +1,326 @@
+"""Run a spec: measure every level's queries, hold the invariants, run every estimator on the
+same measurements, score them against the truth, and write the results atomically.
+
+Outputs (in ``--out``, written to a temporary directory renamed into place when complete):
+``estimates.parquet`` (repetition 0: level, code, cell, estimator, value, se),
+``metrics.csv`` (per repetition, estimator and level), ``regressions.csv`` (per repetition,
+estimator and group: OLS of the leaf-total error on log true size), ``manifest.json`` (the
+spec without its seed, package versions, timings, privacy statements, diagnostics), PNG
+figures and ``report.md``.
+
+The work is cut at the deepest invariant level (:mod:`censusdp.pipelines.partition`); noise is
+keyed by node, so the output is identical, bit for bit, for every scheduler and partition count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import platform
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from censusdp import __version__
+from censusdp.atomic import atomic_dir
+from censusdp.config import RunSpec
+from censusdp.estimation.release import Release
+from censusdp.experiments.registry import to_jsonable
+from censusdp.hierarchy.table import Table
+from censusdp.mechanisms.queries import Invariant, Query, invariant
+from censusdp.pipelines.data import RunData, load_data
+from censusdp.pipelines.execute import open_executor
+from censusdp.pipelines.measure import measure_partitioned
+from censusdp.pipelines.metrics import error_metrics, group_regressions
+from censusdp.pipelines.partition import partition_units
+from censusdp.pipelines.plan import MeasurementPlan, build_plan
+from censusdp.pipelines.report import write_figures, write_report
+from censusdp.rng import KeyedRNG
+
+__all__ = ["RunResult", "make_plan", "run_spec", "execute_spec", "cut_level"]
+
+_VERSIONED = (
+    "numpy",
+    "scipy",
+    "pandas",
+    "pyarrow",
+    "cvxpy",
+    "clarabel",
+    "highspy",
+    "dask",
+    "distributed",
+    "randomgen",
+)
+
+
+@dataclass(eq=False)
+class RunResult:
+    """What a run produced (the files are in ``out``)."""
+
+    out: Path | None
+    metrics: pd.DataFrame
+    regressions: pd.DataFrame
+    releases: dict[str, Release]
+    manifest: dict
+    table: Table
+
+
+def _query(spec: RunSpec, name: str, cells: Sequence[str]) -> Query:
+    if name == "total":
+        return Query.total(cells)
+    if name == "detailed":
+        return Query.detailed(cells)
+    marginal = spec.marginals[name]
+    return Query.marginal(name, cells, marginal.groups)
+
+
+def make_plan(spec: RunSpec, table: Table) -> MeasurementPlan:
+    """The measurement plan (calibrated laws, invariants, privacy statement) of a spec."""
+    cells = table.cells
+    queries = {lvl: [_query(spec, q, cells) for q in names] for lvl, names in spec.queries.items()}
+    invariants = {
+        lvl: [_query(spec, q, cells) for q in names] for lvl, names in spec.invariants.items()
+    }
+    return build_plan(
+        table.hierarchy.names,
+        queries,
+        invariants,
+        spec.allocation(),
+        accounting=spec.privacy.accounting,
+        noise=spec.mechanism.noise,
+        delta=spec.privacy.delta,
+    )
+
+
+def cut_level(plan: MeasurementPlan, depth: int) -> int:
+    """The deepest invariant level (at least 1 when the tree has more than one level)."""
+    deepest = max((k for k, _ in plan.invariants), default=0)
+    return min(max(deepest, 1), depth - 1)
+
+
+def _versions() -> dict[str, str]:
+    out = {"censusdp": __version__, "python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _score(
+    release: Release, truth: list[np.ndarray], rep: int, group_level: int
+) -> tuple[list[dict], pd.DataFrame]:
+    h = release.hierarchy
+    rows = []
+    for k, lv in enumerate(h.levels):
+        m = error_metrics(release.estimates[k], truth[k], l1_denominator=sum(h.sizes))
+        node = error_metrics(release.estimates[k].sum(axis=1), truth[k].sum(axis=1))
+        rows.append(
+            {
+                "repetition": rep,
+                "estimator": release.estimator,
+                "level": lv.name,
+                "nodes": lv.size,
+                **{f"cell_{key}": v for key, v in m.items() if key != "n"},
+                **{
+                    f"total_{key}": v
+                    for key, v in node.items()
+                    if key not in ("n", "normalized_l1")
+                },
+            }
+        )
+    leaf = h.depth - 1
+    err = release.estimates[leaf].sum(axis=1) - truth[leaf].sum(axis=1)
+    group = h.levels[group_level].codes[h.ancestor_index(leaf, group_level)].astype(object)
+    reg = group_regressions(err, truth[leaf].sum(axis=1), group)
+    reg.insert(0, "estimator", release.estimator)
+    reg.insert(0, "repetition", rep)
+    return rows, reg
+
+
+def execute_spec(
+    spec: RunSpec,
+    run_data: RunData,
+    *,
+    seed: int | None = None,
+    scheduler: str | None = None,
+    partitions: int | None = None,
+    progress: bool | None = None,
+    rng: KeyedRNG | None = None,
+) -> tuple[dict[str, Release], pd.DataFrame, pd.DataFrame, dict]:
+    """Run the spec in memory: releases of repetition 0, metrics, regressions, manifest.
+
+    ``rng`` (e.g. an experiment's key) takes precedence over ``seed`` and ``[run] seed``.
+    """
+    table = run_data.table
+    h = table.hierarchy
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    plan = make_plan(spec, table)
+    seed = spec.run.seed if seed is None else seed
+    if rng is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the CLI prints its own reproducible-mode warning
+            rng = KeyedRNG.from_seed(seed)
+    truth = table.all_levels()
+    inv = [invariant(truth, k, q) for k, q in plan.invariants]
+    cut = cut_level(plan, h.depth)
+    sched = scheduler or spec.run.address or spec.run.scheduler
+    n_parts = partitions or spec.run.partitions
+    group_level = max(h.depth - 2, 0)
+    metric_rows: list[dict] = []
+    regressions: list[pd.DataFrame] = []
+    releases: dict[str, Release] = {}
+    timings["plan"] = time.perf_counter() - t0
+    reps = spec.run.repetitions
+    with open_executor(sched, address=spec.run.address) as executor:
+        n_parts = n_parts or max(1, 4 * executor.workers)
+        parts = partition_units(h, cut, n_parts)
+        steps = reps * (1 + len(spec.estimators.run))
+        show = progress if progress is not None else steps > 20
+        bar = tqdm(total=steps, disable=not show, desc="censusdp run", unit="step")
+        for rep in range(reps):
+            rep_rng = rng.child(f"repetition/{rep}")
+            t = time.perf_counter()
+            meas = measure_partitioned(
+                h.names, truth, plan.as_tuples(), rep_rng.child("measure"), parts, executor
+            )
+            timings["measure"] = timings.get("measure", 0.0) + time.perf_counter() - t
+            bar.update()
+            for name in spec.estimators.run:
+                t = time.perf_counter()
+                release = _estimate(name, table, meas, inv, plan, rep_rng, spec, executor, parts)
+                timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+                rows, reg = _score(release, truth, rep, group_level)
+                metric_rows.extend(rows)
+                regressions.append(reg)
+                if rep == 0:
+                    releases[name] = release
+                bar.update()
+        bar.close()
+        used_scheduler, used_workers = executor.name, executor.workers
+    timings["total"] = time.perf_counter() - t0
+    manifest = {
+        "censusdp": __version__,
+        "spec": spec.to_dict(redact_seed=True),
+        "data": {
+            "source": run_data.source,
+            "levels": list(h.names),
+            "nodes": list(h.sizes),
+            "cells": list(table.cells),
+        },
+        "reproducible_mode": rng.reproducible_mode,
+        "scheduler": used_scheduler,
+        "workers": used_workers,
+        "partitions": len(parts),
+        "cut_level": h.names[cut],
+        "repetitions": reps,
+        "measurements": [
+            {
+                "level": h.names[p.level],
+                "query": p.query.name,
+                "budget": p.budget,
+                "law": repr(p.law),
+                "variance": p.law.variance,
+            }
+            for p in plan.measured
+        ],
+        "privacy": {name: r.privacy.to_dict() for name, r in releases.items()},
+        "diagnostics": {name: to_jsonable(r.diagnostics) for name, r in releases.items()},
+        "timings_seconds": timings,
+        "versions": _versions(),
+    }
+    return releases, pd.DataFrame(metric_rows), pd.concat(regressions, ignore_index=True), manifest
+
+
+def _estimate(
+    name, table, meas, inv: list[Invariant], plan, rep_rng, spec, executor, parts
+) -> Release:
+    from censusdp.pipelines.estimators import run_estimator
+
+    return run_estimator(
+        name,
+        table.hierarchy,
+        table.cells,
+        meas,
+        inv,
+        plan.privacy,
+        rep_rng.child(name),
+        spec.estimators,
+        executor=executor,
+        partitions=parts,
+    )
+
+
+def run_spec(
+    spec: RunSpec,
+    *,
+    data: str | Path | None = None,
+    out: str | Path | None = None,
+    seed: int | None = None,
+    scheduler: str | None = None,
+    partitions: int | None = None,
+    progress: bool | None = None,
+    title: str | None = None,
+    rng: KeyedRNG | None = None,
+) -> RunResult:
+    """Run a spec end to end and write its outputs into ``out`` (atomically).
+
+    Parameters
+    ----------
+    spec : RunSpec
+    data : path, optional
+        Overrides ``[data] path``.
+    out : path, optional
+        Output directory (default ``[output] dir`` or ``results/<spec name>``).
+    seed : int, optional
+        Overrides ``[run] seed`` (reproducible mode; never written to outputs).
+    scheduler : str, optional
+        ``sync``, ``threads``, ``distributed`` or ``tcp://HOST:PORT``; overrides ``[run]``.
+    partitions : int, optional
+        Number of partitions (the output does not depend on it).
+
+    Raises
+    ------
+    SpecError, DataError, HierarchyError, BudgetError, SolverError, ConvergenceError
+        Nothing is written when a run fails.
+    """
+    run_data = load_data(spec, data)
+    releases, metrics, regressions, manifest = execute_spec(
+        spec,
+        run_data,
+        seed=seed,
+        scheduler=scheduler,
+        partitions=partitions,
+        progress=progress,
+        rng=rng,
+    )
+    target = (
+        Path(out)
+        if out is not None
+        else (spec.output.dir or Path("results") / Path(spec.source).stem)
+    )
+    with atomic_dir(target) as tmp:
+        frames = [r.to_frame() for r in releases.values()]
+        pd.concat(frames, ignore_index=True).to_parquet(tmp / "estimates.parquet", index=False)
+        metrics.to_csv(tmp / "metrics.csv", index=False)
+        regressions.to_csv(tmp / "regressions.csv", index=False)
+        figures = write_figures(tmp, metrics, regressions, manifest)
+        write_report(tmp, metrics, regressions, manifest, figures, title=title)
+        (tmp / "manifest.json").write_text(
+            json.dumps(to_jsonable(manifest), indent=2), encoding="utf-8"
+        )
+    return RunResult(target, metrics, regressions, releases, manifest, run_data.table)
+
+
+def with_budget(spec: RunSpec, total: float) -> RunSpec:
+    """A copy of ``spec`` with another total budget (same shares)."""
+    return dataclasses.replace(spec, privacy=dataclasses.replace(spec.privacy, total=float(total)))

@@ -1,0 +1,223 @@
+"""End-to-end runs: outputs, invariants, the main job, and determinism across schedulers."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from censusdp.config import load_spec
+from censusdp.experiments.registry import run_experiment
+from censusdp.hierarchy.synthetic import synthetic_us
+from censusdp.pipelines.runner import run_spec
+
+SPEC = """
+[data]
+source = "csv"
+path = "{path}"
+cells = ["population"]
+[hierarchy]
+levels = ["nation", "state", "county", "tract", "block"]
+codes = {{ state = "block:2", county = "block:5", tract = "block:11", block = "block" }}
+[privacy]
+accounting = "zcdp"
+rho = 0.5
+level_shares = {{ county = 0.3, tract = 0.3, block = 0.4 }}
+[queries]
+county = ["detailed"]
+tract = ["detailed"]
+block = ["detailed"]
+[invariants]
+state = "total"
+[mechanism]
+noise = "discrete_gaussian"
+[estimators]
+run = {estimators}
+integer = "round"
+[run]
+repetitions = 2
+seed = 11
+"""
+
+
+@pytest.fixture(scope="module")
+def synthetic_csv(tmp_path_factory):
+    table = synthetic_us(3, states=4, counties=20, tracts=60, blocks=300, population=60_000)
+    df = pd.DataFrame(
+        {"block": table.hierarchy.leaves.codes.astype(object), "population": table.leaf_counts[:, 0]}
+    )
+    path = tmp_path_factory.mktemp("data") / "blocks.csv"
+    df.sample(frac=1.0, random_state=1).to_csv(path, index=False)  # row order must not matter
+    return path, table
+
+
+def _spec(tmp_path, csv, estimators='["gls", "topdown"]'):
+    p = tmp_path / "spec.toml"
+    p.write_text(textwrap.dedent(SPEC.format(path=csv, estimators=estimators)))
+    return load_spec(p)
+
+
+def test_run_writes_every_output_and_keeps_invariants(tmp_path, synthetic_csv):
+    csv, table = synthetic_csv
+    res = run_spec(_spec(tmp_path, csv), out=tmp_path / "out", progress=False)
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == [
+        "bias_slopes.png",
+        "errors_by_level.png",
+        "estimates.parquet",
+        "manifest.json",
+        "metrics.csv",
+        "regressions.csv",
+        "report.md",
+    ]
+    est = pd.read_parquet(tmp_path / "out" / "estimates.parquet")
+    assert set(est["estimator"]) == {"gls", "topdown"}
+    truth = table.hierarchy.aggregate(table.leaf_counts)[1][:, 0]
+    for name in ("gls", "topdown"):
+        states = est[(est["estimator"] == name) & (est["level"] == "state")]["value"].to_numpy()
+        assert np.array_equal(states, truth.astype(float))  # invariant, exactly
+        blocks = est[(est["estimator"] == name) & (est["level"] == "block")]["value"].to_numpy()
+        assert np.array_equal(blocks, np.round(blocks))  # integer release
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["spec"]["run"]["seed"] == "<redacted>"
+    assert "11" not in json.dumps(manifest["spec"]["run"])
+    assert "induced subspace" in manifest["privacy"]["gls"]["text"]
+    assert len(res.metrics) == 2 * 2 * 5  # repetitions × estimators × levels
+
+
+def test_demo_shows_topdown_bias_and_unbiased_gls(tmp_path):
+    out, metrics = run_experiment("midwest-demo", out=tmp_path / "demo", quick=True, seed=2)
+    tight = metrics["budgets"]["rho_0.001"]
+    assert set(tight) == {"gls", "conditioning", "topdown"}
+    assert tight["topdown"]["mean_slope"] < -2.0
+    assert abs(tight["gls"]["mean_slope"]) < 2.0
+    assert tight["topdown"]["groups_with_negative_mean_slope_interval"] >= 1
+    assert tight["gls"]["groups_with_negative_mean_slope_interval"] == 0
+    assert (out / "report.md").read_text().count("|") > 50
+    assert (out / "rho_0.01" / "estimates.parquet").is_file()
+
+
+def _frame(path):
+    return pd.read_parquet(path / "estimates.parquet")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from dask.distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=50,
+        ) as c,
+        Client(c) as client,
+    ):
+        yield c, client
+
+
+def test_estimates_identical_for_every_scheduler_and_partition_count(
+    tmp_path, synthetic_csv, cluster
+):
+    csv, _ = synthetic_csv
+    spec = _spec(tmp_path, csv)
+    ref = run_spec(spec, out=tmp_path / "ref", scheduler="sync", partitions=1, progress=False)
+    ref_frame = _frame(ref.out)
+    runs = [("sync", 3), ("sync", 17), ("threads", 1), ("threads", 3), ("threads", 17)]
+    runs += [(cluster[0].scheduler_address, n) for n in (1, 3, 17)]
+    for i, (sched, parts) in enumerate(runs):
+        got = _frame(
+            run_spec(
+                spec, out=tmp_path / f"r{i}", scheduler=sched, partitions=parts, progress=False
+            ).out
+        )
+        pd.testing.assert_frame_equal(got, ref_frame, check_exact=True)
+
+
+def test_county_table_identical_across_schedulers(tmp_path, shared_file, cluster):
+    spec_path = tmp_path / "county.toml"
+    spec_path.write_text(
+        textwrap.dedent(f"""
+        [data]
+        source = "csv"
+        path = "{shared_file("county_totalpop_2010.csv")}"
+        cells = ["pop_sf2010"]
+        [hierarchy]
+        levels = ["nation", "state", "county"]
+        codes = {{ state = "state_fips", county = "fips" }}
+        [privacy]
+        accounting = "pure"
+        epsilon = 0.192
+        [queries]
+        county = ["detailed"]
+        [invariants]
+        state = "total"
+        [mechanism]
+        noise = "discrete_laplace"
+        [estimators]
+        run = ["gls"]
+        [run]
+        seed = 5
+    """)
+    )
+    spec = load_spec(spec_path)
+    ref = _frame(
+        run_spec(spec, out=tmp_path / "a", scheduler="sync", partitions=1, progress=False).out
+    )
+    for i, (sched, parts) in enumerate([("threads", 17), (cluster[0].scheduler_address, 3)]):
+        got = _frame(
+            run_spec(
+                spec, out=tmp_path / f"b{i}", scheduler=sched, partitions=parts, progress=False
+            ).out
+        )
+        pd.testing.assert_frame_equal(got, ref, check_exact=True)
+    states = ref[(ref["level"] == "state")]["value"].sum()
+    assert states == 312_471_327  # the 52 state-level areas, held exactly
+
+
+def test_killing_a_worker_mid_run_gives_the_same_output(tmp_path, synthetic_csv, cluster):
+    from distributed import WorkerPlugin
+
+    class KillOnce(WorkerPlugin):
+        """Exits the first worker process that starts its third task (once per test)."""
+
+        def __init__(self, marker):
+            self.marker = marker
+            self.started = 0
+
+        def transition(self, key, start, finish, **kwargs):
+            if finish == "executing":
+                self.started += 1
+                if self.started == 3 and not os.path.exists(self.marker):
+                    open(self.marker, "w").close()
+                    os._exit(1)
+
+    csv, _ = synthetic_csv
+    spec = _spec(tmp_path, csv)
+    ref = _frame(
+        run_spec(spec, out=tmp_path / "ref", scheduler="sync", partitions=3, progress=False).out
+    )
+    c, client = cluster
+    marker = tmp_path / "killed"
+    client.register_plugin(KillOnce(str(marker)), name="kill-once")
+    try:
+        got = _frame(
+            run_spec(
+                spec,
+                out=tmp_path / "faulty",
+                scheduler=c.scheduler_address,
+                partitions=17,
+                progress=False,
+            ).out
+        )
+    finally:
+        client.unregister_worker_plugin("kill-once")
+    assert marker.exists(), "no worker was killed: the fault was not injected"
+    pd.testing.assert_frame_equal(got, ref, check_exact=True)
+    client.wait_for_workers(2, timeout=60)
