@@ -7,7 +7,9 @@ matrix at all: with C the indicator rows of a partition into groups, Π_N e subt
 coordinate the mean of its group, in O(n) time and memory (:func:`project_group_totals`). For
 nested partitions (nation ⊃ state ⊃ county totals over blocks) the row space of the coarse
 indicators lies inside that of the finest ones, so Π_N is the projection for the finest level
-alone (:func:`project_nested`).
+alone (:func:`project_nested`). For crossed two-way margins — every row total and every column
+total of a table, as in a groups × hours table per building — Π_N is double centering
+(:func:`project_row_column_totals`): subtract the row and column means, add back the grand mean.
 
 For iid noise of variance σ², Π_N e has covariance σ²Π_N; on one level of groups its
 per-coordinate variance is σ²(1 − 1/|g|) (:func:`group_projection_variances`).
@@ -35,6 +37,10 @@ __all__ = [
     "project_dense",
     "project_group_totals",
     "project_nested",
+    "project_row_column_totals",
+    "row_column_indicator_matrix",
+    "row_column_projection_variance",
+    "row_column_rank",
     "row_space_basis",
 ]
 
@@ -169,3 +175,84 @@ def group_indicator_matrix(group_index: np.ndarray) -> np.ndarray:
     C = np.zeros((sizes.size, g.size))
     C[g, np.arange(g.size)] = 1.0
     return C[sizes > 0]
+
+
+def _table_shape(shape: Sequence[int]) -> tuple[int, int]:
+    if len(shape) < 2:
+        raise SpecError(f"a row/column table needs at least 2 axes, got shape {tuple(shape)}")
+    r, c = int(shape[-2]), int(shape[-1])
+    if r < 1 or c < 1:
+        raise SpecError(f"a row/column table needs at least one row and column, got {(r, c)}")
+    return r, c
+
+
+def project_row_column_totals(e: np.ndarray) -> np.ndarray:
+    """Π_N e for the invariants "every row total and every column total" of each table.
+
+    The crossed (two-way) margins of an R × C table: the null space N holds the tables whose
+    rows and columns all sum to zero, and Π_N is double centering,
+    ``e − row means − column means + grand mean`` (the interaction term of the two-way
+    analysis-of-variance decomposition). Leading axes index independent tables (e.g. one
+    groups × hours table per building). O(n) time and memory, no matrix.
+
+    Parameters
+    ----------
+    e : numpy.ndarray
+        Shape (..., R, C): any number of leading axes of separate tables.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, same shape; every row and every column of every table sums to zero (up to
+        rounding).
+
+    Notes
+    -----
+    The R + C margins of one table have rank R + C − 1 (the row totals and the column totals
+    share the grand total): see :func:`row_column_rank`. For iid noise of variance σ² every
+    coordinate of Π_N e has variance σ²(1 − 1/R)(1 − 1/C)
+    (:func:`row_column_projection_variance`).
+
+    References
+    ----------
+    Gao, Gong & Yu, "Subspace Differential Privacy", AAAI 2022, Corollary 11 (Π_N) and §5.2
+    (the spatio-temporal example: per building, group × hour totals over groups and over
+    the day).
+    """
+    e = np.asarray(e, dtype=np.float64)
+    _table_shape(e.shape)
+    row_mean = e.mean(axis=-1, keepdims=True)
+    col_mean = e.mean(axis=-2, keepdims=True)
+    grand = row_mean.mean(axis=-2, keepdims=True)
+    return e - row_mean - col_mean + grand
+
+
+def row_column_rank(n_rows: int, n_cols: int, n_tables: int = 1) -> int:
+    """Rank of the row- and column-total invariants: ``n_tables · (R + C − 1)``."""
+    r, c = _table_shape((n_rows, n_cols))
+    return int(n_tables) * (r + c - 1)
+
+
+def row_column_projection_variance(n_rows: int, n_cols: int, variance: float = 1.0) -> float:
+    """Per-coordinate variance σ²(1 − 1/R)(1 − 1/C) of :func:`project_row_column_totals`.
+
+    The diagonal of Π_N is 1 − 1/C − 1/R + 1/(RC) (the hat values of the two-way additive
+    model), the same for every coordinate.
+    """
+    r, c = _table_shape((n_rows, n_cols))
+    return float(variance) * (1.0 - 1.0 / r) * (1.0 - 1.0 / c)
+
+
+def row_column_indicator_matrix(n_rows: int, n_cols: int) -> np.ndarray:
+    """Dense invariant matrix ((R + C) × RC) of the row then column totals of one table.
+
+    Coordinates in row-major order (``e.reshape(-1)`` of an R × C table). The rows are
+    linearly dependent (rank R + C − 1); drop one before :func:`project_dense`. For small
+    checks only.
+    """
+    r, c = _table_shape((n_rows, n_cols))
+    idx = np.arange(r * c)
+    C = np.zeros((r + c, r * c))
+    C[idx // c, idx] = 1.0
+    C[r + idx % c, idx] = 1.0
+    return C

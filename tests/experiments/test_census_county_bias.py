@@ -1,0 +1,55 @@
+"""The census-county-bias experiment: the Bureau's published slope counts and our estimators."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from censusdp.errors import DataError
+from censusdp.experiments.census_county_bias import EPSILON
+from censusdp.experiments.registry import run_experiment
+
+KEYS = (
+    "states",
+    "negative",
+    "significant_negative_001",
+    "mean_abs_error",
+    "chance_expected_significant_negative",
+)
+
+
+def test_missing_data_file_raises_data_error(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        run_experiment(
+            "census-county-bias", out=tmp_path / "x", quick=True, seed=1, data=tmp_path / "no.csv"
+        )
+
+
+def test_quick_run_reproduces_the_bureau_counts_and_unbiased_estimators(tmp_path, shared_file):
+    data = shared_file("county_totalpop_2010.csv")
+    out, m = run_experiment("census-county-bias", out=tmp_path / "x", quick=True, seed=1, data=data)
+    on_disk = json.loads((out / "metrics.json").read_text())
+    das19, das20 = on_disk["das_20191029"], on_disk["das_20200527"]
+    assert (das20["states"], das20["negative"], das20["significant_negative_001"]) == (48, 41, 5)
+    assert (das19["states"], das19["negative"], das19["significant_negative_001"]) == (48, 46, 41)
+    assert on_disk["runs"] == 2
+    for name in ("das_20191029", "das_20200527", "projected_laplace", "gls", "topdown"):
+        for key in KEYS:
+            assert on_disk[name][key] is not None, (name, key)
+        assert on_disk[name]["states"] == 48
+        assert on_disk[name]["chance_expected_significant_negative"] == pytest.approx(0.24)
+    scale = 1 / EPSILON
+    for name in ("projected_laplace", "gls"):
+        s = on_disk[name]
+        assert len(s["per_run_negative"]) == 2
+        # unbiased: significant negatives within the 99% point of Binomial(48, 0.005)
+        assert s["significant_negative_001"] <= s["chance_upper_99"]
+        # Laplace of scale 1/ε, minus the state mean: mean |error| just under the scale
+        assert 0.9 * scale < s["mean_abs_error"] < 1.05 * scale
+    assert set(on_disk["left_out"]) <= {"conditioning", "lattice"}
+    assert len(on_disk["fig2_states"]) == 10 and "IL" not in on_disk["fig2_states"]
+    for name in ("fig1_slopes_illinois.png", "fig2_ten_states.png", "illinois_by_estimator.png"):
+        assert (out / name).stat().st_size > 0
+    report = (out / "report.md").read_text()
+    assert "Van Riper" in report and "| DAS 2020-05-27 | 1 | 48 | 41 | 5 |" in report
