@@ -59,14 +59,16 @@ ACCOUNTINGS = {"pure": "epsilon", "zcdp": "rho"}
 # Conversions
 
 
-def _check_positive(name: str, value: float) -> float:
+def check_positive(name: str, value: float) -> float:
+    """``value`` as a float, or :class:`BudgetError` unless positive and finite."""
     value = float(value)
     if not (value > 0 and math.isfinite(value)):
         raise BudgetError(f"{name} must be a positive finite number, got {value!r}")
     return value
 
 
-def _check_delta(delta: float) -> float:
+def check_delta(delta: float) -> float:
+    """``delta`` as a float, or :class:`BudgetError` unless 0 < δ < 1."""
     delta = float(delta)
     if not 0 < delta < 1:
         raise BudgetError(f"delta must lie strictly between 0 and 1, got {delta!r}")
@@ -97,7 +99,7 @@ def zcdp_to_dp(rho: float, delta: float) -> float:
     rho = float(rho)
     if not (rho >= 0 and math.isfinite(rho)):
         raise BudgetError(f"rho must be a non-negative finite number, got {rho!r}")
-    delta = _check_delta(delta)
+    delta = check_delta(delta)
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
@@ -135,7 +137,7 @@ def zcdp_to_dp_cks(rho: float, delta: float) -> float:
     rho = float(rho)
     if not (rho >= 0 and math.isfinite(rho)):
         raise BudgetError(f"rho must be a non-negative finite number, got {rho!r}")
-    delta = _check_delta(delta)
+    delta = check_delta(delta)
     if rho == 0:
         return 0.0
     log_inv_delta = math.log(1.0 / delta)
@@ -179,8 +181,8 @@ def dp_to_zcdp(eps: float, delta: float, *, tight: bool = False) -> float:
     ----------
     Bun & Steinke (2016), Proposition 1.3; Canonne, Kamath & Steinke (2020), Corollary 13.
     """
-    eps = _check_positive("epsilon", eps)
-    delta = _check_delta(delta)
+    eps = check_positive("epsilon", eps)
+    delta = check_delta(delta)
     forward = zcdp_to_dp_cks if tight else zcdp_to_dp
     log_inv_delta = math.log(1.0 / delta)
     # stable form of (√(L+ε) − √L)²
@@ -202,7 +204,7 @@ def pure_to_zcdp(eps: float) -> float:
     ----------
     Bun & Steinke (2016), Proposition 1.4.
     """
-    eps = _check_positive("epsilon", eps)
+    eps = check_positive("epsilon", eps)
     return eps * eps / 2.0
 
 
@@ -214,8 +216,8 @@ def gaussian_rho(sigma: float, sensitivity: float = 1.0) -> float:
     Bun & Steinke (2016), Proposition 1.6; Canonne, Kamath & Steinke (2020), Theorem 14
     (the same ρ for the discrete Gaussian with integer-valued queries).
     """
-    sigma = _check_positive("sigma", sigma)
-    sensitivity = _check_positive("sensitivity", sensitivity)
+    sigma = check_positive("sigma", sigma)
+    sensitivity = check_positive("sensitivity", sensitivity)
     return sensitivity * sensitivity / (2.0 * sigma * sigma)
 
 
@@ -226,8 +228,8 @@ def gaussian_sigma(rho: float, sensitivity: float = 1.0) -> float:
     ----------
     Bun & Steinke (2016), Proposition 1.6.
     """
-    rho = _check_positive("rho", rho)
-    sensitivity = _check_positive("sensitivity", sensitivity)
+    rho = check_positive("rho", rho)
+    sensitivity = check_positive("sensitivity", sensitivity)
     return sensitivity / math.sqrt(2.0 * rho)
 
 
@@ -393,7 +395,7 @@ class Accountant:
     unit: str = ""
 
     def __init__(self, total: float) -> None:
-        self._total = _check_positive(f"total {self.unit}", total)
+        self._total = check_positive(f"total {self.unit}", total)
         self._ledger: list[LedgerEntry] = []
 
     @property
@@ -487,7 +489,7 @@ class ZCDPAccountant(Accountant):
 
     def __init__(self, total_rho: float, delta: float | None = None) -> None:
         super().__init__(total_rho)
-        self.delta = None if delta is None else _check_delta(delta)
+        self.delta = None if delta is None else check_delta(delta)
 
     def epsilon(self, *, tight: bool = True, spent: bool = False) -> float | None:
         """(ε, δ)-DP equivalent of the total (or of the spent) ρ; None without a δ.
@@ -572,7 +574,7 @@ def allocate(
     Abowd et al., "The 2020 Census Disclosure Avoidance System TopDown Algorithm", Harvard
     Data Science Review (2022), §5 (per-level, per-query ρ allocation).
     """
-    total = _check_positive("total budget", total)
+    total = check_positive("total budget", total)
     _check_shares(level_shares, "level shares")
     missing = [lvl for lvl in level_shares if lvl not in query_shares]
     if missing:
@@ -623,7 +625,7 @@ class Budget:
         if self.accounting not in ACCOUNTINGS:
             raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {self.accounting!r}")
         if self.delta is not None:
-            _check_delta(self.delta)
+            check_delta(self.delta)
         self.allocation()  # validate now
 
     def allocation(self) -> dict[tuple[str, str], float]:
@@ -672,9 +674,9 @@ def statement_for(
     """
     if accounting not in ACCOUNTINGS:
         raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
-    total = _check_positive(f"total {ACCOUNTINGS[accounting]}", total)
+    total = check_positive(f"total {ACCOUNTINGS[accounting]}", total)
     if delta is not None:
-        delta = _check_delta(delta)
+        delta = check_delta(delta)
     if geometry not in ("euclidean", "weighted"):
         raise BudgetError(f"geometry must be 'euclidean' or 'weighted', got {geometry!r}")
     needed = NOISE_ACCOUNTING.get(mechanism)

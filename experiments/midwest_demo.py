@@ -23,7 +23,7 @@ import pandas as pd
 
 from censusdp.config import load_spec
 from censusdp.experiments.registry import ExperimentContext
-from censusdp.pipelines.report import slope_table
+from censusdp.pipelines.report import markdown_table, slope_table
 from censusdp.pipelines.runner import run_spec, with_budget
 
 __all__ = ["BUDGETS", "SPEC", "run", "print_summary"]
@@ -114,7 +114,7 @@ def run(ctx: ExperimentContext) -> dict:
         lines += [
             f"## ρ = {rho:g} ({reps} repetitions; details in `rho_{rho:g}/report.md`)",
             "",
-            _md(
+            markdown_table(
                 rows[
                     [
                         "estimator",
@@ -160,7 +160,7 @@ def run(ctx: ExperimentContext) -> dict:
         "",
         "![per-state bias slopes](bias_slopes.png)",
         "",
-        _md(table[["budget", "estimator", "group", "n_units", "slope", "low", "high"]]),
+        markdown_table(table[["budget", "estimator", "group", "n_units", "slope", "low", "high"]]),
         "",
         "An interval entirely below zero is a state where the estimator is biased against large "
         "counties and in favour of small ones. The unbiased estimators' intervals cover zero except "
@@ -178,16 +178,6 @@ def run(ctx: ExperimentContext) -> dict:
     ]
     ctx.write_report("\n".join(lines))
     return metrics
-
-
-def _md(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        out.append(
-            "| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r) + " |"
-        )
-    return "\n".join(out)
 
 
 def print_summary(metrics: dict) -> None:

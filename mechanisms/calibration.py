@@ -35,7 +35,7 @@ import math
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
-from censusdp.budget import dp_to_zcdp, gaussian_rho, gaussian_sigma
+from censusdp.budget import check_delta, check_positive, dp_to_zcdp, gaussian_rho, gaussian_sigma
 from censusdp.errors import BudgetError
 
 __all__ = [
@@ -58,28 +58,14 @@ __all__ = [
 GAUSSIAN_CALIBRATIONS = ("classical", "analytic", "zcdp", "zcdp_cks")
 
 
-def _positive(name: str, value: float) -> float:
-    value = float(value)
-    if not (value > 0 and math.isfinite(value)):
-        raise BudgetError(f"{name} must be a positive finite number, got {value!r}")
-    return value
-
-
-def _delta(delta: float) -> float:
-    delta = float(delta)
-    if not 0 < delta < 1:
-        raise BudgetError(f"delta must lie strictly between 0 and 1, got {delta!r}")
-    return delta
-
-
 def laplace_scale(epsilon: float, sensitivity: float = 1.0) -> float:
     """b = Δ₁/ε (Dwork & Roth 2014, Thm. 3.6)."""
-    return _positive("sensitivity", sensitivity) / _positive("epsilon", epsilon)
+    return check_positive("sensitivity", sensitivity) / check_positive("epsilon", epsilon)
 
 
 def laplace_epsilon(scale: float, sensitivity: float = 1.0) -> float:
     """ε = Δ₁/b."""
-    return _positive("sensitivity", sensitivity) / _positive("scale", scale)
+    return check_positive("sensitivity", sensitivity) / check_positive("scale", scale)
 
 
 def classical_gaussian_c(epsilon: float, delta: float) -> float:
@@ -89,21 +75,21 @@ def classical_gaussian_c(epsilon: float, delta: float) -> float:
     ----------
     Gao, Gong & Yu (2022), Lemma 13.
     """
-    epsilon = _positive("epsilon", epsilon)
-    delta = _delta(delta)
+    epsilon = check_positive("epsilon", epsilon)
+    delta = check_delta(delta)
     return (1.0 + math.sqrt(1.0 + math.log(1.0 / delta))) / epsilon
 
 
 def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """σ = c(ε, δ)·Δ₂ (Gao, Gong & Yu 2022, Lemma 13)."""
-    return classical_gaussian_c(epsilon, delta) * _positive("sensitivity", sensitivity)
+    return classical_gaussian_c(epsilon, delta) * check_positive("sensitivity", sensitivity)
 
 
 def classical_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
     """The ε of :func:`classical_gaussian_sigma` at a given σ: ε = (1 + √(1 + ln(1/δ)))·Δ₂/σ."""
-    sigma = _positive("sigma", sigma)
-    sensitivity = _positive("sensitivity", sensitivity)
-    return (1.0 + math.sqrt(1.0 + math.log(1.0 / _delta(delta)))) * sensitivity / sigma
+    sigma = check_positive("sigma", sigma)
+    sensitivity = check_positive("sensitivity", sensitivity)
+    return (1.0 + math.sqrt(1.0 + math.log(1.0 / check_delta(delta)))) * sensitivity / sigma
 
 
 def analytic_gaussian_delta(epsilon: float, sigma: float, sensitivity: float = 1.0) -> float:
@@ -118,8 +104,8 @@ def analytic_gaussian_delta(epsilon: float, sigma: float, sensitivity: float = 1
     epsilon = float(epsilon)
     if not (epsilon >= 0 and math.isfinite(epsilon)):
         raise BudgetError(f"epsilon must be a non-negative finite number, got {epsilon!r}")
-    sigma = _positive("sigma", sigma)
-    sensitivity = _positive("sensitivity", sensitivity)
+    sigma = check_positive("sigma", sigma)
+    sensitivity = check_positive("sensitivity", sensitivity)
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
     first = float(log_ndtr(a - b))
@@ -149,9 +135,9 @@ def analytic_gaussian_sigma(
     ----------
     Balle & Wang (2018), Algorithm 1 and Theorem 8.
     """
-    epsilon = _positive("epsilon", epsilon)
-    delta = _delta(delta)
-    sensitivity = _positive("sensitivity", sensitivity)
+    epsilon = check_positive("epsilon", epsilon)
+    delta = check_delta(delta)
+    sensitivity = check_positive("sensitivity", sensitivity)
 
     def gap(log_a: float, log_b: float) -> float:
         # Φ-difference e^{log_a} − e^{log_b}, stable
@@ -196,9 +182,9 @@ def analytic_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1
     δ(ε) decreases in ε; the root is found by Brent's method and rounded up (the returned ε
     satisfies δ(ε) ≤ δ).
     """
-    sigma = _positive("sigma", sigma)
-    delta = _delta(delta)
-    sensitivity = _positive("sensitivity", sensitivity)
+    sigma = check_positive("sigma", sigma)
+    delta = check_delta(delta)
+    sensitivity = check_positive("sensitivity", sensitivity)
     if analytic_gaussian_delta(0.0, sigma, sensitivity) <= delta:
         return 0.0
     hi = 1.0

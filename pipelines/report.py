@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["slope_table", "write_figures", "write_report"]
+__all__ = ["markdown_table", "slope_table", "write_figures", "write_report"]
 
 
 def slope_table(regressions: pd.DataFrame) -> pd.DataFrame:
@@ -95,7 +95,8 @@ def _total(privacy: dict) -> str:
     return f"{key.replace('epsilon', 'ε').replace('rho', 'ρ')} = {privacy[key]:g}"
 
 
-def _md(df: pd.DataFrame, floatfmt: str = ".3g") -> str:
+def markdown_table(df: pd.DataFrame, floatfmt: str = ".3g") -> str:
+    """A GitHub-flavoured markdown table of ``df`` (floats formatted with ``floatfmt``)."""
     cols = list(df.columns)
     lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
     for _, row in df.iterrows():
@@ -133,7 +134,7 @@ def write_report(
         "",
         "Measurements (each calibrated from its query's computed sensitivity):",
         "",
-        _md(
+        markdown_table(
             pd.DataFrame(manifest["measurements"])[["level", "query", "budget", "law", "variance"]]
         ),
         "",
@@ -157,7 +158,7 @@ def write_report(
         .mean()
         .reset_index()
     )
-    lines += [_md(agg), ""]
+    lines += [markdown_table(agg), ""]
     if not regressions.empty:
         lines += [
             "## Small-area bias",
@@ -190,11 +191,11 @@ def write_report(
         lines += [
             "Per repetition, averaged:",
             "",
-            _md(s.drop(columns="repetition")),
+            markdown_table(s.drop(columns="repetition")),
             "",
             "Slope per group (mean over repetitions, 95% interval):",
             "",
-            _md(slope_table(regressions)),
+            markdown_table(slope_table(regressions)),
             "",
         ]
     for fig in figures:
