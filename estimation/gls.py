@@ -41,6 +41,19 @@ same estimate when all scales are equal). See :mod:`censusdp.estimation.gls_spar
 privacy statement of each; the general sparse solver there is the reference these passes are
 tested against.
 
+**Partitions.** Both passes are per node given the level above or below, so they split on a
+*sub-forest* (the subtrees below a run of cut-level nodes): :func:`gls_upward` runs the
+upward pass over levels cut .. leaf of one partition and yields each cut-level node's message
+(its relation ``m, P, N``); :func:`gls_top` runs levels 0 .. cut with those messages as leaves
+(they play the role of the children of the level above) and smooths down to the cut;
+:func:`gls_downward` smooths one partition below the cut. :func:`tree_gls` is the one-partition
+case (cut at the root), so there is one implementation of the math. Every batched operation
+is per node — elementwise ufuncs, ``np.add.reduceat`` over a node's children, and stacked
+``matmul``/``solve``/``eigh``, which call BLAS/LAPACK once per node matrix — and every branch
+(plain information update or bordered relation) is chosen per node, so a node's numbers do
+not depend on which other nodes share its batch: the partitioned result equals the
+single-process one bit for bit.
+
 References
 ----------
 Hay, Rastogi, Miklau & Suciu, "Boosting the accuracy of differentially private histograms
@@ -66,7 +79,21 @@ from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.queries import Invariant, Measurement
 
-__all__ = ["tree_gls", "NodeVarianceMeasurement"]
+__all__ = [
+    "tree_gls",
+    "NodeVarianceMeasurement",
+    "Forest",
+    "GLSPlan",
+    "UpwardState",
+    "gls_plan",
+    "gls_upward",
+    "gls_top",
+    "gls_downward",
+    "gls_finish",
+    "gls_release",
+    "restrict",
+    "whole_forest",
+]
 
 Geometry = Literal["weighted", "euclidean"]
 
@@ -86,13 +113,133 @@ class NodeVarianceMeasurement(Measurement):
     node_variance: np.ndarray | None = None
 
 
+# ----------------------------------------------------------------------------- sub-forests
+class Forest:
+    """Levels ``first, first + 1, ...`` of a contiguous run of subtrees, with local indices.
+
+    Nodes are sorted by parent at every level, so the child counts of the levels above the
+    last one determine everything else (``child_start`` is their running sum, ``parent`` their
+    repeat); that is all a partition has to receive. ``codes`` (levels above the last) name
+    nodes in error messages.
+
+    Parameters
+    ----------
+    first : int
+        Hierarchy index of the top level of the forest.
+    names : sequence of str
+        Names of the forest's levels.
+    sizes : sequence of int
+        Number of nodes of each level in the forest.
+    child_count : sequence of int arrays
+        For every level but the last, the number of children of each node.
+    codes : sequence of arrays
+        For every level but the last, the codes of its nodes.
+    """
+
+    __slots__ = ("first", "names", "sizes", "child_count", "codes", "_cache")
+
+    def __init__(
+        self,
+        first: int,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        child_count: Sequence[np.ndarray],
+        codes: Sequence[np.ndarray],
+    ) -> None:
+        self.first = int(first)
+        self.names = tuple(names)
+        self.sizes = tuple(int(s) for s in sizes)
+        self.child_count = tuple(np.asarray(c, dtype=np.int64) for c in child_count)
+        self.codes = tuple(codes)
+        self._cache: dict = {}
+
+    def __getstate__(self) -> tuple:
+        return (self.first, self.names, self.sizes, self.child_count, self.codes)
+
+    def __setstate__(self, state: tuple) -> None:
+        self.first, self.names, self.sizes, self.child_count, self.codes = state
+        self._cache = {}
+
+    @classmethod
+    def of(cls, hierarchy: Hierarchy, first: int, ranges: Sequence[tuple[int, int]]) -> Forest:
+        """The forest of node ranges ``ranges[j]`` at levels ``first + j`` (nested ranges)."""
+        lv = hierarchy.levels
+        return cls(
+            first,
+            hierarchy.names[first : first + len(ranges)],
+            [hi - lo for lo, hi in ranges],
+            [lv[first + j].child_count[lo:hi] for j, (lo, hi) in enumerate(ranges[:-1])],
+            [lv[first + j].codes[lo:hi] for j, (lo, hi) in enumerate(ranges[:-1])],
+        )
+
+    @property
+    def depth(self) -> int:
+        return len(self.sizes)
+
+    def child_start(self, j: int) -> np.ndarray:
+        """Local index of the first child of every node of forest level ``j``."""
+        key = ("start", j)
+        if key not in self._cache:
+            c = self.child_count[j]
+            self._cache[key] = np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64)
+        return self._cache[key]
+
+    def parent(self, j: int) -> np.ndarray:
+        """Local parent index of every node of forest level ``j`` ≥ 1."""
+        key = ("parent", j)
+        if key not in self._cache:
+            self._cache[key] = np.repeat(
+                np.arange(self.sizes[j - 1], dtype=np.int64), self.child_count[j - 1]
+            )
+        return self._cache[key]
+
+    def sum_children(self, j: int, values: np.ndarray, shared: bool = False) -> np.ndarray:
+        """Σ over the children of every node of level ``j``; ``shared``: one row for all.
+
+        The same ``np.add.reduceat`` over each node's contiguous children as
+        :meth:`Hierarchy.aggregate_up`, so a node's sum depends on its children only.
+        """
+        count = self.child_count[j]
+        if shared:
+            return count.reshape((-1,) + (1,) * (values.ndim - 1)) * values
+        out = np.zeros((self.sizes[j],) + values.shape[1:], dtype=values.dtype)
+        nz = count > 0
+        if values.shape[0]:
+            out[nz] = np.add.reduceat(values, self.child_start(j)[nz], axis=0)
+        return out
+
+    def code(self, j: int, node: int) -> str:
+        return str(self.codes[j][node])
+
+
+def whole_forest(hierarchy: Hierarchy, first: int = 0, last: int | None = None) -> Forest:
+    """Every node of levels ``first .. last`` (default: to the leaves) as one forest."""
+    last = hierarchy.depth - 1 if last is None else last
+    return Forest.of(
+        hierarchy, first, [(0, hierarchy.levels[k].size) for k in range(first, last + 1)]
+    )
+
+
 # ----------------------------------------------------------------------------- helpers
-def _sum_children(h: Hierarchy, k: int, values: np.ndarray) -> np.ndarray:
-    """Σ over the children (level k+1) of every node of level k; shared (1, ...) input ok."""
-    up = h.levels[k]
-    if values.shape[0] == 1 and h.levels[k + 1].size != 1:
-        return up.child_count.reshape((-1,) + (1,) * (values.ndim - 1)) * values
-    return h.aggregate_up(k + 1, values)
+def _mv(A: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Batched matrix–vector product ``A[n] @ x[n]`` (``A`` may be one shared matrix)."""
+    if A.shape[0] == 1:
+        return np.einsum("bij,nj->ni", A, x)
+    return np.einsum("nij,nj->ni", A, x)
+
+
+def _rowmul(X: np.ndarray, Q: np.ndarray) -> np.ndarray:
+    """``X @ Q`` for (n, q) X and a small (q, K) Q, row by row in a fixed order.
+
+    A 2-D ``X @ Q`` is one BLAS ``gemm`` over all rows, which rounds a row differently
+    depending on where it falls in the blocking of the whole matrix (measured: slices of
+    ``X @ Q`` differ from ``X[lo:hi] @ Q`` for q ≥ 3); this product does not. Stacked
+    ``matmul``, ``einsum``, ``solve`` and ``eigh`` are per node and need no change.
+    """
+    out = np.zeros((X.shape[0], Q.shape[1]))
+    for r in range(Q.shape[0]):
+        out = out + X[:, r : r + 1] * Q[r]
+    return out
 
 
 def _pinv_psd(M: np.ndarray, atol: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -114,6 +261,11 @@ def _unit_rows(matrix: np.ndarray) -> bool:
     return bool(np.all((m == 0) | (m == 1)) and np.all(m.sum(axis=1) == 1))
 
 
+def _subset(mask: np.ndarray) -> slice | np.ndarray:
+    """Index of the True entries (a plain slice when all are: no copies)."""
+    return slice(None) if mask.all() else np.flatnonzero(mask)
+
+
 @dataclass
 class _Level:
     """Per-level inputs, in scaled units (variances divided by τ²)."""
@@ -122,49 +274,153 @@ class _Level:
     h: np.ndarray  # (n, K) information vector
     H: np.ndarray  # (n_H, K) invariant rows
     t: np.ndarray  # (n, n_H) invariant values
+    shared: bool = True  # J is one matrix for every node (no per-node variances)
     diag_J: np.ndarray | None = None  # (1|n, K) diagonal path
     diag_h: np.ndarray | None = None
 
+    def rows(self, idx: slice | np.ndarray) -> _Level:
+        return _Level(
+            self.J if self.J.shape[0] == 1 else self.J[idx], self.h[idx], self.H, self.t[idx]
+        )
 
-def _collect(
+
+@dataclass(frozen=True)
+class GLSPlan:
+    """What every partition must agree on: cells, scaling, path and geometry.
+
+    Attributes
+    ----------
+    cells : tuple of str
+    names : tuple of str
+        The hierarchy's level names.
+    geometry : {"weighted", "euclidean"}
+    tau2, tau : float
+        Scale of the computation (median noise variance, weighted geometry).
+    diagonal : bool
+        Every query and invariant row selects one cell: the elementwise path.
+    vscale : float or None
+        Factor from scaled to data-unit variances (None: not defined, Euclidean geometry
+        with unequal noise scales).
+    """
+
+    cells: tuple[str, ...]
+    names: tuple[str, ...]
+    geometry: str
+    tau2: float
+    tau: float
+    diagonal: bool
+    vscale: float | None
+
+    @property
+    def K(self) -> int:
+        return len(self.cells)
+
+
+def gls_plan(
     hierarchy: Hierarchy,
-    K: int,
+    cells: Sequence[str],
     measurements: Sequence[Measurement],
     invariants: Sequence[Invariant],
-    geometry: str,
-    tau2: float,
-    tau: float,
-    diagonal: bool,
+    geometry: Geometry = "weighted",
+) -> tuple[GLSPlan, list[Measurement], list[Invariant]]:
+    """Validate the inputs and fix the global choices of a GLS run.
+
+    Returns the plan and the measurements and invariants with integer levels.
+
+    Raises
+    ------
+    SpecError
+        Unknown geometry, or shapes that do not match the hierarchy.
+    DataError
+        Non-finite values.
+    """
+    if geometry not in ("weighted", "euclidean"):
+        raise SpecError(f"geometry must be 'weighted' or 'euclidean', got {geometry!r}")
+    cells = tuple(cells)
+    meas = [dataclasses.replace(m, level=hierarchy.level_index(m.level)) for m in measurements]
+    invs = [dataclasses.replace(i, level=hierarchy.level_index(i.level)) for i in invariants]
+    _validate(hierarchy, cells, meas, invs)
+    var_all = []
+    for m in meas:
+        nv = getattr(m, "node_variance", None)
+        var_all.append(np.asarray(m.variance if nv is None else nv, dtype=float).reshape(-1))
+    var_all = np.concatenate(var_all) if var_all else np.ones(1)
+    equal_scales = bool(np.all(var_all == var_all[0]))
+    tau2 = float(np.median(var_all)) if geometry == "weighted" else 1.0
+    # Euclidean variances are exact only with equal noise scales
+    vscale = tau2 if geometry == "weighted" else (float(var_all[0]) if equal_scales else None)
+    plan = GLSPlan(
+        cells=cells,
+        names=hierarchy.names,
+        geometry=geometry,
+        tau2=tau2,
+        tau=float(np.sqrt(tau2)),
+        diagonal=all(_unit_rows(x.query.matrix) for x in [*meas, *invs]),
+        vscale=vscale,
+    )
+    return plan, meas, invs
+
+
+def restrict(
+    items: Sequence[Measurement | Invariant], first: int, ranges: Sequence[tuple[int, int]]
+) -> list:
+    """The measurements (or invariants) of levels ``first ..`` cut to node ranges ``ranges``.
+
+    Items of other levels are dropped; a :class:`NodeVarianceMeasurement` keeps the node
+    variances of its range.
+    """
+    out = []
+    for it in items:
+        j = it.level - first
+        if not 0 <= j < len(ranges):
+            continue
+        lo, hi = ranges[j]
+        changes: dict = {"values": it.values[lo:hi]}
+        nv = getattr(it, "node_variance", None)
+        if nv is not None:
+            changes["node_variance"] = np.asarray(nv).reshape(-1)[lo:hi]
+        out.append(dataclasses.replace(it, **changes))
+    return out
+
+
+def _collect(
+    forest: Forest,
+    plan: GLSPlan,
+    measurements: Sequence[Measurement],
+    invariants: Sequence[Invariant],
 ) -> list[_Level]:
+    K, tau, tau2 = plan.K, plan.tau, plan.tau2
     levels = []
-    for k, lv in enumerate(hierarchy.levels):
-        n = lv.size
+    for j in range(forest.depth):
+        k, n = forest.first + j, forest.sizes[j]
         J = np.zeros((1, K, K))
         h = np.zeros((n, K))
+        shared = True
         for m in measurements:
-            if hierarchy.level_index(m.level) != k:
+            if m.level != k:
                 continue
             Q = np.asarray(m.query.matrix, dtype=float)
             nv = getattr(m, "node_variance", None)
-            if geometry == "euclidean":
+            if plan.geometry == "euclidean":
                 w = np.ones(1)
             elif nv is not None:
                 w = tau2 / np.asarray(nv, dtype=float).reshape(-1)
+                shared = False
                 if w.shape != (n,) or not np.all(np.isfinite(w) & (w > 0)):
                     raise SpecError(
-                        f"level {lv.name!r}, query {m.query.name!r}: node_variance must be "
-                        f"({n},) positive finite values"
+                        f"level {forest.names[j]!r}, query {m.query.name!r}: node_variance "
+                        f"must be ({n},) positive finite values"
                     )
             else:
                 w = np.full(1, tau2 / m.variance)
             J = J + w[:, None, None] * (Q.T @ Q)[None]
-            h += (np.asarray(m.values, dtype=float) / tau @ Q) * w[:, None]
+            h += _rowmul(np.asarray(m.values, dtype=float) / tau, Q) * w[:, None]
         rows = [np.asarray(i.query.matrix, float) for i in invariants if i.level == k]
         vals = [np.asarray(i.values, float) / tau for i in invariants if i.level == k]
         H = np.vstack(rows) if rows else np.zeros((0, K))
         t = np.hstack(vals) if vals else np.zeros((n, 0))
-        item = _Level(J, h, H, t)
-        if diagonal:
+        item = _Level(J, h, H, t, shared)
+        if plan.diagonal:
             item.diag_J = np.diagonal(J, axis1=1, axis2=2).copy()
             item.diag_h = h
         levels.append(item)
@@ -205,66 +461,83 @@ def _not_identifiable(level: str, what: str) -> SpecError:
 
 
 # ----------------------------------------------------------------------------- diagonal path
-def _diagonal(
-    h: Hierarchy, lv: list[_Level], want_cov: bool
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Elementwise two-pass algorithm; cells are independent one-cell problems."""
-    D = h.depth
-    m: list = [None] * D
-    P: list = [None] * D
-    flat: list = [None] * D
-    Msum: list = [None] * D
-    Ssum: list = [None] * D
-    nflat: list = [None] * D
-    for k in range(D - 1, -1, -1):
-        n, K = h.levels[k].size, lv[k].h.shape[1]
-        Jd = np.broadcast_to(lv[k].diag_J, (n, K))
-        hd = lv[k].diag_h
+@dataclass
+class _DUp:
+    """Upward belief of the nodes of one level, cells independent (all (n, K))."""
+
+    m: np.ndarray
+    P: np.ndarray
+    flat: np.ndarray  # bool: the cell is undetermined from below
+    M: np.ndarray | None = None  # children sums (internal levels)
+    S: np.ndarray | None = None
+    nf: np.ndarray | None = None  # number of flat children
+
+    def message(self) -> _DUp:
+        return _DUp(self.m, self.P, self.flat)
+
+
+def _diagonal_up(f: Forest, lv: list[_Level], bottom: _DUp | None) -> list[_DUp]:
+    """Elementwise upward pass; ``bottom`` replaces the last level's own computation."""
+    D = f.depth
+    up: list = [None] * D
+    for j in range(D - 1, -1, -1):
+        if j == D - 1 and bottom is not None:
+            up[j] = bottom
+            continue
+        n, K = f.sizes[j], lv[j].h.shape[1]
+        Jd = np.broadcast_to(lv[j].diag_J, (n, K))
+        hd = lv[j].diag_h
         pos = Jd > 0
-        if k == D - 1:
+        M = S = nf = None
+        if j == D - 1:
             Pk = np.where(pos, 1.0 / np.where(pos, Jd, 1.0), 0.0)
             mk = Pk * hd
             fk = ~pos
         else:
-            nf = _sum_children(h, k, flat[k + 1].astype(np.int64))
-            M = _sum_children(h, k, m[k + 1])
-            S = _sum_children(h, k, P[k + 1])
-            Msum[k], Ssum[k], nflat[k] = M, S, nf
+            ch = up[j + 1]
+            nf = f.sum_children(j, ch.flat.astype(np.int64))
+            M = f.sum_children(j, ch.m)
+            S = f.sum_children(j, ch.P)
             cf = nf > 0
             den = 1.0 + S * Jd
             Pk = np.where(cf, np.where(pos, 1.0 / np.where(pos, Jd, 1.0), 0.0), S / den)
             mk = np.where(cf, Pk * hd, (M + S * hd) / den)
             fk = cf & ~pos
-        if lv[k].H.shape[0]:
-            cell = np.argmax(lv[k].H, axis=1)
+        if lv[j].H.shape[0]:
+            cell = np.argmax(lv[j].H, axis=1)
             mk, Pk, fk = mk.copy(), Pk.copy(), fk.copy()
-            mk[:, cell] = lv[k].t
+            mk[:, cell] = lv[j].t
             Pk[:, cell] = 0.0
             fk[:, cell] = False
-        m[k], P[k], flat[k] = mk, Pk, fk
-    if flat[0].any():
-        raise _not_identifiable(h.names[0], "some cell is measured at no level")
-    zhat = [m[0]]
-    Phat = [P[0]]
-    for k in range(D - 1):
-        par = h.levels[k + 1].parent
-        nf = nflat[k]
+        up[j] = _DUp(mk, Pk, fk, M, S, nf)
+    return up
+
+
+def _diagonal_down(
+    f: Forest, up: list[_DUp], z0: np.ndarray, P0: np.ndarray
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Elementwise downward pass from the smoothed top level ``z0, P0``."""
+    zhat, Phat = [z0], [P0]
+    for j in range(f.depth - 1):
+        u, ch = up[j], up[j + 1]
+        par = f.parent(j + 1)
+        nf = u.nf
         if np.any(nf > 1):
             node = int(np.argwhere(nf > 1)[0, 0])
             raise _not_identifiable(
-                h.names[k + 1],
-                f"two or more children of {h.names[k]} {str(h.levels[k].codes[node])!r} "
+                f.names[j + 1],
+                f"two or more children of {f.names[j]} {f.code(j, node)!r} "
                 "have a cell that is measured neither at their level nor below",
             )
-        S = Ssum[k]
-        d = zhat[k] - Msum[k]
+        S = u.S
+        d = zhat[j] - u.M
         A = np.where(S > 0, 1.0 / np.where(S > 0, S, 1.0), 0.0)
         cf = (nf > 0)[par]
-        Pc = P[k + 1]
-        G = np.where(cf, flat[k + 1].astype(float), Pc * A[par])
-        Dc = np.where(cf, np.where(flat[k + 1], S[par], Pc), Pc - G * Pc)
-        zhat.append(m[k + 1] + G * d[par])
-        Phat.append(Dc + G * G * Phat[k][par])
+        Pc = ch.P
+        G = np.where(cf, ch.flat.astype(float), Pc * A[par])
+        Dc = np.where(cf, np.where(ch.flat, S[par], Pc), Pc - G * Pc)
+        zhat.append(ch.m + G * d[par])
+        Phat.append(Dc + G * G * Phat[j][par])
     return zhat, Phat
 
 
@@ -273,14 +546,18 @@ def _diagonal(
 class _Up:
     m: np.ndarray  # (n, K)
     P: np.ndarray  # (1|n, K, K)
-    N: np.ndarray | None = None  # (n, K, K) flat basis (columns [0, r) valid), or None
+    N: np.ndarray | None = None  # (n, K, K) flat basis (columns [0, r) valid, rest +0.0)
     r: np.ndarray | None = None  # (n,) number of flat directions
+    shared: bool = False  # P is one (1, K, K) matrix for every node
     # children summaries (internal levels)
     M: np.ndarray | None = None
     S: np.ndarray | None = None
     Nc: np.ndarray | None = None  # packed flat directions of the children (n, K, K)
-    rc: np.ndarray | None = None  # (n,) number of packed columns
+    rc: np.ndarray | None = None  # (n,) number of packed columns (0: plain update)
     off: np.ndarray | None = None  # per child: offset of its columns in the parent's pack
+
+    def message(self) -> _Up:
+        return _Up(self.m, self.P, self.N, self.r, self.shared)
 
 
 def _flat_basis(Pz: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
@@ -290,7 +567,7 @@ def _flat_basis(Pz: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(~keep, axis=-1, kind="stable")
     V = np.take_along_axis(V, order[..., None, :], axis=-1)
     keep = np.take_along_axis(keep, order, axis=-1)
-    return V * keep[..., None, :], keep.sum(axis=-1)
+    return np.where(keep[..., None, :], V, 0.0), keep.sum(axis=-1)
 
 
 def _solve_bordered(
@@ -303,16 +580,8 @@ def _solve_bordered(
     Minv, Null = _pinv_psd(Mat)
     N, r = _flat_basis(Null[..., :K, :K], K)
     Pi = np.eye(K) - N @ N.swapaxes(-1, -2)
-    x = (
-        np.einsum("bij,nj->ni", Minv, rhs)
-        if Minv.shape[0] == 1
-        else np.einsum("nij,nj->ni", Minv, rhs)
-    )
-    m = (
-        np.einsum("bij,nj->ni", Pi, x[:, :K])
-        if Pi.shape[0] == 1
-        else np.einsum("nij,nj->ni", Pi, x[:, :K])
-    )
+    x = _mv(Minv, rhs)
+    m = _mv(Pi, x[:, :K])
     P = _sym(Pi @ Minv[..., :K, :K] @ Pi)
     return m, P, N, r
 
@@ -327,154 +596,385 @@ def _leaf_up(L: _Level, K: int) -> _Up:
     rhs = np.concatenate([L.h, L.t], axis=1)
     m, P, N, r = _solve_bordered(Mat, rhs, K)
     if not np.any(r):
-        return _Up(m, P)
+        return _Up(m, P, shared=L.shared)
     n = L.h.shape[0]
-    return _Up(m, P, np.broadcast_to(N, (n, K, K)).copy(), np.broadcast_to(r, (n,)).copy())
+    return _Up(
+        m,
+        P,
+        np.broadcast_to(N, (n, K, K)).copy(),
+        np.broadcast_to(r, (n,)).copy(),
+        shared=L.shared,
+    )
 
 
 def _pack_children(
-    h: Hierarchy, k: int, child: _Up, K: int
+    f: Forest, j: int, child: _Up, K: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Concatenate the children's flat bases into one (K, K) block per parent."""
-    n_par = h.levels[k].size
-    par = h.levels[k + 1].parent
+    n_par = f.sizes[j]
+    par = f.parent(j + 1)
     rc = np.bincount(par, weights=child.r, minlength=n_par).astype(np.int64)
     if np.any(rc > K):
         node = int(np.argmax(rc > K))
         raise _not_identifiable(
-            h.names[k + 1],
-            f"the children of {h.names[k]} {str(h.levels[k].codes[node])!r} have more "
+            f.names[j + 1],
+            f"the children of {f.names[j]} {f.code(j, node)!r} have more "
             "undetermined directions than there are cells",
         )
     start = np.cumsum(child.r) - child.r
-    first = h.levels[k].child_start[par]
-    off = start - (np.cumsum(child.r) - child.r)[first]
-    ci, j = np.nonzero(np.arange(K)[None, :] < child.r[:, None])
+    first = f.child_start(j)[par]
+    off = start - start[first]
+    ci, c = np.nonzero(np.arange(K)[None, :] < child.r[:, None])
     packed = np.zeros((n_par, K, K))
-    packed[par[ci], :, off[ci] + j] = child.N[ci, :, j]
+    packed[par[ci], :, off[ci] + c] = child.N[ci, :, c]
     return packed, rc, off
 
 
-def _general_up(h: Hierarchy, lv: list[_Level], K: int) -> list[_Up]:
-    D = h.depth
-    up: list = [None] * D
-    up[D - 1] = _leaf_up(lv[D - 1], K)
-    for k in range(D - 2, -1, -1):
-        L, ch = lv[k], up[k + 1]
-        n = h.levels[k].size
-        M = _sum_children(h, k, ch.m)
-        S = _sym(_sum_children(h, k, ch.P))
-        nH = L.H.shape[0]
-        if ch.N is None:
-            X = np.eye(K) + S @ L.J
-            P0 = _sym(np.linalg.solve(X, S))
-            m0 = np.linalg.solve(X, (M + np.einsum("nij,nj->ni", S, L.h))[..., None])[..., 0]
-            if nH:
-                HP = np.einsum("ak,nkl->nal", L.H, P0)
-                R = _sym(HP @ L.H.T)
-                atol = 1e-11 * (1.0 + np.trace(S, axis1=1, axis2=2)) * float((L.H**2).sum())
-                Rinv, Rnull = _pinv_psd(R, atol)
-                res = L.t - m0 @ L.H.T
-                bad = np.abs(np.einsum("nab,nb->na", Rnull, res)).max(axis=1)
-                if np.any(bad > 1e-7 * (1.0 + np.abs(L.t).max(axis=1))):
-                    node = int(np.argmax(bad))
-                    raise DataError(
-                        f"the invariants at level {h.names[k]!r} (node "
-                        f"{str(h.levels[k].codes[node])!r}) contradict the invariants below "
-                        "it: parent totals must equal the sums of their children's"
-                    )
-                Kg = HP.swapaxes(1, 2) @ Rinv
-                m0 = m0 + np.einsum("nka,na->nk", Kg, res)
-                P0 = _sym(P0 - Kg @ HP)
-            up[k] = _Up(m0, P0, M=M, S=S)
-            continue
-        Nc, rc, off = _pack_children(h, k, ch, K)
-        # Relation of node k: variables (z, λ, w, μ); see the module docstring.
-        Dm = 3 * K + nH
-        Mat = np.zeros((n, Dm, Dm))
-        I = np.eye(K)
-        Mat[:, :K, :K] = L.J
-        Mat[:, :K, K : 2 * K] = I
-        Mat[:, K : 2 * K, :K] = I
-        Mat[:, K : 2 * K, K : 2 * K] = -S
-        Mat[:, K : 2 * K, 2 * K : 3 * K] = -Nc
-        Mat[:, 2 * K : 3 * K, K : 2 * K] = -Nc.swapaxes(1, 2)
-        pad = np.arange(K)[None, :] >= rc[:, None]
-        Mat[:, 2 * K : 3 * K, 2 * K : 3 * K] = pad[:, :, None] * np.eye(K)
-        Mat[:, :K, 3 * K :] = L.H.T
-        Mat[:, 3 * K :, :K] = L.H
-        rhs = np.concatenate([L.h, M, np.zeros((n, K)), L.t], axis=1)
-        m, P, N, r = _solve_bordered(Mat, rhs, K)
-        u = _Up(m, P, M=M, S=S, Nc=Nc, rc=rc, off=off)
+def _plain_update(
+    f: Forest, j: int, L: _Level, S: np.ndarray, M: np.ndarray, idx: slice | np.ndarray, K: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Information update with the node's measurements, then its invariants (no flat child)."""
+    X = np.eye(K) + S @ L.J
+    P0 = _sym(np.linalg.solve(X, S))
+    m0 = np.linalg.solve(X, (M + np.einsum("nij,nj->ni", S, L.h))[..., None])[..., 0]
+    if not L.H.shape[0]:
+        return m0, P0
+    HP = np.einsum("ak,nkl->nal", L.H, P0)
+    R = _sym(HP @ L.H.T)
+    atol = 1e-11 * (1.0 + np.trace(S, axis1=1, axis2=2)) * float((L.H**2).sum())
+    Rinv, Rnull = _pinv_psd(R, atol)
+    res = L.t - np.einsum("nk,ak->na", m0, L.H)  # not m0 @ H.T (see _rowmul)
+    bad = np.abs(np.einsum("nab,nb->na", Rnull, res)).max(axis=1)
+    if np.any(bad > 1e-7 * (1.0 + np.abs(L.t).max(axis=1))):
+        node = int(np.arange(f.sizes[j])[idx][int(np.argmax(bad))])
+        raise DataError(
+            f"the invariants at level {f.names[j]!r} (node {f.code(j, node)!r}) contradict "
+            "the invariants below it: parent totals must equal the sums of their children's"
+        )
+    Kg = HP.swapaxes(1, 2) @ Rinv
+    return m0 + np.einsum("nka,na->nk", Kg, res), _sym(P0 - Kg @ HP)
+
+
+def _bordered_update(
+    L: _Level, S: np.ndarray, M: np.ndarray, Nc: np.ndarray, rc: np.ndarray, K: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Relation of nodes with flat children: variables (z, λ, w, μ); see the module doc."""
+    n, nH = S.shape[0], L.H.shape[0]
+    Dm = 3 * K + nH
+    Mat = np.zeros((n, Dm, Dm))
+    I = np.eye(K)
+    Mat[:, :K, :K] = L.J
+    Mat[:, :K, K : 2 * K] = I
+    Mat[:, K : 2 * K, :K] = I
+    Mat[:, K : 2 * K, K : 2 * K] = -S
+    Mat[:, K : 2 * K, 2 * K : 3 * K] = -Nc
+    Mat[:, 2 * K : 3 * K, K : 2 * K] = -Nc.swapaxes(1, 2)
+    pad = np.arange(K)[None, :] >= rc[:, None]
+    Mat[:, 2 * K : 3 * K, 2 * K : 3 * K] = pad[:, :, None] * np.eye(K)
+    Mat[:, :K, 3 * K :] = L.H.T
+    Mat[:, 3 * K :, :K] = L.H
+    rhs = np.concatenate([L.h, M, np.zeros((n, K)), L.t], axis=1)
+    return _solve_bordered(Mat, rhs, K)
+
+
+def _internal_up(f: Forest, j: int, L: _Level, ch: _Up, K: int) -> _Up:
+    """One internal level: the plain update where no child is flat, the relation elsewhere."""
+    n = f.sizes[j]
+    M = f.sum_children(j, ch.m)
+    S = _sym(f.sum_children(j, ch.P, shared=ch.shared))
+    u = _Up(np.empty((n, K)), np.empty((n, K, K)), M=M, S=S, rc=np.zeros(n, np.int64))
+    if ch.N is not None:
+        u.Nc, u.rc, u.off = _pack_children(f, j, ch, K)
+    bord = u.rc > 0
+    if not bord.all():
+        s = _subset(~bord)
+        u.m[s], u.P[s] = _plain_update(f, j, L.rows(s), S[s], M[s], s, K)
+    if bord.any():
+        b = np.flatnonzero(bord)
+        m, P, N, r = _bordered_update(L.rows(b), S[b], M[b], u.Nc[b], u.rc[b], K)
+        u.m[b], u.P[b] = m, P
         if np.any(r):
-            u.N, u.r = N, r
-        up[k] = u
+            u.N, u.r = np.zeros((n, K, K)), np.zeros(n, np.int64)
+            u.N[b], u.r[b] = N, r
+    return u
+
+
+def _general_up(f: Forest, lv: list[_Level], K: int, bottom: _Up | None) -> list[_Up]:
+    D = f.depth
+    up: list = [None] * D
+    up[D - 1] = bottom if bottom is not None else _leaf_up(lv[D - 1], K)
+    for j in range(D - 2, -1, -1):
+        up[j] = _internal_up(f, j, lv[j], up[j + 1], K)
     return up
 
 
-def _general_down(h: Hierarchy, up: list[_Up], K: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    root = up[0]
-    if root.N is not None and np.any(root.r):
-        raise _not_identifiable(
-            h.names[0],
-            "some combination of cells is measured at no level and held invariant nowhere",
-        )
-    zhat = [root.m]
-    Phat = [np.broadcast_to(root.P, (1, K, K)).copy()]
-    for k in range(h.depth - 1):
-        u, ch = up[k], up[k + 1]
-        par = h.levels[k + 1].parent
-        n_c = h.levels[k + 1].size
-        d = zhat[k] - u.M
+def _general_down(
+    f: Forest, up: list[_Up], K: int, z0: np.ndarray, P0: np.ndarray
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """RTS smoothing from the smoothed top level ``z0, P0`` (per node: plain or bordered)."""
+    zhat, Phat = [z0], [P0]
+    for j in range(f.depth - 1):
+        u, ch = up[j], up[j + 1]
+        par = f.parent(j + 1)
+        n_c = f.sizes[j + 1]
+        d = zhat[j] - u.M
         Pc = np.broadcast_to(ch.P, (n_c, K, K))
-        if u.Nc is None:
-            scale = np.trace(u.S, axis1=1, axis2=2)
-            A, _ = _pinv_psd(u.S, 1e-13 * scale)
-            G = Pc @ A[par]
-            Dc = Pc - G @ Pc
-        else:
-            gram = u.Nc.swapaxes(1, 2) @ u.Nc
-            pad = np.arange(K)[None, :] >= u.rc[:, None]
-            gram = gram + pad[:, :, None] * np.eye(K)
-            if np.any(np.linalg.eigvalsh(gram)[:, 0] < 1e-8):
-                node = int(np.argmin(np.linalg.eigvalsh(gram)[:, 0]))
+        G = np.empty((n_c, K, K))
+        Dc = np.empty((n_c, K, K))
+        bord = u.rc > 0
+        cb = bord[par]
+        if not cb.all():  # children of parents without flat children
+            ps, cs = _subset(~bord), _subset(~cb)
+            Ss = u.S[ps]
+            A, _ = _pinv_psd(Ss, 1e-13 * np.trace(Ss, axis1=1, axis2=2))
+            pos = np.cumsum(~bord) - 1
+            Pcs = Pc[cs]
+            Gs = Pcs @ A[pos[par[cs]]]
+            G[cs], Dc[cs] = Gs, Pcs - Gs @ Pcs
+        if cb.any():
+            pb, cbi = np.flatnonzero(bord), np.flatnonzero(cb)
+            Nc, rc = u.Nc[pb], u.rc[pb]
+            pad = np.arange(K)[None, :] >= rc[:, None]
+            gram = Nc.swapaxes(1, 2) @ Nc + pad[:, :, None] * np.eye(K)
+            low = np.linalg.eigvalsh(gram)[:, 0]
+            if np.any(low < 1e-8):
+                node = int(pb[int(np.argmin(low))])
                 raise _not_identifiable(
-                    h.names[k + 1],
-                    f"two children of {h.names[k]} {str(h.levels[k].codes[node])!r} share "
+                    f.names[j + 1],
+                    f"two children of {f.names[j]} {f.code(j, node)!r} share "
                     "a combination of cells that is measured neither at their level nor below",
                 )
-            Y = np.zeros((u.S.shape[0], 2 * K, 2 * K))
-            Y[:, :K, :K] = u.S
-            Y[:, :K, K:] = u.Nc
-            Y[:, K:, :K] = u.Nc.swapaxes(1, 2)
+            Y = np.zeros((pb.size, 2 * K, 2 * K))
+            Y[:, :K, :K] = u.S[pb]
+            Y[:, :K, K:] = Nc
+            Y[:, K:, :K] = Nc.swapaxes(1, 2)
             Y[:, K:, K:] = pad[:, :, None] * np.eye(K)
             Yinv, _ = _pinv_psd(Y)
             A, B, Cw = Yinv[:, :K, :K], Yinv[:, K:, :K], Yinv[:, K:, K:]
-            Ap = A[par]
-            if ch.N is None:
-                G = Pc @ Ap
-                Dc = Pc - G @ Pc
-            else:
-                # child c's block of the packed w: rows off_c .. off_c + r_c of B, Cw.
-                sel = np.arange(K)[None, :] < ch.r[:, None]
-                idx = np.where(sel, u.off[:, None] + np.arange(K)[None, :], 0)
-                Bc = B[par[:, None], idx] * sel[:, :, None]
-                Cc = Cw[par[:, None, None], idx[:, :, None], idx[:, None, :]]
-                Cc = Cc * (sel[:, :, None] & sel[:, None, :])
-                G = Pc @ Ap + ch.N @ Bc
-                F = np.concatenate([Pc, ch.N], axis=2)
-                Yc = np.concatenate(
-                    [
-                        np.concatenate([Ap, Bc.swapaxes(1, 2)], axis=2),
-                        np.concatenate([Bc, Cc], axis=2),
-                    ],
-                    axis=1,
-                )
-                Dc = Pc - F @ Yc @ F.swapaxes(1, 2)
+            pp = (np.cumsum(bord) - 1)[par[cbi]]
+            Ap = A[pp]
+            # child c's block of the packed w: rows off_c .. off_c + r_c of B, Cw.
+            Nch, rch = ch.N[cbi], ch.r[cbi]
+            sel = np.arange(K)[None, :] < rch[:, None]
+            idx = np.where(sel, u.off[cbi][:, None] + np.arange(K)[None, :], 0)
+            Bc = B[pp[:, None], idx] * sel[:, :, None]
+            Cc = Cw[pp[:, None, None], idx[:, :, None], idx[:, None, :]]
+            Cc = Cc * (sel[:, :, None] & sel[:, None, :])
+            Pcb = Pc[cbi]
+            Gb = Pcb @ Ap + Nch @ Bc
+            F = np.concatenate([Pcb, Nch], axis=2)
+            Yc = np.concatenate(
+                [
+                    np.concatenate([Ap, Bc.swapaxes(1, 2)], axis=2),
+                    np.concatenate([Bc, Cc], axis=2),
+                ],
+                axis=1,
+            )
+            G[cbi], Dc[cbi] = Gb, Pcb - F @ Yc @ F.swapaxes(1, 2)
         zhat.append(ch.m + np.einsum("nij,nj->ni", G, d[par]))
-        Pk = Phat[k] if Phat[k].shape[0] > 1 else np.broadcast_to(Phat[k], (u.M.shape[0], K, K))
+        Pk = Phat[j] if Phat[j].shape[0] > 1 else np.broadcast_to(Phat[j], (f.sizes[j], K, K))
         Phat.append(_sym(Dc + G @ Pk[par] @ G.swapaxes(1, 2)))
     return zhat, Phat
+
+
+# ----------------------------------------------------------------------------- split passes
+@dataclass(eq=False)
+class UpwardState:
+    """The upward pass over one sub-forest: every level's beliefs and children summaries.
+
+    ``message()`` is what the cut-level nodes send to the levels above: their mean ``m``,
+    covariance ``P`` (and flat directions ``N, r`` on the general path, or the ``flat`` mask on
+    the diagonal path), after folding in their own measurements and invariants.
+    """
+
+    forest: Forest
+    ups: list
+    diagonal: bool
+
+    def message(self) -> _Up | _DUp:
+        return self.ups[0].message()
+
+
+def gls_upward(
+    plan: GLSPlan,
+    forest: Forest,
+    measurements: Sequence[Measurement],
+    invariants: Sequence[Invariant],
+) -> UpwardState:
+    """Upward pass over a sub-forest (levels ``forest.first`` .. leaf).
+
+    Parameters
+    ----------
+    plan : GLSPlan
+        From :func:`gls_plan` on the whole problem.
+    forest : Forest
+        The partition's levels, cut .. leaf (:meth:`Forest.of` with the partition's ranges).
+    measurements, invariants : sequence
+        Those of levels ``forest.first ..``, restricted to the forest's node ranges
+        (:func:`restrict`); integer levels.
+
+    References
+    ----------
+    Hay et al. (2010), §4 (upward pass); Rauch, Tung & Striebel (1965).
+    """
+    lv = _collect(forest, plan, measurements, invariants)
+    if plan.diagonal:
+        ups = _diagonal_up(forest, lv, None)
+    else:
+        ups = _general_up(forest, lv, plan.K, None)
+    return UpwardState(forest, ups, plan.diagonal)
+
+
+def _concat_messages(parts: Sequence[_Up | _DUp], K: int) -> _Up | _DUp:
+    """The cut level's messages of all partitions, in partition order."""
+    if isinstance(parts[0], _DUp):
+        return _DUp(*(np.concatenate([getattr(p, a) for p in parts]) for a in ("m", "P", "flat")))
+    sizes = [p.m.shape[0] for p in parts]
+    m = np.concatenate([p.m for p in parts])
+    if parts[0].shared:  # the same (1, K, K) matrix in every partition
+        P = parts[0].P
+    else:
+        P = np.concatenate(
+            [np.broadcast_to(p.P, (s, K, K)) for p, s in zip(parts, sizes, strict=True)]
+        )
+    N = r = None
+    if any(p.N is not None for p in parts):
+        N = np.concatenate(
+            [np.zeros((s, K, K)) if p.N is None else p.N for p, s in zip(parts, sizes, strict=True)]
+        )
+        r = np.concatenate(
+            [
+                np.zeros(s, np.int64) if p.r is None else p.r
+                for p, s in zip(parts, sizes, strict=True)
+            ]
+        )
+    return _Up(m, P, N, r, parts[0].shared)
+
+
+def gls_top(
+    plan: GLSPlan,
+    hierarchy: Hierarchy,
+    cut: int,
+    measurements: Sequence[Measurement],
+    invariants: Sequence[Invariant],
+    messages: Sequence[_Up | _DUp],
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Levels 0 .. cut: upward from the cut-level messages, then smoothing down to the cut.
+
+    Parameters
+    ----------
+    plan : GLSPlan
+    hierarchy : Hierarchy
+    cut : int
+        The cut level; the messages of its nodes play the role of the children of the level
+        above (the same math as the single-process passes).
+    measurements, invariants : sequence
+        Those of levels above the cut (others are ignored); integer levels.
+    messages : sequence
+        :meth:`UpwardState.message` of every partition, in partition (node) order.
+
+    Returns
+    -------
+    zhat, Phat : lists of numpy.ndarray
+        Smoothed estimates and covariances (scaled units) of levels 0 .. cut.
+
+    Raises
+    ------
+    SpecError
+        The root is not identifiable.
+    """
+    K = plan.K
+    forest = whole_forest(hierarchy, 0, cut)
+    bottom = _concat_messages(messages, K) if len(messages) > 1 else messages[0]
+    top_m = [m for m in measurements if m.level < cut]
+    top_i = [i for i in invariants if i.level < cut]
+    lv = _collect(forest, plan, top_m, top_i) if cut else []
+    if plan.diagonal:
+        ups = _diagonal_up(forest, lv, bottom)
+        if ups[0].flat.any():
+            raise _not_identifiable(plan.names[0], "some cell is measured at no level")
+        return _diagonal_down(forest, ups, ups[0].m, ups[0].P)
+    ups = _general_up(forest, lv, K, bottom)
+    root = ups[0]
+    if root.N is not None and np.any(root.r):
+        raise _not_identifiable(
+            plan.names[0],
+            "some combination of cells is measured at no level and held invariant nowhere",
+        )
+    return _general_down(forest, ups, K, root.m, np.broadcast_to(root.P, (1, K, K)).copy())
+
+
+def gls_downward(
+    plan: GLSPlan, state: UpwardState, zhat_cut: np.ndarray, Phat_cut: np.ndarray
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Smoothing of one sub-forest from its cut-level estimates and covariances.
+
+    Returns the smoothed estimates and covariances (scaled units) of every level of the
+    forest, the cut level (as given) first.
+
+    References
+    ----------
+    Rauch, Tung & Striebel (1965).
+    """
+    if plan.diagonal:
+        return _diagonal_down(state.forest, state.ups, zhat_cut, Phat_cut)
+    return _general_down(state.forest, state.ups, plan.K, zhat_cut, Phat_cut)
+
+
+def gls_finish(
+    plan: GLSPlan, zhat: Sequence[np.ndarray], Phat: Sequence[np.ndarray], covariance: bool
+) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[np.ndarray] | None]:
+    """Data-unit estimates, per-cell variances and (optionally) covariances per level."""
+    K = plan.K
+    if plan.diagonal:
+        Pd = list(Phat)
+        covs = [np.einsum("nk,kl->nkl", p, np.eye(K)) for p in Phat] if covariance else None
+    else:
+        Pd = [np.diagonal(p, axis1=1, axis2=2).copy() for p in Phat]
+        covs = list(Phat) if covariance else None
+    vscale = plan.vscale
+    estimates = [z * plan.tau for z in zhat]
+    variances = None if vscale is None else [np.maximum(p, 0.0) * vscale for p in Pd]
+    if covs is not None:
+        covs = None if vscale is None else [c * vscale for c in covs]
+    return estimates, variances, covs
+
+
+def gls_release(
+    plan: GLSPlan,
+    hierarchy: Hierarchy,
+    invariants: Sequence[Invariant],
+    privacy: PrivacyStatement,
+    estimates: list[np.ndarray],
+    variances: list[np.ndarray] | None,
+    covariances: list[np.ndarray] | None,
+    diagnostics: dict,
+) -> Release:
+    """The :class:`Release`, after checking consistency and the invariants."""
+    diag = {"path": "diagonal" if plan.diagonal else "general", "geometry": plan.geometry}
+    diag.update(diagnostics)
+    diag.update(_residuals(hierarchy, estimates, invariants))
+    if diag["max_invariant_residual"] > 1e-6 * (1.0 + diag["max_invariant_value"]):
+        raise DataError(
+            "the invariants contradict each other (they cannot all hold with parent = sum of "
+            f"children); largest violation at level {diag['worst_invariant_level']!r}"
+        )
+    if plan.vscale is None:
+        diag["note"] = (
+            "euclidean geometry with unequal noise scales: the tree passes give the estimate "
+            "but not its sandwich covariance; use gls_sparse.general_gls for it"
+        )
+    return Release(
+        estimator="gls",
+        hierarchy=hierarchy,
+        cells=plan.cells,
+        estimates=estimates,
+        variances=variances,
+        privacy=dataclasses.replace(privacy, geometry=plan.geometry),
+        integer=False,
+        diagnostics=diag,
+        covariances=covariances,
+    )
 
 
 # ----------------------------------------------------------------------------- public API
@@ -489,6 +989,9 @@ def tree_gls(
     geometry: Geometry = "weighted",
 ) -> Release:
     """The GLS (projection) estimate of a consistent, invariant-respecting table.
+
+    The one-partition case of the split passes (cut at the root): :func:`gls_upward` over the
+    whole tree, :func:`gls_top` at the root, :func:`gls_downward` over the whole tree.
 
     Parameters
     ----------
@@ -530,71 +1033,15 @@ def tree_gls(
     (1965); Gao, Gong & Yu (2022), Thm. 22.
     """
     t0 = time.perf_counter()
-    if geometry not in ("weighted", "euclidean"):
-        raise SpecError(f"geometry must be 'weighted' or 'euclidean', got {geometry!r}")
-    cells = tuple(cells)
-    K = len(cells)
-    measurements = [
-        dataclasses.replace(m, level=hierarchy.level_index(m.level)) for m in measurements
-    ]
-    invariants = [dataclasses.replace(i, level=hierarchy.level_index(i.level)) for i in invariants]
-    _validate(hierarchy, cells, measurements, invariants)
-    var_all = []
-    for m in measurements:
-        nv = getattr(m, "node_variance", None)
-        var_all.append(np.asarray(m.variance if nv is None else nv, dtype=float).reshape(-1))
-    var_all = np.concatenate(var_all) if var_all else np.ones(1)
-    equal_scales = bool(np.all(var_all == var_all[0]))
-    tau2 = float(np.median(var_all)) if geometry == "weighted" else 1.0
-    tau = float(np.sqrt(tau2))
-    diagonal = all(_unit_rows(x.query.matrix) for x in [*measurements, *invariants])
-    lv = _collect(hierarchy, K, measurements, invariants, geometry, tau2, tau, diagonal)
+    plan, meas, invs = gls_plan(hierarchy, cells, measurements, invariants, geometry)
     t1 = time.perf_counter()
-    if diagonal:
-        zhat, Phat = _diagonal(hierarchy, lv, covariance)
-        Pd = Phat
-        covs = [np.einsum("nk,kl->nkl", p, np.eye(K)) for p in Phat] if covariance else None
-    else:
-        up = _general_up(hierarchy, lv, K)
-        zhat, Phat = _general_down(hierarchy, up, K)
-        Pd = [np.diagonal(p, axis1=1, axis2=2).copy() for p in Phat]
-        covs = Phat if covariance else None
+    state = gls_upward(plan, whole_forest(hierarchy), meas, invs)
+    zhat, Phat = gls_top(plan, hierarchy, 0, meas, invs, [state.message()])
+    zhat, Phat = gls_downward(plan, state, zhat[-1], Phat[-1])
     t2 = time.perf_counter()
-    # back to data units; Euclidean variances are exact only with equal noise scales
-    vscale = tau2 if geometry == "weighted" else (float(var_all[0]) if equal_scales else None)
-    estimates = [z * tau for z in zhat]
-    variances = None if vscale is None else [np.maximum(p, 0.0) * vscale for p in Pd]
-    if covs is not None:
-        covs = None if vscale is None else [c * vscale for c in covs]
-    diag = {
-        "path": "diagonal" if diagonal else "general",
-        "geometry": geometry,
-        "seconds_setup": t1 - t0,
-        "seconds_solve": t2 - t1,
-    }
-    diag.update(_residuals(hierarchy, estimates, invariants))
-    if diag["max_invariant_residual"] > 1e-6 * (1.0 + diag["max_invariant_value"]):
-        raise DataError(
-            "the invariants contradict each other (they cannot all hold with parent = sum of "
-            f"children); largest violation at level {diag['worst_invariant_level']!r}"
-        )
-    if vscale is None:
-        diag["note"] = (
-            "euclidean geometry with unequal noise scales: the tree passes give the estimate "
-            "but not its sandwich covariance; use gls_sparse.general_gls for it"
-        )
-    stmt = dataclasses.replace(privacy, geometry=geometry)
-    return Release(
-        estimator="gls",
-        hierarchy=hierarchy,
-        cells=cells,
-        estimates=estimates,
-        variances=variances,
-        privacy=stmt,
-        integer=False,
-        diagnostics=diag,
-        covariances=covs,
-    )
+    est, var, cov = gls_finish(plan, zhat, Phat, covariance)
+    timings = {"seconds_setup": t1 - t0, "seconds_solve": t2 - t1}
+    return gls_release(plan, hierarchy, invs, privacy, est, var, cov, timings)
 
 
 def _residuals(h: Hierarchy, estimates: list[np.ndarray], invariants: Sequence[Invariant]) -> dict:
