@@ -26,8 +26,7 @@ posterior mean) is unbiased for the true table.
 
 References
 ----------
-Zhang, Liu & Li (seed 003), "Constrained differential privacy as belief revision and
-update": conditioning (Def. of M*), Algorithm 1 ℳ_MH, Table 2.
+Liu, Sun, Zhou & Feng, "Two Views of Constrained Differential Privacy: Belief Revision and Update": conditioning (Def. of M*), Algorithm 1 ℳ_MH, Table 2.
 Gao, Gong & Yu (seed 000), "Subspace differential privacy", Thm. 22.
 Biswas, Jacob & Vanetti (2019), L-lag couplings.
 """

@@ -59,7 +59,7 @@ Examples
 References
 ----------
 Metropolis, Rosenbluth, Rosenbluth, Teller & Teller (1953); Hastings (1970).
-Zhang, Liu & Li (seed 003), "Constrained differential privacy as belief revision and update",
+Liu, Sun, Zhou & Feng, "Two Views of Constrained Differential Privacy: Belief Revision and Update",
 Algorithm 1 (ℳ_MH: hierarchy-consistent proposals, inequality constraints as an indicator in
 the acceptance ratio).
 Biswas, Jacob & Vanetti (2019), "Estimating convergence of Markov chains with L-lag
@@ -674,7 +674,7 @@ class MetropolisHastings:
 
     References
     ----------
-    Zhang, Liu & Li (seed 003), Algorithm 1 ℳ_MH; Biswas, Jacob & Vanetti (2019) for
+    Liu, Sun, Zhou & Feng, Algorithm 1 ℳ_MH; Biswas, Jacob & Vanetti (2019) for
     :meth:`coupled_step` (common uniform for acceptance).
     """
 

@@ -9,7 +9,7 @@ independent check; the sweep runs n up to 50.
 
 References
 ----------
-Zhang, Liu & Li (seed 003), "Constrained differential privacy as belief revision and update",
+Liu, Sun, Zhou & Feng, "Two Views of Constrained Differential Privacy: Belief Revision and Update",
 §4 and appendix "Variance of marginal distribution" (5/6 λ² at n = 3).
 """
 

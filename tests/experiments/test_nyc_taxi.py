@@ -1,0 +1,128 @@
+"""The nyc-taxi experiment: data loading, synthetic month, quick run, consistent releases."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from censusdp.errors import DataError
+from censusdp.experiments.nyc_taxi import (
+    ESTIMATORS,
+    LEVELS,
+    PAPER_TABLE2,
+    load_taxi,
+    synthetic_month,
+)
+from censusdp.experiments.registry import run_experiment
+
+LOOKUP = "taxi_zone_lookup.csv"
+SAMPLE = "taxi_pickups_2019-02_sample_by_zone.csv"
+
+
+@pytest.fixture
+def taxi(shared_file):
+    return load_taxi(shared_file(LOOKUP), shared_file(SAMPLE))
+
+
+def test_hierarchy_is_city_six_boroughs_263_zones(taxi):
+    h, leaf, zones = taxi
+    assert h.names == LEVELS
+    assert h.sizes == (1, 6, 263)
+    assert set(h.levels[1].codes.tolist()) == {
+        "Bronx",
+        "Brooklyn",
+        "EWR",
+        "Manhattan",
+        "Queens",
+        "Staten Island",
+    }
+    ewr = h.levels[1].codes.tolist().index("EWR")
+    assert h.levels[1].child_count[ewr] == 1
+    assert zones.loc[zones["borough"] == "EWR", "zone"].tolist() == ["001"]
+    assert "264" not in zones["zone"].tolist() and "265" not in zones["zone"].tolist()
+    # the sample holds 10,000 trips, 93 of them in the two 'Unknown' zones
+    assert leaf.shape == (263, 1) and leaf.sum() == 10_000 - 93
+    by_borough = dict(zip(h.levels[1].codes.tolist(), h.aggregate(leaf)[1][:, 0], strict=True))
+    assert by_borough["Manhattan"] == 9159
+
+
+def test_synthetic_month_total_and_smoothing(taxi, rng):
+    _, leaf, _ = taxi
+    month = synthetic_month(leaf, rng.generator("t"))
+    assert month.shape == leaf.shape and month.dtype == np.int64
+    assert month.sum() == 2_979_431
+    # add-one smoothing: every zone, including the sample's empty ones, has trips
+    assert (leaf == 0).any() and (month > 0).all()
+    expected = 2_979_431 * (leaf[:, 0] + 1) / (leaf.sum() + leaf.size)
+    z = (month[:, 0] - expected) / np.sqrt(expected)
+    assert np.abs(z).max() < 6
+
+
+def test_missing_zone_row_is_a_data_error(tmp_path):
+    lookup = tmp_path / "lookup.csv"
+    counts = tmp_path / "counts.csv"
+    ids = np.arange(1, 264)
+    pd.DataFrame(
+        {"LocationID": ids, "Borough": np.repeat(list("ABCDEF"), 44)[:263], "Zone": "z"}
+    ).to_csv(lookup, index=False)
+    pd.DataFrame({"LocationID": ids[:-1], "trips": 1}).to_csv(counts, index=False)
+    with pytest.raises(DataError, match="LocationID 263"):
+        load_taxi(lookup, counts)
+
+
+def test_without_data_raises_data_error(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        run_experiment("nyc-taxi", out=tmp_path / "x", quick=True, seed=1, data=tmp_path / "no")
+
+
+def test_quick_run_table_and_consistent_releases(shared_file, tmp_path):
+    shared_file(LOOKUP)
+    shared_file(SAMPLE)
+    out, metrics = run_experiment("nyc-taxi", out=tmp_path / "x", quick=True, seed=1)
+    on_disk = json.loads((out / "metrics.json").read_text())
+    assert on_disk["data"] == "synthetic_month"
+    table = on_disk["table"]
+    keys = {(r["epsilon"], r["level"], r["estimator"]) for r in table}
+    assert keys == {(e, k, n) for e in (0.5, 1.0, 2.0) for k in (1, 2, 3) for n in ESTIMATORS}
+    for r in table:
+        assert r["runs"] == 2
+        assert math.isfinite(r["normalized_l1"]) and r["normalized_l1"] >= 0
+    # zone errors dwarf the city error (263 noisy cells vs one), for every estimator
+    cell = {(r["epsilon"], r["level"], r["estimator"]): r["normalized_l1"] for r in table}
+    for n in ESTIMATORS:
+        assert cell[(1.0, 3, n)] > 10 * cell[(1.0, 1, n)]
+    # TV bounds (or None where not certified) for both conditioning variants and every ε
+    for name in ("conditioning", "conditioning_nonneg"):
+        assert set(on_disk["tv_bounds"][name]) == {"0.5", "1", "2"}
+        for eps, d in on_disk["conditioning_diagnostics"]["synthetic_month"][name].items():
+            assert (d["tv_bound"] is None) != d["certified"], (name, eps)
+            assert d["certified"] or math.isfinite(d["rhat_max"])
+    # the released tables: zones sum to boroughs, boroughs to the city, for every estimator
+    est = pd.read_csv(out / "estimates_run0.csv", dtype={"code": str, "parent": str})
+    assert set(est["estimator"]) == set(ESTIMATORS)
+    for (eps, name), g in est.groupby(["epsilon", "estimator"]):
+        for child, parent in (("zone", "borough"), ("borough", "city")):
+            sums = g[g["level"] == child].groupby("parent")["value"].sum()
+            up = g[g["level"] == parent].set_index("code")["value"]
+            assert sorted(sums.index) == sorted(up.index) and len(up) == (
+                6 if child == "zone" else 1
+            )
+            for code, total in sums.items():
+                assert total == pytest.approx(up[code], abs=1e-6), (eps, name, code)
+        if name in ("topdown", "conditioning_nonneg"):
+            assert (g.loc[g["level"] == "zone", "value"] >= 0).all(), (eps, name)
+        if name == "topdown":
+            assert (g["value"] == np.round(g["value"])).all()
+    for name, worst in on_disk["consistency_max_residual"]["synthetic_month"].items():
+        assert worst < 1e-6, name
+    # the paper's numbers are shown beside ours, labelled
+    report = (out / "report.md").read_text()
+    assert "paper ℳ_MH" in report and f"{PAPER_TABLE2[(1.0, 3)][0]:.6f}" in report
+    first = next(r for r in table if r["estimator"] == "gls" and r["level"] == 3)
+    assert f"{first['normalized_l1']:.4f}" in report
+    assert "plain DP argument does not cover" in report
+    assert (out / "error_by_level.png").stat().st_size > 0
