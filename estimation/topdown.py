@@ -156,7 +156,7 @@ def _check_identified(
             raise SpecError(
                 f"TopDown-style needs every level's cells identified, but level {lv.name!r} has "
                 f"only {rank} independent measured or invariant queries over {m} cells; measure "
-                f"its histogram (add \"detailed\" to [queries] for {lv.name!r}), as the Census "
+                f'its histogram (add "detailed" to [queries] for {lv.name!r}), as the Census '
                 "Bureau measures every level"
             )
 

@@ -48,7 +48,10 @@ seed = 11
 def synthetic_csv(tmp_path_factory):
     table = synthetic_us(3, states=4, counties=20, tracts=60, blocks=300, population=60_000)
     df = pd.DataFrame(
-        {"block": table.hierarchy.leaves.codes.astype(object), "population": table.leaf_counts[:, 0]}
+        {
+            "block": table.hierarchy.leaves.codes.astype(object),
+            "population": table.leaf_counts[:, 0],
+        }
     )
     path = tmp_path_factory.mktemp("data") / "blocks.csv"
     df.sample(frac=1.0, random_state=1).to_csv(path, index=False)  # row order must not matter
