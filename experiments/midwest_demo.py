@@ -23,7 +23,7 @@ import pandas as pd
 
 from censusdp.config import load_spec
 from censusdp.experiments.registry import ExperimentContext
-from censusdp.pipelines.report import markdown_table, slope_table
+from censusdp.pipelines.report import markdown_table, plot_slopes, slope_table
 from censusdp.pipelines.runner import run_spec, with_budget
 
 __all__ = ["BUDGETS", "SPEC", "run", "print_summary"]
@@ -136,18 +136,7 @@ def run(ctx: ExperimentContext) -> dict:
     for ax, (budget, tb) in zip(
         np.atleast_1d(axes), table.groupby("budget", sort=False), strict=True
     ):
-        width = 0.8 / len(ests)
-        for i, est in enumerate(ests):
-            t = tb[tb["estimator"] == est].set_index("group").reindex(states)
-            x = np.arange(len(states)) + (i - (len(ests) - 1) / 2) * width
-            ax.errorbar(
-                x,
-                t["slope"],
-                yerr=[t["slope"] - t["low"], t["high"] - t["slope"]],
-                fmt="o",
-                capsize=3,
-                label=est,
-            )
+        plot_slopes(ax, tb, states, ests)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(np.arange(len(states)), states)
         ax.set_title(budget)

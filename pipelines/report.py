@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["markdown_table", "slope_table", "write_figures", "write_report"]
+__all__ = ["markdown_table", "plot_slopes", "slope_table", "write_figures", "write_report"]
 
 
 def slope_table(regressions: pd.DataFrame) -> pd.DataFrame:
@@ -42,6 +42,22 @@ def slope_table(regressions: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def plot_slopes(ax, table: pd.DataFrame, groups: list, estimators: list) -> None:
+    """Per-group mean slopes with their intervals, one dodged series per estimator."""
+    width = 0.8 / len(estimators)
+    for i, est in enumerate(estimators):
+        t = table[table["estimator"] == est].set_index("group").reindex(groups)
+        x = np.arange(len(groups)) + (i - (len(estimators) - 1) / 2) * width
+        ax.errorbar(
+            x,
+            t["slope"],
+            yerr=[t["slope"] - t["low"], t["high"] - t["slope"]],
+            fmt="o",
+            capsize=3,
+            label=est,
+        )
+
+
 def write_figures(
     out: Path, metrics: pd.DataFrame, regressions: pd.DataFrame, manifest: dict
 ) -> list[str]:
@@ -57,18 +73,7 @@ def write_figures(
         groups = sorted(table["group"].unique())
         ests = list(dict.fromkeys(table["estimator"]))
         fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(groups) * len(ests) + 2), 4))
-        width = 0.8 / len(ests)
-        for i, est in enumerate(ests):
-            t = table[table["estimator"] == est].set_index("group").reindex(groups)
-            x = np.arange(len(groups)) + (i - (len(ests) - 1) / 2) * width
-            ax.errorbar(
-                x,
-                t["slope"],
-                yerr=[t["slope"] - t["low"], t["high"] - t["slope"]],
-                fmt="o",
-                capsize=3,
-                label=est,
-            )
+        plot_slopes(ax, table, groups, ests)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(np.arange(len(groups)), groups, rotation=90 if len(groups) > 12 else 0)
         ax.set_ylabel("slope of leaf-total error on log(true size)")
