@@ -24,7 +24,7 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement
 from censusdp.estimation import round_bipartite, round_release, tree_gls
-from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy import Table
 from censusdp.hierarchy.synthetic import synthetic_us
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.queries import Query, invariant, measure
@@ -87,16 +87,8 @@ def real_counties(seed: int) -> dict | None:
 
     df = pd.read_csv(path, dtype={"fips": str})
     df = df[df["version"] == "sf2010"]
-    cells = [c for c in df.columns if c not in ("gisjoin", "fips", "version")]
-    fips = df["fips"].to_numpy(dtype=str)
-    states, state_of = np.unique([f[:2] for f in fips], return_inverse=True)
-    h, order = Hierarchy.from_parents(
-        ["nation", "state", "county"],
-        [["US"], states, fips],
-        [None, np.zeros(states.size, int), state_of],
-        return_order=True,
-    )
-    counts = h.aggregate(df[cells].to_numpy(np.int64)[order[2]])
+    table = Table.from_frame(df, [("state", "fips", 2), ("county", "fips")], "[MF]_*")
+    h, cells, counts = table.hierarchy, table.cells, table.all_levels()
     rng = KeyedRNG.reproducible(seed, warn=False)
     law = DiscreteGaussian(4)
     plan = [(k, q, law) for k in range(3) for q in (Query.total(cells), Query.detailed(cells))]

@@ -18,7 +18,7 @@ from censusdp.hierarchy.core import STRING_DTYPE, Hierarchy, as_codes
 from censusdp.hierarchy.table import Table
 from censusdp.rng import KeyedRNG
 
-__all__ = ["synthetic_us"]
+__all__ = ["random_hierarchy", "synthetic_us"]
 
 #: Probability that a block is structurally empty (water, parks, industry), before the
 #: Poisson zeros of sparsely populated blocks.
@@ -115,3 +115,19 @@ def synthetic_us(
         [None, np.zeros(states, np.int64), county_parent, tract_parent, block_parent],
     )
     return Table(h, ("population",), pop[:, None])
+
+
+def random_hierarchy(gen: np.random.Generator, fanouts: list[tuple[int, int]]) -> Hierarchy:
+    """A random tree for tests and examples: each node of level ``d - 1`` gets between
+    ``fanouts[d-1][0]`` and ``fanouts[d-1][1]`` children (inclusive); levels ``L0, L1, ...``.
+    """
+    names = [f"L{d}" for d in range(len(fanouts) + 1)]
+    codes: list = [["root"]]
+    parents: list = [None]
+    n = 1
+    for d, (lo, hi) in enumerate(fanouts, start=1):
+        par = np.repeat(np.arange(n), gen.integers(lo, hi + 1, size=n))
+        codes.append([f"{d}-{i:04d}" for i in range(par.size)])
+        parents.append(par)
+        n = par.size
+    return Hierarchy.from_parents(names, codes, parents)

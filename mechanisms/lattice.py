@@ -33,6 +33,7 @@ the lattice Gaussian (as Canonne, Kamath & Steinke 2020 do on Z).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -462,7 +463,7 @@ def lattice_norm(z: np.ndarray, norm: str) -> np.ndarray:
     raise ValueError(f"norm must be 'l1' or 'l2', not {norm!r}")
 
 
-class LatticeTarget:
+class LatticeTarget(ABC):
     """An unnormalised log-mass on a lattice, evaluated for many chains at once.
 
     Attributes
@@ -477,16 +478,17 @@ class LatticeTarget:
     name: str = ""
     separable: bool = False
 
+    @abstractmethod
     def log_target(self, z: np.ndarray) -> np.ndarray:
         """Unnormalised log-mass of each row of ``z`` (…, d) → (…)."""
-        raise NotImplementedError
 
     def cell_log_target(self, z: np.ndarray) -> np.ndarray:
         """Per-cell terms (…, d) whose sum is :meth:`log_target` (separable targets only)."""
         raise NotImplementedError(f"{self.name} is not separable over cells")
 
+    @abstractmethod
     def privacy_statement(self, invariants: Sequence[str]) -> PrivacyStatement:
-        raise NotImplementedError
+        """The honest privacy statement of this law given the invariants' names."""
 
 
 class LatticeLaplace(LatticeTarget):

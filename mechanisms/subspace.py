@@ -248,6 +248,36 @@ def _gaussian_budget(sigma: float, sensitivity: float, epsilon, delta, method: s
 # Projected and extended mechanisms
 
 
+def _gaussian_result(
+    mechanism: str,
+    release: np.ndarray,
+    cov: np.ndarray | None,
+    diag: np.ndarray,
+    mse: float,
+    names: tuple,
+    law: Gaussian,
+    sens: float,
+    budget: tuple[float, float, str],
+) -> SubspaceRelease:
+    """The result of a Gaussian subspace mechanism with its zCDP and (ε, δ) statement."""
+    epsilon, delta, calibration = budget
+    return SubspaceRelease(
+        release=release,
+        covariance=cov,
+        variances=diag,
+        mse=mse,
+        privacy=_statement(
+            "zcdp",
+            names,
+            mechanism,
+            **_gaussian_budget(law.sigma, sens, epsilon, delta, calibration),
+        ),
+        mechanism=mechanism,
+        sensitivity=sens,
+        noise_scale=law.sigma,
+    )
+
+
 def _projected(
     A,
     h,
@@ -351,21 +381,9 @@ def projected_gaussian(
     law = Gaussian(gaussian_sigma_for(epsilon, delta, sens, calibration))
     release, _, cov, diag, n_c = _projected(A, h, C, groups, law, rng, label, repeats)
     names = _names(invariant_names, C, groups, n_c)
-    return SubspaceRelease(
-        release=release,
-        covariance=cov,
-        variances=diag,
-        mse=law.variance * (release.shape[-1] - n_c),
-        privacy=_statement(
-            "zcdp",
-            names,
-            "projected_gaussian",
-            **_gaussian_budget(law.sigma, sens, epsilon, delta, calibration),
-        ),
-        mechanism="projected_gaussian",
-        sensitivity=sens,
-        noise_scale=law.sigma,
-    )
+    mse = law.variance * (release.shape[-1] - n_c)
+    budget = (epsilon, delta, calibration)
+    return _gaussian_result("projected_gaussian", release, cov, diag, mse, names, law, sens, budget)
 
 
 def _extension_setup(A, h, C):
@@ -403,7 +421,7 @@ def extended_laplace(
     n = answers.shape[0]
     names = _names(invariant_names, C_, None, n_c)
     full = l1_sensitivity(A_)
-    sens = float(np.abs(a_n).sum(axis=0).max()) if a_n.size else 0.0
+    sens = l1_sensitivity(a_n) if a_n.size else 0.0
     if sens <= full and sens > 0:
         law = Laplace(laplace_scale(epsilon, sens))
         noise = q @ _draw(rng, label, n - n_c, law, repeats)
@@ -452,25 +470,15 @@ def extended_gaussian(
     A_, answers, C_, n_c, q, a_n = _extension_setup(A, h, C)
     n = answers.shape[0]
     names = _names(invariant_names, C_, None, n_c)
-    sens = float(np.sqrt((a_n**2).sum(axis=0)).max()) if a_n.size else 0.0
+    sens = l2_sensitivity(a_n) if a_n.size else 0.0
     sens = min(sens, l2_sensitivity(A_))  # equal up to rounding; never report more
     law = Gaussian(gaussian_sigma_for(epsilon, delta, sens, calibration))
     noise = q @ _draw(rng, label, n - n_c, law, repeats)
     cov, diag = _projector_cov(C_, None, n, law.variance)
-    return SubspaceRelease(
-        release=_out(answers, noise),
-        covariance=cov,
-        variances=diag,
-        mse=law.variance * (n - n_c),
-        privacy=_statement(
-            "zcdp",
-            names,
-            "extended_gaussian",
-            **_gaussian_budget(law.sigma, sens, epsilon, delta, calibration),
-        ),
-        mechanism="extended_gaussian",
-        sensitivity=sens,
-        noise_scale=law.sigma,
+    mse = law.variance * (n - n_c)
+    budget = (epsilon, delta, calibration)
+    return _gaussian_result(
+        "extended_gaussian", _out(answers, noise), cov, diag, mse, names, law, sens, budget
     )
 
 

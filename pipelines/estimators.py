@@ -3,8 +3,7 @@
 Every estimator takes the same inputs (hierarchy, cells, measurements, invariants, privacy
 statement) and returns a :class:`~censusdp.estimation.release.Release`. The pipeline adds the
 integer step (``[estimators] integer``) and maps the parallel parts over an executor: the
-per-parent TopDown-style problems, and the GLS passes per partition when partitioned GLS is
-available.
+per-parent TopDown-style problems, and the GLS and rounding passes per partition.
 """
 
 from __future__ import annotations
@@ -14,10 +13,13 @@ from collections.abc import Sequence
 from censusdp.budget import PrivacyStatement
 from censusdp.config import EstimatorSpec
 from censusdp.errors import SpecError
+from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.release import Release
+from censusdp.estimation.rounding import round_release
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.queries import Invariant, Measurement
 from censusdp.pipelines.execute import Executor
+from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
 from censusdp.pipelines.partition import Partition
 from censusdp.rng import KeyedRNG
 
@@ -32,30 +34,18 @@ def rounding_mode(invariants: Sequence[Invariant]) -> str:
 
 
 def _gls(hierarchy, cells, measurements, invariants, privacy, executor, partitions) -> Release:
-    try:
-        from censusdp.pipelines.gls_partitioned import partitioned_gls
-    except ImportError:  # single-process GLS
-        partitioned_gls = None
-    if partitioned_gls is not None and partitions is not None:
-        return partitioned_gls(
-            hierarchy, cells, measurements, invariants, privacy, partitions, executor
-        )
-    from censusdp.estimation.gls import tree_gls
-
-    return tree_gls(hierarchy, cells, measurements, invariants, privacy)
+    if partitions is None or executor is None:
+        return tree_gls(hierarchy, cells, measurements, invariants, privacy)
+    return partitioned_gls(
+        hierarchy, cells, measurements, invariants, privacy, partitions, executor
+    )
 
 
 def _round(release: Release, invariants, rng: KeyedRNG, executor, partitions) -> Release:
     mode = rounding_mode(invariants)
-    try:
-        from censusdp.pipelines.gls_partitioned import partitioned_round
-    except ImportError:
-        partitioned_round = None
-    if partitioned_round is not None and partitions is not None:
-        return partitioned_round(release, rng, partitions, executor, method=mode)
-    from censusdp.estimation.rounding import round_release
-
-    return round_release(release, rng, method=mode)
+    if partitions is None or executor is None:
+        return round_release(release, rng, method=mode)
+    return partitioned_round(release, rng, partitions, executor, method=mode)
 
 
 def run_estimator(

@@ -12,23 +12,10 @@ from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation import NodeVarianceMeasurement, general_gls, tree_gls
 from censusdp.estimation.gls_sparse import hierarchy_to_sparse, level_aggregator
-from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy import Hierarchy, Table
+from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.queries import Invariant, Measurement, Query
-
-
-def random_tree(gen: np.random.Generator, fanouts: list[tuple[int, int]]) -> Hierarchy:
-    """A tree whose level ``d`` nodes have between ``fanouts[d-1]`` children each."""
-    names = [f"L{d}" for d in range(len(fanouts) + 1)]
-    codes: list = [["root"]]
-    parents: list = [None]
-    n = 1
-    for d, (lo, hi) in enumerate(fanouts, start=1):
-        par = np.repeat(np.arange(n), gen.integers(lo, hi + 1, size=n))
-        codes.append([f"{d}-{i:04d}" for i in range(par.size)])
-        parents.append(par)
-        n = par.size
-    return Hierarchy.from_parents(names, codes, parents)
 
 
 def cell_names(k: int) -> list[str]:
@@ -89,7 +76,7 @@ def problems(draw):
     gen = np.random.default_rng(seed)
     hi = {2: 6, 3: 4, 4: 3, 5: 3}[depth]
     fan = [(1, int(gen.integers(1, hi + 1))) for _ in range(depth - 1)]
-    h = random_tree(gen, fan)
+    h = random_hierarchy(gen, fan)
     cells = cell_names(K)
     q = queries(cells)
     x = gen.integers(0, 50, size=(h.leaves.size, K))
@@ -207,7 +194,7 @@ def test_one_cell_unmeasured_only_children_take_their_parent_value():
 
 def test_noiseless_consistent_measurements_come_back_unchanged():
     gen = np.random.default_rng(5)
-    h = random_tree(gen, [(2, 4), (1, 5), (1, 3)])
+    h = random_hierarchy(gen, [(2, 4), (1, 5), (1, 3)])
     for K in (1, 4):
         cells = cell_names(K)
         q = queries(cells)
@@ -224,7 +211,7 @@ def test_noiseless_consistent_measurements_come_back_unchanged():
 
 def test_node_variances_and_euclidean_geometry_match_reference():
     gen = np.random.default_rng(9)
-    h = random_tree(gen, [(2, 3), (1, 4)])
+    h = random_hierarchy(gen, [(2, 3), (1, 4)])
     cells = cell_names(3)
     q = queries(cells)
     counts = h.aggregate(gen.integers(0, 40, size=(h.leaves.size, 3)))
@@ -254,7 +241,7 @@ def test_node_variances_and_euclidean_geometry_match_reference():
 
 def test_contradictory_invariants_raise():
     gen = np.random.default_rng(2)
-    h = random_tree(gen, [(3, 3), (2, 2)])
+    h = random_hierarchy(gen, [(3, 3), (2, 2)])
     cells = cell_names(2)
     q = queries(cells)
     counts = h.aggregate(gen.integers(0, 9, size=(h.leaves.size, 2)))
@@ -266,7 +253,7 @@ def test_contradictory_invariants_raise():
 
 def test_shape_errors_name_the_level():
     gen = np.random.default_rng(2)
-    h = random_tree(gen, [(3, 3)])
+    h = random_hierarchy(gen, [(3, 3)])
     cells = cell_names(2)
     m = Measurement(1, Query.detailed(cells), np.zeros((2, 2)), Gaussian(1.0))
     with pytest.raises(SpecError, match="level 'L1'"):
@@ -278,7 +265,7 @@ def test_unbiased_exact_variance_and_coverage_over_noise_draws():
     from censusdp.estimation import coverage
 
     gen = np.random.default_rng(11)
-    h = random_tree(gen, [(3, 3), (2, 3), (1, 3)])
+    h = random_hierarchy(gen, [(3, 3), (2, 3), (1, 3)])
     cells = cell_names(3)
     q = queries(cells)
     counts = h.aggregate(gen.integers(0, 60, size=(h.leaves.size, 3)))
@@ -368,16 +355,8 @@ def test_real_counties_by_sex_and_age_keep_state_totals(shared_file, rng):
 
     df = pd.read_csv(shared_file("county_sex_age5_2010.csv"), dtype={"fips": str})
     df = df[df["version"] == "sf2010"]
-    cells = [c for c in df.columns if c not in ("gisjoin", "fips", "version")]
-    fips = df["fips"].to_numpy(dtype=str)
-    states, state_of = np.unique([f[:2] for f in fips], return_inverse=True)
-    h, order = Hierarchy.from_parents(
-        ["nation", "state", "county"],
-        [["US"], states, fips],
-        [None, np.zeros(states.size, int), state_of],
-        return_order=True,
-    )
-    counts = h.aggregate(df[cells].to_numpy(np.int64)[order[2]])
+    table = Table.from_frame(df, [("state", "fips", 2), ("county", "fips")], "[MF]_*")
+    h, cells, counts = table.hierarchy, table.cells, table.all_levels()
     law = DiscreteGaussian(4)
     plan = [(k, q, law) for k in range(3) for q in (Query.total(cells), Query.detailed(cells))]
     meas = measure(h.names, counts, plan, rng)
@@ -390,5 +369,5 @@ def test_real_counties_by_sex_and_age_keep_state_totals(shared_file, rng):
     assert (
         rounded.totals("nation")[0]
         == counts[0].sum()
-        == 308_745_538 + counts[1][states == "72"].sum()
+        == 308_745_538 + counts[1][h["state"].codes == "72"].sum()
     )

@@ -14,21 +14,8 @@ from censusdp.estimation.rounding import (
     round_tree,
     rounding_variance,
 )
-from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.rng import KeyedRNG
-
-
-def random_tree(gen: np.random.Generator, fanouts: list[tuple[int, int]]) -> Hierarchy:
-    names = [f"L{d}" for d in range(len(fanouts) + 1)]
-    codes: list = [["root"]]
-    parents: list = [None]
-    n = 1
-    for d, (lo, hi) in enumerate(fanouts, start=1):
-        par = np.repeat(np.arange(n), gen.integers(lo, hi + 1, size=n))
-        codes.append([f"{d}-{i:04d}" for i in range(par.size)])
-        parents.append(par)
-        n = par.size
-    return Hierarchy.from_parents(names, codes, parents)
 
 
 def zero_sum_within(groups: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -51,7 +38,7 @@ def cases(draw):
     seed = draw(st.integers(0, 2**32 - 1))
     gen = np.random.default_rng(seed)
     depth = draw(st.integers(2, 4))
-    h = random_tree(gen, [(1, 4)] * (depth - 1))
+    h = random_hierarchy(gen, [(1, 4)] * (depth - 1))
     K = draw(st.integers(1, 5))
     base = gen.integers(0, 20, size=(h.leaves.size, K)).astype(float)
     # level-1 node sums integer per cell (an invariant histogram), or per node total
@@ -87,7 +74,7 @@ def test_tree_rounding_properties(case):
 @pytest.mark.parametrize("mode", ["cells", "totals"])
 def test_tree_rounding_unbiased_over_10000_repetitions(mode):
     gen = np.random.default_rng(1)
-    h = random_tree(gen, [(2, 3), (1, 4), (1, 3)])
+    h = random_hierarchy(gen, [(2, 3), (1, 4), (1, 3)])
     K = 3
     x = gen.uniform(-2, 8, size=(h.leaves.size, K))
     groups = _tree_groups(h, mode, K)
@@ -113,7 +100,7 @@ def test_tree_rounding_unbiased_over_10000_repetitions(mode):
 
 def test_bipartite_controlled_rounding_properties_and_unbiasedness():
     gen = np.random.default_rng(7)
-    h = random_tree(gen, [(2, 2), (3, 5)])
+    h = random_hierarchy(gen, [(2, 2), (3, 5)])
     K = 4
     x = gen.integers(0, 9, size=(h.leaves.size, K)) + gen.uniform(0, 1, (h.leaves.size, K))
     # parent totals integer (an invariant): shift within each parent's block
