@@ -104,12 +104,30 @@ class DaskExecutor:
             self.client = Client(self._cluster)
         self.workers = len(self.client.scheduler_info().get("workers", {})) or 1
 
+    #: Whole-map resubmissions after the cluster lost or cancelled a task.
+    attempts = 3
+
     def map(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]:
-        # one future per argument (scatter splits lists), never content-hashed: a re-scatter
-        # of equal data must not share, and then cancel, the previous call's futures
-        shared = [self.client.scatter([x], broadcast=True, hash=False)[0] for x in extra]
-        futures = [self.client.submit(fn, item, *shared, pure=False, retries=3) for item in items]
-        return self.client.gather(futures)
+        from dask.distributed import KilledWorker
+        from distributed.client import FutureCancelledError
+
+        for attempt in range(self.attempts):
+            # one future per argument (scatter splits lists), never content-hashed: a
+            # re-scatter of equal data must not share, and then cancel, earlier futures
+            shared = [self.client.scatter([x], broadcast=True, hash=False)[0] for x in extra]
+            futures = [
+                self.client.submit(fn, item, *shared, pure=False, retries=3) for item in items
+            ]
+            try:
+                return self.client.gather(futures)
+            except (FutureCancelledError, KilledWorker):
+                # a worker died and Dask dropped a task instead of recomputing it; every task
+                # is a pure function of its inputs (keyed noise), so resubmitting the map
+                # gives exactly the same results
+                if attempt == self.attempts - 1:
+                    raise
+                self.client.cancel(futures)
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self._cluster is not None:
