@@ -113,6 +113,7 @@ def main() -> None:
     # run starts from an empty problem cache, i.e. pays cvxpy's compilation as a one-off
     # release does.
     td_times, gls_times = [], []
+    rel = None
     for _ in range(args.repeat):
         clear_problem_cache()
         t0 = time.perf_counter()
@@ -120,7 +121,7 @@ def main() -> None:
         td_times.append(time.perf_counter() - t0)
         if tree_gls is not None:
             t0 = time.perf_counter()
-            tree_gls(h, cells, meas, invs, privacy)
+            rel = tree_gls(h, cells, meas, invs, privacy)
             gls_times.append(time.perf_counter() - t0)
     td_s = min(td_times)
     gls_s = min(gls_times) if gls_times else None
@@ -144,6 +145,14 @@ def main() -> None:
             for name, d in td.diagnostics["levels"].items()
         },
         "topdown_county_mae": float(np.abs(td.level("county") - counts[2]).mean()),
+        "gls_county_mae": (
+            float(np.abs(rel.level("county") - counts[2]).mean()) if rel is not None else None
+        ),
+        "gls_kernel": (
+            f"{rel.diagnostics['path']}/{rel.diagnostics.get('kernel', '?')}"
+            if rel is not None
+            else None
+        ),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
     }

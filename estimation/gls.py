@@ -34,6 +34,16 @@ identifiable iff the root has no flat direction and no two siblings share one; o
 **Diagonal fast path.** When every query and invariant row selects a single cell (identity
 queries, one cell), the cells decouple and the passes are elementwise (Hay et al. 2010).
 
+**Total/deviation kernel of the general path.** When every query's Gram matrix is
+``αI + β11ᵀ`` (the total and detailed queries, alone or stacked) and every level's invariants
+fix the node total or the whole node, every node matrix of both passes (J, P, S, gains) is
+``x_E E + x_F F`` with ``E = 11ᵀ/K`` and ``F = I − E``. The passes then carry two eigenvalues
+per node instead of a K × K matrix and a vector as its cell mean and deviations; every product
+is elementwise (the diagonal path's formulas with E and F as two "cells", a flat direction
+being a whole channel), O(nodes · K) in all. Estimates, exact per-cell variances
+``(x_E + (K − 1) x_F) / K`` and covariances ``x_F I + (x_E − x_F) 11ᵀ/K`` are those of the
+dense kernel (to rounding); ``diagnostics["kernel"]`` says which kernel ran.
+
 Geometry: ``"weighted"`` uses the measurement variances (Σ⁻¹-weighted projection; for Gaussian
 noise this equals conditioning on consistency and the invariants — Gao, Gong & Yu 2022,
 Thm. 22 generalised); ``"euclidean"`` uses unit weights (the projection Π_N of the seed, the
@@ -301,6 +311,10 @@ class GLSPlan:
     vscale : float or None
         Factor from scaled to data-unit variances (None: not defined, Euclidean geometry
         with unequal noise scales).
+    two_channel : bool
+        Not diagonal, and every query's Gram matrix is ``αI + β11ᵀ`` and every level's
+        invariants fix the node total or the whole node: the total/deviation kernel of the
+        general path (two eigenvalues per node instead of a K × K matrix).
     """
 
     cells: tuple[str, ...]
@@ -310,6 +324,7 @@ class GLSPlan:
     tau: float
     diagonal: bool
     vscale: float | None
+    two_channel: bool = False
 
     @property
     def K(self) -> int:
@@ -349,14 +364,22 @@ def gls_plan(
     tau2 = float(np.median(var_all)) if geometry == "weighted" else 1.0
     # Euclidean variances are exact only with equal noise scales
     vscale = tau2 if geometry == "weighted" else (float(var_all[0]) if equal_scales else None)
+    diagonal = all(_unit_rows(x.query.matrix) for x in [*meas, *invs])
+    two_channel = (
+        not diagonal
+        and len(cells) >= 2
+        and all(_tc_gram(m.query.matrix) is not None for m in meas)
+        and all(_tc_invariant_kind(i.query.matrix) is not None for i in invs)
+    )
     plan = GLSPlan(
         cells=cells,
         names=hierarchy.names,
         geometry=geometry,
         tau2=tau2,
         tau=float(np.sqrt(tau2)),
-        diagonal=all(_unit_rows(x.query.matrix) for x in [*meas, *invs]),
+        diagonal=diagonal,
         vscale=vscale,
+        two_channel=two_channel,
     )
     return plan, meas, invs
 
@@ -383,13 +406,30 @@ def restrict(
     return out
 
 
+def _weights(forest: Forest, j: int, plan: GLSPlan, m: Measurement) -> np.ndarray:
+    """Scaled information weight τ²/σ² of a measurement: (1,), or (n,) for node variances."""
+    nv = getattr(m, "node_variance", None)
+    if plan.geometry == "euclidean":
+        return np.ones(1)
+    if nv is None:
+        return np.full(1, plan.tau2 / m.variance)
+    n = forest.sizes[j]
+    w = plan.tau2 / np.asarray(nv, dtype=float).reshape(-1)
+    if w.shape != (n,) or not np.all(np.isfinite(w) & (w > 0)):
+        raise SpecError(
+            f"level {forest.names[j]!r}, query {m.query.name!r}: node_variance "
+            f"must be ({n},) positive finite values"
+        )
+    return w
+
+
 def _collect(
     forest: Forest,
     plan: GLSPlan,
     measurements: Sequence[Measurement],
     invariants: Sequence[Invariant],
 ) -> list[_Level]:
-    K, tau, tau2 = plan.K, plan.tau, plan.tau2
+    K, tau = plan.K, plan.tau
     levels = []
     for j in range(forest.depth):
         k, n = forest.first + j, forest.sizes[j]
@@ -400,19 +440,8 @@ def _collect(
             if m.level != k:
                 continue
             Q = np.asarray(m.query.matrix, dtype=float)
-            nv = getattr(m, "node_variance", None)
-            if plan.geometry == "euclidean":
-                w = np.ones(1)
-            elif nv is not None:
-                w = tau2 / np.asarray(nv, dtype=float).reshape(-1)
-                shared = False
-                if w.shape != (n,) or not np.all(np.isfinite(w) & (w > 0)):
-                    raise SpecError(
-                        f"level {forest.names[j]!r}, query {m.query.name!r}: node_variance "
-                        f"must be ({n},) positive finite values"
-                    )
-            else:
-                w = np.full(1, tau2 / m.variance)
+            w = _weights(forest, j, plan, m)
+            shared = shared and w.shape[0] == 1
             J = J + w[:, None, None] * (Q.T @ Q)[None]
             h += _rowmul(np.asarray(m.values, dtype=float) / tau, Q) * w[:, None]
         rows = [np.asarray(i.query.matrix, float) for i in invariants if i.level == k]
@@ -537,6 +566,241 @@ def _diagonal_down(
         G = np.where(cf, ch.flat.astype(float), Pc * A[par])
         Dc = np.where(cf, np.where(ch.flat, S[par], Pc), Pc - G * Pc)
         zhat.append(ch.m + G * d[par])
+        Phat.append(Dc + G * G * Phat[j][par])
+    return zhat, Phat
+
+
+# ----------------------------------------------------------------------------- two-channel path
+# When every query's Gram matrix is αI + β11ᵀ (total, detailed, their stacks) and every level's
+# invariants fix the node total or the whole node, every node matrix of the two passes
+# (information J, covariances P and S, gains G) lies in the commutative algebra span{E, F},
+# E = 11ᵀ/K (the total direction), F = I − E (deviations from the node mean). A matrix
+# x_E E + x_F F is carried as its two eigenvalues, an (n, 2) array; a vector z in "V-form",
+# (n, K + 1): column 0 its cell mean z̄ (mean(X z) = x_E z̄), columns 1.. its deviations
+# F z = z − z̄ (F X z = x_F F z). Every product of the passes is then elementwise — the
+# diagonal path's formulas with E and F as the two "cells" — and a flat direction is a whole
+# channel. The per-cell variance of x_E E + x_F F is (x_E + (K − 1) x_F) / K.
+
+
+def _tc_gram(matrix: np.ndarray) -> tuple[float, float] | None:
+    """Eigenvalues (on E, on F) of QᵀQ when it is αI + β11ᵀ, K ≥ 2; None otherwise."""
+    Q = np.asarray(matrix, dtype=float)
+    K = Q.shape[1]
+    if K < 2:
+        return None
+    G = Q.T @ Q
+    beta = float(G[0, 1])
+    alpha = float(G[0, 0]) - beta
+    if not np.array_equal(G, alpha * np.eye(K) + beta):
+        return None
+    return alpha + K * beta, alpha
+
+
+def _total_rows(matrix: np.ndarray) -> bool:
+    """Every row is a nonzero multiple of 1ᵀ (node totals)."""
+    H = np.asarray(matrix, dtype=float)
+    return H.shape[0] > 0 and bool(np.all(H == H[:, :1]) and np.all(H[:, 0] != 0))
+
+
+def _tc_invariant_kind(matrix: np.ndarray) -> str | None:
+    """``"total"`` (rows ∝ 1ᵀ), ``"full"`` (rank K: fixes the node) or None."""
+    H = np.asarray(matrix, dtype=float)
+    if _total_rows(H):
+        return "total"
+    if H.shape[0] and np.linalg.matrix_rank(H) == H.shape[1]:
+        return "full"
+    return None
+
+
+def _vform(x: np.ndarray) -> np.ndarray:
+    """(n, K) cell vectors → (n, K + 1) V-form: mean, then deviations from it."""
+    n, K = x.shape
+    out = np.empty((n, K + 1))
+    np.divide(np.add.reduce(x, axis=1), K, out=out[:, 0])
+    np.subtract(x, out[:, :1], out=out[:, 1:])
+    return out
+
+
+def _cm(c: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Channel eigenvalues ``c`` (1|n, 2) applied to V-form vectors ``v`` (n, K + 1)."""
+    out = np.empty(v.shape)
+    np.multiply(v[:, :1], c[:, :1], out=out[:, :1])
+    np.multiply(v[:, 1:], c[:, 1:], out=out[:, 1:])
+    return out
+
+
+@dataclass
+class _TCLevel:
+    """Per-level inputs of the two-channel path, in scaled units."""
+
+    J: np.ndarray  # (1|n, 2) information eigenvalues (E, F)
+    h: np.ndarray  # (n, K + 1) information vector, V-form
+    fix: np.ndarray  # (2,) bool: channels fixed by the level's invariants
+    tv: np.ndarray | None = None  # (n, K + 1) V-form of the fixed values (fixed channels)
+    tmax: np.ndarray | None = None  # (n,) largest |invariant value|
+
+
+def _collect_tc(
+    forest: Forest,
+    plan: GLSPlan,
+    measurements: Sequence[Measurement],
+    invariants: Sequence[Invariant],
+) -> list[_TCLevel]:
+    K, tau = plan.K, plan.tau
+    levels = []
+    for j in range(forest.depth):
+        k, n = forest.first + j, forest.sizes[j]
+        J = np.zeros((1, 2))
+        h = np.zeros((n, K + 1))
+        for m in measurements:
+            if m.level != k:
+                continue
+            w = _weights(forest, j, plan, m)
+            J = J + w[:, None] * np.asarray(_tc_gram(m.query.matrix))
+            Q = np.asarray(m.query.matrix, dtype=float)
+            y = np.asarray(m.values, dtype=float) / tau
+            if m.query.is_identity:
+                h += _vform(y) * w[:, None]
+            elif _total_rows(Q):  # Qᵀy = (Σ_r q_r y_r) 1: mean only
+                h[:, 0] += _rowmul(y, Q[:, :1])[:, 0] * w
+            else:
+                h += _vform(_rowmul(y, Q)) * w[:, None]
+        item = _TCLevel(J, h, np.zeros(2, dtype=bool))
+        items = [i for i in invariants if i.level == k]
+        if items:
+            H = np.vstack([np.asarray(i.query.matrix, dtype=float) for i in items])
+            t = np.hstack([np.asarray(i.values, dtype=float) / tau for i in items])
+            item.tmax = np.abs(t).max(axis=1, initial=0.0)
+            if _total_rows(H):
+                item.fix[0] = True
+                mu = t / (H[:, 0] * K)
+                item.tv = np.zeros((n, K + 1))
+                item.tv[:, 0] = mu[:, 0]
+                bad = K * np.abs(mu - mu[:, :1]).max(axis=1, initial=0.0)
+            else:
+                item.fix[:] = True
+                if H.shape[0] == K and np.array_equal(H, np.eye(K)):
+                    z = t
+                else:
+                    z = _rowmul(t, np.linalg.pinv(H).T)
+                item.tv = _vform(z)
+                bad = np.abs(_rowmul(z, H.T) - t).max(axis=1, initial=0.0)
+            if np.any(bad > 1e-7 * (1.0 + item.tmax)):
+                node = int(np.argmax(bad - 1e-7 * (1.0 + item.tmax)))
+                where = forest.code(j, node) if j < forest.depth - 1 else str(node)
+                raise DataError(
+                    f"the invariants at level {forest.names[j]!r} (node {where!r}) contradict "
+                    "each other"
+                )
+        levels.append(item)
+    return levels
+
+
+def _tc_fix(
+    f: Forest,
+    j: int,
+    L: _TCLevel,
+    m: np.ndarray,
+    P: np.ndarray,
+    flat: np.ndarray,
+    trS: np.ndarray | float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fold in the level's invariants: their channels become exact (noiseless observations).
+
+    A channel already exact from below (zero variance, not flat) keeps its value, which must
+    agree with the invariant (otherwise the invariants contradict those below).
+    """
+    atol = 1e-11 * (1.0 + np.reshape(trS, (-1, 1)))
+    null = (P <= atol) & ~flat & L.fix
+    if null.any():
+        res = np.stack(
+            [
+                m.shape[1] * np.abs(L.tv[:, 0] - m[:, 0]) * L.fix[0],
+                np.abs(L.tv[:, 1:] - m[:, 1:]).max(axis=1) * L.fix[1],
+            ],
+            axis=1,
+        )
+        bad = np.where(null, res, 0.0).max(axis=1) - 1e-7 * (1.0 + L.tmax)
+        if np.any(bad > 0):
+            node = int(np.argmax(bad))
+            where = f.code(j, node) if j < f.depth - 1 else str(node)
+            raise DataError(
+                f"the invariants at level {f.names[j]!r} (node {where!r}) contradict "
+                "the invariants below it: parent totals must equal the sums of their children's"
+            )
+    put = L.fix & ~null
+    m = m.copy()
+    m[:, :1] = np.where(put[:, :1], L.tv[:, :1], m[:, :1])
+    m[:, 1:] = np.where(put[:, 1:], L.tv[:, 1:], m[:, 1:])
+    return m, np.where(L.fix, 0.0, P), flat & ~L.fix
+
+
+def _tc_up(f: Forest, lv: list[_TCLevel], bottom: _DUp | None, K: int) -> list[_DUp]:
+    """Two-channel upward pass (m: (n, K + 1) V-form; P, flat: (n, 2))."""
+    D = f.depth
+    up: list = [None] * D
+    for j in range(D - 1, -1, -1):
+        if j == D - 1 and bottom is not None:
+            up[j] = bottom
+            continue
+        L, n = lv[j], f.sizes[j]
+        J = np.broadcast_to(L.J, (n, 2))
+        pos = J > 0
+        Jinv = np.where(pos, 1.0 / np.where(pos, J, 1.0), 0.0)
+        M = S = nf = None
+        if j == D - 1:
+            P, flat, trS = Jinv, ~pos, 0.0
+            m = _cm(P, L.h)
+        else:
+            ch = up[j + 1]
+            nf = f.sum_children(j, ch.flat.astype(np.int64))
+            rc = nf[:, 0] + (K - 1) * nf[:, 1]
+            if np.any(rc > K):
+                node = int(np.argmax(rc > K))
+                raise _not_identifiable(
+                    f.names[j + 1],
+                    f"the children of {f.names[j]} {f.code(j, node)!r} have more "
+                    "undetermined directions than there are cells",
+                )
+            M = f.sum_children(j, ch.m)
+            S = f.sum_children(j, ch.P)
+            trS = S[:, 0] + (K - 1) * S[:, 1]
+            cf = nf > 0
+            den = 1.0 + S * J
+            P = np.where(cf, Jinv, S / den)
+            m = _cm(P, L.h) + _cm(np.where(cf, 0.0, 1.0 / den), M)
+            flat = cf & ~pos
+        if L.fix.any():
+            m, P, flat = _tc_fix(f, j, L, m, P, flat, trS)
+        up[j] = _DUp(m, P, flat, M, S, nf)
+    return up
+
+
+def _tc_down(
+    f: Forest, up: list[_DUp], K: int, z0: np.ndarray, P0: np.ndarray
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Two-channel RTS smoothing from the smoothed top level ``z0`` (V-form), ``P0`` (n, 2)."""
+    zhat, Phat = [z0], [P0]
+    for j in range(f.depth - 1):
+        u, ch = up[j], up[j + 1]
+        par = f.parent(j + 1)
+        nf = u.nf
+        if np.any(nf > 1):
+            node = int(np.argwhere(nf > 1)[0, 0])
+            raise _not_identifiable(
+                f.names[j + 1],
+                f"two children of {f.names[j]} {f.code(j, node)!r} share "
+                "a combination of cells that is measured neither at their level nor below",
+            )
+        S = u.S
+        trS = S[:, 0] + (K - 1) * S[:, 1]
+        keep = S > np.maximum(_RTOL * S.max(axis=1), 1e-13 * trS)[:, None]
+        A = np.where(keep, 1.0 / np.where(keep, S, 1.0), 0.0)  # S⁺
+        cf = (nf > 0)[par]
+        Pc = ch.P
+        G = np.where(cf, ch.flat.astype(float), Pc * A[par])
+        Dc = np.where(cf, np.where(ch.flat, S[par], Pc), Pc - G * Pc)
+        zhat.append(ch.m + _cm(G, (zhat[j] - u.M)[par]))
         Phat.append(Dc + G * G * Phat[j][par])
     return zhat, Phat
 
@@ -784,7 +1048,9 @@ class UpwardState:
 
     ``message()`` is what the cut-level nodes send to the levels above: their mean ``m``,
     covariance ``P`` (and flat directions ``N, r`` on the general path, or the ``flat`` mask on
-    the diagonal path), after folding in their own measurements and invariants.
+    the diagonal path and the total/deviation kernel — there ``m`` is (n, K + 1), the cell
+    mean then the deviations, and ``P``, ``flat`` are (n, 2), on 1 and on its complement),
+    after folding in their own measurements and invariants.
     """
 
     forest: Forest
@@ -817,6 +1083,9 @@ def gls_upward(
     ----------
     Hay et al. (2010), §4 (upward pass); Rauch, Tung & Striebel (1965).
     """
+    if plan.two_channel:
+        ups = _tc_up(forest, _collect_tc(forest, plan, measurements, invariants), None, plan.K)
+        return UpwardState(forest, ups, plan.diagonal)
     lv = _collect(forest, plan, measurements, invariants)
     if plan.diagonal:
         ups = _diagonal_up(forest, lv, None)
@@ -876,7 +1145,10 @@ def gls_top(
     Returns
     -------
     zhat, Phat : lists of numpy.ndarray
-        Smoothed estimates and covariances (scaled units) of levels 0 .. cut.
+        Smoothed estimates and covariances (scaled units) of levels 0 .. cut, in the path's
+        representation (per-cell variances on the diagonal path; V-form estimates and (n, 2)
+        eigenvalues on the total/deviation kernel), for :func:`gls_downward` and
+        :func:`gls_finish`.
 
     Raises
     ------
@@ -888,6 +1160,15 @@ def gls_top(
     bottom = _concat_messages(messages, K) if len(messages) > 1 else messages[0]
     top_m = [m for m in measurements if m.level < cut]
     top_i = [i for i in invariants if i.level < cut]
+    if plan.two_channel:
+        lv = _collect_tc(forest, plan, top_m, top_i) if cut else []
+        ups = _tc_up(forest, lv, bottom, K)
+        if ups[0].flat.any():
+            raise _not_identifiable(
+                plan.names[0],
+                "some combination of cells is measured at no level and held invariant nowhere",
+            )
+        return _tc_down(forest, ups, K, ups[0].m, ups[0].P)
     lv = _collect(forest, plan, top_m, top_i) if cut else []
     if plan.diagonal:
         ups = _diagonal_up(forest, lv, bottom)
@@ -916,6 +1197,8 @@ def gls_downward(
     ----------
     Rauch, Tung & Striebel (1965).
     """
+    if plan.two_channel:
+        return _tc_down(state.forest, state.ups, plan.K, zhat_cut, Phat_cut)
     if plan.diagonal:
         return _diagonal_down(state.forest, state.ups, zhat_cut, Phat_cut)
     return _general_down(state.forest, state.ups, plan.K, zhat_cut, Phat_cut)
@@ -926,6 +1209,22 @@ def gls_finish(
 ) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[np.ndarray] | None]:
     """Data-unit estimates, per-cell variances and (optionally) covariances per level."""
     K = plan.K
+    vscale = plan.vscale
+    if plan.two_channel:  # V-form estimates, (n, 2) eigenvalues (E, F)
+        estimates = [(z[:, 1:] + z[:, :1]) * plan.tau for z in zhat]
+        variances = covs = None
+        if vscale is not None:
+            variances = [
+                np.repeat(np.maximum((p[:, :1] + (K - 1) * p[:, 1:]) / K, 0.0) * vscale, K, 1)
+                for p in Phat
+            ]
+            if covariance:  # x_F I + (x_E − x_F)/K 11ᵀ
+                covs = [
+                    (p[:, 1, None, None] * np.eye(K) + ((p[:, 0] - p[:, 1]) / K)[:, None, None])
+                    * vscale
+                    for p in Phat
+                ]
+        return estimates, variances, covs
     if plan.diagonal:
         Pd = list(Phat)
         covs = [np.einsum("nk,kl->nkl", p, np.eye(K)) for p in Phat] if covariance else None
@@ -951,7 +1250,13 @@ def gls_release(
     diagnostics: dict,
 ) -> Release:
     """The :class:`Release`, after checking consistency and the invariants."""
-    diag = {"path": "diagonal" if plan.diagonal else "general", "geometry": plan.geometry}
+    diag = {
+        "path": "diagonal" if plan.diagonal else "general",
+        "kernel": "elementwise"
+        if plan.diagonal
+        else ("total/deviation" if plan.two_channel else "dense"),
+        "geometry": plan.geometry,
+    }
     diag.update(diagnostics)
     diag.update(_residuals(hierarchy, estimates, invariants))
     if diag["max_invariant_residual"] > 1e-6 * (1.0 + diag["max_invariant_value"]):

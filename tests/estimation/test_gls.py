@@ -371,3 +371,159 @@ def test_real_counties_by_sex_and_age_keep_state_totals(shared_file, rng):
         == counts[0].sum()
         == 308_745_538 + counts[1][h["state"].codes == "72"].sum()
     )
+
+
+# ----------------------------------------------------------------------------- two-channel kernel
+def _kernel_run(h, cells, meas, invs, two_channel, geometry="weighted"):
+    """The split passes with the two-channel kernel switched on or off (dense general path)."""
+    import dataclasses
+
+    from censusdp.estimation.gls import (
+        gls_downward,
+        gls_finish,
+        gls_plan,
+        gls_top,
+        gls_upward,
+        whole_forest,
+    )
+
+    plan, m, i = gls_plan(h, cells, meas, invs, geometry)
+    plan = dataclasses.replace(plan, two_channel=two_channel, diagonal=False)
+    state = gls_upward(plan, whole_forest(h), m, i)
+    zhat, Phat = gls_top(plan, h, 0, m, i, [state.message()])
+    zhat, Phat = gls_downward(plan, state, zhat[-1], Phat[-1])
+    est, var, cov = gls_finish(plan, zhat, Phat, True)
+
+    class Rel:  # the fields assert_matches reads
+        estimates, variances, covariances = est, var, cov
+
+    return Rel
+
+
+def _td_queries(cells: list[str]) -> dict[str, Query]:
+    """Queries whose Gram matrix is αI + β11ᵀ, and invariants fixing the total or the node."""
+    K = len(cells)
+    stacked = np.vstack([np.eye(K, dtype=np.int64), np.ones((1, K), np.int64)])
+    return {
+        "detailed": Query.detailed(cells),
+        "total": Query.total(cells),
+        "total3": Query("total3", np.full((1, K), 3, np.int64), ("t",)),
+        "two_totals": Query("two_totals", np.ones((2, K), np.int64), ("t1", "t2")),
+        "stacked": Query("stacked", stacked, (*cells, "total")),
+    }
+
+
+@st.composite
+def total_detailed_problems(draw):
+    depth = draw(st.integers(2, 4))
+    K = draw(st.integers(2, 6))
+    seed = draw(st.integers(0, 2**32 - 1))
+    gen = np.random.default_rng(seed)
+    hi = {2: 6, 3: 4, 4: 3}[depth]
+    h = random_hierarchy(gen, [(1, int(gen.integers(1, hi + 1))) for _ in range(depth - 1)])
+    cells = cell_names(K)
+    q = _td_queries(cells)
+    counts = h.aggregate(gen.integers(0, 50, size=(h.leaves.size, K)))
+    leaf = draw(st.sampled_from(["detailed", "total", "none", "stacked"]))
+    meas = []
+    if leaf != "none":
+        meas.append(noisy(depth - 1, q[leaf], counts[-1], float(gen.uniform(0.5, 4)), gen))
+        if draw(st.booleans()):  # per-node variances
+            m = meas[-1]
+            nv = gen.uniform(0.5, 5.0, h.leaves.size)
+            meas[-1] = NodeVarianceMeasurement(m.level, m.query, m.values, m.law, node_variance=nv)
+    for k in range(depth - 1):
+        for name in ("detailed", "total", "total3", "stacked"):
+            if gen.random() < 0.3:
+                meas.append(noisy(k, q[name], counts[k], float(gen.uniform(0.5, 4)), gen))
+    invs = []
+    for k in range(depth):
+        for name in ("total", "detailed", "total3", "two_totals", "stacked"):
+            if gen.random() < 0.12:
+                invs.append(exact_invariant(k, q[name], counts))
+    geometry = draw(st.sampled_from(["weighted", "weighted", "euclidean"]))
+    return h, cells, meas, invs, geometry
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(total_detailed_problems())
+def test_two_channel_kernel_equals_dense_kernel_and_reference(problem):
+    """Total/detailed queries and total/full invariants: the two-eigenvalue kernel against the
+    dense K × K kernel and the sparse KKT reference, including flat (under-determined) nodes,
+    redundant invariants (pseudo-inverse), node variances and the Euclidean geometry."""
+    h, cells, meas, invs, geometry = problem
+    K = len(cells)
+    try:
+        dense = _kernel_run(h, cells, meas, invs, False, geometry)
+    except SpecError as exc:  # not identifiable: the same error, naming the same level
+        level = str(exc).split("level ")[1].split(":")[0]
+        with pytest.raises(SpecError, match=f"not identifiable at level {level}"):
+            _kernel_run(h, cells, meas, invs, True, geometry)
+        return
+    rel = tree_gls(h, cells, meas, invs, PRIVACY, covariance=True, geometry=geometry)
+    fast = _kernel_run(h, cells, meas, invs, True, geometry)  # also on diagonal problems
+    if rel.diagnostics["path"] == "diagonal":  # detailed queries only: the elementwise path
+        assert rel.diagnostics["kernel"] == "elementwise"
+    else:
+        assert rel.diagnostics["kernel"] == "total/deviation"
+        for k in range(h.depth):
+            np.testing.assert_array_equal(rel.estimates[k], fast.estimates[k])
+    if rel.variances is None:
+        assert dense.variances is None and fast.variances is None
+        est, _ = reference(h, K, meas, invs, geometry)
+        for a, b in zip(fast.estimates, est, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-8 * (1 + np.abs(b).max()))
+        return
+    est, covs = reference(h, K, meas, invs, geometry)
+    assert_matches(rel, est, covs)
+    assert_matches(fast, est, covs)
+    assert_matches(fast, dense.estimates, dense.covariances)
+    for inv in invs:
+        np.testing.assert_allclose(
+            inv.query.apply(rel.estimates[inv.level]), inv.values, atol=1e-9 * 1e3
+        )
+
+
+def test_two_channel_kernel_on_census_shape():
+    """The benchmark's shape (total + detailed at every level, state totals invariant) takes
+    the two-channel kernel and equals the dense kernel; per-cell variances are exact."""
+    gen = np.random.default_rng(8)
+    h = random_hierarchy(gen, [(6, 6), (1, 9)])
+    cells = cell_names(12)
+    q = _td_queries(cells)
+    counts = h.aggregate(gen.integers(0, 500, size=(h.leaves.size, 12)))
+    meas = [noisy(k, q[n], counts[k], 3.0, gen) for k in range(3) for n in ("total", "detailed")]
+    invs = [exact_invariant(1, q["total"], counts)]
+    rel = tree_gls(h, cells, meas, invs, PRIVACY, covariance=True)
+    assert rel.diagnostics["path"] == "general"
+    assert rel.diagnostics["kernel"] == "total/deviation"
+    assert_matches(rel, *reference(h, 12, meas, invs))
+    dense = _kernel_run(h, cells, meas, invs, False)
+    assert_matches(rel, dense.estimates, dense.covariances, atol=1e-11)
+    # a marginal leaves the algebra: the dense kernel
+    half = queries(cells)["halves"]
+    other = tree_gls(h, cells, [*meas, noisy(2, half, counts[2], 3.0, gen)], invs, PRIVACY)
+    assert other.diagnostics["kernel"] == "dense"
+
+
+@pytest.mark.parametrize("two_channel", [True, False])
+def test_two_channel_contradictions_raise(two_channel):
+    gen = np.random.default_rng(2)
+    h = random_hierarchy(gen, [(3, 3), (2, 2)])
+    cells = cell_names(3)
+    q = _td_queries(cells)
+    counts = h.aggregate(gen.integers(0, 9, size=(h.leaves.size, 3)))
+    meas = [noisy(2, q["detailed"], counts[2], 1.0, gen)]
+    # a root total that is not the sum of the (invariant) state totals
+    bad = Invariant(0, q["total"], q["total"].apply(counts[0]) + 1.0)
+    with pytest.raises(DataError, match="contradict"):
+        _kernel_run(h, cells, meas, [bad, exact_invariant(1, q["total"], counts)], two_channel)
+    # a detailed invariant whose total disagrees with the total invariant of the same level
+    bad_t = Invariant(1, q["total"], q["total"].apply(counts[1]) + 2.0)
+    with pytest.raises(DataError, match="contradict"):
+        _kernel_run(h, cells, meas, [bad_t, exact_invariant(1, q["detailed"], counts)], two_channel)
