@@ -18,7 +18,10 @@ posterior mean) is unbiased for the true table.
   of infinitely many draws), with exact variances. Both reuse
   :func:`censusdp.estimation.gls.tree_gls`.
 * **Laplace and integer laws** — :class:`~censusdp.estimation.mcmc.MetropolisHastings` with
-  :class:`~censusdp.estimation.mcmc.TreeMoves`. L-lag coupled pairs started from the same
+  :class:`~censusdp.estimation.gibbs_moves.GibbsTreeMoves` (exact draws along pair
+  directions, level sweeps; coupled chains contract synchronously and meet by maximal
+  coupling) when every law is Laplace-type (Laplace, discrete Laplace), else
+  :class:`~censusdp.estimation.mcmc.TreeMoves` (random-walk Metropolis, seed 003 Alg. 1). L-lag coupled pairs started from the same
   initial law as the release chains give meeting times; the burn-in T is the first iteration
   whose TV bound is below ``tv_bound``. ``n_draws == 1`` releases the state of one chain at
   iteration ≥ T; ``n_draws > 1`` releases the average of ``n_draws`` independent chains' states
@@ -45,6 +48,7 @@ from censusdp.estimation.diagnostics import (
     meeting_times,
     split_rhat,
 )
+from censusdp.estimation.gibbs_moves import GibbsTreeMoves, LineDraws
 from censusdp.estimation.mcmc import (
     DoubleGeometricStep,
     GaussianStep,
@@ -78,6 +82,9 @@ class ConditioningProblem:
         Scale of δ; default the standard deviation of the finest level's noise law.
     start : numpy.ndarray, optional
         A consistent leaf table (n_leaves, n_cells) satisfying the invariants, to start from.
+    kernel : {"auto", "gibbs", "metropolis"}
+        Moves: Gibbs level sweeps (needs Laplace-type laws; "auto" picks them when
+        possible) or random-walk Metropolis pair moves.
     """
 
     def __init__(
@@ -90,7 +97,12 @@ class ConditioningProblem:
         nonnegative: bool = False,
         step_scale: float | None = None,
         start: np.ndarray | None = None,
+        kernel: str = "auto",
     ) -> None:
+        if kernel not in ("auto", "gibbs", "metropolis"):
+            raise SpecError(
+                f"conditioning kernel must be auto, gibbs or metropolis, not {kernel!r}"
+            )
         if not measurements:
             raise SpecError("conditioning needs at least one noisy measurement")
         self.hierarchy, self.n_cells = hierarchy, int(n_cells)
@@ -120,9 +132,6 @@ class ConditioningProblem:
             if self.integer
             else GaussianStep(self.step_scale)
         )
-        self.moves = TreeMoves(
-            self.layout, [(inv.level, inv.query.matrix) for inv in invariants], step
-        )
         self.z0 = self._start() if start is None else self._check_start(np.asarray(start))
         lower = None
         if nonnegative:
@@ -133,6 +142,19 @@ class ConditioningProblem:
                     "non-negative conditioning needs a non-negative start; pass start= a "
                     "non-negative consistent leaf table that satisfies the invariants"
                 )
+        inv = [(v.level, v.query.matrix) for v in invariants]
+        rates = self.target.l1_rates()
+        if kernel == "gibbs" and rates is None:
+            raise SpecError(
+                "conditioning kernel 'gibbs' needs Laplace-type noise laws at every measured "
+                "level; use kernel='metropolis'"
+            )
+        self.kernel = "gibbs" if rates is not None and kernel != "metropolis" else "metropolis"
+        if self.kernel == "gibbs":
+            draws = LineDraws(rates, integer=self.integer, lower=lower)
+            self.moves = GibbsTreeMoves(self.layout, inv, draws)
+        else:
+            self.moves = TreeMoves(self.layout, inv, step)
         self.engine = MetropolisHastings(self.target, self.moves, lower=lower)
 
     # ------------------------------------------------------------------ start
@@ -283,6 +305,7 @@ def condition(
     nonnegative: bool = False,
     step_scale: float | None = None,
     start: np.ndarray | None = None,
+    kernel: str = "auto",
 ) -> Release:
     """Release a table drawn from the noise law conditioned on consistency and invariants.
 
@@ -310,6 +333,8 @@ def condition(
         δ scale; default the finest measured level's noise standard deviation.
     start : numpy.ndarray, optional
         Consistent leaf table satisfying the invariants to start the chains from.
+    kernel : {"auto", "gibbs", "metropolis"}
+        MCMC moves (see :class:`ConditioningProblem`).
 
     Returns
     -------
@@ -335,6 +360,7 @@ def condition(
         nonnegative=nonnegative,
         step_scale=step_scale,
         start=start,
+        kernel=kernel,
     )
     eng = prob.engine
     gen = rng.generator("conditioning/mcmc")
@@ -399,7 +425,7 @@ def condition(
     variances = _aggregate_leaf_variances(hierarchy, leaf_var, tail, prob)
 
     notes = [
-        f"MCMC conditioning (Metropolis–Hastings over the noise): burn-in {burn_in} "
+        f"MCMC conditioning ({prob.kernel} moves over the noise): burn-in {burn_in} "
         f"iterations, L-lag coupling TV bound {bound:.3g} (L = {lag}, {n_coupled_pairs} "
         f"pairs), split-R̂ max {rhat_max:.3f} over {m} chains",
         "the sampler uses only the noisy measurements and public laws (post-processing)",
@@ -424,6 +450,7 @@ def condition(
         "meeting_time_quantiles": np.quantile(coupling.meeting_times, [0.5, 0.9, 1.0]).tolist(),
         "acceptance_rate": float(cs.acceptance_rate.mean()),
         "step_scale": prob.step_scale,
+        "kernel": prob.kernel,
         "n_draws": int(n_draws),
         "mcse_leaf": mcse,
         "mcse_batch_means": float(np.max(batch_means_se(tail.astype(np.float64)))),

@@ -94,6 +94,7 @@ __all__ = [
     "MoveSet",
     "BasisMoves",
     "TreeLayout",
+    "TreePairs",
     "TreeMoves",
     "ChainState",
     "MetropolisHastings",
@@ -114,11 +115,16 @@ class Proposal:
         (n_chains, K) changes; int64 for integer move sets, float64 otherwise.
     log_q_ratio : numpy.ndarray or None
         ``log q(s | s*) − log q(s* | s)`` per chain; None for a symmetric proposal.
+    always_accept : bool
+        A Gibbs (heat-bath) move drawn from the target's exact conditional: its MH ratio is
+        1, so the engine accepts it without evaluating the ratio (the log-density is still
+        updated).
     """
 
     idx: np.ndarray
     delta: np.ndarray
     log_q_ratio: np.ndarray | None = None
+    always_accept: bool = False
 
     def apply(self, states: np.ndarray) -> np.ndarray:
         """The proposed states (a new array)."""
@@ -135,6 +141,11 @@ class Target(ABC):
     @abstractmethod
     def log_density(self, states: np.ndarray) -> np.ndarray:
         """``log π(s)`` up to a constant for each row of ``states`` (n_chains, d)."""
+
+    def l1_rates(self) -> np.ndarray | None:
+        """Per coordinate β_i ≥ 0 when ``log π(s) = −Σ_i β_i |s_i| + const`` (an ℓ₁ product
+        target, which Gibbs moves can sample exactly along lines), else None."""
+        return None
 
     def log_density_change(
         self, states: np.ndarray, idx: np.ndarray, delta: np.ndarray
@@ -164,6 +175,12 @@ class ProductTarget(Target):
     @property
     def dim(self) -> int:
         return int(self.law_index.size)
+
+    def l1_rates(self) -> np.ndarray | None:
+        rates = [law.l1_rate for law in self.laws]
+        if any(r is None for r in rates):
+            return None
+        return np.concatenate([np.asarray(rates, dtype=np.float64), [0.0]])[self.law_index]
 
     def _pointwise(self, values: np.ndarray, which: np.ndarray) -> np.ndarray:
         out = np.zeros(values.shape, dtype=np.float64)
@@ -371,12 +388,17 @@ class BasisMoves(MoveSet):
             raise ValueError("the move basis must be a (d, m) matrix with m ≥ 1 columns")
         if mode not in ("single", "all"):
             raise ValueError("mode must be 'single' or 'all'")
-        self.integer = bool(step.integer)
+        self.step, self.mode = step, mode
+        self._set_basis(B, bool(step.integer))
+
+    def _set_basis(self, B: np.ndarray, integer: bool) -> None:
+        """Store ``B``, its pseudo-inverse and each column's non-zero entries."""
+        self.integer = integer
         if self.integer and not np.issubdtype(B.dtype, np.integer):
             if not np.array_equal(B, np.round(B)):
                 raise ValueError("an integer step needs an integer lattice basis")
             B = np.round(B).astype(np.int64)
-        self.basis, self.step, self.mode = B, step, mode
+        self.basis = B
         self._pinv = np.linalg.pinv(B.astype(np.float64))
         nnz = B != 0
         width = max(int(nnz.sum(axis=0).max()), 1)
@@ -524,8 +546,8 @@ class TreeLayout:
         return np.concatenate(idx, axis=1), np.concatenate(coef, axis=1)
 
 
-class TreeMoves(MoveSet):
-    """Pair moves on a hierarchy: +δ on one leaf cell, −δ on another (seed 003, Alg. 1).
+class TreePairs(MoveSet):
+    """The state-independent choice of a pair of leaf cells on a hierarchy (seed 003, Alg. 1).
 
     A move picks a leaf cell (i, c) uniformly. With probability ``p_cell`` (when c has an
     exchangeable cell) the partner is (i, c′) with c′ uniform among the cells whose column
@@ -534,18 +556,16 @@ class TreeMoves(MoveSet):
     ancestor at the deepest invariant level whose query involves c. So no invariant total ever
     changes, and only the paths from i and j up to their lowest common ancestor change. A
     cell that no invariant involves also gets single moves (+δ on one leaf cell alone, with
-    probability ``p_sibling / 2``), which change its totals up to the root. The
-    choice of pair does not depend on the state and δ is symmetric, so the proposal is
-    symmetric. A leaf cell without a valid partner gives a null move.
-
-    Coupling: the same pair for both chains, δ maximally coupled on the anchor coordinate
-    ``w[i, c]`` (:func:`maximal_coupling`), so a coupled accepted move equalises it.
+    probability ``p_sibling / 2``), which change its totals up to the root. The choice of
+    pair does not depend on the state. A leaf cell without a valid partner gives a null move.
+    Subclasses choose the step along the pair direction: :class:`TreeMoves` (a symmetric
+    random-walk step) and :class:`~censusdp.estimation.gibbs_moves.GibbsTreeMoves` (an exact
+    draw from the target's conditional).
 
     Parameters
     ----------
     layout : TreeLayout
     invariants : sequence of (level, query matrix)
-    step : StepLaw
     p_sibling, p_cell : float
     """
 
@@ -553,13 +573,11 @@ class TreeMoves(MoveSet):
         self,
         layout: TreeLayout,
         invariants: Sequence[tuple[int, np.ndarray]],
-        step: StepLaw,
         *,
         p_sibling: float = 0.5,
         p_cell: float = 0.5,
     ) -> None:
-        self.layout, self.step = layout, step
-        self.integer = bool(step.integer)
+        self.layout = layout
         self.p_sibling, self.p_cell = float(p_sibling), float(p_cell)
         h, C = layout.hierarchy, layout.n_cells
         depth, n_leaves = h.depth, h.leaves.size
@@ -623,6 +641,36 @@ class TreeMoves(MoveSet):
         single = self.unconstrained[c] & ~swap & (u[:, 3] < 0.5 * self.p_sibling)
         null &= ~single
         return i, c, j, c2, null, single
+
+
+class TreeMoves(TreePairs):
+    """Pair moves on a hierarchy: +δ on one leaf cell, −δ on another (seed 003, Alg. 1).
+
+    The pair is chosen as in :class:`TreePairs`; δ is drawn from the symmetric ``step`` law,
+    so the proposal is symmetric. Coupling: the same pair for both chains, δ maximally
+    coupled on the anchor coordinate ``w[i, c]`` (:func:`maximal_coupling`), so a coupled
+    accepted move equalises it.
+
+    Parameters
+    ----------
+    layout : TreeLayout
+    invariants : sequence of (level, query matrix)
+    step : StepLaw
+    p_sibling, p_cell : float
+    """
+
+    def __init__(
+        self,
+        layout: TreeLayout,
+        invariants: Sequence[tuple[int, np.ndarray]],
+        step: StepLaw,
+        *,
+        p_sibling: float = 0.5,
+        p_cell: float = 0.5,
+    ) -> None:
+        super().__init__(layout, invariants, p_sibling=p_sibling, p_cell=p_cell)
+        self.step = step
+        self.integer = bool(step.integer)
 
     def _proposal(self, pair: tuple[np.ndarray, ...], step: np.ndarray) -> Proposal:
         i, c, j, c2, null, single = pair
@@ -694,25 +742,32 @@ class MetropolisHastings:
             raise ValueError("a starting state has zero target density")
         return ChainState(s, lp, np.zeros(s.shape[0], dtype=np.int64))
 
-    def _log_alpha(self, cs: ChainState, prop: Proposal) -> np.ndarray:
-        d = self.target.log_density_change(cs.states, prop.idx, prop.delta)
-        if prop.log_q_ratio is not None:
-            d = d + prop.log_q_ratio
+    def _log_alpha(self, cs: ChainState, prop: Proposal) -> tuple[np.ndarray, np.ndarray]:
+        """``(log α, log π(s*) − log π(s))`` per chain."""
+        change = self.target.log_density_change(cs.states, prop.idx, prop.delta)
+        if prop.always_accept:
+            return np.zeros_like(change), change
+        d = change if prop.log_q_ratio is None else change + prop.log_q_ratio
         if self.lower is not None:
             rows = np.arange(cs.states.shape[0])[:, None]
             new = cs.states[rows, prop.idx] + prop.delta
             bad = ((new < self.lower[prop.idx]) & (prop.delta != 0)).any(axis=1)
             d = np.where(bad, -np.inf, d)
-        return d
+        return d, change
 
-    def _accept(self, cs: ChainState, prop: Proposal, log_alpha: np.ndarray, log_u: np.ndarray):
-        ok = log_u < log_alpha
+    def _accept(
+        self,
+        cs: ChainState,
+        prop: Proposal,
+        log_alpha: tuple[np.ndarray, np.ndarray],
+        log_u: np.ndarray,
+    ) -> np.ndarray:
+        alpha, change = log_alpha
+        ok = log_u < alpha
         if ok.any():
             moved = Proposal(prop.idx[ok], prop.delta[ok])
             cs.states[ok] = moved.apply(cs.states[ok])
-            cs.log_density[ok] += log_alpha[ok] - (
-                0.0 if prop.log_q_ratio is None else prop.log_q_ratio[ok]
-            )
+            cs.log_density[ok] += change[ok]
         cs.accepted += ok
         cs.iterations += 1
         return ok

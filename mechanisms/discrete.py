@@ -478,6 +478,10 @@ class DiscreteLaplace(NoiseLaw):
         return log_norm - a * np.abs(np.asarray(x, dtype=np.float64))
 
     @property
+    def l1_rate(self) -> float:
+        return 1.0 / self.scale
+
+    @property
     def variance(self) -> float:
         a = 1.0 / self.scale
         return 2.0 * math.exp(-a) / math.expm1(-a) ** 2

@@ -66,6 +66,15 @@ class NoiseLaw(ABC):
     def std(self) -> float:
         return math.sqrt(self.variance)
 
+    @property
+    def l1_rate(self) -> float | None:
+        """β when ``log_density(x) = −β |x| + const`` (Laplace-type laws), else None.
+
+        MCMC samplers use it to draw exactly from the law's conditionals along a line
+        (:mod:`censusdp.estimation.line_conditional`).
+        """
+        return None
+
 
 class Laplace(NoiseLaw):
     """Laplace(0, b): density exp(−|x|/b) / (2b); ε = Δ₁ / b.
@@ -102,6 +111,10 @@ class Laplace(NoiseLaw):
 
     def log_density(self, x: np.ndarray) -> np.ndarray:
         return -np.abs(x) / self.scale - math.log(2.0 * self.scale)
+
+    @property
+    def l1_rate(self) -> float:
+        return 1.0 / self.scale
 
     @property
     def variance(self) -> float:
