@@ -253,10 +253,10 @@ class GibbsTreeMoves(TreePairs):
             s = slots[k + 1]
             self._slots[k, : s.size], self._slot_ok[k, : s.size] = s, True
 
-    def _lines(self, n: int, gen: np.random.Generator):
-        """(i, c, j, c2, null, single, anchor) for n × P lines."""
+    def _lines(self, n: int, gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Footprint indices and coefficients (n·P, K) of every chain's P lines (padding lines
+        have all-zero coefficients), and each line's anchor coordinate ``w[i, c]``."""
         lay = self.layout
-        n_pairs = self._slots.shape[1]
         pair_move = gen.random(n) < self.p_pair
         opt = (
             self._options[_uniform_index(gen.random(n), max(len(self._options), 1))]
@@ -291,14 +291,14 @@ class GibbsTreeMoves(TreePairs):
         idx, coef = lay.footprint(*flat[:4], flat[5])
         coef = np.where(flat[4][:, None], 0, coef)
         anchor = lay.w_offset + flat[0] * lay.n_cells + flat[1]
-        return idx, coef, anchor, n_pairs
+        return idx, coef, anchor
 
     def propose(self, states, gen):
-        idx, coef, _, _ = self._lines(states.shape[0], gen)
+        idx, coef, _ = self._lines(states.shape[0], gen)
         return self.draws.draw(states, idx, coef, gen)
 
     def propose_coupled(self, x, y, gen):
-        idx, coef, anchor, _ = self._lines(x.shape[0], gen)
+        idx, coef, anchor = self._lines(x.shape[0], gen)
         return self.draws.draw_coupled(x, y, idx, coef, _anchor_shift(x, y, anchor), gen)
 
 
