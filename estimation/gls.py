@@ -542,6 +542,18 @@ def _diagonal_up(f: Forest, lv: list[_Level], bottom: _DUp | None) -> list[_DUp]
     return up
 
 
+def _refuse_free_siblings(f: Forest, j: int, nf: np.ndarray, what: str) -> None:
+    """Raise when two children of one level-``j`` node leave the same direction unmeasured
+    (``nf > 1``): the split between them is not identified."""
+    if np.any(nf > 1):
+        node = int(np.argwhere(nf > 1)[0, 0])
+        raise _not_identifiable(
+            f.names[j + 1],
+            f"two or more children of {f.names[j]} {f.code(j, node)!r} {what} that is "
+            "measured neither at their level nor below",
+        )
+
+
 def _diagonal_down(
     f: Forest, up: list[_DUp], z0: np.ndarray, P0: np.ndarray
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -551,13 +563,7 @@ def _diagonal_down(
         u, ch = up[j], up[j + 1]
         par = f.parent(j + 1)
         nf = u.nf
-        if np.any(nf > 1):
-            node = int(np.argwhere(nf > 1)[0, 0])
-            raise _not_identifiable(
-                f.names[j + 1],
-                f"two or more children of {f.names[j]} {f.code(j, node)!r} "
-                "have a cell that is measured neither at their level nor below",
-            )
+        _refuse_free_siblings(f, j, nf, "have a cell")
         S = u.S
         d = zhat[j] - u.M
         A = np.where(S > 0, 1.0 / np.where(S > 0, S, 1.0), 0.0)
@@ -785,13 +791,7 @@ def _tc_down(
         u, ch = up[j], up[j + 1]
         par = f.parent(j + 1)
         nf = u.nf
-        if np.any(nf > 1):
-            node = int(np.argwhere(nf > 1)[0, 0])
-            raise _not_identifiable(
-                f.names[j + 1],
-                f"two children of {f.names[j]} {f.code(j, node)!r} share "
-                "a combination of cells that is measured neither at their level nor below",
-            )
+        _refuse_free_siblings(f, j, nf, "share a combination of cells")
         S = u.S
         trS = S[:, 0] + (K - 1) * S[:, 1]
         keep = S > np.maximum(_RTOL * S.max(axis=1), 1e-13 * trS)[:, None]
