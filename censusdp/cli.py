@@ -24,7 +24,12 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         print("\n".join(available()))
         return 0
     out, metrics = run_experiment(
-        args.name, args.out, quick=args.quick, data=args.data, seed=args.seed
+        args.name,
+        args.out,
+        quick=args.quick,
+        data=args.data,
+        seed=args.seed,
+        all_units=args.all_units,
     )
     summary = {k: v for k, v in metrics.items() if not isinstance(v, dict | list)}
     print(json.dumps(to_jsonable(summary), indent=2))
@@ -48,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--data", help="input file overriding the default in ../shared/data")
     exp.add_argument("--out", help="output directory (default results/NAME)")
     exp.add_argument("--seed", type=int, help="reproducible mode (never for a real release)")
+    exp.add_argument(
+        "--all",
+        dest="all_units",
+        action="store_true",
+        help="every unit the study covers (e.g. all states) instead of its default one",
+    )
     exp.set_defaults(func=_cmd_experiment)
 
     _register_extra_commands(sub)

@@ -260,6 +260,11 @@ def lattice_engine(
         else:
             moves = GibbsBasisMoves(lattice.basis, draws)
         return MetropolisHastings(target, moves)
+    if not 0.0 < a < 1.0:  # NaN included: a "gibbs" certificate records a = NaN
+        raise ValueError(
+            f"Metropolis moves (mode={mode!r}) need a proposal parameter a in (0, 1), got "
+            f"{a}; to rebuild the engine of a certificate pass mode=report.mode"
+        )
     step = DoubleGeometricStep(a)
     if isinstance(lattice, GroupSumLattice):
         moves = GroupPairMoves(lattice, step)

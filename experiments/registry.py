@@ -43,6 +43,9 @@ class ExperimentContext:
         Secure by default; reproducible when ``--seed`` was given.
     timings : dict
         Stage timings the experiment may fill; written into ``metrics.json``.
+    all_units : bool
+        ``--all``: run every unit the study covers (e.g. every state) instead of its
+        default one; experiments without such a choice ignore it.
     """
 
     out: Path
@@ -50,6 +53,7 @@ class ExperimentContext:
     data: Path | None = None
     rng: KeyedRNG = field(default_factory=KeyedRNG.secure)
     timings: dict[str, float] = field(default_factory=dict)
+    all_units: bool = False
 
     def input_file(self, default_name: str, *, required: bool = True) -> Path | None:
         """``--data`` if given, else ``../shared/data/<default_name>``.
@@ -123,8 +127,11 @@ def run_experiment(
     quick: bool = False,
     data: str | Path | None = None,
     seed: int | None = None,
+    all_units: bool = False,
 ) -> tuple[Path, dict]:
     """Run experiment ``name``; returns the output directory and its metrics.
+
+    ``all_units`` is ``--all`` (see :class:`ExperimentContext`).
 
     Raises
     ------
@@ -138,7 +145,11 @@ def run_experiment(
     rng = KeyedRNG.from_seed(seed)
     with atomic_dir(target) as tmp:
         ctx = ExperimentContext(
-            out=tmp, quick=quick, data=None if data is None else Path(data), rng=rng
+            out=tmp,
+            quick=quick,
+            data=None if data is None else Path(data),
+            rng=rng,
+            all_units=all_units,
         )
         t0 = time.perf_counter()
         metrics = module.run(ctx)
