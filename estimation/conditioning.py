@@ -150,9 +150,13 @@ class ConditioningProblem:
                 "level; use kernel='metropolis'"
             )
         self.kernel = "gibbs" if rates is not None and kernel != "metropolis" else "metropolis"
+        self._wide_moves: GibbsTreeMoves | None = None
         if self.kernel == "gibbs":
             draws = LineDraws(rates, integer=self.integer, lower=lower)
             self.moves = GibbsTreeMoves(self.layout, inv, draws)
+            # exact draws of the same moves under 3× wider laws: the over-dispersed π₀
+            wide = LineDraws(rates / 3.0, integer=self.integer, lower=lower)
+            self._wide_moves = GibbsTreeMoves(self.layout, inv, wide)
         else:
             self.moves = TreeMoves(self.layout, inv, step)
         self.engine = MetropolisHastings(self.target, self.moves, lower=lower)
@@ -231,14 +235,34 @@ class ConditioningProblem:
         return leaf
 
     # ------------------------------------------------------------------ states
+    @property
+    def default_spread(self) -> int:
+        """Scrambling moves for the over-dispersed π₀ of :func:`condition`: 10 sweeps per
+        (level, cell) for Gibbs moves, two pair moves per leaf cell for Metropolis moves."""
+        h = self.hierarchy
+        if self.kernel == "gibbs":
+            return 10 * h.depth * self.n_cells
+        return 2 * h.leaves.size * self.n_cells
+
     def initial_states(self, n: int, gen: np.random.Generator, *, spread: int = 0) -> np.ndarray:
-        """``n`` states at the start table, each scrambled by ``spread`` random moves with a
-        3× step (all kept that respect the bounds): an over-dispersed initial law π₀."""
+        """``n`` states at the start table, each scrambled by ``spread`` random moves: an
+        over-dispersed initial law π₀.
+
+        Gibbs kernel: ``spread`` exact Gibbs moves of the target with every ℓ₁ rate divided
+        by 3 (3× wider noise laws; bounds respected). Metropolis kernel: ``spread`` pair
+        moves with a 3× step, each kept when it respects the bounds. (Scaling an exact
+        Gibbs step by 3 instead would overshoot the conditional's centre and double the
+        distance to it at every move.)
+        """
         lay, z0 = self.layout, self.z0
         levels = self.hierarchy.aggregate(z0)
         noise = [np.asarray(m.values) - m.query.apply(levels[m.level]) for m in self.measurements]
         s0 = lay.pack(noise, np.zeros_like(z0))
         states = np.tile(s0, (n, 1)).astype(np.int64 if self.integer else np.float64)
+        if self._wide_moves is not None:
+            for _ in range(spread):
+                states = self._wide_moves.propose(states, gen).apply(states)
+            return states
         lower = self.engine.lower
         for _ in range(spread):
             prop = self.moves.propose(states, gen)
@@ -364,7 +388,7 @@ def condition(
     )
     eng = prob.engine
     gen = rng.generator("conditioning/mcmc")
-    spread = 2 * hierarchy.leaves.size * len(cells)
+    spread = prob.default_spread
 
     def pi0(n: int) -> np.ndarray:
         return prob.initial_states(n, gen, spread=spread)
