@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from censusdp.errors import DataError
-from censusdp.experiments.census_county_bias import EPSILON
-from censusdp.experiments.registry import run_experiment
+from censusdp.experiments.census_county_bias import (
+    EPSILON,
+    QUICK_STATES,
+    TV_TARGET,
+    _lattice_errors,
+    _sampled_states,
+    load_counties,
+)
+from censusdp.experiments.registry import ExperimentContext, run_experiment
 
 KEYS = (
     "states",
@@ -47,9 +55,38 @@ def test_quick_run_reproduces_the_bureau_counts_and_unbiased_estimators(tmp_path
         assert s["significant_negative_001"] <= s["chance_upper_99"]
         # Laplace of scale 1/ε, minus the state mean: mean |error| just under the scale
         assert 0.9 * scale < s["mean_abs_error"] < 1.05 * scale
-    assert set(on_disk["left_out"]) <= {"conditioning", "lattice"}
+    # the MCMC estimators: the quick subset of states, every release certified
+    assert len(on_disk["sampled_states"]) == QUICK_STATES
+    for name in ("conditioning", "lattice"):
+        s = on_disk[name]
+        for key in KEYS:
+            assert s[key] is not None, (name, key)
+        assert s["states"] == QUICK_STATES and s["runs"] == 2
+        assert s["chance_expected_significant_negative"] == pytest.approx(QUICK_STATES * 0.005)
+        assert s["significant_negative_001"] <= s["chance_upper_99"]
+        assert s["convergence"]["tv_bound_max"] < TV_TARGET
+    cond = on_disk["conditioning"]["convergence"]
+    assert cond["kernel"] == ["gibbs"]
+    assert cond["certified_calls"] == 2 * QUICK_STATES
+    assert on_disk["lattice"]["convergence"]["rhat_max"] < 1.01
+    assert "integer subspace DP" in on_disk["lattice"]["convergence"]["privacy"]
     assert len(on_disk["fig2_states"]) == 10 and "IL" not in on_disk["fig2_states"]
     for name in ("fig1_slopes_illinois.png", "fig2_ten_states.png", "illinois_by_estimator.png"):
         assert (out / name).stat().st_size > 0
     report = (out / "report.md").read_text()
     assert "Van Riper" in report and "| DAS 2020-05-27 | 1 | 48 | 41 | 5 |" in report
+    assert f"{cond['tv_bound_max']:.4f}" in report
+
+
+def test_lattice_errors_are_integer_and_keep_state_totals(tmp_path, shared_file, rng):
+    ctx = ExperimentContext(out=tmp_path, data=shared_file("county_totalpop_2010.csv"))
+    table, _ = load_counties(ctx)
+    states = _sampled_states(table, quick=True)
+    err, info = _lattice_errors(table, 3, rng, states)
+    state = table.hierarchy.ancestor_index("county", "state")
+    covered = np.isin(state, states)
+    assert np.all(np.isfinite(err[:, covered])) and np.all(np.isnan(err[:, ~covered]))
+    assert np.array_equal(err[:, covered], np.round(err[:, covered]))
+    for s in states:
+        assert np.all(err[:, state == s].sum(axis=1) == 0)
+    assert info["tv_bound_max"] < TV_TARGET
