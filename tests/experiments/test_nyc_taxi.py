@@ -14,7 +14,10 @@ from censusdp.experiments.nyc_taxi import (
     ESTIMATORS,
     LEVELS,
     PAPER_TABLE2,
+    TV_TARGET,
+    _table_md,
     load_taxi,
+    restrict,
     synthetic_month,
 )
 from censusdp.experiments.registry import run_experiment
@@ -79,28 +82,38 @@ def test_without_data_raises_data_error(tmp_path):
         run_experiment("nyc-taxi", out=tmp_path / "x", quick=True, seed=1, data=tmp_path / "no")
 
 
+def test_restrict_keeps_the_chosen_zones(taxi):
+    h, leaf, zones = taxi
+    hs, sub = restrict(h, leaf, zones, ("EWR", "Staten Island"), max_zones=10)
+    assert hs.names == LEVELS and hs.sizes == (1, 2, 11)
+    assert sub.shape == (11, 1)
+    codes = dict(zip(zones["zone"], leaf[:, 0], strict=True))
+    assert sub[:, 0].tolist() == [codes[c] for c in hs.leaves.codes.tolist()]
+
+
 def test_quick_run_table_and_consistent_releases(shared_file, tmp_path):
     shared_file(LOOKUP)
     shared_file(SAMPLE)
     out, metrics = run_experiment("nyc-taxi", out=tmp_path / "x", quick=True, seed=1)
     on_disk = json.loads((out / "metrics.json").read_text())
     assert on_disk["data"] == "synthetic_month"
+    assert on_disk["zones"] == 11 and on_disk["l1_denominator"] == 14
     table = on_disk["table"]
     keys = {(r["epsilon"], r["level"], r["estimator"]) for r in table}
     assert keys == {(e, k, n) for e in (0.5, 1.0, 2.0) for k in (1, 2, 3) for n in ESTIMATORS}
     for r in table:
-        assert r["runs"] == 2
+        expected = 1 if r["estimator"].startswith("conditioning") else 2
+        assert r["runs"] == expected, r
         assert math.isfinite(r["normalized_l1"]) and r["normalized_l1"] >= 0
-    # zone errors dwarf the city error (263 noisy cells vs one), for every estimator
-    cell = {(r["epsilon"], r["level"], r["estimator"]): r["normalized_l1"] for r in table}
-    for n in ESTIMATORS:
-        assert cell[(1.0, 3, n)] > 10 * cell[(1.0, 1, n)]
-    # TV bounds (or None where not certified) for both conditioning variants and every ε
+    # every conditioning release is certified by condition(): TV bound < 0.01, gibbs moves
+    assert on_disk["tv_bound_max"] < TV_TARGET
     for name in ("conditioning", "conditioning_nonneg"):
         assert set(on_disk["tv_bounds"][name]) == {"0.5", "1", "2"}
         for eps, d in on_disk["conditioning_diagnostics"]["synthetic_month"][name].items():
-            assert (d["tv_bound"] is None) != d["certified"], (name, eps)
-            assert d["certified"] or math.isfinite(d["rhat_max"])
+            assert d["certified"] and d["tv_bound"] < TV_TARGET, (name, eps)
+            assert d["kernel"] == "gibbs" and len(d["runs"]) == 1
+            assert math.isfinite(d["rhat_max"])
+            assert ("data-dependent" in d["runs"][0]["privacy"]) == (name.endswith("nonneg"))
     # the released tables: zones sum to boroughs, boroughs to the city, for every estimator
     est = pd.read_csv(out / "estimates_run0.csv", dtype={"code": str, "parent": str})
     assert set(est["estimator"]) == set(ESTIMATORS)
@@ -109,7 +122,7 @@ def test_quick_run_table_and_consistent_releases(shared_file, tmp_path):
             sums = g[g["level"] == child].groupby("parent")["value"].sum()
             up = g[g["level"] == parent].set_index("code")["value"]
             assert sorted(sums.index) == sorted(up.index) and len(up) == (
-                6 if child == "zone" else 1
+                2 if child == "zone" else 1
             )
             for code, total in sums.items():
                 assert total == pytest.approx(up[code], abs=1e-6), (eps, name, code)
@@ -119,10 +132,23 @@ def test_quick_run_table_and_consistent_releases(shared_file, tmp_path):
             assert (g["value"] == np.round(g["value"])).all()
     for name, worst in on_disk["consistency_max_residual"]["synthetic_month"].items():
         assert worst < 1e-6, name
-    # the paper's numbers are shown beside ours, labelled
+    # the paper's numbers are shown beside ours, labelled, with the TV bounds
     report = (out / "report.md").read_text()
     assert "paper ℳ_MH" in report and f"{PAPER_TABLE2[(1.0, 3)][0]:.6f}" in report
+    assert "TV bound, conditioning" in report and "quick" in report
     first = next(r for r in table if r["estimator"] == "gls" and r["level"] == 3)
     assert f"{first['normalized_l1']:.4f}" in report
     assert "plain DP argument does not cover" in report
     assert (out / "error_by_level.png").stat().st_size > 0
+
+
+def test_table_without_conditioning_has_no_tv_columns():
+    rows = [
+        {"epsilon": e, "level": k, "estimator": n, "normalized_l1": 0.5, "runs": 3}
+        for e in (0.5, 1.0, 2.0)
+        for k in (1, 2, 3)
+        for n in ("topdown", "gls")
+    ]
+    lines = _table_md(rows, {}, with_paper=False)
+    assert "TV bound" not in lines[0] and "TopDown-style [3]" in lines[0]
+    assert len(lines) == 2 + 9 and all(line.count("|") == 5 for line in lines)
