@@ -160,6 +160,10 @@ class LaplaceLine:
             log_mass = np.where(empty | ~np.isfinite(top), -np.inf, top + shape)
         log_mass = np.where(proper[:, None], log_mass, -np.inf)
         log_norm = _logaddexp_reduce(log_mass)
+        # a continuous line whose feasible set is one point (lo == hi, e.g. a count held at
+        # its bound from both sides) has no density: it is improper and keeps δ = 0
+        proper &= np.isfinite(log_norm)
+        log_mass = np.where(proper[:, None], log_mass, -np.inf)
         return cls(
             a, c, beta, lo, hi, bool(integer), left, right, slope, log_mass, log_norm, proper
         )

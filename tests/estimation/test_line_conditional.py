@@ -134,3 +134,13 @@ def test_coupling_keeps_both_marginals_and_identical_lines_agree():
     assert np.all(distance(x, y2, shift) == 0)
     dx, dy, coupled = couple_lines(x, y2, shift, rng)
     assert coupled.all() and np.array_equal(dy, dx + shift)
+
+
+def test_a_one_point_continuous_line_keeps_delta_zero():
+    """lo == hi: no density along the line; the draw is δ = 0 and nothing is NaN."""
+    line = _line([0.0, 1.5], [1.0, -1.0], [1.0, 2.0], 0.0, 0.0, n=3, integer=False)
+    with np.errstate(all="raise"):
+        draws = line.sample(np.random.default_rng(0))
+    assert not line.proper.any()
+    np.testing.assert_array_equal(draws, 0.0)
+    assert np.isnan(line.log_norm).sum() == 0
