@@ -75,13 +75,20 @@ class LineDraws:
         self.lower = None if lower is None else np.asarray(lower, dtype=np.float64)
         self.upper = None if upper is None else np.asarray(upper, dtype=np.float64)
 
-    def line(self, states: np.ndarray, idx: np.ndarray, coef: np.ndarray) -> LaplaceLine:
+    def line(
+        self,
+        states: np.ndarray,
+        idx: np.ndarray,
+        coef: np.ndarray,
+        chain: np.ndarray | None = None,
+    ) -> LaplaceLine:
         """The conditional of the step on each line ``s + δ·coef`` (rows of idx/coef).
 
-        ``states`` is (n_lines, d) (one chain's state per line, repeated as needed).
+        ``states`` is (n_chains, d); ``chain`` gives each line's row of ``states`` (default:
+        line i on row i). Only the lines' coordinates are gathered, never whole states.
         """
-        rows = np.arange(idx.shape[0])[:, None]
-        a = states[rows, idx].astype(np.float64)
+        rows = np.arange(idx.shape[0]) if chain is None else chain
+        a = states[rows[:, None], idx].astype(np.float64)
         c = coef.astype(np.float64)
         lo = np.full(idx.shape[0], -np.inf)
         hi = np.full(idx.shape[0], np.inf)
@@ -110,7 +117,7 @@ class LineDraws:
     def draw(self, states, idx, coef, gen) -> Proposal:
         """Independent exact draws on every line of every chain."""
         n, P = states.shape[0], idx.shape[0] // states.shape[0]
-        line = self.line(np.repeat(states, P, axis=0), idx, coef)
+        line = self.line(states, idx, coef, np.repeat(np.arange(n), P))
         return self.proposal(idx, coef, line.sample(gen), n)
 
     def draw_coupled(self, x, y, idx, coef, shift, gen) -> tuple[Proposal, Proposal]:
@@ -118,8 +125,8 @@ class LineDraws:
         ``δy = δx + shift`` (per line) when possible; with ``shift = x_a − y_a`` for a
         coordinate ``a`` of coefficient +1 the coupling equalises its new values."""
         n, P = x.shape[0], idx.shape[0] // x.shape[0]
-        xs, ys = np.repeat(x, P, axis=0), np.repeat(y, P, axis=0)
-        lx, ly = self.line(xs, idx, coef), self.line(ys, idx, coef)
+        chain = np.repeat(np.arange(n), P)
+        lx, ly = self.line(x, idx, coef, chain), self.line(y, idx, coef, chain)
         dx, dy, _ = couple_lines(lx, ly, np.asarray(shift, dtype=np.float64), gen)
         return self.proposal(idx, coef, dx, n), self.proposal(idx, coef, dy, n)
 
