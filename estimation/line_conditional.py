@@ -141,8 +141,12 @@ class LaplaceLine:
             right = np.concatenate([edges, hi[:, None]], axis=1)
             count = right - left
         proper = (total > 0) | (np.isfinite(lo) & np.isfinite(hi) & (hi >= lo))
-        f_left = _f(a, c, beta, left)
-        f_right = _f(a, c, beta, right)
+        if integer:
+            f_left = _f(a, c, beta, left)
+            f_right = _f(a, c, beta, right)
+        else:  # pieces share their ends: evaluate f once at lo, the edges and hi
+            f_ends = _f(a, c, beta, np.concatenate([left, hi[:, None]], axis=1))
+            f_left, f_right = f_ends[:, :-1], f_ends[:, 1:]
         top = np.maximum(f_left, f_right)
         mag = np.abs(slope)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
