@@ -4,13 +4,29 @@ Synthetic U.S. geography (:func:`censusdp.hierarchy.synthetic.synthetic_us`: nat
 states / 3,221 counties / ~85,000 tracts / 8.2 million blocks, one cell), nation and state
 totals invariant, exact discrete Gaussian noise at the county, tract and block levels. The
 tree is cut at the state level; the same partitions run on a Dask ``LocalCluster`` with 1 and
-with 2 worker processes (1 thread each). Stages: :func:`measure_partitioned`,
-:func:`partitioned_gls` (estimates and exact variances), :func:`partitioned_round`.
+with 2 worker processes (1 thread each). Stages: :func:`measure_partitioned` (with
+``keep=True``), :func:`partitioned_gls` (estimates and exact variances),
+:func:`partitioned_round`.
+
+The measurement and GLS stages chain on the cluster: each partition's measurements and
+upward state stay on the worker that computed them (Dask futures; the next task runs where
+its input is). What passes between the driver and the workers: the partitions' exact counts
+of the levels at or below the cut (inside the measurement tasks), the cut-level messages
+(small), the finished GLS arrays of every level (estimates and variances), and for rounding
+each partition's real leaf estimates out and its rounded leaves and leftovers back.
+
+Timed, per stage, in the driver: from the first submission of the stage to its result.
+The measurement stage ends when every partition's measurements exist on the workers
+(``PartitionedMeasurements.wait``); the GLS stage includes gathering and concatenating
+its estimates and variances and the invariant check of the release; the rounding stage
+includes gathering and assembling the rounded release. Cluster start-up, importing the
+task code in the workers and the synthetic data are not timed.
 
 Prints one JSON object: wall seconds per stage and in total for each worker count, the
-speedup of 2 workers over 1, the peak resident memory of every worker process and of the
-driver, and whether both runs gave the same numbers (they must: keyed noise and per-node
-arithmetic). The synthetic data are built once in the driver and not timed.
+speedup of 2 workers over 1, the peak resident memory (``VmHWM``) of every worker process
+and of the driver, and whether both runs gave the same numbers (they must: keyed noise and
+per-node arithmetic). The speedup is only meaningful on an otherwise idle machine with at
+least 2 free cores.
 
 Dask's nanny sets ``MALLOC_TRIM_THRESHOLD_=65536`` in every worker; setting it switches off
 glibc's dynamic mmap threshold, so every large temporary numpy array becomes a fresh
@@ -43,6 +59,19 @@ from censusdp.rng import KeyedRNG
 
 
 def _peak_mb() -> float:
+    """Peak resident memory of this process in MB: ``VmHWM`` of ``/proc/self/status``.
+
+    Not ``getrusage``'s ``ru_maxrss``: Linux carries that over ``execve``, so a worker
+    process forked from the driver (and then exec'ed) reports the driver's peak at the fork
+    (the synthetic data) instead of its own.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -89,14 +118,15 @@ def run(table, n_partitions: int, workers: int, seed: int) -> dict:
     with open_executor("distributed", workers=workers) as ex:
         ex.client.run(_warm)
         t0 = time.perf_counter()
-        meas = measure_partitioned(h.names, counts, plan, rng, parts, ex)
+        meas = measure_partitioned(h.names, counts, plan, rng, parts, ex, keep=True)
+        meas.wait()  # the measurements stay on the workers; wait so the stage can be timed
         t1 = time.perf_counter()
         rel = partitioned_gls(h, cells, meas, invs, privacy, parts, ex)
         del meas
         t2 = time.perf_counter()
         rounded = partitioned_round(rel, rng, parts, ex, method="cells")
         t3 = time.perf_counter()
-        rss = ex.client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+        rss = ex.client.run(_peak_mb)
     err = rel.estimates[-1] - counts[-1]
     return {
         "workers": workers,

@@ -6,6 +6,12 @@ work was cut into. Noise is keyed by node (:mod:`censusdp.rng`): a task recomput
 worker failure draws exactly the same noise, which is what makes Dask's retry-on-failure safe
 for a privacy release (Algorithm 4 of the subspace-DP paper: every agent privatizes locally
 with the shared secret key).
+
+``map`` returns values. ``submit`` returns *handles* instead, and the items of a later
+``submit`` may contain handles (inside tuples, lists or dicts): on Dask the task then runs
+where its inputs already are, and they never pass through the calling process. ``gather``
+turns handles into values, ``wait`` blocks until they are computed and ``release`` drops
+them. Without Dask a handle is its value.
 """
 
 from __future__ import annotations
@@ -37,8 +43,34 @@ class Executor(Protocol):
 
     def map(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]: ...
 
+    def submit(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]:
+        """Like ``map`` but returns handles; ``items`` may contain earlier handles."""
+        ...
 
-class SyncExecutor:
+    def gather(self, handles: Sequence[Any]) -> list[Any]: ...
+
+    def release(self, handles: Sequence[Any]) -> None: ...
+
+    def wait(self, handles: Sequence[Any]) -> None: ...
+
+
+class _Local:
+    """Handles of the in-process backends are the values themselves."""
+
+    def submit(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]:
+        return self.map(fn, items, *extra)  # type: ignore[attr-defined]
+
+    def gather(self, handles: Sequence[Any]) -> list[Any]:
+        return list(handles)
+
+    def release(self, handles: Sequence[Any]) -> None:
+        pass
+
+    def wait(self, handles: Sequence[Any]) -> None:
+        pass
+
+
+class SyncExecutor(_Local):
     """Everything in the calling thread (the reference backend)."""
 
     name = "sync"
@@ -48,7 +80,7 @@ class SyncExecutor:
         return [fn(item, *extra) for item in items]
 
 
-class ThreadExecutor:
+class ThreadExecutor(_Local):
     """A thread pool: numpy and the solvers release the GIL in their heavy parts."""
 
     name = "threads"
@@ -66,11 +98,39 @@ class ThreadExecutor:
         self._pool.shutdown(wait=True)
 
 
+class _Handle:
+    """A Dask future with the recipe that made it, so a lost or cancelled chain can be rebuilt.
+
+    ``item`` may hold other handles (the inputs from earlier maps); they are replaced by their
+    futures when the task is submitted, so the task runs where its inputs are.
+    """
+
+    __slots__ = ("fn", "item", "extra", "future")
+
+    def __init__(self, fn: Callable[..., Any], item: Any, extra: tuple) -> None:
+        self.fn, self.item, self.extra = fn, item, extra
+        self.future: Any = None
+
+
+def _walk(x: Any, leaf: Callable[[_Handle], Any]) -> Any:
+    if isinstance(x, _Handle):
+        return leaf(x)
+    if type(x) in (tuple, list):
+        return type(x)(_walk(y, leaf) for y in x)
+    if type(x) is dict:
+        return {k: _walk(v, leaf) for k, v in x.items()}
+    return x
+
+
 class DaskExecutor:
     """Dask distributed: a ``LocalCluster`` by default, or an existing scheduler address.
 
-    Shared arguments (``extra``) are scattered once and passed to every task. Tasks are
-    submitted with ``pure=False`` and retried on worker loss.
+    Every task carries its item and the shared arguments (``extra``, meant to be small) in
+    its own specification, and later tasks receive earlier results as futures; nothing is
+    ``scatter``-ed, so the scheduler can recompute any result lost with a worker from its
+    lineage. Tasks are submitted with ``pure=False`` and retried on worker loss; should Dask
+    cancel a task instead, the whole chain of maps behind a ``gather`` is resubmitted (every
+    task is a pure function of its inputs: keyed noise, per-node arithmetic).
     """
 
     name = "distributed"
@@ -104,30 +164,75 @@ class DaskExecutor:
             self.client = Client(self._cluster)
         self.workers = len(self.client.scheduler_info().get("workers", {})) or 1
 
-    #: Whole-map resubmissions after the cluster lost or cancelled a task.
+    #: Whole-chain resubmissions after the cluster lost or cancelled a task.
     attempts = 3
 
-    def map(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]:
+    def _launch(self, h: _Handle) -> Any:
+        if h.future is None:
+            args = _walk(h.item, self._launch)
+            h.future = self.client.submit(h.fn, args, *h.extra, pure=False, retries=3)
+        return h.future
+
+    def _forget(self, h: _Handle) -> None:
+        """Drop the futures of ``h`` and of every handle it was computed from."""
+        if h.future is not None:
+            h.future.release()
+            h.future = None
+        _walk(h.item, self._forget)
+
+    def submit(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[_Handle]:
+        handles = [_Handle(fn, item, extra) for item in items]
+        for h in handles:
+            self._launch(h)
+        return handles
+
+    def gather(self, handles: Sequence[_Handle]) -> list[Any]:
         from dask.distributed import KilledWorker
         from distributed.client import FutureCancelledError
 
         for attempt in range(self.attempts):
-            # one future per argument (scatter splits lists), never content-hashed: a
-            # re-scatter of equal data must not share, and then cancel, earlier futures
-            shared = [self.client.scatter([x], broadcast=True, hash=False)[0] for x in extra]
-            futures = [
-                self.client.submit(fn, item, *shared, pure=False, retries=3) for item in items
-            ]
             try:
-                return self.client.gather(futures)
+                return self._fetch([self._launch(h) for h in handles])
             except (FutureCancelledError, KilledWorker):
                 # a worker died and Dask dropped a task instead of recomputing it; every task
-                # is a pure function of its inputs (keyed noise), so resubmitting the map
+                # is a pure function of its inputs (keyed noise), so resubmitting the chain
                 # gives exactly the same results
                 if attempt == self.attempts - 1:
                     raise
-                self.client.cancel(futures)
+                for h in handles:
+                    self._forget(h)
         raise AssertionError("unreachable")
+
+    def _fetch(self, futures: list[Any]) -> list[Any]:
+        """Results in input order, each fetched as soon as it is ready (the transfers of
+        early results overlap the computation of later ones)."""
+        from dask.distributed import as_completed
+
+        index = {f.key: i for i, f in enumerate(futures)}
+        out: list[Any] = [None] * len(futures)
+        for f in as_completed(futures):
+            out[index[f.key]] = f.result()
+        return out
+
+    def wait(self, handles: Sequence[_Handle]) -> None:
+        """Block until the handles are computed (for timings); errors surface in ``gather``."""
+        from dask.distributed import wait
+
+        wait([self._launch(h) for h in handles])
+
+    def release(self, handles: Sequence[_Handle]) -> None:
+        """The caller needs these results no more (tasks depending on them keep them)."""
+        for h in handles:
+            if h.future is not None:
+                h.future.release()
+                h.future = None
+
+    def map(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]:
+        handles = self.submit(fn, items, *extra)
+        try:
+            return self.gather(handles)
+        finally:
+            self.release(handles)
 
     def close(self) -> None:
         if self._cluster is not None:

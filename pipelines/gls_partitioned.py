@@ -13,9 +13,11 @@ every partition is a contiguous run of cut-level nodes with their subtrees.
 
 Both equal the single-process results (:func:`~censusdp.estimation.gls.tree_gls`,
 :func:`~censusdp.estimation.rounding.round_release`) bit for bit, for every backend and
-partition count. On Dask the upward state stays on the worker that computed it: the
-downward task receives it as a future, so only cut-level messages and the finished per-level
-arrays pass through the calling process.
+partition count. The GLS maps chain through the executor's handles (:meth:`submit
+<censusdp.pipelines.execute.DaskExecutor.submit>`): on Dask, partition ``i``'s measurements
+(from ``measure_partitioned(..., keep=True)``) and upward state stay on the worker that
+computed them, and only the cut-level messages and the finished per-level arrays pass
+through the calling process.
 
 References
 ----------
@@ -27,14 +29,14 @@ J. ACM 53(3), 2006 (dependent rounding).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from censusdp.budget import PrivacyStatement
-from censusdp.errors import SpecError
+from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls import (
     Forest,
     Geometry,
@@ -61,53 +63,11 @@ from censusdp.estimation.rounding import (
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.queries import Invariant, Measurement
 from censusdp.pipelines.execute import Executor
+from censusdp.pipelines.measure import PartitionedMeasurements
 from censusdp.pipelines.partition import Partition
 from censusdp.rng import KeyedRNG
 
 __all__ = ["partitioned_gls", "partitioned_round"]
-
-
-# ----------------------------------------------------------------------------- remote results
-class _Remote:
-    """Map keeping results where they were computed (Dask futures), or in process.
-
-    ``map`` returns handles; ``gather`` turns handles into values. Without Dask the handles
-    are the values (the executor's ``map``).
-    """
-
-    def __init__(self, executor: Executor) -> None:
-        self.executor = executor
-        # Results are gathered after every map, even on Dask: keeping upward states on the
-        # workers as futures saved driver memory, but a run whose worker died mid-pass then
-        # waited forever for their recomputation (pipelines fault test). Gathered results
-        # make every task a pure function of values the driver holds.
-        self.client = None
-        # scattered shared arguments stay referenced for as long as results that depend on
-        # them may need recomputing after a worker is lost
-        self._shared: list[Any] = []
-
-    def map(self, fn: Callable[..., Any], items: Sequence[Any], *shared: Any) -> list[Any]:
-        """``fn(item, *shared)`` for every item.
-
-        Items travel inside their tasks rather than being scattered: the scheduler can then
-        recompute any result lost with a worker (data that was only scattered cannot be
-        recomputed). Shared arguments are broadcast to every worker, so one copy survives the
-        loss of a worker.
-        """
-        if self.client is None:
-            return self.executor.map(fn, items, *shared)
-        c = self.client
-        extra = [c.scatter([x], broadcast=True, hash=False)[0] for x in shared]
-        self._shared.extend(extra)
-        return [c.submit(fn, it, *extra, pure=False, retries=3) for it in items]
-
-    def gather(self, handles: list[Any]) -> list[Any]:
-        return handles if self.client is None else self.client.gather(handles)
-
-    def release(self, handles: list[Any]) -> None:
-        if self.client is not None:
-            for f in handles:
-                f.release()
 
 
 # ----------------------------------------------------------------------------- GLS tasks
@@ -118,8 +78,23 @@ class _UpTask:
     invariants: tuple[Invariant, ...]
 
 
-def _upward_task(task: _UpTask, plan: GLSPlan) -> UpwardState:
-    return gls_upward(plan, task.forest, task.measurements, task.invariants)
+def _upward_task(item: _UpTask | tuple, plan: GLSPlan) -> UpwardState:
+    """Upward pass of one partition: an :class:`_UpTask`, or ``(forest, measured, entries,
+    invariants)`` with ``measured`` the partition's :func:`_measure_task
+    <censusdp.pipelines.measure._measure_task>` result and ``entries`` the plan positions,
+    levels, queries and laws of the levels at or below the cut."""
+    if isinstance(item, _UpTask):
+        return gls_upward(plan, item.forest, item.measurements, item.invariants)
+    forest, measured, entries, invariants = item
+    meas = []
+    for i, k, q, law in entries:
+        values = measured[i]
+        if not np.all(np.isfinite(values)):
+            raise DataError(
+                f"measurement {q.name!r} at level {plan.names[k]!r} has non-finite values"
+            )
+        meas.append(Measurement(k, q, values, law))
+    return gls_upward(plan, forest, meas, invariants)
 
 
 def _message_task(state: UpwardState, plan: GLSPlan) -> Any:
@@ -138,7 +113,7 @@ def _downward_task(
 def partitioned_gls(
     hierarchy: Hierarchy,
     cells: Sequence[str],
-    measurements: Sequence[Measurement],
+    measurements: Sequence[Measurement] | PartitionedMeasurements,
     invariants: Sequence[Invariant],
     privacy: PrivacyStatement,
     partitions: Sequence[Partition],
@@ -152,7 +127,10 @@ def partitioned_gls(
     Parameters
     ----------
     hierarchy, cells, measurements, invariants, privacy, covariance, geometry
-        As for :func:`~censusdp.estimation.gls.tree_gls`.
+        As for :func:`~censusdp.estimation.gls.tree_gls`; ``measurements`` may also be the
+        :class:`~censusdp.pipelines.measure.PartitionedMeasurements` of
+        ``measure_partitioned(..., keep=True)`` (used where they are when its executor and
+        partitions are these; gathered otherwise).
     partitions : sequence of Partition
         From :func:`~censusdp.pipelines.partition.partition_units` (one cut level, node order).
     executor : Executor
@@ -169,21 +147,47 @@ def partitioned_gls(
     Hay et al. (2010); Rauch, Tung & Striebel (1965).
     """
     t0 = time.perf_counter()
-    plan, meas, invs = gls_plan(hierarchy, cells, measurements, invariants, geometry)
+    ex = executor
     cut = partitions[0].cut
-    tasks = [
-        _UpTask(
-            Forest.of(hierarchy, cut, p.ranges),
-            tuple(restrict(meas, cut, p.ranges)),
-            tuple(restrict(invs, cut, p.ranges)),
-        )
-        for p in partitions
-    ]
-    remote = _Remote(executor)
+    pm = measurements if isinstance(measurements, PartitionedMeasurements) else None
+    if pm is not None and (pm.executor is not ex or pm.partitions != tuple(partitions)):
+        measurements, pm = pm.gather(), None
+    if pm is None:
+        plan, meas, invs = gls_plan(hierarchy, cells, measurements, invariants, geometry)
+        tasks: list = [
+            _UpTask(
+                Forest.of(hierarchy, cut, p.ranges),
+                tuple(restrict(meas, cut, p.ranges)),
+                tuple(restrict(invs, cut, p.ranges)),
+            )
+            for p in partitions
+        ]
+    else:
+        # levels at or below the cut are validated by shape here and for finiteness in
+        # their tasks: their values stay with the executor
+        stubs = [
+            pm.top[i]
+            if i in pm.top
+            else Measurement(k, q, np.broadcast_to(np.zeros(()), (pm.sizes[k], q.n_rows)), law)
+            for i, (k, q, law) in enumerate(pm.plan)
+        ]
+        plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry)
+        entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
+        tasks = [
+            (
+                Forest.of(hierarchy, cut, p.ranges),
+                h,
+                entries,
+                tuple(restrict(invs, cut, p.ranges)),
+            )
+            for p, h in zip(partitions, pm.handles, strict=True)
+        ]
     t1 = time.perf_counter()
-    states = remote.map(_upward_task, tasks, plan)
+    states = ex.submit(_upward_task, tasks, plan)
     del tasks
-    messages = remote.gather(remote.map(_message_task, states, plan))
+    msg = ex.submit(_message_task, states, plan)
+    messages = ex.gather(msg)
+    ex.release(msg)
     t2 = time.perf_counter()
     zhat, Phat = gls_top(plan, hierarchy, cut, meas, invs, messages)
     del messages
@@ -192,9 +196,11 @@ def partitioned_gls(
         (s, zhat[-1][slice(*p.units)], Phat[-1][slice(*p.units)])
         for s, p in zip(states, partitions, strict=True)
     ]
-    parts = remote.gather(remote.map(_downward_task, items, plan, covariance))
-    remote.release(states)
+    down = ex.submit(_downward_task, items, plan, covariance)
+    ex.release(states)  # the downward tasks hold them
     del states, items
+    parts = ex.gather(down)
+    ex.release(down)
     t4 = time.perf_counter()
     est, var, cov = gls_finish(plan, zhat, Phat, covariance)
     for j in range(hierarchy.depth - 1 - cut):
@@ -217,19 +223,12 @@ def partitioned_gls(
 
 
 # ----------------------------------------------------------------------------- rounding tasks
-@dataclass(frozen=True, eq=False)
-class _RoundTask:
-    forest: Forest
-    lo: tuple[int, ...]
-    leaf_values: np.ndarray
-
-
 def _round_task(
-    task: _RoundTask, n_global: tuple[int, ...], rng: KeyedRNG, mode: str, label: str, tol: float
+    item: tuple, n_global: tuple[int, ...], rng: KeyedRNG, mode: str, label: str, tol: float
 ) -> RoundPart:
-    return round_part(
-        task.forest, task.lo, n_global, task.leaf_values, rng, mode=mode, label=label, tol=tol
-    )
+    """``item = (forest, lo, leaf_values)`` of one partition."""
+    forest, lo, leaves = item
+    return round_part(forest, lo, n_global, leaves, rng, mode=mode, label=label, tol=tol)
 
 
 def _bipartite_task(
@@ -277,7 +276,7 @@ def partitioned_round(
     lab = label or f"rounding/{method}"
     cut = partitions[0].cut
     D = h.depth
-    remote = _Remote(executor)
+    ex = executor
     if method == "bipartite":
         if cut > D - 2:  # the leaves' parents are above the cut: one task
             return round_release(release, rng, method=method, label=lab, tol=tol)
@@ -287,20 +286,20 @@ def partitioned_round(
             a, b = p.range(D - 2)
             lo, hi = p.range(D - 1)
             tasks.append((leaves_real[lo:hi], up.child_count[a:b], a))
-        parts = remote.gather(remote.map(_bipartite_task, tasks, rng, lab, tol))
+        parts = ex.map(_bipartite_task, tasks, rng, lab, tol)
         return finish_rounding(release, h.aggregate(np.concatenate(parts)), method, tol)
     if method not in ("cells", "totals"):
         raise SpecError(f"method must be 'cells', 'totals' or 'bipartite', got {method!r}")
     n_global = h.sizes[cut:]
     tasks = [
-        _RoundTask(
+        (
             Forest.of(h, cut, p.ranges),
             tuple(r[0] for r in p.ranges),
             leaves_real[slice(*p.range(D - 1))],
         )
         for p in partitions
     ]
-    parts = remote.gather(remote.map(_round_task, tasks, n_global, rng, method, lab, tol))
+    parts = ex.map(_round_task, tasks, n_global, rng, method, lab, tol)
     del tasks
     K = leaves_real.shape[1]
     leaf, cell, add = round_top(h, cut, parts, K, rng, mode=method, label=lab, tol=tol)

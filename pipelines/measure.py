@@ -19,7 +19,7 @@ from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.partition import Partition
 from censusdp.rng import KeyedRNG
 
-__all__ = ["PartitionTask", "measure_partitioned"]
+__all__ = ["PartitionTask", "PartitionedMeasurements", "measure_partitioned"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,6 +51,41 @@ def _measure_task(
     return out
 
 
+@dataclass(eq=False)
+class PartitionedMeasurements:
+    """Measurements whose levels at or below the cut stay with the executor, per partition.
+
+    ``handles[i]`` is partition ``i``'s :func:`_measure_task` result (one array per plan entry
+    at or below the cut, in plan order; on Dask a handle on the worker that drew it);
+    ``top`` holds the measurements above the cut. :func:`partitioned_gls
+    <censusdp.pipelines.gls_partitioned.partitioned_gls>` consumes this directly, so the noisy
+    values never pass through the calling process; :meth:`gather` gives the plain list.
+    """
+
+    plan: tuple[tuple[int, Query, NoiseLaw], ...]
+    sizes: tuple[int, ...]
+    partitions: tuple[Partition, ...]
+    top: dict[int, Measurement]  # plan position -> measurement (levels above the cut)
+    handles: list
+    executor: Executor
+
+    def wait(self) -> None:
+        """Block until every partition is measured."""
+        self.executor.wait(self.handles)
+
+    def gather(self) -> list[Measurement]:
+        """The plain measurements, equal to :func:`measure_partitioned`'s."""
+        per_part = self.executor.gather(self.handles)
+        out = []
+        for i, (k, q, law) in enumerate(self.plan):
+            if i in self.top:
+                out.append(self.top[i])
+            else:
+                vals = np.concatenate([res[i] for res in per_part], axis=0)
+                out.append(Measurement(k, q, vals, law))
+        return out
+
+
 def measure_partitioned(
     level_names: Sequence[str],
     level_counts: Sequence[np.ndarray],
@@ -58,8 +93,15 @@ def measure_partitioned(
     rng: KeyedRNG,
     partitions: Sequence[Partition],
     executor: Executor,
-) -> list[Measurement]:
-    """Measure ``plan`` with the levels at or below the cut split over ``partitions``."""
+    *,
+    keep: bool = False,
+) -> list[Measurement] | PartitionedMeasurements:
+    """Measure ``plan`` with the levels at or below the cut split over ``partitions``.
+
+    ``keep=True`` returns a :class:`PartitionedMeasurements` instead of the list: the
+    partitions' measurements stay where they were drawn, for :func:`partitioned_gls
+    <censusdp.pipelines.gls_partitioned.partitioned_gls>`. Same numbers either way.
+    """
     sizes = [c.shape[0] for c in level_counts]
     cut = partitions[0].cut
     tasks = [
@@ -68,12 +110,23 @@ def measure_partitioned(
         )
         for p in partitions
     ]
-    per_part = executor.map(_measure_task, tasks, list(plan), list(level_names), sizes, rng)
-    out = []
-    for i, (k, q, law) in enumerate(plan):
-        if k < cut:
-            vals = measure_range(q.apply(level_counts[k]), level_names[k], sizes[k], 0, q, law, rng)
-        else:
-            vals = np.concatenate([res[i] for res in per_part], axis=0)
-        out.append(Measurement(k, q, vals, law))
-    return out
+    handles = executor.submit(_measure_task, tasks, list(plan), list(level_names), sizes, rng)
+    top = {
+        i: Measurement(
+            k,
+            q,
+            measure_range(q.apply(level_counts[k]), level_names[k], sizes[k], 0, q, law, rng),
+            law,
+        )
+        for i, (k, q, law) in enumerate(plan)
+        if k < cut
+    }
+    out = PartitionedMeasurements(
+        tuple(plan), tuple(sizes), tuple(partitions), top, handles, executor
+    )
+    if keep:
+        return out
+    try:
+        return out.gather()
+    finally:
+        executor.release(handles)
