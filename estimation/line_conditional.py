@@ -294,8 +294,13 @@ def couple_lines(
     coefficient +1, their new values coincide — with the largest possible probability. A
     maximal coupling's failures draw independent residuals, far apart, so it is kept for
     nearly identical laws, where it almost never fails; integer lines meet under the
-    synchronous coupling alone. Each marginal is exact, and identical lines (chains that
-    have met) get identical draws, so met chains stay together.
+    synchronous coupling alone. δx is always an exact draw of x, and so is δy on every
+    synchronously coupled line; identical lines (chains that have met) get identical draws,
+    so met chains stay together. On a maximally coupled line δy is exact except when the
+    residual's rejection sampler gives up (see :func:`_maximal`): then δy's law is off by at
+    most d_TV(x, y) in total variation, and lines are only coupled maximally when the
+    unnormalised log densities differ by at most ``close`` everywhere, so that is at most
+    about 2·``close`` per such line.
 
     Returns
     -------
@@ -329,7 +334,13 @@ def _maximal(
     max_rounds: int = 1000,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Maximally couple δx ~ x and δy ~ y so that ``δy = δx + shift`` when possible
-    (rejection algorithm with independent residuals)."""
+    (rejection algorithm with independent residuals).
+
+    The residual is drawn by rejection from y, accepted with probability about d_TV(x, y)
+    per round; after ``max_rounds`` rounds δy is drawn from y itself instead, which puts
+    δy's law off by at most d_TV(x, y)·(1 − d_TV)^max_rounds ≤ d_TV(x, y) in total
+    variation (δx stays exact).
+    """
     dx = x.sample(gen)
     log_w = np.log(gen.random(dx.size)) + x.log_pdf(dx)
     coupled = (log_w <= y.log_pdf(dx + shift)) & x.proper & y.proper
@@ -346,6 +357,6 @@ def _maximal(
         ok |= ~ys.proper | ~x.proper[todo]
         dy[todo[ok]] = cand[ok]
         todo = todo[~ok]
-    if todo.size:  # vanishingly rare: an independent draw keeps the marginal exact
+    if todo.size:  # δy from y instead of the residual: off by at most d_TV(x, y)
         dy[todo] = y.subset(todo).sample(gen)
     return dx, dy, coupled
