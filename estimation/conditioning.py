@@ -64,7 +64,7 @@ from censusdp.mechanisms.laws import Gaussian, NoiseLaw
 from censusdp.mechanisms.queries import Invariant, Measurement
 from censusdp.rng import KeyedRNG
 
-__all__ = ["condition", "ConditioningProblem"]
+__all__ = ["condition", "certificate", "ConditioningProblem"]
 
 
 class ConditioningProblem:
@@ -489,6 +489,22 @@ def condition(
         integer=integer,
         diagnostics=diagnostics,
     )
+
+
+def certificate(release: Release) -> dict:
+    """The convergence record of a :func:`condition` release, as plain JSON values: kernel,
+    TV bound at the burn-in, lag L, burn-in T, iterations run, split-R̂ and the meeting-time
+    quantiles (50%, 90%, max) of the coupled pairs."""
+    d = release.diagnostics
+    return {
+        "kernel": d["kernel"],
+        "tv_bound": float(d["tv_bound"]),
+        "lag": int(d["lag"]),
+        "burn_in": int(d["burn_in"]),
+        "iterations": int(d["iterations"]),
+        "rhat_max": float(d["rhat_max"]),
+        "meeting_time_quantiles": [float(q) for q in d["meeting_time_quantiles"]],
+    }
 
 
 def _rhat_columns(d: int, cap: int = 200) -> np.ndarray:

@@ -65,7 +65,7 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
-from censusdp.estimation.conditioning import condition
+from censusdp.estimation.conditioning import certificate, condition
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.lattice_release import certify, release_lattice_noise
 from censusdp.estimation.rounding import round_release
@@ -241,19 +241,14 @@ def _condition_by_state(
             tv_bound=TV_TARGET,
             lag=lags.get(s),
         )
-        d = rel.diagnostics
-        lags.setdefault(s, int(d["lag"]))
+        cert = certificate(rel)
+        lags.setdefault(s, cert["lag"])
         out[lo : lo + n] = rel.totals("county")
         diags.append(
             {
                 "state": str(st.codes[s]),
                 "counties": n,
-                "kernel": d["kernel"],
-                "tv_bound": float(d["tv_bound"]),
-                "lag": int(d["lag"]),
-                "burn_in": int(d["burn_in"]),
-                "rhat_max": float(d["rhat_max"]),
-                "meeting_time_quantiles": d["meeting_time_quantiles"],
+                **cert,
                 "seconds": time.perf_counter() - t0,
             }
         )

@@ -68,7 +68,7 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
-from censusdp.estimation.conditioning import condition
+from censusdp.estimation.conditioning import certificate, condition
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.topdown import topdown
 from censusdp.experiments.registry import ExperimentContext
@@ -315,19 +315,13 @@ def _condition_runs(
                 lag=lags.get("L"),
                 nonnegative=nonneg,
             )
-            d = rel.diagnostics
-            lags.setdefault("L", int(d["lag"]))
+            cert = certificate(rel)
+            lags.setdefault("L", cert["lag"])
             released.setdefault(name, []).append(rel.estimates)
             per_run.append(
                 {
                     "run": r,
-                    "kernel": d["kernel"],
-                    "tv_bound": float(d["tv_bound"]),
-                    "lag": int(d["lag"]),
-                    "burn_in": int(d["burn_in"]),
-                    "iterations": int(d["iterations"]),
-                    "rhat_max": float(d["rhat_max"]),
-                    "meeting_time_quantiles": d["meeting_time_quantiles"],
+                    **cert,
                     "seconds": time.perf_counter() - t0,
                     "privacy": rel.privacy.text(),
                 }

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import ConvergenceError
-from censusdp.estimation.conditioning import condition
+from censusdp.estimation.conditioning import certificate, condition
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.discrete import DiscreteLaplace
 from censusdp.mechanisms.laws import Gaussian, Laplace
@@ -35,6 +37,10 @@ def test_release_is_consistent_and_certified(rng, law):
     assert rel.diagnostics["burn_in"] >= 0 and rel.diagnostics["lag"] >= 1
     assert np.isfinite(rel.diagnostics["rhat_max"])
     assert any("TV bound" in note for note in rel.privacy.notes)
+    cert = certificate(rel)
+    assert json.loads(json.dumps(cert)) == cert
+    assert cert["tv_bound"] == rel.diagnostics["tv_bound"] and cert["kernel"] == "gibbs"
+    assert cert["meeting_time_quantiles"][-1] >= cert["meeting_time_quantiles"][0]
     assert not rel.privacy.data_dependent
     np.testing.assert_allclose(rel.estimates[0], h.aggregate(rel.estimates[1])[0])
     if law.is_integer:
