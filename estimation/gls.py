@@ -101,6 +101,9 @@ __all__ = [
     "gls_downward",
     "gls_finish",
     "gls_release",
+    "gls_diagnostics",
+    "forest_residuals",
+    "merge_residuals",
     "restrict",
     "whole_forest",
 ]
@@ -217,6 +220,14 @@ class Forest:
         if values.shape[0]:
             out[nz] = np.add.reduceat(values, self.child_start(j)[nz], axis=0)
         return out
+
+    def aggregate(self, leaf_values: np.ndarray) -> list[np.ndarray]:
+        """Sum the last level's values to every level of the forest, first level first
+        (per node the sums of :meth:`Hierarchy.aggregate`)."""
+        out = [np.asarray(leaf_values)]
+        for j in range(self.depth - 2, -1, -1):
+            out.append(self.sum_children(j, out[-1]))
+        return out[::-1]
 
     def code(self, j: int, node: int) -> str:
         return str(self.codes[j][node])
@@ -1239,6 +1250,34 @@ def gls_finish(
     return estimates, variances, covs
 
 
+def gls_diagnostics(plan: GLSPlan, residuals: dict, diagnostics: dict) -> dict:
+    """The release's diagnostics, after checking that the invariants hold.
+
+    ``residuals`` is :func:`forest_residuals` over every level (or the
+    :func:`merge_residuals` of pieces that cover them).
+    """
+    diag = {
+        "path": "diagonal" if plan.diagonal else "general",
+        "kernel": "elementwise"
+        if plan.diagonal
+        else ("total/deviation" if plan.two_channel else "dense"),
+        "geometry": plan.geometry,
+    }
+    diag.update(diagnostics)
+    diag.update(residuals)
+    if diag["max_invariant_residual"] > 1e-6 * (1.0 + diag["max_invariant_value"]):
+        raise DataError(
+            "the invariants contradict each other (they cannot all hold with parent = sum of "
+            f"children); largest violation at level {diag['worst_invariant_level']!r}"
+        )
+    if plan.vscale is None:
+        diag["note"] = (
+            "euclidean geometry with unequal noise scales: the tree passes give the estimate "
+            "but not its sandwich covariance; use gls_sparse.general_gls for it"
+        )
+    return diag
+
+
 def gls_release(
     plan: GLSPlan,
     hierarchy: Hierarchy,
@@ -1250,25 +1289,7 @@ def gls_release(
     diagnostics: dict,
 ) -> Release:
     """The :class:`Release`, after checking consistency and the invariants."""
-    diag = {
-        "path": "diagonal" if plan.diagonal else "general",
-        "kernel": "elementwise"
-        if plan.diagonal
-        else ("total/deviation" if plan.two_channel else "dense"),
-        "geometry": plan.geometry,
-    }
-    diag.update(diagnostics)
-    diag.update(_residuals(hierarchy, estimates, invariants))
-    if diag["max_invariant_residual"] > 1e-6 * (1.0 + diag["max_invariant_value"]):
-        raise DataError(
-            "the invariants contradict each other (they cannot all hold with parent = sum of "
-            f"children); largest violation at level {diag['worst_invariant_level']!r}"
-        )
-    if plan.vscale is None:
-        diag["note"] = (
-            "euclidean geometry with unequal noise scales: the tree passes give the estimate "
-            "but not its sandwich covariance; use gls_sparse.general_gls for it"
-        )
+    residuals = forest_residuals(whole_forest(hierarchy), estimates, invariants)
     return Release(
         estimator="gls",
         hierarchy=hierarchy,
@@ -1277,7 +1298,7 @@ def gls_release(
         variances=variances,
         privacy=dataclasses.replace(privacy, geometry=plan.geometry),
         integer=False,
-        diagnostics=diag,
+        diagnostics=gls_diagnostics(plan, residuals, diagnostics),
         covariances=covariances,
     )
 
@@ -1349,21 +1370,53 @@ def tree_gls(
     return gls_release(plan, hierarchy, invs, privacy, est, var, cov, timings)
 
 
-def _residuals(h: Hierarchy, estimates: list[np.ndarray], invariants: Sequence[Invariant]) -> dict:
+def forest_residuals(
+    forest: Forest, estimates: Sequence[np.ndarray], invariants: Sequence[Invariant]
+) -> dict:
+    """Largest |parent − Σ children| and |invariant query − value| over a forest's levels.
+
+    ``estimates`` and ``invariants`` are the forest's (invariants of other levels are
+    ignored); per node the sums are those of :meth:`Hierarchy.aggregate_up`, so pieces of a
+    partitioned release give the residuals of the whole through :func:`merge_residuals`.
+    """
     cons = 0.0
-    for k in range(h.depth - 1):
-        cons = max(
-            cons, float(np.abs(h.aggregate_up(k + 1, estimates[k + 1]) - estimates[k]).max())
-        )
+    for j in range(forest.depth - 1):
+        d = np.abs(forest.sum_children(j, estimates[j + 1]) - estimates[j])
+        cons = max(cons, float(d.max(initial=0.0)))
     inv, val, worst = 0.0, 0.0, ""
     for i in invariants:
-        r = float(np.abs(i.query.apply(estimates[i.level]) - i.values).max(initial=0.0))
+        j = i.level - forest.first
+        if not 0 <= j < forest.depth:
+            continue
+        r = float(np.abs(i.query.apply(estimates[j]) - i.values).max(initial=0.0))
         val = max(val, float(np.abs(i.values).max(initial=0.0)))
         if r >= inv:
-            inv, worst = r, h.names[i.level]
+            inv, worst = r, forest.names[j]
     return {
         "max_consistency_residual": cons,
         "max_invariant_residual": inv,
         "max_invariant_value": val,
         "worst_invariant_level": worst,
     }
+
+
+def merge_residuals(parts: Sequence[dict]) -> dict:
+    """The :func:`forest_residuals` of the union of disjoint pieces (the largest of each)."""
+    out = {
+        "max_consistency_residual": 0.0,
+        "max_invariant_residual": 0.0,
+        "max_invariant_value": 0.0,
+        "worst_invariant_level": "",
+    }
+    for r in parts:
+        out["max_consistency_residual"] = max(
+            out["max_consistency_residual"], r["max_consistency_residual"]
+        )
+        out["max_invariant_value"] = max(out["max_invariant_value"], r["max_invariant_value"])
+        if (
+            r["worst_invariant_level"]
+            and r["max_invariant_residual"] >= out["max_invariant_residual"]
+        ):
+            out["max_invariant_residual"] = r["max_invariant_residual"]
+            out["worst_invariant_level"] = r["worst_invariant_level"]
+    return out

@@ -57,6 +57,7 @@ __all__ = [
     "round_top",
     "round_bipartite_part",
     "finish_rounding",
+    "add_rounding_variance",
 ]
 
 TOL = 1e-7
@@ -75,8 +76,11 @@ def _split(values: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
 
 def rounding_variance(values: np.ndarray, tol: float = TOL) -> np.ndarray:
     """Variance p(1 − p) ≤ 1/4 added by unbiased rounding of values with fractional part p."""
-    _, p = _split(values, tol)
-    return p * (1.0 - p)
+    v = np.asarray(values, dtype=float)
+    p = v - np.floor(v)  # the fractional part of _split, without the integer part
+    p[(p < tol) | (p > 1.0 - tol)] = 0.0
+    np.multiply(p, 1.0 - p, out=p)
+    return p
 
 
 Draw = Callable[[np.ndarray], np.ndarray]
@@ -587,6 +591,21 @@ def _bordered(X: np.ndarray, tol: float) -> np.ndarray:
     return B
 
 
+def add_rounding_variance(
+    estimates: Sequence[np.ndarray], variances: Sequence[np.ndarray] | None, tol: float = TOL
+) -> tuple[list[np.ndarray] | None, float]:
+    """The variances after unbiased rounding of ``estimates``, and the largest one added.
+
+    Each value's variance becomes the estimator's plus the rounding variance p(1 − p) of
+    its fractional part p (:func:`rounding_variance`).
+    """
+    rv = [rounding_variance(e, tol) for e in estimates]
+    largest = float(max((r.max(initial=0.0) for r in rv), default=0.0))
+    if variances is None:
+        return None, largest
+    return [v + r for v, r in zip(variances, rv, strict=True)], largest
+
+
 def finish_rounding(
     release: Release, counts: list[np.ndarray], method: str, tol: float = TOL
 ) -> Release:
@@ -594,17 +613,9 @@ def finish_rounding(
 
     Variances become the estimator's plus the rounding variance p(1 − p) of each value.
     """
-    rv = [rounding_variance(e, tol) for e in release.estimates]
-    variances = (
-        None
-        if release.variances is None
-        else [v + r for v, r in zip(release.variances, rv, strict=True)]
-    )
+    variances, largest = add_rounding_variance(release.estimates, release.variances, tol)
     diag = dict(release.diagnostics)
-    diag.update(
-        rounding=method,
-        rounding_variance_max=float(max(r.max(initial=0.0) for r in rv)),
-    )
+    diag.update(rounding=method, rounding_variance_max=largest)
     return Release(
         estimator=release.estimator,
         hierarchy=release.hierarchy,
