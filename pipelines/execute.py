@@ -49,6 +49,11 @@ class Executor(Protocol):
 
     def gather(self, handles: Sequence[Any]) -> list[Any]: ...
 
+    def each(self, handles: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        """``(position, value)`` of every handle, each as soon as it is ready: a caller that
+        copies values out and drops them holds one at a time."""
+        ...
+
     def release(self, handles: Sequence[Any]) -> None: ...
 
     def wait(self, handles: Sequence[Any]) -> None: ...
@@ -62,6 +67,9 @@ class _Local:
 
     def gather(self, handles: Sequence[Any]) -> list[Any]:
         return list(handles)
+
+    def each(self, handles: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        return iter(enumerate(handles))
 
     def release(self, handles: Sequence[Any]) -> None:
         pass
@@ -187,32 +195,38 @@ class DaskExecutor:
         return handles
 
     def gather(self, handles: Sequence[_Handle]) -> list[Any]:
-        from dask.distributed import KilledWorker
+        out: list[Any] = [None] * len(handles)
+        for i, value in self.each(handles):
+            out[i] = value
+        return out
+
+    def each(self, handles: Sequence[_Handle]) -> Iterator[tuple[int, Any]]:
+        """Results with their positions, each fetched as soon as it is ready (the transfers
+        of early results overlap the computation of later ones)."""
+        from dask.distributed import KilledWorker, as_completed
         from distributed.client import FutureCancelledError
 
+        done: set[int] = set()
         for attempt in range(self.attempts):
             try:
-                return self._fetch([self._launch(h) for h in handles])
+                futures = [self._launch(h) for h in handles]
+                index = {f.key: i for i, f in enumerate(futures)}
+                pending = [f for i, f in enumerate(futures) if i not in done]
+                for f in as_completed(pending):
+                    i = index[f.key]
+                    value = f.result()
+                    done.add(i)
+                    yield i, value
+                return
             except (FutureCancelledError, KilledWorker):
                 # a worker died and Dask dropped a task instead of recomputing it; every task
                 # is a pure function of its inputs (keyed noise), so resubmitting the chain
                 # gives exactly the same results
                 if attempt == self.attempts - 1:
                     raise
-                for h in handles:
-                    self._forget(h)
-        raise AssertionError("unreachable")
-
-    def _fetch(self, futures: list[Any]) -> list[Any]:
-        """Results in input order, each fetched as soon as it is ready (the transfers of
-        early results overlap the computation of later ones)."""
-        from dask.distributed import as_completed
-
-        index = {f.key: i for i, f in enumerate(futures)}
-        out: list[Any] = [None] * len(futures)
-        for f in as_completed(futures):
-            out[index[f.key]] = f.result()
-        return out
+                for i, h in enumerate(handles):
+                    if i not in done:
+                        self._forget(h)
 
     def wait(self, handles: Sequence[_Handle]) -> None:
         """Block until the handles are computed (for timings); errors surface in ``gather``."""

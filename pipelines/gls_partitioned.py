@@ -28,6 +28,7 @@ J. ACM 53(3), 2006 (dependent rounding).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,19 +43,22 @@ from censusdp.estimation.gls import (
     Geometry,
     GLSPlan,
     UpwardState,
+    forest_residuals,
+    gls_diagnostics,
     gls_downward,
     gls_finish,
     gls_plan,
-    gls_release,
     gls_top,
     gls_upward,
+    merge_residuals,
     restrict,
+    whole_forest,
 )
 from censusdp.estimation.release import Release
 from censusdp.estimation.rounding import (
     TOL,
     RoundPart,
-    finish_rounding,
+    add_rounding_variance,
     round_bipartite_part,
     round_part,
     round_release,
@@ -65,6 +69,7 @@ from censusdp.mechanisms.queries import Invariant, Measurement
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.measure import PartitionedMeasurements
 from censusdp.pipelines.partition import Partition
+from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece, piece_head
 from censusdp.rng import KeyedRNG
 
 __all__ = ["partitioned_gls", "partitioned_round"]
@@ -102,12 +107,22 @@ def _message_task(state: UpwardState, plan: GLSPlan) -> Any:
 
 
 def _downward_task(
-    item: tuple[UpwardState, np.ndarray, np.ndarray], plan: GLSPlan, covariance: bool
-) -> tuple:
-    state, z, P = item
+    item: tuple[UpwardState, np.ndarray, np.ndarray, tuple[Invariant, ...]],
+    plan: GLSPlan,
+    covariance: bool,
+) -> ReleasePiece:
+    """Smoothing of one partition: its :class:`ReleasePiece` (levels below the cut), with
+    the residuals of its levels (the cut level included) in the summary."""
+    state, z, P, invariants = item
     zhat, Phat = gls_downward(plan, state, z, P)
-    # the cut level is finished by the caller
-    return gls_finish(plan, zhat[1:], Phat[1:], covariance)
+    est, var, cov = gls_finish(plan, zhat, Phat, covariance)
+    residuals = forest_residuals(state.forest, est, invariants)
+    return ReleasePiece(
+        tuple(est[1:]),
+        None if var is None else tuple(var[1:]),
+        None if cov is None else tuple(cov[1:]),
+        summary=residuals,
+    )
 
 
 def partitioned_gls(
@@ -121,7 +136,8 @@ def partitioned_gls(
     *,
     covariance: bool = False,
     geometry: Geometry = "weighted",
-) -> Release:
+    keep: bool = False,
+) -> Release | PartitionedRelease:
     """The GLS estimate computed partition by partition; equals :func:`tree_gls` bit for bit.
 
     Parameters
@@ -135,10 +151,14 @@ def partitioned_gls(
         From :func:`~censusdp.pipelines.partition.partition_units` (one cut level, node order).
     executor : Executor
         Backend of the two maps (sync, threads, Dask); the reduce runs in the caller.
+    keep : bool
+        Return a :class:`~censusdp.pipelines.partitioned_release.PartitionedRelease` whose
+        levels below the cut stay with the executor (for :func:`partitioned_round`), instead
+        of gathering them. Consistency and the invariants are checked either way.
 
     Returns
     -------
-    Release
+    Release or PartitionedRelease
         Same estimates, variances and covariances as ``tree_gls`` (``np.array_equal``);
         diagnostics add the partition count and per-stage seconds.
 
@@ -154,13 +174,10 @@ def partitioned_gls(
         measurements, pm = pm.gather(), None
     if pm is None:
         plan, meas, invs = gls_plan(hierarchy, cells, measurements, invariants, geometry)
+        part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
         tasks: list = [
-            _UpTask(
-                Forest.of(hierarchy, cut, p.ranges),
-                tuple(restrict(meas, cut, p.ranges)),
-                tuple(restrict(invs, cut, p.ranges)),
-            )
-            for p in partitions
+            _UpTask(Forest.of(hierarchy, cut, p.ranges), tuple(restrict(meas, cut, p.ranges)), iv)
+            for p, iv in zip(partitions, part_invs, strict=True)
         ]
     else:
         # levels at or below the cut are validated by shape here and for finiteness in
@@ -172,15 +189,11 @@ def partitioned_gls(
             for i, (k, q, law) in enumerate(pm.plan)
         ]
         plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry)
+        part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
         entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
         tasks = [
-            (
-                Forest.of(hierarchy, cut, p.ranges),
-                h,
-                entries,
-                tuple(restrict(invs, cut, p.ranges)),
-            )
-            for p, h in zip(partitions, pm.handles, strict=True)
+            (Forest.of(hierarchy, cut, p.ranges), h, entries, iv)
+            for p, h, iv in zip(partitions, pm.handles, part_invs, strict=True)
         ]
     t1 = time.perf_counter()
     states = ex.submit(_upward_task, tasks, plan)
@@ -193,53 +206,109 @@ def partitioned_gls(
     del messages
     t3 = time.perf_counter()
     items = [
-        (s, zhat[-1][slice(*p.units)], Phat[-1][slice(*p.units)])
-        for s, p in zip(states, partitions, strict=True)
+        (s, zhat[-1][slice(*p.units)], Phat[-1][slice(*p.units)], iv)
+        for s, p, iv in zip(states, partitions, part_invs, strict=True)
     ]
-    down = ex.submit(_downward_task, items, plan, covariance)
+    pieces = ex.submit(_downward_task, items, plan, covariance)
     ex.release(states)  # the downward tasks hold them
     del states, items
-    parts = ex.gather(down)
-    ex.release(down)
+    heads = ex.submit(piece_head, pieces)
+    summaries = [summary for _, summary in ex.gather(heads)]
+    ex.release(heads)
     t4 = time.perf_counter()
     est, var, cov = gls_finish(plan, zhat, Phat, covariance)
-    for j in range(hierarchy.depth - 1 - cut):
-        est.append(np.concatenate([p[0][j] for p in parts]))
-        if var is not None:
-            var.append(np.concatenate([p[1][j] for p in parts]))
-        if cov is not None:
-            cov.append(np.concatenate([p[2][j] for p in parts]))
-    del parts
+    top = forest_residuals(whole_forest(hierarchy, 0, cut), est, invs)
     timings = {
         "partitions": len(partitions),
         "cut": hierarchy.names[cut],
         "seconds_setup": t1 - t0,
         "seconds_upward": t2 - t1,
         "seconds_top": t3 - t2,
-        "seconds_downward": time.perf_counter() - t3,
-        "seconds_downward_map": t4 - t3,
+        "seconds_downward": t4 - t3,
     }
-    return gls_release(plan, hierarchy, invs, privacy, est, var, cov, timings)
+    kept = PartitionedRelease(
+        estimator="gls",
+        hierarchy=hierarchy,
+        cells=plan.cells,
+        privacy=dataclasses.replace(privacy, geometry=plan.geometry),
+        integer=False,
+        diagnostics=gls_diagnostics(plan, merge_residuals([top, *summaries]), timings),
+        partitions=tuple(partitions),
+        executor=ex,
+        estimates=est,
+        variances=var,
+        covariances=cov,
+        pieces=pieces,
+    )
+    if keep:
+        return kept
+    return _gathered(kept, "seconds_gather")
+
+
+def _gathered(kept: PartitionedRelease, timing: str) -> Release:
+    """``kept`` gathered into this process (its pieces freed), with the seconds it took."""
+    t = time.perf_counter()
+    try:
+        release = kept.gather()
+    finally:
+        kept.drop()
+    release.diagnostics[timing] = time.perf_counter() - t
+    return release
 
 
 # ----------------------------------------------------------------------------- rounding tasks
+def _same(piece: ReleasePiece) -> ReleasePiece:
+    """Identity: places a value with the executor once, for several tasks to read."""
+    return piece
+
+
 def _round_task(
     item: tuple, n_global: tuple[int, ...], rng: KeyedRNG, mode: str, label: str, tol: float
 ) -> RoundPart:
-    """``item = (forest, lo, leaf_values)`` of one partition."""
-    forest, lo, leaves = item
+    """``item = (forest, lo, piece)`` of one partition: its leaves rounded up to the cut."""
+    forest, lo, piece = item
+    leaves = piece.estimates[-1]
     return round_part(forest, lo, n_global, leaves, rng, mode=mode, label=label, tol=tol)
 
 
 def _bipartite_task(
-    task: tuple[np.ndarray, np.ndarray, int], rng: KeyedRNG, label: str, tol: float
-) -> np.ndarray:
-    values, child_count, first_parent = task
-    return round_bipartite_part(values, child_count, first_parent, rng, label=label, tol=tol)
+    item: tuple[ReleasePiece, np.ndarray, int], rng: KeyedRNG, label: str, tol: float
+) -> RoundPart:
+    """``item = (piece, child_count, first_parent)``: the leaves of each parent rounded."""
+    piece, child_count, first_parent = item
+    leaves = round_bipartite_part(
+        piece.estimates[-1], child_count, first_parent, rng, label=label, tol=tol
+    )
+    none = np.zeros(0, np.int64)
+    return RoundPart(leaves, none, none, none, np.zeros(0))
+
+
+def _leftovers(part: RoundPart) -> RoundPart:
+    """The fractional parts a partition leaves at the cut (without its leaves)."""
+    return dataclasses.replace(part, leaves=part.leaves[:0])
+
+
+def _settle_task(
+    item: tuple[RoundPart, ReleasePiece, Forest, int, np.ndarray, np.ndarray, np.ndarray],
+    tol: float,
+) -> ReleasePiece:
+    """A partition's integer piece: its leaves with the increments the levels above the cut
+    gave its leftovers, summed up to the cut, and the variances plus the rounding variance."""
+    part, piece, forest, first_leaf, leaf, cell, add = item
+    leaves = part.leaves.copy()  # the rounded leaves stay as they are, for a recomputation
+    leaves[leaf - first_leaf, cell] += add
+    counts = forest.aggregate(leaves)
+    variances, largest = add_rounding_variance(piece.estimates, piece.variances, tol)
+    return ReleasePiece(
+        tuple(counts[1:]),
+        None if variances is None else tuple(variances),
+        head=counts[0],
+        summary={"rounding_variance_max": largest},
+    )
 
 
 def partitioned_round(
-    release: Release,
+    release: Release | PartitionedRelease,
     rng: KeyedRNG,
     partitions: Sequence[Partition],
     executor: Executor,
@@ -247,18 +316,24 @@ def partitioned_round(
     method: Literal["cells", "totals", "bipartite"] = "cells",
     label: str | None = None,
     tol: float = TOL,
-) -> Release:
+) -> Release | PartitionedRelease:
     """Unbiased integer rounding partition by partition; equals :func:`round_release`.
 
     ``"cells"``/``"totals"``: each partition rounds its subtrees up to the cut-level nodes
     (:func:`~censusdp.estimation.rounding.round_part`), the calling process rounds the
     levels above the cut from the at most one fractional part per (cut node, cell) —
     ``"totals"``: per cut node — each subtree leaves
-    (:func:`~censusdp.estimation.rounding.round_top`). Randomness is keyed by (level, node)
-    (merge ``c`` inside node ``v``'s group uses uniform ``first child of v + c`` of the
-    level's stream), so the integers are the same for every partition count and backend,
-    and equal to :func:`~censusdp.estimation.rounding.round_release`. ``"bipartite"``: the
-    leaves of each parent of the leaf level, with a generator keyed by that parent.
+    (:func:`~censusdp.estimation.rounding.round_top`), and each partition settles its
+    leftovers, sums its levels and adds the rounding variance where its piece is.
+    Randomness is keyed by (level, node) (merge ``c`` inside node ``v``'s group uses uniform
+    ``first child of v + c`` of the level's stream), so the integers are the same for every
+    partition count and backend, and equal to
+    :func:`~censusdp.estimation.rounding.round_release`. ``"bipartite"``: the leaves of each
+    parent of the leaf level, with a generator keyed by that parent.
+
+    A :class:`~censusdp.pipelines.partitioned_release.PartitionedRelease` (from
+    ``partitioned_gls(..., keep=True)``, same partitions and executor) is rounded where its
+    pieces are, and the result is again one; a plain :class:`Release` gives a plain one.
 
     Guarantees (unchanged by partitioning): every leaf cell is ⌊x⌋ or ⌈x⌉ with
     E[rounded] = x; ``"cells"``: every (node, cell) sum at every level, above and below the
@@ -271,39 +346,82 @@ def partitioned_round(
     ----------
     Srinivasan (2001); Ageev & Sviridenko (2004); Gandhi et al. (2006).
     """
-    h = release.hierarchy
-    leaves_real = release.estimates[-1]
-    lab = label or f"rounding/{method}"
-    cut = partitions[0].cut
-    D = h.depth
-    ex = executor
-    if method == "bipartite":
-        if cut > D - 2:  # the leaves' parents are above the cut: one task
-            return round_release(release, rng, method=method, label=lab, tol=tol)
-        up = h.levels[D - 2]
-        tasks = []
-        for p in partitions:
-            a, b = p.range(D - 2)
-            lo, hi = p.range(D - 1)
-            tasks.append((leaves_real[lo:hi], up.child_count[a:b], a))
-        parts = ex.map(_bipartite_task, tasks, rng, lab, tol)
-        return finish_rounding(release, h.aggregate(np.concatenate(parts)), method, tol)
-    if method not in ("cells", "totals"):
+    if method not in ("cells", "totals", "bipartite"):
         raise SpecError(f"method must be 'cells', 'totals' or 'bipartite', got {method!r}")
-    n_global = h.sizes[cut:]
-    tasks = [
-        (
-            Forest.of(h, cut, p.ranges),
-            tuple(r[0] for r in p.ranges),
-            leaves_real[slice(*p.range(D - 1))],
+    lab = label or f"rounding/{method}"
+    ex = executor
+    kept = release if isinstance(release, PartitionedRelease) else None
+    if kept is not None and (kept.executor is not ex or kept.partitions != tuple(partitions)):
+        release, kept = _gathered(kept, "seconds_gather"), None
+    h = release.hierarchy
+    cut, D = partitions[0].cut, h.depth
+    if cut == D - 1 or (method == "bipartite" and cut > D - 2):
+        # nothing to round below the cut, or the leaves' parents are above it: one task
+        plain = release if kept is None else _gathered(kept, "seconds_gather")
+        return round_release(plain, rng, method=method, label=lab, tol=tol)
+    if kept is None:
+        kept = PartitionedRelease.of(release, partitions, ex)
+        kept.pieces = ex.submit(_same, kept.pieces)
+    forests = [Forest.of(h, cut, p.ranges) for p in partitions]
+    if method == "bipartite":
+        up = h.levels[D - 2]
+        tasks = [
+            (piece, up.child_count[slice(*p.range(D - 2))], p.range(D - 2)[0])
+            for p, piece in zip(partitions, kept.pieces, strict=True)
+        ]
+        parts = ex.submit(_bipartite_task, tasks, rng, lab, tol)
+        leftover = [(np.zeros(0, np.int64),) * 3 for _ in partitions]
+    else:
+        tasks = [
+            (f, tuple(r[0] for r in p.ranges), piece)
+            for f, p, piece in zip(forests, partitions, kept.pieces, strict=True)
+        ]
+        parts = ex.submit(_round_task, tasks, h.sizes[cut:], rng, method, lab, tol)
+        small = ex.submit(_leftovers, parts)
+        K = len(release.cells)
+        leaf, cell, add = round_top(
+            h, cut, ex.gather(small), K, rng, mode=method, label=lab, tol=tol
         )
-        for p in partitions
-    ]
-    parts = ex.map(_round_task, tasks, n_global, rng, method, lab, tol)
+        ex.release(small)
+        leftover = []
+        for p in partitions:
+            lo, hi = p.range(D - 1)
+            mine = (leaf >= lo) & (leaf < hi)
+            leftover.append((leaf[mine], cell[mine], add[mine]))
     del tasks
-    K = leaves_real.shape[1]
-    leaf, cell, add = round_top(h, cut, parts, K, rng, mode=method, label=lab, tol=tol)
-    leaves = np.concatenate([p.leaves for p in parts])
-    del parts
-    leaves[leaf, cell] += add
-    return finish_rounding(release, h.aggregate(leaves), method, tol)
+    items = [
+        (part, piece, f, p.range(D - 1)[0], *lo)
+        for part, piece, f, p, lo in zip(
+            parts, kept.pieces, forests, partitions, leftover, strict=True
+        )
+    ]
+    pieces = ex.submit(_settle_task, items, tol)
+    ex.release(parts)
+    del items, parts
+    heads = ex.submit(piece_head, pieces)
+    got = ex.gather(heads)
+    ex.release(heads)
+    head = np.concatenate([c for c, _ in got])
+    estimates = whole_forest(h, 0, cut).aggregate(head)
+    variances, largest = add_rounding_variance(kept.estimates, kept.variances, tol)
+    largest = max([largest, *(s["rounding_variance_max"] for _, s in got)])
+    diag = dict(kept.diagnostics)
+    diag.update(rounding=method, rounding_variance_max=largest)
+    rounded = PartitionedRelease(
+        estimator=kept.estimator,
+        hierarchy=h,
+        cells=kept.cells,
+        privacy=kept.privacy,
+        integer=True,
+        diagnostics=diag,
+        partitions=tuple(partitions),
+        executor=ex,
+        estimates=estimates,
+        variances=variances,
+        covariances=None,
+        pieces=pieces,
+    )
+    if isinstance(release, PartitionedRelease):
+        return rounded
+    ex.release(kept.pieces)
+    return _gathered(rounded, "seconds_gather")

@@ -1,5 +1,5 @@
-"""Stages chained through executor handles (measurements and upward states left where they
-were computed) give the single-process numbers bit for bit."""
+"""Stages chained through executor handles (measurements, upward states and the release's
+pieces left where they were computed) give the single-process numbers bit for bit."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from censusdp.pipelines.execute import open_executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
 from censusdp.pipelines.measure import PartitionedMeasurements, measure_partitioned
 from censusdp.pipelines.partition import partition_units
+from censusdp.pipelines.partitioned_release import PartitionedRelease
 from censusdp.rng import KeyedRNG
 
 CELLS = ["a", "b", "c"]
@@ -64,7 +65,7 @@ def _check(ex, kinds=("diagonal", "general"), cuts=(1, 2, 4), n_parts=(1, 3, 17)
         invs = [invariant(counts, 0, det), invariant(counts, 1, det)]
         meas = measure(h.names, counts, plan, rng)
         ref = tree_gls(h, CELLS, meas, invs, PRIVACY)
-        want = {m: round_release(ref, rng, method=m) for m in ("cells", "totals")}
+        want = {m: round_release(ref, rng, method=m) for m in ("cells", "totals", "bipartite")}
         for cut in cuts:
             for n in n_parts:
                 parts = partition_units(h, cut, n)
@@ -73,6 +74,9 @@ def _check(ex, kinds=("diagonal", "general"), cuts=(1, 2, 4), n_parts=(1, 3, 17)
                 assert isinstance(pm, PartitionedMeasurements)
                 pm.wait()
                 for method, w in want.items():
+                    _check_kept(h, pm, invs, parts, ex, rng, ref, method, w, where)
+                    if method == "bipartite":
+                        continue
                     got = partitioned_gls(h, CELLS, pm, invs, PRIVACY, parts, ex)
                     assert _equal(got.estimates, ref.estimates), where
                     assert _equal(got.variances, ref.variances), where
@@ -93,6 +97,30 @@ def _check(ex, kinds=("diagonal", "general"), cuts=(1, 2, 4), n_parts=(1, 3, 17)
                 assert _equal(got2.estimates, ref.estimates), where
                 r2 = partitioned_round(got2, rng, parts, ex, method="cells")
                 assert _equal(r2.estimates, want["cells"].estimates), where
+
+
+def _check_kept(h, pm, invs, parts, ex, rng, ref, method, want, where) -> None:
+    """GLS kept with the executor, rounded there, then gathered: the same numbers."""
+    cut = parts[0].cut
+    kept = partitioned_gls(h, CELLS, pm, invs, PRIVACY, parts, ex, keep=True)
+    assert isinstance(kept, PartitionedRelease)
+    assert _equal(kept.estimates, ref.estimates[: cut + 1]), where
+    for key in ("max_consistency_residual", "max_invariant_residual"):
+        assert kept.diagnostics[key] == ref.diagnostics[key], (where, key)
+    r = partitioned_round(kept, rng, parts, ex, method=method)
+    if cut < h.depth - 1 and not (method == "bipartite" and cut > h.depth - 2):
+        assert isinstance(r, PartitionedRelease) and r.integer
+        assert np.array_equal(r.totals(cut), want.estimates[cut].sum(1)), (where, method)
+        r = r.gather()
+    assert r.integer and _equal(r.estimates, want.estimates), (where, method)
+    assert _equal(r.variances, want.variances), (where, method)
+    assert r.diagnostics["rounding_variance_max"] == want.diagnostics["rounding_variance_max"]
+    if isinstance(kept, PartitionedRelease) and kept.pieces:
+        whole = kept.gather()
+        assert _equal(whole.estimates, ref.estimates) and _equal(whole.variances, ref.variances)
+        kept.drop()
+        with pytest.raises(ValueError, match="dropped"):
+            kept.gather()
 
 
 @pytest.mark.parametrize("scheduler", ["sync", "threads"])
