@@ -33,19 +33,33 @@ def rounding_mode(invariants: Sequence[Invariant]) -> str:
     return "totals" if any(iv.query.name == "total" for iv in invariants) else "cells"
 
 
-def _gls(hierarchy, cells, measurements, invariants, privacy, executor, partitions) -> Release:
-    if partitions is None or executor is None:
-        return tree_gls(hierarchy, cells, measurements, invariants, privacy)
-    return partitioned_gls(
-        hierarchy, cells, measurements, invariants, privacy, partitions, executor
-    )
-
-
 def _round(release: Release, invariants, rng: KeyedRNG, executor, partitions) -> Release:
     mode = rounding_mode(invariants)
     if partitions is None or executor is None:
         return round_release(release, rng, method=mode)
     return partitioned_round(release, rng, partitions, executor, method=mode)
+
+
+def _partitioned_gls(
+    hierarchy, cells, measurements, invariants, privacy, rng, options, executor, partitions
+) -> Release:
+    """GLS and its rounding where the partitions are; only the finished release is gathered."""
+    kept = partitioned_gls(
+        hierarchy, cells, measurements, invariants, privacy, partitions, executor, keep=True
+    )
+    try:
+        if options.integer == "none":
+            return kept.gather()
+        mode = rounding_mode(invariants)
+        rounded = partitioned_round(kept, rng.child("round/gls"), partitions, executor, method=mode)
+        if isinstance(rounded, Release):  # cut at the leaves: rounded in this process
+            return rounded
+        try:
+            return rounded.gather()
+        finally:
+            rounded.drop()
+    finally:
+        kept.drop()
 
 
 def run_estimator(
@@ -69,12 +83,25 @@ def run_estimator(
     rng : KeyedRNG
         Randomness of the estimator itself (rounding, MCMC); never the measurement noise.
     options : EstimatorSpec
-        ``integer`` ("round", "lattice", "none") and the MCMC options.
+        ``integer`` ("round", "lattice", "none"; see
+        :class:`~censusdp.config.EstimatorSpec`) and the MCMC options.
     executor, partitions
         Where the parallel parts run; None runs everything in this process.
     """
     if name == "gls":
-        release = _gls(hierarchy, cells, measurements, invariants, privacy, executor, partitions)
+        if partitions is not None and executor is not None:
+            return _partitioned_gls(
+                hierarchy,
+                cells,
+                measurements,
+                invariants,
+                privacy,
+                rng,
+                options,
+                executor,
+                partitions,
+            )
+        release = tree_gls(hierarchy, cells, measurements, invariants, privacy)
     elif name == "topdown":
         from censusdp.estimation.topdown import topdown
 
@@ -95,6 +122,6 @@ def run_estimator(
         )
     else:
         raise SpecError(f"unknown estimator {name!r}; choose from {list(ESTIMATORS)}")
-    if options.integer == "round" and not release.integer:
+    if options.integer != "none" and not release.integer:  # "lattice": GLS is rounded
         release = _round(release, invariants, rng.child(f"round/{name}"), executor, partitions)
     return release
