@@ -284,8 +284,12 @@ class EstimatorSpec:
     run : tuple of {"gls", "conditioning", "topdown"}
         Estimators to run, in order (default ``("gls",)``).
     integer : {"round", "lattice", "none"}
-        Integer output: unbiased dependent rounding of real estimates, lattice (integer
-        subspace) mechanisms, or real-valued output. Default ``"round"``.
+        Integer output. ``"round"`` (default): real releases are rounded by unbiased
+        dependent rounding. ``"lattice"`` (integer subspace DP; needs an integer noise law):
+        conditioning samples integer noise on the lattice of invariant-preserving vectors
+        (integer moves), so its draws are integers without rounding; GLS, whose projection
+        is real, is rounded as under ``"round"``. ``"none"``: real-valued output. TopDown-style
+        releases are integers under every mode.
     mcmc : McmcSpec
         Options of the conditioning estimator.
     """
@@ -705,6 +709,15 @@ class _Parser:
                 f"{NOISE_ACCOUNTING[mechanism.noise]!r} but privacy.accounting is "
                 f"{privacy.accounting!r}; Laplace laws need 'pure', Gaussian laws 'zcdp'",
             )
+        estimators = self.estimators(self.table(doc, "estimators", required=False))
+        if estimators.integer == "lattice" and not mechanism.is_integer:
+            raise self.fail(
+                "estimators.integer",
+                "'lattice' samples conditioning on the integer lattice of invariant-preserving "
+                f"noise and needs an integer noise law, but mechanism.noise is "
+                f"{mechanism.noise!r}; set it to 'discrete_laplace' or 'discrete_gaussian', "
+                "or use integer = 'round'",
+            )
         return RunSpec(
             source=self.source,
             data=data,
@@ -714,7 +727,7 @@ class _Parser:
             invariants=invariants,
             marginals=marginals,
             mechanism=mechanism,
-            estimators=self.estimators(self.table(doc, "estimators", required=False)),
+            estimators=estimators,
             run=self.run(self.table(doc, "run", required=False)),
             output=self.output(self.table(doc, "output", required=False)),
         )

@@ -65,6 +65,10 @@ CASES = {
         _case(lambda s: s.replace('["gls"]', '["magic"]')),
         ["estimators.run", "magic"],
     ),
+    "lattice integers from a continuous law": (
+        _case(lambda s: s.replace('run = ["gls"]', 'run = ["gls"]\ninteger = "lattice"')),
+        ["estimators.integer", "laplace", "discrete_laplace"],
+    ),
     "seed not an integer": (_case(lambda s: s + '[run]\nseed = "abc"\n'), ["run.seed"]),
     "unknown scheduler": (
         _case(lambda s: s + '[run]\nscheduler = "spark"\n'),

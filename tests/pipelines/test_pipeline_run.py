@@ -37,7 +37,7 @@ state = "total"
 noise = "discrete_gaussian"
 [estimators]
 run = {estimators}
-integer = "round"
+integer = "{integer}"
 [run]
 repetitions = 2
 seed = 11
@@ -58,10 +58,48 @@ def synthetic_csv(tmp_path_factory):
     return path, table
 
 
-def _spec(tmp_path, csv, estimators='["gls", "topdown"]'):
+def _spec(tmp_path, csv, estimators='["gls", "topdown"]', integer="round"):
     p = tmp_path / "spec.toml"
-    p.write_text(textwrap.dedent(SPEC.format(path=csv, estimators=estimators)))
+    p.write_text(textwrap.dedent(SPEC.format(path=csv, estimators=estimators, integer=integer)))
     return load_spec(p)
+
+
+def test_lattice_integer_step_conditions_on_the_integer_lattice(tmp_path):
+    table = synthetic_us(5, states=2, counties=5, tracts=10, blocks=30, population=3_000)
+    df = pd.DataFrame(
+        {
+            "block": table.hierarchy.leaves.codes.astype(object),
+            "population": table.leaf_counts[:, 0],
+        }
+    )
+    csv = tmp_path / "small.csv"
+    df.to_csv(csv, index=False)
+    text = SPEC.format(path=csv, estimators='["gls", "conditioning"]', integer="lattice")
+    text = text.replace('accounting = "zcdp"\nrho = 0.5', 'accounting = "pure"\nepsilon = 2.0')
+    (tmp_path / "spec.toml").write_text(text.replace("discrete_gaussian", "discrete_laplace"))
+    spec = load_spec(tmp_path / "spec.toml")
+    assert spec.mechanism.noise == "discrete_laplace"
+    run_spec(spec, out=tmp_path / "out", progress=False)
+    est = pd.read_parquet(tmp_path / "out" / "estimates.parquet")
+    truth = table.hierarchy.aggregate(table.leaf_counts)
+    for name in ("gls", "conditioning"):
+        mine = est[est["estimator"] == name]
+        blocks = mine[mine["level"] == "block"]["value"].to_numpy()
+        assert np.array_equal(blocks, np.round(blocks)), name  # integers
+        states = mine[mine["level"] == "state"]["value"].to_numpy()
+        assert np.array_equal(states, truth[1][:, 0].astype(float)), name
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["spec"]["estimators"]["integer"] == "lattice"
+
+
+def test_lattice_integer_step_needs_an_integer_noise_law(tmp_path, synthetic_csv):
+    from censusdp.errors import SpecError
+
+    text = SPEC.format(path=synthetic_csv[0], estimators='["conditioning"]', integer="lattice")
+    p = tmp_path / "spec.toml"
+    p.write_text(textwrap.dedent(text).replace('"discrete_gaussian"', '"gaussian"'))
+    with pytest.raises(SpecError, match="estimators.integer.*integer noise law"):
+        load_spec(p)
 
 
 def test_run_writes_every_output_and_keeps_invariants(tmp_path, synthetic_csv):
