@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+import numpy as np
+
 from censusdp.errors import SpecError
 
 __all__ = [
@@ -43,8 +45,19 @@ class Executor(Protocol):
 
     def map(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]: ...
 
-    def submit(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]:
-        """Like ``map`` but returns handles; ``items`` may contain earlier handles."""
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        items: Sequence[Any],
+        *extra: Any,
+        cost: Sequence[float] | None = None,
+    ) -> list[Any]:
+        """Like ``map`` but returns handles; ``items`` may contain earlier handles.
+
+        ``cost`` (one figure per item, e.g. its leaves) lets a scheduler that places tasks
+        as workers free up start the largest first (longest processing time first), so the
+        workers end together; handles still come back in input order.
+        """
         ...
 
     def gather(self, handles: Sequence[Any]) -> list[Any]: ...
@@ -62,7 +75,13 @@ class Executor(Protocol):
 class _Local:
     """Handles of the in-process backends are the values themselves."""
 
-    def submit(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]:
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        items: Sequence[Any],
+        *extra: Any,
+        cost: Sequence[float] | None = None,
+    ) -> list[Any]:
         return self.map(fn, items, *extra)  # type: ignore[attr-defined]
 
     def gather(self, handles: Sequence[Any]) -> list[Any]:
@@ -188,10 +207,21 @@ class DaskExecutor:
             h.future = None
         _walk(h.item, self._forget)
 
-    def submit(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[_Handle]:
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        items: Sequence[Any],
+        *extra: Any,
+        cost: Sequence[float] | None = None,
+    ) -> list[_Handle]:
         handles = [_Handle(fn, item, extra) for item in items]
-        for h in handles:
-            self._launch(h)
+        # Dask queues tasks without inputs on the scheduler in submission order and hands
+        # them out as worker threads free up: largest first balances the workers
+        order = (
+            range(len(handles)) if cost is None else np.argsort(-np.asarray(cost), kind="stable")
+        )
+        for i in order:
+            self._launch(handles[i])
         return handles
 
     def gather(self, handles: Sequence[_Handle]) -> list[Any]:

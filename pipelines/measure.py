@@ -110,7 +110,15 @@ def measure_partitioned(
         )
         for p in partitions
     ]
-    handles = executor.submit(_measure_task, tasks, list(plan), list(level_names), sizes, rng)
+    handles = executor.submit(
+        _measure_task,
+        tasks,
+        list(plan),
+        list(level_names),
+        sizes,
+        rng,
+        cost=[p.leaves for p in partitions],
+    )
     top = {
         i: Measurement(
             k,

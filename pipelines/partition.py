@@ -36,6 +36,12 @@ class Partition:
     def units(self) -> tuple[int, int]:
         return self.ranges[0]
 
+    @property
+    def leaves(self) -> int:
+        """Number of leaves in the partition (its share of the work)."""
+        lo, hi = self.ranges[-1]
+        return hi - lo
+
 
 def partition_units(hierarchy: Hierarchy, cut: int, n_partitions: int) -> list[Partition]:
     """Split the nodes of level ``cut`` into ≤ ``n_partitions`` contiguous, leaf-balanced runs.
