@@ -5,44 +5,49 @@ states / 3,221 counties / ~85,000 tracts / 8.2 million blocks, one cell), nation
 totals invariant, exact discrete Gaussian noise at the county, tract and block levels. The
 tree is cut at the state level; the same partitions run on a Dask ``LocalCluster`` with 1 and
 with 2 worker processes (1 thread each). Stages: :func:`measure_partitioned` (with
-``keep=True``), :func:`partitioned_gls` (estimates and exact variances),
-:func:`partitioned_round`.
+``keep=True``), :func:`partitioned_gls` (estimates and exact variances, ``keep=True``),
+:func:`partitioned_round` of the kept release, and gathering the integer release (counts
+and variances of every level) into the driver.
 
-The measurement and GLS stages chain on the cluster: each partition's measurements and
-upward state stay on the worker that computed them (Dask futures; the next task runs where
-its input is). What passes between the driver and the workers: the partitions' exact counts
-of the levels at or below the cut (inside the measurement tasks), the cut-level messages
-(small), the finished GLS arrays of every level (estimates and variances), and for rounding
-each partition's real leaf estimates out and its rounded leaves and leftovers back.
+The stages chain on the cluster: each partition's measurements, upward state and release
+piece stay on the worker that computed them (Dask futures; the next task runs where its
+input is). What passes between the driver and the workers: the partitions' exact counts of
+the levels at or below the cut (inside the measurement tasks), the cut-level messages and
+leftover fractions (small), and at the end the finished integer release.
 
-Timed, per stage, in the driver: from the first submission of the stage to its result.
-The measurement stage ends when every partition's measurements exist on the workers
-(``PartitionedMeasurements.wait``); the GLS stage includes gathering and concatenating
-its estimates and variances and the invariant check of the release; the rounding stage
-includes gathering and assembling the rounded release. Cluster start-up, importing the
-task code in the workers and the synthetic data are not timed.
+Timed, per stage, in the driver: from the first submission of the stage until its results
+exist (``wait``); the last stage until the integer release is assembled in the driver.
+Cluster start-up, importing the task code in the workers and the synthetic data are not
+timed. Each worker count runs the pipeline ``--repeats`` times on the same cluster (as a
+spec's repetitions do); the figures are the medians, and every repetition is listed.
 
 Prints one JSON object: wall seconds per stage and in total for each worker count, the
-speedup of 2 workers over 1, the peak resident memory (``VmHWM``) of every worker process
-and of the driver, and whether both runs gave the same numbers (they must: keyed noise and
-per-node arithmetic). The speedup is only meaningful on an otherwise idle machine with at
-least 2 free cores.
+speedup of 2 workers over 1 (ratio of the median totals), the peak resident memory
+(``VmHWM``) of every worker process and of the driver, and whether every run gave the same
+numbers (they must: keyed noise and per-node arithmetic). The speedup is only meaningful on
+an otherwise idle machine with at least 2 free cores.
 
-Dask's nanny sets ``MALLOC_TRIM_THRESHOLD_=65536`` in every worker; setting it switches off
-glibc's dynamic mmap threshold, so every large temporary numpy array becomes a fresh
-``mmap`` that is page-faulted in and unmapped again (measured: tasks 1.5–2× slower than the
-same code in the driver). The benchmark removes that variable from the workers' environment
-(``distributed.nanny.pre-spawn-environ``) and reports it under ``worker_environ``.
+Memory policy (reported under ``malloc``): every process keeps the memory it frees for
+reuse instead of returning it to the kernel. On the 2-core CI VM, touching memory the
+process does not hold yet costs about 20 µs per 4 KiB page (measured: a fresh 12.8 MB numpy
+array 5–18 ms, a reused one 2 ms), which made a rounding task take twice its CPU time in
+system time. So the workers get ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_MMAP_THRESHOLD_`` set
+high and ``MALLOC_TOP_PAD_`` (Dask's nanny would set ``MALLOC_TRIM_THRESHOLD_=65536``, which
+returns every freed block at once), and the driver the same through ``mallopt``. Same work,
+same numbers; only where freed memory goes.
 
-Usage: ``python benchmarks/distributed_scale.py [--blocks N] [--partitions P] [--seed S]``.
+Usage: ``python benchmarks/distributed_scale.py [--blocks N] [--partitions P] [--repeats R]
+[--seed S]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import json
 import resource
+import statistics
 import time
 
 import numpy as np
@@ -56,6 +61,14 @@ from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_roun
 from censusdp.pipelines.measure import measure_partitioned
 from censusdp.pipelines.partition import partition_units
 from censusdp.rng import KeyedRNG
+
+#: glibc settings of the memory policy (see the module docstring).
+MALLOC = {
+    "MALLOC_TRIM_THRESHOLD_": 1 << 34,  # never give the top of the heap back
+    "MALLOC_MMAP_THRESHOLD_": 1 << 30,  # arrays up to 1 GiB come from the reusable heap
+    "MALLOC_TOP_PAD_": 1 << 26,
+}
+_MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
 
 
 def _peak_mb() -> float:
@@ -90,17 +103,24 @@ def _digest(arrays: list[np.ndarray]) -> str:
     return d.hexdigest()[:16]
 
 
-def _worker_environ() -> dict:
+def _memory_policy() -> dict:
+    """Apply the memory policy to the workers to come (nanny environment) and this process."""
     import dask
     import dask.distributed  # noqa: F401  (loads the distributed config)
 
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
-    env.pop("MALLOC_TRIM_THRESHOLD_", None)
+    env.update({k: str(v) for k, v in MALLOC.items()})
     dask.config.set({"distributed.nanny.pre-spawn-environ": env})
-    return env
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        driver = all(libc.mallopt(_MALLOPT[k], v) == 1 for k, v in MALLOC.items())
+    except (OSError, AttributeError):  # not glibc: the driver keeps the platform's policy
+        driver = False
+    return {"worker_environ": env, "driver_mallopt": driver}
 
 
-def run(table, n_partitions: int, workers: int, seed: int) -> dict:
+def _pipeline(table, parts, ex, seed: int) -> tuple[dict, list[np.ndarray], object]:
+    """One timed run: stage seconds, the arrays to compare, and the real-valued release."""
     h, cells = table.hierarchy, table.cells
     counts = table.all_levels()
     q = Query.total(cells)
@@ -113,46 +133,60 @@ def run(table, n_partitions: int, workers: int, seed: int) -> dict:
         invariants=("nation: total", "state: total"),
         mechanism="discrete_gaussian",
     )
-    parts = partition_units(h, 1, n_partitions)
     rng = KeyedRNG.reproducible(seed, warn=False)
+    t0 = time.perf_counter()
+    meas = measure_partitioned(h.names, counts, plan, rng, parts, ex, keep=True)
+    meas.wait()
+    t1 = time.perf_counter()
+    kept = partitioned_gls(h, cells, meas, invs, privacy, parts, ex, keep=True)
+    del meas
+    kept.wait()
+    t2 = time.perf_counter()
+    rounded_kept = partitioned_round(kept, rng, parts, ex, method="cells")
+    rounded_kept.wait()
+    t3 = time.perf_counter()
+    rounded = rounded_kept.gather()
+    t4 = time.perf_counter()
+    rounded_kept.drop()
+    rel = kept.gather()  # not timed: the real-valued release, for the figures below
+    kept.drop()
+    stages = {
+        "measure_discrete_gaussian": t1 - t0,
+        "gls_with_variances": t2 - t1,
+        "unbiased_rounding": t3 - t2,
+        "gather_integer_release": t4 - t3,
+        "total": t4 - t0,
+    }
+    exact = bool(np.array_equal(rounded.totals("state"), counts[1].sum(1)))
+    arrays = rel.estimates + rel.variances + rounded.estimates + rounded.variances
+    return {"stages": stages, "state_totals_exact": exact}, arrays, rel
+
+
+def run(table, n_partitions: int, workers: int, seed: int, repeats: int) -> dict:
+    parts = partition_units(table.hierarchy, 1, n_partitions)
+    reps, digests = [], set()
     with open_executor("distributed", workers=workers) as ex:
         ex.client.run(_warm)
-        t0 = time.perf_counter()
-        meas = measure_partitioned(h.names, counts, plan, rng, parts, ex, keep=True)
-        meas.wait()  # the measurements stay on the workers; wait so the stage can be timed
-        t1 = time.perf_counter()
-        kept = partitioned_gls(h, cells, meas, invs, privacy, parts, ex, keep=True)
-        del meas
-        kept.wait()
-        t2 = time.perf_counter()
-        rounded_kept = partitioned_round(kept, rng, parts, ex, method="cells")
-        rounded_kept.wait()
-        t3 = time.perf_counter()
-        rounded = rounded_kept.gather()
-        t4 = time.perf_counter()
-        rounded_kept.drop()
-        rel = kept.gather()  # not timed: the real-valued release, for the figures below
-        kept.drop()
+        for _ in range(repeats):
+            out, arrays, rel = _pipeline(table, parts, ex, seed)
+            digests.add(_digest(arrays))
+            reps.append(out)
+            del arrays
         rss = ex.client.run(_peak_mb)
-    err = rel.estimates[-1] - counts[-1]
+    stages = {k: statistics.median(r["stages"][k] for r in reps) for k in reps[0]["stages"]}
+    err = rel.estimates[-1] - table.all_levels()[-1]
     return {
         "workers": workers,
         "partitions": len(parts),
-        "seconds": t4 - t0,
-        "seconds_per_stage": {
-            "measure_discrete_gaussian": t1 - t0,
-            "gls_with_variances": t2 - t1,
-            "unbiased_rounding": t3 - t2,
-            "gather_release": t4 - t3,
-        },
+        "seconds": stages.pop("total"),
+        "seconds_per_stage": stages,
+        "seconds_each_repeat": [round(r["stages"]["total"], 3) for r in reps],
         "gls_stages": {k: v for k, v in rel.diagnostics.items() if k.startswith("seconds")},
         "peak_rss_mb_per_worker": sorted(round(v, 1) for v in rss.values()),
-        "state_totals_exact_after_rounding": bool(
-            np.array_equal(rounded.totals("state"), counts[1].sum(1))
-        ),
+        "state_totals_exact_after_rounding": all(r["state_totals_exact"] for r in reps),
         "block_rmse": float(np.sqrt(np.mean(err**2))),
         "block_mean_reported_variance": float(rel.variances[-1].mean()),
-        "digest": _digest(rel.estimates + rel.variances + rounded.estimates + rounded.variances),
+        "digest": digests.pop() if len(digests) == 1 else sorted(digests),
     }
 
 
@@ -160,22 +194,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=int, default=8_200_000)
     ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    malloc = _memory_policy()
     t0 = time.perf_counter()
     table = synthetic_us(args.seed, blocks=args.blocks)
     synth = time.perf_counter() - t0
-    env = _worker_environ()
-    runs = [run(table, args.partitions, w, args.seed) for w in (1, 2)]
+    runs = [run(table, args.partitions, w, args.seed, args.repeats) for w in (1, 2)]
     out = {
         "blocks": int(table.hierarchy.leaves.size),
         "sizes": list(table.hierarchy.sizes),
         "cut": "state",
-        "worker_environ": env,
+        "repeats": args.repeats,
+        "malloc": malloc,
         "seconds_synthetic_data (not counted)": synth,
         "runs": runs,
         "speedup_2_over_1": runs[0]["seconds"] / runs[1]["seconds"],
-        "identical_results": runs[0]["digest"] == runs[1]["digest"],
+        "identical_results": isinstance(runs[0]["digest"], str)
+        and runs[0]["digest"] == runs[1]["digest"],
         "driver_peak_rss_mb": _peak_mb(),
     }
     print(json.dumps(out, indent=2))
