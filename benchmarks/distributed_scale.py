@@ -28,16 +28,16 @@ numbers (they must: keyed noise and per-node arithmetic). The speedup is only me
 an otherwise idle machine with at least 2 free cores.
 
 Memory policy (reported under ``malloc``): every process keeps the memory it frees for
-reuse instead of returning it to the kernel. On the 2-core CI VM, touching memory the
-process does not hold yet costs about 20 µs per 4 KiB page (measured: a fresh 12.8 MB numpy
-array 5–18 ms, a reused one 2 ms), which made a rounding task take twice its CPU time in
-system time. So the workers get ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_MMAP_THRESHOLD_`` set
-high and ``MALLOC_TOP_PAD_`` (Dask's nanny would set ``MALLOC_TRIM_THRESHOLD_=65536``, which
-returns every freed block at once), and the driver the same through ``mallopt``. Same work,
-same numbers; only where freed memory goes.
+reuse instead of returning it to the kernel — the executor's workers by default
+(:data:`~censusdp.pipelines.execute.KEEP_FREED_MEMORY`; Dask's nanny would set
+``MALLOC_TRIM_THRESHOLD_=65536``, which returns every freed block at once), the driver through
+``mallopt``. On the 2-core CI VM, touching memory the process does not hold yet costs about
+20 µs per 4 KiB page (measured: a fresh 12.8 MB numpy array 5–18 ms, a reused one 2 ms); a
+rounding task spent as much time in the kernel as computing. Same work, same numbers; only
+where freed memory goes. ``--platform-malloc`` runs without the policy.
 
 Usage: ``python benchmarks/distributed_scale.py [--blocks N] [--partitions P] [--repeats R]
-[--seed S]``.
+[--seed S] [--platform-malloc]`` (the last leaves the memory policy alone).
 """
 
 from __future__ import annotations
@@ -56,18 +56,12 @@ from censusdp.budget import PrivacyStatement
 from censusdp.hierarchy.synthetic import synthetic_us
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.queries import Query, invariant
-from censusdp.pipelines.execute import open_executor
+from censusdp.pipelines.execute import KEEP_FREED_MEMORY, open_executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
 from censusdp.pipelines.measure import measure_partitioned
 from censusdp.pipelines.partition import partition_units
 from censusdp.rng import KeyedRNG
 
-#: glibc settings of the memory policy (see the module docstring).
-MALLOC = {
-    "MALLOC_TRIM_THRESHOLD_": 1 << 34,  # never give the top of the heap back
-    "MALLOC_MMAP_THRESHOLD_": 1 << 30,  # arrays up to 1 GiB come from the reusable heap
-    "MALLOC_TOP_PAD_": 1 << 26,
-}
 _MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
 
 
@@ -104,19 +98,14 @@ def _digest(arrays: list[np.ndarray]) -> str:
 
 
 def _memory_policy() -> dict:
-    """Apply the memory policy to the workers to come (nanny environment) and this process."""
-    import dask
-    import dask.distributed  # noqa: F401  (loads the distributed config)
-
-    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
-    env.update({k: str(v) for k, v in MALLOC.items()})
-    dask.config.set({"distributed.nanny.pre-spawn-environ": env})
+    """The executor's workers keep freed memory (:data:`KEEP_FREED_MEMORY`); so does this
+    process, through ``mallopt`` (glibc only)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        driver = all(libc.mallopt(_MALLOPT[k], v) == 1 for k, v in MALLOC.items())
+        driver = all(libc.mallopt(_MALLOPT[k], v) == 1 for k, v in KEEP_FREED_MEMORY.items())
     except (OSError, AttributeError):  # not glibc: the driver keeps the platform's policy
         driver = False
-    return {"worker_environ": env, "driver_mallopt": driver}
+    return {"policy": "keep freed memory", "settings": KEEP_FREED_MEMORY, "driver": driver}
 
 
 def _pipeline(table, parts, ex, seed: int) -> tuple[dict, list[np.ndarray], object]:
@@ -162,10 +151,10 @@ def _pipeline(table, parts, ex, seed: int) -> tuple[dict, list[np.ndarray], obje
     return {"stages": stages, "state_totals_exact": exact}, arrays, rel
 
 
-def run(table, n_partitions: int, workers: int, seed: int, repeats: int) -> dict:
+def run(table, n_partitions: int, workers: int, seed: int, repeats: int, keep: bool) -> dict:
     parts = partition_units(table.hierarchy, 1, n_partitions)
     reps, digests = [], set()
-    with open_executor("distributed", workers=workers) as ex:
+    with open_executor("distributed", workers=workers, keep_memory=keep) as ex:
         ex.client.run(_warm)
         for _ in range(repeats):
             out, arrays, rel = _pipeline(table, parts, ex, seed)
@@ -196,12 +185,18 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--platform-malloc",
+        action="store_true",
+        help="leave every process's memory policy as the platform and Dask set it",
+    )
     args = ap.parse_args()
-    malloc = _memory_policy()
+    malloc = {"policy": "platform"} if args.platform_malloc else _memory_policy()
     t0 = time.perf_counter()
     table = synthetic_us(args.seed, blocks=args.blocks)
     synth = time.perf_counter() - t0
-    runs = [run(table, args.partitions, w, args.seed, args.repeats) for w in (1, 2)]
+    keep = not args.platform_malloc
+    runs = [run(table, args.partitions, w, args.seed, args.repeats, keep) for w in (1, 2)]
     out = {
         "blocks": int(table.hierarchy.leaves.size),
         "sizes": list(table.hierarchy.sizes),
