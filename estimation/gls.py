@@ -185,6 +185,10 @@ class Forest:
             [lv[first + j].codes[lo:hi] for j, (lo, hi) in enumerate(ranges[:-1])],
         )
 
+    def without_codes(self) -> Forest:
+        """The same forest without node codes (smaller to send; messages then use indices)."""
+        return Forest(self.first, self.names, self.sizes, self.child_count, ())
+
     @property
     def depth(self) -> int:
         return len(self.sizes)
@@ -230,7 +234,7 @@ class Forest:
         return out[::-1]
 
     def code(self, j: int, node: int) -> str:
-        return str(self.codes[j][node])
+        return str(self.codes[j][node]) if self.codes else f"#{node}"
 
 
 def whole_forest(hierarchy: Hierarchy, first: int = 0, last: int | None = None) -> Forest:

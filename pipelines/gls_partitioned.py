@@ -7,17 +7,20 @@ every partition is a contiguous run of cut-level nodes with their subtrees.
   partitions (each task receives only its partition's measurement and invariant slices and
   the child counts of its levels), reduces the cut-level messages at the top in the calling
   process (:func:`~censusdp.estimation.gls.gls_top`, levels 0 .. cut), then maps
-  :func:`~censusdp.estimation.gls.gls_downward` over the partitions.
+  :func:`~censusdp.estimation.gls.gls_downward` over the partitions, each of which also
+  checks consistency and the invariants of its own levels.
 * :func:`partitioned_round` rounds each partition's subtrees up to the cut with randomness
-  keyed by (level, node), then the levels above the cut from the units' leftovers.
+  keyed by (level, node), then the levels above the cut from the units' leftovers, and each
+  partition settles its leftovers and sums its levels.
 
 Both equal the single-process results (:func:`~censusdp.estimation.gls.tree_gls`,
 :func:`~censusdp.estimation.rounding.round_release`) bit for bit, for every backend and
-partition count. The GLS maps chain through the executor's handles (:meth:`submit
+partition count. The maps chain through the executor's handles (:meth:`submit
 <censusdp.pipelines.execute.DaskExecutor.submit>`): on Dask, partition ``i``'s measurements
-(from ``measure_partitioned(..., keep=True)``) and upward state stay on the worker that
-computed them, and only the cut-level messages and the finished per-level arrays pass
-through the calling process.
+(from ``measure_partitioned(..., keep=True)``), upward state and release piece
+(:class:`~censusdp.pipelines.partitioned_release.PartitionedRelease`, with ``keep=True``)
+stay on the worker that computed them; the calling process sees the cut-level messages,
+residuals and leftovers, and the finished release when it gathers it.
 
 References
 ----------
@@ -352,17 +355,18 @@ def partitioned_round(
     ex = executor
     kept = release if isinstance(release, PartitionedRelease) else None
     if kept is not None and (kept.executor is not ex or kept.partitions != tuple(partitions)):
-        release, kept = _gathered(kept, "seconds_gather"), None
+        release, kept = kept.gather(), None  # the caller's release stays as it is
     h = release.hierarchy
     cut, D = partitions[0].cut, h.depth
     if cut == D - 1 or (method == "bipartite" and cut > D - 2):
         # nothing to round below the cut, or the leaves' parents are above it: one task
-        plain = release if kept is None else _gathered(kept, "seconds_gather")
+        plain = release if kept is None else kept.gather()
         return round_release(plain, rng, method=method, label=lab, tol=tol)
     if kept is None:
         kept = PartitionedRelease.of(release, partitions, ex)
         kept.pieces = ex.submit(_same, kept.pieces)
-    forests = [Forest.of(h, cut, p.ranges) for p in partitions]
+    # the rounding tasks need the shape of their subtrees, not the node codes
+    forests = [Forest.of(h, cut, p.ranges).without_codes() for p in partitions]
     if method == "bipartite":
         up = h.levels[D - 2]
         tasks = [

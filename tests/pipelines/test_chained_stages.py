@@ -161,3 +161,20 @@ def test_dask_gather_rebuilds_a_cancelled_chain():
         ex.client.cancel([h.future for h in second])  # what Dask does to a lost task
         assert ex.gather(second) == [9, 8, 7]
         ex.release(second)
+
+
+def test_a_kept_release_rounded_on_other_partitions_stays_usable():
+    h, counts = _tree()
+    plan = _plan("diagonal")
+    rng = KeyedRNG.reproducible(7, warn=False)
+    det = Query.detailed(CELLS)
+    invs = [invariant(counts, 0, det), invariant(counts, 1, det)]
+    ref = tree_gls(h, CELLS, measure(h.names, counts, plan, rng), invs, PRIVACY)
+    parts, other = partition_units(h, 2, 3), partition_units(h, 2, 5)
+    with open_executor("threads", workers=2) as ex:
+        pm = measure_partitioned(h.names, counts, plan, rng, parts, ex, keep=True)
+        kept = partitioned_gls(h, CELLS, pm, invs, PRIVACY, parts, ex, keep=True)
+        r = partitioned_round(kept, rng, other, ex, method="totals")  # gathered, then rounded
+        assert _equal(r.estimates, round_release(ref, rng, method="totals").estimates)
+        assert _equal(kept.gather().estimates, ref.estimates)  # still the caller's
+        kept.drop()
