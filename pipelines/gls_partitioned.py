@@ -215,9 +215,7 @@ def partitioned_gls(
     pieces = ex.submit(_downward_task, items, plan, covariance)
     ex.release(states)  # the downward tasks hold them
     del states, items
-    heads = ex.submit(piece_head, pieces)
-    summaries = [summary for _, summary in ex.gather(heads)]
-    ex.release(heads)
+    summaries = [summary for _, summary in _heads(ex, pieces)]
     t4 = time.perf_counter()
     est, var, cov = gls_finish(plan, zhat, Phat, covariance)
     top = forest_residuals(whole_forest(hierarchy, 0, cut), est, invs)
@@ -246,6 +244,15 @@ def partitioned_gls(
     if keep:
         return kept
     return _gathered(kept, "seconds_gather")
+
+
+def _heads(ex: Executor, pieces: list) -> list[tuple[np.ndarray | None, dict]]:
+    """The small part of every piece (:func:`piece_head`); the pieces stay where they are."""
+    handles = ex.submit(piece_head, pieces)
+    try:
+        return ex.gather(handles)
+    finally:
+        ex.release(handles)
 
 
 def _gathered(kept: PartitionedRelease, timing: str) -> Release:
@@ -402,24 +409,17 @@ def partitioned_round(
     pieces = ex.submit(_settle_task, items, tol)
     ex.release(parts)
     del items, parts
-    heads = ex.submit(piece_head, pieces)
-    got = ex.gather(heads)
-    ex.release(heads)
+    got = _heads(ex, pieces)
     head = np.concatenate([c for c, _ in got])
     estimates = whole_forest(h, 0, cut).aggregate(head)
     variances, largest = add_rounding_variance(kept.estimates, kept.variances, tol)
     largest = max([largest, *(s["rounding_variance_max"] for _, s in got)])
     diag = dict(kept.diagnostics)
     diag.update(rounding=method, rounding_variance_max=largest)
-    rounded = PartitionedRelease(
-        estimator=kept.estimator,
-        hierarchy=h,
-        cells=kept.cells,
-        privacy=kept.privacy,
+    rounded = dataclasses.replace(
+        kept,
         integer=True,
         diagnostics=diag,
-        partitions=tuple(partitions),
-        executor=ex,
         estimates=estimates,
         variances=variances,
         covariances=None,
