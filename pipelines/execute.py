@@ -17,6 +17,7 @@ them. Without Dask a handle is its value.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -234,7 +235,11 @@ class DaskExecutor:
     def _launch(self, h: _Handle) -> Any:
         if h.future is None:
             args = _walk(h.item, self._launch)
-            h.future = self.client.submit(h.fn, args, *h.extra, pure=False, retries=3)
+            with warnings.catch_warnings():
+                # a task carries its partition's data on purpose (nothing is scattered, so
+                # lineage can recompute it); Dask's advice to scatter large graphs does not apply
+                warnings.filterwarnings("ignore", "Sending large graph", UserWarning)
+                h.future = self.client.submit(h.fn, args, *h.extra, pure=False, retries=3)
         return h.future
 
     def _forget(self, h: _Handle) -> None:
