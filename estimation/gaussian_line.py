@@ -277,9 +277,9 @@ class GaussianLine:
         ``√P · |μ_x − (μ_y − shift)|``: the centres' difference in standard deviations of
         the line, and +inf where the precisions or the (shifted) bounds differ. 0 means
         identical conditionals up to the shift (both laws are fixed by P, μ and the bounds).
-        Without bounds ``d_TV = 2Φ(d/2) − 1 ≤ d/√(2π)``; under common bounds it is not
-        bounded by this formula in general, but :func:`couple_lines`'s fallback error is at
-        most the actual d_TV of the pair either way.
+        Without bounds ``d_TV = 2Φ(d/2) − 1 ≤ d/√(2π)``; under common bounds this module
+        does not bound d_TV by d, but :func:`couple_lines`'s fallback error is at most the
+        pair's actual d_TV (and at most 1/(1000·e)) either way.
         """
         shift = np.asarray(shift, dtype=np.float64)
         d = np.sqrt(self.P) * np.abs(self.mu - (other.mu - shift))

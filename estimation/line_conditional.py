@@ -15,6 +15,8 @@ a piece with probability proportional to its mass, then invert the piece's (trun
 exponential CDF. This makes the heat-bath ("Gibbs along a pair direction") kernel of
 :mod:`censusdp.estimation.gibbs_moves` possible, and with the normaliser the conditional
 densities of two chains can be maximally coupled, which is what makes coupled chains meet.
+:func:`couple_lines` is generic: it couples Gaussian-type lines
+(:class:`~censusdp.estimation.gaussian_line.GaussianLine`) with the same code.
 
 All functions work on a batch of independent lines: arrays of shape ``(n, K)`` for the
 terms and ``(n,)`` for the bounds. Terms with ``c_k = 0`` or ``β_k = 0`` are inactive.
