@@ -17,10 +17,13 @@ posterior mean) is unbiased for the true table.
   variance is twice GLS's; ``n_draws > 1`` releases the posterior mean ẑ itself (the average
   of infinitely many draws), with exact variances. Both reuse
   :func:`censusdp.estimation.gls.tree_gls`.
-* **Laplace and integer laws** — :class:`~censusdp.estimation.mcmc.MetropolisHastings` with
+* **Laplace and integer laws** (and Gaussian laws under non-negativity) —
+  :class:`~censusdp.estimation.mcmc.MetropolisHastings` with
   :class:`~censusdp.estimation.gibbs_moves.GibbsTreeMoves` (exact draws along pair
   directions, level sweeps; coupled chains contract synchronously and meet by maximal
-  coupling) when every law is Laplace-type (Laplace, discrete Laplace), else
+  coupling) when every law is Laplace-type (Laplace, discrete Laplace) or every law is
+  Gaussian-type (Gaussian, discrete Gaussian: exact truncated-normal / discrete-Gaussian
+  line draws, :mod:`censusdp.estimation.gaussian_line`), else
   :class:`~censusdp.estimation.mcmc.TreeMoves` (random-walk Metropolis, seed 003 Alg. 1). L-lag coupled pairs started from the same
   initial law as the release chains give meeting times; the burn-in T is the first iteration
   whose TV bound is below ``tv_bound``. ``n_draws == 1`` releases the state of one chain at
@@ -83,8 +86,9 @@ class ConditioningProblem:
     start : numpy.ndarray, optional
         A consistent leaf table (n_leaves, n_cells) satisfying the invariants, to start from.
     kernel : {"auto", "gibbs", "metropolis"}
-        Moves: Gibbs level sweeps (needs Laplace-type laws; "auto" picks them when
-        possible) or random-walk Metropolis pair moves.
+        Moves: Gibbs level sweeps (needs Laplace-type laws — Laplace, discrete Laplace — or
+        Gaussian-type laws — Gaussian, discrete Gaussian — at every measured level; "auto"
+        picks them when possible) or random-walk Metropolis pair moves.
     """
 
     def __init__(
@@ -144,18 +148,26 @@ class ConditioningProblem:
                 )
         inv = [(v.level, v.query.matrix) for v in invariants]
         rates = self.target.l1_rates()
-        if kernel == "gibbs" and rates is None:
+        precisions = self.target.l2_precisions() if rates is None else None
+        exact_lines = rates is not None or precisions is not None
+        if kernel == "gibbs" and not exact_lines:
             raise SpecError(
-                "conditioning kernel 'gibbs' needs Laplace-type noise laws at every measured "
-                "level; use kernel='metropolis'"
+                "conditioning kernel 'gibbs' needs Laplace-type or Gaussian-type noise laws at "
+                "every measured level (one family); use kernel='metropolis'"
             )
-        self.kernel = "gibbs" if rates is not None and kernel != "metropolis" else "metropolis"
+        self.kernel = "gibbs" if exact_lines and kernel != "metropolis" else "metropolis"
         self._wide_moves: GibbsTreeMoves | None = None
         if self.kernel == "gibbs":
-            draws = LineDraws(rates, integer=self.integer, lower=lower)
+            draws = LineDraws(rates, precisions=precisions, integer=self.integer, lower=lower)
             self.moves = GibbsTreeMoves(self.layout, inv, draws)
             # exact draws of the same moves under 3× wider laws: the over-dispersed π₀
-            wide = LineDraws(rates / 3.0, integer=self.integer, lower=lower)
+            # (ℓ₁ rates / 3, or ℓ₂ precisions / 9: σ × 3 either way)
+            wide = LineDraws(
+                None if rates is None else rates / 3.0,
+                precisions=None if precisions is None else precisions / 9.0,
+                integer=self.integer,
+                lower=lower,
+            )
             self._wide_moves = GibbsTreeMoves(self.layout, inv, wide)
         else:
             self.moves = TreeMoves(self.layout, inv, step)
@@ -249,8 +261,9 @@ class ConditioningProblem:
         over-dispersed initial law π₀.
 
         Gibbs kernel: ``spread`` exact Gibbs moves of the target with every ℓ₁ rate divided
-        by 3 (3× wider noise laws; bounds respected). Metropolis kernel: ``spread`` pair
-        moves with a 3× step, each kept when it respects the bounds. (Scaling an exact
+        by 3, or every ℓ₂ precision divided by 9 (3× wider noise laws; bounds respected).
+        Metropolis kernel: ``spread`` pair moves with a 3× step, each kept when it respects
+        the bounds. (Scaling an exact
         Gibbs step by 3 instead would overshoot the conditional's centre and double the
         distance to it at every move.)
         """

@@ -1,11 +1,13 @@
-"""Heat-bath (Gibbs) move sets for ℓ₁ product targets: exact draws along pair directions.
+"""Heat-bath (Gibbs) move sets for ℓ₁ and ℓ₂ product targets: exact draws along pair directions.
 
 A random-walk Metropolis move on a constrained noise vector is rejected often, and two coupled
 chains that accept differently drift apart, so L-lag couplings of such chains meet late or
 never once there are more than a few dozen coordinates. For targets of the form
 ``log π(s) = −Σ_i β_i |s_i| + const`` — independent Laplace or discrete Laplace noise, the ℓ₁
 generalized Laplace on a lattice — the conditional of π along a pair direction is known in
-closed form (:class:`~censusdp.estimation.line_conditional.LaplaceLine`), so a move can draw
+closed form (:class:`~censusdp.estimation.line_conditional.LaplaceLine`); so it is for
+``log π(s) = −½ Σ_i p_i s_i² + const`` — independent Gaussian or discrete Gaussian noise —
+(:class:`~censusdp.estimation.gaussian_line.GaussianLine`). A move can therefore draw
 the step exactly from it (a Gibbs step: always accepted). Coupled chains draw their steps from
 a maximal coupling of their two conditionals on the same line, which makes the moved
 coordinates coincide with the largest possible probability; once the remaining disagreement
@@ -32,6 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from censusdp.estimation.gaussian_line import GaussianLine
 from censusdp.estimation.line_conditional import LaplaceLine, couple_lines
 from censusdp.estimation.mcmc import (
     BasisMoves,
@@ -46,13 +49,20 @@ __all__ = ["LineDraws", "GibbsGroupMoves", "GibbsTreeMoves", "GibbsBasisMoves"]
 
 
 class LineDraws:
-    """Exact draws along lines for an ℓ₁ product target with optional box bounds.
+    """Exact draws along lines for an ℓ₁ or ℓ₂ product target with optional box bounds.
+
+    Give exactly one of ``rates`` (Laplace-type target: lines are
+    :class:`~censusdp.estimation.line_conditional.LaplaceLine`) and ``precisions``
+    (Gaussian-type target: :class:`~censusdp.estimation.gaussian_line.GaussianLine`).
 
     Parameters
     ----------
-    rates : numpy.ndarray
+    rates : numpy.ndarray, optional
         (d,) β per state coordinate (0 for a flat coordinate); see
         :meth:`censusdp.estimation.mcmc.Target.l1_rates`.
+    precisions : numpy.ndarray, optional
+        (d,) p = 1/σ² per state coordinate (0 for a flat coordinate); see
+        :meth:`censusdp.estimation.mcmc.Target.l2_precisions`.
     integer : bool
         Integer states and steps.
     lower, upper : numpy.ndarray, optional
@@ -62,15 +72,22 @@ class LineDraws:
 
     def __init__(
         self,
-        rates: np.ndarray,
+        rates: np.ndarray | None = None,
         *,
+        precisions: np.ndarray | None = None,
         integer: bool,
         lower: np.ndarray | None = None,
         upper: np.ndarray | None = None,
     ) -> None:
-        self.rates = np.asarray(rates, dtype=np.float64)
-        if np.any(self.rates < 0) or not np.all(np.isfinite(self.rates)):
-            raise ValueError("ℓ₁ rates must be finite and non-negative")
+        if (rates is None) == (precisions is None):
+            raise ValueError("give exactly one of ℓ₁ rates and ℓ₂ precisions")
+        self.family = "l1" if rates is not None else "l2"
+        weights = rates if rates is not None else precisions
+        self.weights = np.asarray(weights, dtype=np.float64)
+        if np.any(self.weights < 0) or not np.all(np.isfinite(self.weights)):
+            name = "ℓ₁ rates" if self.family == "l1" else "ℓ₂ precisions"
+            raise ValueError(f"{name} must be finite and non-negative")
+        self._line_type = LaplaceLine if self.family == "l1" else GaussianLine
         self.integer = bool(integer)
         self.lower = None if lower is None else np.asarray(lower, dtype=np.float64)
         self.upper = None if upper is None else np.asarray(upper, dtype=np.float64)
@@ -81,7 +98,7 @@ class LineDraws:
         idx: np.ndarray,
         coef: np.ndarray,
         chain: np.ndarray | None = None,
-    ) -> LaplaceLine:
+    ) -> LaplaceLine | GaussianLine:
         """The conditional of the step on each line ``s + δ·coef`` (rows of idx/coef).
 
         ``states`` is (n_chains, d); ``chain`` gives each line's row of ``states`` (default:
@@ -103,7 +120,7 @@ class LineDraws:
                 live = np.isfinite(limit)
                 lo = np.maximum(lo, np.max(np.where(at_least & live, limit, -np.inf), axis=1))
                 hi = np.minimum(hi, np.min(np.where(at_most & live, limit, np.inf), axis=1))
-        return LaplaceLine.build(a, c, self.rates[idx], lo, hi, integer=self.integer)
+        return self._line_type.build(a, c, self.weights[idx], lo, hi, integer=self.integer)
 
     def proposal(
         self, idx: np.ndarray, coef: np.ndarray, steps: np.ndarray, n_chains: int
@@ -152,7 +169,7 @@ class GibbsGroupMoves(MoveSet):
 
     Every step draws, per chain, a uniformly random perfect matching of the cells of each
     group (state) and redraws every matched pair's split exactly from the target's
-    conditional, keeping every group total. Requires an ℓ₁ product target.
+    conditional, keeping every group total. Requires an ℓ₁ or ℓ₂ product target.
 
     Parameters
     ----------

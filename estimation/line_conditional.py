@@ -15,6 +15,8 @@ a piece with probability proportional to its mass, then invert the piece's (trun
 exponential CDF. This makes the heat-bath ("Gibbs along a pair direction") kernel of
 :mod:`censusdp.estimation.gibbs_moves` possible, and with the normaliser the conditional
 densities of two chains can be maximally coupled, which is what makes coupled chains meet.
+:func:`couple_lines` is generic: it couples Gaussian-type lines
+(:class:`~censusdp.estimation.gaussian_line.GaussianLine`) with the same code.
 
 All functions work on a batch of independent lines: arrays of shape ``(n, K)`` for the
 terms and ``(n,)`` for the bounds. Terms with ``c_k = 0`` or ``β_k = 0`` are inactive.
@@ -31,10 +33,29 @@ Devroye (1986), *Non-Uniform Random Variate Generation*, §II.2 (inversion) and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-__all__ = ["LaplaceLine", "couple_lines", "distance"]
+__all__ = ["Line", "LaplaceLine", "couple_lines", "distance"]
+
+
+class Line(Protocol):
+    """What :func:`couple_lines` needs of a batch of line conditionals: :class:`LaplaceLine`
+    and :class:`~censusdp.estimation.gaussian_line.GaussianLine` provide it."""
+
+    proper: np.ndarray
+    log_norm: np.ndarray
+
+    def sample(
+        self, gen: np.random.Generator | None = None, u: np.ndarray | None = None
+    ) -> np.ndarray: ...
+
+    def log_pdf(self, delta: np.ndarray) -> np.ndarray: ...
+
+    def subset(self, rows: np.ndarray) -> Line: ...
+
+    def distance(self, other: Line, shift: np.ndarray) -> np.ndarray: ...
 
 
 def _logaddexp_reduce(x: np.ndarray) -> np.ndarray:
@@ -250,6 +271,24 @@ class LaplaceLine:
             self.proper[rows],
         )
 
+    def distance(self, other: LaplaceLine, shift: np.ndarray) -> np.ndarray:
+        """A bound on ``sup |log p_x(δ) − log p_y(δ + shift)|`` (unnormalised), per line,
+        with this line x and ``other`` y.
+
+        ``Σ_k β_k |a^x_k − a^y_k − c_k shift|``, and +inf where the two lines' bounds differ,
+        so 0 means identical conditionals (up to the shift).
+        """
+        x, y = self, other
+        shift = np.asarray(shift, dtype=np.float64)
+        d = np.einsum("nk,nk->n", x.beta, np.abs(x.a - y.a - x.c * shift[:, None]))
+        same_lo = np.isclose(x.lo, y.lo - shift, rtol=0.0, atol=1e-9) | (
+            np.isinf(x.lo) & np.isinf(y.lo)
+        )
+        same_hi = np.isclose(x.hi, y.hi - shift, rtol=0.0, atol=1e-9) | (
+            np.isinf(x.hi) & np.isinf(y.hi)
+        )
+        return np.where(same_lo & same_hi, d, np.inf)
+
 
 def _f(a: np.ndarray, c: np.ndarray, beta: np.ndarray, points: np.ndarray) -> np.ndarray:
     """``f`` at ``points`` (n, P): ``−Σ_k β_k |a_k + c_k δ|``, −inf at infinite points."""
@@ -260,26 +299,23 @@ def _f(a: np.ndarray, c: np.ndarray, beta: np.ndarray, points: np.ndarray) -> np
     return np.where(finite, val, np.where(total > 0, -np.inf, 0.0))
 
 
-def distance(x: LaplaceLine, y: LaplaceLine, shift: np.ndarray) -> np.ndarray:
-    """A bound on ``sup |log p_x(δ) − log p_y(δ + shift)|`` (unnormalised), per line.
+def distance(x: Line, y: Line, shift: np.ndarray) -> np.ndarray:
+    """How far line ``y`` (shifted by ``shift``) is from line ``x``, per line; 0 means
+    identical conditionals up to the shift, +inf where the bounds differ.
 
-    ``Σ_k β_k |a^x_k − a^y_k − c_k shift|``, and +inf where the two lines' bounds differ, so
-    0 means identical conditionals (up to the shift).
+    Dispatches on the line family: :meth:`LaplaceLine.distance` (a bound on the sup of the
+    unnormalised log-density difference) or
+    :meth:`~censusdp.estimation.gaussian_line.GaussianLine.distance` (the centres' difference
+    in standard deviations).
     """
-    shift = np.asarray(shift, dtype=np.float64)
-    d = np.einsum("nk,nk->n", x.beta, np.abs(x.a - y.a - x.c * shift[:, None]))
-    same_lo = np.isclose(x.lo, y.lo - shift, rtol=0.0, atol=1e-9) | (
-        np.isinf(x.lo) & np.isinf(y.lo)
-    )
-    same_hi = np.isclose(x.hi, y.hi - shift, rtol=0.0, atol=1e-9) | (
-        np.isinf(x.hi) & np.isinf(y.hi)
-    )
-    return np.where(same_lo & same_hi, d, np.inf)
+    if type(x) is not type(y):
+        raise TypeError(f"cannot compare a {type(x).__name__} with a {type(y).__name__}")
+    return x.distance(y, shift)
 
 
 def couple_lines(
-    x: LaplaceLine,
-    y: LaplaceLine,
+    x: Line,
+    y: Line,
     shift: np.ndarray,
     gen: np.random.Generator,
     *,
@@ -298,9 +334,16 @@ def couple_lines(
     synchronously coupled line; identical lines (chains that have met) get identical draws,
     so met chains stay together. On a maximally coupled line δy is exact except when the
     residual's rejection sampler gives up (see :func:`_maximal`): then δy's law is off by at
-    most d_TV(x, y) in total variation, and lines are only coupled maximally when the
-    unnormalised log densities differ by at most ``close`` everywhere, so that is at most
-    about 2·``close`` per such line.
+    most d_TV(x, y)·(1 − d_TV)^1000 ≤ min(d_TV(x, y), 1/(1000·e)) in total variation. For
+    Laplace lines, lines are only coupled maximally when the unnormalised log densities
+    differ by at most ``close`` everywhere, so that is at most about 2·``close`` per such
+    line; for Gaussian lines ``close`` bounds the centres' difference in standard deviations
+    (:meth:`~censusdp.estimation.gaussian_line.GaussianLine.distance`), so d_TV ≤
+    ``close``/√(2π) on lines without bounds.
+
+    The same code couples either family (:class:`LaplaceLine` or
+    :class:`~censusdp.estimation.gaussian_line.GaussianLine`, both lines of one family): it
+    only uses the lines' quantile functions, densities and :func:`distance`.
 
     Returns
     -------
@@ -326,8 +369,8 @@ def couple_lines(
 
 
 def _maximal(
-    x: LaplaceLine,
-    y: LaplaceLine,
+    x: Line,
+    y: Line,
     shift: np.ndarray,
     gen: np.random.Generator,
     *,

@@ -147,6 +147,12 @@ class Target(ABC):
         target, which Gibbs moves can sample exactly along lines), else None."""
         return None
 
+    def l2_precisions(self) -> np.ndarray | None:
+        """Per coordinate p_i ≥ 0 when ``log π(s) = −½ Σ_i p_i s_i² + const`` (an ℓ₂ product
+        target: Gaussian or discrete Gaussian noise, which Gibbs moves can sample exactly
+        along lines), else None. Flat coordinates have p_i = 0."""
+        return None
+
     def log_density_change(
         self, states: np.ndarray, idx: np.ndarray, delta: np.ndarray
     ) -> np.ndarray:
@@ -181,6 +187,12 @@ class ProductTarget(Target):
         if any(r is None for r in rates):
             return None
         return np.concatenate([np.asarray(rates, dtype=np.float64), [0.0]])[self.law_index]
+
+    def l2_precisions(self) -> np.ndarray | None:
+        precs = [law.l2_precision for law in self.laws]
+        if any(p is None for p in precs):
+            return None
+        return np.concatenate([np.asarray(precs, dtype=np.float64), [0.0]])[self.law_index]
 
     def _pointwise(self, values: np.ndarray, which: np.ndarray) -> np.ndarray:
         out = np.zeros(values.shape, dtype=np.float64)

@@ -576,6 +576,11 @@ class DiscreteGaussian(NoiseLaw):
         return -(x * x) / (2.0 * float(self.sigma2)) - self._log_norm
 
     @property
+    def l2_precision(self) -> float:
+        """1/σ² (σ² the scale parameter, not the variance): P(k) ∝ exp(−½ k²/σ²)."""
+        return 1.0 / float(self.sigma2)
+
+    @property
     def variance(self) -> float:
         return self._variance
 

@@ -75,6 +75,16 @@ class NoiseLaw(ABC):
         """
         return None
 
+    @property
+    def l2_precision(self) -> float | None:
+        """p = 1/σ² when ``log_density(x) = −½ p x² + const`` (Gaussian-type laws: Gaussian,
+        discrete Gaussian), else None.
+
+        MCMC samplers use it to draw exactly from the law's conditionals along a line
+        (:mod:`censusdp.estimation.gaussian_line`).
+        """
+        return None
+
 
 class Laplace(NoiseLaw):
     """Laplace(0, b): density exp(−|x|/b) / (2b); ε = Δ₁ / b.
@@ -175,6 +185,10 @@ class Gaussian(NoiseLaw):
         return -0.5 * (np.asarray(x) / self.sigma) ** 2 - math.log(
             self.sigma * math.sqrt(2 * math.pi)
         )
+
+    @property
+    def l2_precision(self) -> float:
+        return 1.0 / self.sigma**2
 
     @property
     def variance(self) -> float:
