@@ -18,8 +18,10 @@ leftover fractions (small), and at the end the finished integer release.
 Timed, per stage, in the driver: from the first submission of the stage until its results
 exist (``wait``); the last stage until the integer release is assembled in the driver.
 Cluster start-up, importing the task code in the workers and the synthetic data are not
-timed. Each worker count runs the pipeline ``--repeats`` times on the same cluster (as a
-spec's repetitions do); the figures are the medians, and every repetition is listed.
+timed. Each worker count runs the pipeline ``--repeats`` times on its own cluster (as a
+spec's repetitions do); both clusters stay up and take turns, so a drift in the machine's
+speed falls on both alike. The figures are the medians; every repetition is listed, with the
+speedup of each turn.
 
 Prints one JSON object: wall seconds per stage and in total for each worker count, the
 speedup of 2 workers over 1 (ratio of the median totals), the peak resident memory
@@ -151,17 +153,7 @@ def _pipeline(table, parts, ex, seed: int) -> tuple[dict, list[np.ndarray], obje
     return {"stages": stages, "state_totals_exact": exact}, arrays, rel
 
 
-def run(table, n_partitions: int, workers: int, seed: int, repeats: int, keep: bool) -> dict:
-    parts = partition_units(table.hierarchy, 1, n_partitions)
-    reps, digests = [], set()
-    with open_executor("distributed", workers=workers, keep_memory=keep) as ex:
-        ex.client.run(_warm)
-        for _ in range(repeats):
-            out, arrays, rel = _pipeline(table, parts, ex, seed)
-            digests.add(_digest(arrays))
-            reps.append(out)
-            del arrays
-        rss = ex.client.run(_peak_mb)
+def _summary(workers: int, parts: list, reps: list, digests: set, rss: dict, rel, table) -> dict:
     stages = {k: statistics.median(r["stages"][k] for r in reps) for k in reps[0]["stages"]}
     err = rel.estimates[-1] - table.all_levels()[-1]
     return {
@@ -177,6 +169,31 @@ def run(table, n_partitions: int, workers: int, seed: int, repeats: int, keep: b
         "block_mean_reported_variance": float(rel.variances[-1].mean()),
         "digest": digests.pop() if len(digests) == 1 else sorted(digests),
     }
+
+
+def run(table, n_partitions: int, seed: int, repeats: int, keep: bool) -> list[dict]:
+    """Both clusters (1 and 2 workers) stay up and take turns, repeat by repeat, so a drift
+    in the machine's speed falls on both alike."""
+    parts = partition_units(table.hierarchy, 1, n_partitions)
+    counts = (1, 2)
+    reps: dict[int, list] = {w: [] for w in counts}
+    digests: dict[int, set] = {w: set() for w in counts}
+    last: dict = {}
+    with (
+        open_executor("distributed", workers=1, keep_memory=keep) as one,
+        open_executor("distributed", workers=2, keep_memory=keep) as two,
+    ):
+        executors = {1: one, 2: two}
+        for ex in executors.values():
+            ex.client.run(_warm)
+        for _ in range(repeats):
+            for w in counts:
+                out, arrays, last[w] = _pipeline(table, parts, executors[w], seed)
+                digests[w].add(_digest(arrays))
+                reps[w].append(out)
+                del arrays
+        rss = {w: executors[w].client.run(_peak_mb) for w in counts}
+    return [_summary(w, parts, reps[w], digests[w], rss[w], last[w], table) for w in counts]
 
 
 def main() -> None:
@@ -196,7 +213,11 @@ def main() -> None:
     table = synthetic_us(args.seed, blocks=args.blocks)
     synth = time.perf_counter() - t0
     keep = not args.platform_malloc
-    runs = [run(table, args.partitions, w, args.seed, args.repeats, keep) for w in (1, 2)]
+    runs = run(table, args.partitions, args.seed, args.repeats, keep)
+    pairs = [
+        a / b
+        for a, b in zip(runs[0]["seconds_each_repeat"], runs[1]["seconds_each_repeat"], strict=True)
+    ]
     out = {
         "blocks": int(table.hierarchy.leaves.size),
         "sizes": list(table.hierarchy.sizes),
@@ -206,6 +227,7 @@ def main() -> None:
         "seconds_synthetic_data (not counted)": synth,
         "runs": runs,
         "speedup_2_over_1": runs[0]["seconds"] / runs[1]["seconds"],
+        "speedup_each_repeat": [round(x, 3) for x in pairs],
         "identical_results": isinstance(runs[0]["digest"], str)
         and runs[0]["digest"] == runs[1]["digest"],
         "driver_peak_rss_mb": _peak_mb(),
