@@ -284,7 +284,10 @@ class DaskExecutor:
                 futures = [self._launch(h) for h in handles]
                 index = {f.key: i for i, f in enumerate(futures)}
                 pending = [f for i, f in enumerate(futures) if i not in done]
-                for f in as_completed(pending):
+                # this client's loop: as_completed would otherwise run on the process's
+                # default client, and a future awaited on two loops fails with "bound to a
+                # different event loop" (seen with a second client in the process)
+                for f in as_completed(pending, loop=self.client.loop):
                     i = index[f.key]
                     value = f.result()
                     done.add(i)
@@ -302,9 +305,11 @@ class DaskExecutor:
 
     def wait(self, handles: Sequence[_Handle]) -> None:
         """Block until the handles are computed (for timings); errors surface in ``gather``."""
-        from dask.distributed import wait
+        from dask.distributed import as_completed
 
-        wait([self._launch(h) for h in handles])
+        futures = [self._launch(h) for h in handles]
+        for _ in as_completed(futures, loop=self.client.loop):  # not dask's wait(): it
+            pass  # uses the process's default client, which may not be this one
 
     def release(self, handles: Sequence[_Handle]) -> None:
         """The caller needs these results no more (tasks depending on them keep them)."""
