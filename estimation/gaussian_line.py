@@ -53,6 +53,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import log_ndtr, ndtri_exp
 
+from censusdp.estimation.line_conditional import line_inputs, same_bounds, take_rows
+
 __all__ = ["GaussianLine", "WINDOW_LOG_TAIL", "tail_bound"]
 
 #: L of the integer window: it reaches ``√(2L/P)`` from the mode (mass outside ≤ e^{−L} scale)
@@ -136,14 +138,8 @@ class GaussianLine:
             (n,) bounds on δ; None for unbounded. For integer lines they are rounded inward.
         integer : bool
         """
-        a = np.asarray(a, dtype=np.float64)
-        c = np.asarray(c, dtype=np.float64)
-        prec = np.where(c != 0, np.asarray(prec, dtype=np.float64), 0.0)
+        a, c, prec, lo, hi = line_inputs(a, c, prec, lo, hi, integer)
         n = a.shape[0]
-        lo = np.full(n, -np.inf) if lo is None else np.asarray(lo, dtype=np.float64)
-        hi = np.full(n, np.inf) if hi is None else np.asarray(hi, dtype=np.float64)
-        if integer:
-            lo, hi = np.ceil(lo), np.floor(hi)
         P = np.einsum("nk,nk->n", prec, c * c)
         curved = P > 0
         Ps = np.where(curved, P, 1.0)
@@ -255,21 +251,7 @@ class GaussianLine:
 
     def subset(self, rows: np.ndarray) -> GaussianLine:
         """The lines at ``rows``."""
-        return GaussianLine(
-            self.a[rows],
-            self.c[rows],
-            self.prec[rows],
-            self.lo[rows],
-            self.hi[rows],
-            self.integer,
-            self.P[rows],
-            self.mu[rows],
-            self.log_norm[rows],
-            self.log_norm_centred[rows],
-            self.proper[rows],
-            self.window[rows],
-            self.window_logw[rows],
-        )
+        return take_rows(self, rows)
 
     def distance(self, other: GaussianLine, shift: np.ndarray) -> np.ndarray:
         """How far ``other`` (shifted by ``shift``) is from this line, per line.
@@ -284,15 +266,9 @@ class GaussianLine:
         shift = np.asarray(shift, dtype=np.float64)
         d = np.sqrt(self.P) * np.abs(self.mu - (other.mu - shift))
         same_p = np.isclose(self.P, other.P, rtol=1e-12, atol=0.0)
-        same_lo = np.isclose(self.lo, other.lo - shift, rtol=0.0, atol=1e-9) | (
-            np.isinf(self.lo) & np.isinf(other.lo)
-        )
-        same_hi = np.isclose(self.hi, other.hi - shift, rtol=0.0, atol=1e-9) | (
-            np.isinf(self.hi) & np.isinf(other.hi)
-        )
         flat = (self.P == 0) & (other.P == 0)
         d = np.where(flat, 0.0, d)
-        return np.where(same_p & same_lo & same_hi, d, np.inf)
+        return np.where(same_p & same_bounds(self, other, shift), d, np.inf)
 
 
 def _window(

@@ -32,6 +32,7 @@ Devroye (1986), *Non-Uniform Random Variate Generation*, §II.2 (inversion) and 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -64,6 +65,50 @@ def _logaddexp_reduce(x: np.ndarray) -> np.ndarray:
     safe = np.where(np.isfinite(m), m, 0.0)
     with np.errstate(divide="ignore"):
         return safe + np.log(np.sum(np.exp(x - safe[..., None]), axis=-1))
+
+
+def line_inputs(
+    a: np.ndarray,
+    c: np.ndarray,
+    weight: np.ndarray,
+    lo: np.ndarray | None,
+    hi: np.ndarray | None,
+    integer: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A line's inputs as float arrays: ``(a, c, weight, lo, hi)``, weights of terms with
+    ``c = 0`` zeroed, missing bounds infinite, integer bounds rounded inward."""
+    a = np.asarray(a, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    weight = np.where(c != 0, np.asarray(weight, dtype=np.float64), 0.0)
+    n = a.shape[0]
+    lo = np.full(n, -np.inf) if lo is None else np.asarray(lo, dtype=np.float64)
+    hi = np.full(n, np.inf) if hi is None else np.asarray(hi, dtype=np.float64)
+    if integer:
+        lo, hi = np.ceil(lo), np.floor(hi)
+    return a, c, weight, lo, hi
+
+
+def take_rows(line: Line, rows: np.ndarray) -> Line:
+    """The lines at ``rows`` of a batch (every array field is indexed by line first)."""
+    return dataclasses.replace(
+        line,  # type: ignore[type-var]
+        **{
+            f.name: getattr(line, f.name)[rows]
+            for f in dataclasses.fields(line)  # type: ignore[arg-type]
+            if isinstance(getattr(line, f.name), np.ndarray)
+        },
+    )
+
+
+def same_bounds(x: Line, y: Line, shift: np.ndarray) -> np.ndarray:
+    """Per line, whether y's bounds shifted by ``shift`` are x's (infinite ends match)."""
+    same_lo = np.isclose(x.lo, y.lo - shift, rtol=0.0, atol=1e-9) | (
+        np.isinf(x.lo) & np.isinf(y.lo)
+    )
+    same_hi = np.isclose(x.hi, y.hi - shift, rtol=0.0, atol=1e-9) | (
+        np.isinf(x.hi) & np.isinf(y.hi)
+    )
+    return same_lo & same_hi
 
 
 @dataclass(frozen=True)
@@ -128,14 +173,8 @@ class LaplaceLine:
             (n,) bounds on δ; None for unbounded. For integer lines they are rounded inward.
         integer : bool
         """
-        a = np.asarray(a, dtype=np.float64)
-        c = np.asarray(c, dtype=np.float64)
-        beta = np.where(c != 0, np.asarray(beta, dtype=np.float64), 0.0)
-        n, _ = a.shape
-        lo = np.full(n, -np.inf) if lo is None else np.asarray(lo, dtype=np.float64)
-        hi = np.full(n, np.inf) if hi is None else np.asarray(hi, dtype=np.float64)
-        if integer:
-            lo, hi = np.ceil(lo), np.floor(hi)
+        a, c, beta, lo, hi = line_inputs(a, c, beta, lo, hi, integer)
+        n = a.shape[0]
         weight = beta * np.abs(c)
         active = weight > 0
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -256,20 +295,7 @@ class LaplaceLine:
 
     def subset(self, rows: np.ndarray) -> LaplaceLine:
         """The lines at ``rows``."""
-        return LaplaceLine(
-            self.a[rows],
-            self.c[rows],
-            self.beta[rows],
-            self.lo[rows],
-            self.hi[rows],
-            self.integer,
-            self.left[rows],
-            self.right[rows],
-            self.slope[rows],
-            self.log_mass[rows],
-            self.log_norm[rows],
-            self.proper[rows],
-        )
+        return take_rows(self, rows)
 
     def distance(self, other: LaplaceLine, shift: np.ndarray) -> np.ndarray:
         """A bound on ``sup |log p_x(δ) − log p_y(δ + shift)|`` (unnormalised), per line,
@@ -281,13 +307,7 @@ class LaplaceLine:
         x, y = self, other
         shift = np.asarray(shift, dtype=np.float64)
         d = np.einsum("nk,nk->n", x.beta, np.abs(x.a - y.a - x.c * shift[:, None]))
-        same_lo = np.isclose(x.lo, y.lo - shift, rtol=0.0, atol=1e-9) | (
-            np.isinf(x.lo) & np.isinf(y.lo)
-        )
-        same_hi = np.isclose(x.hi, y.hi - shift, rtol=0.0, atol=1e-9) | (
-            np.isinf(x.hi) & np.isinf(y.hi)
-        )
-        return np.where(same_lo & same_hi, d, np.inf)
+        return np.where(same_bounds(x, y, shift), d, np.inf)
 
 
 def _f(a: np.ndarray, c: np.ndarray, beta: np.ndarray, points: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from censusdp.estimation.gibbs_moves import GibbsGroupMoves, LineDraws
 from censusdp.estimation.lattice_release import lattice_engine
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.synthetic import random_hierarchy
-from censusdp.mechanisms.discrete import DiscreteLaplace
+from censusdp.mechanisms.discrete import DiscreteGaussian, DiscreteLaplace
 from censusdp.mechanisms.lattice import (
     GroupSumLattice,
     IntegerLattice,
@@ -158,9 +158,11 @@ def _small_tree_problem(law, nonnegative: bool):
     return h, lv, ms, inv, ConditioningProblem(h, 1, ms, inv, nonnegative=nonnegative, start=start)
 
 
-def test_tree_sweeps_sample_the_exact_posterior_on_an_enumerable_tree():
-    """Discrete Laplace at two levels, root total invariant, leaves ≥ 0: enumerate π(z)."""
-    h, lv, ms, inv, prob = _small_tree_problem(DiscreteLaplace(2), nonnegative=True)
+@pytest.mark.parametrize("law", [DiscreteLaplace(2), DiscreteGaussian(2)], ids=["laplace", "gauss"])
+def test_tree_sweeps_sample_the_exact_posterior_on_an_enumerable_tree(law):
+    """Discrete Laplace / Gaussian at two levels, root total invariant, leaves ≥ 0:
+    enumerate π(z)."""
+    h, lv, ms, inv, prob = _small_tree_problem(law, nonnegative=True)
     assert prob.kernel == "gibbs"
     total = int(lv[0][0, 0])
     tables = np.array([t for t in itertools.product(range(total + 1), repeat=4) if sum(t) == total])
