@@ -34,41 +34,6 @@ def test_precisions_of_gaussian_type_laws_only():
     assert ProductTarget([g, Laplace(1.0)], np.array([0, 1])).l2_precisions() is None
 
 
-@pytest.mark.parametrize("law", [Gaussian(2.0), DiscreteGaussian(2)])
-@pytest.mark.parametrize("nonnegative", [False, True])
-def test_tree_sweeps_keep_consistency_invariants_and_bounds(law, nonnegative):
-    gen = np.random.default_rng(4)
-    h = random_hierarchy(gen, [(2, 4), (1, 5), (1, 4)])
-    x = gen.integers(0, 20, (h.leaves.size, 2))
-    lv = h.aggregate(x)
-    rng = KeyedRNG.reproducible(4, warn=False)
-    cells = ["a", "b"]
-    plan = [(k, Query.detailed(cells), law) for k in range(1, h.depth)]
-    ms = measure(h.names, lv, plan, rng)
-    inv = [invariant(lv, 1, Query.total(cells))]
-    start = x if nonnegative else None
-    prob = ConditioningProblem(h, 2, ms, inv, nonnegative=nonnegative, start=start)
-    assert prob.kernel == "gibbs"
-    eng = prob.engine
-    cs = eng.init(prob.initial_states(50, gen, spread=prob.default_spread))
-    start_tables = prob.tables(cs.states).copy()
-    eng.run(cs, 60, gen)
-    tables = prob.tables(cs.states)
-    assert np.abs(tables - start_tables).max() > 0
-    for t in tables:
-        got = h.aggregate(t)[1].sum(axis=1)
-        if law.is_integer:
-            assert t.dtype == np.int64 and np.array_equal(got, lv[1].sum(axis=1))
-        else:
-            assert np.abs(got - lv[1].sum(axis=1)).max() < 1e-9
-        if nonnegative:
-            assert t.min() >= (0 if law.is_integer else -1e-9)
-    noise = prob.layout.noise_blocks(cs.states)
-    for m, e in zip(ms, noise, strict=True):
-        z = np.stack([h.aggregate(t)[m.level] for t in tables])
-        assert np.abs(e - (np.asarray(m.values)[None] - z)).max() < 1e-9
-
-
 def test_group_sweeps_keep_every_group_total():
     groups = np.repeat(np.arange(3), 4)
     target = ProductTarget([DiscreteGaussian(2)], np.zeros(12, np.int64))

@@ -23,7 +23,7 @@ from censusdp.mechanisms.lattice import (
     LatticeLaplace,
     table_margins_incidence,
 )
-from censusdp.mechanisms.laws import Laplace
+from censusdp.mechanisms.laws import Gaussian, Laplace
 from censusdp.mechanisms.queries import Query, invariant, measure
 from censusdp.rng import KeyedRNG
 
@@ -186,8 +186,11 @@ def test_tree_sweeps_sample_the_exact_posterior_on_an_enumerable_tree(law):
     assert st.chisquare(obs, exp).pvalue > ALPHA
 
 
-@pytest.mark.parametrize("law", [Laplace(2.0), DiscreteLaplace(2)])
-def test_tree_sweeps_keep_consistency_and_invariants(law):
+@pytest.mark.parametrize(
+    "law", [Laplace(2.0), DiscreteLaplace(2), Gaussian(2.0), DiscreteGaussian(2)]
+)
+@pytest.mark.parametrize("nonnegative", [False, True])
+def test_tree_sweeps_keep_consistency_invariants_and_bounds(law, nonnegative):
     gen = np.random.default_rng(4)
     h = random_hierarchy(gen, [(2, 4), (1, 5), (1, 4)])
     x = gen.integers(0, 20, (h.leaves.size, 2))
@@ -197,9 +200,12 @@ def test_tree_sweeps_keep_consistency_and_invariants(law):
     plan = [(k, Query.detailed(cells), law) for k in range(1, h.depth)]
     ms = measure(h.names, lv, plan, rng)
     inv = [invariant(lv, 1, Query.total(cells))]
-    prob = ConditioningProblem(h, 2, ms, inv)
+    prob = ConditioningProblem(
+        h, 2, ms, inv, nonnegative=nonnegative, start=x if nonnegative else None
+    )
+    assert prob.kernel == "gibbs"
     eng = prob.engine
-    cs = eng.init(prob.initial_states(50, gen))
+    cs = eng.init(prob.initial_states(50, gen, spread=prob.default_spread))
     start = prob.tables(cs.states).copy()
     eng.run(cs, 60, gen)
     tables = prob.tables(cs.states)
@@ -211,6 +217,8 @@ def test_tree_sweeps_keep_consistency_and_invariants(law):
             assert t.dtype == np.int64 and np.array_equal(got, lv[1].sum(axis=1))
         else:
             assert np.abs(got - lv[1].sum(axis=1)).max() < 1e-9
+        if nonnegative:
+            assert t.min() >= (0 if law.is_integer else -1e-9)
     # the noise coordinates equal y − Q z at every level (consistency of the state)
     noise = prob.layout.noise_blocks(cs.states)
     for m, e in zip(ms, noise, strict=True):
