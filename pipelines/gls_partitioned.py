@@ -267,11 +267,6 @@ def _gathered(kept: PartitionedRelease, timing: str) -> Release:
 
 
 # ----------------------------------------------------------------------------- rounding tasks
-def _same(piece: ReleasePiece) -> ReleasePiece:
-    """Identity: places a value with the executor once, for several tasks to read."""
-    return piece
-
-
 def _round_task(
     item: tuple, n_global: tuple[int, ...], rng: KeyedRNG, mode: str, label: str, tol: float
 ) -> RoundPart:
@@ -371,7 +366,6 @@ def partitioned_round(
         return round_release(plain, rng, method=method, label=lab, tol=tol)
     if kept is None:
         kept = PartitionedRelease.of(release, partitions, ex)
-        kept.pieces = ex.submit(_same, kept.pieces)
     # the rounding tasks need the shape of their subtrees, not the node codes
     forests = [Forest.of(h, cut, p.ranges).without_codes() for p in partitions]
     if method == "bipartite":

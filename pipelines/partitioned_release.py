@@ -121,52 +121,43 @@ class PartitionedRelease:
         """
         if len(self.pieces) != len(self.partitions):
             raise ValueError("the pieces of this release were dropped")
-        h, cut = self.hierarchy, self.cut
-        levels = range(cut + 1, h.depth)
-        out: dict[str, list | None] = {
-            "estimates": None,
-            "variances": None if self.variances is None else [],
-            "covariances": None if self.covariances is None else [],
-        }
+        h = self.hierarchy
+        levels = range(self.cut + 1, h.depth)
+        names = [
+            n for n in ("estimates", "variances", "covariances") if getattr(self, n) is not None
+        ]
+        below: dict[str, list[np.ndarray]] = {}
         for i, piece in self.executor.each(self.pieces):
-            if out["estimates"] is None:  # shapes and types from the first piece
-                out["estimates"] = []
-                for name, arrays in out.items():
-                    if arrays is None:
-                        continue
-                    for k, a in zip(levels, getattr(piece, name), strict=True):
-                        arrays.append(np.empty((h.levels[k].size, *a.shape[1:]), a.dtype))
             p = self.partitions[i]
-            for name, arrays in out.items():
-                if arrays is None:
-                    continue
-                for k, dst, src in zip(levels, arrays, getattr(piece, name), strict=True):
+            for name in names:
+                parts = getattr(piece, name)
+                if name not in below:  # shapes and types from the first piece
+                    below[name] = [
+                        np.empty((h.levels[k].size, *a.shape[1:]), a.dtype)
+                        for k, a in zip(levels, parts, strict=True)
+                    ]
+                for k, dst, src in zip(levels, below[name], parts, strict=True):
                     dst[slice(*p.range(k))] = src
             del piece
-        top = {"estimates": self.estimates, "variances": self.variances}
-        top["covariances"] = self.covariances
-
-        def joined(name: str) -> list[np.ndarray] | None:
-            below = out[name]
-            return None if below is None else [*top[name], *below]
-
+        whole = {n: [*getattr(self, n), *below.get(n, [])] for n in names}
         return Release(
             estimator=self.estimator,
             hierarchy=h,
             cells=self.cells,
-            estimates=joined("estimates"),
-            variances=joined("variances"),
+            estimates=whole["estimates"],
+            variances=whole.get("variances"),
             privacy=self.privacy,
             integer=self.integer,
             diagnostics=dict(self.diagnostics),
-            covariances=joined("covariances"),
+            covariances=whole.get("covariances"),
         )
 
     @classmethod
     def of(
         cls, release: Release, partitions: Sequence[Partition], executor: Executor
     ) -> PartitionedRelease:
-        """A plain release cut into pieces that are values (task items carry them)."""
+        """A plain release cut into pieces, each placed with the executor by a task that
+        carries it (so a lost piece can be recomputed from its task, as every other)."""
         cut = partitions[0].cut
         D = release.hierarchy.depth
 
@@ -195,5 +186,10 @@ class PartitionedRelease:
             release.estimates[: cut + 1],
             None if release.variances is None else release.variances[: cut + 1],
             None if release.covariances is None else release.covariances[: cut + 1],
-            pieces,
+            executor.submit(_same, pieces),
         )
+
+
+def _same(piece: ReleasePiece) -> ReleasePiece:
+    """Identity: a task that places a piece with the executor, for other tasks to read."""
+    return piece

@@ -178,3 +178,19 @@ def test_a_kept_release_rounded_on_other_partitions_stays_usable():
         assert _equal(r.estimates, round_release(ref, rng, method="totals").estimates)
         assert _equal(kept.gather().estimates, ref.estimates)  # still the caller's
         kept.drop()
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "distributed"])
+def test_a_plain_release_cut_into_pieces_gathers_back_whole(scheduler):
+    if scheduler == "distributed":
+        pytest.importorskip("dask.distributed")
+    h, counts = _tree()
+    rng = KeyedRNG.reproducible(7, warn=False)
+    det = Query.detailed(CELLS)
+    invs = [invariant(counts, 0, det), invariant(counts, 1, det)]
+    ref = tree_gls(h, CELLS, measure(h.names, counts, _plan("general"), rng), invs, PRIVACY)
+    with open_executor(scheduler, workers=2) as ex:
+        kept = PartitionedRelease.of(ref, partition_units(h, 2, 4), ex)
+        got = kept.gather()
+        kept.drop()
+    assert _equal(got.estimates, ref.estimates) and _equal(got.variances, ref.variances)
