@@ -47,7 +47,7 @@ from censusdp.estimation.lattice_release import (
     steps_per_sweep,
     tune_scale,
 )
-from censusdp.experiments.registry import to_jsonable
+from censusdp.jsonable import to_jsonable
 from censusdp.mechanisms.lattice import (
     GroupSumLattice,
     IntegerLattice,

@@ -18,7 +18,8 @@ __all__ = ["main", "build_parser"]
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
-    from censusdp.experiments.registry import available, run_experiment, to_jsonable
+    from censusdp.experiments.registry import available, run_experiment
+    from censusdp.jsonable import to_jsonable
 
     if args.list or not args.name:
         print("\n".join(available()))

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import pkgutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from censusdp.atomic import atomic_dir
 from censusdp.errors import DataError, SpecError
+from censusdp.jsonable import to_jsonable
 from censusdp.paths import shared_data_file
 from censusdp.rng import KeyedRNG
 
-__all__ = ["ExperimentContext", "available", "run_experiment", "to_jsonable"]
+__all__ = ["ExperimentContext", "available", "run_experiment"]
 
 
 @dataclass
@@ -100,24 +98,6 @@ def available() -> list[str]:
             continue
         names.append(mod.name.replace("_", "-"))
     return sorted(names)
-
-
-def to_jsonable(obj: Any) -> Any:
-    """numpy scalars/arrays → Python; NaN/inf → None (JSON has neither)."""
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, float | np.floating):
-        f = float(obj)
-        return f if math.isfinite(f) else None
-    return obj
 
 
 def run_experiment(

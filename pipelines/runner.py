@@ -32,8 +32,8 @@ from censusdp import __version__
 from censusdp.atomic import atomic_dir
 from censusdp.config import RunSpec
 from censusdp.estimation.release import Release
-from censusdp.experiments.registry import to_jsonable
 from censusdp.hierarchy.table import Table
+from censusdp.jsonable import to_jsonable
 from censusdp.mechanisms.queries import Invariant, Query, invariant
 from censusdp.pipelines.data import RunData, load_data
 from censusdp.pipelines.execute import open_executor
