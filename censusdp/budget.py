@@ -349,6 +349,21 @@ class PrivacyStatement:
             "text": self.text(),
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> PrivacyStatement:
+        """The statement :meth:`to_dict` wrote (``guarantee`` and ``text`` are derived)."""
+        return cls(
+            d["accounting"],
+            epsilon=d.get("epsilon"),
+            rho=d.get("rho"),
+            delta=d.get("delta"),
+            invariants=tuple(d.get("invariants", ())),
+            geometry=d.get("geometry", "euclidean"),
+            data_dependent=bool(d.get("data_dependent", False)),
+            mechanism=d.get("mechanism", ""),
+            notes=tuple(d.get("notes", ())),
+        )
+
 
 # --------------------------------------------------------------------------------------------
 # Accountants

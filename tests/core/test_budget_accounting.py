@@ -161,6 +161,25 @@ def test_statement_for_without_invariants_is_plain_dp():
 
 
 @pytest.mark.parametrize(
+    "statement",
+    [
+        statement_for("pure", 0.5, mechanism="laplace", geometry="weighted"),
+        PrivacyStatement(
+            "zcdp",
+            rho=0.25,
+            delta=1e-10,
+            invariants=("nation: total", "state: total"),
+            data_dependent=True,
+            mechanism="discrete_gaussian",
+            notes=("MCMC total variation <= 0.005",),
+        ),
+    ],
+)
+def test_statement_survives_its_dict(statement):
+    assert PrivacyStatement.from_dict(statement.to_dict()) == statement
+
+
+@pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"accounting": "zcdp", "total": 1.0, "mechanism": "laplace"}, "accounted under 'pure'"),

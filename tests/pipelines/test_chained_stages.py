@@ -3,6 +3,8 @@ pieces left where they were computed) give the single-process numbers bit for bi
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -11,13 +13,16 @@ from censusdp.errors import DataError
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.rounding import round_release
 from censusdp.hierarchy import Hierarchy
+from censusdp.jsonable import to_jsonable
 from censusdp.mechanisms.laws import Gaussian, Laplace
 from censusdp.mechanisms.queries import Query, invariant, measure
+from censusdp.pipelines import release_store
 from censusdp.pipelines.execute import open_executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
 from censusdp.pipelines.measure import PartitionedMeasurements, measure_partitioned
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.partitioned_release import PartitionedRelease
+from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.rng import KeyedRNG
 
 CELLS = ["a", "b", "c"]
@@ -194,3 +199,109 @@ def test_a_plain_release_cut_into_pieces_gathers_back_whole(scheduler):
         got = kept.gather()
         kept.drop()
     assert _equal(got.estimates, ref.estimates) and _equal(got.variances, ref.variances)
+
+
+def _kept_releases(ex, cut: int, n: int):
+    """A kept GLS release (with covariances) of the fixture and its kept rounding."""
+    h, counts = _tree()
+    rng = KeyedRNG.reproducible(7, warn=False)
+    det = Query.detailed(CELLS)
+    invs = [invariant(counts, 0, det), invariant(counts, 1, det)]
+    parts = partition_units(h, cut, n)
+    pm = measure_partitioned(h.names, counts, _plan("diagonal"), rng, parts, ex, keep=True)
+    gls = partitioned_gls(h, CELLS, pm, invs, PRIVACY, parts, ex, keep=True, covariance=True)
+    return h, gls, partitioned_round(gls, rng, parts, ex, method="cells")
+
+
+def _same_release(got, want) -> None:
+    assert got.estimator == want.estimator and got.cells == want.cells
+    assert got.integer == want.integer and got.privacy == want.privacy
+    assert got.diagnostics == to_jsonable(want.diagnostics)
+    for name in ("estimates", "variances", "covariances"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert _equal(a, b), name
+        assert b is None or [x.dtype for x in a] == [y.dtype for y in b], name
+
+
+@pytest.mark.parametrize(
+    "scheduler, cut, n_parts",
+    [("sync", 1, (1, 3, 17)), ("sync", 3, (4,)), ("threads", 2, (3,)), ("distributed", 2, (3, 17))],
+)
+def test_a_release_written_where_it_was_computed_reads_back_whole(
+    scheduler, cut, n_parts, tmp_path
+):
+    if scheduler == "distributed":
+        pytest.importorskip("dask.distributed")
+    with open_executor(scheduler, workers=2) as ex:
+        for n in n_parts:
+            h, gls, rounded = _kept_releases(ex, cut, n)
+            for name, kept in (("gls", gls), ("rounded", rounded)):
+                where = write_release(kept, tmp_path / f"{name}-{n}")
+                _same_release(read_release(where, h), kept.gather())
+                plain = kept.gather()
+                _same_release(
+                    read_release(write_release(plain, tmp_path / f"p{name}-{n}"), h), plain
+                )
+                kept.drop()
+
+
+def test_a_release_store_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    with open_executor("sync") as ex:
+        h, gls, rounded = _kept_releases(ex, 2, 3)
+        target = tmp_path / "store"
+        write_release(rounded, target)
+        with pytest.raises(FileExistsError, match="overwrite=True"):
+            write_release(gls, target)
+        write_release(gls, target, overwrite=True)
+        assert not read_release(target, h).integer  # replaced by the GLS release
+
+        calls = []
+
+        def failing_save(path, array):
+            calls.append(path)
+            if path.name.startswith("part-00002"):
+                raise OSError("disk full")
+            return save(path, array)
+
+        save = release_store._save
+        monkeypatch.setattr(release_store, "_save", failing_save)
+        with pytest.raises(OSError, match="disk full"):
+            write_release(rounded, tmp_path / "half")
+        assert calls and not (tmp_path / "half").exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]  # no temporary left
+        monkeypatch.undo()
+        rounded.drop()
+        with pytest.raises(ValueError, match="dropped"):
+            write_release(rounded, tmp_path / "dropped")
+        assert not (tmp_path / "dropped").exists()
+        gls.drop()
+
+
+def test_reading_a_damaged_or_foreign_release_store_names_the_problem(tmp_path):
+    with open_executor("sync") as ex:
+        h, gls, rounded = _kept_releases(ex, 2, 3)
+        store = write_release(rounded, tmp_path / "store")
+        gls.drop()
+        rounded.drop()
+    lv = h.levels
+    fewer_blocks = Hierarchy.from_parents(
+        h.names,
+        [v.codes for v in lv[:-1]] + [lv[-1].codes[:-1]],
+        [v.parent for v in lv[:-1]] + [lv[-1].parent[:-1]],
+    )
+    with pytest.raises(DataError, match=r"level 4 is 'block' with \d+ nodes in the store but"):
+        read_release(store, fewer_blocks)
+    with pytest.raises(DataError, match="not a release store"):
+        read_release(tmp_path, h)
+    part = store / "variances" / "block" / "part-00001.npy"
+    part.rename(part.with_suffix(".bak"))
+    with pytest.raises(DataError, match="part-00001.npy is missing"):
+        read_release(store, h)
+    part.with_suffix(".bak").rename(part)
+    (store / "estimates" / "tract" / "part-00002.npy").write_bytes(b"not an array")
+    with pytest.raises(DataError, match="part-00002.npy: not a readable"):
+        read_release(store, h)
+    manifest = json.loads((store / "manifest.json").read_text())
+    (store / "manifest.json").write_text(json.dumps({**manifest, "format": 99}))
+    with pytest.raises(DataError, match="format 99"):
+        read_release(store, h)
