@@ -6,30 +6,39 @@ totals invariant, exact discrete Gaussian noise at the county, tract and block l
 tree is cut at the state level; the same partitions run on a Dask ``LocalCluster`` with 1 and
 with 2 worker processes (1 thread each). Stages: :func:`measure_partitioned` (with
 ``keep=True``), :func:`partitioned_gls` (estimates and exact variances, ``keep=True``),
-:func:`partitioned_round` of the kept release, and gathering the integer release (counts
-and variances of every level) into the driver.
+:func:`partitioned_round` of the kept release, and :func:`write_release` of the integer
+release (counts and variances of every level): each partition's levels below the state are
+written by the worker that computed them, the nation and state levels and the manifest by
+the driver, into a temporary directory (``--out``) renamed into place when complete.
 
 The stages chain on the cluster: each partition's measurements, upward state and release
 piece stay on the worker that computed them (Dask futures; the next task runs where its
 input is). What passes between the driver and the workers: the partitions' exact counts of
-the levels at or below the cut (inside the measurement tasks), the cut-level messages and
-leftover fractions (small), and at the end the finished integer release.
+the levels at or below the cut (inside the measurement tasks) and the cut-level messages and
+leftover fractions (small).
+
+The other ending, gathering the whole integer release into the driver
+(:meth:`PartitionedRelease.gather`, 133 MB at 8.2M blocks, received and copied by the driver
+alone), is timed on its own after the write and reported beside it: ``seconds_if_gathered``
+and ``speedup_2_over_1_if_gathered`` count it in place of the write. The store read back
+(not timed) must equal the gathered release bit for bit (``store_reads_back_as_gathered``).
 
 Timed, per stage, in the driver: from the first submission of the stage until its results
-exist (``wait``); the last stage until the integer release is assembled in the driver.
-Cluster start-up, importing the task code in the workers and the synthetic data are not
-timed. The worker counts take ``--repeats`` turns: in each, a fresh 1-worker cluster and
-then a fresh 2-worker cluster run the pipeline once to warm their memory (not counted, as
-the later repetitions of a spec run warm) and once timed. Turns interleave the two in time,
-so a drift in the machine's speed falls on both alike, and only one cluster is up at a time
-(an idle second cluster's scheduler would take CPU from the one measured). The figures are
-the medians over turns; every turn is listed, with its speedup.
+exist (``wait``); the write until the store is renamed into place. Cluster start-up,
+importing the task code in the workers and the synthetic data are not timed. The worker
+counts take ``--repeats`` turns: in each, a fresh 1-worker cluster and then a fresh 2-worker
+cluster run the pipeline once to warm their memory (not counted, as the later repetitions of
+a spec run warm) and once timed. Turns interleave the two in time, so a drift in the
+machine's speed falls on both alike, and only one cluster is up at a time (an idle second
+cluster's scheduler would take CPU from the one measured). The figures are the medians over
+turns; every turn is listed, with its speedup.
 
 Prints one JSON object: wall seconds per stage and in total for each worker count, the
-speedup of 2 workers over 1 (ratio of the median totals), the largest peak resident memory
-(``VmHWM``) of a worker process and that of the driver, and whether every run gave the same
-numbers (they must: keyed noise and per-node arithmetic). The speedup is only meaningful on
-an otherwise idle machine with at least 2 free cores.
+speedup of 2 workers over 1 (ratio of the median totals) with and without the gather in
+place of the write, the largest peak resident memory (``VmHWM``) of a worker process and
+that of the driver, and whether every run gave the same numbers (they must: keyed noise and
+per-node arithmetic). The speedup is only meaningful on an otherwise idle machine with at
+least 2 free cores.
 
 Memory policy (reported under ``malloc``): every process keeps the memory it frees for
 reuse instead of returning it to the kernel — the executor's workers by default
@@ -41,7 +50,7 @@ rounding task spent as much time in the kernel as computing. Same work, same num
 where freed memory goes. ``--platform-malloc`` runs without the policy.
 
 Usage: ``python benchmarks/distributed_scale.py [--blocks N] [--partitions P] [--repeats R]
-[--seed S] [--platform-malloc]`` (the last leaves the memory policy alone).
+[--seed S] [--out DIR] [--platform-malloc]`` (the last leaves the memory policy alone).
 """
 
 from __future__ import annotations
@@ -51,8 +60,11 @@ import ctypes
 import hashlib
 import json
 import resource
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -64,6 +76,7 @@ from censusdp.pipelines.execute import KEEP_FREED_MEMORY, open_executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
 from censusdp.pipelines.measure import measure_partitioned
 from censusdp.pipelines.partition import partition_units
+from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.rng import KeyedRNG
 
 _MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
@@ -112,8 +125,11 @@ def _memory_policy() -> dict:
     return {"policy": "keep freed memory", "settings": KEEP_FREED_MEMORY, "driver": driver}
 
 
-def _pipeline(table, parts, ex, seed: int) -> tuple[dict, list[np.ndarray], object]:
-    """One timed run: stage seconds, the arrays to compare, and the real-valued release."""
+def _pipeline(table, parts, ex, seed: int, store: Path) -> tuple[dict, list[np.ndarray], object]:
+    """One timed run: stage seconds, the arrays to compare, and the real-valued release.
+
+    The integer release is written to ``store`` (removed afterwards).
+    """
     h, cells = table.hierarchy, table.cells
     counts = table.all_levels()
     q = Query.total(cells)
@@ -138,21 +154,30 @@ def _pipeline(table, parts, ex, seed: int) -> tuple[dict, list[np.ndarray], obje
     rounded_kept = partitioned_round(kept, rng, parts, ex, method="cells")
     rounded_kept.wait()
     t3 = time.perf_counter()
-    rounded = rounded_kept.gather()
+    write_release(rounded_kept, store)
     t4 = time.perf_counter()
+    rounded = rounded_kept.gather()  # the other ending, timed on its own
+    t5 = time.perf_counter()
     rounded_kept.drop()
+    stored = read_release(store, h)  # not timed: what the workers wrote, to compare
+    shutil.rmtree(store)
     rel = kept.gather()  # not timed: the real-valued release, for the figures below
     kept.drop()
     stages = {
         "measure_discrete_gaussian": t1 - t0,
         "gls_with_variances": t2 - t1,
         "unbiased_rounding": t3 - t2,
-        "gather_integer_release": t4 - t3,
+        "write_integer_release": t4 - t3,
         "total": t4 - t0,
+        "gather_integer_release": t5 - t4,
+        "total_if_gathered": t3 - t0 + t5 - t4,
     }
     exact = bool(np.array_equal(rounded.totals("state"), counts[1].sum(1)))
+    same = _digest(stored.estimates + stored.variances) == _digest(
+        rounded.estimates + rounded.variances
+    )
     arrays = rel.estimates + rel.variances + rounded.estimates + rounded.variances
-    return {"stages": stages, "state_totals_exact": exact}, arrays, rel
+    return {"stages": stages, "state_totals_exact": exact, "store_as_gathered": same}, arrays, rel
 
 
 def _summary(workers: int, parts: list, reps: list, digests: set, rss: dict, rel, table) -> dict:
@@ -162,18 +187,23 @@ def _summary(workers: int, parts: list, reps: list, digests: set, rss: dict, rel
         "workers": workers,
         "partitions": len(parts),
         "seconds": stages.pop("total"),
+        "seconds_if_gathered": stages.pop("total_if_gathered"),
         "seconds_per_stage": stages,
         "seconds_each_repeat": [round(r["stages"]["total"], 3) for r in reps],
+        "seconds_if_gathered_each_repeat": [
+            round(r["stages"]["total_if_gathered"], 3) for r in reps
+        ],
         "gls_stages": {k: v for k, v in rel.diagnostics.items() if k.startswith("seconds")},
         "peak_rss_mb_largest_worker": round(max(rss.values()), 1),
         "state_totals_exact_after_rounding": all(r["state_totals_exact"] for r in reps),
+        "store_reads_back_as_gathered": all(r["store_as_gathered"] for r in reps),
         "block_rmse": float(np.sqrt(np.mean(err**2))),
         "block_mean_reported_variance": float(rel.variances[-1].mean()),
         "digest": digests.pop() if len(digests) == 1 else sorted(digests),
     }
 
 
-def run(table, n_partitions: int, seed: int, repeats: int, keep: bool) -> list[dict]:
+def run(table, n_partitions: int, seed: int, repeats: int, keep: bool, out: Path) -> list[dict]:
     """``repeats`` turns; in each, a fresh 1-worker cluster then a fresh 2-worker cluster run
     the pipeline once untimed (to warm their memory) and once timed. Turns interleave the
     worker counts in time, so a drift in the machine's speed falls on both alike, and only
@@ -188,10 +218,10 @@ def run(table, n_partitions: int, seed: int, repeats: int, keep: bool) -> list[d
         for w in counts:
             with open_executor("distributed", workers=w, keep_memory=keep) as ex:
                 ex.client.run(_warm)
-                _pipeline(table, parts, ex, seed)  # warm-up, not counted
-                out, arrays, last[w] = _pipeline(table, parts, ex, seed)
+                _pipeline(table, parts, ex, seed, out / "release")  # warm-up, not counted
+                res, arrays, last[w] = _pipeline(table, parts, ex, seed, out / "release")
                 digests[w].add(_digest(arrays))
-                reps[w].append(out)
+                reps[w].append(res)
                 del arrays
                 for addr, mb in ex.client.run(_peak_mb).items():
                     rss[w][f"{len(rss[w])}:{addr}"] = mb
@@ -205,6 +235,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="directory for the release store (default: a new temporary directory)",
+    )
+    ap.add_argument(
         "--platform-malloc",
         action="store_true",
         help="leave every process's memory policy as the platform and Dask set it",
@@ -215,11 +251,12 @@ def main() -> None:
     table = synthetic_us(args.seed, blocks=args.blocks)
     synth = time.perf_counter() - t0
     keep = not args.platform_malloc
-    runs = run(table, args.partitions, args.seed, args.repeats, keep)
-    pairs = [
-        a / b
-        for a, b in zip(runs[0]["seconds_each_repeat"], runs[1]["seconds_each_repeat"], strict=True)
-    ]
+    with tempfile.TemporaryDirectory(dir=args.out) as out:
+        runs = run(table, args.partitions, args.seed, args.repeats, keep, Path(out))
+
+    def pairs(key: str) -> list[float]:
+        return [round(a / b, 3) for a, b in zip(runs[0][key], runs[1][key], strict=True)]
+
     out = {
         "blocks": int(table.hierarchy.leaves.size),
         "sizes": list(table.hierarchy.sizes),
@@ -229,7 +266,10 @@ def main() -> None:
         "seconds_synthetic_data (not counted)": synth,
         "runs": runs,
         "speedup_2_over_1": runs[0]["seconds"] / runs[1]["seconds"],
-        "speedup_each_repeat": [round(x, 3) for x in pairs],
+        "speedup_each_repeat": pairs("seconds_each_repeat"),
+        "speedup_2_over_1_if_gathered": runs[0]["seconds_if_gathered"]
+        / runs[1]["seconds_if_gathered"],
+        "speedup_if_gathered_each_repeat": pairs("seconds_if_gathered_each_repeat"),
         "identical_results": isinstance(runs[0]["digest"], str)
         and runs[0]["digest"] == runs[1]["digest"],
         "driver_peak_rss_mb": _peak_mb(),
