@@ -163,6 +163,8 @@ def write_release(
                             "written by its task but is not in the store; on a remote Dask "
                             "cluster the path must be on a filesystem the workers share"
                         )
+        for stale in tmp.rglob(".*.tmp"):  # left by a task killed mid-write and run again
+            stale.unlink(missing_ok=True)
         manifest = {
             "format": FORMAT,
             "estimator": release.estimator,

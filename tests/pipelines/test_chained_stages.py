@@ -4,6 +4,7 @@ pieces left where they were computed) give the single-process numbers bit for bi
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -263,7 +264,15 @@ def test_a_release_store_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
                 raise OSError("disk full")
             return save(path, array)
 
+        def killed_first(path, array):  # a task that died mid-write, then its rerun
+            path.with_name(f".{path.name}.999.tmp").write_bytes(b"half")
+            return save(path, array)
+
         save = release_store._save
+        monkeypatch.setattr(release_store, "_save", killed_first)
+        write_release(rounded, tmp_path / "rerun")
+        assert not list((tmp_path / "rerun").rglob("*.tmp"))
+        shutil.rmtree(tmp_path / "rerun")
         monkeypatch.setattr(release_store, "_save", failing_save)
         with pytest.raises(OSError, match="disk full"):
             write_release(rounded, tmp_path / "half")
