@@ -40,6 +40,7 @@ Biswas, Jacob & Vanetti (2019), L-lag couplings.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,7 +68,14 @@ from censusdp.mechanisms.laws import Gaussian, NoiseLaw
 from censusdp.mechanisms.queries import Invariant, Measurement
 from censusdp.rng import KeyedRNG
 
-__all__ = ["condition", "certificate", "ConditioningProblem"]
+__all__ = [
+    "condition",
+    "certificate",
+    "certified_draws",
+    "chain_level_variances",
+    "CertifiedDraws",
+    "ConditioningProblem",
+]
 
 
 class ConditioningProblem:
@@ -399,6 +407,115 @@ def condition(
         start=start,
         kernel=kernel,
     )
+    draws = certified_draws(
+        prob,
+        rng,
+        tv_bound=tv_bound,
+        lag=lag,
+        max_iterations=max_iterations,
+        n_coupled_pairs=n_coupled_pairs,
+        n_chains=max(n_draws, n_rhat_chains),
+    )
+    finals, tail = draws.finals, draws.tail
+    leaf_post_var = tail.astype(np.float64).var(axis=(0, 1)).reshape(finals.shape[1:])
+    if n_draws == 1:
+        leaf = finals[0]
+        leaf_var = 2.0 * leaf_post_var
+        mcse = None
+    else:
+        leaf = finals[:n_draws].mean(axis=0)
+        leaf_var = leaf_post_var * (1.0 + 1.0 / n_draws)
+        mcse = finals[:n_draws].astype(np.float64).std(axis=0, ddof=1) / np.sqrt(n_draws)
+    estimates = hierarchy.aggregate(leaf)
+    integer = prob.integer and n_draws == 1
+    if integer:
+        estimates = [np.asarray(e, dtype=np.int64) for e in estimates]
+    else:
+        estimates = [np.asarray(e, dtype=np.float64) for e in estimates]
+    variances = chain_level_variances(hierarchy, leaf_var, tail)
+
+    notes = [
+        draws.certificate_note(),
+        "the sampler uses only the noisy measurements and public laws (post-processing)",
+    ]
+    if n_draws > 1:
+        notes.append(f"released value: the average of {n_draws} independent draws")
+    if nonnegative:
+        notes.append(
+            "non-negativity imposed on the released table; flagged data-dependent because in "
+            "the conditioned-mechanism view the indicator 𝕀(x + e ≥ 0) involves the data"
+        )
+    statement = privacy.with_notes(*notes, data_dependent=True if nonnegative else None)
+    diagnostics = {**draws.diagnostics, "n_draws": int(n_draws), "mcse_leaf": mcse}
+    return Release(
+        estimator="conditioning",
+        hierarchy=hierarchy,
+        cells=tuple(cells),
+        estimates=estimates,
+        variances=variances,
+        privacy=statement,
+        integer=integer,
+        diagnostics=diagnostics,
+    )
+
+
+@dataclass(frozen=True)
+class CertifiedDraws:
+    """Chains of a :class:`ConditioningProblem` run past a certified burn-in.
+
+    Attributes
+    ----------
+    finals : numpy.ndarray
+        (n_chains, n_leaves, n_cells): each chain's table at an iteration ≥ the burn-in T,
+        the chains independent and started from the over-dispersed initial law.
+    tail : numpy.ndarray
+        Thinned states of the chains after T (draws, chains, free coordinates), for Monte
+        Carlo variances.
+    diagnostics : dict
+        ``tv_bound`` (the L-lag coupling bound at T), ``tv_bound_requested``, ``lag``,
+        ``burn_in``, ``iterations``, ``rhat_max``, ``n_chains``, ``n_coupled_pairs``,
+        ``meeting_time_quantiles``, ``acceptance_rate``, ``step_scale``, ``kernel``,
+        ``mcse_batch_means``.
+    """
+
+    finals: np.ndarray
+    tail: np.ndarray
+    diagnostics: dict
+
+    def certificate_note(self) -> str:
+        """The certificate in words, for a privacy statement's notes."""
+        d = self.diagnostics
+        return (
+            f"MCMC ({d['kernel']} moves over the noise): burn-in {d['burn_in']} iterations, "
+            f"L-lag coupling TV bound {d['tv_bound']:.3g} (L = {d['lag']}, "
+            f"{d['n_coupled_pairs']} pairs), split-R̂ max {d['rhat_max']:.3f} over "
+            f"{d['n_chains']} chains"
+        )
+
+
+def certified_draws(
+    prob: ConditioningProblem,
+    rng: KeyedRNG,
+    *,
+    tv_bound: float,
+    lag: int | None,
+    max_iterations: int,
+    n_coupled_pairs: int,
+    n_chains: int,
+) -> CertifiedDraws:
+    """Run ``n_chains`` chains of ``prob`` past the first iteration T whose L-lag coupling
+    bound on d_TV(π_T, π) is below ``tv_bound`` (Biswas, Jacob & Vanetti 2019, Thm. 2.5).
+
+    ``lag=None`` takes L from a 1-lag pilot (the median meeting time of 50 pairs). Coupled
+    pairs start from the same over-dispersed initial law as the chains; all randomness comes
+    from ``rng``'s stream ``conditioning/mcmc``.
+
+    Raises
+    ------
+    ConvergenceError
+        Pairs that do not meet within ``max_iterations``, or a bound still above
+        ``tv_bound`` there (the message names the bound reached).
+    """
     eng = prob.engine
     gen = rng.generator("conditioning/mcmc")
     spread = prob.default_spread
@@ -433,75 +550,29 @@ def condition(
         )
     bound = float(coupling.tv_bound(burn_in))
 
-    m = max(n_draws, n_rhat_chains)
-    cs = eng.init(pi0(m))
+    cs = eng.init(pi0(n_chains))
     sample_every = max(1, burn_in // 50)
     trace = eng.run(cs, burn_in, gen, thin=sample_every, keep=slice(prob.layout.w_offset, None))
     post = max(burn_in, 100)
     tail = eng.run(cs, post, gen, thin=max(1, post // 100), keep=slice(prob.layout.w_offset, None))
     draws_all = np.concatenate([trace, tail]).astype(np.float64)
     rhat = split_rhat(draws_all[:, :, _rhat_columns(draws_all.shape[2])])
-    rhat_max = float(np.nanmax(rhat))
-
-    finals = prob.tables(cs.states)  # each chain at iteration burn_in + post ≥ T
-    leaf_post_var = tail.astype(np.float64).var(axis=(0, 1)).reshape(finals.shape[1:])
-    if n_draws == 1:
-        leaf = finals[0]
-        leaf_var = 2.0 * leaf_post_var
-        mcse = None
-    else:
-        leaf = finals[:n_draws].mean(axis=0)
-        leaf_var = leaf_post_var * (1.0 + 1.0 / n_draws)
-        mcse = finals[:n_draws].astype(np.float64).std(axis=0, ddof=1) / np.sqrt(n_draws)
-    estimates = hierarchy.aggregate(leaf)
-    integer = prob.integer and n_draws == 1
-    if integer:
-        estimates = [np.asarray(e, dtype=np.int64) for e in estimates]
-    else:
-        estimates = [np.asarray(e, dtype=np.float64) for e in estimates]
-    variances = _aggregate_leaf_variances(hierarchy, leaf_var, tail, prob)
-
-    notes = [
-        f"MCMC conditioning ({prob.kernel} moves over the noise): burn-in {burn_in} "
-        f"iterations, L-lag coupling TV bound {bound:.3g} (L = {lag}, {n_coupled_pairs} "
-        f"pairs), split-R̂ max {rhat_max:.3f} over {m} chains",
-        "the sampler uses only the noisy measurements and public laws (post-processing)",
-    ]
-    if n_draws > 1:
-        notes.append(f"released value: the average of {n_draws} independent draws")
-    if nonnegative:
-        notes.append(
-            "non-negativity imposed on the released table; flagged data-dependent because in "
-            "the conditioned-mechanism view the indicator 𝕀(x + e ≥ 0) involves the data"
-        )
-    statement = privacy.with_notes(*notes, data_dependent=True if nonnegative else None)
     diagnostics = {
         "tv_bound": bound,
         "tv_bound_requested": tv_bound,
         "lag": int(lag),
         "burn_in": int(burn_in),
         "iterations": int(burn_in + post),
-        "rhat_max": rhat_max,
-        "n_chains": int(m),
+        "rhat_max": float(np.nanmax(rhat)),
+        "n_chains": int(n_chains),
         "n_coupled_pairs": int(n_coupled_pairs),
         "meeting_time_quantiles": np.quantile(coupling.meeting_times, [0.5, 0.9, 1.0]).tolist(),
         "acceptance_rate": float(cs.acceptance_rate.mean()),
         "step_scale": prob.step_scale,
         "kernel": prob.kernel,
-        "n_draws": int(n_draws),
-        "mcse_leaf": mcse,
         "mcse_batch_means": float(np.max(batch_means_se(tail.astype(np.float64)))),
     }
-    return Release(
-        estimator="conditioning",
-        hierarchy=hierarchy,
-        cells=tuple(cells),
-        estimates=estimates,
-        variances=variances,
-        privacy=statement,
-        integer=integer,
-        diagnostics=diagnostics,
-    )
+    return CertifiedDraws(prob.tables(cs.states), tail, diagnostics)
 
 
 def certificate(release: Release) -> dict:
@@ -525,8 +596,8 @@ def _rhat_columns(d: int, cap: int = 200) -> np.ndarray:
     return np.unique(np.linspace(0, d - 1, min(d, cap)).astype(np.int64))
 
 
-def _aggregate_leaf_variances(
-    hierarchy: Hierarchy, leaf_var: np.ndarray, tail: np.ndarray, prob: ConditioningProblem
+def chain_level_variances(
+    hierarchy: Hierarchy, leaf_var: np.ndarray, tail: np.ndarray
 ) -> list[np.ndarray]:
     """Per level, the variance of every node's estimate, from the chains' aggregated draws
     (scaled like the leaf variances: ×2 for one draw, ×(1 + 1/n) for an average)."""

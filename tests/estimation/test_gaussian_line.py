@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import scipy.integrate as si
 import scipy.stats as st
+from stattests import chi2_pvalue
 
 from censusdp.estimation.gaussian_line import GaussianLine, tail_bound
 from censusdp.estimation.gibbs_moves import LineDraws
@@ -36,18 +37,6 @@ def _brute_integer(a, c, p, lo, hi, scale=1.0, span=300):
     f[(xs < lo) | (xs > hi)] = -np.inf
     m = f.max()
     return xs, f - (m + np.log(np.exp(f - m).sum()))
-
-
-def _chi2_pvalue(draws: np.ndarray, log_pmf: np.ndarray, xs: np.ndarray) -> float:
-    expected = np.exp(log_pmf) * draws.size
-    values, counts_all = np.unique(draws, return_counts=True)
-    lookup = dict(zip(values.tolist(), counts_all.tolist(), strict=True))
-    counts = np.array([lookup.get(float(x), 0) for x in xs])
-    keep = expected >= 5
-    obs = np.append(counts[keep], draws.size - counts[keep].sum())
-    exp = np.append(expected[keep], draws.size - expected[keep].sum())
-    ok = exp > 0
-    return float(st.chisquare(obs[ok], exp[ok] * obs[ok].sum() / exp[ok].sum()).pvalue)
 
 
 def _random_line(rng):
@@ -110,9 +99,9 @@ def test_integer_draws_pass_chi2_and_reject_a_wider_law(a, c, p, lo, hi):
     assert np.array_equal(draws, np.round(draws))
     assert np.all((draws >= lo) & (draws <= hi))
     xs, ref = _brute_integer(a, c, p, lo, hi)
-    assert _chi2_pvalue(draws, ref, xs) > ALPHA
+    assert chi2_pvalue(draws, ref, xs) > ALPHA
     _, wider = _brute_integer(a, c, p, lo, hi, scale=1.3)
-    assert _chi2_pvalue(draws, wider, xs) < ALPHA  # power: a 30% wider law is rejected
+    assert chi2_pvalue(draws, wider, xs) < ALPHA  # power: a 30% wider law is rejected
 
 
 def _truncnorm(a, c, p, lo, hi, scale=1.0):
@@ -210,8 +199,8 @@ def test_maximal_coupling_keeps_marginals_and_meets_with_probability_one_minus_t
     dx, dy, coupled = couple_lines(x, y, shift, rng, close=np.inf)  # maximal on every line
     xs, ref_x = _brute_integer(ax, c, p, -np.inf, np.inf)
     _, ref_y = _brute_integer(ay, c, p, -np.inf, np.inf)
-    assert _chi2_pvalue(dx, ref_x, xs) > ALPHA
-    assert _chi2_pvalue(dy, ref_y, xs) > ALPHA
+    assert chi2_pvalue(dx, ref_x, xs) > ALPHA
+    assert chi2_pvalue(dy, ref_y, xs) > ALPHA
     np.testing.assert_array_equal(dy[coupled], dx[coupled] + 2.0)
     # P(δy = δx + shift) = 1 − d_TV(law of δx + shift, law of δy)
     _, ref_x_shifted = _brute_integer(ax - c * 2.0, c, p, -np.inf, np.inf)
@@ -221,8 +210,8 @@ def test_maximal_coupling_keeps_marginals_and_meets_with_probability_one_minus_t
     assert abs(coupled.mean() - overlap) < 4 * se
     # the default (synchronous unless near-identical) coupling keeps both marginals too
     dx, dy, _ = couple_lines(x, y, shift, rng)
-    assert _chi2_pvalue(dx, ref_x, xs) > ALPHA
-    assert _chi2_pvalue(dy, ref_y, xs) > ALPHA
+    assert chi2_pvalue(dx, ref_x, xs) > ALPHA
+    assert chi2_pvalue(dy, ref_y, xs) > ALPHA
 
 
 def test_continuous_maximal_coupling_meets_with_probability_one_minus_tv():

@@ -10,6 +10,7 @@ import scipy.integrate as si
 import scipy.stats as st
 from hypothesis import given, settings
 from hypothesis import strategies as hs
+from stattests import chi2_pvalue
 
 from censusdp.estimation.line_conditional import LaplaceLine, couple_lines, distance
 
@@ -72,25 +73,15 @@ def test_continuous_normaliser_matches_quadrature():
         assert abs(line.log_norm[0] - math.log(z)) < 1e-7
 
 
-def _chi2_pvalue(draws: np.ndarray, log_pmf: np.ndarray, xs: np.ndarray) -> float:
-    expected = np.exp(log_pmf) * draws.size
-    counts = np.array([(draws == x).sum() for x in xs])
-    keep = expected >= 5
-    obs = np.append(counts[keep], draws.size - counts[keep].sum())
-    exp = np.append(expected[keep], draws.size - expected[keep].sum())
-    ok = exp > 0
-    return float(st.chisquare(obs[ok], exp[ok] * obs[ok].sum() / exp[ok].sum()).pvalue)
-
-
 def test_integer_draws_pass_chi2_and_reject_a_wrong_scale():
     a, c, beta = np.array([3.0, -4.0, 1.0]), np.array([1.0, -1.0, 2.0]), np.array([0.3, 0.3, 0.5])
     n = 100_000
     draws = _line(a, c, beta, -8.0, math.inf, n).sample(np.random.default_rng(11))
     assert np.array_equal(draws, np.round(draws))
     xs, ref = _brute_integer(a, c, beta, -8.0, math.inf)
-    assert _chi2_pvalue(draws, ref, xs) > ALPHA
+    assert chi2_pvalue(draws, ref, xs) > ALPHA
     _, wrong = _brute_integer(a, c, 1.3 * beta, -8.0, math.inf)
-    assert _chi2_pvalue(draws, wrong, xs) < ALPHA  # power: 30% wrong rates are rejected
+    assert chi2_pvalue(draws, wrong, xs) < ALPHA  # power: 30% wrong rates are rejected
 
 
 def test_continuous_draws_pass_ks_and_reject_a_wrong_scale():
@@ -127,8 +118,8 @@ def test_coupling_keeps_both_marginals_and_identical_lines_agree():
     dx, dy, _ = couple_lines(x, y, shift, rng)
     xs, ref_x = _brute_integer(np.array([2.0, -1.0]), np.array(c), np.array(beta), -np.inf, np.inf)
     _, ref_y = _brute_integer(np.zeros(2), np.array(c), np.array(beta), -np.inf, np.inf)
-    assert _chi2_pvalue(dx, ref_x, xs) > ALPHA
-    assert _chi2_pvalue(dy, ref_y, xs) > ALPHA
+    assert chi2_pvalue(dx, ref_x, xs) > ALPHA
+    assert chi2_pvalue(dy, ref_y, xs) > ALPHA
     # lines identical up to the shift: distance 0, and the draws always coincide
     y2 = _line([0.0, 1.0], c, beta, -math.inf, math.inf, n)
     assert np.all(distance(x, y2, shift) == 0)
