@@ -13,6 +13,7 @@ from censusdp.errors import DataError
 from censusdp.experiments.nyc_taxi import (
     ESTIMATORS,
     LEVELS,
+    MCMC_ESTIMATORS,
     PAPER_TABLE2,
     TV_TARGET,
     _table_md,
@@ -102,18 +103,19 @@ def test_quick_run_table_and_consistent_releases(shared_file, tmp_path):
     keys = {(r["epsilon"], r["level"], r["estimator"]) for r in table}
     assert keys == {(e, k, n) for e in (0.5, 1.0, 2.0) for k in (1, 2, 3) for n in ESTIMATORS}
     for r in table:
-        expected = 1 if r["estimator"].startswith("conditioning") else 2
+        expected = 1 if r["estimator"] in MCMC_ESTIMATORS else 2
         assert r["runs"] == expected, r
         assert math.isfinite(r["normalized_l1"]) and r["normalized_l1"] >= 0
-    # every conditioning release is certified by condition(): TV bound < 0.01, gibbs moves
+    # every MCMC release is certified: TV bound < 0.01, gibbs moves
     assert on_disk["tv_bound_max"] < TV_TARGET
-    for name in ("conditioning", "conditioning_nonneg"):
+    for name in MCMC_ESTIMATORS:
         assert set(on_disk["tv_bounds"][name]) == {"0.5", "1", "2"}
         for eps, d in on_disk["conditioning_diagnostics"]["synthetic_month"][name].items():
             assert d["certified"] and d["tv_bound"] < TV_TARGET, (name, eps)
             assert d["kernel"] == "gibbs" and len(d["runs"]) == 1
             assert math.isfinite(d["rhat_max"])
             assert ("data-dependent" in d["runs"][0]["privacy"]) == (name.endswith("nonneg"))
+            assert ("curator-side" in d["runs"][0]["privacy"]) == (name == "mh")
     # the released tables: zones sum to boroughs, boroughs to the city, for every estimator
     est = pd.read_csv(out / "estimates_run0.csv", dtype={"code": str, "parent": str})
     assert set(est["estimator"]) == set(ESTIMATORS)
