@@ -78,6 +78,11 @@ def _write_piece(
 ) -> int:
     """Write partition ``index``'s piece under ``root``; the number of bytes written."""
     piece, index = item
+    if not os.path.isdir(root):
+        raise DataError(
+            f"{root} is not visible where partition {index}'s task runs; on a remote Dask "
+            "cluster write the release to a filesystem the workers share"
+        )
     written = 0
     for name in fields:
         for level, array in zip(levels, getattr(piece, name), strict=True):

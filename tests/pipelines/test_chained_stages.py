@@ -282,6 +282,8 @@ def test_a_release_store_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
         assert calls and not (tmp_path / "half").exists()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]  # no temporary left
         monkeypatch.undo()
+        with pytest.raises(DataError, match="not visible where partition 0's task runs"):
+            release_store._write_piece((None, 0), str(tmp_path / "elsewhere"), [], [])
         rounded.drop()
         with pytest.raises(ValueError, match="dropped"):
             write_release(rounded, tmp_path / "dropped")
