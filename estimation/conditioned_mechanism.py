@@ -63,7 +63,7 @@ from censusdp.mechanisms.laws import Gaussian, NoiseLaw
 from censusdp.mechanisms.queries import Invariant, Measurement, Query, measure
 from censusdp.rng import KeyedRNG
 
-__all__ = ["conditioned_mechanism", "conditioned_noise"]
+__all__ = ["conditioned_mechanism", "conditioned_noise", "conditioned_releases"]
 
 _CURATOR = (
     "curator-side ℳ_MH: x + e with e drawn from the noise law conditioned on consistency "
@@ -199,38 +199,80 @@ def conditioned_mechanism(
     ConvergenceError
         As for :func:`~censusdp.estimation.conditioning.condition`.
     """
+    return conditioned_releases(
+        hierarchy,
+        cells,
+        counts,
+        plan,
+        invariants,
+        privacy,
+        rng,
+        n_releases=1,
+        tv_bound=tv_bound,
+        lag=lag,
+        max_iterations=max_iterations,
+        n_coupled_pairs=n_coupled_pairs,
+        n_rhat_chains=n_rhat_chains,
+        kernel=kernel,
+    )[0]
+
+
+def conditioned_releases(
+    hierarchy: Hierarchy,
+    cells: Sequence[str],
+    counts: Sequence[np.ndarray],
+    plan: Sequence[tuple[int, Query, NoiseLaw]],
+    invariants: Sequence[Invariant],
+    privacy: PrivacyStatement,
+    rng: KeyedRNG,
+    *,
+    n_releases: int,
+    tv_bound: float = 0.01,
+    lag: int | None = None,
+    max_iterations: int = 200_000,
+    n_coupled_pairs: int = 200,
+    n_rhat_chains: int = 4,
+    kernel: str = "auto",
+) -> list[Release]:
+    """``n_releases`` independent releases of :func:`conditioned_mechanism` from one
+    certificate: the chains never see the data, so one burn-in T serves every chain, and
+    release ``i`` is chain ``i``'s state past T (its own noise, independent of the others').
+    Repeated runs of a study (or several releases of one table, each charged to the budget)
+    cost about one certification. Release ``i`` of Gaussian laws measures with
+    ``rng.child(f"release/{i}")``. Parameters as for :func:`conditioned_mechanism`.
+    """
     levels = _check_table(hierarchy, counts, invariants)
     if all(type(law) is Gaussian for _, _, law in plan):
-        meas = measure(hierarchy.names, levels, plan, rng)
-        rel = tree_gls(hierarchy, cells, meas, invariants, privacy)
-        rel.estimator = "conditioned_mechanism"
-        rel.privacy = rel.privacy.with_notes(
-            _CURATOR,
-            "Gaussian noise: the conditioned law is that of the projected noise, drawn exactly "
-            "as the GLS projection of one measurement of x",
-        )
-        rel.diagnostics = dict(rel.diagnostics, conditioned_mechanism="exact: GLS of x + ε")
-        return rel
+        out = []
+        for i in range(n_releases):
+            meas = measure(hierarchy.names, levels, plan, rng.child(f"release/{i}"))
+            rel = tree_gls(hierarchy, cells, meas, invariants, privacy)
+            rel.estimator = "conditioned_mechanism"
+            rel.privacy = rel.privacy.with_notes(
+                _CURATOR,
+                "Gaussian noise: the conditioned law is that of the projected noise, drawn "
+                "exactly as the GLS projection of one measurement of x",
+            )
+            rel.diagnostics = dict(rel.diagnostics, conditioned_mechanism="exact: GLS of x + ε")
+            out.append(rel)
+        return out
     noise, draws = conditioned_noise(
         hierarchy,
         cells,
         plan,
         invariants,
         rng,
-        n_tables=n_rhat_chains,
+        n_tables=max(n_releases, n_rhat_chains),
         tv_bound=tv_bound,
         lag=lag,
         max_iterations=max_iterations,
         n_coupled_pairs=n_coupled_pairs,
         kernel=kernel,
     )
-    noise, integer = noise[0], draws.diagnostics["integer"]
+    integer = draws.diagnostics["integer"]
     dtype = np.int64 if integer else np.float64
-    estimates = [
-        np.asarray(x, dtype=dtype) + np.asarray(e, dtype=dtype)
-        for x, e in zip(levels, hierarchy.aggregate(noise), strict=True)
-    ]
-    leaf_var = draws.tail.astype(np.float64).var(axis=(0, 1)).reshape(noise.shape)
+    leaf_var = draws.tail.astype(np.float64).var(axis=(0, 1)).reshape(noise.shape[1:])
+    variances = chain_level_variances(hierarchy, leaf_var, draws.tail)
     bound = draws.diagnostics["tv_bound"]
     eps = privacy.epsilon
     delta = f"≤ (1 + e^ε) η = {(1 + np.exp(eps)) * bound:.3g}" if eps is not None else "of order η"
@@ -242,13 +284,19 @@ def conditioned_mechanism(
         f"the MCMC draw is within TV η = {bound:.3g} of the exact conditioned law: an "
         f"additive δ {delta} (a Monte Carlo estimate, not a proof)",
     )
-    return Release(
-        estimator="conditioned_mechanism",
-        hierarchy=hierarchy,
-        cells=tuple(cells),
-        estimates=estimates,
-        variances=chain_level_variances(hierarchy, leaf_var, draws.tail),
-        privacy=statement,
-        integer=integer,
-        diagnostics=dict(draws.diagnostics),
-    )
+    return [
+        Release(
+            estimator="conditioned_mechanism",
+            hierarchy=hierarchy,
+            cells=tuple(cells),
+            estimates=[
+                np.asarray(x, dtype=dtype) + np.asarray(e, dtype=dtype)
+                for x, e in zip(levels, hierarchy.aggregate(noise[i]), strict=True)
+            ],
+            variances=[v.copy() for v in variances],
+            privacy=statement,
+            integer=integer,
+            diagnostics=dict(draws.diagnostics),
+        )
+        for i in range(n_releases)
+    ]

@@ -12,7 +12,11 @@ from stattests import chi2_pvalue
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
-from censusdp.estimation.conditioned_mechanism import conditioned_mechanism, conditioned_noise
+from censusdp.estimation.conditioned_mechanism import (
+    conditioned_mechanism,
+    conditioned_noise,
+    conditioned_releases,
+)
 from censusdp.estimation.gls import tree_gls
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.discrete import DiscreteLaplace
@@ -133,7 +137,7 @@ def test_gaussian_noise_is_the_projection_of_one_measurement():
     plan = [(1, Q, Gaussian(2.0)), (2, Q, Gaussian(1.0))]
     inv = [invariant(x, 0, Q)]
     rel = conditioned_mechanism(h, CELLS, x, plan, inv, PRIVACY, _rng(4))
-    ref = tree_gls(h, CELLS, measure(h.names, x, plan, _rng(4)), inv, PRIVACY)
+    ref = tree_gls(h, CELLS, measure(h.names, x, plan, _rng(4).child("release/0")), inv, PRIVACY)
     for got, want in itertools.chain(
         zip(rel.estimates, ref.estimates, strict=True),
         zip(rel.variances, ref.variances, strict=True),
@@ -156,3 +160,18 @@ def test_tables_the_guarantee_does_not_cover_are_refused():
         conditioned_mechanism(h, CELLS, x, plan, [other], PRIVACY, _rng(1))
     with pytest.raises(DataError, match="2 count arrays for a hierarchy of 3 levels"):
         conditioned_mechanism(h, CELLS, x[:2], plan, [], PRIVACY, _rng(1))
+
+
+def test_releases_from_one_certificate_are_independent_draws():
+    h = _tree()
+    x = _table(h, [5, 1, 0, 7])
+    plan = [(1, Q, DiscreteLaplace(2)), (2, Q, DiscreteLaplace(2))]
+    inv = [invariant(x, 0, Q)]
+    many = conditioned_releases(h, CELLS, x, plan, inv, PRIVACY, _rng(2), n_releases=3)
+    one = conditioned_mechanism(h, CELLS, x, plan, inv, PRIVACY, _rng(2))
+    assert all(np.array_equal(a, b) for a, b in zip(many[0].estimates, one.estimates, strict=True))
+    for rel in many:
+        assert np.array_equal(rel.estimates[0], x[0])
+        assert rel.diagnostics["burn_in"] == one.diagnostics["burn_in"]  # one certificate
+    leaves = [rel.estimates[2] for rel in many]
+    assert not any(np.array_equal(a, b) for a, b in itertools.combinations(leaves, 2))
