@@ -45,11 +45,12 @@ Biswas, Jacob & Vanetti (2019), L-lag couplings.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from censusdp.budget import PrivacyStatement
-from censusdp.errors import DataError
+from censusdp.errors import DataError, SpecError
 from censusdp.estimation.conditioning import (
     CertifiedDraws,
     ConditioningProblem,
@@ -154,13 +155,7 @@ def conditioned_mechanism(
     invariants: Sequence[Invariant],
     privacy: PrivacyStatement,
     rng: KeyedRNG,
-    *,
-    tv_bound: float = 0.01,
-    lag: int | None = None,
-    max_iterations: int = 200_000,
-    n_coupled_pairs: int = 200,
-    n_rhat_chains: int = 4,
-    kernel: str = "auto",
+    **options: Any,
 ) -> Release:
     """Release ``x + e``, ``e`` from the noise law of ``plan`` conditioned on the constraints.
 
@@ -181,9 +176,11 @@ def conditioned_mechanism(
     rng : KeyedRNG
         All randomness (the Gaussian path measures with it; the chains use
         ``conditioning/mcmc``).
-    tv_bound, lag, max_iterations, n_coupled_pairs, n_rhat_chains, kernel
-        The certificate and the moves, as for
-        :func:`~censusdp.estimation.conditioning.condition`.
+    **options
+        ``tv_bound`` (0.01), ``lag``, ``max_iterations`` (200,000), ``n_coupled_pairs``
+        (200), ``n_rhat_chains`` (4), ``kernel`` ("auto"): the certificate and the moves, as
+        for :func:`~censusdp.estimation.conditioning.condition` (see
+        :func:`conditioned_releases`).
 
     Returns
     -------
@@ -200,20 +197,7 @@ def conditioned_mechanism(
         As for :func:`~censusdp.estimation.conditioning.condition`.
     """
     return conditioned_releases(
-        hierarchy,
-        cells,
-        counts,
-        plan,
-        invariants,
-        privacy,
-        rng,
-        n_releases=1,
-        tv_bound=tv_bound,
-        lag=lag,
-        max_iterations=max_iterations,
-        n_coupled_pairs=n_coupled_pairs,
-        n_rhat_chains=n_rhat_chains,
-        kernel=kernel,
+        hierarchy, cells, counts, plan, invariants, privacy, rng, n_releases=1, **options
     )[0]
 
 
@@ -241,6 +225,8 @@ def conditioned_releases(
     cost about one certification. Release ``i`` of Gaussian laws measures with
     ``rng.child(f"release/{i}")``. Parameters as for :func:`conditioned_mechanism`.
     """
+    if n_releases < 1:
+        raise SpecError(f"conditioned mechanism: n_releases must be at least 1, not {n_releases}")
     levels = _check_table(hierarchy, counts, invariants)
     if all(type(law) is Gaussian for _, _, law in plan):
         out = []

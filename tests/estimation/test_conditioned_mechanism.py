@@ -11,7 +11,7 @@ import pytest
 from stattests import chi2_pvalue
 
 from censusdp.budget import PrivacyStatement
-from censusdp.errors import DataError
+from censusdp.errors import DataError, SpecError
 from censusdp.estimation.conditioned_mechanism import (
     conditioned_mechanism,
     conditioned_noise,
@@ -160,6 +160,8 @@ def test_tables_the_guarantee_does_not_cover_are_refused():
         conditioned_mechanism(h, CELLS, x, plan, [other], PRIVACY, _rng(1))
     with pytest.raises(DataError, match="2 count arrays for a hierarchy of 3 levels"):
         conditioned_mechanism(h, CELLS, x[:2], plan, [], PRIVACY, _rng(1))
+    with pytest.raises(SpecError, match="n_releases must be at least 1, not 0"):
+        conditioned_releases(h, CELLS, x, plan, [], PRIVACY, _rng(1), n_releases=0)
 
 
 def test_releases_from_one_certificate_are_independent_draws():
