@@ -12,14 +12,14 @@ independent of how the input file was sorted.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from censusdp.errors import HierarchyError
+from censusdp.errors import DataError, HierarchyError
 
-__all__ = ["Level", "Hierarchy", "STRING_DTYPE", "as_codes"]
+__all__ = ["Level", "Hierarchy", "STRING_DTYPE", "as_codes", "exact_int64"]
 
 #: Codes are stored as numpy variable-width strings (short codes are stored inline).
 STRING_DTYPE = np.dtypes.StringDType()
@@ -286,7 +286,21 @@ class Hierarchy:
         out = np.zeros((up.size,) + values.shape[1:], dtype=values.dtype)
         nz = up.child_count > 0
         if values.shape[0]:
-            out[nz] = np.add.reduceat(values, up.child_start[nz], axis=0)
+            starts = up.child_start[nz]
+            terms = int(up.child_count.max())
+            sums, overflow = exact_int64(
+                lambda a: np.add.reduceat(a, starts, axis=0), values, terms
+            )
+            if overflow is not None:
+                node, *cell = np.argwhere(overflow)[0]
+                what = f", cell {int(cell[0])}" if cell else ""
+                raise DataError(
+                    f"node {str(up.codes[np.flatnonzero(nz)[node]])!r} of level {up.name!r}"
+                    f"{what}: the sum of its children in level {self.names[k]!r} exceeds the "
+                    "int64 range (2^63 - 1), so it cannot be held exactly; check the input "
+                    "counts for a unit or scale error"
+                )
+            out[nz] = sums
         return out
 
     def aggregate(self, leaf_values: np.ndarray) -> list[np.ndarray]:
@@ -295,6 +309,54 @@ class Hierarchy:
         for k in range(self.depth - 1, 0, -1):
             out.append(self.aggregate_up(k, out[-1]))
         return out[::-1]
+
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def exact_int64(
+    op: Callable[[np.ndarray], np.ndarray], values: np.ndarray, weight: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``op(values)`` for a linear ``op`` with integer coefficients on int64 ``values``,
+    and where its exact result leaves the int64 range.
+
+    int64 arithmetic wraps around silently; it is exact modulo 2⁶⁴, so the int64 result is
+    the exact one wherever the exact result lies in the int64 range, whatever happens to
+    partial sums. ``weight`` bounds Σ|coefficient| of every output (the number of summands
+    of a sum). When ``max|value| · weight`` fits, nothing can leave the range (one pass over
+    the values); otherwise the result is bounded in float64 (error below
+    2·(weight + 1)·2⁻⁵³·Σ|terms|) and only outputs near the bound are computed again in
+    Python integers.
+
+    Returns
+    -------
+    result : numpy.ndarray
+        ``op(values)`` (int64 for int64 input; other dtypes are passed through unchecked).
+    overflow : numpy.ndarray of bool or None
+        None when every output is exact; else the outputs beyond the int64 range.
+    """
+    values = np.asarray(values)
+    if values.dtype.kind not in "iu" or values.size == 0:
+        return op(values), None
+    if values.dtype.kind == "u":
+        if int(values.max()) > _INT64_MAX:
+            exact = op(values.astype(object))
+            return exact, np.vectorize(lambda v: v > _INT64_MAX, otypes=[bool])(exact)
+        values = values.astype(np.int64)
+    out = op(values)
+    big = max(int(values.max()), -int(values.min()))
+    if big * max(int(weight), 1) <= _INT64_MAX:
+        return out, None
+    as_float = values.astype(np.float64)
+    approx = np.abs(op(as_float))
+    bound = op(np.abs(as_float))
+    suspect = approx + 2.0 * (weight + 1) * 2.0**-53 * bound >= 2.0**63 * (1 - 2.0**-50)
+    if not suspect.any():
+        return out, None
+    exact = op(values.astype(object))[suspect]
+    over = np.zeros(out.shape, dtype=bool)
+    over[suspect] = [v > _INT64_MAX or v < -_INT64_MAX - 1 for v in exact]
+    return out, (over if over.any() else None)
 
 
 #: From this many nodes on, ASCII codes are sorted as big-endian integer words.

@@ -17,7 +17,7 @@ import pandas as pd
 from censusdp.errors import DataError
 from censusdp.hierarchy.builders import LevelLike, from_columns
 from censusdp.hierarchy.core import Hierarchy
-from censusdp.hierarchy.validate import check_counts
+from censusdp.hierarchy.validate import parse_counts
 
 __all__ = ["MIDWEST_CELLS", "Table", "resolve_cells"]
 
@@ -118,24 +118,20 @@ class Table:
         Raises
         ------
         DataError
-            Negative, non-integer, NaN, missing or non-numeric counts (naming the 1-based
-            data row and the column), missing columns, duplicate leaves.
+            Negative, non-integer, NaN, missing, non-numeric or out-of-int64 counts (naming
+            the 1-based data row and the column), missing columns, duplicate leaves. Counts
+            are parsed exactly (:func:`~censusdp.hierarchy.validate.parse_counts`), never
+            through float64.
         HierarchyError
             Codes that do not nest.
         """
         names = resolve_cells(cells, [str(c) for c in df.columns], source=source)
-        check_counts(df, names, source=source)
+        counts = np.empty((len(df), len(names)), dtype=np.int64)
+        for j, c in enumerate(names):
+            counts[:, j] = parse_counts(df[c], c, source=source)
         h, leaf_row = from_columns(
             df, levels, root_name=root_name, root_code=root_code, source=source
         )
-        counts = np.empty((len(df), len(names)), dtype=np.int64)
-        for j, c in enumerate(names):
-            col = df[c]
-            counts[:, j] = (
-                col.to_numpy(dtype=np.int64)
-                if pd.api.types.is_integer_dtype(col.dtype)
-                else pd.to_numeric(col).to_numpy(dtype=np.float64)
-            )
         counts = counts[leaf_row]
         return cls(h, tuple(names), counts)
 
@@ -175,13 +171,13 @@ class Table:
 
     @property
     def total(self) -> int:
-        """Grand total over all leaves and cells."""
-        return int(self.leaf_counts.sum())
+        """Grand total over all leaves and cells (a Python int: exact beyond int64)."""
+        return sum(int(v) for v in self.cell_totals)
 
     @property
     def cell_totals(self) -> np.ndarray:
-        """Root counts per cell, shape ``(n_cells,)``."""
-        return self.leaf_counts.sum(axis=0)
+        """Root counts per cell, shape ``(n_cells,)`` (overflow-checked sums)."""
+        return self.level_counts(0)[0]
 
     def level_counts(self, level: str | int) -> np.ndarray:
         """Counts of every node of ``level``, shape ``(n_nodes, n_cells)``, int64."""

@@ -18,7 +18,7 @@ import pandas as pd
 from censusdp.errors import DataError, HierarchyError
 from censusdp.hierarchy.core import Hierarchy, Level, as_codes
 
-__all__ = ["check_additive", "check_counts", "check_leaf_data", "validate"]
+__all__ = ["check_additive", "check_counts", "check_leaf_data", "parse_counts", "validate"]
 
 
 def _duplicate_code(codes: np.ndarray, increasing: np.ndarray) -> str | None:
@@ -217,7 +217,8 @@ def check_additive(
 
 
 def check_counts(df: pd.DataFrame, columns: Sequence[str], *, source: str | None = None) -> None:
-    """Refuse missing, NaN, non-numeric, non-integer, infinite or negative counts.
+    """Refuse missing, NaN, non-numeric, non-integer, infinite, negative or out-of-int64
+    counts (:func:`parse_counts` of every column).
 
     Raises
     ------
@@ -229,38 +230,155 @@ def check_counts(df: pd.DataFrame, columns: Sequence[str], *, source: str | None
     for col in columns:
         if col not in df.columns:
             raise DataError(f"{where}no count column {col!r}")
-        s = df[col]
-        if pd.api.types.is_bool_dtype(s.dtype):
-            raise DataError(f"{where}column {col!r} is boolean, not a count")
-        na = s.isna().to_numpy()
-        if na.any():
-            r = int(np.flatnonzero(na)[0])
-            raise DataError(
-                f"{where}data row {r + 1}, column {col!r}: missing count (empty or NaN); "
-                "every cell needs a count"
-            )
-        if pd.api.types.is_integer_dtype(s.dtype):
-            v = s.to_numpy()
-        else:
-            num = pd.to_numeric(s, errors="coerce")
-            bad = num.isna().to_numpy()
-            if bad.any():
-                r = int(np.flatnonzero(bad)[0])
-                raise DataError(
-                    f"{where}data row {r + 1}, column {col!r}: not a number; counts must "
-                    "be non-negative integers"
-                )
-            v = num.to_numpy(dtype=np.float64)
-            nonint = ~np.isfinite(v) | (v != np.floor(v)) | (np.abs(v) > 2.0**53)
-            if nonint.any():
-                r = int(np.flatnonzero(nonint)[0])
-                raise DataError(
-                    f"{where}data row {r + 1}, column {col!r}: not an integer; counts must "
-                    "be non-negative integers"
-                )
-        neg = np.flatnonzero(v < 0)
-        if neg.size:
-            raise DataError(
-                f"{where}data row {int(neg[0]) + 1}, column {col!r}: negative count; counts "
-                "must be non-negative integers"
-            )
+        parse_counts(df[col], col, source=source)
+
+
+#: Counts written as plain digits (an optional ``+``, and a fraction of zeros as in ``12.0``).
+_PLAIN_COUNT = r"^\+?[0-9]+(\.0*)?$"
+_INT64_MAX_TEXT = str(np.iinfo(np.int64).max)
+_FLOAT_EXACT = 2.0**53
+
+
+def parse_counts(
+    values: pd.Series | np.ndarray | Sequence[object],
+    column: str,
+    *,
+    source: str | None = None,
+    rows: np.ndarray | None = None,
+) -> np.ndarray:
+    """Counts as int64, parsed exactly (never through float64 above 2⁵³).
+
+    Text is read digit by digit (pyarrow's integer cast of the digit strings), so a count of
+    2⁵³ + 1 stays 2⁵³ + 1; integer columns are taken as they are; floating-point columns and
+    floating-point text (``1e3``) are accepted only where they are integral and at most 2⁵³,
+    below which a float64 is an exact integer.
+
+    Parameters
+    ----------
+    values : pandas.Series or array-like
+        One column: strings (as read with ``dtype=str``), integers or floats.
+    column : str
+        The column's name, for messages.
+    source : str, optional
+        File name, for messages.
+    rows : numpy.ndarray, optional
+        The 0-based data row of each value (when ``values`` is a subset of a file's rows).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64, one count per value.
+
+    Raises
+    ------
+    DataError
+        The first (in row order) missing, non-numeric, non-integer, negative or out-of-range
+        count, naming the 1-based data row and the column, never the value.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    s = values if isinstance(values, pd.Series) else pd.Series(np.asarray(values, dtype=object))
+    where = f"{source}, " if source else ""
+
+    def fail(mask: np.ndarray, why: str) -> DataError:
+        i = int(np.flatnonzero(mask)[0])
+        r = i if rows is None else int(rows[i])
+        return DataError(
+            f"{where}data row {r + 1}, column {column!r}: {why}; counts must be non-negative "
+            "integers"
+        )
+
+    def first(problems: list[tuple[np.ndarray, str]]) -> None:
+        hits = [(int(np.flatnonzero(m)[0]), m, why) for m, why in problems if m.any()]
+        if hits:
+            _, m, why = min(hits, key=lambda h: h[0])
+            raise fail(m, why)
+
+    n = len(s)
+    dtype = s.dtype
+    if pd.api.types.is_bool_dtype(dtype):
+        raise DataError(f"{where}column {column!r} is boolean, not a count")
+    missing = s.isna().to_numpy(dtype=bool)
+    if pd.api.types.is_integer_dtype(dtype):
+        first([(missing, "missing count (empty or NaN)")])
+        if pd.api.types.is_unsigned_integer_dtype(dtype):
+            u = s.to_numpy(dtype=np.uint64)
+            first([(u > np.uint64(np.iinfo(np.int64).max), "count exceeds the int64 range")])
+            return u.astype(np.int64)
+        v = s.to_numpy(dtype=np.int64)
+        first([(v < 0, "count is negative")])
+        return v
+    if pd.api.types.is_float_dtype(dtype):
+        f = s.to_numpy(dtype=np.float64, na_value=np.nan)
+        values, problems = _float_counts(f)
+        first(problems)
+        return values
+    # text (or mixed objects): digits are cast exactly, anything else goes through float
+    obj = s.to_numpy(dtype=object)
+    text = np.where(missing, None, obj)
+    try:
+        arr = pa.array(text, type=pa.large_string(), from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        arr = pa.array(
+            [None if m else str(x) for x, m in zip(obj, missing, strict=True)],
+            type=pa.large_string(),
+        )
+    arr = pc.utf8_trim_whitespace(arr)
+    empty = pc.fill_null(pc.equal(pc.utf8_length(arr), 0), True).to_numpy(zero_copy_only=False)
+    missing = missing | empty
+    plain = pc.fill_null(pc.match_substring_regex(arr, _PLAIN_COUNT), False).to_numpy(
+        zero_copy_only=False
+    )
+    out = np.zeros(n, dtype=np.int64)
+    too_big = np.zeros(n, dtype=bool)
+    if plain.any():
+        idx = np.flatnonzero(plain)
+        digits = pc.replace_substring_regex(arr.take(pa.array(idx)), r"^\+?0*|\.0*$", "")
+        length = pc.utf8_length(digits).to_numpy(zero_copy_only=False)
+        big = (length > len(_INT64_MAX_TEXT)) | (
+            (length == len(_INT64_MAX_TEXT))
+            & pc.greater(digits, _INT64_MAX_TEXT).to_numpy(zero_copy_only=False)
+        )
+        too_big[idx] = big
+        ok = ~big
+        digits = pc.if_else(pc.equal(pc.utf8_length(digits), 0), "0", digits)
+        out[idx[ok]] = pc.cast(digits.filter(pa.array(ok)), pa.int64()).to_numpy(
+            zero_copy_only=False
+        )
+    other = ~plain & ~missing
+    problems = [
+        (missing, "missing count (empty or NaN)"),
+        (too_big, "count exceeds the int64 range (2^63 - 1)"),
+    ]
+    if other.any():
+        f = pd.to_numeric(pd.Series(obj[other]), errors="coerce").to_numpy(
+            dtype=np.float64, na_value=np.nan
+        )
+        values, float_problems = _float_counts(f)
+        for mask, why in [(np.isnan(f), "count is not a number"), *float_problems[1:]]:
+            full = np.zeros(n, dtype=bool)
+            full[other] = mask
+            problems.append((full, why))
+        out[other] = values
+    first(problems)
+    return out
+
+
+def _float_counts(f: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, str]]]:
+    """Floating-point counts as int64 (valid where integral, non-negative and at most 2⁵³,
+    below which a float64 holds integers exactly), and the problems: (mask, reason), the
+    first being the missing values."""
+    finite = np.isfinite(f)
+    integral = finite & (f == np.floor(np.where(finite, f, 0.0)))
+    problems = [
+        (np.isnan(f), "missing count (empty or NaN)"),
+        (~integral & ~np.isnan(f), "count is not an integer"),
+        (integral & (f < 0), "count is negative"),
+        (
+            integral & (np.abs(f) > _FLOAT_EXACT),
+            "count is a floating-point number above 2^53, which cannot hold every integer "
+            "exactly; store counts as integers (digits, or an integer column)",
+        ),
+    ]
+    return np.where(integral & (np.abs(f) <= _FLOAT_EXACT), f, 0.0).astype(np.int64), problems

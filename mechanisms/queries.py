@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from censusdp.errors import SpecError
+from censusdp.errors import DataError, SpecError
+from censusdp.hierarchy.core import exact_int64
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.rng import KeyedRNG
 
@@ -113,10 +114,39 @@ class Query:
         return cls(name, np.vstack(rows), tuple(groups))
 
     def apply(self, counts: np.ndarray) -> np.ndarray:
-        """Answers for node counts of shape (n_nodes, n_cells) → (n_nodes, k)."""
+        """Answers for node counts of shape (n_nodes, n_cells) → (n_nodes, k).
+
+        Integer counts give exact int64 answers (a sum beyond the int64 range is refused,
+        never wrapped around).
+
+        Raises
+        ------
+        SpecError
+            Counts that are not (n_nodes, n_cells) for this query's n_cells (no broadcasting).
+        DataError
+            An integer answer beyond the int64 range.
+        """
+        counts = np.asarray(counts)
+        if counts.ndim != 2 or counts.shape[1] != self.n_cells:
+            raise SpecError(
+                f"query {self.name!r} is on {self.n_cells} cells but the counts have shape "
+                f"{counts.shape}; counts must be (nodes, {self.n_cells})"
+            )
         if self.is_identity:
             return np.array(counts, copy=True)
-        return np.asarray(counts) @ self.matrix.T
+        matrix = np.asarray(self.matrix)
+        if matrix.dtype.kind in "iu" and counts.dtype.kind in "iu":
+            weight = int(np.abs(matrix).sum(axis=1).max(initial=0))
+            out, overflow = exact_int64(lambda a: a @ matrix.T.astype(a.dtype), counts, weight)
+            if overflow is not None:
+                node, row = np.argwhere(overflow)[0]
+                raise DataError(
+                    f"query {self.name!r}, row {self.labels[row]!r}, node {int(node)}: the "
+                    "answer exceeds the int64 range (2^63 - 1), so it cannot be held exactly; "
+                    "check the counts for a unit or scale error"
+                )
+            return out
+        return counts @ matrix.T
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,8 +199,27 @@ def measure_range(
 ) -> np.ndarray:
     """Noisy answers for nodes ``[start, start + len(true_answers))`` of a level.
 
-    ``true_answers`` are the exact answers ``query.apply(counts)`` of those nodes.
+    ``true_answers`` are the exact answers ``query.apply(counts)`` of those nodes. An
+    integer law needs integer answers (integral floats up to 2⁵³ are converted exactly),
+    so that the measurements are integers.
+
+    Raises
+    ------
+    DataError
+        Non-integer answers under an integer noise law.
     """
+    true_answers = np.asarray(true_answers)
+    if law.is_integer and true_answers.dtype.kind not in "iu":
+        finite = np.isfinite(true_answers)
+        exact = finite & (np.abs(np.where(finite, true_answers, 0.0)) <= 2.0**53)
+        exact &= true_answers == np.round(np.where(exact, true_answers, 0.0))
+        if true_answers.dtype.kind != "f" or not exact.all():
+            raise DataError(
+                f"level {level_name!r}, query {query.name!r}: the counts are not integers "
+                f"(dtype {true_answers.dtype}) but the noise law {law!r} is an integer law; "
+                "give int64 counts (or use a continuous law)"
+            )
+        true_answers = true_answers.astype(np.int64)
     stop = start + true_answers.shape[0]
     noise = rng.draw(
         stream_label(level_name, query.name), n_nodes, start, stop, law.sample, query.n_rows

@@ -8,6 +8,8 @@ Sources (``[data] source``): ``midwest`` (the embedded plotnine table), ``csv`` 
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from censusdp.config import RunSpec
 from censusdp.errors import DataError, SpecError
 from censusdp.hierarchy.builders import GISJOIN_LENGTHS, LevelSpec, from_gisjoin
 from censusdp.hierarchy.table import MIDWEST_CELLS, Table
-from censusdp.pipelines.nhgis import BatchFile, read_batch
+from censusdp.pipelines.nhgis import CONTEXT_COLUMNS, BatchFile, read_batch
 
 __all__ = ["RunData", "load_data"]
 
@@ -68,12 +70,75 @@ def _file_table(spec: RunSpec, path: Path) -> Table:
         if code is None:
             raise SpecError(f"{spec.source}: [hierarchy] codes has no entry for level {name!r}")
         levels.append(LevelSpec(name, code.column, code.prefix))
-    cells = list(spec.data.cells) or [
-        c for c in df.columns if c not in {lv.column for lv in levels}
-    ]
+    identifiers = [lv.column for lv in levels]
+    identifiers += [c for c in df.columns if str(c).lower() in CONTEXT_COLUMNS]
+    if spec.data.version_column:
+        identifiers.append(spec.data.version_column)
+    _refuse_code_cells(spec.data.cells, identifiers, path)
+    _check_code_widths(df, levels, path)
+    cells = list(spec.data.cells) or [c for c in df.columns if c not in identifiers]
     return Table.from_frame(
         df, levels, cells, source=path.name, root_name=spec.hierarchy.levels[0], root_code="root"
     )
+
+
+def _refuse_code_cells(patterns: Sequence[str], identifiers: Sequence[str], path: Path) -> None:
+    """A cell name or pattern that matches a code (identifier) column is refused: codes are
+    not counts, and privatizing one would publish a noisy code as if it were a count."""
+    for pat in patterns:
+        hit = [c for c in dict.fromkeys(identifiers) if fnmatch.fnmatchcase(str(c), pat)]
+        if hit:
+            raise DataError(
+                f"{path.name}: cell pattern {pat!r} matches the code column {hit[0]!r}; codes "
+                "are not counts: name the count columns (or a pattern matching only them)"
+            )
+
+
+def _check_code_widths(df: pd.DataFrame, levels: Sequence[LevelSpec], path: Path) -> None:
+    """Refuse code columns cut into levels by prefix whose codes differ in width.
+
+    A prefix (state = the first 2 characters of a 5-character county FIPS) only means
+    something when every code of the column has the same width; a code that lost a leading
+    zero (``1001`` for ``01001``, a FIPS or GISJOIN read as a number) would otherwise nest
+    under the wrong parent (state ``10``) without any error.
+    """
+    for column in dict.fromkeys(lv.column for lv in levels if lv.prefix is not None):
+        if column not in df.columns or pd.api.types.is_numeric_dtype(df[column].dtype):
+            continue  # missing or numeric columns are refused by the hierarchy builder
+        width = df[column].astype("string").str.len().to_numpy(dtype=float, na_value=np.nan)
+        known = width[~np.isnan(width)]
+        if known.size == 0:
+            continue
+        values, counts = np.unique(known, return_counts=True)
+        if values.size > 1:
+            common = int(values[np.argmax(counts)])
+            r = int(np.flatnonzero(~np.isnan(width) & (width != common))[0])
+            raise _width_error(path, r, column, str(df[column].iloc[r]), common)
+
+
+def _width_error(path: Path, row: int, column: str, code: str, width: int) -> DataError:
+    return DataError(
+        f"{path.name}, data row {row + 1}, column {column!r}: code {code!r} has {len(code)} "
+        f"characters where the column's codes have {width}; a leading zero was probably lost "
+        f"(codes read as numbers): read the codes as text and zero-pad them to {width} "
+        "characters"
+    )
+
+
+def _check_gisjoin_widths(batch: BatchFile, level: str, path: Path) -> None:
+    """Refuse GISJOIN codes of the wrong width for the leaf level (a lost leading zero)."""
+    width = GISJOIN_LENGTHS[level]
+    lengths = np.fromiter((len(c) for c in batch.gisjoin), dtype=np.int64, count=len(batch.gisjoin))
+    bad = np.flatnonzero(lengths != width)
+    if bad.size:
+        i = int(bad[0])
+        column = batch.gisjoin_column
+        raise DataError(
+            f"{path.name}, data row {int(batch.unit_rows[i]) + 1}, column {column!r}: GISJOIN "
+            f"{str(batch.gisjoin[i])!r} has {int(lengths[i])} characters, a {level} GISJOIN has "
+            f"{width} ('G' + 2-digit state FIPS + '0' ...); a leading zero was probably lost "
+            "(codes read as numbers): read the codes as text and check their widths"
+        )
 
 
 def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
@@ -120,6 +185,7 @@ def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
             raise SpecError(
                 f"{spec.source}: GISJOIN levels must be among {sorted(GISJOIN_LENGTHS)}, got {unknown}"
             )
+        _check_gisjoin_widths(batch, below[-1], path)
         h, leaf_row = from_gisjoin(
             batch.gisjoin, below, root_name=levels[0], root_code="root", source=path.name
         )

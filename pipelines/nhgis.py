@@ -9,9 +9,18 @@ Two layouts are recognised:
 * **long** — one row per unit and version, with a ``version`` column (e.g. ``sf2010``,
   ``ppdd_20200527``) and one column per cell.
 
-The output keeps the input's layout, rows and key columns, puts the release in place of the
-noisy (``_dp``) columns (long: rows of version ``censusdp``), and adds ``<cell>_se`` standard
-error columns. The confidential (``_sf`` / truth-version) values are never written out.
+The output keeps the input's layout and rows. Its columns are an allow-list: the identifier
+columns NHGIS defines (:data:`CONTEXT_COLUMNS`: GISJOIN, names, state and county codes, ...),
+the released cells (wide: ``<code>_dp``; long: the cell columns of rows of version
+``censusdp``) and their ``<cell>_se`` standard errors — nothing else. Every other column (the
+confidential ``_sf`` columns however they are spelled, ``pop_sf2010``, unreleased cells,
+unknown extras) is dropped, and :func:`write_batch` names the dropped columns (never their
+values) in a :class:`ColumnsNotWritten` warning.
+
+Input is refused rather than guessed at: a column name that occurs twice (pandas would read
+the second as ``name.1``), two spellings of one confidential column (``H78003_sf`` and
+``H78003_SF``), a cell pattern that matches an identifier column, and counts that are not
+non-negative integers in the int64 range (parsed exactly, never through float64).
 
 NHGIS extracts may be latin-1 encoded: the reader tries UTF-8 and falls back to latin-1 when
 no encoding is given.
@@ -24,9 +33,11 @@ version 20200527, Minneapolis, MN: IPUMS, 2020.
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 import io
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +47,54 @@ import pandas as pd
 
 from censusdp.atomic import atomic_file
 from censusdp.errors import DataError
+from censusdp.hierarchy.validate import parse_counts
 
-__all__ = ["BatchFile", "read_batch", "write_batch", "GISJOIN_COUNTY"]
+__all__ = [
+    "BatchFile",
+    "CONTEXT_COLUMNS",
+    "ColumnsNotWritten",
+    "read_batch",
+    "write_batch",
+    "GISJOIN_COUNTY",
+]
 
 #: County GISJOIN: ``G`` + 2-digit state FIPS + ``0`` + 3-digit county FIPS + ``0``.
 GISJOIN_COUNTY = re.compile(r"^G\d{2}0\d{3}0$")
-_SUFFIX = re.compile(r"^(?P<code>.+)_(?P<version>sf|dp)$")
+_SUFFIX = re.compile(r"^(?P<code>.+)_(?P<version>sf|dp)$", re.IGNORECASE)
+
+#: Identifier ("context") columns of NHGIS files, compared case-insensitively: the PPDD
+#: codebook's context fields (gisjoin, state, name), the geographic codes of NHGIS extracts
+#: (``STATEA``, ``COUNTYA``, ...) and the code columns of the long files in ``../data``.
+#: Only these, the released cells and their ``_se`` columns are ever written.
+CONTEXT_COLUMNS = frozenset(
+    {
+        "gisjoin",
+        "county_gisjoin",
+        "year",
+        "name",
+        "name_e",
+        "state",
+        "statea",
+        "stusab",
+        "regiona",
+        "divisiona",
+        "county",
+        "countya",
+        "cousuba",
+        "placea",
+        "tracta",
+        "blkgrpa",
+        "blocka",
+        "aianhha",
+        "cbsaa",
+        "geoid",
+        "fips",
+    }
+)
+
+
+class ColumnsNotWritten(UserWarning):
+    """Input columns that are neither identifiers nor released cells, hence not written."""
 
 
 @dataclass(eq=False)
@@ -57,7 +110,8 @@ class BatchFile:
     encoding : str
         The encoding the file was decoded with.
     key_columns : list of str
-        Non-cell columns kept in the output (GISJOIN, name, state, fips, ...).
+        Identifier columns kept in the output: the GISJOIN column and the
+        :data:`CONTEXT_COLUMNS` present in the file.
     cells : list of str
         Cell names: NHGIS table codes (wide) or cell column names (long).
     gisjoin : numpy.ndarray
@@ -67,6 +121,9 @@ class BatchFile:
     unit_rows : numpy.ndarray
         Row positions in ``frame`` of each unit's key columns (the truth rows for long files).
     version_column : str or None
+    dropped : list of str
+        Input columns that are neither key columns nor released cells: never written.
+    gisjoin_column : str
     """
 
     path: Path
@@ -79,6 +136,8 @@ class BatchFile:
     truth: np.ndarray
     unit_rows: np.ndarray
     version_column: str | None = None
+    dropped: list[str] | None = None
+    gisjoin_column: str = "gisjoin"
 
 
 def _decode(path: Path, encoding: str | None) -> tuple[str, str]:
@@ -98,18 +157,37 @@ def _decode(path: Path, encoding: str | None) -> tuple[str, str]:
         return raw.decode("latin-1"), "latin-1"
 
 
+def _refuse_duplicates(names: Sequence[str], path: Path) -> None:
+    """Refuse a column name that occurs twice (pandas would silently read ``name.1``)."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            raise DataError(
+                f"{path.name}: column {name!r} occurs twice in the header (columns "
+                f"{seen[name] + 1} and {i + 1}); each column must occur once: remove or rename "
+                "the duplicate"
+            )
+        seen[name] = i
+
+
 def _read_frame(path: Path, encoding: str | None) -> tuple[pd.DataFrame, str]:
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     if path.suffix.lower() in (".parquet", ".pq"):
         try:
+            import pyarrow.parquet as pq
+
+            names = pq.read_schema(path).names
             df = pd.read_parquet(path)
         except Exception as exc:  # pyarrow raises several types for corrupt files
             raise DataError(
                 f"{path.name}: not a readable Parquet file ({type(exc).__name__})"
             ) from None
-        return df.astype(str).where(df.notna(), None), "parquet"
+        _refuse_duplicates(names, path)
+        return _as_text(df), "parquet"
     text, enc = _decode(path, encoding)
+    header = next(csv.reader(io.StringIO(text)), [])
+    _refuse_duplicates(header, path)
     try:
         df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
     except pd.errors.ParserError as exc:
@@ -119,7 +197,29 @@ def _read_frame(path: Path, encoding: str | None) -> tuple[pd.DataFrame, str]:
     return df, enc
 
 
-def _match_cells(available: Sequence[str], wanted: Sequence[str] | None, path: Path) -> list[str]:
+def _as_text(df: pd.DataFrame) -> pd.DataFrame:
+    """Every column as strings (missing values as None); integers keep every digit."""
+    out = {}
+    for c in df.columns:
+        col = df[c]
+        text = col.astype(object).map(str) if col.dtype.kind in "iu" else col.astype(str)
+        out[c] = text.where(col.notna(), None)
+    return pd.DataFrame(out, columns=df.columns)
+
+
+def _match_cells(
+    available: Sequence[str],
+    wanted: Sequence[str] | None,
+    path: Path,
+    identifiers: Sequence[str] = (),
+) -> list[str]:
+    for pat in wanted or ():
+        codes = [c for c in identifiers if fnmatch.fnmatchcase(c, pat)]
+        if codes:
+            raise DataError(
+                f"{path.name}: cell pattern {pat!r} matches the identifier column {codes[0]!r}; "
+                "codes are not counts: name the count columns (or a pattern matching only them)"
+            )
     if not wanted:
         return list(available)
     out: list[str] = []
@@ -136,28 +236,12 @@ def _match_cells(available: Sequence[str], wanted: Sequence[str] | None, path: P
 def _to_counts(
     df: pd.DataFrame, columns: Sequence[str], rows: np.ndarray, path: Path
 ) -> np.ndarray:
-    """Parse count columns, refusing missing, non-integer and negative values by row/column."""
+    """Parse count columns exactly (never through float64), refusing missing, non-integer,
+    negative and out-of-int64 values by data row and column."""
     out = np.empty((rows.size, len(columns)), dtype=np.int64)
     for j, col in enumerate(columns):
         raw = df[col].to_numpy(dtype=object)[rows]
-        num = pd.to_numeric(pd.Series(raw), errors="coerce").to_numpy(dtype=np.float64)
-        bad = ~np.isfinite(num)
-        if bad.any():
-            i = int(rows[np.flatnonzero(bad)[0]])
-            raise DataError(
-                f"{path.name}, data row {i + 1}, column {col!r}: missing or non-numeric count"
-            )
-        frac = num != np.round(num)
-        if frac.any():
-            i = int(rows[np.flatnonzero(frac)[0]])
-            raise DataError(
-                f"{path.name}, data row {i + 1}, column {col!r}: count is not an integer"
-            )
-        neg = num < 0
-        if neg.any():
-            i = int(rows[np.flatnonzero(neg)[0]])
-            raise DataError(f"{path.name}, data row {i + 1}, column {col!r}: count is negative")
-        out[:, j] = num.astype(np.int64)
+        out[:, j] = parse_counts(pd.Series(raw, dtype=object), col, source=path.name, rows=rows)
     return out
 
 
@@ -215,6 +299,7 @@ def read_batch(
             f"{path.name}: no {gisjoin_column!r} column (columns: {list(df.columns)}); NHGIS files key "
             "units by GISJOIN"
         )
+    keys = [c for c in df.columns if c.lower() in CONTEXT_COLUMNS or c == gisjoin_column]
     if version_column in df.columns:
         versions = df[version_column].to_numpy(dtype=object)
         if truth_version is None:
@@ -230,38 +315,65 @@ def read_batch(
             raise DataError(
                 f"{path.name}: no rows of version {truth_version!r} in column {version_column!r}"
             )
-        keys = [
-            c
-            for c in df.columns
-            if c in (gisjoin_column, "fips", "county_gisjoin", "name", "state")
-        ]
         candidates = [c for c in df.columns if c not in keys and c != version_column]
-        chosen = _match_cells(candidates, cells, path)
+        chosen = _match_cells(candidates, cells, path, [*keys, version_column])
         codes = df[gisjoin_column].to_numpy(dtype=object)[rows]
         _check_gisjoin(codes, rows, path, gisjoin_column)
         truth = _to_counts(df, chosen, rows, path)
+        dropped = [c for c in candidates if c not in chosen]
         return BatchFile(
-            path, df, "long", enc, keys, chosen, codes.astype(str), truth, rows, version_column
+            path,
+            df,
+            "long",
+            enc,
+            keys,
+            chosen,
+            codes.astype(str),
+            truth,
+            rows,
+            version_column,
+            dropped,
+            gisjoin_column,
         )
 
-    pairs: dict[str, set[str]] = {}
+    versions_of: dict[str, dict[str, str]] = {}
     for c in df.columns:
         m = _SUFFIX.match(c)
         if m:
-            pairs.setdefault(m["code"], set()).add(m["version"])
-    complete = [code for code, vers in pairs.items() if "sf" in vers]
+            code, version = m["code"], m["version"].lower()
+            other = versions_of.setdefault(code, {}).get(version)
+            if other is not None:
+                raise DataError(
+                    f"{path.name}: columns {other!r} and {c!r} both hold the {version!r} "
+                    f"version of {code!r}; keep one of them"
+                )
+            versions_of[code][version] = c
+    complete = [code for code, vers in versions_of.items() if "sf" in vers]
     if not complete:
         raise DataError(
             f"{path.name}: neither a {version_column!r} column (long layout) nor <code>_sf columns "
             "(wide layout) found; name the confidential columns <code>_sf"
         )
-    chosen = _match_cells(complete, cells, path)
-    keys = [c for c in df.columns if not _SUFFIX.match(c)]
+    chosen = _match_cells(complete, cells, path, keys)
     rows = np.arange(len(df))
     codes = df[gisjoin_column].to_numpy(dtype=object)
     _check_gisjoin(codes, rows, path, gisjoin_column)
-    truth = _to_counts(df, [f"{c}_sf" for c in chosen], rows, path)
-    return BatchFile(path, df, "wide", enc, keys, chosen, codes.astype(str), truth, rows)
+    truth = _to_counts(df, [versions_of[c]["sf"] for c in chosen], rows, path)
+    own = {col for c in chosen for col in versions_of[c].values()}
+    dropped = [c for c in df.columns if c not in keys and c not in own]
+    return BatchFile(
+        path,
+        df,
+        "wide",
+        enc,
+        keys,
+        chosen,
+        codes.astype(str),
+        truth,
+        rows,
+        dropped=dropped,
+        gisjoin_column=gisjoin_column,
+    )
 
 
 def write_batch(
@@ -276,9 +388,18 @@ def write_batch(
 
     ``values`` and ``standard_errors`` are (n_units, n_cells) in the batch's unit order.
     Wide: key columns, ``<cell>_dp`` = release, ``<cell>_se``. Long: key columns, the
-    version column = ``version_label``, cell columns = release, ``<cell>_se``.
+    version column = ``version_label``, cell columns = release, ``<cell>_se``. Nothing else
+    is written; the input columns left out are named in a :class:`ColumnsNotWritten`
+    warning.
     """
     out = Path(out)
+    if batch.dropped:
+        warnings.warn(
+            f"{batch.path.name}: not written (neither identifiers nor released cells): "
+            + ", ".join(batch.dropped),
+            ColumnsNotWritten,
+            stacklevel=2,
+        )
     n, k = batch.truth.shape
     values = np.asarray(values)
     if values.shape != (n, k):
