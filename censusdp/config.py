@@ -31,6 +31,7 @@ them (DESIGN §7)::
 
     [invariants]                          # per level: released exactly
     nation = "total"
+    # acknowledge_exact_release = true    # allow invariants that fix every measured value
 
     [mechanism]
     noise = "discrete_gaussian"           # must match the accounting
@@ -366,6 +367,11 @@ class RunSpec:
     estimators : EstimatorSpec
     run : RunOptions
     output : OutputSpec
+    acknowledge_exact_release : bool
+        ``[invariants] acknowledge_exact_release``: the invariants may determine every
+        measured value (releasing it exactly, with no privacy protection; the privacy
+        statement then says so). Refused otherwise
+        (:func:`~censusdp.mechanisms.queries.guard_exact_release`).
 
     Notes
     -----
@@ -383,6 +389,7 @@ class RunSpec:
     estimators: EstimatorSpec = field(default_factory=EstimatorSpec)
     run: RunOptions = field(default_factory=RunOptions)
     output: OutputSpec = field(default_factory=OutputSpec)
+    acknowledge_exact_release: bool = False
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -444,7 +451,10 @@ class RunSpec:
             },
             "privacy": privacy,
             "queries": {k: list(v) for k, v in self.queries.items()},
-            "invariants": {k: list(v) for k, v in self.invariants.items()},
+            "invariants": {
+                **{k: list(v) for k, v in self.invariants.items()},
+                **({"acknowledge_exact_release": True} if self.acknowledge_exact_release else {}),
+            },
             "marginals": {
                 name: {
                     "groups": {g: p if isinstance(p, str) else list(p) for g, p in m.groups.items()}
@@ -697,9 +707,14 @@ class _Parser:
         )
         if not queries:
             raise self.fail("queries", "no level has a query; measure at least one")
-        invariants = self.per_level(
-            self.table(doc, "invariants", required=False), "invariants", levels, known
-        )
+        inv_table = dict(self.table(doc, "invariants", required=False))
+        acknowledge = inv_table.pop("acknowledge_exact_release", False)
+        if not isinstance(acknowledge, bool):
+            raise self.fail(
+                "invariants.acknowledge_exact_release",
+                f"expected true or false, got {_kind_of(acknowledge)}",
+            )
+        invariants = self.per_level(inv_table, "invariants", levels, known)
         mechanism = self.mechanism(self.table(doc, "mechanism", required=True))
         privacy = self.privacy(self.table(doc, "privacy", required=True), levels, queries)
         if NOISE_ACCOUNTING[mechanism.noise] != privacy.accounting:
@@ -727,6 +742,7 @@ class _Parser:
             invariants=invariants,
             marginals=marginals,
             mechanism=mechanism,
+            acknowledge_exact_release=acknowledge,
             estimators=estimators,
             run=self.run(self.table(doc, "run", required=False)),
             output=self.output(self.table(doc, "output", required=False)),

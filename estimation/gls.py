@@ -87,7 +87,14 @@ from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
-from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.hierarchy.core import exact_int64
+from censusdp.mechanisms.queries import (
+    Invariant,
+    Measurement,
+    _exact_matrix,
+    check_float_exact,
+    guard_exact_release,
+)
 
 __all__ = [
     "tree_gls",
@@ -96,6 +103,7 @@ __all__ = [
     "GLSPlan",
     "UpwardState",
     "gls_plan",
+    "check_invariants",
     "gls_upward",
     "gls_top",
     "gls_downward",
@@ -352,17 +360,24 @@ def gls_plan(
     measurements: Sequence[Measurement],
     invariants: Sequence[Invariant],
     geometry: Geometry = "weighted",
+    *,
+    privacy: PrivacyStatement | None = None,
 ) -> tuple[GLSPlan, list[Measurement], list[Invariant]]:
     """Validate the inputs and fix the global choices of a GLS run.
 
-    Returns the plan and the measurements and invariants with integer levels.
+    Returns the plan and the measurements and invariants with integer levels. The
+    invariants are checked against each other exactly (:func:`check_invariants`) before
+    anything is estimated; with ``privacy``, invariants that determine every measured value
+    of a level are refused unless the statement acknowledges it
+    (:func:`~censusdp.mechanisms.queries.guard_exact_release`).
 
     Raises
     ------
     SpecError
-        Unknown geometry, or shapes that do not match the hierarchy.
+        Unknown geometry, shapes that do not match the hierarchy, or an unacknowledged
+        exact release.
     DataError
-        Non-finite values.
+        Non-finite values, invariants beyond 2⁵³ or contradicting each other.
     """
     if geometry not in ("weighted", "euclidean"):
         raise SpecError(f"geometry must be 'weighted' or 'euclidean', got {geometry!r}")
@@ -370,6 +385,14 @@ def gls_plan(
     meas = [dataclasses.replace(m, level=hierarchy.level_index(m.level)) for m in measurements]
     invs = [dataclasses.replace(i, level=hierarchy.level_index(i.level)) for i in invariants]
     _validate(hierarchy, cells, meas, invs)
+    check_invariants(hierarchy, invs)
+    if privacy is not None:
+        guard_exact_release(
+            hierarchy.names,
+            [(m.level, m.query) for m in meas],
+            [(i.level, i.query) for i in invs],
+            privacy,
+        )
     var_all = []
     for m in meas:
         nv = getattr(m, "node_variance", None)
@@ -495,6 +518,124 @@ def _validate(
                 )
             if not np.all(np.isfinite(it.values)):
                 raise DataError(f"{kind} {it.query.name!r} at level {name!r} has non-finite values")
+
+
+def _integral(values: np.ndarray) -> np.ndarray | None:
+    """Invariant values as int64 when they are integers (exact), else None."""
+    v = np.asarray(values)
+    if v.dtype.kind in "iu":
+        return v.astype(np.int64, copy=False)
+    if bool(np.all(v == np.round(v))):  # finite and at most 2^53: checked before
+        return v.astype(np.int64)
+    return None
+
+
+def check_invariants(hierarchy: Hierarchy, invariants: Sequence[Invariant]) -> None:
+    """Refuse invariants that cannot all hold on one consistent table, exactly.
+
+    Every invariant fixes a linear function of each node's cell vector; an invariant at a
+    level also fixes its query at every level above, summed over the children. Going up
+    from the deepest invariant level, the rows fixed at a level are the level's own
+    invariant rows and the rows carried up from below (their values summed over children);
+    for every exact linear dependency c among these rows (``cᵀ A = 0``, a basis of the left
+    null space in rational arithmetic) the values must satisfy ``cᵀ t_v = 0`` at every
+    node v. Only independent rows are carried further up. Integer values are compared
+    exactly (int64 sums refuse overflow); real values within 1e-9 relative.
+
+    For a tree with the same invariants at every node of a level this is exactly the
+    solvability of the invariant system: the sum of the children's affine solution sets
+    ``{z : A z = t_c}`` is ``{z : A z = Σ t_c}``.
+
+    Raises
+    ------
+    DataError
+        Values beyond 2⁵³, or contradicting invariants, naming the level, the node and the
+        invariants (never a value).
+    """
+    import flint
+
+    names = hierarchy.names
+    for i in invariants:
+        check_float_exact(i.values, f"invariant {i.query.name!r} at level {names[i.level]!r}")
+    if not invariants:
+        return
+    deepest = max(i.level for i in invariants)
+    rows: np.ndarray | None = None
+    values: np.ndarray | None = None
+    labels: list[str] = []
+    for k in range(deepest, -1, -1):
+        if rows is not None and k < deepest:
+            values = hierarchy.aggregate_up(k + 1, values)
+            labels = [lab if lab.endswith("summed)") else f"{lab} (summed)" for lab in labels]
+        own = [i for i in invariants if i.level == k]
+        if own:
+            new_rows = np.vstack([np.asarray(i.query.matrix) for i in own])
+            new_vals = [np.asarray(i.values) for i in own]
+            ints = [_integral(v) for v in new_vals]
+            if all(v is not None for v in ints) and (values is None or values.dtype.kind == "i"):
+                new_vals = ints
+            else:
+                new_vals = [np.asarray(v, dtype=float) for v in new_vals]
+                values = None if values is None else values.astype(float)
+            stacked = np.hstack(new_vals)
+            rows = new_rows if rows is None else np.vstack([rows, new_rows])
+            values = stacked if values is None else np.hstack([values, stacked])
+            labels += [f"{names[k]}: {i.query.name}" for i in own for _ in i.query.labels]
+        if rows is None:
+            continue
+        gram = _exact_matrix(rows).transpose()
+        null, nullity = gram.nullspace()
+        if nullity:
+            basis = (
+                np.array(
+                    [[int(null[r, c]) for c in range(nullity)] for r in range(rows.shape[0])],
+                    dtype=np.int64,
+                )
+                if isinstance(null, flint.fmpz_mat)
+                else None
+            )
+            bad = _violations(values, basis, null, nullity, rows.shape[0])
+            if bad is not None:
+                node, vec = bad
+                involved = dict.fromkeys(
+                    labels[r] for r in range(rows.shape[0]) if null[r, vec] != 0
+                )
+                raise DataError(
+                    f"the invariants contradict each other at node "
+                    f"{str(hierarchy.levels[k].codes[node])!r} of level {names[k]!r}: "
+                    f"{', '.join(involved)} cannot all hold with parent = sum of children; "
+                    "correct the invariant values (they must come from one table)"
+                )
+        rref, *_, rank = gram.rref()
+        pivots = []
+        for r in range(int(rank)):
+            pivots.append(next(c for c in range(rows.shape[0]) if rref[r, c] != 0))
+        rows, values = rows[pivots], values[:, pivots]
+        labels = [labels[c] for c in pivots]
+
+
+def _violations(
+    values: np.ndarray, basis: np.ndarray | None, null, nullity: int, n_rows: int
+) -> tuple[int, int] | None:
+    """First (node, null vector) with cᵀ t_v ≠ 0, or None."""
+    if basis is not None and values.dtype.kind in "iu":
+        weight = int(np.abs(basis).sum(axis=0).max())
+        out, overflow = exact_int64(lambda a: a @ basis.astype(a.dtype), values, weight)
+        if overflow is not None:
+            out = values.astype(object) @ basis.astype(object)
+        wrong = out != 0
+    else:
+        dense = np.array(
+            [[float(null[r, c]) for c in range(nullity)] for r in range(n_rows)], dtype=float
+        )
+        v = values.astype(float)
+        scale = np.abs(v) @ np.abs(dense)
+        wrong = np.abs(v @ dense) > 1e-9 * (1.0 + scale)
+    wrong = np.asarray(wrong, dtype=bool)
+    if not wrong.any():
+        return None
+    node, vec = np.argwhere(wrong)[0]
+    return int(node), int(vec)
 
 
 def _not_identifiable(level: str, what: str) -> SpecError:
@@ -1355,7 +1496,11 @@ def tree_gls(
         Shapes that do not match the hierarchy, or an estimate that is not identifiable
         (the message names the level).
     DataError
-        Invariants that contradict each other.
+        Invariants that contradict each other (checked exactly before estimating) or lie
+        beyond 2⁵³.
+    SpecError
+        Invariants that determine every measured value of a level, unless ``privacy``
+        acknowledges it (:func:`~censusdp.mechanisms.queries.guard_exact_release`).
 
     References
     ----------
@@ -1363,7 +1508,9 @@ def tree_gls(
     (1965); Gao, Gong & Yu (2022), Thm. 22.
     """
     t0 = time.perf_counter()
-    plan, meas, invs = gls_plan(hierarchy, cells, measurements, invariants, geometry)
+    plan, meas, invs = gls_plan(
+        hierarchy, cells, measurements, invariants, geometry, privacy=privacy
+    )
     t1 = time.perf_counter()
     state = gls_upward(plan, whole_forest(hierarchy), meas, invs)
     zhat, Phat = gls_top(plan, hierarchy, 0, meas, invs, [state.message()])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
 from censusdp.hierarchy.core import exact_int64
 from censusdp.mechanisms.laws import NoiseLaw
@@ -29,7 +30,16 @@ __all__ = [
     "measure_range",
     "invariant",
     "stream_label",
+    "FLOAT_EXACT",
+    "check_float_exact",
+    "exact_rank",
+    "exactly_released",
+    "exact_release_note",
+    "guard_exact_release",
 ]
+
+#: Integers above 2⁵³ are not all representable in float64, the arithmetic of every estimator.
+FLOAT_EXACT = 2**53
 
 
 @dataclass(frozen=True, eq=False)
@@ -254,5 +264,168 @@ def measure(
 
 
 def invariant(level_counts: Sequence[np.ndarray], level: int, query: Query) -> Invariant:
-    """The exact answers of ``query`` at level ``level``."""
-    return Invariant(level, query, query.apply(level_counts[level]))
+    """The exact answers of ``query`` at level ``level``.
+
+    Raises
+    ------
+    DataError
+        Answers beyond the int64 range, or beyond 2⁵³ (:func:`check_float_exact`).
+    """
+    values = query.apply(level_counts[level])
+    check_float_exact(values, f"invariant {query.name!r} at level {level}")
+    return Invariant(level, query, values)
+
+
+def check_float_exact(values: np.ndarray, what: str) -> None:
+    """Refuse exact values beyond 2⁵³ in magnitude.
+
+    The estimators compute in float64, where integers above 2⁵³ are rounded (2⁵³ + 1
+    becomes 2⁵³): an invariant that large would be released changed, with a standard error
+    of 0. It is refused instead of being silently changed.
+
+    Raises
+    ------
+    DataError
+        Naming ``what``, never the value.
+    """
+    v = np.asarray(values)
+    if v.size == 0:
+        return
+    if v.dtype.kind in "iu":
+        big = int(v.max()) > FLOAT_EXACT or -int(v.min()) > FLOAT_EXACT
+    else:
+        big = bool((np.abs(v) > FLOAT_EXACT).any())
+    if big:
+        raise DataError(
+            f"{what}: values beyond 2^53 cannot be held exactly by the estimators' float64 "
+            "arithmetic (they would be released changed with a standard error of 0); check "
+            "the counts for a unit or scale error, or hold a smaller statistic invariant"
+        )
+
+
+def _exact_matrix(rows: np.ndarray):  # -> flint.fmpz_mat | flint.fmpq_mat
+    import flint
+
+    m = np.asarray(rows)
+    if m.dtype.kind in "iub" or bool(np.all(m == np.round(m))):
+        return flint.fmpz_mat([[int(v) for v in r] for r in m.tolist()])
+    return flint.fmpq_mat(
+        [[flint.fmpq(*float(v).as_integer_ratio()) for v in r] for r in m.tolist()]
+    )
+
+
+def exact_rank(rows: np.ndarray) -> int:
+    """The rank of a (small) query matrix in exact rational arithmetic (python-flint)."""
+    m = np.asarray(rows)
+    if m.size == 0:
+        return 0
+    return int(_exact_matrix(m).rank())
+
+
+def exactly_released(
+    level_names: Sequence[str],
+    measured: Sequence[tuple[int, Query]],
+    invariants: Sequence[tuple[int, Query]],
+) -> dict[str, tuple[str, ...]]:
+    """Levels whose every measured query the invariants determine, with those queries.
+
+    An invariant at level j fixes its query at every node of level j, hence (summing the
+    children) at every node of every level above j. A measured query at level k is therefore
+    determined when its rows lie in the span of the invariant rows at levels k and below
+    (an exact rank test). A level all of whose measurements are determined releases them
+    exactly: the noise there protects nothing (e.g. ``detailed`` held invariant at the
+    leaves releases the confidential leaf table).
+
+    Parameters
+    ----------
+    level_names : sequence of str
+    measured, invariants : sequence of (level index, Query)
+
+    Returns
+    -------
+    dict
+        Level name → names of its measured queries, for each level where all are determined.
+
+    References
+    ----------
+    Gao, Gong & Yu (2022), subspace differential privacy, §3: the guarantee holds among
+    databases sharing the invariants, which is none other than the data itself when the
+    invariants span the measured queries.
+    """
+    out: dict[str, tuple[str, ...]] = {}
+    for k in sorted({k for k, _ in measured}):
+        below = [q.matrix for j, q in invariants if j >= k]
+        if not below:
+            continue
+        inv = np.vstack(below)
+        meas = [q for j, q in measured if j == k]
+        if exact_rank(np.vstack([inv, *(q.matrix for q in meas)])) == exact_rank(inv):
+            out[level_names[k]] = tuple(q.name for q in meas)
+    return out
+
+
+def exact_release_note(determined: Mapping[str, Sequence[str]]) -> str:
+    """The privacy statement's note for levels released exactly (:func:`exactly_released`)."""
+    what = "; ".join(f"{lvl} ({', '.join(qs)})" for lvl, qs in determined.items())
+    return (
+        f"NO PRIVACY PROTECTION at {what}: the invariants determine every value measured "
+        "there, so those values are released exactly and carry no privacy protection; the "
+        "budget above does not protect them"
+    )
+
+
+def guard_exact_release(
+    level_names: Sequence[str],
+    measured: Sequence[tuple[int, Query]],
+    invariants: Sequence[tuple[int, Query]],
+    privacy: PrivacyStatement,
+    *,
+    acknowledge: bool = False,
+) -> PrivacyStatement:
+    """Refuse invariants that determine every measured value, unless acknowledged.
+
+    When at every measured level the invariants at or below determine all measured queries
+    (:func:`exactly_released`), the noise protects nothing: the release is a function of
+    the invariants alone and gives away exactly what they fix (with ``detailed`` held at the
+    leaves, the confidential table), while a budget "ε = 1" would still be stated. Levels
+    determined while another level keeps protected values only repeat what the declared
+    invariants already imply, and pass.
+
+    Parameters
+    ----------
+    level_names : sequence of str
+    measured, invariants : sequence of (level index, Query)
+    privacy : PrivacyStatement
+        The statement of the measurements. A statement that already carries the
+        :func:`exact_release_note` of these levels counts as acknowledged.
+    acknowledge : bool
+        Release them exactly on purpose (``[invariants] acknowledge_exact_release = true``).
+
+    Returns
+    -------
+    PrivacyStatement
+        ``privacy``, with the exact-release note added when levels are released exactly.
+
+    Raises
+    ------
+    SpecError
+        Every measured level released exactly, without acknowledgement (naming the levels
+        and the invariants).
+    """
+    determined = exactly_released(level_names, measured, invariants)
+    if len(determined) < len({k for k, _ in measured}):
+        return privacy  # some level keeps protected values; the rest the invariants declare
+    note = exact_release_note(determined)
+    if note in privacy.notes:
+        return privacy
+    if not acknowledge:
+        lvls = ", ".join(repr(lvl) for lvl in determined)
+        held = ", ".join(f"{level_names[j]}: {q.name}" for j, q in invariants)
+        raise SpecError(
+            f"the invariants ({held}) determine every measured value (at level(s) {lvls}): "
+            "the release would be exact, with no privacy protection, whatever the budget "
+            "says; hold fewer statistics invariant, or set [invariants] "
+            "acknowledge_exact_release = true (Python: guard_exact_release(..., "
+            "acknowledge=True)) to release them exactly on purpose"
+        )
+    return privacy.with_notes(note)

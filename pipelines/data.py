@@ -8,6 +8,7 @@ Sources (``[data] source``): ``midwest`` (the embedded plotnine table), ``csv`` 
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +21,12 @@ from censusdp.config import RunSpec
 from censusdp.errors import DataError, SpecError
 from censusdp.hierarchy.builders import GISJOIN_LENGTHS, LevelSpec, from_gisjoin
 from censusdp.hierarchy.table import MIDWEST_CELLS, Table
-from censusdp.pipelines.nhgis import CONTEXT_COLUMNS, BatchFile, read_batch
+from censusdp.pipelines.nhgis import (
+    CONTEXT_COLUMNS,
+    BatchFile,
+    read_batch,
+    refuse_duplicate_columns,
+)
 
 __all__ = ["RunData", "load_data"]
 
@@ -39,8 +45,21 @@ def _read_table_file(path: Path, source: str, encoding: str | None) -> pd.DataFr
     if not path.is_file():
         raise DataError(f"{path}: no such file; check [data] path or --data")
     if source == "parquet":
-        return pd.read_parquet(path)
+        import pyarrow.parquet as pq
+
+        try:
+            names = pq.read_schema(path).names
+            df = pd.read_parquet(path)
+        except Exception as exc:  # pyarrow raises several types for corrupt files
+            raise DataError(
+                f"{path.name}: not a readable Parquet file ({type(exc).__name__}); check the "
+                "file or [data] source"
+            ) from None
+        refuse_duplicate_columns(names, path)
+        return df
     try:
+        with open(path, encoding=encoding or "utf-8", newline="") as f:
+            refuse_duplicate_columns(next(csv.reader(f), []), path)
         return pd.read_csv(
             path, dtype=str, encoding=encoding or "utf-8", keep_default_na=False, na_values=[""]
         )

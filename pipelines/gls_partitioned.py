@@ -176,7 +176,9 @@ def partitioned_gls(
     if pm is not None and (pm.executor is not ex or pm.partitions != tuple(partitions)):
         measurements, pm = pm.gather(), None
     if pm is None:
-        plan, meas, invs = gls_plan(hierarchy, cells, measurements, invariants, geometry)
+        plan, meas, invs = gls_plan(
+            hierarchy, cells, measurements, invariants, geometry, privacy=privacy
+        )
         part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
         tasks: list = [
             _UpTask(Forest.of(hierarchy, cut, p.ranges), tuple(restrict(meas, cut, p.ranges)), iv)
@@ -191,7 +193,7 @@ def partitioned_gls(
             else Measurement(k, q, np.broadcast_to(np.zeros(()), (pm.sizes[k], q.n_rows)), law)
             for i, (k, q, law) in enumerate(pm.plan)
         ]
-        plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry)
+        plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry, privacy=privacy)
         part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
         entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
         tasks = [

@@ -54,6 +54,7 @@ __all__ = [
     "CONTEXT_COLUMNS",
     "ColumnsNotWritten",
     "read_batch",
+    "refuse_duplicate_columns",
     "write_batch",
     "GISJOIN_COUNTY",
 ]
@@ -157,7 +158,7 @@ def _decode(path: Path, encoding: str | None) -> tuple[str, str]:
         return raw.decode("latin-1"), "latin-1"
 
 
-def _refuse_duplicates(names: Sequence[str], path: Path) -> None:
+def refuse_duplicate_columns(names: Sequence[str], path: Path) -> None:
     """Refuse a column name that occurs twice (pandas would silently read ``name.1``)."""
     seen: dict[str, int] = {}
     for i, name in enumerate(names):
@@ -183,11 +184,11 @@ def _read_frame(path: Path, encoding: str | None) -> tuple[pd.DataFrame, str]:
             raise DataError(
                 f"{path.name}: not a readable Parquet file ({type(exc).__name__})"
             ) from None
-        _refuse_duplicates(names, path)
+        refuse_duplicate_columns(names, path)
         return _as_text(df), "parquet"
     text, enc = _decode(path, encoding)
     header = next(csv.reader(io.StringIO(text)), [])
-    _refuse_duplicates(header, path)
+    refuse_duplicate_columns(header, path)
     try:
         df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
     except pd.errors.ParserError as exc:

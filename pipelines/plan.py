@@ -17,7 +17,7 @@ import numpy as np
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import BudgetError, SpecError
 from censusdp.mechanisms.laws import Gaussian, Laplace, NoiseLaw
-from censusdp.mechanisms.queries import Query
+from censusdp.mechanisms.queries import Query, guard_exact_release
 from censusdp.mechanisms.subspace import l1_sensitivity, l2_sensitivity
 
 __all__ = ["MeasurementPlan", "PlannedQuery", "build_plan", "sensitivity", "make_law", "NOISE_LAWS"]
@@ -95,6 +95,7 @@ def build_plan(
     accounting: str,
     noise: str,
     delta: float | None = None,
+    acknowledge_exact_release: bool = False,
 ) -> MeasurementPlan:
     """Calibrate one noise law per measured (level, query) and name the invariants.
 
@@ -112,12 +113,17 @@ def build_plan(
         A key of :data:`NOISE_LAWS`, consistent with ``accounting``.
     delta : float, optional
         δ at which a zCDP total is also reported as (ε, δ).
+    acknowledge_exact_release : bool
+        Allow invariants that determine every measured value; the statement then says
+        those values carry no privacy protection
+        (:func:`~censusdp.mechanisms.queries.guard_exact_release`).
 
     Raises
     ------
     SpecError
         Unknown level, a noise law inconsistent with the accounting, a measured query that
-        an invariant at its level already fixes (its budget would be wasted).
+        an invariant at its level already fixes (its budget would be wasted), invariants
+        that determine every measured value (unless acknowledged).
     BudgetError
         A measured query without budget, or budget for a query that is not measured.
     """
@@ -161,5 +167,12 @@ def build_plan(
         delta=delta,
         invariants=inv_names,
         mechanism=noise,
+    )
+    privacy = guard_exact_release(
+        level_names,
+        [(p.level, p.query) for p in measured],
+        inv_list,
+        privacy,
+        acknowledge=acknowledge_exact_release,
     )
     return MeasurementPlan(tuple(measured), tuple(inv_list), privacy)

@@ -96,6 +96,7 @@ def make_plan(spec: RunSpec, table: Table) -> MeasurementPlan:
         accounting=spec.privacy.accounting,
         noise=spec.mechanism.noise,
         delta=spec.privacy.delta,
+        acknowledge_exact_release=spec.acknowledge_exact_release,
     )
 
 
