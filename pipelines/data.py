@@ -49,13 +49,15 @@ def _read_table_file(path: Path, source: str, encoding: str | None) -> pd.DataFr
 
         try:
             names = pq.read_schema(path).names
+            refuse_duplicate_columns(names, path)
             df = pd.read_parquet(path)
+        except DataError:
+            raise
         except Exception as exc:  # pyarrow raises several types for corrupt files
             raise DataError(
                 f"{path.name}: not a readable Parquet file ({type(exc).__name__}); check the "
                 "file or [data] source"
             ) from None
-        refuse_duplicate_columns(names, path)
         return df
     try:
         with open(path, encoding=encoding or "utf-8", newline="") as f:

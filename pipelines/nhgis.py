@@ -179,12 +179,14 @@ def _read_frame(path: Path, encoding: str | None) -> tuple[pd.DataFrame, str]:
             import pyarrow.parquet as pq
 
             names = pq.read_schema(path).names
+            refuse_duplicate_columns(names, path)
             df = pd.read_parquet(path)
+        except DataError:
+            raise
         except Exception as exc:  # pyarrow raises several types for corrupt files
             raise DataError(
                 f"{path.name}: not a readable Parquet file ({type(exc).__name__})"
             ) from None
-        refuse_duplicate_columns(names, path)
         return _as_text(df), "parquet"
     text, enc = _decode(path, encoding)
     header = next(csv.reader(io.StringIO(text)), [])
