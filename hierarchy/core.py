@@ -271,8 +271,15 @@ class Hierarchy:
     __hash__ = None  # type: ignore[assignment]  # equality is by value over arrays
 
     # ------------------------------------------------------------------ aggregation
-    def aggregate_up(self, level: str | int, values: np.ndarray) -> np.ndarray:
-        """Sum node values of ``level`` into their parents (one level up)."""
+    def aggregate_up(
+        self, level: str | int, values: np.ndarray, *, cells: Sequence[str] | None = None
+    ) -> np.ndarray:
+        """Sum node values of ``level`` into their parents (one level up).
+
+        Integer sums are exact: a sum beyond the int64 range is a :class:`DataError` naming
+        the parent node, its level and the cell (``cells``: names of the columns), never a
+        wrapped-around value.
+        """
         k = self.level_index(level)
         if k == 0:
             raise HierarchyError("the root level has no parent level")
@@ -293,7 +300,9 @@ class Hierarchy:
             )
             if overflow is not None:
                 node, *cell = np.argwhere(overflow)[0]
-                what = f", cell {int(cell[0])}" if cell else ""
+                what = ""
+                if cell:
+                    what = f", cell {cells[cell[0]]!r}" if cells else f", cell {int(cell[0])}"
                 raise DataError(
                     f"node {str(up.codes[np.flatnonzero(nz)[node]])!r} of level {up.name!r}"
                     f"{what}: the sum of its children in level {self.names[k]!r} exceeds the "
@@ -303,11 +312,14 @@ class Hierarchy:
             out[nz] = sums
         return out
 
-    def aggregate(self, leaf_values: np.ndarray) -> list[np.ndarray]:
-        """Sum leaf values (shape ``(n_leaves, ...)``) to every level, root first."""
+    def aggregate(
+        self, leaf_values: np.ndarray, *, cells: Sequence[str] | None = None
+    ) -> list[np.ndarray]:
+        """Sum leaf values (shape ``(n_leaves, ...)``) to every level, root first (exact
+        for integers, see :meth:`aggregate_up`)."""
         out = [np.asarray(leaf_values)]
         for k in range(self.depth - 1, 0, -1):
-            out.append(self.aggregate_up(k, out[-1]))
+            out.append(self.aggregate_up(k, out[-1], cells=cells))
         return out[::-1]
 
 

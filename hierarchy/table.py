@@ -185,12 +185,12 @@ class Table:
         k = h.level_index(level)
         out = self.leaf_counts
         for j in range(h.depth - 1, k, -1):
-            out = h.aggregate_up(j, out)
+            out = h.aggregate_up(j, out, cells=self.cells)
         return out
 
     def all_levels(self) -> list[np.ndarray]:
         """Counts of every level, root first (:meth:`Hierarchy.aggregate`)."""
-        return self.hierarchy.aggregate(self.leaf_counts)
+        return self.hierarchy.aggregate(self.leaf_counts, cells=self.cells)
 
     def subset_cells(self, cells: str | Iterable[str]) -> Table:
         """A table with only the given cells (names or glob patterns), in that order."""

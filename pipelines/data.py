@@ -149,7 +149,7 @@ def _width_error(path: Path, row: int, column: str, code: str, width: int) -> Da
 def _check_gisjoin_widths(batch: BatchFile, level: str, path: Path) -> None:
     """Refuse GISJOIN codes of the wrong width for the leaf level (a lost leading zero)."""
     width = GISJOIN_LENGTHS[level]
-    lengths = np.fromiter((len(c) for c in batch.gisjoin), dtype=np.int64, count=len(batch.gisjoin))
+    lengths = np.strings.str_len(np.asarray(batch.gisjoin, dtype=str))
     bad = np.flatnonzero(lengths != width)
     if bad.size:
         i = int(bad[0])

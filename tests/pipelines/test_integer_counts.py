@@ -116,7 +116,7 @@ def _tree(n_states: int, per_state: int) -> Hierarchy:
 def test_sums_beyond_2_63_are_refused_naming_the_level():
     h = _tree(2, 2)
     leaves = np.array([[2**62], [2**62], [5], [7]], dtype=np.int64)  # state S0 = 2^63
-    with pytest.raises(DataError, match=r"node 'S0' of level 'state'.*int64 range"):
+    with pytest.raises(DataError, match=r"node 'S0' of level 'state', cell 'pop'.*int64 range"):
         Table(h, ("pop",), leaves).all_levels()
     ok = np.array([[2**62], [2**62 - 1], [5], [7]], dtype=np.int64)  # S0 fits, nation not
     with pytest.raises(DataError, match=r"node 'US' of level 'nation'"):
