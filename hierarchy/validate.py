@@ -327,13 +327,28 @@ def parse_counts(
     arr = pc.utf8_trim_whitespace(arr)
     empty = pc.fill_null(pc.equal(pc.utf8_length(arr), 0), True).to_numpy(zero_copy_only=False)
     missing = missing | empty
-    plain = pc.fill_null(pc.match_substring_regex(arr, _PLAIN_COUNT), False).to_numpy(
-        zero_copy_only=False
-    )
+    length = pc.utf8_length(arr)
+    # up to 18 ASCII digits always fit in int64: cast directly; the rest by the slow path
+    simple = pc.fill_null(
+        pc.and_(pc.ascii_is_decimal(arr), pc.less_equal(length, 18)), False
+    ).to_numpy(zero_copy_only=False)
+    plain = simple.copy()
     out = np.zeros(n, dtype=np.int64)
     too_big = np.zeros(n, dtype=bool)
-    if plain.any():
-        idx = np.flatnonzero(plain)
+    if simple.any():
+        out[simple] = pc.cast(arr.filter(pa.array(simple)), pa.int64()).to_numpy(
+            zero_copy_only=False
+        )
+    rest = np.flatnonzero(~simple & ~missing)
+    idx = np.zeros(0, dtype=np.int64)
+    if rest.size:
+        sub = arr.take(pa.array(rest))
+        is_plain = pc.fill_null(pc.match_substring_regex(sub, _PLAIN_COUNT), False).to_numpy(
+            zero_copy_only=False
+        )
+        idx = rest[is_plain]
+        plain[idx] = True
+    if idx.size:
         digits = pc.replace_substring_regex(arr.take(pa.array(idx)), r"^\+?0*|\.0*$", "")
         length = pc.utf8_length(digits).to_numpy(zero_copy_only=False)
         big = (length > len(_INT64_MAX_TEXT)) | (
