@@ -91,8 +91,8 @@ from censusdp.hierarchy.core import exact_int64
 from censusdp.mechanisms.queries import (
     Invariant,
     Measurement,
-    _exact_matrix,
     check_float_exact,
+    exact_matrix,
     guard_exact_release,
 )
 
@@ -583,7 +583,7 @@ def check_invariants(hierarchy: Hierarchy, invariants: Sequence[Invariant]) -> N
             labels += [f"{names[k]}: {i.query.name}" for i in own for _ in i.query.labels]
         if rows is None:
             continue
-        gram = _exact_matrix(rows).transpose()
+        gram = exact_matrix(rows).transpose()
         null, nullity = gram.nullspace()
         if nullity:
             basis = (

@@ -32,6 +32,7 @@ __all__ = [
     "stream_label",
     "FLOAT_EXACT",
     "check_float_exact",
+    "exact_matrix",
     "exact_rank",
     "exactly_released",
     "exact_release_note",
@@ -221,7 +222,7 @@ def measure_range(
     true_answers = np.asarray(true_answers)
     if law.is_integer and true_answers.dtype.kind not in "iu":
         finite = np.isfinite(true_answers)
-        exact = finite & (np.abs(np.where(finite, true_answers, 0.0)) <= 2.0**53)
+        exact = finite & (np.abs(np.where(finite, true_answers, 0.0)) <= FLOAT_EXACT)
         exact &= true_answers == np.round(np.where(exact, true_answers, 0.0))
         if true_answers.dtype.kind != "f" or not exact.all():
             raise DataError(
@@ -303,7 +304,9 @@ def check_float_exact(values: np.ndarray, what: str) -> None:
         )
 
 
-def _exact_matrix(rows: np.ndarray):  # -> flint.fmpz_mat | flint.fmpq_mat
+def exact_matrix(rows: np.ndarray):  # -> flint.fmpz_mat | flint.fmpq_mat
+    """A query matrix in exact arithmetic: python-flint integers, or rationals (the exact
+    binary value of each float) when an entry is not an integer."""
     import flint
 
     m = np.asarray(rows)
@@ -319,7 +322,7 @@ def exact_rank(rows: np.ndarray) -> int:
     m = np.asarray(rows)
     if m.size == 0:
         return 0
-    return int(_exact_matrix(m).rank())
+    return int(exact_matrix(m).rank())
 
 
 def exactly_released(
