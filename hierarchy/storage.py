@@ -32,7 +32,7 @@ from censusdp.errors import DataError, HierarchyError
 from censusdp.hierarchy.builders import LevelSpec, from_columns
 from censusdp.hierarchy.core import Hierarchy, as_codes
 from censusdp.hierarchy.table import Table
-from censusdp.hierarchy.validate import validate
+from censusdp.hierarchy.validate import parse_counts, validate
 
 __all__ = ["load_hierarchy", "load_table", "save_hierarchy", "save_table"]
 
@@ -202,7 +202,7 @@ def load_table(path: str | os.PathLike[str]) -> Table:
     h, leaf_row = from_columns(
         df, specs, root_name=names[0], root_code=meta["root_code"], source=str(path)
     )
-    counts = np.column_stack([df[c].to_numpy(dtype=np.int64) for c in meta["cells"]]).reshape(
-        len(df), -1
-    )
+    counts = np.column_stack(
+        [parse_counts(df[c], c, source=path.name) for c in meta["cells"]]
+    ).reshape(len(df), -1)
     return Table(h, tuple(meta["cells"]), counts[leaf_row])
