@@ -107,6 +107,8 @@ ESTIMATORS = ("gls", "conditioning", "topdown")
 INTEGER_MODES = ("round", "lattice", "none")
 SCHEDULERS = ("sync", "threads", "distributed")
 BUILTIN_QUERIES = ("total", "detailed")
+#: ``[run]`` keys on joining a Dask scheduler (see :class:`RunOptions`).
+_NETWORK = ("tls_ca_file", "tls_cert", "tls_key", "allow_insecure_network")
 #: What :meth:`RunSpec.to_dict` writes in place of a seed.
 REDACTED = "<redacted>"
 
@@ -316,7 +318,15 @@ class RunOptions:
         Number of partitions of the work (None: the pipeline chooses). The output does not
         depend on it.
     address : str or None
-        ``tcp://host:port`` of a running Dask scheduler; only with ``distributed``.
+        ``tls://host:port`` of a running Dask scheduler (``tcp://`` on the loopback
+        interface only, unless ``allow_insecure_network``); only with ``distributed``.
+    tls_ca_file, tls_cert, tls_key : pathlib.Path or None
+        PEM files joining a ``tls://`` scheduler: the cluster's certificate authority, this
+        client's certificate and its key (all three or none; relative paths are resolved
+        against the spec file's directory). None: Dask's ``distributed.comm.tls`` config.
+    allow_insecure_network : bool
+        Accept a plaintext ``tcp://`` scheduler off the loopback interface, which sends the
+        partitions' confidential counts and noise sub-keys unencrypted. Default false.
     """
 
     repetitions: int = 1
@@ -324,6 +334,20 @@ class RunOptions:
     scheduler: str = "sync"
     partitions: int | None = None
     address: str | None = None
+    tls_ca_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    allow_insecure_network: bool = False
+
+    def network(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`~censusdp.pipelines.execute.open_executor` that
+        say how a scheduler address is joined (TLS files, plaintext acknowledgement)."""
+        return {
+            "tls_ca_file": self.tls_ca_file,
+            "tls_cert": self.tls_cert,
+            "tls_key": self.tls_key,
+            "allow_insecure_network": self.allow_insecure_network,
+        }
 
     @property
     def reproducible(self) -> bool:
@@ -467,6 +491,12 @@ class RunSpec:
                 "scheduler": self.run.scheduler,
                 "partitions": self.run.partitions,
                 "address": self.run.address,
+                **{
+                    k: None if v is None else str(v)
+                    for k, v in self.run.network().items()
+                    if k.startswith("tls_")
+                },
+                "allow_insecure_network": self.run.allow_insecure_network or None,
             },
             "output": {"dir": None if self.output.dir is None else str(self.output.dir)},
         }
@@ -992,7 +1022,7 @@ class _Parser:
 
     def run(self, t: Mapping[str, Any]) -> RunOptions:
         p = "run"
-        self.keys(t, p, ("repetitions", "seed", "scheduler", "partitions", "address"))
+        self.keys(t, p, ("repetitions", "seed", "scheduler", "partitions", "address", *_NETWORK))
         repetitions = self.positive_int(t, p, "repetitions", default=1)
         seed = self.get(t, p, "seed", int)  # errors name the type, never the value
         if seed is not None and seed < 0:
@@ -1009,7 +1039,43 @@ class _Parser:
                 )
             if not address.startswith(("tcp://", "tls://")) or len(address) <= len("tcp://"):
                 raise self.fail("run.address", "expected 'tcp://host:port' (or 'tls://...')")
-        return RunOptions(repetitions, seed, scheduler, partitions, address)
+        network = self.network(t)
+        if address is not None and address.lower().startswith("tcp://"):
+            from censusdp.pipelines.execute import scheduler_security
+
+            try:  # refused here, before any data is read
+                scheduler_security(
+                    address, allow_insecure_network=network["allow_insecure_network"]
+                )
+            except SpecError as exc:
+                raise self.fail("run.address", str(exc)) from None
+        return RunOptions(repetitions, seed, scheduler, partitions, address, **network)
+
+    def network(self, t: Mapping[str, Any]) -> dict[str, Any]:
+        """``[run]``'s TLS files (all or none, resolved against the spec's directory) and
+        ``allow_insecure_network``."""
+        files = {k: self.get(t, "run", k, str) for k in _NETWORK[:3]}
+        given = [k for k, v in files.items() if v is not None]
+        if given and len(given) < 3:
+            missing = [k for k in files if files[k] is None]
+            raise self.fail(
+                f"run.{missing[0]}",
+                f"missing; TLS needs all of {list(files)} (the cluster's CA, this client's "
+                "certificate and key)",
+            )
+        out: dict[str, Any] = {}
+        for k, v in files.items():
+            if v is not None:
+                if not v:
+                    raise self.fail(f"run.{k}", "must not be empty")
+                path = Path(v)
+                if self.base_dir is not None and not path.is_absolute():
+                    path = self.base_dir / path
+                out[k] = path
+        out["allow_insecure_network"] = self.get(
+            t, "run", "allow_insecure_network", bool, default=False
+        )
+        return out
 
     def output(self, t: Mapping[str, Any]) -> OutputSpec:
         self.keys(t, "output", ("dir",))
