@@ -247,9 +247,14 @@ class MechanismSpec:
     noise : {"laplace", "discrete_laplace", "gaussian", "discrete_gaussian"}
         Noise law of every measurement; Laplace laws need pure accounting, Gaussian laws
         zCDP.
+    allow_floating_point : bool
+        The spec acknowledges that a continuous law (``laplace``, ``gaussian``) samples in
+        floating point, which is open to floating-point attacks (Mironov 2012); required for
+        them, refused for the exact discrete laws.
     """
 
     noise: str
+    allow_floating_point: bool = False
 
     @property
     def is_integer(self) -> bool:
@@ -475,7 +480,10 @@ class RunSpec:
                 }
                 for name, m in self.marginals.items()
             },
-            "mechanism": {"noise": self.mechanism.noise},
+            "mechanism": {
+                "noise": self.mechanism.noise,
+                "allow_floating_point": self.mechanism.allow_floating_point or None,
+            },
             "estimators": {
                 "run": list(self.estimators.run),
                 "integer": self.estimators.integer,
@@ -748,7 +756,7 @@ class _Parser:
                 f"{mechanism.noise!r}; set it to 'discrete_laplace' or 'discrete_gaussian', "
                 "or use integer = 'round'",
             )
-        return RunSpec(
+        spec = RunSpec(
             source=self.source,
             data=data,
             hierarchy=hierarchy,
@@ -761,6 +769,17 @@ class _Parser:
             run=self.run(self.table(doc, "run", required=False)),
             output=self.output(self.table(doc, "output", required=False)),
         )
+        if not mechanism.is_integer and not mechanism.allow_floating_point:
+            exact = "discrete_" + mechanism.noise
+            raise self.fail(
+                "mechanism.noise",
+                f"{mechanism.noise!r} draws floating-point noise, which is not protected "
+                "against floating-point attacks (Mironov 2012: the gaps in a float sampler's "
+                f"output can reveal the true value); use the exact {exact!r} instead, or add "
+                "allow_floating_point = true to [mechanism] to release with it anyway (the "
+                "privacy statement then says so)",
+            )
+        return spec
 
     def data(self, t: Mapping[str, Any]) -> DataSpec:
         p = "data"
@@ -991,9 +1010,18 @@ class _Parser:
         return PrivacySpec(accounting, total, delta, level_shares, query_shares)
 
     def mechanism(self, t: Mapping[str, Any]) -> MechanismSpec:
-        self.keys(t, "mechanism", ("noise",))
-        noise = self.get(t, "mechanism", "noise", str, required=True)
-        return MechanismSpec(self.choice(noise, "mechanism.noise", NOISES))
+        self.keys(t, "mechanism", ("noise", "allow_floating_point"))
+        noise = self.choice(
+            self.get(t, "mechanism", "noise", str, required=True), "mechanism.noise", NOISES
+        )
+        allow = self.get(t, "mechanism", "allow_floating_point", bool, default=False)
+        if allow and noise.startswith("discrete_"):
+            raise self.fail(
+                "mechanism.allow_floating_point",
+                f"{noise!r} is an exact integer law with no floating-point sampling to "
+                "acknowledge; remove the key",
+            )
+        return MechanismSpec(noise, allow)
 
     def estimators(self, t: Mapping[str, Any]) -> EstimatorSpec:
         p = "estimators"
