@@ -61,7 +61,6 @@ from censusdp.estimation.release import Release
 from censusdp.estimation.rounding import (
     TOL,
     RoundPart,
-    _steps,
     add_rounding_variance,
     round_bipartite_part,
     round_part,
@@ -278,19 +277,21 @@ def _round_task(
     return round_part(forest, lo, n_global, leaves, keys, mode=mode, label=label, tol=tol)
 
 
-def _round_keys(
-    rng: KeyedRNG,
-    forest: Forest,
-    lo: Sequence[int],
-    n_global: Sequence[int],
-    K: int,
-    mode: str,
-    label: str,
-) -> SubKeys:
+def _round_keys(rng: KeyedRNG, forest: Forest, lo: Sequence[int], mode: str, label: str) -> SubKeys:
     """The sub-keys :func:`~censusdp.estimation.rounding.round_part` draws from for this
-    forest: the chunks of its node ranges in the streams of its steps."""
-    steps = _steps(forest, lo, n_global, K, mode, label, cells_step=True)
-    return rng.restrict({st.label: chunk_range(st.start, st.start + st.rows) for st in steps})
+    forest (global first nodes ``lo``): the chunks of its node range at each level below its
+    top in stream ``label/<level>``, and, for ``"totals"``, of its leaves in
+    ``label/<leaf level>/cells`` (the streams of ``rounding._steps``; a stream missed here
+    fails loudly with :class:`~censusdp.rng.StreamNotHeld`)."""
+    D = forest.depth
+    streams = {
+        f"{label}/{forest.names[j]}": chunk_range(lo[j], lo[j] + forest.sizes[j])
+        for j in range(1, D)
+    }
+    if mode == "totals":
+        leaf = forest.names[D - 1]
+        streams[f"{label}/{leaf}/cells"] = chunk_range(lo[D - 1], lo[D - 1] + forest.sizes[D - 1])
+    return rng.restrict(streams)
 
 
 def _bipartite_task(
@@ -404,7 +405,7 @@ def partitioned_round(
         K = len(release.cells)
         n_global = tuple(h.sizes[cut:])
         tasks = [
-            (f, lo, piece, _round_keys(rng, f, lo, n_global, K, method, lab))
+            (f, lo, piece, _round_keys(rng, f, lo, method, lab))
             for f, p, piece in zip(forests, partitions, kept.pieces, strict=True)
             for lo in [tuple(r[0] for r in p.ranges)]
         ]
