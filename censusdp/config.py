@@ -108,6 +108,8 @@ ESTIMATORS = ("gls", "conditioning", "topdown")
 INTEGER_MODES = ("round", "lattice", "none")
 SCHEDULERS = ("sync", "threads", "distributed")
 BUILTIN_QUERIES = ("total", "detailed")
+#: ``[run]`` keys on joining a Dask scheduler (see :class:`RunOptions`).
+_NETWORK = ("tls_ca_file", "tls_cert", "tls_key", "allow_insecure_network")
 #: What :meth:`RunSpec.to_dict` writes in place of a seed.
 REDACTED = "<redacted>"
 
@@ -246,9 +248,14 @@ class MechanismSpec:
     noise : {"laplace", "discrete_laplace", "gaussian", "discrete_gaussian"}
         Noise law of every measurement; Laplace laws need pure accounting, Gaussian laws
         zCDP.
+    allow_floating_point : bool
+        The spec acknowledges that a continuous law (``laplace``, ``gaussian``) samples in
+        floating point, which is open to floating-point attacks (Mironov 2012); required for
+        them, refused for the exact discrete laws.
     """
 
     noise: str
+    allow_floating_point: bool = False
 
     @property
     def is_integer(self) -> bool:
@@ -317,7 +324,15 @@ class RunOptions:
         Number of partitions of the work (None: the pipeline chooses). The output does not
         depend on it.
     address : str or None
-        ``tcp://host:port`` of a running Dask scheduler; only with ``distributed``.
+        ``tls://host:port`` of a running Dask scheduler (``tcp://`` on the loopback
+        interface only, unless ``allow_insecure_network``); only with ``distributed``.
+    tls_ca_file, tls_cert, tls_key : pathlib.Path or None
+        PEM files joining a ``tls://`` scheduler: the cluster's certificate authority, this
+        client's certificate and its key (all three or none; relative paths are resolved
+        against the spec file's directory). None: Dask's ``distributed.comm.tls`` config.
+    allow_insecure_network : bool
+        Accept a plaintext ``tcp://`` scheduler off the loopback interface, which sends the
+        partitions' confidential counts and noise sub-keys unencrypted. Default false.
     """
 
     repetitions: int = 1
@@ -325,6 +340,20 @@ class RunOptions:
     scheduler: str = "sync"
     partitions: int | None = None
     address: str | None = None
+    tls_ca_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    allow_insecure_network: bool = False
+
+    def network(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`~censusdp.pipelines.execute.open_executor` that
+        say how a scheduler address is joined (TLS files, plaintext acknowledgement)."""
+        return {
+            "tls_ca_file": self.tls_ca_file,
+            "tls_cert": self.tls_cert,
+            "tls_key": self.tls_key,
+            "allow_insecure_network": self.allow_insecure_network,
+        }
 
     @property
     def reproducible(self) -> bool:
@@ -461,7 +490,10 @@ class RunSpec:
                 }
                 for name, m in self.marginals.items()
             },
-            "mechanism": {"noise": self.mechanism.noise},
+            "mechanism": {
+                "noise": self.mechanism.noise,
+                "allow_floating_point": self.mechanism.allow_floating_point or None,
+            },
             "estimators": {
                 "run": list(self.estimators.run),
                 "integer": self.estimators.integer,
@@ -477,6 +509,12 @@ class RunSpec:
                 "scheduler": self.run.scheduler,
                 "partitions": self.run.partitions,
                 "address": self.run.address,
+                **{
+                    k: None if v is None else str(v)
+                    for k, v in self.run.network().items()
+                    if k.startswith("tls_")
+                },
+                "allow_insecure_network": self.run.allow_insecure_network or None,
             },
             "output": {"dir": None if self.output.dir is None else str(self.output.dir)},
         }
@@ -733,7 +771,7 @@ class _Parser:
                 f"{mechanism.noise!r}; set it to 'discrete_laplace' or 'discrete_gaussian', "
                 "or use integer = 'round'",
             )
-        return RunSpec(
+        spec = RunSpec(
             source=self.source,
             data=data,
             hierarchy=hierarchy,
@@ -747,6 +785,17 @@ class _Parser:
             run=self.run(self.table(doc, "run", required=False)),
             output=self.output(self.table(doc, "output", required=False)),
         )
+        if not mechanism.is_integer and not mechanism.allow_floating_point:
+            exact = "discrete_" + mechanism.noise
+            raise self.fail(
+                "mechanism.noise",
+                f"{mechanism.noise!r} draws floating-point noise, which is not protected "
+                "against floating-point attacks (Mironov 2012: the gaps in a float sampler's "
+                f"output can reveal the true value); use the exact {exact!r} instead, or add "
+                "allow_floating_point = true to [mechanism] to release with it anyway (the "
+                "privacy statement then says so)",
+            )
+        return spec
 
     def data(self, t: Mapping[str, Any]) -> DataSpec:
         p = "data"
@@ -977,9 +1026,18 @@ class _Parser:
         return PrivacySpec(accounting, total, delta, level_shares, query_shares)
 
     def mechanism(self, t: Mapping[str, Any]) -> MechanismSpec:
-        self.keys(t, "mechanism", ("noise",))
-        noise = self.get(t, "mechanism", "noise", str, required=True)
-        return MechanismSpec(self.choice(noise, "mechanism.noise", NOISES))
+        self.keys(t, "mechanism", ("noise", "allow_floating_point"))
+        noise = self.choice(
+            self.get(t, "mechanism", "noise", str, required=True), "mechanism.noise", NOISES
+        )
+        allow = self.get(t, "mechanism", "allow_floating_point", bool, default=False)
+        if allow and noise.startswith("discrete_"):
+            raise self.fail(
+                "mechanism.allow_floating_point",
+                f"{noise!r} is an exact integer law with no floating-point sampling to "
+                "acknowledge; remove the key",
+            )
+        return MechanismSpec(noise, allow)
 
     def estimators(self, t: Mapping[str, Any]) -> EstimatorSpec:
         p = "estimators"
@@ -1008,7 +1066,7 @@ class _Parser:
 
     def run(self, t: Mapping[str, Any]) -> RunOptions:
         p = "run"
-        self.keys(t, p, ("repetitions", "seed", "scheduler", "partitions", "address"))
+        self.keys(t, p, ("repetitions", "seed", "scheduler", "partitions", "address", *_NETWORK))
         repetitions = self.positive_int(t, p, "repetitions", default=1)
         seed = self.get(t, p, "seed", int)  # errors name the type, never the value
         if seed is not None and seed < 0:
@@ -1025,7 +1083,43 @@ class _Parser:
                 )
             if not address.startswith(("tcp://", "tls://")) or len(address) <= len("tcp://"):
                 raise self.fail("run.address", "expected 'tcp://host:port' (or 'tls://...')")
-        return RunOptions(repetitions, seed, scheduler, partitions, address)
+        network = self.network(t)
+        if address is not None and address.lower().startswith("tcp://"):
+            from censusdp.pipelines.execute import scheduler_security
+
+            try:  # refused here, before any data is read
+                scheduler_security(
+                    address, allow_insecure_network=network["allow_insecure_network"]
+                )
+            except SpecError as exc:
+                raise self.fail("run.address", str(exc)) from None
+        return RunOptions(repetitions, seed, scheduler, partitions, address, **network)
+
+    def network(self, t: Mapping[str, Any]) -> dict[str, Any]:
+        """``[run]``'s TLS files (all or none, resolved against the spec's directory) and
+        ``allow_insecure_network``."""
+        files = {k: self.get(t, "run", k, str) for k in _NETWORK[:3]}
+        given = [k for k, v in files.items() if v is not None]
+        if given and len(given) < 3:
+            missing = [k for k in files if files[k] is None]
+            raise self.fail(
+                f"run.{missing[0]}",
+                f"missing; TLS needs all of {list(files)} (the cluster's CA, this client's "
+                "certificate and key)",
+            )
+        out: dict[str, Any] = {}
+        for k, v in files.items():
+            if v is not None:
+                if not v:
+                    raise self.fail(f"run.{k}", "must not be empty")
+                path = Path(v)
+                if self.base_dir is not None and not path.is_absolute():
+                    path = self.base_dir / path
+                out[k] = path
+        out["allow_insecure_network"] = self.get(
+            t, "run", "allow_insecure_network", bool, default=False
+        )
+        return out
 
     def output(self, t: Mapping[str, Any]) -> OutputSpec:
         self.keys(t, "output", ("dir",))

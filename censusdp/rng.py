@@ -12,6 +12,14 @@ ChaCha20 generator keyed by ``HMAC-SHA256(key, f"{label}:{j}")``. Drawing nodes 
 is partitioned. This is the shared-secret-key protocol of Algorithm 4 in the subspace-DP paper
 (every agent holds the common key and regenerates locally the noise it needs).
 
+A task never needs the key itself: :meth:`KeyedRNG.restrict` gives a :class:`SubKeys` holding
+only the per-chunk sub-keys ``HMAC-SHA256(key, f"{label}:{j}")`` of the streams and chunks it
+names. It draws exactly what the key would draw for those chunks and refuses every other one
+(:class:`StreamNotHeld`); HMAC being a pseudorandom function, the sub-keys reveal nothing about
+the key or any other chunk's sub-key. A partition's task gets the sub-keys of its own node
+ranges (:func:`chunk_range`); the granularity is the chunk, so a chunk shared by two
+partitions' ranges is held by both.
+
 References
 ----------
 Gao, Gong & Yu, "Subspace Differential Privacy", AAAI 2022, Algorithm 4 (distributed
@@ -25,12 +33,20 @@ import hashlib
 import hmac
 import secrets
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 from randomgen import ChaCha
 
-__all__ = ["CHUNK", "KeyedRNG", "ReproducibleSeedWarning", "Sampler"]
+__all__ = [
+    "CHUNK",
+    "KeyedRNG",
+    "ReproducibleSeedWarning",
+    "Sampler",
+    "StreamNotHeld",
+    "SubKeys",
+    "chunk_range",
+]
 
 #: Nodes per keyed chunk. Fixed forever: changing it changes every seeded release.
 CHUNK = 1 << 16
@@ -43,11 +59,72 @@ class ReproducibleSeedWarning(UserWarning):
     """Seeded (reproducible) randomness is in use: not for a real release."""
 
 
+class StreamNotHeld(LookupError):
+    """A :class:`SubKeys` was asked for a stream or chunk whose sub-key it does not hold."""
+
+
 def _chacha(key: bytes) -> np.random.Generator:
     return np.random.Generator(ChaCha(key=int.from_bytes(key, "little"), counter=0, rounds=20))
 
 
-class KeyedRNG:
+def chunk_range(start: int, stop: int) -> range:
+    """The chunks :meth:`KeyedRNG.draw` reads to draw items ``[start, stop)`` of a stream."""
+    if stop <= start:
+        return range(0)
+    return range(start // CHUNK, (stop - 1) // CHUNK + 1)
+
+
+class _Streams:
+    """Chunked draws from per-chunk generators (:meth:`generator` is the subclass's)."""
+
+    __slots__ = ()
+
+    def generator(self, label: str, chunk: int = 0) -> np.random.Generator:
+        raise NotImplementedError
+
+    def draw(
+        self,
+        label: str,
+        n_items: int,
+        start: int,
+        stop: int,
+        sampler: Sampler,
+        width: int = 1,
+    ) -> np.ndarray:
+        """Draws for items ``[start, stop)`` of a stream of ``n_items`` items.
+
+        Each item is a row of ``width`` draws. Chunk ``j`` covers items
+        ``[j*CHUNK, min((j+1)*CHUNK, n_items))`` and is always drawn whole, with one call
+        ``sampler(generator(label, j), rows*width)``, then sliced. The result depends only
+        on ``(key, label, n_items, start, stop, width)`` and the sampler, never on how the
+        range is split.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(stop - start, width)``.
+        """
+        if not 0 <= start <= stop <= n_items:
+            raise ValueError(f"stream {label!r}: range [{start}, {stop}) is outside [0, {n_items})")
+        if width < 1:
+            raise ValueError("width must be at least 1")
+        parts = []
+        for j in chunk_range(start, stop):
+            lo, hi = j * CHUNK, min((j + 1) * CHUNK, n_items)
+            rows = np.asarray(sampler(self.generator(label, j), (hi - lo) * width))
+            if rows.shape != ((hi - lo) * width,):
+                raise ValueError(
+                    f"sampler returned shape {rows.shape}, expected {((hi - lo) * width,)}"
+                )
+            rows = rows.reshape(hi - lo, width)
+            parts.append(rows[max(start, lo) - lo : min(stop, hi) - lo])
+        if not parts:  # only the dtype is wanted: no draw, so no key
+            probe = np.asarray(sampler(_chacha(bytes(32)), 0))
+            return np.empty((0, width), dtype=probe.dtype)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+class KeyedRNG(_Streams):
     """A secret key and the generators derived from it.
 
     Parameters
@@ -115,44 +192,67 @@ class KeyedRNG:
         """The ChaCha20 generator of chunk ``chunk`` of stream ``label``."""
         return _chacha(self.subkey(f"{label}:{int(chunk)}"))
 
-    def draw(
-        self,
-        label: str,
-        n_items: int,
-        start: int,
-        stop: int,
-        sampler: Sampler,
-        width: int = 1,
-    ) -> np.ndarray:
-        """Draws for items ``[start, stop)`` of a stream of ``n_items`` items.
+    def restrict(self, streams: Mapping[str, Iterable[int]]) -> SubKeys:
+        """The sub-keys of the listed chunks of the listed streams, and nothing else.
 
-        Each item is a row of ``width`` draws. Chunk ``j`` covers items
-        ``[j*CHUNK, min((j+1)*CHUNK, n_items))`` and is always drawn whole, with one call
-        ``sampler(generator(label, j), rows*width)``, then sliced. The result depends only
-        on ``(key, label, n_items, start, stop, width)`` and the sampler, never on how the
-        range is split.
+        Parameters
+        ----------
+        streams : mapping of label → iterable of int
+            The chunks each stream's holder may draw (e.g. ``chunk_range(start, stop)`` of
+            a node range, or one generator index per parent).
 
         Returns
         -------
-        numpy.ndarray
-            Shape ``(stop - start, width)``.
+        SubKeys
+            Draws exactly as this key does for those chunks (``generator`` and ``draw``);
+            any other stream or chunk raises :class:`StreamNotHeld`. It holds neither this
+            key nor anything it could be derived from, so it is what a task is sent.
         """
-        if not 0 <= start <= stop <= n_items:
-            raise ValueError(f"stream {label!r}: range [{start}, {stop}) is outside [0, {n_items})")
-        if width < 1:
-            raise ValueError("width must be at least 1")
-        parts = []
-        first, last = start // CHUNK, (stop - 1) // CHUNK if stop > start else start // CHUNK - 1
-        for j in range(first, last + 1):
-            lo, hi = j * CHUNK, min((j + 1) * CHUNK, n_items)
-            rows = np.asarray(sampler(self.generator(label, j), (hi - lo) * width))
-            if rows.shape != ((hi - lo) * width,):
-                raise ValueError(
-                    f"sampler returned shape {rows.shape}, expected {((hi - lo) * width,)}"
-                )
-            rows = rows.reshape(hi - lo, width)
-            parts.append(rows[max(start, lo) - lo : min(stop, hi) - lo])
-        if not parts:
-            probe = np.asarray(sampler(self.generator(label, 0), 0))
-            return np.empty((0, width), dtype=probe.dtype)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        keys = {
+            (str(label), int(j)): self.subkey(f"{label}:{int(j)}")
+            for label, chunks in streams.items()
+            for j in chunks
+        }
+        return SubKeys(keys, reproducible_mode=self.reproducible_mode)
+
+
+class SubKeys(_Streams):
+    """Per-chunk sub-keys of some streams (from :meth:`KeyedRNG.restrict`).
+
+    Parameters
+    ----------
+    keys : dict of (label, chunk) → bytes
+        ``HMAC-SHA256(key, f"{label}:{chunk}")`` of every chunk held.
+    reproducible_mode : bool
+        As the :class:`KeyedRNG` it came from.
+    """
+
+    __slots__ = ("_keys", "reproducible_mode")
+
+    def __init__(
+        self, keys: Mapping[tuple[str, int], bytes], *, reproducible_mode: bool = False
+    ) -> None:
+        self._keys = dict(keys)
+        self.reproducible_mode = reproducible_mode
+
+    def __repr__(self) -> str:  # never show a key
+        return f"SubKeys({len(self._keys)} chunks of {len(self.streams)} streams)"
+
+    @property
+    def streams(self) -> dict[str, tuple[int, ...]]:
+        """The chunks held, per stream label."""
+        out: dict[str, list[int]] = {}
+        for label, j in self._keys:
+            out.setdefault(label, []).append(j)
+        return {label: tuple(sorted(js)) for label, js in out.items()}
+
+    def generator(self, label: str, chunk: int = 0) -> np.random.Generator:
+        """The ChaCha20 generator of chunk ``chunk`` of stream ``label``, if held."""
+        key = self._keys.get((label, int(chunk)))
+        if key is None:
+            held = "no chunk" if label not in self.streams else f"chunks {self.streams[label]}"
+            raise StreamNotHeld(
+                f"these sub-keys do not cover chunk {int(chunk)} of stream {label!r} (they "
+                f"hold {held} of it); restrict() the key to every stream and chunk the task draws"
+            )
+        return _chacha(key)

@@ -11,6 +11,7 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.laws import floating_point_note
 
 __all__ = ["Release"]
 
@@ -51,6 +52,7 @@ class Release:
 
     def __post_init__(self) -> None:
         self.cells = tuple(self.cells)
+        self.privacy = floating_point_note(self.privacy)  # continuous laws: Mironov (2012)
         if len(self.estimates) != self.hierarchy.depth:
             raise ValueError("a Release needs one estimate array per level")
         for lv, est in zip(self.hierarchy.levels, self.estimates, strict=True):

@@ -1,10 +1,19 @@
-"""The main job (``censusdp demo``): GLS vs conditioning vs TopDown-style on the embedded
+"""The main job (``censusdp demo``): GLS vs TopDown-style on the embedded
 midwest table, at two budgets, with the small-area bias study of Gao, Gong & Yu.
 
 The spec ``midwest_demo.toml`` (region → state → county, five race cells, state totals held
-exact) is run at each budget of :data:`BUDGETS` with its repetitions; every run writes its own
-folder (``rho_<budget>/``: estimates, metrics, regressions, manifest, report) and this
-experiment adds a combined ``report.md``, ``bias_slopes.png`` and ``metrics.json``.
+exact, exact discrete Gaussian noise; GLS and TopDown-style) is run at each budget of
+:data:`BUDGETS` with its repetitions; every run writes its own folder (``rho_<budget>/``:
+estimates, metrics, regressions, manifest, report) and this experiment adds a combined
+``report.md``, ``bias_slopes.png`` and ``metrics.json``.
+
+Conditioning discrete Gaussian noise is a certified Gibbs MCMC run per release: on this table
+one release took more than 160 s of CPU (measured; GLS and TopDown-style together take about
+17 s of CPU for all 40 releases), so the main job leaves it out
+(:data:`CONDITIONING_REPETITIONS` = 0). Set it above 0 to add conditioning on the first
+repetitions of each budget (the same measurements as the other estimators' first
+repetitions: every repetition's noise is keyed by its index), written to
+``rho_<budget>_conditioning/``; the laplace-conditioning experiment studies the sampler.
 
 References
 ----------
@@ -26,11 +35,14 @@ from censusdp.experiments.registry import ExperimentContext
 from censusdp.pipelines.report import markdown_table, plot_slopes, slope_table
 from censusdp.pipelines.runner import run_spec, with_budget
 
-__all__ = ["BUDGETS", "SPEC", "run", "print_summary"]
+__all__ = ["BUDGETS", "CONDITIONING_REPETITIONS", "SPEC", "run", "print_summary"]
 
 SPEC = Path(__file__).with_name("midwest_demo.toml")
 #: Total ρ (zCDP) of the two runs: a tight and a looser budget.
 BUDGETS = (0.001, 0.01)
+#: Repetitions of the conditioning estimator (MCMC) per budget, at most 1 with ``--quick``;
+#: 0 leaves it out (see the module note for the measured cost).
+CONDITIONING_REPETITIONS = 0
 
 
 def _summary(regressions: pd.DataFrame, metrics: pd.DataFrame) -> dict:
@@ -44,6 +56,7 @@ def _summary(regressions: pd.DataFrame, metrics: pd.DataFrame) -> dict:
         ]
         out[est] = {
             "groups": int(g["group"].nunique()),
+            "repetitions": int(g["repetition"].nunique()),
             "mean_negative_per_run": float(per_rep["negative"].mean()),
             "mean_significant_negative_001_per_run": float(per_rep["sig"].mean()),
             "chance_expected_significant_negative": 0.005 * int(g["group"].nunique()),
@@ -66,23 +79,40 @@ def run(ctx: ExperimentContext) -> dict:
 
     spec = load_spec(SPEC)
     reps = 4 if ctx.quick else spec.run.repetitions
-    metrics: dict = {"repetitions": reps, "budgets": {}}
+    cond_reps = min(reps, CONDITIONING_REPETITIONS, 1 if ctx.quick else reps)
+    fast = tuple(e for e in spec.estimators.run if e != "conditioning")
+    slow = ("conditioning",) if cond_reps else ()
+    metrics: dict = {
+        "repetitions": reps,
+        "conditioning_repetitions": cond_reps if slow else 0,
+        "budgets": {},
+    }
     tables = []
     lines = [
-        "# Midwest demo: unbiased estimators beside a TopDown-style baseline",
+        "# Midwest demo: an unbiased estimator beside a TopDown-style baseline",
         "",
         "Plotnine's `midwest` table (437 counties of Illinois, Indiana, Michigan, Ohio and Wisconsin, "
         "population by race: white, black, American Indian, Asian, other) is treated as confidential. "
-        "Every level's histogram is measured with Gaussian noise (zCDP), the five state totals are "
-        "released exactly (invariants), and three estimators turn the same noisy measurements into "
+        "Every level's histogram is measured with exact discrete Gaussian noise (zCDP; integer "
+        "sampling, so no floating-point attack applies), the five state totals are released "
+        "exactly (invariants), and the estimators below turn the same noisy measurements into "
         "consistent, integer county tables:",
         "",
         "- **gls** — the projection estimator (generalised least squares over the hierarchy): unbiased, "
         "with an exact standard error for every number, then unbiased integer rounding;",
-        "- **conditioning** — a draw from the noise law conditioned on consistency and the invariants "
-        "(exact for Gaussian noise), also unbiased;",
         "- **topdown** — the U.S. Census Bureau's TopDown-style optimisation with non-negativity and "
-        "the parent totals as constraints.",
+        "the parent totals as constraints;",
+        (
+            "- **conditioning** — a draw from the noise law conditioned on consistency and the "
+            "invariants, also unbiased; for discrete Gaussian noise a certified Gibbs MCMC run "
+            "(released once its L-lag coupling bound on the total-variation distance is below "
+            f"0.01), much slower than the others, so on the first {cond_reps} of the {reps} "
+            "repetitions only (same measurements)."
+            if slow
+            else "- conditioning (the noise law conditioned on the constraints) is left out of the "
+            "main job: for discrete Gaussian noise it is a certified Gibbs MCMC run taking minutes "
+            "per release (see `censusdp.experiments.midwest_demo`)."
+        ),
         "",
         "The question is the one of the subspace-DP paper (Gao, Gong & Yu 2022, Fig. 1): within each "
         "state, regress the county-total error on log(true county population). A negative slope means "
@@ -90,19 +120,29 @@ def run(ctx: ExperimentContext) -> dict:
         "",
     ]
     for rho in BUDGETS:
-        s = with_budget(spec, rho)
-        s = dataclasses.replace(s, run=dataclasses.replace(s.run, repetitions=reps))
-        res = run_spec(
-            s,
-            out=ctx.out / f"rho_{rho:g}",
-            rng=ctx.rng.child(f"rho={rho!r}"),
-            progress=False,
-            title=f"Midwest demo at ρ = {rho:g}",
-        )
-        summ = _summary(res.regressions, res.metrics)
+        runs = []
+        for suffix, estimators, n in (("", fast, reps), ("_conditioning", slow, cond_reps)):
+            if not estimators:
+                continue
+            s = with_budget(spec, rho)
+            s = dataclasses.replace(
+                s,
+                run=dataclasses.replace(s.run, repetitions=n),
+                estimators=dataclasses.replace(s.estimators, run=estimators),
+            )
+            res = run_spec(
+                s,
+                out=ctx.out / f"rho_{rho:g}{suffix}",
+                rng=ctx.rng.child(f"rho={rho!r}"),  # the same measurements in both runs
+                progress=False,
+                title=f"Midwest demo at ρ = {rho:g}" + (" (conditioning)" if suffix else ""),
+            )
+            ctx.timings[f"rho_{rho:g}{suffix}"] = res.manifest["timings_seconds"]["total"]
+            runs.append(res)
+        regressions = pd.concat([r.regressions for r in runs], ignore_index=True)
+        summ = _summary(regressions, pd.concat([r.metrics for r in runs], ignore_index=True))
         metrics["budgets"][f"rho_{rho:g}"] = summ
-        ctx.timings[f"rho_{rho:g}"] = res.manifest["timings_seconds"]["total"]
-        t = slope_table(res.regressions)
+        t = slope_table(regressions)
         t["budget"] = f"ρ = {rho:g}"
         tables.append(t)
         rows = pd.DataFrame(
@@ -112,12 +152,14 @@ def run(ctx: ExperimentContext) -> dict:
             ]
         )
         lines += [
-            f"## ρ = {rho:g} ({reps} repetitions; details in `rho_{rho:g}/report.md`)",
+            f"## ρ = {rho:g} (details in `rho_{rho:g}/report.md`"
+            + (f" and `rho_{rho:g}_conditioning/report.md`)" if slow else ")"),
             "",
             markdown_table(
                 rows[
                     [
                         "estimator",
+                        "repetitions",
                         "county_total_mae",
                         "county_mean_error",
                         "mean_slope",
@@ -162,7 +204,9 @@ def run(ctx: ExperimentContext) -> dict:
         "With the state totals released exactly, the guarantee is induced subspace differential "
         "privacy (Gao, Gong & Yu 2022, Def. 6): differential privacy among databases that share the "
         "invariants, never plain ε-DP. The run reports state the budget of each estimator (all are "
-        "post-processing of the same measurements). Seeded runs are for reproduction only.",
+        "post-processing of the same measurements). The noise is drawn by exact integer samplers "
+        "(discrete Gaussian), not in floating point, so the floating-point attacks on textbook "
+        "samplers (Mironov 2012) do not apply. Seeded runs are for reproduction only.",
         "",
     ]
     ctx.write_report("\n".join(lines))

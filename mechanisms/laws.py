@@ -2,7 +2,11 @@
 function. The same object draws unconstrained noise and serves as an MCMC target.
 
 Continuous laws (:class:`Laplace`, :class:`Gaussian`) exist for the seeds' real-valued
-mechanisms; they use floating-point sampling and are **not floating-point safe** (Mironov 2012).
+mechanisms; they use floating-point sampling and are **not floating-point safe** (Mironov 2012:
+the set of doubles a floating-point Laplace sampler can return depends on the value it is added
+to, so some outputs reveal the input exactly). A run spec takes them only with ``[mechanism]
+allow_floating_point = true``, and every privacy statement of a release made with one carries
+:data:`FLOATING_POINT_NOTE` (:func:`floating_point_note`).
 The exact integer laws (:class:`~censusdp.mechanisms.discrete.DiscreteLaplace`,
 :class:`~censusdp.mechanisms.discrete.DiscreteGaussian`) live in
 :mod:`censusdp.mechanisms.discrete`; calibration helpers in
@@ -13,16 +17,58 @@ References
 Dwork, McSherry, Nissim & Smith (2006), the Laplace mechanism.
 Bun & Steinke (2016), zero-concentrated DP: a Gaussian of scale σ on a query of ℓ₂
 sensitivity Δ is ρ-zCDP with ρ = Δ² / (2σ²).
+Mironov (2012), "On significance of the least significant bits for differential privacy",
+ACM CCS (floating-point attacks on textbook Laplace sampling).
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["NoiseLaw", "Laplace", "Gaussian"]
+if TYPE_CHECKING:
+    from censusdp.budget import PrivacyStatement
+
+__all__ = [
+    "FLOATING_POINT_LAWS",
+    "FLOATING_POINT_NOTE",
+    "NoiseLaw",
+    "Laplace",
+    "Gaussian",
+    "floating_point_note",
+]
+
+#: Names of the continuous (floating-point) noise laws.
+FLOATING_POINT_LAWS = ("laplace", "gaussian")
+
+#: What every privacy statement of a release made with floating-point noise says.
+FLOATING_POINT_NOTE = (
+    "floating-point noise: this implementation samples the continuous law in floating point "
+    "and is not protected against floating-point attacks (Mironov 2012), so the guarantee "
+    "above is that of the ideal real-valued mechanism and may not hold for these outputs; "
+    "the exact discrete laws (discrete_laplace, discrete_gaussian) do not have this weakness"
+)
+
+
+def floating_point_note(
+    statement: PrivacyStatement, *, continuous: bool | None = None
+) -> PrivacyStatement:
+    """``statement`` with :data:`FLOATING_POINT_NOTE` among its notes (once) when the noise
+    was continuous: ``continuous``, or by default when its mechanism is one of
+    :data:`FLOATING_POINT_LAWS`. Otherwise ``statement`` itself.
+
+    References
+    ----------
+    Mironov (2012).
+    """
+    if continuous is None:
+        continuous = statement.mechanism in FLOATING_POINT_LAWS
+    if not continuous or FLOATING_POINT_NOTE in statement.notes:
+        return statement
+    return statement.with_notes(FLOATING_POINT_NOTE)
 
 
 class NoiseLaw(ABC):

@@ -43,7 +43,7 @@ from censusdp.mechanisms.calibration import (
     gaussian_sigma_for,
     laplace_scale,
 )
-from censusdp.mechanisms.laws import Gaussian, Laplace, NoiseLaw
+from censusdp.mechanisms.laws import Gaussian, Laplace, NoiseLaw, floating_point_note
 from censusdp.mechanisms.projection import (
     null_space_basis,
     project_dense,
@@ -224,8 +224,16 @@ def _out(answers: np.ndarray, noise: np.ndarray) -> np.ndarray:
 
 
 def _statement(accounting: str, names: tuple, mechanism: str, **budget) -> PrivacyStatement:
-    return PrivacyStatement(
-        accounting=accounting, invariants=names, mechanism=mechanism, geometry="euclidean", **budget
+    """Every mechanism here adds real-valued noise sampled in floating point (Mironov 2012)."""
+    return floating_point_note(
+        PrivacyStatement(
+            accounting=accounting,
+            invariants=names,
+            mechanism=mechanism,
+            geometry="euclidean",
+            **budget,
+        ),
+        continuous=True,
     )
 
 

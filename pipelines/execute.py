@@ -12,19 +12,31 @@ with the shared secret key).
 where its inputs already are, and they never pass through the calling process. ``gather``
 turns handles into values, ``wait`` blocks until they are computed and ``release`` drops
 them. Without Dask a handle is its value.
+
+Tasks carry confidential counts and the sub-keys of their noise (never the key itself: a Dask
+task that would carry a :class:`~censusdp.rng.KeyedRNG` is refused). Whoever reads that
+traffic can subtract the noise, so a Dask scheduler off this machine is joined only over TLS
+(``tls://``, with a :class:`distributed.security.Security` built from CA, certificate and key
+files: :func:`scheduler_security`); a plain ``tcp://`` address is accepted on the loopback
+interface, and elsewhere only when the caller says it accepts plaintext traffic
+(``allow_insecure_network``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from censusdp.errors import SpecError
+from censusdp.rng import KeyedRNG
 
 __all__ = [
     "Executor",
@@ -32,11 +44,140 @@ __all__ = [
     "ThreadExecutor",
     "DaskExecutor",
     "open_executor",
+    "scheduler_security",
+    "is_loopback",
     "SCHEDULERS",
     "KEEP_FREED_MEMORY",
 ]
 
 SCHEDULERS = ("sync", "threads", "distributed")
+
+#: What a plaintext connection to another machine exposes (the start of every refusal).
+_PLAINTEXT_RISK = (
+    "Dask's tcp:// sends every task in plaintext: the partitions' confidential counts and the "
+    "sub-keys of their noise, from which anyone on the network path can subtract the noise"
+)
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1, their IPv4-mapped
+    forms). Names are not resolved: any other name counts as another machine."""
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _host(address: str) -> str:
+    try:
+        host = urlsplit(address).hostname
+    except ValueError:
+        host = None
+    if not host:
+        raise SpecError(f"scheduler address {address!r} has no host; expected tls://HOST:PORT")
+    return host
+
+
+def scheduler_security(
+    address: str,
+    *,
+    tls_ca_file: str | os.PathLike[str] | None = None,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    allow_insecure_network: bool = False,
+) -> Any:
+    """The :class:`distributed.security.Security` to join the scheduler at ``address`` with,
+    or None for a plaintext connection that is allowed.
+
+    Parameters
+    ----------
+    address : str
+        ``tls://HOST:PORT`` or ``tcp://HOST:PORT``.
+    tls_ca_file, tls_cert, tls_key : path-like, optional
+        The certificate authority that signed the cluster's certificates, and this client's
+        certificate and private key (PEM). Unset ones come from Dask's configuration
+        (``distributed.comm.tls.ca-file``, ``.client.cert``, ``.client.key``, e.g. the
+        environment variables ``DASK_DISTRIBUTED__COMM__TLS__CA_FILE``,
+        ``DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT``, ``..._CLIENT__KEY``).
+    allow_insecure_network : bool
+        Accept a plaintext ``tcp://`` scheduler on another machine.
+
+    Raises
+    ------
+    SpecError
+        A ``tcp://`` host other than the loopback without ``allow_insecure_network``; a
+        ``tls://`` address without the three files, or with a file that does not exist; any
+        other scheme. No connection is attempted.
+    """
+    scheme = address.split("://", 1)[0].lower() if "://" in address else ""
+    if scheme == "tcp":
+        host = _host(address)
+        if is_loopback(host) or allow_insecure_network:
+            return None
+        raise SpecError(
+            f"refusing the plaintext scheduler address {address!r}: {host!r} is not this "
+            f"machine's loopback interface, and {_PLAINTEXT_RISK}. Use tls://{host}:PORT with "
+            "[run] tls_ca_file, tls_cert and tls_key (the cluster's CA, this client's "
+            "certificate and key), or, only on a network you trust end to end, set [run] "
+            "allow_insecure_network = true"
+        )
+    if scheme != "tls":
+        raise SpecError(
+            f"scheduler address {address!r}: expected tls://HOST:PORT (or tcp:// on the "
+            "loopback interface)"
+        )
+    _host(address)
+    import dask
+    import dask.distributed  # noqa: F401  (loads the distributed config)
+    from distributed.security import Security
+
+    given = {"tls_ca_file": tls_ca_file, "tls_cert": tls_cert, "tls_key": tls_key}
+    config = {
+        "tls_ca_file": "distributed.comm.tls.ca-file",
+        "tls_cert": "distributed.comm.tls.client.cert",
+        "tls_key": "distributed.comm.tls.client.key",
+    }
+    files = {k: v if v is not None else dask.config.get(config[k], None) for k, v in given.items()}
+    missing = [k for k, v in files.items() if not v]
+    if missing:
+        raise SpecError(
+            f"scheduler address {address!r} needs TLS files: set [run] {', '.join(missing)} "
+            f"(or Dask's {', '.join(config[k] for k in missing)})"
+        )
+    for k, v in files.items():
+        if not os.path.isfile(v):
+            raise SpecError(f"[run] {k}: {os.fspath(v)!r} is not a file")
+    return Security(
+        tls_ca_file=os.fspath(files["tls_ca_file"]),
+        tls_client_cert=os.fspath(files["tls_cert"]),
+        tls_client_key=os.fspath(files["tls_key"]),
+        require_encryption=True,
+    )
+
+
+def _check_no_key(fn: Callable[..., Any], args: Any, extra: tuple) -> None:
+    """Refuse a Dask task that would carry a secret key (tasks get sub-keys only)."""
+
+    def check(x: Any) -> None:
+        if isinstance(x, KeyedRNG):
+            raise TypeError(
+                f"a Dask task ({getattr(fn, '__name__', fn)!r}) would receive a secret key; "
+                "send it the sub-keys it draws from (KeyedRNG.restrict) instead"
+            )
+        if type(x) in (tuple, list):
+            for y in x:
+                check(y)
+        elif type(x) is dict:
+            for y in x.values():
+                check(y)
+
+    check(args)
+    check(extra)
 
 
 class Executor(Protocol):
@@ -115,8 +256,6 @@ class ThreadExecutor(_Local):
     name = "threads"
 
     def __init__(self, workers: int | None = None) -> None:
-        import os
-
         self.workers = workers or os.cpu_count() or 1
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="censusdp")
 
@@ -187,6 +326,12 @@ class DaskExecutor:
     The worker processes of a ``LocalCluster`` started here keep the memory they free
     (:data:`KEEP_FREED_MEMORY`) unless ``keep_memory=False``; workers of an existing
     cluster run as their owner started them.
+
+    An ``address`` is joined as :func:`scheduler_security` allows (TLS off the loopback;
+    ``security`` overrides the files, ``allow_insecure_network`` accepts plaintext), and a
+    cluster whose workers listen in plaintext on other machines is refused the same way:
+    tasks carry confidential counts and noise sub-keys. A task never carries a
+    :class:`~censusdp.rng.KeyedRNG`.
     """
 
     name = "distributed"
@@ -198,24 +343,39 @@ class DaskExecutor:
         *,
         client: Any = None,
         keep_memory: bool = True,
+        security: Any = None,
+        tls_ca_file: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        allow_insecure_network: bool = False,
     ) -> None:
         import dask
         import dask.distributed  # noqa: F401  (loads the distributed config)
         from dask.distributed import Client, LocalCluster
 
         self._cluster = None
+        self._owns_client = False
         if client is not None:
             self.client = client
         elif address:
+            if security is None:
+                security = scheduler_security(
+                    address,
+                    tls_ca_file=tls_ca_file,
+                    tls_cert=tls_cert,
+                    tls_key=tls_key,
+                    allow_insecure_network=allow_insecure_network,
+                )
+            elif not address.lower().startswith("tls://"):
+                scheduler_security(address, allow_insecure_network=allow_insecure_network)
             try:
-                self.client = Client(address, timeout="20s")
+                self.client = Client(address, timeout="20s", security=security)
             except OSError as exc:
                 raise SpecError(
                     f"cannot reach the Dask scheduler at {address!r} ({exc}); start it or drop --scheduler"
                 ) from None
+            self._owns_client = True
         else:
-            import os
-
             n = workers or min(2, os.cpu_count() or 1)
             environ = {"distributed.nanny.pre-spawn-environ": _worker_environ(keep_memory)}
             with dask.config.set(environ):  # read when the nannies are made
@@ -227,7 +387,21 @@ class DaskExecutor:
                     silence_logs=40,
                 )
             self.client = Client(self._cluster)
-        self.workers = len(self.client.scheduler_info().get("workers", {})) or 1
+        workers = self.client.scheduler_info().get("workers", {})
+        plain = [
+            w
+            for w in [getattr(self.client.scheduler, "address", ""), *workers]
+            if str(w).lower().startswith("tcp://") and not is_loopback(_host(str(w)))
+        ]
+        if plain and not allow_insecure_network:
+            self.close()
+            raise SpecError(
+                f"refusing the Dask cluster: {plain[0]!r} listens in plaintext off the loopback "
+                f"interface, and {_PLAINTEXT_RISK}. Run the cluster with TLS (tls:// and "
+                "certificates), or, only on a network you trust end to end, set [run] "
+                "allow_insecure_network = true"
+            )
+        self.workers = len(workers) or 1
 
     #: Whole-chain resubmissions after the cluster lost or cancelled a task.
     attempts = 3
@@ -235,6 +409,7 @@ class DaskExecutor:
     def _launch(self, h: _Handle) -> Any:
         if h.future is None:
             args = _walk(h.item, self._launch)
+            _check_no_key(h.fn, args, h.extra)
             with warnings.catch_warnings():
                 # a task carries its partition's data on purpose (nothing is scattered, so
                 # lineage can recompute it); Dask's advice to scatter large graphs does not apply
@@ -326,8 +501,9 @@ class DaskExecutor:
             self.release(handles)
 
     def close(self) -> None:
-        if self._cluster is not None:
+        if self._cluster is not None or self._owns_client:
             self.client.close()
+        if self._cluster is not None:
             self._cluster.close()
 
 
@@ -338,11 +514,17 @@ def open_executor(
     address: str | None = None,
     workers: int | None = None,
     keep_memory: bool = True,
+    tls_ca_file: str | os.PathLike[str] | None = None,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    allow_insecure_network: bool = False,
 ) -> Iterator[Executor]:
     """Context manager yielding the executor for a scheduler name (``sync``, ``threads``,
-    ``distributed``); an ``address`` such as ``tcp://host:8786`` joins an existing cluster.
-    ``keep_memory``: see :class:`DaskExecutor`."""
-    if scheduler.startswith("tcp://"):
+    ``distributed``); an ``address`` (``tls://host:8786``, or ``tcp://`` on the loopback)
+    joins an existing cluster, as does a ``scheduler`` given as an address. The TLS files and
+    ``allow_insecure_network``: see :func:`scheduler_security`; ``keep_memory``: see
+    :class:`DaskExecutor`."""
+    if scheduler.lower().startswith(("tcp://", "tls://")):
         scheduler, address = "distributed", scheduler
     if scheduler == "sync":
         yield SyncExecutor()
@@ -350,7 +532,15 @@ def open_executor(
     if scheduler == "threads":
         ex = ThreadExecutor(workers)
     elif scheduler == "distributed":
-        ex = DaskExecutor(address, workers, keep_memory=keep_memory)
+        ex = DaskExecutor(
+            address,
+            workers,
+            keep_memory=keep_memory,
+            tls_ca_file=tls_ca_file,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            allow_insecure_network=allow_insecure_network,
+        )
     else:
         raise SpecError(
             f"unknown scheduler {scheduler!r}; choose one of {list(SCHEDULERS)} or tcp://HOST:PORT"

@@ -73,7 +73,7 @@ from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.measure import PartitionedMeasurements
 from censusdp.pipelines.partition import Partition
 from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece, piece_head
-from censusdp.rng import KeyedRNG
+from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 
 __all__ = ["partitioned_gls", "partitioned_round"]
 
@@ -270,21 +270,40 @@ def _gathered(kept: PartitionedRelease, timing: str) -> Release:
 
 # ----------------------------------------------------------------------------- rounding tasks
 def _round_task(
-    item: tuple, n_global: tuple[int, ...], rng: KeyedRNG, mode: str, label: str, tol: float
+    item: tuple, n_global: tuple[int, ...], mode: str, label: str, tol: float
 ) -> RoundPart:
-    """``item = (forest, lo, piece)`` of one partition: its leaves rounded up to the cut."""
-    forest, lo, piece = item
+    """``item = (forest, lo, piece, keys)`` of one partition: its leaves rounded up to the cut,
+    with the sub-keys of its rounding streams (:func:`_round_keys`)."""
+    forest, lo, piece, keys = item
     leaves = piece.estimates[-1]
-    return round_part(forest, lo, n_global, leaves, rng, mode=mode, label=label, tol=tol)
+    return round_part(forest, lo, n_global, leaves, keys, mode=mode, label=label, tol=tol)
+
+
+def _round_keys(rng: KeyedRNG, forest: Forest, lo: Sequence[int], mode: str, label: str) -> SubKeys:
+    """The sub-keys :func:`~censusdp.estimation.rounding.round_part` draws from for this
+    forest (global first nodes ``lo``): the chunks of its node range at each level below its
+    top in stream ``label/<level>``, and, for ``"totals"``, of its leaves in
+    ``label/<leaf level>/cells`` (the streams of ``rounding._steps``; a stream missed here
+    fails loudly with :class:`~censusdp.rng.StreamNotHeld`)."""
+    D = forest.depth
+    streams = {
+        f"{label}/{forest.names[j]}": chunk_range(lo[j], lo[j] + forest.sizes[j])
+        for j in range(1, D)
+    }
+    if mode == "totals":
+        leaf = forest.names[D - 1]
+        streams[f"{label}/{leaf}/cells"] = chunk_range(lo[D - 1], lo[D - 1] + forest.sizes[D - 1])
+    return rng.restrict(streams)
 
 
 def _bipartite_task(
-    item: tuple[ReleasePiece, np.ndarray, int], rng: KeyedRNG, label: str, tol: float
+    item: tuple[ReleasePiece, np.ndarray, int, SubKeys], label: str, tol: float
 ) -> RoundPart:
-    """``item = (piece, child_count, first_parent)``: the leaves of each parent rounded."""
-    piece, child_count, first_parent = item
+    """``item = (piece, child_count, first_parent, keys)``: the leaves of each parent
+    rounded, with the sub-keys of those parents' generators."""
+    piece, child_count, first_parent, keys = item
     leaves = round_bipartite_part(
-        piece.estimates[-1], child_count, first_parent, rng, label=label, tol=tol
+        piece.estimates[-1], child_count, first_parent, keys, label=label, tol=tol
     )
     none = np.zeros(0, np.int64)
     return RoundPart(leaves, none, none, none, np.zeros(0))
@@ -370,22 +389,30 @@ def partitioned_round(
         kept = PartitionedRelease.of(release, partitions, ex)
     # the rounding tasks need the shape of their subtrees, not the node codes
     forests = [Forest.of(h, cut, p.ranges).without_codes() for p in partitions]
+    # a task gets the sub-keys of its own streams and chunks, never the key
     if method == "bipartite":
         up = h.levels[D - 2]
         tasks = [
-            (piece, up.child_count[slice(*p.range(D - 2))], p.range(D - 2)[0])
+            (
+                piece,
+                up.child_count[slice(*p.range(D - 2))],
+                p.range(D - 2)[0],
+                rng.restrict({lab: range(*p.range(D - 2))}),
+            )
             for p, piece in zip(partitions, kept.pieces, strict=True)
         ]
-        parts = ex.submit(_bipartite_task, tasks, rng, lab, tol)
+        parts = ex.submit(_bipartite_task, tasks, lab, tol)
         leftover = [(np.zeros(0, np.int64),) * 3 for _ in partitions]
     else:
-        tasks = [
-            (f, tuple(r[0] for r in p.ranges), piece)
-            for f, p, piece in zip(forests, partitions, kept.pieces, strict=True)
-        ]
-        parts = ex.submit(_round_task, tasks, h.sizes[cut:], rng, method, lab, tol)
-        small = ex.submit(_leftovers, parts)
         K = len(release.cells)
+        n_global = tuple(h.sizes[cut:])
+        tasks = [
+            (f, lo, piece, _round_keys(rng, f, lo, method, lab))
+            for f, p, piece in zip(forests, partitions, kept.pieces, strict=True)
+            for lo in [tuple(r[0] for r in p.ranges)]
+        ]
+        parts = ex.submit(_round_task, tasks, n_global, method, lab, tol)
+        small = ex.submit(_leftovers, parts)
         leaf, cell, add = round_top(
             h, cut, ex.gather(small), K, rng, mode=method, label=lab, tol=tol
         )

@@ -4,6 +4,8 @@ Levels at or below the cut are measured per partition, each partition drawing th
 of its own node ranges only; levels above the cut are measured once. The result equals
 :func:`censusdp.mechanisms.queries.measure` on the whole hierarchy bit for bit, for every
 backend and partition count (the shared-key protocol of the subspace-DP paper, Algorithm 4).
+A partition's task receives the sub-keys of its own streams and chunks
+(:meth:`KeyedRNG.restrict <censusdp.rng.KeyedRNG.restrict>`), never the key.
 """
 
 from __future__ import annotations
@@ -14,20 +16,38 @@ from dataclasses import dataclass
 import numpy as np
 
 from censusdp.mechanisms.laws import NoiseLaw
-from censusdp.mechanisms.queries import Measurement, Query, measure_range
+from censusdp.mechanisms.queries import Measurement, Query, measure_range, stream_label
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.partition import Partition
-from censusdp.rng import KeyedRNG
+from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 
-__all__ = ["PartitionTask", "PartitionedMeasurements", "measure_partitioned"]
+__all__ = ["PartitionTask", "PartitionedMeasurements", "measure_keys", "measure_partitioned"]
 
 
 @dataclass(frozen=True, eq=False)
 class PartitionTask:
-    """What one partition needs to measure itself: its node ranges and exact counts there."""
+    """What one partition needs to measure itself: its node ranges, exact counts there and
+    the sub-keys of its noise (the chunks of its ranges in the streams it measures)."""
 
     partition: Partition
     counts: tuple[np.ndarray, ...]  # per level cut..leaf, the partition's rows
+    keys: SubKeys
+
+
+def measure_keys(
+    rng: KeyedRNG,
+    level_names: Sequence[str],
+    plan: Sequence[tuple[int, Query, NoiseLaw]],
+    partition: Partition,
+) -> SubKeys:
+    """The sub-keys partition ``partition`` needs to measure its levels of ``plan``."""
+    return rng.restrict(
+        {
+            stream_label(level_names[k], q.name): chunk_range(*partition.range(k))
+            for k, q, _ in plan
+            if k >= partition.cut
+        }
+    )
 
 
 def _measure_task(
@@ -35,9 +55,8 @@ def _measure_task(
     plan: Sequence[tuple[int, Query, NoiseLaw]],
     level_names: Sequence[str],
     level_sizes: Sequence[int],
-    rng: KeyedRNG,
 ) -> list[np.ndarray | None]:
-    part = task.partition
+    part, rng = task.partition, task.keys
     out: list[np.ndarray | None] = []
     for k, q, law in plan:
         if k < part.cut:
@@ -106,7 +125,9 @@ def measure_partitioned(
     cut = partitions[0].cut
     tasks = [
         PartitionTask(
-            p, tuple(level_counts[k][slice(*p.range(k))] for k in range(cut, len(level_counts)))
+            p,
+            tuple(level_counts[k][slice(*p.range(k))] for k in range(cut, len(level_counts))),
+            measure_keys(rng, level_names, plan, p),
         )
         for p in partitions
     ]
@@ -116,7 +137,6 @@ def measure_partitioned(
         list(plan),
         list(level_names),
         sizes,
-        rng,
         cost=[p.leaves for p in partitions],
     )
     top = {

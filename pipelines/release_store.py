@@ -11,26 +11,42 @@ gives back the plain release, equal to the one :meth:`PartitionedRelease.gather
 <censusdp.pipelines.partitioned_release.PartitionedRelease.gather>` would have built, bit for
 bit.
 
-Layout (``format`` 1)::
+Layout (``format`` 2)::
 
     manifest.json                      estimator, cells, levels and sizes, cut, partition rows,
                                        integer, privacy statement, diagnostics, fields
     <field>/<level>.npy                levels 0 .. cut, (n_nodes, n_cells[, n_cells])
     <field>/<level>/part-00007.npy     levels below the cut, partition 7's rows
+    checksums.json                     SHA-256 of every file above; written last
 
 ``<field>`` is ``estimates``, ``variances`` and, when the release has them, ``covariances``.
 The directory is written under a temporary name and renamed into place when every file is
 complete (:func:`censusdp.atomic.atomic_dir`). On a remote Dask cluster the path must be on a
 filesystem the workers share with the caller; a store whose pieces did not arrive there is
-refused before it is renamed into place.
+refused before it is renamed into place. Non-finite values are refused when written.
+
+:func:`read_release` trusts nothing it reads. It verifies every file against
+``checksums.json`` (a changed, damaged or missing file, or a missing checksum file, is refused)
+and, independently, that the manifest is well formed (``fields`` are field names, never
+paths; ``cut`` an integer level; partition rows that tile each level; a privacy statement with
+positive finite budgets) and that every array has its exact shape, the dtype the manifest's
+``integer`` claim implies (int64 estimates when true, float64 otherwise; float64 variances
+and covariances) and only finite values. The checksums detect corruption and edits that do
+not also rewrite ``checksums.json``; they are not a signature (authenticity needs the
+publisher to sign ``checksums.json``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,8 +60,11 @@ from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePi
 
 __all__ = ["read_release", "write_release"]
 
-FORMAT = 1
+FORMAT = 2
 FIELDS = ("estimates", "variances", "covariances")
+MANIFEST = "manifest.json"
+CHECKSUMS = "checksums.json"
+_HEX = re.compile(r"[0-9a-f]{64}")
 _KEYS = (
     "estimator",
     "cells",
@@ -60,13 +79,28 @@ _KEYS = (
 )
 
 
-def _save(path: Path, array: np.ndarray) -> None:
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _check_finite(array: np.ndarray, where: str) -> None:
+    """Refuse NaN or ±inf (their count is not confidential; the values are never shown)."""
+    if array.dtype.kind == "f":
+        bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+        if bad:
+            raise DataError(f"{where}: {bad} non-finite values (NaN or inf); a release is finite")
+
+
+def _save(path: Path, array: np.ndarray) -> str:
     """``array`` at ``path``, through a temporary name: a task run again (Dask retries a
-    task whose worker died) replaces the file whole."""
+    task whose worker died) replaces the file whole. Returns the file's SHA-256 (hex)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+    with open(tmp, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
     os.replace(tmp, path)
+    return digest
 
 
 def _part_name(index: int) -> str:
@@ -75,20 +109,22 @@ def _part_name(index: int) -> str:
 
 def _write_piece(
     item: tuple[ReleasePiece, int], root: str, levels: Sequence[str], fields: Sequence[str]
-) -> int:
-    """Write partition ``index``'s piece under ``root``; the number of bytes written."""
+) -> dict[str, str]:
+    """Write partition ``index``'s piece under ``root``; the SHA-256 of every file written,
+    by its path relative to ``root``."""
     piece, index = item
     if not os.path.isdir(root):
         raise DataError(
             f"{root} is not visible where partition {index}'s task runs; on a remote Dask "
             "cluster write the release to a filesystem the workers share"
         )
-    written = 0
+    digests = {}
     for name in fields:
         for level, array in zip(levels, getattr(piece, name), strict=True):
-            _save(Path(root, name, level, _part_name(index)), array)
-            written += array.nbytes
-    return written
+            rel = f"{name}/{level}/{_part_name(index)}"
+            _check_finite(array, f"partition {index}'s {rel}")
+            digests[rel] = _save(Path(root, rel), array)
+    return digests
 
 
 def write_release(
@@ -135,11 +171,14 @@ def write_release(
     parts = release.partitions if partitioned else ()
     if partitioned and len(release.pieces) != len(parts):
         raise ValueError("the pieces of this release were dropped; nothing to write")
+    digests: dict[str, str] = {}
     with atomic_dir(path, overwrite=overwrite) as tmp:
         for name in fields:
+            (tmp / name).mkdir()
             for k in range(cut + 1):
-                (tmp / name).mkdir(exist_ok=True)
-                _save(tmp / name / f"{h.names[k]}.npy", getattr(release, name)[k])
+                rel = f"{name}/{h.names[k]}.npy"
+                _check_finite(getattr(release, name)[k], rel)
+                digests[rel] = _save(tmp / rel, getattr(release, name)[k])
             for level in below:
                 (tmp / name / level).mkdir(parents=True)
         if partitioned:
@@ -152,7 +191,8 @@ def write_release(
                 fields,
             )
             try:
-                ex.gather(handles)
+                for written in ex.gather(handles):
+                    digests.update(written)
             finally:
                 ex.release(handles)
             for name in fields:
@@ -183,35 +223,135 @@ def write_release(
             "privacy": release.privacy.to_dict(),
             "diagnostics": to_jsonable(release.diagnostics),
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        text = (json.dumps(manifest, indent=1) + "\n").encode()
+        (tmp / MANIFEST).write_bytes(text)
+        digests[MANIFEST] = _sha256(text)
+        sums = {"format": FORMAT, "algorithm": "sha256", "files": dict(sorted(digests.items()))}
+        (tmp / CHECKSUMS).write_text(json.dumps(sums, indent=1) + "\n")  # last
     return path
 
 
-def _manifest(path: Path, hierarchy: Hierarchy) -> dict:
-    file = path / "manifest.json"
+def _read_json(file: Path) -> tuple[bytes, Any]:
+    """The bytes of a JSON file and what they parse to."""
     try:
-        m = json.loads(file.read_text())
+        data = file.read_bytes()
     except FileNotFoundError:
-        raise DataError(f"{path} is not a release store: it has no manifest.json") from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{file}: cannot read the manifest ({exc})") from None
+        raise DataError(
+            f"{file} is missing: the store is incomplete or was written without checksums; "
+            "write the release again"
+        ) from None
+    except OSError as exc:
+        raise DataError(f"{file}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        return data, json.loads(data)
+    except ValueError as exc:
+        raise DataError(f"{file}: not valid JSON ({exc})") from None
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _checksums(path: Path) -> dict[str, str]:
+    """``checksums.json``: SHA-256 (hex) by relative file path."""
+    file = path / CHECKSUMS
+    _, sums = _read_json(file)
+    files = sums.get("files") if isinstance(sums, dict) else None
+    if (
+        not isinstance(sums, dict)
+        or sums.get("algorithm") != "sha256"
+        or not isinstance(files, dict)
+    ):
+        raise DataError(
+            f"{file}: expected {{'algorithm': 'sha256', 'files': {{path: digest}}}}; "
+            "the checksum file is damaged"
+        )
+    for rel, digest in files.items():
+        if not isinstance(digest, str) or not _HEX.fullmatch(digest):
+            raise DataError(f"{file}: the checksum of {rel!r} is not a SHA-256 hex digest")
+    return files
+
+
+def _verified(path: Path, rel: str, data: bytes, sums: dict[str, str]) -> None:
+    if rel not in sums:
+        raise DataError(f"{path / CHECKSUMS} has no checksum for {rel}; the store is incomplete")
+    if _sha256(data) != sums[rel]:
+        raise DataError(
+            f"{path / rel}: its SHA-256 does not match {CHECKSUMS}; the file was changed or "
+            "damaged after the store was written"
+        )
+
+
+def _fail(file: Path, key: str, message: str) -> DataError:
+    return DataError(f"{file}: manifest key {key!r}: {message}")
+
+
+def _positive(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _privacy(file: Path, d: Any) -> PrivacyStatement:
+    """The stored privacy statement, with its budget checked (a positive finite ε or ρ; δ in
+    (0, 1))."""
+    if not isinstance(d, dict):
+        raise _fail(file, "privacy", "expected a table")
+    for key in ("epsilon", "rho"):
+        if d.get(key) is not None and not _positive(d[key]):
+            raise _fail(file, f"privacy.{key}", "must be a positive finite number")
+    delta = d.get("delta")
+    if delta is not None and not (_positive(delta) and delta < 1):
+        raise _fail(file, "privacy.delta", "must lie strictly between 0 and 1")
+    for key in ("invariants", "notes"):
+        if not isinstance(d.get(key, []), list) or not all(isinstance(x, str) for x in d[key]):
+            raise _fail(file, f"privacy.{key}", "expected a list of strings")
+    for key in ("geometry", "mechanism"):
+        if not isinstance(d.get(key, ""), str):
+            raise _fail(file, f"privacy.{key}", "expected a string")
+    try:
+        return PrivacyStatement.from_dict(d)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise _fail(file, "privacy", f"not a privacy statement ({exc})") from None
+
+
+def _manifest(path: Path, hierarchy: Hierarchy) -> tuple[dict, dict[str, str]]:
+    """The validated manifest and the checksums of the store's files."""
+    file = path / MANIFEST
+    if not file.is_file():
+        raise DataError(f"{path} is not a release store: it has no {MANIFEST}")
+    data, m = _read_json(file)
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise DataError(
             f"{file}: format {m.get('format') if isinstance(m, dict) else None!r} is not "
             f"{FORMAT}; write the release again with this version of censusdp"
         )
+    sums = _checksums(path)
+    _verified(path, MANIFEST, data, sums)
     missing = [key for key in _KEYS if key not in m]
     if missing:
         raise DataError(f"{file}: the manifest has no {missing[0]!r}; the store is incomplete")
-    stored = list(zip(m["levels"], m["sizes"], strict=False))
-    if len(m["levels"]) != len(m["sizes"]):
-        raise DataError(
-            f"{file}: the manifest has {len(m['levels'])} levels but {len(m['sizes'])} sizes"
-        )
-    wanted = list(zip(hierarchy.names, (int(x) for x in hierarchy.sizes), strict=True))
+    h = hierarchy
+    if not isinstance(m["estimator"], str) or not m["estimator"]:
+        raise _fail(file, "estimator", "expected a non-empty string")
+    cells = m["cells"]
+    if (
+        not isinstance(cells, list)
+        or not cells
+        or not all(isinstance(c, str) and c for c in cells)
+        or len(set(cells)) != len(cells)
+    ):
+        raise _fail(file, "cells", "expected a non-empty list of distinct cell names")
+    levels, sizes = m["levels"], m["sizes"]
+    if not isinstance(levels, list) or not all(isinstance(x, str) for x in levels):
+        raise _fail(file, "levels", "expected a list of level names")
+    if not isinstance(sizes, list) or not all(_is_int(x) and x >= 0 for x in sizes):
+        raise _fail(file, "sizes", "expected a list of node counts")
+    if len(levels) != len(sizes):
+        raise DataError(f"{file}: the manifest has {len(levels)} levels but {len(sizes)} sizes")
+    stored = list(zip(levels, sizes, strict=True))
+    wanted = list(zip(h.names, (int(x) for x in h.sizes), strict=True))
     if stored != wanted:
         k = next(
-            (i for i, (a, b) in enumerate(zip(stored, wanted, strict=False)) if tuple(a) != b),
+            (i for i, (a, b) in enumerate(zip(stored, wanted, strict=False)) if a != b),
             min(len(stored), len(wanted)),
         )
         have = "{!r} with {} nodes".format(*stored[k]) if k < len(stored) else "no level"
@@ -220,18 +360,84 @@ def _manifest(path: Path, hierarchy: Hierarchy) -> dict:
             f"{file}: level {k} is {have} in the store but {want} in the hierarchy; "
             "read it with the hierarchy it was released on"
         )
-    return m
+    cut = m["cut"]
+    if not _is_int(cut) or not 0 <= cut < h.depth:
+        raise _fail(
+            file, "cut", f"expected the integer index of a level, 0 to {h.depth - 1}; got {cut!r}"
+        )
+    fields = m["fields"]
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise _fail(file, "fields", f"expected a list of field names from {list(FIELDS)}")
+    for f in fields:
+        if f not in FIELDS:
+            raise _fail(
+                file,
+                "fields",
+                f"{f!r} is not one of {list(FIELDS)} (a field names a folder of the store; "
+                "paths are never followed)",
+            )
+    if "estimates" not in fields or len(set(fields)) != len(fields):
+        raise _fail(file, "fields", "must list 'estimates', and each field once")
+    if not isinstance(m["integer"], bool):
+        raise _fail(file, "integer", "expected true or false")
+    if not isinstance(m["diagnostics"], dict):
+        raise _fail(file, "diagnostics", "expected a table")
+    m["privacy"] = _privacy(file, m["privacy"])
+    parts = m["partitions"]
+    below = h.depth - 1 - cut
+    if (
+        not isinstance(parts, list)
+        or (below and not parts)
+        or not all(
+            isinstance(p, list)
+            and len(p) == below
+            and all(isinstance(r, list) and len(r) == 2 and all(_is_int(x) for x in r) for r in p)
+            for p in parts
+        )
+    ):
+        raise _fail(
+            file,
+            "partitions",
+            f"expected one list of {below} [start, stop) node ranges per partition "
+            "(one per level below the cut)",
+        )
+    for j, k in enumerate(range(cut + 1, h.depth)):
+        rows = [tuple(p[j]) for p in parts]
+        if (
+            [lo for lo, _ in rows] != [0, *(hi for _, hi in rows[:-1])]
+            or rows[-1][1] != h.sizes[k]
+            or any(hi < lo for lo, hi in rows)
+        ):
+            raise _fail(
+                file,
+                "partitions",
+                f"the rows at level {h.names[k]!r} do not cover its {h.sizes[k]} nodes in order",
+            )
+    return m, sums
 
 
-def _load(file: Path, shape: tuple[int, ...]) -> np.ndarray:
+def _load(
+    path: Path, rel: str, shape: tuple[int, ...], dtype: str, why: str, sums: dict[str, str]
+) -> np.ndarray:
+    """The array at ``path / rel``: checksum, dtype, exact shape and finiteness verified."""
+    file = path / rel
     try:
-        a = np.load(file, allow_pickle=False)
+        data = file.read_bytes()
     except FileNotFoundError:
         raise DataError(f"{file} is missing from the release store") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise DataError(f"{file}: cannot read it ({exc.strerror or exc})") from None
+    _verified(path, rel, data, sums)
+    try:
+        a = np.load(io.BytesIO(data), allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
         raise DataError(f"{file}: not a readable .npy array ({exc})") from None
-    if a.shape[: len(shape)] != shape:
+    if not isinstance(a, np.ndarray) or a.dtype != np.dtype(dtype):
+        got = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
+        raise DataError(f"{file}: dtype {got}, expected {dtype} ({why})")
+    if a.shape != shape:
         raise DataError(f"{file}: shape {a.shape}, expected {shape} (rows, cells)")
+    _check_finite(a, str(file))
     return a
 
 
@@ -249,41 +455,68 @@ def read_release(path: str | os.PathLike[str], hierarchy: Hierarchy) -> Release:
     Raises
     ------
     DataError
-        Not a release store, another hierarchy, or a file missing or of the wrong shape
-        (the message names the file).
+        Not a release store, another hierarchy, a file changed or missing, a missing or
+        damaged ``checksums.json``, a malformed manifest (the key is named), or an array of
+        the wrong dtype or shape or with non-finite values (the file is named).
     """
     path = Path(path)
-    m = _manifest(path, hierarchy)
-    cut, cells, h = int(m["cut"]), tuple(m["cells"]), hierarchy
+    m, sums = _manifest(path, hierarchy)
+    cut, cells, h = m["cut"], tuple(m["cells"]), hierarchy
     n = len(cells)
+    files = {f"{name}/{h.names[k]}.npy" for name in m["fields"] for k in range(cut + 1)} | {
+        f"{name}/{h.names[k]}/{_part_name(i)}"
+        for name in m["fields"]
+        for k in range(cut + 1, h.depth)
+        for i in range(len(m["partitions"]))
+    }
+    extra = sorted(set(sums) - files - {MANIFEST})
+    if extra:
+        raise DataError(
+            f"{path / CHECKSUMS} lists {extra[0]}, which the manifest does not describe; "
+            "the store was altered"
+        )
     whole: dict[str, list[np.ndarray]] = {}
     for name in m["fields"]:
-        arrays = [_load(path / name / f"{h.names[k]}.npy", (h.sizes[k], n)) for k in range(cut + 1)]
+        if name == "estimates":
+            dtype, why = (
+                ("int64", "integer: true") if m["integer"] else ("float64", "integer: false")
+            )
+        else:
+            dtype, why = "float64", name
+        tail = (n, n) if name == "covariances" else (n,)
+        arrays = [
+            _load(path, f"{name}/{h.names[k]}.npy", (h.sizes[k], *tail), dtype, why, sums)
+            for k in range(cut + 1)
+        ]
         for j, k in enumerate(range(cut + 1, h.depth)):
-            rows = [tuple(p[j]) for p in m["partitions"]]
-            if [lo for lo, _ in rows] != [0, *(hi for _, hi in rows[:-1])] or rows[-1][
-                1
-            ] != h.sizes[k]:
-                raise DataError(
-                    f"{path / 'manifest.json'}: the partitions' rows at level {h.names[k]!r} "
-                    f"do not cover its {h.sizes[k]} nodes in order"
-                )
-            level = path / name / h.names[k]
             arrays.append(
                 np.concatenate(
-                    [_load(level / _part_name(i), (hi - lo, n)) for i, (lo, hi) in enumerate(rows)],
+                    [
+                        _load(
+                            path,
+                            f"{name}/{h.names[k]}/{_part_name(i)}",
+                            (p[j][1] - p[j][0], *tail),
+                            dtype,
+                            why,
+                            sums,
+                        )
+                        for i, p in enumerate(m["partitions"])
+                    ],
                     axis=0,
                 )
             )
         whole[name] = arrays
-    return Release(
-        estimator=m["estimator"],
-        hierarchy=h,
-        cells=cells,
-        estimates=whole["estimates"],
-        variances=whole.get("variances"),
-        privacy=PrivacyStatement.from_dict(m["privacy"]),
-        integer=bool(m["integer"]),
-        diagnostics=m["diagnostics"],
-        covariances=whole.get("covariances"),
-    )
+    try:
+        return Release(
+            estimator=m["estimator"],
+            hierarchy=h,
+            cells=cells,
+            estimates=whole["estimates"],
+            variances=whole.get("variances"),
+            privacy=m["privacy"],
+            integer=m["integer"],
+            diagnostics=m["diagnostics"],
+            covariances=whole.get("covariances"),
+        )
+    except ValueError as exc:
+        raise DataError(f"{path}: not a consistent release ({exc})") from None

@@ -182,7 +182,7 @@ def execute_spec(
     releases: dict[str, Release] = {}
     timings["plan"] = time.perf_counter() - t0
     reps = spec.run.repetitions
-    with open_executor(sched, address=spec.run.address) as executor:
+    with open_executor(sched, address=spec.run.address, **spec.run.network()) as executor:
         n_parts = n_parts or max(1, 4 * executor.workers)
         parts = partition_units(h, cut, n_parts)
         steps = reps * (1 + len(spec.estimators.run))

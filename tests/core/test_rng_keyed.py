@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from censusdp import rng as rng_module
-from censusdp.rng import CHUNK, KeyedRNG, ReproducibleSeedWarning
+from censusdp.rng import CHUNK, KeyedRNG, ReproducibleSeedWarning, StreamNotHeld, chunk_range
 
 
 def _normal(g: np.random.Generator, n: int) -> np.ndarray:
@@ -127,3 +127,59 @@ def test_bad_seeds_are_refused(seed):
 def test_bad_keys_are_refused(key):
     with pytest.raises(ValueError, match="32-byte key"):
         KeyedRNG(key)
+
+
+# ------------------------------------------------------------------ restricted sub-keys
+@settings(max_examples=100, deadline=None)
+@given(case=_split(), sampler=st.sampled_from([_normal, _ints]))
+def test_subkeys_draw_exactly_the_held_chunks_and_nothing_else(case, sampler):
+    chunk, n_items, a, c, b, width = case
+    keyed = KeyedRNG.reproducible(5, warn=False)
+    with mock.patch.object(rng_module, "CHUNK", chunk):
+        held = keyed.restrict({"county/total": chunk_range(a, b)})
+        assert np.array_equal(
+            held.draw("county/total", n_items, a, b, sampler, width),
+            keyed.draw("county/total", n_items, a, b, sampler, width),
+        )
+        assert np.array_equal(
+            held.draw("county/total", n_items, c, b, sampler, width),
+            keyed.draw("county/total", n_items, c, b, sampler, width),
+        )
+        outside = [j for j in range(-(-n_items // chunk)) if j not in chunk_range(a, b)]
+        for j in outside:
+            with pytest.raises(StreamNotHeld, match=f"chunk {j} of stream 'county/total'"):
+                held.draw("county/total", n_items, j * chunk, j * chunk + 1, sampler, width)
+        if b > a:
+            with pytest.raises(StreamNotHeld, match="'county/detailed'"):
+                held.draw("county/detailed", n_items, a, b, sampler, width)
+
+
+def test_subkeys_generators_equal_the_keys_and_refuse_others(rng):
+    held = rng.restrict({"rounding/bipartite": range(3, 6), "x": [0]})
+    for j in (3, 4, 5):
+        assert np.array_equal(
+            held.generator("rounding/bipartite", j).integers(0, 1 << 62, 8),
+            rng.generator("rounding/bipartite", j).integers(0, 1 << 62, 8),
+        )
+    for label, j in (("rounding/bipartite", 2), ("rounding/bipartite", 6), ("y", 0), ("x", 1)):
+        with pytest.raises(StreamNotHeld):
+            held.generator(label, j)
+    assert not hasattr(held, "child") and not hasattr(held, "subkey")
+    assert held.streams == {"rounding/bipartite": (3, 4, 5), "x": (0,)}
+
+
+def test_subkeys_carry_no_key_and_keep_the_mode(rng):
+    import pickle
+
+    held = rng.restrict({"state/total": range(2)})
+    blob = pickle.dumps(held)
+    assert rng._key not in blob  # noqa: SLF001 - the secret the sub-keys must not carry
+    assert rng.child("measure")._key not in pickle.dumps(rng.child("measure").restrict({"a": [0]}))  # noqa: SLF001
+    again = pickle.loads(blob)
+    assert np.array_equal(
+        again.draw("state/total", 10, 0, 10, _normal), rng.draw("state/total", 10, 0, 10, _normal)
+    )
+    assert again.reproducible_mode and repr(held) == "SubKeys(2 chunks of 1 streams)"
+    assert KeyedRNG.secure().restrict({"a": [0]}).reproducible_mode is False
+    # an empty range draws nothing and needs no sub-key
+    assert held.draw("other", 5, 2, 2, _ints, 3).shape == (0, 3)

@@ -313,7 +313,7 @@ def test_reading_a_damaged_or_foreign_release_store_names_the_problem(tmp_path):
         read_release(store, h)
     part.with_suffix(".bak").rename(part)
     (store / "estimates" / "tract" / "part-00002.npy").write_bytes(b"not an array")
-    with pytest.raises(DataError, match="part-00002.npy: not a readable"):
+    with pytest.raises(DataError, match="part-00002.npy: its SHA-256 does not match"):
         read_release(store, h)
     manifest = json.loads((store / "manifest.json").read_text())
     (store / "manifest.json").write_text(json.dumps({**manifest, "format": 99}))

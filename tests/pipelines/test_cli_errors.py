@@ -29,6 +29,7 @@ state = ["detailed"]
 county = ["detailed"]
 [mechanism]
 noise = "laplace"
+allow_floating_point = true
 [estimators]
 run = ["gls"]
 """
