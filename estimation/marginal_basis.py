@@ -330,7 +330,7 @@ class BlockDiagonal:
     def quadratic_form(self, v: np.ndarray) -> np.ndarray:
         """``vᵀ M v`` per coefficient tensor of ``v`` (shape ``(n, *shape)``) → ``(n,)``."""
         v = np.asarray(v, dtype=np.float64)
-        return np.einsum("n...,n...->n", v, self.apply(v))
+        return (v * self.apply(v)).reshape(v.shape[0], -1).sum(axis=1)
 
     def dense(self) -> np.ndarray:
         """The matrix in basis coordinates (cells × cells) — for tests and small schemas."""
