@@ -247,12 +247,15 @@ class QueryRows:
         queries: list[ProductQuery] = []
         qi = np.empty(len(rows), dtype=np.int64)
         ri = np.empty(len(rows), dtype=np.int64)
-        for i, (_, text, key) in enumerate(rows):
-            if text not in by_text:
-                by_text[text] = len(queries)
-                queries.append(ProductQuery.parse(schema, text))
-            qi[i] = by_text[text]
-            ri[i] = queries[qi[i]].row_index(key)
+        for i, (name, text, key) in enumerate(rows):
+            try:
+                if text not in by_text:
+                    queries.append(ProductQuery.parse(schema, text))
+                    by_text[text] = len(queries) - 1
+                qi[i] = by_text[text]
+                ri[i] = queries[qi[i]].row_index(key)
+            except SpecError as err:
+                raise SpecError(f"row {name!r}: {err}") from None
         return cls(schema, tuple(queries), qi, ri, tuple(r[0] for r in rows))
 
     def __len__(self) -> int:
