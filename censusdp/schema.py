@@ -101,6 +101,9 @@ class Recode:
     matrix: np.ndarray
     parent: str | None = None
 
+    def __post_init__(self) -> None:
+        self.matrix.setflags(write=False)  # shipped schemas are shared objects
+
     @property
     def n_rows(self) -> int:
         return len(self.labels)
@@ -282,6 +285,9 @@ class Schema:
     def load(cls, name_or_path: str | Path) -> Schema:
         """A shipped schema by name (``"pl94"``) or a schema TOML file by path.
 
+        A shipped schema is built once and shared (its matrices are read-only), so queries
+        parsed from two loads combine.
+
         Raises
         ------
         SpecError
@@ -290,19 +296,19 @@ class Schema:
         p = Path(name_or_path)
         shipped = resources.files("censusdp") / "schemas" / f"{name_or_path}.toml"
         if p.suffix != ".toml" and shipped.is_file():
-            text, source = shipped.read_text(encoding="utf-8"), f"censusdp/schemas/{p.name}.toml"
-        elif p.is_file():
+            if str(name_or_path) not in _SHIPPED:  # one object per shipped schema
+                text = shipped.read_text(encoding="utf-8")
+                spec = _parse_toml(text, f"censusdp/schemas/{p.name}.toml")
+                _SHIPPED[str(name_or_path)] = cls.from_dict(spec, f"censusdp/schemas/{p.name}.toml")
+            return _SHIPPED[str(name_or_path)]
+        if p.is_file():
             text, source = p.read_text(encoding="utf-8"), str(p)
         else:
             raise SpecError(
                 f"schema {str(name_or_path)!r}: not a shipped schema ({available_schemas()}) "
                 "and no such file; pass a shipped name or the path of a schema TOML"
             )
-        try:
-            spec = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise SpecError(f"{source}: not valid TOML ({err})") from None
-        return cls.from_dict(spec, source=source)
+        return cls.from_dict(_parse_toml(text, source), source=source)
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any], source: str = "<dict>") -> Schema:
@@ -342,6 +348,16 @@ class Schema:
             source=source,
             separator=str(spec.get("separator", "_")),
         )
+
+
+_SHIPPED: dict[str, Schema] = {}
+
+
+def _parse_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{source}: not valid TOML ({err})") from None
 
 
 def available_schemas() -> list[str]:

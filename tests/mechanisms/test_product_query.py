@@ -131,3 +131,34 @@ def test_errors():
         q.adjoint(np.zeros(3))
     assert ProductQuery.parse(s, "seniors").labels == ("65+",)
     assert ProductQuery.parse(s, "seniors * sex").name == "sex * seniors"
+
+
+def test_dense_query_feeds_the_existing_estimators(rng):
+    """``to_query`` hands a product query to the flat-cell pipeline (small schemas)."""
+    from censusdp.budget import PrivacyStatement
+    from censusdp.estimation.gls import tree_gls
+    from censusdp.hierarchy.synthetic import random_hierarchy
+    from censusdp.mechanisms.discrete import DiscreteGaussian
+    from censusdp.mechanisms.queries import invariant, measure
+
+    s = Schema.load("sex_age5")
+    gen = np.random.default_rng(11)
+    h = random_hierarchy(gen, [(2, 3), (2, 4)])
+    leaves = gen.integers(0, 30, size=(h.levels[-1].size, s.n_cells))
+    counts = h.aggregate(leaves)
+    law = DiscreteGaussian(4)
+    plan = [
+        (2, ProductQuery.parse(s, "detailed").to_query(), law),
+        (1, ProductQuery.parse(s, "sex * ageband").to_query(), law),
+        (1, ProductQuery.parse(s, "seniors").to_query(), law),
+    ]
+    meas = measure(h.names, counts, plan, rng)
+    inv = [invariant(counts, 0, ProductQuery.parse(s, "total").to_query())]
+    privacy = PrivacyStatement("zcdp", rho=1.0, invariants=("root: total",))
+    rel = tree_gls(h, s.cells, meas, inv, privacy)
+    assert rel.level(0).sum() == pytest.approx(counts[0].sum(), abs=1e-6)
+    # the product query reads the release's cells in the schema's order
+    q = ProductQuery.parse(s, "sex")
+    est = q.apply(rel.level(2).reshape(-1, *s.shape))
+    assert est.shape == (h.levels[-1].size, 2)
+    assert np.allclose(est.sum(axis=0), q.apply(rel.level(0).reshape(-1, *s.shape))[0])
