@@ -38,15 +38,10 @@ from functools import reduce
 import numpy as np
 
 from censusdp.errors import SpecError
-from censusdp.mechanisms.product_query import ProductQuery, QueryRows
+from censusdp.mechanisms.product_query import ProductQuery, QueryRows, axis_product
 from censusdp.schema import Recode, Schema
 
 __all__ = ["AxisBasis", "MarginalBasis", "BlockDiagonal", "workload_basis"]
-
-
-def _apply_axis(x: np.ndarray, axis: int, m: np.ndarray) -> np.ndarray:
-    """``x`` with axis ``axis`` replaced by ``m @ (that axis)``."""
-    return np.moveaxis(np.tensordot(x, m, axes=([axis], [1])), -1, axis)
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,14 +224,14 @@ class MarginalBasis:
         """Coefficients ``(⊗_a B_a)ᵀ vec(x)`` of a batch ``(n, *shape)``, per axis."""
         y = np.asarray(x, dtype=np.float64)
         for ax, a in enumerate(self.axes):
-            y = _apply_axis(y, ax + 1, a.basis.T)
+            y = axis_product(y, ax + 1, np.ascontiguousarray(a.basis.T))
         return y
 
     def from_basis(self, y: np.ndarray) -> np.ndarray:
         """The inverse of :meth:`to_basis` (the basis is orthonormal)."""
         x = np.asarray(y, dtype=np.float64)
         for ax, a in enumerate(self.axes):
-            x = _apply_axis(x, ax + 1, a.basis)
+            x = axis_product(x, ax + 1, a.basis)
         return x
 
     def dense_basis(self) -> np.ndarray:

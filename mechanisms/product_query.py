@@ -40,7 +40,7 @@ from censusdp.errors import DataError, SpecError
 from censusdp.mechanisms.queries import Query
 from censusdp.schema import Recode, Schema
 
-__all__ = ["ProductQuery", "QueryRows", "max_weighted_column"]
+__all__ = ["ProductQuery", "QueryRows", "max_weighted_column", "axis_product"]
 
 
 def _check_batch(schema: Schema, x: np.ndarray, what: str) -> tuple[np.ndarray, bool]:
@@ -56,10 +56,20 @@ def _check_batch(schema: Schema, x: np.ndarray, what: str) -> tuple[np.ndarray, 
     return x, False
 
 
-def _apply_axis(x: np.ndarray, axis: int, m: np.ndarray) -> np.ndarray:
-    """``x`` with axis ``axis`` replaced by ``m @ (that axis)``."""
-    y = np.tensordot(x, m, axes=([axis], [1]))  # the new axis comes last
-    return np.moveaxis(y, -1, axis)
+def axis_product(x: np.ndarray, axis: int, m: np.ndarray) -> np.ndarray:
+    """``x`` with axis ``axis`` (length ``d``) replaced by ``m @`` it (``m``: ``r × d``).
+
+    One mode product of the Kronecker algebra: ``(I ⊗ m ⊗ I) vec(x)`` as a batched matrix
+    product over a ``(before, d, after)`` view, with no transposed copies.
+    """
+    sh = x.shape
+    pre = int(np.prod(sh[:axis], dtype=np.int64))
+    post = int(np.prod(sh[axis + 1 :], dtype=np.int64))
+    if post == 1:
+        y = x.reshape(pre, sh[axis]) @ m.T
+    else:
+        y = np.matmul(m, x.reshape(pre, sh[axis], post))
+    return y.reshape((*sh[:axis], m.shape[0], *sh[axis + 1 :]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,7 +164,7 @@ class ProductQuery:
             if f.is_all:
                 y = y.sum(axis=ax + 1, keepdims=True)
             else:
-                y = _apply_axis(y, ax + 1, f.matrix.astype(y.dtype, copy=False))
+                y = axis_product(y, ax + 1, f.matrix.astype(y.dtype, copy=False))
         out = y.reshape(y.shape[0], -1)
         return out[0] if single else out
 
@@ -174,7 +184,7 @@ class ProductQuery:
         y = zb.reshape((zb.shape[0], *self.row_shape))
         for ax, f in enumerate(self.factors):
             if not f.is_detailed:
-                y = _apply_axis(y, ax + 1, f.matrix.T.astype(y.dtype, copy=False))
+                y = axis_product(y, ax + 1, f.matrix.T.astype(y.dtype, copy=False))
         return y[0] if single else y
 
     def dense(self) -> np.ndarray:
