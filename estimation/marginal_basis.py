@@ -304,6 +304,14 @@ class BlockDiagonal:
         """The inverse, block by block (``numpy.linalg.LinAlgError`` if a block is singular)."""
         return BlockDiagonal(self.basis, {m: np.linalg.inv(b) for m, b in self.blocks.items()})
 
+    def pinv(self, rtol: float = 1e-10) -> BlockDiagonal:
+        """The Moore–Penrose inverse, block by block (eigenvalues below ``rtol`` × the
+        block's largest are zero: directions no measurement identifies)."""
+        return BlockDiagonal(
+            self.basis,
+            {m: np.linalg.pinv(b, rtol=rtol, hermitian=True) for m, b in self.blocks.items()},
+        )
+
     def apply(self, y: np.ndarray) -> np.ndarray:
         """The matrix times coefficient tensors ``y`` of shape ``(n, *shape)``.
 

@@ -44,6 +44,8 @@ def check_workload(data, max_cells):
         total += g
     f = sum(mb.gram(q, wi) for q, wi in zip(qs, w, strict=True))
     close(f.dense_cells(), total)
+    # unidentified directions: the pseudo-inverse block by block is the dense one
+    close(f.pinv().dense_cells(), np.linalg.pinv(total, rtol=1e-10, hermitian=True), 1e-8)
     # the algebra is closed under inverses: (F + I)⁻¹ block by block
     inv = (f + mb.identity()).inv()
     close(inv.dense_cells(), np.linalg.inv(total + np.eye(n)), 1e-9)

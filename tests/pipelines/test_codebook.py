@@ -97,6 +97,16 @@ def test_identities_from_the_codebook(ppdd):
     assert (w @ bumped.T).any()
 
 
+def test_codebook_workload_refinements(ppdd):
+    """DESIGN §10: hhgq 3 (hhinstlevels), age 2 (voting age), cenrace 11 (race7 ∧ numraces)."""
+    from censusdp.estimation.marginal_basis import MarginalBasis
+
+    cb, _ = ppdd
+    mb = MarginalBasis.for_queries(cb.schema, [cb.rows])
+    assert mb.ranks == (3, 1, 2, 1, 11)
+    assert max(mb.block_size(m) for m in mb.subsets) == 3 * 2 * 11
+
+
 def test_sensitivity_is_computed_from_the_columns(ppdd):
     """A person is counted in 16 to 32 of the 376 columns (adult, non-Hispanic, multiracial
     in group quarters: 32)."""
