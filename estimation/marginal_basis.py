@@ -330,6 +330,43 @@ class BlockDiagonal:
             out[idx] = np.transpose(res, np.argsort(perm))
         return out
 
+    def query_variances(self, query: ProductQuery) -> np.ndarray:
+        """``diag(Q M Qᵀ)``: with ``M`` a covariance, the variance of every row of ``query``.
+
+        Any product query, measured or not. Its per-axis rows in the basis are
+        ``T_a = R_a B_a``: group part ``T_a[:, :r_a]`` and a within-group part of squared
+        norm ``w_a`` (zero for rows made of whole groups). Block ``S`` acts on the group parts
+        of the axes in ``S`` and repeats identically over every contrast index of the others,
+        so it contributes the quadratic form of ``⊗_{a∈S} T_a[i_a, :r_a]`` with the block,
+        times ``∏_{a∉S} w_a[i_a]``: every marginal cell's variance at every node from the
+        node's blocks, in ``O(rows · Σ_S n_S²)``.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(..., n_rows)``, leading dimensions those of the blocks (e.g. nodes).
+        """
+        mb = self.basis
+        if query.schema is not mb.schema:
+            raise SpecError(f"query {query.name!r} is over another schema than {mb.schema.name!r}")
+        t = [f.matrix @ a.basis for a, f in zip(mb.axes, query.factors, strict=True)]
+        group = [ti[:, : a.r] for ti, a in zip(t, mb.axes, strict=True)]
+        within = [(ti[:, a.r :] ** 2).sum(axis=1) for ti, a in zip(t, mb.axes, strict=True)]
+        k = len(t)
+        lead = np.broadcast_shapes(*(b.shape[:-2] for b in self.blocks.values()))
+        out = np.zeros((*lead, *query.row_shape))
+        for mask, b in self.blocks.items():
+            ins = [a for a in range(k) if mask >> a & 1]
+            outs = [a for a in range(k) if not mask >> a & 1]
+            g = reduce(np.kron, [group[a] for a in ins], np.ones((1, 1)))
+            term = np.einsum("ij,...jk,ik->...i", g, np.broadcast_to(b, (*lead, *b.shape[-2:])), g)
+            term = term.reshape((*lead, *(query.row_shape[a] for a in ins)))
+            for a in outs:
+                term = np.multiply.outer(term, within[a])
+            order = [len(lead) + (ins + outs).index(a) for a in range(k)]
+            out += np.transpose(term, [*range(len(lead)), *order])
+        return out.reshape((*lead, query.n_rows))
+
     def quadratic_form(self, v: np.ndarray) -> np.ndarray:
         """``vᵀ M v`` per coefficient tensor of ``v`` (shape ``(n, *shape)``) → ``(n,)``."""
         v = np.asarray(v, dtype=np.float64)

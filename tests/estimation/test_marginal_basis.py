@@ -49,6 +49,12 @@ def check_workload(data, max_cells):
     # the algebra is closed under inverses: (F + I)⁻¹ block by block
     inv = (f + mb.identity()).inv()
     close(inv.dense_cells(), np.linalg.inv(total + np.eye(n)), 1e-9)
+    # every row variance of every workload query from the blocks: diag(Q Σ Qᵀ)
+    cov = np.linalg.inv(total + np.eye(n))
+    extra = ProductQuery.parse(s, data.draw(query_texts(s)))  # measured or not
+    for q in [*qs, extra]:
+        m = q.dense().astype(float)
+        close(inv.query_variances(q), np.einsum("ij,jk,ik->i", m, cov, m), 1e-9)
     y = gen.normal(size=(2, *s.shape))
     close(
         inv.quadratic_form(y),
@@ -107,10 +113,14 @@ def test_batched_blocks_act_per_node():
     f = sum(mb.gram(q) * (node_w * (i + 1)) for i, q in enumerate(qs))
     y = np.random.default_rng(1).normal(size=(3, *s.shape))
     out = f.apply(y)
+    var = f.inv().query_variances(qs[0])
+    assert var.shape == (3, qs[0].n_rows)
     for node in range(3):
         dense = sum(node_w[node] * (i + 1) * (q.dense().T @ q.dense()) for i, q in enumerate(qs))
         b = mb.dense_basis()
         close(out[node].ravel(), (b.T @ dense @ b) @ y[node].ravel())
+        m = qs[0].dense().astype(float)
+        close(var[node], np.diag(m @ np.linalg.inv(dense) @ m.T))
 
 
 def test_element_outside_workload_is_refused():
