@@ -66,8 +66,8 @@ def check_workload(data, max_cells):
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_workload_grams_are_block_diagonal_and_exact(data):
-    """1–4 attributes, domains 1–7, at most 64 cells (the fast form)."""
-    check_workload(data, 64)
+    """1–4 attributes, domains 1–7, at most 36 cells (the fast form)."""
+    check_workload(data, 36)
 
 
 @pytest.mark.slow
