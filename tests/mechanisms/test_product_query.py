@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -162,3 +164,75 @@ def test_dense_query_feeds_the_existing_estimators(rng):
     est = q.apply(rel.level(2).reshape(-1, *s.shape))
     assert est.shape == (h.levels[-1].size, 2)
     assert np.allclose(est.sum(axis=0), q.apply(rel.level(0).reshape(-1, *s.shape))[0])
+
+
+# DESIGN §10: the 2020 redistricting persons strategy (levels US … Block, queries in the
+# order of PL94_QUERIES; the US level has no total)
+PL94_RHO = Fraction(293764, 114921)
+PL94_LEVEL_SHARES = [Fraction(s, 4099) for s in (104, 1440, 447, 687, 1256, 165)]
+_Q = Fraction
+PL94_QUERY_SHARES = [
+    [None]
+    + [_Q(s, 4097) for s in (52, 26, 26, 26, 26, 130, 130, 26)]
+    + [_Q(26, 241), _Q(189, 241)],
+    [_Q(s, 4097) for s in (3773, 6, 6, 6, 6, 6, 12, 12, 6)] + [_Q(2, 241), _Q(230, 4097)],
+    [_Q(s, 4097) for s in (3126, 10, 10, 10, 10, 10, 28, 28, 10, 101, 754)],
+    [_Q(1567, 4102), _Q(4, 2051)]
+    + [_Q(5, 4102)] * 4
+    + [_Q(1933, 4102), _Q(10, 2051), _Q(5, 4102), _Q(67, 4102), _Q(241, 2051)],
+    [_Q(s, 4099) for s in (1705, 3, 3, 3, 3, 3, 1055, 9, 3, 24, 1288)],
+    [_Q(s, 4097) for s in (5, 9, 5, 5, 5, 5, 21, 21, 5, 71, 3945)],
+]
+
+
+def test_pl94_strategy_privacy_is_derived_from_its_queries():
+    """ρ composed from the queries' column counts equals the production budget by hand.
+
+    Each query at a level gets ρ_q = ρ · level share · query share (σ_q² = 1/(2ρ_q)); a person
+    is in one node per level, so ρ = Σ_levels max_cell Σ_q ρ_q · (rows of q counting the cell).
+    """
+    s = Schema.load("pl94")
+    qs = [ProductQuery.parse(s, t) for t in PL94_QUERIES]
+    derived = 0.0
+    for level_share, shares in zip(PL94_LEVEL_SHARES, PL94_QUERY_SHARES, strict=True):
+        assert sum(x for x in shares if x is not None) == 1
+        used = [
+            (q, float(PL94_RHO * level_share * x))
+            for q, x in zip(qs, shares, strict=True)
+            if x is not None
+        ]
+        derived += max_weighted_column([q for q, _ in used], [w for _, w in used])
+    assert derived == pytest.approx(float(PL94_RHO), rel=1e-12)
+    assert float(PL94_RHO) == pytest.approx(2.556, abs=1e-3)
+    # the same per-query budget spent on rows that count a person several times costs more
+    t = QueryRows.from_keys(
+        s,
+        [
+            ("total", "total", []),
+            ("two+", "race7", ["Two or More Races"]),
+            ("n2", "numraces", ["Two races"]),
+            ("wb", "cenrace", ["White; Black or African American"]),
+        ],
+    )
+    assert max_weighted_column([t], [1.0]) == 4.0
+
+
+def test_product_queries_measure_through_keyed_streams(rng):
+    """ProductQuery plugs into measure_range: noise keyed by (level, query), any node range."""
+    from censusdp.mechanisms.discrete import DiscreteGaussian
+    from censusdp.mechanisms.queries import measure_range
+
+    s = Schema.load("pl94")
+    q = ProductQuery.parse(s, "votingage * hispanic * cenrace")
+    x = np.random.default_rng(5).integers(0, 3, size=(10, *s.shape))
+    law = DiscreteGaussian(9)
+    truth = q.apply(x)
+    whole = measure_range(truth, "block", 10, 0, q, law, rng)
+    parts = np.vstack(
+        [
+            measure_range(truth[:4], "block", 10, 0, q, law, rng),
+            measure_range(truth[4:], "block", 10, 4, q, law, rng),
+        ]
+    )
+    assert np.array_equal(whole, parts) and whole.shape == (10, 252)
+    assert not np.array_equal(whole, truth)
