@@ -1,0 +1,389 @@
+"""The per-axis basis in which every marginal workload's Gram matrix is block-diagonal.
+
+For attribute ``a`` let ``R_a`` (``r_a × d_a``, 0/1) be the common refinement of the recodes
+and slices a workload uses on that axis (detailed and "all" add nothing: "all" coarsens
+every partition). Every per-axis factor a product query contributes to a Gram matrix —
+``I`` (detailed), ``R_eᵀR_e`` (a recode or slice ``e``, a union of refinement groups),
+``J = 11ᵀ`` (all) — has the form ``α I + R_aᵀ C R_a`` with a scalar ``α`` and an
+``r_a × r_a`` matrix ``C``. In the orthonormal basis ``B_a`` made of the ``r_a`` normalised
+group indicators ``1_g/√n_g`` followed by within-group (Helmert) contrasts, such a matrix is
+``K = αI + N^{1/2} C N^{1/2}`` on the group coordinates and ``α`` on every contrast
+(``R_a`` annihilates within-group contrasts; ``N = diag(n_g)``), exactly, whatever the group
+sizes. Across axes the Gram of ``⊗_a R_{q,a}`` is ``⊗_a (K_{q,a} ⊕ α_{q,a} I)``: in the tensor
+basis ``⊗_a B_a`` the coordinates split by the set ``S`` of axes whose group part they take,
+and on each such set the matrix is one block ``∏_{a∉S} α_a · ⊗_{a∈S} K_a`` of size
+``∏_{a∈S} r_a``, repeated ``∏_{a∉S} (d_a − r_a)`` times over the contrast coordinates.
+Sums, products and inverses of such matrices act block by block, so a node's information and
+covariance matrices are ``2^k`` small blocks (for ``pl94``: sizes 1 and 3), and moving a
+node tensor in or out of the basis is one ``d_a × d_a`` product per axis —
+``O(cells · Σ_a d_a)``; no cells × cells matrix appears (``DESIGN.md`` §10).
+
+This module is the algebra the structured GLS stands on; it has no notion of a tree.
+
+References
+----------
+Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown Algorithm.
+    Harvard Data Science Review, Special Issue 2 (the marginal workload).
+McKenna, R. et al. (2018). Optimizing error of high-dimensional statistical queries under
+    differential privacy (HDMM) — Kronecker-structured Grams and their per-axis inverses.
+Van Loan, C. F. (2000). The ubiquitous Kronecker product. J. Comput. Appl. Math. 123, 85–100.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import reduce
+
+import numpy as np
+
+from censusdp.errors import SpecError
+from censusdp.mechanisms.product_query import ProductQuery, QueryRows, axis_product
+from censusdp.schema import Recode, Schema
+
+__all__ = ["AxisBasis", "MarginalBasis", "BlockDiagonal", "workload_basis"]
+
+
+@dataclass(frozen=True, eq=False)
+class AxisBasis:
+    """One attribute's common refinement and orthonormal basis.
+
+    Attributes
+    ----------
+    attribute : str
+    group_of : numpy.ndarray
+        int64 (d,): the refinement group of each detailed value (groups numbered in order of
+        their first value).
+    sizes : numpy.ndarray
+        int64 (r,): group sizes ``n_g``.
+    basis : numpy.ndarray
+        float64 (d, d), orthonormal columns: ``r`` normalised group indicators, then the
+        ``d − r`` within-group contrasts (group by group, Helmert order).
+    """
+
+    attribute: str
+    group_of: np.ndarray
+    sizes: np.ndarray
+    basis: np.ndarray
+
+    @property
+    def d(self) -> int:
+        return int(self.group_of.size)
+
+    @property
+    def r(self) -> int:
+        return int(self.sizes.size)
+
+    @property
+    def refinement(self) -> np.ndarray:
+        """``R_a`` (r × d, int64): the group indicators."""
+        return (np.arange(self.r)[:, None] == self.group_of[None, :]).astype(np.int64)
+
+    @classmethod
+    def from_elements(cls, attribute: str, d: int, elements: Iterable[Recode]) -> AxisBasis:
+        """The common refinement of ``elements`` (recodes, slices; detailed/all ignored).
+
+        Two values share a group when every row of every element treats them alike.
+        """
+        mats = [e.matrix for e in elements if not (e.is_detailed or e.is_all)]
+        sig = np.vstack(mats).T if mats else np.zeros((d, 0), dtype=np.int64)
+        _, first, inv = np.unique(sig, axis=0, return_index=True, return_inverse=True)
+        rank = np.empty(first.size, dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+        group_of = rank[inv.reshape(-1)]
+        return cls(attribute, group_of, np.bincount(group_of), _helmert_basis(group_of))
+
+    def element(self, e: Recode) -> tuple[float, np.ndarray]:
+        """``(α, C)`` with ``R_eᵀ R_e = α I + R_aᵀ C R_a`` (``I`` for detailed: ``α = 1``).
+
+        Raises
+        ------
+        SpecError
+            When a row of ``e`` splits a refinement group (the basis was built without ``e``).
+        """
+        if e.is_detailed:
+            return 1.0, np.zeros((self.r, self.r))
+        first = np.argmax(self.refinement, axis=1)  # one value of each group
+        p = e.matrix[:, first]
+        if not np.array_equal(p[:, self.group_of], e.matrix):
+            raise SpecError(
+                f"attribute {self.attribute!r}: element {e.name!r} splits a group of the "
+                "common refinement; build the basis from every query of the workload"
+            )
+        return 0.0, (p.T @ p).astype(np.float64)
+
+    def block(self, e: Recode) -> tuple[float, np.ndarray]:
+        """``(α, K)``: ``B_aᵀ (R_eᵀR_e) B_a = K ⊕ α I_{d−r}`` with ``K = αI + N^½ C N^½``."""
+        alpha, c = self.element(e)
+        s = np.sqrt(self.sizes.astype(np.float64))
+        return alpha, alpha * np.eye(self.r) + c * np.outer(s, s)
+
+
+def _helmert_basis(group_of: np.ndarray) -> np.ndarray:
+    """Normalised group indicators, then each group's Helmert contrasts (orthonormal)."""
+    d = group_of.size
+    r = int(group_of.max()) + 1
+    b = np.zeros((d, d))
+    sizes = np.bincount(group_of, minlength=r)
+    b[np.arange(d), group_of] = 1.0 / np.sqrt(sizes[group_of])
+    col = r
+    for g in range(r):
+        members = np.flatnonzero(group_of == g)
+        n = members.size
+        if n < 2:
+            continue
+        k = np.arange(1, n)  # contrast k: members 0..k−1 against member k
+        h = np.zeros((n, n - 1))
+        h[np.arange(n)[:, None] < k[None, :]] = 1.0
+        h[k, k - 1] = -k
+        h /= np.sqrt(k * (k + 1.0))
+        b[members, col : col + n - 1] = h
+        col += n - 1
+    return b
+
+
+@dataclass(frozen=True, eq=False)
+class MarginalBasis:
+    """The tensor basis ``⊗_a B_a`` of a schema for one workload.
+
+    Attributes
+    ----------
+    schema : Schema
+    axes : tuple of AxisBasis
+        One per attribute.
+    """
+
+    schema: Schema
+    axes: tuple[AxisBasis, ...]
+
+    @classmethod
+    def for_queries(
+        cls, schema: Schema, queries: Iterable[ProductQuery | QueryRows]
+    ) -> MarginalBasis:
+        """The basis of the common refinements of every element ``queries`` use.
+
+        Include every measured query and every invariant of the workload: any of their
+        Grams is then block-diagonal in this basis.
+        """
+        per_axis: list[list[Recode]] = [[] for _ in schema.attributes]
+        for q in queries:
+            for pq in q.queries if isinstance(q, QueryRows) else (q,):
+                if pq.schema is not schema:
+                    raise SpecError(
+                        f"query {pq.name!r} is over another schema than {schema.name!r}"
+                    )
+                for ax, f in enumerate(pq.factors):
+                    per_axis[ax].append(f)
+        axes = tuple(
+            AxisBasis.from_elements(a.name, a.size, per_axis[i])
+            for i, a in enumerate(schema.attributes)
+        )
+        return cls(schema, axes)
+
+    # -- structure ------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.schema.shape
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """``r_a`` per axis."""
+        return tuple(a.r for a in self.axes)
+
+    @property
+    def subsets(self) -> list[int]:
+        """Bit masks ``S`` (bit ``a`` set: axis ``a`` takes its group part) with coordinates."""
+        k = len(self.axes)
+        return [s for s in range(1 << k) if self.multiplicity(s) > 0]
+
+    def block_size(self, mask: int) -> int:
+        """``∏_{a∈S} r_a``."""
+        return int(np.prod([a.r for i, a in enumerate(self.axes) if mask >> i & 1], dtype=np.int64))
+
+    def multiplicity(self, mask: int) -> int:
+        """How often block ``S`` repeats: ``∏_{a∉S} (d_a − r_a)``."""
+        return int(
+            np.prod(
+                [a.d - a.r for i, a in enumerate(self.axes) if not mask >> i & 1], dtype=np.int64
+            )
+        )
+
+    def _index(self, mask: int) -> tuple[slice, ...]:
+        return tuple(
+            slice(0, a.r) if mask >> i & 1 else slice(a.r, a.d) for i, a in enumerate(self.axes)
+        )
+
+    def _perm(self, mask: int) -> list[int]:
+        k = len(self.axes)
+        inside = [i + 1 for i in range(k) if mask >> i & 1]
+        outside = [i + 1 for i in range(k) if not mask >> i & 1]
+        return [0, *inside, *outside]
+
+    # -- moving tensors in and out --------------------------------------------------------
+    def to_basis(self, x: np.ndarray) -> np.ndarray:
+        """Coefficients ``(⊗_a B_a)ᵀ vec(x)`` of a batch ``(n, *shape)``, per axis."""
+        y = np.asarray(x, dtype=np.float64)
+        for ax, a in enumerate(self.axes):
+            y = axis_product(y, ax + 1, np.ascontiguousarray(a.basis.T))
+        return y
+
+    def from_basis(self, y: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`to_basis` (the basis is orthonormal)."""
+        x = np.asarray(y, dtype=np.float64)
+        for ax, a in enumerate(self.axes):
+            x = axis_product(x, ax + 1, a.basis)
+        return x
+
+    def dense_basis(self) -> np.ndarray:
+        """``⊗_a B_a`` (cells × cells) — for tests only."""
+        return reduce(np.kron, [a.basis for a in self.axes], np.ones((1, 1)))
+
+    # -- Grams ----------------------------------------------------------------------------
+    def gram(self, query: ProductQuery, weight: float = 1.0) -> BlockDiagonal:
+        """The blocks of ``weight · QᵀQ`` for ``Q = ⊗_a R_{q,a}``."""
+        if query.schema is not self.schema:
+            raise SpecError(
+                f"query {query.name!r} is over another schema than {self.schema.name!r}"
+            )
+        per_axis = [a.block(f) for a, f in zip(self.axes, query.factors, strict=True)]
+        blocks = {}
+        for mask in self.subsets:
+            scale = float(weight)
+            mats = []
+            for i, (alpha, k) in enumerate(per_axis):
+                if mask >> i & 1:
+                    mats.append(k)
+                else:
+                    scale *= alpha
+            blocks[mask] = scale * reduce(np.kron, mats, np.ones((1, 1)))
+        return BlockDiagonal(self, blocks)
+
+    def identity(self) -> BlockDiagonal:
+        return BlockDiagonal(self, {m: np.eye(self.block_size(m)) for m in self.subsets})
+
+
+@dataclass(frozen=True, eq=False)
+class BlockDiagonal:
+    """A symmetric matrix of the marginal algebra, stored as one block per subset ``S``.
+
+    Attributes
+    ----------
+    basis : MarginalBasis
+    blocks : dict of int → numpy.ndarray
+        Mask ``S`` → ``(..., n_S, n_S)``; leading dimensions (e.g. nodes) broadcast.
+    """
+
+    basis: MarginalBasis
+    blocks: dict[int, np.ndarray]
+
+    def _check(self, other: BlockDiagonal) -> None:
+        if other.basis is not self.basis:
+            raise SpecError("block matrices over different bases cannot be combined")
+
+    def __add__(self, other: BlockDiagonal) -> BlockDiagonal:
+        self._check(other)
+        return BlockDiagonal(self.basis, {m: b + other.blocks[m] for m, b in self.blocks.items()})
+
+    def __radd__(self, other: object) -> BlockDiagonal:
+        if isinstance(other, int) and other == 0:  # sum()
+            return self
+        return NotImplemented
+
+    def __mul__(self, c: float | np.ndarray) -> BlockDiagonal:
+        """Scale by a scalar, or per leading index by an array (e.g. one weight per node)."""
+        c = np.asarray(c, dtype=np.float64)[..., None, None]
+        return BlockDiagonal(self.basis, {m: c * b for m, b in self.blocks.items()})
+
+    __rmul__ = __mul__
+
+    def __matmul__(self, other: BlockDiagonal) -> BlockDiagonal:
+        self._check(other)
+        return BlockDiagonal(self.basis, {m: b @ other.blocks[m] for m, b in self.blocks.items()})
+
+    def inv(self) -> BlockDiagonal:
+        """The inverse, block by block (``numpy.linalg.LinAlgError`` if a block is singular)."""
+        return BlockDiagonal(self.basis, {m: np.linalg.inv(b) for m, b in self.blocks.items()})
+
+    def pinv(self, rtol: float = 1e-10) -> BlockDiagonal:
+        """The Moore–Penrose inverse, block by block (eigenvalues below ``rtol`` × the
+        block's largest are zero: directions no measurement identifies)."""
+        return BlockDiagonal(
+            self.basis,
+            {m: np.linalg.pinv(b, rtol=rtol, hermitian=True) for m, b in self.blocks.items()},
+        )
+
+    def apply(self, y: np.ndarray) -> np.ndarray:
+        """The matrix times coefficient tensors ``y`` of shape ``(n, *shape)``.
+
+        Blocks with a leading node dimension must have ``n`` entries.
+        """
+        y = np.asarray(y, dtype=np.float64)
+        out = np.empty(np.broadcast_shapes(y.shape, (1, *self.basis.shape)))
+        n = y.shape[0]
+        for mask, b in self.blocks.items():
+            idx = (slice(None), *self.basis._index(mask))
+            perm = self.basis._perm(mask)
+            sub = np.transpose(y[idx], perm)
+            shp = sub.shape
+            flat = sub.reshape(n, self.basis.block_size(mask), -1)
+            res = (b @ flat).reshape(shp)
+            out[idx] = np.transpose(res, np.argsort(perm))
+        return out
+
+    def query_variances(self, query: ProductQuery) -> np.ndarray:
+        """``diag(Q M Qᵀ)``: with ``M`` a covariance, the variance of every row of ``query``.
+
+        Any product query, measured or not. Its per-axis rows in the basis are
+        ``T_a = R_a B_a``: group part ``T_a[:, :r_a]`` and a within-group part of squared
+        norm ``w_a`` (zero for rows made of whole groups). Block ``S`` acts on the group parts
+        of the axes in ``S`` and repeats identically over every contrast index of the others,
+        so it contributes the quadratic form of ``⊗_{a∈S} T_a[i_a, :r_a]`` with the block,
+        times ``∏_{a∉S} w_a[i_a]``: every marginal cell's variance at every node from the
+        node's blocks, in ``O(rows · Σ_S n_S²)``.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(..., n_rows)``, leading dimensions those of the blocks (e.g. nodes).
+        """
+        mb = self.basis
+        if query.schema is not mb.schema:
+            raise SpecError(f"query {query.name!r} is over another schema than {mb.schema.name!r}")
+        t = [f.matrix @ a.basis for a, f in zip(mb.axes, query.factors, strict=True)]
+        group = [ti[:, : a.r] for ti, a in zip(t, mb.axes, strict=True)]
+        within = [(ti[:, a.r :] ** 2).sum(axis=1) for ti, a in zip(t, mb.axes, strict=True)]
+        k = len(t)
+        lead = np.broadcast_shapes(*(b.shape[:-2] for b in self.blocks.values()))
+        out = np.zeros((*lead, *query.row_shape))
+        for mask, b in self.blocks.items():
+            ins = [a for a in range(k) if mask >> a & 1]
+            outs = [a for a in range(k) if not mask >> a & 1]
+            g = reduce(np.kron, [group[a] for a in ins], np.ones((1, 1)))
+            term = np.einsum("ij,...jk,ik->...i", g, np.broadcast_to(b, (*lead, *b.shape[-2:])), g)
+            term = term.reshape((*lead, *(query.row_shape[a] for a in ins)))
+            for a in outs:
+                term = np.multiply.outer(term, within[a])
+            order = [len(lead) + (ins + outs).index(a) for a in range(k)]
+            out += np.transpose(term, [*range(len(lead)), *order])
+        return out.reshape((*lead, query.n_rows))
+
+    def quadratic_form(self, v: np.ndarray) -> np.ndarray:
+        """``vᵀ M v`` per coefficient tensor of ``v`` (shape ``(n, *shape)``) → ``(n,)``."""
+        v = np.asarray(v, dtype=np.float64)
+        return (v * self.apply(v)).reshape(v.shape[0], -1).sum(axis=1)
+
+    def dense(self) -> np.ndarray:
+        """The matrix in basis coordinates (cells × cells) — for tests and small schemas."""
+        n = self.basis.schema.n_cells
+        eye = np.eye(n).reshape((n, *self.basis.shape))
+        return self.apply(eye).reshape(n, n).T
+
+    def dense_cells(self) -> np.ndarray:
+        """The matrix in cell coordinates, ``B M Bᵀ`` — for tests and small schemas."""
+        b = self.basis.dense_basis()
+        return b @ self.dense() @ b.T
+
+
+def workload_basis(schema: Schema, texts: Sequence[str]) -> MarginalBasis:
+    """Shorthand: the basis of the product queries written in ``texts``."""
+    return MarginalBasis.for_queries(schema, [ProductQuery.parse(schema, t) for t in texts])
