@@ -3,7 +3,7 @@ midwest table, at two budgets, with the small-area bias study of Gao, Gong & Yu.
 
 The spec ``midwest_demo.toml`` (region → state → county, five race cells, state totals held
 exact) is run at each budget of :data:`BUDGETS` with its repetitions; every run writes its own
-folder (``rho_<budget>/``: estimates, metrics, regressions, manifest, report) and this
+folder (``rho_<budget>/``: ``release/`` and the confidential ``evaluation/``) and this
 experiment adds a combined ``report.md``, ``bias_slopes.png`` and ``metrics.json``.
 
 References
@@ -112,7 +112,7 @@ def run(ctx: ExperimentContext) -> dict:
             ]
         )
         lines += [
-            f"## ρ = {rho:g} ({reps} repetitions; details in `rho_{rho:g}/report.md`)",
+            f"## ρ = {rho:g} ({reps} repetitions; details in `rho_{rho:g}/evaluation/report.md`)",
             "",
             markdown_table(
                 rows[
