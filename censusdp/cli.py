@@ -132,11 +132,16 @@ def _register_extra_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _where(exc: BaseException) -> str:
-    """``file:line`` of the innermost frame of ``exc`` (for bug reports)."""
+    """``file:line`` of the innermost frame of censusdp's own code in ``exc``'s traceback
+    (else the innermost frame), for bug reports."""
+    from censusdp.paths import repo_root
+
     tb = traceback.extract_tb(exc.__traceback__)
     if not tb:
         return "unknown location"
-    frame = tb[-1]
+    root = str(repo_root())
+    ours = [f for f in tb if f.filename.startswith(root)]
+    frame = (ours or tb)[-1]
     return f"{Path(frame.filename).name}:{frame.lineno}"
 
 

@@ -41,6 +41,7 @@ from censusdp.jsonable import to_jsonable
 from censusdp.mechanisms.queries import Invariant, Query, invariant
 from censusdp.pipelines.data import RunData, load_data
 from censusdp.pipelines.execute import open_executor
+from censusdp.pipelines.interrupts import workers_ignore_interrupts
 from censusdp.pipelines.measure import measure_partitioned
 from censusdp.pipelines.metrics import error_metrics, group_regressions
 from censusdp.pipelines.partition import partition_units
@@ -214,7 +215,10 @@ def execute_spec(
     releases: dict[str, Release] = {}
     timings["plan"] = time.perf_counter() - t0
     reps = spec.run.repetitions
-    with open_executor(sched, address=spec.run.address) as executor:
+    with (
+        workers_ignore_interrupts(sched),
+        open_executor(sched, address=spec.run.address) as executor,
+    ):
         n_parts = n_parts or max(1, 4 * executor.workers)
         parts = partition_units(h, cut, n_parts)
         steps = reps * (1 + len(spec.estimators.run))
