@@ -19,9 +19,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -149,13 +149,13 @@ class Case:
     expect: tuple[str, ...] = ()
     setup: Callable[[Path], None] | None = None
     owner: str | None = None  # another engineer's module: xfail until their fix is merged
-    marks: list = field(default_factory=list)
 
 
 def C(id, argv, *expect, setup=None, owner=None):  # noqa: N802  (one line per case)
     return Case(id, argv, tuple(expect), setup, owner)
 
 
+# fmt: off
 CASES = [
     # -- run: output paths ----------------------------------------------------------------
     C("run out=.", RUN + ["--out", "."], "--out '.'", "current"),
@@ -266,6 +266,7 @@ CASES = [
     C("hierarchy ragged", ["hierarchy", "describe", "data.csv", "--level", "state=fips:2"], "data.csv", setup=write("data.csv", DATA + "1,2,3,4\n")),
     C("unknown command", ["frobnicate"], "frobnicate"),
 ]
+# fmt: on
 
 #: Cases known to fail on this branch, fixed in another engineer's module.
 XFAIL = {c.id: c.owner for c in CASES if c.owner}
@@ -379,7 +380,12 @@ def _group_alive(pgid: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "stage, scheduler", [("write", "sync"), ("compute", "threads"), ("compute", "distributed")]
+    "stage, scheduler",
+    [
+        ("write", "sync"),
+        pytest.param("compute", "threads", marks=pytest.mark.slow),
+        pytest.param("compute", "distributed", marks=pytest.mark.slow),  # ~30 s: a cluster
+    ],
 )
 def test_ctrl_c_one_line_exit_130_nothing_left(stage, scheduler, tmp_path):
     ws = tmp_path / "ws"
@@ -418,17 +424,19 @@ def test_ctrl_c_one_line_exit_130_nothing_left(stage, scheduler, tmp_path):
     assert not _group_alive(proc.pid), "worker processes outlived the run"
 
 
-def test_exit_statuses_in_a_real_process(tmp_path):
+def test_exit_status_in_a_real_process(tmp_path):
     ws = tmp_path / "ws"
     _workspace(ws)
-    run = [sys.executable, "-m", "censusdp.cli"]
-    bad = subprocess.run(run + ["run", "spec.toml", "--partitions", "0"], cwd=ws, capture_output=True, text=True)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    refused = subprocess.run(run + ["privatize", "nhgis.csv", "--spec", "nspec.toml", "-o", "nhgis.csv"], cwd=ws, capture_output=True, text=True)
-    assert refused.returncode == 2 and "is the input" in refused.stderr
+    argv = ["privatize", "nhgis.csv", "--spec", "nspec.toml", "-o", "nhgis.csv"]
+    refused = subprocess.run(
+        [sys.executable, "-m", "censusdp.cli", *argv], cwd=ws, capture_output=True, text=True
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines() == [
+        "censusdp: error: -o 'nhgis.csv' is the input 'nhgis.csv'; censusdp never writes over "
+        "its inputs"
+    ]
     assert (ws / "nhgis.csv").read_text() == NHGIS
-    ok = subprocess.run(run + ["--version"], cwd=ws, capture_output=True, text=True)
-    assert ok.returncode == 0 and ok.stdout.startswith("censusdp ")
 
 
 def test_internal_errors_are_one_line_without_their_message(monkeypatch, tmp_path, capsys):
