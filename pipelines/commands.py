@@ -53,6 +53,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     table = result.metrics.groupby(["level", "estimator"], sort=False)[
         ["total_mae", "total_rmse"]
     ].mean()
+    print("errors against the confidential truth (CONFIDENTIAL, not for publication):")
     print(table.to_string(float_format=lambda v: f"{v:.3f}"))
     print(f"wrote {result.release_dir}/ (the release: estimates.parquet, privacy.md, manifest.json)")
     print(
