@@ -346,9 +346,13 @@ def check_output(
             continue
         inp = Path(given).resolve()
         if inp == real:
-            raise SpecError(f"{where} is the input {Path(given).name!r}; censusdp never writes over its inputs")
+            raise SpecError(
+                f"{where} is the input {Path(given).name!r}; censusdp never writes over its inputs"
+            )
         if inp.is_relative_to(real):
-            raise SpecError(f"{where} holds the input {Path(given).name!r}; choose a new {_what(kind)}")
+            raise SpecError(
+                f"{where} holds the input {Path(given).name!r}; choose a new {_what(kind)}"
+            )
     if formats is not None and path.suffix.lower() not in formats:
         raise SpecError(
             f"{where}: cannot write {path.suffix or 'a file without extension'!r}; "
@@ -368,12 +372,13 @@ def check_output(
     if kind == "dir" and not path.is_dir():
         raise SpecError(f"{where} is a file; {option} names a directory")
     if kind == "file" and not path.is_file():
-        raise SpecError(f"{where} is {'a directory' if path.is_dir() else 'not a regular file'}; {option} names a file")
+        raise SpecError(
+            f"{where} is {'a directory' if path.is_dir() else 'not a regular file'}; {option} names a file"
+        )
     problem = _foreign_in_dir(path) if kind == "dir" else _foreign_file(path)
     if problem is not None:
         raise SpecError(
-            f"{where} {problem}; censusdp replaces only its own outputs: choose a new "
-            f"{_what(kind)}"
+            f"{where} {problem}; censusdp replaces only its own outputs: choose a new {_what(kind)}"
         )
     empty = kind == "dir" and next(_walk(path), None) is None
     if not empty and not overwrite:

@@ -55,7 +55,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     ].mean()
     print("errors against the confidential truth (CONFIDENTIAL, not for publication):")
     print(table.to_string(float_format=lambda v: f"{v:.3f}"))
-    print(f"wrote {result.release_dir}/ (the release: estimates.parquet, privacy.md, manifest.json)")
+    print(
+        f"wrote {result.release_dir}/ (the release: estimates.parquet, privacy.md, manifest.json)"
+    )
     print(
         f"wrote {result.evaluation_dir}/ (CONFIDENTIAL comparisons with the truth, not for "
         "publication: metrics, regressions, figures, report.md)"

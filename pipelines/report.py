@@ -276,7 +276,11 @@ def write_report(
             )
             q.columns = [f"q{int(c * 100):02d}" for c in q.columns]
             q.insert(0, "groups", slopes.groupby("estimator", sort=False).size())
-            q.insert(1, "interval_below_0", (slopes["high"] < 0).groupby(slopes["estimator"], sort=False).sum())
+            q.insert(
+                1,
+                "interval_below_0",
+                (slopes["high"] < 0).groupby(slopes["estimator"], sort=False).sum(),
+            )
             lines += [
                 f"Slopes of the {n_groups:,} groups (mean over repetitions), as quantiles; every "
                 "group's slope and interval is in `regressions.parquet`:",

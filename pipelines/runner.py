@@ -376,11 +376,11 @@ def run_spec(
     sizes = pd.concat(
         [size_classes(r, run_data.table, name) for name, r in releases.items()], ignore_index=True
     )
-    with output_dir(target, overwrite=overwrite, inputs=inputs, command="run", option=option) as tmp:
+    with output_dir(
+        target, overwrite=overwrite, inputs=inputs, command="run", option=option
+    ) as tmp:
         write_release(tmp / RELEASE_DIR, releases, manifest)
-        write_evaluation(
-            tmp / EVALUATION_DIR, metrics, regressions, sizes, manifest, title=title
-        )
+        write_evaluation(tmp / EVALUATION_DIR, metrics, regressions, sizes, manifest, title=title)
     return RunResult(target, metrics, regressions, releases, manifest, run_data.table)
 
 
@@ -417,8 +417,15 @@ def write_release(out: Path, releases: dict[str, Release], manifest: dict) -> No
     out.mkdir()
     frames = [r.to_frame() for r in releases.values()]
     pd.concat(frames, ignore_index=True).to_parquet(out / "estimates.parquet", index=False)
-    lines = ["# censusdp release", "", "Estimates and standard errors: `estimates.parquet` "
-             "(level, code, cell, estimator, value, se).", "", "## Privacy", ""]
+    lines = [
+        "# censusdp release",
+        "",
+        "Estimates and standard errors: `estimates.parquet` "
+        "(level, code, cell, estimator, value, se).",
+        "",
+        "## Privacy",
+        "",
+    ]
     lines += [f"- **{name}**: {st['text']}" for name, st in manifest["privacy"].items()]
     (out / "privacy.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     release_manifest = {k: v for k, v in manifest.items() if k != "repetitions"}

@@ -129,7 +129,9 @@ def own(kind: str, name: str) -> Callable[[Path], None]:
             shutil.copytree(built, ws / name)
         else:
             shutil.copy2(built, ws / name)
-            shutil.copy2(built.with_name(built.name + ".censusdp.json"), ws / f"{name}.censusdp.json")
+            shutil.copy2(
+                built.with_name(built.name + ".censusdp.json"), ws / f"{name}.censusdp.json"
+            )
 
     return go
 
@@ -163,6 +165,8 @@ CASES = [
     C("run out=..", RUN + ["--out", ".."], "--out '..'"),
     C("run out=workspace (holds inputs)", RUN + ["--out", "{ws}"], "current directory"),
     C("run out=input dir by path", RUN + ["--out", "../ws"], "holds"),
+    C("run out=dir holding --data", RUN + ["--data", "sub/d.csv", "--out", "sub"], "holds the input 'd.csv'", setup=write("sub/d.csv", DATA)),
+    C("run out=dir holding the spec", ["run", "sub/s.toml", "--out", "sub"], "holds the input 's.toml'", setup=write("sub/s.toml", SPEC)),
     C("run out=data file", RUN + ["--out", "data.csv"], "is the input 'data.csv'"),
     C("run out=spec file", RUN + ["--out", "spec.toml"], "is the input 'spec.toml'"),
     C("run out=other file", RUN + ["--out", "notes.txt"], "'notes.txt' is a file"),
@@ -224,6 +228,7 @@ CASES = [
     # -- privatize --------------------------------------------------------------------------
     C("privatize -o input", PRIV + ["-o", "nhgis.csv"], "is the input 'nhgis.csv'"),
     C("privatize -o spec", PRIV + ["-o", "nspec.toml"], "-o", "nspec.toml"),
+    C("privatize -o dir holding input", ["privatize", "sub/n.csv", "--spec", "nspec.toml", "-o", "sub"], "holds the input 'n.csv'", setup=write("sub/n.csv", NHGIS)),
     C("privatize -o dir", PRIV + ["-o", "other"], "-o 'other'"),
     C("privatize -o existing dir.csv", PRIV + ["-o", "d.csv"], "is a directory", setup=write("d.csv/x", "x")),
     C("privatize -o xlsx", PRIV + ["-o", "out.xlsx"], "'.xlsx'", ".csv"),
@@ -330,7 +335,9 @@ def test_hostile_input(case: Case, tmp_path, monkeypatch, capsys):
     argv = [a.replace("{ws}", str(ws)) for a in case.argv]
     code = main(argv)
     out, err = capsys.readouterr()
-    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("censusdp: warning:")]
+    lines = [
+        ln for ln in err.splitlines() if ln.strip() and not ln.startswith("censusdp: warning:")
+    ]
     assert "Traceback" not in err + out
     assert code == 2, err
     assert len(lines) == 1 and lines[0].startswith("censusdp: error: "), err
@@ -484,7 +491,20 @@ def test_overwrite_replaces_only_censusdp_outputs(tmp_path, monkeypatch, capsys)
     marker = json.loads((ws / "prev" / "censusdp-output.json").read_text())
     assert marker["command"] == "run" and "release/estimates.parquet" in marker["files"]
     side = json.loads((ws / "p.csv.censusdp.json").read_text())
-    assert side["kind"] == "file" and side["files"]["p.csv"] == hashlib.sha256((ws / "p.csv").read_bytes()).hexdigest()
+    assert (
+        side["kind"] == "file"
+        and side["files"]["p.csv"] == hashlib.sha256((ws / "p.csv").read_bytes()).hexdigest()
+    )
     assert sorted(p.name for p in ws.iterdir()) == sorted(
-        ["data.csv", "spec.toml", "nhgis.csv", "nspec.toml", "notes.txt", "other", "prev", "p.csv", "p.csv.censusdp.json"]
+        [
+            "data.csv",
+            "spec.toml",
+            "nhgis.csv",
+            "nspec.toml",
+            "notes.txt",
+            "other",
+            "prev",
+            "p.csv",
+            "p.csv.censusdp.json",
+        ]
     )

@@ -39,23 +39,45 @@ def _inputs(groups: int, reps: int = 2):
     levels = ["nation", "state", "county", "tract"]
     metrics = pd.DataFrame(
         [
-            {"repetition": r, "estimator": e, "level": lv, "nodes": 1, "total_mae": 1.0,
-             "total_rmse": 1.5, "total_mean_error": 0.1, "cell_mae": 1.0}
-            for r in range(reps) for e in ests for lv in levels
+            {
+                "repetition": r,
+                "estimator": e,
+                "level": lv,
+                "nodes": 1,
+                "total_mae": 1.0,
+                "total_rmse": 1.5,
+                "total_mean_error": 0.1,
+                "cell_mae": 1.0,
+            }
+            for r in range(reps)
+            for e in ests
+            for lv in levels
         ]
     )
     sizes = pd.DataFrame(
-        {"estimator": np.repeat(ests, 3), "size_class": ["0", "1–9", "10–99"] * 2,
-         "leaves": 5, "mean_error": 0.5, "rmse": 1.0}
+        {
+            "estimator": np.repeat(ests, 3),
+            "size_class": ["0", "1–9", "10–99"] * 2,
+            "leaves": 5,
+            "mean_error": 0.5,
+            "rmse": 1.0,
+        }
     )
     manifest = {
         "data": {"source": "csv", "levels": levels, "nodes": [1, 2, 3, groups], "cells": ["pop"]},
-        "spec": {"privacy": {"accounting": "pure", "epsilon": 1.0}, "mechanism": {"noise": "x"},
-                 "estimators": {"run": ests, "integer": "round"}},
-        "repetitions": reps, "scheduler": "sync", "partitions": 1, "cut_level": "state",
+        "spec": {
+            "privacy": {"accounting": "pure", "epsilon": 1.0},
+            "mechanism": {"noise": "x"},
+            "estimators": {"run": ests, "integer": "round"},
+        },
+        "repetitions": reps,
+        "scheduler": "sync",
+        "partitions": 1,
+        "cut_level": "state",
         "reproducible_mode": True,
-        "measurements": [{"level": "tract", "query": "detailed", "budget": 1.0, "law": "L",
-                          "variance": 2.0}],
+        "measurements": [
+            {"level": "tract", "query": "detailed", "budget": 1.0, "law": "L", "variance": 2.0}
+        ],
         "privacy": {"gls": {"text": "ε-DP"}, "topdown": {"text": "ε-DP"}},
         "timings_seconds": {"total": 1.0},
     }
