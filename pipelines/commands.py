@@ -103,9 +103,6 @@ def privatize_file(
     """
     from censusdp.atomic import check_output, output_file
     from censusdp.config import check_run_options, load_spec
-    from censusdp.pipelines.data import load_data
-    from censusdp.pipelines.nhgis import write_batch
-    from censusdp.pipelines.runner import execute_spec
 
     check_run_options(seed=seed)
     policy = {
@@ -116,6 +113,10 @@ def privatize_file(
     }
     check_output(out, kind="file", **policy)  # type: ignore[arg-type]
     spec = load_spec(spec_path)
+    from censusdp.pipelines.data import load_data
+    from censusdp.pipelines.nhgis import write_batch
+    from censusdp.pipelines.runner import execute_spec
+
     if spec.data.source != "nhgis":
         raise SpecError(
             f'{spec.source}: privatize reads NHGIS-style files; set [data] source = "nhgis"'
