@@ -35,7 +35,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse with errors on one line (no usage block) and status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"censusdp: error: {self.prog}: {message} (see {self.prog} --help)\n")
+        command = self.prog.removeprefix("censusdp").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"censusdp: error: {where}{message} (see {self.prog} --help)\n")
 
 
 def seed_arg(text: str) -> int:
