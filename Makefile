@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/censusdp demo
+	$(BIN)/censusdp demo --overwrite
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,20 +1,77 @@
 """The ``censusdp`` command line.
 
-Every :class:`censusdp.errors.CensusDPError` becomes a one-line message on stderr and exit
-status 2; nothing is half-written (outputs go through :mod:`censusdp.atomic`).
+Exit status and stderr, whatever goes wrong:
+
+- a :class:`censusdp.errors.CensusDPError`, a bad option or an unreadable path: one line
+  ``censusdp: error: ...`` and status 2;
+- Ctrl-C: one line ``censusdp: interrupted ...`` and status 130, with no output written and
+  no temporary left (outputs go through :mod:`censusdp.atomic`; Dask clusters are closed by
+  their context managers on the way out);
+- anything else is a bug: one line naming the exception type and where it was raised
+  (never its message, which could hold data) and status 1; ``CENSUSDP_DEBUG=1`` shows the
+  traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from censusdp import __version__
 from censusdp.errors import CensusDPError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "seed_arg", "count_arg", "add_overwrite"]
+
+#: Exit status of a run stopped by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors on one line (no usage block) and status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        command = self.prog.removeprefix("censusdp").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"censusdp: error: {where}{message} (see {self.prog} --help)\n")
+
+
+def seed_arg(text: str) -> int:
+    """``--seed``: a non-negative integer (the value is never echoed: seeds are secret)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a non-negative integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be a non-negative integer")
+    return value
+
+
+def count_arg(text: str) -> int:
+    """``--partitions`` and other counts: a positive integer (0 is not "the default")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be at least 1, got {value} (omit the option to let the pipeline choose)"
+        )
+    return value
+
+
+def add_overwrite(parser: argparse.ArgumentParser) -> None:
+    """``--overwrite``: replace an earlier censusdp output (never anything else)."""
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier output of censusdp at the output path (nothing else is ever "
+        "replaced)",
+    )
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
@@ -31,6 +88,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         data=args.data,
         seed=args.seed,
         all_units=args.all_units,
+        overwrite=args.overwrite,
     )
     summary = {k: v for k, v in metrics.items() if not isinstance(v, dict | list)}
     print(json.dumps(to_jsonable(summary), indent=2))
@@ -39,7 +97,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="censusdp",
         description="Census-style hierarchical disclosure avoidance (subspace DP estimators "
         "beside a TopDown-style baseline).",
@@ -53,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--quick", action="store_true", help="small settings (≤ 60 s)")
     exp.add_argument("--data", help="input file overriding the default in ../shared/data")
     exp.add_argument("--out", help="output directory (default results/NAME)")
-    exp.add_argument("--seed", type=int, help="reproducible mode (never for a real release)")
+    exp.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
+    add_overwrite(exp)
     exp.add_argument(
         "--all",
         dest="all_units",
@@ -74,20 +133,59 @@ def _register_extra_commands(sub: argparse._SubParsersAction) -> None:
         register(sub)
 
 
+def _where(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of censusdp's own code in ``exc``'s traceback
+    (else the innermost frame), for bug reports."""
+    from censusdp.paths import repo_root
+
+    tb = traceback.extract_tb(exc.__traceback__)
+    if not tb:
+        return "unknown location"
+    root = str(repo_root())
+    ours = [f for f in tb if f.filename.startswith(root)]
+    frame = (ours or tb)[-1]
+    return f"{Path(frame.filename).name}:{frame.lineno}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 0
+    """Run the command line; returns the exit status (see the module docstring)."""
     try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version and option errors
+            return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 0
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("censusdp: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except CensusDPError as exc:
-        print(f"censusdp: error: {exc}", file=sys.stderr)
+        print(f"censusdp: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
         print(f"censusdp: error: file not found: {exc.filename}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        what = exc.strerror or type(exc).__name__
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"censusdp: error: {what}{where}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if os.environ.get("CENSUSDP_DEBUG"):
+            traceback.print_exc()
+        print(
+            f"censusdp: internal error: {type(exc).__name__} at {_where(exc)}; this is a bug, "
+            "please report it (CENSUSDP_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":  # pragma: no cover

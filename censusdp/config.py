@@ -78,6 +78,7 @@ from censusdp.budget import (
 from censusdp.errors import SpecError
 
 __all__ = [
+    "check_run_options",
     "SOURCES",
     "NOISES",
     "ESTIMATORS",
@@ -359,6 +360,29 @@ class RunOptions:
     def reproducible(self) -> bool:
         """True when a seed was given (reproducible mode: not for a real release)."""
         return self.seed is not None
+
+
+def check_run_options(*, seed: Any = None, partitions: Any = None, where: str = "") -> None:
+    """Validate run options given outside a spec (``--seed``, ``--partitions``, Python).
+
+    ``seed`` must be a non-negative integer and ``partitions`` a positive one (0 is an
+    error, not "the default"). Messages name the option, never a seed's value.
+
+    Raises
+    ------
+    SpecError
+    """
+    from numbers import Integral
+
+    prefix = f"{where}: " if where else ""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0):
+        raise SpecError(f"{prefix}seed must be a non-negative integer")
+    if partitions is not None and (
+        isinstance(partitions, bool) or not isinstance(partitions, Integral) or partitions < 1
+    ):
+        raise SpecError(
+            f"{prefix}partitions must be a positive integer (omit it to let the pipeline choose)"
+        )
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ midwest table, at two budgets, with the small-area bias study of Gao, Gong & Yu.
 The spec ``midwest_demo.toml`` (region → state → county, five race cells, state totals held
 exact, exact discrete Gaussian noise; GLS and TopDown-style) is run at each budget of
 :data:`BUDGETS` with its repetitions; every run writes its own folder (``rho_<budget>/``:
-estimates, metrics, regressions, manifest, report) and this experiment adds a combined
+``release/`` and the confidential ``evaluation/``) and this experiment adds a combined
 ``report.md``, ``bias_slopes.png`` and ``metrics.json``.
 
 Conditioning discrete Gaussian noise is a certified Gibbs MCMC run per release: on this table
@@ -152,8 +152,8 @@ def run(ctx: ExperimentContext) -> dict:
             ]
         )
         lines += [
-            f"## ρ = {rho:g} (details in `rho_{rho:g}/report.md`"
-            + (f" and `rho_{rho:g}_conditioning/report.md`)" if slow else ")"),
+            f"## ρ = {rho:g} ({reps} repetitions; details in `rho_{rho:g}/evaluation/report.md`"
+            + (f" and `rho_{rho:g}_conditioning/evaluation/report.md`)" if slow else ")"),
             "",
             markdown_table(
                 rows[

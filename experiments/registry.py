@@ -3,7 +3,9 @@
 ``censusdp experiment NAME`` imports ``censusdp.experiments.<NAME with - replaced by _>`` and
 calls its ``run(ctx)``. The experiment writes figures and ``report.md`` through ``ctx`` into a
 temporary directory; the runner adds ``metrics.json`` (the returned dict) and renames the
-directory into place only when everything succeeded.
+directory into place only when everything succeeded. The output path follows the policy of
+:mod:`censusdp.atomic` (new, or an earlier censusdp output with ``overwrite``), checked before
+the experiment starts.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from censusdp.atomic import atomic_dir
+from censusdp.atomic import output_dir
+from censusdp.config import check_run_options
 from censusdp.errors import DataError, SpecError
 from censusdp.jsonable import to_jsonable
 from censusdp.paths import shared_data_file
@@ -108,10 +111,12 @@ def run_experiment(
     data: str | Path | None = None,
     seed: int | None = None,
     all_units: bool = False,
+    overwrite: bool = False,
 ) -> tuple[Path, dict]:
     """Run experiment ``name``; returns the output directory and its metrics.
 
-    ``all_units`` is ``--all`` (see :class:`ExperimentContext`).
+    ``all_units`` is ``--all`` (see :class:`ExperimentContext`); ``overwrite`` replaces an
+    earlier censusdp output at ``out`` (nothing else is ever replaced).
 
     Raises
     ------
@@ -122,8 +127,15 @@ def run_experiment(
         raise SpecError(f"unknown experiment {name!r}; available: {', '.join(available())}")
     module = importlib.import_module(f"censusdp.experiments.{name.replace('-', '_')}")
     target = Path(out) if out is not None else Path("results") / name
+    check_run_options(seed=seed)
     rng = KeyedRNG.from_seed(seed)
-    with atomic_dir(target) as tmp:
+    with output_dir(
+        target,
+        overwrite=overwrite,
+        inputs=[data],
+        command=f"experiment {name}",
+        option="--out" if out is not None else "the default output",
+    ) as tmp:
         ctx = ExperimentContext(
             out=tmp,
             quick=quick,

@@ -1,6 +1,11 @@
-"""Figures and ``report.md`` of a pipeline run, written for readers who have not read the papers.
+"""Figures and ``report.md`` of a pipeline run's evaluation, written for readers who have not
+read the papers.
 
-Every number in the report is computed from the run's own metrics and regressions.
+Every number in the report is computed from the run's own metrics and regressions. The
+evaluation compares releases with the confidential truth, so the report carries
+:data:`CONFIDENTIAL_LABEL`. Its size does not grow with the data: per-group results are shown
+in full only up to :data:`MAX_GROUPS` groups, beyond that as quantiles and by size class (the
+full detail stays in ``regressions.parquet``), and every figure has a bounded size.
 """
 
 from __future__ import annotations
@@ -11,7 +16,23 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["markdown_table", "plot_slopes", "slope_table", "write_figures", "write_report"]
+__all__ = [
+    "CONFIDENTIAL_LABEL",
+    "MAX_GROUPS",
+    "markdown_table",
+    "plot_slopes",
+    "slope_table",
+    "write_figures",
+    "write_report",
+]
+
+#: Label of every evaluation folder, report and manifest.
+CONFIDENTIAL_LABEL = (
+    "CONFIDENTIAL: contains confidential comparisons with the true data; not for publication. "
+    "Errors against the truth, with the release, reveal the truth."
+)
+#: Groups shown one by one in the report and its figures; more are summarised.
+MAX_GROUPS = 30
 
 
 def slope_table(regressions: pd.DataFrame) -> pd.DataFrame:
@@ -20,26 +41,27 @@ def slope_table(regressions: pd.DataFrame) -> pd.DataFrame:
     The interval is mean ± t₀.₉₇₅ · sd / √R over the R repetitions (each repetition is an
     independent run of the mechanism); with one repetition it is the OLS interval.
     """
-    rows = []
-    for (est, group), g in regressions.groupby(["estimator", "group"], sort=True):
-        r = len(g)
-        mean = float(g["slope"].mean())
-        if r > 1:
-            half = float(stats.t.ppf(0.975, r - 1) * g["slope"].std(ddof=1) / np.sqrt(r))
-        else:
-            half = float(stats.t.ppf(0.975, max(int(g["n"].iloc[0]) - 2, 1)) * g["se"].iloc[0])
-        rows.append(
-            {
-                "estimator": est,
-                "group": group,
-                "n_units": int(g["n"].iloc[0]),
-                "repetitions": r,
-                "slope": mean,
-                "low": mean - half,
-                "high": mean + half,
-            }
-        )
-    return pd.DataFrame(rows)
+    cols = ["estimator", "group", "n_units", "repetitions", "slope", "low", "high"]
+    if regressions.empty:
+        return pd.DataFrame(columns=cols)
+    g = regressions.groupby(["estimator", "group"], sort=True)
+    agg = g.agg(
+        n_units=("n", "first"),
+        repetitions=("slope", "size"),
+        slope=("slope", "mean"),
+        sd=("slope", "std"),
+        se0=("se", "first"),
+    ).reset_index()
+    r = agg["repetitions"].to_numpy()
+    many = r > 1
+    dof = np.where(many, r - 1, np.maximum(agg["n_units"].to_numpy() - 2, 1))
+    spread = np.where(many, agg["sd"].to_numpy() / np.sqrt(r), agg["se0"].to_numpy())
+    half = stats.t.ppf(0.975, dof) * spread
+    agg["n_units"] = agg["n_units"].astype(int)
+    agg["repetitions"] = agg["repetitions"].astype(int)
+    agg["low"] = agg["slope"] - half
+    agg["high"] = agg["slope"] + half
+    return agg[cols]
 
 
 def plot_slopes(ax, table: pd.DataFrame, groups: list, estimators: list) -> None:
@@ -59,9 +81,16 @@ def plot_slopes(ax, table: pd.DataFrame, groups: list, estimators: list) -> None
 
 
 def write_figures(
-    out: Path, metrics: pd.DataFrame, regressions: pd.DataFrame, manifest: dict
+    out: Path,
+    metrics: pd.DataFrame,
+    regressions: pd.DataFrame,
+    manifest: dict,
+    *,
+    sizes: pd.DataFrame | None = None,
 ) -> list[str]:
-    """``bias_slopes.png`` (per-group slopes with intervals) and ``errors_by_level.png``."""
+    """Bounded figures: ``bias_slopes.png`` (per-group slopes with intervals up to
+    :data:`MAX_GROUPS` groups, else their distribution per estimator), ``errors_by_level.png``
+    and, with ``sizes``, ``errors_by_size.png`` (mean signed leaf error by size class)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,13 +101,20 @@ def write_figures(
     if not table.empty:
         groups = sorted(table["group"].unique())
         ests = list(dict.fromkeys(table["estimator"]))
-        fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(groups) * len(ests) + 2), 4))
-        plot_slopes(ax, table, groups, ests)
+        if len(groups) <= MAX_GROUPS:
+            fig, ax = plt.subplots(figsize=(min(max(6, 0.4 * len(groups) * len(ests) + 2), 14), 4))
+            plot_slopes(ax, table, groups, ests)
+            ax.set_xticks(np.arange(len(groups)), groups, rotation=90 if len(groups) > 12 else 0)
+            ax.set_title("Small-area bias per group (mean over repetitions, 95% interval)")
+            ax.legend()
+        else:
+            fig, ax = plt.subplots(figsize=(min(2 + 1.5 * len(ests), 14), 4))
+            data = [table.loc[table["estimator"] == e, "slope"].dropna().to_numpy() for e in ests]
+            ax.boxplot(data, showfliers=False)
+            ax.set_xticks(np.arange(1, len(ests) + 1), ests)
+            ax.set_title(f"Small-area bias: distribution of the {len(groups):,} group slopes")
         ax.axhline(0, color="black", lw=0.8)
-        ax.set_xticks(np.arange(len(groups)), groups, rotation=90 if len(groups) > 12 else 0)
         ax.set_ylabel("slope of leaf-total error on log(true size)")
-        ax.set_title("Small-area bias per group (mean over repetitions, 95% interval)")
-        ax.legend()
         fig.savefig(out / "bias_slopes.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         names.append("bias_slopes.png")
@@ -92,12 +128,29 @@ def write_figures(
         fig.savefig(out / "errors_by_level.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         names.append("errors_by_level.png")
+    if sizes is not None and not sizes.empty:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for est, g in sizes.groupby("estimator", sort=False):
+            ax.plot(g["size_class"].astype(str), g["mean_error"], "o-", label=est)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xlabel("true leaf total")
+        ax.set_ylabel("mean signed error of leaf totals")
+        ax.set_title("Bias by size class (repetition 0)")
+        ax.tick_params(axis="x", rotation=30)
+        ax.legend()
+        fig.savefig(out / "errors_by_size.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        names.append("errors_by_size.png")
     return names
 
 
 def _total(privacy: dict) -> str:
     key = "epsilon" if privacy["accounting"] == "pure" else "rho"
     return f"{key.replace('epsilon', 'ε').replace('rho', 'ρ')} = {privacy[key]:g}"
+
+
+def _few(names: list[str], k: int = 12) -> str:
+    return ", ".join(names[:k]) + (f" and {len(names) - k:,} more" if len(names) > k else "")
 
 
 def markdown_table(df: pd.DataFrame, floatfmt: str = ".3g") -> str:
@@ -118,17 +171,24 @@ def write_report(
     figures: list[str],
     *,
     title: str | None = None,
+    sizes: pd.DataFrame | None = None,
 ) -> Path:
-    """Write ``report.md``: what ran, the privacy statements, errors per level and the bias study."""
+    """Write ``report.md``: what ran, the privacy statements, errors per level and the bias
+    study, under :data:`CONFIDENTIAL_LABEL`; its length does not grow with the data."""
     data = manifest["data"]
     spec = manifest["spec"]
     reps = manifest["repetitions"]
-    lines = [f"# {title or 'censusdp run'}", ""]
+    lines = [f"# {title or 'censusdp run'}: evaluation", "", f"**{CONFIDENTIAL_LABEL}**", ""]
+    lines += [
+        "The release itself (estimates, standard errors, privacy statement) is in `../release/`; "
+        "this folder compares it with the truth.",
+        "",
+    ]
     lines += [
         "## What was run",
         "",
         f"- Data: `{data['source']}`; levels {' → '.join(data['levels'])} with "
-        f"{', '.join(f'{n:,}' for n in data['nodes'])} nodes; cells: {', '.join(data['cells'])}.",
+        f"{', '.join(f'{n:,}' for n in data['nodes'])} nodes; cells: {_few(data['cells'])}.",
         f"- Budget: {spec['privacy']['accounting']} accounting, total {_total(spec['privacy'])}; "
         f"noise: {spec['mechanism']['noise']}.",
         f"- Estimators: {', '.join(spec['estimators']['run'])}; integer step: {spec['estimators']['integer']}.",
@@ -148,6 +208,11 @@ def write_report(
     ]
     for est, st in manifest["privacy"].items():
         lines.append(f"- **{est}**: {st['text']}")
+    lines += [
+        "",
+        "These statements are of the release. The comparisons below use the confidential truth "
+        "and carry no privacy guarantee.",
+    ]
     lines += [
         "",
         "## Errors per level",
@@ -193,14 +258,44 @@ def write_report(
             .reset_index()
         )
         s["chance_expected_significant_negative"] = s["groups"] * 0.005
+        slopes = slope_table(regressions)
+        n_groups = slopes["group"].nunique()
+        lines += ["Per repetition, averaged:", "", markdown_table(s.drop(columns="repetition")), ""]
+        if n_groups <= MAX_GROUPS:
+            lines += [
+                "Slope per group (mean over repetitions, 95% interval):",
+                "",
+                markdown_table(slopes),
+                "",
+            ]
+        else:
+            q = (
+                slopes.groupby("estimator", sort=False)["slope"]
+                .quantile([0.05, 0.25, 0.5, 0.75, 0.95])
+                .unstack()
+            )
+            q.columns = [f"q{int(c * 100):02d}" for c in q.columns]
+            q.insert(0, "groups", slopes.groupby("estimator", sort=False).size())
+            q.insert(
+                1,
+                "interval_below_0",
+                (slopes["high"] < 0).groupby(slopes["estimator"], sort=False).sum(),
+            )
+            lines += [
+                f"Slopes of the {n_groups:,} groups (mean over repetitions), as quantiles; every "
+                "group's slope and interval is in `regressions.parquet`:",
+                "",
+                markdown_table(q.reset_index()),
+                "",
+            ]
+    if sizes is not None and not sizes.empty:
         lines += [
-            "Per repetition, averaged:",
+            "## Errors by size class",
             "",
-            markdown_table(s.drop(columns="repetition")),
+            "Leaf-total errors of repetition 0 grouped by the true leaf total. A mean signed "
+            "error that falls as size grows is small-area bias.",
             "",
-            "Slope per group (mean over repetitions, 95% interval):",
-            "",
-            markdown_table(slope_table(regressions)),
+            markdown_table(sizes),
             "",
         ]
     for fig in figures:

@@ -1,12 +1,15 @@
 """Run a spec: measure every level's queries, hold the invariants, run every estimator on the
 same measurements, score them against the truth, and write the results atomically.
 
-Outputs (in ``--out``, written to a temporary directory renamed into place when complete):
-``estimates.parquet`` (repetition 0: level, code, cell, estimator, value, se),
-``metrics.csv`` (per repetition, estimator and level), ``regressions.csv`` (per repetition,
-estimator and group: OLS of the leaf-total error on log true size), ``manifest.json`` (the
-spec without its seed, package versions, timings, privacy statements, diagnostics), PNG
-figures and ``report.md``.
+Outputs (in ``--out``, written to a temporary directory renamed into place when complete, under
+the output policy of :mod:`censusdp.atomic`): ``release/`` — what may be published —
+``estimates.parquet`` (repetition 0: level, code, cell, estimator, value, se), ``privacy.md``
+and ``manifest.json`` (the spec without its seed, package versions, timings, privacy
+statements, diagnostics); ``evaluation/`` — the comparison with the confidential truth,
+labelled "contains confidential comparisons; not for publication" — ``metrics.csv`` (per
+repetition, estimator and level), ``regressions.parquet`` (per repetition, estimator and
+group: OLS of the leaf-total error on log true size), ``size_classes.csv`` (leaf-total errors
+by size class), bounded PNG figures, ``report.md`` and a manifest flagged ``confidential``.
 
 The work is cut at the deepest invariant level (:mod:`censusdp.pipelines.partition`); noise is
 keyed by node, so the output is identical, bit for bit, for every scheduler and partition count.
@@ -29,22 +32,42 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from censusdp import __version__
-from censusdp.atomic import atomic_dir
-from censusdp.config import RunSpec
+from censusdp.atomic import check_output, output_dir
+from censusdp.config import RunSpec, check_run_options
+from censusdp.errors import SpecError
 from censusdp.estimation.release import Release
 from censusdp.hierarchy.table import Table
 from censusdp.jsonable import to_jsonable
 from censusdp.mechanisms.queries import Invariant, Query, invariant
 from censusdp.pipelines.data import RunData, load_data
 from censusdp.pipelines.execute import open_executor
+from censusdp.pipelines.interrupts import workers_ignore_interrupts
 from censusdp.pipelines.measure import measure_partitioned
 from censusdp.pipelines.metrics import error_metrics, group_regressions
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.plan import MeasurementPlan, build_plan
-from censusdp.pipelines.report import write_figures, write_report
+from censusdp.pipelines.report import CONFIDENTIAL_LABEL, write_figures, write_report
 from censusdp.rng import KeyedRNG
 
-__all__ = ["RunResult", "make_plan", "run_spec", "execute_spec", "cut_level"]
+__all__ = [
+    "RunResult",
+    "make_plan",
+    "run_spec",
+    "execute_spec",
+    "cut_level",
+    "output_target",
+    "run_inputs",
+    "size_classes",
+    "write_release",
+    "write_evaluation",
+    "RELEASE_DIR",
+    "EVALUATION_DIR",
+]
+
+#: Folder of a run's output holding what may be published.
+RELEASE_DIR = "release"
+#: Folder of a run's output holding the (confidential) comparison with the truth.
+EVALUATION_DIR = "evaluation"
 
 _VERSIONED = (
     "numpy",
@@ -70,6 +93,16 @@ class RunResult:
     releases: dict[str, Release]
     manifest: dict
     table: Table
+
+    @property
+    def release_dir(self) -> Path | None:
+        """The publishable folder (estimates, privacy statement, manifest)."""
+        return None if self.out is None else self.out / RELEASE_DIR
+
+    @property
+    def evaluation_dir(self) -> Path | None:
+        """The confidential comparison with the truth."""
+        return None if self.out is None else self.out / EVALUATION_DIR
 
 
 def _query(spec: RunSpec, name: str, cells: Sequence[str]) -> Query:
@@ -175,14 +208,18 @@ def execute_spec(
     inv = [invariant(truth, k, q) for k, q in plan.invariants]
     cut = cut_level(plan, h.depth)
     sched = scheduler or spec.run.address or spec.run.scheduler
-    n_parts = partitions or spec.run.partitions
+    check_run_options(seed=seed, partitions=partitions)
+    n_parts = partitions if partitions is not None else spec.run.partitions
     group_level = max(h.depth - 2, 0)
     metric_rows: list[dict] = []
     regressions: list[pd.DataFrame] = []
     releases: dict[str, Release] = {}
     timings["plan"] = time.perf_counter() - t0
     reps = spec.run.repetitions
-    with open_executor(sched, address=spec.run.address, **spec.run.network()) as executor:
+    with (
+        workers_ignore_interrupts(sched),
+        open_executor(sched, address=spec.run.address, **spec.run.network()) as executor,
+    ):
         n_parts = n_parts or max(1, 4 * executor.workers)
         parts = partition_units(h, cut, n_parts)
         steps = reps * (1 + len(spec.estimators.run))
@@ -261,6 +298,25 @@ def _estimate(
     )
 
 
+def output_target(spec: RunSpec, out: str | Path | None) -> tuple[Path, str]:
+    """Where a run writes (``out``, else ``[output] dir``, else ``results/<spec name>``) and
+    the option that named it (for messages)."""
+    if out is not None:
+        if not str(out).strip():
+            raise SpecError("--out: empty path; name a new directory")
+        return Path(out), "--out"
+    if spec.output.dir is not None:
+        return Path(spec.output.dir), f"{spec.source}: [output] dir"
+    return Path("results") / Path(spec.source).stem, "the default output"
+
+
+def run_inputs(spec: RunSpec, data: str | Path | None) -> list[Path]:
+    """The files a run reads (the spec and its data): no output may replace or hold them."""
+    files = [Path(spec.source)] if Path(spec.source).is_file() else []
+    path = Path(data) if data is not None else spec.data.path
+    return files + ([Path(path)] if path is not None else [])
+
+
 def run_spec(
     spec: RunSpec,
     *,
@@ -272,8 +328,16 @@ def run_spec(
     progress: bool | None = None,
     title: str | None = None,
     rng: KeyedRNG | None = None,
+    overwrite: bool = False,
 ) -> RunResult:
     """Run a spec end to end and write its outputs into ``out`` (atomically).
+
+    The output holds two folders. ``release/`` is what may be published: ``estimates.parquet``
+    (repetition 0), ``privacy.md`` and ``manifest.json``. ``evaluation/`` compares the
+    releases with the confidential truth (signed errors, bias regressions, figures,
+    ``report.md``); from it and the release the truth can be recovered, so it is labelled
+    confidential and flagged so in its manifest. Nothing is written when the run fails, and
+    the output path is checked first (:func:`censusdp.atomic.check_output`).
 
     Parameters
     ----------
@@ -287,13 +351,19 @@ def run_spec(
     scheduler : str, optional
         ``sync``, ``threads``, ``distributed`` or ``tcp://HOST:PORT``; overrides ``[run]``.
     partitions : int, optional
-        Number of partitions (the output does not depend on it).
+        Number of partitions, at least 1 (the output does not depend on it).
+    overwrite : bool
+        Replace an earlier censusdp output at ``out``; anything else is never replaced.
 
     Raises
     ------
     SpecError, DataError, HierarchyError, BudgetError, SolverError, ConvergenceError
         Nothing is written when a run fails.
     """
+    check_run_options(seed=seed, partitions=partitions)
+    target, option = output_target(spec, out)
+    inputs = run_inputs(spec, data)
+    check_output(target, kind="dir", overwrite=overwrite, inputs=inputs, option=option)
     run_data = load_data(spec, data)
     releases, metrics, regressions, manifest = execute_spec(
         spec,
@@ -304,22 +374,103 @@ def run_spec(
         progress=progress,
         rng=rng,
     )
-    target = (
-        Path(out)
-        if out is not None
-        else (spec.output.dir or Path("results") / Path(spec.source).stem)
+    sizes = pd.concat(
+        [size_classes(r, run_data.table, name) for name, r in releases.items()], ignore_index=True
     )
-    with atomic_dir(target) as tmp:
-        frames = [r.to_frame() for r in releases.values()]
-        pd.concat(frames, ignore_index=True).to_parquet(tmp / "estimates.parquet", index=False)
-        metrics.to_csv(tmp / "metrics.csv", index=False)
-        regressions.to_csv(tmp / "regressions.csv", index=False)
-        figures = write_figures(tmp, metrics, regressions, manifest)
-        write_report(tmp, metrics, regressions, manifest, figures, title=title)
-        (tmp / "manifest.json").write_text(
-            json.dumps(to_jsonable(manifest), indent=2), encoding="utf-8"
-        )
+    with output_dir(
+        target, overwrite=overwrite, inputs=inputs, command="run", option=option
+    ) as tmp:
+        write_release(tmp / RELEASE_DIR, releases, manifest)
+        write_evaluation(tmp / EVALUATION_DIR, metrics, regressions, sizes, manifest, title=title)
     return RunResult(target, metrics, regressions, releases, manifest, run_data.table)
+
+
+def size_classes(release: Release, table: Table, estimator: str) -> pd.DataFrame:
+    """Leaf-total errors of a release by size class of the true leaf total (0, 1–9, 10–99, …).
+
+    A bounded summary of the small-area bias at any scale: a mean signed error that moves
+    with size is the bias the per-group regressions measure.
+    """
+    leaf = release.hierarchy.depth - 1
+    truth = table.leaf_counts.sum(axis=1).astype(np.float64)
+    err = release.estimates[leaf].sum(axis=1).astype(np.float64) - truth
+    cls = np.where(truth > 0, np.floor(np.log10(np.maximum(truth, 1))).astype(np.int64) + 1, 0)
+    k = int(cls.max(initial=0)) + 1
+    n = np.bincount(cls, minlength=k)
+    keep = n > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.bincount(cls, err, k) / n
+        rmse = np.sqrt(np.bincount(cls, err * err, k) / n)
+    labels = ["0"] + [f"{10 ** (j - 1):,}–{10**j - 1:,}" for j in range(1, k)]
+    return pd.DataFrame(
+        {
+            "estimator": estimator,
+            "size_class": np.asarray(labels, dtype=object)[keep],
+            "leaves": n[keep],
+            "mean_error": mean[keep],
+            "rmse": rmse[keep],
+        }
+    )
+
+
+def write_release(out: Path, releases: dict[str, Release], manifest: dict) -> None:
+    """The publishable part of a run: estimates with standard errors, privacy, manifest."""
+    out.mkdir()
+    frames = [r.to_frame() for r in releases.values()]
+    pd.concat(frames, ignore_index=True).to_parquet(out / "estimates.parquet", index=False)
+    lines = [
+        "# censusdp release",
+        "",
+        "Estimates and standard errors: `estimates.parquet` "
+        "(level, code, cell, estimator, value, se).",
+        "",
+        "## Privacy",
+        "",
+    ]
+    lines += [f"- **{name}**: {st['text']}" for name, st in manifest["privacy"].items()]
+    (out / "privacy.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    release_manifest = {k: v for k, v in manifest.items() if k != "repetitions"}
+    release_manifest["confidential"] = False
+    release_manifest["release"] = "repetition 0 of every estimator"
+    (out / "manifest.json").write_text(
+        json.dumps(to_jsonable(release_manifest), indent=2), encoding="utf-8"
+    )
+
+
+def write_evaluation(
+    out: Path,
+    metrics: pd.DataFrame,
+    regressions: pd.DataFrame,
+    sizes: pd.DataFrame,
+    manifest: dict,
+    *,
+    title: str | None = None,
+) -> None:
+    """The comparison with the truth: confidential, labelled so in a file, the report and
+    its manifest. Bounded summaries and figures; the per-group detail in Parquet."""
+    out.mkdir()
+    (out / "CONFIDENTIAL.txt").write_text(CONFIDENTIAL_LABEL + "\n", encoding="utf-8")
+    metrics.to_csv(out / "metrics.csv", index=False)
+    regressions.to_parquet(out / "regressions.parquet", index=False)
+    sizes.to_csv(out / "size_classes.csv", index=False)
+    figures = write_figures(out, metrics, regressions, manifest, sizes=sizes)
+    write_report(out, metrics, regressions, manifest, figures, title=title, sizes=sizes)
+    (out / "manifest.json").write_text(
+        json.dumps(
+            to_jsonable(
+                {
+                    "censusdp": manifest["censusdp"],
+                    "confidential": True,
+                    "label": CONFIDENTIAL_LABEL,
+                    "evaluation_of": f"../{RELEASE_DIR}/manifest.json",
+                    "repetitions": manifest["repetitions"],
+                    "reproducible_mode": manifest["reproducible_mode"],
+                }
+            ),
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
 
 
 def with_budget(spec: RunSpec, total: float) -> RunSpec:

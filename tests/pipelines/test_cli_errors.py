@@ -142,7 +142,7 @@ def test_malformed_input_exits_2_names_the_problem_and_writes_nothing(name, tmp_
     for fragment in expected:
         assert fragment in err, f"{fragment!r} not in {err!r}"
     assert not out.exists()
-    assert not list(tmp_path.glob(".out.*")), "a temporary output directory was left behind"
+    assert not list(tmp_path.glob("out.censusdp-*")), "a temporary output was left behind"
 
 
 def test_the_good_spec_runs(tmp_path, capsys):
@@ -151,7 +151,7 @@ def test_the_good_spec_runs(tmp_path, capsys):
     spec = tmp_path / "spec.toml"
     spec.write_text(textwrap.dedent(GOOD.format(data=data_path)))
     assert main(["run", str(spec), "--out", str(tmp_path / "out"), "--seed", "1"]) == 0
-    assert (tmp_path / "out" / "report.md").is_file()
+    assert (tmp_path / "out" / "evaluation" / "report.md").is_file()
 
 
 def test_missing_spec_file_and_unknown_experiment_exit_2(tmp_path, capsys):

@@ -80,7 +80,7 @@ def test_lattice_integer_step_conditions_on_the_integer_lattice(tmp_path):
     spec = load_spec(tmp_path / "spec.toml")
     assert spec.mechanism.noise == "discrete_laplace"
     run_spec(spec, out=tmp_path / "out", progress=False)
-    est = pd.read_parquet(tmp_path / "out" / "estimates.parquet")
+    est = pd.read_parquet(tmp_path / "out" / "release" / "estimates.parquet")
     truth = table.hierarchy.aggregate(table.leaf_counts)
     for name in ("gls", "conditioning"):
         mine = est[est["estimator"] == name]
@@ -88,7 +88,7 @@ def test_lattice_integer_step_conditions_on_the_integer_lattice(tmp_path):
         assert np.array_equal(blocks, np.round(blocks)), name  # integers
         states = mine[mine["level"] == "state"]["value"].to_numpy()
         assert np.array_equal(states, truth[1][:, 0].astype(float)), name
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out" / "release" / "manifest.json").read_text())
     assert manifest["spec"]["estimators"]["integer"] == "lattice"
 
 
@@ -105,17 +105,25 @@ def test_lattice_integer_step_needs_an_integer_noise_law(tmp_path, synthetic_csv
 def test_run_writes_every_output_and_keeps_invariants(tmp_path, synthetic_csv):
     csv, table = synthetic_csv
     res = run_spec(_spec(tmp_path, csv), out=tmp_path / "out", progress=False)
-    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    out = tmp_path / "out"
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert files == [
-        "bias_slopes.png",
-        "errors_by_level.png",
-        "estimates.parquet",
-        "manifest.json",
-        "metrics.csv",
-        "regressions.csv",
-        "report.md",
+        "censusdp-output.json",
+        "evaluation/CONFIDENTIAL.txt",
+        "evaluation/bias_slopes.png",
+        "evaluation/errors_by_level.png",
+        "evaluation/errors_by_size.png",
+        "evaluation/manifest.json",
+        "evaluation/metrics.csv",
+        "evaluation/regressions.parquet",
+        "evaluation/report.md",
+        "evaluation/size_classes.csv",
+        "release/estimates.parquet",
+        "release/manifest.json",
+        "release/privacy.md",
     ]
-    est = pd.read_parquet(tmp_path / "out" / "estimates.parquet")
+    assert res.release_dir == out / "release" and res.evaluation_dir == out / "evaluation"
+    est = pd.read_parquet(out / "release" / "estimates.parquet")
     assert set(est["estimator"]) == {"gls", "topdown"}
     truth = table.hierarchy.aggregate(table.leaf_counts)[1][:, 0]
     for name in ("gls", "topdown"):
@@ -123,7 +131,10 @@ def test_run_writes_every_output_and_keeps_invariants(tmp_path, synthetic_csv):
         assert np.array_equal(states, truth.astype(float))  # invariant, exactly
         blocks = est[(est["estimator"] == name) & (est["level"] == "block")]["value"].to_numpy()
         assert np.array_equal(blocks, np.round(blocks))  # integer release
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = json.loads((out / "release" / "manifest.json").read_text())
+    assert manifest["confidential"] is False
+    assert json.loads((out / "evaluation" / "manifest.json").read_text())["confidential"] is True
+    assert "not for publication" in (out / "evaluation" / "report.md").read_text()
     assert manifest["spec"]["run"]["seed"] == "<redacted>"
     assert "11" not in json.dumps(manifest["spec"]["run"])
     assert "induced subspace" in manifest["privacy"]["gls"]["text"]
@@ -138,11 +149,11 @@ def test_demo_shows_topdown_bias_and_unbiased_gls(tmp_path):
     assert abs(tight["gls"]["mean_slope"]) < 2.0
     assert tight["topdown"]["groups_with_negative_mean_slope_interval"] >= 1
     assert (out / "report.md").read_text().count("|") > 50
-    assert (out / "rho_0.01" / "estimates.parquet").is_file()
+    assert (out / "rho_0.01" / "release" / "estimates.parquet").is_file()
 
 
 def _frame(path):
-    return pd.read_parquet(path / "estimates.parquet")
+    return pd.read_parquet(path / "release" / "estimates.parquet")
 
 
 @pytest.fixture(scope="module")
