@@ -205,19 +205,24 @@ def _mixture_quantiles(atoms: np.ndarray, p: np.ndarray, t: np.ndarray, q: float
 
 
 def _stevens(
-    atoms: np.ndarray, p: np.ndarray, alpha: float, u: np.ndarray
+    atoms: np.ndarray, p: np.ndarray, alpha: float, u: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Randomized equal-tailed acceptance region of a discrete law (Stevens 1950).
 
     With V(a) = F(a−) + U·p(a) and U ~ Uniform(0, 1) independent of the error E, V(E) is
     exactly uniform, and V is nondecreasing in a; the atoms with α/2 ≤ V(a) ≤ 1 − α/2 are
     a run ``[a_lo, a_hi]`` that contains E with probability exactly 1 − α.
-    Atoms (n, J) sorted along rows; ``u`` (n,). ``u = 1`` gives the conservative region
-    (every boundary atom kept; coverage ≥ 1 − α).
+    Atoms (n, J) sorted along rows; ``u`` (n,). ``u = None`` gives the conservative region
+    (each tail's boundary atom kept: F(a) ≥ α/2 and F(a−) ≤ 1 − α/2; coverage ≥ 1 − α).
     """
     before = np.cumsum(p, axis=1) - p
-    v = before + u[:, None] * p
-    ok = (v >= alpha / 2.0) & (v <= 1.0 - alpha / 2.0) & (p > 0)
+    u_lo = np.ones(atoms.shape[0]) if u is None else u
+    u_hi = np.zeros(atoms.shape[0]) if u is None else u
+    ok = (
+        (before + u_lo[:, None] * p >= alpha / 2.0)
+        & (before + u_hi[:, None] * p <= 1.0 - alpha / 2.0)
+        & (p > 0)
+    )
     any_ok = ok.any(axis=1)
     j_lo = np.argmax(ok, axis=1)
     j_hi = ok.shape[1] - 1 - np.argmax(ok[:, ::-1], axis=1)
@@ -502,7 +507,7 @@ def lattice_intervals(
                     kind[a_rows] = "lattice-" + boundary
                     if u_all is None:
                         u_all = _uniforms(rng, boundary, name, what, n * nq)
-                    u = u_all[sub[disc]]
+                    u = None if u_all is None else u_all[sub[disc]]
                     a_lo, a_hi = _stevens(atoms[disc], P[disc], alpha, u)
                     gap = np.where(tt[disc] > 0, hh[disc] / 2.0, 0.0)
                     lo_err[a_rows], hi_err[a_rows] = a_lo - gap, a_hi + gap
@@ -522,7 +527,7 @@ def lattice_intervals(
                 qk /= qk.sum(axis=1, keepdims=True)
                 if u_all is None:
                     u_all = _uniforms(rng, boundary, name, what, n * nq)
-                u = u_all[sub]
+                u = None if u_all is None else u_all[sub]
                 kat = np.broadcast_to(kk, qk.shape)
                 lo_err[rows], hi_err[rows] = _stevens(kat, qk, alpha, u)
                 kind[rows] = "lattice-" + boundary
@@ -572,9 +577,12 @@ def _tent_mean(mu: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.maximum(g(mu + 1.0) - 2.0 * g(mu) + g(mu - 1.0), 0.0)
 
 
-def _uniforms(rng: KeyedRNG | None, boundary: str, level: str, what: str, size: int) -> np.ndarray:
+def _uniforms(
+    rng: KeyedRNG | None, boundary: str, level: str, what: str, size: int
+) -> np.ndarray | None:
+    """The uniforms of the randomized boundary (None: the conservative rule)."""
     if boundary == "conservative":
-        return np.ones(size)
+        return None
     if rng is None:
         raise SpecError(
             "the randomized boundary needs a KeyedRNG (rng=...); or pass "
