@@ -9,8 +9,9 @@
 
 The seeds' constant c(ε, δ) is *not* a valid (ε, δ) calibration for every (ε, δ): the exact
 privacy profile (Balle & Wang, Thm. 8) shows σ = c(0.5, 10⁻¹²)·Δ₂ is only
-(0.5, 1.6·10⁻¹²)-DP. It is kept because the seeds use it (and reproductions need it); use
-``"analytic"`` for a calibration that is exact by construction. Any σ is ρ-zCDP with
+(0.5, 1.6·10⁻¹²)-DP. It is kept, as the explicit option ``"classical"``, because the seeds use it (and
+reproductions of their figures need it); ``"analytic"``, exact by construction, is the default
+of every function that calibrates a Gaussian to (ε, δ). Any σ is ρ-zCDP with
 ρ = Δ₂²/(2σ²), which is what the accountants compose.
 
 Every function that returns a noise scale rounds in the privacy-safe direction: the scale it
@@ -213,15 +214,17 @@ def zcdp_gaussian_sigma(
 
 
 def gaussian_sigma_for(
-    epsilon: float, delta: float, sensitivity: float = 1.0, method: str = "classical"
+    epsilon: float, delta: float, sensitivity: float = 1.0, method: str = "analytic"
 ) -> float:
     """The Gaussian σ for (ε, δ)-DP by the named calibration.
 
     Parameters
     ----------
-    method : {"classical", "analytic", "zcdp", "zcdp_cks"}
-        The seeds' c(ε, δ)·Δ₂; the analytic Gaussian; σ from the largest ρ whose simple
-        (Bun–Steinke) or tight (CKS) conversion gives (ε, δ).
+    method : {"analytic", "classical", "zcdp", "zcdp_cks"}
+        The analytic Gaussian (the default: the smallest σ that is exactly (ε, δ)-DP, for
+        every ε > 0 and δ ∈ (0, 1)); the seeds' c(ε, δ)·Δ₂, kept for reproducing the papers
+        (it does not deliver the stated δ for small δ or large ε: see the module notes); σ
+        from the largest ρ whose simple (Bun–Steinke) or tight (CKS) conversion gives (ε, δ).
 
     Raises
     ------

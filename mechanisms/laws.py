@@ -168,11 +168,12 @@ class Gaussian(NoiseLaw):
         epsilon: float,
         delta: float,
         sensitivity: float = 1.0,
-        method: str = "classical",
+        method: str = "analytic",
     ) -> Gaussian:
-        """σ for (ε, δ)-DP: ``"classical"`` σ = c(ε, δ)·Δ₂ with c = (1 + √(1 + ln(1/δ)))/ε
-        (the seeds' Lemma 13), ``"analytic"`` (Balle & Wang 2018), or ``"zcdp"`` /
-        ``"zcdp_cks"`` (through ρ); see :func:`censusdp.mechanisms.calibration.gaussian_sigma_for`.
+        """σ for (ε, δ)-DP: ``"analytic"`` (Balle & Wang 2018; the default, exact),
+        ``"classical"`` σ = c(ε, δ)·Δ₂ with c = (1 + √(1 + ln(1/δ)))/ε (the seeds' Lemma 13,
+        for reproducing the papers), or ``"zcdp"`` / ``"zcdp_cks"`` (through ρ); see
+        :func:`censusdp.mechanisms.calibration.gaussian_sigma_for`.
         """
         from censusdp.mechanisms.calibration import gaussian_sigma_for
 
