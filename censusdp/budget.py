@@ -22,6 +22,7 @@ Canonne, Kamath & Steinke, "The Discrete Gaussian for Differential Privacy", Neu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,8 +47,10 @@ __all__ = [
     "dp_to_zcdp",
     "gaussian_rho",
     "gaussian_sigma",
+    "invariant_labels",
     "pure_to_zcdp",
     "statement_for",
+    "with_invariants",
     "zcdp_to_dp",
     "zcdp_to_dp_cks",
 ]
@@ -650,6 +653,46 @@ class Budget:
     def accountant(self) -> Accountant:
         """A fresh accountant holding this total."""
         return accountant_for(self.accounting, self.total, self.delta)
+
+
+def invariant_labels(level_names: Sequence[str], invariants: Sequence) -> tuple[str, ...]:
+    """``"level: query"`` for every invariant of a computation (each :class:`Invariant` has
+    ``level`` (index into ``level_names``) and ``query`` (with a ``name``)), without
+    repeats, in order."""
+    out: list[str] = []
+    for inv in invariants:
+        label = f"{level_names[inv.level]}: {inv.query.name}"
+        if label not in out:
+            out.append(label)
+    return tuple(out)
+
+
+def with_invariants(privacy: PrivacyStatement, labels: Sequence[str]) -> PrivacyStatement:
+    """The statement of a computation that holds ``labels`` exactly.
+
+    An estimator given invariants calls this with the labels of the invariants it actually
+    holds (:func:`invariant_labels`), so a release is never labelled plain "differential
+    privacy" — nor silent about an invariant — because the caller's statement omitted them:
+    every label the statement lacks is added, with a note saying it came from the
+    computation. Labels the caller stated are kept as written.
+
+    References
+    ----------
+    Gao, Gong & Yu (2022), Def. 6 (induced subspace DP: the guarantee holds only among
+    databases that share the invariants).
+    """
+    missing = tuple(str(x) for x in labels if str(x) not in privacy.invariants)
+    if not missing:
+        return privacy
+    return dataclasses.replace(
+        privacy,
+        invariants=privacy.invariants + missing,
+        notes=privacy.notes
+        + (
+            "invariants named from the computation (the supplied statement omitted them): "
+            + "; ".join(missing),
+        ),
+    )
 
 
 def statement_for(
