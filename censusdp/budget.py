@@ -22,6 +22,7 @@ Canonne, Kamath & Steinke, "The Discrete Gaussian for Differential Privacy", Neu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ from censusdp.errors import BudgetError
 
 __all__ = [
     "ACCOUNTINGS",
+    "EPSILON_RANGE",
+    "RHO_RANGE",
+    "SCALE_RANGE",
     "NOISE_ACCOUNTING",
     "SHARE_TOLERANCE",
     "SPEND_TOLERANCE",
@@ -43,11 +47,17 @@ __all__ = [
     "ZCDPAccountant",
     "accountant_for",
     "allocate",
+    "check_delta",
+    "check_epsilon",
+    "check_rho",
+    "check_scale",
     "dp_to_zcdp",
     "gaussian_rho",
     "gaussian_sigma",
+    "invariant_labels",
     "pure_to_zcdp",
     "statement_for",
+    "with_invariants",
     "zcdp_to_dp",
     "zcdp_to_dp_cks",
 ]
@@ -65,6 +75,59 @@ def check_positive(name: str, value: float) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise BudgetError(f"{name} must be a positive finite number, got {value!r}")
     return value
+
+
+#: Supported ranges of the privacy parameters and noise scales (data units). Outside them the
+#: conversions overflow, underflow or lose all precision (e^ε beyond ε ≈ 709, ρ·ln(1/δ) in
+#: double precision), or the exact samplers' int64 noise could overflow; no census release
+#: needs values outside them.
+EPSILON_RANGE = (1e-12, 1e4)
+RHO_RANGE = (1e-24, 1e12)
+SCALE_RANGE = (1e-6, 1e12)
+
+
+def _check_range(name: str, value: float, bounds: tuple[float, float], fix: str) -> float:
+    value = float(value)
+    lo, hi = bounds
+    if not (value > 0 and math.isfinite(value)):  # NaN, ≤ 0 (or underflowed), inf
+        raise BudgetError(
+            f"{name} must be a positive finite number within the supported range "
+            f"[{lo:g}, {hi:g}], got {value!r}"
+        )
+    if not lo <= value <= hi:
+        raise BudgetError(
+            f"{name} = {value:g} is outside the supported range [{lo:g}, {hi:g}]; {fix}"
+        )
+    return value
+
+
+def check_epsilon(value: float, name: str = "epsilon") -> float:
+    """ε as a float, or :class:`BudgetError` naming :data:`EPSILON_RANGE`."""
+    return _check_range(
+        name,
+        value,
+        EPSILON_RANGE,
+        "beyond ε = 1e4 a guarantee means nothing (and e^ε overflows past 709); below 1e-12 "
+        "the noise scale exceeds every supported scale",
+    )
+
+
+def check_rho(value: float, name: str = "rho") -> float:
+    """ρ as a float, or :class:`BudgetError` naming :data:`RHO_RANGE`."""
+    return _check_range(
+        name, value, RHO_RANGE, "give ρ (zCDP) within it (σ = Δ₂/√(2ρ) must be a usable scale)"
+    )
+
+
+def check_scale(value: float, name: str = "noise scale") -> float:
+    """A noise scale (σ, b, t) as a float, or :class:`BudgetError` naming :data:`SCALE_RANGE`."""
+    return _check_range(
+        name,
+        value,
+        SCALE_RANGE,
+        "noise scales must keep the exact samplers' integer noise within int64 and above "
+        "the rational grid; check the budget and sensitivity that produced it",
+    )
 
 
 def check_delta(delta: float) -> float:
@@ -97,10 +160,10 @@ def zcdp_to_dp(rho: float, delta: float) -> float:
     Bun & Steinke (2016), Proposition 1.3.
     """
     rho = float(rho)
-    if not (rho >= 0 and math.isfinite(rho)):
-        raise BudgetError(f"rho must be a non-negative finite number, got {rho!r}")
+    if rho != 0:
+        rho = check_rho(rho)
     delta = check_delta(delta)
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+    return rho + 2.0 * math.sqrt(rho * -math.log(delta))
 
 
 def zcdp_to_dp_cks(rho: float, delta: float) -> float:
@@ -135,12 +198,12 @@ def zcdp_to_dp_cks(rho: float, delta: float) -> float:
     Canonne, Kamath & Steinke (2020), Proposition 12 and Corollary 13.
     """
     rho = float(rho)
-    if not (rho >= 0 and math.isfinite(rho)):
-        raise BudgetError(f"rho must be a non-negative finite number, got {rho!r}")
+    if rho != 0:
+        rho = check_rho(rho)
     delta = check_delta(delta)
     if rho == 0:
         return 0.0
-    log_inv_delta = math.log(1.0 / delta)
+    log_inv_delta = -math.log(delta)
 
     def g(x: float) -> float:
         return rho * x * x + math.log1p(x) - log_inv_delta
@@ -181,19 +244,22 @@ def dp_to_zcdp(eps: float, delta: float, *, tight: bool = False) -> float:
     ----------
     Bun & Steinke (2016), Proposition 1.3; Canonne, Kamath & Steinke (2020), Corollary 13.
     """
-    eps = check_positive("epsilon", eps)
+    eps = check_epsilon(eps)
     delta = check_delta(delta)
     forward = zcdp_to_dp_cks if tight else zcdp_to_dp
-    log_inv_delta = math.log(1.0 / delta)
+    log_inv_delta = -math.log(delta)
     # stable form of (√(L+ε) − √L)²
     rho = (eps / (math.sqrt(log_inv_delta + eps) + math.sqrt(log_inv_delta))) ** 2
+    check_rho(rho, f"the rho that (ε = {eps:g}, δ = {delta:g}) converts to")
     if tight:
         lo, hi = rho, 2.0 * rho
         while forward(hi, delta) < eps:
             lo, hi = hi, 2.0 * hi
         rho = brentq(lambda r: forward(r, delta) - eps, lo, hi, xtol=1e-300, rtol=1e-15)
+    step = 0
     while forward(rho, delta) > eps:
-        rho = math.nextafter(rho, 0.0)
+        rho = check_rho(rho * (1.0 - 2.0**-53 * 2.0**step), "the converted rho")
+        step += 1
     return rho
 
 
@@ -204,7 +270,7 @@ def pure_to_zcdp(eps: float) -> float:
     ----------
     Bun & Steinke (2016), Proposition 1.4.
     """
-    eps = check_positive("epsilon", eps)
+    eps = check_epsilon(eps)
     return eps * eps / 2.0
 
 
@@ -216,9 +282,9 @@ def gaussian_rho(sigma: float, sensitivity: float = 1.0) -> float:
     Bun & Steinke (2016), Proposition 1.6; Canonne, Kamath & Steinke (2020), Theorem 14
     (the same ρ for the discrete Gaussian with integer-valued queries).
     """
-    sigma = check_positive("sigma", sigma)
+    sigma = check_scale(sigma, "sigma")
     sensitivity = check_positive("sensitivity", sensitivity)
-    return sensitivity * sensitivity / (2.0 * sigma * sigma)
+    return check_rho(sensitivity * sensitivity / (2.0 * sigma * sigma), "the resulting rho")
 
 
 def gaussian_sigma(rho: float, sensitivity: float = 1.0) -> float:
@@ -228,9 +294,9 @@ def gaussian_sigma(rho: float, sensitivity: float = 1.0) -> float:
     ----------
     Bun & Steinke (2016), Proposition 1.6.
     """
-    rho = check_positive("rho", rho)
+    rho = check_rho(rho)
     sensitivity = check_positive("sensitivity", sensitivity)
-    return sensitivity / math.sqrt(2.0 * rho)
+    return check_scale(sensitivity / math.sqrt(2.0 * rho), "the resulting sigma")
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,7 +476,8 @@ class Accountant:
     unit: str = ""
 
     def __init__(self, total: float) -> None:
-        self._total = check_positive(f"total {self.unit}", total)
+        check = check_epsilon if self.unit == "epsilon" else check_rho
+        self._total = check(total, f"total {self.unit}")
         self._ledger: list[LedgerEntry] = []
 
     @property
@@ -652,6 +719,46 @@ class Budget:
         return accountant_for(self.accounting, self.total, self.delta)
 
 
+def invariant_labels(level_names: Sequence[str], invariants: Sequence) -> tuple[str, ...]:
+    """``"level: query"`` for every invariant of a computation (each :class:`Invariant` has
+    ``level`` (index into ``level_names``) and ``query`` (with a ``name``)), without
+    repeats, in order."""
+    out: list[str] = []
+    for inv in invariants:
+        label = f"{level_names[inv.level]}: {inv.query.name}"
+        if label not in out:
+            out.append(label)
+    return tuple(out)
+
+
+def with_invariants(privacy: PrivacyStatement, labels: Sequence[str]) -> PrivacyStatement:
+    """The statement of a computation that holds ``labels`` exactly.
+
+    An estimator given invariants calls this with the labels of the invariants it actually
+    holds (:func:`invariant_labels`), so a release is never labelled plain "differential
+    privacy" — nor silent about an invariant — because the caller's statement omitted them:
+    every label the statement lacks is added, with a note saying it came from the
+    computation. Labels the caller stated are kept as written.
+
+    References
+    ----------
+    Gao, Gong & Yu (2022), Def. 6 (induced subspace DP: the guarantee holds only among
+    databases that share the invariants).
+    """
+    missing = tuple(str(x) for x in labels if str(x) not in privacy.invariants)
+    if not missing:
+        return privacy
+    return dataclasses.replace(
+        privacy,
+        invariants=privacy.invariants + missing,
+        notes=privacy.notes
+        + (
+            "invariants named from the computation (the supplied statement omitted them): "
+            + "; ".join(missing),
+        ),
+    )
+
+
 def statement_for(
     accounting: str,
     total: float,
@@ -689,7 +796,9 @@ def statement_for(
     """
     if accounting not in ACCOUNTINGS:
         raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
-    total = check_positive(f"total {ACCOUNTINGS[accounting]}", total)
+    total = (check_epsilon if accounting == "pure" else check_rho)(
+        total, f"total {ACCOUNTINGS[accounting]}"
+    )
     if delta is not None:
         delta = check_delta(delta)
     if geometry not in ("euclidean", "weighted"):

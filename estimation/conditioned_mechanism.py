@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import PrivacyStatement, invariant_labels, with_invariants
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.conditioning import (
     CertifiedDraws,
@@ -262,7 +262,8 @@ def conditioned_releases(
     bound = draws.diagnostics["tv_bound"]
     eps = privacy.epsilon
     delta = f"≤ (1 + e^ε) η = {(1 + np.exp(eps)) * bound:.3g}" if eps is not None else "of order η"
-    statement = privacy.with_notes(
+    statement = with_invariants(privacy, invariant_labels(hierarchy.names, invariants))
+    statement = statement.with_notes(
         _CURATOR,
         draws.certificate_note(),
         "the chains sample the noise alone (every measurement and invariant set to zero): "

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import PrivacyStatement, invariant_labels, with_invariants
 from censusdp.errors import ConvergenceError, SpecError
 from censusdp.estimation.diagnostics import (
     batch_means_se,
@@ -445,7 +445,8 @@ def condition(
             "non-negativity imposed on the released table; flagged data-dependent because in "
             "the conditioned-mechanism view the indicator 𝕀(x + e ≥ 0) involves the data"
         )
-    statement = privacy.with_notes(*notes, data_dependent=True if nonnegative else None)
+    statement = with_invariants(privacy, invariant_labels(hierarchy.names, invariants))
+    statement = statement.with_notes(*notes, data_dependent=True if nonnegative else None)
     diagnostics = {**draws.diagnostics, "n_draws": int(n_draws), "mcse_leaf": mcse}
     return Release(
         estimator="conditioning",

@@ -83,7 +83,7 @@ from typing import Literal
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import PrivacyStatement, invariant_labels, with_invariants
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
@@ -1441,7 +1441,10 @@ def gls_release(
         cells=plan.cells,
         estimates=estimates,
         variances=variances,
-        privacy=dataclasses.replace(privacy, geometry=plan.geometry),
+        privacy=dataclasses.replace(
+            with_invariants(privacy, invariant_labels(hierarchy.names, invariants)),
+            geometry=plan.geometry,
+        ),
         integer=False,
         diagnostics=gls_diagnostics(plan, residuals, diagnostics),
         covariances=covariances,

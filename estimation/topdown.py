@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import PrivacyStatement, invariant_labels, with_invariants
 from censusdp.errors import DataError, SolverError, SpecError
 from censusdp.estimation.release import Release
 from censusdp.estimation.topdown_problem import (
@@ -304,7 +304,8 @@ def topdown(
             sols, int(single.size), int(zero.sum()), time.perf_counter() - t0
         )
 
-    statement = privacy.with_notes(_POST_PROCESSING)
+    statement = with_invariants(privacy, invariant_labels(hierarchy.names, invariants))
+    statement = statement.with_notes(_POST_PROCESSING)
     diagnostics = {
         "levels": levels_diag,
         "seconds": float(sum(d["seconds"] for d in levels_diag.values())),

@@ -9,8 +9,9 @@
 
 The seeds' constant c(ε, δ) is *not* a valid (ε, δ) calibration for every (ε, δ): the exact
 privacy profile (Balle & Wang, Thm. 8) shows σ = c(0.5, 10⁻¹²)·Δ₂ is only
-(0.5, 1.6·10⁻¹²)-DP. It is kept because the seeds use it (and reproductions need it); use
-``"analytic"`` for a calibration that is exact by construction. Any σ is ρ-zCDP with
+(0.5, 1.6·10⁻¹²)-DP. It is kept, as the explicit option ``"classical"``, because the seeds use it (and
+reproductions of their figures need it); ``"analytic"``, exact by construction, is the default
+of every function that calibrates a Gaussian to (ε, δ). Any σ is ρ-zCDP with
 ρ = Δ₂²/(2σ²), which is what the accountants compose.
 
 Every function that returns a noise scale rounds in the privacy-safe direction: the scale it
@@ -35,7 +36,16 @@ import math
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
-from censusdp.budget import check_delta, check_positive, dp_to_zcdp, gaussian_rho, gaussian_sigma
+from censusdp.budget import (
+    EPSILON_RANGE,
+    check_delta,
+    check_epsilon,
+    check_positive,
+    check_scale,
+    dp_to_zcdp,
+    gaussian_rho,
+    gaussian_sigma,
+)
 from censusdp.errors import BudgetError
 
 __all__ = [
@@ -60,12 +70,14 @@ GAUSSIAN_CALIBRATIONS = ("classical", "analytic", "zcdp", "zcdp_cks")
 
 def laplace_scale(epsilon: float, sensitivity: float = 1.0) -> float:
     """b = Δ₁/ε (Dwork & Roth 2014, Thm. 3.6)."""
-    return check_positive("sensitivity", sensitivity) / check_positive("epsilon", epsilon)
+    b = check_positive("sensitivity", sensitivity) / check_epsilon(epsilon)
+    return check_scale(b, "the resulting Laplace scale")
 
 
 def laplace_epsilon(scale: float, sensitivity: float = 1.0) -> float:
     """ε = Δ₁/b."""
-    return check_positive("sensitivity", sensitivity) / check_positive("scale", scale)
+    eps = check_positive("sensitivity", sensitivity) / check_scale(scale, "scale")
+    return check_epsilon(eps, "the resulting epsilon")
 
 
 def classical_gaussian_c(epsilon: float, delta: float) -> float:
@@ -75,21 +87,23 @@ def classical_gaussian_c(epsilon: float, delta: float) -> float:
     ----------
     Gao, Gong & Yu (2022), Lemma 13.
     """
-    epsilon = check_positive("epsilon", epsilon)
+    epsilon = check_epsilon(epsilon)
     delta = check_delta(delta)
-    return (1.0 + math.sqrt(1.0 + math.log(1.0 / delta))) / epsilon
+    return (1.0 + math.sqrt(1.0 + -math.log(delta))) / epsilon
 
 
 def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """σ = c(ε, δ)·Δ₂ (Gao, Gong & Yu 2022, Lemma 13)."""
-    return classical_gaussian_c(epsilon, delta) * check_positive("sensitivity", sensitivity)
+    sigma = classical_gaussian_c(epsilon, delta) * check_positive("sensitivity", sensitivity)
+    return check_scale(sigma, "the resulting sigma")
 
 
 def classical_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
     """The ε of :func:`classical_gaussian_sigma` at a given σ: ε = (1 + √(1 + ln(1/δ)))·Δ₂/σ."""
-    sigma = check_positive("sigma", sigma)
+    sigma = check_scale(sigma, "sigma")
     sensitivity = check_positive("sensitivity", sensitivity)
-    return (1.0 + math.sqrt(1.0 + math.log(1.0 / check_delta(delta)))) * sensitivity / sigma
+    eps = (1.0 + math.sqrt(1.0 + -math.log(check_delta(delta)))) * sensitivity / sigma
+    return check_epsilon(eps, "the resulting epsilon")
 
 
 def analytic_gaussian_delta(epsilon: float, sigma: float, sensitivity: float = 1.0) -> float:
@@ -104,7 +118,9 @@ def analytic_gaussian_delta(epsilon: float, sigma: float, sensitivity: float = 1
     epsilon = float(epsilon)
     if not (epsilon >= 0 and math.isfinite(epsilon)):
         raise BudgetError(f"epsilon must be a non-negative finite number, got {epsilon!r}")
-    sigma = check_positive("sigma", sigma)
+    if epsilon > 0:
+        epsilon = check_epsilon(epsilon)
+    sigma = check_scale(sigma, "sigma")
     sensitivity = check_positive("sensitivity", sensitivity)
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
@@ -135,7 +151,7 @@ def analytic_gaussian_sigma(
     ----------
     Balle & Wang (2018), Algorithm 1 and Theorem 8.
     """
-    epsilon = check_positive("epsilon", epsilon)
+    epsilon = check_epsilon(epsilon)
     delta = check_delta(delta)
     sensitivity = check_positive("sensitivity", sensitivity)
 
@@ -161,18 +177,22 @@ def analytic_gaussian_sigma(
         hi = 1.0
         while b_plus(hi) <= delta:
             hi *= 2.0
-        v = brentq(lambda s: b_plus(s) - delta, 0.0, hi, xtol=tol, rtol=1e-15)
+        v = brentq(lambda s: b_plus(s) - delta, 0.0, hi, xtol=tol, rtol=1e-15, maxiter=1000)
         alpha = math.sqrt(1.0 + v / 2.0) - math.sqrt(v / 2.0)
     else:
         # B⁻ decreases in u
         hi = 1.0
         while b_minus(hi) > delta:
             hi *= 2.0
-        u = brentq(lambda s: b_minus(s) - delta, 0.0, hi, xtol=tol, rtol=1e-15)
+        u = brentq(lambda s: b_minus(s) - delta, 0.0, hi, xtol=tol, rtol=1e-15, maxiter=1000)
         alpha = math.sqrt(1.0 + u / 2.0) + math.sqrt(u / 2.0)
-    sigma = alpha * sensitivity / math.sqrt(2.0 * epsilon)
+    sigma = check_scale(alpha * sensitivity / math.sqrt(2.0 * epsilon), "the resulting sigma")
+    step = 0
     while analytic_gaussian_delta(epsilon, sigma, sensitivity) > delta:
-        sigma = math.nextafter(sigma, math.inf)
+        # one ulp first, then geometrically larger steps (an inaccurate root costs a few
+        # dozen evaluations, never billions)
+        sigma = check_scale(sigma * (1.0 + 2.0**-52 * 2.0**step), "the resulting sigma")
+        step += 1
     return sigma
 
 
@@ -182,14 +202,19 @@ def analytic_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1
     δ(ε) decreases in ε; the root is found by Brent's method and rounded up (the returned ε
     satisfies δ(ε) ≤ δ).
     """
-    sigma = check_positive("sigma", sigma)
+    sigma = check_scale(sigma, "sigma")
     delta = check_delta(delta)
     sensitivity = check_positive("sensitivity", sensitivity)
     if analytic_gaussian_delta(0.0, sigma, sensitivity) <= delta:
         return 0.0
     hi = 1.0
     while analytic_gaussian_delta(hi, sigma, sensitivity) > delta:
-        hi *= 2.0
+        if hi >= EPSILON_RANGE[1]:
+            raise BudgetError(
+                f"σ = {sigma:g} at ℓ₂ sensitivity {sensitivity:g} is not (ε, δ = {delta:g})-DP "
+                f"for any ε up to {EPSILON_RANGE[1]:g}: the noise is too small for this δ"
+            )
+        hi = min(2.0 * hi, EPSILON_RANGE[1])
     eps = brentq(
         lambda e: analytic_gaussian_delta(e, sigma, sensitivity) - delta,
         0.0,
@@ -197,8 +222,10 @@ def analytic_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1
         xtol=1e-14,
         rtol=1e-15,
     )
+    step = 0
     while analytic_gaussian_delta(eps, sigma, sensitivity) > delta:
-        eps = math.nextafter(eps, math.inf)
+        eps = check_epsilon(eps * (1.0 + 2.0**-52 * 2.0**step), "the resulting epsilon")
+        step += 1
     return eps
 
 
@@ -213,15 +240,17 @@ def zcdp_gaussian_sigma(
 
 
 def gaussian_sigma_for(
-    epsilon: float, delta: float, sensitivity: float = 1.0, method: str = "classical"
+    epsilon: float, delta: float, sensitivity: float = 1.0, method: str = "analytic"
 ) -> float:
     """The Gaussian σ for (ε, δ)-DP by the named calibration.
 
     Parameters
     ----------
-    method : {"classical", "analytic", "zcdp", "zcdp_cks"}
-        The seeds' c(ε, δ)·Δ₂; the analytic Gaussian; σ from the largest ρ whose simple
-        (Bun–Steinke) or tight (CKS) conversion gives (ε, δ).
+    method : {"analytic", "classical", "zcdp", "zcdp_cks"}
+        The analytic Gaussian (the default: the smallest σ that is exactly (ε, δ)-DP, for
+        every ε > 0 and δ ∈ (0, 1)); the seeds' c(ε, δ)·Δ₂, kept for reproducing the papers
+        (it does not deliver the stated δ for small δ or large ε: see the module notes); σ
+        from the largest ρ whose simple (Bun–Steinke) or tight (CKS) conversion gives (ε, δ).
 
     Raises
     ------

@@ -30,6 +30,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from censusdp.budget import SCALE_RANGE, check_epsilon, check_rho, check_scale
+from censusdp.errors import BudgetError
 from censusdp.mechanisms.laws import NoiseLaw
 
 __all__ = [
@@ -456,7 +458,17 @@ class DiscreteLaplace(NoiseLaw):
     accounting = "pure"
 
     def __init__(self, scale: float | int | Fraction) -> None:
-        self.scale_fraction = rational_up(scale, "discrete Laplace scale")
+        if isinstance(scale, float | np.floating) and math.isfinite(scale) and scale > 0:
+            check_scale(float(scale), "discrete Laplace scale")
+        t = rational_up(scale, "discrete Laplace scale")
+        lo, hi = SCALE_RANGE
+        if not lo <= t <= hi:
+            raise BudgetError(
+                f"discrete Laplace scale = {float(t):g} is outside the supported range "
+                f"[{lo:g}, {hi:g}] (int64 noise and the rational grid of the exact sampler); "
+                "check the budget and sensitivity that produced it"
+            )
+        self.scale_fraction = t
 
     @property
     def scale(self) -> float:
@@ -467,6 +479,7 @@ class DiscreteLaplace(NoiseLaw):
         """t = Δ₁/ε, rounded up."""
         if not epsilon > 0 or not sensitivity > 0:
             raise ValueError("epsilon and sensitivity must be positive")
+        check_epsilon(epsilon)
         return cls(rational_up(_exact(sensitivity) / _exact(epsilon), "discrete Laplace scale"))
 
     def sample(self, stream: np.random.Generator, size: int) -> np.ndarray:
@@ -519,11 +532,20 @@ class DiscreteGaussian(NoiseLaw):
     accounting = "zcdp"
 
     def __init__(self, sigma: float | int | Fraction) -> None:
-        self._set(rational_up(_exact(sigma) ** 2, "discrete Gaussian sigma²"))
+        exact = _exact(sigma)
+        check_scale(float(exact), "discrete Gaussian sigma")
+        self._set(rational_up(exact**2, "discrete Gaussian sigma²"))
 
     def _set(self, sigma2: Fraction) -> None:
         if not sigma2 > 0:
             raise ValueError("discrete Gaussian sigma² must be positive")
+        lo, hi = SCALE_RANGE
+        if not lo * lo <= sigma2 <= hi * hi:
+            raise BudgetError(
+                f"discrete Gaussian sigma = {math.sqrt(float(sigma2)):g} is outside the "
+                f"supported range [{lo:g}, {hi:g}] (int64 noise and the rational grid of the "
+                "exact sampler); check the budget and sensitivity that produced it"
+            )
         self.sigma2 = sigma2
         s2 = float(sigma2)
         half = math.ceil(math.sqrt(s2) * 12.0) + 2  # e^{−72} ≪ machine ε relative to k = 0
@@ -542,6 +564,13 @@ class DiscreteGaussian(NoiseLaw):
     def from_sigma2(cls, sigma2: float | int | Fraction) -> DiscreteGaussian:
         """The law with the given σ² (a float is rounded up)."""
         obj = cls.__new__(cls)
+        s2 = float(_exact(sigma2))
+        lo, hi = SCALE_RANGE
+        if not lo * lo <= s2 <= hi * hi:
+            raise BudgetError(
+                f"discrete Gaussian sigma² = {s2:g} is outside the supported range "
+                f"[{lo * lo:g}, {hi * hi:g}]; check the budget and sensitivity that produced it"
+            )
         obj._set(rational_up(sigma2, "discrete Gaussian sigma²"))
         return obj
 
@@ -550,6 +579,7 @@ class DiscreteGaussian(NoiseLaw):
         """σ² = Δ₂²/(2ρ), rounded up."""
         if not rho > 0 or not sensitivity > 0:
             raise ValueError("rho and sensitivity must be positive")
+        check_rho(rho)
         return cls.from_sigma2(_exact(sensitivity) ** 2 / (2 * _exact(rho)))
 
     @classmethod

@@ -152,10 +152,12 @@ class Laplace(NoiseLaw):
 
     @classmethod
     def from_epsilon(cls, epsilon: float, sensitivity: float = 1.0) -> Laplace:
-        """b = Δ₁ / ε."""
+        """b = Δ₁ / ε (:func:`censusdp.mechanisms.calibration.laplace_scale`: ε and b in range)."""
+        from censusdp.mechanisms.calibration import laplace_scale
+
         if not epsilon > 0 or not sensitivity > 0:
             raise ValueError("epsilon and sensitivity must be positive")
-        return cls(sensitivity / epsilon)
+        return cls(laplace_scale(epsilon, sensitivity))
 
     @classmethod
     def from_epsilon_delta(cls, epsilon: float, delta: float, sensitivity: float = 1.0) -> Laplace:
@@ -203,10 +205,12 @@ class Gaussian(NoiseLaw):
 
     @classmethod
     def from_rho(cls, rho: float, sensitivity: float = 1.0) -> Gaussian:
-        """σ = Δ₂ / √(2ρ)."""
+        """σ = Δ₂ / √(2ρ) (:func:`censusdp.budget.gaussian_sigma`: ρ and σ in range)."""
+        from censusdp.budget import gaussian_sigma
+
         if not rho > 0 or not sensitivity > 0:
             raise ValueError("rho and sensitivity must be positive")
-        return cls(sensitivity / math.sqrt(2.0 * rho))
+        return cls(gaussian_sigma(rho, sensitivity))
 
     @classmethod
     def from_epsilon_delta(
@@ -214,11 +218,12 @@ class Gaussian(NoiseLaw):
         epsilon: float,
         delta: float,
         sensitivity: float = 1.0,
-        method: str = "classical",
+        method: str = "analytic",
     ) -> Gaussian:
-        """σ for (ε, δ)-DP: ``"classical"`` σ = c(ε, δ)·Δ₂ with c = (1 + √(1 + ln(1/δ)))/ε
-        (the seeds' Lemma 13), ``"analytic"`` (Balle & Wang 2018), or ``"zcdp"`` /
-        ``"zcdp_cks"`` (through ρ); see :func:`censusdp.mechanisms.calibration.gaussian_sigma_for`.
+        """σ for (ε, δ)-DP: ``"analytic"`` (Balle & Wang 2018; the default, exact),
+        ``"classical"`` σ = c(ε, δ)·Δ₂ with c = (1 + √(1 + ln(1/δ)))/ε (the seeds' Lemma 13,
+        for reproducing the papers), or ``"zcdp"`` / ``"zcdp_cks"`` (through ρ); see
+        :func:`censusdp.mechanisms.calibration.gaussian_sigma_for`.
         """
         from censusdp.mechanisms.calibration import gaussian_sigma_for
 

@@ -39,7 +39,6 @@ from censusdp.budget import PrivacyStatement
 from censusdp.errors import SolverError, SpecError
 from censusdp.mechanisms.calibration import (
     analytic_gaussian_delta,
-    classical_gaussian_c,
     gaussian_sigma_for,
     laplace_scale,
 )
@@ -369,7 +368,7 @@ def projected_gaussian(
     delta: float,
     rng: KeyedRNG,
     *,
-    calibration: str = "classical",
+    calibration: str = "analytic",
     groups: np.ndarray | None = None,
     label: str = "subspace/projected_gaussian",
     invariant_names: Sequence[str] | None = None,
@@ -378,8 +377,8 @@ def projected_gaussian(
     """Projected Gaussian mechanism: A h + Π_N e, e ~ N(0, σ²)ⁿ, σ = c(ε, δ)·Δ₂(A).
 
     (ε, δ)-induced subspace DP. Covariance σ²Π_N, MSE (n − n_c)σ². ``calibration`` picks σ
-    (see :func:`~censusdp.mechanisms.calibration.gaussian_sigma_for`; the seeds use
-    ``"classical"``). The statement also reports ρ = Δ₂²/(2σ²).
+    (see :func:`~censusdp.mechanisms.calibration.gaussian_sigma_for`; default the analytic
+    Gaussian, the seeds' ``"classical"`` c(ε, δ) for reproducing them). The statement also reports ρ = Δ₂²/(2σ²).
 
     References
     ----------
@@ -461,7 +460,7 @@ def extended_gaussian(
     delta: float,
     rng: KeyedRNG,
     *,
-    calibration: str = "classical",
+    calibration: str = "analytic",
     label: str = "subspace/extended_gaussian",
     invariant_names: Sequence[str] | None = None,
     repeats: int | None = None,
@@ -543,6 +542,7 @@ def correlated_gaussian(
     delta: float,
     rng: KeyedRNG,
     *,
+    calibration: str = "analytic",
     label: str = "subspace/correlated_gaussian",
     invariant_names: Sequence[str] | None = None,
     repeats: int | None = None,
@@ -553,7 +553,10 @@ def correlated_gaussian(
     enclosing ellipsoid of A_N B₁ = conv{±a_j^N} (cvxpy, log-det), split its axes — the left
     singular vectors u_1, …, u_m by decreasing singular value — into U_1 = (u_i)_{i > m/2} and
     V = (u_i)_{i ≤ m/2}, recurse on Vᵀ A_N, giving k ≤ ⌈1 + log₂ m⌉ subspaces U_i of
-    dimension n_i. With r_i = max_j ‖U_iᵀ a_j^N‖₂ and c = c(ε, δ),
+    dimension n_i. With r_i = max_j ‖U_iᵀ a_j^N‖₂ and c the unit-sensitivity Gaussian
+    multiplier of ``calibration`` (the analytic Gaussian by default; ``"classical"`` is the
+    seeds' c(ε, δ); any valid one works, since the stacked pieces scaled by 1/(√k r_i) are
+    one Gaussian mechanism of ℓ₂ sensitivity ≤ 1 and noise c),
 
         release = A h + Q_N √k Σ_i r_i c U_i w_i,   w_i ~ N(0, 1)^{n_i}.
 
@@ -579,7 +582,7 @@ def correlated_gaussian(
     points = w_basis.T @ a_n
     pieces = _decompose(points) if rank else []
     k = len(pieces)
-    c = classical_gaussian_c(epsilon, delta)
+    c = gaussian_sigma_for(epsilon, delta, 1.0, calibration)
     radii = [float(np.sqrt(((u.T @ points) ** 2).sum(axis=0)).max()) for u in pieces]
     gen_noise = np.zeros(rank if repeats is None else (rank, int(repeats)))
     cov_n = np.zeros((rank, rank))
@@ -605,8 +608,9 @@ def correlated_gaussian(
             rho=1.0 / (2.0 * c * c),
             delta=float(delta),
             notes=(
-                f"correlated Gaussian noise over {k} subspaces, c(ε = {epsilon:g}, "
-                f"δ = {delta:g}) as in Algorithm 3 of Gao, Gong & Yu (2022)",
+                f"correlated Gaussian noise over {k} subspaces, c = {c:.6g} from the "
+                f"{calibration} calibration for (ε = {epsilon:g}, δ = {delta:g}), as in "
+                "Algorithm 3 of Gao, Gong & Yu (2022)",
             ),
         ),
         mechanism="correlated_gaussian",

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import PrivacyStatement, invariant_labels, with_invariants
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls import (
     Forest,
@@ -233,7 +233,10 @@ def partitioned_gls(
         estimator="gls",
         hierarchy=hierarchy,
         cells=plan.cells,
-        privacy=dataclasses.replace(privacy, geometry=plan.geometry),
+        privacy=dataclasses.replace(
+            with_invariants(privacy, invariant_labels(hierarchy.names, invariants)),
+            geometry=plan.geometry,
+        ),
         integer=False,
         diagnostics=gls_diagnostics(plan, merge_residuals([top, *summaries]), timings),
         partitions=tuple(partitions),

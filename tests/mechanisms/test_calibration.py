@@ -106,3 +106,30 @@ def test_laplace_and_dispatch():
         classical_gaussian_c(0.5, 1.5)
     with pytest.raises(BudgetError):
         laplace_scale(-1.0)
+
+
+def test_analytic_is_the_default_and_classical_an_explicit_option():
+    """Every (ε, δ) Gaussian calibration defaults to the analytic Gaussian (exact δ); the
+    seeds' classical c(ε, δ) is kept as an explicit option for reproducing the papers."""
+    import numpy as np
+
+    from censusdp.mechanisms.laws import Gaussian
+    from censusdp.mechanisms.subspace import projected_gaussian
+    from censusdp.rng import KeyedRNG
+
+    eps, delta, sens = 3.0, 1e-12, 2.0
+    analytic = analytic_gaussian_sigma(eps, delta, sens)
+    assert gaussian_sigma_for(eps, delta, sens) == analytic
+    assert Gaussian.from_epsilon_delta(eps, delta, sens).sigma == analytic
+    assert analytic_gaussian_delta(eps, analytic, sens) <= delta
+    classical = gaussian_sigma_for(eps, delta, sens, "classical")
+    assert classical == classical_gaussian_sigma(eps, delta, sens)
+    # the classical multiplier does not deliver δ at large ε (the reason for the default)
+    assert analytic_gaussian_delta(eps, classical, sens) > delta
+    rng = KeyedRNG.reproducible(0, warn=False)
+    h = np.arange(6, dtype=float)
+    A = np.eye(6) * sens
+    rel = projected_gaussian(A, h, np.ones((1, 6)), eps, delta, rng)
+    assert rel.noise_scale == analytic
+    seed_rel = projected_gaussian(A, h, np.ones((1, 6)), eps, delta, rng, calibration="classical")
+    assert seed_rel.noise_scale == classical

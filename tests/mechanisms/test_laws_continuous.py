@@ -49,9 +49,11 @@ def test_calibration_classmethods():
     g = Gaussian.from_rho(0.25, 3.0)
     assert g.privacy(3.0) == pytest.approx(0.25)
     c = (1 + math.sqrt(1 + math.log(1e6))) / 0.5
-    assert Gaussian.from_epsilon_delta(0.5, 1e-6, 2.0).sigma == pytest.approx(2.0 * c)
+    classical = Gaussian.from_epsilon_delta(0.5, 1e-6, 2.0, method="classical")
+    assert classical.sigma == pytest.approx(2.0 * c)
     analytic = Gaussian.from_epsilon_delta(0.5, 1e-6, 2.0, method="analytic")
     assert analytic.sigma < 2.0 * c
+    assert Gaussian.from_epsilon_delta(0.5, 1e-6, 2.0).sigma == analytic.sigma  # the default
     with pytest.raises(ValueError):
         Laplace(-1.0)
     with pytest.raises(ValueError):

@@ -29,13 +29,39 @@ def test_group_regressions_match_scipy_linregress(seed, n_groups):
         assert row["p"] == pytest.approx(ref.pvalue, rel=1e-7, abs=1e-300)
 
 
-def test_small_groups_are_dropped_and_zero_sizes_ignored():
+def test_small_groups_are_dropped():
     group = np.array([0] * 5 + [1] * 7)
-    size = np.array([10.0] * 4 + [0.0] + list(range(1, 8)))
+    size = np.array([10.0] * 4 + [3.0] + list(range(1, 8)))
     err = np.arange(12, dtype=float)
     got = group_regressions(err, size, group)
     assert list(got["group"]) == [1]
     assert int(got["n"].iloc[0]) == 7
+
+
+def test_zero_size_units_are_dropped_before_the_regression():
+    """Units of size 0 (log 0 = −∞) are left out, and a group is kept on its positive units.
+
+    Group "a" has 7 positive units and 3 of size 0 (so keeping them would give n = 10 and a
+    slope of NaN); group "b" has 6 units of which one is of size 0, so it falls below
+    ``min_members`` once that unit is dropped; group "c" is all zeros.
+    """
+    gen = np.random.default_rng(11)  # test data only, not privacy noise
+    size_a = np.array([3.0, 0.0, 40.0, 900.0, 0.0, 12.0, 5000.0, 0.0, 77.0, 260.0])
+    size_b = np.array([5.0, 50.0, 0.0, 500.0, 5000.0, 50000.0])
+    size_c = np.zeros(6)
+    size = np.concatenate([size_a, size_b, size_c])
+    group = np.array(["a"] * 10 + ["b"] * 6 + ["c"] * 6)
+    err = gen.normal(0.0, 3.0, size.size) - 0.5 * np.log1p(size)
+    got = group_regressions(err, size, group)
+    assert list(got["group"]) == ["a"]
+    row = got.iloc[0]
+    pos = (group == "a") & (size > 0)
+    ref = stats.linregress(np.log(size[pos]), err[pos])
+    assert int(row["n"]) == 7
+    assert row["slope"] == pytest.approx(ref.slope, rel=1e-9)
+    assert row["se"] == pytest.approx(ref.stderr, rel=1e-9)
+    assert row["p"] == pytest.approx(ref.pvalue, rel=1e-7)
+    assert np.isfinite(got[["slope", "intercept", "se", "t", "p"]].to_numpy()).all()
 
 
 def test_slope_summary_counts_and_chance():
