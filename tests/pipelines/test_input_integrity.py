@@ -92,5 +92,5 @@ def test_gisjoin_that_lost_a_leading_zero_is_refused(tmp_path, capsys):
 def test_consistent_widths_and_distinct_columns_still_run(tmp_path, capsys):
     code, out = _run(tmp_path, DATA)
     assert code == 0, capsys.readouterr().err
-    est = pd.read_parquet(out / "estimates.parquet")
+    est = pd.read_parquet(out / "release" / "estimates.parquet")
     assert sorted(est.loc[est["level"] == "state", "code"].unique()) == ["01", "02"]

@@ -185,7 +185,7 @@ def test_an_invariant_just_below_2_53_round_trips_exactly(tmp_path, capsys):
     data = f"fips,pop\n01001,{top - 10}\n01003,10\n02001,5\n02003,7\n"
     code, out = _run(tmp_path, data)
     assert code == 0, capsys.readouterr().err
-    est = pd.read_parquet(out / "estimates.parquet")
+    est = pd.read_parquet(out / "release" / "estimates.parquet")
     state = est[(est["level"] == "state") & (est["estimator"] == "gls")]
     values = dict(zip(state["code"], state["value"], strict=True))
     assert int(values["01"]) == top and int(values["02"]) == 12
