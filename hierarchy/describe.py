@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
 from censusdp.errors import DataError
 from censusdp.hierarchy.builders import LevelSpec, from_columns, parse_level_spec
 from censusdp.hierarchy.core import Hierarchy
+from censusdp.tabular import PARQUET_SUFFIXES, parquet_columns, read_csv_text, read_parquet_table
 
 __all__ = ["describe", "describe_file", "format_description", "register"]
 
@@ -47,18 +47,25 @@ def _num(x: float) -> int | float:
 def _read_code_columns(path: Path, columns: list[str]) -> pd.DataFrame:
     """Read only ``columns`` of a CSV or Parquet file, as strings (leading zeros kept)."""
     suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        available = pq.read_schema(path).names
-    elif suffix in (".csv", ".txt") or path.name.endswith(".csv.gz"):
-        available = list(pd.read_csv(path, nrows=0).columns)
+    if suffix in PARQUET_SUFFIXES:
+        available = parquet_columns(path)
+    elif suffix in (".csv", ".txt"):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{path.name}: cannot decode as UTF-8 at byte {exc.start}; re-save it as UTF-8"
+            ) from None
+        frame = read_csv_text(text, path, require_rows=False)
+        available = list(frame.columns)
     else:
         raise DataError(f"{path}: unknown file type {suffix!r}; use a .csv or .parquet file")
     missing = [c for c in columns if c not in available]
     if missing:
         raise DataError(f"{path.name}: no column {missing[0]!r}; the columns are {available[:30]}")
-    if suffix == ".parquet":
-        return pd.read_parquet(path, columns=columns).astype("str")
-    return pd.read_csv(path, usecols=columns, dtype=str, keep_default_na=False, na_values=[""])
+    if suffix in PARQUET_SUFFIXES:
+        return read_parquet_table(path, columns=columns).astype("str")
+    return read_csv_text(text, path, usecols=columns)
 
 
 def describe_file(

@@ -8,7 +8,6 @@ Sources (``[data] source``): ``midwest`` (the embedded plotnine table), ``csv`` 
 
 from __future__ import annotations
 
-import csv
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,8 +24,8 @@ from censusdp.pipelines.nhgis import (
     CONTEXT_COLUMNS,
     BatchFile,
     read_batch,
-    refuse_duplicate_columns,
 )
+from censusdp.tabular import read_csv_text, read_parquet_table
 
 __all__ = ["RunData", "load_data"]
 
@@ -45,31 +44,15 @@ def _read_table_file(path: Path, source: str, encoding: str | None) -> pd.DataFr
     if not path.is_file():
         raise DataError(f"{path}: no such file; check [data] path or --data")
     if source == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            names = pq.read_schema(path).names
-            refuse_duplicate_columns(names, path)
-            df = pd.read_parquet(path)
-        except DataError:
-            raise
-        except Exception as exc:  # pyarrow raises several types for corrupt files
-            raise DataError(
-                f"{path.name}: not a readable Parquet file ({type(exc).__name__}); check the "
-                "file or [data] source"
-            ) from None
-        return df
+        return read_parquet_table(path)
     try:
-        with open(path, encoding=encoding or "utf-8", newline="") as f:
-            refuse_duplicate_columns(next(csv.reader(f), []), path)
-        return pd.read_csv(
-            path, dtype=str, encoding=encoding or "utf-8", keep_default_na=False, na_values=[""]
-        )
+        text = path.read_text(encoding=encoding or "utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(
             f"{path.name}: cannot decode as {encoding or 'utf-8'!r} at byte {exc.start}; set [data] encoding "
             "(e.g. 'latin-1')"
         ) from None
+    return read_csv_text(text, path)
 
 
 def _file_table(spec: RunSpec, path: Path) -> Table:

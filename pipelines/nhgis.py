@@ -33,9 +33,7 @@ version 20200527, Minneapolis, MN: IPUMS, 2020.
 
 from __future__ import annotations
 
-import csv
 import fnmatch
-import io
 import re
 import warnings
 from collections.abc import Sequence
@@ -48,13 +46,13 @@ import pandas as pd
 from censusdp.atomic import atomic_file
 from censusdp.errors import DataError
 from censusdp.hierarchy.validate import parse_counts
+from censusdp.tabular import PARQUET_SUFFIXES, read_csv_text, read_parquet_table
 
 __all__ = [
     "BatchFile",
     "CONTEXT_COLUMNS",
     "ColumnsNotWritten",
     "read_batch",
-    "refuse_duplicate_columns",
     "write_batch",
     "GISJOIN_COUNTY",
 ]
@@ -158,46 +156,13 @@ def _decode(path: Path, encoding: str | None) -> tuple[str, str]:
         return raw.decode("latin-1"), "latin-1"
 
 
-def refuse_duplicate_columns(names: Sequence[str], path: Path) -> None:
-    """Refuse a column name that occurs twice (pandas would silently read ``name.1``)."""
-    seen: dict[str, int] = {}
-    for i, name in enumerate(names):
-        if name in seen:
-            raise DataError(
-                f"{path.name}: column {name!r} occurs twice in the header (columns "
-                f"{seen[name] + 1} and {i + 1}); each column must occur once: remove or rename "
-                "the duplicate"
-            )
-        seen[name] = i
-
-
 def _read_frame(path: Path, encoding: str | None) -> tuple[pd.DataFrame, str]:
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    if path.suffix.lower() in (".parquet", ".pq"):
-        try:
-            import pyarrow.parquet as pq
-
-            names = pq.read_schema(path).names
-            refuse_duplicate_columns(names, path)
-            df = pd.read_parquet(path)
-        except DataError:
-            raise
-        except Exception as exc:  # pyarrow raises several types for corrupt files
-            raise DataError(
-                f"{path.name}: not a readable Parquet file ({type(exc).__name__})"
-            ) from None
-        return _as_text(df), "parquet"
+    if path.suffix.lower() in PARQUET_SUFFIXES:
+        return _as_text(read_parquet_table(path)), "parquet"
     text, enc = _decode(path, encoding)
-    header = next(csv.reader(io.StringIO(text)), [])
-    refuse_duplicate_columns(header, path)
-    try:
-        df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
-    except pd.errors.ParserError as exc:
-        raise DataError(
-            f"{path.name}: malformed CSV ({exc}); check quoting and delimiters"
-        ) from None
-    return df, enc
+    return read_csv_text(text, path), enc
 
 
 def _as_text(df: pd.DataFrame) -> pd.DataFrame:
