@@ -103,12 +103,13 @@ class Release:
             return None
         return np.sqrt(self.variances[self.hierarchy.level_index(level)])
 
-    def sum_variances(self, level: str | int, query) -> np.ndarray:
+    def sum_variances(self, level: str | int, query, *, rounding_only: bool = False) -> np.ndarray:
         """Variance of each row of ``query`` (a sum of cells) at every node of a level.
 
         ``(n_nodes, rows)``: the estimator's variance of the sum plus, for an integer
         release, the variance its rounding adds (the variance of the sum of the rounding
-        errors, with their covariances — not the sum of the cells' variances).
+        errors, with their covariances — not the sum of the cells' variances);
+        ``rounding_only``: that rounding part alone.
 
         Raises
         ------
@@ -132,6 +133,8 @@ class Release:
                 )
             est = self.sums.estimator[k][:, idx]
             rnd = self.sums.rounding[k][:, idx]
+            if rounding_only:
+                est = np.zeros_like(rnd)
         else:
             if self.integer:
                 raise SpecError(
