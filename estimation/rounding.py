@@ -604,12 +604,16 @@ class _Record:
 
 
 _Z = np.array([0, 1])
-# (zL, zR) of outcome 1 and 2 given z = 0, 1: low (a + b < 1), reset (= 1), high (> 1)
-_OUT = {
-    "low": ((_Z, 0 * _Z), (0 * _Z, _Z)),
-    "reset": ((1 + 0 * _Z, 0 * _Z), (0 * _Z, 1 + 0 * _Z)),
-    "high": ((1 + 0 * _Z, _Z), (_Z, 1 + 0 * _Z)),
-}
+#: ``_OUT[kind, outcome, side]``: the bit (zL, zR) of each input given z = 0, 1, for the
+#: merges a + b < 1 (kind 0), = 1 (1, the carried part finishes) and > 1 (2); outcome 0 has
+#: probability p1 (a / s, a, (1 − b) / (2 − s)), outcome 1 the rest.
+_OUT = np.array(
+    [
+        [[_Z, 0 * _Z], [0 * _Z, _Z]],
+        [[1 + 0 * _Z, 0 * _Z], [0 * _Z, 1 + 0 * _Z]],
+        [[1 + 0 * _Z, _Z], [_Z, 1 + 0 * _Z]],
+    ]
+)
 
 
 def _combine(
@@ -621,24 +625,16 @@ def _combine(
     kind: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """State of a merge from its inputs' states: mixture over the two outcomes given z."""
-    n = p1.size
-    idx = {}
-    for o in (0, 1):
-        for side in (0, 1):
-            a = np.empty((n, 2), np.int64)
-            for name, code in (("low", 0), ("reset", 1), ("high", 2)):
-                a[kind == code] = _OUT[name][o][side]
-            idx[o, side] = a[:, :, None]
+    rows = np.arange(p1.size)[:, None]
+    out = _OUT[kind]  # (n, outcome, side, z)
     mu = np.zeros_like(Lmu)
     m2 = np.zeros_like(Lm2)
     for o, w in ((0, p1), (1, 1.0 - p1)):
-        lm = np.take_along_axis(Lmu, idx[o, 0], 1)
-        rm = np.take_along_axis(Rmu, idx[o, 1], 1)
-        l2 = np.take_along_axis(Lm2, idx[o, 0], 1)
-        r2 = np.take_along_axis(Rm2, idx[o, 1], 1)
+        zl, zr = out[:, o, 0], out[:, o, 1]
+        lm, rm = Lmu[rows, zl], Rmu[rows, zr]
         w3 = w[:, None, None]
         mu += w3 * (lm + rm)
-        m2 += w3 * (l2 + r2 + 2.0 * lm * rm)
+        m2 += w3 * (Lm2[rows, zl] + Rm2[rows, zr] + 2.0 * lm * rm)
     return mu, m2
 
 
