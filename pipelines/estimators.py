@@ -27,6 +27,12 @@ __all__ = ["ESTIMATORS", "run_estimator", "rounding_mode"]
 
 ESTIMATORS = ("gls", "conditioning", "topdown")
 
+#: GLS keeps its per-node covariances (n_nodes × cells² per level) up to this many cells, so
+#: that the rounded release has standard errors for node totals and marginals
+#: (:meth:`~censusdp.estimation.release.Release.sum_variances`); above it they cost too much
+#: memory and only the cells' standard errors are reported.
+COVARIANCE_CELLS = 64
+
 
 def rounding_mode(invariants: Sequence[Invariant]) -> str:
     """``"totals"`` when node totals are held invariant, else ``"cells"``.
@@ -89,7 +95,15 @@ def _partitioned_gls(
 ) -> Release:
     """GLS and its rounding where the partitions are; only the finished release is gathered."""
     kept = partitioned_gls(
-        hierarchy, cells, measurements, invariants, privacy, partitions, executor, keep=True
+        hierarchy,
+        cells,
+        measurements,
+        invariants,
+        privacy,
+        partitions,
+        executor,
+        keep=True,
+        covariance=len(cells) <= COVARIANCE_CELLS,
     )
     try:
         if options.integer == "none":
@@ -156,7 +170,14 @@ def run_estimator(
                 ),
                 invariants,
             )
-        release = tree_gls(hierarchy, cells, measurements, invariants, privacy)
+        release = tree_gls(
+            hierarchy,
+            cells,
+            measurements,
+            invariants,
+            privacy,
+            covariance=len(cells) <= COVARIANCE_CELLS,
+        )
     elif name == "topdown":
         from censusdp.estimation.topdown import topdown
 
