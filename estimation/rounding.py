@@ -430,8 +430,8 @@ class RoundingPlan:
         )
 
     def describe(self) -> list[str]:
-        """The sets kept within floor/ceil, per level (for diagnostics)."""
-        out = []
+        """The sets kept within floor/ceil, per level (for diagnostics); leaf cells always."""
+        out = [f"{self.names[-1]}: every cell"]
         for k, stages in enumerate(self.chains):
             for P in stages:
                 blocks = [
