@@ -867,7 +867,7 @@ def _node_variances(rec: _Record, step: _Step, C: np.ndarray, lo_e: int, n_e: in
         for c in range(nbp):
             T += off[:, :, c, None] * Dd[:, c, None, :]
         out = out + (Dd * T).sum(axis=1)
-    return out
+    return np.maximum(out, 0.0)  # exact sums: 0, not a rounding error's −1e-17
 
 
 # ----------------------------------------------------------------------------- forests

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from rounding_fixtures import copies
 
 from censusdp.budget import PrivacyStatement
 from censusdp.estimation.release import Release
@@ -59,21 +60,6 @@ def held(h: Hierarchy, x: np.ndarray, query: Query | None, level: int) -> np.nda
         s = np.bincount(anc, x[:, row].sum(axis=1), minlength=h.levels[level].size)
         x[first, np.argmax(row)] -= s - np.floor(s)
     return x
-
-
-def copies(h: Hierarchy, C: int) -> Hierarchy:
-    """``C`` copies of ``h`` under one extra root."""
-    names = ["copies", *h.names]
-    codes: list = [["all"]]
-    parents: list = [None]
-    for k, lv in enumerate(h.levels):
-        codes.append([f"{c}/{code}" for c in range(C) for code in lv.codes])
-        if k == 0:
-            parents.append(np.zeros(C, np.int64))
-        else:
-            n_up = h.levels[k - 1].size
-            parents.append((np.arange(C)[:, None] * n_up + lv.parent[None, :]).reshape(-1))
-    return Hierarchy.from_parents(names, codes, parents)
 
 
 def sums(level_values: np.ndarray) -> np.ndarray:
