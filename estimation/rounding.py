@@ -39,9 +39,10 @@ independent of everything else, so with ``Z_n`` the final bit of merge ``n``'s c
 * given ``Z_n`` the two inputs' bits are one of two outcomes — ``a + b < 1``: (Z_n, 0) with
   probability a/s, (0, Z_n) with b/s; ``a + b > 1``: (1, Z_n) with (1 − b)/(2 − s),
   (Z_n, 1) with (1 − a)/(2 − s); ``a + b = 1``: (1, 0) with a, (0, 1) with b — so the
-  conditional mean and second moment of any linear functional of a set's rounding, given its
-  bit, follow exactly by one recursion up the merges (the functionals: every cell, the total
-  and each tracked marginal row);
+  conditional mean and variance of any linear functional of a set's rounding, given its
+  bit, follow exactly by one recursion up the merges (law of total variance over the two
+  outcomes; the functionals: every cell, the total and each tracked marginal row); a set's
+  own variance is then (1 − f)·v(0) + f·v(1) + f(1 − f)·(m(1) − m(0))²;
 * ``E[Z_input | Z_n]`` is affine with slope a/s, b/s (low) or (1 − a)/(2 − s), (1 − b)/(2 − s)
   (high), and ``Cov(Z_L, Z_R)`` is −ab (low) or −(1 − a)(1 − b) (high), so the covariance of
   two sets' bits is the product of the slopes from each up to where they meet times that
@@ -559,7 +560,9 @@ def _plan_steps(
 @dataclass(eq=False)
 class _Elems:
     """Live or finished sets entering a step: global id, carrier, carried value, and the
-    conditional mean / second moment of each tracked sum given the set's bit (n, 2, F)."""
+    conditional mean (``mu``) and variance (``m2``) of each tracked sum given the set's bit
+    (n, 2, F); variances, not second moments, so that sums of thousands of bits lose no
+    precision to cancellation."""
 
     eid: np.ndarray
     item: np.ndarray
@@ -627,22 +630,23 @@ def _combine(
     """State of a merge from its inputs' states: mixture over the two outcomes given z."""
     rows = np.arange(p1.size)[:, None]
     out = _OUT[kind]  # (n, outcome, side, z)
-    mu = np.zeros_like(Lmu)
-    m2 = np.zeros_like(Lm2)
-    for o, w in ((0, p1), (1, 1.0 - p1)):
+    means, variances = [], []
+    for o in (0, 1):
         zl, zr = out[:, o, 0], out[:, o, 1]
-        lm, rm = Lmu[rows, zl], Rmu[rows, zr]
-        w3 = w[:, None, None]
-        mu += w3 * (lm + rm)
-        m2 += w3 * (Lm2[rows, zl] + Rm2[rows, zr] + 2.0 * lm * rm)
-    return mu, m2
+        means.append(Lmu[rows, zl] + Rmu[rows, zr])  # the inputs are independent given
+        variances.append(Lm2[rows, zl] + Rm2[rows, zr])  # their bits
+    w0, w1 = p1[:, None, None], 1.0 - p1[:, None, None]
+    mu = w0 * means[0] + w1 * means[1]
+    d0, d1 = means[0] - mu, means[1] - mu
+    return mu, w0 * (variances[0] + d0 * d0) + w1 * (variances[1] + d1 * d1)
 
 
 def _indep(
     mu: np.ndarray, m2: np.ndarray, fmu: np.ndarray, fm2: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """State of a sum of a set and an independent constant-law part (fmu, fm2 per slot)."""
-    return mu + fmu[:, None, :], m2 + fm2[:, None, :] + 2.0 * mu * fmu[:, None, :]
+    """State of a sum of a set and an independent part whose law does not depend on the
+    bit (mean ``fmu``, variance ``fm2`` per slot)."""
+    return mu + fmu[:, None, :], m2 + fm2[:, None, :]
 
 
 def _run_step(
@@ -703,7 +707,7 @@ def _run_step(
         dead = val[sel] == 0.0
         if dead.any():  # finished below: independent of everything from here on
             e, gg = sel[dead], g[dead]
-            f_m2[gg] += m2[e, 0] + 2.0 * f_mu[gg] * mu[e, 0]
+            f_m2[gg] += m2[e, 0]
             f_mu[gg] += mu[e, 0]
         start = ~dead & ~c_live[g]
         if start.any():
@@ -743,7 +747,7 @@ def _run_step(
         lamx[e] = lam[gg]
         if reset.any():
             rg = gg[reset]
-            f_m2[rg] += nm2[reset, 0] + 2.0 * f_mu[rg] * nmu[reset, 0]
+            f_m2[rg] += nm2[reset, 0]
             f_mu[rg] += nmu[reset, 0]
             seg[rg] += 1
             c_live[rg] = False
@@ -851,9 +855,8 @@ def _node_variances(rec: _Record, step: _Step, C: np.ndarray, lo_e: int, n_e: in
     b = rec.eid % nbp
     assert rec.mu is not None and rec.m2 is not None
     r = rec.r[:, None]
-    mbar = (1.0 - r) * rec.mu[:, 0] + r * rec.mu[:, 1]
-    var = np.maximum((1.0 - r) * rec.m2[:, 0] + r * rec.m2[:, 1] - mbar * mbar, 0.0)
     d = rec.mu[:, 1] - rec.mu[:, 0]
+    var = (1.0 - r) * rec.m2[:, 0] + r * rec.m2[:, 1] + r * (1.0 - r) * d * d
     slot = lay.fidx[b]  # (n, m)
     on = slot >= 0
     Vd = np.zeros((n_e, nbp, m))
@@ -960,7 +963,7 @@ def round_part(
     base, frac = _split(x.reshape(-1), tol)
     items = np.flatnonzero(frac > 0)
     one = np.broadcast_to(_Z[None, :, None].astype(float), (items.size, 2, 1)).copy()
-    el = _Elems((lo[-1] + items // K) * K + items % K, items, frac[items], one, one.copy())
+    el = _Elems((lo[-1] + items // K) * K + items % K, items, frac[items], one, 0.0 * one)
     add = np.zeros(n * K, np.int64)
     records = []
     for step in plan.steps:
