@@ -113,6 +113,9 @@ TOL = 1e-7
 #: Largest magnitude a leaf estimate may have: its rounded value and every sum of rounded
 #: values up the tree must fit in int64.
 INT_LIMIT = float(2**62)
+#: Rounding variances below this are the float residue of sums that are exact (every
+#: fraction under ``TOL`` counts as integral, so a sum that can vary has a far larger one).
+VAR_FLOOR = 1e-15
 
 
 def _split(values: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
@@ -870,7 +873,8 @@ def _node_variances(rec: _Record, step: _Step, C: np.ndarray, lo_e: int, n_e: in
         for c in range(nbp):
             T += off[:, :, c, None] * Dd[:, c, None, :]
         out = out + (Dd * T).sum(axis=1)
-    return np.maximum(out, 0.0)  # exact sums: 0, not a rounding error's −1e-17
+    # an exact sum's variance comes out as float residue (±1e-30): report it as 0
+    return np.where(out < VAR_FLOOR, 0.0, out)
 
 
 # ----------------------------------------------------------------------------- forests
