@@ -13,7 +13,37 @@ from censusdp.budget import PrivacyStatement
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import floating_point_note
 
-__all__ = ["Release"]
+__all__ = ["Release", "SumVariances"]
+
+
+@dataclass(frozen=True, eq=False)
+class SumVariances:
+    """Variances of sums of a node's cells (totals, marginal rows), per level.
+
+    Attributes
+    ----------
+    masks : (m, K) bool
+        The cells of each tracked sum: every cell, the total, then marginal rows.
+    labels : tuple of str
+        One per mask (``"total"``, ``"query:row"``).
+    estimator : list of (n_nodes, m) arrays
+        The estimator's variance of each sum at each node (NaN where it had no covariances).
+    rounding : list of (n_nodes, m) arrays
+        The variance the integer rounding adds (exact under the dependent scheme; NaN where
+        the scheme has no closed form).
+    """
+
+    masks: np.ndarray
+    labels: tuple[str, ...]
+    estimator: list[np.ndarray]
+    rounding: list[np.ndarray]
+
+    def index(self, matrix: np.ndarray) -> np.ndarray | None:
+        """Position of each row of a 0/1 query matrix among the masks, or None if one is not."""
+        rows = np.asarray(matrix).astype(bool)
+        key = {m.tobytes(): i for i, m in enumerate(self.masks)}
+        idx = [key.get(r.tobytes()) for r in rows]
+        return None if any(i is None for i in idx) else np.asarray(idx, np.int64)
 
 
 @dataclass(eq=False)
@@ -38,6 +68,9 @@ class Release:
         Estimator-specific facts (TV bound, R-hat, solver status, timings...).
     covariances : list of numpy.ndarray or None
         Optional per-node covariance, per level (n_nodes, n_cells, n_cells).
+    sums : SumVariances or None
+        Variances of node totals and tracked marginals (integer releases: the estimator's
+        and the rounding's; see :meth:`sum_variances`).
     """
 
     estimator: str
@@ -49,6 +82,7 @@ class Release:
     integer: bool = False
     diagnostics: dict = field(default_factory=dict)
     covariances: list[np.ndarray] | None = None
+    sums: SumVariances | None = None
 
     def __post_init__(self) -> None:
         self.cells = tuple(self.cells)
@@ -70,6 +104,66 @@ class Release:
         if self.variances is None:
             return None
         return np.sqrt(self.variances[self.hierarchy.level_index(level)])
+
+    def sum_variances(self, level: str | int, query, *, rounding_only: bool = False) -> np.ndarray:
+        """Variance of each row of ``query`` (a sum of cells) at every node of a level.
+
+        ``(n_nodes, rows)``: the estimator's variance of the sum plus, for an integer
+        release, the variance its rounding adds (the variance of the sum of the rounding
+        errors, with their covariances — not the sum of the cells' variances);
+        ``rounding_only``: that rounding part alone.
+
+        Raises
+        ------
+        SpecError
+            When a row's variance is not available: an integer release tracks the cells,
+            the totals and the marginals passed to ``round_release(queries=...)``; the
+            estimator part of a sum of several cells needs its covariances (e.g.
+            ``tree_gls(..., covariance=True)``).
+        """
+        from censusdp.errors import SpecError
+
+        k = self.hierarchy.level_index(level)
+        M = np.asarray(query.matrix)
+        name = getattr(query, "name", "query")
+        if self.sums is not None:
+            idx = self.sums.index(M)
+            if idx is None:
+                raise SpecError(
+                    f"the rounding of this release did not track query {name!r}: pass it to "
+                    "round_release(..., queries=[...]) to get the variances of its sums"
+                )
+            est = self.sums.estimator[k][:, idx]
+            rnd = self.sums.rounding[k][:, idx]
+            if rounding_only:
+                est = np.zeros_like(rnd)
+        else:
+            if self.integer:
+                raise SpecError(
+                    f"this integer release carries no variances of sums (estimator "
+                    f"{self.estimator!r}); round it with round_release to get them"
+                )
+            rnd = 0.0
+            if self.covariances is not None:
+                A = M.astype(float)
+                est = np.einsum("qa,nab,qb->nq", A, self.covariances[k], A)
+            elif self.variances is not None and np.all(M.sum(axis=1) == 1):
+                est = self.variances[k][:, np.argmax(M, axis=1)]
+            else:
+                est = np.full((self.estimates[k].shape[0], M.shape[0]), np.nan)
+        out = est + rnd
+        if np.isnan(out).any():
+            raise SpecError(
+                f"the variance of a sum of several cells of query {name!r} at level "
+                f"{self.hierarchy.names[k]!r} is not available: the estimator's part needs "
+                "its covariances (e.g. tree_gls(..., covariance=True)), and 'bipartite' "
+                "rounding has none for marginals"
+            )
+        return out
+
+    def sum_standard_errors(self, level: str | int, query) -> np.ndarray:
+        """Standard errors of each row of ``query`` at every node (:meth:`sum_variances`)."""
+        return np.sqrt(self.sum_variances(level, query))
 
     def totals(self, level: str | int) -> np.ndarray:
         """Node totals (sum over cells) at one level."""

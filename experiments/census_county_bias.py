@@ -176,7 +176,9 @@ def _run_estimators(
         meas = measure(h.names, counts, [(2, total, law)], rr.child("measure"))
         all_meas.append(meas)
         t0 = time.perf_counter()
-        gls = round_release(tree_gls(h, cells, meas, invs, _privacy("laplace")), rr)
+        gls = round_release(
+            tree_gls(h, cells, meas, invs, _privacy("laplace")), rr, invariants=invs
+        )
         errors["gls"][r] = gls.totals("county") - truth
         seconds["gls"] += time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -57,18 +57,25 @@ from censusdp.estimation.gls import (
     restrict,
     whole_forest,
 )
-from censusdp.estimation.release import Release
+from censusdp.estimation.release import Release, SumVariances
 from censusdp.estimation.rounding import (
+    INT_LIMIT,
     TOL,
+    RoundingPlan,
     RoundPart,
-    add_rounding_variance,
+    bipartite_variances,
+    check_bipartite,
+    check_finite,
     round_bipartite_part,
     round_part,
     round_release,
     round_top,
+    settle_part,
+    sum_estimator_variances,
+    tracked_sums,
 )
 from censusdp.hierarchy import Hierarchy
-from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.mechanisms.queries import Invariant, Measurement, Query
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.measure import PartitionedMeasurements
 from censusdp.pipelines.partition import Partition
@@ -273,67 +280,109 @@ def _gathered(kept: PartitionedRelease, timing: str) -> Release:
 
 # ----------------------------------------------------------------------------- rounding tasks
 def _round_task(
-    item: tuple, n_global: tuple[int, ...], mode: str, label: str, tol: float
+    item: tuple, n_global: tuple[int, ...], plan: RoundingPlan, label: str, tol: float
 ) -> RoundPart:
     """``item = (forest, lo, piece, keys)`` of one partition: its leaves rounded up to the cut,
     with the sub-keys of its rounding streams (:func:`_round_keys`)."""
     forest, lo, piece, keys = item
     leaves = piece.estimates[-1]
-    return round_part(forest, lo, n_global, leaves, keys, mode=mode, label=label, tol=tol)
+    return round_part(forest, lo, n_global, leaves, keys, plan, label=label, tol=tol)
 
 
-def _round_keys(rng: KeyedRNG, forest: Forest, lo: Sequence[int], mode: str, label: str) -> SubKeys:
+def _round_keys(
+    rng: KeyedRNG, forest: Forest, lo: Sequence[int], plan: RoundingPlan, label: str
+) -> SubKeys:
     """The sub-keys :func:`~censusdp.estimation.rounding.round_part` draws from for this
-    forest (global first nodes ``lo``): the chunks of its node range at each level below its
-    top in stream ``label/<level>``, and, for ``"totals"``, of its leaves in
-    ``label/<leaf level>/cells`` (the streams of ``rounding._steps``; a stream missed here
-    fails loudly with :class:`~censusdp.rng.StreamNotHeld`)."""
-    D = forest.depth
-    streams = {
-        f"{label}/{forest.names[j]}": chunk_range(lo[j], lo[j] + forest.sizes[j])
-        for j in range(1, D)
-    }
-    if mode == "totals":
-        leaf = forest.names[D - 1]
-        streams[f"{label}/{leaf}/cells"] = chunk_range(lo[D - 1], lo[D - 1] + forest.sizes[D - 1])
-    return rng.restrict(streams)
+    forest (global first nodes ``lo``): for each step of ``plan`` it runs, stream
+    ``label/<step>`` over the chunks of the forest's nodes at the step's merging level (a
+    stream missed here fails loudly with :class:`~censusdp.rng.StreamNotHeld`)."""
+    streams: dict[str, set[int]] = {}
+    for step in plan.steps:  # the steps round_part runs, in its order
+        if step.new is None or step.level < forest.first:
+            break
+        jp = step.prev_level - forest.first
+        chunks = chunk_range(lo[jp], lo[jp] + forest.sizes[jp])
+        streams.setdefault(f"{label}/{step.label}", set()).update(chunks)
+    return rng.restrict({name: sorted(c) for name, c in streams.items()})
 
 
 def _bipartite_task(
     item: tuple[ReleasePiece, np.ndarray, int, SubKeys], label: str, tol: float
-) -> RoundPart:
+) -> np.ndarray:
     """``item = (piece, child_count, first_parent, keys)``: the leaves of each parent
     rounded, with the sub-keys of those parents' generators."""
     piece, child_count, first_parent, keys = item
-    leaves = round_bipartite_part(
+    return round_bipartite_part(
         piece.estimates[-1], child_count, first_parent, keys, label=label, tol=tol
     )
-    none = np.zeros(0, np.int64)
-    return RoundPart(leaves, none, none, none, np.zeros(0))
 
 
 def _leftovers(part: RoundPart) -> RoundPart:
     """The fractional parts a partition leaves at the cut (without its leaves)."""
-    return dataclasses.replace(part, leaves=part.leaves[:0])
+    return part.leftovers()
 
 
-def _settle_task(
-    item: tuple[RoundPart, ReleasePiece, Forest, int, np.ndarray, np.ndarray, np.ndarray],
-    tol: float,
-) -> ReleasePiece:
+def _piece_sums(
+    piece: ReleasePiece, masks: np.ndarray, rounding: Sequence[np.ndarray]
+) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    est = sum_estimator_variances(piece, masks, range(len(piece.estimates)))
+    return tuple(zip(est, rounding, strict=True))
+
+
+def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleasePiece:
     """A partition's integer piece: its leaves with the increments the levels above the cut
-    gave its leftovers, summed up to the cut, and the variances plus the rounding variance."""
-    part, piece, forest, first_leaf, leaf, cell, add = item
-    leaves = part.leaves.copy()  # the rounded leaves stay as they are, for a recomputation
-    leaves[leaf - first_leaf, cell] += add
-    counts = forest.aggregate(leaves)
-    variances, largest = add_rounding_variance(piece.estimates, piece.variances, tol)
+    gave its leftovers, summed up to the cut; the variances plus the exact rounding
+    variances of its levels (top-down from its cut nodes' bit covariances); and whether the
+    invariants of its levels below the cut hold exactly."""
+    part, piece, forest, lo, leaf, cell, add, bits, invariants, masks = item
+    summary: dict = {}
+    if plan is None:  # bipartite: ``part`` is the rounded leaves, ``bits`` the parents' rows
+        leaves = part
+        counts = forest.aggregate(leaves)
+        parents = Forest(
+            forest.first, forest.names[:-1], forest.sizes[:-1], forest.child_count[:-1], ()
+        )
+        parent = piece.estimates[-2] if bits is None else bits
+        rv = bipartite_variances(parents.aggregate, piece.estimates[-1], parent, 2, masks, tol)
+        summary["head_rounding"] = rv[0]
+        rounding = rv[1:]
+    else:
+        leaves = part.leaves.copy()  # the rounded leaves stay as they are, for a recomputation
+        leaves[leaf - lo[-1], cell] += add
+        counts = forest.aggregate(leaves)
+        rounding = settle_part(part, forest, lo, plan, bits)
+    K = leaves.shape[1]
+    variances = (
+        None
+        if piece.variances is None
+        else tuple(v + r[:, :K] for v, r in zip(piece.variances, rounding, strict=True))
+    )
+    missed = [
+        key
+        for iv, key in invariants
+        if not np.array_equal(iv.query.apply(counts[iv.level - forest.first]), iv.values)
+    ]
+    largest = float(max((np.nanmax(r[:, :K], initial=0.0) for r in rounding), default=0.0))
+    summary.update(rounding_variance_max=largest, invariants_missed=missed)
     return ReleasePiece(
         tuple(counts[1:]),
-        None if variances is None else tuple(variances),
+        variances,
         head=counts[0],
-        summary={"rounding_variance_max": largest},
+        summary=summary,
+        sums=_piece_sums(piece, masks, rounding),
     )
+
+
+def _finite_task(piece: ReleasePiece, hierarchy: Hierarchy, cells: tuple[str, ...]) -> None:
+    """Refuse non-finite or out-of-range leaf estimates where the piece is (DataError)."""
+    x = piece.estimates[-1]
+    if not np.all(np.isfinite(x)) or np.abs(x).max(initial=0.0) >= INT_LIMIT:
+        bad = ~np.isfinite(x) | (np.abs(np.where(np.isfinite(x), x, 0.0)) >= INT_LIMIT)
+        c = int(np.argwhere(bad)[0][1])
+        raise DataError(
+            f"cannot round the release: an estimate at level {hierarchy.names[-1]!r}, cell "
+            f"{cells[c]!r} is not finite or exceeds ±2^62; integer counts must fit in int64"
+        )
 
 
 def partitioned_round(
@@ -343,20 +392,23 @@ def partitioned_round(
     executor: Executor,
     *,
     method: Literal["cells", "totals", "bipartite"] = "cells",
+    invariants: Sequence[Invariant] = (),
+    queries: Sequence[Query] = (),
     label: str | None = None,
     tol: float = TOL,
 ) -> Release | PartitionedRelease:
     """Unbiased integer rounding partition by partition; equals :func:`round_release`.
 
-    ``"cells"``/``"totals"``: each partition rounds its subtrees up to the cut-level nodes
-    (:func:`~censusdp.estimation.rounding.round_part`), the calling process rounds the
-    levels above the cut from the at most one fractional part per (cut node, cell) —
-    ``"totals"``: per cut node — each subtree leaves
-    (:func:`~censusdp.estimation.rounding.round_top`), and each partition settles its
-    leftovers, sums its levels and adds the rounding variance where its piece is.
-    Randomness is keyed by (level, node) (merge ``c`` inside node ``v``'s group uses uniform
-    ``first child of v + c`` of the level's stream), so the integers are the same for every
-    partition count and backend, and equal to
+    ``"cells"``/``"totals"``: each partition runs the steps of the rounding family
+    (:class:`~censusdp.estimation.rounding.RoundingPlan`, invariants included) up to its
+    cut-level nodes (:func:`~censusdp.estimation.rounding.round_part`), the calling process
+    runs the levels above from the sets each cut node leaves
+    (:func:`~censusdp.estimation.rounding.round_top`, which also gives the exact rounding
+    variances of those levels and the covariance of each cut node's bits), and each
+    partition settles its leftovers, sums its levels and runs the top-down variance pass
+    where its piece is (:func:`~censusdp.estimation.rounding.settle_part`). Every uniform is
+    keyed by (step, element) and every group merges in global element order, so integers
+    and variances are the same for every partition count and backend, and equal to
     :func:`~censusdp.estimation.rounding.round_release`. ``"bipartite"``: the leaves of each
     parent of the leaf level, with a generator keyed by that parent.
 
@@ -365,11 +417,13 @@ def partitioned_round(
     pieces are, and the result is again one; a plain :class:`Release` gives a plain one.
 
     Guarantees (unchanged by partitioning): every leaf cell is ⌊x⌋ or ⌈x⌉ with
-    E[rounded] = x; ``"cells"``: every (node, cell) sum at every level, above and below the
-    cut, is the floor or ceiling of its real sum; ``"totals"``: every node total at every
-    level and every leaf cell is; in both, sums that are integers (the invariants) are kept
-    exactly. ``"bipartite"``: leaf totals and the cell sums and totals of the leaves'
-    parents (see :func:`~censusdp.estimation.rounding.round_bipartite`).
+    E[rounded] = x; every invariant is exact (checked ``==``, in
+    ``diagnostics["invariants_exact"]``); the sets of the family are within floor/ceil.
+
+    Raises
+    ------
+    SpecError, DataError
+        As :func:`~censusdp.estimation.rounding.round_release`.
 
     References
     ----------
@@ -387,13 +441,31 @@ def partitioned_round(
     if cut == D - 1 or (method == "bipartite" and cut > D - 2):
         # nothing to round below the cut, or the leaves' parents are above it: one task
         plain = release if kept is None else kept.gather()
-        return round_release(plain, rng, method=method, label=lab, tol=tol)
+        return round_release(
+            plain, rng, method=method, invariants=invariants, queries=queries, label=lab, tol=tol
+        )
     if kept is None:
+        check_finite(h, release.cells, release.estimates[-1])
         kept = PartitionedRelease.of(release, partitions, ex)
+    else:
+        ex.wait(ex.submit(_finite_task, kept.pieces, h, kept.cells))
+    cells = tuple(release.cells)
     # the rounding tasks need the shape of their subtrees, not the node codes
     forests = [Forest.of(h, cut, p.ranges).without_codes() for p in partitions]
     # a task gets the sub-keys of its own streams and chunks, never the key
+    los = [tuple(r[0] for r in p.ranges) for p in partitions]
+    part_invs = [
+        tuple(
+            (iv, f"{h.names[iv.level]}: {iv.query.name}")
+            for iv in restrict(invariants, cut + 1, p.ranges[1:])
+        )
+        for p in partitions
+    ]
+    top_invs = [iv for iv in invariants if iv.level <= cut]
     if method == "bipartite":
+        check_bipartite(h.names, cells, invariants)
+        masks, labels = tracked_sums(cells, invariants, queries)
+        plan, family = None, ()
         up = h.levels[D - 2]
         tasks = [
             (
@@ -405,43 +477,88 @@ def partitioned_round(
             for p, piece in zip(partitions, kept.pieces, strict=True)
         ]
         parts = ex.submit(_bipartite_task, tasks, lab, tol)
-        leftover = [(np.zeros(0, np.int64),) * 3 for _ in partitions]
+        none = np.zeros(0, np.int64)
+        if D - 2 == cut:
+            rows = [kept.estimates[cut][slice(*p.range(cut))] for p in partitions]
+        else:
+            rows = [None] * len(partitions)  # the pieces hold the parents' level
+        settle = [(none, none, none, r) for r in rows]
+        top_rounding = None
     else:
-        K = len(release.cells)
-        n_global = tuple(h.sizes[cut:])
+        plan = RoundingPlan.build(h.names, cells, method, invariants, queries)
+        masks, labels, family = plan.masks, plan.labels, plan.describe()
         tasks = [
-            (f, lo, piece, _round_keys(rng, f, lo, method, lab))
-            for f, p, piece in zip(forests, partitions, kept.pieces, strict=True)
-            for lo in [tuple(r[0] for r in p.ranges)]
+            (f, lo, piece, _round_keys(rng, f, lo, plan, lab))
+            for f, lo, piece in zip(forests, los, kept.pieces, strict=True)
         ]
-        parts = ex.submit(_round_task, tasks, n_global, method, lab, tol)
+        parts = ex.submit(_round_task, tasks, tuple(h.sizes[cut:]), plan, lab, tol)
         small = ex.submit(_leftovers, parts)
-        leaf, cell, add = round_top(
-            h, cut, ex.gather(small), K, rng, mode=method, label=lab, tol=tol
-        )
+        top = round_top(h, cut, ex.gather(small), rng, plan, label=lab, tol=tol)
         ex.release(small)
-        leftover = []
+        top_rounding = top.variances
+        settle = []
         for p in partitions:
             lo, hi = p.range(D - 1)
-            mine = (leaf >= lo) & (leaf < hi)
-            leftover.append((leaf[mine], cell[mine], add[mine]))
+            mine = (top.leaf >= lo) & (top.leaf < hi)
+            settle.append(
+                (top.leaf[mine], top.cell[mine], top.add[mine], top.bits[slice(*p.range(cut))])
+            )
     del tasks
     items = [
-        (part, piece, f, p.range(D - 1)[0], *lo)
-        for part, piece, f, p, lo in zip(
-            parts, kept.pieces, forests, partitions, leftover, strict=True
+        (part, piece, f, lo, *st, iv, masks)
+        for part, piece, f, lo, st, iv in zip(
+            parts, kept.pieces, forests, los, settle, part_invs, strict=True
         )
     ]
-    pieces = ex.submit(_settle_task, items, tol)
+    pieces = ex.submit(_settle_task, items, plan, tol)
     ex.release(parts)
     del items, parts
     got = _heads(ex, pieces)
     head = np.concatenate([c for c, _ in got])
     estimates = whole_forest(h, 0, cut).aggregate(head)
-    variances, largest = add_rounding_variance(kept.estimates, kept.variances, tol)
-    largest = max([largest, *(s["rounding_variance_max"] for _, s in got)])
+    if top_rounding is None:  # bipartite: the parents are independent, variances add
+        top_rounding = whole_forest(h, 0, cut).aggregate(
+            np.concatenate([s["head_rounding"] for _, s in got])
+        )
+    K = len(cells)
+    variances = (
+        None
+        if kept.variances is None
+        else [v + r[:, :K] for v, r in zip(kept.variances, top_rounding, strict=True)]
+    )
+    largest = max(
+        [
+            float(max(np.nanmax(r[:, :K], initial=0.0) for r in top_rounding)),
+            *(s["rounding_variance_max"] for _, s in got),
+        ]
+    )
+    sums = SumVariances(
+        masks, tuple(labels), sum_estimator_variances(kept, masks, range(cut + 1)), top_rounding
+    )
     diag = dict(kept.diagnostics)
     diag.update(rounding=method, rounding_variance_max=largest)
+    if family:
+        diag["rounding_family"] = list(family)
+    exact = {}
+    for iv in top_invs:
+        key = f"{h.names[iv.level]}: {iv.query.name}"
+        ok = bool(np.array_equal(iv.query.apply(estimates[iv.level]), iv.values))
+        exact[key] = exact.get(key, True) and ok
+    for iv in invariants:
+        if iv.level > cut:
+            key = f"{h.names[iv.level]}: {iv.query.name}"
+            exact[key] = exact.get(key, True) and not any(
+                key in s["invariants_missed"] for _, s in got
+            )
+    missed = [k for k, ok in exact.items() if not ok]
+    if missed:
+        ex.release(pieces)
+        raise DataError(
+            f"invariants {missed} are not exact after rounding: the real-valued release does "
+            "not meet them within the rounding tolerance; check the estimator's invariant "
+            "constraints"
+        )
+    diag["invariants_exact"] = exact
     rounded = dataclasses.replace(
         kept,
         integer=True,
@@ -450,6 +567,7 @@ def partitioned_round(
         variances=variances,
         covariances=None,
         pieces=pieces,
+        sums=sums,
     )
     if isinstance(release, PartitionedRelease):
         return rounded

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from censusdp.budget import PrivacyStatement
-from censusdp.estimation.release import Release
+from censusdp.estimation.release import Release, SumVariances
 from censusdp.hierarchy import Hierarchy
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.partition import Partition
@@ -40,6 +40,9 @@ class ReleasePiece:
         rounded counts of an integer release); None when the caller already has them.
     summary : dict
         Small facts about the piece, merged by the caller (residuals, rounding variance).
+    sums : tuple or None
+        Per level below the cut, ``(estimator, rounding)`` variances (n_nodes, m) of the
+        release's tracked sums (:class:`~censusdp.estimation.release.SumVariances`).
     """
 
     estimates: tuple[np.ndarray, ...]
@@ -47,6 +50,7 @@ class ReleasePiece:
     covariances: tuple[np.ndarray, ...] | None = None
     head: np.ndarray | None = None
     summary: dict = field(default_factory=dict)
+    sums: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
 
 
 def piece_head(piece: ReleasePiece) -> tuple[np.ndarray | None, dict]:
@@ -70,6 +74,8 @@ class PartitionedRelease:
         Levels 0 .. cut (variances and covariances None where the release has none).
     pieces : list
         Partition ``i``'s :class:`ReleasePiece` (an executor handle).
+    sums : SumVariances or None
+        Variances of tracked sums for levels 0 .. cut (the pieces hold the rest).
     """
 
     estimator: str
@@ -84,6 +90,7 @@ class PartitionedRelease:
     variances: list[np.ndarray] | None
     covariances: list[np.ndarray] | None
     pieces: list
+    sums: SumVariances | None = None
 
     @property
     def cut(self) -> int:
@@ -127,8 +134,18 @@ class PartitionedRelease:
             n for n in ("estimates", "variances", "covariances") if getattr(self, n) is not None
         ]
         below: dict[str, list[np.ndarray]] = {}
+        sums_below: list[list[np.ndarray]] | None = None
         for i, piece in self.executor.each(self.pieces):
             p = self.partitions[i]
+            if self.sums is not None and piece.sums is not None:
+                if sums_below is None:
+                    m = self.sums.masks.shape[0]
+                    sums_below = [
+                        [np.empty((h.levels[k].size, m)) for k in levels] for _ in range(2)
+                    ]
+                for t in range(2):
+                    for k, dst, src in zip(levels, sums_below[t], piece.sums, strict=True):
+                        dst[slice(*p.range(k))] = src[t]
             for name in names:
                 parts = getattr(piece, name)
                 if name not in below:  # shapes and types from the first piece
@@ -140,6 +157,15 @@ class PartitionedRelease:
                     dst[slice(*p.range(k))] = src
             del piece
         whole = {n: [*getattr(self, n), *below.get(n, [])] for n in names}
+        sums = None
+        if self.sums is not None:
+            extra = sums_below or [[], []]
+            sums = SumVariances(
+                self.sums.masks,
+                self.sums.labels,
+                [*self.sums.estimator, *extra[0]],
+                [*self.sums.rounding, *extra[1]],
+            )
         return Release(
             estimator=self.estimator,
             hierarchy=h,
@@ -150,6 +176,7 @@ class PartitionedRelease:
             integer=self.integer,
             diagnostics=dict(self.diagnostics),
             covariances=whole.get("covariances"),
+            sums=sums,
         )
 
     @classmethod
@@ -166,11 +193,22 @@ class PartitionedRelease:
                 return None
             return tuple(arrays[k][slice(*p.range(k))] for k in range(cut + 1, D))
 
+        su = release.sums
+
+        def sum_rows(p: Partition) -> tuple | None:
+            if su is None:
+                return None
+            return tuple(
+                (su.estimator[k][slice(*p.range(k))], su.rounding[k][slice(*p.range(k))])
+                for k in range(cut + 1, D)
+            )
+
         pieces = [
             ReleasePiece(
                 rows(release.estimates, p),
                 rows(release.variances, p),
                 rows(release.covariances, p),
+                sums=sum_rows(p),
             )
             for p in partitions
         ]
@@ -187,6 +225,9 @@ class PartitionedRelease:
             None if release.variances is None else release.variances[: cut + 1],
             None if release.covariances is None else release.covariances[: cut + 1],
             executor.submit(_same, pieces),
+            None
+            if su is None
+            else SumVariances(su.masks, su.labels, su.estimator[: cut + 1], su.rounding[: cut + 1]),
         )
 
 

@@ -74,7 +74,8 @@ def test_rounding_variance_added_and_invariants_exact_after_rounding():
     assert np.array_equal(rounded.totals("state"), counts[1].sum(1))
     extra = rounded.variances[2] - rel.variances[2]
     assert np.all((extra >= 0) & (extra <= 0.25))
-    assert 0 < rounded.diagnostics["rounding_variance_max"] <= 0.25
+    # a leaf cell's rounding variance is at most 1/4; a sum's above the leaves may be more
+    assert 0 < rounded.diagnostics["rounding_variance_max"]
     se = standard_errors(rel, "county", include_rounding=True)
     np.testing.assert_allclose(se**2, rounded.variances[2])
 
