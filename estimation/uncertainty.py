@@ -60,7 +60,11 @@ def standard_errors(
     """Exact standard errors at one level, (n_nodes, n_cells).
 
     With ``include_rounding`` the rounding variance p(1 − p) of the (real-valued) estimates is
-    added (use it on a real-valued release that you will round).
+    added (use it on a real-valued release that you will round). That is exact for leaf cells
+    only: each is rounded to ⌊x⌋ or ⌈x⌉ unbiasedly. Above the leaves a value's rounding error
+    is a sum of dependent leaf errors whose variance depends on the rounding mode and the
+    invariants, so it is refused there: round the release and read the rounded release's
+    ``variances`` (or ``sum_variances`` for totals and marginals), which are exact.
 
     Raises
     ------
@@ -74,6 +78,12 @@ def standard_errors(
             "defined for GLS (exact) and averaged MCMC (Monte Carlo) output"
         )
     var = release.variances[k]
+    if include_rounding and k != release.hierarchy.depth - 1:
+        raise SpecError(
+            f"include_rounding predicts the rounding variance of leaf cells only, not of level "
+            f"{release.hierarchy.names[k]!r}: round the release (round_release) and use its "
+            "variances, exact at every level"
+        )
     if include_rounding:
         var = var + rounding_variance(release.estimates[k])
     return np.sqrt(var)

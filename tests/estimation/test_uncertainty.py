@@ -78,6 +78,9 @@ def test_rounding_variance_added_and_invariants_exact_after_rounding():
     assert 0 < rounded.diagnostics["rounding_variance_max"]
     se = standard_errors(rel, "county", include_rounding=True)
     np.testing.assert_allclose(se**2, rounded.variances[2])
+    # above the leaves p(1 − p) is not the rounding variance of a sum: refused
+    with pytest.raises(SpecError, match="leaf cells only"):
+        standard_errors(rel, "state", include_rounding=True)
 
 
 def test_errors():
