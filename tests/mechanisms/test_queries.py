@@ -161,11 +161,12 @@ def test_an_acknowledged_exact_release_says_so_in_the_statement(tmp_path, capsys
     out = tmp_path / "o"
     assert main(["run", str(tmp_path / "s.toml"), "--out", str(out), "--seed", "1"]) == 0
     capsys.readouterr()
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "release" / "manifest.json").read_text())
     text = manifest["privacy"]["gls"]["text"]
     assert "NO PRIVACY PROTECTION at state (detailed)" in text
     assert manifest["spec"]["invariants"]["acknowledge_exact_release"] is True
-    assert "no privacy protection" in (out / "report.md").read_text()
+    assert "no privacy protection" in (out / "evaluation" / "report.md").read_text()
+    assert "NO PRIVACY PROTECTION" in (out / "release" / "privacy.md").read_text()
 
 
 def test_acknowledge_must_be_a_boolean(tmp_path):
