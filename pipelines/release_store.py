@@ -11,15 +11,20 @@ gives back the plain release, equal to the one :meth:`PartitionedRelease.gather
 <censusdp.pipelines.partitioned_release.PartitionedRelease.gather>` would have built, bit for
 bit.
 
-Layout (``format`` 2)::
+Layout (``format`` 3)::
 
     manifest.json                      estimator, cells, levels and sizes, cut, partition rows,
-                                       integer, privacy statement, diagnostics, fields
+                                       integer, privacy statement, diagnostics, fields, sums
     <field>/<level>.npy                levels 0 .. cut, (n_nodes, n_cells[, n_cells])
     <field>/<level>/part-00007.npy     levels below the cut, partition 7's rows
     checksums.json                     SHA-256 of every file above; written last
 
-``<field>`` is ``estimates``, ``variances`` and, when the release has them, ``covariances``.
+``<field>`` is ``estimates``, ``variances`` and, when the release has them, ``covariances``;
+a release with variances of tracked sums (:class:`~censusdp.estimation.release.SumVariances`,
+which a rounded release carries) also has ``sums_estimator`` and ``sums_rounding``, arrays
+(n_nodes, m) laid out as the other fields, and the manifest's ``sums`` holds their ``masks``
+(each the list of its cells' indices) and ``labels`` (null when the release has none). Their
+values are non-negative or NaN (a variance that is unknown), never ±inf.
 The directory is written under a temporary name and renamed into place when every file is
 complete (:func:`censusdp.atomic.atomic_dir`). On a remote Dask cluster the path must be on a
 filesystem the workers share with the caller; a store whose pieces did not arrive there is
@@ -31,7 +36,8 @@ and, independently, that the manifest is well formed (``fields`` are field names
 paths; ``cut`` an integer level; partition rows that tile each level; a privacy statement with
 positive finite budgets) and that every array has its exact shape, the dtype the manifest's
 ``integer`` claim implies (int64 estimates when true, float64 otherwise; float64 variances
-and covariances) and only finite values. The checksums detect corruption and edits that do
+and covariances) and only finite values (sums: non-negative or NaN, and masks of distinct
+in-range cell indices, one label each). The checksums detect corruption and edits that do
 not also rewrite ``checksums.json``; they are not a signature (authenticity needs the
 publisher to sign ``checksums.json``).
 """
@@ -53,15 +59,16 @@ import numpy as np
 from censusdp.atomic import atomic_dir
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
-from censusdp.estimation.release import Release
+from censusdp.estimation.release import Release, SumVariances
 from censusdp.hierarchy import Hierarchy
 from censusdp.jsonable import to_jsonable
 from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece
 
 __all__ = ["read_release", "write_release"]
 
-FORMAT = 2
+FORMAT = 3  # 3: tracked sums' variances (2 had none: a rounded release lost them)
 FIELDS = ("estimates", "variances", "covariances")
+SUM_FIELDS = {"sums_estimator": "estimator", "sums_rounding": "rounding"}  # SumVariances's
 MANIFEST = "manifest.json"
 CHECKSUMS = "checksums.json"
 _HEX = re.compile(r"[0-9a-f]{64}")
@@ -76,6 +83,7 @@ _KEYS = (
     "integer",
     "privacy",
     "diagnostics",
+    "sums",
 )
 
 
@@ -89,6 +97,18 @@ def _check_finite(array: np.ndarray, where: str) -> None:
         bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
         if bad:
             raise DataError(f"{where}: {bad} non-finite values (NaN or inf); a release is finite")
+
+
+def _check_sum_values(array: np.ndarray, where: str) -> None:
+    """Refuse ±inf and negative values in variances of sums (NaN is a variance not known)."""
+    if array.dtype != np.float64:
+        raise DataError(f"{where}: dtype {array.dtype}, expected float64 (variances of sums)")
+    inf = int(np.count_nonzero(np.isinf(array)))
+    if inf:
+        raise DataError(f"{where}: {inf} infinite values; a variance of a sum is finite or NaN")
+    negative = int(np.count_nonzero(array < 0))
+    if negative:
+        raise DataError(f"{where}: {negative} negative values; a variance is non-negative")
 
 
 def _save(path: Path, array: np.ndarray) -> str:
@@ -108,10 +128,14 @@ def _part_name(index: int) -> str:
 
 
 def _write_piece(
-    item: tuple[ReleasePiece, int], root: str, levels: Sequence[str], fields: Sequence[str]
+    item: tuple[ReleasePiece, int],
+    root: str,
+    levels: Sequence[str],
+    fields: Sequence[str],
+    sums: bool = False,
 ) -> dict[str, str]:
-    """Write partition ``index``'s piece under ``root``; the SHA-256 of every file written,
-    by its path relative to ``root``."""
+    """Write partition ``index``'s piece under ``root`` (with its variances of tracked sums
+    when ``sums``); the SHA-256 of every file written, by its path relative to ``root``."""
     piece, index = item
     if not os.path.isdir(root):
         raise DataError(
@@ -124,6 +148,17 @@ def _write_piece(
             rel = f"{name}/{level}/{_part_name(index)}"
             _check_finite(array, f"partition {index}'s {rel}")
             digests[rel] = _save(Path(root, rel), array)
+    if sums:
+        if piece.sums is None:
+            raise DataError(
+                f"partition {index}'s piece has no variances of tracked sums but the release "
+                "has them; compute the pieces again (partitioned_round)"
+            )
+        for t, name in enumerate(SUM_FIELDS):
+            for level, pair in zip(levels, piece.sums, strict=True):
+                rel = f"{name}/{level}/{_part_name(index)}"
+                _check_sum_values(pair[t], f"partition {index}'s {rel}")
+                digests[rel] = _save(Path(root, rel), pair[t])
     return digests
 
 
@@ -167,18 +202,25 @@ def write_release(
     partitioned = isinstance(release, PartitionedRelease)
     cut = release.cut if partitioned else h.depth - 1
     fields = [n for n in FIELDS if getattr(release, n) is not None]
+    su = release.sums
+    top = {n: getattr(release, n) for n in fields}
+    if su is not None:
+        top.update({n: getattr(su, a) for n, a in SUM_FIELDS.items()})
     below = list(h.names[cut + 1 :])
     parts = release.partitions if partitioned else ()
     if partitioned and len(release.pieces) != len(parts):
         raise ValueError("the pieces of this release were dropped; nothing to write")
     digests: dict[str, str] = {}
     with atomic_dir(path, overwrite=overwrite) as tmp:
-        for name in fields:
+        for name, arrays in top.items():
             (tmp / name).mkdir()
             for k in range(cut + 1):
                 rel = f"{name}/{h.names[k]}.npy"
-                _check_finite(getattr(release, name)[k], rel)
-                digests[rel] = _save(tmp / rel, getattr(release, name)[k])
+                if name in SUM_FIELDS:
+                    _check_sum_values(arrays[k], rel)
+                else:
+                    _check_finite(arrays[k], rel)
+                digests[rel] = _save(tmp / rel, arrays[k])
             for level in below:
                 (tmp / name / level).mkdir(parents=True)
         if partitioned:
@@ -189,13 +231,14 @@ def write_release(
                 str(tmp),
                 below,
                 fields,
+                su is not None,
             )
             try:
                 for written in ex.gather(handles):
                     digests.update(written)
             finally:
                 ex.release(handles)
-            for name in fields:
+            for name in top:
                 for level in below:
                     missing = [
                         i
@@ -222,6 +265,12 @@ def write_release(
             "integer": bool(release.integer),
             "privacy": release.privacy.to_dict(),
             "diagnostics": to_jsonable(release.diagnostics),
+            "sums": None
+            if su is None
+            else {
+                "masks": [np.flatnonzero(row).tolist() for row in np.asarray(su.masks, bool)],
+                "labels": list(su.labels),
+            },
         }
         text = (json.dumps(manifest, indent=1) + "\n").encode()
         (tmp / MANIFEST).write_bytes(text)
@@ -313,6 +362,43 @@ def _privacy(file: Path, d: Any) -> PrivacyStatement:
         raise _fail(file, "privacy", f"not a privacy statement ({exc})") from None
 
 
+def _sum_spec(file: Path, d: Any, n_cells: int) -> tuple[np.ndarray, tuple[str, ...]] | None:
+    """The stored masks (m, n_cells) and labels of the tracked sums, or None."""
+    if d is None:
+        return None
+    if not isinstance(d, dict) or set(d) != {"masks", "labels"}:
+        raise _fail(file, "sums", "expected null or a table with 'masks' and 'labels'")
+    rows, labels = d["masks"], d["labels"]
+    if (
+        not isinstance(rows, list)
+        or not rows
+        or not all(
+            isinstance(r, list)
+            and all(_is_int(c) and 0 <= c < n_cells for c in r)
+            and all(a < b for a, b in zip(r, r[1:], strict=False))
+            for r in rows
+        )
+    ):
+        raise _fail(
+            file,
+            "sums.masks",
+            f"expected a non-empty list of masks, each the increasing indices of its cells "
+            f"(0 to {n_cells - 1})",
+        )
+    masks = np.zeros((len(rows), n_cells), bool)
+    for i, r in enumerate(rows):  # the manifest's few masks, not cells or nodes
+        masks[i, r] = True
+    if len(np.unique(masks, axis=0)) != len(rows):
+        raise _fail(file, "sums.masks", "a mask is listed twice")
+    if (
+        not isinstance(labels, list)
+        or len(labels) != len(rows)
+        or not all(isinstance(x, str) and x for x in labels)
+    ):
+        raise _fail(file, "sums.labels", f"expected {len(rows)} non-empty strings, one per mask")
+    return masks, tuple(labels)
+
+
 def _manifest(path: Path, hierarchy: Hierarchy) -> tuple[dict, dict[str, str]]:
     """The validated manifest and the checksums of the store's files."""
     file = path / MANIFEST
@@ -383,6 +469,7 @@ def _manifest(path: Path, hierarchy: Hierarchy) -> tuple[dict, dict[str, str]]:
     if not isinstance(m["diagnostics"], dict):
         raise _fail(file, "diagnostics", "expected a table")
     m["privacy"] = _privacy(file, m["privacy"])
+    m["sums"] = _sum_spec(file, m["sums"], len(cells))
     parts = m["partitions"]
     below = h.depth - 1 - cut
     if (
@@ -417,9 +504,16 @@ def _manifest(path: Path, hierarchy: Hierarchy) -> tuple[dict, dict[str, str]]:
 
 
 def _load(
-    path: Path, rel: str, shape: tuple[int, ...], dtype: str, why: str, sums: dict[str, str]
+    path: Path,
+    rel: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    why: str,
+    sums: dict[str, str],
+    nan: bool = False,
 ) -> np.ndarray:
-    """The array at ``path / rel``: checksum, dtype, exact shape and finiteness verified."""
+    """The array at ``path / rel``: checksum, dtype, exact shape and finiteness verified
+    (``nan``: variances of sums, non-negative or NaN)."""
     file = path / rel
     try:
         data = file.read_bytes()
@@ -436,8 +530,12 @@ def _load(
         got = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
         raise DataError(f"{file}: dtype {got}, expected {dtype} ({why})")
     if a.shape != shape:
-        raise DataError(f"{file}: shape {a.shape}, expected {shape} (rows, cells)")
-    _check_finite(a, str(file))
+        columns = "sums" if nan else "cells"
+        raise DataError(f"{file}: shape {a.shape}, expected {shape} (rows, {columns})")
+    if nan:
+        _check_sum_values(a, str(file))
+    else:
+        _check_finite(a, str(file))
     return a
 
 
@@ -463,9 +561,10 @@ def read_release(path: str | os.PathLike[str], hierarchy: Hierarchy) -> Release:
     m, sums = _manifest(path, hierarchy)
     cut, cells, h = m["cut"], tuple(m["cells"]), hierarchy
     n = len(cells)
-    files = {f"{name}/{h.names[k]}.npy" for name in m["fields"] for k in range(cut + 1)} | {
+    names = [*m["fields"], *(SUM_FIELDS if m["sums"] is not None else ())]
+    files = {f"{name}/{h.names[k]}.npy" for name in names for k in range(cut + 1)} | {
         f"{name}/{h.names[k]}/{_part_name(i)}"
-        for name in m["fields"]
+        for name in names
         for k in range(cut + 1, h.depth)
         for i in range(len(m["partitions"]))
     }
@@ -476,16 +575,28 @@ def read_release(path: str | os.PathLike[str], hierarchy: Hierarchy) -> Release:
             "the store was altered"
         )
     whole: dict[str, list[np.ndarray]] = {}
-    for name in m["fields"]:
-        if name == "estimates":
+    for name in names:
+        if name in SUM_FIELDS:
+            dtype, why = "float64", "variances of sums"
+        elif name == "estimates":
             dtype, why = (
                 ("int64", "integer: true") if m["integer"] else ("float64", "integer: false")
             )
         else:
             dtype, why = "float64", name
         tail = (n, n) if name == "covariances" else (n,)
+        if name in SUM_FIELDS:
+            tail = (len(m["sums"][1]),)
         arrays = [
-            _load(path, f"{name}/{h.names[k]}.npy", (h.sizes[k], *tail), dtype, why, sums)
+            _load(
+                path,
+                f"{name}/{h.names[k]}.npy",
+                (h.sizes[k], *tail),
+                dtype,
+                why,
+                sums,
+                name in SUM_FIELDS,
+            )
             for k in range(cut + 1)
         ]
         for j, k in enumerate(range(cut + 1, h.depth)):
@@ -499,6 +610,7 @@ def read_release(path: str | os.PathLike[str], hierarchy: Hierarchy) -> Release:
                             dtype,
                             why,
                             sums,
+                            name in SUM_FIELDS,
                         )
                         for i, p in enumerate(m["partitions"])
                     ],
@@ -506,6 +618,10 @@ def read_release(path: str | os.PathLike[str], hierarchy: Hierarchy) -> Release:
                 )
             )
         whole[name] = arrays
+    tracked = None
+    if m["sums"] is not None:
+        masks, labels = m["sums"]
+        tracked = SumVariances(masks, labels, whole["sums_estimator"], whole["sums_rounding"])
     try:
         return Release(
             estimator=m["estimator"],
@@ -517,6 +633,7 @@ def read_release(path: str | os.PathLike[str], hierarchy: Hierarchy) -> Release:
             integer=m["integer"],
             diagnostics=m["diagnostics"],
             covariances=whole.get("covariances"),
+            sums=tracked,
         )
     except ValueError as exc:
         raise DataError(f"{path}: not a consistent release ({exc})") from None

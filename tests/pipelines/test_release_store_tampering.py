@@ -300,5 +300,5 @@ def test_a_store_of_the_previous_format_is_refused(stores, tmp_path):
     store = _copy(real, tmp_path / "s")
     _edit_manifest(store, format=1)
     (store / "checksums.json").unlink()
-    with pytest.raises(DataError, match="format 1 is not 2; write the release again"):
+    with pytest.raises(DataError, match="format 1 is not 3; write the release again"):
         read_release(store, h)
