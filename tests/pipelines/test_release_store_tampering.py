@@ -1,9 +1,14 @@
 """Tampered or damaged release stores are refused with a message naming the part (file, key),
 never a raw KeyError/IndexError; a store passes only if its checksums, manifest, dtypes,
-shapes and values all hold. (Round trips: tests/pipelines/test_chained_stages.py.)"""
+shapes and values all hold. (Round trips: tests/pipelines/test_chained_stages.py.)
+
+The store keeps the variances of a rounded release's tracked sums
+(:class:`~censusdp.estimation.release.SumVariances`): read back, ``sum_variances`` and
+``sum_standard_errors`` equal the original's bit for bit, plain or partitioned."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -13,13 +18,15 @@ import pytest
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
+from censusdp.estimation.release import Release
 from censusdp.estimation.rounding import round_release
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.queries import Query, invariant, measure
 from censusdp.pipelines.execute import open_executor
-from censusdp.pipelines.gls_partitioned import partitioned_gls
+from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
 from censusdp.pipelines.partition import partition_units
+from censusdp.pipelines.partitioned_release import PartitionedRelease
 from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.rng import KeyedRNG
 
@@ -302,3 +309,216 @@ def test_a_store_of_the_previous_format_is_refused(stores, tmp_path):
     (store / "checksums.json").unlink()
     with pytest.raises(DataError, match="format 1 is not 3; write the release again"):
         read_release(store, h)
+
+
+# Variances of tracked sums
+
+QUERIES = (Query.total(CELLS), Query.detailed(CELLS))
+
+
+def _same_sums(got: Release, want: Release) -> None:
+    """Equal tracked sums, array by array (NaN where NaN), and equal ``sum_variances`` and
+    ``sum_standard_errors`` wherever the original has them."""
+    a, b = got.sums, want.sums
+    assert a is not None and b is not None
+    assert a.labels == b.labels and np.array_equal(a.masks, b.masks) and a.masks.dtype == bool
+    for x, y in zip([*a.estimator, *a.rounding], [*b.estimator, *b.rounding], strict=True):
+        assert x.dtype == y.dtype == np.float64
+        assert np.array_equal(x, y, equal_nan=True)
+    h = want.hierarchy
+    for k in range(h.depth):
+        for q in QUERIES:
+            r = want.sum_variances(k, q, rounding_only=True)
+            assert np.array_equal(got.sum_variances(k, q, rounding_only=True), r)
+            if not np.isnan(want.sums.estimator[k][:, want.sums.index(q.matrix)]).any():
+                assert np.array_equal(got.sum_variances(k, q), want.sum_variances(k, q))
+                assert np.array_equal(got.sum_standard_errors(k, q), want.sum_standard_errors(k, q))
+
+
+@pytest.fixture(scope="module")
+def rounded(tmp_path_factory):
+    """Rounded releases (with and without the estimator's covariances: the latter's sums of
+    several cells have NaN estimator variances) and their plain stores."""
+    h, meas, invs, rng = _problem()
+    root = tmp_path_factory.mktemp("sums")
+    out = {}
+    with open_executor("sync") as ex:
+        for cov in (True, False):
+            gls = partitioned_gls(
+                h, CELLS, meas, invs, PRIVACY, partition_units(h, 1, 2), ex, covariance=cov
+            )
+            r = round_release(gls, rng.child("round"), method="totals", invariants=invs)
+            out[cov] = (r, write_release(r, root / f"cov{cov}"))
+    return h, invs, rng, out
+
+
+@pytest.mark.parametrize("cov", [True, False])
+def test_a_rounded_release_keeps_its_sum_variances(rounded, cov):
+    h, _, _, out = rounded
+    release, store = out[cov]
+    assert np.isnan(release.sums.estimator[0]).any() != cov  # both cases are exercised
+    _same_sums(read_release(store, h), release)
+    manifest = json.loads((store / "manifest.json").read_text())
+    assert manifest["sums"] == {"masks": [[0], [1], [0, 1]], "labels": ["a", "b", "total"]}
+
+
+@pytest.mark.parametrize("cut,n_parts", [(1, 3), (2, 2), (2, 5)])
+def test_a_partitioned_rounded_release_keeps_its_sum_variances(rounded, tmp_path, cut, n_parts):
+    h, invs, rng, out = rounded
+    _, meas, *_ = _problem()
+    parts = partition_units(h, cut, n_parts)
+    with open_executor("sync") as ex:
+        kept = partitioned_gls(h, CELLS, meas, invs, PRIVACY, parts, ex, keep=True, covariance=True)
+        r = partitioned_round(kept, rng.child("round"), parts, ex, method="totals", invariants=invs)
+        assert isinstance(r, PartitionedRelease) and r.sums is not None
+        store = write_release(r, tmp_path / "p")
+        whole = r.gather()
+    files = {str(p.relative_to(store)) for p in store.rglob("*.npy")}
+    assert f"sums_rounding/{h.names[-1]}/part-{n_parts - 1:05d}.npy" in files
+    assert f"sums_estimator/{h.names[cut]}.npy" in files
+    got = read_release(store, h)
+    _same_sums(got, whole)
+    _same_sums(got, out[True][0])  # and the single-process rounding's
+
+
+def test_a_release_without_sums_still_round_trips(rounded, tmp_path):
+    h, _, _, out = rounded
+    bare = dataclasses.replace(out[True][0], sums=None)
+    store = write_release(bare, tmp_path / "bare")
+    assert json.loads((store / "manifest.json").read_text())["sums"] is None
+    assert not any(p.name.startswith("sums_") for p in store.iterdir())
+    got = read_release(store, h)
+    assert got.sums is None and got.integer
+    assert all(np.array_equal(a, b) for a, b in zip(got.estimates, bare.estimates, strict=True))
+
+
+def _sum_file(store: Path) -> Path:
+    return store / "sums_rounding" / "county.npy"
+
+
+@pytest.mark.parametrize(
+    "value,match",
+    [
+        (np.inf, "1 infinite values"),
+        (-np.inf, "1 infinite values"),
+        (-1e-3, "1 negative values"),
+    ],
+)
+def test_tampered_sum_values_are_refused(rounded, tmp_path, value, match):
+    h, _, _, out = rounded
+    store = _copy(out[True][1], tmp_path / "s")
+    a = np.load(_sum_file(store))
+    a[1, 2] = value
+    np.save(_sum_file(store), a)
+    with pytest.raises(DataError, match="sums_rounding/county.npy: its SHA-256 does not match"):
+        read_release(store, h)
+    _reseal(store)
+    with pytest.raises(DataError, match=f"sums_rounding/county.npy: {match}"):
+        read_release(store, h)
+
+
+def test_nan_is_a_legitimate_sum_variance(rounded, tmp_path):
+    h, _, _, out = rounded
+    store = _copy(out[True][1], tmp_path / "s")
+    a = np.load(_sum_file(store))
+    a[1, 2] = np.nan
+    np.save(_sum_file(store), a)
+    _reseal(store)
+    got = read_release(store, h)
+    assert np.isnan(got.sums.rounding[2][1, 2])
+
+
+@pytest.mark.parametrize(
+    "shape,dtype,match",
+    [
+        ((None, 2), "float64", r"shape \(\d+, 2\), expected \(\d+, 3\) \(rows, sums\)"),
+        ((None, 4), "float64", r"shape \(\d+, 4\), expected"),
+        ((3, 3), "float64", r"shape \(3, 3\), expected"),
+        ((None, 3), "float32", "dtype float32, expected float64 \\(variances of sums\\)"),
+    ],
+)
+def test_sum_arrays_of_the_wrong_shape_or_dtype_are_refused(rounded, tmp_path, shape, dtype, match):
+    h, _, _, out = rounded
+    store = _copy(out[True][1], tmp_path / "s")
+    a = np.load(_sum_file(store))
+    rows = a.shape[0] if shape[0] is None else shape[0]
+    np.save(_sum_file(store), np.resize(a, (rows, shape[1])).astype(dtype))
+    _reseal(store)
+    with pytest.raises(DataError, match=f"sums_rounding/county.npy: {match}"):
+        read_release(store, h)
+
+
+@pytest.mark.parametrize(
+    "sums,key",
+    [
+        ({"masks": [[0], [1], [0, 2]], "labels": ["a", "b", "total"]}, "sums.masks"),  # width
+        ({"masks": [[0], [1], [-1]], "labels": ["a", "b", "total"]}, "sums.masks"),
+        ({"masks": [[0], [1], [1, 0]], "labels": ["a", "b", "total"]}, "sums.masks"),
+        ({"masks": [[0], [1], [0, 0]], "labels": ["a", "b", "total"]}, "sums.masks"),
+        ({"masks": [[0], [1], [0]], "labels": ["a", "b", "total"]}, "sums.masks"),  # twice
+        ({"masks": [[0], [1], ["0"]], "labels": ["a", "b", "total"]}, "sums.masks"),
+        ({"masks": [[0], [1], [True]], "labels": ["a", "b", "total"]}, "sums.masks"),
+        ({"masks": [], "labels": []}, "sums.masks"),
+        ({"masks": "0,1", "labels": ["a"]}, "sums.masks"),
+        ({"masks": [[0], [1], [0, 1]], "labels": ["a", "b"]}, "sums.labels"),
+        ({"masks": [[0], [1], [0, 1]], "labels": ["a", "b", 3]}, "sums.labels"),
+        ({"masks": [[0], [1], [0, 1]], "labels": "abc"}, "sums.labels"),
+        ({"masks": [[0], [1], [0, 1]]}, "sums"),
+        ({"masks": [[0], [1], [0, 1]], "labels": ["a", "b", "t"], "path": "/x"}, "sums"),
+        ([[0], [1]], "sums"),
+    ],
+)
+def test_malformed_sum_manifests_name_the_key(rounded, tmp_path, sums, key):
+    h, _, _, out = rounded
+    store = _copy(out[True][1], tmp_path / "s")
+    _edit_manifest(store, sums=sums)
+    with pytest.raises(DataError, match="manifest.json: its SHA-256 does not match"):
+        read_release(store, h)
+    _reseal(store)
+    with pytest.raises(DataError, match=f"manifest.json: manifest key '{key}'"):
+        read_release(store, h)
+
+
+def test_a_wider_mask_list_than_the_arrays_is_refused(rounded, tmp_path):
+    h, _, _, out = rounded
+    store = _copy(out[True][1], tmp_path / "s")
+    _edit_manifest(store, sums={"masks": [[0], [1], [0, 1], []], "labels": ["a", "b", "t", "e"]})
+    _reseal(store)
+    with pytest.raises(DataError, match=r"sums_estimator/nation.npy: shape \(1, 3\), expected"):
+        read_release(store, h)
+
+
+def test_sums_dropped_from_the_manifest_are_refused(rounded, tmp_path):
+    h, _, _, out = rounded
+    store = _copy(out[True][1], tmp_path / "s")
+    _edit_manifest(store, sums=None)
+    _reseal(store)
+    with pytest.raises(DataError, match="lists sums_estimator/.*which the manifest does not"):
+        read_release(store, h)
+    m = json.loads((store / "manifest.json").read_text())
+    del m["sums"]
+    (store / "manifest.json").write_text(json.dumps(m))
+    _reseal(store)
+    with pytest.raises(DataError, match="the manifest has no 'sums'"):
+        read_release(store, h)
+
+
+def test_a_store_of_format_2_is_refused(rounded, tmp_path):
+    h, _, _, out = rounded
+    store = _copy(out[True][1], tmp_path / "s")
+    _edit_manifest(store, format=2)
+    _reseal(store)
+    with pytest.raises(DataError, match="format 2 is not 3; write the release again"):
+        read_release(store, h)
+
+
+@pytest.mark.parametrize("value", [np.inf, -1.0])
+def test_writing_bad_sum_variances_is_refused(rounded, tmp_path, value):
+    _, _, _, out = rounded
+    r = out[True][0]
+    bad = [x.copy() for x in r.sums.rounding]
+    bad[1][0, 0] = value
+    broken = dataclasses.replace(r, sums=dataclasses.replace(r.sums, rounding=bad))
+    with pytest.raises(DataError, match="sums_rounding/state.npy: 1 (infinite|negative)"):
+        write_release(broken, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
