@@ -24,30 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from run_specs import SMALL_DATA, SMALL_SPEC
 
 from censusdp.cli import main
 
-DATA = "fips,pop\n01001,10\n01003,20\n02001,5\n02002,7\n"
-SPEC = """
-[data]
-source = "csv"
-path = "data.csv"
-cells = ["pop"]
-[hierarchy]
-levels = ["nation", "state", "county"]
-codes = { state = "fips:2", county = "fips" }
-[privacy]
-accounting = "pure"
-epsilon = 1.0
-level_shares = { state = 0.5, county = 0.5 }
-[queries]
-state = ["detailed"]
-county = ["detailed"]
-[mechanism]
-noise = "discrete_laplace"
-[estimators]
-run = ["gls"]
-"""
+DATA = SMALL_DATA
+SPEC = SMALL_SPEC
 NHGIS = (
     "gisjoin,name,state,H78003_dp,H78024_dp,H78003_sf,H78024_sf\n"
     "G0100010,A,Alabama,3,4,3,5\nG0100030,B,Alabama,6,2,7,1\n"

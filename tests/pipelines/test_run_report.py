@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pandas as pd
+from run_specs import SMALL_DATA, SMALL_SPEC
 
 from censusdp.cli import main
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL, MAX_GROUPS, write_figures, write_report
@@ -107,32 +108,11 @@ def test_few_groups_are_shown_one_by_one(tmp_path):
     assert f"g{MAX_GROUPS - 1:06d}" in text
 
 
-SPEC = """
-[data]
-source = "csv"
-path = "data.csv"
-cells = ["pop"]
-[hierarchy]
-levels = ["nation", "state", "county"]
-codes = { state = "fips:2", county = "fips" }
-[privacy]
-accounting = "pure"
-epsilon = 1.0
-level_shares = { state = 0.5, county = 0.5 }
-[queries]
-state = ["detailed"]
-county = ["detailed"]
-[mechanism]
-noise = "discrete_laplace"
-[estimators]
-run = ["gls"]
-[run]
-repetitions = 2
-"""
+SPEC = SMALL_SPEC + "[run]\nrepetitions = 2\n"
 
 
 def test_release_folder_holds_only_the_release(tmp_path, monkeypatch):
-    (tmp_path / "data.csv").write_text("fips,pop\n01001,10\n01003,20\n02001,5\n02002,7\n")
+    (tmp_path / "data.csv").write_text(SMALL_DATA)
     (tmp_path / "spec.toml").write_text(textwrap.dedent(SPEC))
     monkeypatch.chdir(tmp_path)
     assert main(["run", "spec.toml", "--out", "out"]) == 0
