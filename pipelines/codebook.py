@@ -77,6 +77,9 @@ class Codebook:
     rows : QueryRows
         One row per column (``rows.names == columns``).
     source : str
+    strategy : tuple of (query text, share)
+        The codebook's default measurement strategy (``[strategy]``: product queries the
+        columns determine, with their shares of ρ) for ``censusdp privatize --codebook``.
     """
 
     schema: Schema
@@ -85,6 +88,7 @@ class Codebook:
     table_of: tuple[str, ...]
     rows: QueryRows
     source: str
+    strategy: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> Codebook:
@@ -115,7 +119,7 @@ class Codebook:
     @classmethod
     def from_dict(cls, spec: dict, source: str = "<dict>") -> Codebook:
         """Build and check a codebook from its TOML form (see ``codebooks/ppdd.toml``)."""
-        unknown = set(spec) - {"schema", "tables", "columns"}
+        unknown = set(spec) - {"schema", "tables", "columns", "strategy"}
         if unknown:
             raise SpecError(f"{source}: unknown keys {sorted(unknown)}")
         schema_ref = spec.get("schema")
@@ -145,7 +149,8 @@ class Codebook:
             rows = QueryRows.from_keys(schema, keys)
         except SpecError as err:
             raise SpecError(f"{source}: {err}") from None
-        return cls(schema, tables, tuple(cols), tuple(table_of), rows, source)
+        strategy = _strategy(spec.get("strategy"), source)
+        return cls(schema, tables, tuple(cols), tuple(table_of), rows, source, strategy)
 
     # -- structure --------------------------------------------------------------------------
     def columns_of(self, table: str) -> np.ndarray:
@@ -198,3 +203,21 @@ class Codebook:
         if np.any(w @ g):
             raise ArithmeticError("identity basis check failed: W M Mᵀ ≠ 0")
         return w
+
+
+def _strategy(spec: object, source: str) -> tuple[tuple[str, float], ...]:
+    """``[strategy] queries = [...], shares = [...]`` as (query, share) pairs."""
+    if spec is None:
+        return ()
+    if not isinstance(spec, dict) or set(spec) != {"queries", "shares"}:
+        raise SpecError(f"{source}: [strategy] must give exactly queries and shares")
+    q, s = spec["queries"], spec["shares"]
+    if (
+        not isinstance(q, list)
+        or not isinstance(s, list)
+        or len(q) != len(s)
+        or not all(isinstance(x, str) for x in q)
+        or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in s)
+    ):
+        raise SpecError(f"{source}: [strategy] needs a list of query texts and one share each")
+    return tuple(zip(q, (float(x) for x in s), strict=True))

@@ -23,7 +23,8 @@ the second as ``name.1``), two spellings of one confidential column (``H78003_sf
 non-negative integers in the int64 range (parsed exactly, never through float64).
 
 NHGIS extracts may be latin-1 encoded: the reader tries UTF-8 and falls back to latin-1 when
-no encoding is given.
+no encoding is given. A row of empty fields (the PPDD extracts put one after the header)
+holds no unit and is skipped.
 
 References
 ----------
@@ -213,6 +214,17 @@ def _to_counts(
     return out
 
 
+def _nonblank_rows(df: pd.DataFrame) -> np.ndarray:
+    """Positions of the rows with at least one non-empty field.
+
+    NHGIS extracts may follow the header with a row of empty fields (the PPDD files do);
+    such a row holds no unit and is skipped. Data row numbers in messages stay those of the
+    file.
+    """
+    blank = df.isna().all(axis=1).to_numpy()
+    return np.flatnonzero(~blank)
+
+
 def _check_gisjoin(codes: np.ndarray, rows: np.ndarray, path: Path, column: str) -> None:
     missing = np.flatnonzero(pd.isna(codes) | (codes == ""))
     if missing.size:
@@ -323,8 +335,8 @@ def read_batch(
             "(wide layout) found; name the confidential columns <code>_sf"
         )
     chosen = _match_cells(complete, cells, path, keys)
-    rows = np.arange(len(df))
-    codes = df[gisjoin_column].to_numpy(dtype=object)
+    rows = _nonblank_rows(df)
+    codes = df[gisjoin_column].to_numpy(dtype=object)[rows]
     _check_gisjoin(codes, rows, path, gisjoin_column)
     truth = _to_counts(df, [versions_of[c]["sf"] for c in chosen], rows, path)
     own = {col for c in chosen for col in versions_of[c].values()}

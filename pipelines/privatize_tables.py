@@ -1,0 +1,882 @@
+"""``privatize`` with a codebook: overlapping published tables released from one estimate.
+
+A file such as the NHGIS PPDD extracts holds, per area, ten tables that are overlapping
+marginals of one person histogram (:mod:`censusdp.pipelines.codebook`). Privatizing its
+columns as if they were disjoint cells understates the privacy loss by the number of
+columns that count each person (up to 32 of the 376 PPDD columns), and breaks the identities
+among the tables. This module releases them the way the 2020 Census did (Abowd et al. 2022):
+
+1. **Measure a strategy of marginals** (product queries of the codebook's schema, default
+   the codebook's ``[strategy]``: for PPDD ``total``, ``votingage * hispanic * cenrace``,
+   ``sex * age`` and ``hhgq``). The file holds no microdata, so each strategy row is
+   computed from the area's ``_sf`` columns: a strategy row must lie in the span of the
+   codebook's rows (checked from Grams; Hispanic × race, say, is P8 minus P9's
+   not-Hispanic rows). Each query gets discrete Gaussian noise (Canonne, Kamath & Steinke
+   2020), one keyed stream per query.
+2. **Privacy is derived**: each query's sensitivity comes from its matrix
+   (:class:`~censusdp.mechanisms.product_query.ProductQuery`), and the per-person ρ is
+   ``max_c Σ_q (rows of q counting cell c)/(2σ_q²)`` (Bun & Steinke 2016), per area. A
+   caller's ρ calibrates the σ's (rounded up, so the derived ρ never exceeds it).
+3. **Single-node GLS in the marginal basis**: with ``F = Σ_q Q_qᵀQ_q/σ_q²`` and
+   ``h = Σ_q Q_qᵀy_q/σ_q²`` the estimate is ``F⁺h`` (block by block,
+   :class:`~censusdp.estimation.marginal_basis.BlockDiagonal`); components no query
+   identifies are zero and never released — every published column lies in the measured
+   span, so it is identified. Its covariance is ``F⁺`` (the same for every area).
+4. **Rounding that keeps every identity exact.** Rounding the 376 columns one by one would
+   break the 73 identities, and rounding the 46,368 cells would add the rounding noise of
+   thousands of cells to every total. What is rounded is the strategy's marginals, in the
+   order of their shared margins: the pairwise common coarsenings (meets) of the strategy
+   queries must form a chain (for PPDD: total ⊂ voting age); the coarsest is rounded
+   unbiasedly, each finer one *given* the one below it (its cells are shifted by the
+   rounding error of their coarse cell spread evenly — zero mean — then rounded by
+   dependent (pipage) rounding that keeps every coarse cell's integer sum; Ageev &
+   Sviridenko 2004, Srinivasan 2001), and each strategy query given the finest chain
+   element it refines. Every marginal is then unbiased for the GLS estimate, and any two
+   agree exactly (integers) on their common margin. Every column is finally a sum of cells
+   of one strategy query, in integers, so every linear identity of the tables holds exactly;
+   this is checked against the codebook's identity basis before anything is written.
+   Rounding is post-processing: the privacy statement is unchanged.
+
+The published standard error ``<col>_se`` is the GLS one (``√(q F⁺ qᵀ)``, exact); the
+rounding adds a variance of at most a few quarters per column that it does not include
+(said in the manifest).
+
+Columns that overlap without a codebook are refused (:func:`refuse_overlapping_columns`).
+
+References
+----------
+Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown Algorithm.
+    Harvard Data Science Review, Special Issue 2.
+Ageev, A. A. and Sviridenko, M. I. (2004). Pipage rounding. J. Comb. Optim. 8, 307–328.
+Bun, M. and Steinke, T. (2016). Concentrated differential privacy: simplifications,
+    extensions, and lower bounds. TCC 2016.
+Canonne, C., Kamath, G. and Steinke, T. (2020). The discrete Gaussian for differential
+    privacy. NeurIPS 2020.
+Srinivasan, A. (2001). Distributions on level-sets with applications to approximation
+    algorithms. FOCS 2001.
+Van Riper, D., Kugler, T. and Schroeder, J. (2020). IPUMS NHGIS Privacy-Protected 2010
+    Census Demonstration Data, version 20200527. Minneapolis, MN: IPUMS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from censusdp.budget import PrivacyStatement, statement_for
+from censusdp.errors import BudgetError, DataError, SpecError
+from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
+from censusdp.estimation.rounding import pipage_round
+from censusdp.mechanisms.discrete import DiscreteGaussian
+from censusdp.mechanisms.product_query import (
+    ProductQuery,
+    QueryRows,
+    axis_product,
+    max_weighted_column,
+)
+from censusdp.pipelines.codebook import Codebook, available_codebooks
+from censusdp.rng import KeyedRNG
+
+__all__ = [
+    "TableSpec",
+    "TablePlan",
+    "TableRelease",
+    "load_table_spec",
+    "release_tables",
+    "privatize_tables",
+    "refuse_overlapping_columns",
+]
+
+#: Rows of areas estimated at once (each holds the 46,368 cells of a PPDD area in float64).
+CHUNK = 64
+
+# -------------------------------------------------------------------------------- partitions
+#: A partition of the cells into a product of per-axis groups: per axis, the group of each
+#: detailed value (groups numbered 0..r−1).
+Partition = tuple[np.ndarray, ...]
+
+
+def _relabel(labels: np.ndarray) -> np.ndarray:
+    """Groups renumbered in order of their first value."""
+    _, first, inv = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[inv.reshape(-1)]
+
+
+def _partition_of(query: ProductQuery) -> Partition:
+    """Per axis, the row of each detailed value (the query must partition every axis)."""
+    out = []
+    for f in query.factors:
+        counts = f.matrix.sum(axis=0)
+        if not (counts == 1).all():
+            raise SpecError(
+                f"strategy query {query.name!r}: element {f.name!r} of {f.attribute!r} does "
+                "not partition the attribute (a slice, or overlapping groups); measure whole "
+                "recodes — slices such as 18 and over are rows of their recode"
+            )
+        out.append(np.argmax(f.matrix, axis=0).astype(np.int64))
+    return tuple(out)
+
+
+def _meet(a: Partition, b: Partition) -> Partition:
+    """The finest common coarsening, per axis (connected groups of the two labelings)."""
+    out = []
+    for x, y in zip(a, b, strict=True):
+        lab = x.copy()
+        while True:  # merge labels linked through y until stable (domains are small)
+            by_y = np.full(int(y.max()) + 1, np.iinfo(np.int64).max)
+            np.minimum.at(by_y, y, lab)
+            by_x = np.full(int(lab.max()) + 1, np.iinfo(np.int64).max)
+            np.minimum.at(by_x, lab, by_y[y])
+            new = by_x[lab]
+            if np.array_equal(new, lab):
+                break
+            lab = new
+        out.append(_relabel(lab))
+    return tuple(out)
+
+
+def _coarse_map(fine: Partition, coarse: Partition) -> list[np.ndarray] | None:
+    """Per axis, the coarse group of each fine group; None when ``fine`` does not refine it."""
+    maps = []
+    for f, c in zip(fine, coarse, strict=True):
+        m = np.zeros(int(f.max()) + 1, dtype=np.int64)
+        m[f] = c
+        if not np.array_equal(m[f], c):
+            return None
+        maps.append(m)
+    return maps
+
+
+def _same(a: Partition, b: Partition) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _shape(p: Partition) -> tuple[int, ...]:
+    return tuple(int(x.max()) + 1 for x in p)
+
+
+def _aggregate(x: np.ndarray, p: Partition) -> np.ndarray:
+    """The marginal ``(n, ∏ r_a)`` of a batch of cell tensors ``(n, *shape)``."""
+    y = x
+    for ax, lab in enumerate(p):
+        r = int(lab.max()) + 1
+        if r == 1:
+            y = y.sum(axis=ax + 1, keepdims=True)
+        elif r < lab.size:
+            ind = (np.arange(r)[:, None] == lab[None, :]).astype(y.dtype)
+            y = axis_product(y, ax + 1, ind)
+    return y.reshape(y.shape[0], -1)
+
+
+def _parent_index(fine: Partition, coarse: Partition) -> np.ndarray:
+    """For each cell of the fine marginal (C order), its cell of the coarse marginal."""
+    maps = _coarse_map(fine, coarse)
+    if maps is None:
+        raise ArithmeticError("internal: the rounding order needs a refinement")
+    grids = np.meshgrid(*maps, indexing="ij")
+    return np.ravel_multi_index([g.ravel() for g in grids], _shape(coarse)).astype(np.int64)
+
+
+# ------------------------------------------------------------------------------ rounding
+def _round_given(
+    values: np.ndarray, parent: np.ndarray, target: np.ndarray, gen: np.random.Generator
+) -> np.ndarray:
+    """Unbiased integers for ``values`` (n, r) whose sums over ``parent`` equal ``target``.
+
+    ``target`` (n, r_c) are integers with ``E[target] = `` the real sums of ``values`` per
+    coarse cell. Each value is shifted by its coarse cell's rounding error divided by the
+    number of cells it holds (zero mean, so still unbiased), making every coarse sum an
+    integer, then rounded by pipage rounding on the groups (area, coarse cell), which keeps
+    every group's integer sum and rounds each value to its floor or ceiling with the right
+    mean (:func:`censusdp.estimation.rounding.pipage_round`).
+    """
+    n, r = values.shape
+    rc = target.shape[1]
+    count = np.bincount(parent, minlength=rc)
+    sums = np.zeros((n, rc))
+    np.add.at(sums, (slice(None), parent), values)
+    shifted = values + ((target - sums) / count)[:, parent]
+    order = np.argsort(parent, kind="stable")
+    group = (np.arange(n)[:, None] * rc + parent[order][None, :]).ravel()
+    flat = pipage_round(shifted[:, order].ravel(), [group], gen)
+    out = np.empty((n, r), dtype=np.int64)
+    out[:, order] = flat.reshape(n, r)
+    check = np.zeros((n, rc), dtype=np.int64)
+    np.add.at(check, (slice(None), parent), out)
+    if not np.array_equal(check, target):
+        raise ArithmeticError("internal: conditional rounding lost a coarse sum")
+    return out
+
+
+# ---------------------------------------------------------------------------------- spec
+@dataclass(frozen=True)
+class TableSpec:
+    """What a codebook-route ``privatize`` does (from the CLI, a spec file, or both).
+
+    Attributes
+    ----------
+    codebook : str
+        A shipped codebook name (``"ppdd"``) or the path of a codebook TOML.
+    rho : float
+        The per-person ρ (zCDP) the strategy spends in every area.
+    delta : float or None
+        δ at which ρ is also reported as (ε, δ).
+    strategy : tuple of (query text, share)
+        The measured product queries and their shares of ρ; empty: the codebook's.
+    schema : str or None
+        The schema the spec expects (must be the codebook's).
+    encoding : str or None
+    seed : int or None
+    source : str
+    """
+
+    codebook: str
+    rho: float
+    delta: float | None = None
+    strategy: tuple[tuple[str, float], ...] = ()
+    schema: str | None = None
+    encoding: str | None = None
+    seed: int | None = None
+    source: str = "<command line>"
+
+
+def spec_uses_codebook(path: str | Path) -> bool:
+    """True when the TOML spec at ``path`` names ``[data] codebook`` (the codebook route)."""
+    try:
+        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False  # load_spec says what is wrong with it
+    data = doc.get("data")
+    return isinstance(data, Mapping) and "codebook" in data
+
+
+def load_table_spec(path: str | Path) -> TableSpec:
+    """Read a codebook-route spec::
+
+        [data]
+        source = "nhgis"
+        codebook = "ppdd"            # shipped name, or a codebook TOML (relative to the spec)
+        schema = "ppdd"              # optional: checked against the codebook's
+        encoding = "latin-1"         # optional
+        [privacy]
+        accounting = "zcdp"
+        rho = 1.0
+        delta = 1e-10                # optional
+        [strategy]                   # optional: default the codebook's [strategy]
+        queries = ["total", "votingage * hispanic * cenrace", "sex * age", "hhgq"]
+        shares = [0.1, 0.5, 0.3, 0.1]
+        [mechanism]
+        noise = "discrete_gaussian"
+        [run]
+        seed = 1                     # optional: reproducible mode, for tests only
+
+    Raises
+    ------
+    SpecError
+        Naming the file and the dotted key.
+    """
+    from censusdp.config import _Parser
+
+    path = Path(path)
+    name = str(path)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"{name}: cannot read the spec file ({exc.strerror})") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"{name}: not a valid UTF-8 TOML spec ({exc})") from None
+    p = _Parser(name, path.parent)
+    p.keys(doc, "", ("data", "privacy", "strategy", "mechanism", "run"))
+    data = p.table(doc, "data", required=True)
+    p.keys(data, "data", ("source", "codebook", "schema", "encoding", "path"))
+    source = p.get(data, "data", "source", str, required=True)
+    if source != "nhgis":
+        raise p.fail("data.source", 'a codebook route reads NHGIS-style files: "nhgis"')
+    codebook = p.get(data, "data", "codebook", str, required=True)
+    if codebook.endswith(".toml") and not Path(codebook).is_absolute():
+        codebook = str(path.parent / codebook)
+    priv = p.table(doc, "privacy", required=True)
+    p.keys(priv, "privacy", ("accounting", "rho", "delta"))
+    if p.get(priv, "privacy", "accounting", str, required=True) != "zcdp":
+        raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
+    rho = p.get(priv, "privacy", "rho", float, required=True)
+    delta = p.get(priv, "privacy", "delta", float)
+    strategy: tuple[tuple[str, float], ...] = ()
+    st = p.table(doc, "strategy", required=False)
+    if st:
+        p.keys(st, "strategy", ("queries", "shares"))
+        queries = p.str_list(
+            p.get(st, "strategy", "queries", list, required=True), "strategy.queries"
+        )
+        shares = p.get(st, "strategy", "shares", list, required=True)
+        if len(shares) != len(queries) or not all(
+            isinstance(s, int | float) and not isinstance(s, bool) for s in shares
+        ):
+            raise p.fail("strategy.shares", "give one number per query of strategy.queries")
+        strategy = tuple(zip(queries, (float(s) for s in shares), strict=True))
+    mech = p.table(doc, "mechanism", required=False)
+    p.keys(mech, "mechanism", ("noise",))
+    noise = p.get(mech, "mechanism", "noise", str, default="discrete_gaussian")
+    if noise != "discrete_gaussian":
+        raise p.fail("mechanism.noise", 'the codebook route measures with "discrete_gaussian"')
+    run = p.table(doc, "run", required=False)
+    p.keys(run, "run", ("seed",))
+    seed = p.get(run, "run", "seed", int)
+    return TableSpec(
+        codebook=codebook,
+        rho=rho,
+        delta=delta,
+        strategy=strategy,
+        schema=p.get(data, "data", "schema", str),
+        encoding=p.get(data, "data", "encoding", str),
+        seed=seed,
+        source=name,
+    )
+
+
+# ---------------------------------------------------------------------------------- plan
+def _axis_rows(rows: QueryRows) -> list[np.ndarray]:
+    """Per axis, the ``(n, d_a)`` factor of every row (row ``i`` is ``⊗_a out[a][i]``)."""
+    out = []
+    for ax in range(len(rows.schema.shape)):
+        m = np.empty((len(rows), rows.schema.shape[ax]), dtype=np.int64)
+        for q, query in enumerate(rows.queries):
+            sel = np.flatnonzero(rows.query_of_row == q)
+            idx = np.unravel_index(rows.row_of_row[sel], query.row_shape)[ax]
+            m[sel] = query.factors[ax].matrix[idx]
+        out.append(m)
+    return out
+
+
+def _cross_gram(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    g = np.ones((a[0].shape[0], b[0].shape[0]))
+    for x, y in zip(a, b, strict=True):
+        g *= x.astype(np.float64) @ y.T.astype(np.float64)
+    return g
+
+
+def _rows_of(query: ProductQuery) -> QueryRows:
+    n = query.n_rows
+    return QueryRows(
+        query.schema,
+        (query,),
+        np.zeros(n, np.int64),
+        np.arange(n, dtype=np.int64),
+        tuple(f"{query.name}[{i}]" for i in range(n)),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class TablePlan:
+    """Everything a codebook release needs that does not depend on the data.
+
+    Attributes
+    ----------
+    codebook : Codebook
+    queries : tuple of ProductQuery
+        The strategy.
+    laws : tuple of DiscreteGaussian
+        One per query.
+    sensitivities : tuple of float
+        Δ₂ of each query, from its matrix.
+    rho : float
+        The derived per-person ρ of one area's measurements (≤ the requested ρ).
+    rho_per_query : tuple of float
+        Δ₂²/(2σ²) of each query.
+    measure_from_columns : tuple of numpy.ndarray
+        Per query, ``A_q`` (rows × columns) with ``A_q M = Q_q``: its answers from the
+        columns.
+    basis : MarginalBasis
+    covariance : BlockDiagonal
+        ``F⁺``: the covariance of the estimate's coefficients (every area).
+    chain : tuple of Partition
+        The strategy's shared margins, coarsest first (the rounding order).
+    chain_parent : tuple of int
+        Per query, the finest chain element it refines.
+    column_query : numpy.ndarray
+        int64 (columns,): the query each column is summed from.
+    column_weights : tuple of numpy.ndarray
+        Per query, the 0/1 ``(columns, rows)`` matrix of the columns it produces.
+    column_se : numpy.ndarray
+        float (columns,): GLS standard error of every column.
+    identities : numpy.ndarray
+        The codebook's identity basis.
+    """
+
+    codebook: Codebook
+    queries: tuple[ProductQuery, ...]
+    laws: tuple[DiscreteGaussian, ...]
+    sensitivities: tuple[float, ...]
+    rho: float
+    rho_per_query: tuple[float, ...]
+    measure_from_columns: tuple[np.ndarray, ...]
+    basis: MarginalBasis
+    covariance: BlockDiagonal
+    chain: tuple[Partition, ...]
+    chain_parent: tuple[int, ...]
+    column_query: np.ndarray
+    column_weights: tuple[np.ndarray, ...]
+    column_se: np.ndarray
+    identities: np.ndarray
+
+    @classmethod
+    def build(
+        cls, codebook: Codebook, rho: float, strategy: Sequence[tuple[str, float]] = ()
+    ) -> TablePlan:
+        """Check the strategy against the codebook and calibrate it to ``rho``.
+
+        Raises
+        ------
+        SpecError
+            A strategy query the columns do not determine, a column no strategy query
+            determines, shares that are not positive or do not sum to 1, shared margins that
+            do not nest.
+        BudgetError
+            A ρ outside the supported range.
+        """
+        schema = codebook.schema
+        where = "strategy" if strategy else f"{codebook.source}: [strategy]"
+        strategy = tuple(strategy) or codebook.strategy
+        if not strategy:
+            raise SpecError(
+                f"{codebook.source}: the codebook has no [strategy]; give [strategy] queries "
+                "and shares in the spec"
+            )
+        shares = np.array([s for _, s in strategy], dtype=float)
+        if (shares <= 0).any() or not math.isclose(shares.sum(), 1.0, rel_tol=1e-9):
+            raise SpecError(f"{where}: shares must be positive and sum to 1")
+        if not rho > 0 or not math.isfinite(rho):
+            raise BudgetError(f"rho must be a positive finite number, got {rho!r}")
+        queries = tuple(ProductQuery.parse(schema, t) for t, _ in strategy)
+        if len({q.name for q in queries}) != len(queries):
+            raise SpecError(f"{where}: a query is listed twice")
+        parts = tuple(_partition_of(q) for q in queries)
+
+        # privacy: σ_q from ρ_q = share·ρ (rounded up); ρ derived back from the matrices
+        sens = tuple(q.l2_sensitivity for q in queries)
+        laws = tuple(
+            DiscreteGaussian.from_rho(float(s) * rho, sensitivity=d)
+            for s, d in zip(shares, sens, strict=True)
+        )
+        per_q = tuple(law.privacy(d) for law, d in zip(laws, sens, strict=True))
+        derived = max_weighted_column(queries, [1.0 / (2.0 * float(w.sigma2)) for w in laws])
+        if derived > rho * (1 + 1e-12):
+            raise BudgetError(
+                f"the strategy spends ρ = {derived:.6g} per person, more than the ρ = {rho:g} "
+                "stated; this is a bug in the calibration"
+            )
+
+        # measurements from the columns: A_q = G_qc G_cc⁺, exact iff the residual vanishes
+        cols = _axis_rows(codebook.rows)
+        g_cc = _cross_gram(cols, cols)
+        pinv_cc = np.linalg.pinv(g_cc, rcond=1e-10, hermitian=True)
+        measure = []
+        for q in queries:
+            srows = _axis_rows(_rows_of(q))
+            g_qc = _cross_gram(srows, cols)
+            a = g_qc @ pinv_cc
+            resid = (
+                np.einsum("ij,jk,ik->i", a, g_cc, a)
+                - 2 * np.einsum("ij,ij->i", a, g_qc)
+                + np.prod([(s * s).sum(axis=1) for s in srows], axis=0)
+            )
+            bad = np.flatnonzero(resid > 1e-6)
+            if bad.size:
+                raise SpecError(
+                    f"{where}: query {q.name!r}, row {q.labels[bad[0]]!r} is not determined by "
+                    f"the columns of {codebook.source} (no combination of them counts exactly "
+                    "those persons); measure marginals the published tables determine"
+                )
+            measure.append(a)
+
+        # columns from the strategy: each column a sum of cells of one query
+        column_query = np.full(len(codebook.columns), -1, dtype=np.int64)
+        weights: list[list[tuple[int, np.ndarray]]] = [[] for _ in queries]
+        for j in range(len(codebook.columns)):
+            for qi, part in enumerate(parts):
+                coef = []
+                for m, lab in zip((c[j] for c in cols), part, strict=True):
+                    c = np.zeros(int(lab.max()) + 1, dtype=np.int64)
+                    c[lab] = m
+                    if not np.array_equal(c[lab], m):
+                        break
+                    coef.append(c)
+                else:
+                    w = coef[0]
+                    for c in coef[1:]:
+                        w = np.multiply.outer(w, c)
+                    weights[qi].append((j, w.ravel()))
+                    column_query[j] = qi
+                    break
+            else:
+                raise SpecError(
+                    f"{where}: column {codebook.columns[j]!r} is not a sum of cells of any "
+                    "strategy query; add a query that refines it (so the release can write it "
+                    "from the rounded marginals)"
+                )
+        column_weights = tuple(
+            np.array([w for _, w in ws], dtype=np.int64).reshape(len(ws), q.n_rows)
+            for ws, q in zip(weights, queries, strict=True)
+        )
+
+        # rounding order: the shared margins must nest
+        meets = [_meet(parts[i], parts[j]) for i in range(len(parts)) for j in range(i)]
+        chain: list[Partition] = []
+        for m in sorted(meets, key=lambda p: int(np.prod(_shape(p)))):
+            if chain and _same(chain[-1], m):
+                continue
+            if chain and _coarse_map(m, chain[-1]) is None:
+                raise SpecError(
+                    f"{where}: the margins the queries share do not nest, so no rounding keeps "
+                    "them all consistent; choose queries whose pairwise common margins form a "
+                    "chain (e.g. each a refinement of total and voting age)"
+                )
+            chain.append(m)
+        parent = []
+        for part in parts:
+            fits = [i for i, c in enumerate(chain) if _coarse_map(part, c) is not None]
+            parent.append(fits[-1] if fits else -1)
+
+        # GLS covariance F⁺ and the columns' standard errors
+        basis = MarginalBasis.for_queries(schema, [*queries, codebook.rows])
+        info = sum(
+            basis.gram(q, 1.0 / float(law.sigma2)) for q, law in zip(queries, laws, strict=True)
+        )
+        cov = info.pinv()
+        se = np.empty(len(codebook.columns))
+        for qi, q in enumerate(codebook.rows.queries):
+            sel = np.flatnonzero(codebook.rows.query_of_row == qi)
+            se[sel] = np.sqrt(np.maximum(cov.query_variances(q)[codebook.rows.row_of_row[sel]], 0))
+        return cls(
+            codebook,
+            queries,
+            laws,
+            sens,
+            float(derived),
+            per_q,
+            tuple(measure),
+            basis,
+            cov,
+            tuple(chain),
+            tuple(parent),
+            column_query,
+            column_weights,
+            se,
+            codebook.identities(),
+        )
+
+    # ---------------------------------------------------------------------------------
+    def statement(self, delta: float | None = None) -> PrivacyStatement:
+        """The derived privacy statement (per area; per person when areas are disjoint)."""
+        names = ", ".join(
+            f"{q.name} (Δ₂² = {d * d:g}, σ² = {float(w.sigma2):.6g}, ρ = {r:.6g})"
+            for q, d, w, r in zip(
+                self.queries, self.sensitivities, self.laws, self.rho_per_query, strict=True
+            )
+        )
+        return statement_for("zcdp", self.rho, delta, mechanism="discrete_gaussian").with_notes(
+            f"ρ derived from the measured strategy of the {self.codebook.schema.name!r} schema: "
+            f"{names}; composed per person as max over cells of Σ_q (rows of q counting the "
+            "cell)/(2σ_q²)",
+            "each area (row) is measured separately: the statement is per person when the "
+            "areas are disjoint; a person in k rows of the file spends k·ρ",
+            "every table column is written from one GLS estimate of the histogram's "
+            "identified part, rounded to integers that keep every identity among the columns",
+        )
+
+    def measure(self, truth: np.ndarray, rng: KeyedRNG) -> list[np.ndarray]:
+        """Noisy answers ``(areas, rows)`` of every query, computed from the columns.
+
+        Raises
+        ------
+        DataError
+            When the columns are not one tabulation (an identity fails), naming the area.
+        """
+        out = []
+        n = truth.shape[0]
+        for q, a, law in zip(self.queries, self.measure_from_columns, self.laws, strict=True):
+            exact = truth.astype(np.float64) @ a.T
+            answers = np.rint(exact).astype(np.int64)
+            if np.abs(exact - answers).max(initial=0.0) > 1e-6:
+                raise ArithmeticError("internal: a strategy answer from the columns is not exact")
+            noise = rng.draw(f"privatize/{q.name}", n, 0, n, law.sample, width=q.n_rows)
+            out.append(answers + noise)
+        return out
+
+    def estimate(self, answers: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """GLS: the strategy's and the chain's marginals of ``F⁺h``, area by area (chunks)."""
+        n = answers[0].shape[0]
+        strat = [np.empty((n, q.n_rows)) for q in self.queries]
+        chain = [np.empty((n, int(np.prod(_shape(c))))) for c in self.chain]
+        for lo in range(0, n, CHUNK):
+            hi = min(lo + CHUNK, n)
+            h = sum(
+                q.adjoint(y[lo:hi].astype(np.float64) / float(law.sigma2))
+                for q, y, law in zip(self.queries, answers, self.laws, strict=True)
+            )
+            x = self.basis.from_basis(self.covariance.apply(self.basis.to_basis(h)))
+            for q, s in zip(self.queries, strat, strict=True):
+                s[lo:hi] = q.apply(x)
+            for c, s in zip(self.chain, chain, strict=True):
+                s[lo:hi] = _aggregate(x, c)
+        return strat, chain
+
+    def round(
+        self, strat: Sequence[np.ndarray], chain: Sequence[np.ndarray], rng: KeyedRNG
+    ) -> list[np.ndarray]:
+        """Integer strategy marginals, unbiased, agreeing exactly on every shared margin."""
+        ints: list[np.ndarray] = []
+        for i, vals in enumerate(chain):
+            gen = rng.generator(f"round/chain/{i}")
+            if i == 0:
+                ints.append(pipage_round(vals.ravel(), [], gen).reshape(vals.shape))
+            else:
+                par = _parent_index(self.chain[i], self.chain[i - 1])
+                ints.append(_round_given(vals, par, ints[i - 1], gen))
+        out = []
+        parts = [_partition_of(q) for q in self.queries]
+        for q, vals, part, pi in zip(self.queries, strat, parts, self.chain_parent, strict=True):
+            gen = rng.generator(f"round/{q.name}")
+            if pi < 0:
+                out.append(pipage_round(vals.ravel(), [], gen).reshape(vals.shape))
+            elif _same(part, self.chain[pi]):
+                out.append(ints[pi].copy())
+            else:
+                out.append(_round_given(vals, _parent_index(part, self.chain[pi]), ints[pi], gen))
+        return out
+
+    def columns(self, marginals: Sequence[np.ndarray]) -> np.ndarray:
+        """Every column ``(areas, columns)`` as an integer (or real) sum of strategy cells."""
+        n = marginals[0].shape[0]
+        dtype = np.result_type(*(m.dtype for m in marginals))
+        out = np.empty((n, len(self.codebook.columns)), dtype=dtype)
+        for qi, (m, w) in enumerate(zip(marginals, self.column_weights, strict=True)):
+            out[:, self.column_query == qi] = m @ w.T.astype(dtype)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class TableRelease:
+    """A codebook release: integer columns, their standard errors, the derived statement."""
+
+    plan: TablePlan
+    values: np.ndarray
+    standard_errors: np.ndarray
+    estimate: np.ndarray
+    privacy: PrivacyStatement
+
+
+def release_tables(
+    plan: TablePlan,
+    truth: np.ndarray,
+    rng: KeyedRNG,
+    *,
+    delta: float | None = None,
+    areas: Sequence[str] | None = None,
+    source: str = "input",
+) -> TableRelease:
+    """Measure, estimate, round and tabulate every column of ``truth`` (areas × columns).
+
+    Raises
+    ------
+    DataError
+        When a row's columns break an identity of the codebook (not one tabulation).
+    """
+    truth = np.asarray(truth, dtype=np.int64)
+    bad = plan.identities @ truth.T
+    if bad.any():
+        k, i = np.argwhere(bad)[0]
+        where = f"area {areas[i]!r}" if areas is not None else f"row {i + 1}"
+        raise DataError(
+            f"{source}, {where}: the columns break the identity {_identity_text(plan, k)} of "
+            f"{plan.codebook.source}, so they are not one tabulation of a histogram; check the "
+            "file (the _sf columns) or the codebook"
+        )
+    answers = plan.measure(truth, rng)
+    strat, chain = plan.estimate(answers)
+    ints = plan.round(strat, chain, rng)
+    values = plan.columns(ints)
+    if (plan.identities @ values.T).any():
+        raise ArithmeticError("internal: the rounded release breaks an identity")
+    se = np.broadcast_to(plan.column_se, values.shape)
+    return TableRelease(plan, values, se, plan.columns(strat), plan.statement(delta))
+
+
+def _identity_text(plan: TablePlan, k: int) -> str:
+    w = plan.identities[k]
+    terms = [
+        f"{'+' if c > 0 else '−'} {'' if abs(c) == 1 else f'{abs(c)}·'}{plan.codebook.columns[j]}"
+        for j, c in enumerate(w)
+        if c
+    ]
+    return (" ".join(terms) + " = 0").lstrip("+ ")
+
+
+# ---------------------------------------------------------------------------- refusal
+def refuse_overlapping_columns(cells: Sequence[str], truth: np.ndarray, source: str) -> None:
+    """Refuse columns that count a person more than once (SpecError), before any noise.
+
+    Two tests: columns a shipped codebook knows (NHGIS codes) whose rows overlap; and,
+    generically, an exact identity with coefficients ±1 among the (non-zero) columns that
+    holds in every row of the data, found as an integer kernel vector (LLL-reduced) — only
+    when there are more rows than columns, so that an identity is evidence. Messages name
+    columns, never counts.
+    """
+    cells = list(cells)
+    for name in available_codebooks():
+        cb = Codebook.load(name)
+        known = [i for i, c in enumerate(cb.columns) if c in set(cells)]
+        if len(known) < 2:
+            continue
+        rows = cb.rows.subset(np.array(known))
+        g = rows.gram()
+        off = g - np.diag(np.diag(g))
+        if off.any():
+            a, b = np.argwhere(off)[0]
+            raise SpecError(
+                f"{source}: the columns overlap — they are the tables of the {name!r} codebook "
+                f"({cb.source}), where a person counted in {rows.names[a]!r} is also counted "
+                f"in {rows.names[b]!r}; each person is counted in up to "
+                f"{rows.l1_sensitivity} of these {len(known)} columns, so treating them as "
+                "disjoint cells would understate the privacy loss (ρ) by up to that factor. "
+                f"Privatize with the codebook: --codebook {name} (or [data] codebook = "
+                f'"{name}" in the spec)'
+            )
+    x = np.asarray(truth, dtype=np.int64)
+    nz = np.flatnonzero(x.any(axis=0))
+    if nz.size < 2 or x.shape[0] <= nz.size:
+        return
+    sub = x[:, nz]
+    if np.linalg.matrix_rank(sub.astype(np.float64)) == nz.size:
+        return
+    import flint
+
+    ker, nullity = flint.fmpz_mat(sub.tolist()).nullspace()
+    if not nullity:
+        return
+    vecs = flint.fmpz_mat([[ker[i, j] for j in range(nullity)] for i in range(ker.nrows())])
+    basis = np.array(vecs.transpose().lll().tolist(), dtype=object)
+    for w in basis:
+        w = np.array([int(v) for v in w])
+        support = np.flatnonzero(w)
+        if support.size >= 2 and (np.abs(w[support]) == 1).all():
+            pos = [cells[nz[j]] for j in support if w[j] > 0]
+            neg = [cells[nz[j]] for j in support if w[j] < 0]
+            lhs, rhs = (pos, neg) if len(pos) <= len(neg) else (neg, pos)
+            raise SpecError(
+                f"{source}: the columns overlap — {' + '.join(lhs)} = {' + '.join(rhs)} in every "
+                "row, so a person counted on one side is counted again on the other; treating "
+                "the columns as disjoint cells would understate the privacy loss. Describe "
+                "the columns in a codebook TOML (each column a row of a product query over a "
+                "schema; the shipped model is censusdp/pipelines/codebooks/ppdd.toml) and "
+                "pass it with --codebook PATH, or keep only disjoint columns in [data] cells"
+            )
+
+
+# ------------------------------------------------------------------------------ command
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def privatize_tables(
+    path: str | Path,
+    spec: TableSpec,
+    out: str | Path,
+    *,
+    spec_path: str | Path | None = None,
+    overwrite: bool = False,
+    formats: Sequence[str] = (".csv", ".parquet", ".pq"),
+) -> tuple[Path, TableRelease]:
+    """The codebook route of ``censusdp privatize``: read, release, write (atomically).
+
+    Writes ``out`` in the input's layout (``<col>_dp`` integer release, ``<col>_se``) and the
+    sidecar ``OUT.censusdp.json`` holding the privacy statement and the manifest: strategy,
+    σ² and ρ per query, codebook, schema, and the SHA-256 of every input.
+
+    Raises
+    ------
+    SpecError, DataError, BudgetError
+    """
+    from censusdp.atomic import check_output, output_file
+    from censusdp.config import check_run_options
+    from censusdp.pipelines.nhgis import read_batch, write_batch
+
+    check_run_options(seed=spec.seed)
+    codebook_file = Path(spec.codebook) if spec.codebook.endswith(".toml") else None
+    policy: dict[str, Any] = {
+        "overwrite": overwrite,
+        "inputs": [path, spec_path, codebook_file],
+        "formats": tuple(formats),
+        "option": "-o",
+    }
+    check_output(out, kind="file", **policy)
+    cb = Codebook.load(spec.codebook)
+    if spec.schema is not None and spec.schema != cb.schema.name:
+        raise SpecError(
+            f"{spec.source}: data.schema is {spec.schema!r} but codebook {cb.source} is over "
+            f"schema {cb.schema.name!r}; drop data.schema or name the codebook's"
+        )
+    plan = TablePlan.build(cb, spec.rho, spec.strategy)
+    batch = read_batch(path, cells=list(cb.columns), encoding=spec.encoding)
+    if batch.layout != "wide":
+        raise DataError(
+            f"{Path(path).name}: the codebook route reads wide files (<code>_sf columns); this "
+            "one is long (one row per version)"
+        )
+    rng = KeyedRNG.from_seed(spec.seed)
+    rel = release_tables(
+        plan,
+        batch.truth,
+        rng,
+        delta=spec.delta,
+        areas=list(batch.gisjoin),
+        source=Path(path).name,
+    )
+    inputs = {str(path): _sha256(Path(path))}
+    for extra in (spec_path, codebook_file):
+        if extra is not None:
+            inputs[str(extra)] = _sha256(Path(extra))
+    info = {
+        "route": "codebook",
+        "privacy": rel.privacy.text(),
+        "privacy_statement": rel.privacy.to_dict(),
+        "codebook": cb.source,
+        "schema": cb.schema.name,
+        "areas": int(batch.truth.shape[0]),
+        "strategy": [
+            {
+                "query": q.name,
+                "rows": q.n_rows,
+                "l2_sensitivity": d,
+                "sigma2": float(law.sigma2),
+                "rho": r,
+            }
+            for q, d, law, r in zip(
+                plan.queries, plan.sensitivities, plan.laws, plan.rho_per_query, strict=True
+            )
+        ],
+        "rho_requested": spec.rho,
+        "rho_derived": plan.rho,
+        "estimator": "single-node GLS in the marginal basis (F⁺h); integer rounding of the "
+        "strategy marginals in the order of their shared margins, columns summed in integers",
+        "identities": int(plan.identities.shape[0]),
+        "standard_errors": "GLS standard errors of the real-valued estimate; the integer "
+        "rounding adds a variance that they do not include",
+        "inputs_sha256": inputs,
+    }
+    with output_file(out, command="privatize", info=info, **policy) as tmp:
+        write_batch(batch, rel.values, np.asarray(rel.standard_errors), tmp)
+    return Path(out), rel
