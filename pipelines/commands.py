@@ -3,7 +3,8 @@
 ``censusdp run SPEC [--data PATH] [--out DIR] [--seed N] [--scheduler S] [--partitions N]``
 runs a spec; ``censusdp demo`` runs the main job (the ``midwest-demo`` experiment);
 ``censusdp privatize FILE --spec SPEC -o OUT`` privatizes an NHGIS-style batch file and writes
-it back in its own layout. Every output follows the policy of :mod:`censusdp.atomic` (a new
+it back in its own layout; ``censusdp privatize FILE --codebook ppdd --rho R -o OUT`` (or a spec
+with ``[data] codebook``) releases overlapping tables from one estimate. Every output follows the policy of :mod:`censusdp.atomic` (a new
 path, or an earlier censusdp output with ``--overwrite``; nothing else is ever replaced),
 checked before any work. Errors are :class:`censusdp.errors.CensusDPError` (exit status 2).
 """
@@ -84,27 +85,123 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def privatize_file(
     path: str | Path,
-    spec_path: str | Path,
+    spec_path: str | Path | None,
     out: str | Path,
     *,
     seed: int | None = None,
     overwrite: bool = False,
+    codebook: str | None = None,
+    rho: float | None = None,
+    delta: float | None = None,
 ) -> Path:
-    """Privatize an NHGIS-style file with a spec and write it in the input's layout.
+    """Privatize an NHGIS-style file and write it in the input's layout.
 
-    The spec's first estimator produces the release (one repetition); its leaf estimates
-    replace the noisy columns and their standard errors fill ``<cell>_se``. ``out`` must be
-    a ``.csv`` or ``.parquet`` path that is new, or an earlier censusdp output (recognised by
-    its sidecar ``OUT.censusdp.json``) with ``overwrite``; it is checked before any work.
+    Two routes:
+
+    * **codebook** (``codebook`` given, or the spec's ``[data] codebook``): the columns are
+      overlapping tables described by a codebook; a strategy of marginals is measured per
+      area, one GLS estimate writes every column as integers that keep every identity among
+      them (:mod:`censusdp.pipelines.privatize_tables`), with ρ derived from the queries.
+      ``rho`` (and ``delta``) state the budget when no spec does.
+    * **cells** (a run spec without codebook): the spec's first estimator produces the
+      release (one repetition); its leaf estimates replace the noisy columns and their
+      standard errors fill ``<cell>_se``. Columns that overlap (a shipped codebook's tables,
+      or an exact identity among them in the data) are refused: as disjoint cells they would
+      understate the privacy loss.
+
+    ``out`` must be a ``.csv`` or ``.parquet`` path that is new, or an earlier censusdp output
+    (recognised by its sidecar ``OUT.censusdp.json``) with ``overwrite``; it is checked before
+    any work. The sidecar holds the privacy statement.
 
     Raises
     ------
     SpecError, DataError, HierarchyError, BudgetError
     """
+    return _privatize(
+        path,
+        spec_path,
+        out,
+        seed=seed,
+        overwrite=overwrite,
+        codebook=codebook,
+        rho=rho,
+        delta=delta,
+    )[0]
+
+
+def _table_spec(
+    spec_path: str | Path | None,
+    codebook: str | None,
+    rho: float | None,
+    delta: float | None,
+    seed: int | None,
+):
+    """The codebook route's spec: the spec file's, with the command line's options."""
+    from dataclasses import replace
+
+    from censusdp.pipelines.privatize_tables import TableSpec, load_table_spec
+
+    if spec_path is None:
+        if rho is None:
+            raise SpecError(
+                f"--codebook {codebook}: state the budget with --rho R (the per-person ρ, zCDP, "
+                "that the strategy spends in every area) or give a spec with [privacy] rho"
+            )
+        return TableSpec(codebook=str(codebook), rho=float(rho), delta=delta, seed=seed)
+    spec = load_table_spec(spec_path)
+    for flag, given, stated in (
+        ("--codebook", codebook, spec.codebook),
+        ("--rho", rho, spec.rho),
+        ("--delta", delta, spec.delta),
+    ):
+        if given is not None and stated is not None and given != stated:
+            raise SpecError(
+                f"{spec_path}: {flag} {given} contradicts the spec's value; give it in one place"
+            )
+    return replace(
+        spec,
+        delta=spec.delta if delta is None else delta,
+        seed=spec.seed if seed is None else seed,
+    )
+
+
+def _privatize(
+    path: str | Path,
+    spec_path: str | Path | None,
+    out: str | Path,
+    *,
+    seed: int | None = None,
+    overwrite: bool = False,
+    codebook: str | None = None,
+    rho: float | None = None,
+    delta: float | None = None,
+) -> tuple[Path, str]:
+    """:func:`privatize_file`, also returning the privacy statement's text."""
     from censusdp.atomic import check_output, output_file
     from censusdp.config import check_run_options, load_spec
+    from censusdp.pipelines.privatize_tables import (
+        privatize_tables,
+        refuse_overlapping_columns,
+        spec_uses_codebook,
+    )
 
     check_run_options(seed=seed)
+    if codebook is not None or (spec_path is not None and spec_uses_codebook(spec_path)):
+        tspec = _table_spec(spec_path, codebook, rho, delta, seed)
+        written, rel = privatize_tables(
+            path, tspec, out, spec_path=spec_path, overwrite=overwrite, formats=PRIVATIZE_FORMATS
+        )
+        return written, rel.privacy.text()
+    if spec_path is None:
+        raise SpecError(
+            "privatize needs a spec (--spec SPEC) or, for overlapping tables, a codebook "
+            "(--codebook NAME --rho R)"
+        )
+    if rho is not None or delta is not None:
+        raise SpecError(
+            f"{spec_path}: --rho and --delta state the budget of the codebook route; without "
+            "a codebook the spec's [privacy] section states it"
+        )
     policy = {
         "overwrite": overwrite,
         "inputs": [path, spec_path],
@@ -114,13 +211,22 @@ def privatize_file(
     check_output(out, kind="file", **policy)  # type: ignore[arg-type]
     spec = load_spec(spec_path)
     from censusdp.pipelines.data import load_data
-    from censusdp.pipelines.nhgis import write_batch
+    from censusdp.pipelines.nhgis import read_batch, write_batch
     from censusdp.pipelines.runner import execute_spec
 
     if spec.data.source != "nhgis":
         raise SpecError(
             f'{spec.source}: privatize reads NHGIS-style files; set [data] source = "nhgis"'
         )
+    # before the hierarchy and any noise: overlapping columns would understate the loss
+    cols = read_batch(
+        path,
+        cells=list(spec.data.cells) or None,
+        version_column=spec.data.version_column or "version",
+        truth_version=spec.data.truth,
+        encoding=spec.data.encoding,
+    )
+    refuse_overlapping_columns(cols.cells, cols.truth, Path(path).name)
     run_data = load_data(spec, path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -136,18 +242,27 @@ def privatize_file(
     if se is not None:
         ses = np.empty((n_units, len(release.cells)))
         ses[run_data.leaf_row] = se
-    info = {"estimator": name, "privacy": manifest["privacy"][name]["text"]}
+    text = manifest["privacy"][name]["text"]
+    info = {"estimator": name, "privacy": text}
     with output_file(out, command="privatize", info=info, **policy) as tmp:  # type: ignore[arg-type]
         write_batch(run_data.batch, values, ses, tmp)
-    return Path(out)
+    return Path(out), text
 
 
 def _cmd_privatize(args: argparse.Namespace) -> int:
     _warn_seed(args.seed)
-    out = privatize_file(
-        args.file, args.spec, args.output, seed=args.seed, overwrite=args.overwrite
+    out, privacy = _privatize(
+        args.file,
+        args.spec,
+        args.output,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        codebook=args.codebook,
+        rho=args.rho,
+        delta=args.delta,
     )
-    print(f"wrote {out}")
+    print(f"privacy: {privacy}")
+    print(f"wrote {out} (privacy statement and manifest in {out}.censusdp.json)")
     return 0
 
 
@@ -180,7 +295,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     priv = sub.add_parser("privatize", help="privatize an NHGIS-style batch file in its own layout")
     priv.add_argument("file", help="CSV or Parquet batch file (GISJOIN-keyed)")
-    priv.add_argument("--spec", required=True, help='run spec with [data] source = "nhgis"')
+    priv.add_argument(
+        "--spec",
+        help='run spec with [data] source = "nhgis" (and [data] codebook for overlapping tables)',
+    )
+    priv.add_argument(
+        "--codebook",
+        help="the columns are overlapping tables described by this codebook: a shipped name "
+        "(ppdd) or a codebook TOML",
+    )
+    priv.add_argument(
+        "--rho", type=float, help="codebook route: per-person ρ (zCDP) spent in every area"
+    )
+    priv.add_argument("--delta", type=float, help="codebook route: also report (ε, δ) at this δ")
     priv.add_argument(
         "-o", "--output", required=True, help="output file (.csv or .parquet), not the input"
     )

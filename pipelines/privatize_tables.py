@@ -485,8 +485,8 @@ class TablePlan:
             g_qc = _cross_gram(srows, cols)
             a = g_qc @ pinv_cc
             resid = (
-                np.einsum("ij,jk,ik->i", a, g_cc, a)
-                - 2 * np.einsum("ij,ij->i", a, g_qc)
+                ((a @ g_cc) * a).sum(axis=1)
+                - 2 * (a * g_qc).sum(axis=1)
                 + np.prod([(s * s).sum(axis=1) for s in srows], axis=0)
             )
             bad = np.flatnonzero(resid > 1e-6)
@@ -749,7 +749,8 @@ def refuse_overlapping_columns(cells: Sequence[str], truth: np.ndarray, source: 
                 f"{rows.l1_sensitivity} of these {len(known)} columns, so treating them as "
                 "disjoint cells would understate the privacy loss (ρ) by up to that factor. "
                 f"Privatize with the codebook: --codebook {name} (or [data] codebook = "
-                f'"{name}" in the spec)'
+                f'"{name}" in the spec), or describe the columns in a codebook TOML (the '
+                "shipped model: censusdp/pipelines/codebooks/ppdd.toml) and pass its path"
             )
     x = np.asarray(truth, dtype=np.int64)
     nz = np.flatnonzero(x.any(axis=0))
@@ -763,9 +764,12 @@ def refuse_overlapping_columns(cells: Sequence[str], truth: np.ndarray, source: 
     ker, nullity = flint.fmpz_mat(sub.tolist()).nullspace()
     if not nullity:
         return
-    vecs = flint.fmpz_mat([[ker[i, j] for j in range(nullity)] for i in range(ker.nrows())])
-    basis = np.array(vecs.transpose().lll().tolist(), dtype=object)
-    for w in basis:
+
+    def primitive(rows: list[list[int]]) -> list[list[int]]:
+        return [[v // math.gcd(*r) for v in r] for r in rows]
+
+    vecs = primitive([[int(ker[i, j]) for i in range(ker.nrows())] for j in range(nullity)])
+    for w in primitive(flint.fmpz_mat(vecs).lll().tolist()):
         w = np.array([int(v) for v in w])
         support = np.flatnonzero(w)
         if support.size >= 2 and (np.abs(w[support]) == 1).all():
