@@ -7,8 +7,9 @@ columns that count each person (up to 32 of the 376 PPDD columns), and breaks th
 among the tables. This module releases them the way the 2020 Census did (Abowd et al. 2022):
 
 1. **Measure a strategy of marginals** (product queries of the codebook's schema, default
-   the codebook's ``[strategy]``: for PPDD ``total``, ``votingage * hispanic * cenrace``,
-   ``sex * age`` and ``hhgq``). The file holds no microdata, so each strategy row is
+   the codebook's ``[strategy]``: for PPDD ``total``, ``votingage * hispanic``,
+   ``votingage * hispanic * race7``, ``votingage * hispanic * cenrace``, ``sex * age`` and
+   ``hhgq``). The file holds no microdata, so each strategy row is
    computed from the area's ``_sf`` columns: a strategy row must lie in the span of the
    codebook's rows (checked from Grams; Hispanic × race, say, is P8 minus P9's
    not-Hispanic rows). Each query gets discrete Gaussian noise (Canonne, Kamath & Steinke
@@ -26,7 +27,8 @@ among the tables. This module releases them the way the 2020 Census did (Abowd e
    break the 73 identities, and rounding the 46,368 cells would add the rounding noise of
    thousands of cells to every total. What is rounded is the strategy's marginals, in the
    order of their shared margins: the pairwise common coarsenings (meets) of the strategy
-   queries must form a chain (for PPDD: total ⊂ voting age); the coarsest is rounded
+   queries must form a chain (for PPDD: total ⊂ voting age ⊂ × Hispanic ⊂ × race 7); the
+   coarsest is rounded
    unbiasedly, each finer one *given* the one below it (its cells are shifted by the
    rounding error of their coarse cell spread evenly — zero mean — then rounded by
    dependent (pipage) rounding that keeps every coarse cell's integer sum; Ageev &

@@ -24,6 +24,7 @@ from censusdp.pipelines.privatize_tables import TablePlan, release_tables
 from censusdp.rng import KeyedRNG
 
 ALPHA = 1e-6
+SHARES = [0.1, 0.1, 0.2, 0.3, 0.2, 0.1]  # the ppdd codebook's default strategy
 N_AREAS = 6
 
 
@@ -82,15 +83,26 @@ def test_strategy_spans_the_columns_and_rounds_in_a_chain(plan, ppdd):
     """The default strategy's span is the columns' (every column is a sum of cells of one
     query, every query a combination of columns) and its shared margins nest."""
     names = [q.name for q in plan.queries]
-    assert names == ["total", "votingage * hispanic * cenrace", "sex * age", "hhgq"]
+    assert names == [
+        "total",
+        "votingage * hispanic",
+        "votingage * hispanic * race7",
+        "votingage * hispanic * cenrace",
+        "sex * age",
+        "hhgq",
+    ]
     assert (plan.column_query >= 0).all()
-    # the vhc marginal carries P1-P11, sex × age P12, hhgq P42
+    # each column from the first query that refines it: P4 from voting age × Hispanic, P3
+    # from × race 7, P8's details from × CENRACE, P12 from sex × age, P42 (group quarters) from hhgq
     by_table = {t: set(plan.column_query[ppdd.columns_of(t)]) for t in ppdd.tables}
-    assert by_table["P12"] <= {0, 2} and by_table["P42"] <= {0, 3} and by_table["P8"] <= {0, 1}
-    # chain: total, then voting age
+    assert by_table["P1"] == {0} and by_table["P4"] == {0, 1} and by_table["P3"] == {0, 2}
+    assert by_table["P8"] == {0, 2, 3} and by_table["P12"] == {0, 4} and by_table["P42"] == {5}
+    # the shared margins nest: total ⊂ voting age ⊂ × Hispanic ⊂ × race 7
     assert [tuple(int(x.max()) + 1 for x in c) for c in plan.chain] == [
         (1, 1, 1, 1, 1),
         (1, 1, 2, 1, 1),
+        (1, 1, 2, 2, 1),
+        (1, 1, 2, 2, 7),
     ]
     assert plan.identities.shape == (73, 376)
     # A_q M = Q_q: the measured answers of a tabulated histogram are its exact marginals
@@ -101,9 +113,9 @@ def test_strategy_spans_the_columns_and_rounds_in_a_chain(plan, ppdd):
 
 
 def test_privacy_statement_is_the_hand_composition(plan):
-    rho, sigma2 = hand_rho([0.1, 0.5, 0.3, 0.1], 1.0)
+    rho, sigma2 = hand_rho(SHARES, 1.0)
     assert [float(w.sigma2) for w in plan.laws] == sigma2
-    assert plan.sensitivities == (1.0, 1.0, 1.0, 1.0)
+    assert plan.sensitivities == (1.0,) * 6
     assert math.isclose(plan.rho, rho, rel_tol=1e-12) and plan.rho <= 1.0
     st = plan.statement(1e-10)
     assert st.rho == plan.rho and st.accounting == "zcdp" and not st.invariants
@@ -178,7 +190,7 @@ def test_cli_codebook_route_writes_exact_tables_and_statement(tmp_path, ppdd, ca
     argv = ["privatize", str(src), "--codebook", "ppdd", "--rho", "0.5", "-o", str(out)]
     assert main([*argv, "--seed", "9"]) == 0
     printed = capsys.readouterr().out
-    rho, sigma2 = hand_rho([0.1, 0.5, 0.3, 0.1], 0.5)
+    rho, sigma2 = hand_rho(SHARES, 0.5)
     assert f"ρ = {rho:g} (zCDP)" in printed
     df, values, se = read_release(out, ppdd)
     assert len(df) == N_AREAS and list(df["gisjoin"]) == [f"G{i:04d}" for i in range(N_AREAS)]
@@ -354,7 +366,7 @@ def test_real_aianhh_file(tmp_path, shared_file, ppdd, capsys):
     assert not (w @ truth.T).any()  # they hold in the input first
     out = tmp_path / "aianhh.csv"
     assert main(["privatize", str(src), "--codebook", "ppdd", "--rho", "1", "-o", str(out)]) == 0
-    rho, _ = hand_rho([0.1, 0.5, 0.3, 0.1], 1.0)
+    rho, _ = hand_rho(SHARES, 1.0)
     assert f"ρ = {rho:g} (zCDP)" in capsys.readouterr().out
     df, values, _ = read_release(out, ppdd)
     assert len(df) == 692 and list(df["gisjoin"]) == list(sf["gisjoin"])
