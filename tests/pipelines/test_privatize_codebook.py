@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from censusdp.cli import main
@@ -382,3 +384,112 @@ def test_real_aianhh_file_without_codebook_exit_2(tmp_path, shared_file, capsys)
     )
     err = capsys.readouterr().err
     assert code == 2 and "up to 32 of these 376 columns" in err and "--codebook ppdd" in err
+
+
+# ------------------------------------------- dense references on a small codebook (sex_age5)
+def small_codebook() -> Codebook:
+    """Overlapping tables over the shipped 36-cell ``sex_age5`` schema: a total, sex, age
+    bands with their total, sex × age band, under/over 65 and the 65+ slice."""
+    bands = ["0-19", "20-44", "45-64", "65+"]
+    cols: dict[str, dict] = {"T1": {"table": "A", "query": "total", "row": []}}
+    cols |= {f"S{i}": {"table": "B", "query": "sex", "row": [s]} for i, s in enumerate("MF")}
+    cols |= {"B0": {"table": "C", "query": "total", "row": []}}
+    cols |= {
+        f"B{i + 1}": {"table": "C", "query": "ageband", "row": [b]} for i, b in enumerate(bands)
+    }
+    cols |= {
+        f"X{i}{j}": {"table": "D", "query": "sex * ageband", "row": [s, b]}
+        for i, s in enumerate("MF")
+        for j, b in enumerate(bands)
+    }
+    cols |= {
+        f"O{i}": {"table": "E", "query": "age65", "row": [g]} for i, g in enumerate(["0-64", "65+"])
+    }
+    cols |= {"P1": {"table": "E", "query": "seniors", "row": ["65+"]}}
+    tables = {t: {"nhgis": t, "title": t, "universe": "persons"} for t in "ABCDE"}
+    return Codebook.from_dict({"schema": "sex_age5", "tables": tables, "columns": cols}, "small")
+
+
+SMALL_STRATEGY = [("total", 0.2), ("age65", 0.3), ("sex * ageband", 0.5)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shares=st.lists(st.floats(0.05, 1.0), min_size=3, max_size=3),
+    rho=st.floats(0.01, 10.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_gls_equals_the_dense_reference(shares, rho, seed):
+    """Single-node GLS in the marginal basis = the dense weighted least squares (minimum-norm,
+    36 × 36), columns and their variances to 1e-9 relative; the within-band contrasts are
+    unidentified and stay zero."""
+    cb = small_codebook()
+    total = sum(shares)
+    strategy = [(q, s / total) for (q, _), s in zip(SMALL_STRATEGY, shares, strict=True)]
+    strategy[-1] = (strategy[-1][0], 1.0 - sum(s for _, s in strategy[:-1]))
+    plan = TablePlan.build(cb, rho, strategy)
+    rng = np.random.default_rng(seed)
+    answers = [rng.normal(50, 20, size=(3, q.n_rows)) for q in plan.queries]
+    strat, _ = plan.estimate(answers)
+    dense_q = [q.dense().astype(float) for q in plan.queries]
+    w = [1 / float(law.sigma2) for law in plan.laws]
+    info = sum(wq * d.T @ d for wq, d in zip(w, dense_q, strict=True))
+    cov = np.linalg.pinv(info, rcond=1e-10, hermitian=True)
+    h = sum(wq * y @ d for wq, y, d in zip(w, answers, dense_q, strict=True))
+    x = h @ cov
+    m = cb.rows.dense().astype(float)
+    np.testing.assert_allclose(plan.columns(strat), x @ m.T, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(plan.column_se**2, np.diag(m @ cov @ m.T), rtol=1e-9)
+
+
+def test_small_codebook_release_keeps_its_identities():
+    cb = small_codebook()
+    plan = TablePlan.build(cb, 0.5, SMALL_STRATEGY)
+    w = cb.identities()
+    assert w.shape[0] == len(cb.columns) - 8  # rank: the 8 sex × band cells
+    x = np.random.default_rng(1).poisson(3.0, (40, *cb.schema.shape))
+    truth = cb.rows.apply(x)
+    rel = release_tables(plan, truth, KeyedRNG.reproducible(8))
+    assert not (w @ rel.values.T).any()
+    assert (np.abs(rel.values - rel.estimate) < 4).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    parent=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_conditional_rounding_keeps_the_coarse_integers(n, parent, seed):
+    """Against the obvious reference: the rounded values sum to the coarse integers exactly,
+    and each is the floor or ceiling of its value shifted by its group's rounding error."""
+    from censusdp.pipelines.privatize_tables import _round_given
+
+    rng = np.random.default_rng(seed)
+    par = np.unique(parent, return_inverse=True)[1].astype(np.int64)
+    rc = int(par.max()) + 1
+    values = rng.normal(0, 30, size=(n, par.size))
+    sums = np.zeros((n, rc))
+    np.add.at(sums, (slice(None), par), values)
+    target = np.floor(sums).astype(np.int64) + (rng.random((n, rc)) < 0.5)
+    out = _round_given(values, par, target, rng)
+    got = np.zeros((n, rc), dtype=np.int64)
+    np.add.at(got, (slice(None), par), out)
+    assert np.array_equal(got, target)
+    shifted = values + ((target - sums) / np.bincount(par, minlength=rc))[:, par]
+    assert (out >= np.floor(shifted - 1e-9)).all() and (out <= np.ceil(shifted + 1e-9)).all()
+
+
+def test_conditional_rounding_is_unbiased():
+    """Mean over draws (coarse targets themselves unbiased roundings) within 4 SE."""
+    from censusdp.pipelines.privatize_tables import _round_given
+
+    rng = np.random.default_rng(5)
+    values = np.array([[0.3, 1.7, 2.25, -0.6, 4.9]])
+    par = np.array([0, 0, 1, 1, 1])
+    sums = np.array([[2.0, 6.55]])
+    reps = 4000  # one area per draw: every area is rounded independently
+    target = np.floor(sums).astype(np.int64) + (rng.random((reps, 2)) < sums % 1)
+    draws = _round_given(np.repeat(values, reps, axis=0), par, target, rng).astype(float)
+    se = draws.std(axis=0, ddof=1) / np.sqrt(reps)
+    assert (np.abs(draws.mean(axis=0) - values[0]) < 4 * se + 1e-12).all()
