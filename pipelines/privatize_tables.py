@@ -835,21 +835,36 @@ def privatize_tables(
             f"{spec.source}: data.schema is {spec.schema!r} but codebook {cb.source} is over "
             f"schema {cb.schema.name!r}; drop data.schema or name the codebook's"
         )
-    plan = TablePlan.build(cb, spec.rho, spec.strategy)
-    batch = read_batch(path, cells=list(cb.columns), encoding=spec.encoding)
+    batch = read_batch(path, encoding=spec.encoding)
+    name = Path(path).name
     if batch.layout != "wide":
         raise DataError(
-            f"{Path(path).name}: the codebook route reads wide files (<code>_sf columns); this "
-            "one is long (one row per version)"
+            f"{name}: the codebook route reads wide files (<code>_sf columns); this one is long "
+            "(one row per version)"
         )
+    missing = [c for c in cb.columns if c not in set(batch.cells)]
+    extra = [c for c in batch.cells if c not in set(cb.columns)]
+    if missing or extra:
+        what = (
+            f"lacks {len(missing)} of its columns (first {missing[:3]})"
+            if missing
+            else f"has {len(extra)} _sf columns it does not describe (first {extra[:3]})"
+        )
+        raise DataError(
+            f"{name}: the file does not match codebook {cb.source}: it {what}; the release "
+            "writes every column of the codebook from one estimate, so give a file with exactly "
+            "its columns, or a codebook TOML describing the file's columns"
+        )
+    order = np.array([batch.cells.index(c) for c in cb.columns])
+    plan = TablePlan.build(cb, spec.rho, spec.strategy)
     rng = KeyedRNG.from_seed(spec.seed)
     rel = release_tables(
         plan,
-        batch.truth,
+        batch.truth[:, order],
         rng,
         delta=spec.delta,
         areas=list(batch.gisjoin),
-        source=Path(path).name,
+        source=name,
     )
     inputs = {str(path): _sha256(Path(path))}
     for extra in (spec_path, codebook_file):
@@ -884,5 +899,8 @@ def privatize_tables(
         "inputs_sha256": inputs,
     }
     with output_file(out, command="privatize", info=info, **policy) as tmp:
-        write_batch(batch, rel.values, np.asarray(rel.standard_errors), tmp)
+        values = np.empty_like(rel.values)
+        ses = np.empty(rel.values.shape)
+        values[:, order], ses[:, order] = rel.values, rel.standard_errors
+        write_batch(batch, values, ses, tmp)
     return Path(out), rel

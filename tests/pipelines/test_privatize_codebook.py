@@ -220,6 +220,27 @@ def test_cli_codebook_route_writes_exact_tables_and_statement(tmp_path, ppdd, ca
     assert src.read_bytes() == before
 
 
+def test_file_not_matching_the_codebook_exit_2(tmp_path, ppdd, capsys):
+    truth = synthetic_truth(ppdd, n=2)
+    src = write_ppdd_file(tmp_path / "ppdd.csv", ppdd, truth)
+    df = pd.read_csv(src, dtype=str, keep_default_na=False).drop(columns=["H80010_sf"])
+    df.to_csv(src, index=False)
+    argv = [
+        "privatize",
+        str(src),
+        "--codebook",
+        "ppdd",
+        "--rho",
+        "1",
+        "-o",
+        str(tmp_path / "o.csv"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "lacks 1 of its columns" in err and "H80010" in err
+    assert not (tmp_path / "o.csv").exists()
+
+
 def test_cli_spec_route(tmp_path, ppdd, capsys):
     truth = synthetic_truth(ppdd, n=3)
     src = write_ppdd_file(tmp_path / "ppdd.csv", ppdd, truth)
