@@ -514,3 +514,21 @@ def test_conditional_rounding_is_unbiased():
     draws = _round_given(np.repeat(values, reps, axis=0), par, target, rng).astype(float)
     se = draws.std(axis=0, ddof=1) / np.sqrt(reps)
     assert (np.abs(draws.mean(axis=0) - values[0]) < 4 * se + 1e-12).all()
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize(
+    "name",
+    [
+        "county_sex_age5_2010.csv",
+        "ma_cousub_sex_age5_2010.csv",
+        "nhgis_ppdd_20200527_county_under1.csv",
+    ],
+)
+def test_disjoint_real_files_are_not_refused(name, shared_file):
+    """No false alarm on the project's disjoint-cell files (sex × age, under 1)."""
+    from censusdp.pipelines.nhgis import read_batch
+    from censusdp.pipelines.privatize_tables import refuse_overlapping_columns
+
+    batch = read_batch(shared_file(name))
+    refuse_overlapping_columns(batch.cells, batch.truth, name)
