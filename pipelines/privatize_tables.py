@@ -871,6 +871,16 @@ def privatize_tables(
     for extra in (spec_path, codebook_file):
         if extra is not None:
             inputs[str(extra)] = _sha256(Path(extra))
+    if codebook_file is None:  # the shipped codebook and schema the release was made with
+        from importlib import resources
+
+        for pkg, sub, name in (
+            ("censusdp.pipelines", "codebooks", spec.codebook),
+            ("censusdp", "schemas", cb.schema.name),
+        ):
+            f = resources.files(pkg) / sub / f"{name}.toml"
+            if f.is_file():
+                inputs[f"{pkg}/{sub}/{name}.toml"] = hashlib.sha256(f.read_bytes()).hexdigest()
     info = {
         "route": "codebook",
         "privacy": rel.privacy.text(),

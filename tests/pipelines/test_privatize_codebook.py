@@ -205,6 +205,9 @@ def test_cli_codebook_route_writes_exact_tables_and_statement(tmp_path, ppdd, ca
     assert [q["sigma2"] for q in side["strategy"]] == sigma2
     assert math.isclose(sum(q["rho"] for q in side["strategy"]), rho, rel_tol=1e-12)
     assert side["identities"] == 73 and str(src) in side["inputs_sha256"]
+    assert {"censusdp.pipelines/codebooks/ppdd.toml", "censusdp/schemas/ppdd.toml"} <= set(
+        side["inputs_sha256"]
+    )
     # output policy: input untouched, nothing but the output and its sidecar left behind
     assert src.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [
