@@ -139,7 +139,7 @@ def _table_spec(
     """The codebook route's spec: the spec file's, with the command line's options."""
     from dataclasses import replace
 
-    from censusdp.pipelines.privatize_tables import TableSpec, load_table_spec
+    from censusdp.pipelines.privatize_tables import TableSpec, load_table_spec, spec_uses_codebook
 
     if spec_path is None:
         if rho is None:
@@ -148,6 +148,11 @@ def _table_spec(
                 "that the strategy spends in every area) or give a spec with [privacy] rho"
             )
         return TableSpec(codebook=str(codebook), rho=float(rho), delta=delta, seed=seed)
+    if not spec_uses_codebook(spec_path):
+        raise SpecError(
+            f"{spec_path}: --codebook needs a codebook spec ([data] codebook = ..., [privacy] "
+            "rho; no [hierarchy] or [queries]) or none; this spec describes disjoint cells"
+        )
     spec = load_table_spec(spec_path)
     for flag, given, stated in (
         ("--codebook", codebook, spec.codebook),

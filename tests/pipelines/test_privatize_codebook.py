@@ -289,6 +289,10 @@ def test_cli_spec_route(tmp_path, ppdd, capsys):
         == 2
     )
     assert "contradicts" in capsys.readouterr().err
+    cells = tmp_path / "cells.toml"
+    cells.write_text(NSPEC.format(cells='["H*"]'))
+    argv = ["privatize", str(src), "--spec", str(cells), "--codebook", "ppdd", "-o", "z.csv"]
+    assert main(argv) == 2 and "describes disjoint cells" in capsys.readouterr().err
     spec.write_text(spec.read_text().replace('schema = "ppdd"', 'schema = "pl94"'))
     assert main(["privatize", str(src), "--spec", str(spec), "-o", str(tmp_path / "y.csv")]) == 2
     assert "data.schema" in capsys.readouterr().err
