@@ -127,6 +127,7 @@ class StructuredRelease:
     identified: BlockDiagonal
     privacy: PrivacyStatement
     diagnostics: dict
+    _rows: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def level(self, level: str | int) -> np.ndarray:
         """Cell-tensor estimates of one level, ``(n_nodes, *schema.shape)``."""
@@ -148,9 +149,12 @@ class StructuredRelease:
         computed per block like a variance (:meth:`BlockDiagonal.query_variances`).
         """
         q = self._query(query)
-        norm2 = self.basis.identity().query_variances(q)
-        outside = (self.basis.identity() + self.identified * -1.0).query_variances(q)
-        return outside <= 1e-9 * np.maximum(norm2, 1.0)
+        key = tuple(id(f) for f in q.factors)  # elements are shared objects of the schema
+        if key not in self._rows:
+            norm2 = self.basis.identity().query_variances(q)
+            outside = (self.basis.identity() + self.identified * -1.0).query_variances(q)
+            self._rows[key] = outside <= 1e-9 * np.maximum(norm2, 1.0)
+        return self._rows[key]
 
     def query_estimates(self, level: str | int, query: ProductQuery | str) -> np.ndarray:
         """Estimates of every row of ``query`` at every node, ``(n_nodes, n_rows)``.
