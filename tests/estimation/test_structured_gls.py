@@ -156,7 +156,7 @@ FANOUTS = [(1, 1), (1, 2), (1, 3), (2, 3), (2, 2)]
 
 
 @st.composite
-def cases(draw, max_cells: int = 24, max_leaves: int = 12):
+def cases(draw, max_cells: int = 24, max_leaves: int = 10):
     schema = draw(schemas(max_cells=max_cells))
     depth = draw(st.integers(2, 4))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -333,33 +333,38 @@ def test_measure_products_uses_the_keyed_streams():
         measure_products(counts, [(1, q["age65"], law)], rng)
 
 
-def test_unbiased_with_exact_variances_over_noise_draws():
-    """E[estimate] = Π_W x within 4 SE per row; the empirical variance matches the blocks
-    (χ² at α = 1e-6), and a 30% wrong variance is rejected (power)."""
+def test_unbiased_with_exact_covariance_over_noise_draws():
+    """E[estimate] = x within 4 SE on every identified row; the joint covariance of a
+    node's rows from its blocks fits the draws (Mahalanobis sum ~ χ², α = 1e-6), and a
+    noise scale 30% off (covariance × 1.3² or × 0.7²) is rejected (power)."""
+    from scipy import stats
+
     s, h, counts, lc, q, plan = sex_age_problem()
     invs = [product_invariant(lc, "L0", q["total"])]
-    reps = 400
+    reps = 150
     rng = KeyedRNG.reproducible(9, warn=False)
     rows = ProductQuery.parse(s, "sex * ageband")
     draws = []
     for r in range(reps):
         meas = measure_products(lc, plan, rng.child(str(r)))
         rel = structured_gls(h, s, meas, invs)
-        draws.append(rel.query_estimates("L2", rows))
-    draws = np.stack(draws)  # (reps, n, rows)
-    truth = rows.apply(counts[2])
-    var = rel.query_variances("L2", rows)
-    se = np.sqrt(var / reps)
-    assert np.all(np.abs(draws.mean(axis=0) - truth) <= 4 * se)
-    from scipy import stats
-
-    resid = (draws - truth) ** 2 / var  # each ~ χ²₁ under the exact variance
-    total = resid.sum(axis=0).ravel()  # reps draws per row
-    lo, hi = stats.chi2.ppf([0.5e-6, 1 - 0.5e-6], reps)
-    assert np.all((total > lo) & (total < hi))
-    # power: a noise scale 30% off (variance × 1.3² or × 0.7²) is rejected on every row
-    assert np.all(((draws - truth) ** 2 / (1.69 * var)).sum(axis=0).ravel() < lo)
-    assert np.all(((draws - truth) ** 2 / (0.49 * var)).sum(axis=0).ravel() > hi)
+        draws.append([rel.query_estimates(k, rows) for k in ("L1", "L2")])
+    qd = rows.dense().astype(float)
+    for j, k in enumerate(("L1", "L2")):
+        truth = rows.apply(counts[h.level_index(k)])
+        err = np.stack([d[j] for d in draws]) - truth  # (reps, n, rows)
+        se = np.sqrt(rel.query_variances(k, rows) / reps)
+        assert np.all(np.abs(err.mean(axis=0)) <= 4 * se)
+        cov = qd @ rel.node_covariance(k, 0).dense_cells() @ qd.T  # node 0's rows jointly
+        ev, vec = np.linalg.eigh(cov)
+        keep = ev > 1e-9 * ev.max()
+        z = err[:, 0] @ vec
+        assert np.abs(z[:, ~keep]).max(initial=0.0) <= 1e-8 * (1.0 + np.abs(truth).max())
+        stat = float(((z[:, keep] ** 2) / ev[keep]).sum())
+        dof = int(keep.sum()) * reps
+        lo, hi = stats.chi2.ppf([0.5e-6, 1 - 0.5e-6], dof)
+        assert lo < stat < hi
+        assert stat / 1.69 < lo and stat / 0.49 > hi  # power against a 30% wrong scale
 
 
 def _pl94_problem(seed=11, fan=((2, 2),)):
