@@ -262,12 +262,22 @@ def whole_forest(hierarchy: Hierarchy, first: int = 0, last: int | None = None) 
 def _mv(A: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Batched matrix–vector product ``A[n] @ x[n]`` (``A`` may be one shared matrix).
 
-    ``x`` is (n, K) or carries copy axes, (n, ..., K): every copy of a node's vector meets
-    the node's one matrix (see :func:`_general_up`).
+    ``x`` is (n, K), or (n, C, K) with C copies that each meet the node's one matrix (see
+    :func:`_general_up`).
     """
+    if x.ndim > 2:
+        return x @ A.swapaxes(-1, -2)
     if A.shape[0] == 1:
-        return np.einsum("bij,n...j->n...i", A, x)
-    return np.einsum("nij,n...j->n...i", A, x)
+        return np.einsum("bij,nj->ni", A, x)
+    return np.einsum("nij,nj->ni", A, x)
+
+
+def _node_mv(spec: str, A: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The per-node product ``einsum(spec, A, x)`` of (n, K) vectors; for (n, C, K) copies
+    the same product as one batched ``matmul`` per node."""
+    if x.ndim == 2:
+        return np.einsum(spec, A, x)
+    return x @ A.swapaxes(-1, -2)
 
 
 def _solve_vec(X: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -1077,7 +1087,7 @@ def _plain_update(
     """Information update with the node's measurements, then its invariants (no flat child)."""
     X = np.eye(K) + S @ L.J
     P0 = _sym(np.linalg.solve(X, S))
-    m0 = _solve_vec(X, M + np.einsum("nij,n...j->n...i", S, L.h))
+    m0 = _solve_vec(X, M + _node_mv("nij,nj->ni", S, L.h))
     if not L.H.shape[0]:
         return m0, P0
     HP = np.einsum("ak,nkl->nal", L.H, P0)
@@ -1085,7 +1095,7 @@ def _plain_update(
     atol = 1e-11 * (1.0 + np.trace(S, axis1=1, axis2=2)) * float((L.H**2).sum())
     Rinv, Rnull = _pinv_psd(R, atol)
     res = L.t - np.einsum("n...k,ak->n...a", m0, L.H)  # not m0 @ H.T (see _rowmul)
-    bad = _node_max(np.abs(np.einsum("nab,n...b->n...a", Rnull, res)))
+    bad = _node_max(np.abs(_node_mv("nab,nb->na", Rnull, res)))
     if np.any(bad > 1e-7 * (1.0 + _node_max(np.abs(L.t)))):
         node = int(np.arange(f.sizes[j])[idx][int(np.argmax(bad))])
         raise DataError(
@@ -1093,7 +1103,7 @@ def _plain_update(
             "the invariants below it: parent totals must equal the sums of their children's"
         )
     Kg = HP.swapaxes(1, 2) @ Rinv
-    return m0 + np.einsum("nka,n...a->n...k", Kg, res), _sym(P0 - Kg @ HP)
+    return m0 + _node_mv("nka,na->nk", Kg, res), _sym(P0 - Kg @ HP)
 
 
 def _bordered_update(
@@ -1220,7 +1230,7 @@ def _general_down(
                 axis=1,
             )
             G[cbi], Dc[cbi] = Gb, Pcb - F @ Yc @ F.swapaxes(1, 2)
-        zhat.append(ch.m + np.einsum("nij,n...j->n...i", G, d[par]))
+        zhat.append(ch.m + _node_mv("nij,nj->ni", G, d[par]))
         Pk = Phat[j] if Phat[j].shape[0] > 1 else np.broadcast_to(Phat[j], (f.sizes[j], K, K))
         Phat.append(_sym(Dc + G @ Pk[par] @ G.swapaxes(1, 2)))
     return zhat, Phat

@@ -80,7 +80,7 @@ from censusdp.mechanisms.product_measure import (
     checked_values,
     product_privacy,
 )
-from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.mechanisms.product_query import ProductQuery, axis_product
 from censusdp.mechanisms.queries import Invariant, check_float_exact, exact_release_note
 from censusdp.schema import Schema
 
@@ -245,6 +245,28 @@ class _Inputs:
     grams: dict[tuple, BlockDiagonal]  # query (its elements) → its unweighted Gram blocks
 
 
+def _add_adjoint(
+    basis: MarginalBasis, query: ProductQuery, answers: np.ndarray, out: np.ndarray
+) -> None:
+    """``out += (⊗_a B_a)ᵀ Qᵀ answers``: a query's adjoint straight into basis coordinates.
+
+    Per axis the factor is ``B_aᵀ R_eᵀ``; ``R_e`` annihilates the within-group contrasts of
+    every element but the detailed one, so on such an axis only the ``r_a`` group
+    coordinates are nonzero and the product is computed on them alone: a marginal's
+    information vector costs its own size, not the histogram's.
+    """
+    z = answers.reshape((answers.shape[0], *query.row_shape))
+    idx: list[slice] = [slice(None)]
+    for ax, (a, f) in enumerate(zip(basis.axes, query.factors, strict=True)):
+        if f.is_detailed:
+            m, sl = a.basis.T, slice(None)
+        else:
+            m, sl = (a.basis[:, : a.r].T @ f.matrix.T).astype(np.float64), slice(0, a.r)
+        z = axis_product(z, ax + 1, np.ascontiguousarray(m))
+        idx.append(sl)
+    out[tuple(idx)] += z
+
+
 def _key(query: ProductQuery) -> tuple[int, ...]:
     """A query's identity: its elements (shared objects of the schema)."""
     return tuple(id(f) for f in query.factors)
@@ -304,20 +326,18 @@ def _collect(
         inp.J[k] = (
             blocks if inp.J[k] is None else {mask: inp.J[k][mask] + blocks[mask] for mask in blocks}
         )
-        adj = m.query.adjoint(np.asarray(m.values, dtype=np.float64) * (w[:, None] / tau))
-        inp.h[k] = adj if inp.h[k] is None else inp.h[k] + adj
-    for k in range(D):
-        if inp.h[k] is not None:
-            inp.h[k] = basis.to_basis(inp.h[k])
+        if inp.h[k] is None:
+            inp.h[k] = np.zeros((hierarchy.levels[k].size, *basis.shape))
+        _add_adjoint(
+            basis, m.query, np.asarray(m.values, np.float64) * (w[:, None] / tau), inp.h[k]
+        )
     for inv in invs:
         k = inv.level
         g = inp.grams[_key(inv.query)].blocks
         inp.GH[k] = g if inp.GH[k] is None else {mask: inp.GH[k][mask] + g[mask] for mask in g}
-        adj = inv.query.adjoint(np.asarray(inv.values, dtype=np.float64) / tau)
-        inp.b[k] = adj if inp.b[k] is None else inp.b[k] + adj
-    for k in range(D):
-        if inp.b[k] is not None:
-            inp.b[k] = basis.to_basis(inp.b[k])
+        if inp.b[k] is None:
+            inp.b[k] = np.zeros((hierarchy.levels[k].size, *basis.shape))
+        _add_adjoint(basis, inv.query, np.asarray(inv.values, np.float64) / tau, inp.b[k])
     inp.measured = unit
     return inp
 

@@ -156,7 +156,7 @@ FANOUTS = [(1, 1), (1, 2), (1, 3), (2, 3), (2, 2)]
 
 
 @st.composite
-def cases(draw, max_cells: int = 24, max_leaves: int = 10):
+def cases(draw, max_cells: int = 20, max_leaves: int = 8):
     schema = draw(schemas(max_cells=max_cells))
     depth = draw(st.integers(2, 4))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -198,7 +198,7 @@ def cases(draw, max_cells: int = 24, max_leaves: int = 10):
 )
 @given(cases())
 def test_structured_equals_dense_reference(case):
-    """1–4 attributes, domains 1–7 (≤ 24 cells), nested recodes and slices, random marginal
+    """1–4 attributes, domains 1–7 (≤ 20 cells), nested recodes and slices, random marginal
     workloads and budgets per level (some per node), invariants at random levels, trees of
     depth 2–4 with fan-out 1–3; unidentified components dropped on both sides."""
     h, schema, meas, invs, extra = case
