@@ -517,8 +517,14 @@ def structured_gls(
             _scatter(basis, coef[k], mask, (zhat[k] @ V.T) * tau)
             P = np.broadcast_to(Phat[k], (sizes[k], kS, kS))
             cov_blocks[k][mask] = V @ P @ V.T * (vscale if vscale is not None else np.nan)
+        del levels, ups, zhat, Phat  # one block's passes in memory at a time
+    inp.h = inp.b = []  # the information vectors are no longer needed: free them first
     t2 = time.perf_counter()
-    estimates = tuple(basis.from_basis(c) for c in coef)
+    estimates_list = []
+    for k in range(D):  # level by level, freeing each coefficient tensor once moved
+        estimates_list.append(basis.from_basis(coef[k]))
+        coef[k] = None
+    estimates = tuple(estimates_list)
     covariances = None if vscale is None else tuple(BlockDiagonal(basis, b) for b in cov_blocks)
     t3 = time.perf_counter()
 
