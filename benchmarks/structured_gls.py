@@ -1,0 +1,259 @@
+"""Structured tree GLS on a synthetic pl94 state, against the dense tree GLS on a subtree.
+
+A random state → county → tract → block group → block tree (``--blocks`` blocks, default
+about 5,000), random counts in the ``pl94`` histogram (hhgq 8 × votingage 2 × hispanic 2 ×
+cenrace 63 = 2,016 cells, most of them zero as in real blocks), the 2020 production strategy
+of DESIGN §10 (11 marginal queries per geounit; the state, county, tract, block-group and
+block level shares and per-level query shares of ``ProductionCandidate20210527US``, ρ
+rescaled so the five levels keep their share of ρ = 293764/114921), Gaussian noise with
+σ² = 1/(2ρ_q), the state total invariant.
+
+Stages, each timed in a fresh process (``fork``) that reports its own peak resident memory
+(``VmHWM``):
+
+* ``structured`` — :func:`measure_products`, :func:`structured_gls`, then the standard error
+  of every row of the 11 queries at every node of every level (``query_variances``);
+* ``dense_subtree`` — the same workload on one block group cut to ``--dense-blocks`` blocks
+  (one block-group root), run by the dense general path of :func:`tree_gls` (a 2,016 × 2,016
+  matrix per node) and by :func:`structured_gls`; the largest relative difference of their
+  estimates is reported (they must agree). A county-sized subtree is beyond the dense path:
+  its per-node covariances alone would take ``nodes × 2,016² × 8`` bytes (reported as
+  ``dense_county_covariance_bytes``), so its time is reported per node.
+
+Prints one JSON object. No figure is asserted; run on an otherwise idle machine for timings.
+
+Usage: ``python benchmarks/structured_gls.py [--blocks N] [--dense-blocks M] [--seed S]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+import warnings
+from fractions import Fraction
+
+import numpy as np
+
+from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.laws import Gaussian
+from censusdp.mechanisms.product_measure import measure_products, product_invariant
+from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.rng import KeyedRNG
+from censusdp.schema import Schema
+
+QUERIES = [
+    "total",
+    "cenrace",
+    "hispanic",
+    "votingage",
+    "hhinstlevels",
+    "hhgq",
+    "hispanic * cenrace",
+    "votingage * cenrace",
+    "votingage * hispanic",
+    "votingage * hispanic * cenrace",
+    "detailed",
+]
+LEVELS = ["state", "county", "tract", "block_group", "block"]
+TOTAL_RHO = Fraction(293764, 114921)
+LEVEL_SHARES = {"state": 1440, "county": 447, "tract": 687, "block_group": 1256, "block": 165}
+F = Fraction
+QUERY_SHARES = {
+    "state": [F(x, 4097) for x in (3773, 6, 6, 6, 6, 6, 12, 12, 6)] + [F(2, 241), F(230, 4097)],
+    "county": [F(x, 4097) for x in (3126, 10, 10, 10, 10, 10, 28, 28, 10, 101, 754)],
+    "tract": [F(1567, 4102), F(4, 2051)]
+    + [F(5, 4102)] * 4
+    + [F(1933, 4102), F(10, 2051), F(5, 4102), F(67, 4102), F(241, 2051)],
+    "block_group": [F(x, 4099) for x in (1705, 3, 3, 3, 3, 3, 1055, 9, 3, 24, 1288)],
+    "block": [F(x, 4097) for x in (5, 9, 5, 5, 5, 5, 21, 21, 5, 71, 3945)],
+}
+US_SHARE = 104  # of 4099: the nation level, not in this benchmark
+
+
+def vm_hwm_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def state_tree(gen: np.random.Generator, blocks: int) -> Hierarchy:
+    """Random fan-outs scaled so the state has about ``blocks`` blocks."""
+    counties = max(1, round(blocks / 1000))
+    tracts = gen.integers(8, 13, size=counties)
+    bgs = gen.integers(2, 5, size=int(tracts.sum()))
+    per_bg = blocks / bgs.sum()
+    blk = np.maximum(1, gen.poisson(per_bg, size=int(bgs.sum())))
+    child_counts = [np.array([counties]), tracts, bgs, blk]
+    codes, parents, n = [["S"]], [None], 1
+    for d, cc in enumerate(child_counts, start=1):
+        par = np.repeat(np.arange(n), cc)
+        codes.append([f"{d}-{i}" for i in range(par.size)])
+        parents.append(par)
+        n = par.size
+    return Hierarchy.from_parents(LEVELS, codes, parents)
+
+
+def plan_for(schema: Schema, levels: list[str]) -> list:
+    """(level, query, law) of the production allocation for ``levels``."""
+    level_total = sum(LEVEL_SHARES[lv] for lv in LEVELS)
+    scale = TOTAL_RHO * F(level_total, level_total + US_SHARE)
+    plan = []
+    for lv in levels:
+        rho_level = scale * F(LEVEL_SHARES[lv], level_total)
+        for text, share in zip(QUERIES, QUERY_SHARES[lv], strict=True):
+            rho = float(rho_level * share)
+            plan.append((lv, ProductQuery.parse(schema, text), Gaussian.from_rho(rho)))
+    return plan
+
+
+def synthetic_counts(gen, h: Hierarchy, schema: Schema) -> list[np.ndarray]:
+    """Sparse block histograms: ~30 people per block over a skewed cell distribution."""
+    p = gen.dirichlet(np.full(schema.n_cells, 0.05))
+    n = h.leaves.size
+    people = gen.poisson(30, size=n)
+    cells = gen.choice(schema.n_cells, size=int(people.sum()), p=p)
+    owner = np.repeat(np.arange(n), people)
+    flat = np.zeros((n, schema.n_cells), dtype=np.int64)
+    np.add.at(flat, (owner, cells), 1)
+    return h.aggregate(flat.reshape(n, *schema.shape))
+
+
+def run_structured(args, out) -> None:
+    from censusdp.estimation.structured_gls import structured_gls
+
+    warnings.simplefilter("ignore")
+    schema = Schema.load("pl94")
+    gen = np.random.default_rng(args.seed)
+    t0 = time.perf_counter()
+    h = state_tree(gen, args.blocks)
+    counts = synthetic_counts(gen, h, schema)
+    lc = dict(zip(h.names, counts, strict=True))
+    t1 = time.perf_counter()
+    meas = measure_products(lc, plan_for(schema, LEVELS), KeyedRNG.reproducible(args.seed))
+    inv = [product_invariant(lc, "state", ProductQuery.parse(schema, "total"))]
+    t2 = time.perf_counter()
+    rel = structured_gls(h, schema, meas, inv)
+    t3 = time.perf_counter()
+    n_se = 0
+    for k in range(h.depth):
+        for text in QUERIES:
+            n_se += rel.query_standard_errors(k, text).size
+    t4 = time.perf_counter()
+    err = rel.query_estimates("block", "total") - ProductQuery.parse(schema, "total").apply(
+        counts[-1]
+    )
+    out.put(
+        {
+            "nodes_per_level": dict(zip(h.names, h.sizes, strict=True)),
+            "cells": schema.n_cells,
+            "noisy_counts": int(sum(m.values.size for m in meas)),
+            "seconds_synthetic_data": t1 - t0,
+            "seconds_measure": t2 - t1,
+            "seconds_gls": t3 - t2,
+            "seconds_gls_solve": rel.diagnostics["seconds_solve"],
+            "seconds_standard_errors": t4 - t3,
+            "seconds_total_measure_gls_ses": t4 - t1,
+            "standard_errors_computed": n_se,
+            "peak_rss_mb": vm_hwm_mb(),
+            "block_total_rmse": float(np.sqrt(np.mean(err**2))),
+            "rho": rel.privacy.rho,
+            "privacy": rel.privacy.text().split(". ")[0],
+        }
+    )
+
+
+def run_dense(args, out) -> None:
+    from censusdp.estimation.gls import (
+        gls_downward,
+        gls_finish,
+        gls_plan,
+        gls_top,
+        gls_upward,
+        whole_forest,
+    )
+    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.mechanisms.queries import Invariant, Measurement
+
+    warnings.simplefilter("ignore")
+    schema = Schema.load("pl94")
+    gen = np.random.default_rng(args.seed)
+    names = ["block_group", "block"]
+    m = args.dense_blocks
+    h = Hierarchy.from_parents(
+        names, [["BG"], [f"b{i}" for i in range(m)]], [None, np.zeros(m, dtype=np.int64)]
+    )
+    counts = synthetic_counts(gen, h, schema)
+    lc = dict(zip(h.names, counts, strict=True))
+    meas = measure_products(lc, plan_for(schema, names), KeyedRNG.reproducible(args.seed))
+    inv = [product_invariant(lc, "block_group", ProductQuery.parse(schema, "total"))]
+    t0 = time.perf_counter()
+    rel = structured_gls(h, schema, meas, inv)
+    t1 = time.perf_counter()
+    hwm_structured = vm_hwm_mb()
+    dmeas = [Measurement(h.level_index(x.level), x.query.to_query(), x.values, x.law) for x in meas]
+    dinv = [Invariant(0, inv[0].query.to_query(), inv[0].values)]
+    t2 = time.perf_counter()
+    # tree_gls's passes without its exact-release guard (an exact rational rank of the
+    # 2,604 × 2,016 stacked query matrix, not part of the estimator's cost)
+    plan, pm, pi = gls_plan(h, schema.cells, dmeas, dinv)
+    state = gls_upward(plan, whole_forest(h), pm, pi)
+    zhat, Phat = gls_top(plan, h, 0, pm, pi, [state.message()])
+    zhat, Phat = gls_downward(plan, state, zhat[-1], Phat[-1])
+    dense_est, _, _ = gls_finish(plan, zhat, Phat, True)
+    t3 = time.perf_counter()
+    diff = max(
+        float(np.abs(rel.estimates[k].reshape(h.sizes[k], -1) - dense_est[k]).max())
+        / max(1.0, float(np.abs(dense_est[k]).max()))
+        for k in range(h.depth)
+    )
+    out.put(
+        {
+            "nodes": int(sum(h.sizes)),
+            "seconds_structured": t1 - t0,
+            "seconds_dense_tree_gls": t3 - t2,
+            "dense_seconds_per_node": (t3 - t2) / sum(h.sizes),
+            "ratio_dense_over_structured": (t3 - t2) / (t1 - t0),
+            "peak_rss_mb_structured": hwm_structured,
+            "peak_rss_mb_with_dense": vm_hwm_mb(),
+            "max_relative_difference_of_estimates": diff,
+        }
+    )
+
+
+def in_process(fn, args) -> dict:
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=fn, args=(args, q))
+    p.start()
+    res = q.get()
+    p.join()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=5000)
+    ap.add_argument("--dense-blocks", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=2020)
+    args = ap.parse_args()
+    structured = in_process(run_structured, args)
+    dense = in_process(run_dense, args)
+    county_nodes = 1 + 10 + 30 + 1000
+    out = {
+        "schema": "pl94",
+        "strategy": "ProductionCandidate20210527US (DESIGN §10), state total invariant",
+        "structured": structured,
+        "dense_subtree": dense,
+        "dense_county_nodes_assumed": county_nodes,
+        "dense_county_covariance_bytes": county_nodes * 2016**2 * 8,
+        "dense_county_seconds_extrapolated": dense["dense_seconds_per_node"] * county_nodes,
+    }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
