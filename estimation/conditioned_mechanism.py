@@ -60,8 +60,9 @@ from censusdp.estimation.conditioning import (
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
-from censusdp.mechanisms.laws import Gaussian, NoiseLaw
+from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.queries import Invariant, Measurement, Query, measure
+from censusdp.mechanisms.registry import gaussian_conditionable
 from censusdp.rng import KeyedRNG
 
 __all__ = ["conditioned_mechanism", "conditioned_noise", "conditioned_releases"]
@@ -228,7 +229,7 @@ def conditioned_releases(
     if n_releases < 1:
         raise SpecError(f"conditioned mechanism: n_releases must be at least 1, not {n_releases}")
     levels = _check_table(hierarchy, counts, invariants)
-    if all(type(law) is Gaussian for _, _, law in plan):
+    if all(gaussian_conditionable(law) for _, _, law in plan):
         out = []
         for i in range(n_releases):
             meas = measure(hierarchy.names, levels, plan, rng.child(f"release/{i}"))

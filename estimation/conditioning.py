@@ -64,8 +64,9 @@ from censusdp.estimation.mcmc import (
 )
 from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
-from censusdp.mechanisms.laws import Gaussian, NoiseLaw
+from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.mechanisms.registry import gaussian_conditionable
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -395,7 +396,7 @@ def condition(
     """
     if n_draws < 1:
         raise SpecError("n_draws must be at least 1")
-    if not nonnegative and all(type(m.law) is Gaussian for m in measurements):
+    if not nonnegative and all(gaussian_conditionable(m.law) for m in measurements):
         return _gaussian_release(hierarchy, cells, measurements, invariants, privacy, rng, n_draws)
     prob = ConditioningProblem(
         hierarchy,

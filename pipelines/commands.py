@@ -36,8 +36,8 @@ PRIVATIZE_FORMATS = (".csv", ".parquet", ".pq")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from censusdp.config import load_spec
     from censusdp.pipelines.runner import run_spec
+    from censusdp.pipelines.specs import load_spec
 
     spec = load_spec(args.spec)
     _warn_seed(args.seed if args.seed is not None else spec.run.seed)
@@ -102,7 +102,8 @@ def privatize_file(
     SpecError, DataError, HierarchyError, BudgetError
     """
     from censusdp.atomic import check_output, output_file
-    from censusdp.config import check_run_options, load_spec
+    from censusdp.config import check_run_options
+    from censusdp.pipelines.specs import load_spec
 
     check_run_options(seed=seed)
     policy = {
