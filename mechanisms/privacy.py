@@ -77,11 +77,11 @@ class Spend:
 
 def query_sensitivity(query: Any, norm: int) -> float:
     """The ℓ₁ (``norm=1``) or ℓ₂ (``norm=2``) sensitivity of a query under add/remove-one:
-    its own ``l1_sensitivity()``/``l2_sensitivity()`` when it has them (product queries),
+    its own ``l1_sensitivity``/``l2_sensitivity`` when it has them (schema product queries),
     else the largest column norm of its matrix."""
     own = getattr(query, f"l{norm}_sensitivity", None)
-    if callable(own):
-        return float(own())
+    if own is not None:
+        return float(own() if callable(own) else own)
     return (l1_sensitivity if norm == 1 else l2_sensitivity)(query.matrix)
 
 
