@@ -313,6 +313,7 @@ def _layer(module: str) -> int | None:
         "censusdp/registry.py",
         "censusdp/config.py",
         "censusdp/budget.py",
+        "censusdp/prelude.py",
         "mechanisms/registry.py",
         "mechanisms/privacy.py",
         "mechanisms/laws.py",
