@@ -279,8 +279,10 @@ class EstimatorSpec:
 
     Attributes
     ----------
-    run : tuple of {"gls", "conditioning", "topdown"}
-        Estimators to run, in order (default ``("gls",)``).
+    run : tuple of str
+        Registered estimators to run, in order (default ``("gls",)``;
+        :data:`censusdp.pipelines.estimators.ESTIMATORS`, checked by
+        :func:`censusdp.pipelines.specs.check_spec`).
     integer : {"round", "lattice", "none"}
         Integer output. ``"round"`` (default): real releases are rounded by unbiased
         dependent rounding. ``"lattice"`` (integer subspace DP; needs an integer noise law):
@@ -308,8 +310,9 @@ class RunOptions:
     seed : int or None
         Non-negative seed for reproducible mode; None (the default) draws a fresh secure
         key. Never shown by ``repr`` and redacted by :meth:`RunSpec.to_dict`.
-    scheduler : {"sync", "threads", "distributed"}
-        Dask scheduler (``sync`` runs in-process).
+    scheduler : str
+        A registered scheduler (:data:`censusdp.pipelines.execute.SCHEDULERS`; checked by
+        :func:`censusdp.pipelines.specs.check_spec`); ``sync`` runs in-process.
     partitions : int or None
         Number of partitions of the work (None: the pipeline chooses). The output does not
         depend on it.

@@ -86,11 +86,15 @@ def query_sensitivity(query: Any, norm: int) -> float:
 
 
 def _planned(measurements: Any) -> list[tuple[int, Any, Any]]:
-    """(level, query, law) of every measurement; partitioned measurements carry ``plan``."""
+    """(level, query, law) of every measurement: Measurement objects, a plan of
+    ``(level, query, law)`` tuples, or partitioned measurements carrying ``plan``."""
     plan = getattr(measurements, "plan", None)
     if plan is not None:
         return [(int(k), q, law) for k, q, law in plan]
-    return [(int(m.level), m.query, m.law) for m in measurements]
+    return [
+        (int(m[0]), m[1], m[2]) if isinstance(m, tuple) else (int(m.level), m.query, m.law)
+        for m in measurements
+    ]
 
 
 def spends(level_names: Sequence[str], measurements: Any) -> list[Spend]:
@@ -140,7 +144,8 @@ def derive_statement(
     ----------
     level_names : sequence of str
         The hierarchy's level names (``Hierarchy.names``).
-    measurements : sequence of Measurement, or partitioned measurements with ``plan``
+    measurements : sequence of Measurement or of (level, query, law), or partitioned
+        measurements with ``plan``
     invariants : sequence of Invariant
         Held exact: the guarantee becomes induced subspace DP and names them.
     delta : float, optional

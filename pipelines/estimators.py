@@ -18,6 +18,7 @@ estimator runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from censusdp.budget import PrivacyStatement
@@ -146,6 +147,7 @@ def _partitioned_gls(
         kept.drop()
 
 
+@dataclass(frozen=True, eq=False)
 class Problem:
     """The inputs every estimator takes: one set of measurements of one hierarchy.
 
@@ -159,14 +161,11 @@ class Problem:
         Already derived from the measurements and checked (see :func:`run_estimator`).
     """
 
-    __slots__ = ("hierarchy", "cells", "measurements", "invariants", "privacy")
-
-    def __init__(self, hierarchy, cells, measurements, invariants, privacy) -> None:
-        self.hierarchy = hierarchy
-        self.cells = list(cells)
-        self.measurements = measurements
-        self.invariants = list(invariants)
-        self.privacy = privacy
+    hierarchy: Hierarchy
+    cells: Sequence[str]
+    measurements: Any
+    invariants: Sequence[Invariant]
+    privacy: PrivacyStatement
 
 
 @runtime_checkable
