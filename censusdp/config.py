@@ -78,7 +78,6 @@ from censusdp.errors import SpecError
 
 __all__ = [
     "check_run_options",
-    "SOURCES",
     "INTEGER_MODES",
     "BUILTIN_QUERIES",
     "REDACTED",
@@ -97,9 +96,6 @@ __all__ = [
     "parse_spec",
 ]
 
-SOURCES = ("csv", "parquet", "nhgis", "midwest", "synthetic")
-#: Sources read from a file: ``data.path`` is required.
-FILE_SOURCES = ("csv", "parquet", "nhgis")
 INTEGER_MODES = ("round", "lattice", "none")
 BUILTIN_QUERIES = ("total", "detailed")
 #: ``[run]`` keys on joining a Dask scheduler (see :class:`RunOptions`).
@@ -138,9 +134,10 @@ class DataSpec:
 
     Attributes
     ----------
-    source : {"csv", "parquet", "nhgis", "midwest", "synthetic"}
-        Input format. ``midwest`` is the embedded demo table (plotnine's ``midwest``);
-        ``synthetic`` is generated; the others are files.
+    source : str
+        Input format, a registered source (:data:`censusdp.pipelines.data.SOURCES`, checked
+        by :func:`censusdp.pipelines.specs.check_spec`): ``midwest`` is the embedded demo
+        table (plotnine's ``midwest``), ``synthetic`` is generated, the others are files.
     path : pathlib.Path or None
         Input file (required for file sources). A relative path in a spec file is resolved
         against that file's directory by :func:`load_spec`.
@@ -790,7 +787,9 @@ class _Parser:
     def data(self, t: Mapping[str, Any]) -> DataSpec:
         p = "data"
         self.keys(t, p, ("source", "path", "cells", "truth", "version_column", "encoding"))
-        source = self.choice(self.get(t, p, "source", str, required=True), "data.source", SOURCES)
+        source = self.get(t, p, "source", str, required=True)
+        if not source:
+            raise self.fail("data.source", "must not be empty")
         # a file source may leave the path to the command line (--data, privatize FILE);
         # the pipeline refuses to run when neither gives one
         path = self.get(t, p, "path", str)
@@ -802,8 +801,6 @@ class _Parser:
                 path = self.base_dir / path
         cells = self.get(t, p, "cells", list, default=[])
         cells = self.str_list(cells, "data.cells")
-        if not cells and source in FILE_SOURCES:
-            raise self.fail("data.cells", f"missing; source {source!r} needs its cell columns")
         out = {k: self.get(t, p, k, str) for k in ("truth", "version_column", "encoding")}
         for k, v in out.items():
             if v is not None and not v:
@@ -843,14 +840,6 @@ class _Parser:
                 )
         for key in raw:
             self.level_key(key, "hierarchy.codes", levels)
-        if data.source in ("csv", "parquet"):
-            missing = [lvl for lvl in levels[1:] if lvl not in codes]
-            if missing:
-                raise self.fail(
-                    "hierarchy.codes",
-                    f"no code column for level(s) {missing}; source {data.source!r} needs "
-                    "one for every level below the root",
-                )
         return HierarchySpec(levels=levels, codes=codes)
 
     def marginals(self, t: Mapping[str, Any]) -> dict[str, MarginalSpec]:

@@ -20,6 +20,7 @@ from censusdp import config
 from censusdp.config import RunSpec
 from censusdp.errors import SpecError
 from censusdp.mechanisms.registry import law_info, noise_names
+from censusdp.pipelines.data import SOURCES
 from censusdp.pipelines.estimators import ESTIMATORS
 from censusdp.pipelines.execute import SCHEDULERS, scheduler_security
 
@@ -29,7 +30,8 @@ __all__ = ["check_spec", "load_spec", "parse_spec"]
 def check_spec(spec: RunSpec) -> RunSpec:
     """``spec`` when every name it uses is registered and fits the rest of the spec.
 
-    Checks, naming the spec file and key: the noise law is registered and of the spec's
+    Checks, naming the spec file and key: the data source is registered (a file source lists
+    its cells, a source read by code columns has one per level); the noise law is registered and of the spec's
     accounting; a continuous law is acknowledged (``allow_floating_point``, Mironov 2012)
     and an integer law is not; ``integer = "lattice"`` has an integer law; every estimator
     is registered and accepts the law; the scheduler is registered, and an address is given only
@@ -41,6 +43,17 @@ to the distributed one; a ``tcp://`` address is
     SpecError
     """
     where = spec.source
+    source = SOURCES.get(spec.data.source, f"{where}: data.source")
+    missing = [lvl for lvl in spec.levels[1:] if lvl not in spec.hierarchy.codes]
+    if source.codes and missing:
+        raise SpecError(
+            f"{where}: hierarchy.codes: no code column for level(s) {missing}; source "
+            f"{spec.data.source!r} needs one for every level below the root"
+        )
+    if source.file and not spec.data.cells:
+        raise SpecError(
+            f"{where}: data.cells: missing; source {spec.data.source!r} needs its cell columns"
+        )
     mech, privacy = spec.mechanism, spec.privacy
     law = law_info(mech.noise, f"{where}: mechanism.noise")
     if law.accounting != privacy.accounting:

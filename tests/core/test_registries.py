@@ -185,7 +185,7 @@ def test_registered_estimators_follow_the_protocol():
     assert ESTIMATORS.get("topdown").integer and not ESTIMATORS.get("topdown").unbiased
 
 
-def test_unknown_estimators_and_schedulers_are_errors_everywhere():
+def test_unknown_estimators_schedulers_and_sources_are_errors_everywhere():
     with pytest.raises(SpecError, match=r"s.toml: estimators.run\[1\]: unknown estimator 'mcmc'"):
         parse_spec(_doc(run=("gls", "mcmc")), "s.toml")
     with pytest.raises(SpecError, match="did you mean 'topdown'"):
@@ -198,6 +198,18 @@ def test_unknown_estimators_and_schedulers_are_errors_everywhere():
         with open_executor("spark"):
             pass
     assert SCHEDULERS.names() == ("sync", "threads", "distributed")
+    doc = _doc()
+    doc["data"] = {"source": "xlsx"}
+    with pytest.raises(SpecError, match=r"data.source: unknown data source 'xlsx'.*'csv'"):
+        parse_spec(doc, "s.toml")
+    doc["data"] = {"source": "csv", "path": "d.csv"}
+    with pytest.raises(SpecError, match=r"hierarchy.codes: no code column for level\(s\)"):
+        parse_spec(doc, "s.toml")
+    doc["hierarchy"]["codes"] = {"state": "fips:2", "county": "fips"}
+    with pytest.raises(SpecError, match="data.cells: missing; source 'csv' needs its cell"):
+        parse_spec(doc, "s.toml")
+    doc["data"]["cells"] = ["a", "b"]
+    assert parse_spec(doc, "s.toml").data.source == "csv"
 
 
 def test_adding_an_estimator_is_one_class(rng):
@@ -245,6 +257,7 @@ FAMILIES = {
     "noise": {"laplace", "gaussian", "discrete_laplace", "discrete_gaussian"},
     "estimator": {"gls", "conditioning", "topdown"},
     "scheduler": {"sync", "threads", "distributed"},
+    "source": {"csv", "parquet", "nhgis", "midwest", "synthetic"},
 }
 PACKAGES = ("censusdp", "hierarchy", "mechanisms", "estimation", "pipelines")
 
