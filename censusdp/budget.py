@@ -36,7 +36,6 @@ __all__ = [
     "EPSILON_RANGE",
     "RHO_RANGE",
     "SCALE_RANGE",
-    "NOISE_ACCOUNTING",
     "SHARE_TOLERANCE",
     "SPEND_TOLERANCE",
     "Budget",
@@ -437,15 +436,6 @@ class PrivacyStatement:
 #: Relative slack allowed when spends add up to the total (float rounding of shares).
 SPEND_TOLERANCE = 1e-9
 
-#: Which accountant composes each noise law (pure: Laplace laws; zCDP: Gaussian laws).
-NOISE_ACCOUNTING = {
-    "laplace": "pure",
-    "discrete_laplace": "pure",
-    "gaussian": "zcdp",
-    "discrete_gaussian": "zcdp",
-}
-
-
 @dataclass(frozen=True)
 class LedgerEntry:
     """One spend: what was measured (``label``) and the ε or ρ it cost (``amount``)."""
@@ -780,15 +770,17 @@ def statement_for(
         Statistics released exactly; a mapping ``{"state": "total"}`` becomes
         ``("state: total",)``. Any invariant makes the guarantee induced subspace DP.
     mechanism : str
-        Noise law name; when it is one of :data:`NOISE_ACCOUNTING` it must match
-        ``accounting``.
+        Noise law name, as a label (which accountant a law needs is known to the noise-law
+        registry, :mod:`censusdp.mechanisms.registry`, above core; statements derived from
+        measurements, :func:`censusdp.mechanisms.privacy.derive_statement`, are consistent
+        by construction).
     geometry : {"euclidean", "weighted"}
         Geometry of the projection onto the invariant subspace.
 
     Raises
     ------
     BudgetError
-        Bad accounting, total, δ or geometry, or a noise law that needs the other accountant.
+        Bad accounting, total, δ or geometry.
 
     References
     ----------
@@ -803,11 +795,6 @@ def statement_for(
         delta = check_delta(delta)
     if geometry not in ("euclidean", "weighted"):
         raise BudgetError(f"geometry must be 'euclidean' or 'weighted', got {geometry!r}")
-    needed = NOISE_ACCOUNTING.get(mechanism)
-    if needed is not None and needed != accounting:
-        raise BudgetError(
-            f"mechanism {mechanism!r} is accounted under {needed!r}, not {accounting!r}"
-        )
     if isinstance(invariants, Mapping):
         names = tuple(f"{level}: {inv}" for level, inv in invariants.items())
     else:

@@ -69,7 +69,6 @@ from typing import Any
 
 from censusdp.budget import (
     ACCOUNTINGS,
-    NOISE_ACCOUNTING,
     SHARE_TOLERANCE,
     Budget,
     PrivacyStatement,
@@ -79,11 +78,7 @@ from censusdp.errors import SpecError
 
 __all__ = [
     "check_run_options",
-    "SOURCES",
-    "NOISES",
-    "ESTIMATORS",
     "INTEGER_MODES",
-    "SCHEDULERS",
     "BUILTIN_QUERIES",
     "REDACTED",
     "CodeSpec",
@@ -101,13 +96,7 @@ __all__ = [
     "parse_spec",
 ]
 
-SOURCES = ("csv", "parquet", "nhgis", "midwest", "synthetic")
-#: Sources read from a file: ``data.path`` is required.
-FILE_SOURCES = ("csv", "parquet", "nhgis")
-NOISES = tuple(NOISE_ACCOUNTING)
-ESTIMATORS = ("gls", "conditioning", "topdown")
 INTEGER_MODES = ("round", "lattice", "none")
-SCHEDULERS = ("sync", "threads", "distributed")
 BUILTIN_QUERIES = ("total", "detailed")
 #: ``[run]`` keys on joining a Dask scheduler (see :class:`RunOptions`).
 _NETWORK = ("tls_ca_file", "tls_cert", "tls_key", "allow_insecure_network")
@@ -145,9 +134,10 @@ class DataSpec:
 
     Attributes
     ----------
-    source : {"csv", "parquet", "nhgis", "midwest", "synthetic"}
-        Input format. ``midwest`` is the embedded demo table (plotnine's ``midwest``);
-        ``synthetic`` is generated; the others are files.
+    source : str
+        Input format, a registered source (:data:`censusdp.pipelines.data.SOURCES`, checked
+        by :func:`censusdp.pipelines.specs.check_spec`): ``midwest`` is the embedded demo
+        table (plotnine's ``midwest``), ``synthetic`` is generated, the others are files.
     path : pathlib.Path or None
         Input file (required for file sources). A relative path in a spec file is resolved
         against that file's directory by :func:`load_spec`.
@@ -246,22 +236,18 @@ class MechanismSpec:
 
     Attributes
     ----------
-    noise : {"laplace", "discrete_laplace", "gaussian", "discrete_gaussian"}
-        Noise law of every measurement; Laplace laws need pure accounting, Gaussian laws
-        zCDP.
+    noise : str
+        Noise law of every measurement: a name registered in
+        :mod:`censusdp.mechanisms.registry`, of the spec's accounting (checked, with the
+        other registered names, by :func:`censusdp.pipelines.specs.check_spec`).
     allow_floating_point : bool
-        The spec acknowledges that a continuous law (``laplace``, ``gaussian``) samples in
-        floating point, which is open to floating-point attacks (Mironov 2012); required for
-        them, refused for the exact discrete laws.
+        The spec acknowledges that a continuous law samples in floating point, which is
+        open to floating-point attacks (Mironov 2012); required for continuous laws,
+        refused for the exact integer laws (checked by ``check_spec``).
     """
 
     noise: str
     allow_floating_point: bool = False
-
-    @property
-    def is_integer(self) -> bool:
-        """True for the exact integer laws (discrete Laplace, discrete Gaussian)."""
-        return self.noise.startswith("discrete_")
 
 
 @dataclass(frozen=True)
@@ -290,8 +276,10 @@ class EstimatorSpec:
 
     Attributes
     ----------
-    run : tuple of {"gls", "conditioning", "topdown"}
-        Estimators to run, in order (default ``("gls",)``).
+    run : tuple of str
+        Registered estimators to run, in order (default ``("gls",)``;
+        :data:`censusdp.pipelines.estimators.ESTIMATORS`, checked by
+        :func:`censusdp.pipelines.specs.check_spec`).
     integer : {"round", "lattice", "none"}
         Integer output. ``"round"`` (default): real releases are rounded by unbiased
         dependent rounding. ``"lattice"`` (integer subspace DP; needs an integer noise law):
@@ -319,8 +307,9 @@ class RunOptions:
     seed : int or None
         Non-negative seed for reproducible mode; None (the default) draws a fresh secure
         key. Never shown by ``repr`` and redacted by :meth:`RunSpec.to_dict`.
-    scheduler : {"sync", "threads", "distributed"}
-        Dask scheduler (``sync`` runs in-process).
+    scheduler : str
+        A registered scheduler (:data:`censusdp.pipelines.execute.SCHEDULERS`; checked by
+        :func:`censusdp.pipelines.specs.check_spec`); ``sync`` runs in-process.
     partitions : int or None
         Number of partitions of the work (None: the pipeline chooses). The output does not
         depend on it.
@@ -779,23 +768,8 @@ class _Parser:
         invariants = self.per_level(inv_table, "invariants", levels, known)
         mechanism = self.mechanism(self.table(doc, "mechanism", required=True))
         privacy = self.privacy(self.table(doc, "privacy", required=True), levels, queries)
-        if NOISE_ACCOUNTING[mechanism.noise] != privacy.accounting:
-            raise self.fail(
-                "mechanism.noise",
-                f"{mechanism.noise!r} is accounted under "
-                f"{NOISE_ACCOUNTING[mechanism.noise]!r} but privacy.accounting is "
-                f"{privacy.accounting!r}; Laplace laws need 'pure', Gaussian laws 'zcdp'",
-            )
         estimators = self.estimators(self.table(doc, "estimators", required=False))
-        if estimators.integer == "lattice" and not mechanism.is_integer:
-            raise self.fail(
-                "estimators.integer",
-                "'lattice' samples conditioning on the integer lattice of invariant-preserving "
-                f"noise and needs an integer noise law, but mechanism.noise is "
-                f"{mechanism.noise!r}; set it to 'discrete_laplace' or 'discrete_gaussian', "
-                "or use integer = 'round'",
-            )
-        spec = RunSpec(
+        return RunSpec(
             source=self.source,
             data=data,
             hierarchy=hierarchy,
@@ -809,22 +783,13 @@ class _Parser:
             run=self.run(self.table(doc, "run", required=False)),
             output=self.output(self.table(doc, "output", required=False)),
         )
-        if not mechanism.is_integer and not mechanism.allow_floating_point:
-            exact = "discrete_" + mechanism.noise
-            raise self.fail(
-                "mechanism.noise",
-                f"{mechanism.noise!r} draws floating-point noise, which is not protected "
-                "against floating-point attacks (Mironov 2012: the gaps in a float sampler's "
-                f"output can reveal the true value); use the exact {exact!r} instead, or add "
-                "allow_floating_point = true to [mechanism] to release with it anyway (the "
-                "privacy statement then says so)",
-            )
-        return spec
 
     def data(self, t: Mapping[str, Any]) -> DataSpec:
         p = "data"
         self.keys(t, p, ("source", "path", "cells", "truth", "version_column", "encoding"))
-        source = self.choice(self.get(t, p, "source", str, required=True), "data.source", SOURCES)
+        source = self.get(t, p, "source", str, required=True)
+        if not source:
+            raise self.fail("data.source", "must not be empty")
         # a file source may leave the path to the command line (--data, privatize FILE);
         # the pipeline refuses to run when neither gives one
         path = self.get(t, p, "path", str)
@@ -836,8 +801,6 @@ class _Parser:
                 path = self.base_dir / path
         cells = self.get(t, p, "cells", list, default=[])
         cells = self.str_list(cells, "data.cells")
-        if not cells and source in FILE_SOURCES:
-            raise self.fail("data.cells", f"missing; source {source!r} needs its cell columns")
         out = {k: self.get(t, p, k, str) for k in ("truth", "version_column", "encoding")}
         for k, v in out.items():
             if v is not None and not v:
@@ -877,14 +840,6 @@ class _Parser:
                 )
         for key in raw:
             self.level_key(key, "hierarchy.codes", levels)
-        if data.source in ("csv", "parquet"):
-            missing = [lvl for lvl in levels[1:] if lvl not in codes]
-            if missing:
-                raise self.fail(
-                    "hierarchy.codes",
-                    f"no code column for level(s) {missing}; source {data.source!r} needs "
-                    "one for every level below the root",
-                )
         return HierarchySpec(levels=levels, codes=codes)
 
     def marginals(self, t: Mapping[str, Any]) -> dict[str, MarginalSpec]:
@@ -1051,16 +1006,10 @@ class _Parser:
 
     def mechanism(self, t: Mapping[str, Any]) -> MechanismSpec:
         self.keys(t, "mechanism", ("noise", "allow_floating_point"))
-        noise = self.choice(
-            self.get(t, "mechanism", "noise", str, required=True), "mechanism.noise", NOISES
-        )
+        noise = self.get(t, "mechanism", "noise", str, required=True)
+        if not noise:
+            raise self.fail("mechanism.noise", "must not be empty")
         allow = self.get(t, "mechanism", "allow_floating_point", bool, default=False)
-        if allow and noise.startswith("discrete_"):
-            raise self.fail(
-                "mechanism.allow_floating_point",
-                f"{noise!r} is an exact integer law with no floating-point sampling to "
-                "acknowledge; remove the key",
-            )
         return MechanismSpec(noise, allow)
 
     def estimators(self, t: Mapping[str, Any]) -> EstimatorSpec:
@@ -1069,8 +1018,6 @@ class _Parser:
         run = self.str_list(self.get(t, p, "run", list, default=["gls"]), "estimators.run")
         if not run:
             raise self.fail("estimators.run", "needs at least one estimator")
-        for i, name in enumerate(run):
-            self.choice(name, f"estimators.run[{i}]", ESTIMATORS)
         integer = self.choice(
             self.get(t, p, "integer", str, default="round"), "estimators.integer", INTEGER_MODES
         )
@@ -1095,28 +1042,15 @@ class _Parser:
         seed = self.get(t, p, "seed", int)  # errors name the type, never the value
         if seed is not None and seed < 0:
             raise self.fail("run.seed", "must be a non-negative integer")
-        scheduler = self.choice(
-            self.get(t, p, "scheduler", str, default="sync"), "run.scheduler", SCHEDULERS
-        )
+        scheduler = self.get(t, p, "scheduler", str, default="sync")
+        if not scheduler:
+            raise self.fail("run.scheduler", "must not be empty")
         partitions = self.positive_int(t, p, "partitions")
         address = self.get(t, p, "address", str)
         if address is not None:
-            if scheduler != "distributed":
-                raise self.fail(
-                    "run.address", f"only used with scheduler = 'distributed', not {scheduler!r}"
-                )
             if not address.startswith(("tcp://", "tls://")) or len(address) <= len("tcp://"):
                 raise self.fail("run.address", "expected 'tcp://host:port' (or 'tls://...')")
         network = self.network(t)
-        if address is not None and address.lower().startswith("tcp://"):
-            from censusdp.pipelines.execute import scheduler_security
-
-            try:  # refused here, before any data is read
-                scheduler_security(
-                    address, allow_insecure_network=network["allow_insecure_network"]
-                )
-            except SpecError as exc:
-                raise self.fail("run.address", str(exc)) from None
         return RunOptions(repetitions, seed, scheduler, partitions, address, **network)
 
     def network(self, t: Mapping[str, Any]) -> dict[str, Any]:

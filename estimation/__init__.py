@@ -1,6 +1,12 @@
-"""censusdp.estimation — projection (GLS), conditioning (MCMC), TopDown-style baseline,
-unbiased rounding and uncertainty."""
+"""censusdp.estimation — projection (GLS), conditioning (MCMC), the conditioned mechanism
+ℳ_MH, TopDown-style baseline, unbiased rounding and uncertainty.
 
+Every estimator takes ``(hierarchy, cells, measurements, invariants, privacy)``; ``privacy``
+None derives the statement from the measurements, and a statement that claims less than they
+spend is refused (:mod:`censusdp.mechanisms.privacy`)."""
+
+from censusdp.estimation.conditioned_mechanism import conditioned_mechanism
+from censusdp.estimation.conditioning import condition
 from censusdp.estimation.gls import NodeVarianceMeasurement, tree_gls
 from censusdp.estimation.gls_sparse import general_gls, hierarchy_to_sparse
 from censusdp.estimation.release import Release
@@ -12,11 +18,20 @@ from censusdp.estimation.rounding import (
     rounding_variance,
 )
 from censusdp.estimation.structured_gls import StructuredRelease, structured_gls
-from censusdp.estimation.uncertainty import coverage, intervals, standard_errors
+from censusdp.estimation.topdown import topdown
+from censusdp.estimation.uncertainty import (
+    coverage,
+    intervals,
+    lattice_intervals,
+    standard_errors,
+)
 
 __all__ = [
     "Release",
     "tree_gls",
+    "condition",
+    "conditioned_mechanism",
+    "topdown",
     "NodeVarianceMeasurement",
     "general_gls",
     "hierarchy_to_sparse",
@@ -30,4 +45,5 @@ __all__ = [
     "coverage",
     "structured_gls",
     "StructuredRelease",
+    "lattice_intervals",
 ]

@@ -60,8 +60,10 @@ from censusdp.estimation.conditioning import (
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
-from censusdp.mechanisms.laws import Gaussian, NoiseLaw
+from censusdp.mechanisms.laws import NoiseLaw
+from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement, Query, measure
+from censusdp.mechanisms.registry import gaussian_conditionable
 from censusdp.rng import KeyedRNG
 
 __all__ = ["conditioned_mechanism", "conditioned_noise", "conditioned_releases"]
@@ -153,7 +155,7 @@ def conditioned_mechanism(
     counts: Sequence[np.ndarray],
     plan: Sequence[tuple[int, Query, NoiseLaw]],
     invariants: Sequence[Invariant],
-    privacy: PrivacyStatement,
+    privacy: PrivacyStatement | None,
     rng: KeyedRNG,
     **options: Any,
 ) -> Release:
@@ -171,8 +173,10 @@ def conditioned_mechanism(
         level (as for :func:`censusdp.mechanisms.queries.measure`).
     invariants : sequence of Invariant
         Answers released exactly (the noise is conditioned to be zero there).
-    privacy : PrivacyStatement
-        The unconditioned mechanism's statement; notes on the conditioning are added.
+    privacy : PrivacyStatement or None
+        The unconditioned mechanism's statement (None: derived from ``plan``; a statement
+        claiming less than the plan spends is a BudgetError); notes on the conditioning are
+        added.
     rng : KeyedRNG
         All randomness (the Gaussian path measures with it; the chains use
         ``conditioning/mcmc``).
@@ -207,7 +211,7 @@ def conditioned_releases(
     counts: Sequence[np.ndarray],
     plan: Sequence[tuple[int, Query, NoiseLaw]],
     invariants: Sequence[Invariant],
-    privacy: PrivacyStatement,
+    privacy: PrivacyStatement | None,
     rng: KeyedRNG,
     *,
     n_releases: int,
@@ -228,7 +232,8 @@ def conditioned_releases(
     if n_releases < 1:
         raise SpecError(f"conditioned mechanism: n_releases must be at least 1, not {n_releases}")
     levels = _check_table(hierarchy, counts, invariants)
-    if all(type(law) is Gaussian for _, _, law in plan):
+    privacy = checked_statement(hierarchy.names, plan, invariants, privacy)
+    if all(gaussian_conditionable(law) for _, _, law in plan):
         out = []
         for i in range(n_releases):
             meas = measure(hierarchy.names, levels, plan, rng.child(f"release/{i}"))

@@ -64,8 +64,10 @@ from censusdp.estimation.mcmc import (
 )
 from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
-from censusdp.mechanisms.laws import Gaussian, NoiseLaw
+from censusdp.mechanisms.laws import NoiseLaw
+from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.mechanisms.registry import gaussian_conditionable
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -338,7 +340,7 @@ def condition(
     cells: Sequence[str],
     measurements: Sequence[Measurement],
     invariants: Sequence[Invariant],
-    privacy: PrivacyStatement,
+    privacy: PrivacyStatement | None,
     rng: KeyedRNG,
     *,
     tv_bound: float = 0.01,
@@ -357,7 +359,9 @@ def condition(
     Parameters
     ----------
     hierarchy, cells, measurements, invariants, privacy
-        As for every estimator (see :mod:`censusdp.estimation`).
+        As for every estimator (see :mod:`censusdp.estimation`); ``privacy`` None derives
+        the statement from the measurements, and a statement that claims less than they
+        spend is refused (BudgetError).
     rng : KeyedRNG
         Source of all sampling randomness (streams ``conditioning/...``).
     tv_bound : float
@@ -395,7 +399,8 @@ def condition(
     """
     if n_draws < 1:
         raise SpecError("n_draws must be at least 1")
-    if not nonnegative and all(type(m.law) is Gaussian for m in measurements):
+    privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
+    if not nonnegative and all(gaussian_conditionable(m.law) for m in measurements):
         return _gaussian_release(hierarchy, cells, measurements, invariants, privacy, rng, n_draws)
     prob = ConditioningProblem(
         hierarchy,

@@ -93,6 +93,7 @@ from censusdp.errors import DataError, SpecError
 from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.core import exact_int64
+from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import (
     Invariant,
     Measurement,
@@ -1495,8 +1496,8 @@ def tree_gls(
     hierarchy: Hierarchy,
     cells: Sequence[str],
     measurements: Sequence[Measurement],
-    invariants: Sequence[Invariant],
-    privacy: PrivacyStatement,
+    invariants: Sequence[Invariant] = (),
+    privacy: PrivacyStatement | None = None,
     *,
     covariance: bool = False,
     geometry: Geometry = "weighted",
@@ -1517,8 +1518,12 @@ def tree_gls(
         :class:`NodeVarianceMeasurement`).
     invariants : sequence of Invariant
         Exact answers at every node of a level (totals, histograms, marginals).
-    privacy : PrivacyStatement
-        The statement of the measurements; returned with ``geometry`` set.
+    privacy : PrivacyStatement, optional
+        None (the default): the statement is derived from the measurements — each law's
+        privacy at its query's computed sensitivity, composed over levels, invariants named
+        (:func:`~censusdp.mechanisms.privacy.derive_statement`). A statement passed in is
+        checked against that derivation and kept when it claims at least as much. Returned
+        with ``geometry`` set.
     covariance : bool
         Also return the (n_nodes, K, K) error covariance of every node.
     geometry : {"weighted", "euclidean"}
@@ -1543,13 +1548,16 @@ def tree_gls(
     SpecError
         Invariants that determine every measured value of a level, unless ``privacy``
         acknowledges it (:func:`~censusdp.mechanisms.queries.guard_exact_release`).
+    BudgetError
+        ``privacy`` claims less than the measurements spend (e.g. ρ = 10⁻⁹ for σ = 20 noise).
 
     References
     ----------
     Hay, Rastogi, Miklau & Suciu (2010), §4 (the one-cell algorithm); Rauch, Tung & Striebel
-    (1965); Gao, Gong & Yu (2022), Thm. 22.
+    (1965); Gao, Gong & Yu (2022), Thm. 22; Bun & Steinke (2016), Lemma 2.3 (composition).
     """
     t0 = time.perf_counter()
+    privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
     plan, meas, invs = gls_plan(
         hierarchy, cells, measurements, invariants, geometry, privacy=privacy
     )

@@ -60,6 +60,7 @@ from censusdp.estimation.topdown_problem import (
     solve_children_report,
 )
 from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement
 
 __all__ = ["topdown", "solve_children", "propagate_invariants", "DEFAULT_TOL"]
@@ -191,7 +192,7 @@ def topdown(
     cells: Sequence[str],
     measurements: Sequence[Measurement],
     invariants: Sequence[Invariant],
-    privacy: PrivacyStatement,
+    privacy: PrivacyStatement | None,
     *,
     tol: float = DEFAULT_TOL,
     primary: Collection[str] = ("total",),
@@ -212,8 +213,10 @@ def topdown(
     invariants : sequence of Invariant
         Exact, integer answers; they are propagated to the levels above
         (:func:`propagate_invariants`) and met with ``==``.
-    privacy : PrivacyStatement
-        The statement of the measurements; the release notes that it is post-processing.
+    privacy : PrivacyStatement or None
+        The statement of the measurements (None: derived from them); checked against what
+        they spend (:func:`~censusdp.mechanisms.privacy.checked_statement`, BudgetError
+        when it claims less); the release notes that it is post-processing.
     tol : float
         Relative width of the L2 pass-2 band around the pass-1 primary answers.
     primary : collection of str
@@ -249,6 +252,7 @@ def topdown(
     Harvard Data Science Review, Special Issue 2; U.S. Census Bureau, DAS 2020 production
     code.
     """
+    privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
     cells = tuple(cells)
     m = len(cells)
     meas = _measurements_by_level(hierarchy, measurements, m)

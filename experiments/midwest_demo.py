@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from censusdp.config import load_spec
 from censusdp.experiments.registry import ExperimentContext
 from censusdp.pipelines.report import markdown_table, plot_slopes, slope_table
 from censusdp.pipelines.runner import run_spec, with_budget
+from censusdp.pipelines.specs import load_spec
 
 __all__ = ["BUDGETS", "CONDITIONING_REPETITIONS", "SPEC", "run", "print_summary"]
 

@@ -1,5 +1,6 @@
-"""censusdp.mechanisms — noise laws, exact samplers, calibration, subspace mechanisms,
-lattice, matrix masking and Blowfish."""
+"""censusdp.mechanisms — noise laws (and their registry), exact samplers, calibration,
+privacy statements derived from measurements, queries, subspace mechanisms, lattice, matrix
+masking and Blowfish."""
 
 from censusdp.mechanisms.calibration import (
     analytic_gaussian_delta,
@@ -22,6 +23,7 @@ from censusdp.mechanisms.discrete import (
     sample_discrete_laplace,
 )
 from censusdp.mechanisms.laws import Gaussian, Laplace, NoiseLaw
+from censusdp.mechanisms.privacy import check_statement, checked_statement, derive_statement
 from censusdp.mechanisms.product_measure import (
     ProductInvariant,
     ProductMeasurement,
@@ -29,6 +31,7 @@ from censusdp.mechanisms.product_measure import (
     product_invariant,
     product_privacy,
 )
+from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.projection import (
     dense_projector,
     group_projection_variances,
@@ -39,6 +42,7 @@ from censusdp.mechanisms.projection import (
     project_nested,
 )
 from censusdp.mechanisms.queries import Invariant, Measurement, Query, invariant, measure
+from censusdp.mechanisms.registry import NOISE_LAWS, LawInfo, law_info, register_law
 from censusdp.mechanisms.subspace import (
     DistributedRelease,
     SubspaceRelease,
@@ -52,6 +56,14 @@ from censusdp.mechanisms.subspace import (
 )
 
 __all__ = [
+    "NOISE_LAWS",
+    "LawInfo",
+    "law_info",
+    "register_law",
+    "derive_statement",
+    "check_statement",
+    "checked_statement",
+    "ProductQuery",
     "NoiseLaw",
     "Laplace",
     "Gaussian",

@@ -33,6 +33,7 @@ import numpy as np
 from censusdp.budget import SCALE_RANGE, check_epsilon, check_rho, check_scale
 from censusdp.errors import BudgetError
 from censusdp.mechanisms.laws import NoiseLaw
+from censusdp.mechanisms.registry import register_law
 
 __all__ = [
     "MAX_DENOMINATOR",
@@ -439,6 +440,7 @@ def sample_discrete_gaussian(
 # Laws
 
 
+@register_law
 class DiscreteLaplace(NoiseLaw):
     """Discrete Laplace (two-sided geometric): P(k) ∝ exp(−|k|/t), k ∈ ℤ; ε = Δ₁/t.
 
@@ -507,6 +509,7 @@ class DiscreteLaplace(NoiseLaw):
         return f"DiscreteLaplace(scale={self.scale_fraction})"
 
 
+@register_law
 class DiscreteGaussian(NoiseLaw):
     """Discrete Gaussian: P(k) ∝ exp(−k²/(2σ²)), k ∈ ℤ; ρ = Δ₂²/(2σ²) (zCDP).
 

@@ -29,20 +29,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from censusdp.mechanisms.registry import NOISE_LAWS, register_law
+
 if TYPE_CHECKING:
     from censusdp.budget import PrivacyStatement
 
 __all__ = [
-    "FLOATING_POINT_LAWS",
     "FLOATING_POINT_NOTE",
     "NoiseLaw",
     "Laplace",
     "Gaussian",
     "floating_point_note",
 ]
-
-#: Names of the continuous (floating-point) noise laws.
-FLOATING_POINT_LAWS = ("laplace", "gaussian")
 
 #: What every privacy statement of a release made with floating-point noise says.
 FLOATING_POINT_NOTE = (
@@ -57,15 +55,19 @@ def floating_point_note(
     statement: PrivacyStatement, *, continuous: bool | None = None
 ) -> PrivacyStatement:
     """``statement`` with :data:`FLOATING_POINT_NOTE` among its notes (once) when the noise
-    was continuous: ``continuous``, or by default when its mechanism is one of
-    :data:`FLOATING_POINT_LAWS`. Otherwise ``statement`` itself.
+    was continuous: ``continuous``, or by default when its mechanism names a registered law
+    that is not integer (:mod:`censusdp.mechanisms.registry`; a statement of several laws
+    names them separated by ``", "``). Otherwise ``statement`` itself.
 
     References
     ----------
     Mironov (2012).
     """
     if continuous is None:
-        continuous = statement.mechanism in FLOATING_POINT_LAWS
+        continuous = any(
+            name in NOISE_LAWS and not NOISE_LAWS.get(name).integer
+            for name in statement.mechanism.split(", ")
+        )
     if not continuous or FLOATING_POINT_NOTE in statement.notes:
         return statement
     return statement.with_notes(FLOATING_POINT_NOTE)
@@ -132,6 +134,7 @@ class NoiseLaw(ABC):
         return None
 
 
+@register_law
 class Laplace(NoiseLaw):
     """Laplace(0, b): density exp(−|x|/b) / (2b); ε = Δ₁ / b.
 
@@ -185,6 +188,7 @@ class Laplace(NoiseLaw):
         return f"Laplace(scale={self.scale:g})"
 
 
+@register_law
 class Gaussian(NoiseLaw):
     """N(0, σ²); ρ = Δ₂² / (2σ²) (zCDP).
 

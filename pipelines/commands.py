@@ -37,8 +37,8 @@ PRIVATIZE_FORMATS = (".csv", ".parquet", ".pq")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from censusdp.config import load_spec
     from censusdp.pipelines.runner import run_spec
+    from censusdp.pipelines.specs import load_spec
 
     spec = load_spec(args.spec)
     _warn_seed(args.seed if args.seed is not None else spec.run.seed)
@@ -183,12 +183,13 @@ def _privatize(
 ) -> tuple[Path, str]:
     """:func:`privatize_file`, also returning the privacy statement's text."""
     from censusdp.atomic import check_output, output_file
-    from censusdp.config import check_run_options, load_spec
+    from censusdp.config import check_run_options
     from censusdp.pipelines.privatize_tables import (
         privatize_tables,
         refuse_overlapping_columns,
         spec_uses_codebook,
     )
+    from censusdp.pipelines.specs import load_spec
 
     check_run_options(seed=seed)
     if codebook is not None or (spec_path is not None and spec_uses_codebook(spec_path)):

@@ -25,9 +25,37 @@ from censusdp.pipelines.nhgis import (
     BatchFile,
     read_batch,
 )
+from censusdp.registry import Registry
 from censusdp.tabular import read_csv_text, read_parquet_table
 
-__all__ = ["RunData", "load_data"]
+__all__ = ["SOURCES", "Source", "RunData", "load_data"]
+
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a ``[data] source`` needs from a spec.
+
+    Attributes
+    ----------
+    file : bool
+        It reads a file: ``[data] path`` (or ``--data``) and the cell columns are required.
+    codes : bool
+        Its levels are read from code columns: ``[hierarchy] codes`` names one for every
+        level below the root.
+    """
+
+    file: bool
+    codes: bool
+
+
+#: Every ``[data] source`` a spec can name; :func:`load_data` reads each.
+SOURCES: Registry[Source] = Registry("data source")
+SOURCES.add("csv", Source(file=True, codes=True))
+SOURCES.add("parquet", Source(file=True, codes=True))
+SOURCES.add("nhgis", Source(file=True, codes=False))  # levels from GISJOIN codes
+SOURCES.add("midwest", Source(file=False, codes=False))
+SOURCES.add("synthetic", Source(file=False, codes=False))
 
 
 @dataclass(eq=False)

@@ -1,14 +1,25 @@
-"""Run the estimators a spec names on one set of measurements.
+"""The estimator registry, and running the estimators a spec names on one set of measurements.
 
-Every estimator takes the same inputs (hierarchy, cells, measurements, invariants, privacy
-statement) and returns a :class:`~censusdp.estimation.release.Release`. The pipeline adds the
-integer step (``[estimators] integer``) and maps the parallel parts over an executor: the
-per-parent TopDown-style problems, and the GLS and rounding passes per partition.
+Every estimator follows one protocol, :class:`Estimator`: a name, what it promises
+(``unbiased``, ``standard_errors``, ``integer`` output), which noise laws it accepts, and
+``run(...)``, which takes the same inputs (hierarchy, cells, measurements, invariants, privacy
+statement) and returns a :class:`~censusdp.estimation.release.Release`. Estimators register
+here, in :data:`ESTIMATORS`, and nowhere else: specs are checked against this registry
+(:func:`censusdp.pipelines.specs.check_spec`) and :func:`run_estimator` dispatches through it.
+Adding an estimator is one class with ``@register_estimator`` in this file, plus its tests.
+
+The pipeline adds the integer step (``[estimators] integer``) and maps the parallel parts over
+an executor: the per-parent TopDown-style problems, and the GLS and rounding passes per
+partition. The privacy statement is derived from the measurements and any statement passed in
+is checked against it (:func:`~censusdp.mechanisms.privacy.checked_statement`) before any
+estimator runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from censusdp.budget import PrivacyStatement
 from censusdp.config import EstimatorSpec
@@ -17,15 +28,23 @@ from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.release import Release
 from censusdp.estimation.rounding import check_invariants, round_release
 from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement, Query
+from censusdp.mechanisms.registry import LawInfo
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
 from censusdp.pipelines.partition import Partition
+from censusdp.registry import Registry
 from censusdp.rng import KeyedRNG
 
-__all__ = ["ESTIMATORS", "run_estimator", "rounding_mode"]
-
-ESTIMATORS = ("gls", "conditioning", "topdown")
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "Problem",
+    "register_estimator",
+    "rounding_mode",
+    "run_estimator",
+]
 
 #: GLS keeps its per-node covariances (n_nodes × cells² per level) up to this many cells, so
 #: that the rounded release has standard errors for node totals and marginals
@@ -128,13 +147,180 @@ def _partitioned_gls(
         kept.drop()
 
 
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """The inputs every estimator takes: one set of measurements of one hierarchy.
+
+    Attributes
+    ----------
+    hierarchy : Hierarchy
+    cells : sequence of str
+    measurements : sequence of Measurement (or partitioned measurements)
+    invariants : sequence of Invariant
+    privacy : PrivacyStatement
+        Already derived from the measurements and checked (see :func:`run_estimator`).
+    """
+
+    hierarchy: Hierarchy
+    cells: Sequence[str]
+    measurements: Any
+    invariants: Sequence[Invariant]
+    privacy: PrivacyStatement
+
+
+@runtime_checkable
+class Estimator(Protocol):
+    """What the pipeline needs of an estimator.
+
+    Attributes
+    ----------
+    name : str
+        The name used in specs (``[estimators] run``), manifests and reports.
+    unbiased : bool
+        The real-valued release is unbiased for the confidential table.
+    standard_errors : bool
+        The release reports exact standard errors.
+    integer : bool
+        It releases integers itself (the spec's integer step does not apply).
+    """
+
+    name: ClassVar[str]
+    unbiased: ClassVar[bool]
+    standard_errors: ClassVar[bool]
+    integer: ClassVar[bool]
+
+    def accepts(self, law: LawInfo) -> str | None:
+        """None when the estimator works with ``law``, else why not (for the error)."""
+
+    def run(
+        self,
+        problem: Problem,
+        rng: KeyedRNG,
+        options: EstimatorSpec,
+        executor: Executor | None,
+        partitions: Sequence[Partition] | None,
+    ) -> Release:
+        """The release (before the integer step and the invariant check)."""
+
+
+#: Every estimator a spec can name, in registration order.
+ESTIMATORS: Registry[Estimator] = Registry("estimator")
+
+
+def register_estimator(cls: type) -> type:
+    """Class decorator: register one instance of an :class:`Estimator` class by its name."""
+    obj = cls()
+    if not isinstance(obj, Estimator):
+        raise SpecError(f"{cls.__name__} does not follow the Estimator protocol")
+    ESTIMATORS.add(cls.name, obj)
+    return cls
+
+
+class _AnyLaw:
+    """Estimators that work with every registered noise law."""
+
+    def accepts(self, law: LawInfo) -> str | None:
+        return None
+
+
+@register_estimator
+class GLS(_AnyLaw):
+    """Hierarchical GLS (projection): unbiased, exact standard errors
+    (:func:`~censusdp.estimation.gls.tree_gls`; Hay et al. 2010; Gao, Gong & Yu 2022)."""
+
+    name = "gls"
+    unbiased = True
+    standard_errors = True
+    integer = False
+
+    def run(self, problem, rng, options, executor, partitions) -> Release:
+        p = problem
+        if partitions is not None and executor is not None:
+            return _partitioned_gls(
+                p.hierarchy,
+                p.cells,
+                p.measurements,
+                p.invariants,
+                p.privacy,
+                rng,
+                options,
+                executor,
+                partitions,
+            )
+        return tree_gls(
+            p.hierarchy,
+            p.cells,
+            p.measurements,
+            p.invariants,
+            p.privacy,
+            covariance=len(p.cells) <= COVARIANCE_CELLS,
+        )
+
+
+@register_estimator
+class Conditioning(_AnyLaw):
+    """The noise law conditioned on consistency and invariants (belief revision), by a
+    certified MCMC run (:func:`~censusdp.estimation.conditioning.condition`)."""
+
+    name = "conditioning"
+    unbiased = True
+    standard_errors = False
+    integer = False
+
+    def run(self, problem, rng, options, executor, partitions) -> Release:
+        from censusdp.estimation.conditioning import condition
+
+        p = problem
+        mc = options.mcmc
+        kwargs: dict[str, Any] = {"tv_bound": mc.tv_bound, "n_rhat_chains": max(4, mc.chains)}
+        if mc.max_iterations is not None:
+            kwargs["max_iterations"] = mc.max_iterations
+        return condition(
+            p.hierarchy,
+            p.cells,
+            p.measurements,
+            p.invariants,
+            p.privacy,
+            rng.child("conditioning"),
+            **kwargs,
+        )
+
+
+@register_estimator
+class TopDown(_AnyLaw):
+    """The TopDown-style baseline (U.S. Census Bureau 2020 algorithm; Abowd et al. 2022):
+    integer, biased for small areas, no standard errors
+    (:func:`~censusdp.estimation.topdown.topdown`)."""
+
+    name = "topdown"
+    unbiased = False
+    standard_errors = False
+    integer = True
+
+    def run(self, problem, rng, options, executor, partitions) -> Release:
+        from censusdp.estimation.topdown import topdown
+
+        p = problem
+        mapper = None if executor is None or executor.name == "sync" else executor.map
+        chunks = 1 if mapper is None else 4 * max(1, executor.workers)
+        return topdown(
+            p.hierarchy,
+            p.cells,
+            p.measurements,
+            p.invariants,
+            p.privacy,
+            mapper=mapper,
+            chunks=chunks,
+        )
+
+
 def run_estimator(
     name: str,
     hierarchy: Hierarchy,
     cells: Sequence[str],
     measurements: Sequence[Measurement],
     invariants: Sequence[Invariant],
-    privacy: PrivacyStatement,
+    privacy: PrivacyStatement | None,
     rng: KeyedRNG,
     options: EstimatorSpec,
     *,
@@ -145,7 +331,11 @@ def run_estimator(
 
     Parameters
     ----------
-    name : {"gls", "conditioning", "topdown"}
+    name : str
+        A registered estimator (:data:`ESTIMATORS`); unknown names are a SpecError.
+    privacy : PrivacyStatement or None
+        None: derived from the measurements; a statement is checked against the derived one
+        (a claim below what the measurements spend is a BudgetError).
     rng : KeyedRNG
         Randomness of the estimator itself (rounding, MCMC); never the measurement noise.
     options : EstimatorSpec
@@ -154,54 +344,13 @@ def run_estimator(
     executor, partitions
         Where the parallel parts run; None runs everything in this process.
     """
-    if name == "gls":
-        if partitions is not None and executor is not None:
-            return _checked(
-                _partitioned_gls(
-                    hierarchy,
-                    cells,
-                    measurements,
-                    invariants,
-                    privacy,
-                    rng,
-                    options,
-                    executor,
-                    partitions,
-                ),
-                invariants,
-            )
-        release = tree_gls(
-            hierarchy,
-            cells,
-            measurements,
-            invariants,
-            privacy,
-            covariance=len(cells) <= COVARIANCE_CELLS,
-        )
-    elif name == "topdown":
-        from censusdp.estimation.topdown import topdown
-
-        mapper = None if executor is None or executor.name == "sync" else executor.map
-        chunks = 1 if mapper is None else 4 * max(1, executor.workers)
-        return _checked(
-            topdown(
-                hierarchy, cells, measurements, invariants, privacy, mapper=mapper, chunks=chunks
-            ),
-            invariants,
-        )
-    elif name == "conditioning":
-        from censusdp.estimation.conditioning import condition
-
-        mc = options.mcmc
-        kwargs = {"tv_bound": mc.tv_bound, "n_rhat_chains": max(4, mc.chains)}
-        if mc.max_iterations is not None:
-            kwargs["max_iterations"] = mc.max_iterations
-        release = condition(
-            hierarchy, cells, measurements, invariants, privacy, rng.child("conditioning"), **kwargs
-        )
-    else:
-        raise SpecError(f"unknown estimator {name!r}; choose from {list(ESTIMATORS)}")
-    if options.integer != "none" and not release.integer:  # "lattice": GLS is rounded
+    estimator = ESTIMATORS.get(name)
+    privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
+    problem = Problem(hierarchy, cells, measurements, invariants, privacy)
+    release = estimator.run(problem, rng, options, executor, partitions)
+    # the integer step, unless the estimator released integers itself (TopDown-style,
+    # lattice conditioning, GLS rounded where its partitions are)
+    if options.integer != "none" and not release.integer:
         release = _round(
             release,
             invariants,

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from censusdp.errors import SpecError
+from censusdp.registry import Registry
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -50,7 +51,6 @@ __all__ = [
     "KEEP_FREED_MEMORY",
 ]
 
-SCHEDULERS = ("sync", "threads", "distributed")
 
 #: What a plaintext connection to another machine exposes (the start of every refusal).
 _PLAINTEXT_RISK = (
@@ -248,6 +248,9 @@ class SyncExecutor(_Local):
 
     def map(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]:
         return [fn(item, *extra) for item in items]
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 class ThreadExecutor(_Local):
@@ -507,6 +510,19 @@ class DaskExecutor:
             self._cluster.close()
 
 
+#: Every scheduler a spec or the command line can name: name → factory taking ``workers``,
+#: ``address``, ``keep_memory`` and the network options of :func:`scheduler_security`.
+SCHEDULERS: Registry[Callable[..., Executor]] = Registry("scheduler")
+SCHEDULERS.add("sync", lambda workers, address, keep_memory, **network: SyncExecutor())
+SCHEDULERS.add("threads", lambda workers, address, keep_memory, **network: ThreadExecutor(workers))
+SCHEDULERS.add(
+    "distributed",
+    lambda workers, address, keep_memory, **network: DaskExecutor(
+        address, workers, keep_memory=keep_memory, **network
+    ),
+)
+
+
 @contextlib.contextmanager
 def open_executor(
     scheduler: str = "sync",
@@ -519,32 +535,24 @@ def open_executor(
     tls_key: str | os.PathLike[str] | None = None,
     allow_insecure_network: bool = False,
 ) -> Iterator[Executor]:
-    """Context manager yielding the executor for a scheduler name (``sync``, ``threads``,
-    ``distributed``); an ``address`` (``tls://host:8786``, or ``tcp://`` on the loopback)
+    """Context manager yielding the executor for a scheduler name (one of
+    :data:`SCHEDULERS`); an ``address`` (``tls://host:8786``, or ``tcp://`` on the loopback)
     joins an existing cluster, as does a ``scheduler`` given as an address. The TLS files and
     ``allow_insecure_network``: see :func:`scheduler_security`; ``keep_memory``: see
     :class:`DaskExecutor`."""
     if scheduler.lower().startswith(("tcp://", "tls://")):
         scheduler, address = "distributed", scheduler
-    if scheduler == "sync":
-        yield SyncExecutor()
-        return
-    if scheduler == "threads":
-        ex = ThreadExecutor(workers)
-    elif scheduler == "distributed":
-        ex = DaskExecutor(
-            address,
-            workers,
-            keep_memory=keep_memory,
-            tls_ca_file=tls_ca_file,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            allow_insecure_network=allow_insecure_network,
-        )
-    else:
-        raise SpecError(
-            f"unknown scheduler {scheduler!r}; choose one of {list(SCHEDULERS)} or tcp://HOST:PORT"
-        )
+    if scheduler not in SCHEDULERS:
+        raise SpecError(SCHEDULERS.unknown(scheduler) + " (or give tcp://HOST:PORT)")
+    ex = SCHEDULERS.get(scheduler)(
+        workers,
+        address,
+        keep_memory,
+        tls_ca_file=tls_ca_file,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        allow_insecure_network=allow_insecure_network,
+    )
     try:
         yield ex
     finally:

@@ -75,6 +75,7 @@ from censusdp.estimation.rounding import (
     tracked_sums,
 )
 from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement, Query
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.measure import PartitionedMeasurements
@@ -153,7 +154,8 @@ def partitioned_gls(
     Parameters
     ----------
     hierarchy, cells, measurements, invariants, privacy, covariance, geometry
-        As for :func:`~censusdp.estimation.gls.tree_gls`; ``measurements`` may also be the
+        As for :func:`~censusdp.estimation.gls.tree_gls` (``privacy`` None derives the
+        statement; a claim below the spend is a BudgetError); ``measurements`` may also be the
         :class:`~censusdp.pipelines.measure.PartitionedMeasurements` of
         ``measure_partitioned(..., keep=True)`` (used where they are when its executor and
         partitions are these; gathered otherwise).
@@ -177,6 +179,7 @@ def partitioned_gls(
     Hay et al. (2010); Rauch, Tung & Striebel (1965).
     """
     t0 = time.perf_counter()
+    privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
     ex = executor
     cut = partitions[0].cut
     pm = measurements if isinstance(measurements, PartitionedMeasurements) else None

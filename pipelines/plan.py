@@ -16,19 +16,12 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import BudgetError, SpecError
-from censusdp.mechanisms.laws import Gaussian, Laplace, NoiseLaw
+from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.queries import Query, guard_exact_release
+from censusdp.mechanisms.registry import law_info
 from censusdp.mechanisms.subspace import l1_sensitivity, l2_sensitivity
 
-__all__ = ["MeasurementPlan", "PlannedQuery", "build_plan", "sensitivity", "make_law", "NOISE_LAWS"]
-
-#: Noise law names and the accounting each belongs to.
-NOISE_LAWS = {
-    "laplace": "pure",
-    "discrete_laplace": "pure",
-    "gaussian": "zcdp",
-    "discrete_gaussian": "zcdp",
-}
+__all__ = ["MeasurementPlan", "PlannedQuery", "build_plan", "sensitivity", "make_law"]
 
 
 def sensitivity(query: Query, norm: int) -> float:
@@ -38,20 +31,13 @@ def sensitivity(query: Query, norm: int) -> float:
 
 
 def make_law(noise: str, budget: float, query: Query) -> NoiseLaw:
-    """The noise law of ``noise`` calibrated to spend ``budget`` (ε or ρ) on ``query``."""
-    if noise not in NOISE_LAWS:
-        raise SpecError(f"unknown noise law {noise!r}; choose one of {sorted(NOISE_LAWS)}")
+    """The noise law of ``noise`` calibrated to spend ``budget`` (ε or ρ, by the law's
+    accounting) on ``query`` at the sensitivity its accounting reads (ℓ₁ or ℓ₂); an unknown
+    name is a SpecError listing the registered laws (:mod:`censusdp.mechanisms.registry`)."""
+    info = law_info(noise)
     if not budget > 0:
         raise BudgetError(f"query {query.name!r}: its budget share must be positive")
-    if noise == "laplace":
-        return Laplace.from_epsilon(budget, sensitivity(query, 1))
-    if noise == "gaussian":
-        return Gaussian.from_rho(budget, sensitivity(query, 2))
-    from censusdp.mechanisms import discrete
-
-    if noise == "discrete_laplace":
-        return discrete.DiscreteLaplace.from_epsilon(budget, sensitivity(query, 1))
-    return discrete.DiscreteGaussian.from_rho(budget, sensitivity(query, 2))
+    return info.calibrate(budget, sensitivity(query, info.norm))
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,7 +96,7 @@ def build_plan(
         that the shares add up; every measured query needs a positive entry.
     accounting : {"pure", "zcdp"}
     noise : str
-        A key of :data:`NOISE_LAWS`, consistent with ``accounting``.
+        A registered noise law (:mod:`censusdp.mechanisms.registry`) of ``accounting``.
     delta : float, optional
         δ at which a zCDP total is also reported as (ε, δ).
     acknowledge_exact_release : bool
@@ -127,9 +113,10 @@ def build_plan(
     BudgetError
         A measured query without budget, or budget for a query that is not measured.
     """
-    if NOISE_LAWS.get(noise) != accounting:
+    if law_info(noise).accounting != accounting:
         raise SpecError(
-            f"noise {noise!r} composes under {NOISE_LAWS.get(noise, '?')!r} accounting, not {accounting!r}"
+            f"noise {noise!r} composes under {law_info(noise).accounting!r} accounting, "
+            f"not {accounting!r}"
         )
     for name in list(queries) + list(invariants):
         if name not in level_names:

@@ -47,6 +47,7 @@ from censusdp.pipelines.metrics import error_metrics, group_regressions
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.plan import MeasurementPlan, build_plan
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL, write_figures, write_report
+from censusdp.pipelines.specs import check_spec
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -194,6 +195,7 @@ def execute_spec(
 
     ``rng`` (e.g. an experiment's key) takes precedence over ``seed`` and ``[run] seed``.
     """
+    check_spec(spec)
     table = run_data.table
     h = table.hierarchy
     timings: dict[str, float] = {}
@@ -360,6 +362,7 @@ def run_spec(
     SpecError, DataError, HierarchyError, BudgetError, SolverError, ConvergenceError
         Nothing is written when a run fails.
     """
+    check_spec(spec)
     check_run_options(seed=seed, partitions=partitions)
     target, option = output_target(spec, out)
     inputs = run_inputs(spec, data)

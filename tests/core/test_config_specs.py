@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from censusdp.config import REDACTED, CodeSpec, RunSpec, load_spec, parse_spec
+from censusdp.config import REDACTED, CodeSpec, RunSpec
 from censusdp.errors import SpecError
+from censusdp.mechanisms.registry import law_info
+from censusdp.pipelines.specs import load_spec, parse_spec
 
 SPECS = Path(__file__).parent / "specs"
 
@@ -37,7 +39,7 @@ def test_county_spec_parses():
     assert spec.marginals["broad_age"].groups["under5"] == ("M_0-4", "F_0-4")
     assert spec.privacy.accounting == "zcdp" and spec.privacy.total == 2.5
     assert spec.privacy.query_shares["nation"] == {"detailed": 1.0}  # single query: share 1
-    assert spec.mechanism.is_integer
+    assert law_info(spec.mechanism.noise).integer
     assert spec.estimators.mcmc.max_iterations == 50000
     assert spec.run.seed == 20261121 and spec.run.reproducible
     assert spec.output.dir == Path("out/county")

@@ -8,13 +8,13 @@ import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation import NodeVarianceMeasurement, general_gls, tree_gls
 from censusdp.estimation.gls_sparse import hierarchy_to_sparse, level_aggregator
 from censusdp.hierarchy import Hierarchy, Table
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.laws import Gaussian
+from censusdp.mechanisms.privacy import derive_statement
 from censusdp.mechanisms.queries import Invariant, Measurement, Query, guard_exact_release
 
 
@@ -39,17 +39,16 @@ def exact_invariant(level: int, query: Query, counts: list[np.ndarray]) -> Invar
     return Invariant(level, query, query.apply(counts[level]).astype(float))
 
 
-PRIVACY = PrivacyStatement("zcdp", rho=1.0, invariants=("root: total",))
 
 
 def acknowledged(h, meas, invs):
-    """PRIVACY, acknowledging random invariants that may determine every measured value
-    (these tests check the arithmetic, not the privacy guard)."""
+    """The derived statement, acknowledging random invariants that may determine every
+    measured value (these tests check the arithmetic, not the privacy guard)."""
     return guard_exact_release(
         h.names,
         [(m.level, m.query) for m in meas],
         [(i.level, i.query) for i in invs],
-        PRIVACY,
+        derive_statement(h.names, meas, invs),
         acknowledge=True,
     )
 
@@ -175,7 +174,7 @@ ONE = lambda n: np.ones(n, dtype=int)  # noqa: E731
 )
 def test_underdetermined_leaves_resolved_by_ancestors(fan, K, plan, invplan):
     h, cells, meas, invs = _flat_case(fan, K, plan, invplan)
-    rel = tree_gls(h, cells, meas, invs, PRIVACY, covariance=True)
+    rel = tree_gls(h, cells, meas, invs, None, covariance=True)
     assert rel.diagnostics["path"] == "general"
     assert_matches(rel, *reference(h, K, meas, invs))
 
@@ -192,13 +191,13 @@ def test_underdetermined_leaves_resolved_by_ancestors(fan, K, plan, invplan):
 def test_not_identifiable_names_level(fan, K, plan, level):
     h, cells, meas, invs = _flat_case(fan, K, plan, [])
     with pytest.raises(SpecError, match=f"level '{level}'"):
-        tree_gls(h, cells, meas, invs, PRIVACY)
+        tree_gls(h, cells, meas, invs, None)
 
 
 def test_one_cell_unmeasured_only_children_take_their_parent_value():
     # K = 1 (diagonal path): an unmeasured leaf that is its parent's only child
     h, cells, meas, _ = _flat_case([lambda n: [3], ONE], 1, [(1, "total", 1.0)], [])
-    rel = tree_gls(h, cells, meas, [], PRIVACY)
+    rel = tree_gls(h, cells, meas, [], None)
     assert rel.diagnostics["path"] == "diagonal"
     assert_matches(rel, *reference(h, 1, meas, []))
     np.testing.assert_array_equal(rel.estimates[2], rel.estimates[1])
@@ -216,7 +215,7 @@ def test_noiseless_consistent_measurements_come_back_unchanged():
             for k, n, s in [(3, "detailed", 2.0), (2, "total", 1.0), (1, "detailed", 3.0)]
         ]
         invs = [exact_invariant(0, q["total"], counts), exact_invariant(1, q["total"], counts)]
-        rel = tree_gls(h, cells, meas, invs, PRIVACY)
+        rel = tree_gls(h, cells, meas, invs, None)
         for k in range(h.depth):
             np.testing.assert_allclose(rel.estimates[k], counts[k], atol=1e-9)
 
@@ -235,10 +234,10 @@ def test_node_variances_and_euclidean_geometry_match_reference():
         noisy(1, q["total"], counts[1], 2.0, gen),
     ]
     invs = [exact_invariant(0, q["total"], counts)]
-    rel = tree_gls(h, cells, meas, invs, PRIVACY, covariance=True)
+    rel = tree_gls(h, cells, meas, invs, None, covariance=True)
     assert_matches(rel, *reference(h, 3, meas, invs))
     # Euclidean: unit weights; exact variances only when every scale is equal
-    rel_e = tree_gls(h, cells, meas, invs, PRIVACY, geometry="euclidean")
+    rel_e = tree_gls(h, cells, meas, invs, None, geometry="euclidean")
     est, _ = reference(h, 3, meas, invs, geometry="euclidean")
     for a, b in zip(rel_e.estimates, est, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-8 * (1 + np.abs(b).max()))
@@ -247,7 +246,7 @@ def test_node_variances_and_euclidean_geometry_match_reference():
         noisy(2, q["detailed"], counts[2], 2.0, gen),
         noisy(1, q["total"], counts[1], 2.0, gen),
     ]
-    rel_eq = tree_gls(h, cells, equal, invs, PRIVACY, geometry="euclidean", covariance=True)
+    rel_eq = tree_gls(h, cells, equal, invs, None, geometry="euclidean", covariance=True)
     assert_matches(rel_eq, *reference(h, 3, equal, invs, geometry="euclidean"))
 
 
@@ -260,7 +259,7 @@ def test_contradictory_invariants_raise():
     meas = [noisy(2, q["detailed"], counts[2], 1.0, gen)]
     bad = Invariant(0, q["total"], q["total"].apply(counts[0]) + 1.0)
     with pytest.raises(DataError, match="contradict"):
-        tree_gls(h, cells, meas, [bad, exact_invariant(1, q["total"], counts)], PRIVACY)
+        tree_gls(h, cells, meas, [bad, exact_invariant(1, q["total"], counts)], None)
 
 
 def test_shape_errors_name_the_level():
@@ -269,7 +268,7 @@ def test_shape_errors_name_the_level():
     cells = cell_names(2)
     m = Measurement(1, Query.detailed(cells), np.zeros((2, 2)), Gaussian(1.0))
     with pytest.raises(SpecError, match="level 'L1'"):
-        tree_gls(h, cells, [m], [], PRIVACY)
+        tree_gls(h, cells, [m], [], None)
 
 
 def test_unbiased_exact_variance_and_coverage_over_noise_draws():
@@ -289,7 +288,7 @@ def test_unbiased_exact_variance_and_coverage_over_noise_draws():
     hits, n_cells = [], 0
     for r in range(R):
         meas = [noisy(k, q[n], counts[k], s, gen) for k, n, s in plan]
-        rel = tree_gls(h, cells, meas, invs, PRIVACY)
+        rel = tree_gls(h, cells, meas, invs, None)
         var = rel.variances
         for k in range(h.depth):
             errs[k][r] = rel.estimates[k] - counts[k]
@@ -373,7 +372,7 @@ def test_real_counties_by_sex_and_age_keep_state_totals(shared_file, rng):
     plan = [(k, q, law) for k in range(3) for q in (Query.total(cells), Query.detailed(cells))]
     meas = measure(h.names, counts, plan, rng)
     invs = [exact_invariant(1, Query.total(cells), counts)]
-    rel = tree_gls(h, cells, meas, invs, PRIVACY)
+    rel = tree_gls(h, cells, meas, invs, None)
     np.testing.assert_allclose(rel.totals("state"), counts[1].sum(1), atol=1e-6)
     assert rel.totals("nation")[0] == pytest.approx(counts[0].sum(), rel=1e-12)
     rounded = round_release(rel, rng, method="totals")
@@ -512,7 +511,7 @@ def test_two_channel_kernel_on_census_shape():
     counts = h.aggregate(gen.integers(0, 500, size=(h.leaves.size, 12)))
     meas = [noisy(k, q[n], counts[k], 3.0, gen) for k in range(3) for n in ("total", "detailed")]
     invs = [exact_invariant(1, q["total"], counts)]
-    rel = tree_gls(h, cells, meas, invs, PRIVACY, covariance=True)
+    rel = tree_gls(h, cells, meas, invs, None, covariance=True)
     assert rel.diagnostics["path"] == "general"
     assert rel.diagnostics["kernel"] == "total/deviation"
     assert_matches(rel, *reference(h, 12, meas, invs))
@@ -520,7 +519,7 @@ def test_two_channel_kernel_on_census_shape():
     assert_matches(rel, dense.estimates, dense.covariances, atol=1e-11)
     # a marginal leaves the algebra: the dense kernel
     half = queries(cells)["halves"]
-    other = tree_gls(h, cells, [*meas, noisy(2, half, counts[2], 3.0, gen)], invs, PRIVACY)
+    other = tree_gls(h, cells, [*meas, noisy(2, half, counts[2], 3.0, gen)], invs, None)
     assert other.diagnostics["kernel"] == "dense"
 
 

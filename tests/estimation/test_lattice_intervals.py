@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
 from censusdp.estimation import round_release, tree_gls
 from censusdp.estimation.uncertainty import _integer_pmf, _stevens, lattice_intervals
@@ -21,7 +20,6 @@ from censusdp.mechanisms.discrete import DiscreteGaussian, DiscreteLaplace
 from censusdp.mechanisms.queries import Invariant, Measurement, Query
 from censusdp.rng import KeyedRNG
 
-PRIVACY = PrivacyStatement("zcdp", rho=0.5, invariants=("state: total",))
 NOMINAL = (0.1, 0.05)
 
 
@@ -59,7 +57,7 @@ def simulate(sigma: float, reps: int, *, state_measured: bool, method: str = "au
             )
             for k in levels
         ]
-        rel = tree_gls(h, cells, meas, inv, PRIVACY, covariance=True)
+        rel = tree_gls(h, cells, meas, inv, None, covariance=True)
         rnd = round_release(rel, rng.child(f"round/{r}"), method="totals")
         for what in ("cells", "totals"):
             truth = counts[2] if what == "cells" else counts[2].sum(1, keepdims=True)
@@ -154,7 +152,7 @@ def test_pure_lattice_error_randomized_and_conservative():
     for r in range(25):
         y = counts[1] + law.sample(rng.generator(f"n/{r}"), 2 * n).reshape(n, 2)
         meas = [Measurement(1, q, y, law)]
-        rel = tree_gls(h, cells, meas, [], PRIVACY, covariance=True)
+        rel = tree_gls(h, cells, meas, [], None, covariance=True)
         iv = lattice_intervals(rel, meas, 1, 0.1, rng=rng.child(f"iv/{r}"))
         assert set(iv.methods()) == {"lattice-randomized"}
         hit_r.append(iv.covers(counts[1]).ravel())
@@ -182,7 +180,7 @@ def test_invariant_totals_are_exact_and_rule_is_stated():
         )
     ]
     inv = [Invariant(1, tq, tq.apply(counts[1]).astype(float))]
-    rel = tree_gls(h, cells, meas, inv, PRIVACY, covariance=True)
+    rel = tree_gls(h, cells, meas, inv, None, covariance=True)
     iv = lattice_intervals(rel, meas, "state", 0.1, what="totals", rng=rng)
     assert set(iv.methods()) == {"invariant"}
     assert np.array_equal(iv.lower, counts[1].sum(1, keepdims=True).astype(float))
@@ -204,7 +202,7 @@ def test_errors():
         )
     ]
     inv = [Invariant(1, tq, tq.apply(counts[1]).astype(float))]
-    rel = tree_gls(h, cells, meas, inv, PRIVACY, covariance=True)
+    rel = tree_gls(h, cells, meas, inv, None, covariance=True)
     with pytest.raises(SpecError, match="KeyedRNG"):
         lattice_intervals(rel, meas, "county", 0.1)
     with pytest.raises(SpecError, match="alpha"):
@@ -212,7 +210,7 @@ def test_errors():
     with pytest.raises(SpecError, match="what"):
         lattice_intervals(rel, meas, "county", what="rows", rng=rng)
     with pytest.raises(SpecError, match="covariance=True"):
-        lattice_intervals(tree_gls(h, cells, meas, inv, PRIVACY), meas, "county", rng=rng)
+        lattice_intervals(tree_gls(h, cells, meas, inv, None), meas, "county", rng=rng)
     cells_mode = round_release(rel, rng.child("r"), method="cells")
     with pytest.raises(SpecError, match="node totals"):
         lattice_intervals(rel, meas, "county", what="totals", rounded=cells_mode, rng=rng)

@@ -8,15 +8,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import censusdp.estimation.topdown_problem as tp
-from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SolverError
 from censusdp.estimation.topdown import propagate_invariants, solve_children, topdown
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Gaussian, Laplace, Query, invariant, measure
 from censusdp.mechanisms.queries import Invariant, Measurement
 from censusdp.rng import KeyedRNG
-
-PRIVACY = PrivacyStatement("zcdp", rho=1.0, invariants=("root: total",))
 
 
 def build(branching: list[list[int]], seed: int) -> Hierarchy:
@@ -78,7 +75,7 @@ def test_random_hierarchies_integer_consistent_invariants_exact(spec):
     invs = [invariant(counts, k, Query.total(cells)) for k in inv_levels]
     if detailed_inv:
         invs.append(invariant(counts, 1, Query.detailed(cells)))
-    rel = topdown(h, cells, meas, invs, PRIVACY)
+    rel = topdown(h, cells, meas, invs, None)
     check_release(rel, h, [iv for level in propagate_invariants(h, invs) for iv in level])
     assert rel.diagnostics["milp_fallbacks"] == 0
 
@@ -101,7 +98,7 @@ def test_noiseless_consistent_measurements_come_back_unchanged():
         for q in (Query.total(cells), Query.detailed(cells), marg)
     ]
     invs = [invariant(counts, 1, Query.total(cells))]
-    rel = topdown(h, cells, meas, invs, PRIVACY)
+    rel = topdown(h, cells, meas, invs, None)
     for k in range(h.depth):
         assert np.array_equal(rel.estimates[k], counts[k])
 
@@ -114,7 +111,7 @@ def test_three_levels_with_noise_and_release_fields(rng):
     ]
     meas = measure(h.names, counts, plan, rng)
     invs = [invariant(counts, 1, Query.total(cells))]
-    rel = topdown(h, cells, meas, invs, PRIVACY)
+    rel = topdown(h, cells, meas, invs, None)
     check_release(rel, h, [iv for level in propagate_invariants(h, invs) for iv in level])
     assert rel.estimates[0].sum() == counts[0].sum()  # implied root invariant
     assert "post-processing" in rel.privacy.text()
@@ -135,7 +132,7 @@ def test_single_child_and_zero_parent_need_no_solver(rng):
     ]
     meas = measure(h.names, counts, plan, rng)
     invs = [invariant(counts, 0, Query.total(cells))]  # root total 0 forces all zeros
-    rel = topdown(h, cells, meas, invs, PRIVACY)
+    rel = topdown(h, cells, meas, invs, None)
     for est in rel.estimates:
         assert not est.any()
     levels = rel.diagnostics["levels"]
@@ -173,7 +170,7 @@ def test_milp_fallback_when_the_lp_fails(monkeypatch, rng):
     ]
     meas = measure(h.names, counts, plan, rng)
     invs = [invariant(counts, 2, Query.total(cells))]
-    rel = topdown(h, cells, meas, invs, PRIVACY)
+    rel = topdown(h, cells, meas, invs, None)
     check_release(rel, h, [iv for level in propagate_invariants(h, invs) for iv in level])
     assert rel.diagnostics["milp_fallbacks"] > 0
     assert "milp:optimal" in rel.diagnostics["levels"]["L2"]["l1_status"]
@@ -186,9 +183,9 @@ def test_milp_and_lp_roundings_agree(monkeypatch, rng):
         (k, q, law) for k in range(h.depth) for q in (Query.total(cells), Query.detailed(cells))
     ]
     meas = measure(h.names, counts, plan, rng)
-    lp = topdown(h, cells, meas, [], PRIVACY)
+    lp = topdown(h, cells, meas, [], None)
     monkeypatch.setattr(tp, "_lp_solve", lambda problem, solver: "solver_error")
-    mi = topdown(h, cells, meas, [], PRIVACY)
+    mi = topdown(h, cells, meas, [], None)
     # Same L1 objective; ties could differ, but the totals pass is unique here.
     for a, b in zip(lp.estimates, mi.estimates, strict=True):
         assert np.array_equal(a.sum(axis=1), b.sum(axis=1))
@@ -199,7 +196,7 @@ def test_solver_error_names_level_and_parent(rng):
     plan = [(k, Query.detailed(cells), Gaussian(1.0)) for k in range(h.depth)]
     meas = measure(h.names, counts, plan, rng)
     with pytest.raises(SolverError, match=r"level 'L0', root 'R'"):
-        topdown(h, cells, meas, [], PRIVACY, solver_l2="NO_SUCH_SOLVER")
+        topdown(h, cells, meas, [], None, solver_l2="NO_SUCH_SOLVER")
     # A failure below the root names the parent's code.
     calls = {"n": 0}
     real = tp._l2_solve
@@ -212,7 +209,7 @@ def test_solver_error_names_level_and_parent(rng):
     mp.setattr(tp, "_l2_solve", fail_later)
     try:
         with pytest.raises(SolverError, match=r"level 'L2', parent '1-000' \(level 'L1'\)"):
-            topdown(h, cells, meas, [], PRIVACY)
+            topdown(h, cells, meas, [], None)
     finally:
         mp.undo()
 
@@ -245,6 +242,6 @@ def test_solution_does_not_depend_on_earlier_solves_of_the_same_shape():
     meas = measure(h.names, counts, plan, KeyedRNG.reproducible(1, warn=False))
     invs = [invariant(counts, 1, Query.total(cells))]
     tp.clear_problem_cache()
-    first = topdown(h, cells, meas, invs, PRIVACY)
-    again = topdown(h, cells, meas, invs, PRIVACY)
+    first = topdown(h, cells, meas, invs, None)
+    again = topdown(h, cells, meas, invs, None)
     assert all(np.array_equal(a, b) for a, b in zip(first.estimates, again.estimates, strict=True))

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from censusdp.budget import PrivacyStatement
-from censusdp.config import load_spec, parse_spec
 from censusdp.errors import SpecError
 from censusdp.estimation.gls import tree_gls
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import FLOATING_POINT_NOTE, Gaussian, floating_point_note
 from censusdp.mechanisms.queries import Query, measure
+from censusdp.mechanisms.registry import law_info
 from censusdp.mechanisms.subspace import projected_laplace
+from censusdp.pipelines.specs import load_spec, parse_spec
 from censusdp.rng import KeyedRNG
 
 
@@ -41,7 +42,7 @@ def test_a_continuous_law_needs_the_acknowledgement(noise, accounting):
         assert part in msg
     assert "allow_floating_point = true" in msg
     spec = parse_spec(_doc(noise, accounting, allow_floating_point=True), "s.toml")
-    assert spec.mechanism.allow_floating_point and not spec.mechanism.is_integer
+    assert spec.mechanism.allow_floating_point and not law_info(spec.mechanism.noise).integer
     assert parse_spec(spec.to_dict(), "s.toml").mechanism == spec.mechanism
 
 
@@ -58,7 +59,7 @@ def test_the_main_job_uses_an_exact_discrete_law():
     from censusdp.experiments.midwest_demo import SPEC
 
     spec = load_spec(SPEC)
-    assert spec.mechanism.is_integer and not spec.mechanism.allow_floating_point
+    assert law_info(spec.mechanism.noise).integer and not spec.mechanism.allow_floating_point
 
 
 def _release(law, mechanism: str):

@@ -137,7 +137,6 @@ def test_errors():
 
 def test_dense_query_feeds_the_existing_estimators(rng):
     """``to_query`` hands a product query to the flat-cell pipeline (small schemas)."""
-    from censusdp.budget import PrivacyStatement
     from censusdp.estimation.gls import tree_gls
     from censusdp.hierarchy.synthetic import random_hierarchy
     from censusdp.mechanisms.discrete import DiscreteGaussian
@@ -156,8 +155,7 @@ def test_dense_query_feeds_the_existing_estimators(rng):
     ]
     meas = measure(h.names, counts, plan, rng)
     inv = [invariant(counts, 0, ProductQuery.parse(s, "total").to_query())]
-    privacy = PrivacyStatement("zcdp", rho=1.0, invariants=("root: total",))
-    rel = tree_gls(h, s.cells, meas, inv, privacy)
+    rel = tree_gls(h, s.cells, meas, inv)
     assert rel.level(0).sum() == pytest.approx(counts[0].sum(), abs=1e-6)
     # the product query reads the release's cells in the schema's order
     q = ProductQuery.parse(s, "sex")

@@ -10,7 +10,6 @@ import shutil
 import numpy as np
 import pytest
 
-from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.rounding import round_release
@@ -28,7 +27,6 @@ from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.rng import KeyedRNG
 
 CELLS = ["a", "b", "c"]
-PRIVACY = PrivacyStatement("zcdp", rho=1.0, invariants=("nation: total", "state: total"))
 
 
 def _tree():
@@ -71,7 +69,7 @@ def _check(ex, kinds=("diagonal", "general"), cuts=(1, 2, 4), n_parts=(1, 3, 17)
         det = Query.detailed(CELLS) if kind == "diagonal" else Query.total(CELLS)
         invs = [invariant(counts, 0, det), invariant(counts, 1, det)]
         meas = measure(h.names, counts, plan, rng)
-        ref = tree_gls(h, CELLS, meas, invs, PRIVACY)
+        ref = tree_gls(h, CELLS, meas, invs, None)
         want = {m: round_release(ref, rng, method=m) for m in ("cells", "totals", "bipartite")}
         for cut in cuts:
             for n in n_parts:
@@ -84,7 +82,7 @@ def _check(ex, kinds=("diagonal", "general"), cuts=(1, 2, 4), n_parts=(1, 3, 17)
                     _check_kept(h, pm, invs, parts, ex, rng, ref, method, w, where)
                     if method == "bipartite":
                         continue
-                    got = partitioned_gls(h, CELLS, pm, invs, PRIVACY, parts, ex)
+                    got = partitioned_gls(h, CELLS, pm, invs, None, parts, ex)
                     assert _equal(got.estimates, ref.estimates), where
                     assert _equal(got.variances, ref.variances), where
                     r = partitioned_round(got, rng, parts, ex, method=method)
@@ -100,7 +98,7 @@ def _check(ex, kinds=("diagonal", "general"), cuts=(1, 2, 4), n_parts=(1, 3, 17)
                     for a, b in zip(pm.gather(), meas, strict=True)
                 )
                 other = partition_units(h, cut, n + 1)
-                got2 = partitioned_gls(h, CELLS, pm, invs, PRIVACY, other, ex)
+                got2 = partitioned_gls(h, CELLS, pm, invs, None, other, ex)
                 assert _equal(got2.estimates, ref.estimates), where
                 r2 = partitioned_round(got2, rng, parts, ex, method="cells")
                 assert _equal(r2.estimates, want["cells"].estimates), where
@@ -109,7 +107,7 @@ def _check(ex, kinds=("diagonal", "general"), cuts=(1, 2, 4), n_parts=(1, 3, 17)
 def _check_kept(h, pm, invs, parts, ex, rng, ref, method, want, where) -> None:
     """GLS kept with the executor, rounded there, then gathered: the same numbers."""
     cut = parts[0].cut
-    kept = partitioned_gls(h, CELLS, pm, invs, PRIVACY, parts, ex, keep=True)
+    kept = partitioned_gls(h, CELLS, pm, invs, None, parts, ex, keep=True)
     assert isinstance(kept, PartitionedRelease)
     assert _equal(kept.estimates, ref.estimates[: cut + 1]), where
     for key in ("max_consistency_residual", "max_invariant_residual"):
@@ -153,7 +151,7 @@ def test_non_finite_kept_measurements_are_refused():
         pm = measure_partitioned(h.names, counts, plan, rng, parts, ex, keep=True)
         pm.handles[1][2][0, 0] = np.nan
         with pytest.raises(DataError, match="non-finite"):
-            partitioned_gls(h, CELLS, pm, invs, PRIVACY, parts, ex)
+            partitioned_gls(h, CELLS, pm, invs, None, parts, ex)
 
 
 def test_dask_gather_rebuilds_a_cancelled_chain():
@@ -176,11 +174,11 @@ def test_a_kept_release_rounded_on_other_partitions_stays_usable():
     rng = KeyedRNG.reproducible(7, warn=False)
     det = Query.detailed(CELLS)
     invs = [invariant(counts, 0, det), invariant(counts, 1, det)]
-    ref = tree_gls(h, CELLS, measure(h.names, counts, plan, rng), invs, PRIVACY)
+    ref = tree_gls(h, CELLS, measure(h.names, counts, plan, rng), invs, None)
     parts, other = partition_units(h, 2, 3), partition_units(h, 2, 5)
     with open_executor("threads", workers=2) as ex:
         pm = measure_partitioned(h.names, counts, plan, rng, parts, ex, keep=True)
-        kept = partitioned_gls(h, CELLS, pm, invs, PRIVACY, parts, ex, keep=True)
+        kept = partitioned_gls(h, CELLS, pm, invs, None, parts, ex, keep=True)
         r = partitioned_round(kept, rng, other, ex, method="totals")  # gathered, then rounded
         assert _equal(r.estimates, round_release(ref, rng, method="totals").estimates)
         assert _equal(kept.gather().estimates, ref.estimates)  # still the caller's
@@ -195,7 +193,7 @@ def test_a_plain_release_cut_into_pieces_gathers_back_whole(scheduler):
     rng = KeyedRNG.reproducible(7, warn=False)
     det = Query.detailed(CELLS)
     invs = [invariant(counts, 0, det), invariant(counts, 1, det)]
-    ref = tree_gls(h, CELLS, measure(h.names, counts, _plan("general"), rng), invs, PRIVACY)
+    ref = tree_gls(h, CELLS, measure(h.names, counts, _plan("general"), rng), invs, None)
     with open_executor(scheduler, workers=2) as ex:
         kept = PartitionedRelease.of(ref, partition_units(h, 2, 4), ex)
         got = kept.gather()
@@ -211,7 +209,7 @@ def _kept_releases(ex, cut: int, n: int):
     invs = [invariant(counts, 0, det), invariant(counts, 1, det)]
     parts = partition_units(h, cut, n)
     pm = measure_partitioned(h.names, counts, _plan("diagonal"), rng, parts, ex, keep=True)
-    gls = partitioned_gls(h, CELLS, pm, invs, PRIVACY, parts, ex, keep=True, covariance=True)
+    gls = partitioned_gls(h, CELLS, pm, invs, None, parts, ex, keep=True, covariance=True)
     return h, gls, partitioned_round(gls, rng, parts, ex, method="cells")
 
 

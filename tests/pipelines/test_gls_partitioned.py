@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from censusdp.budget import PrivacyStatement
 from censusdp.estimation.gls import NodeVarianceMeasurement, tree_gls
 from censusdp.estimation.rounding import round_release, round_tree, rounding_variance
 from censusdp.hierarchy import Hierarchy
@@ -16,7 +15,6 @@ from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_roun
 from censusdp.pipelines.partition import partition_units
 from censusdp.rng import KeyedRNG
 
-PRIVACY = PrivacyStatement("zcdp", rho=1.0, invariants=("state: total",))
 PARTS = (1, 3, 17)
 KINDS = ("diagonal", "general", "node_variance", "flat")
 
@@ -75,12 +73,12 @@ def _check_all(ex, kinds=KINDS, cuts=(1, 2, 4)) -> None:
     rng = KeyedRNG.reproducible(3, warn=False)
     for kind in kinds:
         h, cells, meas, invs = _problem(kind)
-        ref = tree_gls(h, cells, meas, invs, PRIVACY, covariance=True)
+        ref = tree_gls(h, cells, meas, invs, None, covariance=True)
         rounded = {m: round_release(ref, rng, method=m) for m in ("cells", "totals", "bipartite")}
         for cut in cuts:
             for n in PARTS:
                 parts = partition_units(h, cut, n)
-                got = partitioned_gls(h, cells, meas, invs, PRIVACY, parts, ex, covariance=True)
+                got = partitioned_gls(h, cells, meas, invs, None, parts, ex, covariance=True)
                 where = f"{kind}, cut {cut}, {len(parts)} partitions"
                 assert _equal(got.estimates, ref.estimates), where
                 assert _equal(got.variances, ref.variances), where
@@ -98,7 +96,7 @@ def test_partitioned_gls_and_rounding_are_bit_identical(scheduler):
 
 
 def test_problems_cover_both_paths_and_flat_directions():
-    paths = {kind: tree_gls(*_problem(kind), PRIVACY).diagnostics["path"] for kind in KINDS}
+    paths = {kind: tree_gls(*_problem(kind), None).diagnostics["path"] for kind in KINDS}
     assert paths == {
         "diagonal": "diagonal",
         "general": "general",
@@ -108,7 +106,7 @@ def test_problems_cover_both_paths_and_flat_directions():
     # the flat case is not determined by the leaves' own measurements
     h, cells, meas, invs = _problem("flat")
     with pytest.raises(Exception, match="not identifiable"):
-        tree_gls(h, cells, [m for m in meas if m.level == 4], [], PRIVACY)
+        tree_gls(h, cells, [m for m in meas if m.level == 4], [], None)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +125,7 @@ def test_partitioned_rounding_keeps_sums_and_invariants():
     with open_executor("sync") as ex:
         # "cells": every (node, cell) sum within floor/ceil; state histograms invariant
         h, cells, meas, invs = _problem("diagonal", seed=4)
-        real = tree_gls(h, cells, meas, invs, PRIVACY)
+        real = tree_gls(h, cells, meas, invs, None)
         got = partitioned_round(real, rng, partition_units(h, 2, 5), ex, method="cells").estimates
         for k in range(h.depth):
             r = real.estimates[k]
@@ -136,7 +134,7 @@ def test_partitioned_rounding_keeps_sums_and_invariants():
             assert np.array_equal(got[k], np.rint(real.estimates[k]).astype(np.int64))
         # "totals": every node total and every leaf cell; state totals invariant
         h, cells, meas, invs = _problem("general", seed=4)
-        real = tree_gls(h, cells, meas, invs, PRIVACY)
+        real = tree_gls(h, cells, meas, invs, None)
         got = partitioned_round(real, rng, partition_units(h, 2, 5), ex, method="totals").estimates
     for k in range(h.depth):
         r = real.estimates[k].sum(1)

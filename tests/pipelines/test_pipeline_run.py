@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from censusdp.config import load_spec
 from censusdp.experiments.registry import run_experiment
 from censusdp.hierarchy.synthetic import synthetic_us
 from censusdp.pipelines.runner import run_spec
+from censusdp.pipelines.specs import load_spec
 
 SPEC = """
 [data]

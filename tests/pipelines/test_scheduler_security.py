@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from censusdp.cli import main
-from censusdp.config import parse_spec
 from censusdp.errors import SpecError
 from censusdp.pipelines.execute import (
     DaskExecutor,
@@ -22,6 +21,7 @@ from censusdp.pipelines.execute import (
     open_executor,
     scheduler_security,
 )
+from censusdp.pipelines.specs import parse_spec
 
 REMOTE = "tcp://192.0.2.7:8786"  # TEST-NET-1: documentation only, never routed
 

@@ -1,0 +1,109 @@
+"""The front door: ``from censusdp.prelude import *`` gives the names a user needs.
+
+Geography (:class:`Hierarchy`, :class:`Table`, the builders), the attribute schemas
+(:class:`Schema`, :class:`ProductQuery`), queries and measurement (:class:`Query`,
+:func:`measure`, :func:`invariant`), the noise laws, keyed randomness (:class:`KeyedRNG`),
+the estimators (:func:`tree_gls`, :func:`condition`, :func:`topdown`), rounding and
+intervals, privacy statements derived from the measurements (:func:`derive_statement`), the
+release and its store, and whole runs from a spec (:func:`load_spec`, :func:`run_spec`).
+
+Where this module sits: it re-exports every layer, pipelines included, so it belongs to the
+application layer above them (with :mod:`censusdp.cli`), although it lives in the
+``censusdp`` folder to be importable as ``censusdp.prelude``. No module of the library imports
+it (a test checks), so core ← hierarchy ← mechanisms ← estimation ← pipelines ← experiments
+holds; it is for users, notebooks and the README. Importing it imports the library but not
+Dask (the distributed scheduler loads Dask only when used).
+
+Model: ``opendp.prelude`` (OpenDP) and ``tmlt.analytics`` (Tumult Analytics).
+"""
+
+from __future__ import annotations
+
+from censusdp.budget import Budget, PrivacyStatement
+from censusdp.errors import (
+    BudgetError,
+    CensusDPError,
+    ConvergenceError,
+    DataError,
+    HierarchyError,
+    SpecError,
+)
+from censusdp.estimation import (
+    Release,
+    condition,
+    lattice_intervals,
+    round_release,
+    topdown,
+    tree_gls,
+)
+from censusdp.hierarchy import (
+    Hierarchy,
+    Table,
+    add_level,
+    from_columns,
+    from_edges,
+    from_gisjoin,
+    synthetic_us,
+)
+from censusdp.mechanisms import (
+    DiscreteGaussian,
+    DiscreteLaplace,
+    Gaussian,
+    Laplace,
+    ProductQuery,
+    Query,
+    derive_statement,
+    invariant,
+    measure,
+)
+from censusdp.pipelines.release_store import read_release, write_release
+from censusdp.pipelines.runner import run_spec
+from censusdp.pipelines.specs import load_spec
+from censusdp.rng import KeyedRNG
+from censusdp.schema import Schema
+
+__all__ = [
+    # geography
+    "Hierarchy",
+    "Table",
+    "from_columns",
+    "from_gisjoin",
+    "from_edges",
+    "add_level",
+    "synthetic_us",
+    # attributes and queries
+    "Schema",
+    "ProductQuery",
+    "Query",
+    "measure",
+    "invariant",
+    # noise and randomness
+    "Laplace",
+    "Gaussian",
+    "DiscreteLaplace",
+    "DiscreteGaussian",
+    "KeyedRNG",
+    # estimators, rounding, uncertainty
+    "tree_gls",
+    "condition",
+    "topdown",
+    "round_release",
+    "lattice_intervals",
+    "Release",
+    # privacy
+    "Budget",
+    "PrivacyStatement",
+    "derive_statement",
+    # releases and runs
+    "read_release",
+    "write_release",
+    "load_spec",
+    "run_spec",
+    # errors
+    "CensusDPError",
+    "SpecError",
+    "DataError",
+    "HierarchyError",
+    "BudgetError",
+    "ConvergenceError",
+]
