@@ -11,6 +11,7 @@ from censusdp.estimation.rounding import (
     round_tree,
     rounding_variance,
 )
+from censusdp.estimation.structured_gls import StructuredRelease, structured_gls
 from censusdp.estimation.uncertainty import coverage, intervals, standard_errors
 
 __all__ = [
@@ -27,4 +28,6 @@ __all__ = [
     "standard_errors",
     "intervals",
     "coverage",
+    "structured_gls",
+    "StructuredRelease",
 ]

@@ -31,6 +31,11 @@ pass uses the exact limit of the RTS formulas: with ``[[S, N], [Nᵀ, 0]]⁺ = [
 identifiable iff the root has no flat direction and no two siblings share one; otherwise a
 :class:`~censusdp.errors.SpecError` names the level.
 
+**Copies.** The general path's matrices do not depend on the data, so problems that share
+them — the blocks of a marginal workload repeated over within-group contrasts, DESIGN §10 —
+run in one pass with a copy axis on every mean and information vector (``(n, C, K)``) and
+one set of per-node matrices (:mod:`censusdp.estimation.structured_gls`).
+
 **Diagonal fast path.** When every query and invariant row selects a single cell (identity
 queries, one cell), the cells decouple and the passes are elementwise (Hay et al. 2010).
 
@@ -255,10 +260,26 @@ def whole_forest(hierarchy: Hierarchy, first: int = 0, last: int | None = None) 
 
 # ----------------------------------------------------------------------------- helpers
 def _mv(A: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Batched matrix–vector product ``A[n] @ x[n]`` (``A`` may be one shared matrix)."""
+    """Batched matrix–vector product ``A[n] @ x[n]`` (``A`` may be one shared matrix).
+
+    ``x`` is (n, K) or carries copy axes, (n, ..., K): every copy of a node's vector meets
+    the node's one matrix (see :func:`_general_up`).
+    """
     if A.shape[0] == 1:
-        return np.einsum("bij,nj->ni", A, x)
-    return np.einsum("nij,nj->ni", A, x)
+        return np.einsum("bij,n...j->n...i", A, x)
+    return np.einsum("nij,n...j->n...i", A, x)
+
+
+def _solve_vec(X: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``X[n]⁻¹ b[n]`` for (n, K) ``b`` or (n, C, K) copies (one factorisation per node)."""
+    if b.ndim == 2:
+        return np.linalg.solve(X, b[..., None])[..., 0]
+    return np.linalg.solve(X, b.swapaxes(-1, -2)).swapaxes(-1, -2)
+
+
+def _node_max(x: np.ndarray) -> np.ndarray:
+    """Largest entry of every node's vector (over its copies too)."""
+    return x.reshape(x.shape[0], -1).max(axis=1)
 
 
 def _rowmul(X: np.ndarray, Q: np.ndarray) -> np.ndarray:
@@ -304,9 +325,9 @@ class _Level:
     """Per-level inputs, in scaled units (variances divided by τ²)."""
 
     J: np.ndarray  # (1|n, K, K) information matrix of the node's own measurements
-    h: np.ndarray  # (n, K) information vector
+    h: np.ndarray  # (n, K) information vector; general path: or (n, C, K), C copies
     H: np.ndarray  # (n_H, K) invariant rows
-    t: np.ndarray  # (n, n_H) invariant values
+    t: np.ndarray  # (n, n_H) invariant values; general path: or (n, C, n_H)
     shared: bool = True  # J is one matrix for every node (no per-node variances)
     diag_J: np.ndarray | None = None  # (1|n, K) diagonal path
     diag_h: np.ndarray | None = None
@@ -964,7 +985,7 @@ def _tc_down(
 # ----------------------------------------------------------------------------- general path
 @dataclass
 class _Up:
-    m: np.ndarray  # (n, K)
+    m: np.ndarray  # (n, K), or (n, C, K): C copies sharing every matrix below
     P: np.ndarray  # (1|n, K, K)
     N: np.ndarray | None = None  # (n, K, K) flat basis (columns [0, r) valid, rest +0.0)
     r: np.ndarray | None = None  # (n,) number of flat directions
@@ -1001,7 +1022,7 @@ def _solve_bordered(
     N, r = _flat_basis(Null[..., :K, :K], K)
     Pi = np.eye(K) - N @ N.swapaxes(-1, -2)
     x = _mv(Minv, rhs)
-    m = _mv(Pi, x[:, :K])
+    m = _mv(Pi, x[..., :K])
     P = _sym(Pi @ Minv[..., :K, :K] @ Pi)
     return m, P, N, r
 
@@ -1013,7 +1034,7 @@ def _leaf_up(L: _Level, K: int) -> _Up:
     Mat[:, :K, :K] = L.J
     Mat[:, :K, K:] = L.H.T
     Mat[:, K:, :K] = L.H
-    rhs = np.concatenate([L.h, L.t], axis=1)
+    rhs = np.concatenate([L.h, L.t], axis=-1)
     m, P, N, r = _solve_bordered(Mat, rhs, K)
     if not np.any(r):
         return _Up(m, P, shared=L.shared)
@@ -1056,23 +1077,23 @@ def _plain_update(
     """Information update with the node's measurements, then its invariants (no flat child)."""
     X = np.eye(K) + S @ L.J
     P0 = _sym(np.linalg.solve(X, S))
-    m0 = np.linalg.solve(X, (M + np.einsum("nij,nj->ni", S, L.h))[..., None])[..., 0]
+    m0 = _solve_vec(X, M + np.einsum("nij,n...j->n...i", S, L.h))
     if not L.H.shape[0]:
         return m0, P0
     HP = np.einsum("ak,nkl->nal", L.H, P0)
     R = _sym(HP @ L.H.T)
     atol = 1e-11 * (1.0 + np.trace(S, axis1=1, axis2=2)) * float((L.H**2).sum())
     Rinv, Rnull = _pinv_psd(R, atol)
-    res = L.t - np.einsum("nk,ak->na", m0, L.H)  # not m0 @ H.T (see _rowmul)
-    bad = np.abs(np.einsum("nab,nb->na", Rnull, res)).max(axis=1)
-    if np.any(bad > 1e-7 * (1.0 + np.abs(L.t).max(axis=1))):
+    res = L.t - np.einsum("n...k,ak->n...a", m0, L.H)  # not m0 @ H.T (see _rowmul)
+    bad = _node_max(np.abs(np.einsum("nab,n...b->n...a", Rnull, res)))
+    if np.any(bad > 1e-7 * (1.0 + _node_max(np.abs(L.t)))):
         node = int(np.arange(f.sizes[j])[idx][int(np.argmax(bad))])
         raise DataError(
             f"the invariants at level {f.names[j]!r} (node {f.code(j, node)!r}) contradict "
             "the invariants below it: parent totals must equal the sums of their children's"
         )
     Kg = HP.swapaxes(1, 2) @ Rinv
-    return m0 + np.einsum("nka,na->nk", Kg, res), _sym(P0 - Kg @ HP)
+    return m0 + np.einsum("nka,n...a->n...k", Kg, res), _sym(P0 - Kg @ HP)
 
 
 def _bordered_update(
@@ -1093,7 +1114,7 @@ def _bordered_update(
     Mat[:, 2 * K : 3 * K, 2 * K : 3 * K] = pad[:, :, None] * np.eye(K)
     Mat[:, :K, 3 * K :] = L.H.T
     Mat[:, 3 * K :, :K] = L.H
-    rhs = np.concatenate([L.h, M, np.zeros((n, K)), L.t], axis=1)
+    rhs = np.concatenate([L.h, M, np.zeros(M.shape), L.t], axis=-1)
     return _solve_bordered(Mat, rhs, K)
 
 
@@ -1102,7 +1123,7 @@ def _internal_up(f: Forest, j: int, L: _Level, ch: _Up, K: int) -> _Up:
     n = f.sizes[j]
     M = f.sum_children(j, ch.m)
     S = _sym(f.sum_children(j, ch.P, shared=ch.shared))
-    u = _Up(np.empty((n, K)), np.empty((n, K, K)), M=M, S=S, rc=np.zeros(n, np.int64))
+    u = _Up(np.empty(M.shape), np.empty((n, K, K)), M=M, S=S, rc=np.zeros(n, np.int64))
     if ch.N is not None:
         u.Nc, u.rc, u.off = _pack_children(f, j, ch, K)
     bord = u.rc > 0
@@ -1120,6 +1141,14 @@ def _internal_up(f: Forest, j: int, L: _Level, ch: _Up, K: int) -> _Up:
 
 
 def _general_up(f: Forest, lv: list[_Level], K: int, bottom: _Up | None) -> list[_Up]:
+    """Upward pass of the general path, leaves first.
+
+    Means, information vectors and invariant values may carry copy axes — ``h`` (n, C, K),
+    ``t`` (n, C, n_H) — for C problems on one tree that share every matrix (J, H, variances):
+    the blocks of a marginal workload repeated over within-group contrasts
+    (:mod:`censusdp.estimation.structured_gls`). Matrices (P, S, N, gains) stay per node;
+    with no copy axis every operation is the one of a single problem, bit for bit.
+    """
     D = f.depth
     up: list = [None] * D
     up[D - 1] = bottom if bottom is not None else _leaf_up(lv[D - 1], K)
@@ -1191,7 +1220,7 @@ def _general_down(
                 axis=1,
             )
             G[cbi], Dc[cbi] = Gb, Pcb - F @ Yc @ F.swapaxes(1, 2)
-        zhat.append(ch.m + np.einsum("nij,nj->ni", G, d[par]))
+        zhat.append(ch.m + np.einsum("nij,n...j->n...i", G, d[par]))
         Pk = Phat[j] if Phat[j].shape[0] > 1 else np.broadcast_to(Phat[j], (f.sizes[j], K, K))
         Phat.append(_sym(Dc + G @ Pk[par] @ G.swapaxes(1, 2)))
     return zhat, Phat

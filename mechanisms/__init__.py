@@ -22,6 +22,13 @@ from censusdp.mechanisms.discrete import (
     sample_discrete_laplace,
 )
 from censusdp.mechanisms.laws import Gaussian, Laplace, NoiseLaw
+from censusdp.mechanisms.product_measure import (
+    ProductInvariant,
+    ProductMeasurement,
+    measure_products,
+    product_invariant,
+    product_privacy,
+)
 from censusdp.mechanisms.projection import (
     dense_projector,
     group_projection_variances,
@@ -85,4 +92,9 @@ __all__ = [
     "Invariant",
     "measure",
     "invariant",
+    "ProductMeasurement",
+    "ProductInvariant",
+    "measure_products",
+    "product_invariant",
+    "product_privacy",
 ]
