@@ -12,12 +12,16 @@ invariant. Stages:
 - ``measure``: the queries' answers and their noise, level by level; the block level one
   keyed chunk of blocks at a time from the sparse histogram (a dense chunk, never the whole
   block tensor);
-- ``structured_gls`` and ``standard_errors``: when :mod:`censusdp.estimation.structured_gls`
-  is present (reported ``absent`` otherwise — not faked);
-- ``rounding``: absent until a rounding of schema histograms exists;
+- ``structured_gls``: :func:`~censusdp.estimation.structured_gls.structured_gls`, estimates
+  and per-node covariance blocks at every level, the production statement checked against
+  the derived one;
+- ``standard_errors``: of every row of a few marginal tables (:data:`SE_TABLES`) at every
+  node of every level, from the nodes' blocks;
+- ``rounding``: absent until a rounding of schema histograms exists (reported, not faked);
 - ``dense_county``: the existing dense :func:`~censusdp.estimation.tree_gls` (2,016-cell
   histogram, dense query matrices, ``K × K`` per node) on the subtree of the county with the
-  fewest blocks, on the same noisy measurements, for the ratio.
+  fewest blocks, on the same noisy measurements, beside the structured GLS of the same
+  subtree: the time ratio and the largest difference of their estimates and variances.
 
 ``seconds`` is the wall time of the counted stages (the synthetic data are timed apart);
 ``peak_rss_mb`` the process's peak resident memory (``resource.getrusage``). The privacy
@@ -48,9 +52,11 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement
 from censusdp.estimation import tree_gls
+from censusdp.estimation.structured_gls import StructuredRelease, structured_gls
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.synthetic import PL94_SHAPE, pl94_partitions, synthetic_state
 from censusdp.mechanisms.discrete import DiscreteGaussian
+from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import Measurement, Query, measure_range
 from censusdp.rng import CHUNK, KeyedRNG
@@ -94,6 +100,11 @@ QUERY_SHARES = {
     "block": tuple(F(v, 4097) for v in (5, 9, 5, 5, 5, 5, 21, 21, 5, 71, 3945)),
 }  # fmt: skip
 N_CELLS = int(np.prod(PL94_SHAPE))
+#: Tables whose standard errors are computed at every node of every level.
+SE_TABLES = ("total", "hhinstlevels", "votingage * hispanic", "votingage * hispanic * cenrace")
+#: The dense one-county path holds several (nodes, 2016, 2016) float64 arrays: skip it when
+#: the smallest county is larger than this (small ``--blocks`` runs have one big county).
+DENSE_MAX_BLOCKS = 64
 
 
 def _peak_mb() -> float:
@@ -149,13 +160,10 @@ def measure_state(
     }
     t = dict(generate=0.0, apply=0.0, noise=0.0, draws=0)
     bounds = [*range(0, n_blocks, CHUNK), n_blocks]
-    for _, block, cell, count in pl94_partitions(populations, seed, bounds):
+    for i, block, cell, count in pl94_partitions(populations, seed, bounds):
         t0 = time.perf_counter()
-        lo = int(bounds[_])
-        hi = int(bounds[_ + 1])
-        bg_sum += np.bincount(bg_of[block] * N_CELLS + cell, count, n_bg * N_CELLS).astype(
-            np.int64
-        )
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        bg_sum += np.bincount(bg_of[block] * N_CELLS + cell, count, n_bg * N_CELLS).astype(np.int64)
         x = _dense_chunk(block, cell, count, lo, hi)
         t1 = time.perf_counter()
         t["generate"] += t1 - t0
@@ -192,39 +200,90 @@ def measure_state(
     return values, tensors, t
 
 
-def dense_county(
+def measurements(
     h: Hierarchy,
-    schema: Schema,
     plan: list[tuple[str, ProductQuery, DiscreteGaussian]],
     values: dict,
-) -> dict:
-    """The dense tree GLS (``K × K`` per node) on the county with the fewest blocks, on the
-    benchmark's own noisy measurements of that county's subtree (no invariant inside it)."""
-    k = h.level_index("county")
-    sizes = [np.diff(h.descendant_range(k, c, h.depth - 1)) for c in range(h.sizes[k])]
-    c = int(np.argmin(sizes))
-    sub = h.subtree(k, c)
-    dense_q = {q.name: Query(q.name, q.dense(), q.labels) for _, q, _ in plan}
-    meas, rho = [], 0.0
+    ranges: dict | None = None,
+) -> list[ProductMeasurement]:
+    """The plan's measurements, optionally restricted to node ranges ``{level: (lo, hi)}``
+    (levels absent from ``ranges`` are left out)."""
+    out = []
     for lvl, q, law in plan:
-        if lvl not in sub.names:
-            continue
-        d = sub.names.index(lvl)
-        lo, hi = h.descendant_range(k, c, lvl)
-        meas.append(Measurement(d, dense_q[q.name], values[(lvl, q.name)][lo:hi].astype(np.int64),
-                                law))  # fmt: skip
-        rho += law.privacy(q.l2_sensitivity)
+        if ranges is None:
+            out.append(ProductMeasurement(lvl, q, values[(lvl, q.name)], law))
+        elif lvl in ranges:
+            lo, hi = ranges[lvl]
+            out.append(ProductMeasurement(lvl, q, values[(lvl, q.name)][lo:hi], law))
+    return out
+
+
+def smallest_county(
+    h: Hierarchy, plan: list[tuple[str, ProductQuery, DiscreteGaussian]], values: dict
+) -> tuple[Hierarchy, str, list[ProductMeasurement]] | str:
+    """The subtree of the county with the fewest blocks and copies of its measurements (no
+    invariant inside it), or why it is skipped."""
+    k = h.level_index("county")
+    sizes = [int(np.diff(h.descendant_range(k, c, h.depth - 1))[0]) for c in range(h.sizes[k])]
+    c = int(np.argmin(sizes))
+    if sizes[c] > DENSE_MAX_BLOCKS:
+        return (f"skipped: the smallest county has {sizes[c]} blocks (> {DENSE_MAX_BLOCKS}); "
+                "the dense path holds several (nodes, 2016, 2016) float64 arrays")  # fmt: skip
+    sub = h.subtree(k, c)
+    ranges = {lvl: h.descendant_range(k, c, lvl) for lvl in sub.names}
+    smeas = [
+        ProductMeasurement(m.level, m.query, m.values.copy(), m.law)
+        for m in measurements(h, plan, values, ranges)
+    ]
+    return sub, str(h[k].codes[c]), smeas
+
+
+def dense_county(sub: Hierarchy, code: str, schema: Schema, smeas: list) -> dict:
+    """The dense tree GLS (``K × K`` per node) and the structured GLS on one county's
+    subtree and measurements: times, ratio and the largest differences."""
+    dense_q = {m.query.name: Query(m.query.name, m.query.dense(), m.query.labels) for m in smeas}
+    meas = [
+        Measurement(sub.names.index(m.level), dense_q[m.query.name],
+                    np.asarray(m.values, np.int64), m.law)
+        for m in smeas
+    ]  # fmt: skip
+    rho = sum(m.law.privacy(m.query.l2_sensitivity) for m in smeas)
     privacy = PrivacyStatement("zcdp", rho=rho, mechanism="discrete_gaussian")
     t0 = time.perf_counter()
     rel = tree_gls(sub, schema.cells, meas, [], privacy)
-    seconds = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    srel = structured_gls(sub, schema, smeas)
+    t2 = time.perf_counter()
+    svar = [srel.query_variances(j, "detailed") for j in range(sub.depth)]
+    scale = max(float(np.abs(e).max()) for e in rel.estimates)
     return {
-        "county": str(h[k].codes[c]),
+        "county": code,
         "nodes_per_level": dict(zip(sub.names, sub.sizes, strict=True)),
-        "blocks": int(sub.sizes[-1]),
-        "seconds": seconds,
-        "gls_path": rel.diagnostics.get("path"),
+        "seconds_dense_tree_gls": t1 - t0,
+        "seconds_structured_gls": t2 - t1,
+        "ratio_dense_over_structured": (t1 - t0) / (t2 - t1),
+        "dense_gls_path": rel.diagnostics.get("path"),
+        "max_estimate_difference_relative": max(
+            float(np.abs(a - b.reshape(a.shape)).max())
+            for a, b in zip(rel.estimates, srel.estimates, strict=True)
+        )
+        / scale,
+        "max_variance_difference_relative": max(
+            float(np.abs(a - b).max() / np.abs(a).max())
+            for a, b in zip(rel.variances, svar, strict=True)
+        ),
     }
+
+
+def standard_errors(rel: StructuredRelease, schema: Schema) -> dict:
+    """Per level and table: the mean and largest SE over its rows and nodes."""
+    out: dict = {}
+    for lvl in rel.hierarchy.names:
+        out[lvl] = {}
+        for text in SE_TABLES:
+            se = rel.query_standard_errors(lvl, ProductQuery.parse(schema, text))
+            out[lvl][text] = {"mean": float(np.nanmean(se)), "max": float(np.nanmax(se))}
+    return out
 
 
 def run(blocks: int, seed: int, dense: bool) -> dict:
@@ -234,6 +293,7 @@ def run(blocks: int, seed: int, dense: bool) -> dict:
     schema = Schema.load("pl94")
     plan = strategy(schema)
     rho = sum(law.privacy(q.l2_sensitivity) for _, q, law in plan)
+    total = ProductQuery.parse(schema, "total")
     t_data = time.perf_counter() - t_start
 
     rng = KeyedRNG.reproducible(seed, warn=False)
@@ -241,16 +301,28 @@ def run(blocks: int, seed: int, dense: bool) -> dict:
     values, tensors, tm = measure_state(h, state.leaf_counts[:, 0], seed, plan, rng)
     t_measure = time.perf_counter() - t0 - tm["generate"]
     t_data += tm["generate"]
-    invariant_totals = {lvl: tensors[k].sum(axis=1) for k, lvl in enumerate(h.names[:2])}
     rss_after_measure = _peak_mb()
 
+    county = smallest_county(h, plan, values) if dense else "skipped: --no-dense"
+    t0 = time.perf_counter()
+    meas = measurements(h, plan, values)
+    invs = [ProductInvariant(lvl, total, total.apply(tensors[k].reshape(-1, *PL94_SHAPE)))
+            for k, lvl in enumerate(h.names[:2])]  # fmt: skip
+    claimed = PrivacyStatement("zcdp", rho=float(RHO), mechanism="discrete_gaussian")
+    rel = structured_gls(h, schema, meas, invs, privacy=claimed)
+    del meas, values
+    t_gls = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ses = standard_errors(rel, schema)
+    t_se = time.perf_counter() - t0
+    state_total = rel.query_estimates("state", total)[0, 0]
     stages = {
         "measure (apply queries + noise)": t_measure,
-        "structured_gls": "absent: censusdp.estimation.structured_gls is not on this branch",
-        "standard_errors": "absent: they come from the structured GLS",
+        "structured_gls": t_gls,
+        "standard_errors": t_se,
         "rounding": "absent: no rounding of schema histograms exists yet",
     }
-    counted = t_measure
+    counted = t_measure + t_gls + t_se
     out = {
         "blocks": int(h.sizes[-1]),
         "nodes_per_level": dict(zip(h.names, h.sizes, strict=True)),
@@ -270,14 +342,18 @@ def run(blocks: int, seed: int, dense: bool) -> dict:
             "rho_derived": rho,
             "rho_production": float(RHO),
             "invariants": ["nation: total", "state: total"],
-            "invariant_totals_held": int(invariant_totals["state"][0]) == int(
-                state.leaf_counts.sum()
-            ),
+            "release_statement_rho": rel.privacy.rho,
+            "release_statement_invariants": list(rel.privacy.invariants),
         },
+        "state_total_invariant_residual": float(abs(state_total - state.leaf_counts.sum())),
+        "gls_diagnostics": {k: v for k, v in rel.diagnostics.items() if k != "blocks"},
+        "standard_errors": ses,
         "peak_rss_mb_after_measure": rss_after_measure,
     }
-    if dense:
-        out["dense_county"] = dense_county(h, schema, plan, values)
+    out["peak_rss_mb_before_dense_county"] = _peak_mb()
+    out["dense_county"] = (
+        county if isinstance(county, str) else dense_county(*county[:2], schema, county[2])
+    )
     out["wall_seconds"] = time.perf_counter() - t_start
     out["peak_rss_mb"] = _peak_mb()
     return out
