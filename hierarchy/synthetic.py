@@ -374,7 +374,17 @@ def pl94_histogram(
     stop = pop.size if stop is None else stop
     if not 0 <= start <= stop <= pop.size:
         raise ValueError(f"block range [{start}, {stop}) is outside [0, {pop.size})")
-    offset = np.concatenate(([0], np.cumsum(pop)))
+    return _histogram_range(pop, _person_offsets(pop), seed, start, stop)
+
+
+def _person_offsets(pop: np.ndarray) -> np.ndarray:
+    """Number of the first person of each block, and the total last."""
+    return np.concatenate(([0], np.cumsum(pop)))
+
+
+def _histogram_range(
+    pop: np.ndarray, offset: np.ndarray, seed: int, start: int, stop: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     cdf = _persons_cdf()
     rng = KeyedRNG.reproducible(seed, warn=False).child("synthetic_pl94")
     cells = rng.draw(
@@ -407,5 +417,6 @@ def pl94_partitions(
         raise ValueError(
             f"partition bounds must increase from ≥ 0 to ≤ {pop.size} (the number of blocks)"
         )
+    offset = _person_offsets(pop)  # once: a partition costs its own blocks only
     for i in range(b.size - 1):
-        yield (i, *pl94_histogram(pop, seed, int(b[i]), int(b[i + 1])))
+        yield (i, *_histogram_range(pop, offset, seed, int(b[i]), int(b[i + 1])))
