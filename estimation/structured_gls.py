@@ -127,6 +127,7 @@ class StructuredRelease:
     identified: BlockDiagonal
     privacy: PrivacyStatement
     diagnostics: dict
+    _rows: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def level(self, level: str | int) -> np.ndarray:
         """Cell-tensor estimates of one level, ``(n_nodes, *schema.shape)``."""
@@ -148,9 +149,12 @@ class StructuredRelease:
         computed per block like a variance (:meth:`BlockDiagonal.query_variances`).
         """
         q = self._query(query)
-        norm2 = self.basis.identity().query_variances(q)
-        outside = (self.basis.identity() + self.identified * -1.0).query_variances(q)
-        return outside <= 1e-9 * np.maximum(norm2, 1.0)
+        key = _key(q)
+        if key not in self._rows:
+            norm2 = self.basis.identity().query_variances(q)
+            outside = (self.basis.identity() + self.identified * -1.0).query_variances(q)
+            self._rows[key] = outside <= 1e-9 * np.maximum(norm2, 1.0)
+        return self._rows[key]
 
     def query_estimates(self, level: str | int, query: ProductQuery | str) -> np.ndarray:
         """Estimates of every row of ``query`` at every node, ``(n_nodes, n_rows)``.
@@ -238,6 +242,12 @@ class _Inputs:
     GH: list[dict[int, np.ndarray] | None]  # invariant Gram blocks (n_S, n_S)
     b: list[np.ndarray | None]  # (n, *shape) coefficients of Hᵀt
     measured: dict[int, np.ndarray]  # mask → Σ of every measured Gram block (unweighted)
+    grams: dict[tuple, BlockDiagonal]  # query (its elements) → its unweighted Gram blocks
+
+
+def _key(query: ProductQuery) -> tuple[int, ...]:
+    """A query's identity: its elements (shared objects of the schema)."""
+    return tuple(id(f) for f in query.factors)
 
 
 def _resolve(
@@ -279,11 +289,14 @@ def _collect(
     tau: float,
 ) -> _Inputs:
     D = hierarchy.depth
-    inp = _Inputs([None] * D, [None] * D, [None] * D, [None] * D, {})
+    inp = _Inputs([None] * D, [None] * D, [None] * D, [None] * D, {}, {})
     unit = {m: np.zeros((basis.block_size(m),) * 2) for m in basis.subsets}
+    for x in [*meas, *invs]:
+        if _key(x.query) not in inp.grams:
+            inp.grams[_key(x.query)] = basis.gram(x.query)
     for i, m in enumerate(meas):
         k, w = m.level, weight[i]
-        g = basis.gram(m.query)
+        g = inp.grams[_key(m.query)]
         for mask, blk in g.blocks.items():
             unit[mask] = unit[mask] + blk
         wg = g * w if w.shape[0] > 1 else g * float(w[0])
@@ -298,7 +311,7 @@ def _collect(
             inp.h[k] = basis.to_basis(inp.h[k])
     for inv in invs:
         k = inv.level
-        g = basis.gram(inv.query).blocks
+        g = inp.grams[_key(inv.query)].blocks
         inp.GH[k] = g if inp.GH[k] is None else {mask: inp.GH[k][mask] + g[mask] for mask in g}
         adj = inv.query.adjoint(np.asarray(inv.values, dtype=np.float64) / tau)
         inp.b[k] = adj if inp.b[k] is None else inp.b[k] + adj
@@ -333,7 +346,7 @@ def _exact_release_levels(
             proj[mask] = u @ u.T
         ok = True
         for m in (x for x in meas if x.level == k):
-            for mask, blk in basis.gram(m.query).blocks.items():
+            for mask, blk in inp.grams[_key(m.query)].blocks.items():
                 resid = blk - proj[mask] @ blk
                 if np.abs(resid).max(initial=0.0) > 1e-9 * max(1.0, np.abs(blk).max()):
                     ok = False
