@@ -23,8 +23,10 @@ invariant. Stages:
   fewest blocks, on the same noisy measurements, beside the structured GLS of the same
   subtree: the time ratio and the largest difference of their estimates and variances.
 
-``seconds`` is the wall time of the counted stages (the synthetic data are timed apart);
-``peak_rss_mb`` the process's peak resident memory (``resource.getrusage``). The privacy
+``seconds`` is the wall time of the counted stages (the synthetic data are timed apart),
+``cpu_seconds`` their CPU time (on a shared machine the difference is waiting);
+``peak_rss_mb`` the process's peak resident memory (``resource.getrusage``). Progress goes
+to stderr. The privacy
 statement is derived from the measurements (Σ Δ₂²/(2σ²) with the sensitivities computed from
 the queries) and compared with the production total.
 
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import sys
 import time
 from fractions import Fraction
 
@@ -111,6 +114,18 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _cpu() -> float:
+    """CPU seconds of this process (user + system): wall time minus the waits of a shared
+    machine, summed over threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _log(t_start: float, msg: str) -> None:
+    print(f"[{time.perf_counter() - t_start:8.1f} s, peak {_peak_mb():7.0f} MB] {msg}",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
 def strategy(schema: Schema) -> list[tuple[str, ProductQuery, DiscreteGaussian]]:
     """(level, query, law) of the production strategy: σ² = Δ₂²/(2 ρ · level share · query
     share), Δ₂ computed from the query (1 for every query here)."""
@@ -158,15 +173,16 @@ def measure_state(
     values: dict = {
         (names[-1], q.name): np.empty((n_blocks, q.n_rows), np.int32) for q, _ in block_plan
     }
-    t = dict(generate=0.0, apply=0.0, noise=0.0, draws=0)
+    t = dict(generate=0.0, generate_cpu=0.0, apply=0.0, noise=0.0, draws=0)
     bounds = [*range(0, n_blocks, CHUNK), n_blocks]
     for i, block, cell, count in pl94_partitions(populations, seed, bounds):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu()
         lo, hi = int(bounds[i]), int(bounds[i + 1])
         bg_sum += np.bincount(bg_of[block] * N_CELLS + cell, count, n_bg * N_CELLS).astype(np.int64)
         x = _dense_chunk(block, cell, count, lo, hi)
         t1 = time.perf_counter()
         t["generate"] += t1 - t0
+        t["generate_cpu"] += _cpu() - c0
         for q, law in block_plan:
             t1 = time.perf_counter()
             truth = q.apply(x)
@@ -180,12 +196,13 @@ def measure_state(
             t["draws"] += truth.size
         del x, truth, noisy
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     tensors = [bg_sum.reshape(n_bg, N_CELLS)]
     for k in range(D - 2, 0, -1):
         tensors.append(h.aggregate_up(k, tensors[-1]))
     tensors = tensors[::-1]
     t["generate"] += time.perf_counter() - t0
+    t["generate_cpu"] += _cpu() - c0
     for lvl, q, law in plan:
         k = names.index(lvl)
         if k == D - 1:
@@ -296,12 +313,14 @@ def run(blocks: int, seed: int, dense: bool) -> dict:
     total = ProductQuery.parse(schema, "total")
     t_data = time.perf_counter() - t_start
 
+    _log(t_start, f"synthetic state {h}; measuring")
     rng = KeyedRNG.reproducible(seed, warn=False)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     values, tensors, tm = measure_state(h, state.leaf_counts[:, 0], seed, plan, rng)
     t_measure = time.perf_counter() - t0 - tm["generate"]
     t_data += tm["generate"]
     rss_after_measure = _peak_mb()
+    _log(t_start, "measured; structured GLS")
 
     county = smallest_county(h, plan, values) if dense else "skipped: --no-dense"
     t0 = time.perf_counter()
@@ -312,9 +331,12 @@ def run(blocks: int, seed: int, dense: bool) -> dict:
     rel = structured_gls(h, schema, meas, invs, privacy=claimed)
     del meas, values
     t_gls = time.perf_counter() - t0
+    _log(t_start, "structured GLS done; standard errors")
     t0 = time.perf_counter()
     ses = standard_errors(rel, schema)
     t_se = time.perf_counter() - t0
+    cpu_counted = _cpu() - c0 - tm["generate_cpu"]
+    _log(t_start, "standard errors done")
     state_total = rel.query_estimates("state", total)[0, 0]
     stages = {
         "measure (apply queries + noise)": t_measure,
@@ -331,6 +353,7 @@ def run(blocks: int, seed: int, dense: bool) -> dict:
         "queries_per_geounit": len(QUERIES),
         "noisy_counts_per_geounit": sum(ProductQuery.parse(schema, t).n_rows for t in QUERIES),
         "seconds": counted,
+        "cpu_seconds": cpu_counted,
         "seconds_per_stage": stages,
         "seconds_synthetic_data (not counted)": t_data,
         "seconds_apply_queries": tm["apply"],
@@ -351,6 +374,8 @@ def run(blocks: int, seed: int, dense: bool) -> dict:
         "peak_rss_mb_after_measure": rss_after_measure,
     }
     out["peak_rss_mb_before_dense_county"] = _peak_mb()
+    if not isinstance(county, str):
+        _log(t_start, "dense and structured GLS on the smallest county")
     out["dense_county"] = (
         county if isinstance(county, str) else dense_county(*county[:2], schema, county[2])
     )
