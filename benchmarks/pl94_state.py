@@ -129,16 +129,17 @@ def _stage_peak_mb(reset: bool = True) -> float | None:
     return kb / 1024.0
 
 
+def _log(t_start: float, msg: str) -> None:
+    peak = _stage_peak_mb(reset=False)
+    print(f"[{time.perf_counter() - t_start:8.1f} s, stage peak {peak or 0:7.0f} MB] {msg}",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
 def _cpu() -> float:
     """CPU seconds of this process (user + system): wall time minus the waits of a shared
     machine, summed over threads."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def _log(t_start: float, msg: str) -> None:
-    print(f"[{time.perf_counter() - t_start:8.1f} s, peak {_peak_mb():7.0f} MB] {msg}",
-          file=sys.stderr, flush=True)  # fmt: skip
 
 
 def strategy(schema: Schema) -> list[tuple[str, ProductQuery, DiscreteGaussian]]:
