@@ -1,0 +1,418 @@
+"""The 2020 redistricting (pl94) workload on one synthetic state: prints one JSON object.
+
+A synthetic state of ``--blocks`` blocks (nation → state → county → tract → block group →
+block, :func:`~censusdp.hierarchy.synthetic.synthetic_state`) whose persons are spread over
+the 2,016 cells of the ``pl94`` schema (hhgq × votingage × hispanic × cenrace,
+:func:`~censusdp.hierarchy.synthetic.pl94_histogram`, generated partition by partition and
+held sparse). The production strategy and allocation of the Bureau's 2020 run (``DESIGN.md``
+§10): 11 product queries per geounit (no ``total`` at the nation), total ρ = 293764/114921
+split over levels and queries, exact discrete Gaussian noise, the nation and state totals
+invariant. Stages:
+
+- ``measure``: the queries' answers and their noise, level by level; the block level one
+  keyed chunk of blocks at a time from the sparse histogram (a dense chunk, never the whole
+  block tensor);
+- ``structured_gls``: :func:`~censusdp.estimation.structured_gls.structured_gls`, estimates
+  and per-node covariance blocks at every level, the production statement checked against
+  the derived one;
+- ``standard_errors``: of every row of a few marginal tables (:data:`SE_TABLES`) at every
+  node of every level, from the nodes' blocks;
+- ``rounding``: absent until a rounding of schema histograms exists (reported, not faked);
+- ``dense_county``: the existing dense :func:`~censusdp.estimation.tree_gls` (2,016-cell
+  histogram, dense query matrices, ``K × K`` per node) on the subtree of the county with the
+  fewest blocks, on the same noisy measurements, beside the structured GLS of the same
+  subtree: the time ratio and the largest difference of their estimates and variances.
+
+``seconds`` is the wall time of the counted stages (the synthetic data are timed apart),
+``cpu_seconds`` their CPU time (on a shared machine the difference is waiting);
+``peak_rss_mb`` the process's peak resident memory (``resource.getrusage``) and
+``peak_rss_mb_per_stage`` each stage's own peak (Linux ``VmHWM``, reset between stages).
+Progress goes to stderr. The privacy
+statement is derived from the measurements (Σ Δ₂²/(2σ²) with the sensitivities computed from
+the queries) and compared with the production total.
+
+Usage: ``python benchmarks/pl94_state.py [--blocks N] [--seed S] [--no-dense]``.
+
+References
+----------
+Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown Algorithm.
+    Harvard Data Science Review, Special Issue 2.
+U.S. Census Bureau (2021). DAS_2020_Redistricting_Production_Code,
+    ``configs/production/pl94/person_US.ini`` (strategy
+    ``ProductionCandidate20210527US_mult8_add02_dsepJune3``).
+Canonne, C., Kamath, G. & Steinke, T. (2020). The Discrete Gaussian for Differential Privacy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from fractions import Fraction
+
+import numpy as np
+
+from censusdp.budget import PrivacyStatement
+from censusdp.estimation import tree_gls
+from censusdp.estimation.structured_gls import StructuredRelease, structured_gls
+from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.synthetic import PL94_SHAPE, pl94_partitions, synthetic_state
+from censusdp.mechanisms.discrete import DiscreteGaussian
+from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
+from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.mechanisms.queries import Measurement, Query, measure_range
+from censusdp.rng import CHUNK, KeyedRNG
+from censusdp.schema import Schema
+
+#: The 11 queries per geounit, in the order of the production strategy.
+QUERIES = (
+    "total",
+    "cenrace",
+    "hispanic",
+    "votingage",
+    "hhinstlevels",
+    "hhgq",
+    "hispanic * cenrace",
+    "votingage * cenrace",
+    "votingage * hispanic",
+    "votingage * hispanic * cenrace",
+    "detailed",
+)
+
+RHO = Fraction(293764, 114921)
+F = Fraction
+LEVEL_SHARES = {
+    "nation": F(104, 4099),
+    "state": F(1440, 4099),
+    "county": F(447, 4099),
+    "tract": F(687, 4099),
+    "block_group": F(1256, 4099),
+    "block": F(165, 4099),
+}
+#: Query shares per level in the order of :data:`QUERIES` (``None``: not measured).
+QUERY_SHARES = {
+    "nation": (None, *(F(v, 4097) for v in (52, 26, 26, 26, 26, 130, 130, 26)),
+               F(26, 241), F(189, 241)),
+    "state": (*(F(v, 4097) for v in (3773, 6, 6, 6, 6, 6, 12, 12, 6)), F(2, 241),
+              F(230, 4097)),
+    "county": tuple(F(v, 4097) for v in (3126, 10, 10, 10, 10, 10, 28, 28, 10, 101, 754)),
+    "tract": (F(1567, 4102), F(4, 2051), *(F(5, 4102),) * 4, F(1933, 4102), F(10, 2051),
+              F(5, 4102), F(67, 4102), F(241, 2051)),
+    "block_group": tuple(F(v, 4099) for v in (1705, 3, 3, 3, 3, 3, 1055, 9, 3, 24, 1288)),
+    "block": tuple(F(v, 4097) for v in (5, 9, 5, 5, 5, 5, 21, 21, 5, 71, 3945)),
+}  # fmt: skip
+N_CELLS = int(np.prod(PL94_SHAPE))
+#: Tables whose standard errors are computed at every node of every level.
+SE_TABLES = ("total", "hhinstlevels", "votingage * hispanic", "votingage * hispanic * cenrace")
+#: The dense one-county path holds several (nodes, 2016, 2016) float64 arrays: skip it when
+#: the smallest county is larger than this (small ``--blocks`` runs have one big county).
+DENSE_MAX_BLOCKS = 64
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _stage_peak_mb(reset: bool = True) -> float | None:
+    """Peak resident memory since the last reset (Linux ``VmHWM``; ``clear_refs`` 5 resets
+    it), so each stage's own peak is seen; None where /proc does not offer it."""
+    try:
+        with open("/proc/self/status") as f:
+            kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+        if reset:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+    except (OSError, StopIteration, ValueError):
+        return None
+    return kb / 1024.0
+
+
+def _log(t_start: float, msg: str) -> None:
+    peak = _stage_peak_mb(reset=False)
+    print(f"[{time.perf_counter() - t_start:8.1f} s, stage peak {peak or 0:7.0f} MB] {msg}",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _cpu() -> float:
+    """CPU seconds of this process (user + system): wall time minus the waits of a shared
+    machine, summed over threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def strategy(schema: Schema) -> list[tuple[str, ProductQuery, DiscreteGaussian]]:
+    """(level, query, law) of the production strategy: σ² = Δ₂²/(2 ρ · level share · query
+    share), Δ₂ computed from the query (1 for every query here)."""
+    assert sum(LEVEL_SHARES.values()) == 1
+    plan = []
+    for level, shares in QUERY_SHARES.items():
+        assert sum(s for s in shares if s is not None) == 1, level
+        for text, share in zip(QUERIES, shares, strict=True):
+            if share is None:
+                continue
+            q = ProductQuery.parse(schema, text)
+            rho_q = RHO * LEVEL_SHARES[level] * share
+            sens2 = F(q.l1_sensitivity)  # Δ₂² = the largest column count of a 0/1 matrix
+            plan.append((level, q, DiscreteGaussian.from_sigma2(sens2 / (2 * rho_q))))
+    return plan
+
+
+def _dense_chunk(block: np.ndarray, cell: np.ndarray, count: np.ndarray, lo: int, hi: int):
+    x = np.zeros((hi - lo, N_CELLS), np.int64)
+    x[block - lo, cell] = count
+    return x.reshape(hi - lo, *PL94_SHAPE)
+
+
+def measure_state(
+    h: Hierarchy,
+    populations: np.ndarray,
+    seed: int,
+    plan: list[tuple[str, ProductQuery, DiscreteGaussian]],
+    rng: KeyedRNG,
+) -> tuple[dict, list[np.ndarray], dict]:
+    """Noisy answers of ``plan`` at every node, the block level one keyed chunk at a time.
+
+    Returns the noisy values ``{(level, query name): array}``, the exact tensors of the
+    levels above the blocks (root first) and timings. The block histogram is generated
+    partition by partition (one :data:`~censusdp.rng.CHUNK` of blocks, the noise streams'
+    chunk, so each chunk's noise is drawn once) and never held whole; its block-group sums
+    are accumulated on the way.
+    """
+    names, D = h.names, h.depth
+    n_blocks = h.sizes[-1]
+    bg_of = h.ancestor_index(D - 1, D - 2)
+    n_bg = h.sizes[D - 2]
+    bg_sum = np.zeros(n_bg * N_CELLS, np.int64)
+    block_plan = [(q, law) for lvl, q, law in plan if lvl == names[-1]]
+    values: dict = {
+        (names[-1], q.name): np.empty((n_blocks, q.n_rows), np.int32) for q, _ in block_plan
+    }
+    t = dict(generate=0.0, generate_cpu=0.0, apply=0.0, noise=0.0, draws=0)
+    bounds = [*range(0, n_blocks, CHUNK), n_blocks]
+    for i, block, cell, count in pl94_partitions(populations, seed, bounds):
+        t0, c0 = time.perf_counter(), _cpu()
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        bg_sum += np.bincount(bg_of[block] * N_CELLS + cell, count, n_bg * N_CELLS).astype(np.int64)
+        x = _dense_chunk(block, cell, count, lo, hi)
+        t1 = time.perf_counter()
+        t["generate"] += t1 - t0
+        t["generate_cpu"] += _cpu() - c0
+        for q, law in block_plan:
+            t1 = time.perf_counter()
+            truth = q.apply(x)
+            t2 = time.perf_counter()
+            noisy = measure_range(truth, names[-1], n_blocks, lo, q, law, rng)
+            if np.abs(noisy).max(initial=0) >= 2**31:
+                raise OverflowError("a noisy block count does not fit int32")
+            values[(names[-1], q.name)][lo:hi] = noisy
+            t["apply"] += t2 - t1
+            t["noise"] += time.perf_counter() - t2
+            t["draws"] += truth.size
+        del x, truth, noisy
+
+    t0, c0 = time.perf_counter(), _cpu()
+    tensors = [bg_sum.reshape(n_bg, N_CELLS)]
+    for k in range(D - 2, 0, -1):
+        tensors.append(h.aggregate_up(k, tensors[-1]))
+    tensors = tensors[::-1]
+    t["generate"] += time.perf_counter() - t0
+    t["generate_cpu"] += _cpu() - c0
+    for lvl, q, law in plan:
+        k = names.index(lvl)
+        if k == D - 1:
+            continue
+        t1 = time.perf_counter()
+        truth = q.apply(tensors[k].reshape(-1, *PL94_SHAPE))
+        t2 = time.perf_counter()
+        values[(lvl, q.name)] = measure_range(truth, lvl, h.sizes[k], 0, q, law, rng)
+        t["apply"] += t2 - t1
+        t["noise"] += time.perf_counter() - t2
+        t["draws"] += truth.size
+    return values, tensors, t
+
+
+def measurements(
+    h: Hierarchy,
+    plan: list[tuple[str, ProductQuery, DiscreteGaussian]],
+    values: dict,
+    ranges: dict | None = None,
+) -> list[ProductMeasurement]:
+    """The plan's measurements, optionally restricted to node ranges ``{level: (lo, hi)}``
+    (levels absent from ``ranges`` are left out)."""
+    out = []
+    for lvl, q, law in plan:
+        if ranges is None:
+            out.append(ProductMeasurement(lvl, q, values[(lvl, q.name)], law))
+        elif lvl in ranges:
+            lo, hi = ranges[lvl]
+            out.append(ProductMeasurement(lvl, q, values[(lvl, q.name)][lo:hi], law))
+    return out
+
+
+def smallest_county(
+    h: Hierarchy, plan: list[tuple[str, ProductQuery, DiscreteGaussian]], values: dict
+) -> tuple[Hierarchy, str, list[ProductMeasurement]] | str:
+    """The subtree of the county with the fewest blocks and copies of its measurements (no
+    invariant inside it), or why it is skipped."""
+    k = h.level_index("county")
+    sizes = [int(np.diff(h.descendant_range(k, c, h.depth - 1))[0]) for c in range(h.sizes[k])]
+    c = int(np.argmin(sizes))
+    if sizes[c] > DENSE_MAX_BLOCKS:
+        return (f"skipped: the smallest county has {sizes[c]} blocks (> {DENSE_MAX_BLOCKS}); "
+                "the dense path holds several (nodes, 2016, 2016) float64 arrays")  # fmt: skip
+    sub = h.subtree(k, c)
+    ranges = {lvl: h.descendant_range(k, c, lvl) for lvl in sub.names}
+    smeas = [
+        ProductMeasurement(m.level, m.query, m.values.copy(), m.law)
+        for m in measurements(h, plan, values, ranges)
+    ]
+    return sub, str(h[k].codes[c]), smeas
+
+
+def dense_county(sub: Hierarchy, code: str, schema: Schema, smeas: list) -> dict:
+    """The dense tree GLS (``K × K`` per node) and the structured GLS on one county's
+    subtree and measurements: times, ratio and the largest differences."""
+    dense_q = {m.query.name: Query(m.query.name, m.query.dense(), m.query.labels) for m in smeas}
+    meas = [
+        Measurement(sub.names.index(m.level), dense_q[m.query.name],
+                    np.asarray(m.values, np.int64), m.law)
+        for m in smeas
+    ]  # fmt: skip
+    rho = sum(m.law.privacy(m.query.l2_sensitivity) for m in smeas)
+    privacy = PrivacyStatement("zcdp", rho=rho, mechanism="discrete_gaussian")
+    t0 = time.perf_counter()
+    rel = tree_gls(sub, schema.cells, meas, [], privacy)
+    t1 = time.perf_counter()
+    srel = structured_gls(sub, schema, smeas)
+    t2 = time.perf_counter()
+    svar = [srel.query_variances(j, "detailed") for j in range(sub.depth)]
+    scale = max(float(np.abs(e).max()) for e in rel.estimates)
+    return {
+        "county": code,
+        "nodes_per_level": dict(zip(sub.names, sub.sizes, strict=True)),
+        "seconds_dense_tree_gls": t1 - t0,
+        "seconds_structured_gls": t2 - t1,
+        "ratio_dense_over_structured": (t1 - t0) / (t2 - t1),
+        "dense_gls_path": rel.diagnostics.get("path"),
+        "max_estimate_difference_relative": max(
+            float(np.abs(a - b.reshape(a.shape)).max())
+            for a, b in zip(rel.estimates, srel.estimates, strict=True)
+        )
+        / scale,
+        "max_variance_difference_relative": max(
+            float(np.abs(a - b).max() / np.abs(a).max())
+            for a, b in zip(rel.variances, svar, strict=True)
+        ),
+    }
+
+
+def standard_errors(rel: StructuredRelease, schema: Schema) -> dict:
+    """Per level and table: the mean and largest SE over its rows and nodes."""
+    out: dict = {}
+    for lvl in rel.hierarchy.names:
+        out[lvl] = {}
+        for text in SE_TABLES:
+            se = rel.query_standard_errors(lvl, ProductQuery.parse(schema, text))
+            out[lvl][text] = {"mean": float(np.nanmean(se)), "max": float(np.nanmax(se))}
+    return out
+
+
+def run(blocks: int, seed: int, dense: bool) -> dict:
+    t_start = time.perf_counter()
+    state = synthetic_state(seed, blocks=blocks)
+    h = state.hierarchy
+    schema = Schema.load("pl94")
+    plan = strategy(schema)
+    rho = sum(law.privacy(q.l2_sensitivity) for _, q, law in plan)
+    total = ProductQuery.parse(schema, "total")
+    t_data = time.perf_counter() - t_start
+
+    _log(t_start, f"synthetic state {h}; measuring")
+    rng = KeyedRNG.reproducible(seed, warn=False)
+    peaks = {"synthetic_state": _stage_peak_mb()}
+    t0, c0 = time.perf_counter(), _cpu()
+    values, tensors, tm = measure_state(h, state.leaf_counts[:, 0], seed, plan, rng)
+    t_measure = time.perf_counter() - t0 - tm["generate"]
+    t_data += tm["generate"]
+    peaks["measure (with the histogram's partitions)"] = _stage_peak_mb()
+    _log(t_start, "measured; structured GLS")
+
+    county = smallest_county(h, plan, values) if dense else "skipped: --no-dense"
+    t0 = time.perf_counter()
+    meas = measurements(h, plan, values)
+    invs = [ProductInvariant(lvl, total, total.apply(tensors[k].reshape(-1, *PL94_SHAPE)))
+            for k, lvl in enumerate(h.names[:2])]  # fmt: skip
+    claimed = PrivacyStatement("zcdp", rho=float(RHO), mechanism="discrete_gaussian")
+    rel = structured_gls(h, schema, meas, invs, privacy=claimed)
+    del meas, values
+    t_gls = time.perf_counter() - t0
+    peaks["structured_gls"] = _stage_peak_mb()
+    _log(t_start, "structured GLS done; standard errors")
+    t0 = time.perf_counter()
+    ses = standard_errors(rel, schema)
+    t_se = time.perf_counter() - t0
+    peaks["standard_errors"] = _stage_peak_mb()
+    cpu_counted = _cpu() - c0 - tm["generate_cpu"]
+    _log(t_start, "standard errors done")
+    state_total = rel.query_estimates("state", total)[0, 0]
+    stages = {
+        "measure (apply queries + noise)": t_measure,
+        "structured_gls": t_gls,
+        "standard_errors": t_se,
+        "rounding": "absent: no rounding of schema histograms exists yet",
+    }
+    counted = t_measure + t_gls + t_se
+    out = {
+        "blocks": int(h.sizes[-1]),
+        "nodes_per_level": dict(zip(h.names, h.sizes, strict=True)),
+        "persons": int(state.leaf_counts.sum()),
+        "cells": N_CELLS,
+        "queries_per_geounit": len(QUERIES),
+        "noisy_counts_per_geounit": sum(ProductQuery.parse(schema, t).n_rows for t in QUERIES),
+        "seconds": counted,
+        "cpu_seconds": cpu_counted,
+        "seconds_per_stage": stages,
+        "seconds_synthetic_data (not counted)": t_data,
+        "seconds_apply_queries": tm["apply"],
+        "seconds_noise": tm["noise"],
+        "noise_draws": int(tm["draws"]),
+        "noise_draws_per_second": tm["draws"] / tm["noise"],
+        "privacy": {
+            "accounting": "zcdp",
+            "rho_derived": rho,
+            "rho_production": float(RHO),
+            "invariants": ["nation: total", "state: total"],
+            "release_statement_rho": rel.privacy.rho,
+            "release_statement_invariants": list(rel.privacy.invariants),
+        },
+        "state_total_invariant_residual": float(abs(state_total - state.leaf_counts.sum())),
+        "gls_diagnostics": {k: v for k, v in rel.diagnostics.items() if k != "blocks"},
+        "standard_errors": ses,
+    }
+    if not isinstance(county, str):
+        _log(t_start, "dense and structured GLS on the smallest county")
+    out["dense_county"] = (
+        county if isinstance(county, str) else dense_county(*county[:2], schema, county[2])
+    )
+    if not isinstance(county, str):
+        peaks["dense_county"] = _stage_peak_mb(reset=False)
+    out["wall_seconds"] = time.perf_counter() - t_start
+    # clear_refs also resets getrusage's ru_maxrss: the process peak is the stages' largest
+    out["peak_rss_mb"] = max(_peak_mb(), *(v for v in peaks.values() if v is not None))
+    out["peak_rss_mb_per_stage"] = peaks
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=160_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-dense", action="store_true", help="skip the dense one-county path")
+    args = ap.parse_args()
+    print(json.dumps(run(args.blocks, args.seed, not args.no_dense), indent=2))
+
+
+if __name__ == "__main__":
+    main()
