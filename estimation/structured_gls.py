@@ -34,8 +34,8 @@ sharing a flat direction) makes the estimate not identifiable, and a
 Geometry: ``"weighted"`` (Σ⁻¹-weighted GLS; for Gaussian noise the conditional mean given
 consistency and the invariants) or ``"euclidean"`` (unit weights: the projection Π_N; its
 covariance is reported only when every noise scale is equal). The privacy statement is
-derived from the measurements (:func:`~censusdp.mechanisms.product_measure.product_privacy`);
-with invariants the guarantee is induced subspace DP in the chosen geometry.
+derived from the measurements (:func:`~censusdp.mechanisms.product_measure.product_privacy`,
+composed by :func:`~censusdp.mechanisms.privacy.derive_statement`); with invariants the guarantee is induced subspace DP in the chosen geometry.
 
 References
 ----------
@@ -73,10 +73,10 @@ from censusdp.estimation.gls import (
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import floating_point_note
+from censusdp.mechanisms.privacy import check_statement
 from censusdp.mechanisms.product_measure import (
     ProductInvariant,
     ProductMeasurement,
-    check_claimed_privacy,
     checked_values,
     product_privacy,
 )
@@ -437,7 +437,7 @@ def structured_gls(
     invs = _resolve(hierarchy, schema, invariants, "invariant")
     derived = product_privacy(meas, level_names=names, delta=delta)
     if privacy is not None:
-        check_claimed_privacy(privacy, derived)
+        check_statement(privacy, derived)
     for inv in invs:
         check_float_exact(inv.values, f"invariant {inv.query.name!r} at level {names[inv.level]!r}")
     # exact consistency of the invariants (rows are small: totals and marginals)

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement, check_delta
+from censusdp.budget import PrivacyStatement
 from censusdp.errors import BudgetError, DataError, SpecError
 from censusdp.mechanisms.laws import NoiseLaw
+from censusdp.mechanisms.privacy import derive_statement
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import measure_range
 from censusdp.rng import KeyedRNG
@@ -47,12 +48,10 @@ __all__ = [
     "measure_products",
     "product_invariant",
     "product_privacy",
-    "check_claimed_privacy",
     "checked_values",
 ]
 
 #: Relative slack when a caller's statement is compared with the derived one.
-_CLAIM_RTOL = 1e-9
 
 
 @dataclass(frozen=True, eq=False)
@@ -216,86 +215,46 @@ def product_privacy(
     """The privacy statement the measurements imply, derived from their sensitivities.
 
     Each (level, query) costs ``law.privacy(Δ)`` with ``Δ`` the query's computed
-    sensitivity (ℓ₂ under zCDP laws, ℓ₁ under pure laws); the nodes of a level are disjoint
-    (parallel composition), the queries of a level and the levels compose sequentially, so
-    the total is the sum over all measurements. When pure and zCDP laws are mixed, the pure
-    ones are converted with ε ↦ ε²/2 (Bun & Steinke 2016, Prop. 1.4) and the total is zCDP.
-    Invariants are added by the estimator (:func:`censusdp.budget.with_invariants`).
+    sensitivity; the composition is :func:`~censusdp.mechanisms.privacy.derive_statement`'s
+    (one implementation for flat and product queries). What product measurements add is
+    node variances: every node's noise must be at least the stated law's, since the stated
+    law is what the statement is computed from. Invariants are added by the estimator
+    (:func:`censusdp.budget.with_invariants`).
 
     Parameters
     ----------
     measurements : sequence of ProductMeasurement
     level_names : sequence of str, optional
-        For messages when levels are given as indices.
+        The hierarchy's level names when levels are given as indices.
     delta : float, optional
         δ at which a zCDP total is also reported as (ε, δ).
 
     Raises
     ------
     BudgetError
-        No measurement, or node variances below the stated law's variance (the law must be
-        that of the least noisy node).
+        Node variances below the stated law's variance (the law must be that of the least
+        noisy node).
+    SpecError
+        No measurement, or an unregistered law.
     """
-    if not measurements:
-        raise BudgetError("no measurement: there is no privacy loss to state (and no estimate)")
-    if delta is not None:
-        delta = check_delta(delta)
-    accountings = {m.law.accounting for m in measurements}
-    total = 0.0
+    names = (
+        list(level_names)
+        if level_names is not None
+        else list(dict.fromkeys(str(m.level) for m in measurements))
+    )
+    plan = []
     for m in measurements:
+        k = m.level if not isinstance(m.level, str) else names.index(m.level)
         if m.node_variance is not None:
             nv = np.asarray(m.node_variance, dtype=np.float64).reshape(-1)
             if nv.size and float(nv.min()) < float(m.law.variance) * (1.0 - 1e-12):
-                where = (
-                    m.level
-                    if level_names is None or isinstance(m.level, str)
-                    else (level_names[int(m.level)])
-                )
                 raise BudgetError(
-                    f"level {where!r}, query {m.query.name!r}: some node's noise variance is "
-                    "below the variance of the stated law; give as law the noise law of the "
-                    "least noisy node (it bounds every node's privacy loss)"
+                    f"level {names[int(k)]!r}, query {m.query.name!r}: some node's noise "
+                    "variance is below the variance of the stated law; give as law the noise "
+                    "law of the least noisy node (it bounds every node's privacy loss)"
                 )
-        loss = float(m.law.privacy(m.sensitivity))
-        if len(accountings) > 1 and m.law.accounting == "pure":
-            loss = 0.5 * loss**2
-        total += loss
-    accounting = "zcdp" if "zcdp" in accountings else "pure"
-    mechanisms = list(dict.fromkeys(m.law.name or type(m.law).__name__ for m in measurements))
-    notes: tuple[str, ...] = ()
-    if len(accountings) > 1:
-        notes = ("pure ε-DP measurements converted to zCDP as ε²/2 (Bun & Steinke 2016)",)
-    return PrivacyStatement(
-        accounting=accounting,
-        epsilon=total if accounting == "pure" else None,
-        rho=total if accounting == "zcdp" else None,
-        delta=delta if accounting == "zcdp" else None,
-        mechanism=" + ".join(mechanisms),
-        notes=notes,
-    )
-
-
-def check_claimed_privacy(claimed: PrivacyStatement, derived: PrivacyStatement) -> None:
-    """Refuse a caller's statement that claims less privacy loss than the measurements cost.
-
-    Raises
-    ------
-    BudgetError
-        Different accounting, or a claimed ε (ρ) below the derived one.
-    """
-    if claimed.accounting != derived.accounting:
-        raise BudgetError(
-            f"the stated privacy uses {claimed.accounting!r} accounting but the measurements "
-            f"are accounted under {derived.accounting!r}; state the derived budget"
-        )
-    key = "epsilon" if derived.accounting == "pure" else "rho"
-    have, need = getattr(claimed, key), getattr(derived, key)
-    if have is None or have < need * (1.0 - _CLAIM_RTOL):
-        raise BudgetError(
-            f"the stated privacy claims {key} = {have} but the measurements cost {key} = "
-            f"{need:.12g} (their computed sensitivities composed over queries and levels); "
-            "state at least the derived budget"
-        )
+        plan.append((int(k), m.query, m.law))
+    return derive_statement(names, plan, delta=delta)
 
 
 def checked_values(

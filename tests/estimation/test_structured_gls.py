@@ -328,7 +328,7 @@ def test_privacy_statement_is_the_hand_composition():
     assert rel.privacy.accounting == "zcdp"
     assert rel.privacy.rho == pytest.approx(hand, rel=1e-15)
     assert rel.privacy.delta == 1e-10
-    with pytest.raises(BudgetError, match="claims rho"):
+    with pytest.raises(BudgetError, match="claims ρ"):
         structured_gls(h, s, meas, privacy=PrivacyStatement("zcdp", rho=hand * 0.9))
     structured_gls(h, s, meas, privacy=PrivacyStatement("zcdp", rho=hand))
     # a row set counting a person twice costs Δ₁ = 2 under a pure law
