@@ -35,7 +35,8 @@ Geometry: ``"weighted"`` (Σ⁻¹-weighted GLS; for Gaussian noise the condition
 consistency and the invariants) or ``"euclidean"`` (unit weights: the projection Π_N; its
 covariance is reported only when every noise scale is equal). The privacy statement is
 derived from the measurements (:func:`~censusdp.mechanisms.product_measure.product_privacy`,
-composed by :func:`~censusdp.mechanisms.privacy.derive_statement`); with invariants the guarantee is induced subspace DP in the chosen geometry.
+composed by :func:`~censusdp.mechanisms.privacy.derive_statement`); with invariants the
+guarantee is induced subspace DP in the chosen geometry.
 
 References
 ----------
