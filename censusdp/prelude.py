@@ -3,7 +3,8 @@
 Geography (:class:`Hierarchy`, :class:`Table`, the builders), the attribute schemas
 (:class:`Schema`, :class:`ProductQuery`), queries and measurement (:class:`Query`,
 :func:`measure`, :func:`invariant`), the noise laws, keyed randomness (:class:`KeyedRNG`),
-the estimators (:func:`tree_gls`, :func:`condition`, :func:`topdown`), rounding and
+the estimators (:func:`tree_gls`, :func:`structured_gls` for schema histograms,
+:func:`condition`, :func:`topdown`), rounding and
 intervals, privacy statements derived from the measurements (:func:`derive_statement`), the
 release and its store, and whole runs from a spec (:func:`load_spec`, :func:`run_spec`).
 
@@ -30,9 +31,11 @@ from censusdp.errors import (
 )
 from censusdp.estimation import (
     Release,
+    StructuredRelease,
     condition,
     lattice_intervals,
     round_release,
+    structured_gls,
     topdown,
     tree_gls,
 )
@@ -43,6 +46,8 @@ from censusdp.hierarchy import (
     from_columns,
     from_edges,
     from_gisjoin,
+    pl94_histogram,
+    synthetic_state,
     synthetic_us,
 )
 from censusdp.mechanisms import (
@@ -55,6 +60,8 @@ from censusdp.mechanisms import (
     derive_statement,
     invariant,
     measure,
+    measure_products,
+    product_invariant,
 )
 from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.pipelines.runner import run_spec
@@ -71,12 +78,16 @@ __all__ = [
     "from_edges",
     "add_level",
     "synthetic_us",
+    "synthetic_state",
+    "pl94_histogram",
     # attributes and queries
     "Schema",
     "ProductQuery",
     "Query",
     "measure",
     "invariant",
+    "measure_products",
+    "product_invariant",
     # noise and randomness
     "Laplace",
     "Gaussian",
@@ -90,6 +101,8 @@ __all__ = [
     "round_release",
     "lattice_intervals",
     "Release",
+    "structured_gls",
+    "StructuredRelease",
     # privacy
     "Budget",
     "PrivacyStatement",

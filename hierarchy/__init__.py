@@ -15,7 +15,12 @@ from censusdp.hierarchy.core import STRING_DTYPE, Hierarchy, Level, as_codes
 from censusdp.hierarchy.describe import describe, describe_file
 from censusdp.hierarchy.graph import to_networkx
 from censusdp.hierarchy.storage import load_hierarchy, load_table, save_hierarchy, save_table
-from censusdp.hierarchy.synthetic import synthetic_us
+from censusdp.hierarchy.synthetic import (
+    pl94_histogram,
+    pl94_partitions,
+    synthetic_state,
+    synthetic_us,
+)
 from censusdp.hierarchy.table import MIDWEST_CELLS, Table, resolve_cells
 from censusdp.hierarchy.validate import check_additive, check_counts, check_leaf_data, validate
 
@@ -46,6 +51,9 @@ __all__ = [
     "save_hierarchy",
     "save_table",
     "synthetic_us",
+    "synthetic_state",
+    "pl94_histogram",
+    "pl94_partitions",
     "to_networkx",
     "validate",
 ]

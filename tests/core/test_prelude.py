@@ -10,6 +10,7 @@ import io
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import censusdp.estimation
@@ -21,12 +22,12 @@ from censusdp.rng import KeyedRNG
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tour() -> str:
+def _tour(block: int = 0) -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## A short tour") :]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "the README tour has no python block"
-    return match.group(1)
+    section = text[text.index("## A short tour") : text.index("## Layout")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) > block, "the README tour lacks a python block"
+    return blocks[block]
 
 
 def test_the_prelude_exports_every_name_it_lists_and_the_ones_a_user_needs():
@@ -72,6 +73,28 @@ def test_the_readme_tour_runs_and_derives_its_statement(monkeypatch):
     h, cells, meas, inv = scope["h"], scope["cells"], scope["meas"], scope["inv"]
     with pytest.raises(BudgetError, match="claims ρ = 1e-09"):
         prelude.tree_gls(h, cells, meas, inv, statement_for("zcdp", 1e-9))
+
+
+def test_the_readme_census_histogram_tour_runs_on_a_schema_and_derives_its_statement(
+    monkeypatch,
+):
+    monkeypatch.setattr(KeyedRNG, "secure", lambda: KeyedRNG.reproducible(7, warn=False))
+    code = _tour(1)
+    assert len([ln for ln in code.splitlines() if "import" in ln]) <= 3
+    scope: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md (census histogram tour)", "exec"), scope)
+    release, schema, counts = scope["release"], scope["schema"], scope["counts"]
+    # 5 measured levels × 4 product queries, each Δ₂ = 1 at σ = 4: ρ = 20/32, derived
+    assert release.privacy.rho == pytest.approx(20 / 32, rel=1e-12)
+    assert release.privacy.invariants == ("state: total",)
+    total = prelude.ProductQuery.parse(schema, "total")
+    got = release.query_estimates("state", total)[:, 0]
+    assert np.abs(got - counts[1].reshape(len(got), -1).sum(axis=1)).max() < 1e-6
+    assert out.getvalue().splitlines()[0] == "252 1.0"
+    se = release.query_standard_errors("tract", scope["race_table"])
+    assert np.all(np.isfinite(se)) and np.all(se > 0)
 
 
 def test_no_library_module_imports_the_prelude():
