@@ -332,9 +332,11 @@ def _half_words(raw: np.ndarray) -> np.ndarray:
     """The 32-bit halves of 64-bit words, low half first, on any host."""
     if sys.byteorder == "little":
         return raw.view(np.uint32)
-    return np.stack([raw & np.uint64(_WORD_MASK), raw >> np.uint64(32)], axis=1).astype(
-        np.uint32
-    ).ravel()
+    return (
+        np.stack([raw & np.uint64(_WORD_MASK), raw >> np.uint64(32)], axis=1)
+        .astype(np.uint32)
+        .ravel()
+    )
 
 
 def _cell_width(sigma2: Fraction) -> int:
