@@ -406,7 +406,7 @@ def sample_discrete_gaussian_fast(
     filled = 0
     while filled < size:
         need = int(size) - filled
-        m = need + need // 32 + 16  # acceptance ≳ 0.97
+        m = min(need + need // 32 + 16, _BLOCK)  # acceptance ≳ 0.97; blocks stay in cache
         cells = table.sample_cells(bitgen, m)
         k = cells * table.width + words.integers(-table.half, table.half + 1, size=m)
         k = k[_accept(words, k, cells, table)]
