@@ -285,15 +285,23 @@ class CellTable:
         ``more`` until the cell is certified (see the module's proof sketch)."""
         a, n = int(word), WORD_BITS
         guess = self.lowest + int(np.searchsorted(self.bounds, np.uint32(word), side="left"))
-        while True:
-            prec = n + 96
-            scale = arb(2) ** n
-            c = self._locate(arb(2 * a + 1) / (2 * scale), guess, prec)
-            if self.cdf(c - 1, prec) * scale <= a and self.cdf(c, prec) * scale >= a + 1:
-                return c
-            a = (a << 64) | (int(more()) & ((1 << 64) - 1))
-            n += 64
-            guess = c
+        old = ctx.prec
+        try:
+            while True:
+                prec = n + 96
+                ctx.prec = prec  # a/2ⁿ and (a + 1)/2ⁿ are exact at this precision
+                scale = arb(2) ** n
+                c = self._locate(arb(2 * a + 1) / (2 * scale), guess, prec)
+                ctx.prec = prec
+                lower, upper = self.cdf(c - 1, prec), self.cdf(c, prec)
+                ctx.prec = prec
+                if lower * scale <= a and upper * scale >= a + 1:
+                    return c
+                a = (a << 64) | (int(more()) & ((1 << 64) - 1))
+                n += 64
+                guess = c
+        finally:
+            ctx.prec = old
 
     def _locate(self, x: arb, guess: int, prec: int) -> int:
         """The smallest c whose F(c) midpoint exceeds x (a search; the caller certifies)."""

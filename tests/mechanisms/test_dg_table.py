@@ -42,7 +42,7 @@ def exact_cdf(sigma2: Fraction, width: int, c: int, dps: int = 60) -> mpmath.mpf
             d = max(abs(j) * width - half, 0)
             return mpmath.exp(-mpmath.mpf(d * d) / (2 * s2))
 
-        reach = int(math.sqrt(float(sigma2)) * 16 / width) + 20
+        reach = int(math.sqrt(float(sigma2)) * 16 / width) + 20 + abs(c)
         z = 1 + 2 * mpmath.fsum(w(j) for j in range(1, reach))
         lower = mpmath.fsum(w(j) for j in range(-reach, c + 1))
         return lower / z
@@ -131,6 +131,13 @@ def test_words_on_and_beside_boundaries_invert_exactly(sigma2, width):
             got = table.resolve(w, lambda reads=reads: next(reads))
             u = Fraction((w << 64) | e, 2 ** (WORD_BITS + 64))
             assert got == exact_inverse(sigma2, width, u, lo, hi), (w, e)
+    # Deep in either tail the first extra word does not settle it: U < 2⁻⁹⁶ or U > 1 − 2⁻⁹⁶.
+    for w, first in ((0, 0), (2**32 - 1, 2**64 - 1)):
+        for e in (1, 2**40, 0xDEADBEEF12345678):
+            reads = iter([first, e, 0, 0])
+            got = table.resolve(w, lambda reads=reads: next(reads))
+            u = Fraction((((w << 64) | first) << 64) | e, 2 ** (WORD_BITS + 128))
+            assert got == exact_inverse(sigma2, width, u, lo - 80, hi + 80), (w, e)
 
 
 def test_resolver_conditional_law_is_inversion(rng):
