@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
@@ -116,6 +117,10 @@ _BLOCK = 1 << 15  # draws per vectorised block: the block's arrays stay in L2 ca
 _SENTINEL = np.iinfo(np.int64).min
 _WORD_MASK = (1 << WORD_BITS) - 1
 _INT62 = 1 << 62
+#: Arb's working precision is process-global: table builds and resolutions hold this lock so
+#: that threads (a threaded Dask worker) never change it under each other, which would make
+#: the number of words a resolution reads, hence the draws, depend on thread timing.
+_ARB_LOCK = threading.RLock()
 
 
 class CellTable:
@@ -147,9 +152,10 @@ class CellTable:
         self.half = (self.width - 1) // 2
         self._p, self._q = self.sigma2.numerator, self.sigma2.denominator
         self._cache: dict[int, tuple[arb, list[arb]]] = {}
-        self.extent = self._extent()
-        self.lowest = -self.extent - 1
-        self.bounds = self._bounds()
+        with _ARB_LOCK:
+            self.extent = self._extent()
+            self.lowest = -self.extent - 1
+            self.bounds = self._bounds()
         self.guide = self._guide()
 
     # ---- exact cell law -------------------------------------------------------------------
@@ -291,6 +297,10 @@ class CellTable:
         ``more`` until the cell is certified (see the module's proof sketch)."""
         a, n = int(word), WORD_BITS
         guess = self.lowest + int(np.searchsorted(self.bounds, np.uint32(word), side="left"))
+        with _ARB_LOCK:
+            return self._resolve(a, n, guess, more)
+
+    def _resolve(self, a: int, n: int, guess: int, more: Callable[[], int]) -> int:
         old = ctx.prec
         try:
             while True:
