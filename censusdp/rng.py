@@ -36,13 +36,14 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
-from randomgen import ChaCha
+from randomgen import AESCounter, ChaCha
 
 __all__ = [
     "CHUNK",
     "KeyedRNG",
     "ReproducibleSeedWarning",
     "Sampler",
+    "aes_counter",
     "StreamNotHeld",
     "SubKeys",
     "chunk_range",
@@ -65,6 +66,19 @@ class StreamNotHeld(LookupError):
 
 def _chacha(key: bytes) -> np.random.Generator:
     return np.random.Generator(ChaCha(key=int.from_bytes(key, "little"), counter=0, rounds=20))
+
+
+def aes_counter(gen: np.random.Generator) -> AESCounter:
+    """An AES-128 counter-mode bit generator keyed by the next 128 bits of ``gen``.
+
+    A bulk word source for samplers that consume one word per draw: AES-NI makes it about
+    5× faster than ChaCha20 here (see :mod:`censusdp.mechanisms.dg_table`). Keyed from a
+    KeyedRNG chunk generator it stays a pure function of (key, label, chunk); AES-128 in
+    counter mode is the CTR construction of NIST SP 800-90A, a cryptographically secure
+    generator. Two words of ``gen`` are consumed.
+    """
+    key = gen.bit_generator.random_raw(2)
+    return AESCounter(key=key, counter=0)
 
 
 def chunk_range(start: int, stop: int) -> range:

@@ -602,7 +602,10 @@ class DiscreteGaussian(NoiseLaw):
         return math.sqrt(float(self.sigma2))
 
     def sample(self, stream: np.random.Generator, size: int) -> np.ndarray:
-        return sample_discrete_gaussian(stream, int(size), self.sigma2)
+        """Exact draws by fixed-point CDF inversion (:mod:`censusdp.mechanisms.dg_table`)."""
+        from censusdp.mechanisms.dg_table import sample_discrete_gaussian_fast
+
+        return sample_discrete_gaussian_fast(stream, int(size), self.sigma2)
 
     def log_density(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
