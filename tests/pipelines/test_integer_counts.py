@@ -180,13 +180,27 @@ def test_an_invariant_beyond_2_53_is_refused_not_released_changed(tmp_path, caps
     assert code == 2 and "2^53" in err and not out.exists()
 
 
-def test_an_invariant_just_below_2_53_round_trips_exactly(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "seed",
+    [
+        4,
+        pytest.param(
+            1,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="known defect: near 2^53 a county estimate of ~2^53 holds no fraction in "
+                "float64, so its children's fractional parts do not sum to an integer and the "
+                "tree rounding's leftover at the invariant node misses the state total for "
+                "some noise draws (exit 2, nothing written); the rounding must snap leftovers "
+                "at invariant nodes to the invariant",
+            ),
+        ),
+    ],
+)
+def test_an_invariant_just_below_2_53_round_trips_exactly(tmp_path, capsys, seed):
     top = 2**53 - 1
     data = f"fips,pop\n01001,{top - 10}\n01003,10\n02001,5\n02003,7\n"
-    # Seed 4: this run's rounding check fails for some noise draws (seeds 2, 3, 6, 8 on the
-    # CKS sampler; seed 1 once draws came from the fixed-point sampler) — a known fragility
-    # of the float64 rounding tolerance at 2^53, reported, not fixed here.
-    code, out = _run(tmp_path, data, seed=4)
+    code, out = _run(tmp_path, data, seed=seed)
     assert code == 0, capsys.readouterr().err
     est = pd.read_parquet(out / "release" / "estimates.parquet")
     state = est[(est["level"] == "state") & (est["estimator"] == "gls")]
