@@ -204,6 +204,7 @@ def test_estimates_identical_for_every_scheduler_and_partition_count(
         pd.testing.assert_frame_equal(got, ref_frame, check_exact=True)
 
 
+@pytest.mark.slow  # ~20 s of CPU; the fast form: the [fast] case of the test above
 def test_county_table_identical_across_schedulers(tmp_path, shared_file, cluster):
     spec_path = tmp_path / "county.toml"
     spec_path.write_text(
