@@ -1,10 +1,11 @@
-# censusdp: `make demo` and `make test` are the only two commands a user needs.
+# censusdp: `make demo` and `make test` are the only two commands a user needs;
+# `make test-all` also runs the long tests marked `slow`.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-all lint bench clean
 
 install: $(STAMP)
 
@@ -20,8 +21,15 @@ demo: install
 lint: install
 	$(BIN)/ruff check .
 
+# Two pytest workers (the machine has 2 cores); a test file stays on one worker, so a module's
+# Dask cluster fixture starts once.
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15
+
 test: install lint
-	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider
+	$(PYTEST) -m "not slow"
+
+test-all: install lint
+	$(PYTEST)
 
 bench: install
 	for f in benchmarks/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

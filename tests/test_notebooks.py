@@ -5,6 +5,10 @@ The kernel is pinned to this interpreter: a ``python3`` kernelspec whose argv st
 notebooks import the ``censusdp`` under test on a fresh machine whatever kernels are installed.
 The notebooks that read ``../shared/data`` run twice: with the data (skipped when absent) and
 with ``CENSUSDP_NO_SHARED=1``, which makes them take their no-data branch.
+
+``make test`` executes :data:`FAST` (the quick notebook: the kernel, the pinned interpreter and
+the output checks are exercised on every run); ``make test-all`` executes every notebook in
+every form (the others are marked ``slow``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ SHARED = {
     "integer_mechanisms_and_mcmc": (),
 }
 
+#: the notebook run in the fast suite (`make test`); every other run is marked ``slow``
+FAST = ("quickstart", False)
+
 #: text the output of each run must contain: (notebook, shared data used) → strings
 EXPECTED = {
     ("quickstart", False): ["quickstart: ALL CHECKS PASSED"],
@@ -56,11 +63,12 @@ EXPECTED = {
 
 def _cases():
     for name, files in SHARED.items():
-        if files:
-            yield pytest.param(name, True, marks=pytest.mark.shared, id=f"{name}-shared")
-            yield pytest.param(name, False, id=f"{name}-no-shared")
-        else:
-            yield pytest.param(name, False, id=name)
+        for shared in (True, False) if files else (False,):
+            marks = [pytest.mark.shared] if shared else []
+            if (name, shared) != FAST:
+                marks.append(pytest.mark.slow)
+            ident = name if not files else f"{name}-{'shared' if shared else 'no-shared'}"
+            yield pytest.param(name, shared, marks=marks, id=ident)
 
 
 @pytest.fixture

@@ -34,6 +34,8 @@ def test_missing_data_file_raises_data_error(tmp_path):
         )
 
 
+@pytest.mark.slow  # ~50 s of CPU; fast forms: the Bureau's counts (tests/pipelines/test_metrics.py),
+# the lattice errors below, size-0 counties (tests/contracts/test_size_zero_units.py)
 def test_quick_run_reproduces_the_bureau_counts_and_unbiased_estimators(tmp_path, shared_file):
     data = shared_file("county_totalpop_2010.csv")
     out, m = run_experiment("census-county-bias", out=tmp_path / "x", quick=True, seed=1, data=data)

@@ -92,6 +92,7 @@ def test_restrict_keeps_the_chosen_zones(taxi):
     assert sub[:, 0].tolist() == [codes[c] for c in hs.leaves.codes.tolist()]
 
 
+@pytest.mark.slow  # ~80 s of CPU: seven estimators, MCMC certificates at three budgets
 def test_quick_run_table_and_consistent_releases(shared_file, tmp_path):
     shared_file(LOOKUP)
     shared_file(SAMPLE)

@@ -134,10 +134,18 @@ def test_chained_stages_are_bit_identical(scheduler):
         _check(ex)
 
 
-def test_chained_stages_on_a_dask_local_cluster_are_bit_identical():
+@pytest.mark.parametrize(
+    ("kinds", "cuts", "n_parts"),
+    [
+        (("general",), (1,), (3,)),
+        pytest.param(("diagonal", "general"), (1, 3), (3, 17), marks=pytest.mark.slow),
+    ],
+    ids=["fast", "full"],
+)
+def test_chained_stages_on_a_dask_local_cluster_are_bit_identical(kinds, cuts, n_parts):
     pytest.importorskip("dask.distributed")
     with open_executor("distributed", workers=2) as ex:
-        _check(ex, cuts=(1, 3), n_parts=(3, 17))
+        _check(ex, kinds=kinds, cuts=cuts, n_parts=n_parts)
 
 
 def test_non_finite_kept_measurements_are_refused():

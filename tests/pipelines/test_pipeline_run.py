@@ -173,15 +173,28 @@ def cluster():
         yield c, client
 
 
+@pytest.mark.parametrize(
+    "matrix",
+    [
+        ([("threads", 3)], (3,)),
+        pytest.param(
+            ([("sync", 3), ("sync", 17), ("threads", 1), ("threads", 17)], (1, 17)),
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["fast", "full"],
+)
 def test_estimates_identical_for_every_scheduler_and_partition_count(
-    tmp_path, synthetic_csv, cluster
+    tmp_path, synthetic_csv, cluster, matrix
 ):
+    """Every scheduler and partition count gives the one-partition sync run's estimates: the
+    fast form checks threads and the cluster at 3 partitions, the slow one the rest."""
+    local, on_cluster = matrix
     csv, _ = synthetic_csv
     spec = _spec(tmp_path, csv)
     ref = run_spec(spec, out=tmp_path / "ref", scheduler="sync", partitions=1, progress=False)
     ref_frame = _frame(ref.out)
-    runs = [("sync", 3), ("sync", 17), ("threads", 1), ("threads", 3), ("threads", 17)]
-    runs += [(cluster[0].scheduler_address, n) for n in (1, 3, 17)]
+    runs = local + [(cluster[0].scheduler_address, n) for n in on_cluster]
     for i, (sched, parts) in enumerate(runs):
         got = _frame(
             run_spec(
@@ -191,6 +204,7 @@ def test_estimates_identical_for_every_scheduler_and_partition_count(
         pd.testing.assert_frame_equal(got, ref_frame, check_exact=True)
 
 
+@pytest.mark.slow  # ~20 s of CPU; the fast form: the [fast] case of the test above
 def test_county_table_identical_across_schedulers(tmp_path, shared_file, cluster):
     spec_path = tmp_path / "county.toml"
     spec_path.write_text(
@@ -232,6 +246,7 @@ def test_county_table_identical_across_schedulers(tmp_path, shared_file, cluster
     assert states == 312_471_327  # the 52 state-level areas, held exactly
 
 
+@pytest.mark.slow  # a worker process is killed and restarted (~50 s of CPU)
 def test_killing_a_worker_mid_run_gives_the_same_output(tmp_path, synthetic_csv, cluster):
     from distributed import WorkerPlugin
 
