@@ -106,10 +106,10 @@ def test_coupling_bound_dominates_exact_tv():
 
 
 def test_release_policy_records_and_certifies(rng):
-    a = table_margins_incidence(4, 4)
+    a = table_margins_incidence(3, 3)
     lat = IntegerLattice.from_incidence(a)
     law = LatticeLaplace(0.5, "l1")
-    x = np.arange(16, dtype=np.int64) + 5
+    x = np.arange(9, dtype=np.int64) + 5
     rel = release_lattice_noise(
         lat, law, rng, data=x, n_draws=400, invariants=("rows", "columns"), rhat_sweeps=4000
     )

@@ -65,7 +65,7 @@ def _spec(tmp_path, csv, estimators='["gls", "topdown"]', integer="round"):
 
 
 def test_lattice_integer_step_conditions_on_the_integer_lattice(tmp_path):
-    table = synthetic_us(5, states=2, counties=5, tracts=10, blocks=30, population=3_000)
+    table = synthetic_us(5, states=2, counties=3, tracts=6, blocks=12, population=3_000)
     df = pd.DataFrame(
         {
             "block": table.hierarchy.leaves.codes.astype(object),
