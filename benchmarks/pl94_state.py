@@ -67,19 +67,7 @@ from censusdp.rng import CHUNK, KeyedRNG
 from censusdp.schema import Schema
 
 #: The 11 queries per geounit, in the order of the production strategy.
-QUERIES = (
-    "total",
-    "cenrace",
-    "hispanic",
-    "votingage",
-    "hhinstlevels",
-    "hhgq",
-    "hispanic * cenrace",
-    "votingage * cenrace",
-    "votingage * hispanic",
-    "votingage * hispanic * cenrace",
-    "detailed",
-)
+QUERIES = Schema.load("pl94").strategy
 
 RHO = Fraction(293764, 114921)
 F = Fraction

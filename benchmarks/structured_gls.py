@@ -35,6 +35,7 @@ import warnings
 from fractions import Fraction
 
 import numpy as np
+from pl94_state import LEVEL_SHARES, QUERIES, QUERY_SHARES, RHO  # the production allocation
 
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import Gaussian
@@ -43,33 +44,10 @@ from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 
-QUERIES = [
-    "total",
-    "cenrace",
-    "hispanic",
-    "votingage",
-    "hhinstlevels",
-    "hhgq",
-    "hispanic * cenrace",
-    "votingage * cenrace",
-    "votingage * hispanic",
-    "votingage * hispanic * cenrace",
-    "detailed",
-]
 LEVELS = ["state", "county", "tract", "block_group", "block"]
-TOTAL_RHO = Fraction(293764, 114921)
-LEVEL_SHARES = {"state": 1440, "county": 447, "tract": 687, "block_group": 1256, "block": 165}
+TOTAL_RHO = RHO
 F = Fraction
-QUERY_SHARES = {
-    "state": [F(x, 4097) for x in (3773, 6, 6, 6, 6, 6, 12, 12, 6)] + [F(2, 241), F(230, 4097)],
-    "county": [F(x, 4097) for x in (3126, 10, 10, 10, 10, 10, 28, 28, 10, 101, 754)],
-    "tract": [F(1567, 4102), F(4, 2051)]
-    + [F(5, 4102)] * 4
-    + [F(1933, 4102), F(10, 2051), F(5, 4102), F(67, 4102), F(241, 2051)],
-    "block_group": [F(x, 4099) for x in (1705, 3, 3, 3, 3, 3, 1055, 9, 3, 24, 1288)],
-    "block": [F(x, 4097) for x in (5, 9, 5, 5, 5, 5, 21, 21, 5, 71, 3945)],
-}
-US_SHARE = 104  # of 4099: the nation level, not in this benchmark
+US_SHARE = LEVEL_SHARES["nation"]  # the nation level, not in this benchmark
 
 
 def vm_hwm_mb() -> float:
@@ -237,9 +215,11 @@ def in_process(fn, args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=int, default=5000)
-    ap.add_argument("--dense-blocks", type=int, default=4)
+    ap.add_argument("--dense-blocks", type=int, default=4, help="at least 1")
     ap.add_argument("--seed", type=int, default=2020)
     args = ap.parse_args()
+    if args.dense_blocks < 1:
+        ap.error("--dense-blocks must be at least 1 (the dense path needs a block group)")
     structured = in_process(run_structured, args)
     dense = in_process(run_dense, args)
     county_nodes = 1 + 10 + 30 + 1000

@@ -186,6 +186,9 @@ class Schema:
         Where the schema came from (a file path, ``"<dict>"`` or ``"<flat>"``), for messages.
     separator : str
         Joins attribute labels into flat cell names (:attr:`cells`).
+    strategy : tuple of str
+        The schema's reference strategy, query texts measured at every geounit (``pl94``:
+        the 11 queries of the 2020 production run); empty when it has none.
     """
 
     name: str
@@ -193,6 +196,7 @@ class Schema:
     description: str = ""
     source: str = "<dict>"
     separator: str = "_"
+    strategy: tuple[str, ...] = ()
 
     # -- shape ----------------------------------------------------------------------------
     @property
@@ -319,7 +323,8 @@ class Schema:
         SpecError
             Naming ``source``, the attribute and the recode or slice at fault.
         """
-        unknown = set(spec) - {"name", "description", "separator", "attributes", "references"}
+        known = {"name", "description", "separator", "attributes", "references", "strategy"}
+        unknown = set(spec) - known
         if unknown:
             raise SpecError(f"{source}: unknown keys {sorted(unknown)}")
         name = spec.get("name")
@@ -341,13 +346,20 @@ class Schema:
                         "(queries name them without their attribute)"
                     )
                 seen[n] = a.name
-        return cls(
+        strategy = spec.get("strategy", [])
+        if not isinstance(strategy, list) or not all(isinstance(t, str) for t in strategy):
+            raise SpecError(f"{source}: 'strategy' must be a list of query texts")
+        schema = cls(
             name=name,
             attributes=tuple(built),
             description=str(spec.get("description", "")),
             source=source,
             separator=str(spec.get("separator", "_")),
+            strategy=tuple(strategy),
         )
+        for text in strategy:
+            schema.resolve(text)  # SpecError naming the unknown element
+        return schema
 
 
 _SHIPPED: dict[str, Schema] = {}

@@ -40,19 +40,7 @@ from censusdp.mechanisms.queries import Invariant, Measurement, exactly_released
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 
-PL94_QUERIES = [
-    "total",
-    "cenrace",
-    "hispanic",
-    "votingage",
-    "hhinstlevels",
-    "hhgq",
-    "hispanic * cenrace",
-    "votingage * cenrace",
-    "votingage * hispanic",
-    "votingage * hispanic * cenrace",
-    "detailed",
-]
+PL94_QUERIES = Schema.load("pl94").strategy
 
 
 # ----------------------------------------------------------------------------- reference

@@ -14,19 +14,7 @@ from censusdp.errors import DataError, SpecError
 from censusdp.mechanisms.product_query import ProductQuery, QueryRows, max_weighted_column
 from censusdp.schema import Schema
 
-PL94_QUERIES = [
-    "total",
-    "cenrace",
-    "hispanic",
-    "votingage",
-    "hhinstlevels",
-    "hhgq",
-    "hispanic * cenrace",
-    "votingage * cenrace",
-    "votingage * hispanic",
-    "votingage * hispanic * cenrace",
-    "detailed",
-]
+PL94_QUERIES = Schema.load("pl94").strategy
 
 
 @settings(max_examples=150, deadline=None)
