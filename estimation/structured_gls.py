@@ -268,6 +268,17 @@ def _add_adjoint(
     out[tuple(idx)] += z
 
 
+#: Answers converted to float64 at a time when building information vectors (per chunk of
+#: nodes), so a block level's measurements are never copied whole.
+_CHUNK_VALUES = 1 << 23
+
+
+def _node_chunks(n_nodes: int, n_rows: int) -> list[slice]:
+    """Slices of nodes holding about :data:`_CHUNK_VALUES` answers each."""
+    step = max(1, _CHUNK_VALUES // max(1, n_rows))
+    return [slice(i, min(i + step, n_nodes)) for i in range(0, n_nodes, step)]
+
+
 def _key(query: ProductQuery) -> tuple[int, ...]:
     """A query's identity: its elements (shared objects of the schema)."""
     return tuple(id(f) for f in query.factors)
@@ -329,16 +340,18 @@ def _collect(
         )
         if inp.h[k] is None:
             inp.h[k] = np.zeros((hierarchy.levels[k].size, *basis.shape))
-        _add_adjoint(
-            basis, m.query, np.asarray(m.values, np.float64) * (w[:, None] / tau), inp.h[k]
-        )
+        scale = np.broadcast_to(w / tau, (inp.h[k].shape[0],))
+        for s in _node_chunks(inp.h[k].shape[0], m.query.n_rows):
+            answers = np.asarray(m.values[s], np.float64) * scale[s, None]
+            _add_adjoint(basis, m.query, answers, inp.h[k][s])
     for inv in invs:
         k = inv.level
         g = inp.grams[_key(inv.query)].blocks
         inp.GH[k] = g if inp.GH[k] is None else {mask: inp.GH[k][mask] + g[mask] for mask in g}
         if inp.b[k] is None:
             inp.b[k] = np.zeros((hierarchy.levels[k].size, *basis.shape))
-        _add_adjoint(basis, inv.query, np.asarray(inv.values, np.float64) / tau, inp.b[k])
+        for s in _node_chunks(inp.b[k].shape[0], inv.query.n_rows):
+            _add_adjoint(basis, inv.query, np.asarray(inv.values[s], np.float64) / tau, inp.b[k][s])
     inp.measured = unit
     return inp
 
