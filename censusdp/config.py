@@ -94,6 +94,8 @@ __all__ = [
     "RunSpec",
     "load_spec",
     "parse_spec",
+    "read_spec_toml",
+    "SpecParser",
 ]
 
 INTEGER_MODES = ("round", "lattice", "none")
@@ -556,18 +558,29 @@ def load_spec(path: str | Path) -> RunSpec:
         invalid content (naming the dotted key).
     """
     path = Path(path)
+    return parse_spec(read_spec_toml(path), source=str(path), base_dir=path.parent)
+
+
+def read_spec_toml(path: str | Path) -> dict[str, Any]:
+    """The TOML document of a spec file.
+
+    Raises
+    ------
+    SpecError
+        Missing or unreadable file, text that is not UTF-8, or a TOML syntax error (with line
+        and column), naming the file.
+    """
     name = str(path)
     try:
-        raw = path.read_bytes()
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise SpecError(f"{name}: cannot read the spec file ({exc.strerror})") from None
     try:
-        doc = tomllib.loads(raw.decode("utf-8"))
+        return tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise SpecError(f"{name}: the spec is not valid UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{name}: TOML syntax error: {exc}") from None
-    return parse_spec(doc, source=name, base_dir=path.parent)
 
 
 def parse_spec(
@@ -589,7 +602,7 @@ def parse_spec(
     SpecError
         Naming ``source`` and the dotted key of the first problem found.
     """
-    return _Parser(source, None if base_dir is None else Path(base_dir)).spec(doc)
+    return SpecParser(source, None if base_dir is None else Path(base_dir)).spec(doc)
 
 
 _TYPE_NAMES = {
@@ -634,7 +647,7 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-class _Parser:
+class SpecParser:
     """Walks the document, naming every problem by its dotted key."""
 
     def __init__(self, source: str, base_dir: Path | None) -> None:

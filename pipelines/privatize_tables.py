@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -253,9 +252,11 @@ class TableSpec:
 
 def spec_uses_codebook(path: str | Path) -> bool:
     """True when the TOML spec at ``path`` names ``[data] codebook`` (the codebook route)."""
+    from censusdp.config import read_spec_toml
+
     try:
-        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        doc = read_spec_toml(path)
+    except SpecError:
         return False  # load_spec says what is wrong with it
     data = doc.get("data")
     return isinstance(data, Mapping) and "codebook" in data
@@ -286,17 +287,11 @@ def load_table_spec(path: str | Path) -> TableSpec:
     SpecError
         Naming the file and the dotted key.
     """
-    from censusdp.config import _Parser
+    from censusdp.config import SpecParser, read_spec_toml
 
     path = Path(path)
-    name = str(path)
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SpecError(f"{name}: cannot read the spec file ({exc.strerror})") from None
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise SpecError(f"{name}: not a valid UTF-8 TOML spec ({exc})") from None
-    p = _Parser(name, path.parent)
+    doc = read_spec_toml(path)
+    p = SpecParser(str(path), path.parent)
     p.keys(doc, "", ("data", "privacy", "strategy", "mechanism", "run"))
     data = p.table(doc, "data", required=True)
     p.keys(data, "data", ("source", "codebook", "schema", "encoding", "path"))
@@ -341,7 +336,7 @@ def load_table_spec(path: str | Path) -> TableSpec:
         schema=p.get(data, "data", "schema", str),
         encoding=p.get(data, "data", "encoding", str),
         seed=seed,
-        source=name,
+        source=str(path),
     )
 
 
