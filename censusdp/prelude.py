@@ -9,7 +9,7 @@ intervals, privacy statements derived from the measurements (:func:`derive_state
 release and its store, and whole runs from a spec (:func:`load_spec`, :func:`run_spec`).
 
 Where this module sits: it re-exports every layer, pipelines included, so it belongs to the
-application layer above them (with :mod:`censusdp.cli`), although it lives in the
+application layer above them (with :mod:`censusdp.app`), although it lives in the
 ``censusdp`` folder to be importable as ``censusdp.prelude``. No module of the library imports
 it (a test checks), so core ← hierarchy ← mechanisms ← estimation ← pipelines ← experiments
 holds; it is for users, notebooks and the README. Importing it imports the library but not

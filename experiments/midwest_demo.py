@@ -24,18 +24,20 @@ regression of county error on log population that reveals TopDown's small-area b
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from censusdp.experiments.registry import ExperimentContext
+from censusdp.command_line import add_overwrite, seed_arg, warn_seed
+from censusdp.experiments.registry import ExperimentContext, run_experiment
 from censusdp.pipelines.report import markdown_table, plot_slopes, slope_table
 from censusdp.pipelines.runner import run_spec, with_budget
 from censusdp.pipelines.specs import load_spec
 
-__all__ = ["BUDGETS", "CONDITIONING_REPETITIONS", "SPEC", "run", "print_summary"]
+__all__ = ["BUDGETS", "CONDITIONING_REPETITIONS", "SPEC", "print_summary", "register", "run"]
 
 SPEC = Path(__file__).with_name("midwest_demo.toml")
 #: Total ρ (zCDP) of the two runs: a tight and a looser budget.
@@ -224,3 +226,29 @@ def print_summary(metrics: dict) -> None:
                 f"{budget:<12}{est:<14}{d['county_total_mae']:>12.2f}{d['mean_slope']:>12.3f}"
                 f"{d['mean_negative_per_run']:>9.2f}{d['mean_significant_negative_001_per_run']:>11.2f}"
             )
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    warn_seed(args.seed)
+    out, metrics = run_experiment(
+        "midwest-demo",
+        args.out if args.out is not None else "results/midwest-demo",
+        quick=args.quick,
+        seed=args.seed,
+        overwrite=args.overwrite,
+    )
+    print_summary(metrics)
+    print(f"wrote {out}/ (report.md, figures, per-budget run folders)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``censusdp demo``: the main job, this experiment on the embedded data."""
+    demo = sub.add_parser(
+        "demo", help="the main job: GLS vs conditioning vs TopDown-style on the embedded data"
+    )
+    demo.add_argument("--out", help="output directory (default results/midwest-demo)")
+    demo.add_argument("--quick", action="store_true", help="fewer repetitions")
+    demo.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
+    add_overwrite(demo)
+    demo.set_defaults(func=_cmd_demo)

@@ -1,4 +1,4 @@
-"""Discover and run experiments.
+"""Discover and run experiments; the ``censusdp experiment`` command (:func:`register`).
 
 ``censusdp experiment NAME`` imports ``censusdp.experiments.<NAME with - replaced by _>`` and
 calls its ``run(ctx)``. The experiment writes figures and ``report.md`` through ``ctx`` into a
@@ -10,6 +10,7 @@ the experiment starts.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import pkgutil
@@ -19,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from censusdp.atomic import output_dir
+from censusdp.command_line import add_overwrite, seed_arg
 from censusdp.config import check_run_options
 from censusdp.errors import DataError, SpecError
 from censusdp.jsonable import to_jsonable
 from censusdp.paths import shared_data_file
 from censusdp.rng import KeyedRNG
 
-__all__ = ["ExperimentContext", "available", "run_experiment"]
+__all__ = ["ExperimentContext", "available", "register", "run_experiment"]
 
 
 @dataclass
@@ -153,3 +155,41 @@ def run_experiment(
             json.dumps(to_jsonable(metrics), indent=2), encoding="utf-8"
         )
     return target, metrics
+
+
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    if args.list or not args.name:
+        print("\n".join(available()))
+        return 0
+    out, metrics = run_experiment(
+        args.name,
+        args.out,
+        quick=args.quick,
+        data=args.data,
+        seed=args.seed,
+        all_units=args.all_units,
+        overwrite=args.overwrite,
+    )
+    summary = {k: v for k, v in metrics.items() if not isinstance(v, dict | list)}
+    print(json.dumps(to_jsonable(summary), indent=2))
+    print(f"wrote {out}/ (metrics.json, report.md, figures)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``censusdp experiment [NAME] [--list] [--quick] [--data F] [--out D] [--seed N]``."""
+    exp = sub.add_parser("experiment", help="run a reproduced study (see --list)")
+    exp.add_argument("name", nargs="?", help="experiment name, e.g. laplace-conditioning")
+    exp.add_argument("--list", action="store_true", help="list the experiments")
+    exp.add_argument("--quick", action="store_true", help="small settings (≤ 60 s)")
+    exp.add_argument("--data", help="input file overriding the default in ../shared/data")
+    exp.add_argument("--out", help="output directory (default results/NAME)")
+    exp.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
+    add_overwrite(exp)
+    exp.add_argument(
+        "--all",
+        dest="all_units",
+        action="store_true",
+        help="every unit the study covers (e.g. all states) instead of its default one",
+    )
+    exp.set_defaults(func=_cmd_experiment)

@@ -1,7 +1,7 @@
-"""The pipeline's command-line sub-commands: ``run``, ``demo`` and ``privatize``.
+"""The pipeline's command-line sub-commands: ``run`` and ``privatize``.
 
 ``censusdp run SPEC [--data PATH] [--out DIR] [--seed N] [--scheduler S] [--partitions N]``
-runs a spec; ``censusdp demo`` runs the main job (the ``midwest-demo`` experiment);
+runs a spec;
 ``censusdp privatize FILE --spec SPEC -o OUT`` privatizes an NHGIS-style batch file and writes
 it back in its own layout; ``censusdp privatize FILE --codebook ppdd --rho R -o OUT`` (or a spec
 with ``[data] codebook``) releases overlapping tables from one estimate. Every output follows the policy of :mod:`censusdp.atomic` (a new
@@ -12,24 +12,15 @@ checked before any work. Errors are :class:`censusdp.errors.CensusDPError` (exit
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from censusdp.command_line import add_overwrite, count_arg, seed_arg, warn_seed
 from censusdp.errors import SpecError
 
 __all__ = ["register", "privatize_file"]
-
-
-def _warn_seed(seed: int | None) -> None:
-    if seed is not None:
-        print(
-            "censusdp: warning: reproducible mode (explicit seed): for reproduction and testing, "
-            "never for a real release",
-            file=sys.stderr,
-        )
 
 
 #: Formats ``privatize`` writes, by extension of ``-o``.
@@ -41,7 +32,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from censusdp.pipelines.specs import load_spec
 
     spec = load_spec(args.spec)
-    _warn_seed(args.seed if args.seed is not None else spec.run.seed)
+    warn_seed(args.seed if args.seed is not None else spec.run.seed)
     result = run_spec(
         spec,
         data=args.data,
@@ -63,23 +54,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         f"wrote {result.evaluation_dir}/ (CONFIDENTIAL comparisons with the truth, not for "
         "publication: metrics, regressions, figures, report.md)"
     )
-    return 0
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from censusdp.experiments.midwest_demo import print_summary
-    from censusdp.experiments.registry import run_experiment
-
-    _warn_seed(args.seed)
-    out, metrics = run_experiment(
-        "midwest-demo",
-        args.out if args.out is not None else "results/midwest-demo",
-        quick=args.quick,
-        seed=args.seed,
-        overwrite=args.overwrite,
-    )
-    print_summary(metrics)
-    print(f"wrote {out}/ (report.md, figures, per-budget run folders)")
     return 0
 
 
@@ -256,7 +230,7 @@ def _privatize(
 
 
 def _cmd_privatize(args: argparse.Namespace) -> int:
-    _warn_seed(args.seed)
+    warn_seed(args.seed)
     out, privacy = _privatize(
         args.file,
         args.spec,
@@ -273,8 +247,7 @@ def _cmd_privatize(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``run``, ``demo`` and ``privatize`` to the CLI."""
-    from censusdp.cli import add_overwrite, count_arg, seed_arg
+    """Add ``run`` and ``privatize`` to the CLI."""
 
     run = sub.add_parser("run", help="run a spec (TOML): measure, estimate, score, write results")
     run.add_argument("spec", help="the run spec (TOML)")
@@ -289,15 +262,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_overwrite(run)
     run.set_defaults(func=_cmd_run)
-
-    demo = sub.add_parser(
-        "demo", help="the main job: GLS vs conditioning vs TopDown-style on the embedded data"
-    )
-    demo.add_argument("--out", help="output directory (default results/midwest-demo)")
-    demo.add_argument("--quick", action="store_true", help="fewer repetitions")
-    demo.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
-    add_overwrite(demo)
-    demo.set_defaults(func=_cmd_demo)
 
     priv = sub.add_parser("privatize", help="privatize an NHGIS-style batch file in its own layout")
     priv.add_argument("file", help="CSV or Parquet batch file (GISJOIN-keyed)")

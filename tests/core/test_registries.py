@@ -300,15 +300,11 @@ def test_the_name_scan_can_fail(tmp_path):
 
 
 #: Layers, bottom first; a module may import its own layer and those below.
-LAYERS = ("censusdp", "hierarchy", "mechanisms", "estimation", "pipelines", "experiments")
-MODULES = {
-    "censusdp": "censusdp",
-    "hierarchy": "censusdp.hierarchy",
-    "mechanisms": "censusdp.mechanisms",
-    "estimation": "censusdp.estimation",
-    "pipelines": "censusdp.pipelines",
-    "experiments": "censusdp.experiments",
-}
+LAYERS = ("censusdp", "hierarchy", "mechanisms", "estimation", "pipelines", "experiments", "app")
+MODULES = {layer: "censusdp" if layer == "censusdp" else f"censusdp.{layer}" for layer in LAYERS}
+#: The front door lives in the core folder (to be ``censusdp.prelude``) but re-exports every
+#: layer, so it sits in the application layer; no library module imports it (test_prelude).
+APPLICATION_MODULES = {"censusdp/prelude.py"}
 
 
 def _layer(module: str) -> int | None:
@@ -317,33 +313,15 @@ def _layer(module: str) -> int | None:
         prefix = MODULES[layer]
         if module == prefix or module.startswith(prefix + "."):
             best = i  # the longest matching prefix wins (censusdp.* is core otherwise)
+    if module == "censusdp.prelude":
+        best = LAYERS.index("app")
     return best
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        "censusdp/registry.py",
-        "censusdp/config.py",
-        "censusdp/budget.py",
-        "censusdp/prelude.py",
-        "mechanisms/registry.py",
-        "mechanisms/privacy.py",
-        "mechanisms/laws.py",
-        "estimation/__init__.py",
-        "pipelines/estimators.py",
-        "pipelines/specs.py",
-    ],
-)
-def test_registries_and_the_spec_layer_import_only_downwards(path):
-    """Including function-level imports; the prelude is at the pipelines layer by design."""
-    file = ROOT / path
-    own = LAYERS.index(file.parent.name) if file.parent.name in LAYERS else 0
-    if path == "censusdp/prelude.py":
-        own = LAYERS.index("pipelines")
+def _upward_imports(file: Path, own: int) -> list[str]:
     upward = []
     for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -352,5 +330,36 @@ def test_registries_and_the_spec_layer_import_only_downwards(path):
         for name in names:
             layer = _layer(name)
             if layer is not None and layer > own:
-                upward.append(f"line {node.lineno}: {name}")
+                upward.append(f"{file.name} line {node.lineno}: {name}")
+    return upward
+
+
+def _library_files() -> list[tuple[Path, int]]:
+    files = []
+    for i, layer in enumerate(LAYERS):
+        for file in sorted((ROOT / layer).rglob("*.py")):
+            rel = file.relative_to(ROOT).as_posix()
+            files.append((file, LAYERS.index("app") if rel in APPLICATION_MODULES else i))
+    return files
+
+
+def test_every_module_imports_only_downwards():
+    """core ← hierarchy ← mechanisms ← estimation ← pipelines ← experiments ← app, over every
+    module of every layer, function-level imports included."""
+    files = _library_files()
+    assert len(files) > 90
+    upward = [line for file, own in files for line in _upward_imports(file, own)]
     assert upward == []
+
+
+def test_the_import_scan_can_fail(tmp_path):
+    """A function-level upward import in a core module is found, a downward one is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import numpy\nfrom censusdp.errors import SpecError\n"
+        "def f():\n    from censusdp.pipelines.runner import run_spec\n"
+    )
+    assert _upward_imports(bad, LAYERS.index("censusdp")) == [
+        "bad.py line 4: censusdp.pipelines.runner"
+    ]
+    assert _upward_imports(bad, LAYERS.index("pipelines")) == []

@@ -156,7 +156,7 @@ def test_census_county_integer(shared_file, tmp_path):
 
 
 def test_cli_all_flag_reaches_the_experiment(tmp_path, capsys):
-    from censusdp.cli import main
+    from censusdp.app.cli import main
 
     data = tmp_path / "counties.csv"
     _synthetic_counties(data, {17: 4, 44: 3})

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from censusdp.cli import main
+from censusdp.app.cli import main
 from censusdp.hierarchy import Table, add_level, from_gisjoin, validate
 
 pytestmark = pytest.mark.shared

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from censusdp.cli import main
+from censusdp.app.cli import main
 from censusdp.hierarchy import Hierarchy, describe, from_columns, synthetic_us, validate
 
 SMALL = dict(states=6, counties=40, tracts=400, blocks=40_000, population=2_000_000)

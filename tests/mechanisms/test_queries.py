@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from censusdp.app.cli import main
 from censusdp.budget import PrivacyStatement
-from censusdp.cli import main
 from censusdp.errors import SpecError
 from censusdp.estimation.gls import tree_gls
 from censusdp.hierarchy import Table

@@ -9,7 +9,7 @@ import textwrap
 import pandas as pd
 import pytest
 
-from censusdp.cli import main
+from censusdp.app.cli import main
 
 GOOD_DATA = "fips,pop\n01001,10\n01003,20\n02001,5\n02002,7\n"
 GOOD = """

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from run_specs import SMALL_DATA, SMALL_SPEC
 
-from censusdp.cli import main
+from censusdp.app.cli import main
 
 DATA = SMALL_DATA
 SPEC = SMALL_SPEC
@@ -351,7 +351,7 @@ else:
         pause()
         return orig(*a, **k)
     r._estimate = slow
-from censusdp.cli import main
+from censusdp.app.cli import main
 sys.exit(main(sys.argv[3:]))
 """
 
@@ -418,7 +418,7 @@ def test_exit_status_in_a_real_process(tmp_path):
     _workspace(ws)
     argv = ["privatize", "nhgis.csv", "--spec", "nspec.toml", "-o", "nhgis.csv"]
     refused = subprocess.run(
-        [sys.executable, "-m", "censusdp.cli", *argv], cwd=ws, capture_output=True, text=True
+        [sys.executable, "-m", "censusdp.app", *argv], cwd=ws, capture_output=True, text=True
     )
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.splitlines() == [

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from censusdp.cli import main
+from censusdp.app.cli import main
 from censusdp.pipelines.nhgis import ColumnsNotWritten, read_batch
 
 SENTINELS = {

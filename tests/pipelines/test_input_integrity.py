@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from censusdp.cli import main
+from censusdp.app.cli import main
 
 DATA = "fips,pop\n01001,10\n01003,20\n02013,5\n02016,7\n"
 SPEC = """

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from censusdp.cli import main
+from censusdp.app.cli import main
 from censusdp.errors import DataError, SpecError
 from censusdp.hierarchy import Hierarchy, Table
 from censusdp.hierarchy.validate import parse_counts

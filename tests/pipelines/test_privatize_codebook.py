@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from censusdp.cli import main
+from censusdp.app.cli import main
 from censusdp.errors import DataError, SpecError
 from censusdp.pipelines.codebook import Codebook
 from censusdp.pipelines.privatize_tables import TablePlan, release_tables

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from run_specs import SMALL_DATA, SMALL_SPEC
 
-from censusdp.cli import main
+from censusdp.app.cli import main
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL, MAX_GROUPS, write_figures, write_report
 
 

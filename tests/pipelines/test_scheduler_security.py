@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from censusdp.cli import main
+from censusdp.app.cli import main
 from censusdp.errors import SpecError
 from censusdp.pipelines.execute import (
     DaskExecutor,

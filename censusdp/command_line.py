@@ -1,6 +1,12 @@
-"""The ``censusdp`` command line.
+"""The command line's machinery: a parser with one-line errors, argument types, exit statuses.
 
-Exit status and stderr, whatever goes wrong:
+The commands themselves are registered by the layer that owns each feature (``hierarchy
+describe`` in :mod:`censusdp.hierarchy.describe`; ``run``, ``demo``, ``privatize`` in
+:mod:`censusdp.pipelines.commands`; ``experiment`` in :mod:`censusdp.experiments.registry`)
+and assembled by the application layer, :mod:`censusdp.app.cli`, which owns ``main``; so
+core imports no layer above it.
+
+Exit status and stderr, whatever goes wrong (:func:`run_cli`):
 
 - a :class:`censusdp.errors.CensusDPError`, a bad option or an unreadable path: one line
   ``censusdp: error: ...`` and status 2;
@@ -15,23 +21,29 @@ Exit status and stderr, whatever goes wrong:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from censusdp import __version__
 from censusdp.errors import CensusDPError
 
-__all__ = ["main", "build_parser", "seed_arg", "count_arg", "add_overwrite"]
+__all__ = [
+    "CommandParser",
+    "EXIT_INTERRUPTED",
+    "add_overwrite",
+    "count_arg",
+    "run_cli",
+    "seed_arg",
+    "warn_seed",
+]
 
 #: Exit status of a run stopped by Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 
 
-class _Parser(argparse.ArgumentParser):
+class CommandParser(argparse.ArgumentParser):
     """argparse with errors on one line (no usage block) and status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -64,6 +76,16 @@ def count_arg(text: str) -> int:
     return value
 
 
+def warn_seed(seed: int | None) -> None:
+    """Say on stderr that an explicit seed means reproducible mode (never its value)."""
+    if seed is not None:
+        print(
+            "censusdp: warning: reproducible mode (explicit seed): for reproduction and testing, "
+            "never for a real release",
+            file=sys.stderr,
+        )
+
+
 def add_overwrite(parser: argparse.ArgumentParser) -> None:
     """``--overwrite``: replace an earlier censusdp output (never anything else)."""
     parser.add_argument(
@@ -72,65 +94,6 @@ def add_overwrite(parser: argparse.ArgumentParser) -> None:
         help="replace an earlier output of censusdp at the output path (nothing else is ever "
         "replaced)",
     )
-
-
-def _cmd_experiment(args: argparse.Namespace) -> int:
-    from censusdp.experiments.registry import available, run_experiment
-    from censusdp.jsonable import to_jsonable
-
-    if args.list or not args.name:
-        print("\n".join(available()))
-        return 0
-    out, metrics = run_experiment(
-        args.name,
-        args.out,
-        quick=args.quick,
-        data=args.data,
-        seed=args.seed,
-        all_units=args.all_units,
-        overwrite=args.overwrite,
-    )
-    summary = {k: v for k, v in metrics.items() if not isinstance(v, dict | list)}
-    print(json.dumps(to_jsonable(summary), indent=2))
-    print(f"wrote {out}/ (metrics.json, report.md, figures)")
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="censusdp",
-        description="Census-style hierarchical disclosure avoidance (subspace DP estimators "
-        "beside a TopDown-style baseline).",
-    )
-    parser.add_argument("--version", action="version", version=f"censusdp {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    exp = sub.add_parser("experiment", help="run a reproduced study (see --list)")
-    exp.add_argument("name", nargs="?", help="experiment name, e.g. laplace-conditioning")
-    exp.add_argument("--list", action="store_true", help="list the experiments")
-    exp.add_argument("--quick", action="store_true", help="small settings (≤ 60 s)")
-    exp.add_argument("--data", help="input file overriding the default in ../shared/data")
-    exp.add_argument("--out", help="output directory (default results/NAME)")
-    exp.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
-    add_overwrite(exp)
-    exp.add_argument(
-        "--all",
-        dest="all_units",
-        action="store_true",
-        help="every unit the study covers (e.g. all states) instead of its default one",
-    )
-    exp.set_defaults(func=_cmd_experiment)
-
-    _register_extra_commands(sub)
-    return parser
-
-
-def _register_extra_commands(sub: argparse._SubParsersAction) -> None:
-    """Commands implemented in other modules register themselves here."""
-    from censusdp import commands
-
-    for register in commands.REGISTRARS:
-        register(sub)
 
 
 def _where(exc: BaseException) -> str:
@@ -147,8 +110,11 @@ def _where(exc: BaseException) -> str:
     return f"{Path(frame.filename).name}:{frame.lineno}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (see the module docstring)."""
+def run_cli(
+    build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str] | None = None
+) -> int:
+    """Parse ``argv`` with ``build_parser()`` and run the chosen command's ``func``; returns
+    the exit status (see the module docstring)."""
     try:
         parser = build_parser()
         try:
@@ -186,7 +152,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
