@@ -1,5 +1,10 @@
 """Discover and run experiments; the ``censusdp experiment`` command (:func:`register`).
 
+Every experiment module declares its metadata as ``INFO = ExperimentInfo(...)`` (what it
+reproduces, the paper, the data files, the measured run times); ``censusdp experiment --list``
+and the README's table of experiments (:func:`readme_table`, checked by a test) are made from
+it, so there is no second list to keep in step.
+
 ``censusdp experiment NAME`` imports ``censusdp.experiments.<NAME with - replaced by _>`` and
 calls its ``run(ctx)``. The experiment writes figures and ``report.md`` through ``ctx`` into a
 temporary directory; the runner adds ``metrics.json`` (the returned dict) and renames the
@@ -27,7 +32,42 @@ from censusdp.jsonable import to_jsonable
 from censusdp.paths import shared_data_file
 from censusdp.rng import KeyedRNG
 
-__all__ = ["ExperimentContext", "available", "register", "run_experiment"]
+__all__ = [
+    "ExperimentContext",
+    "ExperimentInfo",
+    "available",
+    "experiment_info",
+    "readme_table",
+    "register",
+    "run_experiment",
+]
+
+
+@dataclass(frozen=True)
+class ExperimentInfo:
+    """What an experiment is, for ``--list``, the README and its report's header.
+
+    Attributes
+    ----------
+    reproduces : str
+        One sentence: what it reproduces and what it shows (Markdown).
+    paper : str
+        The paper (authors, year, short title) and the figure or table reproduced; empty for
+        the project's own studies.
+    data : tuple of str
+        Files of ``../shared/data`` it reads by default (``--data`` overrides); empty when
+        its data are embedded or synthetic.
+    full_run : str
+        Measured wall time of the full run on the 2-core development machine.
+    all_units : str
+        What ``--all`` adds; empty when the study has no such choice.
+    """
+
+    reproduces: str
+    paper: str
+    data: tuple[str, ...]
+    full_run: str
+    all_units: str = ""
 
 
 @dataclass
@@ -94,7 +134,7 @@ class ExperimentContext:
 
 
 def available() -> list[str]:
-    """Names of all experiments shipped in this package."""
+    """Names of all experiments shipped in this package (modules declaring ``INFO``)."""
     import censusdp.experiments as pkg
 
     names = []
@@ -103,6 +143,49 @@ def available() -> list[str]:
             continue
         names.append(mod.name.replace("_", "-"))
     return sorted(names)
+
+
+def experiment_info(name: str) -> ExperimentInfo:
+    """The ``INFO`` of experiment ``name``.
+
+    Raises
+    ------
+    SpecError
+        For an unknown name, or a module that declares no ``INFO``.
+    """
+    if name not in available():
+        raise SpecError(f"unknown experiment {name!r}; available: {', '.join(available())}")
+    module = importlib.import_module(f"censusdp.experiments.{name.replace('-', '_')}")
+    info = getattr(module, "INFO", None)
+    if not isinstance(info, ExperimentInfo):
+        raise SpecError(
+            f"experiment module {module.__name__} declares no INFO = ExperimentInfo(...); every "
+            "experiment states what it reproduces, its paper, data and run time"
+        )
+    return info
+
+
+def readme_table() -> str:
+    """The README's table of experiments, made from every experiment's ``INFO``."""
+    lines = ["| experiment | what it reproduces | data | full run |", "|---|---|---|---|"]
+    for name in available():
+        info = experiment_info(name)
+        label = "`censusdp demo` / `midwest-demo`" if name == "midwest-demo" else f"`{name}`"
+        what = info.reproduces + (f" ({info.paper})" if info.paper else "")
+        data = ", ".join(f"`{d}`" for d in info.data) or "embedded or synthetic"
+        run = info.full_run + (f" (`--all`: {info.all_units})" if info.all_units else "")
+        lines.append(f"| {label} | {what} | {data} | {run} |")
+    return "\n".join(lines)
+
+
+def _listing() -> str:
+    rows = [(name, experiment_info(name)) for name in available()]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(
+        f"{name:<{width}}  {info.full_run:>7}  {info.paper or info.reproduces}"
+        + (f" [data: {', '.join(info.data)}]" if info.data else "")
+        for name, info in rows
+    )
 
 
 def run_experiment(
@@ -125,8 +208,7 @@ def run_experiment(
     SpecError
         For an unknown experiment name.
     """
-    if name not in available():
-        raise SpecError(f"unknown experiment {name!r}; available: {', '.join(available())}")
+    experiment_info(name)
     module = importlib.import_module(f"censusdp.experiments.{name.replace('-', '_')}")
     target = Path(out) if out is not None else Path("results") / name
     check_run_options(seed=seed)
@@ -159,7 +241,7 @@ def run_experiment(
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
     if args.list or not args.name:
-        print("\n".join(available()))
+        print(_listing())
         return 0
     out, metrics = run_experiment(
         args.name,
