@@ -238,13 +238,15 @@ def conditioned_releases(
         for i in range(n_releases):
             meas = measure(hierarchy.names, levels, plan, rng.child(f"release/{i}"))
             rel = tree_gls(hierarchy, cells, meas, invariants, privacy)
-            rel.estimator = "conditioned_mechanism"
-            rel.privacy = rel.privacy.with_notes(
-                _CURATOR,
-                "Gaussian noise: the conditioned law is that of the projected noise, drawn "
-                "exactly as the GLS projection of one measurement of x",
+            rel = rel.replace(
+                estimator="conditioned_mechanism",
+                privacy=rel.privacy.with_notes(
+                    _CURATOR,
+                    "Gaussian noise: the conditioned law is that of the projected noise, drawn "
+                    "exactly as the GLS projection of one measurement of x",
+                ),
+                diagnostics=dict(rel.diagnostics, conditioned_mechanism="exact: GLS of x + ε"),
             )
-            rel.diagnostics = dict(rel.diagnostics, conditioned_mechanism="exact: GLS of x + ε")
             out.append(rel)
         return out
     noise, draws = conditioned_noise(

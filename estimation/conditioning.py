@@ -312,9 +312,10 @@ def _gaussian_release(hierarchy, cells, measurements, invariants, privacy, rng, 
 
     if n_draws > 1:
         rel = tree_gls(hierarchy, cells, measurements, invariants, privacy)
-        rel.estimator = "conditioning"
-        rel.diagnostics = dict(rel.diagnostics, conditioning="exact: posterior mean = GLS")
-        return rel
+        return rel.replace(
+            estimator="conditioning",
+            diagnostics=dict(rel.diagnostics, conditioning="exact: posterior mean = GLS"),
+        )
     gen = rng.generator("conditioning/gaussian-draw")
     perturbed = [
         Measurement(
@@ -326,13 +327,14 @@ def _gaussian_release(hierarchy, cells, measurements, invariants, privacy, rng, 
         for m in measurements
     ]
     rel = tree_gls(hierarchy, cells, perturbed, invariants, privacy)
-    rel.estimator = "conditioning"
-    if rel.variances is not None:
-        rel.variances = [2.0 * v for v in rel.variances]
-    rel.diagnostics = dict(
-        rel.diagnostics, conditioning="exact: one posterior draw = GLS(y + fresh noise)"
+    return rel.replace(
+        estimator="conditioning",
+        variances=None if rel.variances is None else [2.0 * v for v in rel.variances],
+        covariances=None if rel.covariances is None else [2.0 * c for c in rel.covariances],
+        diagnostics=dict(
+            rel.diagnostics, conditioning="exact: one posterior draw = GLS(y + fresh noise)"
+        ),
     )
-    return rel
 
 
 def condition(

@@ -1,8 +1,14 @@
 """The :class:`Release` every estimator returns: estimates for every level and cell, their
-exact (or Monte Carlo) variances, diagnostics and the privacy statement."""
+exact (or Monte Carlo) variances, diagnostics and the privacy statement.
+
+A release is frozen: an estimator that relabels or adjusts another's release makes a new
+one (:meth:`Release.replace`), so no caller sees a release change under it. Levels are
+addressed by name (or index) everywhere; :meth:`Release.conf_int` gives intervals and
+:meth:`Release.summary` one row per level, like a statsmodels results object."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -46,9 +52,9 @@ class SumVariances:
         return None if any(i is None for i in idx) else np.asarray(idx, np.int64)
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Release:
-    """A consistent, invariant-respecting release.
+    """A consistent, invariant-respecting release (frozen; see :meth:`replace`).
 
     Attributes
     ----------
@@ -85,8 +91,9 @@ class Release:
     sums: SumVariances | None = None
 
     def __post_init__(self) -> None:
-        self.cells = tuple(self.cells)
-        self.privacy = floating_point_note(self.privacy)  # continuous laws: Mironov (2012)
+        object.__setattr__(self, "cells", tuple(self.cells))
+        # continuous laws: Mironov (2012)
+        object.__setattr__(self, "privacy", floating_point_note(self.privacy))
         if len(self.estimates) != self.hierarchy.depth:
             raise ValueError("a Release needs one estimate array per level")
         for lv, est in zip(self.hierarchy.levels, self.estimates, strict=True):
@@ -95,9 +102,63 @@ class Release:
                     f"level {lv.name!r}: estimates must be ({lv.size}, {len(self.cells)})"
                 )
 
+    def replace(self, **changes) -> Release:
+        """A new release with some fields changed (this one is left as it was)."""
+        return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        levels = ", ".join(f"{lv.name}={lv.size}" for lv in self.hierarchy.levels)
+        kind = "integer" if self.integer else "real"
+        se = "with SEs" if self.variances is not None else "no SEs"
+        return (
+            f"<Release {self.estimator}: {kind}, {len(self.cells)} cells, levels {levels}, "
+            f"{se}; {self.privacy.guarantee}>"
+        )
+
     def level(self, level: str | int) -> np.ndarray:
         """Estimates at one level, (n_nodes, n_cells)."""
         return self.estimates[self.hierarchy.level_index(level)]
+
+    def conf_int(
+        self, level: str | int, alpha: float = 0.1, *, include_rounding: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Normal ``1 − alpha`` intervals ``estimate ∓ z·se`` of every cell at one level
+        (:func:`censusdp.estimation.uncertainty.intervals`); ``include_rounding`` adds the
+        rounding's variance of an integer release.
+
+        Returns
+        -------
+        lower, upper : numpy.ndarray
+            (n_nodes, n_cells) each.
+
+        Raises
+        ------
+        SpecError
+            When the release has no standard errors (TopDown-style) or alpha is not in (0, 1).
+        """
+        from censusdp.estimation.uncertainty import intervals
+
+        return intervals(self, level, alpha, include_rounding=include_rounding)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per level: nodes, the sum of the estimates, the smallest estimate, the share
+        of negative cells, and the mean and largest cell standard error (NaN without SEs)."""
+        rows = []
+        for k, lv in enumerate(self.hierarchy.levels):
+            est = np.asarray(self.estimates[k], dtype=float)
+            se = self.standard_errors(k)
+            rows.append(
+                {
+                    "level": lv.name,
+                    "nodes": lv.size,
+                    "total": float(est.sum()),
+                    "min_cell": float(est.min()) if est.size else np.nan,
+                    "negative_share": float((est < 0).mean()) if est.size else np.nan,
+                    "mean_se": float(se.mean()) if se is not None and se.size else np.nan,
+                    "max_se": float(se.max()) if se is not None and se.size else np.nan,
+                }
+            )
+        return pd.DataFrame(rows).set_index("level")
 
     def standard_errors(self, level: str | int) -> np.ndarray | None:
         """Standard errors at one level, or None when the estimator has none."""

@@ -105,8 +105,7 @@ def _checked(release: Release, invariants: Sequence[Invariant]) -> Release:
         )
     else:
         note = "invariants checked on the released values (==): every one exact"
-    release.privacy = release.privacy.with_notes(note)
-    return release
+    return release.replace(privacy=release.privacy.with_notes(note))
 
 
 def _partitioned_gls(
