@@ -1,0 +1,606 @@
+"""The Census Bureau's Privacy-Protected Microdata File (PPMF) in: persons → blocks × ``pl94``.
+
+A PPMF has one row per person. Its geography is split over five fixed-width code columns —
+``TABBLKST`` (state FIPS, 2 digits), ``TABBLKCOU`` (county FIPS, 3), ``TABTRACT`` (tract, 6),
+``TABBLKGRP`` (block group, 1) and ``TABBLK`` (block, 4) — which compose the hierarchy
+nation → state → county → tract → block group → block with codes ``SS``, ``SSCCC``,
+``SSCCCTTTTTT``, ``SSCCCTTTTTTG`` and ``SSCCCTTTTTTBBBB`` (the Bureau's 15-character block
+GEOID; the block group is not part of it). The Microdata Detail Files written by the Bureau's
+DAS name two of them ``TABTRACTCE`` and ``TABBLKGRPCE``; both spellings are read.
+
+Two layouts of the person attributes are recognised from the header:
+
+* ``pl94`` — the 2020 redistricting PPMF (vintage 2021-04-28 onwards) and the DAS's
+  ``MDF2020PersonPL94HistogramWriter``: ``GQTYPE_PL`` 0 household, 1–7 group-quarters major
+  type (→ ``hhgq`` 0–7), ``VOTING_AGE`` 1 under 18, 2 18 and over (→ ``votingage`` 0, 1),
+  ``CENHISP`` 1 not Hispanic, 2 Hispanic (→ ``hispanic`` 0, 1), ``CENRACE`` 01–63 (→
+  ``cenrace`` 0–62), and ``RTYPE`` 3 (housing unit) or 5 (group quarters), which must agree
+  with ``GQTYPE_PL``;
+* ``demonstration`` — the 2010 demonstration PPMFs (2019–2020 vintages) and the confidential
+  edited file's naming: a three-digit group-quarters type ``GQTYPE`` (or ``QGQTYP``), ``000``
+  for households and otherwise the major type as its first digit (8xx and 9xx are other
+  non-institutional, type 7, as in the DAS recode), and the age ``QAGE`` (0–115; voting age
+  is ``QAGE ≥ 18``), with ``CENHISP`` and ``CENRACE`` as above.
+
+The file is streamed in blocks of bytes (pyarrow's CSV streaming reader) and each block is
+reduced at once to its (block, cell, count) triples, so memory is bounded by the size of the
+result (the non-empty block × cell pairs), never by the number of persons. Comma- and
+pipe-separated files are read, and leading ``#`` comment lines (as in the DAS's MDFs) are
+skipped; a row whose fields are all empty is skipped and counted.
+
+Every malformed row is a :class:`~censusdp.errors.DataError` naming the file, the data row
+(1-based, after the header), the column and the code: a geocode of the wrong width or with
+non-digits, a code outside the schema, an ``RTYPE`` that contradicts the group-quarters type,
+a block that appears under two block groups. Messages never contain a count.
+
+References
+----------
+U.S. Census Bureau (2021). 2010 Demonstration Privacy-Protected Microdata File (PPMF),
+    vintage 2021-04-28, technical documentation (record layout: VINTAGE, TABBLKST,
+    TABBLKCOU, TABTRACT, TABBLKGRP, TABBLK, RTYPE, GQTYPE_PL, VOTING_AGE, CENHISP, CENRACE).
+U.S. Census Bureau. DAS_2020_Redistricting_Production_Code,
+    ``PL94ToMDFPersons2020Recoder`` (GQTYPE_PL, VOTING_AGE, CENHISP and CENRACE from the
+    ``pl94`` histogram's hhgq, votingage, hispanic and cenrace).
+Kenny, C. T. (2021). ppmf: Read Census Privacy Protected Microdata Files (R package;
+    the column names above and the block GEOID from TABBLKST + TABBLKCOU + TABTRACT + TABBLK).
+Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown Algorithm.
+    Harvard Data Science Review, Special Issue 2 (the hhgq × votingage × hispanic × cenrace
+    histogram).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from censusdp.errors import DataError
+from censusdp.hierarchy.builders import from_columns
+from censusdp.hierarchy.core import STRING_DTYPE, Hierarchy
+from censusdp.schema import Schema
+
+__all__ = [
+    "GEOGRAPHY",
+    "LEVELS",
+    "PPMFHistogram",
+    "read_ppmf",
+]
+
+#: The geography columns, their fixed widths and accepted spellings (PPMF, then DAS MDF).
+GEOGRAPHY: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("TABBLKST", 2, ("TABBLKST",)),
+    ("TABBLKCOU", 3, ("TABBLKCOU",)),
+    ("TABTRACT", 6, ("TABTRACT", "TABTRACTCE")),
+    ("TABBLKGRP", 1, ("TABBLKGRP", "TABBLKGRPCE")),
+    ("TABBLK", 4, ("TABBLK",)),
+)
+#: The levels of the hierarchy a PPMF is read into, root first.
+LEVELS = ("nation", "state", "county", "tract", "block_group", "block")
+#: Shape of the ``pl94`` histogram (hhgq × votingage × hispanic × cenrace).
+_SHAPE = (8, 2, 2, 63)
+_N_CELLS = 8 * 2 * 2 * 63
+#: Rows read per block of the streaming reader (about 64 MB of a PPMF per block).
+_BLOCK_BYTES = 64 << 20
+#: Merge the per-block partial results once they hold this many triples.
+_COMPACT_AT = 8_000_000
+
+
+@dataclass(eq=False)
+class PPMFHistogram:
+    """A PPMF read into the block hierarchy and a sparse ``pl94`` histogram per block.
+
+    Attributes
+    ----------
+    hierarchy : Hierarchy
+        nation → state → county → tract → block_group → block, canonical order; every block
+        with at least one person.
+    block, cell, count : numpy.ndarray
+        int64, one entry per non-empty (block, cell), sorted by block then cell: ``block``
+        indexes ``hierarchy.leaves``, ``cell`` the flat ``pl94`` cell (C order of
+        hhgq × votingage × hispanic × cenrace, as :func:`censusdp.hierarchy.synthetic.pl94_histogram`).
+    persons : int
+        Data rows read (persons).
+    skipped_blank : int
+        Rows with every field empty, skipped.
+    layout : {"pl94", "demonstration"}
+        The attribute layout found in the header.
+    path : Path
+    """
+
+    hierarchy: Hierarchy
+    block: np.ndarray
+    cell: np.ndarray
+    count: np.ndarray
+    persons: int
+    skipped_blank: int
+    layout: str
+    path: Path
+    schema: Schema = field(default_factory=lambda: Schema.load("pl94"), repr=False)
+
+    def dense(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """The histograms of blocks ``[start, stop)`` as int64 ``(n, 8, 2, 2, 63)`` tensors.
+
+        A block takes 16 KB dense: use ranges (``Hierarchy.descendant_range``) on large files.
+        """
+        n = self.hierarchy.leaves.size
+        stop = n if stop is None else stop
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"block range [{start}, {stop}) is outside [0, {n})")
+        lo, hi = np.searchsorted(self.block, [start, stop])
+        out = np.zeros((stop - start, _N_CELLS), dtype=np.int64)
+        out[self.block[lo:hi] - start, self.cell[lo:hi]] = self.count[lo:hi]
+        return out.reshape((stop - start, *_SHAPE))
+
+    def block_totals(self) -> np.ndarray:
+        """Persons per block (int64, one per leaf)."""
+        return _weighted_bincount(self.block, self.count, self.hierarchy.leaves.size)
+
+
+def _weighted_bincount(index: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
+    """Exact int64 sums of ``weights`` by ``index`` (``np.bincount`` would go through float64)."""
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, index, weights)
+    return out
+
+
+# -- attribute layouts ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Attr:
+    """One attribute column: accepted widths, and its codes → the schema axis index."""
+
+    column: str
+    widths: tuple[int, ...]
+    recode: Callable[[np.ndarray], np.ndarray]  # code values → axis index, -1 if invalid
+    valid: str  # the valid codes, for messages
+
+
+def _between(lo: int, hi: int, shift: int) -> Callable[[np.ndarray], np.ndarray]:
+    def f(v: np.ndarray) -> np.ndarray:
+        return np.where((v >= lo) & (v <= hi), v - shift, -1)
+
+    return f
+
+
+def _gqtype3(v: np.ndarray) -> np.ndarray:
+    major = v // 100
+    out = np.where(major >= 7, 7, major)
+    # '000' is a household; 001–099 are not group-quarters types
+    return np.where((v == 0) | ((v >= 100) & (v <= 999)), out, -1)
+
+
+def _voting_age_from_qage(v: np.ndarray) -> np.ndarray:
+    return np.where(v <= 115, (v >= 18).astype(np.int64), -1)
+
+
+_CENHISP = _Attr("CENHISP", (1,), _between(1, 2, 1), "1 (not Hispanic) or 2 (Hispanic)")
+_CENRACE = _Attr("CENRACE", (2,), _between(1, 63, 1), "01 to 63")
+_LAYOUTS: dict[str, tuple[_Attr, ...]] = {
+    "pl94": (
+        _Attr("GQTYPE_PL", (1,), _between(0, 7, 0), "0 (household) to 7"),
+        _Attr("VOTING_AGE", (1,), _between(1, 2, 1), "1 (under 18) or 2 (18 and over)"),
+        _CENHISP,
+        _CENRACE,
+    ),
+    "demonstration": (
+        _Attr("GQTYPE", (3,), _gqtype3, "000 (household) or a type 101 to 999"),
+        _Attr("QAGE", (1, 2, 3), _voting_age_from_qage, "an age 0 to 115"),
+        _CENHISP,
+        _CENRACE,
+    ),
+}
+
+
+def _layout(header: list[str], path: Path) -> tuple[str, dict[str, str], tuple[_Attr, ...]]:
+    """The attribute layout of a header, and the file's name for every column we read."""
+    names: dict[str, str] = {}
+    for canonical, _, spellings in GEOGRAPHY:
+        hit = [s for s in spellings if s in header]
+        if not hit:
+            raise DataError(
+                f"{path.name}: no column {' or '.join(map(repr, spellings))}; a PPMF needs the "
+                f"geography columns {[g[0] for g in GEOGRAPHY]} (header: {header[:20]})"
+            )
+        names[canonical] = hit[0]
+    if "GQTYPE_PL" in header:
+        layout = "pl94"
+    elif ("GQTYPE" in header or "QGQTYP" in header) and "QAGE" in header:
+        layout = "demonstration"
+    else:
+        raise DataError(
+            f"{path.name}: no person attributes of a known PPMF layout; give GQTYPE_PL, "
+            "VOTING_AGE, CENHISP, CENRACE (2020 redistricting PPMF) or GQTYPE (or QGQTYP), "
+            f"QAGE, CENHISP, CENRACE (demonstration PPMF) (header: {header[:20]})"
+        )
+    attrs = _LAYOUTS[layout]
+    for a in attrs:
+        spelling = a.column
+        if a.column == "GQTYPE" and "GQTYPE" not in header:
+            spelling = "QGQTYP"
+        if spelling not in header:
+            raise DataError(
+                f"{path.name}: no column {spelling!r}, needed with the {layout} PPMF layout"
+            )
+        names[a.column] = spelling
+    if layout == "pl94" and "RTYPE" in header:
+        names["RTYPE"] = "RTYPE"
+    return layout, names, attrs
+
+
+# -- reading ----------------------------------------------------------------------------------
+def _sniff(path: Path) -> tuple[int, str, list[str]]:
+    """Leading comment lines to skip, the delimiter and the header of a CSV file."""
+    skip = 0
+    try:
+        with path.open("rb") as f:
+            for raw in f:
+                line = raw.decode("utf-8-sig").strip("\r\n")
+                if line.startswith("#"):
+                    skip += 1
+                    continue
+                break
+            else:
+                line = ""
+    except UnicodeDecodeError:
+        raise DataError(
+            f"{path.name}: the header is not UTF-8 or ASCII text; a PPMF is an ASCII CSV file"
+        ) from None
+    if not line.strip():
+        raise DataError(f"{path.name}: empty file (no header row); give a PPMF CSV with a header")
+    delimiter = "|" if line.count("|") > line.count(",") else ","
+    header = [h.strip() for h in line.split(delimiter)]
+    seen: set[str] = set()
+    for h in header:
+        if h in seen:
+            raise DataError(
+                f"{path.name}: column {h!r} occurs twice in the header; each column must occur once"
+            )
+        seen.add(h)
+    return skip, delimiter, header
+
+
+def _batches(
+    path: Path, skip: int, delimiter: str, columns: list[str], block_bytes: int
+) -> Iterator[pa.RecordBatch]:
+    try:
+        reader = pacsv.open_csv(
+            path,
+            read_options=pacsv.ReadOptions(skip_rows=skip, block_size=block_bytes),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=columns,
+                column_types={c: pa.string() for c in columns},
+                strings_can_be_null=False,
+            ),
+        )
+        yield from reader
+    except pa.ArrowInvalid as exc:
+        text = str(exc)
+        detail = (
+            "a row has more or fewer fields than the header"
+            if "columns" in text
+            else (
+                "the file is not UTF-8 text"
+                if "UTF8" in text or "utf8" in text.lower()
+                else "malformed CSV"
+            )
+        )
+        raise DataError(
+            f"{path.name}: {detail}; fix the file (check delimiters and quoting)"
+        ) from None
+
+
+def _codes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Offsets, lengths and the data buffer (uint8) of a string array."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    off_type = np.int64 if arr.type == pa.large_string() else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], dtype=off_type)[arr.offset : arr.offset + n + 1]
+    data = arr.buffers()[2]
+    buf = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+    return offsets.astype(np.int64, copy=False), np.diff(offsets).astype(np.int64), buf
+
+
+def _digits(
+    arr: pa.Array, widths: tuple[int, ...], bad: Callable[[int, str], DataError]
+) -> np.ndarray:
+    """The decimal value of every code (int64), each of one of ``widths`` digits.
+
+    ``bad(i, why)`` makes the error for row ``i`` of the batch.
+    """
+    offsets, lengths, buf = _codes(arr)
+    n = lengths.size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    w = widths[-1]
+    ok = np.isin(lengths, widths)
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        return _raise(bad(i, f"has {int(lengths[i])} characters, expected {_widths(widths)}"))
+    if lengths[0] == w and bool((lengths == w).all()):
+        mat = buf[offsets[0] : offsets[0] + n * w].reshape(n, w)
+    else:
+        # right-align shorter codes (QAGE '7' = '007') in an (n, w) matrix of '0'
+        mat = np.full((n, w), ord("0"), dtype=np.uint8)
+        col = np.arange(w)[None, :]
+        start = offsets[:-1, None] + col - (w - lengths[:, None])
+        take = col >= (w - lengths[:, None])
+        mat[take] = buf[start[take]]
+    d = mat - np.uint8(ord("0"))  # non-digits wrap around to values above 9
+    nondigit = (d > 9).any(axis=1)
+    if nondigit.any():
+        i = int(np.flatnonzero(nondigit)[0])
+        return _raise(bad(i, "is not all digits"))
+    return d.astype(np.int64) @ (10 ** np.arange(w - 1, -1, -1, dtype=np.int64))
+
+
+def _widths(widths: tuple[int, ...]) -> str:
+    if len(widths) == 1:
+        return f"{widths[0]}"
+    return f"{widths[0]} to {widths[-1]}"
+
+
+def _raise(err: DataError) -> np.ndarray:
+    raise err
+
+
+def _text(arr: pa.Array, i: int) -> str:
+    return str(arr[i].as_py())
+
+
+class _Reduced:
+    """Per-block partial (block key, cell, count) triples, merged when they grow."""
+
+    def __init__(self) -> None:
+        self.keys: list[np.ndarray] = []
+        self.cells: list[np.ndarray] = []
+        self.counts: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, key: np.ndarray, cell: np.ndarray) -> None:
+        codes, blocks = pd.factorize(key, sort=False)
+        local, uniq = pd.factorize(codes.astype(np.int64) * _N_CELLS + cell, sort=False)
+        counts = np.bincount(local, minlength=uniq.size).astype(np.int64)
+        self.keys.append(np.asarray(blocks, dtype=np.int64)[uniq // _N_CELLS])
+        self.cells.append((uniq % _N_CELLS).astype(np.int64))
+        self.counts.append(counts)
+        self.size += uniq.size
+        if self.size > _COMPACT_AT and len(self.keys) > 1:
+            self.compact()
+
+    def compact(self) -> None:
+        if not self.keys:
+            self.keys, self.cells, self.counts = (
+                [np.zeros(0, np.int64)],
+                [np.zeros(0, np.int64)],
+                [np.zeros(0, np.int64)],
+            )
+            return
+        key = np.concatenate(self.keys)
+        cell = np.concatenate(self.cells)
+        count = np.concatenate(self.counts)
+        order = np.lexsort((cell, key))
+        key, cell, count = key[order], cell[order], count[order]
+        start = np.flatnonzero(
+            np.concatenate(([True], (key[1:] != key[:-1]) | (cell[1:] != cell[:-1])))
+        )
+        self.keys = [key[start]]
+        self.cells = [cell[start]]
+        self.counts = [np.add.reduceat(count, start) if count.size else count]
+        self.size = start.size
+
+
+def read_ppmf(path: str | Path, *, block_bytes: int = _BLOCK_BYTES) -> PPMFHistogram:
+    """Read a PPMF persons file into the block hierarchy and a sparse ``pl94`` histogram.
+
+    Parameters
+    ----------
+    path : path-like
+        A PPMF (or DAS Microdata Detail File) of persons, CSV with a header, comma or pipe
+        separated.
+    block_bytes : int
+        Bytes of the file parsed per step (memory per step is a small multiple of it).
+
+    Returns
+    -------
+    PPMFHistogram
+
+    Raises
+    ------
+    DataError
+        No such file, no header, missing columns, a malformed row, a geocode of the wrong
+        width, a code outside the schema, an RTYPE contradicting the group-quarters type, a
+        block under two block groups (file, data row, column and code named).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file; check the PPMF path")
+    skip, delimiter, header = _sniff(path)
+    layout, names, attrs = _layout(header, path)
+    columns = list(dict.fromkeys(names.values()))
+    reduced = _Reduced()
+    row0 = 0  # data rows before the current batch
+    blank_total = 0
+    for batch in _batches(path, skip, delimiter, columns, block_bytes):
+        n = batch.num_rows
+        arrays = {
+            canonical: batch.column(batch.schema.get_field_index(col))
+            for canonical, col in names.items()
+        }
+        blank = np.ones(n, dtype=bool)
+        for a in arrays.values():
+            blank &= _codes(a)[1] == 0
+        if blank.any():
+            keep = np.flatnonzero(~blank)
+            blank_total += int(blank.sum())
+            rows = row0 + keep
+            arrays = {k: v.take(pa.array(keep)) for k, v in arrays.items()}
+        else:
+            rows = None
+        key, cell = _reduce_batch(arrays, attrs, names, path, row0, rows)
+        reduced.add(key, cell)
+        row0 += n
+    reduced.compact()
+    keys, cells, counts = reduced.keys[0], reduced.cells[0], reduced.counts[0]
+    if keys.size == 0:
+        raise DataError(f"{path.name}: a header but no persons; the file holds no rows")
+    persons = row0 - blank_total
+    h, block_of_key = _hierarchy(keys, path, skip, delimiter, names, block_bytes)
+    block = block_of_key
+    order = np.lexsort((cells, block))
+    return PPMFHistogram(
+        h, block[order], cells[order], counts[order], persons, blank_total, layout, path
+    )
+
+
+def _reduce_batch(
+    arrays: dict[str, pa.Array],
+    attrs: tuple[_Attr, ...],
+    names: dict[str, str],
+    path: Path,
+    row0: int,
+    rows: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One batch → (geocode16 key, flat pl94 cell) per person."""
+
+    def where(i: int) -> int:
+        return int(rows[i]) + 1 if rows is not None else row0 + i + 1
+
+    def bad_factory(canonical: str, what: str) -> Callable[[int, str], DataError]:
+        arr = arrays[canonical]
+        column = names[canonical]
+
+        def bad(i: int, why: str) -> DataError:
+            return DataError(
+                f"{path.name}, data row {where(i)}, column {column!r}: {what} "
+                f"{_text(arr, i)!r} {why}; {_fix(canonical)}"
+            )
+
+        return bad
+
+    key = np.zeros(len(next(iter(arrays.values()))), dtype=np.int64)
+    for canonical, width, _ in GEOGRAPHY:
+        v = _digits(arrays[canonical], (width,), bad_factory(canonical, "geocode"))
+        key = key * (10**width) + v
+    cell = np.zeros_like(key)
+    for a, size in zip(attrs, _SHAPE, strict=True):
+        v = _digits(arrays[a.column], a.widths, bad_factory(a.column, "code"))
+        idx = a.recode(v)
+        out = np.flatnonzero(idx < 0)
+        if out.size:
+            i = int(out[0])
+            raise DataError(
+                f"{path.name}, data row {where(i)}, column {names[a.column]!r}: code "
+                f"{_text(arrays[a.column], i)!r} is outside the pl94 schema (valid: {a.valid}); "
+                "correct the row or drop it"
+            )
+        cell = cell * size + idx
+    if "RTYPE" in arrays:
+        rtype = _digits(arrays["RTYPE"], (1,), bad_factory("RTYPE", "code"))
+        gq = cell // (2 * 2 * 63)
+        wrong = ((rtype != 3) & (rtype != 5)) | ((rtype == 3) != (gq == 0))
+        if wrong.any():
+            i = int(np.flatnonzero(wrong)[0])
+            raise DataError(
+                f"{path.name}, data row {where(i)}, column 'RTYPE': code "
+                f"{_text(arrays['RTYPE'], i)!r} does not agree with GQTYPE_PL "
+                f"{_text(arrays['GQTYPE_PL'], i)!r} (RTYPE 3 is a housing-unit person, "
+                "GQTYPE_PL 0; RTYPE 5 a group-quarters person, GQTYPE_PL 1-7); correct the row"
+            )
+    return key, cell
+
+
+def _fix(canonical: str) -> str:
+    widths = {g[0]: g[1] for g in GEOGRAPHY}
+    if canonical in widths:
+        return (
+            f"{canonical} codes have exactly {widths[canonical]} digits; a leading zero was "
+            "probably lost (codes read as numbers): zero-pad the column"
+        )
+    return "correct the row or drop it"
+
+
+# -- the hierarchy ------------------------------------------------------------------------------
+def _split(keys: np.ndarray) -> dict[str, np.ndarray]:
+    """geocode16 keys → the five geography parts (int64)."""
+    out: dict[str, np.ndarray] = {}
+    rest = keys
+    for canonical, width, _ in reversed(GEOGRAPHY):
+        out[canonical] = rest % (10**width)
+        rest = rest // (10**width)
+    return out
+
+
+def _padded(v: np.ndarray, width: int) -> np.ndarray:
+    return np.strings.zfill(v.astype(STRING_DTYPE), width)
+
+
+def _hierarchy(
+    keys: np.ndarray,
+    path: Path,
+    skip: int,
+    delimiter: str,
+    names: dict[str, str],
+    block_bytes: int,
+) -> tuple[Hierarchy, np.ndarray]:
+    """The block hierarchy of the non-empty blocks, and the leaf index of each entry of
+    ``keys`` (geocode16 = state, county, tract, block group, block)."""
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    parts = _split(uniq)
+    geoid15 = (
+        (parts["TABBLKST"] * 1000 + parts["TABBLKCOU"]) * 10**6 + parts["TABTRACT"]
+    ) * 10**4 + parts["TABBLK"]
+    dup = np.flatnonzero(pd.Series(geoid15).duplicated(keep=False).to_numpy())
+    if dup.size:
+        _two_block_groups(int(geoid15[dup[0]]), path, skip, delimiter, names, block_bytes)
+    st = _padded(parts["TABBLKST"], 2)
+    county = np.strings.add(st, _padded(parts["TABBLKCOU"], 3))
+    tract = np.strings.add(county, _padded(parts["TABTRACT"], 6))
+    bg = np.strings.add(tract, _padded(parts["TABBLKGRP"], 1))
+    block = np.strings.add(tract, _padded(parts["TABBLK"], 4))
+    frame = pd.DataFrame(
+        {"state": st, "county": county, "tract": tract, "block_group": bg, "block": block}
+    )
+    h, leaf_row = from_columns(
+        frame, [(n, n) for n in LEVELS[1:]], root_name=LEVELS[0], root_code="US", source=path.name
+    )
+    leaf_of_row = np.empty(uniq.size, dtype=np.int64)
+    leaf_of_row[leaf_row] = np.arange(uniq.size, dtype=np.int64)
+    return h, leaf_of_row[inverse]
+
+
+def _two_block_groups(
+    geoid15: int, path: Path, skip: int, delimiter: str, names: dict[str, str], block_bytes: int
+) -> None:
+    """Find the rows of a block found under two block groups (a second pass: errors only)."""
+    geo = {g[0]: names[g[0]] for g in GEOGRAPHY}
+    first: tuple[int, str] | None = None
+    row0 = 0
+    for batch in _batches(path, skip, delimiter, list(geo.values()), block_bytes):
+        cols = {k: np.asarray(batch.column(v).to_pylist(), dtype=object) for k, v in geo.items()}
+        g15 = np.char.add(
+            np.char.add(
+                np.char.add(cols["TABBLKST"].astype(str), cols["TABBLKCOU"].astype(str)),
+                cols["TABTRACT"].astype(str),
+            ),
+            cols["TABBLK"].astype(str),
+        )
+        hit = np.flatnonzero(g15 == f"{geoid15:015d}")
+        for i in hit:
+            bgv = str(cols["TABBLKGRP"][i])
+            if first is None:
+                first = (row0 + int(i) + 1, bgv)
+            elif bgv != first[1]:
+                raise DataError(
+                    f"{path.name}, data row {row0 + int(i) + 1}, column {geo['TABBLKGRP']!r}: "
+                    f"block {geoid15:015d} is in block group {bgv!r} here but in block group "
+                    f"{first[1]!r} in data row {first[0]}; a block lies in one block group "
+                    "(the first digit of its number): correct TABBLKGRP or TABBLK"
+                )
+        row0 += batch.num_rows
+    raise AssertionError("a block under two block groups was found but not located")
