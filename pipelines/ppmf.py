@@ -50,6 +50,7 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,8 @@ LEVELS = ("nation", "state", "county", "tract", "block_group", "block")
 #: Shape of the ``pl94`` histogram (hhgq × votingage × hispanic × cenrace).
 _SHAPE = (8, 2, 2, 63)
 _N_CELLS = 8 * 2 * 2 * 63
+#: A column of one chunk: an ``(n, width)`` byte matrix (rows of one layout) or strings.
+_Codes = np.ndarray | pa.Array
 #: Rows read per block of the streaming reader (about 64 MB of a PPMF per block).
 _BLOCK_BYTES = 64 << 20
 #: Merge the per-block partial results once they hold this many triples.
@@ -233,26 +236,28 @@ def _layout(header: list[str], path: Path) -> tuple[str, dict[str, str], tuple[_
 
 # -- reading ----------------------------------------------------------------------------------
 def _sniff(path: Path) -> tuple[int, str, list[str]]:
-    """Leading comment lines to skip, the delimiter and the header of a CSV file."""
-    skip = 0
+    """Byte offset of the first data row, the delimiter and the header of a CSV file
+    (leading ``#`` comment lines skipped)."""
+    offset = 0
+    line = b""
+    with path.open("rb") as f:
+        for raw in f:
+            if raw.startswith(b"#"):
+                offset += len(raw)
+                continue
+            line = raw
+            offset += len(raw)
+            break
     try:
-        with path.open("rb") as f:
-            for raw in f:
-                line = raw.decode("utf-8-sig").strip("\r\n")
-                if line.startswith("#"):
-                    skip += 1
-                    continue
-                break
-            else:
-                line = ""
+        text = line.decode("utf-8-sig").strip("\r\n")
     except UnicodeDecodeError:
         raise DataError(
             f"{path.name}: the header is not UTF-8 or ASCII text; a PPMF is an ASCII CSV file"
         ) from None
-    if not line.strip():
+    if not text.strip():
         raise DataError(f"{path.name}: empty file (no header row); give a PPMF CSV with a header")
-    delimiter = "|" if line.count("|") > line.count(",") else ","
-    header = [h.strip() for h in line.split(delimiter)]
+    delimiter = "|" if text.count("|") > text.count(",") else ","
+    header = [h.strip() for h in next(csv.reader([text], delimiter=delimiter))]
     seen: set[str] = set()
     for h in header:
         if h in seen:
@@ -260,38 +265,98 @@ def _sniff(path: Path) -> tuple[int, str, list[str]]:
                 f"{path.name}: column {h!r} occurs twice in the header; each column must occur once"
             )
         seen.add(h)
-    return skip, delimiter, header
+    return offset, delimiter, header
+
+
+def _chunks(path: Path, offset: int, block_bytes: int) -> Iterator[bytes]:
+    """The data rows from byte ``offset`` on, in pieces of about ``block_bytes`` that end
+    at a line end (the last one given one if it lacks it)."""
+    rest = b""
+    with path.open("rb") as f:
+        f.seek(offset)
+        while True:
+            piece = f.read(block_bytes)
+            if not piece:
+                break
+            piece = rest + piece
+            cut = piece.rfind(b"\n") + 1
+            if cut == 0:
+                rest = piece
+                continue
+            rest = piece[cut:]
+            yield piece[:cut]
+    if rest.strip():
+        yield rest + b"\n"
+
+
+def _fixed_width(
+    chunk: bytes, header: list[str], delimiter: str, wanted: list[str]
+) -> dict[str, np.ndarray] | None:
+    """The wanted columns of a chunk whose rows all share one layout (every PPMF row has
+    the same field widths), as ``(rows, width)`` byte matrices (views of the chunk); None
+    when they do not (then the CSV parser reads the chunk)."""
+    buf = np.frombuffer(chunk, dtype=np.uint8)
+    first = chunk.find(b"\n") + 1
+    n, rest = divmod(buf.size, first)
+    if rest or b'"' in chunk:
+        return None
+    rows = buf.reshape(n, first)
+    if not bool((rows[:, -1] == ord("\n")).all()):
+        return None
+    end = first - 1
+    if end and bool((rows[:, end - 1] == ord("\r")).all()):
+        end -= 1
+    sep = np.flatnonzero(rows[0, :end] == ord(delimiter))
+    if sep.size != len(header) - 1:
+        return None
+    if not bool((rows[:, sep] == ord(delimiter)).all()):
+        return None
+    if int(np.count_nonzero(buf == ord(delimiter))) != n * sep.size:
+        return None
+    starts = np.concatenate(([0], sep + 1))
+    stops = np.concatenate((sep, [end]))
+    return {name: rows[:, starts[j] : stops[j]] for name in wanted for j in [header.index(name)]}
 
 
 def _batches(
-    path: Path, skip: int, delimiter: str, columns: list[str], block_bytes: int
-) -> Iterator[pa.RecordBatch]:
-    try:
-        reader = pacsv.open_csv(
-            path,
-            read_options=pacsv.ReadOptions(skip_rows=skip, block_size=block_bytes),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter),
-            convert_options=pacsv.ConvertOptions(
-                include_columns=columns,
-                column_types={c: pa.string() for c in columns},
-                strings_can_be_null=False,
-            ),
-        )
-        yield from reader
-    except pa.ArrowInvalid as exc:
-        text = str(exc)
-        detail = (
-            "a row has more or fewer fields than the header"
-            if "columns" in text
-            else (
-                "the file is not UTF-8 text"
-                if "UTF8" in text or "utf8" in text.lower()
-                else "malformed CSV"
+    path: Path,
+    offset: int,
+    header: list[str],
+    delimiter: str,
+    columns: list[str],
+    block_bytes: int,
+) -> Iterator[dict[str, _Codes]]:
+    """The wanted columns of the data rows, a chunk at a time: byte matrices where the
+    chunk's rows share one layout, else string arrays from the CSV parser."""
+    head = delimiter.join(header).encode() + b"\n"
+    for chunk in _chunks(path, offset, block_bytes):
+        fixed = _fixed_width(chunk, header, delimiter, columns)
+        if fixed is not None:
+            yield fixed
+            continue
+        try:
+            table = pacsv.read_csv(
+                pa.py_buffer(head + chunk),
+                read_options=pacsv.ReadOptions(use_threads=False),
+                parse_options=pacsv.ParseOptions(delimiter=delimiter),
+                convert_options=pacsv.ConvertOptions(
+                    include_columns=columns,
+                    column_types={c: pa.string() for c in columns},
+                    strings_can_be_null=False,
+                ),
             )
-        )
-        raise DataError(
-            f"{path.name}: {detail}; fix the file (check delimiters and quoting)"
-        ) from None
+        except pa.ArrowInvalid as exc:
+            text = str(exc)
+            if "columns" in text:
+                detail = "a row has more or fewer fields than the header"
+            elif "utf8" in text.lower():
+                detail = "the file is not UTF-8 text"
+            else:
+                detail = "malformed CSV"
+            raise DataError(
+                f"{path.name}: {detail}; fix the file (check delimiters and quoting)"
+            ) from None
+        yield {c: table.column(c).combine_chunks() for c in columns}
 
 
 def _codes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -307,18 +372,23 @@ def _codes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _digits(
-    arr: pa.Array, widths: tuple[int, ...], bad: Callable[[int, str], DataError]
+    arr: _Codes, widths: tuple[int, ...], bad: Callable[[int, str], DataError]
 ) -> np.ndarray:
     """The decimal value of every code (int64), each of one of ``widths`` digits.
 
     ``bad(i, why)`` makes the error for row ``i`` of the batch.
     """
+    if isinstance(arr, np.ndarray):
+        n, w = arr.shape
+        if w not in widths:
+            return _raise(bad(0, f"has {w} characters, expected {_widths(widths)}"))
+        return _value(arr, bad)
     offsets, lengths, buf = _codes(arr)
     n = lengths.size
     if n == 0:
         return np.zeros(0, np.int64)
     w = widths[-1]
-    ok = np.isin(lengths, widths)
+    ok = (lengths == w) if len(widths) == 1 else (lengths >= widths[0]) & (lengths <= w)
     if not ok.all():
         i = int(np.flatnonzero(~ok)[0])
         return _raise(bad(i, f"has {int(lengths[i])} characters, expected {_widths(widths)}"))
@@ -331,12 +401,27 @@ def _digits(
         start = offsets[:-1, None] + col - (w - lengths[:, None])
         take = col >= (w - lengths[:, None])
         mat[take] = buf[start[take]]
+    return _value(mat, bad)
+
+
+def _value(mat: np.ndarray, bad: Callable[[int, str], DataError]) -> np.ndarray:
+    """The decimal value of each row of an ``(n, w)`` matrix of ASCII digits (int64)."""
+    n, w = mat.shape
+    if w == 0:
+        return np.zeros(n, np.int64)
     d = mat - np.uint8(ord("0"))  # non-digits wrap around to values above 9
-    nondigit = (d > 9).any(axis=1)
-    if nondigit.any():
-        i = int(np.flatnonzero(nondigit)[0])
+    if int(d.max()) > 9:
+        i = int(np.flatnonzero((d > 9).any(axis=1))[0])
         return _raise(bad(i, "is not all digits"))
-    return d.astype(np.int64) @ (10 ** np.arange(w - 1, -1, -1, dtype=np.int64))
+    value = d[:, 0].astype(np.int64)
+    for j in range(1, w):  # a few digit columns, each a vector operation
+        value *= 10
+        value += d[:, j]
+    return value
+
+
+def _take(arr: _Codes, keep: np.ndarray) -> _Codes:
+    return arr[keep] if isinstance(arr, np.ndarray) else arr.take(pa.array(keep))
 
 
 def _widths(widths: tuple[int, ...]) -> str:
@@ -349,7 +434,9 @@ def _raise(err: DataError) -> np.ndarray:
     raise err
 
 
-def _text(arr: pa.Array, i: int) -> str:
+def _text(arr: _Codes, i: int) -> str:
+    if isinstance(arr, np.ndarray):
+        return arr[i].tobytes().decode("utf-8", errors="replace")
     return str(arr[i].as_py())
 
 
@@ -363,10 +450,18 @@ class _Reduced:
         self.size = 0
 
     def add(self, key: np.ndarray, cell: np.ndarray) -> None:
-        codes, blocks = pd.factorize(key, sort=False)
-        local, uniq = pd.factorize(codes.astype(np.int64) * _N_CELLS + cell, sort=False)
+        if key.size == 0:
+            return
+        low = int(key.min())
+        if int(key.max()) - low < np.iinfo(np.int64).max // _N_CELLS:
+            local, uniq = pd.factorize((key - low) * _N_CELLS + cell, sort=False)
+            blocks = uniq // _N_CELLS + low
+        else:  # geocodes too far apart to pair with a cell in one int64: number blocks first
+            codes, first = pd.factorize(key, sort=False)
+            local, uniq = pd.factorize(codes.astype(np.int64) * _N_CELLS + cell, sort=False)
+            blocks = np.asarray(first, dtype=np.int64)[uniq // _N_CELLS]
         counts = np.bincount(local, minlength=uniq.size).astype(np.int64)
-        self.keys.append(np.asarray(blocks, dtype=np.int64)[uniq // _N_CELLS])
+        self.keys.append(blocks)
         self.cells.append((uniq % _N_CELLS).astype(np.int64))
         self.counts.append(counts)
         self.size += uniq.size
@@ -381,16 +476,15 @@ class _Reduced:
                 [np.zeros(0, np.int64)],
             )
             return
-        key = np.concatenate(self.keys)
-        cell = np.concatenate(self.cells)
+        blocks, rank = np.unique(np.concatenate(self.keys), return_inverse=True)
+        pair = rank * _N_CELLS + np.concatenate(self.cells)
         count = np.concatenate(self.counts)
-        order = np.lexsort((cell, key))
-        key, cell, count = key[order], cell[order], count[order]
-        start = np.flatnonzero(
-            np.concatenate(([True], (key[1:] != key[:-1]) | (cell[1:] != cell[:-1])))
-        )
-        self.keys = [key[start]]
-        self.cells = [cell[start]]
+        order = np.argsort(pair, kind="stable")
+        pair, count = pair[order], count[order]
+        start = np.flatnonzero(np.concatenate(([True], pair[1:] != pair[:-1])))
+        pair = pair[start]
+        self.keys = [blocks[pair // _N_CELLS]]
+        self.cells = [pair % _N_CELLS]
         self.counts = [np.add.reduceat(count, start) if count.size else count]
         self.size = start.size
 
@@ -420,28 +514,25 @@ def read_ppmf(path: str | Path, *, block_bytes: int = _BLOCK_BYTES) -> PPMFHisto
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file; check the PPMF path")
-    skip, delimiter, header = _sniff(path)
+    offset, delimiter, header = _sniff(path)
     layout, names, attrs = _layout(header, path)
     columns = list(dict.fromkeys(names.values()))
     reduced = _Reduced()
     row0 = 0  # data rows before the current batch
     blank_total = 0
-    for batch in _batches(path, skip, delimiter, columns, block_bytes):
-        n = batch.num_rows
-        arrays = {
-            canonical: batch.column(batch.schema.get_field_index(col))
-            for canonical, col in names.items()
-        }
+    source = (path, offset, header, delimiter)
+    for batch in _batches(*source, columns, block_bytes):
+        arrays = {canonical: batch[col] for canonical, col in names.items()}
+        n = len(next(iter(arrays.values())))  # rows of the chunk (matrix rows or strings)
         blank = np.ones(n, dtype=bool)
         for a in arrays.values():
-            blank &= _codes(a)[1] == 0
+            blank &= (a.shape[1] == 0) if isinstance(a, np.ndarray) else (_codes(a)[1] == 0)
+        rows = None
         if blank.any():
             keep = np.flatnonzero(~blank)
             blank_total += int(blank.sum())
             rows = row0 + keep
-            arrays = {k: v.take(pa.array(keep)) for k, v in arrays.items()}
-        else:
-            rows = None
+            arrays = {k: _take(v, keep) for k, v in arrays.items()}
         key, cell = _reduce_batch(arrays, attrs, names, path, row0, rows)
         reduced.add(key, cell)
         row0 += n
@@ -450,16 +541,16 @@ def read_ppmf(path: str | Path, *, block_bytes: int = _BLOCK_BYTES) -> PPMFHisto
     if keys.size == 0:
         raise DataError(f"{path.name}: a header but no persons; the file holds no rows")
     persons = row0 - blank_total
-    h, block_of_key = _hierarchy(keys, path, skip, delimiter, names, block_bytes)
-    block = block_of_key
-    order = np.lexsort((cells, block))
-    return PPMFHistogram(
-        h, block[order], cells[order], counts[order], persons, blank_total, layout, path
-    )
+    block, h = _hierarchy(keys, source, names, block_bytes)
+    # canonical leaf order is geocode order, so the compacted triples are already sorted
+    if not bool(np.all((np.diff(block) > 0) | ((np.diff(block) == 0) & (np.diff(cells) > 0)))):
+        order = np.lexsort((cells, block))
+        block, cells, counts = block[order], cells[order], counts[order]
+    return PPMFHistogram(h, block, cells, counts, persons, blank_total, layout, path)
 
 
 def _reduce_batch(
-    arrays: dict[str, pa.Array],
+    arrays: dict[str, _Codes],
     attrs: tuple[_Attr, ...],
     names: dict[str, str],
     path: Path,
@@ -542,14 +633,12 @@ def _padded(v: np.ndarray, width: int) -> np.ndarray:
 
 def _hierarchy(
     keys: np.ndarray,
-    path: Path,
-    skip: int,
-    delimiter: str,
+    source: tuple[Path, int, list[str], str],
     names: dict[str, str],
     block_bytes: int,
-) -> tuple[Hierarchy, np.ndarray]:
-    """The block hierarchy of the non-empty blocks, and the leaf index of each entry of
-    ``keys`` (geocode16 = state, county, tract, block group, block)."""
+) -> tuple[np.ndarray, Hierarchy]:
+    """The leaf index of each entry of ``keys`` (geocode16 = state, county, tract, block
+    group, block), and the block hierarchy of the non-empty blocks."""
     uniq, inverse = np.unique(keys, return_inverse=True)
     parts = _split(uniq)
     geoid15 = (
@@ -557,7 +646,7 @@ def _hierarchy(
     ) * 10**4 + parts["TABBLK"]
     dup = np.flatnonzero(pd.Series(geoid15).duplicated(keep=False).to_numpy())
     if dup.size:
-        _two_block_groups(int(geoid15[dup[0]]), path, skip, delimiter, names, block_bytes)
+        _two_block_groups(int(geoid15[dup[0]]), source, names, block_bytes)
     st = _padded(parts["TABBLKST"], 2)
     county = np.strings.add(st, _padded(parts["TABBLKCOU"], 3))
     tract = np.strings.add(county, _padded(parts["TABTRACT"], 6))
@@ -567,22 +656,36 @@ def _hierarchy(
         {"state": st, "county": county, "tract": tract, "block_group": bg, "block": block}
     )
     h, leaf_row = from_columns(
-        frame, [(n, n) for n in LEVELS[1:]], root_name=LEVELS[0], root_code="US", source=path.name
+        frame,
+        [(n, n) for n in LEVELS[1:]],
+        root_name=LEVELS[0],
+        root_code="US",
+        source=source[0].name,
     )
     leaf_of_row = np.empty(uniq.size, dtype=np.int64)
     leaf_of_row[leaf_row] = np.arange(uniq.size, dtype=np.int64)
-    return h, leaf_of_row[inverse]
+    return leaf_of_row[inverse], h
+
+
+def _strings(arr: _Codes) -> np.ndarray:
+    if isinstance(arr, np.ndarray):
+        return np.array([r.tobytes().decode("utf-8", errors="replace") for r in arr], dtype=object)
+    return np.asarray(arr.to_pylist(), dtype=object)
 
 
 def _two_block_groups(
-    geoid15: int, path: Path, skip: int, delimiter: str, names: dict[str, str], block_bytes: int
+    geoid15: int,
+    source: tuple[Path, int, list[str], str],
+    names: dict[str, str],
+    block_bytes: int,
 ) -> None:
     """Find the rows of a block found under two block groups (a second pass: errors only)."""
     geo = {g[0]: names[g[0]] for g in GEOGRAPHY}
     first: tuple[int, str] | None = None
     row0 = 0
-    for batch in _batches(path, skip, delimiter, list(geo.values()), block_bytes):
-        cols = {k: np.asarray(batch.column(v).to_pylist(), dtype=object) for k, v in geo.items()}
+    path = source[0]
+    for batch in _batches(*source, list(geo.values()), block_bytes):
+        cols = {k: _strings(batch[v]) for k, v in geo.items()}
         g15 = np.char.add(
             np.char.add(
                 np.char.add(cols["TABBLKST"].astype(str), cols["TABBLKCOU"].astype(str)),
@@ -602,5 +705,5 @@ def _two_block_groups(
                     f"{first[1]!r} in data row {first[0]}; a block lies in one block group "
                     "(the first digit of its number): correct TABBLKGRP or TABBLK"
                 )
-        row0 += batch.num_rows
+        row0 += cols["TABBLK"].size
     raise AssertionError("a block under two block groups was found but not located")

@@ -240,3 +240,23 @@ def test_messages_never_contain_counts(tmp_path: Path) -> None:
         read_ppmf(_write(frame, tmp_path / "c.csv"))
     # the only numbers are the row, the code and the documented valid range
     assert "count" not in str(err.value).lower()
+
+
+def test_rows_of_different_layouts_read_the_same(tmp_path: Path) -> None:
+    """Rows of unequal width (a VINTAGE of varying length, quoted fields) go through the CSV
+    parser; the histogram is the same."""
+    frame = _persons(np.random.default_rng(6), 600)
+    frame["VINTAGE"] = np.where(np.arange(600) % 7 == 0, "2021-04-28 eps 12.2", "x")
+    got = read_ppmf(_write(frame, tmp_path / "v.csv"), block_bytes=1 << 11)
+    quoted = tmp_path / "q.csv"
+    frame.to_csv(quoted, index=False, quoting=1)  # csv.QUOTE_ALL
+    for result in (got, read_ppmf(quoted, block_bytes=1 << 11)):
+        assert result.count.tolist() == _expected(frame).to_numpy().tolist()
+
+
+def test_a_code_too_short_on_every_row_is_refused(tmp_path: Path) -> None:
+    frame = _persons(np.random.default_rng(7), 30)
+    frame["TABBLKST"] = frame["TABBLKST"].str.lstrip("0")  # '06' → '6' on every row
+    frame = frame[frame.TABBLKST == "6"]
+    with pytest.raises(DataError, match=r"data row 1, column 'TABBLKST': geocode '6' has 1 char"):
+        read_ppmf(_write(frame, tmp_path / "s.csv"))
