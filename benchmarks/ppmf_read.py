@@ -2,9 +2,12 @@
 
 Writes a synthetic PPMF of ``--rows`` persons (the 2021-04-28 layout: VINTAGE, TABBLKST,
 TABBLKCOU, TABTRACT, TABBLKGRP, TABBLK, RTYPE, GQTYPE_PL, VOTING_AGE, CENHISP, CENRACE;
-sorted by block as the Bureau's files are, about 28 persons per block as in 2010, attributes
-drawn uniformly over the schema so that the number of non-empty block × cell pairs is large)
-to a temporary file, a chunk of rows at a time, then reads it and prints one JSON object:
+sorted by block as the Bureau's files are, about 28 persons per block as in 2010) to a
+temporary file, a chunk of rows at a time, then reads it and prints one JSON object. Each
+person's cell is drawn from the national 2020 shares of the 2,016 ``pl94`` cells
+(:func:`~censusdp.hierarchy.synthetic.pl94_cell_shares`, ``--cells national``, the default)
+or uniformly over them (``--cells uniform``: nearly every person its own block × cell pair,
+the reader's worst case). Output:
 
 - ``rows``, ``file_mb``, ``blocks``, ``nonzero_cells``;
 - ``seconds`` (wall) and ``cpu_seconds`` of the read alone (the write is timed apart as
@@ -15,7 +18,8 @@ to a temporary file, a chunk of rows at a time, then reads it and prints one JSO
 
 Goal (issue 16): ≤ 2 GB and ≥ 2 million rows/s on 20 million rows.
 
-Usage: ``python benchmarks/ppmf_read.py [--rows N] [--seed S] [--keep PATH]``.
+Usage: ``python benchmarks/ppmf_read.py [--rows N] [--cells national|uniform] [--seed S]
+[--keep PATH]``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from censusdp.hierarchy.synthetic import PL94_SHAPE, pl94_cell_shares
 from censusdp.pipelines.ppmf import read_ppmf
 from censusdp.rng import KeyedRNG
 
@@ -57,8 +62,9 @@ def _digits(v: np.ndarray, width: int) -> np.ndarray:
     return ((v[:, None] // p) % 10 + ord("0")).astype(np.uint8)
 
 
-def _rows(first: int, n: int, gen: np.random.Generator) -> bytes:
-    """Rows ``first … first + n − 1`` of the synthetic file as fixed-width CSV bytes."""
+def _rows(first: int, n: int, gen: np.random.Generator, cdf: np.ndarray | None) -> bytes:
+    """Rows ``first … first + n − 1`` of the synthetic file as fixed-width CSV bytes; cells
+    from the cumulative shares ``cdf`` (None: uniform)."""
     person = np.arange(first, first + n, dtype=np.int64)
     b = person // PERSONS_PER_BLOCK
     state = 1 + b // 300_000
@@ -66,7 +72,11 @@ def _rows(first: int, n: int, gen: np.random.Generator) -> bytes:
     tract = 100 + (b // 150) % 900_000
     bg = 1 + (b // 50) % 3
     block = bg * 1000 + b % 50
-    gq = np.where(gen.random(n) < 0.97, 0, gen.integers(1, 8, n))
+    if cdf is None:
+        cell = gen.integers(0, 2016, n)
+    else:
+        cell = np.minimum(np.searchsorted(cdf, gen.random(n), side="right"), 2015)
+    gq, va, hisp, race = np.unravel_index(cell, PL94_SHAPE)
     fields = [
         np.frombuffer(b"20210428", np.uint8)[None, :].repeat(n, 0),
         _digits(state, 2),
@@ -76,9 +86,9 @@ def _rows(first: int, n: int, gen: np.random.Generator) -> bytes:
         _digits(block, 4),
         _digits(np.where(gq == 0, 3, 5), 1),
         _digits(gq, 1),
-        _digits(gen.integers(1, 3, n), 1),
-        _digits(gen.integers(1, 3, n), 1),
-        _digits(gen.integers(1, 64, n), 2),
+        _digits(va + 1, 1),
+        _digits(hisp + 1, 1),
+        _digits(race + 1, 2),
     ]
     parts = []
     for f in fields:
@@ -87,25 +97,27 @@ def _rows(first: int, n: int, gen: np.random.Generator) -> bytes:
     return np.hstack(parts).tobytes()
 
 
-def write_ppmf(path: Path, rows: int, seed: int) -> None:
+def write_ppmf(path: Path, rows: int, seed: int, cells: str = "national") -> None:
     """The synthetic PPMF of ``rows`` persons, written a chunk at a time."""
     rng = KeyedRNG.reproducible(seed, warn=False).child("benchmark_ppmf")
+    cdf = np.cumsum(pl94_cell_shares().ravel()) if cells == "national" else None
     with path.open("wb") as f:
         f.write(HEADER)
         for i, first in enumerate(range(0, rows, CHUNK_ROWS)):
-            f.write(_rows(first, min(CHUNK_ROWS, rows - first), rng.generator("rows", i)))
+            f.write(_rows(first, min(CHUNK_ROWS, rows - first), rng.generator("rows", i), cdf))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=20_000_000)
+    ap.add_argument("--cells", choices=("national", "uniform"), default="national")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, default=None, help="write the file here and keep it")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.keep or Path(tmp) / "ppmf.csv"
         t0 = time.perf_counter()
-        write_ppmf(path, args.rows, args.seed)
+        write_ppmf(path, args.rows, args.seed, args.cells)
         write_s = time.perf_counter() - t0
         print(f"wrote {args.rows:,} rows in {write_s:.1f} s", file=sys.stderr)
         _peak_mb(reset=True)
@@ -115,6 +127,7 @@ def main() -> None:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         out = {
             "rows": args.rows,
+            "cells": args.cells,
             "file_mb": round(os.path.getsize(path) / 2**20, 1),
             "blocks": int(got.hierarchy.leaves.size),
             "nonzero_cells": int(got.count.size),

@@ -311,7 +311,7 @@ def _fixed_width(
         return None
     if not bool((rows[:, sep] == ord(delimiter)).all()):
         return None
-    if int(np.count_nonzero(buf == ord(delimiter))) != n * sep.size:
+    if chunk.count(delimiter.encode()) != n * sep.size:
         return None
     starts = np.concatenate(([0], sep + 1))
     stops = np.concatenate((sep, [end]))
@@ -441,52 +441,70 @@ def _text(arr: _Codes, i: int) -> str:
 
 
 class _Reduced:
-    """Per-block partial (block key, cell, count) triples, merged when they grow."""
+    """Per-chunk (block key, cell, count) triples, each chunk's sorted by key then cell.
+
+    A PPMF is sorted by block, so chunks hold (almost) disjoint runs of blocks and merging
+    them is a concatenation; the merge sorts (stably, on nearly sorted data) only what a file
+    out of order needs. Partial results are merged when they reach twice the size of the
+    last merge, so an unsorted file costs O(N log N) over all, and a sorted one no repeated
+    work.
+    """
 
     def __init__(self) -> None:
         self.keys: list[np.ndarray] = []
         self.cells: list[np.ndarray] = []
         self.counts: list[np.ndarray] = []
         self.size = 0
+        self.merged = 0
 
     def add(self, key: np.ndarray, cell: np.ndarray) -> None:
         if key.size == 0:
             return
         low = int(key.min())
         if int(key.max()) - low < np.iinfo(np.int64).max // _N_CELLS:
-            local, uniq = pd.factorize((key - low) * _N_CELLS + cell, sort=False)
+            uniq, counts = np.unique((key - low) * _N_CELLS + cell, return_counts=True)
             blocks = uniq // _N_CELLS + low
-        else:  # geocodes too far apart to pair with a cell in one int64: number blocks first
-            codes, first = pd.factorize(key, sort=False)
-            local, uniq = pd.factorize(codes.astype(np.int64) * _N_CELLS + cell, sort=False)
-            blocks = np.asarray(first, dtype=np.int64)[uniq // _N_CELLS]
-        counts = np.bincount(local, minlength=uniq.size).astype(np.int64)
+        else:  # geocodes too far apart to pair with a cell in one int64: rank blocks first
+            first, rank = np.unique(key, return_inverse=True)
+            uniq, counts = np.unique(rank * _N_CELLS + cell, return_counts=True)
+            blocks = first[uniq // _N_CELLS]
         self.keys.append(blocks)
-        self.cells.append((uniq % _N_CELLS).astype(np.int64))
-        self.counts.append(counts)
+        self.cells.append((uniq % _N_CELLS).astype(np.int16))
+        self.counts.append(counts.astype(np.int64))
         self.size += uniq.size
-        if self.size > _COMPACT_AT and len(self.keys) > 1:
+        if self.size > 2 * self.merged + _COMPACT_AT and len(self.keys) > 1:
             self.compact()
 
-    def compact(self) -> None:
+    def compact(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Merge into one sorted run of distinct (key, cell); returns it."""
         if not self.keys:
-            self.keys, self.cells, self.counts = (
-                [np.zeros(0, np.int64)],
-                [np.zeros(0, np.int64)],
-                [np.zeros(0, np.int64)],
-            )
-            return
-        blocks, rank = np.unique(np.concatenate(self.keys), return_inverse=True)
-        pair = rank * _N_CELLS + np.concatenate(self.cells)
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
+        key = np.concatenate(self.keys)
+        self.keys = []
+        cell = np.concatenate(self.cells).astype(np.int64)
+        self.cells = []
         count = np.concatenate(self.counts)
-        order = np.argsort(pair, kind="stable")
-        pair, count = pair[order], count[order]
+        self.counts = []
+        new = np.concatenate(([True], key[1:] != key[:-1]))
+        if bool(np.all(key[1:] >= key[:-1])):  # blocks in file order: rank by runs
+            blocks, rank = key[new], np.cumsum(new) - 1
+        else:
+            blocks, rank = np.unique(key, return_inverse=True)
+        del key, new
+        pair = rank * _N_CELLS + cell
+        del rank, cell
+        if not bool(np.all(pair[1:] >= pair[:-1])):
+            order = np.argsort(pair, kind="stable")  # nearly sorted: close to linear
+            pair, count = pair[order], count[order]
+            del order
         start = np.flatnonzero(np.concatenate(([True], pair[1:] != pair[:-1])))
         pair = pair[start]
-        self.keys = [blocks[pair // _N_CELLS]]
-        self.cells = [pair % _N_CELLS]
-        self.counts = [np.add.reduceat(count, start) if count.size else count]
-        self.size = start.size
+        count = np.add.reduceat(count, start)
+        out = (blocks[pair // _N_CELLS], pair % _N_CELLS, count)
+        self.keys, self.cells, self.counts = [out[0]], [out[1].astype(np.int16)], [out[2]]
+        self.size = self.merged = start.size
+        return out
 
 
 def read_ppmf(path: str | Path, *, block_bytes: int = _BLOCK_BYTES) -> PPMFHistogram:
@@ -536,14 +554,13 @@ def read_ppmf(path: str | Path, *, block_bytes: int = _BLOCK_BYTES) -> PPMFHisto
         key, cell = _reduce_batch(arrays, attrs, names, path, row0, rows)
         reduced.add(key, cell)
         row0 += n
-    reduced.compact()
-    keys, cells, counts = reduced.keys[0], reduced.cells[0], reduced.counts[0]
+    keys, cells, counts = reduced.compact()
     if keys.size == 0:
         raise DataError(f"{path.name}: a header but no persons; the file holds no rows")
     persons = row0 - blank_total
     block, h = _hierarchy(keys, source, names, block_bytes)
     # canonical leaf order is geocode order, so the compacted triples are already sorted
-    if not bool(np.all((np.diff(block) > 0) | ((np.diff(block) == 0) & (np.diff(cells) > 0)))):
+    if not bool(np.all(block[1:] >= block[:-1])):
         order = np.lexsort((cells, block))
         block, cells, counts = block[order], cells[order], counts[order]
     return PPMFHistogram(h, block, cells, counts, persons, blank_total, layout, path)
@@ -639,7 +656,8 @@ def _hierarchy(
 ) -> tuple[np.ndarray, Hierarchy]:
     """The leaf index of each entry of ``keys`` (geocode16 = state, county, tract, block
     group, block), and the block hierarchy of the non-empty blocks."""
-    uniq, inverse = np.unique(keys, return_inverse=True)
+    new = np.concatenate(([True], keys[1:] != keys[:-1]))  # keys come sorted
+    uniq, inverse = keys[new], np.cumsum(new) - 1
     parts = _split(uniq)
     geoid15 = (
         (parts["TABBLKST"] * 1000 + parts["TABBLKCOU"]) * 10**6 + parts["TABTRACT"]
