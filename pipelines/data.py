@@ -18,7 +18,8 @@ import pandas as pd
 
 from censusdp.config import RunSpec
 from censusdp.errors import DataError, SpecError
-from censusdp.hierarchy.builders import GISJOIN_LENGTHS, LevelSpec, from_gisjoin
+from censusdp.hierarchy import gisjoin
+from censusdp.hierarchy.builders import LevelSpec, from_gisjoin
 from censusdp.hierarchy.table import MIDWEST_CELLS, Table
 from censusdp.pipelines.nhgis import (
     CONTEXT_COLUMNS,
@@ -157,22 +158,6 @@ def _width_error(path: Path, row: int, column: str, code: str, width: int) -> Da
     )
 
 
-def _check_gisjoin_widths(batch: BatchFile, level: str, path: Path) -> None:
-    """Refuse GISJOIN codes of the wrong width for the leaf level (a lost leading zero)."""
-    width = GISJOIN_LENGTHS[level]
-    lengths = np.strings.str_len(np.asarray(batch.gisjoin, dtype=str))
-    bad = np.flatnonzero(lengths != width)
-    if bad.size:
-        i = int(bad[0])
-        column = batch.gisjoin_column
-        raise DataError(
-            f"{path.name}, data row {int(batch.unit_rows[i]) + 1}, column {column!r}: GISJOIN "
-            f"{str(batch.gisjoin[i])!r} has {int(lengths[i])} characters, a {level} GISJOIN has "
-            f"{width} ('G' + 2-digit state FIPS + '0' ...); a leading zero was probably lost "
-            "(codes read as numbers): read the codes as text and check their widths"
-        )
-
-
 def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
     """The run's confidential table; ``data`` overrides ``[data] path``.
 
@@ -212,14 +197,20 @@ def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
             encoding=spec.data.encoding,
         )
         below = levels[1:]
-        unknown = [lv for lv in below if lv not in GISJOIN_LENGTHS]
-        if unknown:
-            raise SpecError(
-                f"{spec.source}: GISJOIN levels must be among {sorted(GISJOIN_LENGTHS)}, got {unknown}"
-            )
-        _check_gisjoin_widths(batch, below[-1], path)
+        layouts = gisjoin.check_hierarchy_levels(below, f"{spec.source}: hierarchy.levels")
+        gisjoin.parse(
+            batch.gisjoin,
+            below[-1],
+            source=path.name,
+            rows=batch.unit_rows,
+            column=batch.gisjoin_column,
+        )
         h, leaf_row = from_gisjoin(
-            batch.gisjoin, below, root_name=levels[0], root_code="root", source=path.name
+            batch.gisjoin,
+            [(lv, lay.length) for lv, lay in zip(below, layouts, strict=True)],
+            root_name=levels[0],
+            root_code="root",
+            source=path.name,
         )
         return RunData(Table(h, tuple(batch.cells), batch.truth[leaf_row]), source, batch, leaf_row)
     return RunData(_file_table(spec, path), source)
