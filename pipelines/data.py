@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from censusdp.config import RunSpec
+from censusdp.config import CodeSpec, RunSpec
 from censusdp.errors import DataError, SpecError
 from censusdp.hierarchy import gisjoin
 from censusdp.hierarchy.builders import LevelSpec, from_gisjoin
+from censusdp.hierarchy.core import STRING_DTYPE
 from censusdp.hierarchy.table import MIDWEST_CELLS, Table
 from censusdp.pipelines.nhgis import (
     CONTEXT_COLUMNS,
@@ -98,12 +99,24 @@ def _file_table(spec: RunSpec, path: Path) -> Table:
                 f"{path.name}: no rows of version {spec.data.truth!r} in column {col!r}"
             )
     levels = []
+    sources: list[str] = []
     for name in spec.hierarchy.levels[1:]:
         code = spec.hierarchy.codes.get(name)
         if code is None:
             raise SpecError(f"{spec.source}: [hierarchy] codes has no entry for level {name!r}")
-        levels.append(LevelSpec(name, code.column, code.prefix))
-    identifiers = [lv.column for lv in levels]
+        column = code.column
+        if code.columns:
+            column = f"{name}:{code.column}"  # a new column: the inputs stay as read
+            if column in df.columns:
+                raise DataError(
+                    f"{path.name}: the joined code of level {name!r} would be named "
+                    f"{column!r}, which is already a column; rename that column"
+                )
+            df[column] = _joined_codes(df, code, name, path)
+            sources.extend(code.columns)
+        levels.append(LevelSpec(name, column, code.prefix))
+    _check_joined_nesting(df, levels, spec, path)
+    identifiers = [lv.column for lv in levels] + sources
     identifiers += [c for c in df.columns if str(c).lower() in CONTEXT_COLUMNS]
     if spec.data.version_column:
         identifiers.append(spec.data.version_column)
@@ -113,6 +126,85 @@ def _file_table(spec: RunSpec, path: Path) -> Table:
     return Table.from_frame(
         df, levels, cells, source=path.name, root_name=spec.hierarchy.levels[0], root_code="root"
     )
+
+
+def _joined_codes(df: pd.DataFrame, code: CodeSpec, level: str, path: Path) -> pd.Series:
+    """A level's codes joined from several columns, each zero-padded to its width (declared,
+    or the column's widest value), so ``"1"`` + ``"1"`` is the county ``"01001"`` whatever
+    the reader did to the leading zeros.
+
+    Raises
+    ------
+    DataError
+        A missing column or code, or a code longer than its declared width (file, data row,
+        column and level named).
+    """
+    parts = []
+    widths = code.widths or (None,) * len(code.columns)
+    for column, declared in zip(code.columns, widths, strict=True):
+        if column not in df.columns:
+            raise DataError(
+                f"{path.name}: no column {column!r} for level {level!r} (joined from "
+                f"{list(code.columns)}); the columns are {list(df.columns)[:30]}"
+            )
+        values = df[column]
+        missing = values.isna().to_numpy().copy()
+        if values.dtype.kind in "iu":
+            text = values.astype(str)
+        else:
+            text = values.astype("string").str.strip()
+            missing |= (text == "").fillna(True).to_numpy(dtype=bool)
+            if values.dtype.kind == "f":
+                raise DataError(
+                    f"{path.name}: column {column!r} (level {level!r}) holds decimal numbers; "
+                    "codes must be read as text or integers"
+                )
+        if missing.any():
+            r = int(np.flatnonzero(missing)[0])
+            raise DataError(
+                f"{path.name}, data row {r + 1}, column {column!r}: missing code for level "
+                f"{level!r}; every row needs a code at every level"
+            )
+        length = text.str.len().to_numpy()
+        width = int(length.max()) if declared is None else declared
+        long = np.flatnonzero(length > width)
+        if long.size:
+            r = int(long[0])
+            raise DataError(
+                f"{path.name}, data row {r + 1}, column {column!r}: code {text.iloc[r]!r} of "
+                f"level {level!r} has {int(length[r])} characters, more than the declared "
+                f"width {width}; fix the code or the width in [hierarchy] codes"
+            )
+        parts.append(text.str.zfill(width))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out.astype(object)
+
+
+def _check_joined_nesting(
+    df: pd.DataFrame, levels: Sequence[LevelSpec], spec: RunSpec, path: Path
+) -> None:
+    """A joined code must extend its parent level's code (a county ``"01001"`` extends its
+    state ``"01"``); otherwise its columns are listed in the wrong order or miss the
+    parent's."""
+    for above, below in zip(levels, levels[1:], strict=False):
+        code = spec.hierarchy.codes[below.name]
+        if not code.columns or above.column not in df.columns:
+            continue
+        parent = df[above.column].astype("string")
+        if above.prefix is not None:
+            parent = parent.str.slice(0, above.prefix)
+        child = np.asarray(df[below.column].to_numpy(dtype=str), dtype=STRING_DTYPE)
+        ok = np.strings.startswith(child, np.asarray(parent.to_numpy(dtype=str), STRING_DTYPE))
+        if not ok.all():
+            r = int(np.flatnonzero(~ok)[0])
+            raise DataError(
+                f"{path.name}, data row {r + 1}, columns {list(code.columns)}: the code "
+                f"{str(child[r])!r} of level {below.name!r} does not extend the code "
+                f"{str(parent.iloc[r])!r} of level {above.name!r} (column {above.column!r}); "
+                "list the parent's columns first in [hierarchy] codes"
+            )
 
 
 def _refuse_code_cells(patterns: Sequence[str], identifiers: Sequence[str], path: Path) -> None:
