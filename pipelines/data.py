@@ -41,14 +41,19 @@ class Source:
     Attributes
     ----------
     file : bool
-        It reads a file: ``[data] path`` (or ``--data``) and the cell columns are required.
+        It reads a file: ``[data] path`` (or ``--data``) and, unless ``schema`` gives them,
+        the cell columns are required.
     codes : bool
         Its levels are read from code columns: ``[hierarchy] codes`` names one for every
         level below the root.
+    schema : str or None
+        The histogram schema its cells come from (``ppmf``: ``pl94``), so ``[data] cells``
+        is optional (default: every cell of the schema).
     """
 
     file: bool
     codes: bool
+    schema: str | None = None
 
 
 #: Every ``[data] source`` a spec can name; :func:`load_data` reads each.
@@ -56,6 +61,7 @@ SOURCES: Registry[Source] = Registry("data source")
 SOURCES.add("csv", Source(file=True, codes=True))
 SOURCES.add("parquet", Source(file=True, codes=True))
 SOURCES.add("nhgis", Source(file=True, codes=False))  # levels from GISJOIN codes
+SOURCES.add("ppmf", Source(file=True, codes=False, schema="pl94"))  # persons → blocks × pl94
 SOURCES.add("midwest", Source(file=False, codes=False))
 SOURCES.add("synthetic", Source(file=False, codes=False))
 
@@ -280,6 +286,8 @@ def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
         raise SpecError(
             f"{spec.source}: [data] path is required for source {source!r} (or pass --data)"
         )
+    if source == "ppmf":
+        return RunData(_ppmf_table(spec, path), source)
     if source == "nhgis":
         batch = read_batch(
             path,
@@ -306,6 +314,21 @@ def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
         )
         return RunData(Table(h, tuple(batch.cells), batch.truth[leaf_row]), source, batch, leaf_row)
     return RunData(_file_table(spec, path), source)
+
+
+def _ppmf_table(spec: RunSpec, path: Path) -> Table:
+    """A PPMF's block × ``pl94`` table (dense: 2,016 int64 per block, 16 KB; a county of a
+    few thousand blocks is tens of MB, a large state several GB — for those, use
+    :func:`censusdp.pipelines.ppmf.read_ppmf`'s sparse histogram partition by partition)."""
+    from censusdp.pipelines.ppmf import read_ppmf
+
+    got = read_ppmf(path)
+    n = got.hierarchy.leaves.size
+    table = Table(got.hierarchy, got.schema.cells, got.dense().reshape(n, -1))
+    table = _renamed(table, spec.hierarchy.levels)
+    if spec.data.cells:
+        table = table.subset_cells(list(spec.data.cells))
+    return table
 
 
 def _renamed(table: Table, levels: tuple[str, ...]) -> Table:

@@ -260,3 +260,66 @@ def test_a_code_too_short_on_every_row_is_refused(tmp_path: Path) -> None:
     frame = frame[frame.TABBLKST == "6"]
     with pytest.raises(DataError, match=r"data row 1, column 'TABBLKST': geocode '6' has 1 char"):
         read_ppmf(_write(frame, tmp_path / "s.csv"))
+
+
+PPMF_SPEC = """
+[data]
+source = "ppmf"
+path = "{path}"
+
+[hierarchy]
+levels = ["nation", "state", "county", "tract", "block_group", "block"]
+
+[privacy]
+accounting = "zcdp"
+rho = 1.0
+level_shares = {{ county = 0.5, block = 0.5 }}
+
+[queries]
+county = ["total"]
+block = ["detailed"]
+
+[invariants]
+nation = "total"
+
+[mechanism]
+noise = "discrete_gaussian"
+
+[estimators]
+run = ["gls"]
+integer = "round"
+
+[run]
+seed = 3
+"""
+
+
+def test_ppmf_source_loads_the_block_table(tmp_path: Path) -> None:
+    from censusdp.pipelines.data import load_data
+    from censusdp.pipelines.specs import load_spec
+
+    frame = _persons(np.random.default_rng(11), 300)
+    path = _write(frame, tmp_path / "p.csv")
+    (tmp_path / "s.toml").write_text(PPMF_SPEC.format(path=path))
+    spec = load_spec(tmp_path / "s.toml")  # no data.cells: the pl94 schema gives them
+    table = load_data(spec).table
+    got = read_ppmf(path)
+    assert table.cells[0] == "Household_Under 18 years_Not Hispanic or Latino_White alone"
+    assert len(table.cells) == 2016 and table.hierarchy.names == LEVELS
+    assert (table.leaf_counts == got.dense().reshape(-1, 2016)).all()
+
+
+@pytest.mark.slow  # dense GLS over 2,016 cells: about 30 s on a shared machine
+def test_privatize_run_on_a_ppmf_keeps_the_invariant(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from censusdp.pipelines.runner import run_spec
+    from censusdp.pipelines.specs import load_spec
+
+    frame = _persons(np.random.default_rng(12), 200)
+    path = _write(frame, tmp_path / "p.csv")
+    (tmp_path / "s.toml").write_text(PPMF_SPEC.format(path=path))
+    run_spec(load_spec(tmp_path / "s.toml"), out=tmp_path / "out", progress=False)
+    est = pd.read_parquet(tmp_path / "out" / "release" / "estimates.parquet")
+    nation = est[(est.level == "nation")]["value"].sum()
+    assert nation == len(frame)
