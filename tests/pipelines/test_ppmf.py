@@ -323,3 +323,27 @@ def test_privatize_run_on_a_ppmf_keeps_the_invariant(tmp_path: Path) -> None:
     est = pd.read_parquet(tmp_path / "out" / "release" / "estimates.parquet")
     nation = est[(est.level == "nation")]["value"].sum()
     assert nation == len(frame)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "words"),
+    [
+        ("TABTRACT", "20100", ["data row 4", "column 'TABTRACT'", "'20100'", "6 digits"]),
+        ("CENRACE", "70", ["data row 4", "column 'CENRACE'", "'70'", "outside the pl94 schema"]),
+    ],
+)
+def test_cli_run_on_a_malformed_ppmf_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], column: str, value: str, words: list[str]
+) -> None:
+    from censusdp.cli import main
+
+    frame = _persons(np.random.default_rng(13), 30)
+    frame.loc[3, column] = value
+    path = _write(frame, tmp_path / "ppmf.csv")
+    (tmp_path / "s.toml").write_text(PPMF_SPEC.format(path=path))
+    out = tmp_path / "out"
+    code = main(["run", str(tmp_path / "s.toml"), "--out", str(out), "--seed", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "ppmf.csv" in err and all(w in err for w in words), err
+    assert "Traceback" not in err and not out.exists()
