@@ -22,9 +22,12 @@ Two layouts of the person attributes are recognised from the header:
   non-institutional, type 7, as in the DAS recode), and the age ``QAGE`` (0–115; voting age
   is ``QAGE ≥ 18``), with ``CENHISP`` and ``CENRACE`` as above.
 
-The file is streamed in blocks of bytes (pyarrow's CSV streaming reader) and each block is
+The file is streamed in chunks of about 64 MB that end at a line end, and each chunk is
 reduced at once to its (block, cell, count) triples, so memory is bounded by the size of the
-result (the non-empty block × cell pairs), never by the number of persons. Comma- and
+result (the non-empty block × cell pairs), never by the number of persons. Every row of a
+PPMF has the same layout (fixed-width codes), so a chunk whose rows all share one is cut
+straight from its bytes as a ``(rows, width)`` matrix per column; any other chunk (quoted
+fields, rows of different widths, a malformed row) goes through pyarrow's CSV parser. Comma- and
 pipe-separated files are read, and leading ``#`` comment lines (as in the DAS's MDFs) are
 skipped; a row whose fields are all empty is skipped and counted.
 
@@ -87,9 +90,9 @@ _SHAPE = (8, 2, 2, 63)
 _N_CELLS = 8 * 2 * 2 * 63
 #: A column of one chunk: an ``(n, width)`` byte matrix (rows of one layout) or strings.
 _Codes = np.ndarray | pa.Array
-#: Rows read per block of the streaming reader (about 64 MB of a PPMF per block).
+#: Bytes of the file read per chunk (about 1.6 million PPMF rows).
 _BLOCK_BYTES = 64 << 20
-#: Merge the per-block partial results once they hold this many triples.
+#: Merge the per-chunk partial results when they pass twice the last merge plus this many.
 _COMPACT_AT = 8_000_000
 
 
@@ -405,7 +408,8 @@ def _digits(
 
 
 def _value(mat: np.ndarray, bad: Callable[[int, str], DataError]) -> np.ndarray:
-    """The decimal value of each row of an ``(n, w)`` matrix of ASCII digits (int64)."""
+    """The decimal value of each row of an ``(n, w)`` matrix of ASCII digits (int32 for the
+    code widths of a PPMF, w ≤ 9; int64 beyond)."""
     n, w = mat.shape
     if w == 0:
         return np.zeros(n, np.int64)
@@ -413,7 +417,7 @@ def _value(mat: np.ndarray, bad: Callable[[int, str], DataError]) -> np.ndarray:
     if int(d.max()) > 9:
         i = int(np.flatnonzero((d > 9).any(axis=1))[0])
         return _raise(bad(i, "is not all digits"))
-    value = d[:, 0].astype(np.int64)
+    value = d[:, 0].astype(np.int32 if w <= 9 else np.int64)
     for j in range(1, w):  # a few digit columns, each a vector operation
         value *= 10
         value += d[:, j]
@@ -594,7 +598,8 @@ def _reduce_batch(
     key = np.zeros(len(next(iter(arrays.values()))), dtype=np.int64)
     for canonical, width, _ in GEOGRAPHY:
         v = _digits(arrays[canonical], (width,), bad_factory(canonical, "geocode"))
-        key = key * (10**width) + v
+        key *= 10**width
+        key += v
     cell = np.zeros_like(key)
     for a, size in zip(attrs, _SHAPE, strict=True):
         v = _digits(arrays[a.column], a.widths, bad_factory(a.column, "code"))
