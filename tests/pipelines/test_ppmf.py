@@ -347,3 +347,28 @@ def test_cli_run_on_a_malformed_ppmf_exits_2_and_writes_nothing(
     assert code == 2, err
     assert "ppmf.csv" in err and all(w in err for w in words), err
     assert "Traceback" not in err and not out.exists()
+
+
+def test_demonstration_layout_names_qgqtyp_and_refuses_an_age_past_115(tmp_path: Path) -> None:
+    rows = pd.DataFrame(
+        {
+            "TABBLKST": ["44", "44"],
+            "TABBLKCOU": ["007", "007"],
+            "TABTRACT": ["000100", "000100"],
+            "TABBLKGRP": ["1", "1"],
+            "TABBLK": ["1000", "1000"],
+            "QGQTYP": ["000", "301"],
+            "QAGE": ["30", "116"],
+            "CENHISP": ["1", "1"],
+            "CENRACE": ["01", "01"],
+        }
+    )
+    with pytest.raises(DataError, match=r"data row 2, column 'QAGE': code '116' is outside"):
+        read_ppmf(_write(rows, tmp_path / "q.csv"))
+    rows.loc[1, "QAGE"] = "80"
+    got = read_ppmf(_write(rows, tmp_path / "q.csv"))
+    assert got.layout == "demonstration"
+    assert got.cell.tolist() == [
+        (0 * 2 + 1) * 2 * 63,
+        (3 * 2 + 1) * 2 * 63,
+    ]  # household, nursing; adults
