@@ -271,29 +271,28 @@ def _sniff(path: Path) -> tuple[int, str, list[str]]:
     return offset, delimiter, header
 
 
-def _chunks(path: Path, offset: int, block_bytes: int) -> Iterator[bytes]:
-    """The data rows from byte ``offset`` on, in pieces of about ``block_bytes`` that end
-    at a line end (the last one given one if it lacks it)."""
-    rest = b""
+def _chunks(path: Path, offset: int, block_bytes: int) -> Iterator[bytearray]:
+    """The data rows from byte ``offset`` on, in pieces of about ``block_bytes`` completed
+    to a line end (the last one given one if it lacks it)."""
     with path.open("rb") as f:
         f.seek(offset)
         while True:
-            piece = f.read(block_bytes)
-            if not piece:
-                break
-            piece = rest + piece
-            cut = piece.rfind(b"\n") + 1
-            if cut == 0:
-                rest = piece
-                continue
-            rest = piece[cut:]
-            yield piece[:cut]
-    if rest.strip():
-        yield rest + b"\n"
+            piece = bytearray(block_bytes)
+            got = f.readinto(piece)  # straight into the buffer: no copy
+            if not got:
+                return
+            del piece[got:]
+            if not piece.endswith(b"\n"):
+                piece += f.readline()  # in place: no copy of the piece
+                if not piece.endswith(b"\n"):
+                    if not piece.strip():
+                        return
+                    piece += b"\n"
+            yield piece
 
 
 def _fixed_width(
-    chunk: bytes, header: list[str], delimiter: str, wanted: list[str]
+    chunk: bytearray, header: list[str], delimiter: str, wanted: list[str]
 ) -> dict[str, np.ndarray] | None:
     """The wanted columns of a chunk whose rows all share one layout (every PPMF row has
     the same field widths), as ``(rows, width)`` byte matrices (views of the chunk); None
@@ -339,7 +338,7 @@ def _batches(
             continue
         try:
             table = pacsv.read_csv(
-                pa.py_buffer(head + chunk),
+                pa.py_buffer(head + bytes(chunk)),
                 read_options=pacsv.ReadOptions(use_threads=False),
                 parse_options=pacsv.ParseOptions(delimiter=delimiter),
                 convert_options=pacsv.ConvertOptions(
