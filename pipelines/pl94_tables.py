@@ -47,12 +47,14 @@ import pandas as pd
 
 from censusdp.atomic import PathLike, output_dir
 from censusdp.errors import DataError
+from censusdp.hierarchy.core import Hierarchy
 from censusdp.pipelines.codebook import Codebook
 from censusdp.schema import Schema
 
 __all__ = [
     "TABLES",
     "LevelTables",
+    "level_tables",
     "pl94_codebook",
     "pl94_frames",
     "pl94_labels",
@@ -244,6 +246,55 @@ def _checked(level: str, t: LevelTables) -> tuple[np.ndarray, np.ndarray, np.nda
                 f"{pl94_codebook().columns[j]}: standard errors must be finite and non-negative"
             )
     return codes, values, se
+
+
+def level_tables(
+    hierarchy: Hierarchy,
+    block: np.ndarray,
+    cell: np.ndarray,
+    count: np.ndarray,
+    levels: Sequence[str] | None = None,
+) -> dict[str, LevelTables]:
+    """Every level's histograms from sparse leaf (block, cell, count) triples (such as
+    :class:`~censusdp.pipelines.ppmf.PPMFHistogram` or a non-negative integer release), summed
+    up the hierarchy exactly, so the tables of every level are consistent with each other.
+
+    Parameters
+    ----------
+    hierarchy : Hierarchy
+    block, cell, count : numpy.ndarray
+        int64: leaf index, flat ``pl94`` cell and count of each entry.
+    levels : sequence of str, optional
+        Levels to tabulate (default: all); each is dense, 2,016 int64 per node.
+
+    Returns
+    -------
+    dict of level → LevelTables
+        Without standard errors (the sums of a release's leaves carry the estimator's SEs,
+        which the estimator provides).
+    """
+    book = pl94_codebook()
+    n_cells = book.schema.n_cells
+    block = np.asarray(block, dtype=np.int64)
+    cell = np.asarray(cell, dtype=np.int64)
+    count = np.asarray(count, dtype=np.int64)
+    if not (block.shape == cell.shape == count.shape) or block.ndim != 1:
+        raise DataError("pl94 tables: block, cell and count must be 1-D arrays of one length")
+    n_leaves = hierarchy.leaves.size
+    if block.size and (block.min() < 0 or block.max() >= n_leaves):
+        raise DataError(f"pl94 tables: a block index is outside [0, {n_leaves})")
+    if cell.size and (cell.min() < 0 or cell.max() >= n_cells):
+        raise DataError(f"pl94 tables: a cell index is outside [0, {n_cells})")
+    out: dict[str, LevelTables] = {}
+    for level in levels if levels is not None else hierarchy.names:
+        node = hierarchy.ancestor_index(hierarchy.leaves.name, level)[block]
+        size = hierarchy[level].size
+        hist = np.zeros(size * n_cells, dtype=np.int64)
+        np.add.at(hist, node * n_cells + cell, count)  # exact int64 sums
+        out[level] = LevelTables(
+            hierarchy[level].codes.astype(object), hist.reshape((size, *book.schema.shape))
+        )
+    return out
 
 
 def pl94_frames(

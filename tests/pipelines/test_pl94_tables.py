@@ -234,3 +234,53 @@ def test_nothing_is_written_on_bad_input_or_a_foreign_directory(tmp_path: Path) 
     with pytest.raises(SpecError):
         write_pl94_tables(foreign, levels)
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+def test_tables_of_every_level_from_a_ppmf_agree_with_a_group_by(tmp_path: Path) -> None:
+    """Microdata in, tables out: P1_001N and P5_001N of every level equal pandas counts of
+    the persons, and every level's tables keep the identities."""
+    from censusdp.pipelines.pl94_tables import level_tables
+    from censusdp.pipelines.ppmf import read_ppmf
+
+    gen = np.random.default_rng(21)
+    n = 500
+    blocks = [("01", "001", "020100", "1", "1001"), ("01", "001", "020200", "1", "1002"),
+              ("01", "003", "010100", "2", "2000"), ("02", "013", "000100", "1", "1000")]  # fmt: skip
+    b = gen.integers(0, len(blocks), n)
+    gq = np.where(gen.random(n) < 0.7, 0, gen.integers(1, 8, n))
+    frame = pd.DataFrame(
+        {
+            "TABBLKST": [blocks[i][0] for i in b],
+            "TABBLKCOU": [blocks[i][1] for i in b],
+            "TABTRACT": [blocks[i][2] for i in b],
+            "TABBLKGRP": [blocks[i][3] for i in b],
+            "TABBLK": [blocks[i][4] for i in b],
+            "RTYPE": np.where(gq == 0, "3", "5"),
+            "GQTYPE_PL": gq.astype(str),
+            "VOTING_AGE": gen.integers(1, 3, n).astype(str),
+            "CENHISP": gen.integers(1, 3, n).astype(str),
+            "CENRACE": [f"{v:02d}" for v in gen.integers(1, 64, n)],
+        }
+    )
+    frame.to_csv(tmp_path / "p.csv", index=False)
+    got = read_ppmf(tmp_path / "p.csv")
+    tables = level_tables(got.hierarchy, got.block, got.cell, got.count)
+    county = frame.TABBLKST + frame.TABBLKCOU
+    for level, key in (("nation", pd.Series("US", index=frame.index)), ("state", frame.TABBLKST),
+                       ("county", county)):  # fmt: skip
+        values = tabulate(tables[level].histograms)
+        codes = tables[level].codes.tolist()
+        assert _v(values, "P1_001N").tolist() == key.value_counts()[codes].tolist()
+        gq_pop = key[frame.GQTYPE_PL != "0"].value_counts().reindex(codes, fill_value=0)
+        assert _v(values, "P5_001N").tolist() == gq_pop.tolist()
+        adults = key[frame.VOTING_AGE == "2"].value_counts().reindex(codes, fill_value=0)
+        assert _v(values, "P3_001N").tolist() == adults.tolist()
+        _identities(values)
+    # each level's P1 is the sum of the level below's
+    h = got.hierarchy
+    for upper, lower in itertools.pairwise(h.names):
+        low = tabulate(tables[lower].histograms)
+        parent = h.ancestor_index(lower, upper)
+        summed = np.zeros((h[upper].size, low.shape[1]), np.int64)
+        np.add.at(summed, parent, low)
+        assert (summed == tabulate(tables[upper].histograms)).all()
