@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from censusdp.errors import DataError, HierarchyError
 from censusdp.hierarchy.core import STRING_DTYPE, Hierarchy, as_codes
+from censusdp.hierarchy.gisjoin import hint as gisjoin_hint
 from censusdp.hierarchy.gisjoin import spine_lengths
 
 __all__ = [
@@ -455,6 +456,7 @@ def from_gisjoin(
             + (" + 3-digit county FIPS + '0'" if lengths[-1] >= 8 else "")
             + (f" + {lengths[-1] - 8} digits" if lengths[-1] > 8 else "")
             + ")"
+            + (f"; {why}" if (why := gisjoin_hint(arr[r].as_py(), named[-1][0])) else "")
         )
     inputs = [
         _LevelInput(name, arr, "gisjoin", n if n < lengths[-1] else None) for name, n in named

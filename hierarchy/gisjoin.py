@@ -58,6 +58,7 @@ __all__ = [
     "LAYOUTS",
     "GisjoinLayout",
     "check_hierarchy_levels",
+    "hint",
     "identify",
     "layout",
     "parse",
@@ -342,6 +343,13 @@ def parse(
     return out
 
 
+def hint(code: str | None, level: str) -> str:
+    """Why ``code`` is not a GISJOIN of ``level`` and what to do ("" for a level that is
+    no NHGIS summary level)."""
+    lay = _BY_NAME.get(str(level).lower())
+    return _why(code, lay) if lay is not None else ""
+
+
 def _why(code: str | None, lay: GisjoinLayout) -> str:
     if not code:
         return "every unit needs a GISJOIN code"
@@ -351,12 +359,12 @@ def _why(code: str | None, lay: GisjoinLayout) -> str:
             "it is shorter than the level's codes: a leading zero was probably lost (codes "
             "read as numbers); read the codes as text"
         )
-    if len(code) > lay.length:
+    fits = identify(code)
+    if len(code) > lay.length and not fits:
         hints.append(
             f"it has {len(code)} characters, more than the level's: is the file of a finer "
             "level than the spec's last one?"
         )
-    fits = identify(code)
     if fits:
         names = ", ".join(f"{f.level} ({f.title})" for f in fits)
         hints.append(f"it has the layout of {names}: check the level or the file")
