@@ -14,6 +14,8 @@ them (DESIGN §7)::
     [hierarchy]
     levels = ["nation", "state", "county"]
     codes = { state = "fips:2", county = "fips" }     # column[:prefix length]
+    # or join zero-padded columns: county = ["state_fips", "county_fips"], or with declared
+    # widths: county = { columns = ["state_fips", "county_fips"], widths = [2, 3] }
 
     [privacy]
     accounting = "zcdp"                   # "pure" takes epsilon, "zcdp" takes rho
@@ -112,21 +114,36 @@ REDACTED = "<redacted>"
 
 @dataclass(frozen=True)
 class CodeSpec:
-    """How one level's node codes are read: ``column`` or ``column:prefix``.
+    """How one level's node codes are read: ``column``, ``column:prefix``, or several
+    columns joined.
 
     Attributes
     ----------
     column : str
-        Input column holding the code (e.g. ``"fips"``).
+        Input column holding the code (e.g. ``"fips"``); for a joined code, the name of the
+        joined column (``"state_fips+county_fips"``).
     prefix : int or None
         When set, the code is the first ``prefix`` characters of the column
         (``"fips:2"`` → the state FIPS of a county FIPS code); None uses the whole value.
+    columns : tuple of str
+        Columns whose values, each zero-padded to its width, are joined into the code
+        (``county = ["state_fips", "county_fips"]`` → ``"01" + "001"``); empty for a
+        single column.
+    widths : tuple of int or None
+        The declared width of each of ``columns``; None takes each column's widest value.
     """
 
     column: str
     prefix: int | None = None
+    columns: tuple[str, ...] = ()
+    widths: tuple[int, ...] | None = None
 
     def __str__(self) -> str:
+        if self.columns:
+            widths = self.widths or (None,) * len(self.columns)
+            return "+".join(
+                c if w is None else f"{c}:{w}" for c, w in zip(self.columns, widths, strict=True)
+            )
         return self.column if self.prefix is None else f"{self.column}:{self.prefix}"
 
 
@@ -838,9 +855,14 @@ class SpecParser:
                 continue
             dotted = f"hierarchy.codes.{level}"
             text = raw[level]
+            if isinstance(text, list | dict):
+                codes[level] = self.joined_code(text, dotted)
+                continue
             if not isinstance(text, str) or not text:
                 raise self.fail(
-                    dotted, f"expected a string 'column' or 'column:prefix', got {_kind_of(text)}"
+                    dotted,
+                    "expected a string 'column' or 'column:prefix', a list of columns to "
+                    f"join, or {{ columns = [...], widths = [...] }}, got {_kind_of(text)}",
                 )
             column, sep, prefix = text.rpartition(":")
             if not sep:
@@ -854,6 +876,31 @@ class SpecParser:
         for key in raw:
             self.level_key(key, "hierarchy.codes", levels)
         return HierarchySpec(levels=levels, codes=codes)
+
+    def joined_code(self, value: list | dict, dotted: str) -> CodeSpec:
+        """``["state_fips", "county_fips"]`` or ``{ columns = [...], widths = [2, 3] }``."""
+        widths: tuple[int, ...] | None = None
+        if isinstance(value, dict):
+            self.keys(value, dotted, ("columns", "widths"))
+            raw = self.get(value, dotted, "columns", list, required=True)
+            if "widths" in value:
+                w = self.get(value, dotted, "widths", list)
+                if len(w) != len(raw) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in w
+                ):
+                    raise self.fail(
+                        f"{dotted}.widths",
+                        f"give one positive integer width per column ({len(raw)}), got {w!r}",
+                    )
+                widths = tuple(w)
+        else:
+            raw = value
+        columns = self.str_list(raw, f"{dotted}.columns" if isinstance(value, dict) else dotted)
+        if not columns or any(not c for c in columns):
+            raise self.fail(dotted, "list the (non-empty) column names whose codes are joined")
+        if len(set(columns)) != len(columns):
+            raise self.fail(dotted, f"a column is listed twice in {list(columns)}")
+        return CodeSpec("+".join(columns), None, columns, widths)
 
     def marginals(self, t: Mapping[str, Any]) -> dict[str, MarginalSpec]:
         out: dict[str, MarginalSpec] = {}

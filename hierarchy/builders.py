@@ -23,6 +23,8 @@ import pyarrow.compute as pc
 
 from censusdp.errors import DataError, HierarchyError
 from censusdp.hierarchy.core import STRING_DTYPE, Hierarchy, as_codes
+from censusdp.hierarchy.gisjoin import hint as gisjoin_hint
+from censusdp.hierarchy.gisjoin import spine_lengths
 
 __all__ = [
     "GISJOIN_LENGTHS",
@@ -36,17 +38,9 @@ __all__ = [
     "parse_level_spec",
 ]
 
-#: Length of an NHGIS GISJOIN code at each standard level: ``G`` + 2-digit state FIPS + ``0``
-#: (state), + 3-digit county FIPS + ``0`` (county), then the county subdivision (5 digits)
-#: or the tract (6 digits), block group (1 digit) and block (tract + 4 digits).
-GISJOIN_LENGTHS: dict[str, int] = {
-    "state": 4,
-    "county": 8,
-    "cousub": 13,
-    "tract": 14,
-    "block_group": 15,
-    "block": 18,
-}
+#: Length of an NHGIS GISJOIN code at each level of the spine (state 4 … block 18), from the
+#: layouts of :mod:`censusdp.hierarchy.gisjoin` (which also knows the off-spine levels).
+GISJOIN_LENGTHS: dict[str, int] = spine_lengths()
 
 
 @dataclass(frozen=True)
@@ -462,6 +456,7 @@ def from_gisjoin(
             + (" + 3-digit county FIPS + '0'" if lengths[-1] >= 8 else "")
             + (f" + {lengths[-1] - 8} digits" if lengths[-1] > 8 else "")
             + ")"
+            + (f"; {why}" if (why := gisjoin_hint(arr[r].as_py(), named[-1][0])) else "")
         )
     inputs = [
         _LevelInput(name, arr, "gisjoin", n if n < lengths[-1] else None) for name, n in named

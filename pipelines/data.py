@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from censusdp.config import RunSpec
+from censusdp.config import CodeSpec, RunSpec
 from censusdp.errors import DataError, SpecError
-from censusdp.hierarchy.builders import GISJOIN_LENGTHS, LevelSpec, from_gisjoin
+from censusdp.hierarchy import gisjoin
+from censusdp.hierarchy.builders import LevelSpec, from_gisjoin
+from censusdp.hierarchy.core import STRING_DTYPE
 from censusdp.hierarchy.table import MIDWEST_CELLS, Table
 from censusdp.pipelines.nhgis import (
     CONTEXT_COLUMNS,
@@ -39,14 +41,19 @@ class Source:
     Attributes
     ----------
     file : bool
-        It reads a file: ``[data] path`` (or ``--data``) and the cell columns are required.
+        It reads a file: ``[data] path`` (or ``--data``) and, unless ``schema`` gives them,
+        the cell columns are required.
     codes : bool
         Its levels are read from code columns: ``[hierarchy] codes`` names one for every
         level below the root.
+    schema : str or None
+        The histogram schema its cells come from (``ppmf``: ``pl94``), so ``[data] cells``
+        is optional (default: every cell of the schema).
     """
 
     file: bool
     codes: bool
+    schema: str | None = None
 
 
 #: Every ``[data] source`` a spec can name; :func:`load_data` reads each.
@@ -54,6 +61,7 @@ SOURCES: Registry[Source] = Registry("data source")
 SOURCES.add("csv", Source(file=True, codes=True))
 SOURCES.add("parquet", Source(file=True, codes=True))
 SOURCES.add("nhgis", Source(file=True, codes=False))  # levels from GISJOIN codes
+SOURCES.add("ppmf", Source(file=True, codes=False, schema="pl94"))  # persons → blocks × pl94
 SOURCES.add("midwest", Source(file=False, codes=False))
 SOURCES.add("synthetic", Source(file=False, codes=False))
 
@@ -97,12 +105,24 @@ def _file_table(spec: RunSpec, path: Path) -> Table:
                 f"{path.name}: no rows of version {spec.data.truth!r} in column {col!r}"
             )
     levels = []
+    sources: list[str] = []
     for name in spec.hierarchy.levels[1:]:
         code = spec.hierarchy.codes.get(name)
         if code is None:
             raise SpecError(f"{spec.source}: [hierarchy] codes has no entry for level {name!r}")
-        levels.append(LevelSpec(name, code.column, code.prefix))
-    identifiers = [lv.column for lv in levels]
+        column = code.column
+        if code.columns:
+            column = f"{name}:{code.column}"  # a new column: the inputs stay as read
+            if column in df.columns:
+                raise DataError(
+                    f"{path.name}: the joined code of level {name!r} would be named "
+                    f"{column!r}, which is already a column; rename that column"
+                )
+            df[column] = _joined_codes(df, code, name, path)
+            sources.extend(code.columns)
+        levels.append(LevelSpec(name, column, code.prefix))
+    _check_joined_nesting(df, levels, spec, path)
+    identifiers = [lv.column for lv in levels] + sources
     identifiers += [c for c in df.columns if str(c).lower() in CONTEXT_COLUMNS]
     if spec.data.version_column:
         identifiers.append(spec.data.version_column)
@@ -112,6 +132,85 @@ def _file_table(spec: RunSpec, path: Path) -> Table:
     return Table.from_frame(
         df, levels, cells, source=path.name, root_name=spec.hierarchy.levels[0], root_code="root"
     )
+
+
+def _joined_codes(df: pd.DataFrame, code: CodeSpec, level: str, path: Path) -> pd.Series:
+    """A level's codes joined from several columns, each zero-padded to its width (declared,
+    or the column's widest value), so ``"1"`` + ``"1"`` is the county ``"01001"`` whatever
+    the reader did to the leading zeros.
+
+    Raises
+    ------
+    DataError
+        A missing column or code, or a code longer than its declared width (file, data row,
+        column and level named).
+    """
+    parts = []
+    widths = code.widths or (None,) * len(code.columns)
+    for column, declared in zip(code.columns, widths, strict=True):
+        if column not in df.columns:
+            raise DataError(
+                f"{path.name}: no column {column!r} for level {level!r} (joined from "
+                f"{list(code.columns)}); the columns are {list(df.columns)[:30]}"
+            )
+        values = df[column]
+        missing = values.isna().to_numpy().copy()
+        if values.dtype.kind in "iu":
+            text = values.astype(str)
+        else:
+            text = values.astype("string").str.strip()
+            missing |= (text == "").fillna(True).to_numpy(dtype=bool)
+            if values.dtype.kind == "f":
+                raise DataError(
+                    f"{path.name}: column {column!r} (level {level!r}) holds decimal numbers; "
+                    "codes must be read as text or integers"
+                )
+        if missing.any():
+            r = int(np.flatnonzero(missing)[0])
+            raise DataError(
+                f"{path.name}, data row {r + 1}, column {column!r}: missing code for level "
+                f"{level!r}; every row needs a code at every level"
+            )
+        length = text.str.len().to_numpy()
+        width = int(length.max()) if declared is None else declared
+        long = np.flatnonzero(length > width)
+        if long.size:
+            r = int(long[0])
+            raise DataError(
+                f"{path.name}, data row {r + 1}, column {column!r}: code {text.iloc[r]!r} of "
+                f"level {level!r} has {int(length[r])} characters, more than the declared "
+                f"width {width}; fix the code or the width in [hierarchy] codes"
+            )
+        parts.append(text.str.zfill(width))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out.astype(object)
+
+
+def _check_joined_nesting(
+    df: pd.DataFrame, levels: Sequence[LevelSpec], spec: RunSpec, path: Path
+) -> None:
+    """A joined code must extend its parent level's code (a county ``"01001"`` extends its
+    state ``"01"``); otherwise its columns are listed in the wrong order or miss the
+    parent's."""
+    for above, below in zip(levels, levels[1:], strict=False):
+        code = spec.hierarchy.codes[below.name]
+        if not code.columns or above.column not in df.columns:
+            continue
+        parent = df[above.column].astype("string")
+        if above.prefix is not None:
+            parent = parent.str.slice(0, above.prefix)
+        child = np.asarray(df[below.column].to_numpy(dtype=str), dtype=STRING_DTYPE)
+        ok = np.strings.startswith(child, np.asarray(parent.to_numpy(dtype=str), STRING_DTYPE))
+        if not ok.all():
+            r = int(np.flatnonzero(~ok)[0])
+            raise DataError(
+                f"{path.name}, data row {r + 1}, columns {list(code.columns)}: the code "
+                f"{str(child[r])!r} of level {below.name!r} does not extend the code "
+                f"{str(parent.iloc[r])!r} of level {above.name!r} (column {above.column!r}); "
+                "list the parent's columns first in [hierarchy] codes"
+            )
 
 
 def _refuse_code_cells(patterns: Sequence[str], identifiers: Sequence[str], path: Path) -> None:
@@ -157,22 +256,6 @@ def _width_error(path: Path, row: int, column: str, code: str, width: int) -> Da
     )
 
 
-def _check_gisjoin_widths(batch: BatchFile, level: str, path: Path) -> None:
-    """Refuse GISJOIN codes of the wrong width for the leaf level (a lost leading zero)."""
-    width = GISJOIN_LENGTHS[level]
-    lengths = np.strings.str_len(np.asarray(batch.gisjoin, dtype=str))
-    bad = np.flatnonzero(lengths != width)
-    if bad.size:
-        i = int(bad[0])
-        column = batch.gisjoin_column
-        raise DataError(
-            f"{path.name}, data row {int(batch.unit_rows[i]) + 1}, column {column!r}: GISJOIN "
-            f"{str(batch.gisjoin[i])!r} has {int(lengths[i])} characters, a {level} GISJOIN has "
-            f"{width} ('G' + 2-digit state FIPS + '0' ...); a leading zero was probably lost "
-            "(codes read as numbers): read the codes as text and check their widths"
-        )
-
-
 def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
     """The run's confidential table; ``data`` overrides ``[data] path``.
 
@@ -203,6 +286,8 @@ def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
         raise SpecError(
             f"{spec.source}: [data] path is required for source {source!r} (or pass --data)"
         )
+    if source == "ppmf":
+        return RunData(_ppmf_table(spec, path), source)
     if source == "nhgis":
         batch = read_batch(
             path,
@@ -212,17 +297,38 @@ def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
             encoding=spec.data.encoding,
         )
         below = levels[1:]
-        unknown = [lv for lv in below if lv not in GISJOIN_LENGTHS]
-        if unknown:
-            raise SpecError(
-                f"{spec.source}: GISJOIN levels must be among {sorted(GISJOIN_LENGTHS)}, got {unknown}"
-            )
-        _check_gisjoin_widths(batch, below[-1], path)
+        layouts = gisjoin.check_hierarchy_levels(below, f"{spec.source}: hierarchy.levels")
+        gisjoin.parse(
+            batch.gisjoin,
+            below[-1],
+            source=path.name,
+            rows=batch.unit_rows,
+            column=batch.gisjoin_column,
+        )
         h, leaf_row = from_gisjoin(
-            batch.gisjoin, below, root_name=levels[0], root_code="root", source=path.name
+            batch.gisjoin,
+            [(lv, lay.length) for lv, lay in zip(below, layouts, strict=True)],
+            root_name=levels[0],
+            root_code="root",
+            source=path.name,
         )
         return RunData(Table(h, tuple(batch.cells), batch.truth[leaf_row]), source, batch, leaf_row)
     return RunData(_file_table(spec, path), source)
+
+
+def _ppmf_table(spec: RunSpec, path: Path) -> Table:
+    """A PPMF's block × ``pl94`` table (dense: 2,016 int64 per block, 16 KB; a county of a
+    few thousand blocks is tens of MB, a large state several GB — for those, use
+    :func:`censusdp.pipelines.ppmf.read_ppmf`'s sparse histogram partition by partition)."""
+    from censusdp.pipelines.ppmf import read_ppmf
+
+    got = read_ppmf(path)
+    n = got.hierarchy.leaves.size
+    table = Table(got.hierarchy, got.schema.cells, got.dense().reshape(n, -1))
+    table = _renamed(table, spec.hierarchy.levels)
+    if spec.data.cells:
+        table = table.subset_cells(list(spec.data.cells))
+    return table
 
 
 def _renamed(table: Table, levels: tuple[str, ...]) -> Table:

@@ -64,7 +64,9 @@ _SUFFIX = re.compile(r"^(?P<code>.+)_(?P<version>sf|dp)$", re.IGNORECASE)
 
 #: Identifier ("context") columns of NHGIS files, compared case-insensitively: the PPDD
 #: codebook's context fields (gisjoin, state, name), the geographic codes of NHGIS extracts
-#: (``STATEA``, ``COUNTYA``, ...) and the code columns of the long files in ``../data``.
+#: (``STATEA``, ``COUNTYA``, ..., the school, legislative and congressional district codes of
+#: the off-spine levels of :mod:`censusdp.hierarchy.gisjoin`) and the code columns of the
+#: long files in ``../data``.
 #: Only these, the released cells and their ``_se`` columns are ever written.
 CONTEXT_COLUMNS = frozenset(
     {
@@ -86,6 +88,13 @@ CONTEXT_COLUMNS = frozenset(
         "blkgrpa",
         "blocka",
         "aianhha",
+        "sdelma",
+        "sdseca",
+        "sdunia",
+        "sldua",
+        "sldla",
+        "cda",
+        "cdcurra",
         "cbsaa",
         "geoid",
         "fips",

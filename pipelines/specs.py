@@ -50,7 +50,7 @@ to the distributed one; a ``tcp://`` address is
             f"{where}: hierarchy.codes: no code column for level(s) {missing}; source "
             f"{spec.data.source!r} needs one for every level below the root"
         )
-    if source.file and not spec.data.cells:
+    if source.file and source.schema is None and not spec.data.cells:
         raise SpecError(
             f"{where}: data.cells: missing; source {spec.data.source!r} needs its cell columns"
         )
