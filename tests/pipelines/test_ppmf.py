@@ -335,7 +335,7 @@ def test_privatize_run_on_a_ppmf_keeps_the_invariant(tmp_path: Path) -> None:
 def test_cli_run_on_a_malformed_ppmf_exits_2_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], column: str, value: str, words: list[str]
 ) -> None:
-    from censusdp.cli import main
+    from censusdp.app.cli import main
 
     frame = _persons(np.random.default_rng(13), 30)
     frame.loc[3, column] = value
