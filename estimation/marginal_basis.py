@@ -38,10 +38,10 @@ from functools import reduce
 import numpy as np
 
 from censusdp.errors import SpecError
-from censusdp.mechanisms.product_query import ProductQuery, QueryRows, axis_product
+from censusdp.mechanisms.product_query import ProductQuery, QueryRows
 from censusdp.schema import Recode, Schema
 
-__all__ = ["AxisBasis", "MarginalBasis", "BlockDiagonal", "workload_basis"]
+__all__ = ["AxisBasis", "MarginalBasis", "BlockDiagonal", "node_axis_product", "workload_basis"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,6 +117,26 @@ class AxisBasis:
         alpha, c = self.element(e)
         s = np.sqrt(self.sizes.astype(np.float64))
         return alpha, alpha * np.eye(self.r) + c * np.outer(s, s)
+
+
+def node_axis_product(x: np.ndarray, axis: int, m: np.ndarray) -> np.ndarray:
+    """``x`` (``(n, …)``, nodes first) with axis ``axis`` replaced by ``m @`` it, node by node.
+
+    The mode product of :func:`~censusdp.mechanisms.product_query.axis_product` as a stack of
+    products of one fixed shape per node (per leading index on inner axes, per node on the
+    last axis), never one 2-D product over the whole batch: BLAS rounds a row of a 2-D
+    product differently depending on where it falls in the blocking of the whole matrix,
+    while a stack of equal products gives every node the bits it gets alone. That is what
+    lets a partition of the nodes reproduce the single-process result exactly.
+    """
+    sh = x.shape
+    pre = int(np.prod(sh[:axis], dtype=np.int64))
+    post = int(np.prod(sh[axis + 1 :], dtype=np.int64))
+    if post == 1:
+        y = np.matmul(x.reshape(sh[0], pre // max(sh[0], 1), sh[axis]), m.T)
+    else:
+        y = np.matmul(m, x.reshape(pre, sh[axis], post))
+    return y.reshape((*sh[:axis], m.shape[0], *sh[axis + 1 :]))
 
 
 def _helmert_basis(group_of: np.ndarray) -> np.ndarray:
@@ -221,17 +241,18 @@ class MarginalBasis:
 
     # -- moving tensors in and out --------------------------------------------------------
     def to_basis(self, x: np.ndarray) -> np.ndarray:
-        """Coefficients ``(⊗_a B_a)ᵀ vec(x)`` of a batch ``(n, *shape)``, per axis."""
+        """Coefficients ``(⊗_a B_a)ᵀ vec(x)`` of a batch ``(n, *shape)``, per axis (node by
+        node: :func:`node_axis_product`)."""
         y = np.asarray(x, dtype=np.float64)
         for ax, a in enumerate(self.axes):
-            y = axis_product(y, ax + 1, np.ascontiguousarray(a.basis.T))
+            y = node_axis_product(y, ax + 1, np.ascontiguousarray(a.basis.T))
         return y
 
     def from_basis(self, y: np.ndarray) -> np.ndarray:
         """The inverse of :meth:`to_basis` (the basis is orthonormal)."""
         x = np.asarray(y, dtype=np.float64)
         for ax, a in enumerate(self.axes):
-            x = axis_product(x, ax + 1, a.basis)
+            x = node_axis_product(x, ax + 1, a.basis)
         return x
 
     def dense_basis(self) -> np.ndarray:
