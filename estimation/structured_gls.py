@@ -380,17 +380,24 @@ def _add_adjoint(
     (:func:`~censusdp.estimation.marginal_basis.node_axis_product`).
     """
     z = answers.reshape((answers.shape[0], *query.row_shape))
+    if all(f.is_detailed for f in query.factors):
+        out += basis.to_basis(z)
+        return
     idx: list[slice] = [slice(None)]
     mats = []
     for a, f in zip(basis.axes, query.factors, strict=True):
         if f.is_detailed:
-            mats.append(a.basis.T)
+            mats.append(None)  # B_aᵀ itself: one reflection per group
             idx.append(slice(None))
         else:
             mats.append((a.basis[:, : a.r].T @ f.matrix.T).astype(np.float64))
             idx.append(slice(0, a.r))
-    for ax in sorted(range(len(mats)), key=lambda i: mats[i].shape[0] / mats[i].shape[1]):
-        z = node_axis_product(z, ax + 1, np.ascontiguousarray(mats[ax]))
+    growth = [1.0 if m is None else m.shape[0] / m.shape[1] for m in mats]
+    for ax in sorted(range(len(mats)), key=lambda i: growth[i]):
+        if mats[ax] is None:
+            z = basis.axes[ax].coefficients(z, ax + 1)
+        else:
+            z = node_axis_product(z, ax + 1, np.ascontiguousarray(mats[ax]))
     out[tuple(idx)] += z
 
 
