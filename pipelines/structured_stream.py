@@ -255,6 +255,9 @@ def structured_stream(
         t["up"] += time.perf_counter() - t0
         return up
 
+    # one projector and one cache of identified rows shared by every piece
+    identified = BlockDiagonal(setup.basis, setup.ident)
+    rows_cache: dict = {}
     messages: dict[int, dict] = {}
     cached: dict[int, StructuredUpward] = {}
     used = largest = 0
@@ -335,7 +338,8 @@ def structured_stream(
             basis=setup.basis,
             estimates=tuple(est),
             covariances=None if cov is None else tuple(cov),
-            identified=BlockDiagonal(setup.basis, setup.ident),
+            identified=identified,
+            _rows=rows_cache,
             partition=p.index,
         )
         del est, cov
@@ -355,7 +359,8 @@ def structured_stream(
         basis=setup.basis,
         estimates=tuple(top_est),
         covariances=None if top_cov is None else tuple(top_cov),
-        identified=BlockDiagonal(setup.basis, setup.ident),
+        identified=identified,
+        _rows=rows_cache,
     )
     diagnostics = {
         "estimator": "structured_gls (streamed)",
