@@ -31,6 +31,15 @@ the general path holds: a direction undetermined at some level below the root (s
 sharing a flat direction) makes the estimate not identifiable, and a
 :class:`~censusdp.errors.SpecError` names the level and the block's axes.
 
+**Split passes.** :func:`structured_setup` fixes everything but the values (basis, weights,
+blocks, identified subspace, privacy statement); :func:`structured_upward` runs the upward
+pass of every block over a forest (a partition's levels below a cut, or the levels above it
+from the partitions' messages), :func:`structured_top` smooths from the root and
+:func:`structured_downward` a partition from its cut-level nodes; :func:`structured_output`
+moves a forest's levels back to cell tensors. :func:`structured_gls` is these on the whole
+tree; :mod:`censusdp.pipelines.structured_stream` runs them partition by partition with the
+same bits (every per-node operation is independent of the batch it is in).
+
 Geometry: ``"weighted"`` (Σ⁻¹-weighted GLS; for Gaussian noise the conditional mean given
 consistency and the invariants) or ``"euclidean"`` (unit weights: the projection Π_N; its
 covariance is reported only when every noise scale is equal). The privacy statement is
