@@ -70,7 +70,7 @@ from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.synthetic import PL94_SHAPE, pl94_partitions, synthetic_state
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
-from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.mechanisms.product_query import ProductQuery, axis_product
 from censusdp.mechanisms.queries import Measurement, Query, measure_range
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.structured_stream import given_values, structured_stream
@@ -198,18 +198,20 @@ def measure_state(
         t1 = time.perf_counter()
         t["generate"] += t1 - t0
         t["generate_cpu"] += _cpu() - c0
+        t1 = time.perf_counter()
+        answers = apply_queries([q for q, _ in block_plan], x)
+        t["apply"] += time.perf_counter() - t1
+        del x
         for q, law in block_plan:
-            t1 = time.perf_counter()
-            truth = q.apply(x)
             t2 = time.perf_counter()
+            truth = answers.pop(q.name)
             noisy = measure_range(truth, names[-1], n_blocks, lo, q, law, rng)
             if np.abs(noisy).max(initial=0) >= 2**31:
                 raise OverflowError("a noisy block count does not fit int32")
             values[(names[-1], q.name)][lo:hi] = noisy
-            t["apply"] += t2 - t1
             t["noise"] += time.perf_counter() - t2
             t["draws"] += truth.size
-        del x, truth, noisy
+        del truth, noisy
 
     t0, c0 = time.perf_counter(), _cpu()
     tensors = [bg_sum.reshape(n_bg, N_CELLS)]
@@ -218,18 +220,43 @@ def measure_state(
     tensors = tensors[::-1]
     t["generate"] += time.perf_counter() - t0
     t["generate_cpu"] += _cpu() - c0
-    for lvl, q, law in plan:
-        k = names.index(lvl)
-        if k == D - 1:
-            continue
+    for k in range(D - 1):
+        level_plan = [(q, law) for lvl, q, law in plan if lvl == names[k]]
         t1 = time.perf_counter()
-        truth = q.apply(tensors[k].reshape(-1, *PL94_SHAPE))
-        t2 = time.perf_counter()
-        values[(lvl, q.name)] = measure_range(truth, lvl, h.sizes[k], 0, q, law, rng)
-        t["apply"] += t2 - t1
-        t["noise"] += time.perf_counter() - t2
-        t["draws"] += truth.size
+        answers = apply_queries([q for q, _ in level_plan], tensors[k].reshape(-1, *PL94_SHAPE))
+        t["apply"] += time.perf_counter() - t1
+        for q, law in level_plan:
+            t2 = time.perf_counter()
+            truth = answers.pop(q.name)
+            values[(names[k], q.name)] = measure_range(truth, names[k], h.sizes[k], 0, q, law, rng)
+            t["noise"] += time.perf_counter() - t2
+            t["draws"] += truth.size
     return values, tensors, t
+
+
+def apply_queries(queries: list[ProductQuery], x: np.ndarray) -> dict[str, np.ndarray]:
+    """Exact answers of every query on a batch of count tensors, ``{name: (n, n_rows)}``.
+
+    The same integers as ``q.apply(x)`` for each query, but each marginal is summed from the
+    smallest one already computed (the lattice of marginals: ``votingage * cenrace`` from
+    ``votingage * hispanic * cenrace``, not from the 2,016 cells), then its recodes applied:
+    about one pass over the histogram instead of one per query.
+    """
+    summed: dict[frozenset, np.ndarray] = {frozenset(): x}
+    out = {}
+    order = sorted(queries, key=lambda q: sum(f.is_all for f in q.factors))
+    for q in order:
+        drop = frozenset(ax for ax, f in enumerate(q.factors) if f.is_all)
+        src = min((S for S in summed if S <= drop), key=lambda S: summed[S].size)
+        y = summed[src]
+        for ax in sorted(drop - src):
+            y = y.sum(axis=ax + 1, keepdims=True)
+        summed[drop] = y
+        for ax, f in enumerate(q.factors):
+            if not (f.is_detailed or f.is_all):
+                y = axis_product(y, ax + 1, f.matrix.astype(y.dtype, copy=False))
+        out[q.name] = y.reshape(y.shape[0], -1)
+    return out
 
 
 def measurements(
