@@ -267,6 +267,8 @@ def _mv(A: np.ndarray, x: np.ndarray) -> np.ndarray:
     :func:`_general_up`).
     """
     if x.ndim > 2:
+        if A.shape[-1] == 1 and x.shape[-1] == 1:  # 1 × 1 blocks: the one product, no BLAS call
+            return x * A
         return x @ A.swapaxes(-1, -2)
     if A.shape[0] == 1:
         return np.einsum("bij,nj->ni", A, x)
@@ -278,6 +280,8 @@ def _node_mv(spec: str, A: np.ndarray, x: np.ndarray) -> np.ndarray:
     the same product as one batched ``matmul`` per node."""
     if x.ndim == 2:
         return np.einsum(spec, A, x)
+    if A.shape[-1] == 1 and x.shape[-1] == 1 and A.shape[-2] == 1:
+        return x * A
     return x @ A.swapaxes(-1, -2)
 
 

@@ -31,6 +31,15 @@ the general path holds: a direction undetermined at some level below the root (s
 sharing a flat direction) makes the estimate not identifiable, and a
 :class:`~censusdp.errors.SpecError` names the level and the block's axes.
 
+**Split passes.** :func:`structured_setup` fixes everything but the values (basis, weights,
+blocks, identified subspace, privacy statement); :func:`structured_upward` runs the upward
+pass of every block over a forest (a partition's levels below a cut, or the levels above it
+from the partitions' messages), :func:`structured_top` smooths from the root and
+:func:`structured_downward` a partition from its cut-level nodes; :func:`structured_output`
+moves a forest's levels back to cell tensors. :func:`structured_gls` is these on the whole
+tree; :mod:`censusdp.pipelines.structured_stream` runs them partition by partition with the
+same bits (every per-node operation is independent of the batch it is in).
+
 Geometry: ``"weighted"`` (Σ⁻¹-weighted GLS; for Gaussian noise the conditional mean given
 consistency and the invariants) or ``"euclidean"`` (unit weights: the projection Π_N; its
 covariance is reported only when every noise scale is equal). The privacy statement is
@@ -64,6 +73,8 @@ import numpy as np
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls import (
+    Forest,
+    _concat_messages,
     _general_down,
     _general_up,
     _Level,
@@ -71,7 +82,7 @@ from censusdp.estimation.gls import (
     check_invariants,
     whole_forest,
 )
-from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
+from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis, node_axis_product
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import floating_point_note
 from censusdp.mechanisms.privacy import check_statement
@@ -81,11 +92,23 @@ from censusdp.mechanisms.product_measure import (
     checked_values,
     product_privacy,
 )
-from censusdp.mechanisms.product_query import ProductQuery, axis_product
+from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import Invariant, check_float_exact, exact_release_note
 from censusdp.schema import Schema
 
-__all__ = ["StructuredRelease", "structured_gls"]
+__all__ = [
+    "StructuredPiece",
+    "StructuredRelease",
+    "StructuredSetup",
+    "StructuredUpward",
+    "structured_gls",
+    "structured_setup",
+    "structured_upward",
+    "structured_top",
+    "structured_downward",
+    "structured_output",
+    "structured_residuals",
+]
 
 Geometry = Literal["weighted", "euclidean"]
 
@@ -93,46 +116,25 @@ Geometry = Literal["weighted", "euclidean"]
 _RANGE_RTOL = 1e-10
 
 
-@dataclass(frozen=True, eq=False)
-class StructuredRelease:
-    """The structured GLS estimate of a schema histogram on a hierarchy.
+class _BlockEstimates:
+    """What a structured estimate offers per level: marginal estimates, identified rows and
+    standard errors from the nodes' blocks. Subclasses hold ``schema``, ``basis``,
+    ``estimates``, ``covariances``, ``identified``, ``_rows`` and map a level to an index of
+    ``estimates`` (:meth:`_index`)."""
 
-    Attributes
-    ----------
-    hierarchy : Hierarchy
-    schema : Schema
-    basis : MarginalBasis
-        The per-axis basis the blocks are in.
-    estimates : tuple of numpy.ndarray
-        Per level (root first), ``(n_nodes, *schema.shape)``: the estimate of the projection
-        of each node's histogram onto the identified subspace (the histogram itself when
-        every component is identified).
-    covariances : tuple of BlockDiagonal, or None
-        Per level, the error covariance of every node as blocks ``(n_nodes, n_S, n_S)`` in
-        ``basis`` (zero on unidentified directions); None for the Euclidean geometry with
-        unequal noise scales.
-    identified : BlockDiagonal
-        The orthogonal projector onto the identified subspace ``W`` (blocks ``(n_S, n_S)``).
-    privacy : PrivacyStatement
-        Derived from the measurements, with the invariants and geometry.
-    diagnostics : dict
-        Timings, residuals, and ``unidentified``: per block (axis names) the number of
-        dimensions dropped.
-    """
-
-    hierarchy: Hierarchy
     schema: Schema
     basis: MarginalBasis
     estimates: tuple[np.ndarray, ...]
     covariances: tuple[BlockDiagonal, ...] | None
     identified: BlockDiagonal
-    privacy: PrivacyStatement
-    diagnostics: dict
-    _rows: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _rows: dict
+
+    def _index(self, level: str | int) -> int:
+        raise NotImplementedError
 
     def level(self, level: str | int) -> np.ndarray:
         """Cell-tensor estimates of one level, ``(n_nodes, *schema.shape)``."""
-        return self.estimates[self.hierarchy.level_index(level)]
+        return self.estimates[self._index(level)]
 
     def _query(self, query: ProductQuery | str) -> ProductQuery:
         if isinstance(query, str):
@@ -181,9 +183,9 @@ class StructuredRelease:
                 "scales has no tree-pass covariance; use geometry='weighted'"
             )
         q = self._query(query)
-        k = self.hierarchy.level_index(level)
+        k = self._index(level)
         var = np.maximum(self.covariances[k].query_variances(q), 0.0)
-        var = np.broadcast_to(var, (self.hierarchy.levels[k].size, q.n_rows))
+        var = np.broadcast_to(var, (self.estimates[k].shape[0], q.n_rows))
         return np.where(self.identified_rows(q)[None, :], var, np.nan)
 
     def query_standard_errors(self, level: str | int, query: ProductQuery | str) -> np.ndarray:
@@ -194,8 +196,90 @@ class StructuredRelease:
         """One node's covariance blocks (no node axis), e.g. for ``dense_cells()``."""
         if self.covariances is None:
             raise SpecError("this release has no covariances (see query_variances)")
-        cov = self.covariances[self.hierarchy.level_index(level)]
+        cov = self.covariances[self._index(level)]
         return BlockDiagonal(self.basis, {m: b[node] for m, b in cov.blocks.items()})
+
+
+@dataclass(frozen=True, eq=False)
+class StructuredRelease(_BlockEstimates):
+    """The structured GLS estimate of a schema histogram on a hierarchy.
+
+    Attributes
+    ----------
+    hierarchy : Hierarchy
+    schema : Schema
+    basis : MarginalBasis
+        The per-axis basis the blocks are in.
+    estimates : tuple of numpy.ndarray
+        Per level (root first), ``(n_nodes, *schema.shape)``: the estimate of the projection
+        of each node's histogram onto the identified subspace (the histogram itself when
+        every component is identified).
+    covariances : tuple of BlockDiagonal, or None
+        Per level, the error covariance of every node as blocks ``(n_nodes, n_S, n_S)`` in
+        ``basis`` (zero on unidentified directions); None for the Euclidean geometry with
+        unequal noise scales.
+    identified : BlockDiagonal
+        The orthogonal projector onto the identified subspace ``W`` (blocks ``(n_S, n_S)``).
+    privacy : PrivacyStatement
+        Derived from the measurements, with the invariants and geometry.
+    diagnostics : dict
+        Timings, residuals, and ``unidentified``: per block (axis names) the number of
+        dimensions dropped.
+    """
+
+    hierarchy: Hierarchy
+    schema: Schema
+    basis: MarginalBasis
+    estimates: tuple[np.ndarray, ...]
+    covariances: tuple[BlockDiagonal, ...] | None
+    identified: BlockDiagonal
+    privacy: PrivacyStatement
+    diagnostics: dict
+    _rows: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def _index(self, level: str | int) -> int:
+        return self.hierarchy.level_index(level)
+
+
+@dataclass(frozen=True, eq=False)
+class StructuredPiece(_BlockEstimates):
+    """Some levels of a structured estimate over node ranges: a partition's levels below the
+    cut, or the levels down to the cut (:mod:`censusdp.pipelines.structured_stream`).
+
+    Attributes
+    ----------
+    names : tuple of str
+        The levels held, top first.
+    first : int
+        Hierarchy index of ``names[0]``.
+    ranges : tuple of (int, int)
+        Per level held, the node range (hierarchy indices) of ``estimates``' rows.
+    schema, basis, estimates, covariances, identified
+        As for :class:`StructuredRelease`, for these levels and nodes.
+    partition : int or None
+        The partition's index (None for the levels down to the cut).
+    """
+
+    names: tuple[str, ...]
+    first: int
+    ranges: tuple[tuple[int, int], ...]
+    schema: Schema
+    basis: MarginalBasis
+    estimates: tuple[np.ndarray, ...]
+    covariances: tuple[BlockDiagonal, ...] | None
+    identified: BlockDiagonal
+    partition: int | None = None
+    _rows: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def _index(self, level: str | int) -> int:
+        if isinstance(level, str):
+            if level not in self.names:
+                raise SpecError(f"level {level!r} is not in this piece (levels {self.names})")
+            return self.names.index(level)
+        k = int(level) - self.first
+        if not 0 <= k < len(self.names):
+            raise SpecError(f"level {level} is not in this piece (levels {self.names})")
+        return k
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -234,16 +318,62 @@ def _axes_label(schema: Schema, mask: int) -> str:
 
 
 # ----------------------------------------------------------------------------- inputs
-@dataclass
-class _Inputs:
-    """Per level, in the basis and in scaled units (variances / τ²)."""
+@dataclass(frozen=True, eq=False)
+class StructuredSetup:
+    """Everything of a structured GLS problem but the values: what every pass shares.
 
-    h: list[np.ndarray | None]  # (n, *shape) information vectors
-    J: list[dict[int, np.ndarray] | None]  # mask → (1|n, n_S, n_S)
-    GH: list[dict[int, np.ndarray] | None]  # invariant Gram blocks (n_S, n_S)
-    b: list[np.ndarray | None]  # (n, *shape) coefficients of Hᵀt
-    measured: dict[int, np.ndarray]  # mask → Σ of every measured Gram block (unweighted)
-    grams: dict[tuple, BlockDiagonal]  # query (its elements) → its unweighted Gram blocks
+    Built by :func:`structured_setup` from the measured (level, query, variance) and the
+    invariant (level, query) pairs alone, so that every partition of a streamed run, and the
+    levels above its cut, work with the same basis, weights, blocks and identified subspace
+    (and hence the same floating-point operations as the single-process run).
+
+    Attributes
+    ----------
+    hierarchy : Hierarchy
+    schema : Schema
+    basis : MarginalBasis
+    geometry : str
+    tau : float
+        Noise scale the passes work in (variances / τ²).
+    vscale : float or None
+        Converts scaled covariances back (None: Euclidean with unequal scales).
+    heads : tuple
+        Per measurement, in order: ``(level index, query, weight)`` with ``weight`` (1,) or
+        (n_nodes,) = τ²/σ² (or 1 for the Euclidean geometry).
+    inv_heads : tuple
+        Per invariant, in order: ``(level index, query)``.
+    J, GH : tuple
+        Per level: mask → information blocks ``(1|n, n_S, n_S)`` of its measurements, and
+        mask → Gram blocks of its invariants (None where the level has none).
+    V : dict
+        Mask → orthonormal basis of the identified part of the block (None: all of it).
+    ident : dict
+        Mask → the projector onto the identified part (blocks).
+    dropped : dict
+        Axis label → number of unidentified dimensions.
+    statement : PrivacyStatement
+        The derived statement with the invariants, geometry and notes.
+    """
+
+    hierarchy: Hierarchy
+    schema: Schema
+    basis: MarginalBasis
+    geometry: str
+    tau: float
+    vscale: float | None
+    heads: tuple
+    inv_heads: tuple
+    J: tuple
+    GH: tuple
+    V: dict
+    ident: dict
+    dropped: dict
+    statement: PrivacyStatement
+
+    def k(self, mask: int) -> int:
+        """Identified dimension of block ``mask``."""
+        v = self.V[mask]
+        return self.basis.block_size(mask) if v is None else v.shape[1]
 
 
 def _add_adjoint(
@@ -254,17 +384,29 @@ def _add_adjoint(
     Per axis the factor is ``B_aᵀ R_eᵀ``; ``R_e`` annihilates the within-group contrasts of
     every element but the detailed one, so on such an axis only the ``r_a`` group
     coordinates are nonzero and the product is computed on them alone: a marginal's
-    information vector costs its own size, not the histogram's.
+    information vector costs its own size, not the histogram's. Axes are taken in the order
+    that keeps the tensor smallest (those that shrink it first), each node by node
+    (:func:`~censusdp.estimation.marginal_basis.node_axis_product`).
     """
     z = answers.reshape((answers.shape[0], *query.row_shape))
+    if all(f.is_detailed for f in query.factors):
+        out += basis.to_basis(z)
+        return
     idx: list[slice] = [slice(None)]
-    for ax, (a, f) in enumerate(zip(basis.axes, query.factors, strict=True)):
+    mats = []
+    for a, f in zip(basis.axes, query.factors, strict=True):
         if f.is_detailed:
-            m, sl = a.basis.T, slice(None)
+            mats.append(None)  # B_aᵀ itself: one reflection per group
+            idx.append(slice(None))
         else:
-            m, sl = (a.basis[:, : a.r].T @ f.matrix.T).astype(np.float64), slice(0, a.r)
-        z = axis_product(z, ax + 1, np.ascontiguousarray(m))
-        idx.append(sl)
+            mats.append((a.basis[:, : a.r].T @ f.matrix.T).astype(np.float64))
+            idx.append(slice(0, a.r))
+    growth = [1.0 if m is None else m.shape[0] / m.shape[1] for m in mats]
+    for ax in sorted(range(len(mats)), key=lambda i: growth[i]):
+        if mats[ax] is None:
+            z = basis.axes[ax].coefficients(z, ax + 1)
+        else:
+            z = node_axis_product(z, ax + 1, np.ascontiguousarray(mats[ax]))
     out[tuple(idx)] += z
 
 
@@ -289,6 +431,7 @@ def _resolve(
     schema: Schema,
     items: Sequence[ProductMeasurement | ProductInvariant],
     what: str,
+    check_values: bool = True,
 ) -> list:
     out = []
     for it in items:
@@ -299,8 +442,11 @@ def _resolve(
                 f"{what} {it.query.name!r} at level {name!r} is over schema "
                 f"{it.query.schema.name!r}, not {schema.name!r}"
             )
-        vals = checked_values(it.values, hierarchy.levels[k].size, it.query, what, name)
-        changes: dict = {"level": k, "values": vals}
+        changes: dict = {"level": k}
+        if check_values:
+            changes["values"] = checked_values(
+                it.values, hierarchy.levels[k].size, it.query, what, name
+            )
         nv = getattr(it, "node_variance", None)
         if nv is not None:
             nv = np.asarray(nv, dtype=np.float64).reshape(-1)
@@ -314,53 +460,12 @@ def _resolve(
     return out
 
 
-def _collect(
-    hierarchy: Hierarchy,
-    basis: MarginalBasis,
-    meas: Sequence[ProductMeasurement],
-    invs: Sequence[ProductInvariant],
-    weight: dict[int, np.ndarray],
-    tau: float,
-) -> _Inputs:
-    D = hierarchy.depth
-    inp = _Inputs([None] * D, [None] * D, [None] * D, [None] * D, {}, {})
-    unit = {m: np.zeros((basis.block_size(m),) * 2) for m in basis.subsets}
-    for x in [*meas, *invs]:
-        if _key(x.query) not in inp.grams:
-            inp.grams[_key(x.query)] = basis.gram(x.query)
-    for i, m in enumerate(meas):
-        k, w = m.level, weight[i]
-        g = inp.grams[_key(m.query)]
-        for mask, blk in g.blocks.items():
-            unit[mask] = unit[mask] + blk
-        wg = g * w if w.shape[0] > 1 else g * float(w[0])
-        blocks = {mask: (b if b.ndim == 3 else b[None]) for mask, b in wg.blocks.items()}
-        inp.J[k] = (
-            blocks if inp.J[k] is None else {mask: inp.J[k][mask] + blocks[mask] for mask in blocks}
-        )
-        if inp.h[k] is None:
-            inp.h[k] = np.zeros((hierarchy.levels[k].size, *basis.shape))
-        scale = np.broadcast_to(w / tau, (inp.h[k].shape[0],))
-        for s in _node_chunks(inp.h[k].shape[0], m.query.n_rows):
-            answers = np.asarray(m.values[s], np.float64) * scale[s, None]
-            _add_adjoint(basis, m.query, answers, inp.h[k][s])
-    for inv in invs:
-        k = inv.level
-        g = inp.grams[_key(inv.query)].blocks
-        inp.GH[k] = g if inp.GH[k] is None else {mask: inp.GH[k][mask] + g[mask] for mask in g}
-        if inp.b[k] is None:
-            inp.b[k] = np.zeros((hierarchy.levels[k].size, *basis.shape))
-        for s in _node_chunks(inp.b[k].shape[0], inv.query.n_rows):
-            _add_adjoint(basis, inv.query, np.asarray(inv.values[s], np.float64) / tau, inp.b[k][s])
-    inp.measured = unit
-    return inp
-
-
 def _exact_release_levels(
     hierarchy: Hierarchy,
     basis: MarginalBasis,
-    meas: Sequence[ProductMeasurement],
-    inp: _Inputs,
+    heads: Sequence[tuple],
+    GH: Sequence[dict | None],
+    grams: dict,
 ) -> dict[str, tuple[str, ...]]:
     """Levels whose every measured query lies in the span of the invariants at or below.
 
@@ -369,9 +474,9 @@ def _exact_release_levels(
     the range of the invariants' Gram.
     """
     out: dict[str, tuple[str, ...]] = {}
-    levels = sorted({m.level for m in meas})
+    levels = sorted({k for k, _, _ in heads})
     for k in levels:
-        below = [g for j, g in enumerate(inp.GH) if j >= k and g is not None]
+        below = [g for j, g in enumerate(GH) if j >= k and g is not None]
         if not below:
             continue
         proj = {}
@@ -379,14 +484,389 @@ def _exact_release_levels(
             u, _ = _range_basis(sum(g[mask] for g in below))
             proj[mask] = u @ u.T
         ok = True
-        for m in (x for x in meas if x.level == k):
-            for mask, blk in inp.grams[_key(m.query)].blocks.items():
+        for lvl, q, _ in heads:
+            if lvl != k:
+                continue
+            for mask, blk in grams[_key(q)].blocks.items():
                 resid = blk - proj[mask] @ blk
                 if np.abs(resid).max(initial=0.0) > 1e-9 * max(1.0, np.abs(blk).max()):
                     ok = False
         if ok:
-            out[hierarchy.names[k]] = tuple(m.query.name for m in meas if m.level == k)
+            out[hierarchy.names[k]] = tuple(q.name for lvl, q, _ in heads if lvl == k)
     return out
+
+
+def structured_setup(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    measurements: Sequence[ProductMeasurement],
+    invariants: Sequence[ProductInvariant] = (),
+    *,
+    geometry: Geometry = "weighted",
+    privacy: PrivacyStatement | None = None,
+    delta: float | None = None,
+    acknowledge_exact_release: bool = False,
+    check_values: bool = True,
+) -> StructuredSetup:
+    """The value-free part of :func:`structured_gls` (see there for the parameters).
+
+    ``check_values=False`` reads only the levels, queries, laws and node variances of
+    ``measurements`` and ``invariants`` (their values may be empty): what a streamed run
+    knows before it measures. The privacy statement, the exact-release guard, the basis,
+    every information and invariant block and the identified subspace are fixed here.
+    """
+    if geometry not in ("weighted", "euclidean"):
+        raise SpecError(f"geometry must be 'weighted' or 'euclidean', got {geometry!r}")
+    names = hierarchy.names
+    meas = _resolve(hierarchy, schema, measurements, "measurement", check_values)
+    invs = _resolve(hierarchy, schema, invariants, "invariant", check_values)
+    derived = product_privacy(meas, level_names=names, delta=delta)
+    if privacy is not None:
+        check_statement(privacy, derived)
+
+    variances = [np.atleast_1d(np.asarray(m.variance, dtype=np.float64)) for m in meas]
+    var_all = np.concatenate(variances)
+    equal = bool(np.all(var_all == var_all[0]))
+    tau2 = float(np.median(var_all)) if geometry == "weighted" else 1.0
+    vscale = tau2 if geometry == "weighted" else (float(var_all[0]) if equal else None)
+    weights = [(tau2 / v if geometry == "weighted" else np.ones(1)) for v in variances]
+    heads = tuple((m.level, m.query, w) for m, w in zip(meas, weights, strict=True))
+    inv_heads = tuple((i.level, i.query) for i in invs)
+
+    basis = MarginalBasis.for_queries(schema, [x.query for x in [*meas, *invs]])
+    D = hierarchy.depth
+    J: list[dict | None] = [None] * D
+    GH: list[dict | None] = [None] * D
+    grams: dict[tuple, BlockDiagonal] = {}
+    measured = {m: np.zeros((basis.block_size(m),) * 2) for m in basis.subsets}
+    for _, q, *_ in [*heads, *inv_heads]:
+        if _key(q) not in grams:
+            grams[_key(q)] = basis.gram(q)
+    for k, q, w in heads:
+        g = grams[_key(q)]
+        for mask, blk in g.blocks.items():
+            measured[mask] = measured[mask] + blk
+        wg = g * w if w.shape[0] > 1 else g * float(w[0])
+        blocks = {mask: (b if b.ndim == 3 else b[None]) for mask, b in wg.blocks.items()}
+        J[k] = blocks if J[k] is None else {mask: J[k][mask] + blocks[mask] for mask in blocks}
+    for k, q in inv_heads:
+        g = grams[_key(q)].blocks
+        GH[k] = g if GH[k] is None else {mask: GH[k][mask] + g[mask] for mask in g}
+
+    determined = _exact_release_levels(hierarchy, basis, heads, GH, grams)
+    notes: tuple[str, ...] = ()
+    if len(determined) == len({k for k, _, _ in heads}):
+        if not acknowledge_exact_release:
+            held = ", ".join(f"{names[k]}: {q.name}" for k, q in inv_heads)
+            lvls = ", ".join(repr(x) for x in determined)
+            raise SpecError(
+                f"the invariants ({held}) determine every measured value (at level(s) {lvls}): "
+                "the release would be exact, with no privacy protection, whatever the budget "
+                "says; hold fewer statistics invariant, or pass acknowledge_exact_release=True "
+                "to release them exactly on purpose"
+            )
+        notes = (exact_release_note(determined),)
+
+    V: dict[int, np.ndarray | None] = {}
+    ident: dict[int, np.ndarray] = {}
+    dropped: dict[str, int] = {}
+    for mask in basis.subsets:
+        nS, C = basis.block_size(mask), basis.multiplicity(mask)
+        v, _ = _range_basis(sum([measured[mask]] + [g[mask] for g in GH if g is not None]))
+        kS = v.shape[1]
+        # a fully identified block is solved in its own coordinates (no rotation)
+        V[mask] = None if kS == nS else v
+        ident[mask] = np.eye(nS) if kS == nS else v @ v.T
+        if kS < nS:
+            dropped[_axes_label(schema, mask)] = (nS - kS) * C
+    labels = tuple(dict.fromkeys(f"{names[k]}: {q.name}" for k, q in inv_heads))
+    # the derived statement names every invariant the computation holds
+    statement = dataclasses.replace(
+        derived, invariants=labels, geometry=geometry, notes=derived.notes + notes
+    )
+    return StructuredSetup(
+        hierarchy, schema, basis, geometry, float(np.sqrt(tau2)), vscale, heads, inv_heads,
+        tuple(J), tuple(GH), V, ident, dropped, statement,
+    )  # fmt: skip
+
+
+def _vectors(
+    setup: StructuredSetup,
+    k: int,
+    rows: tuple[int, int],
+    meas_values: Sequence[np.ndarray | None],
+    inv_values: Sequence[np.ndarray | None],
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Information vector ``h`` and invariant coefficients ``b`` (basis, scaled units) of
+    nodes ``rows`` of level ``k``; ``meas_values[i]`` / ``inv_values[i]`` are the rows of
+    measurement / invariant ``i`` (None for other levels)."""
+    basis, tau = setup.basis, setup.tau
+    lo, hi = rows
+    h = b = None
+    for (lvl, q, w), vals in zip(setup.heads, meas_values, strict=True):
+        if lvl != k:
+            continue
+        if h is None:
+            h = np.zeros((hi - lo, *basis.shape))
+        scale = (w / tau) if w.shape[0] == 1 else (w[lo:hi] / tau)
+        scale = np.broadcast_to(scale, (hi - lo,))
+        for s in _node_chunks(hi - lo, q.n_rows):
+            answers = np.asarray(vals[s], np.float64) * scale[s, None]
+            _add_adjoint(basis, q, answers, h[s])
+    for (lvl, q), vals in zip(setup.inv_heads, inv_values, strict=True):
+        if lvl != k:
+            continue
+        if b is None:
+            b = np.zeros((hi - lo, *basis.shape))
+        for s in _node_chunks(hi - lo, q.n_rows):
+            _add_adjoint(basis, q, np.asarray(vals[s], np.float64) / tau, b[s])
+    return h, b
+
+
+def _block_level(
+    setup: StructuredSetup,
+    mask: int,
+    k: int,
+    rows: tuple[int, int],
+    h: np.ndarray | None,
+    b: np.ndarray | None,
+) -> _Level:
+    """Level ``k`` (nodes ``rows``) of block ``mask``'s tree problem."""
+    basis, V, kS = setup.basis, setup.V[mask], setup.k(mask)
+    n = rows[1] - rows[0]
+    C = basis.multiplicity(mask)
+    J = setup.J[k]
+    if J is None:
+        Jk = np.zeros((1, kS, kS))
+    else:
+        Jm = J[mask] if J[mask].shape[0] == 1 else J[mask][rows[0] : rows[1]]
+        Jk = Jm if V is None else V.T @ Jm @ V
+    if h is None:
+        hk = np.zeros((n, C, kS))
+    else:
+        hk = _gather(basis, h, mask)
+        hk = hk if V is None else hk @ V
+    H, t = np.zeros((0, kS)), np.zeros((n, C, 0))
+    if setup.GH[k] is not None:
+        U, ev = _range_basis(setup.GH[k][mask])
+        if U.shape[1]:
+            H = U.T if V is None else U.T @ V
+            t = (_gather(basis, b, mask) @ U) / ev
+    return _Level(Jk, hk, H, t, Jk.shape[0] == 1)
+
+
+def _block_error(schema: Schema, mask: int, err: SpecError) -> SpecError:
+    return SpecError(f"{err} (block of the group parts of attributes {_axes_label(schema, mask)})")
+
+
+@dataclass(eq=False)
+class StructuredUpward:
+    """The upward pass of the structured GLS over one forest, block by block.
+
+    ``ups[mask]`` is :func:`~censusdp.estimation.gls._general_up`'s per-level state of block
+    ``mask`` (None for unidentified blocks); :meth:`messages` is what the forest's top
+    level sends to the levels above (per block: mean, covariance, flat directions).
+    """
+
+    forest: Forest
+    rows: tuple[tuple[int, int], ...]
+    ups: dict
+
+    def messages(self) -> dict:
+        return {m: (None if u is None else u[0].message()) for m, u in self.ups.items()}
+
+    def nbytes(self) -> int:
+        """Bytes held by the arrays of the upward state (what caching it costs)."""
+        total = 0
+        for u in self.ups.values():
+            for lv in u or ():
+                for f in dataclasses.fields(lv):
+                    v = getattr(lv, f.name)
+                    if isinstance(v, np.ndarray) and v.base is None:
+                        total += v.nbytes
+        return total
+
+
+def structured_upward(
+    setup: StructuredSetup,
+    forest: Forest,
+    rows: Sequence[tuple[int, int]],
+    meas_values: Sequence[Sequence[np.ndarray | None]],
+    inv_values: Sequence[Sequence[np.ndarray | None]],
+    bottom: Sequence[dict] | None = None,
+) -> StructuredUpward:
+    """The upward pass over ``forest`` (levels ``forest.first ..``, node ranges ``rows``).
+
+    Parameters
+    ----------
+    setup : StructuredSetup
+    forest : Forest
+        A partition's forest (cut .. leaf), the top forest (0 .. cut, with ``bottom``) or
+        the whole tree.
+    rows : sequence of (lo, hi)
+        The forest's node range at each of its levels.
+    meas_values, inv_values : sequences
+        Per forest level, per measurement / invariant of ``setup`` (in order): its values at
+        the level's rows, None for other levels (see :func:`_vectors`). With ``bottom``, the
+        forest's last level is not read.
+    bottom : sequence of dict, optional
+        Every partition's :meth:`StructuredUpward.messages`, in partition (node) order: the
+        cut level's beliefs, for the levels above a cut (the forest's last level).
+
+    References
+    ----------
+    Hay et al. (2010), §4; Rauch, Tung & Striebel (1965).
+    """
+    D = forest.depth
+    last = D - 1 if bottom is not None else D
+    hb = [
+        _vectors(setup, forest.first + j, rows[j], meas_values[j], inv_values[j])
+        for j in range(last)
+    ]
+    ups: dict = {}
+    for mask in setup.basis.subsets:
+        kS = setup.k(mask)
+        if kS == 0:
+            ups[mask] = None
+            continue
+        levels = [_block_level(setup, mask, forest.first + j, rows[j], *hb[j]) for j in range(last)]
+        msg = None
+        if bottom is not None:
+            levels.append(None)
+            parts = [b[mask] for b in bottom]
+            msg = _concat_messages(parts, kS) if len(parts) > 1 else parts[0]
+        try:
+            ups[mask] = _general_up(forest, levels, kS, msg)
+        except SpecError as err:
+            raise _block_error(setup.schema, mask, err) from None
+    return StructuredUpward(forest, tuple(rows), ups)
+
+
+def structured_top(setup: StructuredSetup, up: StructuredUpward) -> dict:
+    """The smoothed root and levels of ``up``'s forest (it must start at the root).
+
+    Returns mask → ``(zhat, Phat)`` per level of the forest (scaled units, block
+    coordinates), for :func:`structured_downward` below a cut and :func:`structured_output`.
+
+    Raises
+    ------
+    SpecError
+        Some combination of cells is measured nowhere (naming the block).
+    """
+    names = setup.hierarchy.names
+    out: dict = {}
+    for mask, ups in up.ups.items():
+        if ups is None:
+            out[mask] = None
+            continue
+        kS = setup.k(mask)
+        root = ups[0]
+        try:
+            if root.N is not None and np.any(root.r):
+                raise _not_identifiable(names[0], "some combination of cells is measured nowhere")
+            P0 = np.broadcast_to(root.P, (1, kS, kS)).copy()
+            out[mask] = _general_down(up.forest, ups, kS, root.m, P0)
+        except SpecError as err:
+            raise _block_error(setup.schema, mask, err) from None
+    return out
+
+
+def structured_downward(setup: StructuredSetup, up: StructuredUpward, cut: dict) -> dict:
+    """Smoothing of a partition's forest from its cut-level nodes' smoothed blocks.
+
+    ``cut`` is mask → ``(z, P)`` of the partition's cut-level nodes (rows of
+    :func:`structured_top`'s last level). Returns mask → ``(zhat, Phat)`` per forest level,
+    the cut level first, as :func:`structured_top` does.
+    """
+    out: dict = {}
+    for mask, ups in up.ups.items():
+        if ups is None:
+            out[mask] = None
+            continue
+        z, P = cut[mask]
+        try:
+            out[mask] = _general_down(up.forest, ups, setup.k(mask), z, P)
+        except SpecError as err:
+            raise _block_error(setup.schema, mask, err) from None
+    return out
+
+
+def structured_output(
+    setup: StructuredSetup, smoothed: dict, levels: Sequence[int], sizes: Sequence[int]
+) -> tuple[list[np.ndarray], list[BlockDiagonal] | None]:
+    """Cell-tensor estimates and covariance blocks of the smoothed levels ``levels`` (indices
+    into each block's lists) with ``sizes`` nodes each, level by level so that one
+    coefficient tensor is held at a time besides the estimates."""
+    basis, tau, vscale = setup.basis, setup.tau, setup.vscale
+    estimates: list[np.ndarray] = []
+    covs: list[dict[int, np.ndarray]] = []
+    for j, n in zip(levels, sizes, strict=True):
+        coef = np.zeros((n, *basis.shape))
+        cov: dict[int, np.ndarray] = {}
+        for mask in basis.subsets:
+            nS = basis.block_size(mask)
+            if smoothed[mask] is None:
+                cov[mask] = np.zeros((n, nS, nS))
+                continue
+            zhat, Phat = smoothed[mask][0][j], smoothed[mask][1][j]
+            V = setup.V[mask]
+            _scatter(basis, coef, mask, (zhat if V is None else zhat @ V.T) * tau)
+            P = np.broadcast_to(Phat, (n, *Phat.shape[1:]))
+            cov[mask] = (P if V is None else V @ P @ V.T) * (
+                vscale if vscale is not None else np.nan
+            )
+        estimates.append(basis.from_basis(coef))
+        del coef
+        covs.append(cov)
+    return estimates, (None if vscale is None else [BlockDiagonal(basis, c) for c in covs])
+
+
+def _values_by_level(
+    items: Sequence, first: int, ranges: Sequence[tuple[int, int]]
+) -> list[list[np.ndarray | None]]:
+    """Per forest level, per item: its values' rows in that level's range (or None)."""
+    out = []
+    for j, (lo, hi) in enumerate(ranges):
+        out.append([it.values[lo:hi] if it.level == first + j else None for it in items])
+    return out
+
+
+def structured_residuals(
+    setup: StructuredSetup,
+    forest: Forest,
+    rows: Sequence[tuple[int, int]],
+    estimates: Sequence[np.ndarray],
+    invariants: Sequence[ProductInvariant],
+) -> tuple[float, float, float, str]:
+    """Largest consistency residual (parent − Σ children) within ``forest`` and the largest
+    invariant residual and value of its levels (with the level of the worst), for
+    estimates of its levels (first level first; invariants resolved, full levels)."""
+    names = setup.hierarchy.names
+    cons = 0.0
+    for j in range(forest.depth - 1):
+        d = np.abs(forest.sum_children(j, estimates[j + 1]) - estimates[j])
+        cons = max(cons, float(d.max(initial=0.0)))
+    inv_res, inv_val, worst = 0.0, 0.0, ""
+    for inv in invariants:
+        j = inv.level - forest.first
+        if not 0 <= j < forest.depth:
+            continue
+        lo, hi = rows[j]
+        vals = inv.values[lo:hi]
+        r = float(np.abs(inv.query.apply(estimates[j]) - vals).max(initial=0.0))
+        inv_val = max(inv_val, float(np.abs(vals).max(initial=0.0)))
+        if r >= inv_res:
+            inv_res, worst = r, names[inv.level]
+    return cons, inv_res, inv_val, worst
+
+
+def check_residuals(inv_res: float, inv_val: float, worst: str) -> None:
+    """Refuse a release whose invariants do not hold (they contradict each other)."""
+    if inv_res > 1e-6 * (1.0 + inv_val):
+        raise DataError(
+            "the invariants contradict each other (they cannot all hold with parent = sum of "
+            f"children); largest violation at level {worst!r}"
+        )
 
 
 # ----------------------------------------------------------------------------- the estimator
@@ -438,135 +918,47 @@ def structured_gls(
     BudgetError
         A stated privacy that claims less than the derived one.
 
+    Notes
+    -----
+    The same passes run partition by partition in
+    :func:`censusdp.pipelines.structured_stream.structured_stream`, with identical results:
+    every per-node operation here (moves into and out of the basis included) gives a node
+    the same bits whatever other nodes it is batched with.
+
     References
     ----------
     Hay et al. (2010); Rauch, Tung & Striebel (1965); DESIGN §10 (the block algebra); Gao,
     Gong & Yu (2022), Def. 6 and Thm. 22.
     """
     t0 = time.perf_counter()
-    if geometry not in ("weighted", "euclidean"):
-        raise SpecError(f"geometry must be 'weighted' or 'euclidean', got {geometry!r}")
-    names = hierarchy.names
     meas = _resolve(hierarchy, schema, measurements, "measurement")
-    invs = _resolve(hierarchy, schema, invariants, "invariant")
-    derived = product_privacy(meas, level_names=names, delta=delta)
-    if privacy is not None:
-        check_statement(privacy, derived)
-    for inv in invs:
-        check_float_exact(inv.values, f"invariant {inv.query.name!r} at level {names[inv.level]!r}")
-    # exact consistency of the invariants (rows are small: totals and marginals)
-    check_invariants(hierarchy, [Invariant(i.level, i.query.to_query(), i.values) for i in invs])
-
-    variances = [np.atleast_1d(np.asarray(m.variance, dtype=np.float64)) for m in meas]
-    var_all = np.concatenate(variances)
-    equal = bool(np.all(var_all == var_all[0]))
-    tau2 = float(np.median(var_all)) if geometry == "weighted" else 1.0
-    tau = float(np.sqrt(tau2))
-    vscale = tau2 if geometry == "weighted" else (float(var_all[0]) if equal else None)
-    weight = {
-        i: (tau2 / v if geometry == "weighted" else np.ones(1)) for i, v in enumerate(variances)
-    }
-
-    basis = MarginalBasis.for_queries(schema, [x.query for x in [*meas, *invs]])
-    inp = _collect(hierarchy, basis, meas, invs, weight, tau)
-    determined = _exact_release_levels(hierarchy, basis, meas, inp)
-    notes: tuple[str, ...] = ()
-    if len(determined) == len({m.level for m in meas}):
-        if not acknowledge_exact_release:
-            held = ", ".join(f"{names[i.level]}: {i.query.name}" for i in invs)
-            lvls = ", ".join(repr(x) for x in determined)
-            raise SpecError(
-                f"the invariants ({held}) determine every measured value (at level(s) {lvls}): "
-                "the release would be exact, with no privacy protection, whatever the budget "
-                "says; hold fewer statistics invariant, or pass acknowledge_exact_release=True "
-                "to release them exactly on purpose"
-            )
-        notes = (exact_release_note(determined),)
+    setup = structured_setup(
+        hierarchy, schema, meas, invariants, geometry=geometry, privacy=privacy, delta=delta,
+        acknowledge_exact_release=acknowledge_exact_release, check_values=False,
+    )  # fmt: skip
+    invs = check_structured_invariants(hierarchy, schema, invariants)
     t1 = time.perf_counter()
-
     forest = whole_forest(hierarchy)
-    D = hierarchy.depth
-    sizes = [lv.size for lv in hierarchy.levels]
-    coef = [np.zeros((n, *schema.shape)) for n in sizes]
-    cov_blocks: list[dict[int, np.ndarray]] = [{} for _ in range(D)]
-    ident: dict[int, np.ndarray] = {}
-    dropped: dict[str, int] = {}
-    for mask in basis.subsets:
-        nS, C = basis.block_size(mask), basis.multiplicity(mask)
-        spans = [inp.measured[mask]] + [g[mask] for g in inp.GH if g is not None]
-        V, _ = _range_basis(sum(spans))
-        kS = V.shape[1]
-        ident[mask] = V @ V.T
-        if kS < nS:
-            dropped[_axes_label(schema, mask)] = (nS - kS) * C
-        if kS == 0:
-            for k in range(D):
-                cov_blocks[k][mask] = np.zeros((sizes[k], nS, nS))
-            continue
-        levels = []
-        for k in range(D):
-            n = sizes[k]
-            J = inp.J[k]
-            Jk = np.zeros((1, kS, kS)) if J is None else V.T @ J[mask] @ V
-            hk = np.zeros((n, C, kS)) if inp.h[k] is None else _gather(basis, inp.h[k], mask) @ V
-            H, t = np.zeros((0, kS)), np.zeros((n, C, 0))
-            if inp.GH[k] is not None:
-                U, ev = _range_basis(inp.GH[k][mask])
-                if U.shape[1]:
-                    H = U.T @ V
-                    t = (_gather(basis, inp.b[k], mask) @ U) / ev
-            levels.append(_Level(Jk, hk, H, t, Jk.shape[0] == 1))
-        try:
-            ups = _general_up(forest, levels, kS, None)
-            root = ups[0]
-            if root.N is not None and np.any(root.r):
-                raise _not_identifiable(names[0], "some combination of cells is measured nowhere")
-            P0 = np.broadcast_to(root.P, (1, kS, kS)).copy()
-            zhat, Phat = _general_down(forest, ups, kS, root.m, P0)
-        except SpecError as err:
-            raise SpecError(
-                f"{err} (block of the group parts of attributes {_axes_label(schema, mask)})"
-            ) from None
-        for k in range(D):
-            _scatter(basis, coef[k], mask, (zhat[k] @ V.T) * tau)
-            P = np.broadcast_to(Phat[k], (sizes[k], kS, kS))
-            cov_blocks[k][mask] = V @ P @ V.T * (vscale if vscale is not None else np.nan)
-        del levels, ups, zhat, Phat  # one block's passes in memory at a time
-    inp.h = inp.b = []  # the information vectors are no longer needed: free them first
-    t2 = time.perf_counter()
-    estimates_list = []
-    for k in range(D):  # level by level, freeing each coefficient tensor once moved
-        estimates_list.append(basis.from_basis(coef[k]))
-        coef[k] = None
-    estimates = tuple(estimates_list)
-    covariances = None if vscale is None else tuple(BlockDiagonal(basis, b) for b in cov_blocks)
-    t3 = time.perf_counter()
-
-    cons = 0.0
-    for k in range(D - 1):
-        d = np.abs(hierarchy.aggregate_up(k + 1, estimates[k + 1]) - estimates[k])
-        cons = max(cons, float(d.max(initial=0.0)))
-    inv_res, inv_val, worst = 0.0, 0.0, ""
-    for inv in invs:
-        r = float(np.abs(inv.query.apply(estimates[inv.level]) - inv.values).max(initial=0.0))
-        inv_val = max(inv_val, float(np.abs(inv.values).max(initial=0.0)))
-        if r >= inv_res:
-            inv_res, worst = r, names[inv.level]
-    if inv_res > 1e-6 * (1.0 + inv_val):
-        raise DataError(
-            "the invariants contradict each other (they cannot all hold with parent = sum of "
-            f"children); largest violation at level {worst!r}"
-        )
-    labels = tuple(dict.fromkeys(f"{names[i.level]}: {i.query.name}" for i in invs))
-    # the derived statement names every invariant the computation holds
-    statement = dataclasses.replace(
-        derived, invariants=labels, geometry=geometry, notes=derived.notes + notes
+    rows = [(0, n) for n in hierarchy.sizes]
+    up = structured_upward(
+        setup, forest, rows, _values_by_level(meas, 0, rows), _values_by_level(invs, 0, rows)
     )
+    del meas
+    smoothed = structured_top(setup, up)
+    del up
+    t2 = time.perf_counter()
+    estimates, covariances = structured_output(
+        setup, smoothed, range(hierarchy.depth), hierarchy.sizes
+    )
+    del smoothed
+    t3 = time.perf_counter()
+    cons, inv_res, inv_val, worst = structured_residuals(setup, forest, rows, estimates, invs)
+    check_residuals(inv_res, inv_val, worst)
     diagnostics = {
         "estimator": "structured_gls",
         "geometry": geometry,
-        "blocks": {_axes_label(schema, m): basis.block_size(m) for m in basis.subsets},
-        "unidentified": dropped,
+        "blocks": {_axes_label(schema, m): setup.basis.block_size(m) for m in setup.basis.subsets},
+        "unidentified": setup.dropped,
         "max_consistency_residual": cons,
         "max_invariant_residual": inv_res,
         "max_invariant_value": inv_val,
@@ -574,18 +966,35 @@ def structured_gls(
         "seconds_solve": t2 - t1,
         "seconds_output": t3 - t2,
     }
-    if vscale is None:
-        diagnostics["note"] = (
-            "euclidean geometry with unequal noise scales: the tree passes give the estimate "
-            "but not its sandwich covariance"
-        )
+    if setup.vscale is None:
+        diagnostics["note"] = EUCLIDEAN_NOTE
     return StructuredRelease(
         hierarchy=hierarchy,
         schema=schema,
-        basis=basis,
-        estimates=estimates,
-        covariances=covariances,
-        identified=BlockDiagonal(basis, ident),
-        privacy=floating_point_note(statement),
+        basis=setup.basis,
+        estimates=tuple(estimates),
+        covariances=None if covariances is None else tuple(covariances),
+        identified=BlockDiagonal(setup.basis, setup.ident),
+        privacy=floating_point_note(setup.statement),
         diagnostics=diagnostics,
     )
+
+
+EUCLIDEAN_NOTE = (
+    "euclidean geometry with unequal noise scales: the tree passes give the estimate "
+    "but not its sandwich covariance"
+)
+
+
+def check_structured_invariants(
+    hierarchy: Hierarchy, schema: Schema, invariants: Sequence[ProductInvariant]
+) -> list[ProductInvariant]:
+    """Invariants resolved to level indices, exact in float64 and consistent (parent totals
+    equal their children's sums)."""
+    invs = _resolve(hierarchy, schema, invariants, "invariant")
+    names = hierarchy.names
+    for inv in invs:
+        check_float_exact(inv.values, f"invariant {inv.query.name!r} at level {names[inv.level]!r}")
+    # exact consistency of the invariants (rows are small: totals and marginals)
+    check_invariants(hierarchy, [Invariant(i.level, i.query.to_query(), i.values) for i in invs])
+    return invs
