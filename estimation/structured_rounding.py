@@ -28,13 +28,21 @@ up iff a point falls in ``[C_{i−1}, C_i)``:
   ``P(up_i) = |[C_{i−1}, C_i)| = f_i``, so ``E[rounded x_i] = x_i`` — the induction holds
   one level down, whatever the dependence between parents.
 
-Per level this is a running sum of fractions within each (parent, cell) group (a loop over
-the child *rank*, vectorised over every parent and cell: the sums are taken child by child
-within each group, so they do not depend on what else a partition holds), one ``ceil`` and
-one difference: a few numpy passes over the level. The uniforms ``v`` are drawn per
-(level, parent node, cell) with :meth:`KeyedRNG.draw` (one row of ``K`` per parent node, by
-global node index), so any partition regenerates its own draws and the integers do not
-depend on the partitioning.
+Since ``P_i = x_1 + … + x_i = Σ_{j≤i} ⌊x_j⌋ + C_i`` and ``⌈k + y⌉ = k + ⌈y⌉`` for integer
+``k``, child ``i`` rounds to ``⌈P_i − u⌉ − ⌈P_{i−1} − u⌉`` (``P_0 = 0``) and the parent's
+``N`` decides ``u`` through ``m = ⌊P_n⌋``: the same integers without splitting ``x``
+(also for negative estimates), each inclusion probability exact up to the float resolution
+of its group's running sum (about 2⁻⁵³ × the parent's value). Per level this is a running
+sum within each (parent, cell) group (child row by child row, each row a vector of cells,
+or rank by rank over every parent when there are few cells: the sums are taken child by
+child within each group, so they do not depend on what else a partition holds), one
+``ceil`` and one difference: a few numpy passes over the level. The uniforms ``v`` are drawn per
+(level, parent node, cell) with :meth:`KeyedRNG.draw`, item ``parent · K + cell`` of a stream
+of ``n_parents · K`` items per level (global parent index), so a partition regenerates its
+own draws, touching at most two chunks beyond them, and the integers do not depend on the
+partitioning. Memory is a few float tensors of one chunk of whole parent groups
+(:data:`_CHUNK_CELLS` cells) plus the partition's own input and output tensors; no index
+array longer than one level's node count.
 
 **The top.** Invariants at the root (a laminar family of cell sets, e.g. the nation total)
 are kept by pipage rounding of the root's cells on that family
@@ -336,59 +344,60 @@ def _chunk(
     w_parent: np.ndarray | None,
     out: np.ndarray,
     w_out: np.ndarray | None,
-    first: int,
+    first_parent: int,
     where: tuple[str, Forest, int, Sequence[str]],
     tol: float,
 ) -> None:
-    n_p = parent.shape[0]
+    n_p, K = parent.shape
     start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
     nz = np.flatnonzero(count > 0)
-    base = np.floor(x)
-    frac = np.subtract(x, base)
-    # running sums of the fractions, child by child within each group: by child row (a
-    # vector of K cells each) when K is large, else by rank (vectorised over the parents);
-    # both add the same numbers in the same order, so the bits do not depend on the chunk
-    C = np.empty_like(frac)
-    if parent.shape[1] >= _ROW_LOOP_CELLS:
-        first = np.zeros(frac.shape[0], bool)
-        first[start[nz]] = True
-        for i in range(frac.shape[0]):
-            if first[i]:
-                C[i] = frac[i]
+    heads = start[nz]
+    last = heads + count[nz] - 1
+    # P_i = x_1 + … + x_i within each (parent, cell) group, child by child: by child row (a
+    # vector of K cells) when K is large, else by rank (vectorised over the parents); both
+    # add the same numbers in the same order, so no bit depends on the chunk. The number of
+    # points u + k in [P_{i−1}, P_i) is ⌊x_i⌋ + [a point in the fractional part], i.e. the
+    # systematic sampling of the fractions, without splitting x.
+    P = np.empty_like(x)
+    if K >= _ROW_LOOP_CELLS:
+        head = np.zeros(x.shape[0], bool)
+        head[heads] = True
+        for i in range(x.shape[0]):
+            if head[i]:
+                P[i] = x[i]
             else:
-                np.add(C[i - 1], frac[i], out=C[i])
+                np.add(P[i - 1], x[i], out=P[i])
     else:
         for r in range(int(count.max(initial=0))):
             rows = start[count > r] + r
-            C[rows] = frac[rows] if r == 0 else C[rows - 1] + frac[rows]
-    last = start[nz] + count[nz] - 1
-    S = C[last]
-    T = parent[nz] - np.add.reduceat(base, start[nz], axis=0) if nz.size else parent[:0]
+            P[rows] = x[rows] if r == 0 else P[rows - 1] + x[rows]
+    S = P[last]
     m = np.floor(S)
     phi = S - m
+    N = parent[nz]
     vv = v[nz]
-    u = np.zeros((n_p, parent.shape[1]))
-    u[nz] = np.where(T - m >= 1, vv * phi, phi + vv * (1.0 - phi))
+    u = np.zeros((n_p, K))
+    u[nz] = np.where(N - m >= 1, vv * phi, phi + vv * (1.0 - phi))
     G = np.repeat(u, count, axis=0)
-    np.subtract(C, G, out=G)
-    np.ceil(G, out=G)  # ⌈C_i − u⌉: points u + k below C_i
-    miss = T - G[last].astype(np.int64)
-    # up_i = ⌈C_i − u⌉ − ⌈C_{i−1} − u⌉, with ⌈0 − u⌉ = 0 before each group's first child
-    np.add(base, G, out=base)
-    base[1:] -= G[:-1]
-    later = start[nz][start[nz] > 0]
-    base[later] += G[later - 1]
-    out[...] = base
-    del base, G
+    np.subtract(P, G, out=G)
+    np.ceil(G, out=G)  # ⌈P_i − u⌉: the points u + k below P_i
+    miss = N - G[last].astype(np.int64)
+    # x_i rounded = ⌈P_i − u⌉ − ⌈P_{i−1} − u⌉, with ⌈0 − u⌉ = 0 before a group's first child
+    np.subtract(G[1:], G[:-1], out=out[1:], casting="unsafe")
+    out[heads] = G[heads]
+    del G
     if w_out is not None:
         # slope of E[child bit | parent bit]: (L − f φ) / (φ (1 − φ)), L the part of the
-        # child's interval [a, a + f) (mod 1) below φ; the spread w = |slope| · w_parent
-        ph = np.zeros((n_p, parent.shape[1]))
+        # child's fractional interval [a, a + f) (mod 1) below φ; w = |slope| · w_parent
+        ph = np.zeros((n_p, K))
         ph[nz] = phi
         with np.errstate(divide="ignore", invalid="ignore"):
             q = np.where((ph > 0.0) & (ph < 1.0), w_parent / (ph * (1.0 - ph)), 0.0)
         phc = np.repeat(ph, count, axis=0)
-        a = np.subtract(C, frac, out=C)  # C_{i−1}
+        frac = x - np.floor(x)
+        a = np.empty_like(P)  # P_{i−1} mod 1
+        a[1:] = P[:-1]
+        a[heads] = 0.0
         a -= np.floor(a)
         hi = np.add(a, frac)
         L = np.minimum(hi, phc)
@@ -405,7 +414,7 @@ def _chunk(
         np.abs(L, out=L)
         np.multiply(L, np.repeat(q, count, axis=0), out=w_out)
     if miss.any():
-        _settle(out, x, start[nz], count[nz], nz + first, miss, tol, where)
+        _settle(out, x, heads, count[nz], nz + first_parent, miss, tol, where)
 
 
 def _settle(
