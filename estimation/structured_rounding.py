@@ -130,6 +130,7 @@ __all__ = [
     "round_structured_partition",
     "round_structured",
     "rounding_variance_bound",
+    "rounded_query_variances",
 ]
 
 LABEL = "rounding/structured"
@@ -780,3 +781,34 @@ def rounding_variance_bound(
     bound = inner + outer * outer
     exact = query.dense().sum(axis=1) == 1
     return np.maximum(bound, 0.0), exact
+
+
+def rounded_query_variances(
+    release, rounded: RoundedLevels, level: str | int, query: ProductQuery | str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Error variances of every row of ``query`` at every node of the *rounded* release.
+
+    The estimator's variance (:meth:`StructuredRelease.query_variances`, exact) plus the
+    rounding's (:func:`rounding_variance_bound`): the rounding error has mean zero given the
+    estimate, so the two add. NaN for rows the release does not identify.
+
+    Returns
+    -------
+    variance : (n_nodes, n_rows) numpy.ndarray
+    exact : (n_rows,) numpy.ndarray of bool
+        True where the value is the exact variance (single-cell rows); elsewhere it is an
+        upper bound, and a standard error from it must be labelled a bound.
+
+    Raises
+    ------
+    SpecError
+        When ``rounded`` has no spreads (rounded with ``spreads=False``).
+    """
+    if rounded.spread is None:
+        raise SpecError(
+            "this rounding has no spreads: round with spreads=True to get rounding variances"
+        )
+    q = release._query(query)
+    k = release.hierarchy.level_index(level)
+    bound, exact = rounding_variance_bound(release.estimates[k], rounded.spread[k], q)
+    return release.query_variances(k, q) + bound, exact

@@ -331,3 +331,37 @@ def test_unsupported_invariants_are_refused_naming_them():
     ]
     with pytest.raises(SpecError, match="cuts across"):
         round_structured(rel, KeyedRNG.reproducible(0, warn=False), invariants=across)
+
+
+def test_a_structured_gls_release_rounds_with_invariants_and_labelled_variances():
+    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.estimation.structured_rounding import rounded_query_variances
+    from censusdp.mechanisms.laws import Gaussian
+    from censusdp.mechanisms.product_measure import measure_products, product_invariant
+
+    gen = np.random.default_rng(4)
+    schema = Schema.from_dict(
+        {
+            "name": "t",
+            "attributes": [
+                {"name": "a", "labels": ["x", "y", "z"]},
+                {"name": "b", "labels": ["p", "q"]},
+            ],
+        }
+    )
+    h = random_hierarchy(gen, [(3, 3), (2, 3), (2, 4)])
+    leaf = gen.integers(0, 9, size=(h.leaves.size, *schema.shape))
+    lc = dict(zip(h.names, h.aggregate(leaf), strict=True))
+    det = ProductQuery.parse(schema, "detailed")
+    plan = [(name, det, Gaussian(1.5)) for name in h.names]
+    meas = measure_products(lc, plan, KeyedRNG.reproducible(6, warn=False))
+    tot = ProductQuery.parse(schema, "total")
+    invs = [product_invariant(lc, h.names[0], tot), product_invariant(lc, h.names[1], tot)]
+    rel = structured_gls(h, schema, meas, invs)
+    out = round_structured(rel, KeyedRNG.reproducible(7, warn=False), invariants=invs)
+    _check(h, rel, out, invs)
+    var, exact = rounded_query_variances(rel, out, h.names[-1], "a")
+    assert var.shape == (h.leaves.size, 3) and not exact.any()
+    assert np.all(var >= rel.query_variances(h.names[-1], "a"))
+    var, exact = rounded_query_variances(rel, out, h.names[-1], "detailed")
+    assert exact.all()
