@@ -83,9 +83,10 @@ def _check(h, rel, out, invs):
     seed=st.integers(0, 2**31 - 1),
     cut=st.integers(0, 3),
     per=st.integers(1, 3),
+    rows=st.booleans(),
 )
 def test_integral_consistent_invariant_and_partition_independent(
-    schema, depth, inv, seed, cut, per
+    schema, depth, inv, seed, cut, per, rows
 ):
     gen = np.random.default_rng(seed)
     fan = [(2, 4), (1, 4), (1, 5)][: depth - 1]
@@ -94,9 +95,17 @@ def test_integral_consistent_invariant_and_partition_independent(
     whole = round_structured(rel, rng, invariants=invs, cut=h.depth - 1)
     _check(h, rel, whole, invs)
     lowest = 1 if 1 in inv else 0
-    split = round_structured(
-        rel, rng, invariants=invs, cut=max(lowest, min(cut, h.depth - 1)), nodes_per_partition=per
-    )
+    with pytest.MonkeyPatch.context() as mp:
+        if rows:  # running sums child row by child row, in chunks of a few cells
+            mp.setattr(sr, "_ROW_LOOP_CELLS", 1)
+            mp.setattr(sr, "_CHUNK_CELLS", 8)
+        split = round_structured(
+            rel,
+            rng,
+            invariants=invs,
+            cut=max(lowest, min(cut, h.depth - 1)),
+            nodes_per_partition=per,
+        )
     for a, b in zip(whole.counts, split.counts, strict=True):
         assert np.array_equal(a, b)
     for a, b in zip(whole.spread, split.spread, strict=True):
