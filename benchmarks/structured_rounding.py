@@ -1,28 +1,34 @@
-"""Top-down streaming rounding of pl94 schema histograms, partition by county.
+"""Top-down streaming rounding of pl94 schema histograms, partition by partition.
 
 A synthetic state (:func:`~censusdp.hierarchy.synthetic.synthetic_state`, ``--blocks``
 blocks: nation → state → county → tract → block group → block) with the ``pl94`` person
 histogram (:func:`~censusdp.hierarchy.synthetic.pl94_histogram`, 2,016 cells) plus Gaussian
-noise (σ = ``--sigma`` per block cell, centred within each county so that county, state and
-nation totals are integers, as under a state-total invariant), made consistent by summing
-the blocks up: GLS-like real cell tensors at every level, never held for more than one
-county at a time.
+noise (σ = ``--sigma`` per block cell, centred within each partition so that partition,
+state and nation totals are integers, as under a state-total invariant), made consistent by
+summing the blocks up: GLS-like real cell tensors at every level, never held for more than
+one partition at a time.
+
+Partitions are cut at ``--cut`` (``county``: one county each, as the streaming GLS
+partitions; ``tract``: runs of whole tracts of at most ``--partition-blocks`` blocks, so that
+no partition grows with the state — the synthetic counties are heavy-tailed, the largest of
+160,000 blocks holds a fifth of them).
 
 Stages:
 
-* ``top`` — the nation, state and county tensors (one pass over the counties, keeping only
-  each county's sum), rounded by :func:`round_structured_top` with the nation and state
-  totals invariant;
-* ``partitions`` — per county: its tract, block-group and block tensors regenerated and
-  rounded by :func:`round_structured_partition`; the checks (every cell ⌊x⌋ or ⌈x⌉, children
-  = parent cell by cell) run outside the timed rounding.
+* ``top`` — the nation … cut-level tensors (one pass over the partitions, keeping only each
+  cut node's sum), rounded by :func:`round_structured_top` with the nation and state totals
+  invariant;
+* ``partitions`` — per partition: its tensors below the cut regenerated and rounded by
+  :func:`round_structured_partition`; the checks (every cell ⌊x⌋ or ⌈x⌉, children = parent
+  cell by cell) run outside the timed rounding.
 
 Reports wall and CPU seconds of the rounding alone (and of generating the estimates), the
-peak resident memory of the process (``VmHWM``) and the largest county's block tensor, so a
-run at two sizes shows memory not growing with the number of blocks. Prints one JSON object.
+peak resident memory of the process (``VmHWM``) and the largest partition's block tensor, so
+runs at two sizes show whether memory grows with the number of blocks. Prints one JSON
+object.
 
-Usage: ``python benchmarks/structured_rounding.py [--blocks N] [--sigma S] [--seed S]
-[--no-spreads]``.
+Usage: ``python benchmarks/structured_rounding.py [--blocks N] [--cut county|tract]
+[--partition-blocks B] [--sigma S] [--seed S] [--no-spreads]``.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 
-COUNTY = 2  # nation 0, state 1, county 2
+LEVELS = {"county": 2, "tract": 3}  # nation 0, state 1
 
 
 def vm_hwm_mb() -> float:
@@ -56,28 +62,44 @@ def vm_hwm_mb() -> float:
     return float("nan")
 
 
-def county_ranges(h, c: int) -> list[tuple[int, int]]:
-    """Node ranges of county ``c``'s subtree, county level to blocks."""
-    ranges = [(c, c + 1)]
-    for k in range(COUNTY, h.depth - 1):
+def partitions(h, cut: int, budget: int) -> list[tuple[int, int]]:
+    """Runs of cut-level nodes: one county each, or whole tracts up to ``budget`` blocks."""
+    n = h.levels[cut].size
+    if cut == LEVELS["county"]:
+        return [(c, c + 1) for c in range(n)]
+    blocks = np.bincount(h.ancestor_index(-1, cut), minlength=n)
+    runs, a, size = [], 0, 0
+    for t in range(n):
+        if t > a and size + blocks[t] > budget:
+            runs.append((a, t))
+            a, size = t, 0
+        size += blocks[t]
+    runs.append((a, n))
+    return runs
+
+
+def ranges_of(h, cut: int, run: tuple[int, int]) -> list[tuple[int, int]]:
+    """Node ranges of a run of cut-level nodes' subtrees, cut level to blocks."""
+    ranges = [run]
+    for k in range(cut, h.depth - 1):
         lo = h.descendant_range(k, ranges[-1][0], k + 1)[0]
         hi = h.descendant_range(k, ranges[-1][1] - 1, k + 1)[1]
         ranges.append((lo, hi))
     return ranges
 
 
-def county_estimates(pop, h, c: int, seed: int, sigma: float) -> tuple[Forest, list]:
-    """County ``c``'s real tensors, county level first (flat cells), and its forest."""
-    ranges = county_ranges(h, c)
+def estimates(pop, h, cut: int, run, seed: int, sigma: float) -> tuple[Forest, list, list]:
+    """A partition's real tensors, cut level first (flat cells), its forest and ranges."""
+    ranges = ranges_of(h, cut, run)
     lo, hi = ranges[-1]
     K = int(np.prod(PL94_SHAPE))
     block, cell, count = pl94_histogram(pop, seed, lo, hi)
-    x = np.random.default_rng([seed, 7, c]).standard_normal((hi - lo, K))
-    x -= x.mean()  # the county's noise sums to zero: county totals stay integers
+    x = np.random.default_rng([seed, 7, run[0]]).standard_normal((hi - lo, K))
+    x -= x.mean()  # the partition's noise sums to zero: its total stays an integer
     x *= sigma
     np.add.at(x, (block - lo, cell), count.astype(np.float64))
-    f = Forest.of(h, COUNTY, ranges)
-    return f, f.aggregate(x)
+    f = Forest.of(h, cut, ranges)
+    return f, f.aggregate(x), ranges
 
 
 def main() -> None:
@@ -85,6 +107,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=160_000)
     ap.add_argument("--sigma", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cut", choices=sorted(LEVELS), default="county")
+    ap.add_argument("--partition-blocks", type=int, default=4096)
     ap.add_argument("--no-spreads", action="store_true", help="skip the variance spreads")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
@@ -92,19 +116,21 @@ def main() -> None:
     schema = Schema.load("pl94")
     t = synthetic_state(args.seed, blocks=args.blocks)
     h, pop = t.hierarchy, t.leaf_counts[:, 0]
-    n_counties = h.levels[COUNTY].size
+    cut = LEVELS[args.cut]
+    runs = partitions(h, cut, args.partition_blocks)
     K = schema.n_cells
     rng = KeyedRNG.reproducible(args.seed, warn=False)
 
     gen_wall = gen_cpu = 0.0
     w0, c0 = time.perf_counter(), time.process_time()
-    county = np.empty((n_counties, K))
-    for c in range(n_counties):
-        county[c] = county_estimates(pop, h, c, args.seed, args.sigma)[1][0][0]
+    cut_est = np.empty((h.levels[cut].size, K))
+    for run in runs:
+        cut_est[slice(*run)] = estimates(pop, h, cut, run, args.seed, args.sigma)[1][0]
     gen_wall += time.perf_counter() - w0
     gen_cpu += time.process_time() - c0
-    state = county.sum(axis=0, keepdims=True)  # one state
-    top_est = [state, state, county]
+    top_est = [cut_est]
+    for k in range(cut, 0, -1):
+        top_est.insert(0, h.aggregate_up(k, top_est[0]))
     total = ProductQuery.parse(schema, "total")
     truth = np.array([[int(pop.sum())]])
     invs = [ProductInvariant(0, total, truth), ProductInvariant(1, total, truth)]
@@ -124,27 +150,26 @@ def main() -> None:
     part_wall = part_cpu = 0.0
     largest = 0
     checked = 0
-    for c in range(n_counties):
+    for run in runs:
         w0, c0 = time.perf_counter(), time.process_time()
-        f, est = county_estimates(pop, h, c, args.seed, args.sigma)
+        f, est, ranges = estimates(pop, h, cut, run, args.seed, args.sigma)
         gen_wall += time.perf_counter() - w0
         gen_cpu += time.process_time() - c0
         largest = max(largest, est[-1].nbytes)
-        ranges = county_ranges(h, c)
         w0, c0 = time.perf_counter(), time.process_time()
         out = round_structured_partition(
             f,
             [r[0] for r in ranges],
-            h.sizes[COUNTY:],
+            h.sizes[cut:],
             schema,
-            top.counts[COUNTY][c : c + 1],
-            None if top.spread is None else top.spread[COUNTY][c : c + 1],
+            top.counts[cut][slice(*run)],
+            None if top.spread is None else top.spread[cut][slice(*run)],
             [e.reshape(-1, *schema.shape) for e in est[1:]],
             rng,
         )
         part_wall += time.perf_counter() - w0
         part_cpu += time.process_time() - c0
-        ints = [top.counts[COUNTY][c : c + 1].reshape(1, K)] + [
+        ints = [top.counts[cut][slice(*run)].reshape(-1, K)] + [
             o.reshape(-1, K) for o in out.counts
         ]
         for j in range(1, f.depth):
@@ -161,7 +186,8 @@ def main() -> None:
                 "blocks": int(h.leaves.size),
                 "geounits": int(sum(h.sizes)),
                 "cells": K,
-                "counties": int(n_counties),
+                "cut": args.cut,
+                "partitions": len(runs),
                 "persons": int(pop.sum()),
                 "sigma": args.sigma,
                 "spreads": spreads,
@@ -171,7 +197,7 @@ def main() -> None:
                 "partitions_wall_s": round(part_wall, 3),
                 "generate_wall_s": round(gen_wall, 3),
                 "generate_cpu_s": round(gen_cpu, 3),
-                "largest_county_block_tensor_mb": round(largest / 2**20, 1),
+                "largest_partition_block_tensor_mb": round(largest / 2**20, 1),
                 "peak_rss_mb": round(vm_hwm_mb(), 1),
                 "cells_checked": int(checked),
                 "invariants_exact": True,
