@@ -480,7 +480,7 @@ def _descend(
     parent, w = counts, spread
     for j in range(1, forest.depth):
         name = forest.names[j]
-        x = _flat(schema, estimates[j - 1], f"level {name!r}")
+        x = _flat(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
         if x.shape[0] != forest.sizes[j]:
             raise SpecError(
                 f"level {name!r}: {x.shape[0]} estimate rows for {forest.sizes[j]} nodes"

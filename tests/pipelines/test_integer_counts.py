@@ -183,7 +183,7 @@ def test_an_invariant_beyond_2_53_is_refused_not_released_changed(tmp_path, caps
     assert code == 2 and "2^53" in err and not out.exists()
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_an_invariant_just_below_2_53_round_trips_exactly(tmp_path, capsys, seed):
     top = 2**53 - 1
     data = f"fips,pop\n01001,{top - 10}\n01003,10\n02001,5\n02003,7\n"
