@@ -308,18 +308,24 @@ def _round_children(
 
     ``parent`` (n_p, K) int64, ``x`` (n_c, K) children sorted by parent, ``count`` (n_p,)
     children per parent, ``v`` (n_p, K) keyed uniforms, ``w_parent`` (n_p, K) spreads (None:
-    not computed). Whole parent groups are worked on a chunk at a time; every running sum is
-    taken child by child within its group, so chunks change no bit.
+    not computed). Whole parent groups are worked on a chunk at a time in one reused
+    workspace (no allocation per chunk); every running sum is taken child by child within
+    its group, so chunks change no bit.
     """
     n_p, K = parent.shape
     out = np.empty(x.shape, np.int64)
     w = None if w_parent is None else np.empty(x.shape)
     start = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
     step = max(1, _CHUNK_CELLS // max(1, K))
-    p0 = 0
-    while p0 < n_p:
+    cuts = [0]
+    while cuts[-1] < n_p:
+        p0 = cuts[-1]
         p1 = int(np.searchsorted(start, start[p0] + step, side="right")) - 1
-        p1 = min(max(p1, p0 + 1), n_p)
+        cuts.append(min(max(p1, p0 + 1), n_p))
+    bounds = np.asarray(cuts)
+    rows = int(np.diff(start[bounds]).max(initial=0))
+    ws = np.empty((2 if w is None else 7, rows, K))
+    for p0, p1 in zip(cuts[:-1], cuts[1:], strict=True):
         lo, hi = int(start[p0]), int(start[p1])
         _chunk(
             parent[p0:p1],
@@ -329,11 +335,11 @@ def _round_children(
             None if w_parent is None else w_parent[p0:p1],
             out[lo:hi],
             None if w is None else w[lo:hi],
+            ws[:, : hi - lo],
             p0,
             where,
             tol,
         )
-        p0 = p1
     return out, w
 
 
@@ -345,6 +351,7 @@ def _chunk(
     w_parent: np.ndarray | None,
     out: np.ndarray,
     w_out: np.ndarray | None,
+    ws: np.ndarray,
     first_parent: int,
     where: tuple[str, Forest, int, Sequence[str]],
     tol: float,
@@ -354,12 +361,13 @@ def _chunk(
     nz = np.flatnonzero(count > 0)
     heads = start[nz]
     last = heads + count[nz] - 1
+    par = np.repeat(np.arange(n_p), count)
     # P_i = x_1 + … + x_i within each (parent, cell) group, child by child: by child row (a
     # vector of K cells) when K is large, else by rank (vectorised over the parents); both
     # add the same numbers in the same order, so no bit depends on the chunk. The number of
     # points u + k in [P_{i−1}, P_i) is ⌊x_i⌋ + [a point in the fractional part], i.e. the
     # systematic sampling of the fractions, without splitting x.
-    P = np.empty_like(x)
+    P, G = ws[0], ws[1]
     if K >= _ROW_LOOP_CELLS:
         head = np.zeros(x.shape[0], bool)
         head[heads] = True
@@ -379,41 +387,43 @@ def _chunk(
     vv = v[nz]
     u = np.zeros((n_p, K))
     u[nz] = np.where(N - m >= 1, vv * phi, phi + vv * (1.0 - phi))
-    G = np.repeat(u, count, axis=0)
+    np.take(u, par, axis=0, out=G)
     np.subtract(P, G, out=G)
     np.ceil(G, out=G)  # ⌈P_i − u⌉: the points u + k below P_i
     miss = N - G[last].astype(np.int64)
     # x_i rounded = ⌈P_i − u⌉ − ⌈P_{i−1} − u⌉, with ⌈0 − u⌉ = 0 before a group's first child
     np.subtract(G[1:], G[:-1], out=out[1:], casting="unsafe")
     out[heads] = G[heads]
-    del G
     if w_out is not None:
         # slope of E[child bit | parent bit]: (L − f φ) / (φ (1 − φ)), L the part of the
         # child's fractional interval [a, a + f) (mod 1) below φ; w = |slope| · w_parent
-        ph = np.zeros((n_p, K))
-        ph[nz] = phi
+        f, a, hi, L, ph = ws[2], ws[3], ws[4], ws[5], ws[6]
+        phis = np.zeros((n_p, K))
+        phis[nz] = phi
         with np.errstate(divide="ignore", invalid="ignore"):
-            q = np.where((ph > 0.0) & (ph < 1.0), w_parent / (ph * (1.0 - ph)), 0.0)
-        phc = np.repeat(ph, count, axis=0)
-        frac = x - np.floor(x)
-        a = np.empty_like(P)  # P_{i−1} mod 1
-        a[1:] = P[:-1]
+            q = np.where((phis > 0.0) & (phis < 1.0), w_parent / (phis * (1.0 - phis)), 0.0)
+        np.take(phis, par, axis=0, out=ph)
+        np.floor(x, out=f)
+        np.subtract(x, f, out=f)
+        a[1:] = P[:-1]  # P_{i−1} mod 1
         a[heads] = 0.0
-        a -= np.floor(a)
-        hi = np.add(a, frac)
-        L = np.minimum(hi, phc)
+        np.floor(a, out=hi)
+        a -= hi
+        np.add(a, f, out=hi)
+        np.minimum(hi, ph, out=L)
         L -= a
         np.maximum(L, 0.0, out=L)
-        phc += 1.0
-        np.minimum(hi, phc, out=hi)
+        ph += 1.0
+        np.minimum(hi, ph, out=hi)
         hi -= 1.0
         np.maximum(hi, 0.0, out=hi)
         L += hi
-        phc -= 1.0
-        np.multiply(frac, phc, out=frac)
-        L -= frac
+        ph -= 1.0
+        np.multiply(f, ph, out=f)
+        L -= f
         np.abs(L, out=L)
-        np.multiply(L, np.repeat(q, count, axis=0), out=w_out)
+        np.take(q, par, axis=0, out=ph)
+        np.multiply(L, ph, out=w_out)
     if miss.any():
         _settle(out, x, heads, count[nz], nz + first_parent, miss, tol, where)
 
