@@ -78,10 +78,15 @@ variance gives, for a marginal row ``A``,
 
     Var(Σ_A Z) = Σ_A (f(1 − f) − w²) + Var(Σ_A s B) ≤ Σ_A (f(1 − f) − w²) + (Σ_A w)²,
 
-with ``w_c = |s_c| sd(B_c)`` (Cauchy–Schwarz on the last term). :class:`RoundedLevels`
-carries ``w`` per level (``spread``) and :func:`rounding_variance_bound` evaluates this
-*bound* for any product query; it is exact for detailed cells (one cell per row) and for
-rows whose ``w`` vanish, and is reported as a bound otherwise.
+with ``w_c = s_c sd(B_c)`` (Cauchy–Schwarz on the last term). When the joint level's bits
+are pairwise non-positively correlated — controlled rounding of the children (Gandhi et al.
+2006, property B3: edges at one vertex; a state's cells and, through the slack row, the
+root's) or pipage of the root's cells as one group (Srinivasan 2001) — same-sign pairs add
+at most 0 and ``Var(Σ_A s B) ≤ Σ_A w² + 2 (Σ_A w⁺)(Σ_A w⁻)``, so
+``Var(Σ_A Z) ≤ Σ_A f(1 − f) + 2 (Σ_A w⁺)(Σ_A w⁻)``. :class:`RoundedLevels` carries ``w``
+per level (``spread``) and whether that holds (``negative``); :func:`rounding_variance_bound`
+evaluates the *bound* for any product query. It is exact for detailed cells (one cell per
+row) and is reported as a bound otherwise.
 
 References
 ----------
@@ -145,13 +150,19 @@ class RoundedLevels:
     counts : list of numpy.ndarray
         int64 ``(n_nodes, *schema.shape)`` per level.
     spread : list of numpy.ndarray, or None
-        ``w`` per level, same shapes (float; None when not asked for): |slope| × the standard deviation of the bit
-        of the cell's ancestor at the jointly rounded level (module docstring); for
+        ``w`` per level, same shapes (float; None when not asked for): the slope of
+        ``E[cell bit | ancestor's bit]`` (signed) times the standard deviation of the bit of
+        the cell's ancestor at the jointly rounded level (module docstring); for
         :func:`rounding_variance_bound`.
+    negative : bool
+        Whether the jointly rounded level's bits are pairwise non-positively correlated
+        (controlled rounding of the children, or pipage of the root's cells as one group),
+        which tightens the bound.
     """
 
     counts: list[np.ndarray]
     spread: list[np.ndarray] | None
+    negative: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -396,7 +407,7 @@ def _chunk(
     out[heads] = G[heads]
     if w_out is not None:
         # slope of E[child bit | parent bit]: (L − f φ) / (φ (1 − φ)), L the part of the
-        # child's fractional interval [a, a + f) (mod 1) below φ; w = |slope| · w_parent
+        # child's fractional interval [a, a + f) (mod 1) below φ; w = slope · w_parent
         f, a, hi, L, ph = ws[2], ws[3], ws[4], ws[5], ws[6]
         phis = np.zeros((n_p, K))
         phis[nz] = phi
@@ -421,7 +432,6 @@ def _chunk(
         ph -= 1.0
         np.multiply(f, ph, out=f)
         L -= f
-        np.abs(L, out=L)
         np.take(q, par, axis=0, out=ph)
         np.multiply(L, ph, out=w_out)
     if miss.any():
@@ -483,6 +493,7 @@ def _descend(
     schema: Schema,
     label: str,
     tol: float,
+    negative: bool = False,
 ) -> RoundedLevels:
     """Levels ``1 ..`` of ``forest`` from the integers of its level 0."""
     cells = schema.cells
@@ -507,7 +518,7 @@ def _descend(
         out.append(parent.reshape(-1, *schema.shape))
         if w is not None:
             sp.append(w.reshape(-1, *schema.shape))
-    return RoundedLevels(out, sp if spread is not None else None)
+    return RoundedLevels(out, sp if spread is not None else None, negative)
 
 
 def round_structured_top(
@@ -615,7 +626,7 @@ def round_structured_top(
             [0] * f.depth,
             f.sizes,
             counts[-1],
-            spread[-1],
+            spread[-1] if spreads else None,
             estimates[start + 1 :],
             rng,
             schema,
@@ -623,11 +634,15 @@ def round_structured_top(
             tol,
         )
         counts += below.counts
-        spread += below.spread
+        spread += below.spread or []
     shp = tuple(schema.shape)
+    # the joint level's bits are negatively correlated for controlled rounding (Gandhi et
+    # al. 2006, property B3) and for pipage of one group (Srinivasan 2001)
+    negative = shape.atoms is not None or int(shape.root_groups[0].max(initial=0)) == 0
     return RoundedLevels(
         [c.reshape(-1, *shp) for c in counts[: cut + 1]],
-        [s.reshape(-1, *shp) for s in spread[: cut + 1]],
+        [s.reshape(-1, *shp) for s in spread[: cut + 1]] if spreads else None,
+        negative,
     )
 
 
@@ -641,6 +656,7 @@ def round_structured_partition(
     estimates: Sequence[np.ndarray],
     rng: KeyedRNG,
     *,
+    negative: bool = False,
     label: str = LABEL,
     tol: float = TOL,
 ) -> RoundedLevels:
@@ -659,6 +675,8 @@ def round_structured_partition(
         (``cut_spread`` None: no spreads computed).
     estimates : sequence of arrays
         The partition's real cell tensors of levels ``cut + 1 .. leaf``.
+    negative : bool
+        :attr:`RoundedLevels.negative` of the top (carried for the variance bound).
     rng, label, tol
         As for :func:`round_structured_top` (the same ``rng`` and ``label``).
 
@@ -690,6 +708,7 @@ def round_structured_partition(
         schema,
         label,
         tol,
+        negative,
     )
 
 
@@ -754,6 +773,7 @@ def round_structured(
             None if top.spread is None else top.spread[cut][slice(*ranges[0])],
             [est[cut + 1 + j][slice(*ranges[j + 1])] for j in range(below)],
             rng,
+            negative=top.negative,
             label=label,
             tol=tol,
         )
@@ -764,16 +784,27 @@ def round_structured(
     return RoundedLevels(
         top.counts + [np.concatenate(c) for c in counts],
         None if top.spread is None else top.spread + [np.concatenate(s) for s in spread],
+        top.negative,
     )
 
 
 def rounding_variance_bound(
-    estimates: np.ndarray, spread: np.ndarray, query: ProductQuery, tol: float = TOL
+    estimates: np.ndarray,
+    spread: np.ndarray,
+    query: ProductQuery,
+    negative: bool = False,
+    tol: float = TOL,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rounding variance of every row of ``query`` at every node of one level: a bound.
 
-    ``Σ_A (f(1 − f) − w²) + (Σ_A w)²`` over the row's cells ``A`` (module docstring), with
-    ``f`` the fractional parts of ``estimates`` and ``w`` the level's ``spread``.
+    With ``f`` the fractional parts of ``estimates``, ``w`` the level's signed ``spread``
+    and ``A`` a row's cells (module docstring):
+
+    * in general ``Σ_A (f(1 − f) − w²) + (Σ_A |w|)²`` (Cauchy–Schwarz on the joint level's
+      bits);
+    * when that level's bits are pairwise non-positively correlated (``negative``, see
+      :class:`RoundedLevels`), ``Σ_A f(1 − f) + 2 (Σ_A w⁺)(Σ_A w⁻)``: same-sign pairs add
+      at most 0, opposite-sign pairs at most ``|w||w'|``.
 
     Returns
     -------
@@ -786,9 +817,13 @@ def rounding_variance_bound(
     x = np.asarray(estimates, float)
     own = rounding_variance(x, tol)
     w = np.asarray(spread, float)
-    inner = query.apply(np.maximum(own - w * w, 0.0))
-    outer = query.apply(w)
-    bound = inner + outer * outer
+    if negative:
+        bound = query.apply(own) + 2.0 * query.apply(np.maximum(w, 0.0)) * query.apply(
+            np.maximum(-w, 0.0)
+        )
+    else:
+        outer = query.apply(np.abs(w))
+        bound = query.apply(np.maximum(own - w * w, 0.0)) + outer * outer
     exact = query.dense().sum(axis=1) == 1
     return np.maximum(bound, 0.0), exact
 
@@ -820,5 +855,7 @@ def rounded_query_variances(
         )
     q = release._query(query)
     k = release.hierarchy.level_index(level)
-    bound, exact = rounding_variance_bound(release.estimates[k], rounded.spread[k], q)
+    bound, exact = rounding_variance_bound(
+        release.estimates[k], rounded.spread[k], q, rounded.negative
+    )
     return release.query_variances(k, q) + bound, exact

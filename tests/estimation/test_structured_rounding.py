@@ -237,9 +237,14 @@ def test_variance_bound_holds_and_is_exact_for_cells(n):
         for q in draws:
             draws[q].append(ProductQuery.parse(schema, q).apply(out.counts[level]))
     out = round_structured(rel, KeyedRNG.reproducible(0, warn=False), invariants=invs)
+    assert out.negative  # controlled rounding of the states
     for q, d in draws.items():
         query = ProductQuery.parse(schema, q)
-        bound, exact = rounding_variance_bound(rel.estimates[level], out.spread[level], query)
+        general, _ = rounding_variance_bound(rel.estimates[level], out.spread[level], query)
+        bound, exact = rounding_variance_bound(
+            rel.estimates[level], out.spread[level], query, out.negative
+        )
+        assert np.all(bound <= general + 1e-12)  # negative correlation only tightens it
         emp = np.var(np.array(d), axis=0, ddof=1)
         # the sample variance of a sum R of ``width`` bits has SD ≤ width · sqrt(Var R / n)
         # (its fourth central moment is at most width² Var R); Bonferroni at α = 1e-6
