@@ -107,6 +107,8 @@ __all__ = [
     "finish_rounding",
     "tracked_sums",
     "sum_estimator_variances",
+    "snap_invariants",
+    "invariant_chain",
 ]
 
 TOL = 1e-7
@@ -397,23 +399,9 @@ class RoundingPlan:
         for k in range(D - 1, -1, -1):
             stages: list[np.ndarray] = [] if k == D - 1 else [top.copy()]
             P = top
-            mine = [(s, iv) for lv, s, iv in rows if lv == k]
-            for size in sorted({int(s.sum()) for s, _ in mine}):
-                lab = P.copy()
-                for s, iv in mine:
-                    if int(s.sum()) != size:
-                        continue
-                    touched = np.unique(P[s])
-                    if not np.all(s[np.isin(P, touched)]):  # pragma: no cover - _check_laminar
-                        raise SpecError(
-                            f"invariant at {_describe(names, iv)} splits a set the rounding "
-                            "family keeps below it"
-                        )
-                    lab[s] = lab[s].min()
-                lab = _relabel(lab)
-                if not np.array_equal(lab, P):
-                    stages.append(lab)
-                    P = lab
+            for lab in invariant_chain(names, P, [(s, iv) for lv, s, iv in rows if lv == k]):
+                stages.append(lab)
+                P = lab
             if mode == "totals":
                 above = [s for lv, s, _ in rows if lv < k]
                 sig = (
@@ -444,6 +432,35 @@ class RoundingPlan:
                 ]
                 out.append(f"{self.names[k]}: " + ", ".join(blocks))
         return out
+
+
+def invariant_chain(
+    names: Sequence[str], P: np.ndarray, mine: Sequence[tuple[np.ndarray, Invariant]]
+) -> list[np.ndarray]:
+    """The partitions of the cells that one level's invariant rows add to partition ``P``.
+
+    Rows are merged into ``P``'s blocks by increasing size, one coarser partition per size
+    that changes anything (finest first); ``mine`` are (row mask, invariant) pairs of one
+    level, laminar with each other and with ``P`` (:func:`_check_laminar`).
+    """
+    out = []
+    for size in sorted({int(s.sum()) for s, _ in mine}):
+        lab = P.copy()
+        for s, iv in mine:
+            if int(s.sum()) != size:
+                continue
+            touched = np.unique(P[s])
+            if not np.all(s[np.isin(P, touched)]):  # pragma: no cover - _check_laminar
+                raise SpecError(
+                    f"invariant at {_describe(names, iv)} splits a set the rounding "
+                    "family keeps below it"
+                )
+            lab[s] = lab[s].min()
+        lab = _relabel(lab)
+        if not np.array_equal(lab, P):
+            out.append(lab)
+            P = lab
+    return out
 
 
 def _invariant_rows(
@@ -1345,6 +1362,82 @@ def check_invariants(release: Release, invariants: Sequence[Invariant]) -> dict[
     return out
 
 
+def snap_invariants(
+    forest: Forest,
+    leaf_values: np.ndarray,
+    leaves: np.ndarray,
+    invariants: Sequence[Invariant],
+    tol: float = TOL,
+) -> np.ndarray:
+    """Put back onto the invariants what float64 resolution made the rounding miss.
+
+    A set of the rounding family whose real sum is an invariant ``t`` sums, in float64, to
+    within ``n · ulp(max |x|)`` of ``t`` only (``n`` its leaf cells): near 2⁵³ a county
+    estimate holds no fraction at all, its children's fractional parts do not sum to an
+    integer, and the leftover the rounding carries out of the invariant's set misses ``t``
+    by one for some draws. Where an invariant node's rounded sum misses ``t`` by at most
+    ``1 + ⌊n · ulp(max |x|)⌋`` *and* that resolution is at least ``tol`` (so the miss is a
+    float artefact, not an estimate that missed the invariant), the difference is added, as
+    an integer, to the set's leaf cell of largest magnitude that no deeper (or nested)
+    invariant holds: its float value cannot tell ⌊x⌋ from x ± 1 either, so every other
+    guarantee holds to float resolution. Rows are settled deepest (and smallest) first, so a
+    fix never breaks an invariant already settled (the family is laminar: an earlier row
+    meeting this one lies inside it). Misses beyond the float resolution are left for the
+    ``==`` check to refuse (:func:`finish_rounding`).
+
+    Parameters
+    ----------
+    forest : Forest
+        The levels the leaves sum to (a partition's, or :func:`whole_forest`).
+    leaf_values : (n_leaves, K) float
+        The real leaf estimates that were rounded.
+    leaves : (n_leaves, K) int64
+        Their rounding; returned as is when nothing is missed, else a corrected copy.
+    invariants : sequence of Invariant
+        Hierarchy levels; those outside the forest are skipped, values cut to its nodes.
+    tol : float
+        The rounding tolerance (fractions within it count as integral).
+    """
+    x = np.abs(np.asarray(leaf_values, dtype=float))
+    rows = sorted(
+        (
+            (iv.level - forest.first, r, np.asarray(iv.values)[:, q])
+            for iv in invariants
+            if 0 <= iv.level - forest.first < forest.depth
+            for q, r in enumerate(np.asarray(iv.query.matrix) != 0)
+        ),
+        key=lambda r: (-r[0], int(r[1].sum())),
+    )
+    out = leaves
+    done: list[np.ndarray] = []
+    for j, s, target in rows:
+        locked = np.zeros_like(s)
+        for d in done:
+            if (d & s).any():
+                locked |= d
+        done.append(s)
+        free = np.flatnonzero(s & ~locked)
+        miss = np.asarray(target, np.int64) - forest.aggregate(out[:, s].sum(axis=1))[j]
+        if not miss.any() or free.size == 0:
+            continue
+        anc = np.arange(forest.sizes[-1])
+        for i in range(forest.depth - 1, j, -1):
+            anc = forest.parent(i)[anc]
+        n = np.bincount(anc, minlength=forest.sizes[j]) * int(s.sum())
+        big = np.zeros(forest.sizes[j])
+        np.maximum.at(big, anc, x[:, s].max(axis=1, initial=0.0))
+        res = n * np.spacing(big)
+        fix = np.flatnonzero((miss != 0) & (res >= tol) & (np.abs(miss) <= 1 + np.floor(res)))
+        if out is leaves and fix.size:
+            out = leaves.copy()
+        for v in fix:  # only nodes at the edge of float resolution: a handful
+            here = np.flatnonzero(anc == v)
+            block = x[here][:, free]
+            i, c = np.unravel_index(int(np.argmax(block)), block.shape)
+            out[here[i], free[c]] += miss[v]
+    return out
+
+
 def sum_estimator_variances(
     release: Release | object, masks: np.ndarray, levels: Sequence[int]
 ) -> list[np.ndarray]:
@@ -1484,12 +1577,18 @@ def round_release(
         check_bipartite(h.names, release.cells, invariants)
         masks, labels = tracked_sums(release.cells, invariants, queries)
         counts = round_bipartite(h, leaves, rng, label=lab, tol=tol)
+        snapped = snap_invariants(whole_forest(h), leaves, counts[-1], invariants, tol)
+        if snapped is not counts[-1]:
+            counts = h.aggregate(snapped)
         parent = release.estimates[-2] if h.depth >= 2 else leaves
         aggregate = whole_forest(h, 0, max(h.depth - 2, 0)).aggregate
         rv = bipartite_variances(aggregate, leaves, parent, h.depth, masks, tol)
         return finish_rounding(release, counts, rv, masks, labels, method, invariants)
     plan = RoundingPlan.build(h.names, release.cells, method, invariants, queries)
     counts, rv = round_tree(h, leaves, rng, plan=plan, label=lab, tol=tol, with_variances=True)
+    snapped = snap_invariants(whole_forest(h), leaves, counts[-1], invariants, tol)
+    if snapped is not counts[-1]:
+        counts = h.aggregate(snapped)
     return finish_rounding(
         release, counts, rv, plan.masks, plan.labels, method, invariants, plan.describe()
     )

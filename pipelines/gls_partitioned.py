@@ -71,6 +71,7 @@ from censusdp.estimation.rounding import (
     round_release,
     round_top,
     settle_part,
+    snap_invariants,
     sum_estimator_variances,
     tracked_sums,
 )
@@ -340,7 +341,7 @@ def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleaseP
     part, piece, forest, lo, leaf, cell, add, bits, invariants, masks = item
     summary: dict = {}
     if plan is None:  # bipartite: ``part`` is the rounded leaves, ``bits`` the parents' rows
-        leaves = part
+        leaves = snap_invariants(forest, piece.estimates[-1], part, [i for i, _ in invariants], tol)
         counts = forest.aggregate(leaves)
         parents = Forest(
             forest.first, forest.names[:-1], forest.sizes[:-1], forest.child_count[:-1], ()
@@ -352,6 +353,9 @@ def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleaseP
     else:
         leaves = part.leaves.copy()  # the rounded leaves stay as they are, for a recomputation
         leaves[leaf - lo[-1], cell] += add
+        leaves = snap_invariants(
+            forest, piece.estimates[-1], leaves, [i for i, _ in invariants], tol
+        )
         counts = forest.aggregate(leaves)
         rounding = settle_part(part, forest, lo, plan, bits)
     K = leaves.shape[1]
@@ -460,7 +464,7 @@ def partitioned_round(
     part_invs = [
         tuple(
             (iv, f"{h.names[iv.level]}: {iv.query.name}")
-            for iv in restrict(invariants, cut + 1, p.ranges[1:])
+            for iv in restrict(invariants, cut, p.ranges)
         )
         for p in partitions
     ]

@@ -1,0 +1,861 @@
+"""Unbiased top-down integer rounding of schema histograms, streaming partition by partition.
+
+The structured GLS (:mod:`censusdp.estimation.structured_gls`) gives real cell tensors
+``(n_nodes, *schema.shape)`` at every level, consistent cell by cell (parent = Σ children).
+This module rounds them to int64 so that
+
+* every detailed cell of every node is ⌊x⌋ or ⌈x⌉, with E[rounded] = x;
+* children sum to their parent cell by cell, so every marginal table of every node is the
+  integer sum of its children's and every table identity holds exactly;
+* every invariant (at the root and its children) holds ``==``;
+
+level by level from the root down, so that below a cut level every partition rounds its own
+subtrees from its cut nodes' integers and nothing else (O(one partition's tensors)).
+
+**One level down: conditioned systematic sampling.** Fix a parent ``p`` and a cell ``c``
+with real value ``X`` and integer ``N ∈ {⌊X⌋, ⌈X⌉}``, ``P(N = ⌈X⌉) = frac X`` (induction).
+Its children have values ``x_i = ⌊x_i⌋ + f_i``; put ``F = Σ⌊x_i⌋``, ``S = Σ f_i = X − F``,
+``m = ⌊S⌋``, ``φ = frac S = frac X``, ``C_i = f_1 + … + f_i`` and ``T = N − F`` (the number
+of children to round up: ``T = m + 1`` exactly when the parent went up). Systematic sampling
+(Madow 1949) with start ``u ∈ [0, 1)`` puts points at ``u, u + 1, …`` and rounds child ``i``
+up iff a point falls in ``[C_{i−1}, C_i)``:
+
+* ``up_i = ⌈C_i − u⌉ − ⌈C_{i−1} − u⌉ ∈ {0, 1}`` (``f_i < 1``), and ``Σ_i up_i = ⌈S − u⌉ =
+  m + [u < φ]``;
+* with ``v`` a keyed uniform, ``u = φ v`` when ``T = m + 1`` and ``u = φ + (1 − φ) v`` when
+  ``T = m``. Then ``Σ_i up_i = T`` exactly (children sum to the parent), and since
+  ``P(T = m + 1) = φ`` the law of ``u`` is ``φ · U[0, φ) + (1 − φ) · U[φ, 1) = U[0, 1)``:
+  ``P(up_i) = |[C_{i−1}, C_i)| = f_i``, so ``E[rounded x_i] = x_i`` — the induction holds
+  one level down, whatever the dependence between parents.
+
+Since ``P_i = x_1 + … + x_i = Σ_{j≤i} ⌊x_j⌋ + C_i`` and ``⌈k + y⌉ = k + ⌈y⌉`` for integer
+``k``, child ``i`` rounds to ``⌈P_i − u⌉ − ⌈P_{i−1} − u⌉`` (``P_0 = 0``) and the parent's
+``N`` decides ``u`` through ``m = ⌊P_n⌋``: the same integers without splitting ``x``
+(also for negative estimates), each inclusion probability exact up to the float resolution
+of its group's running sum (about 2⁻⁵³ × the parent's value). Per level this is a running
+sum within each (parent, cell) group (child row by child row, each row a vector of cells,
+or rank by rank over every parent when there are few cells: the sums are taken child by
+child within each group, so they do not depend on what else a partition holds), one
+``ceil`` and one difference: a few numpy passes over the level. The uniforms ``v`` are drawn per
+(level, parent node, cell) with :meth:`KeyedRNG.draw`, item ``parent · K + cell`` of a stream
+of ``n_parents · K`` items per level (global parent index), so a partition regenerates its
+own draws, touching at most two chunks beyond them, and the integers do not depend on the
+partitioning. Memory is a few float tensors of one chunk of whole parent groups
+(:data:`_CHUNK_CELLS` cells) plus the partition's own input and output tensors; no index
+array longer than one level's node count.
+
+**The top.** Invariants at the root (a laminar family of cell sets, e.g. the nation total)
+are kept by pipage rounding of the root's cells on that family
+(:func:`~censusdp.estimation.rounding.pipage_round`, Ageev & Sviridenko 2004). Invariants at
+the root's children (state totals, or marginals whose rows are laminar) make each state's
+invariant rows fixed sums *and* the nation's cells real column sums: the (states × cells)
+matrix, one block of columns per atom of the invariant rows, is rounded by controlled
+unbiased rounding (Cox 1987; cycle cancelling as in Gandhi, Khuller, Parthasarathy &
+Srinivasan 2006, :func:`~censusdp.estimation.rounding.round_bipartite`'s), and the nation is
+the column sums: every state row exact, every nation cell within ⌊·⌋/⌈·⌉, every state cell
+unbiased. Root invariants must then be unions of the children's atoms (they are exact as
+sums of exact rows); invariants deeper than the root's children, or root rows that cut
+across the children's atoms, are refused (:class:`~censusdp.errors.SpecError`, naming them):
+no conditioned rounding of a (children × cells) matrix with both margins fixed by random
+integers keeps every cell unbiased.
+
+**Float resolution.** Near 2⁵³ a value holds no fraction, so sums of fractions can miss an
+integer target by one: every group settles exactly at its parent's integer (a child whose
+fraction the sampling missed takes the unit; beyond that only within float resolution, on
+the child of largest magnitude, see :func:`~censusdp.estimation.rounding.snap_invariants`,
+which also settles the invariants at the top); a real inconsistency is a
+:class:`~censusdp.errors.DataError` naming level, node and cell.
+
+**Rounding variances.** Each detailed cell's rounding error is ``Z − f`` with ``Z ~
+Bernoulli(f)``: variance ``f(1 − f)``, exact. Below the level where cells are rounded jointly
+(the root with pipage, or its children with controlled rounding) the cells of a node depend
+on each other only through that level: given it, each cell's chain of bits uses its own
+uniforms. With ``B_c`` the bit of cell ``c`` of the node's ancestor there and ``s_c`` the
+slope of ``E[Z_c | B_c]`` (a product over the levels between of
+``β = P(up | parent up) − P(up | parent down)``, each the overlap of ``[C_{i−1}, C_i)`` mod 1
+with ``[0, φ)`` over ``φ`` minus that with ``[φ, 1)`` over ``1 − φ``), the law of total
+variance gives, for a marginal row ``A``,
+
+    Var(Σ_A Z) = Σ_A (f(1 − f) − w²) + Var(Σ_A s B) ≤ Σ_A (f(1 − f) − w²) + (Σ_A w)²,
+
+with ``w_c = s_c sd(B_c)`` (Cauchy–Schwarz on the last term). When the joint level's bits
+are pairwise non-positively correlated — controlled rounding of the children (Gandhi et al.
+2006, property B3: edges at one vertex; a state's cells and, through the slack row, the
+root's) or pipage of the root's cells as one group (Srinivasan 2001) — same-sign pairs add
+at most 0 and ``Var(Σ_A s B) ≤ Σ_A w² + 2 (Σ_A w⁺)(Σ_A w⁻)``, so
+``Var(Σ_A Z) ≤ Σ_A f(1 − f) + 2 (Σ_A w⁺)(Σ_A w⁻)``. :class:`RoundedLevels` carries ``w``
+per level (``spread``) and whether that holds (``negative``); :func:`rounding_variance_bound`
+evaluates the *bound* for any product query. It is exact for detailed cells (one cell per
+row) and is reported as a bound otherwise.
+
+References
+----------
+Madow, W. G. (1949). On the theory of systematic sampling, II. Ann. Math. Stat. 20(3).
+Cox, L. H. (1987). A constructive procedure for unbiased controlled rounding. JASA 82(398).
+Ageev, A. & Sviridenko, M. (2004). Pipage rounding. J. Comb. Optim. 8.
+Gandhi, R., Khuller, S., Parthasarathy, S. & Srinivasan, A. (2006). Dependent rounding and
+    its applications to approximation algorithms. J. ACM 53(3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from censusdp.errors import DataError, SpecError
+from censusdp.estimation.gls import Forest, whole_forest
+from censusdp.estimation.rounding import (
+    INT_LIMIT,
+    TOL,
+    _bordered,
+    _cancel_cycles,
+    _check_laminar,
+    _invariant_rows,
+    _split,
+    _uniform,
+    invariant_chain,
+    pipage_round,
+    rounding_variance,
+    snap_invariants,
+)
+from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.product_measure import ProductInvariant
+from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.mechanisms.queries import Invariant
+from censusdp.rng import KeyedRNG
+from censusdp.schema import Schema
+
+__all__ = [
+    "RoundedLevels",
+    "TopShape",
+    "top_shape",
+    "round_structured_top",
+    "round_structured_partition",
+    "round_structured",
+    "rounding_variance_bound",
+    "rounded_query_variances",
+]
+
+LABEL = "rounding/structured"
+
+
+@dataclass(frozen=True, eq=False)
+class RoundedLevels:
+    """Integer cell tensors of consecutive levels.
+
+    Attributes
+    ----------
+    counts : list of numpy.ndarray
+        int64 ``(n_nodes, *schema.shape)`` per level.
+    spread : list of numpy.ndarray, or None
+        ``w`` per level, same shapes (float; None when not asked for): the slope of
+        ``E[cell bit | ancestor's bit]`` (signed) times the standard deviation of the bit of
+        the cell's ancestor at the jointly rounded level (module docstring); for
+        :func:`rounding_variance_bound`.
+    negative : bool
+        Whether the jointly rounded level's bits are pairwise non-positively correlated
+        (controlled rounding of the children, or pipage of the root's cells as one group),
+        which tightens the bound.
+    """
+
+    counts: list[np.ndarray]
+    spread: list[np.ndarray] | None
+    negative: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class TopShape:
+    """How the invariants are held (from :func:`top_shape`).
+
+    Attributes
+    ----------
+    root_groups : list of numpy.ndarray
+        Pipage groups of the root's cells in ``order`` (finest first), when the root's
+        children hold no invariant.
+    order : numpy.ndarray
+        Cell order making every root group contiguous.
+    atoms : numpy.ndarray or None
+        Atom label of every cell for the children's controlled rounding (None: the children
+        hold no invariant).
+    invariants : tuple of Invariant
+        The invariants as flat queries (levels 0 and 1), for the float-resolution snap and
+        the ``==`` check.
+    """
+
+    root_groups: list[np.ndarray]
+    order: np.ndarray
+    atoms: np.ndarray | None
+    invariants: tuple[Invariant, ...]
+
+    @property
+    def joint_level(self) -> int:
+        """The level whose cells are rounded jointly (0: the root; 1: its children)."""
+        return 0 if self.atoms is None else 1
+
+
+def _flat(schema: Schema, x: np.ndarray, what: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.shape[1:] != tuple(schema.shape):
+        raise SpecError(
+            f"{what}: cell tensors have shape {a.shape[1:]}, expected the schema "
+            f"{schema.name!r} shape {tuple(schema.shape)}"
+        )
+    return a.reshape(a.shape[0], -1)
+
+
+def _check_values(x: np.ndarray, level: str, codes, cells: Sequence[str]) -> None:
+    """Refuse NaN, infinite or int64-overflowing estimates (naming level, node and cell)."""
+    if x.size == 0:
+        return
+    top = max(float(x.max()), -float(x.min()))  # NaN propagates
+    if np.isfinite(top) and top < INT_LIMIT:
+        return
+    bad = ~np.isfinite(x)
+    big = np.abs(np.where(bad, 0.0, x)) >= INT_LIMIT
+    for mask, what in ((bad, "is not finite (NaN or infinite)"), (big, "exceeds ±2^62")):
+        if mask.any():
+            i, c = np.argwhere(mask)[0]
+            node = str(codes[i]) if codes is not None and len(codes) else f"#{i}"
+            raise DataError(
+                f"cannot round the release: the estimate at level {level!r}, node {node!r}, "
+                f"cell {cells[c]!r} {what}; integer counts must fit in int64 — check the "
+                "estimator's output"
+            )
+
+
+def top_shape(
+    hierarchy: Hierarchy, schema: Schema, invariants: Sequence[ProductInvariant] = ()
+) -> TopShape:
+    """Check that the invariants fit the structured rounding and plan how to hold them.
+
+    Raises
+    ------
+    SpecError
+        An invariant below the root's children, not a 0/1 query, rows that cross (no laminar
+        family), or a root invariant row that cuts across the children's invariant atoms;
+        the message names the invariant (level, query) and says what would work.
+    """
+    names = hierarchy.names
+    cells = schema.cells
+    flat: list[Invariant] = []
+    for iv in invariants:
+        k = hierarchy.level_index(iv.level)
+        if k >= 2:
+            raise SpecError(
+                f"the structured rounding holds invariants at the root and its children only "
+                f"(levels {names[0]!r}, {names[1]!r}); the invariant at level {names[k]!r}, "
+                f"query {iv.query.name!r} is deeper: no top-down unbiased rounding keeps a "
+                "(children × cells) matrix with both margins fixed; drop it, or round a flat "
+                "release with estimation.rounding.round_release"
+            )
+        if not isinstance(iv.query, ProductQuery) or iv.query.schema is not schema:
+            raise SpecError(
+                f"invariant at level {names[k]!r}: query {getattr(iv.query, 'name', iv.query)!r} "
+                f"is not a product query over schema {schema.name!r}"
+            )
+        flat.append(Invariant(k, iv.query.to_query(), np.asarray(iv.values)))
+    rows = _invariant_rows(names[:2], cells, flat)
+    _check_laminar(names, rows)
+    K = len(cells)
+    atoms = None
+    groups: list[np.ndarray] = []
+    order = np.arange(K)
+    kids = [s for lv, s, _ in rows if lv == 1]
+    if kids:
+        sig = np.vstack(kids)
+        atoms = np.unique(sig.T, axis=0, return_inverse=True)[1].reshape(-1)
+        n_atoms = int(atoms.max()) + 1
+        for lv, r, iv in rows:
+            if lv != 0:
+                continue
+            hits = np.bincount(atoms, weights=r, minlength=n_atoms)
+            if np.any((hits > 0) & (hits < np.bincount(atoms, minlength=n_atoms))):
+                raise SpecError(
+                    f"the root invariant {iv.query.name!r} (level {names[0]!r}) cuts across "
+                    f"the sets the invariants at level {names[1]!r} fix: the structured "
+                    "rounding keeps root sums of those sets only; hold the root invariant "
+                    "at the children's level too, or drop it"
+                )
+    else:
+        chain = invariant_chain(names, np.arange(K), [(s, iv) for _, s, iv in rows])
+        chain = [*chain, np.zeros(K, np.int64)]  # the root total within floor/ceil too
+        order = np.lexsort(tuple(chain))
+        ids = []
+        for lvl in range(len(chain)):
+            key = np.stack([c[order] for c in chain[lvl:]], axis=1)
+            change = np.r_[True, np.any(key[1:] != key[:-1], axis=1)]
+            ids.append(np.cumsum(change) - 1)
+        groups = [ids[0]]
+        for lvl in range(1, len(chain)):
+            first = np.flatnonzero(np.r_[True, ids[lvl - 1][1:] != ids[lvl - 1][:-1]])
+            groups.append(ids[lvl][first])
+    return TopShape(groups, order, atoms, tuple(flat))
+
+
+def _sd(frac: np.ndarray) -> np.ndarray:
+    return np.sqrt(frac * (1.0 - frac))
+
+
+#: Children's cells worked on at a time (per chunk of whole parent groups): bounds the
+#: temporaries of one level of one partition to a few times this many float64s.
+_CHUNK_CELLS = 1 << 18
+#: From this many cells per node on, running sums go child row by child row (each row a
+#: vector of cells); below it, rank by rank over every parent of a chunk at once.
+_ROW_LOOP_CELLS = 64
+
+
+def _round_children(
+    parent: np.ndarray,
+    x: np.ndarray,
+    count: np.ndarray,
+    v: np.ndarray,
+    w_parent: np.ndarray | None,
+    where: tuple[str, Forest, int, Sequence[str]],
+    tol: float,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """One level down by conditioned systematic sampling (module docstring).
+
+    ``parent`` (n_p, K) int64, ``x`` (n_c, K) children sorted by parent, ``count`` (n_p,)
+    children per parent, ``v`` (n_p, K) keyed uniforms, ``w_parent`` (n_p, K) spreads (None:
+    not computed). Whole parent groups are worked on a chunk at a time in one reused
+    workspace (no allocation per chunk); every running sum is taken child by child within
+    its group, so chunks change no bit.
+    """
+    n_p, K = parent.shape
+    out = np.empty(x.shape, np.int64)
+    w = None if w_parent is None else np.empty(x.shape)
+    start = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    step = max(1, _CHUNK_CELLS // max(1, K))
+    cuts = [0]
+    while cuts[-1] < n_p:
+        p0 = cuts[-1]
+        p1 = int(np.searchsorted(start, start[p0] + step, side="right")) - 1
+        cuts.append(min(max(p1, p0 + 1), n_p))
+    bounds = np.asarray(cuts)
+    rows = int(np.diff(start[bounds]).max(initial=0))
+    ws = np.empty((2 if w is None else 7, rows, K))
+    for p0, p1 in zip(cuts[:-1], cuts[1:], strict=True):
+        lo, hi = int(start[p0]), int(start[p1])
+        _chunk(
+            parent[p0:p1],
+            x[lo:hi],
+            count[p0:p1],
+            v[p0:p1],
+            None if w_parent is None else w_parent[p0:p1],
+            out[lo:hi],
+            None if w is None else w[lo:hi],
+            ws[:, : hi - lo],
+            p0,
+            where,
+            tol,
+        )
+    return out, w
+
+
+def _chunk(
+    parent: np.ndarray,
+    x: np.ndarray,
+    count: np.ndarray,
+    v: np.ndarray,
+    w_parent: np.ndarray | None,
+    out: np.ndarray,
+    w_out: np.ndarray | None,
+    ws: np.ndarray,
+    first_parent: int,
+    where: tuple[str, Forest, int, Sequence[str]],
+    tol: float,
+) -> None:
+    n_p, K = parent.shape
+    start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+    nz = np.flatnonzero(count > 0)
+    heads = start[nz]
+    last = heads + count[nz] - 1
+    par = np.repeat(np.arange(n_p), count)
+    # P_i = x_1 + … + x_i within each (parent, cell) group, child by child: by child row (a
+    # vector of K cells) when K is large, else by rank (vectorised over the parents); both
+    # add the same numbers in the same order, so no bit depends on the chunk. The number of
+    # points u + k in [P_{i−1}, P_i) is ⌊x_i⌋ + [a point in the fractional part], i.e. the
+    # systematic sampling of the fractions, without splitting x.
+    P, G = ws[0], ws[1]
+    if K >= _ROW_LOOP_CELLS:
+        head = np.zeros(x.shape[0], bool)
+        head[heads] = True
+        for i in range(x.shape[0]):
+            if head[i]:
+                P[i] = x[i]
+            else:
+                np.add(P[i - 1], x[i], out=P[i])
+    else:
+        for r in range(int(count.max(initial=0))):
+            rows = start[count > r] + r
+            P[rows] = x[rows] if r == 0 else P[rows - 1] + x[rows]
+    S = P[last]
+    m = np.floor(S)
+    phi = S - m
+    N = parent[nz]
+    vv = v[nz]
+    u = np.zeros((n_p, K))
+    u[nz] = np.where(N - m >= 1, vv * phi, phi + vv * (1.0 - phi))
+    np.take(u, par, axis=0, out=G)
+    np.subtract(P, G, out=G)
+    np.ceil(G, out=G)  # ⌈P_i − u⌉: the points u + k below P_i
+    miss = N - G[last].astype(np.int64)
+    # x_i rounded = ⌈P_i − u⌉ − ⌈P_{i−1} − u⌉, with ⌈0 − u⌉ = 0 before a group's first child
+    np.subtract(G[1:], G[:-1], out=out[1:], casting="unsafe")
+    out[heads] = G[heads]
+    if w_out is not None:
+        # slope of E[child bit | parent bit]: (L − f φ) / (φ (1 − φ)), L the part of the
+        # child's fractional interval [a, a + f) (mod 1) below φ; w = slope · w_parent
+        f, a, hi, L, ph = ws[2], ws[3], ws[4], ws[5], ws[6]
+        phis = np.zeros((n_p, K))
+        phis[nz] = phi
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where((phis > 0.0) & (phis < 1.0), w_parent / (phis * (1.0 - phis)), 0.0)
+        np.take(phis, par, axis=0, out=ph)
+        np.floor(x, out=f)
+        np.subtract(x, f, out=f)
+        a[1:] = P[:-1]  # P_{i−1} mod 1
+        a[heads] = 0.0
+        np.floor(a, out=hi)
+        a -= hi
+        np.add(a, f, out=hi)
+        np.minimum(hi, ph, out=L)
+        L -= a
+        np.maximum(L, 0.0, out=L)
+        ph += 1.0
+        np.minimum(hi, ph, out=hi)
+        hi -= 1.0
+        np.maximum(hi, 0.0, out=hi)
+        L += hi
+        ph -= 1.0
+        np.multiply(f, ph, out=f)
+        L -= f
+        np.take(q, par, axis=0, out=ph)
+        np.multiply(L, ph, out=w_out)
+    if miss.any():
+        _settle(out, x, heads, count[nz], nz + first_parent, miss, tol, where)
+
+
+def _settle(
+    out: np.ndarray,
+    x: np.ndarray,
+    start: np.ndarray,
+    count: np.ndarray,
+    parents: np.ndarray,
+    miss: np.ndarray,
+    tol: float,
+    where: tuple[str, Forest, int, Sequence[str]],
+) -> None:
+    """Groups whose sampled total missed the parent's integer (float edges only: a fraction
+    lost below the resolution of ``C − u``, or values near 2⁵³): a unit goes to a child the
+    sampling left down (or took up) with a fraction, else — within float resolution — to
+    the child of largest magnitude; anything else is a DataError naming the group."""
+    level, forest, j, cells = where
+    for g, c in np.argwhere(miss != 0):  # a handful of groups at float edges
+        lo, n = int(start[g]), int(count[g])
+        d = int(miss[g, c])
+        col = x[lo : lo + n, c]
+        fl = np.floor(col)
+        f = col - fl
+        up = out[lo : lo + n, c] - fl.astype(np.int64)
+        while d:
+            cand = np.flatnonzero((f > 0) & ((up == 0) if d > 0 else (up == 1)))
+            if cand.size == 0:
+                break
+            i = int(cand[np.argmax(f[cand])]) if d > 0 else int(cand[np.argmin(f[cand])])
+            step = 1 if d > 0 else -1
+            out[lo + i, c] += step
+            up[i] += step
+            d -= step
+        if d:
+            mag = np.abs(col)
+            res = n * float(np.spacing(mag.max(initial=0.0)))
+            if res < tol or abs(d) > 1 + np.floor(res):
+                raise DataError(
+                    f"cannot round the release: at level {level!r} the children of node "
+                    f"{forest.code(j, int(parents[g]))!r}, cell {cells[c]!r}, do not sum to "
+                    "their parent's value within the rounding tolerance; the estimates are "
+                    "not consistent (parent = sum of children) — check the estimator"
+                )
+            out[lo + int(np.argmax(mag)), c] += d
+
+
+def _descend(
+    forest: Forest,
+    lo: Sequence[int],
+    n_global: Sequence[int],
+    counts: np.ndarray,
+    spread: np.ndarray | None,
+    estimates: Sequence[np.ndarray],
+    rng: KeyedRNG,
+    schema: Schema,
+    label: str,
+    tol: float,
+    negative: bool = False,
+) -> RoundedLevels:
+    """Levels ``1 ..`` of ``forest`` from the integers of its level 0."""
+    cells = schema.cells
+    out, sp = [], []
+    parent, w = counts, spread
+    for j in range(1, forest.depth):
+        name = forest.names[j]
+        x = _flat(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
+        if x.shape[0] != forest.sizes[j]:
+            raise SpecError(
+                f"level {name!r}: {x.shape[0]} estimate rows for {forest.sizes[j]} nodes"
+            )
+        _check_values(x, name, None, cells)
+        K = x.shape[1]
+        n_up, lo_up = forest.sizes[j - 1], lo[j - 1]
+        v = rng.draw(
+            f"{label}/{name}", n_global[j - 1] * K, lo_up * K, (lo_up + n_up) * K, _uniform
+        ).reshape(n_up, K)
+        parent, w = _round_children(
+            parent, x, forest.child_count[j - 1], v, w, (name, forest, j - 1, cells), tol
+        )
+        out.append(parent.reshape(-1, *schema.shape))
+        if w is not None:
+            sp.append(w.reshape(-1, *schema.shape))
+    return RoundedLevels(out, sp if spread is not None else None, negative)
+
+
+def round_structured_top(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    estimates: Sequence[np.ndarray],
+    rng: KeyedRNG,
+    *,
+    invariants: Sequence[ProductInvariant] = (),
+    spreads: bool = True,
+    label: str = LABEL,
+    tol: float = TOL,
+) -> RoundedLevels:
+    """Round the levels from the root down to a cut level (``len(estimates) − 1``).
+
+    Parameters
+    ----------
+    hierarchy : Hierarchy
+    schema : Schema
+    estimates : sequence of arrays
+        Real consistent cell tensors ``(n_nodes, *schema.shape)`` of levels ``0 .. cut``.
+    rng : KeyedRNG
+        Draws from the streams ``label/...`` (``label/root``, ``label/top/<atom>``,
+        ``label/<level name>`` keyed by parent node).
+    invariants : sequence of ProductInvariant
+        At the root and its children only (:func:`top_shape`); held ``==``.
+    spreads : bool
+        Also compute the spreads ``w`` for :func:`rounding_variance_bound` (one more
+        float tensor per level and a few passes over it).
+
+    Returns
+    -------
+    RoundedLevels
+        Levels ``0 .. cut``; pass the cut level's counts and spreads (rows of a partition's
+        cut nodes) to :func:`round_structured_partition`.
+
+    Raises
+    ------
+    SpecError
+        Invariants the rounding cannot hold (named), shapes that do not match, or a cut above
+        the children's level when they hold invariants.
+    DataError
+        Non-finite estimates, inconsistent estimates, or an invariant missed beyond float
+        resolution (naming level, node and cell or query).
+
+    References
+    ----------
+    Madow (1949); Ageev & Sviridenko (2004); Cox (1987); Gandhi et al. (2006).
+    """
+    shape = top_shape(hierarchy, schema, invariants)
+    cut = len(estimates) - 1
+    cells = schema.cells
+    if cut < 0 or cut >= hierarchy.depth:
+        raise SpecError(f"give the estimates of levels 0 .. cut (1 to {hierarchy.depth} levels)")
+    if shape.atoms is not None and cut < 1:
+        raise SpecError(
+            f"the invariants at level {hierarchy.names[1]!r} are rounded with the root: the "
+            "cut must be that level or deeper"
+        )
+    xs = [_flat(schema, e, f"level {hierarchy.names[k]!r}") for k, e in enumerate(estimates)]
+    for k, x in enumerate(xs):
+        if x.shape[0] != hierarchy.levels[k].size:
+            raise SpecError(
+                f"level {hierarchy.names[k]!r}: {x.shape[0]} estimate rows for "
+                f"{hierarchy.levels[k].size} nodes"
+            )
+        _check_values(x, hierarchy.names[k], hierarchy.levels[k].codes, cells)
+    K = len(cells)
+    snap_at = [iv for iv in shape.invariants if iv.level == shape.joint_level]
+    if shape.atoms is None:
+        x0 = xs[0][0]
+        r = np.empty(K, np.int64)
+        r[shape.order] = pipage_round(
+            x0[shape.order], shape.root_groups, rng.generator(f"{label}/root"), tol=tol
+        )
+        lone = Forest(0, hierarchy.names[:1], [1], [], ())
+        r = snap_invariants(lone, xs[0], r[None, :], snap_at, tol)
+        counts = [r]
+        spread = [_sd(_split(xs[0], tol)[1])]
+    else:
+        x1 = xs[1]
+        # the fractional parts alone are rounded: their line sums stay small numbers that
+        # float64 holds well even where the values themselves are near 2^53
+        c1, f1 = _split(x1, tol)
+        for a in np.unique(shape.atoms):
+            cols = np.flatnonzero(shape.atoms == a)
+            gen = rng.generator(f"{label}/top", int(a))
+            c1[:, cols] += _cancel_cycles(_bordered(f1[:, cols], tol), gen, tol)[:-1, :-1]
+        lone = Forest(1, hierarchy.names[1:2], [x1.shape[0]], [], ())
+        c1 = snap_invariants(lone, x1, c1, snap_at, tol)
+        counts = [c1.sum(axis=0, keepdims=True), c1]
+        spread = [_sd(_split(xs[0], tol)[1]), _sd(f1)]
+    for iv in shape.invariants:
+        if not np.array_equal(iv.query.apply(counts[iv.level]), iv.values):
+            raise DataError(
+                f"invariant at level {hierarchy.names[iv.level]!r}, query {iv.query.name!r} "
+                "is not exact after rounding: the real-valued estimates do not meet it within "
+                "the rounding tolerance; check the estimator's invariant constraints"
+            )
+    start = len(counts) - 1
+    if cut > start:
+        f = whole_forest(hierarchy, start, cut)
+        below = _descend(
+            f,
+            [0] * f.depth,
+            f.sizes,
+            counts[-1],
+            spread[-1] if spreads else None,
+            estimates[start + 1 :],
+            rng,
+            schema,
+            label,
+            tol,
+        )
+        counts += below.counts
+        spread += below.spread or []
+    shp = tuple(schema.shape)
+    # the joint level's bits are negatively correlated for controlled rounding (Gandhi et
+    # al. 2006, property B3) and for pipage of one group (Srinivasan 2001)
+    negative = shape.atoms is not None or int(shape.root_groups[0].max(initial=0)) == 0
+    return RoundedLevels(
+        [c.reshape(-1, *shp) for c in counts[: cut + 1]],
+        [s.reshape(-1, *shp) for s in spread[: cut + 1]] if spreads else None,
+        negative,
+    )
+
+
+def round_structured_partition(
+    forest: Forest,
+    lo: Sequence[int],
+    n_global: Sequence[int],
+    schema: Schema,
+    cut_counts: np.ndarray,
+    cut_spread: np.ndarray | None,
+    estimates: Sequence[np.ndarray],
+    rng: KeyedRNG,
+    *,
+    negative: bool = False,
+    label: str = LABEL,
+    tol: float = TOL,
+) -> RoundedLevels:
+    """Round one partition's levels below the cut from its cut nodes' integers.
+
+    Parameters
+    ----------
+    forest : Forest
+        The partition's levels ``cut .. leaf`` (local indices; :meth:`Forest.of`).
+    lo, n_global : sequences of int
+        Per forest level, the global index of the partition's first node and the level's
+        global size (the keyed draws are indexed by global parent node).
+    schema : Schema
+    cut_counts, cut_spread : arrays ``(n_cut, *schema.shape)``
+        The partition's cut-level rows of :func:`round_structured_top`'s last level
+        (``cut_spread`` None: no spreads computed).
+    estimates : sequence of arrays
+        The partition's real cell tensors of levels ``cut + 1 .. leaf``.
+    negative : bool
+        :attr:`RoundedLevels.negative` of the top (carried for the variance bound).
+    rng, label, tol
+        As for :func:`round_structured_top` (the same ``rng`` and ``label``).
+
+    Returns
+    -------
+    RoundedLevels
+        Levels ``cut + 1 .. leaf`` of the partition; the same integers, bit for bit, as any
+        other partitioning (or none) gives for these nodes.
+
+    References
+    ----------
+    Madow (1949).
+    """
+    if len(estimates) != forest.depth - 1:
+        raise SpecError(
+            f"give the partition's estimates of the {forest.depth - 1} levels below the cut"
+        )
+    c = _flat(schema, cut_counts, "cut counts")
+    if c.shape[0] != forest.sizes[0]:
+        raise SpecError(f"cut counts have {c.shape[0]} rows for {forest.sizes[0]} cut nodes")
+    return _descend(
+        forest,
+        lo,
+        n_global,
+        np.asarray(c, np.int64),
+        None if cut_spread is None else _flat(schema, cut_spread, "cut spread"),
+        estimates,
+        rng,
+        schema,
+        label,
+        tol,
+        negative,
+    )
+
+
+def round_structured(
+    release,
+    rng: KeyedRNG,
+    *,
+    invariants: Sequence[ProductInvariant] = (),
+    cut: int | None = None,
+    nodes_per_partition: int = 1,
+    spreads: bool = True,
+    label: str = LABEL,
+    tol: float = TOL,
+) -> RoundedLevels:
+    """Round a :class:`~censusdp.estimation.structured_gls.StructuredRelease` in memory.
+
+    Runs :func:`round_structured_top` to ``cut`` (default: the deepest invariant level, at
+    least the root) and :func:`round_structured_partition` on runs of
+    ``nodes_per_partition`` cut-level nodes, as a streaming run would; the integers do not
+    depend on ``cut`` or ``nodes_per_partition``.
+
+    Parameters
+    ----------
+    release : StructuredRelease
+        Its ``estimates`` (per level ``(n, *schema.shape)``), ``hierarchy`` and ``schema``.
+    rng : KeyedRNG
+    invariants : sequence of ProductInvariant
+        The invariants the estimate meets (at the root and its children).
+    cut, nodes_per_partition, spreads, label, tol
+        See above and :func:`round_structured_top`.
+    """
+    h, schema = release.hierarchy, release.schema
+    est = release.estimates
+    deepest = max((h.level_index(iv.level) for iv in invariants), default=0)
+    cut = min(deepest, h.depth - 1) if cut is None else int(cut)
+    top = round_structured_top(
+        h,
+        schema,
+        est[: cut + 1],
+        rng,
+        invariants=invariants,
+        spreads=spreads,
+        label=label,
+        tol=tol,
+    )
+    below = h.depth - cut - 1
+    counts: list[list[np.ndarray]] = [[] for _ in range(below)]
+    spread: list[list[np.ndarray]] = [[] for _ in range(below)]
+    n_cut, step = h.levels[cut].size, max(1, int(nodes_per_partition))
+    for a in range(0, n_cut if below else 0, step):
+        ranges = [(a, min(a + step, n_cut))]
+        for k in range(cut, h.depth - 1):
+            r0, r1 = h.descendant_range(k, ranges[-1][0], k + 1)[0], None
+            r1 = h.descendant_range(k, ranges[-1][1] - 1, k + 1)[1]
+            ranges.append((r0, r1))
+        part = round_structured_partition(
+            Forest.of(h, cut, ranges),
+            [r[0] for r in ranges],
+            h.sizes[cut:],
+            schema,
+            top.counts[cut][slice(*ranges[0])],
+            None if top.spread is None else top.spread[cut][slice(*ranges[0])],
+            [est[cut + 1 + j][slice(*ranges[j + 1])] for j in range(below)],
+            rng,
+            negative=top.negative,
+            label=label,
+            tol=tol,
+        )
+        for j in range(below):
+            counts[j].append(part.counts[j])
+            if part.spread is not None:
+                spread[j].append(part.spread[j])
+    return RoundedLevels(
+        top.counts + [np.concatenate(c) for c in counts],
+        None if top.spread is None else top.spread + [np.concatenate(s) for s in spread],
+        top.negative,
+    )
+
+
+def rounding_variance_bound(
+    estimates: np.ndarray,
+    spread: np.ndarray,
+    query: ProductQuery,
+    negative: bool = False,
+    tol: float = TOL,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rounding variance of every row of ``query`` at every node of one level: a bound.
+
+    With ``f`` the fractional parts of ``estimates``, ``w`` the level's signed ``spread``
+    and ``A`` a row's cells (module docstring):
+
+    * in general ``Σ_A (f(1 − f) − w²) + (Σ_A |w|)²`` (Cauchy–Schwarz on the joint level's
+      bits);
+    * when that level's bits are pairwise non-positively correlated (``negative``, see
+      :class:`RoundedLevels`), ``Σ_A f(1 − f) + 2 (Σ_A w⁺)(Σ_A w⁻)``: same-sign pairs add
+      at most 0, opposite-sign pairs at most ``|w||w'|``.
+
+    Returns
+    -------
+    bound : (n_nodes, n_rows) numpy.ndarray
+        An upper bound on the rounding variance (≥ the exact value).
+    exact : (n_rows,) numpy.ndarray of bool
+        Rows of one cell, whose bound is the exact variance ``f(1 − f)``. A release must
+        call the others' standard errors bounds, not exact.
+    """
+    x = np.asarray(estimates, float)
+    own = rounding_variance(x, tol)
+    w = np.asarray(spread, float)
+    if negative:
+        bound = query.apply(own) + 2.0 * query.apply(np.maximum(w, 0.0)) * query.apply(
+            np.maximum(-w, 0.0)
+        )
+    else:
+        outer = query.apply(np.abs(w))
+        bound = query.apply(np.maximum(own - w * w, 0.0)) + outer * outer
+    exact = query.dense().sum(axis=1) == 1
+    return np.maximum(bound, 0.0), exact
+
+
+def rounded_query_variances(
+    release, rounded: RoundedLevels, level: str | int, query: ProductQuery | str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Error variances of every row of ``query`` at every node of the *rounded* release.
+
+    The estimator's variance (:meth:`StructuredRelease.query_variances`, exact) plus the
+    rounding's (:func:`rounding_variance_bound`): the rounding error has mean zero given the
+    estimate, so the two add. NaN for rows the release does not identify.
+
+    Returns
+    -------
+    variance : (n_nodes, n_rows) numpy.ndarray
+    exact : (n_rows,) numpy.ndarray of bool
+        True where the value is the exact variance (single-cell rows); elsewhere it is an
+        upper bound, and a standard error from it must be labelled a bound.
+
+    Raises
+    ------
+    SpecError
+        When ``rounded`` has no spreads (rounded with ``spreads=False``).
+    """
+    if rounded.spread is None:
+        raise SpecError(
+            "this rounding has no spreads: round with spreads=True to get rounding variances"
+        )
+    q = release._query(query)
+    k = release.hierarchy.level_index(level)
+    bound, exact = rounding_variance_bound(
+        release.estimates[k], rounded.spread[k], q, rounded.negative
+    )
+    return release.query_variances(k, q) + bound, exact
