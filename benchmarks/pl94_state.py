@@ -24,8 +24,11 @@ invariant. Stages:
 - ``standard_errors``: of every row of a few marginal tables (:data:`SE_TABLES`) at every
   node of every level, from the nodes' blocks (streamed: in the per-partition callback,
   summarised there; its time is reported apart from the GLS);
-- ``rounding``: absent until ``estimation/structured_rounding.py`` is merged; it plugs into
-  the per-partition callback (reported, not faked);
+- ``rounding``: the unbiased top-down rounding of :mod:`censusdp.estimation.structured_rounding`
+  (every cell ⌊x⌋ or ⌈x⌉, children = parent cell by cell, the invariants ``==``): the levels
+  down to the cut when they are solved, then each partition in the callback from its county's
+  integers; the JSON says whether every check held (each level's rounded total equals the
+  invariant, every cell within ⌊x⌋/⌈x⌉, children summing to their parent cell by cell);
 - ``dense_county``: the existing dense :func:`~censusdp.estimation.tree_gls` (2,016-cell
   histogram, dense query matrices, ``K × K`` per node) on the subtree of the county with the
   fewest blocks, on the same noisy measurements, beside the structured GLS of the same
@@ -65,7 +68,13 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement
 from censusdp.estimation import tree_gls
+from censusdp.estimation.gls import Forest
 from censusdp.estimation.structured_gls import StructuredPiece, StructuredRelease, structured_gls
+from censusdp.estimation.structured_rounding import (
+    round_structured,
+    round_structured_partition,
+    round_structured_top,
+)
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.synthetic import PL94_SHAPE, pl94_partitions, synthetic_state
 from censusdp.mechanisms.discrete import DiscreteGaussian
@@ -366,6 +375,71 @@ class StandardErrors:
         return out
 
 
+class Rounding:
+    """The unbiased top-down rounding of the estimate
+    (:mod:`censusdp.estimation.structured_rounding`): the levels down to the cut once, then
+    each partition from its cut nodes' integers; keeps only what the checks need (each
+    level's rounded total, and whether every cell is ⌊x⌋ or ⌈x⌉ and every level sums to the
+    one above it cell by cell)."""
+
+    def __init__(self, h: Hierarchy, schema: Schema, invariants, rng: KeyedRNG) -> None:
+        self.h, self.schema, self.invariants, self.rng = h, schema, invariants, rng
+        self.top = None
+        self.totals = np.zeros(h.depth, np.int64)
+        # and-ed over every piece checked (each piece's checks can set them False)
+        self.floor_ceil = self.consistent = True
+        self.seconds = self.cpu_seconds = 0.0
+
+    def _check(self, counts, estimates, parent_counts) -> None:
+        for c, x in zip(counts, estimates, strict=True):
+            d = c - np.asarray(x, dtype=float)
+            self.floor_ceil &= bool(np.all((d > -1 - 1e-6) & (d < 1 + 1e-6)))
+        for parent, (child, par_of) in parent_counts:
+            sums = np.zeros_like(parent)
+            np.add.at(sums, par_of, child)
+            self.consistent &= bool(np.array_equal(sums, parent))
+
+    def round_top(self, top: StructuredPiece) -> None:
+        t0, c0 = time.perf_counter(), _cpu()
+        self.top = round_structured_top(
+            self.h, self.schema, list(top.estimates), self.rng,
+            invariants=self.invariants, spreads=False,
+        )  # fmt: skip
+        for k, c in enumerate(self.top.counts):
+            self.totals[k] += int(c.sum())
+        self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += _cpu() - c0
+
+    def round_partition(self, piece: StructuredPiece, part) -> None:
+        t0, c0 = time.perf_counter(), _cpu()
+        cut = part.cut
+        f = Forest.of(self.h, cut, part.ranges)
+        cut_counts = self.top.counts[cut][slice(*part.units)]
+        out = round_structured_partition(
+            f, [r[0] for r in part.ranges], self.h.sizes[cut:], self.schema, cut_counts,
+            None, list(piece.estimates), self.rng, negative=self.top.negative,
+        )  # fmt: skip
+        self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += _cpu() - c0
+        levels = [cut_counts, *out.counts]
+        pairs = []
+        for j in range(1, len(levels)):
+            lo = part.ranges[j - 1][0]
+            par_of = self.h.levels[cut + j].parent[slice(*part.ranges[j])] - lo
+            pairs.append((levels[j - 1], (levels[j], par_of)))
+        self._check(out.counts, piece.estimates, pairs)
+        for j, c in enumerate(out.counts, start=cut + 1):
+            self.totals[j] += int(c.sum())
+
+    def result(self, persons: int) -> dict:
+        return {
+            "rounded_total_per_level": dict(zip(self.h.names, self.totals.tolist(), strict=True)),
+            "every_level_total_equals_the_invariant": bool(np.all(self.totals == persons)),
+            "every_cell_floor_or_ceil": self.floor_ceil,
+            "children_sum_to_parent_cell_by_cell": self.consistent,
+        }
+
+
 def standard_errors(rel: StructuredRelease, schema: Schema) -> dict:
     """Per level and table: the mean and largest SE over its rows and nodes."""
     se = StandardErrors(schema)
@@ -409,6 +483,7 @@ def run(
             for k, lvl in enumerate(h.names[:2])]  # fmt: skip
     claimed = PrivacyStatement("zcdp", rho=float(RHO), mechanism="discrete_gaussian")
     ses = StandardErrors(schema)
+    rounding = Rounding(h, schema, invs, rng.child("rounding"))
     stream_diag: dict = {}
     if streaming:
         cut = h.level_index("county")
@@ -420,12 +495,12 @@ def run(
         ]  # fmt: skip
 
         def on_partition(piece: StructuredPiece) -> None:
-            # the place where per-partition rounding plugs in (structured_rounding)
             ses.add(piece, piece.names)
+            rounding.round_partition(piece, parts[piece.partition])
 
         res = structured_stream(
             h, schema, heads, given_values(meas, h, cut), parts, invs, on_partition,
-            privacy=claimed, cache_bytes=int(cache_mb * 2**20),
+            on_top=rounding.round_top, privacy=claimed, cache_bytes=int(cache_mb * 2**20),
         )  # fmt: skip
         del meas, values
         rel = res.top
@@ -435,8 +510,8 @@ def run(
             for k, v in diagnostics.items()
             if k.startswith(("seconds_", "partitions", "cache", "largest", "message"))
         }
-        t_gls = time.perf_counter() - t0 - ses.seconds
-        cpu_gls = _cpu() - c0 - ses.cpu_seconds
+        t_gls = time.perf_counter() - t0 - ses.seconds - rounding.seconds
+        cpu_gls = _cpu() - c0 - ses.cpu_seconds - rounding.cpu_seconds
         peaks["structured_gls streamed (with standard errors per partition)"] = _stage_peak_mb()
         t0, c0 = time.perf_counter(), _cpu()
         ses.add(rel, rel.names)
@@ -450,6 +525,18 @@ def run(
         t0, c0 = time.perf_counter(), _cpu()
         ses.add(rel, h.names)
         peaks["standard_errors"] = _stage_peak_mb()
+        _log(t_start, "rounding")
+        t0, c0 = time.perf_counter(), _cpu()
+        rounded = round_structured(rel, rounding.rng, invariants=invs, spreads=False)
+        rounding.seconds, rounding.cpu_seconds = time.perf_counter() - t0, _cpu() - c0
+        rounding.totals[:] = [int(c.sum()) for c in rounded.counts]
+        pairs = [
+            (rounded.counts[k - 1], (rounded.counts[k], h.levels[k].parent))
+            for k in range(1, h.depth)
+        ]
+        rounding._check(rounded.counts, rel.estimates, pairs)
+        del rounded, pairs
+        peaks["rounding"] = _stage_peak_mb()
     t_se = ses.seconds
     cpu_se = ses.cpu_seconds
     se_table = ses.result(h.names)
@@ -459,11 +546,10 @@ def run(
         "measure (apply queries + noise)": t_measure,
         "structured_gls": t_gls,
         "standard_errors": t_se,
-        "rounding": "absent: estimation/structured_rounding.py is not merged yet; it plugs "
-        "into the per-partition callback",
+        "rounding": rounding.seconds,
     }
-    counted = t_measure + t_gls + t_se
-    cpu_counted = cpu_measure + cpu_gls + cpu_se
+    counted = t_measure + t_gls + t_se + rounding.seconds
+    cpu_counted = cpu_measure + cpu_gls + cpu_se + rounding.cpu_seconds
     out = {
         "blocks": int(h.sizes[-1]),
         "nodes_per_level": dict(zip(h.names, h.sizes, strict=True)),
@@ -484,6 +570,7 @@ def run(
             "measure (apply queries + noise)": cpu_measure,
             "structured_gls": cpu_gls,
             "standard_errors": cpu_se,
+            "rounding": rounding.cpu_seconds,
         },
         "structured_stream": stream_diag,
         "seconds_synthetic_data (not counted)": t_data,
@@ -503,6 +590,7 @@ def run(
         "state_total_invariant_residual": float(abs(state_total - state.leaf_counts.sum())),
         "gls_diagnostics": {k: v for k, v in diagnostics.items() if k != "blocks"},
         "standard_errors": se_table,
+        "rounding": rounding.result(int(state.leaf_counts.sum())),
     }
     if not isinstance(county, str):
         _log(t_start, "dense and structured GLS on the smallest county")

@@ -96,7 +96,7 @@ class StreamResult:
         Derived from the measurements, with the invariants and geometry.
     diagnostics : dict
         Per-stage seconds (``measure`` is the time spent in the caller's function,
-        ``callback`` in ``on_partition``), residuals, partitions cached and regenerated,
+        ``callback`` in ``on_top`` and ``on_partition``), residuals, partitions cached and regenerated,
         bytes of the messages and of the largest cached state.
     """
 
@@ -156,6 +156,7 @@ def structured_stream(
     invariants: Sequence[ProductInvariant] = (),
     on_partition: Callable[[StructuredPiece], None] | None = None,
     *,
+    on_top: Callable[[StructuredPiece], None] | None = None,
     geometry: Geometry = "weighted",
     privacy: PrivacyStatement | None = None,
     delta: float | None = None,
@@ -184,6 +185,10 @@ def structured_stream(
     on_partition : callable, optional
         Receives each partition's levels below the cut as a
         :class:`~censusdp.estimation.structured_gls.StructuredPiece`; dropped afterwards.
+    on_top : callable, optional
+        Receives the levels ``0 .. cut`` (every node) once, after they are solved and before
+        the first partition's downward pass (e.g. to round them top-down, so each partition
+        can then be rounded from its cut nodes' integers in ``on_partition``).
     cache_bytes : int
         Memory the cached upward states may take; partitions beyond it are recomputed in the
         downward pass instead of held (0: recompute all).
@@ -303,6 +308,22 @@ def structured_stream(
     cons, inv_res, inv_val, worst = structured_residuals(setup, top_forest, top_rows, top_est, invs)
     t["output"] += time.perf_counter() - t0
 
+    top = StructuredPiece(
+        names=tuple(names[: cut + 1]),
+        first=0,
+        ranges=tuple(top_rows),
+        schema=schema,
+        basis=setup.basis,
+        estimates=tuple(top_est),
+        covariances=None if top_cov is None else tuple(top_cov),
+        identified=identified,
+        _rows=rows_cache,
+    )
+    if on_top is not None:
+        t0 = time.perf_counter()
+        on_top(top)
+        t["callback"] += time.perf_counter() - t0
+
     regenerated = 0
     for pos in order:
         p = partitions[pos]
@@ -351,17 +372,6 @@ def structured_stream(
         del piece
     check_residuals(inv_res, inv_val, worst)
 
-    top = StructuredPiece(
-        names=tuple(names[: cut + 1]),
-        first=0,
-        ranges=tuple(top_rows),
-        schema=schema,
-        basis=setup.basis,
-        estimates=tuple(top_est),
-        covariances=None if top_cov is None else tuple(top_cov),
-        identified=identified,
-        _rows=rows_cache,
-    )
     diagnostics = {
         "estimator": "structured_gls (streamed)",
         "geometry": geometry,
