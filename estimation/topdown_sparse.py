@@ -52,9 +52,9 @@ from functools import reduce
 import clarabel
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
-from censusdp.errors import SolverError
+from censusdp.errors import ConvergenceError, SolverError, SpecError
 from censusdp.estimation.topdown_problem import _repair, _scale
 from censusdp.mechanisms.product_query import ProductQuery
 
@@ -174,6 +174,7 @@ class L2Pass:
     status: str
     tol: float
     answers: dict[str, np.ndarray]
+    steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,234 @@ def _check_invariants(
     return out
 
 
+@dataclass(eq=False)
+class _Term:
+    """One measured query of an L2 problem: ``K = I_n ⊗ Q_a`` (None for the identity),
+    scaled answers ``y`` and weights ``w`` (flat, child-major)."""
+
+    name: str
+    K: sp.csr_matrix | None
+    y: np.ndarray
+    w: np.ndarray
+    KT: sp.csr_matrix | None = None
+
+    def __post_init__(self) -> None:
+        if self.K is not None:
+            self.KT = self.K.T.tocsr()
+
+    def residual(self, x: np.ndarray) -> np.ndarray:
+        return (x if self.K is None else self.K @ x) - self.y
+
+    def answers(self, x: np.ndarray) -> np.ndarray:
+        return x if self.K is None else self.K @ x
+
+    @property
+    def lipschitz(self) -> float:
+        """An upper bound of ``‖Kᵀ W K‖₂`` (``max w · ‖K‖₁ ‖K‖_∞``; exact for a partition)."""
+        if self.K is None:
+            return float(self.w.max())
+        a = abs(self.K)
+        return float(self.w.max() * a.sum(axis=0).max() * a.sum(axis=1).max())
+
+
+def _project_columns(z: np.ndarray, p: np.ndarray | None) -> np.ndarray:
+    """Euclidean projection of every column of ``z`` (children × cells) onto
+    ``{v ≥ 0, Σ v = p_c}`` (``p`` None: onto ``v ≥ 0``), by sorting (Held, Wolfe & Crowder
+    1974; Duchi, Shalev-Shwartz, Singer & Chandra 2008), all columns at once."""
+    if p is None:
+        return np.maximum(z, 0.0)
+    n = z.shape[0]
+    u = -np.sort(-z, axis=0)
+    css = np.cumsum(u, axis=0) - p
+    j = np.arange(1, n + 1)[:, None]
+    k = np.sum(u - css / j > 0, axis=0)  # ≥ 1 when p > 0
+    theta = css[k - 1, np.arange(z.shape[1])] / k
+    return np.maximum(z - theta, 0.0)
+
+
+def _simplex_totals(y: np.ndarray, w: np.ndarray, total: float) -> np.ndarray:
+    """``argmin Σ w_i (t_i − y_i)²`` over ``t ≥ 0, Σ t = total``: ``t = max(0, y − ν/w)``
+    with ``ν`` the root of a monotone piecewise-linear equation (bisection to round-off)."""
+    lo = float(np.min(w * (y - total))) - 1.0
+    hi = float(np.max(w * y)) + 1.0
+    for _ in range(200):
+        nu = 0.5 * (lo + hi)
+        if np.maximum(0.0, y - nu / w).sum() > total:
+            lo = nu
+        else:
+            hi = nu
+        if hi - lo <= 1e-15 * max(1.0, abs(nu)):
+            break
+    t = np.maximum(0.0, y - hi / w)
+    pos = t > 0
+    t[pos] += (total - t.sum()) / max(1, int(pos.sum()))
+    return t
+
+
+#: Stopping rule of the structured L2 path (scaled units, data of order one): the projected
+#: gradient step moves no entry by more than this, and no constraint is violated by more.
+_PG_TOL = 1e-10
+_PG_MAX_ITER = 2_000
+_ALM_MAX_OUTER = 60
+
+
+def _structured_pass(
+    terms: Sequence[_Term],
+    cons: Sequence[tuple[sp.csr_matrix, np.ndarray, np.ndarray]],
+    shape: tuple[int, int],
+    parent: np.ndarray | None,
+    x0: np.ndarray,
+    where: str,
+) -> tuple[np.ndarray, int]:
+    """One L2 pass by accelerated projected gradient inside an augmented Lagrangian.
+
+    The feasible set ``{x ≥ 0, Σ_i x_i = parent}`` is a product of scaled simplices, one per
+    cell, whose projection is exact and cheap (:func:`_project_columns`); every other
+    constraint ``lo ≤ G x ≤ hi`` (invariants, earlier passes' bands) is an augmented
+    Lagrangian term (Hestenes 1969; Powell 1969; Rockafellar 1973). Each inner problem is
+    solved by FISTA (Beck & Teboulle 2009) with gradient restarts (O'Donoghue & Candès
+    2015), linear for the strongly convex objectives of a pass that fits the detailed query.
+
+    Returns the solution (flat, scaled) and the number of gradient steps.
+
+    Raises
+    ------
+    ConvergenceError
+        When the iteration limits are reached.
+    """
+    n, na = shape
+    lf = sum(t.lipschitz for t in terms)
+    g_norm = 0.0
+    if cons:
+        G = sp.vstack([c[0] for c in cons], "csr")
+        lo = np.concatenate([c[1] for c in cons])
+        hi = np.concatenate([c[2] for c in cons])
+        GT = G.T.tocsr()
+        a = abs(G)
+        g_norm = float(a.sum(axis=0).max() * a.sum(axis=1).max())
+        lam = np.zeros(G.shape[0])
+    rho = lf / g_norm if g_norm else 0.0
+    rho_max = 1e6 * rho
+
+    def grad(x: np.ndarray) -> np.ndarray:
+        g = np.zeros_like(x)
+        for t in terms:
+            r = t.w * t.residual(x)
+            g += r if t.KT is None else t.KT @ r
+        if cons:
+            v = G @ x + lam / rho
+            g += rho * (GT @ (v - np.clip(v, lo, hi)))
+        return g
+
+    def proj(z: np.ndarray) -> np.ndarray:
+        return _project_columns(z.reshape(n, na), parent).reshape(-1)
+
+    x = proj(x0)
+    steps = 0
+    viol_prev = np.inf
+    for _ in range(_ALM_MAX_OUTER if cons else 1):
+        L = lf + rho * g_norm
+        # Inexact inner solves while the constraints are far from met (Rockafellar 1976).
+        eps = max(_PG_TOL, min(1e-4, 1e-2 * viol_prev)) if cons else _PG_TOL
+        z, t = x.copy(), 1.0
+        while steps < _PG_MAX_ITER:
+            steps += 1
+            xn = proj(z - grad(z) / L)
+            # the gradient mapping, in units of a step 1/lf (independent of the penalty)
+            if np.max(np.abs(xn - z), initial=0.0) * (L / lf) <= eps:
+                x = xn
+                break
+            tn = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
+            if np.dot(z - xn, xn - x) > 0.0:
+                z, tn = xn.copy(), 1.0
+            else:
+                z = xn + ((t - 1.0) / tn) * (xn - x)
+            x, t = xn, tn
+        else:
+            raise ConvergenceError(
+                f"{where}: the structured L2 solve did not converge in {_PG_MAX_ITER} steps"
+            )
+        if not cons:
+            return x, steps
+        gx = G @ x
+        v = gx + lam / rho
+        lam = rho * (v - np.clip(v, lo, hi))
+        viol = float(np.max(np.maximum(lo - gx, gx - hi), initial=0.0))
+        if viol <= _PG_TOL and eps <= _PG_TOL:
+            return x, steps
+        if viol > 0.25 * viol_prev and rho < rho_max:  # a stiffer penalty (Bertsekas 1982)
+            rho *= 10.0
+        viol_prev = viol
+    raise ConvergenceError(
+        f"{where}: the structured L2 solve did not meet its constraints in "
+        f"{_ALM_MAX_OUTER} augmented-Lagrangian rounds"
+    )
+
+
+def _clarabel_pass(
+    terms: Sequence[_Term],
+    cons: Sequence[tuple[sp.csr_matrix, np.ndarray, np.ndarray]],
+    shape: tuple[int, int],
+    parent: np.ndarray | None,
+    where: str,
+    label: str,
+) -> tuple[np.ndarray, str]:
+    """One L2 pass for Clarabel's native API: variables ``x`` and one residual block
+    ``r_q = K_q x`` per non-identity term, so the Hessian is diagonal."""
+    n, na = shape
+    nx = n * na
+    offs, pos = [], nx
+    for t in terms:
+        offs.append((0, nx) if t.K is None else (pos, t.y.size))
+        pos += 0 if t.K is None else t.y.size
+    nv = pos
+
+    def widen(k: sp.csr_matrix) -> sp.csr_matrix:
+        return sp.hstack([k, sp.csr_matrix((k.shape[0], nv - nx))], "csr")
+
+    def select(p0: int, size: int, sign: float = 1.0) -> sp.csr_matrix:
+        idx = np.arange(size)
+        return sp.csr_matrix((np.full(size, sign), (idx, idx + p0)), shape=(size, nv))
+
+    eq, b_eq = [], []
+    if parent is not None:
+        eq.append(widen(sp.kron(np.ones((1, n)), sp.identity(na), "csr")))
+        b_eq.append(parent)
+    ineq, b_in = [widen(-sp.identity(nx, format="csr"))], [np.zeros(nx)]
+    for G, lo, hi in cons:
+        if np.array_equal(lo, hi):
+            eq.append(widen(G))
+            b_eq.append(lo)
+        else:
+            ineq += [widen(G), widen(-G)]
+            b_in += [hi, -lo]
+    for t, (p0, size) in zip(terms, offs, strict=True):
+        if t.K is not None:
+            eq.append(widen(t.K) + select(p0, size, -1.0))
+            b_eq.append(np.zeros(size))
+    pdiag, lin = np.zeros(nv), np.zeros(nv)
+    for t, (p0, size) in zip(terms, offs, strict=True):
+        pdiag[p0 : p0 + size] += t.w
+        lin[p0 : p0 + size] -= t.w * t.y
+    A = sp.vstack([*eq, *ineq], "csc")
+    b = np.concatenate([*b_eq, *b_in])
+    n_eq = sum(e.shape[0] for e in eq)
+    cones = [clarabel.NonnegativeConeT(A.shape[0] - n_eq)]
+    if n_eq:
+        cones.insert(0, clarabel.ZeroConeT(n_eq))
+    settings = clarabel.DefaultSettings()
+    settings.verbose = False
+    sol = clarabel.DefaultSolver(sp.diags(pdiag, format="csc"), lin, A, b, cones, settings).solve()
+    status = str(sol.status).split(".")[-1]
+    if status not in _L2_OK:
+        raise SolverError(
+            f"{where}: the TopDown L2 {label} ended with status {status!r} in Clarabel; an "
+            "infeasible status means the children's invariants or structural zeros cannot be "
+            "met with non-negative counts summing to the parent"
+        )
+    return np.asarray(sol.x)[:nx], status
+
+
 def l2_multipass(
     layout: ChildrenLayout,
     measurements: Sequence[tuple[ProductQuery, np.ndarray, np.ndarray]],
@@ -211,6 +440,7 @@ def l2_multipass(
     passes: Sequence[Sequence[str]],
     *,
     slack: float = DEFAULT_SLACK,
+    method: str = "auto",
     where: str = "node",
 ) -> tuple[np.ndarray, list[L2Pass]]:
     """The Bureau's multi-pass non-negative least squares for one parent's children.
@@ -228,6 +458,12 @@ def l2_multipass(
         not measured here is skipped, a pass left empty is skipped.
     slack : float
         Additive band slack in counts (the Bureau's ``opt_tol_slack``).
+    method : {"auto", "clarabel"}
+        ``"auto"``: a pass fitting the totals alone with nothing else to hold is a weighted
+        projection onto a simplex (closed form); a pass that fits the detailed query (a
+        strongly convex objective) runs :func:`_structured_pass` (Clarabel when it does not
+        converge in its step budget: status ``"fallback Solved"``); any other pass, and every
+        pass with ``"clarabel"``, runs Clarabel (interior point).
     where : str
         Location for error messages.
 
@@ -243,119 +479,95 @@ def l2_multipass(
     SolverError
         When Clarabel does not solve a pass (the message names ``where`` and the pass).
     """
+    if method not in ("auto", "clarabel"):
+        raise SpecError(f"l2 method {method!r}: use 'auto' or 'clarabel'")
     n, na = layout.n_children, layout.n_active
-    by_name = {q.name: (q, np.asarray(v, np.float64), var) for q, v, var in measurements}
     inv = _check_invariants(layout, invariants, where)
     scale = _scale(
-        layout.parent,
-        n,
-        [v for _, v, _ in by_name.values()] + [v for _, v in inv],
+        layout.parent, n, [np.asarray(v) for _, v, _ in measurements] + [v for _, v in inv]
     )
-    # Variables: x (n·na, child-major), then one residual block r_q = (I ⊗ Q_a) x per
-    # non-detailed measured query.
-    offs: dict[str, tuple[int, int]] = {}
-    pos = n * na
-    rdef = []
-    for name, (q, _, _) in by_name.items():
-        b = layout.block(q)
-        if b.identity:
-            offs[name] = (0, n * na)
-            continue
-        size = n * b.rows.size
-        offs[name] = (pos, size)
-        rdef.append((pos, size, layout.kron(q)))
-        pos += size
-    nv = pos
-    eq_rows, eq_rhs = [], []
+    parent = None
     if layout.parent is not None:
-        eq_rows.append(sp.hstack([layout.parent_rows(), sp.csr_matrix((na, nv - n * na))]))
-        eq_rhs.append(np.asarray(layout.parent, np.float64)[layout.active] / scale)
-    for b, v in inv:
-        k = sp.kron(sp.identity(n), b.mat, "csr")
-        eq_rows.append(sp.hstack([k, sp.csr_matrix((k.shape[0], nv - n * na))]))
-        eq_rhs.append(v.reshape(-1).astype(np.float64) / scale)
-    for p0, size, k in rdef:
-        sel = sp.csr_matrix(
-            (-np.ones(size), (np.arange(size), np.arange(p0, p0 + size))), shape=(size, nv)
-        )
-        eq_rows.append(sp.hstack([k, sp.csr_matrix((size, nv - n * na))]) + sel)
-        eq_rhs.append(np.zeros(size))
-    A_eq = sp.vstack(eq_rows, "csr") if eq_rows else sp.csr_matrix((0, nv))
-    b_eq = np.concatenate(eq_rhs) if eq_rhs else np.zeros(0)
-    A_nn = sp.hstack([-sp.identity(n * na), sp.csr_matrix((n * na, nv - n * na))], "csr")
-
-    def rows_of(name: str) -> np.ndarray:
-        q, v, var = by_name[name]
-        return v[:, layout.block(q).rows]
-
-    def weights(name: str) -> np.ndarray:
-        q, _, var = by_name[name]
-        r = layout.block(q).rows.size
+        parent = np.asarray(layout.parent, np.float64)[layout.active] / scale
+    terms: dict[str, _Term] = {}
+    for q, vals, var in measurements:
+        b = layout.block(q)
+        r = b.rows.size
         w = 1.0 / np.broadcast_to(np.asarray(var, np.float64).reshape(-1, 1), (n, 1))
-        return np.repeat(w, r, axis=1).reshape(-1)
-
-    bands: list[tuple[str, np.ndarray, float]] = []  # (query, scaled answers, scaled tol)
+        y = np.asarray(vals, np.float64)[:, b.rows].reshape(-1) / scale
+        K = None if b.identity else layout.kron(q)
+        terms[q.name] = _Term(q.name, K, y, np.repeat(w, r, axis=1).reshape(-1))
+    wmax = max(float(t.w.max()) for t in terms.values()) if terms else 1.0
+    for t in terms.values():
+        t.w = t.w / wmax  # the minimiser does not depend on a common factor
+    inv_cons = []
+    for b, v in inv:
+        rhs = v.reshape(-1).astype(np.float64) / scale
+        inv_cons.append((sp.kron(sp.identity(n), b.mat, "csr"), rhs, rhs))
+    bands: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]] = []
     done: list[L2Pass] = []
-    x = None
-    settings = clarabel.DefaultSettings()
-    settings.verbose = False
-    for names in passes:
-        names = [nm for nm in dict.fromkeys(names) if nm in by_name]
-        if not names:
-            continue
-        pdiag = np.zeros(nv)
-        lin = np.zeros(nv)
-        const = 0.0
-        for nm in names:
-            p0, size = offs[nm]
-            w = weights(nm) * scale**2
-            y = rows_of(nm).reshape(-1) / scale
-            pdiag[p0 : p0 + size] += w
-            lin[p0 : p0 + size] -= w * y
-            const += 0.5 * float(np.sum(w * y * y))
-        A_in, b_in = [A_nn], [np.zeros(n * na)]
-        for nm, a, tol in bands:
-            p0, size = offs[nm]
-            sel = sp.csr_matrix(
-                (np.ones(size), (np.arange(size), np.arange(p0, p0 + size))), shape=(size, nv)
-            )
-            A_in += [sel, -sel]
-            b_in += [a + tol, -(a - tol)]
-        A = sp.vstack([A_eq, *A_in], "csc")
-        b = np.concatenate([b_eq, *b_in])
-        P = sp.diags(pdiag, format="csc")
-        cones = [
-            clarabel.ZeroConeT(A_eq.shape[0]),
-            clarabel.NonnegativeConeT(A.shape[0] - A_eq.shape[0]),
-        ]
-        if A_eq.shape[0] == 0:
-            cones = cones[1:]
-        sol = clarabel.DefaultSolver(P, lin, A, b, cones, settings).solve()
-        status = str(sol.status).split(".")[-1]
-        if status not in _L2_OK:
-            raise SolverError(
-                f"{where}: the TopDown L2 pass {len(done)} ({', '.join(names)}) ended with "
-                f"status {status!r} in Clarabel; an infeasible status means the children's "
-                "invariants or structural zeros cannot be met with non-negative counts summing "
-                "to the parent"
-            )
-        z = np.asarray(sol.x)
-        x = z[: n * na]
-        resid = float(np.max(np.abs(A_eq @ z - b_eq), initial=0.0))
-        resid = max(resid, float(np.max(-x, initial=0.0)))
-        tol = resid + slack / scale
-        answers = {}
-        for nm in names:
-            p0, size = offs[nm]
-            ans = z[p0 : p0 + size].copy()
-            answers[nm] = ans.reshape(n, -1) * scale
-            bands.append((nm, ans, tol))
-        obj = (0.5 * float(z @ (pdiag * z)) + float(lin @ z) + const) * 2.0
-        done.append(L2Pass(tuple(names), obj, status, tol * scale, answers))
-    if x is None:
+    x = np.zeros(n * na)
+    if parent is not None:
+        x = np.tile(parent / n, n)
+    live = [[nm for nm in dict.fromkeys(p) if nm in terms] for p in passes]
+    live = [p for p in live if p]
+    if not live:
         raise SolverError(
             f"{where}: no L2 pass has a measured query; give passes naming the level's "
             "measured queries"
+        )
+    for i, names in enumerate(live):
+        pt = [terms[nm] for nm in names]
+        cons = inv_cons + bands
+        label = f"pass {i} ({', '.join(names)})"
+        if (
+            method == "auto"
+            and names == ["total"]
+            and not cons
+            and parent is not None
+            and i < len(live) - 1
+        ):
+            t = pt[0]
+            tot = _simplex_totals(t.y, t.w, float(parent.sum()))
+            resid, status, steps = 0.0, "closed-form", 0
+            answers = {"total": tot}
+        else:
+            status = ""
+            if method == "auto" and any(t.K is None for t in pt):
+                try:
+                    x, steps = _structured_pass(pt, cons, (n, na), parent, x, where)
+                    status = "structured"
+                except ConvergenceError:
+                    status = "fallback "  # slow (tiny children under tight bands): Clarabel
+            if not status.startswith("structured"):
+                x, st = _clarabel_pass(pt, cons, (n, na), parent, where, label)
+                status, steps = status + st, 0
+            resid = float(np.max(-x, initial=0.0))
+            if parent is not None:
+                resid = max(resid, float(np.max(np.abs(x.reshape(n, na).sum(axis=0) - parent))))
+            for G, lo, hi in cons:
+                gx = G @ x
+                resid = max(resid, float(np.max(np.maximum(lo - gx, gx - hi), initial=0.0)))
+            answers = {nm: terms[nm].answers(x) for nm in names}
+        tol = resid + slack / scale
+        obj = 0.0
+        for nm in names:
+            t = terms[nm]
+            r = answers[nm] - t.y
+            obj += float(np.sum(t.w * r * r)) * wmax * scale**2
+        for nm in names:
+            K = terms[nm].K
+            G = sp.identity(n * na, format="csr") if K is None else K
+            bands.append((G, answers[nm] - tol, answers[nm] + tol))
+        done.append(
+            L2Pass(
+                tuple(names),
+                obj,
+                status,
+                tol * scale,
+                {nm: a.reshape(n, -1) * scale for nm, a in answers.items()},
+                steps,
+            )
         )
     xt = layout.expand(x.reshape(n, na) * scale)
     return _repair(xt, None if layout.parent is None else np.asarray(layout.parent)), done
@@ -420,34 +632,53 @@ def l1_multipass(
         qs = list({q.name: q for q in qs}.values())
         if not qs:
             continue
-        pen = [(layout.kron(q), q) for q in qs]
-        n_pen = sum(k.shape[0] for k, _ in pen)
+        # |Y − round(f)| of the detailed query is linear on [0, 1] (Y, or 1 − Y): a cost,
+        # not 2·n·cells penalty variables.
+        ident = any(layout.block(q).identity for q in qs)
+        pen = [layout.kron(q) for q in qs if not layout.block(q).identity]
+        n_pen = sum(k.shape[0] for k in pen)
         nv = nb + 2 * n_pen
         blocks, lo = [], []
         for k, rhs in [*zip(eq_rows, eq_rhs, strict=True), *fixed]:
             blocks.append(sp.hstack([k, sp.csr_matrix((k.shape[0], 2 * n_pen))]))
             lo.append(rhs)
         p0 = nb
-        for k, _ in pen:
+        for k in pen:
             m = k.shape[0]
-            ep = sp.csr_matrix((np.ones(m), (np.arange(m), np.arange(p0, p0 + m))), shape=(m, nv))
-            em = sp.csr_matrix(
-                (np.ones(m), (np.arange(m), np.arange(p0 + m, p0 + 2 * m))), shape=(m, nv)
+            idx = np.arange(m)
+            e = sp.csr_matrix(
+                (np.r_[-np.ones(m), np.ones(m)], (np.r_[idx, idx], np.r_[idx + p0, idx + p0 + m])),
+                shape=(m, nv),
             )
-            blocks.append(sp.hstack([k, sp.csr_matrix((m, 2 * n_pen))]) - ep + em)
+            blocks.append(sp.hstack([k, sp.csr_matrix((m, 2 * n_pen))]) + e)
             lo.append(np.rint(k @ frac.reshape(-1)))
             p0 += 2 * m
         c = np.concatenate([np.zeros(nb), np.ones(2 * n_pen)])
-        if any(q.name == "detailed" for q in qs):
-            c[:nb] += 1.0 - 2.0 * frac.reshape(-1)
+        const = 0.0
+        if ident:
+            up = np.rint(frac.reshape(-1))
+            c[:nb] += 1.0 - 2.0 * up  # the penalty |Y − round(f)|
+            c[:nb] += 1.0 - 2.0 * frac.reshape(-1)  # the Bureau's cell-wise term
+            const = float(up.sum())
         A = sp.vstack(blocks, "csr")
         rhs = np.concatenate(lo)
-        res = milp(
-            c,
-            constraints=LinearConstraint(A, rhs, rhs),
-            integrality=np.concatenate([np.ones(nb), np.zeros(2 * n_pen)]),
-            bounds=Bounds(np.zeros(nv), np.concatenate([np.ones(nb), np.full(2 * n_pen, np.inf)])),
+        integ = np.concatenate([np.ones(nb), np.zeros(2 * n_pen)])
+        ub = np.concatenate([np.ones(nb), np.full(2 * n_pen, np.inf)])
+        # The LP relaxation first (HiGHS dual simplex): its vertices are integral when the
+        # pass's queries and the parent sums form a network (Bureau: a single pass with two
+        # hierarchical queries); the MILP only when a vertex is fractional.
+        res = linprog(
+            c, A_eq=A, b_eq=rhs, bounds=np.column_stack([np.zeros(nv), ub]), method="highs-ds"
         )
+        status = "lp"
+        if res.status != 0 or np.any(np.abs(res.x[:nb] - np.rint(res.x[:nb])) > _INTEGRAL):
+            res = milp(
+                c,
+                constraints=LinearConstraint(A, rhs, rhs),
+                integrality=integ,
+                bounds=Bounds(np.zeros(nv), ub),
+            )
+            status = "milp"
         if res.x is None or res.status != 0:
             raise SolverError(
                 f"{where}: the TopDown rounding pass {len(done)} "
@@ -459,8 +690,10 @@ def l1_multipass(
         if np.any(np.abs(yv - np.rint(yv)) > _INTEGRAL):
             raise SolverError(f"{where}: HiGHS returned a non-integral rounding")
         y = np.rint(yv)
-        done.append(L1Pass(tuple(q.name for q in qs), float(res.fun), "optimal"))
-        fixed += [(k, k @ y) for k, _ in pen]
+        done.append(L1Pass(tuple(q.name for q in qs), float(res.fun) + const, status))
+        fixed += [(k, k @ y) for k in pen]
+        if ident:
+            fixed.append((sp.identity(nb, format="csr"), y.copy()))
     if y is None:
         raise SolverError(f"{where}: the rounder has no pass; give at least one rounder query")
     counts = (floor + y.reshape(n, na)).astype(np.int64)
