@@ -493,6 +493,8 @@ def l2_multipass(
     for q, vals, var in measurements:
         b = layout.block(q)
         r = b.rows.size
+        if r == 0:
+            continue  # every row counts only zero cells: a constant
         w = 1.0 / np.broadcast_to(np.asarray(var, np.float64).reshape(-1, 1), (n, 1))
         y = np.asarray(vals, np.float64)[:, b.rows].reshape(-1) / scale
         K = None if b.identity else layout.kron(q)
