@@ -183,7 +183,7 @@ def _propagate(
 def _solve_parent(task: tuple, opts: dict) -> tuple[np.ndarray, dict]:
     """L2 then L1 for one parent (a pure function of its inputs)."""
     parent, meas, invs, n, where = task
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     layout = ChildrenLayout(n, opts["n_cells"], parent, opts["zero"])
     xt, l2 = l2_multipass(layout, meas, invs, opts["l2"], slack=opts["slack"], where=where)
     t1 = time.perf_counter()
@@ -193,6 +193,7 @@ def _solve_parent(task: tuple, opts: dict) -> tuple[np.ndarray, dict]:
         "active": layout.n_active,
         "l2_seconds": t1 - t0,
         "l1_seconds": t2 - t1,
+        "cpu_seconds": time.process_time() - c0,
         "l2_status": [p.status for p in l2],
         "l1_passes": len(l1),
     }
@@ -358,7 +359,11 @@ def topdown_schema(
         diag[lv.name] = _level_diag(infos, int(single.size), int(empty.sum()), t0, c0)
         if progress:
             d = diag[lv.name]
-            progress(f"{lv.name}: {d['parents_solved']} parents, {d['seconds']:.1f} s")
+            progress(
+                f"{lv.name}: {d['parents_solved']} parents, {d['seconds']:.1f} s "
+                f"({d['cpu_seconds']:.1f} CPU s; L2 {d['l2_seconds']:.1f} s, L1 "
+                f"{d['l1_seconds']:.1f} s; {d['mean_active_cells']:.0f} active cells)"
+            )
 
     labels = [f"{names[hierarchy.level_index(i.level)]}: {i.query.name}" for i in invariants]
     statement = with_invariants(statement, list(dict.fromkeys(labels)))
