@@ -159,11 +159,18 @@ def _compare(problem, method):
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@settings(max_examples=12, **_SETTINGS)
+@settings(max_examples=8, **_SETTINGS)
 @given(parent_problems())
 def test_fast_path_equals_cvxpy_reference(problem):
-    """Every L2 pass (closed form, structured, Clarabel) and every rounding pass matches the
-    dense cvxpy reference; outputs integer, non-negative, consistent, invariants exact."""
+    """Every L2 pass (closed form, structured with its augmented Lagrangian) and every
+    rounding pass matches the dense cvxpy reference; outputs integer, non-negative,
+    consistent, invariants exact."""
+    _compare(problem, "structured")
+
+
+@settings(max_examples=6, **_SETTINGS)
+@given(parent_problems())
+def test_auto_path_equals_cvxpy_reference(problem):
     _compare(problem, "auto")
 
 
@@ -178,15 +185,15 @@ def test_clarabel_path_equals_cvxpy_reference(problem):
 @given(parent_problems())
 def test_fast_path_equals_cvxpy_reference_many(problem):
     """The acceptance form: ≥ 50 random parents."""
-    _compare(problem, "auto")
+    _compare(problem, "structured")
 
 
 # ------------------------------------------------------------------------- driver
 def _tree_problem(seed: int, noise: float, invariant: bool = True):
     gen = np.random.default_rng(seed)
-    h = random_hierarchy(gen, [(2, 4), (2, 4), (1, 3)])
+    h = random_hierarchy(gen, [(2, 3), (2, 3), (1, 3)])
     schema = Schema.load("sex_age5")
-    leaf = gen.poisson(1.5, size=(h.sizes[-1], schema.n_cells))
+    leaf = gen.poisson(4.0, size=(h.sizes[-1], schema.n_cells))
     counts = [c.reshape(-1, *schema.shape) for c in h.aggregate(leaf)]
     texts = ["total", "sex", "age5", "sex * ageband", "detailed"]
     qs = [ProductQuery.parse(schema, t) for t in texts]
