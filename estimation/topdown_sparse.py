@@ -24,11 +24,26 @@ integer values. It is a mixed-integer program (binaries), solved by HiGHS.
 Only the *active* cells enter a problem: the cells where the parent is positive and no
 structural zero is declared (every child is zero elsewhere, since children are non-negative
 and sum to the parent). A query's matrix is built sparse once (the Kronecker product of its
-per-attribute 0/1 factors, ``nnz`` = cells for a partitioning query) and restricted to the
-active columns, dropping rows without an active column; the children's block is
-``I_n ⊗ Q_a``. No cells × cells matrix appears. The L2 problem is posed for Clarabel's native
-API with one residual variable per answer (``r_q = Q_q x``), so its Hessian is diagonal and
-every pass shares the same equality block; only the costs and the band rows change.
+per-attribute 0/1 factors, ``nnz`` = cells for a partitioning query, cached per query) and
+restricted to the parent's active columns, dropping rows without an active column; the
+children's block is ``I_n ⊗ Q_a``. No cells × cells matrix appears, nothing is compiled per
+parent, and a parent's matrices serve all its passes.
+
+Solvers of an L2 pass (:func:`l2_multipass`, ``method="auto"``):
+
+- the isolated ``total`` pass with nothing else to hold: any non-negative totals summing to
+  the parent are reachable, so it is a weighted projection onto a simplex (closed form);
+- a pass that fits the detailed query (strongly convex): accelerated projected gradient onto
+  the product of the parent's per-cell simplices, exact by sorting, with earlier passes'
+  bands and invariants as an augmented Lagrangian (:func:`_structured_pass`). On pl94 block
+  groups (about 100 blocks × 100 active cells) it takes 22 gradient steps and 0.25 CPU s
+  where Clarabel takes 5 s, and reaches a lower objective;
+- otherwise, and for constrained passes of at most ``_SMALL_CONSTRAINED`` variables (where
+  the augmented Lagrangian converges slowly on tight active bands), Clarabel's native API with
+  one residual variable per answer (``r_q = K_q x``), so its Hessian is diagonal.
+
+The rounding passes go to HiGHS as the LP relaxation first (integral when the pass's queries
+and the parent sums form a network), then as the MILP.
 
 References
 ----------
