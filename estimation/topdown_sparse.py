@@ -557,6 +557,8 @@ def l2_multipass(
             tot = _simplex_totals(t.y, t.w, float(parent.sum()))
             resid, status, steps = 0.0, "closed-form", 0
             answers = {"total": tot}
+            # A start meeting the parent sums and these totals: x_ic = p_c · t_i / Σ t.
+            x = (np.outer(tot, parent) / float(parent.sum())).reshape(-1)
         else:
             status = ""
             # Bands or invariants make the structured path an augmented Lagrangian, slow when
