@@ -1,0 +1,424 @@
+"""TopDown-style on schema histograms: the Bureau's multi-pass solves, level by level.
+
+The root is solved alone; then, from the root down, the children of every parent are solved
+jointly given the parent's *integer* histogram: the multi-pass non-negative least squares of
+:func:`~censusdp.estimation.topdown_sparse.l2_multipass` on the level's measured product
+queries, then the multi-pass controlled rounding of
+:func:`~censusdp.estimation.topdown_sparse.l1_multipass`. Invariants (given at any level,
+propagated upwards by summing over children) are met with ``==``; structural zeros (cells no
+node may fill, e.g. persons under 18 in a nursing facility, the Bureau's ``nurse_nva_0``
+edit) are removed from every problem. A parent with one child hands its histogram down, a
+parent with an empty histogram has empty children; no solver runs for them.
+
+The query orderings are the Bureau's production ones (:func:`bureau_pl94_ordering`,
+``Strategy1b_ST_CTY_TR_BG_isoTot_Ordering_dsepJune3``): at the root one L2 pass over every
+query; at the state, county, tract and block-group levels pass 0 the ``total`` alone and
+pass 1 the others; at the blocks one pass over everything. The rounder: ``total`` first, then
+``hhgq``, ``hhgq * hispanic``, ``hhgq * hispanic * cenrace``, ``detailed`` (at the root and
+the blocks in a single pass).
+
+Non-negativity and the parent equality are kept on purpose: they are what makes TopDown
+biased for small areas and cells. This is the baseline the unbiased estimator
+(:func:`~censusdp.estimation.structured_gls.structured_gls`, on the same measurements) is
+compared with.
+
+References
+----------
+Abowd et al. (2022), "The 2020 Census Disclosure Avoidance System TopDown Algorithm",
+Harvard Data Science Review, Special Issue 2.
+U.S. Census Bureau (2021), DAS_2020_Redistricting_Production_Code,
+``programs/strategies/strategies.py`` and ``configs/production/pl94/person_US.ini``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from censusdp.budget import PrivacyStatement, with_invariants
+from censusdp.errors import DataError, SolverError, SpecError
+from censusdp.estimation.release import Release
+from censusdp.estimation.topdown_sparse import (
+    DEFAULT_SLACK,
+    ChildrenLayout,
+    l1_multipass,
+    l2_multipass,
+)
+from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.privacy import check_statement
+from censusdp.mechanisms.product_measure import (
+    ProductInvariant,
+    ProductMeasurement,
+    checked_values,
+    product_privacy,
+)
+from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.schema import Schema
+
+__all__ = ["LevelOrdering", "bureau_pl94_ordering", "structural_zero_mask", "topdown_schema"]
+
+#: Per level: (L2 passes of query names, rounder passes of query texts).
+LevelOrdering = tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]
+
+_OTHERS = (
+    "cenrace", "hispanic", "votingage", "hhinstlevels", "hhgq", "votingage * hispanic",
+    "hispanic * cenrace", "votingage * cenrace", "votingage * hispanic * cenrace", "detailed",
+)  # fmt: skip
+_ROUNDER = (
+    "total", "hhgq", "hhgq * hispanic", "hhgq * hispanic * cenrace",
+    "hhgq * votingage * hispanic * cenrace", "detailed",
+)  # fmt: skip
+
+_POST_PROCESSING = (
+    "TopDown-style estimates (non-negative integers, consistent, invariants exact) are "
+    "post-processing of the same measurements and invariants: the privacy guarantee is "
+    "unchanged; they carry no standard errors and are biased for small areas"
+)
+
+
+def bureau_pl94_ordering(level_names: Sequence[str]) -> dict[str, LevelOrdering]:
+    """The Bureau's production query orderings for the ``pl94`` strategy, per level.
+
+    ``Strategy1b_ST_CTY_TR_BG_isoTot_Ordering_dsepJune3`` (``person_US.ini``): the root
+    (``US``) one L2 pass and one rounder pass; the leaves (``Block``) one L2 pass over
+    ``total`` and the others, one rounder pass; every level between: L2 ``total`` then the
+    others, rounder ``total`` then ``hhgq`` … ``detailed``. (The Bureau's lists name
+    ``hhgq`` and ``votingage * hispanic`` twice and ``hhgq * votingage * hispanic *
+    cenrace``, which is ``detailed`` in this schema; each query is used once.)
+    """
+    out: dict[str, LevelOrdering] = {}
+    last = len(level_names) - 1
+    for k, name in enumerate(level_names):
+        if k == 0:
+            out[name] = ((_OTHERS,), (_ROUNDER,))
+        elif k == last:
+            out[name] = ((("total", *_OTHERS),), (_ROUNDER,))
+        else:
+            out[name] = ((("total",), _OTHERS), (("total",), _ROUNDER[1:]))
+    return out
+
+
+def structural_zero_mask(schema: Schema, rows: Sequence[tuple[str, Sequence[str]]]) -> np.ndarray:
+    """Flat boolean mask of the cells counted by the given query rows (structural zeros).
+
+    Parameters
+    ----------
+    schema : Schema
+    rows : sequence of (query text, row key)
+        E.g. ``[("hhgq * votingage", ("Nursing facilities/Skilled-nursing facilities",
+        "Under 18 years"))]``, the Bureau's ``nurse_nva_0`` edit.
+
+    Raises
+    ------
+    SpecError
+        A query or a row label the schema does not have.
+    """
+    mask = np.zeros(schema.shape, bool)
+    for text, key in rows:
+        q = ProductQuery.parse(schema, text)
+        z = np.zeros(q.n_rows, np.int64)
+        z[q.row_index(key)] = 1
+        mask |= q.adjoint(z) > 0
+    return mask.reshape(-1)
+
+
+def _by_level(
+    hierarchy: Hierarchy, schema: Schema, measurements: Sequence[ProductMeasurement]
+) -> list[list[ProductMeasurement]]:
+    out: list[list[ProductMeasurement]] = [[] for _ in range(hierarchy.depth)]
+    for mm in measurements:
+        k = hierarchy.level_index(mm.level)
+        lv = hierarchy.levels[k]
+        if mm.query.schema is not schema:
+            raise SpecError(
+                f"measurement {mm.query.name!r} at level {lv.name!r} is over schema "
+                f"{mm.query.schema.name!r}, not {schema.name!r}"
+            )
+        checked_values(mm.values, lv.size, mm.query, "measurement", lv.name)
+        if any(o.query.name == mm.query.name for o in out[k]):
+            raise SpecError(f"level {lv.name!r}: query {mm.query.name!r} is measured twice")
+        out[k].append(mm)
+    return out
+
+
+def _propagate(
+    hierarchy: Hierarchy, schema: Schema, invariants: Sequence[ProductInvariant]
+) -> list[dict[str, tuple[ProductQuery, np.ndarray]]]:
+    """Per level, the invariants given there plus their sums from the levels below."""
+    out: list[dict[str, tuple[ProductQuery, np.ndarray]]] = [{} for _ in range(hierarchy.depth)]
+
+    def put(k: int, q: ProductQuery, v: np.ndarray) -> None:
+        old = out[k].get(q.name)
+        if old is not None:
+            bad = np.flatnonzero(np.any(old[1] != v, axis=1))
+            if bad.size:
+                lv = hierarchy.levels[k]
+                raise DataError(
+                    f"invariant {q.name!r} at level {lv.name!r}, node {str(lv.codes[bad[0]])!r}, "
+                    "disagrees with the sum of the same invariant over its children; give "
+                    "invariants that nest"
+                )
+        else:
+            out[k][q.name] = (q, v)
+
+    for inv in invariants:
+        k = hierarchy.level_index(inv.level)
+        lv = hierarchy.levels[k]
+        v = checked_values(inv.values, lv.size, inv.query, "invariant", lv.name)
+        if np.any(v != np.rint(v)):
+            raise DataError(
+                f"invariant {inv.query.name!r} at level {lv.name!r} is not integer-valued; "
+                "TopDown needs integer invariants (counts)"
+            )
+        put(k, inv.query, np.rint(v).astype(np.int64))
+    for k in range(hierarchy.depth - 1, 0, -1):
+        for q, v in list(out[k].values()):
+            put(k - 1, q, hierarchy.aggregate_up(k, v))
+    return out
+
+
+def _solve_parent(task: tuple, opts: dict) -> tuple[np.ndarray, dict]:
+    """L2 then L1 for one parent (a pure function of its inputs)."""
+    parent, meas, invs, n, where = task
+    t0, c0 = time.perf_counter(), time.process_time()
+    layout = ChildrenLayout(n, opts["n_cells"], parent, opts["zero"])
+    xt, l2 = l2_multipass(layout, meas, invs, opts["l2"], slack=opts["slack"], where=where)
+    t1 = time.perf_counter()
+    counts, l1 = l1_multipass(layout, xt, invs, opts["l1"], where=where)
+    t2 = time.perf_counter()
+    return counts, {
+        "active": layout.n_active,
+        "l2_seconds": t1 - t0,
+        "l1_seconds": t2 - t1,
+        "cpu_seconds": time.process_time() - c0,
+        "l2_status": [p.status for p in l2],
+        "l1_passes": len(l1),
+    }
+
+
+def _solve_run(run: list[tuple], opts: dict) -> list[tuple[np.ndarray, dict]]:
+    """A run of parents: one unit of work for a mapper."""
+    return [_solve_parent(t, opts) for t in run]
+
+
+def topdown_schema(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    measurements: Sequence[ProductMeasurement],
+    invariants: Sequence[ProductInvariant] = (),
+    *,
+    ordering: Mapping[str, LevelOrdering] | None = None,
+    structural_zeros: np.ndarray | None = None,
+    slack: float = DEFAULT_SLACK,
+    privacy: PrivacyStatement | None = None,
+    mapper: Callable[..., list[Any]] | None = None,
+    chunks: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> Release:
+    """TopDown-style estimates of a schema histogram: non-negative integers, consistent.
+
+    Parameters
+    ----------
+    hierarchy : Hierarchy
+    schema : Schema
+    measurements : sequence of ProductMeasurement
+        Noisy answers of product queries, every level measured (the root included); any
+        noise law, weighted by the inverse of its variance (per node with
+        ``node_variance``).
+    invariants : sequence of ProductInvariant
+        Exact integer answers, met with ``==``; propagated to the levels above.
+    ordering : mapping level name → (L2 passes, rounder passes), optional
+        Query names per pass (see :func:`bureau_pl94_ordering`, the default for ``pl94``).
+        Default for other schemas: at every level one L2 pass over its measured queries and
+        rounder passes ``total`` then ``detailed``.
+    structural_zeros : numpy.ndarray, optional
+        Boolean mask (flat or ``schema.shape``) of cells held at zero at every node
+        (:func:`structural_zero_mask`). The root's noisy answers are fitted with them.
+    slack : float
+        The L2 band's additive slack in counts (the Bureau's ``opt_tol_slack`` = 0.1).
+    privacy : PrivacyStatement, optional
+        Checked against the statement derived from the measurements (BudgetError when it
+        claims less).
+    mapper : callable, optional
+        ``mapper(fn, items, *shared)`` → ``[fn(item, *shared) for item in items]`` (threads,
+        Dask); each level's non-trivial parents are cut into ``chunks`` runs.
+    chunks : int
+    progress : callable, optional
+        Called with one line per level solved.
+
+    Returns
+    -------
+    Release
+        ``estimator="topdown"``, int64 ``(n_nodes, cells)`` per level; diagnostics per
+        level: parents solved and trivial, mean active cells, L2 and L1 seconds.
+
+    Raises
+    ------
+    SpecError
+        A measured query in no L2 pass, or measurements over another schema.
+    DataError
+        Malformed measurements or invariants, or structural zeros an invariant contradicts.
+    SolverError
+        A sub-problem failed; the message names the level and parent.
+    """
+    names = hierarchy.names
+    meas = _by_level(hierarchy, schema, measurements)
+    invs = _propagate(hierarchy, schema, invariants)
+    derived = product_privacy(list(measurements), level_names=names)
+    statement = check_statement(privacy, derived) if privacy is not None else derived
+    m = schema.n_cells
+    zero = None
+    if structural_zeros is not None:
+        zero = np.asarray(structural_zeros, bool).reshape(-1)
+        if zero.size != m:
+            raise SpecError(
+                f"structural_zeros has {zero.size} cells; schema {schema.name!r} has {m}"
+            )
+    if ordering is None:
+        ordering = (
+            bureau_pl94_ordering(names)
+            if schema.name == "pl94"
+            else {n: ((tuple(q.query.name for q in meas[k]),), (("total",), ("detailed",)))
+                  for k, n in enumerate(names)}
+        )  # fmt: skip
+    for k, lv in enumerate(hierarchy.levels):
+        if lv.name not in ordering:
+            raise SpecError(f"ordering has no entry for level {lv.name!r}")
+        in_pass = {q for p in ordering[lv.name][0] for q in p}
+        missing = [mm.query.name for mm in meas[k] if mm.query.name not in in_pass]
+        if missing:
+            raise SpecError(
+                f"level {lv.name!r}: measured queries {missing} are in no L2 pass of the "
+                "ordering; add them to a pass"
+            )
+        if not meas[k]:
+            raise SpecError(
+                f"TopDown-style needs every level measured; level {lv.name!r} has no measurement"
+            )
+    rounder = {
+        lvl: tuple(tuple(ProductQuery.parse(schema, t) for t in p) for p in passes)
+        for lvl, (_, passes) in ordering.items()
+    }
+
+    def level_meas(k: int, lo: int, hi: int) -> list[tuple]:
+        out = []
+        for mm in meas[k]:
+            var = mm.variance
+            if np.ndim(var):
+                var = np.asarray(var)[lo:hi]
+            out.append((mm.query, np.asarray(mm.values)[lo:hi], var))
+        return out
+
+    def opts(k: int) -> dict:
+        lv = names[k]
+        return dict(n_cells=m, zero=zero, l2=ordering[lv][0], l1=rounder[lv], slack=slack)
+
+    diag: dict[str, dict] = {}
+    t0, c0 = time.perf_counter(), time.process_time()
+    root = hierarchy.levels[0]
+    counts, info = _solve_parent(
+        (None, level_meas(0, 0, 1), [(q, v) for q, v in invs[0].values()], 1,
+         f"level {root.name!r}, root {str(root.codes[0])!r}"),
+        opts(0),
+    )  # fmt: skip
+    estimates = [counts]
+    diag[root.name] = _level_diag([info], 0, 0, t0, c0)
+    if progress:
+        progress(f"{root.name}: {diag[root.name]['seconds']:.1f} s")
+
+    for k in range(1, hierarchy.depth):
+        t0, c0 = time.perf_counter(), time.process_time()
+        up, lv = hierarchy.levels[k - 1], hierarchy.levels[k]
+        par = estimates[k - 1]
+        out = np.zeros((lv.size, m), dtype=np.int64)
+        single = np.flatnonzero(up.child_count == 1)
+        out[up.child_start[single]] = par[single]
+        empty = (up.child_count > 1) & (par.sum(axis=1) == 0)
+        todo = np.flatnonzero((up.child_count > 1) & ~empty)
+        tasks = []
+        for p in todo:
+            lo = int(up.child_start[p])
+            hi = lo + int(up.child_count[p])
+            sub_i = [(q, v[lo:hi]) for q, v in invs[k].values()]
+            where = f"level {lv.name!r}, parent {str(up.codes[p])!r} (level {up.name!r})"
+            tasks.append((par[p], level_meas(k, lo, hi), sub_i, hi - lo, where))
+        runs = [r for r in np.array_split(np.arange(len(tasks)), max(1, chunks)) if r.size]
+        items = [[tasks[i] for i in r] for r in runs]
+        o = opts(k)
+        results = mapper(_solve_run, items, o) if mapper else [_solve_run(it, o) for it in items]
+        infos = []
+        for p, (cnt, info) in zip(todo, (r for run in results for r in run), strict=True):
+            lo = int(up.child_start[p])
+            out[lo : lo + cnt.shape[0]] = cnt
+            infos.append(info)
+        _check_level(hierarchy, k, out, par, invs[k], zero)
+        estimates.append(out)
+        diag[lv.name] = _level_diag(infos, int(single.size), int(empty.sum()), t0, c0)
+        if progress:
+            d = diag[lv.name]
+            progress(
+                f"{lv.name}: {d['parents_solved']} parents, {d['seconds']:.1f} s "
+                f"({d['cpu_seconds']:.1f} CPU s; L2 {d['l2_seconds']:.1f} s, L1 "
+                f"{d['l1_seconds']:.1f} s; {d['mean_active_cells']:.0f} active cells)"
+            )
+
+    labels = [f"{names[hierarchy.level_index(i.level)]}: {i.query.name}" for i in invariants]
+    statement = with_invariants(statement, list(dict.fromkeys(labels)))
+    statement = statement.with_notes(_POST_PROCESSING)
+    return Release(
+        estimator="topdown",
+        hierarchy=hierarchy,
+        cells=schema.cells,
+        estimates=estimates,
+        variances=None,
+        privacy=statement,
+        integer=True,
+        diagnostics={
+            "levels": diag,
+            "seconds": float(sum(d["seconds"] for d in diag.values())),
+            "cpu_seconds": float(sum(d["cpu_seconds"] for d in diag.values())),
+            "slack": slack,
+            "ordering": {
+                lvl: [list(map(list, o[0])), list(map(list, o[1]))] for lvl, o in ordering.items()
+            },  # fmt: skip
+            "structural_zeros": int(zero.sum()) if zero is not None else 0,
+            "strategy": "per-parent sparse problems: Clarabel (L2 passes), HiGHS MILP (L1)",
+        },
+    )
+
+
+def _level_diag(infos: list[dict], single: int, empty: int, t0: float, c0: float) -> dict:
+    return {
+        "parents_solved": len(infos),
+        "parents_single_child": single,
+        "parents_empty": empty,
+        "mean_active_cells": float(np.mean([i["active"] for i in infos])) if infos else 0.0,
+        "l2_seconds": float(sum(i["l2_seconds"] for i in infos)),
+        "l1_seconds": float(sum(i["l1_seconds"] for i in infos)),
+        "seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - c0,
+    }
+
+
+def _check_level(
+    h: Hierarchy,
+    k: int,
+    out: np.ndarray,
+    parent: np.ndarray,
+    invs: Mapping[str, tuple[ProductQuery, np.ndarray]],
+    zero: np.ndarray | None,
+) -> None:
+    """Consistency, non-negativity, invariants and structural zeros, exactly."""
+    name = h.names[k]
+    if np.any(out < 0):
+        raise SolverError(f"level {name!r}: a negative count survived the rounding")
+    if not np.array_equal(h.aggregate_up(k, out), parent):
+        raise SolverError(f"level {name!r}: children do not sum to their parents")
+    if zero is not None and np.any(out[:, zero]):
+        raise SolverError(f"level {name!r}: a structural zero is filled")
+    for q, v in invs.values():
+        if not np.array_equal(q.apply(out.reshape(-1, *q.schema.shape)), v):
+            raise SolverError(f"level {name!r}: invariant {q.name!r} is not met exactly")

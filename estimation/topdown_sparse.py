@@ -1,0 +1,733 @@
+"""One parent's TopDown-style sub-problem on a schema histogram, as sparse matrices.
+
+The Census Bureau's 2020 TopDown algorithm fixes a level's integer histograms, then solves the
+children of every parent jointly in two steps, each in several passes (Abowd et al. 2022,
+§§5–6; ``das_decennial`` ``l2_dataIndep_npass_optimizer.py`` and ``multipass_rounder.py``):
+
+**L2 step** (:func:`l2_multipass`, non-negative weighted least squares). Pass ``p`` minimises
+``Σ_{q ∈ pass p} Σ_i w_{q,i} ‖Q_q x_i − y_{q,i}‖²`` over the children's cell vectors
+``x_i ≥ 0`` with ``Σ_i x_i = parent`` cell by cell, the children's invariants ``H x_i = t_i``
+exactly, and every query of an earlier pass held within a band around that pass's answers:
+``|Q_q x_i − a_{q,i}| ≤ τ``. The Bureau's band (``DataIndNPass_toleranceType = opt_tol``,
+``opt_tol_slack = 0.1``) is the smallest tolerance with which the constraints are feasible
+plus an additive slack; since the previous pass's solution satisfies them, that smallest
+tolerance is its own constraint residual, which is what is used here (in counts) plus
+``slack``.
+
+**L1 step** (:func:`l1_multipass`, controlled rounding). With ``F = ⌊x̃⌋`` and
+``f = x̃ − F`` of the L2 solution ``x̃``, the children are ``F + Y`` with ``Y`` binary.
+Pass ``p`` minimises ``Σ_{q ∈ pass p} ‖Q_q Y_i − round(Q_q f_i)‖₁`` (plus
+``Σ (1 − 2f)·Y`` when the detailed query is in the pass), subject to ``Σ_i Y_i = parent −
+Σ_i F_i``, the invariants, and every earlier pass's query answers fixed at that pass's
+integer values. It is a mixed-integer program (binaries), solved by HiGHS.
+
+Only the *active* cells enter a problem: the cells where the parent is positive and no
+structural zero is declared (every child is zero elsewhere, since children are non-negative
+and sum to the parent). A query's matrix is built sparse once (the Kronecker product of its
+per-attribute 0/1 factors, ``nnz`` = cells for a partitioning query, cached per query) and
+restricted to the parent's active columns, dropping rows without an active column; the
+children's block is ``I_n ⊗ Q_a``. No cells × cells matrix appears, nothing is compiled per
+parent, and a parent's matrices serve all its passes.
+
+Solvers of an L2 pass (:func:`l2_multipass`, ``method="auto"``):
+
+- the isolated ``total`` pass with nothing else to hold: any non-negative totals summing to
+  the parent are reachable, so it is a weighted projection onto a simplex (closed form);
+- a pass that fits the detailed query (strongly convex): accelerated projected gradient onto
+  the product of the parent's per-cell simplices, exact by sorting, with earlier passes'
+  bands and invariants as an augmented Lagrangian (:func:`_structured_pass`). On pl94 block
+  groups (about 100 blocks × 100 active cells) it takes 22 gradient steps and 0.25 CPU s
+  where Clarabel takes 5 s, and reaches a lower objective;
+- otherwise, and for constrained passes of at most ``_SMALL_CONSTRAINED`` variables (where
+  the augmented Lagrangian converges slowly on tight active bands), Clarabel's native API with
+  one residual variable per answer (``r_q = K_q x``), so its Hessian is diagonal.
+
+The rounding passes go to HiGHS as the LP relaxation first (integral when the pass's queries
+and the parent sums form a network), then as the MILP.
+
+References
+----------
+Abowd, Ashmead, Cumings-Menon, Garfinkel, Heineman, Heiss, Johns, Kifer, Leclerc,
+Machanavajjhala, Moran, Sexton, Spence & Zhuravlev (2022), "The 2020 Census Disclosure
+Avoidance System TopDown Algorithm", Harvard Data Science Review, Special Issue 2.
+U.S. Census Bureau (2021), DAS_2020_Redistricting_Production_Code,
+``programs/optimization/{l2_dataIndep_npass_optimizer,multipass_rounder}.py`` and
+``configs/production/pl94/person_{US,default}.ini``.
+Goulart & Chen (2024), "Clarabel: An interior-point solver for conic programs with quadratic
+objectives" (the L2 solver); Huangfu & Hall (2018), "Parallelizing the dual revised simplex
+method", Math. Prog. Comp. (HiGHS, the L1 solver).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import reduce
+
+import clarabel
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+
+from censusdp.errors import ConvergenceError, SolverError, SpecError
+from censusdp.estimation.topdown_problem import _repair, _scale
+from censusdp.mechanisms.product_query import ProductQuery
+
+__all__ = [
+    "sparse_matrix",
+    "ChildrenLayout",
+    "L2Pass",
+    "L1Pass",
+    "l2_multipass",
+    "l1_multipass",
+    "DEFAULT_SLACK",
+]
+
+#: The Bureau's additive slack on the L2 band (``opt_tol_slack``, production pl94), in counts.
+DEFAULT_SLACK = 0.1
+
+_L2_OK = ("Solved", "AlmostSolved")
+#: A rounding solution further than this from an integer is a solver failure.
+_INTEGRAL = 1e-6
+
+_SPARSE_CACHE: dict[int, tuple[ProductQuery, sp.csc_matrix]] = {}
+
+
+def sparse_matrix(query: ProductQuery) -> sp.csc_matrix:
+    """The (rows × cells) 0/1 matrix ``⊗_a R_a`` of ``query``, sparse (CSC), cached.
+
+    Built as the Kronecker product of the sparse per-attribute factors, so its size is its
+    number of non-zeros (one per cell for a query whose every factor partitions its
+    attribute), never rows × cells dense.
+    """
+    hit = _SPARSE_CACHE.get(id(query))
+    if hit is not None and hit[0] is query:
+        return hit[1]
+    mats = [sp.csr_matrix(f.matrix.astype(np.float64)) for f in query.factors]
+    m = reduce(lambda a, b: sp.kron(a, b, format="csr"), mats, sp.csr_matrix(np.ones((1, 1))))
+    out = sp.csc_matrix(m)
+    _SPARSE_CACHE[id(query)] = (query, out)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class _Block:
+    """One query restricted to a parent's active cells (rows without one dropped)."""
+
+    query: ProductQuery
+    rows: np.ndarray  # kept row indices of the query
+    mat: sp.csr_matrix  # (len(rows), n_active)
+    identity: bool  # the detailed query: the block is the identity
+
+
+@dataclass(eq=False)
+class ChildrenLayout:
+    """The active cells of one parent and its queries restricted to them.
+
+    Parameters
+    ----------
+    n_children : int
+    n_cells : int
+    parent : numpy.ndarray or None
+        The parent's integer histogram (flat, ``n_cells``), or None for the root.
+    zero : numpy.ndarray or None
+        Flat boolean mask of structural zeros (cells every node must leave at zero).
+    """
+
+    n_children: int
+    n_cells: int
+    parent: np.ndarray | None
+    zero: np.ndarray | None = None
+    active: np.ndarray = field(init=False)
+    _blocks: dict[int, _Block] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        keep = np.ones(self.n_cells, bool)
+        if self.parent is not None:
+            keep &= np.asarray(self.parent) > 0
+        if self.zero is not None:
+            keep &= ~np.asarray(self.zero, bool)
+        self.active = np.flatnonzero(keep)
+
+    @property
+    def n_active(self) -> int:
+        return int(self.active.size)
+
+    def block(self, query: ProductQuery) -> _Block:
+        """``query`` restricted to the active columns, its empty rows dropped (cached)."""
+        b = self._blocks.get(id(query))
+        if b is None:
+            full = sparse_matrix(query)[:, self.active].tocsr()
+            rows = np.flatnonzero(np.diff(full.indptr) > 0)
+            mat = full[rows]
+            ident = query.name == "detailed"
+            b = _Block(query, rows, mat, ident)
+            self._blocks[id(query)] = b
+        return b
+
+    def kron(self, query: ProductQuery) -> sp.csr_matrix:
+        """``I_n ⊗ Q_a``: the children's answers of ``query`` from the stacked ``x``."""
+        return sp.kron(sp.identity(self.n_children, format="csr"), self.block(query).mat, "csr")
+
+    def parent_rows(self) -> sp.csr_matrix:
+        """``1_nᵀ ⊗ I_a``: the children's sum of every active cell."""
+        return sp.kron(np.ones((1, self.n_children)), sp.identity(self.n_active), "csr")
+
+    def expand(self, x_active: np.ndarray) -> np.ndarray:
+        """(children, active) → (children, cells), zero off the active cells."""
+        out = np.zeros((self.n_children, self.n_cells), dtype=x_active.dtype)
+        out[:, self.active] = x_active
+        return out
+
+
+@dataclass(frozen=True)
+class L2Pass:
+    """What one L2 pass did: the queries it fitted, its objective (in counts²), its band."""
+
+    queries: tuple[str, ...]
+    objective: float
+    status: str
+    tol: float
+    answers: dict[str, np.ndarray]
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class L1Pass:
+    """What one rounding pass did: its queries, its L1 objective and the solver status."""
+
+    queries: tuple[str, ...]
+    objective: float
+    status: str
+
+
+def _check_invariants(
+    layout: ChildrenLayout, invariants: Sequence[tuple[ProductQuery, np.ndarray]], where: str
+) -> list[tuple[_Block, np.ndarray]]:
+    """The invariants on the kept rows; a dropped row (no active cell) must be zero."""
+    out = []
+    for q, vals in invariants:
+        b = layout.block(q)
+        v = np.asarray(vals).reshape(layout.n_children, q.n_rows)
+        dropped = np.setdiff1d(np.arange(q.n_rows), b.rows)
+        if dropped.size and np.any(v[:, dropped] != 0):
+            raise SolverError(
+                f"{where}: invariant {q.name!r} is positive in a row whose cells are all zero in "
+                "the parent or declared structural zeros; the invariants cannot be met (check "
+                "that they nest and agree with the structural zeros)"
+            )
+        out.append((b, v[:, b.rows]))
+    return out
+
+
+@dataclass(eq=False)
+class _Term:
+    """One measured query of an L2 problem: ``K = I_n ⊗ Q_a`` (None for the identity),
+    scaled answers ``y`` and weights ``w`` (flat, child-major)."""
+
+    name: str
+    K: sp.csr_matrix | None
+    y: np.ndarray
+    w: np.ndarray
+    KT: sp.csr_matrix | None = None
+
+    def __post_init__(self) -> None:
+        if self.K is not None:
+            self.KT = self.K.T.tocsr()
+
+    def residual(self, x: np.ndarray) -> np.ndarray:
+        return (x if self.K is None else self.K @ x) - self.y
+
+    def answers(self, x: np.ndarray) -> np.ndarray:
+        return x if self.K is None else self.K @ x
+
+    @property
+    def lipschitz(self) -> float:
+        """An upper bound of ``‖Kᵀ W K‖₂`` (``max w · ‖K‖₁ ‖K‖_∞``; exact for a partition)."""
+        if self.K is None:
+            return float(self.w.max())
+        a = abs(self.K)
+        return float(self.w.max() * a.sum(axis=0).max() * a.sum(axis=1).max())
+
+
+def _project_columns(z: np.ndarray, p: np.ndarray | None) -> np.ndarray:
+    """Euclidean projection of every column of ``z`` (children × cells) onto
+    ``{v ≥ 0, Σ v = p_c}`` (``p`` None: onto ``v ≥ 0``), by sorting (Held, Wolfe & Crowder
+    1974; Duchi, Shalev-Shwartz, Singer & Chandra 2008), all columns at once."""
+    if p is None:
+        return np.maximum(z, 0.0)
+    n = z.shape[0]
+    u = -np.sort(-z, axis=0)
+    css = np.cumsum(u, axis=0) - p
+    j = np.arange(1, n + 1)[:, None]
+    k = np.sum(u - css / j > 0, axis=0)  # ≥ 1 when p > 0
+    theta = css[k - 1, np.arange(z.shape[1])] / k
+    return np.maximum(z - theta, 0.0)
+
+
+def _simplex_totals(y: np.ndarray, w: np.ndarray, total: float) -> np.ndarray:
+    """``argmin Σ w_i (t_i − y_i)²`` over ``t ≥ 0, Σ t = total``: ``t = max(0, y − ν/w)``
+    with ``ν`` the root of a monotone piecewise-linear equation (bisection to round-off)."""
+    lo = float(np.min(w * (y - total))) - 1.0
+    hi = float(np.max(w * y)) + 1.0
+    for _ in range(200):
+        nu = 0.5 * (lo + hi)
+        if np.maximum(0.0, y - nu / w).sum() > total:
+            lo = nu
+        else:
+            hi = nu
+        if hi - lo <= 1e-15 * max(1.0, abs(nu)):
+            break
+    t = np.maximum(0.0, y - hi / w)
+    pos = t > 0
+    t[pos] += (total - t.sum()) / max(1, int(pos.sum()))
+    return t
+
+
+#: Stopping rule of the structured L2 path (scaled units, data of order one): the projected
+#: gradient step (of length 1/lf) moves no entry by more than ``_PG_TOL``, and no constraint
+#: is violated by more than ``_FEAS_TOL`` (the bands themselves are 0.1 wide).
+_PG_TOL = 1e-9
+_FEAS_TOL = 1e-8
+_PG_MAX_ITER = 2_000
+#: Constrained passes of at most this many variables go to Clarabel.
+_SMALL_CONSTRAINED = 5_000
+_ALM_MAX_OUTER = 60
+
+
+def _structured_pass(
+    terms: Sequence[_Term],
+    cons: Sequence[tuple[sp.csr_matrix, np.ndarray, np.ndarray]],
+    shape: tuple[int, int],
+    parent: np.ndarray | None,
+    x0: np.ndarray,
+    where: str,
+) -> tuple[np.ndarray, int]:
+    """One L2 pass by accelerated projected gradient inside an augmented Lagrangian.
+
+    The feasible set ``{x ≥ 0, Σ_i x_i = parent}`` is a product of scaled simplices, one per
+    cell, whose projection is exact and cheap (:func:`_project_columns`); every other
+    constraint ``lo ≤ G x ≤ hi`` (invariants, earlier passes' bands) is an augmented
+    Lagrangian term (Hestenes 1969; Powell 1969; Rockafellar 1973). Each inner problem is
+    solved by FISTA (Beck & Teboulle 2009) with gradient restarts (O'Donoghue & Candès
+    2015), linear for the strongly convex objectives of a pass that fits the detailed query.
+
+    Returns the solution (flat, scaled) and the number of gradient steps.
+
+    Raises
+    ------
+    ConvergenceError
+        When the iteration limits are reached.
+    """
+    n, na = shape
+    lf = sum(t.lipschitz for t in terms)
+    g_norm = 0.0
+    if cons:
+        G = sp.vstack([c[0] for c in cons], "csr")
+        lo = np.concatenate([c[1] for c in cons])
+        hi = np.concatenate([c[2] for c in cons])
+        GT = G.T.tocsr()
+        a = abs(G)
+        g_norm = float(a.sum(axis=0).max() * a.sum(axis=1).max())
+        lam = np.zeros(G.shape[0])
+    rho = lf / g_norm if g_norm else 0.0
+    rho_max = 1e6 * rho
+
+    def grad(x: np.ndarray) -> np.ndarray:
+        g = np.zeros_like(x)
+        for t in terms:
+            r = t.w * t.residual(x)
+            g += r if t.KT is None else t.KT @ r
+        if cons:
+            v = G @ x + lam / rho
+            g += rho * (GT @ (v - np.clip(v, lo, hi)))
+        return g
+
+    def proj(z: np.ndarray) -> np.ndarray:
+        return _project_columns(z.reshape(n, na), parent).reshape(-1)
+
+    x = proj(x0)
+    steps = 0
+    viol_prev = np.inf
+    for _ in range(_ALM_MAX_OUTER if cons else 1):
+        L = lf + rho * g_norm
+        # Inexact inner solves while the constraints are far from met (Rockafellar 1976).
+        eps = max(_PG_TOL, min(1e-4, 1e-2 * viol_prev)) if cons else _PG_TOL
+        z, t = x.copy(), 1.0
+        while steps < _PG_MAX_ITER:
+            steps += 1
+            xn = proj(z - grad(z) / L)
+            # the gradient mapping, in units of a step 1/lf (independent of the penalty)
+            if np.max(np.abs(xn - z), initial=0.0) * (L / lf) <= eps:
+                x = xn
+                break
+            tn = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
+            if np.dot(z - xn, xn - x) > 0.0:
+                z, tn = xn.copy(), 1.0
+            else:
+                z = xn + ((t - 1.0) / tn) * (xn - x)
+            x, t = xn, tn
+        else:
+            raise ConvergenceError(
+                f"{where}: the structured L2 solve did not converge in {_PG_MAX_ITER} steps"
+            )
+        if not cons:
+            return x, steps
+        gx = G @ x
+        v = gx + lam / rho
+        lam = rho * (v - np.clip(v, lo, hi))
+        viol = float(np.max(np.maximum(lo - gx, gx - hi), initial=0.0))
+        if viol <= _FEAS_TOL and eps <= _PG_TOL:
+            return x, steps
+        if viol > 0.25 * viol_prev and rho < rho_max:  # a stiffer penalty (Bertsekas 1982)
+            rho *= 10.0
+        viol_prev = viol
+    raise ConvergenceError(
+        f"{where}: the structured L2 solve did not meet its constraints in "
+        f"{_ALM_MAX_OUTER} augmented-Lagrangian rounds"
+    )
+
+
+def _clarabel_pass(
+    terms: Sequence[_Term],
+    cons: Sequence[tuple[sp.csr_matrix, np.ndarray, np.ndarray]],
+    shape: tuple[int, int],
+    parent: np.ndarray | None,
+    where: str,
+    label: str,
+) -> tuple[np.ndarray, str]:
+    """One L2 pass for Clarabel's native API: variables ``x`` and one residual block
+    ``r_q = K_q x`` per non-identity term, so the Hessian is diagonal."""
+    n, na = shape
+    nx = n * na
+    offs, pos = [], nx
+    for t in terms:
+        offs.append((0, nx) if t.K is None else (pos, t.y.size))
+        pos += 0 if t.K is None else t.y.size
+    nv = pos
+
+    def widen(k: sp.csr_matrix) -> sp.csr_matrix:
+        return sp.hstack([k, sp.csr_matrix((k.shape[0], nv - nx))], "csr")
+
+    def select(p0: int, size: int, sign: float = 1.0) -> sp.csr_matrix:
+        idx = np.arange(size)
+        return sp.csr_matrix((np.full(size, sign), (idx, idx + p0)), shape=(size, nv))
+
+    eq, b_eq = [], []
+    if parent is not None:
+        eq.append(widen(sp.kron(np.ones((1, n)), sp.identity(na), "csr")))
+        b_eq.append(parent)
+    ineq, b_in = [widen(-sp.identity(nx, format="csr"))], [np.zeros(nx)]
+    for G, lo, hi in cons:
+        if np.array_equal(lo, hi):
+            eq.append(widen(G))
+            b_eq.append(lo)
+        else:
+            ineq += [widen(G), widen(-G)]
+            b_in += [hi, -lo]
+    for t, (p0, size) in zip(terms, offs, strict=True):
+        if t.K is not None:
+            eq.append(widen(t.K) + select(p0, size, -1.0))
+            b_eq.append(np.zeros(size))
+    pdiag, lin = np.zeros(nv), np.zeros(nv)
+    for t, (p0, size) in zip(terms, offs, strict=True):
+        pdiag[p0 : p0 + size] += t.w
+        lin[p0 : p0 + size] -= t.w * t.y
+    A = sp.vstack([*eq, *ineq], "csc")
+    b = np.concatenate([*b_eq, *b_in])
+    n_eq = sum(e.shape[0] for e in eq)
+    cones = [clarabel.NonnegativeConeT(A.shape[0] - n_eq)]
+    if n_eq:
+        cones.insert(0, clarabel.ZeroConeT(n_eq))
+    settings = clarabel.DefaultSettings()
+    settings.verbose = False
+    # The default gap tolerances (1e-8) left a pl94 tract problem's objective 3e-5 above
+    # the optimum the structured path and a 1e-12 Clarabel solve agree on.
+    settings.tol_gap_abs = settings.tol_gap_rel = settings.tol_feas = 1e-10
+    sol = clarabel.DefaultSolver(sp.diags(pdiag, format="csc"), lin, A, b, cones, settings).solve()
+    status = str(sol.status).split(".")[-1]
+    if status not in _L2_OK:
+        raise SolverError(
+            f"{where}: the TopDown L2 {label} ended with status {status!r} in Clarabel; an "
+            "infeasible status means the children's invariants or structural zeros cannot be "
+            "met with non-negative counts summing to the parent"
+        )
+    return np.asarray(sol.x)[:nx], status
+
+
+def l2_multipass(
+    layout: ChildrenLayout,
+    measurements: Sequence[tuple[ProductQuery, np.ndarray, np.ndarray]],
+    invariants: Sequence[tuple[ProductQuery, np.ndarray]],
+    passes: Sequence[Sequence[str]],
+    *,
+    slack: float = DEFAULT_SLACK,
+    method: str = "auto",
+    where: str = "node",
+) -> tuple[np.ndarray, list[L2Pass]]:
+    """The Bureau's multi-pass non-negative least squares for one parent's children.
+
+    Parameters
+    ----------
+    layout : ChildrenLayout
+    measurements : sequence of (ProductQuery, values, variance)
+        The children's noisy answers ``(n_children, rows)`` and their noise variance (a
+        float or one per child).
+    invariants : sequence of (ProductQuery, values)
+        Exact answers ``(n_children, rows)``, met as equalities.
+    passes : sequence of sequence of str
+        Query names per pass, in order (e.g. ``[["total"], [every other query]]``); a name
+        not measured here is skipped, a pass left empty is skipped.
+    slack : float
+        Additive band slack in counts (the Bureau's ``opt_tol_slack``).
+    method : {"auto", "structured", "clarabel"}
+        ``"auto"``: a pass fitting the totals alone with nothing else to hold is a weighted
+        projection onto a simplex (closed form); a pass that fits the detailed query (a
+        strongly convex objective) runs :func:`_structured_pass` (Clarabel when it does not
+        converge in its step budget: status ``"fallback Solved"``), except a pass with
+        bands or invariants of at most ``_SMALL_CONSTRAINED`` variables, which runs Clarabel;
+        any other pass runs Clarabel (interior point). ``"structured"``: as ``"auto"`` with
+        no size rule; ``"clarabel"``: Clarabel for every pass.
+    where : str
+        Location for error messages.
+
+    Returns
+    -------
+    x : numpy.ndarray
+        float64 (children, cells): the last pass's solution with round-off repaired
+        (non-negative, children summing to the parent exactly in floating point).
+    passes : list of L2Pass
+
+    Raises
+    ------
+    SolverError
+        When Clarabel does not solve a pass (the message names ``where`` and the pass).
+    """
+    if method not in ("auto", "structured", "clarabel"):
+        raise SpecError(f"l2 method {method!r}: use 'auto', 'structured' or 'clarabel'")
+    n, na = layout.n_children, layout.n_active
+    inv = _check_invariants(layout, invariants, where)
+    scale = _scale(
+        layout.parent, n, [np.asarray(v) for _, v, _ in measurements] + [v for _, v in inv]
+    )
+    parent = None
+    if layout.parent is not None:
+        parent = np.asarray(layout.parent, np.float64)[layout.active] / scale
+    terms: dict[str, _Term] = {}
+    for q, vals, var in measurements:
+        b = layout.block(q)
+        r = b.rows.size
+        if r == 0:
+            continue  # every row counts only zero cells: a constant
+        w = 1.0 / np.broadcast_to(np.asarray(var, np.float64).reshape(-1, 1), (n, 1))
+        y = np.asarray(vals, np.float64)[:, b.rows].reshape(-1) / scale
+        K = None if b.identity else layout.kron(q)
+        terms[q.name] = _Term(q.name, K, y, np.repeat(w, r, axis=1).reshape(-1))
+    wmax = max(float(t.w.max()) for t in terms.values()) if terms else 1.0
+    for t in terms.values():
+        t.w = t.w / wmax  # the minimiser does not depend on a common factor
+    inv_cons = []
+    for b, v in inv:
+        rhs = v.reshape(-1).astype(np.float64) / scale
+        inv_cons.append((sp.kron(sp.identity(n), b.mat, "csr"), rhs, rhs))
+    bands: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]] = []
+    done: list[L2Pass] = []
+    x = np.zeros(n * na)
+    if parent is not None:
+        x = np.tile(parent / n, n)
+    live = [[nm for nm in dict.fromkeys(p) if nm in terms] for p in passes]
+    live = [p for p in live if p]
+    if not live:
+        raise SolverError(
+            f"{where}: no L2 pass has a measured query; give passes naming the level's "
+            "measured queries"
+        )
+    for i, names in enumerate(live):
+        pt = [terms[nm] for nm in names]
+        cons = inv_cons + bands
+        label = f"pass {i} ({', '.join(names)})"
+        if (
+            method != "clarabel"
+            and names == ["total"]
+            and not cons
+            and parent is not None
+            and i < len(live) - 1
+        ):
+            t = pt[0]
+            tot = _simplex_totals(t.y, t.w, float(parent.sum()))
+            resid, status, steps = 0.0, "closed-form", 0
+            answers = {"total": tot}
+            # A start meeting the parent sums and these totals: x_ic = p_c · t_i / Σ t.
+            x = (np.outer(tot, parent) / float(parent.sum())).reshape(-1)
+        else:
+            status = ""
+            # Bands or invariants make the structured path an augmented Lagrangian, slow when
+            # the problem is small (children of a few persons, tight active bands): there the
+            # interior point is faster; above the size the structured path is (pl94 tract
+            # parent 20 × 349 cells: 5 s against 15-25 s).
+            small = method == "auto" and bool(cons) and n * na <= _SMALL_CONSTRAINED
+            if method != "clarabel" and any(t.K is None for t in pt) and not small:
+                try:
+                    x, steps = _structured_pass(pt, cons, (n, na), parent, x, where)
+                    status = "structured"
+                except ConvergenceError:
+                    status = "fallback "  # slow (tiny children under tight bands): Clarabel
+            if not status.startswith("structured"):
+                x, st = _clarabel_pass(pt, cons, (n, na), parent, where, label)
+                status, steps = status + st, 0
+            resid = float(np.max(-x, initial=0.0))
+            if parent is not None:
+                resid = max(resid, float(np.max(np.abs(x.reshape(n, na).sum(axis=0) - parent))))
+            for G, lo, hi in cons:
+                gx = G @ x
+                resid = max(resid, float(np.max(np.maximum(lo - gx, gx - hi), initial=0.0)))
+            answers = {nm: terms[nm].answers(x) for nm in names}
+        tol = resid + slack / scale
+        obj = 0.0
+        for nm in names:
+            t = terms[nm]
+            r = answers[nm] - t.y
+            obj += float(np.sum(t.w * r * r)) * wmax * scale**2
+        for nm in names:
+            K = terms[nm].K
+            G = sp.identity(n * na, format="csr") if K is None else K
+            bands.append((G, answers[nm] - tol, answers[nm] + tol))
+        done.append(
+            L2Pass(
+                tuple(names),
+                obj,
+                status,
+                tol * scale,
+                {nm: a.reshape(n, -1) * scale for nm, a in answers.items()},
+                steps,
+            )
+        )
+    xt = layout.expand(x.reshape(n, na) * scale)
+    return _repair(xt, None if layout.parent is None else np.asarray(layout.parent)), done
+
+
+def l1_multipass(
+    layout: ChildrenLayout,
+    xt: np.ndarray,
+    invariants: Sequence[tuple[ProductQuery, np.ndarray]],
+    passes: Sequence[Sequence[ProductQuery]],
+    *,
+    where: str = "node",
+) -> tuple[np.ndarray, list[L1Pass]]:
+    """The Bureau's multi-pass controlled rounding of one parent's L2 solution.
+
+    Parameters
+    ----------
+    layout : ChildrenLayout
+    xt : numpy.ndarray
+        (children, cells) non-negative L2 solution summing to the parent.
+    invariants : sequence of (ProductQuery, values)
+        Exact integer answers ``(n_children, rows)``; met with ``==``.
+    passes : sequence of sequence of ProductQuery
+        Rounder queries per pass (the Bureau's: ``total``; then ``hhgq``, ``hhgq *
+        hispanic``, …, ``detailed``); duplicates by name are kept once.
+    where : str
+
+    Returns
+    -------
+    counts : numpy.ndarray
+        int64 (children, cells): non-negative, summing to the parent, invariants exact.
+    passes : list of L1Pass
+
+    Raises
+    ------
+    SolverError
+        When a pass has no integer solution (inconsistent invariants) or HiGHS fails.
+    """
+    n, na = layout.n_children, layout.n_active
+    xa = np.asarray(xt, np.float64)[:, layout.active]
+    floor = np.floor(xa)
+    frac = xa - floor
+    nb = n * na
+    eq_rows, eq_rhs = [], []
+    if layout.parent is not None:
+        r = np.asarray(layout.parent, np.float64)[layout.active] - floor.sum(axis=0)
+        if np.any(r < 0) or np.any(r > n):
+            raise SolverError(
+                f"{where}: the TopDown rounding is infeasible (the L2 solution does not sum to "
+                "the parent within one unit per child); the L2 solve was inaccurate"
+            )
+        eq_rows.append(layout.parent_rows())
+        eq_rhs.append(r)
+    for b, v in _check_invariants(layout, invariants, where):
+        rhs = v - (b.mat @ floor.T).T
+        eq_rows.append(sp.kron(sp.identity(n), b.mat, "csr"))
+        eq_rhs.append(np.rint(rhs).reshape(-1))
+    fixed: list[tuple[sp.csr_matrix, np.ndarray]] = []
+    done: list[L1Pass] = []
+    y = None
+    for qs in passes:
+        qs = list({q.name: q for q in qs}.values())
+        if not qs:
+            continue
+        # |Y − round(f)| of the detailed query is linear on [0, 1] (Y, or 1 − Y): a cost,
+        # not 2·n·cells penalty variables.
+        ident = any(layout.block(q).identity for q in qs)
+        pen = [layout.kron(q) for q in qs if not layout.block(q).identity]
+        n_pen = sum(k.shape[0] for k in pen)
+        nv = nb + 2 * n_pen
+        blocks, lo = [], []
+        for k, rhs in [*zip(eq_rows, eq_rhs, strict=True), *fixed]:
+            blocks.append(sp.hstack([k, sp.csr_matrix((k.shape[0], 2 * n_pen))]))
+            lo.append(rhs)
+        p0 = nb
+        for k in pen:
+            m = k.shape[0]
+            idx = np.arange(m)
+            e = sp.csr_matrix(
+                (np.r_[-np.ones(m), np.ones(m)], (np.r_[idx, idx], np.r_[idx + p0, idx + p0 + m])),
+                shape=(m, nv),
+            )
+            blocks.append(sp.hstack([k, sp.csr_matrix((m, 2 * n_pen))]) + e)
+            lo.append(np.rint(k @ frac.reshape(-1)))
+            p0 += 2 * m
+        c = np.concatenate([np.zeros(nb), np.ones(2 * n_pen)])
+        const = 0.0
+        if ident:
+            up = np.rint(frac.reshape(-1))
+            c[:nb] += 1.0 - 2.0 * up  # the penalty |Y − round(f)|
+            c[:nb] += 1.0 - 2.0 * frac.reshape(-1)  # the Bureau's cell-wise term
+            const = float(up.sum())
+        A = sp.vstack(blocks, "csr")
+        rhs = np.concatenate(lo)
+        integ = np.concatenate([np.ones(nb), np.zeros(2 * n_pen)])
+        ub = np.concatenate([np.ones(nb), np.full(2 * n_pen, np.inf)])
+        # The LP relaxation first (HiGHS dual simplex): its vertices are integral when the
+        # pass's queries and the parent sums form a network (Bureau: a single pass with two
+        # hierarchical queries); the MILP only when a vertex is fractional.
+        res = linprog(
+            c, A_eq=A, b_eq=rhs, bounds=np.column_stack([np.zeros(nv), ub]), method="highs-ds"
+        )
+        status = "lp"
+        if res.status != 0 or np.any(np.abs(res.x[:nb] - np.rint(res.x[:nb])) > _INTEGRAL):
+            res = milp(
+                c,
+                constraints=LinearConstraint(A, rhs, rhs),
+                integrality=integ,
+                bounds=Bounds(np.zeros(nv), ub),
+            )
+            status = "milp"
+        if res.x is None or res.status != 0:
+            raise SolverError(
+                f"{where}: the TopDown rounding pass {len(done)} "
+                f"({', '.join(q.name for q in qs)}) found no integer solution (HiGHS: "
+                f"{res.message}); check that the invariants are integers consistent with the "
+                "level above"
+            )
+        yv = res.x[:nb]
+        if np.any(np.abs(yv - np.rint(yv)) > _INTEGRAL):
+            raise SolverError(f"{where}: HiGHS returned a non-integral rounding")
+        y = np.rint(yv)
+        done.append(L1Pass(tuple(q.name for q in qs), float(res.fun) + const, status))
+        fixed += [(k, k @ y) for k in pen]
+        if ident:
+            fixed.append((sp.identity(nb, format="csr"), y.copy()))
+    if y is None:
+        raise SolverError(f"{where}: the rounder has no pass; give at least one rounder query")
+    counts = (floor + y.reshape(n, na)).astype(np.int64)
+    return layout.expand(counts), done
