@@ -35,6 +35,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
@@ -46,12 +47,13 @@ from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.structured_gls import _axes_label, _range_basis
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.shape_classes import ShapeClasses, shape_classes
+from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.privacy import derive_statement
 from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.schema import Schema
+from censusdp.schema import Allocation, Schema
 
-__all__ = ["Prediction", "predict_errors", "weighted_quantiles"]
+__all__ = ["Prediction", "allocation_plan", "predict_errors", "weighted_quantiles"]
 
 #: Quantiles of the standard error over nodes reported by :meth:`Prediction.summary`.
 QUANTILES = (0.05, 0.5, 0.95)
@@ -261,6 +263,49 @@ def weighted_quantiles(
             np.take_along_axis(values, order[pos[None, :], np.arange(values.shape[1])], 0)[0]
         )
     return out
+
+
+def allocation_plan(
+    schema: Schema, allocation: Allocation | None = None, levels: Sequence[str] | None = None
+) -> list[tuple[str, ProductQuery, DiscreteGaussian]]:
+    """(level, query, law) of an allocation of the schema's strategy, discrete Gaussian noise.
+
+    Each measured (level, query) gets ``ρ_q = ρ · level share · query share`` and
+    ``σ² = Δ₂²/(2ρ_q)`` exactly (Canonne, Kamath & Steinke 2020), with ``Δ₂² `` the query's
+    largest column count (its matrix is 0/1), so the plan spends exactly ``ρ``.
+
+    Parameters
+    ----------
+    schema : Schema
+    allocation : Allocation, optional
+        Default: the schema's own (``pl94``: the 2020 production allocation).
+    levels : sequence of str, optional
+        The hierarchy's level names; every allocated level must be one of them.
+
+    Raises
+    ------
+    SpecError
+        No allocation, or an allocated level the hierarchy does not have.
+    """
+    alloc = schema.allocation if allocation is None else allocation
+    if alloc is None:
+        raise SpecError(
+            f"schema {schema.name!r} ({schema.source}) has no [allocation]; give one in the "
+            "spec ([allocation] rho, levels, queries) or use a schema that ships one (pl94)"
+        )
+    if levels is not None:
+        missing = [lvl for lvl in alloc.levels if lvl not in levels]
+        if missing:
+            raise SpecError(
+                f"the allocation has level(s) {missing} that the hierarchy ({list(levels)}) "
+                "does not have; name the hierarchy's levels as the allocation does"
+            )
+    plan = []
+    for lvl, text, rho in alloc.query_rhos(schema.strategy):
+        q = ProductQuery.parse(schema, text)
+        sigma2 = Fraction(q.l1_sensitivity) / (2 * rho)
+        plan.append((lvl, q, DiscreteGaussian.from_sigma2(sigma2)))
+    return plan
 
 
 def _level_of(names: Sequence[str], level: str | int, what: str) -> int:
