@@ -57,6 +57,18 @@ __all__ = ["Prediction", "allocation_plan", "predict_errors", "weighted_quantile
 
 #: Quantiles of the standard error over nodes reported by :meth:`Prediction.summary`.
 QUANTILES = (0.05, 0.5, 0.95)
+#: Distinct rows whose SEs over all classes :meth:`Prediction.summary` holds at a time.
+_COLUMNS = 64
+
+
+def _entry_index(basis: MarginalBasis) -> list[tuple[int, int, int]]:
+    """(mask, i, j), i ≤ j: the distinct entries of a symmetric block-diagonal matrix."""
+    return [
+        (m, i, j)
+        for m in basis.subsets
+        for i in range(basis.block_size(m))
+        for j in range(i, basis.block_size(m))
+    ]
 
 
 class _ClassForest(Forest):
@@ -121,7 +133,10 @@ class Prediction:
     plan : tuple of (str, str, float)
         (level, query name, noise variance) of every planned measurement.
     diagnostics : dict
-        Timings and classes per level.
+        Timings, classes per level and the number of distinct tree problems solved.
+    tau2 : float
+        The noise scale (median noise variance): variances below ``1e-12 τ²`` are rounding
+        residue of exactly held directions and are reported as 0.
     """
 
     schema: Schema
@@ -132,6 +147,7 @@ class Prediction:
     privacy: PrivacyStatement
     plan: tuple[tuple[str, str, float], ...]
     diagnostics: dict
+    tau2: float = 1.0
     _rows: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -168,12 +184,41 @@ class Prediction:
             self._rows[key] = outside <= 1e-9 * np.maximum(norm2, 1.0)
         return self._rows[key]
 
+    def _floor(self, var: np.ndarray) -> np.ndarray:
+        return np.where(var > 1e-12 * self.tau2, var, 0.0)
+
+    def _coefficients(self, q: ProductQuery) -> np.ndarray:
+        """``(n_rows, n_entries)``: each row's variance as a linear function of the
+        covariance's block entries (upper triangles, blocks in ``basis.subsets`` order),
+        from :meth:`BlockDiagonal.query_variances` applied to unit symmetric blocks."""
+        key = ("coef", *(id(f) for f in q.factors))
+        if key not in self._rows:
+            entries = _entry_index(self.basis)
+            units = {
+                m: np.zeros((len(entries), self.basis.block_size(m), self.basis.block_size(m)))
+                for m in self.basis.subsets
+            }
+            for c, (m, i, j) in enumerate(entries):
+                units[m][c, i, j] = units[m][c, j, i] = 1.0
+            self._rows[key] = BlockDiagonal(self.basis, units).query_variances(q).T.copy()
+        return self._rows[key]
+
+    def _entries(self, k: int) -> np.ndarray:
+        """``(n, n_entries)``: the covariance block entries of every class of level ``k``
+        (one row when the level's covariance is shared)."""
+        blocks = self.covariances[k].blocks
+        n = max(b.shape[0] for b in blocks.values())
+        out = np.empty((n, len(_entry_index(self.basis))))
+        for c, (m, i, j) in enumerate(_entry_index(self.basis)):
+            out[:, c] = blocks[m][:, i, j]
+        return out
+
     def class_variances(self, level: str | int, query: ProductQuery | str) -> np.ndarray:
         """Error variance of every row of ``query`` for every class of ``level``,
         ``(n_classes, n_rows)``; NaN for unidentified rows."""
         q = self._query(query)
         k = self.level_index(level)
-        var = np.maximum(self.covariances[k].query_variances(q), 0.0)
+        var = self._floor(self._entries(k) @ self._coefficients(q).T)
         var = np.broadcast_to(var, (self.classes.sizes[k], q.n_rows))
         return np.where(self.identified_rows(q)[None, :], var, np.nan)
 
@@ -219,6 +264,7 @@ class Prediction:
         pandas.DataFrame
             Columns ``level, table, row, label, nodes, se_mean, se_rms, se_min, se_q…,
             se_max``; NaN for rows that are not identified (not released).
+
         """
         if tables is None:
             tables = list(dict.fromkeys(name for _, name, _ in self.plan))
@@ -227,42 +273,123 @@ class Prediction:
         for k, lvl in enumerate(self.names):
             w = self.classes.weight[k].astype(np.float64)
             n = float(w.sum())
+            X = self._entries(k)
             for q in qs:
-                se = np.sqrt(self.class_variances(k, q))
-                cols = {
-                    "level": lvl,
-                    "table": q.name,
-                    "row": np.arange(q.n_rows),
-                    "label": list(q.labels),
-                    "nodes": int(n),
-                    "se_mean": w @ se / n,
-                    "se_rms": np.sqrt(w @ se**2 / n),
-                    "se_min": se.min(axis=0),
-                }
-                for p, v in zip(quantiles, weighted_quantiles(se, w, quantiles), strict=True):
-                    cols[f"se_q{100 * p:g}"] = v
-                cols["se_max"] = se.max(axis=0)
-                frames.append(pd.DataFrame(cols))
+                frames.append(self._summarise(X, q, w, n, quantiles))
+                frames[-1].insert(0, "level", lvl)
         return pd.concat(frames, ignore_index=True)
+
+    def _summarise(
+        self, X: np.ndarray, q: ProductQuery, w: np.ndarray, n: float, quantiles: Sequence[float]
+    ) -> pd.DataFrame:
+        """One level × table: rows with the same variance function (the same coefficients
+        on the block entries — e.g. the 63 ``cenrace`` rows of ``pl94``, exchangeable under
+        its strategy) are summarised once."""
+        coef = self._coefficients(q)
+        ok = self.identified_rows(q)
+        scale = max(float(np.abs(coef).max(initial=0.0)), 1e-300)
+        key = np.column_stack([np.round(coef / scale, 12), ok])
+        _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        stats: dict[str, list[np.ndarray]] = {"se_mean": [], "se_rms": [], "se_min": []}
+        stats |= {f"se_q{100 * p:g}": [] for p in quantiles}
+        stats["se_max"] = []
+        for c in range(0, first.size, _COLUMNS):
+            se = np.sqrt(self._floor(X @ coef[first[c : c + _COLUMNS]].T))
+            se = np.broadcast_to(se, (w.size, se.shape[1]))
+            stats["se_mean"].append(w @ se / n)
+            stats["se_rms"].append(np.sqrt(w @ se**2 / n))
+            stats["se_min"].append(se.min(axis=0))
+            for p, v in zip(quantiles, weighted_quantiles(se, w, quantiles), strict=True):
+                stats[f"se_q{100 * p:g}"].append(v)
+            stats["se_max"].append(se.max(axis=0))
+        inv = inverse.reshape(-1)
+        cols: dict = {
+            "table": q.name,
+            "row": np.arange(q.n_rows),
+            "label": list(q.labels),
+            "nodes": int(n),
+        }
+        for name, parts in stats.items():
+            cols[name] = np.where(ok, np.concatenate(parts)[inv], np.nan)
+        return pd.DataFrame(cols)
 
 
 def weighted_quantiles(
-    values: np.ndarray, weights: np.ndarray, quantiles: Sequence[float]
+    values: np.ndarray, weights: np.ndarray, quantiles: Sequence[float], columns: int = 64
 ) -> list[np.ndarray]:
     """Column-wise quantiles of ``values`` ``(n, m)`` whose row ``i`` stands for
     ``weights[i]`` identical rows: ``numpy.quantile(..., method="inverted_cdf")`` of the
-    expanded rows, without expanding them."""
-    order = np.argsort(values, axis=0, kind="stable")
-    cum = np.cumsum(weights[order], axis=0)
-    total = cum[-1] if cum.shape[0] else np.zeros(values.shape[1])
-    out = []
-    for p in quantiles:
-        pos = (cum < p * total[None, :]).sum(axis=0)
-        pos = np.minimum(pos, values.shape[0] - 1)
-        out.append(
-            np.take_along_axis(values, order[pos[None, :], np.arange(values.shape[1])], 0)[0]
-        )
+    expanded rows, without expanding them (``columns`` columns sorted at a time)."""
+    n, m = values.shape
+    out = [np.empty(m, values.dtype) for _ in quantiles]
+    for c in range(0, m, columns):
+        v = values[:, c : c + columns]
+        order = np.argsort(v, axis=0, kind="stable")
+        cum = np.cumsum(weights[order], axis=0)
+        total = cum[-1]
+        cols = np.arange(v.shape[1])
+        for i, p in enumerate(quantiles):
+            pos = np.minimum((cum < p * total[None, :]).sum(axis=0), n - 1)
+            out[i][c : c + columns] = v[order[pos, cols], cols]
     return out
+
+
+def _rounded(x: np.ndarray) -> tuple:
+    """A key for a small matrix: its shape and entries to 12 significant digits."""
+    return (x.shape, *(float(f"{v:.12g}") for v in np.ravel(x)))
+
+
+def _rows(H: np.ndarray, g: int) -> np.ndarray:
+    """Invariant rows restricted to a group of coordinates: an orthonormal basis of their
+    span there (rows of ``H`` are orthonormal; a restriction may be rank-deficient)."""
+    if H.shape[1] == H.shape[0] == g and g and np.allclose(H @ H.T, np.eye(g)):
+        return H
+    U, _ = _range_basis(H.T @ H)
+    return U.T
+
+
+def _decouple(Js: Sequence[np.ndarray | None], Ps: Sequence[np.ndarray | None], K: int) -> list:
+    """Groups of coordinates (orthonormal columns) that split one block's tree problem.
+
+    When every level's information matrix ``J_k`` and invariant projector ``P_k`` commute,
+    one orthonormal basis diagonalises them all and the problem splits into ``K``
+    one-dimensional tree problems (many of them identical across blocks, solved once). The
+    basis is that of a fixed generic combination ``Σ c_i M_i``; it is used only when it
+    diagonalises every matrix (off-diagonal below 1e-12 of the largest entry), else the
+    block stays whole (``[I]``).
+    """
+    mats = [m for m in [*Js, *Ps] if m is not None]
+    if K == 1 or not mats:
+        return [np.eye(K)]
+    combo = sum(m / max(np.abs(m).max(), 1e-300) * (1.0 + 0.7548776662 * i) ** 0.5 * (1 + i)
+                for i, m in enumerate(mats))  # fmt: skip
+    _, Q = np.linalg.eigh(0.5 * (combo + combo.T))
+    for m in mats:
+        d = Q.T @ m @ Q
+        off = d - np.diag(np.diag(d))
+        if np.abs(off).max() > 1e-12 * max(np.abs(m).max(), 1e-300):
+            return [np.eye(K)]
+    return [Q[:, [i]] for i in range(K)]
+
+
+def _covariance_passes(
+    forest: _ClassForest, classes: ShapeClasses, Js: list, Hs: list, K: int
+) -> list[np.ndarray]:
+    """Posterior covariances ``(1|n_classes, K, K)`` per level of one tree problem (scaled
+    units): the general path's upward and downward passes with zero information vectors."""
+    names, sizes = classes.names, classes.sizes
+    levels = [
+        _Level(Jk, np.zeros((n, K)), H, np.zeros((n, H.shape[0])), True)
+        for Jk, H, n in zip(Js, Hs, sizes, strict=True)
+    ]
+    ups = _general_up(forest, levels, K, None)
+    _refuse_shared_flat(classes, ups, names)
+    root = ups[0]
+    if root.N is not None and np.any(root.r):
+        raise _not_identifiable(names[0], "some combination of cells is measured nowhere")
+    P0 = np.broadcast_to(root.P, (1, K, K)).copy()
+    _, Phat = _general_down(forest, ups, K, root.m, P0)
+    return Phat
 
 
 def allocation_plan(
@@ -415,42 +542,48 @@ def predict_errors(
     sizes = classes.sizes
     cov_blocks: list[dict[int, np.ndarray]] = [{} for _ in range(D)]
     ident: dict[int, np.ndarray] = {}
+    solved: dict[tuple, list[np.ndarray]] = {}  # one tree pass per distinct small problem
+    n_problems = 0
     for mask in basis.subsets:
         nS = basis.block_size(mask)
         V, _ = _range_basis(sum([measured[mask]] + [g[mask] for g in GH if g is not None]))
         kS = V.shape[1]
         ident[mask] = V @ V.T
-        if kS == 0:
-            for k in range(D):
-                cov_blocks[k][mask] = np.zeros((1, nS, nS))
-            continue
-        levels = []
         for k in range(D):
-            Jk = np.zeros((1, kS, kS)) if J[k] is None else (V.T @ J[k][mask] @ V)[None]
-            H = np.zeros((0, kS))
+            cov_blocks[k][mask] = np.zeros((1, nS, nS))
+        if kS == 0:
+            continue
+        Js = [None if J[k] is None else V.T @ J[k][mask] @ V for k in range(D)]
+        Hs = [None] * D
+        for k in range(D):
             if GH[k] is not None:
                 U, _ = _range_basis(GH[k][mask])
-                H = U.T @ V
-            z = np.zeros((sizes[k], kS))
-            levels.append(_Level(Jk, z, H, np.zeros((sizes[k], H.shape[0])), True))
-        try:
-            ups = _general_up(forest, levels, kS, None)
-            _refuse_shared_flat(classes, ups, names)
-            root = ups[0]
-            if root.N is not None and np.any(root.r):
-                raise _not_identifiable(names[0], "some combination of cells is measured nowhere")
-            P0 = np.broadcast_to(root.P, (1, kS, kS)).copy()
-            _, Phat = _general_down(forest, ups, kS, root.m, P0)
-        except SpecError as err:
-            raise SpecError(
-                f"{err} (block of the group parts of attributes {_axes_label(schema, mask)})"
-            ) from None
-        for k in range(D):
-            cov_blocks[k][mask] = V @ Phat[k] @ V.T * tau2
+                Hs[k] = U.T @ V
+        for G in _decouple(Js, [None if H is None else H.T @ H for H in Hs], kS):
+            g = G.shape[1]
+            Jg = [np.zeros((1, g, g)) if Jk is None else (G.T @ Jk @ G)[None] for Jk in Js]
+            Hg = [np.zeros((0, g)) if H is None else _rows(H @ G, g) for H in Hs]
+            key = (g, *(_rounded(x) for x in Jg), *(_rounded(x) for x in Hg))
+            if key not in solved:
+                n_problems += 1
+                try:
+                    solved[key] = _covariance_passes(forest, classes, Jg, Hg, g)
+                except SpecError as err:
+                    raise SpecError(
+                        f"{err} (block of the group parts of attributes {_axes_label(schema, mask)})"
+                    ) from None
+            W = V @ G
+            for k, P in enumerate(solved[key]):
+                if g == 1:  # a scalar per class times one outer product
+                    block = (P.reshape(-1, 1, 1) * tau2) * np.outer(W[:, 0], W[:, 0])
+                else:
+                    block = W @ P @ W.T * tau2
+                cov_blocks[k][mask] = cov_blocks[k][mask] + block
     t2 = time.perf_counter()
     diagnostics = {
         "classes": dict(zip(names, (int(s) for s in sizes), strict=True)),
         "nodes": dict(zip(names, classes.n_nodes(), strict=True)),
+        "tree_problems": n_problems,
         "seconds_classes": t1 - t0,
         "seconds_passes": t2 - t1,
     }
@@ -465,4 +598,5 @@ def predict_errors(
             (names[k], q.name, float(v)) for (k, q, _), v in zip(meas, variances, strict=True)
         ),
         diagnostics=diagnostics,
+        tau2=tau2,
     )
