@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
     w, c = time.perf_counter(), _cpu()
     classes = shape_classes(h)
     stage("classes", w, c)
+    names, sizes = h.names, h.sizes
+    del h  # only the classes are needed from here on
     w, c = time.perf_counter(), _cpu()
     pred = predict_errors(classes, schema, plan, invariants)
     stage("passes", w, c)
@@ -88,18 +90,21 @@ def main(argv: list[str] | None = None) -> dict:
     stage("summary", w, c)
 
     shown: dict[str, dict[str, dict[str, float]]] = {}
-    for lvl in h.names:
+    for lvl in names:
         shown[lvl] = {}
         for table, label in SHOWN.items():
             rows = summary[(summary.level == lvl) & (summary.table == table)]
-            row = rows.loc[rows.se_max.idxmax()] if label is None else rows[rows.label == label].iloc[0]
+            if label is None:
+                row = rows.loc[rows.se_max.idxmax()]
+            else:
+                row = rows[rows.label == label].iloc[0]
             shown[lvl][f"{table}: {row.label}"] = {
                 "se_mean": round(float(row.se_mean), 4),
                 "se_max": round(float(row.se_max), 4),
             }
     out = {
         "benchmark": "predict_national",
-        "nodes": dict(zip(h.names, h.sizes, strict=True)),
+        "nodes": dict(zip(names, sizes, strict=True)),
         "classes": pred.diagnostics["classes"],
         "rho": str(schema.allocation.rho),
         "privacy": pred.privacy.text(),

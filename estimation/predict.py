@@ -339,13 +339,11 @@ def _rounded(x: np.ndarray) -> tuple:
     return (x.shape, *(float(f"{v:.12g}") for v in np.ravel(x)))
 
 
-def _rows(H: np.ndarray, g: int) -> np.ndarray:
-    """Invariant rows restricted to a group of coordinates: an orthonormal basis of their
-    span there (rows of ``H`` are orthonormal; a restriction may be rank-deficient)."""
-    if H.shape[1] == H.shape[0] == g and g and np.allclose(H @ H.T, np.eye(g)):
-        return H
-    U, _ = _range_basis(H.T @ H)
-    return U.T
+def _rows(HG: np.ndarray) -> np.ndarray:
+    """Orthonormal rows spanning invariant rows ``H G`` restricted to a group of coordinates
+    (``H`` has orthonormal rows, so the threshold is absolute)."""
+    ev, v = np.linalg.eigh(HG.T @ HG)
+    return v[:, ev > 1e-10].T
 
 
 def _decouple(Js: Sequence[np.ndarray | None], Ps: Sequence[np.ndarray | None], K: int) -> list:
@@ -559,10 +557,14 @@ def predict_errors(
             if GH[k] is not None:
                 U, _ = _range_basis(GH[k][mask])
                 Hs[k] = U.T @ V
-        for G in _decouple(Js, [None if H is None else H.T @ H for H in Hs], kS):
+        groups = _decouple(Js, [None if H is None else H.T @ H for H in Hs], kS)
+        for G in groups:
             g = G.shape[1]
             Jg = [np.zeros((1, g, g)) if Jk is None else (G.T @ Jk @ G)[None] for Jk in Js]
-            Hg = [np.zeros((0, g)) if H is None else _rows(H @ G, g) for H in Hs]
+            Hg = [
+                np.zeros((0, g)) if H is None else (H if len(groups) == 1 else _rows(H @ G))
+                for H in Hs
+            ]
             key = (g, *(_rounded(x) for x in Jg), *(_rounded(x) for x in Hg))
             if key not in solved:
                 n_problems += 1
