@@ -30,3 +30,13 @@ def _register_pipelines(sub: argparse._SubParsersAction) -> None:
 
 
 REGISTRARS.append(_register_pipelines)
+
+
+def _register_predict(sub: argparse._SubParsersAction) -> None:
+    """``censusdp predict`` (in :mod:`censusdp.pipelines.predict`)."""
+    from censusdp.pipelines.predict import register
+
+    register(sub)
+
+
+REGISTRARS.append(_register_predict)
