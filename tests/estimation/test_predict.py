@@ -65,15 +65,15 @@ def _compare(h, schema, meas, invs, extra):
     return True
 
 
-def test_predicted_covariances_equal_structured_gls_and_dense_reference():
-    """At least 150 hypothesis cases (random schemas ≤ 20 cells, workloads, budgets,
-    invariants, trees of depth 2–4 with repeated subtree shapes): the covariance of every
-    node from the shape classes equals the structured GLS's and the dense KKT's (1e-9);
-    cases the dense reference finds not identifiable are refused."""
+def _exactness(n_cases: int) -> dict:
+    """Hypothesis cases (random schemas ≤ 20 cells, workloads, budgets, invariants, trees of
+    depth 2–4 with repeated subtree shapes): the covariance of every node from the shape
+    classes equals the structured GLS's and the dense KKT's (1e-9); cases the dense
+    reference finds not identifiable are refused."""
     seen = {"compared": 0, "refused": 0, "merged": 0}
 
     @settings(
-        max_examples=200,
+        max_examples=n_cases,
         deadline=None,
         derandomize=True,
         database=None,
@@ -87,8 +87,21 @@ def test_predicted_covariances_equal_structured_gls_and_dense_reference():
         seen["merged"] += ok and sum(shape_classes(h).sizes) < sum(h.sizes)
 
     run()
-    assert seen["compared"] >= 150 and seen["refused"] >= 1, seen
-    assert seen["merged"] >= 50, seen  # classes really stand for several nodes
+    return seen
+
+
+def test_predicted_covariances_equal_structured_gls_and_dense_reference():
+    """Fast form: 50 cases, at least 35 compared and 10 with classes standing for several
+    nodes."""
+    seen = _exactness(50)
+    assert seen["compared"] >= 35 and seen["merged"] >= 10, seen
+
+
+@pytest.mark.slow
+def test_predicted_covariances_equal_structured_gls_and_dense_reference_many():
+    """300 cases: at least 200 compared, some refused, 50 with merged classes."""
+    seen = _exactness(300)
+    assert seen["compared"] >= 200 and seen["refused"] >= 1 and seen["merged"] >= 50, seen
 
 
 def _sex_age(h: Hierarchy, sigma=(1.0, 2.0, 1.5)):
