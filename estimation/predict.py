@@ -16,8 +16,14 @@ upward information, and the same posterior once their parents are alike, so the 
 on the quotient forest of :func:`~censusdp.hierarchy.shape_classes.shape_classes` with each
 child class's message counted with its multiplicity. On a national hierarchy (8.2 million
 blocks) that is a few hundred thousand classes; summaries over nodes weight each class by its
-number of nodes. On any tree the result equals the structured GLS's covariances (up to
-floating-point summation order).
+number of nodes. Two further reductions keep a national run small: a block whose
+information matrices and invariant projectors commute at every level splits into
+one-dimensional tree problems, and identical problems (across blocks) are solved once (10
+for ``pl94`` instead of 16 blocks of sizes 1 and 3); and a table's rows are summarised
+through their variance coefficients on the covariance entries, so rows with the same
+coefficients (the 2,016 ``detailed`` cells of ``pl94`` have three) are summarised once. On
+any tree the result equals the structured GLS's covariances (up to floating-point summation
+order: 1e-13 relative on a 1,500-block ``pl94`` state).
 
 References
 ----------
