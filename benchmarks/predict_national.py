@@ -14,7 +14,10 @@ Stages (wall and CPU seconds; the synthetic hierarchy is built apart and not cou
 ``classes`` (the quotient forest of shape classes), ``passes`` (the covariance passes on
 the classes, every block of the marginal basis), ``summary`` (SE quantiles over nodes of all
 11 tables at every level, weighted by class sizes). ``peak_rss_mb`` is the process's peak
-resident memory (``resource.getrusage``), the hierarchy included. Goal: ≤ 60 s, ≤ 4 GB.
+resident memory (``resource.getrusage``), the hierarchy included. Goal: ≤ 60 s, ≤ 4 GB;
+measured on the shared 2-core development machine under load: 30 s wall (16.6 CPU s:
+classes 3.8, passes 6.8, summary 6.0) and 1.0 GB, for 567,637 classes standing for 8.5
+million nodes.
 
 Usage: ``python benchmarks/predict_national.py [--blocks N] [--block-groups N] [--seed S]``.
 
