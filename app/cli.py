@@ -17,6 +17,7 @@ from censusdp.experiments.midwest_demo import register as register_demo
 from censusdp.experiments.registry import register as register_experiment
 from censusdp.hierarchy.describe import register as register_hierarchy
 from censusdp.pipelines.commands import register as register_pipelines
+from censusdp.pipelines.predict import register as register_predict
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -25,6 +26,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_demo,
     register_pipelines,
+    register_predict,
     register_experiment,
     register_hierarchy,
 )

@@ -69,6 +69,7 @@ import numpy as np
 from censusdp.budget import PrivacyStatement
 from censusdp.estimation import tree_gls
 from censusdp.estimation.gls import Forest
+from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.structured_gls import StructuredPiece, StructuredRelease, structured_gls
 from censusdp.estimation.structured_rounding import (
     round_structured,
@@ -89,28 +90,15 @@ from censusdp.schema import Schema
 #: The 11 queries per geounit, in the order of the production strategy.
 QUERIES = Schema.load("pl94").strategy
 
-RHO = Fraction(293764, 114921)
+#: The production allocation, read from the schema (``censusdp/schemas/pl94.toml``).
+ALLOCATION = Schema.load("pl94").allocation
+RHO = ALLOCATION.rho
 F = Fraction
-LEVEL_SHARES = {
-    "nation": F(104, 4099),
-    "state": F(1440, 4099),
-    "county": F(447, 4099),
-    "tract": F(687, 4099),
-    "block_group": F(1256, 4099),
-    "block": F(165, 4099),
-}
+LEVEL_SHARES = ALLOCATION.levels
 #: Query shares per level in the order of :data:`QUERIES` (``None``: not measured).
 QUERY_SHARES = {
-    "nation": (None, *(F(v, 4097) for v in (52, 26, 26, 26, 26, 130, 130, 26)),
-               F(26, 241), F(189, 241)),
-    "state": (*(F(v, 4097) for v in (3773, 6, 6, 6, 6, 6, 12, 12, 6)), F(2, 241),
-              F(230, 4097)),
-    "county": tuple(F(v, 4097) for v in (3126, 10, 10, 10, 10, 10, 28, 28, 10, 101, 754)),
-    "tract": (F(1567, 4102), F(4, 2051), *(F(5, 4102),) * 4, F(1933, 4102), F(10, 2051),
-              F(5, 4102), F(67, 4102), F(241, 2051)),
-    "block_group": tuple(F(v, 4099) for v in (1705, 3, 3, 3, 3, 3, 1055, 9, 3, 24, 1288)),
-    "block": tuple(F(v, 4097) for v in (5, 9, 5, 5, 5, 5, 21, 21, 5, 71, 3945)),
-}  # fmt: skip
+    lvl: tuple(s if s != 0 else None for s in shares) for lvl, shares in ALLOCATION.queries.items()
+}
 N_CELLS = int(np.prod(PL94_SHAPE))
 #: Tables whose standard errors are computed at every node of every level.
 SE_TABLES = ("total", "hhinstlevels", "votingage * hispanic", "votingage * hispanic * cenrace")
@@ -153,18 +141,7 @@ def _cpu() -> float:
 def strategy(schema: Schema) -> list[tuple[str, ProductQuery, DiscreteGaussian]]:
     """(level, query, law) of the production strategy: σ² = Δ₂²/(2 ρ · level share · query
     share), Δ₂ computed from the query (1 for every query here)."""
-    assert sum(LEVEL_SHARES.values()) == 1
-    plan = []
-    for level, shares in QUERY_SHARES.items():
-        assert sum(s for s in shares if s is not None) == 1, level
-        for text, share in zip(QUERIES, shares, strict=True):
-            if share is None:
-                continue
-            q = ProductQuery.parse(schema, text)
-            rho_q = RHO * LEVEL_SHARES[level] * share
-            sens2 = F(q.l1_sensitivity)  # Δ₂² = the largest column count of a 0/1 matrix
-            plan.append((level, q, DiscreteGaussian.from_sigma2(sens2 / (2 * rho_q))))
-    return plan
+    return allocation_plan(schema)
 
 
 def _dense_chunk(block: np.ndarray, cell: np.ndarray, count: np.ndarray, lo: int, hi: int):

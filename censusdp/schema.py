@@ -35,6 +35,7 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ import numpy as np
 from censusdp.errors import SpecError
 
 __all__ = [
+    "Allocation",
     "Recode",
     "Attribute",
     "Schema",
@@ -172,6 +174,104 @@ class Attribute:
         return {k: v for k, v in self.elements.items() if v.kind == "slice"}
 
 
+def _fraction(value: Any, where: str) -> Fraction:
+    """A share or budget written as an integer or a ``"p/q"`` string (exact), ≥ 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise SpecError(f'{where}: write the value as an integer or a fraction string "p/q"')
+    try:
+        f = Fraction(value)
+    except (ValueError, ZeroDivisionError):
+        raise SpecError(f'{where}: {value!r} is not a fraction; write it as "p/q"') from None
+    if f < 0:
+        raise SpecError(f"{where}: {value!r} is negative; shares and budgets are ≥ 0")
+    return f
+
+
+@dataclass(frozen=True, eq=False)
+class Allocation:
+    """A budget split over levels and over a schema's strategy queries, in exact fractions.
+
+    Query ``q`` at level ``ℓ`` gets ``ρ_{ℓ,q} = rho · levels[ℓ] · queries[ℓ][q]`` (zCDP);
+    a query share of 0 means the query is not measured at that level. Level shares and
+    each level's query shares sum to 1.
+
+    Attributes
+    ----------
+    rho : Fraction
+        Total per-person ρ.
+    levels : dict of str → Fraction
+        Level name → its share of ``rho`` (root first).
+    queries : dict of str → tuple of Fraction
+        Level name → one share per strategy query, in the strategy's order.
+
+    References
+    ----------
+    Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown
+        Algorithm — per-level and per-query shares of the production run.
+    """
+
+    rho: Fraction
+    levels: dict[str, Fraction]
+    queries: dict[str, tuple[Fraction, ...]]
+
+    @classmethod
+    def from_dict(cls, spec: Any, n_queries: int, source: str = "<dict>") -> Allocation:
+        """Parse and check an ``[allocation]`` table (``rho``, ``[allocation.levels]``,
+        ``[allocation.queries]``); ``n_queries`` is the strategy's length.
+
+        Raises
+        ------
+        SpecError
+            Naming ``source`` and the key at fault.
+        """
+        where = f"{source}: allocation"
+        if not isinstance(spec, Mapping):
+            raise SpecError(f"{where}: must be a table with rho, levels and queries")
+        unknown = set(spec) - {"rho", "levels", "queries"}
+        if unknown:
+            raise SpecError(f"{where}: unknown keys {sorted(unknown)}; use rho, levels, queries")
+        for key in ("rho", "levels", "queries"):
+            if key not in spec:
+                raise SpecError(f"{where}: missing {key!r}")
+        rho = _fraction(spec["rho"], f"{where}.rho")
+        if not isinstance(spec["levels"], Mapping) or not isinstance(spec["queries"], Mapping):
+            raise SpecError(f"{where}: levels and queries must be tables keyed by level name")
+        levels = {str(k): _fraction(v, f"{where}.levels.{k}") for k, v in spec["levels"].items()}
+        if levels and sum(levels.values()) != 1:
+            raise SpecError(
+                f"{where}.levels: the level shares sum to {sum(levels.values())}, not 1"
+            )
+        if list(spec["queries"]) != list(levels):
+            raise SpecError(
+                f"{where}.queries: levels {list(spec['queries'])} differ from "
+                f"allocation.levels {list(levels)}; give one list of query shares per level, "
+                "in the same order"
+            )
+        queries = {}
+        for lvl, shares in spec["queries"].items():
+            at = f"{where}.queries.{lvl}"
+            if not isinstance(shares, list) or len(shares) != n_queries:
+                raise SpecError(
+                    f"{at}: give one share per strategy query ({n_queries}), 0 for a query "
+                    "not measured at this level"
+                )
+            fr = tuple(_fraction(v, f"{at}[{i}]") for i, v in enumerate(shares))
+            if sum(fr) != 1:
+                raise SpecError(f"{at}: the query shares sum to {sum(fr)}, not 1")
+            queries[str(lvl)] = fr
+        return cls(rho=rho, levels=levels, queries=queries)
+
+    def query_rhos(self, strategy: Sequence[str]) -> list[tuple[str, str, Fraction]]:
+        """(level, query text, ρ) of every measured (level, query), root first, in the
+        strategy's order; queries with a zero share are left out."""
+        return [
+            (lvl, text, self.rho * self.levels[lvl] * share)
+            for lvl, shares in self.queries.items()
+            for text, share in zip(strategy, shares, strict=True)
+            if share != 0
+        ]
+
+
 @dataclass(frozen=True, eq=False)
 class Schema:
     """A histogram schema: the product of its attributes' domains.
@@ -189,6 +289,9 @@ class Schema:
     strategy : tuple of str
         The schema's reference strategy, query texts measured at every geounit (``pl94``:
         the 11 queries of the 2020 production run); empty when it has none.
+    allocation : Allocation or None
+        The reference split of a budget over levels and the strategy's queries (``pl94``:
+        the 2020 production allocation); None when the schema has none.
     """
 
     name: str
@@ -197,6 +300,7 @@ class Schema:
     source: str = "<dict>"
     separator: str = "_"
     strategy: tuple[str, ...] = ()
+    allocation: Allocation | None = None
 
     # -- shape ----------------------------------------------------------------------------
     @property
@@ -323,7 +427,15 @@ class Schema:
         SpecError
             Naming ``source``, the attribute and the recode or slice at fault.
         """
-        known = {"name", "description", "separator", "attributes", "references", "strategy"}
+        known = {
+            "name",
+            "description",
+            "separator",
+            "attributes",
+            "references",
+            "strategy",
+            "allocation",
+        }
         unknown = set(spec) - known
         if unknown:
             raise SpecError(f"{source}: unknown keys {sorted(unknown)}")
@@ -356,6 +468,11 @@ class Schema:
             source=source,
             separator=str(spec.get("separator", "_")),
             strategy=tuple(strategy),
+            allocation=(
+                None
+                if "allocation" not in spec
+                else Allocation.from_dict(spec["allocation"], len(strategy), source)
+            ),
         )
         for text in strategy:
             schema.resolve(text)  # SpecError naming the unknown element

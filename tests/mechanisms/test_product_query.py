@@ -152,22 +152,13 @@ def test_dense_query_feeds_the_existing_estimators(rng):
     assert np.allclose(est.sum(axis=0), q.apply(rel.level(0).reshape(-1, *s.shape))[0])
 
 
-# DESIGN §10: the 2020 redistricting persons strategy (levels US … Block, queries in the
-# order of PL94_QUERIES; the US level has no total)
-PL94_RHO = Fraction(293764, 114921)
-PL94_LEVEL_SHARES = [Fraction(s, 4099) for s in (104, 1440, 447, 687, 1256, 165)]
-_Q = Fraction
+# DESIGN §10: the 2020 redistricting persons allocation (levels US … Block, query shares in
+# the order of PL94_QUERIES; the US level has no total), as the schema ships it
+PL94_ALLOCATION = Schema.load("pl94").allocation
+PL94_RHO = PL94_ALLOCATION.rho
+PL94_LEVEL_SHARES = list(PL94_ALLOCATION.levels.values())
 PL94_QUERY_SHARES = [
-    [None]
-    + [_Q(s, 4097) for s in (52, 26, 26, 26, 26, 130, 130, 26)]
-    + [_Q(26, 241), _Q(189, 241)],
-    [_Q(s, 4097) for s in (3773, 6, 6, 6, 6, 6, 12, 12, 6)] + [_Q(2, 241), _Q(230, 4097)],
-    [_Q(s, 4097) for s in (3126, 10, 10, 10, 10, 10, 28, 28, 10, 101, 754)],
-    [_Q(1567, 4102), _Q(4, 2051)]
-    + [_Q(5, 4102)] * 4
-    + [_Q(1933, 4102), _Q(10, 2051), _Q(5, 4102), _Q(67, 4102), _Q(241, 2051)],
-    [_Q(s, 4099) for s in (1705, 3, 3, 3, 3, 3, 1055, 9, 3, 24, 1288)],
-    [_Q(s, 4097) for s in (5, 9, 5, 5, 5, 5, 21, 21, 5, 71, 3945)],
+    [x if x != 0 else None for x in shares] for shares in PL94_ALLOCATION.queries.values()
 ]
 
 
@@ -189,7 +180,7 @@ def test_pl94_strategy_privacy_is_derived_from_its_queries():
         ]
         derived += max_weighted_column([q for q, _ in used], [w for _, w in used])
     assert derived == pytest.approx(float(PL94_RHO), rel=1e-12)
-    assert float(PL94_RHO) == pytest.approx(2.556, abs=1e-3)
+    assert PL94_RHO == Fraction(293764, 114921) and PL94_LEVEL_SHARES[0] == Fraction(104, 4099)
     # the same per-query budget spent on rows that count a person several times costs more
     t = QueryRows.from_keys(
         s,

@@ -1,0 +1,247 @@
+"""``censusdp predict SPEC``: the exact standard errors of a release before any noise is drawn.
+
+A predict spec (TOML) names a schema, a hierarchy *shape* — a saved hierarchy of public
+geography (``file``, :func:`~censusdp.hierarchy.storage.save_hierarchy` format) or a synthetic
+one (``synthetic = "state"`` or ``"us"``) — the invariants' queries per level and an
+allocation (the schema's own by default, e.g. ``pl94``'s 2020 production allocation)::
+
+    [predict]
+    schema = "pl94"
+    invariants = { nation = ["total"], state = ["total"] }
+    # tables = ["total", "hhgq"]      (default: the strategy's queries)
+    # quantiles = [0.05, 0.5, 0.95]
+
+    [hierarchy]
+    synthetic = "state"
+    blocks = 2000
+    seed = 1
+
+    # [allocation]                    (default: the schema's; same form as pl94.toml's)
+
+No count is read: the prediction depends on the tree's shape only
+(:func:`~censusdp.estimation.predict.predict_errors`). The output directory holds
+``summary.csv`` (level, table, row, label, nodes and SE mean / rms / min / quantiles / max
+over the level's nodes), ``summary.json`` (the spec's plan with σ² per level and query, the
+derived privacy statement, classes per level, and per level × table the RMS and largest SE)
+and ``se_by_level.png`` (RMS SE by level, one line per table, log scale), written under the
+output policy of :mod:`censusdp.atomic` (new path, or an earlier output with ``--overwrite``;
+ownership manifest with SHA-256 of every file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from censusdp.errors import SpecError
+from censusdp.estimation.predict import QUANTILES, Prediction, allocation_plan, predict_errors
+from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.schema import Allocation, Schema
+
+__all__ = ["PredictSpec", "load_predict_spec", "predict_spec", "register"]
+
+
+@dataclass(frozen=True)
+class PredictSpec:
+    """A parsed predict spec (see the module docstring)."""
+
+    source: str
+    schema: Schema
+    hierarchy: Hierarchy
+    invariants: tuple[tuple[str, str], ...]
+    allocation: Allocation
+    tables: tuple[str, ...]
+    quantiles: tuple[float, ...]
+
+
+def _table(doc: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    value = doc.get(key, {})
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}: [{key}] must be a table")
+    return value
+
+
+def _hierarchy(h: Mapping[str, Any], where: str, base: Path) -> Hierarchy:
+    from censusdp.hierarchy.storage import load_hierarchy
+    from censusdp.hierarchy.synthetic import synthetic_state, synthetic_us
+
+    known = {"file", "synthetic", "blocks", "seed"}
+    if set(h) - known:
+        raise SpecError(f"{where}: hierarchy: unknown keys {sorted(set(h) - known)}")
+    if ("file" in h) == ("synthetic" in h):
+        raise SpecError(
+            f"{where}: hierarchy: give either file = PATH (a saved hierarchy of public "
+            'geography) or synthetic = "state" | "us"'
+        )
+    if "file" in h:
+        path = Path(str(h["file"]))
+        path = path if path.is_absolute() else base / path
+        if not path.is_file():
+            raise SpecError(f"{where}: hierarchy.file: no such file {str(path)!r}")
+        return load_hierarchy(path)
+    seed, blocks = h.get("seed", 0), h.get("blocks")
+    if not isinstance(seed, int) or (blocks is not None and not isinstance(blocks, int)):
+        raise SpecError(f"{where}: hierarchy.seed and hierarchy.blocks must be integers")
+    if h["synthetic"] == "state":
+        return synthetic_state(seed, blocks=blocks or 160_000).hierarchy
+    if h["synthetic"] == "us":
+        return synthetic_us(
+            seed, blocks=blocks or 8_200_000, block_groups=round((blocks or 8_200_000) * 0.0293)
+        ).hierarchy
+    raise SpecError(f"{where}: hierarchy.synthetic: {h['synthetic']!r} is not 'state' or 'us'")
+
+
+def load_predict_spec(path: str | Path) -> PredictSpec:
+    """Read and check a predict spec.
+
+    Raises
+    ------
+    SpecError
+        Unreadable file, unknown keys, unknown schema, levels, queries or allocation errors,
+        each naming the file and key.
+    """
+    p = Path(path)
+    where = str(p)
+    try:
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"{where}: cannot read the predict spec: {exc}") from None
+    unknown = set(doc) - {"predict", "hierarchy", "allocation"}
+    if unknown:
+        raise SpecError(f"{where}: unknown sections {sorted(unknown)}")
+    pr = _table(doc, "predict", where)
+    known = {"schema", "invariants", "tables", "quantiles"}
+    if set(pr) - known:
+        raise SpecError(f"{where}: predict: unknown keys {sorted(set(pr) - known)}")
+    if "schema" not in pr:
+        raise SpecError(f'{where}: predict.schema: missing; name a schema (e.g. "pl94")')
+    name = str(pr["schema"])
+    schema = Schema.load(p.parent / name if name.endswith(".toml") else name)
+    h = _hierarchy(_table(doc, "hierarchy", where), where, p.parent)
+    allocation = (
+        Allocation.from_dict(doc["allocation"], len(schema.strategy), where)
+        if "allocation" in doc
+        else schema.allocation
+    )
+    if allocation is None:
+        raise SpecError(f"{where}: schema {schema.name!r} has no allocation; add [allocation]")
+    inv = _table(pr, "invariants", f"{where}: predict")
+    invariants = []
+    for lvl, texts in inv.items():
+        if lvl not in h.names:
+            raise SpecError(
+                f"{where}: predict.invariants: unknown level {lvl!r}; levels are {list(h.names)}"
+            )
+        if not isinstance(texts, list):
+            raise SpecError(f"{where}: predict.invariants.{lvl}: give a list of query texts")
+        for t in texts:
+            ProductQuery.parse(schema, str(t))
+            invariants.append((str(lvl), str(t)))
+    tables = tuple(str(t) for t in pr.get("tables", schema.strategy))
+    for t in tables:
+        ProductQuery.parse(schema, t)
+    qs = pr.get("quantiles", list(QUANTILES))
+    if not isinstance(qs, list) or not all(isinstance(q, float | int) and 0 <= q <= 1 for q in qs):
+        raise SpecError(f"{where}: predict.quantiles: give numbers between 0 and 1")
+    return PredictSpec(where, schema, h, tuple(invariants), allocation, tables, tuple(qs))
+
+
+def predict_spec(spec: PredictSpec) -> tuple[Prediction, pd.DataFrame]:
+    """The prediction and its summary for a parsed spec (no counts, no noise)."""
+    plan = allocation_plan(spec.schema, spec.allocation, levels=spec.hierarchy.names)
+    inv = [(lvl, ProductQuery.parse(spec.schema, t)) for lvl, t in spec.invariants]
+    pred = predict_errors(spec.hierarchy, spec.schema, plan, inv)
+    return pred, pred.summary(list(spec.tables), quantiles=spec.quantiles)
+
+
+def _figure(summary: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = list(dict.fromkeys(summary.level))
+    # RMS over the table's rows of the per-row RMS over nodes
+    rms = (
+        summary.assign(v=summary.se_rms**2).groupby(["table", "level"], sort=False).v.mean() ** 0.5
+    )
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, table in enumerate(dict.fromkeys(summary.table)):
+        y = [rms.get((table, lvl), float("nan")) for lvl in levels]
+        y = [v if v > 0 else float("nan") for v in y]  # invariant: no error, off the log scale
+        ax.plot(levels, y, marker="o", label=table, color=plt.cm.tab20(i % 20))
+    ax.set_yscale("log")
+    ax.set_xlabel("level")
+    ax.set_ylabel("predicted standard error (RMS over nodes and rows)")
+    ax.set_title("Predicted SE by level and table (before any noise)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def write_prediction(
+    spec: PredictSpec, pred: Prediction, summary: pd.DataFrame, out: str | Path, *, overwrite: bool
+) -> Path:
+    """Write ``summary.csv``, ``summary.json`` and ``se_by_level.png`` into ``out``."""
+    from censusdp.atomic import output_dir
+
+    groups = summary.assign(v=summary.se_rms**2).groupby(["level", "table"], sort=False)
+    info = {
+        "spec": spec.source,
+        "schema": spec.schema.name,
+        "nodes": dict(zip(spec.hierarchy.names, spec.hierarchy.sizes, strict=True)),
+        "classes": pred.diagnostics["classes"],
+        "rho": str(spec.allocation.rho),
+        "privacy": pred.privacy.text(),
+        "invariants": [f"{lvl}: {t}" for lvl, t in spec.invariants],
+        "plan": [{"level": lvl, "query": q, "sigma2": v} for lvl, q, v in pred.plan],
+        "levels": {
+            f"{lvl} | {table}": {
+                "se_rms": float(g.v.mean() ** 0.5),
+                "se_max": float(g.se_max.max()),
+            }
+            for (lvl, table), g in groups
+        },
+    }
+    with output_dir(out, overwrite=overwrite, inputs=[spec.source], command="predict") as tmp:
+        summary.to_csv(tmp / "summary.csv", index=False)
+        (tmp / "summary.json").write_text(json.dumps(info, indent=2), encoding="utf-8")
+        _figure(summary, tmp / "se_by_level.png")
+    return Path(out)
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from censusdp.atomic import check_output
+
+    spec_path = Path(args.spec)
+    out = args.out if args.out is not None else f"results/predict-{spec_path.stem}"
+    check_output(out, kind="dir", overwrite=args.overwrite, inputs=[spec_path])  # before work
+    spec = load_predict_spec(spec_path)
+    pred, summary = predict_spec(spec)
+    write_prediction(spec, pred, summary, out, overwrite=args.overwrite)
+    rho = pred.privacy.rho
+    print(f"privacy: ρ = {rho:.6g} (zCDP), derived from the plan; full statement in summary.json")
+    print(f"classes per level: {pred.diagnostics['classes']}")
+    print(f"wrote {out}/ (summary.csv, summary.json, se_by_level.png; no counts were read)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``predict`` to the CLI."""
+    from censusdp.command_line import add_overwrite
+
+    p = sub.add_parser(
+        "predict", help="exact standard errors of a release from the spec and tree shape alone"
+    )
+    p.add_argument("spec", help="the predict spec (TOML)")
+    p.add_argument("--out", help="output directory (default results/predict-SPEC)")
+    add_overwrite(p)
+    p.set_defaults(func=_cmd_predict)
