@@ -44,7 +44,9 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +107,22 @@ class StreamResult:
     diagnostics: dict
 
 
+def _ahead(fn: Callable, items: Sequence, workers: int) -> Iterator:
+    """``fn(item)`` for each item, in order, with at most ``workers`` items computed ahead
+    by a thread pool (one thread, none ahead: plain calls in this thread)."""
+    if workers <= 1:
+        yield from (fn(item) for item in items)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) > workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def given_values(measurements: Sequence[ProductMeasurement], hierarchy: Hierarchy, cut: int):
     """The measurement function of values held whole: each measurement at or below ``cut``
     sliced to the partition's range of its level (views, no copy)."""
@@ -163,6 +181,7 @@ def structured_stream(
     acknowledge_exact_release: bool = False,
     cache_bytes: int = 0,
     order: Sequence[int] | None = None,
+    workers: int = 1,
 ) -> StreamResult:
     """The structured GLS of :func:`~censusdp.estimation.structured_gls.structured_gls`,
     partition by partition.
@@ -195,6 +214,12 @@ def structured_stream(
     order : sequence of int, optional
         Order in which partitions are processed (positions in ``partitions``); the result
         does not depend on it.
+    workers : int
+        Threads running partitions' passes at once (numpy releases the GIL in the large
+        products); at most ``workers`` partitions are computed ahead of the one being
+        consumed, results are taken in ``order`` and callbacks run one at a time in this
+        thread, so the output is the same bit for bit for any number of workers. Per-stage
+        seconds are then summed over threads.
 
     Returns
     -------
@@ -266,9 +291,7 @@ def structured_stream(
     messages: dict[int, dict] = {}
     cached: dict[int, StructuredUpward] = {}
     used = largest = 0
-    for pos in order:
-        p = partitions[pos]
-        up = upward(p)
+    for pos, up in zip(order, _ahead(lambda q: upward(partitions[q]), order, workers), strict=True):
         messages[pos] = up.messages()
         size = up.nbytes()
         if used + size <= cache_bytes:
@@ -324,13 +347,12 @@ def structured_stream(
         on_top(top)
         t["callback"] += time.perf_counter() - t0
 
-    regenerated = 0
-    for pos in order:
+    def downward(pos: int) -> tuple:
         p = partitions[pos]
         up = cached.pop(pos, None)
-        if up is None:
+        fresh = up is None
+        if fresh:
             up = upward(p)
-            regenerated += 1
         t0 = time.perf_counter()
         lo, hi = p.units
         cut_blocks = {
@@ -344,13 +366,7 @@ def structured_stream(
         t0 = time.perf_counter()
         est, cov = structured_output(setup, smoothed, range(1, forest.depth), forest.sizes[1:])
         del smoothed
-        c, r, v, w = structured_residuals(
-            setup, forest, p.ranges, [top_est[cut][lo:hi], *est], invs
-        )
-        cons = max(cons, c)
-        inv_val = max(inv_val, v)
-        if r >= inv_res:
-            inv_res, worst = r, w
+        residuals = structured_residuals(setup, forest, p.ranges, [top_est[cut][lo:hi], *est], invs)
         piece = StructuredPiece(
             names=tuple(names[cut + 1 :]),
             first=cut + 1,
@@ -363,8 +379,16 @@ def structured_stream(
             _rows=rows_cache,
             partition=p.index,
         )
-        del est, cov
         t["output"] += time.perf_counter() - t0
+        return piece, residuals, fresh
+
+    regenerated = 0
+    for piece, (c, r, v, w), fresh in _ahead(downward, order, workers):
+        regenerated += fresh
+        cons = max(cons, c)
+        inv_val = max(inv_val, v)
+        if r >= inv_res:
+            inv_res, worst = r, w
         if on_partition is not None:
             t0 = time.perf_counter()
             on_partition(piece)

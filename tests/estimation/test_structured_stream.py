@@ -100,15 +100,18 @@ def test_stream_equals_in_memory_bit_for_bit(cut, n_parts):
     )
 
 
-def test_any_order_and_cache_give_identical_output():
+def test_any_order_cache_and_number_of_threads_give_identical_output():
     s, h, meas, invs = problem(seed=3)
     rel = structured_gls(h, s, meas, invs)
     n = len(partition_units(h, 2, 5))
     assert n >= 4
     shuffled = [int(i) for i in np.random.default_rng(0).permutation(n)]
     reverse = list(range(n))[::-1]
-    for order, cache in [(None, 0), (shuffled, 0), (reverse, 1 << 30), (None, 1 << 30)]:
-        res, pieces, parts = stream(h, s, meas, invs, 2, 5, order=order, cache_bytes=cache)
+    runs = [(None, 0, 1), (shuffled, 0, 2), (reverse, 1 << 30, 1), (None, 1 << 30, 3)]
+    for order, cache, workers in runs:
+        res, pieces, parts = stream(
+            h, s, meas, invs, 2, 5, order=order, cache_bytes=cache, workers=workers
+        )
         assert_same(h, rel, res, pieces, parts, 2)
         cached = res.diagnostics["partitions_cached"]
         assert cached == (n if cache else 0)
