@@ -50,7 +50,12 @@ from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
 from censusdp.estimation.gls import Forest, _general_down, _general_up, _Level, _not_identifiable
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
-from censusdp.estimation.structured_gls import _axes_label, _range_basis
+from censusdp.estimation.structured_gls import (
+    _axes_label,
+    _range_basis,
+    identified_rows,
+    schema_query,
+)
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.shape_classes import ShapeClasses, shape_classes
 from censusdp.mechanisms.discrete import DiscreteGaussian
@@ -171,24 +176,12 @@ class Prediction:
         return k
 
     def _query(self, query: ProductQuery | str) -> ProductQuery:
-        if isinstance(query, str):
-            return ProductQuery.parse(self.schema, query)
-        if query.schema is not self.schema:
-            raise SpecError(
-                f"query {query.name!r} is over another schema than {self.schema.name!r}"
-            )
-        return query
+        return schema_query(self.schema, query)
 
     def identified_rows(self, query: ProductQuery | str) -> np.ndarray:
         """Per row of ``query``, True when it lies in the identified subspace (the rule of
         :meth:`StructuredRelease.identified_rows`)."""
-        q = self._query(query)
-        key = tuple(id(f) for f in q.factors)
-        if key not in self._rows:
-            norm2 = self.basis.identity().query_variances(q)
-            outside = (self.basis.identity() + self.identified * -1.0).query_variances(q)
-            self._rows[key] = outside <= 1e-9 * np.maximum(norm2, 1.0)
-        return self._rows[key]
+        return identified_rows(self.basis, self.identified, self._query(query), self._rows)
 
     def _floor(self, var: np.ndarray) -> np.ndarray:
         return np.where(var > 1e-12 * self.tau2, var, 0.0)

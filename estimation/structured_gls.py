@@ -137,13 +137,7 @@ class _BlockEstimates:
         return self.estimates[self._index(level)]
 
     def _query(self, query: ProductQuery | str) -> ProductQuery:
-        if isinstance(query, str):
-            return ProductQuery.parse(self.schema, query)
-        if query.schema is not self.schema:
-            raise SpecError(
-                f"query {query.name!r} is over another schema than {self.schema.name!r}"
-            )
-        return query
+        return schema_query(self.schema, query)
 
     def identified_rows(self, query: ProductQuery | str) -> np.ndarray:
         """Per row of ``query`` (measured or not), True when it is identified.
@@ -151,13 +145,7 @@ class _BlockEstimates:
         A row ``q`` is identified when it lies in ``W``: ``‖(I − Π_W) q‖² ≤ 1e-9 ‖q‖²``,
         computed per block like a variance (:meth:`BlockDiagonal.query_variances`).
         """
-        q = self._query(query)
-        key = _key(q)
-        if key not in self._rows:
-            norm2 = self.basis.identity().query_variances(q)
-            outside = (self.basis.identity() + self.identified * -1.0).query_variances(q)
-            self._rows[key] = outside <= 1e-9 * np.maximum(norm2, 1.0)
-        return self._rows[key]
+        return identified_rows(self.basis, self.identified, self._query(query), self._rows)
 
     def query_estimates(self, level: str | int, query: ProductQuery | str) -> np.ndarray:
         """Estimates of every row of ``query`` at every node, ``(n_nodes, n_rows)``.
@@ -424,6 +412,29 @@ def _node_chunks(n_nodes: int, n_rows: int) -> list[slice]:
 def _key(query: ProductQuery) -> tuple[int, ...]:
     """A query's identity: its elements (shared objects of the schema)."""
     return tuple(id(f) for f in query.factors)
+
+
+def schema_query(schema: Schema, query: ProductQuery | str) -> ProductQuery:
+    """``query`` parsed over ``schema``, or checked to be over it."""
+    if isinstance(query, str):
+        return ProductQuery.parse(schema, query)
+    if query.schema is not schema:
+        raise SpecError(f"query {query.name!r} is over another schema than {schema.name!r}")
+    return query
+
+
+def identified_rows(
+    basis: MarginalBasis, identified: BlockDiagonal, query: ProductQuery, cache: dict
+) -> np.ndarray:
+    """Per row of ``query``, True when it lies in the identified subspace ``W`` (projector
+    ``identified``): ``‖(I − Π_W) q‖² ≤ 1e-9 ‖q‖²``, computed per block like a variance
+    (:meth:`BlockDiagonal.query_variances`); memoised in ``cache`` by the query's elements."""
+    key = _key(query)
+    if key not in cache:
+        norm2 = basis.identity().query_variances(query)
+        outside = (basis.identity() + identified * -1.0).query_variances(query)
+        cache[key] = outside <= 1e-9 * np.maximum(norm2, 1.0)
+    return cache[key]
 
 
 def _resolve(

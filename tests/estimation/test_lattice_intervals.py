@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from release_fixtures import two_level
 
 from censusdp.errors import SpecError
 from censusdp.estimation import round_release, tree_gls
@@ -25,18 +26,7 @@ NOMINAL = (0.1, 0.05)
 
 def county_tree(n_states: int = 4, per_state: int = 8, K: int = 4):
     gen = np.random.default_rng(0)  # the confidential table of the test, not privacy noise
-    par = np.repeat(np.arange(n_states), per_state)
-    h = Hierarchy.from_parents(
-        ["nation", "state", "county"],
-        [
-            ["US"],
-            [f"{s:02d}" for s in range(n_states)],
-            [f"{p:02d}{i:03d}" for i, p in enumerate(par)],
-        ],
-        [None, np.zeros(n_states, int), par],
-    )
-    cells = [f"c{j}" for j in range(K)]
-    return h, cells, h.aggregate(gen.integers(0, 500, size=(h.leaves.size, K)))
+    return two_level(gen, n_states, per_state, K)
 
 
 def simulate(sigma: float, reps: int, *, state_measured: bool, method: str = "auto", seed=1):
