@@ -59,7 +59,7 @@ from censusdp.estimation.topdown_problem import (
     solve_children,
     solve_children_report,
 )
-from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy import Hierarchy, Level
 from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement
 
@@ -281,11 +281,7 @@ def topdown(
         t0 = time.perf_counter()
         up, lv = hierarchy.levels[k - 1], hierarchy.levels[k]
         parent_est = estimates[k - 1]
-        out = np.zeros((lv.size, m), dtype=np.int64)
-        single = np.flatnonzero(up.child_count == 1)
-        out[up.child_start[single]] = parent_est[single]
-        zero = (up.child_count > 1) & (parent_est.sum(axis=1) == 0)
-        todo = np.flatnonzero((up.child_count > 1) & ~zero)
+        out, single, zero, todo = trivial_children(up, lv.size, parent_est)
         tasks = []
         for p in todo:
             lo = int(up.child_start[p])
@@ -338,6 +334,24 @@ def _solve_run(run: list[tuple], opts: dict) -> list[ChildrenSolution]:
         solve_children_report(parent, sub_m, sub_i, n_children=hi - lo, where=where, **opts)
         for lo, hi, parent, sub_m, sub_i, where in run
     ]
+
+
+def trivial_children(
+    up: Level, n_children: int, parent: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The children no solver needs, and the parents left to solve, of one level.
+
+    An only child equals its (integer) parent; the children of a parent with an all-zero
+    histogram are all zero. Returns the children's int64 histograms with those filled in
+    (``(n_children, cells)``, zero elsewhere), the parents with one child, the mask of parents
+    with several children and an all-zero histogram, and the indices of the other parents.
+    """
+    out = np.zeros((n_children, parent.shape[1]), dtype=np.int64)
+    single = np.flatnonzero(up.child_count == 1)
+    out[up.child_start[single]] = parent[single]
+    zero = (up.child_count > 1) & (parent.sum(axis=1) == 0)
+    todo = np.flatnonzero((up.child_count > 1) & ~zero)
+    return out, single, zero, todo
 
 
 def _level_diag(sols: list[ChildrenSolution], single: int, zero: int, seconds: float) -> dict:

@@ -41,6 +41,7 @@ import numpy as np
 from censusdp.budget import PrivacyStatement, with_invariants
 from censusdp.errors import DataError, SolverError, SpecError
 from censusdp.estimation.release import Release
+from censusdp.estimation.topdown import trivial_children
 from censusdp.estimation.topdown_sparse import (
     DEFAULT_SLACK,
     ChildrenLayout,
@@ -333,11 +334,7 @@ def topdown_schema(
         t0, c0 = time.perf_counter(), time.process_time()
         up, lv = hierarchy.levels[k - 1], hierarchy.levels[k]
         par = estimates[k - 1]
-        out = np.zeros((lv.size, m), dtype=np.int64)
-        single = np.flatnonzero(up.child_count == 1)
-        out[up.child_start[single]] = par[single]
-        empty = (up.child_count > 1) & (par.sum(axis=1) == 0)
-        todo = np.flatnonzero((up.child_count > 1) & ~empty)
+        out, single, empty, todo = trivial_children(up, lv.size, par)
         tasks = []
         for p in todo:
             lo = int(up.child_start[p])
