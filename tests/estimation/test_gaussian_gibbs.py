@@ -4,8 +4,6 @@ the end-to-end certificate of a 5-level discrete-Gaussian conditioning problem."
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import scipy.linalg as sl
@@ -94,10 +92,11 @@ def test_continuous_gaussian_gibbs_matches_the_exact_gls_covariance():
     assert np.all(np.abs(draws.mean(axis=0) - gls) < 5 * se)
 
 
+@pytest.mark.slow
 def test_five_level_discrete_gaussian_conditioning_certifies():
     """The problem random-walk Metropolis never certified (1-lag pilot did not meet within
     200,000 iterations): 30 blocks, discrete Gaussian at county/tract/block, state totals
-    invariant."""
+    invariant. Its speed is measured by benchmarks/lattice_mcmc.py, not asserted here."""
     t = synthetic_us(5, states=2, counties=5, tracts=10, blocks=30, population=3000)
     h, cells = t.hierarchy, list(t.cells)
     lv = h.aggregate(t.leaf_counts)
@@ -105,9 +104,7 @@ def test_five_level_discrete_gaussian_conditioning_certifies():
     law = DiscreteGaussian(5)
     ms = measure(h.names, lv, [(k, Query.detailed(cells), law) for k in (2, 3, 4)], rng)
     inv = [invariant(lv, 1, Query.total(cells))]
-    t0 = time.perf_counter()
     rel = condition(h, cells, ms, inv, None, rng)
-    elapsed = time.perf_counter() - t0
     cert = certificate(rel)
     assert cert["kernel"] == "gibbs"
     assert cert["tv_bound"] < 0.01
@@ -117,7 +114,6 @@ def test_five_level_discrete_gaussian_conditioning_certifies():
     for k in range(h.depth - 1):  # consistent: every level sums the one below
         np.testing.assert_array_equal(rel.estimates[k], h.aggregate(rel.estimates[-1])[k])
     assert cert["rhat_max"] < 1.1
-    assert elapsed < 60
 
 
 def test_nonnegative_continuous_gaussian_conditioning_uses_gibbs_and_certifies():

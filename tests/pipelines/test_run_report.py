@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import struct
 import textwrap
-import time
 
 import numpy as np
 import pandas as pd
@@ -87,10 +86,8 @@ def _inputs(groups: int, reps: int = 2):
 
 def test_report_and_figures_are_bounded_for_many_groups(tmp_path):
     metrics, reg, sizes, manifest = _inputs(groups=5_000)
-    t0 = time.perf_counter()
     figs = write_figures(tmp_path, metrics, reg, manifest, sizes=sizes)
     report = write_report(tmp_path, metrics, reg, manifest, figs, sizes=sizes)
-    elapsed = time.perf_counter() - t0
     text = report.read_text()
     assert CONFIDENTIAL_LABEL in text
     assert len(text.splitlines()) < 150  # was one line per group (40,058 lines at 2M rows)
@@ -98,7 +95,6 @@ def test_report_and_figures_are_bounded_for_many_groups(tmp_path):
     for name in figs:
         w, h = _png_size(tmp_path / name)
         assert w <= 1600 and h <= 600, (name, w, h)
-    assert elapsed < 20, elapsed
 
 
 def test_few_groups_are_shown_one_by_one(tmp_path):
