@@ -437,13 +437,16 @@ def identified_rows(
     return cache[key]
 
 
-def _resolve(
+def resolve_products(
     hierarchy: Hierarchy,
     schema: Schema,
     items: Sequence[ProductMeasurement | ProductInvariant],
     what: str,
     check_values: bool = True,
 ) -> list:
+    """``items`` with their levels as indices, checked to be over ``schema``, their values
+    (and any per-node variances) checked against the level's size; errors name ``what``,
+    the query and the level."""
     out = []
     for it in items:
         k = hierarchy.level_index(it.level)
@@ -529,8 +532,8 @@ def structured_setup(
     if geometry not in ("weighted", "euclidean"):
         raise SpecError(f"geometry must be 'weighted' or 'euclidean', got {geometry!r}")
     names = hierarchy.names
-    meas = _resolve(hierarchy, schema, measurements, "measurement", check_values)
-    invs = _resolve(hierarchy, schema, invariants, "invariant", check_values)
+    meas = resolve_products(hierarchy, schema, measurements, "measurement", check_values)
+    invs = resolve_products(hierarchy, schema, invariants, "invariant", check_values)
     derived = product_privacy(meas, level_names=names, delta=delta)
     if privacy is not None:
         check_statement(privacy, derived)
@@ -942,7 +945,7 @@ def structured_gls(
     Gong & Yu (2022), Def. 6 and Thm. 22.
     """
     t0 = time.perf_counter()
-    meas = _resolve(hierarchy, schema, measurements, "measurement")
+    meas = resolve_products(hierarchy, schema, measurements, "measurement")
     setup = structured_setup(
         hierarchy, schema, meas, invariants, geometry=geometry, privacy=privacy, delta=delta,
         acknowledge_exact_release=acknowledge_exact_release, check_values=False,
@@ -1002,7 +1005,7 @@ def check_structured_invariants(
 ) -> list[ProductInvariant]:
     """Invariants resolved to level indices, exact in float64 and consistent (parent totals
     equal their children's sums)."""
-    invs = _resolve(hierarchy, schema, invariants, "invariant")
+    invs = resolve_products(hierarchy, schema, invariants, "invariant")
     names = hierarchy.names
     for inv in invs:
         check_float_exact(inv.values, f"invariant {inv.query.name!r} at level {names[inv.level]!r}")

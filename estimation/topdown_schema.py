@@ -41,6 +41,7 @@ import numpy as np
 from censusdp.budget import PrivacyStatement, with_invariants
 from censusdp.errors import DataError, SolverError, SpecError
 from censusdp.estimation.release import Release
+from censusdp.estimation.structured_gls import resolve_products
 from censusdp.estimation.topdown import trivial_children
 from censusdp.estimation.topdown_sparse import (
     DEFAULT_SLACK,
@@ -129,19 +130,14 @@ def structural_zero_mask(schema: Schema, rows: Sequence[tuple[str, Sequence[str]
 def _by_level(
     hierarchy: Hierarchy, schema: Schema, measurements: Sequence[ProductMeasurement]
 ) -> list[list[ProductMeasurement]]:
+    """The measurements per level (levels as indices, values checked), each query once."""
     out: list[list[ProductMeasurement]] = [[] for _ in range(hierarchy.depth)]
-    for mm in measurements:
-        k = hierarchy.level_index(mm.level)
-        lv = hierarchy.levels[k]
-        if mm.query.schema is not schema:
+    for mm in resolve_products(hierarchy, schema, measurements, "measurement"):
+        if any(o.query.name == mm.query.name for o in out[mm.level]):
             raise SpecError(
-                f"measurement {mm.query.name!r} at level {lv.name!r} is over schema "
-                f"{mm.query.schema.name!r}, not {schema.name!r}"
+                f"level {hierarchy.names[mm.level]!r}: query {mm.query.name!r} is measured twice"
             )
-        checked_values(mm.values, lv.size, mm.query, "measurement", lv.name)
-        if any(o.query.name == mm.query.name for o in out[k]):
-            raise SpecError(f"level {lv.name!r}: query {mm.query.name!r} is measured twice")
-        out[k].append(mm)
+        out[mm.level].append(mm)
     return out
 
 
