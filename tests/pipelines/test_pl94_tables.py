@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from ppmf_fixtures import ppmf_persons
 
 from censusdp.errors import DataError, SpecError
 from censusdp.pipelines.pl94_tables import (
@@ -246,22 +247,7 @@ def test_tables_of_every_level_from_a_ppmf_agree_with_a_group_by(tmp_path: Path)
     n = 500
     blocks = [("01", "001", "020100", "1", "1001"), ("01", "001", "020200", "1", "1002"),
               ("01", "003", "010100", "2", "2000"), ("02", "013", "000100", "1", "1000")]  # fmt: skip
-    b = gen.integers(0, len(blocks), n)
-    gq = np.where(gen.random(n) < 0.7, 0, gen.integers(1, 8, n))
-    frame = pd.DataFrame(
-        {
-            "TABBLKST": [blocks[i][0] for i in b],
-            "TABBLKCOU": [blocks[i][1] for i in b],
-            "TABTRACT": [blocks[i][2] for i in b],
-            "TABBLKGRP": [blocks[i][3] for i in b],
-            "TABBLK": [blocks[i][4] for i in b],
-            "RTYPE": np.where(gq == 0, "3", "5"),
-            "GQTYPE_PL": gq.astype(str),
-            "VOTING_AGE": gen.integers(1, 3, n).astype(str),
-            "CENHISP": gen.integers(1, 3, n).astype(str),
-            "CENRACE": [f"{v:02d}" for v in gen.integers(1, 64, n)],
-        }
-    )
+    frame = ppmf_persons(gen, n, blocks, household_share=0.7)
     frame.to_csv(tmp_path / "p.csv", index=False)
     got = read_ppmf(tmp_path / "p.csv")
     tables = level_tables(got.hierarchy, got.block, got.cell, got.count)

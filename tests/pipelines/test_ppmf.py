@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from ppmf_fixtures import ppmf_persons
 
 from censusdp.errors import DataError
 from censusdp.pipelines.ppmf import LEVELS, read_ppmf
@@ -28,23 +29,8 @@ def _persons(gen: np.random.Generator, n: int) -> pd.DataFrame:
         ("06", "037", "101110", "3", "3010"),
         ("06", "037", "101110", "3", "3011"),
     ]
-    b = gen.integers(0, len(blocks), n)
-    gq = np.where(gen.random(n) < 0.8, 0, gen.integers(1, 8, n))
-    frame = pd.DataFrame(
-        {
-            "VINTAGE": "20210428",
-            "TABBLKST": [blocks[i][0] for i in b],
-            "TABBLKCOU": [blocks[i][1] for i in b],
-            "TABTRACT": [blocks[i][2] for i in b],
-            "TABBLKGRP": [blocks[i][3] for i in b],
-            "TABBLK": [blocks[i][4] for i in b],
-            "RTYPE": np.where(gq == 0, "3", "5"),
-            "GQTYPE_PL": gq.astype(str),
-            "VOTING_AGE": gen.integers(1, 3, n).astype(str),
-            "CENHISP": gen.integers(1, 3, n).astype(str),
-            "CENRACE": [f"{v:02d}" for v in gen.integers(1, 64, n)],
-        }
-    )
+    frame = ppmf_persons(gen, n, blocks, household_share=0.8)
+    frame.insert(0, "VINTAGE", "20210428")
     return frame[PL94_COLUMNS]
 
 
