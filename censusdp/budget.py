@@ -7,7 +7,9 @@ invariants (Dharangutte et al., integer subspace DP, Def. 2): never plain ε-DP.
 
 Contents: conversions between pure DP, zCDP and (ε, δ)-DP (:func:`zcdp_to_dp`,
 :func:`zcdp_to_dp_cks`, :func:`dp_to_zcdp`, :func:`pure_to_zcdp`, :func:`gaussian_rho`,
-:func:`gaussian_sigma`); accountants (:class:`PureAccountant`, :class:`ZCDPAccountant`);
+:func:`gaussian_sigma`); typed losses (:class:`PureDP`, :class:`ZCDP`: ``+`` composes,
+``split`` divides, ``covers`` checks a claim; :func:`compose`); accountants
+(:class:`PureAccountant`, :class:`ZCDPAccountant`);
 the split of a total budget per level and query (:func:`allocate`); and
 :class:`PrivacyStatement` with its builder :func:`statement_for`.
 
@@ -39,6 +41,11 @@ __all__ = [
     "SHARE_TOLERANCE",
     "SPEND_TOLERANCE",
     "Budget",
+    "PrivacyLoss",
+    "PureDP",
+    "ZCDP",
+    "compose",
+    "loss",
     "Accountant",
     "LedgerEntry",
     "PrivacyStatement",
@@ -299,6 +306,159 @@ def gaussian_sigma(rho: float, sensitivity: float = 1.0) -> float:
 
 
 # --------------------------------------------------------------------------------------------
+# Typed privacy losses
+
+
+@dataclass(frozen=True)
+class PureDP:
+    """A pure ε-DP privacy loss (Dwork & Roth 2014, Def. 2.4).
+
+    Losses compose by ``+`` (sequential composition adds ε, Dwork & Roth 2014, Thm. 3.16;
+    with a :class:`ZCDP` loss the sum is zCDP through ε-DP ⇒ (ε²/2)-zCDP, Bun & Steinke
+    2016, Prop. 1.4) and split by :meth:`split`; :meth:`covers` says whether a claim of this
+    loss is honest for a computation that spends another.
+
+    Parameters
+    ----------
+    epsilon : float
+        ε within :data:`EPSILON_RANGE`.
+    """
+
+    epsilon: float
+
+    accounting = "pure"
+    unit = "epsilon"
+    symbol = "ε"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
+
+    @property
+    def amount(self) -> float:
+        """ε."""
+        return self.epsilon
+
+    def to_zcdp(self) -> ZCDP:
+        """The zCDP loss an ε-DP mechanism also has: ρ = ε²/2 (Bun & Steinke 2016, Prop. 1.4)."""
+        return ZCDP(pure_to_zcdp(self.epsilon))
+
+    def scaled(self, factor: float) -> PureDP:
+        """ε × ``factor`` (a share of this budget, or k repetitions of the loss)."""
+        return PureDP(self.epsilon * check_positive("factor", factor))
+
+    def split(self, shares: Mapping[str, float]) -> dict[str, PureDP]:
+        """This budget cut into named pieces that compose back to it (shares sum to 1)."""
+        _check_shares(shares, "budget shares")
+        return {name: self.scaled(float(share)) for name, share in shares.items()}
+
+    def covers(self, spent: PureDP | ZCDP) -> bool:
+        """True when a claim of ε-DP is honest for a computation that spends ``spent``: a
+        pure spend of at most ε (relative slack :data:`SPEND_TOLERANCE`); never a zCDP
+        spend, which gives no pure guarantee."""
+        if isinstance(spent, ZCDP):
+            return False
+        return spent.epsilon <= self.epsilon * (1.0 + SPEND_TOLERANCE)
+
+    def __add__(self, other: PureDP | ZCDP) -> PureDP | ZCDP:
+        return compose([self, other])
+
+    def __str__(self) -> str:
+        return f"ε = {self.epsilon:g} (pure)"
+
+
+@dataclass(frozen=True)
+class ZCDP:
+    """A ρ-zCDP privacy loss (Bun & Steinke 2016, Def. 1.1).
+
+    Losses compose by ``+`` (ρ adds, Bun & Steinke 2016, Lemma 2.3), split by
+    :meth:`split`, and convert to (ε, δ)-DP by :meth:`approx_dp` (Canonne, Kamath & Steinke
+    2020, Cor. 13).
+
+    Parameters
+    ----------
+    rho : float
+        ρ within :data:`RHO_RANGE`.
+    """
+
+    rho: float
+
+    accounting = "zcdp"
+    unit = "rho"
+    symbol = "ρ"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rho", check_rho(self.rho))
+
+    @property
+    def amount(self) -> float:
+        """ρ."""
+        return self.rho
+
+    def to_zcdp(self) -> ZCDP:
+        """This loss."""
+        return self
+
+    def scaled(self, factor: float) -> ZCDP:
+        """ρ × ``factor``."""
+        return ZCDP(self.rho * check_positive("factor", factor))
+
+    def split(self, shares: Mapping[str, float]) -> dict[str, ZCDP]:
+        """This budget cut into named pieces that compose back to it (shares sum to 1)."""
+        _check_shares(shares, "budget shares")
+        return {name: self.scaled(float(share)) for name, share in shares.items()}
+
+    def covers(self, spent: PureDP | ZCDP) -> bool:
+        """True when a claim of ρ-zCDP is honest for a computation that spends ``spent``
+        (a pure spend counts ε²/2; relative slack :data:`SPEND_TOLERANCE`)."""
+        return spent.to_zcdp().rho <= self.rho * (1.0 + SPEND_TOLERANCE)
+
+    def approx_dp(self, delta: float, *, tight: bool = True) -> float:
+        """The ε of the (ε, δ)-DP this loss implies (:func:`zcdp_to_dp_cks` when ``tight``,
+        else :func:`zcdp_to_dp`)."""
+        return (zcdp_to_dp_cks if tight else zcdp_to_dp)(self.rho, delta)
+
+    def __add__(self, other: PureDP | ZCDP) -> ZCDP:
+        return compose([self, other])  # type: ignore[return-value]
+
+    def __str__(self) -> str:
+        return f"ρ = {self.rho:g} (zCDP)"
+
+
+#: A typed privacy loss.
+PrivacyLoss = PureDP | ZCDP
+
+
+def loss(accounting: str, amount: float) -> PrivacyLoss:
+    """The typed loss of an ``accounting`` name (``"pure"``/``"zcdp"``) and its amount."""
+    if accounting == "pure":
+        return PureDP(amount)
+    if accounting == "zcdp":
+        return ZCDP(amount)
+    raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
+
+
+def compose(losses: Sequence[PrivacyLoss]) -> PrivacyLoss:
+    """Sequential composition: ε adds when every loss is pure (Dwork & Roth 2014, Thm. 3.16),
+    else ρ adds with each pure ε counted as ε²/2 (Bun & Steinke 2016, Prop. 1.4 and
+    Lemma 2.3). Compensated summation, so the order does not matter.
+
+    Raises
+    ------
+    BudgetError
+        No losses, or an item that is not a :class:`PureDP` or :class:`ZCDP`.
+    """
+    items = list(losses)
+    if not items:
+        raise BudgetError("nothing to compose: give at least one privacy loss")
+    bad = [x for x in items if not isinstance(x, PureDP | ZCDP)]
+    if bad:
+        raise BudgetError(f"only PureDP and ZCDP losses compose, got {bad[0]!r}")
+    if all(isinstance(x, PureDP) for x in items):
+        return PureDP(math.fsum(x.epsilon for x in items))
+    return ZCDP(math.fsum(x.to_zcdp().rho for x in items))
+
+
+# --------------------------------------------------------------------------------------------
 # The privacy statement
 
 
@@ -349,6 +509,11 @@ class PrivacyStatement:
             raise ValueError("zcdp accounting needs rho")
 
     @property
+    def budget(self) -> PrivacyLoss:
+        """The stated loss as a typed budget (:class:`PureDP` or :class:`ZCDP`)."""
+        return loss(self.accounting, self.epsilon if self.accounting == "pure" else self.rho)
+
+    @property
     def guarantee(self) -> str:
         """The kind of guarantee: plain DP only when nothing is held invariant."""
         if self.invariants:
@@ -370,11 +535,11 @@ class PrivacyStatement:
         )
 
     def budget_text(self) -> str:
-        if self.accounting == "pure":
-            return f"ε = {self.epsilon:g} (pure)"
-        text = f"ρ = {self.rho:g} (zCDP)"
-        if self.delta is not None:
-            eps = zcdp_to_dp(self.rho, self.delta)
+        """The budget, and for zCDP with a δ the (ε, δ) it implies (:func:`zcdp_to_dp`)."""
+        budget = self.budget
+        text = str(budget)
+        if isinstance(budget, ZCDP) and self.delta is not None:
+            eps = budget.approx_dp(self.delta, tight=False)
             text += f", implying (ε = {eps:.4g}, δ = {self.delta:g})"
         return text
 
@@ -436,6 +601,7 @@ class PrivacyStatement:
 #: Relative slack allowed when spends add up to the total (float rounding of shares).
 SPEND_TOLERANCE = 1e-9
 
+
 @dataclass(frozen=True)
 class LedgerEntry:
     """One spend: what was measured (``label``) and the ε or ρ it cost (``amount``)."""
@@ -490,14 +656,29 @@ class Accountant:
         """Every spend, in order."""
         return tuple(self._ledger)
 
-    def spend(self, amount: float, label: str) -> LedgerEntry:
-        """Record a spend of ``amount`` for the measurement ``label``.
+    @property
+    def budget(self) -> PrivacyLoss:
+        """The stated total as a typed budget."""
+        return loss(self.accounting, self._total)
+
+    def spend(self, amount: float | PrivacyLoss, label: str) -> LedgerEntry:
+        """Record a spend of ``amount`` (ε or ρ in this accountant's unit, or a typed loss:
+        a :class:`PureDP` spend is counted as ε²/2 by a zCDP accountant) for the
+        measurement ``label``.
 
         Raises
         ------
         BudgetError
-            If ``amount`` is not positive and finite, or the spend would exceed the total.
+            If ``amount`` is not positive and finite, the spend would exceed the total, or a
+            zCDP loss is spent from a pure-ε budget (it gives no pure guarantee).
         """
+        if isinstance(amount, PureDP | ZCDP):
+            if self.accounting == "pure" and isinstance(amount, ZCDP):
+                raise BudgetError(
+                    f"spend for {label!r}: {amount} cannot be spent from a pure ε budget "
+                    "(zCDP noise gives no pure ε-DP guarantee); use a zCDP accountant"
+                )
+            amount = amount.to_zcdp().rho if self.accounting == "zcdp" else amount.amount
         amount = float(amount)
         if not (amount > 0 and math.isfinite(amount)):
             raise BudgetError(
@@ -700,6 +881,11 @@ class Budget:
             check_delta(self.delta)
         self.allocation()  # validate now
 
+    @property
+    def budget(self) -> PrivacyLoss:
+        """The total as a typed budget."""
+        return loss(self.accounting, self.total)
+
     def allocation(self) -> dict[tuple[str, str], float]:
         """The budget of each (level, query): see :func:`allocate`."""
         return allocate(self.total, self.level_shares, self.query_shares)
@@ -750,8 +936,8 @@ def with_invariants(privacy: PrivacyStatement, labels: Sequence[str]) -> Privacy
 
 
 def statement_for(
-    accounting: str,
-    total: float,
+    accounting: str | PrivacyLoss,
+    total: float | None = None,
     delta: float | None = None,
     invariants: Sequence[str] | Mapping[str, str] = (),
     mechanism: str = "",
@@ -761,9 +947,10 @@ def statement_for(
 
     Parameters
     ----------
-    accounting : {"pure", "zcdp"}
+    accounting : {"pure", "zcdp"}, or PureDP or ZCDP
+        The accounting, or the typed budget itself (then ``total`` is not given).
     total : float
-        Total ε (pure) or ρ (zCDP) of the stated budget.
+        Total ε (pure) or ρ (zCDP) of the stated budget, with an accounting name.
     delta : float, optional
         δ for reporting a zCDP budget as (ε, δ).
     invariants : sequence of str, or mapping of level → invariant
@@ -786,8 +973,17 @@ def statement_for(
     ----------
     Gao, Gong & Yu (2022), Def. 6 (induced subspace DP).
     """
+    if isinstance(accounting, PureDP | ZCDP):
+        if total is not None:
+            raise BudgetError(
+                f"statement_for({accounting}, total={total!r}): a typed budget carries its "
+                "own total; give one or the other"
+            )
+        accounting, total = accounting.accounting, accounting.amount
     if accounting not in ACCOUNTINGS:
         raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
+    if total is None:
+        raise BudgetError(f"statement_for({accounting!r}): give the total ε or ρ")
     total = (check_epsilon if accounting == "pure" else check_rho)(
         total, f"total {ACCOUNTINGS[accounting]}"
     )

@@ -20,7 +20,7 @@ Model: ``opendp.prelude`` (OpenDP) and ``tmlt.analytics`` (Tumult Analytics).
 
 from __future__ import annotations
 
-from censusdp.budget import Budget, PrivacyStatement
+from censusdp.budget import ZCDP, Budget, PrivacyStatement, PureDP
 from censusdp.errors import (
     BudgetError,
     CensusDPError,
@@ -106,6 +106,8 @@ __all__ = [
     # privacy
     "Budget",
     "PrivacyStatement",
+    "PureDP",
+    "ZCDP",
     "derive_statement",
     # releases and runs
     "read_release",

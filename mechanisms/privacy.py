@@ -23,16 +23,18 @@ Lemma 2.3; Gao, Gong & Yu (2022), Def. 6.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from censusdp.budget import (
-    SPEND_TOLERANCE,
+    ZCDP,
+    PrivacyLoss,
     PrivacyStatement,
+    PureDP,
+    compose,
     invariant_labels,
-    pure_to_zcdp,
+    loss,
     statement_for,
     with_invariants,
 )
@@ -73,6 +75,12 @@ class Spend:
     accounting: str
     sensitivity: float
     amount: float
+
+    @property
+    def loss(self) -> PrivacyLoss:
+        """The spend as a typed loss (:class:`~censusdp.budget.PureDP` or
+        :class:`~censusdp.budget.ZCDP`)."""
+        return loss(self.accounting, self.amount)
 
 
 def query_sensitivity(query: Any, norm: int) -> float:
@@ -121,16 +129,6 @@ def spends(level_names: Sequence[str], measurements: Any) -> list[Spend]:
     return out
 
 
-def _total(items: Sequence[Spend]) -> tuple[str, float]:
-    """(accounting, total) of sequentially composed spends (pure ε converted to zCDP when
-    mixed with zCDP spends)."""
-    if all(s.accounting == "pure" for s in items):
-        return "pure", math.fsum(s.amount for s in items)
-    return "zcdp", math.fsum(
-        s.amount if s.accounting == "zcdp" else pure_to_zcdp(s.amount) for s in items
-    )
-
-
 def derive_statement(
     level_names: Sequence[str],
     measurements: Any,
@@ -168,7 +166,8 @@ def derive_statement(
         raise SpecError(
             "no measurements to derive a privacy statement from; measure at least one query"
         )
-    accounting, total = _total(items)
+    total_loss = compose([s.loss for s in items])
+    accounting, total = total_loss.accounting, total_loss.amount
     names = list(dict.fromkeys(s.noise for s in items))
     unit = "ε" if accounting == "pure" else "ρ"
     detail = "; ".join(
@@ -177,22 +176,13 @@ def derive_statement(
         for s in items
     )
     statement = statement_for(
-        accounting,
-        total,
+        total_loss,
+        None,
         delta if accounting == "zcdp" else None,
         invariant_labels(level_names, invariants),
         mechanism=", ".join(names),
-    ).with_notes(
-        f"derived from the measurements: {unit} = {total:.6g} composed over {detail}"
-    )
+    ).with_notes(f"derived from the measurements: {unit} = {total:.6g} composed over {detail}")
     return floating_point_note(statement, continuous=any(not law_info(n).integer for n in names))
-
-
-def _claimed_rho(statement: PrivacyStatement) -> float | None:
-    """The ρ a statement claims (a pure ε claim implies ρ = ε²/2)."""
-    if statement.accounting == "zcdp":
-        return statement.rho
-    return pure_to_zcdp(statement.epsilon)
 
 
 def check_statement(claimed: PrivacyStatement, derived: PrivacyStatement) -> PrivacyStatement:
@@ -209,32 +199,24 @@ def check_statement(claimed: PrivacyStatement, derived: PrivacyStatement) -> Pri
     BudgetError
         The claim is smaller than the spend (naming both), or a pure claim on zCDP noise.
     """
-    slack = 1.0 + SPEND_TOLERANCE
     how = (
         "; pass no statement to use the derived one, or one that claims at least what the "
         "measurements spend"
     )
-    if derived.accounting == "zcdp":
-        if claimed.accounting == "pure":
+    said, spent = claimed.budget, derived.budget
+    if not said.covers(spent):
+        if isinstance(said, PureDP) and isinstance(spent, ZCDP):
             raise BudgetError(
                 f"the privacy statement passed claims pure ε = {claimed.epsilon:g}-DP, but the "
                 f"measurements use zCDP noise ({derived.mechanism}), which gives no pure ε-DP "
                 f"guarantee: they spend ρ = {derived.rho:.6g}{how}"
             )
-        ok = derived.rho <= claimed.rho * slack
-        spent, said = f"ρ = {derived.rho:.6g}", f"ρ = {claimed.rho:g}"
-    elif claimed.accounting == "pure":
-        ok = derived.epsilon <= claimed.epsilon * slack
-        spent, said = f"ε = {derived.epsilon:.6g}", f"ε = {claimed.epsilon:g}"
-    else:
-        need = pure_to_zcdp(derived.epsilon)
-        ok = need <= _claimed_rho(claimed) * slack
-        spent = f"ε = {derived.epsilon:.6g} (ρ = ε²/2 = {need:.6g})"
-        said = f"ρ = {claimed.rho:g}"
-    if not ok:
+        what = f"{spent.symbol} = {spent.amount:.6g}"
+        if isinstance(said, ZCDP) and isinstance(spent, PureDP):
+            what += f" (ρ = ε²/2 = {spent.to_zcdp().rho:.6g})"
         raise BudgetError(
             f"the privacy statement passed claims {said}, but the measurements "
-            f"({derived.mechanism}) spend {spent}{how}"
+            f"({derived.mechanism}) spend {what}{how}"
         )
     return with_invariants(claimed, derived.invariants)
 

@@ -38,7 +38,7 @@ def test_the_prelude_exports_every_name_it_lists_and_the_ones_a_user_needs():
         "Table", "Hierarchy", "from_gisjoin", "add_level", "Schema", "ProductQuery", "Query",
         "measure", "invariant", "Laplace", "Gaussian", "DiscreteLaplace", "DiscreteGaussian",
         "KeyedRNG", "tree_gls", "condition", "topdown", "round_release", "derive_statement",
-        "PrivacyStatement", "read_release", "load_spec", "run_spec",
+        "PrivacyStatement", "PureDP", "ZCDP", "read_release", "load_spec", "run_spec",
     }  # fmt: skip
     assert needed <= set(prelude.__all__)
     for name in ("condition", "topdown", "lattice_intervals", "conditioned_mechanism"):
@@ -71,8 +71,9 @@ def test_the_readme_tour_runs_and_derives_its_statement(monkeypatch):
     assert (integer.totals("state") == state).all()  # invariants exact, as integers
     # the acceptance point: a statement claiming less than the noise spends is refused
     h, cells, meas, inv = scope["h"], scope["cells"], scope["meas"], scope["inv"]
+    assert release.privacy.budget == prelude.ZCDP(1 / 800)
     with pytest.raises(BudgetError, match="claims ρ = 1e-09"):
-        prelude.tree_gls(h, cells, meas, inv, statement_for("zcdp", 1e-9))
+        prelude.tree_gls(h, cells, meas, inv, statement_for(prelude.ZCDP(1e-9)))
 
 
 def test_the_readme_census_histogram_tour_runs_on_a_schema_and_derives_its_statement(
