@@ -9,7 +9,7 @@ from censusdp.estimation.conditioned_mechanism import conditioned_mechanism
 from censusdp.estimation.conditioning import condition
 from censusdp.estimation.gls import NodeVarianceMeasurement, tree_gls
 from censusdp.estimation.gls_sparse import general_gls, hierarchy_to_sparse
-from censusdp.estimation.release import Release
+from censusdp.estimation.release import Release, ReleaseProtocol
 from censusdp.estimation.rounding import (
     pipage_round,
     round_bipartite,
@@ -28,6 +28,7 @@ from censusdp.estimation.uncertainty import (
 
 __all__ = [
     "Release",
+    "ReleaseProtocol",
     "tree_gls",
     "condition",
     "conditioned_mechanism",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,7 @@ from censusdp.budget import PrivacyStatement
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import floating_point_note
 
-__all__ = ["Release", "SumVariances"]
+__all__ = ["Release", "ReleaseProtocol", "SumVariances"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +51,23 @@ class SumVariances:
         key = {m.tobytes(): i for i, m in enumerate(self.masks)}
         idx = [key.get(r.tobytes()) for r in rows]
         return None if any(i is None for i in idx) else np.asarray(idx, np.int64)
+
+
+@runtime_checkable
+class ReleaseProtocol(Protocol):
+    """What every released estimate offers, whatever its kind (:class:`Release`,
+    :class:`~censusdp.estimation.structured_gls.StructuredRelease`): the privacy statement,
+    estimates and normal intervals by level name, and a one-row-per-level summary with the
+    columns ``nodes, total, min_cell, negative_share, mean_se, max_se, se_of``. Model: the
+    results objects of statsmodels (``conf_int``, ``summary``)."""
+
+    privacy: PrivacyStatement
+
+    def level(self, level: str | int) -> np.ndarray: ...
+
+    def conf_int(self, level: str | int, alpha: float = 0.1) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def summary(self) -> pd.DataFrame: ...
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -142,7 +160,8 @@ class Release:
 
     def summary(self) -> pd.DataFrame:
         """One row per level: nodes, the sum of the estimates, the smallest estimate, the share
-        of negative cells, and the mean and largest cell standard error (NaN without SEs)."""
+        of negative cells, and the mean and largest cell standard error (NaN without SEs;
+        ``se_of`` says they are per cell)."""
         rows = []
         for k, lv in enumerate(self.hierarchy.levels):
             est = np.asarray(self.estimates[k], dtype=float)
@@ -156,6 +175,7 @@ class Release:
                     "negative_share": float((est < 0).mean()) if est.size else np.nan,
                     "mean_se": float(se.mean()) if se is not None and se.size else np.nan,
                     "max_se": float(se.max()) if se is not None and se.size else np.nan,
+                    "se_of": "cell",
                 }
             )
         return pd.DataFrame(rows).set_index("level")

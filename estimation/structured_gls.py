@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
@@ -83,6 +84,7 @@ from censusdp.estimation.gls import (
     whole_forest,
 )
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis, node_axis_product
+from censusdp.estimation.uncertainty import normal_intervals
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import floating_point_note
 from censusdp.mechanisms.privacy import check_statement
@@ -187,6 +189,56 @@ class _BlockEstimates:
         cov = self.covariances[self._index(level)]
         return BlockDiagonal(self.basis, {m: b[node] for m, b in cov.blocks.items()})
 
+    def conf_int(
+        self, level: str | int, alpha: float = 0.1, *, query: ProductQuery | str = "total"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Normal ``1 − alpha`` intervals of every row of ``query`` at every node of a level,
+        ``(n_nodes, n_rows)`` each (the protocol of :meth:`Release.conf_int
+        <censusdp.estimation.release.Release.conf_int>`, by table instead of by cell: a
+        schema histogram is published as tables). NaN for unidentified rows.
+
+        Raises
+        ------
+        SpecError
+            No covariances, an unknown query or level, or alpha not in (0, 1).
+        """
+        q = self._query(query)
+        return normal_intervals(
+            self.query_estimates(level, q), self.query_standard_errors(level, q), alpha
+        )
+
+    def _level_names(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def summary(self, query: ProductQuery | str = "total") -> pd.DataFrame:
+        """One row per level held: nodes, the sum and the smallest of the cell estimates,
+        the share of negative cells, and the mean and largest standard error of ``query``'s
+        rows over the nodes (``se_of`` names it; NaN without covariances) — the columns of
+        :meth:`Release.summary <censusdp.estimation.release.Release.summary>`."""
+        q = self._query(query)
+        rows = []
+        for name in self._level_names():
+            est = self.level(name)
+            se = (
+                self.query_standard_errors(name, q)
+                if self.covariances is not None
+                else np.full((est.shape[0], q.n_rows), np.nan)
+            )
+            finite = se[np.isfinite(se)]
+            rows.append(
+                {
+                    "level": name,
+                    "nodes": est.shape[0],
+                    "total": float(est.sum()),
+                    "min_cell": float(est.min()) if est.size else np.nan,
+                    "negative_share": float((est < 0).mean()) if est.size else np.nan,
+                    "mean_se": float(finite.mean()) if finite.size else np.nan,
+                    "max_se": float(finite.max()) if finite.size else np.nan,
+                    "se_of": q.name,
+                }
+            )
+        return pd.DataFrame(rows).set_index("level")
+
 
 @dataclass(frozen=True, eq=False)
 class StructuredRelease(_BlockEstimates):
@@ -228,6 +280,17 @@ class StructuredRelease(_BlockEstimates):
     def _index(self, level: str | int) -> int:
         return self.hierarchy.level_index(level)
 
+    def _level_names(self) -> tuple[str, ...]:
+        return tuple(self.hierarchy.names)
+
+    def __repr__(self) -> str:
+        levels = ", ".join(f"{lv.name}={lv.size}" for lv in self.hierarchy.levels)
+        se = "with SEs" if self.covariances is not None else "no SEs"
+        return (
+            f"<StructuredRelease {self.schema.name}: {self.schema.n_cells} cells, levels "
+            f"{levels}, {se}; {self.privacy.guarantee}>"
+        )
+
 
 @dataclass(frozen=True, eq=False)
 class StructuredPiece(_BlockEstimates):
@@ -268,6 +331,15 @@ class StructuredPiece(_BlockEstimates):
         if not 0 <= k < len(self.names):
             raise SpecError(f"level {level} is not in this piece (levels {self.names})")
         return k
+
+    def _level_names(self) -> tuple[str, ...]:
+        return self.names
+
+    def __repr__(self) -> str:
+        pairs = zip(self.names, self.ranges, strict=True)
+        levels = ", ".join(f"{n}={hi - lo}" for n, (lo, hi) in pairs)
+        where = "top" if self.partition is None else f"partition {self.partition}"
+        return f"<StructuredPiece {where}: {self.schema.n_cells} cells, levels {levels}>"
 
 
 # ----------------------------------------------------------------------------- blocks

@@ -41,6 +41,7 @@ from censusdp.rng import KeyedRNG
 __all__ = [
     "standard_errors",
     "intervals",
+    "normal_intervals",
     "coverage",
     "rounding_variance",
     "Intervals",
@@ -100,8 +101,21 @@ def intervals(
         (n_nodes, n_cells) each.
     """
     se = standard_errors(release, level, include_rounding=include_rounding)
-    est = release.level(level).astype(float)
-    half = _z(alpha) * se
+    return normal_intervals(release.level(level), se, alpha)
+
+
+def normal_intervals(
+    estimates: np.ndarray, ses: np.ndarray, alpha: float = 0.1
+) -> tuple[np.ndarray, np.ndarray]:
+    """``estimate ∓ z_{1−α/2} · se``, elementwise (NaN where either is NaN).
+
+    Raises
+    ------
+    SpecError
+        ``alpha`` not in (0, 1).
+    """
+    half = _z(alpha) * np.asarray(ses, dtype=float)
+    est = np.asarray(estimates, dtype=float)
     return est - half, est + half
 
 

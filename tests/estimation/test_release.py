@@ -54,3 +54,47 @@ def test_summary_has_one_row_per_level_and_a_short_repr():
     text = repr(rel)
     assert text.startswith("<Release gls: real, 2 cells, levels nation=1, state=4, county=24")
     assert len(text) < 200
+
+
+def _structured():
+    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.hierarchy.synthetic import random_hierarchy
+    from censusdp.mechanisms.discrete import DiscreteGaussian
+    from censusdp.mechanisms.product_measure import measure_products, product_invariant
+    from censusdp.mechanisms.product_query import ProductQuery
+    from censusdp.rng import KeyedRNG
+    from censusdp.schema import Schema
+
+    s = Schema.load("sex_age5")
+    gen = np.random.default_rng(5)  # test data only, not privacy noise
+    h = random_hierarchy(gen, [(2, 2), (1, 3)])
+    counts = h.aggregate(gen.integers(0, 20, size=(h.leaves.size, *s.shape)))
+    lc = dict(zip(h.names, counts, strict=True))
+    q = {t: ProductQuery.parse(s, t) for t in ("total", "sex * ageband", "detailed")}
+    plan = [(lvl, q[t], DiscreteGaussian(2)) for lvl in h.names for t in q]
+    meas = measure_products(lc, plan, KeyedRNG.reproducible(3, warn=False))
+    return structured_gls(h, s, meas, [product_invariant(lc, "L0", q["total"])]), counts
+
+
+def test_structured_release_shares_the_release_protocol():
+    from censusdp.estimation import ReleaseProtocol
+
+    rel, counts = _structured()
+    plain, _ = _release()
+    assert isinstance(rel, ReleaseProtocol) and isinstance(plain, ReleaseProtocol)
+    lo, hi = rel.conf_int("L1", alpha=0.1, query="sex * ageband")
+    est = rel.query_estimates("L1", "sex * ageband")
+    se = rel.query_standard_errors("L1", "sex * ageband")
+    np.testing.assert_allclose((lo + hi) / 2, est)
+    np.testing.assert_allclose((hi - lo) / 2, 1.6448536269514722 * se)
+    tlo, thi = rel.conf_int("L0")  # the total is invariant at the root: a zero-width interval
+    np.testing.assert_allclose(thi - tlo, 0.0, atol=1e-9)
+    with pytest.raises(SpecError, match="alpha"):
+        rel.conf_int("L1", alpha=0.0)
+    s = rel.summary()
+    assert list(s.index) == list(rel.hierarchy.names) and set(s["se_of"]) == {"total"}
+    np.testing.assert_allclose(s["total"], [c.sum() for c in counts], rtol=1e-9)  # consistent
+    assert list(s.columns) == list(plain.summary().columns)
+    assert s.loc["L0", "max_se"] < 1e-6 < s.loc["L2", "mean_se"]
+    text = repr(rel)
+    assert text.startswith("<StructuredRelease sex_age5: 36 cells, levels L0=1,") and len(text) < 200
