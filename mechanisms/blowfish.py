@@ -60,6 +60,7 @@ from censusdp.mechanisms.blowfish_policies import (
     unbounded_dp_policy,
 )
 from censusdp.mechanisms.blowfish_strategies import spectrum, strategy_matrix
+from censusdp.mechanisms.queries import matrix_sensitivity
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -98,8 +99,9 @@ def _dense(a: np.ndarray | sparse.spmatrix) -> np.ndarray:
 
 
 def l1_sensitivity(a: np.ndarray | sparse.spmatrix) -> float:
-    """Δ_A: the largest column ℓ₁ norm (unbounded ε-DP, one count changes by 1)."""
-    return float(np.max(np.sum(np.abs(_dense(a)), axis=0)))
+    """Δ_A: the largest column ℓ₁ norm (unbounded ε-DP, one count changes by 1;
+    :func:`~censusdp.mechanisms.queries.matrix_sensitivity`)."""
+    return matrix_sensitivity(a, 1)
 
 
 def laplace_draws(rng: KeyedRNG, label: str, size: int) -> np.ndarray:

@@ -41,14 +41,12 @@ from censusdp.budget import (
 from censusdp.errors import BudgetError, SpecError
 from censusdp.mechanisms.laws import floating_point_note
 from censusdp.mechanisms.registry import law_info
-from censusdp.mechanisms.subspace import l1_sensitivity, l2_sensitivity
 
 __all__ = [
     "Spend",
     "check_statement",
     "checked_statement",
     "derive_statement",
-    "query_sensitivity",
     "spends",
 ]
 
@@ -83,16 +81,6 @@ class Spend:
         return loss(self.accounting, self.amount)
 
 
-def query_sensitivity(query: Any, norm: int) -> float:
-    """The ℓ₁ (``norm=1``) or ℓ₂ (``norm=2``) sensitivity of a query under add/remove-one:
-    its own ``l1_sensitivity``/``l2_sensitivity`` when it has them (schema product queries),
-    else the largest column norm of its matrix."""
-    own = getattr(query, f"l{norm}_sensitivity", None)
-    if own is not None:
-        return float(own() if callable(own) else own)
-    return (l1_sensitivity if norm == 1 else l2_sensitivity)(query.matrix)
-
-
 def _planned(measurements: Any) -> list[tuple[int, Any, Any]]:
     """(level, query, law) of every measurement: Measurement objects, a plan of
     ``(level, query, law)`` tuples, or partitioned measurements carrying ``plan``."""
@@ -116,7 +104,7 @@ def spends(level_names: Sequence[str], measurements: Any) -> list[Spend]:
     out = []
     for level, query, law in _planned(measurements):
         info = law_info(law, f"measurement {level_names[level]}/{query.name}")
-        sens = query_sensitivity(query, info.norm)
+        sens = query.sensitivity(info.norm)
         out.append(
             Spend(
                 f"{level_names[level]}/{query.name}",

@@ -90,7 +90,7 @@ class ProductMeasurement:
     def sensitivity(self) -> float:
         """The query's sensitivity in the law's norm (ℓ₂ for zCDP, ℓ₁ for pure laws)."""
         q = self.query
-        return q.l2_sensitivity if self.law.accounting == "zcdp" else float(q.l1_sensitivity)
+        return q.sensitivity(2 if self.law.accounting == "zcdp" else 1)
 
 
 @dataclass(frozen=True, eq=False)

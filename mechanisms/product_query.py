@@ -217,6 +217,22 @@ class ProductQuery:
         """Square root of the largest column sum of squares (0/1 entries: of counts)."""
         return float(np.sqrt(self.l1_sensitivity))
 
+    def sensitivity(self, norm: int) -> float:
+        """:attr:`l1_sensitivity` (``norm=1``) or :attr:`l2_sensitivity` (``norm=2``), from
+        the factors (the :class:`~censusdp.mechanisms.queries.LinearQuery` protocol)."""
+        return _by_norm(self, norm)
+
+    def gram(self) -> np.ndarray:
+        """``A Aᵀ`` as the Kronecker product of the factors' ``R_a R_aᵀ`` (rows in
+        :meth:`apply`'s order), without forming ``A``."""
+        return reduce(np.kron, [f.matrix @ f.matrix.T for f in self.factors])
+
+
+def _by_norm(query: ProductQuery | QueryRows, norm: int) -> float:
+    if norm not in (1, 2):
+        raise SpecError(f"sensitivity norm must be 1 or 2, got {norm!r}")
+    return float(query.l1_sensitivity) if norm == 1 else query.l2_sensitivity
+
 
 def _canonical_name(factors: Sequence[Recode]) -> str:
     kept = [f.name for f in factors if not f.is_all]
@@ -271,6 +287,15 @@ class QueryRows:
     def __len__(self) -> int:
         return int(self.query_of_row.size)
 
+    @property
+    def name(self) -> str:
+        """The queries the rows come from, e.g. ``rows of total, sex * ageband``."""
+        return "rows of " + ", ".join(q.name for q in self.queries)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self)
+
     def subset(self, mask: np.ndarray) -> QueryRows:
         """The rows where ``mask`` is true (or the given row indices), in that order."""
         idx = np.arange(len(self))[mask]
@@ -323,6 +348,10 @@ class QueryRows:
     def l2_sensitivity(self) -> float:
         """Square root of the largest column sum of squares."""
         return float(np.sqrt(self.l1_sensitivity))
+
+    def sensitivity(self, norm: int) -> float:
+        """:attr:`l1_sensitivity` or :attr:`l2_sensitivity` by ``norm`` (1 or 2)."""
+        return _by_norm(self, norm)
 
     def gram(self) -> np.ndarray:
         """``M Mᵀ`` (n × n, int64) from per-axis inner products, without forming ``M``.

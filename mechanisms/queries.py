@@ -13,8 +13,10 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+from scipy import sparse
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
@@ -23,7 +25,9 @@ from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.rng import KeyedRNG
 
 __all__ = [
+    "LinearQuery",
     "Query",
+    "matrix_sensitivity",
     "Measurement",
     "Invariant",
     "measure",
@@ -41,6 +45,48 @@ __all__ = [
 
 #: Integers above 2⁵³ are not all representable in float64, the arithmetic of every estimator.
 FLOAT_EXACT = 2**53
+
+
+def matrix_sensitivity(matrix: np.ndarray | sparse.spmatrix, norm: int) -> float:
+    """The sensitivity of a linear query under add/remove-one: the largest column ℓ₁
+    (``norm=1``) or ℓ₂ (``norm=2``) norm of its matrix, a column being the change one person
+    makes (Dwork & Roth 2014, Def. 3.1; Li et al. 2015, the matrix mechanism's Δ_A).
+
+    Raises
+    ------
+    SpecError
+        ``norm`` other than 1 or 2.
+    """
+    if norm not in (1, 2):
+        raise SpecError(f"sensitivity norm must be 1 or 2, got {norm!r}")
+    if sparse.issparse(matrix):
+        a = abs(sparse.csc_matrix(matrix, dtype=np.float64))
+        cols = np.asarray((a if norm == 1 else a.multiply(a)).sum(axis=0)).ravel()
+    else:
+        a = np.abs(np.asarray(matrix, dtype=np.float64))
+        cols = (a if norm == 1 else a * a).sum(axis=0)
+    top = float(cols.max(initial=0.0))
+    return top if norm == 1 else float(np.sqrt(top))
+
+
+@runtime_checkable
+class LinearQuery(Protocol):
+    """What every query offers, whatever holds it (a matrix, a schema's per-axis recodes, rows
+    of several product queries): its name and size, its answers on node counts, its
+    sensitivity (:func:`matrix_sensitivity`'s definition) and its Gram matrix ``A Aᵀ`` —
+    the operator view of Ektelo (Zhang et al. 2018). Measurements, the privacy statement and
+    the estimators ask these, never a query's type."""
+
+    name: str
+
+    @property
+    def n_rows(self) -> int: ...
+
+    def apply(self, counts: np.ndarray) -> np.ndarray: ...
+
+    def sensitivity(self, norm: int) -> float: ...
+
+    def gram(self) -> np.ndarray: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,6 +119,15 @@ class Query:
     @property
     def n_cells(self) -> int:
         return int(self.matrix.shape[1])
+
+    def sensitivity(self, norm: int) -> float:
+        """Largest column ℓ₁ or ℓ₂ norm of the matrix (:func:`matrix_sensitivity`)."""
+        return matrix_sensitivity(self.matrix, norm)
+
+    def gram(self) -> np.ndarray:
+        """``A Aᵀ`` (k × k)."""
+        m = np.asarray(self.matrix)
+        return m @ m.T
 
     @property
     def is_identity(self) -> bool:

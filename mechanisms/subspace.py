@@ -49,6 +49,7 @@ from censusdp.mechanisms.projection import (
     project_group_totals,
     row_space_basis,
 )
+from censusdp.mechanisms.queries import matrix_sensitivity
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -133,15 +134,14 @@ def _query(A: np.ndarray | None, h: np.ndarray) -> tuple[np.ndarray | None, np.n
 
 
 def l1_sensitivity(A: np.ndarray | None) -> float:
-    """Δ₁ = max_j ‖a_j‖₁ over the columns (one individual's changes); 1 for the identity."""
-    return 1.0 if A is None else float(np.abs(np.asarray(A, dtype=np.float64)).sum(axis=0).max())
+    """Δ₁ = max_j ‖a_j‖₁ over the columns (:func:`matrix_sensitivity`); 1 for the identity
+    (``A`` None)."""
+    return 1.0 if A is None else matrix_sensitivity(A, 1)
 
 
 def l2_sensitivity(A: np.ndarray | None) -> float:
-    """Δ₂ = max_j ‖a_j‖₂ over the columns; 1 for the identity."""
-    if A is None:
-        return 1.0
-    return float(np.sqrt((np.asarray(A, dtype=np.float64) ** 2).sum(axis=0)).max())
+    """Δ₂ = max_j ‖a_j‖₂ over the columns (:func:`matrix_sensitivity`); 1 for the identity."""
+    return 1.0 if A is None else matrix_sensitivity(A, 2)
 
 
 def _invariants(

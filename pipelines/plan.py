@@ -19,15 +19,8 @@ from censusdp.errors import BudgetError, SpecError
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.queries import Query, guard_exact_release
 from censusdp.mechanisms.registry import law_info
-from censusdp.mechanisms.subspace import l1_sensitivity, l2_sensitivity
 
-__all__ = ["MeasurementPlan", "PlannedQuery", "build_plan", "sensitivity", "make_law"]
-
-
-def sensitivity(query: Query, norm: int) -> float:
-    """Largest column ℓ₁ (norm=1) or ℓ₂ (norm=2) norm of the query matrix (a column is the
-    change one person makes)."""
-    return l1_sensitivity(query.matrix) if norm == 1 else l2_sensitivity(query.matrix)
+__all__ = ["MeasurementPlan", "PlannedQuery", "build_plan", "make_law"]
 
 
 def make_law(noise: str, budget: float, query: Query) -> NoiseLaw:
@@ -37,7 +30,7 @@ def make_law(noise: str, budget: float, query: Query) -> NoiseLaw:
     info = law_info(noise)
     if not budget > 0:
         raise BudgetError(f"query {query.name!r}: its budget share must be positive")
-    return info.calibrate(budget, sensitivity(query, info.norm))
+    return info.calibrate(budget, query.sensitivity(info.norm))
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,7 +33,7 @@ from stattests import chi2_pvalue
 import censusdp.mechanisms as mechanisms
 from censusdp.mechanisms import NoiseLaw, Query
 from censusdp.mechanisms.registry import NOISE_LAWS
-from censusdp.pipelines.plan import make_law, sensitivity
+from censusdp.pipelines.plan import make_law
 
 ALPHA = 1e-6
 N = 100_000
@@ -189,7 +189,7 @@ def test_calibration_round_trip_spends_the_budget_and_never_more(cls, sens, scal
     assert law.privacy(2 * sens) == pytest.approx(2**power * spent, rel=1e-12)
     # the spec layer: the law of the same name calibrated on a query of sensitivity sens
     query = Query("scaled", np.full((1, 1), sens, dtype=np.int64), ("scaled",))
-    assert sensitivity(query, power) == sens
+    assert query.sensitivity(power) == sens
     assert NOISE_LAWS.get(cls.name).accounting == cls.accounting
     spec_law = make_law(cls.name, budget, query)
     assert type(spec_law) is cls

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,11 +21,17 @@ from censusdp.mechanisms.laws import FLOATING_POINT_NOTE, Gaussian, Laplace
 from censusdp.mechanisms.privacy import (
     check_statement,
     derive_statement,
-    query_sensitivity,
     spends,
 )
-from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.mechanisms.queries import Measurement, Query, invariant, measure
+from censusdp.mechanisms.product_query import ProductQuery, QueryRows
+from censusdp.mechanisms.queries import (
+    LinearQuery,
+    Measurement,
+    Query,
+    invariant,
+    matrix_sensitivity,
+    measure,
+)
 from censusdp.pipelines.estimators import run_estimator
 from censusdp.schema import Schema
 
@@ -108,11 +115,30 @@ def test_no_measurements_no_statement():
         derive_statement(["n"], [])
 
 
-def test_product_queries_use_their_own_sensitivity():
-    q = ProductQuery.parse(Schema.load("sex_age5"), "sex * ageband")  # one cell per person
+def test_every_query_kind_answers_the_one_query_protocol():
+    schema = Schema.load("sex_age5")
+    q = ProductQuery.parse(schema, "sex * ageband")  # one cell per person
     dense = q.dense()
-    assert query_sensitivity(q, 1) == np.abs(dense).sum(axis=0).max() == 1
-    assert query_sensitivity(q, 2) == np.sqrt((dense**2).sum(axis=0)).max()
+    assert q.sensitivity(1) == np.abs(dense).sum(axis=0).max() == 1
+    assert q.sensitivity(2) == np.sqrt((dense**2).sum(axis=0)).max()
+    np.testing.assert_array_equal(q.gram(), dense @ dense.T)
+    flat = q.to_query()
+    total = ProductQuery.parse(schema, "total")
+    rows = QueryRows(schema, (q, total), np.array([0, 1, 0]), np.array([0, 0, 1]), ("a", "t", "b"))
+    for query in (q, flat, rows):
+        assert isinstance(query, LinearQuery)
+        for norm in (1, 2):
+            want = _slow_sensitivity(query.dense() if query is rows else dense_of(query), norm)
+            assert query.sensitivity(norm) == pytest.approx(want, rel=1e-12)
+    np.testing.assert_array_equal(flat.gram(), q.gram())
+    assert rows.sensitivity(1) == 2  # each person in one row of each query
+    assert matrix_sensitivity(sp.csr_matrix(dense), 2) == matrix_sensitivity(dense, 2)
+    with pytest.raises(SpecError, match="norm must be 1 or 2"):
+        q.sensitivity(3)
+
+
+def dense_of(query) -> np.ndarray:
+    return query.matrix if hasattr(query, "matrix") else query.dense()
 
 
 def _slow_sensitivity(matrix: np.ndarray, norm: int) -> float:
