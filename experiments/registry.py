@@ -127,9 +127,10 @@ class ExperimentContext:
         plt.close(fig)
         return path
 
-    def write_report(self, text: str) -> Path:
+    def write_report(self, text: Any) -> Path:
+        """Write ``report.md`` (a string, or a :class:`~censusdp.experiments.reporting.Report`)."""
         path = self.out / "report.md"
-        path.write_text(text, encoding="utf-8")
+        path.write_text(str(text), encoding="utf-8")
         return path
 
 

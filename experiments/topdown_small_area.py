@@ -29,6 +29,7 @@ from censusdp.budget import PrivacyStatement
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.topdown import topdown
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.reporting import Report
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Query, invariant, measure
 from censusdp.mechanisms.discrete import DiscreteGaussian
@@ -127,7 +128,7 @@ def run(ctx: ExperimentContext) -> dict:
             "mean_error_largest_fifth": float(mean_err[large].mean()),
         }
     _figure(ctx, logsize, errors, metrics)
-    ctx.write_report(_report(metrics, true_total, privacy))
+    ctx.write_report(_report(ctx, metrics, true_total, privacy))
     return metrics
 
 
@@ -178,42 +179,41 @@ def _figure(ctx: ExperimentContext, logsize: np.ndarray, errors: dict, metrics: 
     ctx.savefig(fig, "error_vs_log_size.png")
 
 
-def _report(metrics: dict, true_total: np.ndarray, privacy: PrivacyStatement) -> str:
+def _report(
+    ctx: ExperimentContext, metrics: dict, true_total: np.ndarray, privacy: PrivacyStatement
+) -> Report:
     td, gl = metrics["topdown"], metrics["gls"]
-
-    def row(name: str, m: dict) -> str:
-        return (
-            f"| {name} | {m['slope']:.3f} | {m['slope_se']:.3f} | {m['slope_p']:.2g} | "
-            f"{m['mean_abs_error']:.2f} | {m['mean_error_smallest_fifth']:+.2f} | "
-            f"{m['mean_error_largest_fifth']:+.2f} |"
-        )
-
-    return "\n".join(
-        [
-            "# topdown-small-area",
-            "",
+    rows = [
+        {
+            "estimator": name,
+            "slope": m["slope"],
+            "s.e.": m["slope_se"],
+            "p": m["slope_p"],
+            "mean abs error": m["mean_abs_error"],
+            "mean error, smallest fifth": m["mean_error_smallest_fifth"],
+            "mean error, largest fifth": m["mean_error_largest_fifth"],
+        }
+        for name, m in (("TopDown-style", td), ("GLS", gl))
+    ]
+    fmt = {"slope": ".3f", "s.e.": ".3f", "p": ".2g", "mean abs error": ".2f",
+           "mean error, smallest fifth": "+.2f", "mean error, largest fifth": "+.2f"}  # fmt: skip
+    return (
+        Report("topdown-small-area", ctx)
+        .text(
             f"One synthetic state, {metrics['counties']} counties (sizes {true_total.min()} to "
             f"{true_total.max()}, total {true_total.sum()}), cells {', '.join(metrics['cells'])}; "
             f"state total invariant; discrete Gaussian noise σ = {metrics['sigma']} on the state "
             f"cells and on every county's total and cells; {metrics['runs']} runs.",
-            "",
             "OLS of the county total error (averaged over the runs) on log(true size):",
-            "",
-            "| estimator | slope | s.e. | p | mean abs error | mean error, smallest fifth "
-            "| mean error, largest fifth |",
-            "|---|---|---|---|---|---|---|",
-            row("TopDown-style", td),
-            row("GLS", gl),
-            "",
+        )
+        .table(rows, formats=fmt)
+        .text(
             f"TopDown-style: slope {td['slope']:.3f} ({td['slope'] / td['slope_se']:.1f} standard "
             f"errors from zero); GLS: slope {gl['slope']:.3f} "
             f"({gl['slope'] / gl['slope_se']:.1f} standard errors). TopDown's non-negativity "
             "lifts the small counties and, with the state total fixed, lowers the large ones; "
-            "GLS is linear in the noise and unbiased.",
-            "",
-            "Figure: `error_vs_log_size.png`.",
-            "",
-            f"Privacy: {privacy.text()}",
-            "",
-        ]
+            "GLS is linear in the noise and unbiased."
+        )
+        .figures({"error_vs_log_size.png": ""})
+        .privacy(privacy)
     )

@@ -10,6 +10,7 @@ full detail stays in ``regressions.parquet``), and every figure has a bounded si
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -154,12 +155,26 @@ def _few(names: list[str], k: int = 12) -> str:
     return ", ".join(names[:k]) + (f" and {len(names) - k:,} more" if len(names) > k else "")
 
 
-def markdown_table(df: pd.DataFrame, floatfmt: str = ".3g") -> str:
-    """A GitHub-flavoured markdown table of ``df`` (floats formatted with ``floatfmt``)."""
+def markdown_table(df: pd.DataFrame, floatfmt: str | Mapping[str, str] = ".3g") -> str:
+    """A GitHub-flavoured markdown table of ``df``: floats formatted with ``floatfmt``, or per
+    column with a mapping ``{column: format}`` (columns it omits: ``".3g"``; a format given
+    for a column applies to its integers too, e.g. ``","`` or ``"+d"``)."""
     cols = list(df.columns)
+    fmts = floatfmt if isinstance(floatfmt, Mapping) else {}
+    default = ".3g" if isinstance(floatfmt, Mapping) else floatfmt
     lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
-    for _, row in df.iterrows():
-        cells = [format(v, floatfmt) if isinstance(v, float | np.floating) else str(v) for v in row]
+    for row in df.itertuples(index=False):
+        cells = []
+        for col, v in zip(cols, row, strict=True):
+            fmt = fmts.get(col)
+            if isinstance(v, bool | np.bool_):
+                cells.append(str(v))
+            elif fmt is not None and isinstance(v, int | float | np.integer | np.floating):
+                cells.append(format(v, fmt))
+            elif isinstance(v, float | np.floating):
+                cells.append(format(v, default))
+            else:
+                cells.append(str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
