@@ -134,13 +134,19 @@ class ExperimentContext:
         return path
 
 
+#: Modules of the package that serve the experiments and are not experiments themselves
+#: (private helpers start with ``_``).
+SUPPORT_MODULES = frozenset({"registry", "reporting"})
+
+
 def available() -> list[str]:
-    """Names of all experiments shipped in this package (modules declaring ``INFO``)."""
+    """Names of all experiments shipped in this package: every module but the support
+    modules and private helpers (each declares ``INFO``; a test checks)."""
     import censusdp.experiments as pkg
 
     names = []
     for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name.startswith("_") or mod.name == "registry":
+        if mod.name.startswith("_") or mod.name in SUPPORT_MODULES:
             continue
         names.append(mod.name.replace("_", "-"))
     return sorted(names)
