@@ -83,6 +83,7 @@ from censusdp.estimation.structured_gls import (
     block_matrices,
 )
 from censusdp.hierarchy.equivalency import Equivalency
+from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Schema
 
 __all__ = ["AreaEstimates", "area_release", "area_sweep", "structured_area_covariance"]
@@ -290,6 +291,23 @@ class AreaEstimates(_BlockEstimates):
     @property
     def n_areas(self) -> int:
         return int(self.codes.shape[0])
+
+    def level(self, level: str | int) -> np.ndarray:
+        if not self.estimates:
+            raise SpecError(
+                f"a prediction has standard errors of the {self.name!r} areas but no estimates "
+                "(no noise was drawn)"
+            )
+        return super().level(level)
+
+    def query_variances(self, level: str | int, query: ProductQuery | str) -> np.ndarray:
+        """Error variances of every row of ``query`` for every area, ``(n_areas, n_rows)``;
+        NaN for unidentified rows."""
+        self._index(level)
+        q = self._query(query)
+        assert self.covariances is not None
+        var = np.maximum(self.covariances[0].query_variances(q), 0.0)
+        return np.where(self.identified_rows(q)[None, :], var, np.nan)
 
 
 def area_release(release: StructuredRelease, equivalency: Equivalency) -> AreaEstimates:

@@ -217,7 +217,10 @@ class Prediction:
     def _entries(self, k: int) -> np.ndarray:
         """``(n, n_entries)``: the covariance block entries of every class of level ``k``
         (one row when the level's covariance is shared)."""
-        blocks = self.covariances[k].blocks
+        return self._block_entries(self.covariances[k])
+
+    def _block_entries(self, cov: BlockDiagonal) -> np.ndarray:
+        blocks = cov.blocks
         n = max(b.shape[0] for b in blocks.values())
         out = np.empty((n, len(_entry_index(self.basis))))
         for c, (m, i, j) in enumerate(_entry_index(self.basis)):
@@ -274,7 +277,8 @@ class Prediction:
         -------
         pandas.DataFrame
             Columns ``level, table, row, label, nodes, se_mean, se_rms, se_min, se_q…,
-            se_max``; NaN for rows that are not identified (not released).
+            se_max``; NaN for rows that are not identified (not released). With
+            ``areas``, the areas follow the levels as one more "level" (``nodes``: areas).
 
         """
         if tables is None:
@@ -288,6 +292,13 @@ class Prediction:
             for q in qs:
                 frames.append(self._summarise(X, q, w, n, quantiles))
                 frames[-1].insert(0, "level", lvl)
+        if self.areas is not None:  # the off-spine areas, one row per area
+            assert self.areas.covariances is not None
+            X = self._block_entries(self.areas.covariances[0])
+            w = np.ones(self.areas.n_areas)
+            for q in qs:
+                frames.append(self._summarise(X, q, w, float(w.size), quantiles))
+                frames[-1].insert(0, "level", self.areas.name)
         return pd.concat(frames, ignore_index=True)
 
     def _summarise(

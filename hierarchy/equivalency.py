@@ -216,7 +216,7 @@ def equivalency_from_arrays(
         empty = np.flatnonzero(np.bincount(area, minlength=codes.size) == 0)
         if empty.size:
             raise DataError(
-                f"{source}, column {area_column!r}: {name} {codes[empty[0]]!r} is listed but "
+                f"{source}, column {area_column!r}: {name} {str(codes[empty[0]])!r} is listed but "
                 f"contains no block ({empty.size} such {name}s); an area is released as the "
                 "sum of its blocks: assign its blocks in the file or drop it from the list"
             )

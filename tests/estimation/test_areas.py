@@ -178,3 +178,65 @@ def test_bordered_families_equal_dense_reference():
     leaf = np.arange(h.leaves.size)[::2]
     area = np.arange(leaf.size) % 3
     assert check_area_case(h, s, meas, invs, det, leaf, area, 3) == "predicted"
+
+
+# ----------------------------------------------------------------------------- coverage
+_pspec = importlib.util.spec_from_file_location(
+    "_predict_tests", Path(__file__).with_name("test_predict.py")
+)
+_pred = importlib.util.module_from_spec(_pspec)
+_pspec.loader.exec_module(_pred)  # replicate(h, copies): independent copies under one root
+
+
+def _coverage(h, leaf, area, n_areas, copies, seed, z=1.6448536269514722):
+    """``copies`` simulated releases (one structured GLS over independent copies of ``h``,
+    Gaussian noise, zero counts: the estimate is the error) of every place's cells; returns
+    per (place, row) the number of 90% intervals ±z·SE that cover the truth, the SEs of one
+    copy, and the prediction's."""
+    s, q, plan = _pred._sex_age(h)
+    inv_plan = [(h.names[0], q["total"])]
+    big, rel = _pred._simulate(h, s, plan, inv_plan, copies, seed)
+    n = h.leaves.size
+    copy = np.repeat(np.arange(copies), leaf.size)
+    big_leaf = copy * n + np.tile(leaf, copies)  # replicate() numbers leaves copy-major
+    codes = np.asarray(big.leaves.codes, dtype=object)
+    names = np.array([f"C{c:05d}P{a:02d}" for c in range(copies) for a in range(n_areas)],
+                     dtype=object)  # fmt: skip
+    eq = equivalency_from_arrays(big, codes[big_leaf], names[copy * n_areas + np.tile(area, copies)],
+                                 name="place")  # fmt: skip
+    places = area_release(rel, eq)
+    table = q["sex * ageband"]
+    est = places.query_estimates("place", table).reshape(copies, n_areas, table.n_rows)
+    se = places.query_standard_errors("place", table).reshape(copies, n_areas, table.n_rows)
+    pred = predict_errors(h, s, plan, inv_plan, areas=_equivalency(h, leaf, area, n_areas))
+    return (np.abs(est) <= z * se).sum(axis=0), se, pred.areas.query_standard_errors("place", table)
+
+
+def test_place_intervals_cover_at_the_nominal_rate():
+    """2,000 simulated releases of a 90-block tree with 7 places that cut across its tracts
+    (some blocks in no place): the released SEs are the same in every copy and equal the
+    prediction; 90% intervals cover 89–91% of the time over all places and cells, each
+    (place, cell)'s 2,000 coverages pass a two-sided binomial test at α = 1e-6 (Bonferroni
+    over the cells), and SEs 30% too small or too large would fail it."""
+    from scipy.stats import binomtest, norm
+
+    gen = np.random.default_rng(11)
+    h = random_hierarchy(gen, [(3, 3), (2, 4), (3, 6)])
+    n = h.leaves.size
+    assign = gen.integers(-1, 7, size=n)  # -1: in no place; places cross tract boundaries
+    leaf = np.flatnonzero(assign >= 0)
+    area = assign[leaf]
+    copies = 2_000
+    covered, se, predicted = _coverage(h, leaf, area, 7, copies, seed=21)
+    np.testing.assert_allclose(se, np.broadcast_to(se[0], se.shape), rtol=1e-12)
+    np.testing.assert_allclose(se[0], predicted, rtol=1e-9)
+    rate = covered.sum() / (copies * covered.size)
+    assert 0.89 <= rate <= 0.91, rate
+    alpha = 1e-6 / covered.size
+    p = [binomtest(int(k), copies, 0.9).pvalue for k in covered.ravel()]
+    assert min(p) > alpha, (min(p), rate)
+    z = norm.ppf(0.95)
+    for factor in (0.7, 1.3):  # the coverage a 30% wrong SE would give, at the same α
+        wrong = 2 * norm.cdf(z * factor) - 1
+        k = int(round(wrong * copies))
+        assert binomtest(k, copies, 0.9).pvalue < alpha, factor
