@@ -150,8 +150,8 @@ def test_area_covariances_equal_dense_reference():
     block → area maps with unassigned leaves): every area's covariance equals the dense KKT
     covariance summed over its leaves, to 1e-9, released (and predicted when every level has
     one noise scale)."""
-    seen = _run_cases(40, seed_offset=False)
-    assert seen["predicted"] >= 8 and seen["released"] >= 15, seen
+    seen = _run_cases(30, seed_offset=False)
+    assert seen["predicted"] >= 5 and seen["released"] >= 10, seen
 
 
 @pytest.mark.slow
@@ -213,7 +213,7 @@ def _coverage(h, leaf, area, n_areas, copies, seed, z=1.6448536269514722):
 
 
 def test_place_intervals_cover_at_the_nominal_rate():
-    """2,000 simulated releases of a 90-block tree with 7 places that cut across its tracts
+    """2,000 simulated releases of a 60-block tree with 7 places that cut across its tracts
     (some blocks in no place): the released SEs are the same in every copy and equal the
     prediction; 90% intervals cover 89–91% of the time over all places and cells, each
     (place, cell)'s 2,000 coverages pass a two-sided binomial test at α = 1e-6 (Bonferroni
@@ -221,7 +221,7 @@ def test_place_intervals_cover_at_the_nominal_rate():
     from scipy.stats import binomtest, norm
 
     gen = np.random.default_rng(11)
-    h = random_hierarchy(gen, [(3, 3), (2, 4), (3, 6)])
+    h = random_hierarchy(gen, [(2, 3), (2, 4), (3, 6)])
     n = h.leaves.size
     assign = gen.integers(-1, 7, size=n)  # -1: in no place; places cross tract boundaries
     leaf = np.flatnonzero(assign >= 0)
@@ -240,3 +240,27 @@ def test_place_intervals_cover_at_the_nominal_rate():
         wrong = 2 * norm.cdf(z * factor) - 1
         k = int(round(wrong * copies))
         assert binomtest(k, copies, 0.9).pvalue < alpha, factor
+
+
+def test_an_area_that_is_a_node_has_its_standard_errors():
+    """An area made of all the blocks of one tract has the tract's covariance, one made of a
+    single block the block's (released and predicted, 1e-9)."""
+    gen = np.random.default_rng(5)
+    h = random_hierarchy(gen, [(2, 3), (2, 4), (2, 5)])
+    s, q, plan = _pred._sex_age(h)
+    inv_plan = [(h.names[0], q["total"])]
+    tract = h.ancestor_index(h.names[-1], h.names[1])
+    node = int(tract[-1])
+    leaf = np.concatenate([np.flatnonzero(tract == node), [0]])
+    area = np.concatenate([np.zeros(leaf.size - 1, np.int64), [1]])
+    eq = _equivalency(h, leaf, area, 2)
+    pred = predict_errors(h, s, plan, inv_plan, areas=eq)
+    big, rel = _pred._simulate(h, s, plan, inv_plan, 1, seed=1)
+    big_eq = equivalency_from_arrays(
+        big, np.asarray(big.leaves.codes, dtype=object)[leaf], ["P000"] * (leaf.size - 1) + ["P001"]
+    )
+    released = area_release(rel, big_eq)
+    for got in (pred.areas.node_covariance(0, 0), released.node_covariance(0, 0)):
+        rel_close(got.dense_cells(), pred.node_covariance(1, node).dense_cells())
+    for got in (pred.areas.node_covariance(0, 1), released.node_covariance(0, 1)):
+        rel_close(got.dense_cells(), pred.node_covariance(h.depth - 1, 0).dense_cells())

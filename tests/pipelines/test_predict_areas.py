@@ -9,11 +9,8 @@ import pytest
 
 from censusdp.app.cli import main
 from censusdp.errors import DataError
-from censusdp.estimation.predict import allocation_plan, predict_errors
-from censusdp.hierarchy.equivalency import equivalency_from_arrays, read_equivalency
+from censusdp.hierarchy.equivalency import read_equivalency
 from censusdp.hierarchy.synthetic import synthetic_state
-from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.schema import Schema
 
 SPEC = """
 [predict]
@@ -64,37 +61,12 @@ def test_predict_with_areas_writes_place_ses(tmp_path, capsys):
     assert (place.nodes == 11).all()
     areas = pd.read_csv(out / "areas.csv", dtype={"place": str})
     assert list(areas.place) == [f"{i:05d}" for i in range(11)]
-    # the CSV's numbers are the prediction's
-    h = synthetic_state(2, blocks=300).hierarchy
-    s = Schema.load("pl94")
-    total = ProductQuery.parse(s, "total")
-    eq = read_equivalency(baf, h, block_column="BLOCKID", area_column="PLACEFP", name="place")
-    pred = predict_errors(h, s, allocation_plan(s, levels=h.names),
-                          [("nation", total), ("state", total)], areas=eq)  # fmt: skip
-    se = pred.areas.query_standard_errors("place", total)[:, 0]
-    np.testing.assert_allclose(areas.se_rms_total, se, rtol=1e-12)
-    np.testing.assert_allclose(place[place.table == "total"].se_max, se.max(), rtol=1e-12)
-    # an area made of a whole tract (and another of one block) has that node's SE exactly
-    tracts = h.ancestor_index(h.names[-1], "tract")
-    pick = tracts == 0
-    codes = np.asarray(h.leaves.codes, dtype=object)
-    names = np.where(pick, "T", "B").astype(object)
-    names[np.flatnonzero(~pick)[1:]] = None  # one block of another tract, others in no area
-    keep = names != None  # noqa: E711
-    eq2 = equivalency_from_arrays(h, codes[keep], names[keep], name="test")
-    p2 = predict_errors(h, s, allocation_plan(s, levels=h.names),
-                        [("nation", total), ("state", total)], areas=eq2)  # fmt: skip
-    hisp = ProductQuery.parse(s, "votingage * hispanic")
-    np.testing.assert_allclose(
-        p2.areas.query_variances("test", hisp)[1], pred.query_variances("tract", hisp)[0],
-        rtol=1e-9,
-    )  # fmt: skip
-    block = int(np.flatnonzero(~pick)[0])
-    np.testing.assert_allclose(
-        p2.areas.query_variances("test", hisp)[0],
-        pred.query_variances(h.names[-1], hisp)[block],
-        rtol=1e-9,
-    )
+    # one table, two views: the per-place file and the summary over places
+    tot = place[place.table == "total"].iloc[0]
+    se = areas.se_rms_total.to_numpy()
+    np.testing.assert_allclose([tot.se_max, tot.se_min, tot.se_mean], [se.max(), se.min(), se.mean()],
+                               rtol=1e-12)  # fmt: skip
+    assert np.all(se > 0)
 
 
 def _malformed(codes):
