@@ -101,6 +101,18 @@ class Equivalency:
         return out.reshape((self.n_areas, *v.shape[1:]))
 
 
+def _text(values: object) -> pa.Array:
+    """Codes as a pyarrow string array (missing values as nulls), without a Python list."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values.cast(pa.string())
+    arr = np.asarray(values)
+    if arr.dtype != object:
+        arr = arr.astype(object)
+    return pa.array(arr, type=pa.string(), from_pandas=True)
+
+
 def _where(source: str, row: int, column: str) -> str:
     return f"{source}, data row {row + 1} (line {row + 2}), column {column!r}"
 
@@ -123,7 +135,7 @@ def equivalency_from_arrays(
     ----------
     hierarchy : Hierarchy
         Its leaves' codes are the block codes.
-    blocks, areas : sequences of str, same length
+    blocks, areas : sequences of str (or pyarrow string arrays), same length
         One pair per row; missing values as None / NaN / "".
     name : str
         What the areas are (``"place"``).
@@ -142,8 +154,7 @@ def equivalency_from_arrays(
         Blank codes, a block listed twice, a block the hierarchy does not have, an area
         with no block, an area not listed — naming the file, data row and column.
     """
-    b = pa.array(np.asarray(blocks, dtype=object).tolist(), type=pa.string())
-    a = pa.array(np.asarray(areas, dtype=object).tolist(), type=pa.string())
+    b, a = _text(blocks), _text(areas)
     if len(b) != len(a):
         raise SpecError(f"{source}: {len(b)} block codes but {len(a)} area codes")
     b, a = pc.utf8_trim_whitespace(b), pc.utf8_trim_whitespace(a)
@@ -167,10 +178,8 @@ def equivalency_from_arrays(
         keep = ~blank_a
         b, a, rows = b.filter(pa.array(keep)), a.filter(pa.array(keep)), rows[keep]
     # leaf index of every row: one hash join against the leaf codes
-    leaf_codes = pa.array(
-        np.asarray(hierarchy.leaves.codes, dtype=object).tolist(), type=pa.string()
-    )
-    leaf = pc.index_in(b, value_set=leaf_codes).to_numpy(zero_copy_only=False)
+    leaf = pc.index_in(b, value_set=_text(hierarchy.leaves.codes))
+    leaf = leaf.to_numpy(zero_copy_only=False)
     unknown = np.isnan(leaf) if leaf.dtype.kind == "f" else leaf < 0
     if unknown.any():
         i = int(np.flatnonzero(unknown)[0])
@@ -196,9 +205,15 @@ def equivalency_from_arrays(
             f"at data row {first + 1}; {dup.size} repeated blocks); a block lies in at most "
             f"one {name} of a file: keep one row per block (one file per kind of area)"
         )
-    area_text = np.asarray(a.to_numpy(zero_copy_only=False), dtype=object)
+    # area codes: a dictionary encoding (hashing), then the small dictionary sorted
+    enc = a.dictionary_encode()
+    words = np.asarray(enc.dictionary.to_numpy(zero_copy_only=False), dtype=object).astype(str)
+    index = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     if listed is None:
-        codes, area = np.unique(area_text.astype(str), return_inverse=True)
+        by_code = np.argsort(words, kind="stable")
+        rank = np.empty_like(by_code)
+        rank[by_code] = np.arange(by_code.size)
+        codes, area = words[by_code], rank[index]
     else:
         lst = pd.Index(np.asarray(listed, dtype=object).astype(str))
         if lst.has_duplicates:
@@ -206,11 +221,11 @@ def equivalency_from_arrays(
                 f"{source}: the list of {name}s names {lst[lst.duplicated()][0]!r} twice"
             )
         codes = np.sort(lst.to_numpy(dtype=str))
-        area = pd.Index(codes).get_indexer(area_text.astype(str))
+        area = pd.Index(codes).get_indexer(words)[index]
         if np.any(area < 0):
             i = int(np.flatnonzero(area < 0)[0])
             raise DataError(
-                f"{_where(source, int(rows[i]), area_column)}: {name} {area_text[i]!r} is not "
+                f"{_where(source, int(rows[i]), area_column)}: {name} {a[i].as_py()!r} is not "
                 f"in the list of {name}s; add it to the list or correct the code"
             )
         empty = np.flatnonzero(np.bincount(area, minlength=codes.size) == 0)
@@ -238,7 +253,7 @@ def _gisjoin_blocks(codes: pa.Array, source: str, column: str) -> pa.Array:
     parts = parse(np.asarray(codes.to_numpy(zero_copy_only=False), dtype=object), "block",
                   source=source, column=column)  # fmt: skip
     joined = parts["state"] + parts["county"] + parts["tract"] + parts["block"]
-    return pa.array(joined.tolist(), type=pa.string())
+    return _text(joined)
 
 
 def read_equivalency(
@@ -305,8 +320,8 @@ def read_equivalency(
         listed = np.asarray(listed.to_numpy(zero_copy_only=False), dtype=object)
     return equivalency_from_arrays(
         hierarchy,
-        np.asarray(blocks.to_numpy(zero_copy_only=False), dtype=object),
-        np.asarray(table.column(area_column).to_numpy(), dtype=object),
+        blocks,
+        table.column(area_column),
         name=name or area_column.lower(),
         listed=listed,
         source=p.name,
