@@ -40,9 +40,11 @@ nodes or areas and no dense matrix. The same pass runs on the structured GLS's o
 noise, with per-node matrices looked up from shape classes
 (:func:`censusdp.estimation.predict.predict_errors` with ``areas``).
 
-The streamed form (per partition, the pairs at the cut and the partial sums, then the top)
-falls out of the same sweep but is not wired into
-:mod:`censusdp.pipelines.structured_stream` here.
+The streamed form falls out of the same sweep: per partition (:func:`area_partition`) the
+sweep runs over its forest from its leaves to its cut nodes and sends up the partial sums and
+the cut-level pairs ``(node, area, M)`` (at most one per cut node and area), with the cut
+nodes' upward covariance message; the top (:func:`area_top`) continues from those pairs. It is
+not wired into :mod:`censusdp.pipelines.structured_stream` here.
 
 References
 ----------
@@ -66,6 +68,7 @@ from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
 from censusdp.estimation.gls import (
     Forest,
+    _concat_messages,
     _general_up,
     _Level,
     _not_identifiable,
@@ -86,7 +89,15 @@ from censusdp.hierarchy.equivalency import Equivalency
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Schema
 
-__all__ = ["AreaEstimates", "area_release", "area_sweep", "structured_area_covariance"]
+__all__ = [
+    "AreaEstimates",
+    "AreaPartial",
+    "area_partition",
+    "area_release",
+    "area_sweep",
+    "area_top",
+    "structured_area_covariance",
+]
 
 
 def _scatter_sum(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -126,7 +137,9 @@ def area_sweep(
     *,
     rows: Sequence[np.ndarray] | None = None,
     up_forest: Forest | None = None,
-) -> np.ndarray:
+    start: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    to_root: bool = True,
+) -> np.ndarray | tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Error covariances ``(n_areas, K, K)`` of sums of leaves, in one pass up the tree.
 
     Parameters
@@ -147,18 +160,27 @@ def area_sweep(
         Per level, the row of ``ups`` of every node (shape classes: ``node_class``).
     up_forest : Forest, optional
         The forest ``ups`` ran on (for the bordered family inverse and its messages).
+    start : (node, area, M), optional
+        Pairs at the forest's last level to start from instead of ``leaf, area`` (the cut
+        level's pairs that partitions send up); ``leaf`` and ``area`` are then ignored.
+    to_root : bool
+        False for a partition's forest (its top level is a cut, not the root): stop at the
+        top level and return the partial sums with its pairs (``P_root`` is not read).
 
     Returns
     -------
-    numpy.ndarray
-        ``Var(Σ_{l∈α} ẑ_l − z_l)`` per area (see the module docstring), scaled units.
+    numpy.ndarray, or (numpy.ndarray, (node, area, M))
+        ``Var(Σ_{l∈α} ẑ_l − z_l)`` per area (see the module docstring), scaled units; with
+        ``to_root=False`` the terms of the levels below the forest's top and its pairs.
     """
     uf = forest if up_forest is None else up_forest
     D = forest.depth
     acc = np.zeros((n_areas, K, K))
-    node = np.asarray(leaf, np.int64)
-    ar = np.asarray(area, np.int64)
-    M = np.broadcast_to(np.eye(K), (node.size, K, K))
+    if start is None:
+        node, ar = np.asarray(leaf, np.int64), np.asarray(area, np.int64)
+        M = np.broadcast_to(np.eye(K), (node.size, K, K))
+    else:
+        node, ar, M = start
     for j in range(D - 1, 0, -1):
         ch, u = ups[j], ups[j - 1]
         r = node if rows is None else rows[j][node]
@@ -187,6 +209,8 @@ def area_sweep(
             Mp = Q @ Yp[:, :, :K]
             acc -= _scatter_sum(parea, _quad(Q, Yp), n_areas)
         node, ar, M = pnode, parea, Mp
+    if not to_root:
+        return acc, (node, ar, M)
     acc += _scatter_sum(ar, _quad(M, P_root), n_areas)
     return 0.5 * (acc + acc.swapaxes(-1, -2))
 
@@ -204,6 +228,29 @@ def structured_area_covariance(setup: StructuredSetup, equivalency: Equivalency)
         No covariance (Euclidean geometry with unequal noise scales), an equivalency of
         another hierarchy, or a problem that is not identifiable (naming level and block).
     """
+    _check(setup, equivalency)
+    h = setup.hierarchy
+    forest = whole_forest(h)
+    basis = setup.basis
+    nA = equivalency.n_areas
+    blocks: dict[int, np.ndarray] = {}
+    for mask in basis.subsets:
+        nS, kS = basis.block_size(mask), setup.k(mask)
+        if kS == 0:
+            blocks[mask] = np.zeros((nA, nS, nS))
+            continue
+        try:
+            ups = _general_up(forest, _covariance_levels(setup, mask, 0, forest.sizes), kS, None)
+            cov = area_sweep(
+                forest, ups, kS, equivalency.leaf, equivalency.area, nA, _root_P(h, ups, kS)
+            )
+        except SpecError as err:
+            raise _block_error(setup.schema, mask, err) from None
+        blocks[mask] = _to_cells(setup, mask, cov)
+    return BlockDiagonal(basis, blocks)
+
+
+def _check(setup: StructuredSetup, equivalency: Equivalency) -> None:
     h = setup.hierarchy
     if setup.vscale is None:
         raise SpecError(
@@ -215,35 +262,112 @@ def structured_area_covariance(setup: StructuredSetup, equivalency: Equivalency)
             f"{equivalency.source}: the equivalency was read for {equivalency.n_leaves} leaves, "
             f"the release's hierarchy has {h.leaves.size}; read it against this hierarchy"
         )
-    forest = whole_forest(h)
-    basis = setup.basis
-    nA = equivalency.n_areas
-    blocks: dict[int, np.ndarray] = {}
-    for mask in basis.subsets:
-        nS, kS = basis.block_size(mask), setup.k(mask)
+
+
+def _covariance_levels(
+    setup: StructuredSetup, mask: int, first: int, ranges: Sequence[tuple[int, int]] | Sequence[int]
+) -> list[_Level]:
+    """Block ``mask``'s levels ``first ..`` (node ranges, or whole levels of these sizes) with
+    zero information vectors: what the covariance passes read."""
+    kS = setup.k(mask)
+    out = []
+    for j, r in enumerate(ranges):
+        rows = (0, int(r)) if np.isscalar(r) else (int(r[0]), int(r[1]))
+        n = rows[1] - rows[0]
+        J, H, _, _ = block_matrices(setup, mask, first + j, rows)
+        out.append(_Level(J, np.zeros((n, kS)), H, np.zeros((n, H.shape[0])), J.shape[0] == 1))
+    return out
+
+
+def _root_P(h, ups: Sequence[_Up], K: int) -> np.ndarray:
+    root = ups[0]
+    if root.N is not None and np.any(root.r):
+        raise _not_identifiable(h.names[0], "some combination of cells is measured nowhere")
+    return np.broadcast_to(root.P, (1, K, K))
+
+
+def _to_cells(setup: StructuredSetup, mask: int, cov: np.ndarray) -> np.ndarray:
+    """Scaled covariances in identified coordinates → the block's coordinates, variances."""
+    V = setup.V[mask]
+    assert setup.vscale is not None
+    return (cov if V is None else V @ cov @ V.T) * setup.vscale
+
+
+@dataclass(eq=False)
+class AreaPartial:
+    """What one partition sends up for the areas: per block, the partial sums of the levels
+    below the cut ``(n_areas, k_S, k_S)``, the cut-level pairs ``(node, area, M)`` (node
+    indices of the whole cut level) and the cut nodes' upward covariance message."""
+
+    acc: dict
+    pairs: dict
+    messages: dict
+
+
+def area_partition(
+    setup: StructuredSetup,
+    equivalency: Equivalency,
+    cut: int,
+    ranges: Sequence[tuple[int, int]],
+) -> AreaPartial:
+    """The streamed form, per partition: the area sweep over one partition's forest (levels
+    ``cut ..`` leaf, node ranges ``ranges``) from its leaves' pairs up to its cut nodes.
+
+    Partitions are independent (run them anywhere); :func:`area_top` finishes from all of
+    them, in partition order, with the same result as :func:`structured_area_covariance`
+    (up to floating-point summation order).
+    """
+    _check(setup, equivalency)
+    forest = Forest.of(setup.hierarchy, cut, ranges)
+    lo, hi = ranges[-1]
+    inside = (equivalency.leaf >= lo) & (equivalency.leaf < hi)
+    leaf, area = equivalency.leaf[inside] - lo, equivalency.area[inside]
+    acc, pairs, messages = {}, {}, {}
+    for mask in setup.basis.subsets:
+        kS = setup.k(mask)
         if kS == 0:
-            blocks[mask] = np.zeros((nA, nS, nS))
             continue
-        levels = []
-        for k, n in enumerate(h.sizes):
-            J, H, _, _ = block_matrices(setup, mask, k, (0, n))
-            levels.append(
-                _Level(J, np.zeros((n, kS)), H, np.zeros((n, H.shape[0])), J.shape[0] == 1)
-            )
         try:
-            ups = _general_up(forest, levels, kS, None)
-            root = ups[0]
-            if root.N is not None and np.any(root.r):
-                raise _not_identifiable(h.names[0], "some combination of cells is measured nowhere")
-            cov = area_sweep(
-                forest, ups, kS, equivalency.leaf, equivalency.area, nA,
-                np.broadcast_to(root.P, (1, kS, kS)),
+            ups = _general_up(forest, _covariance_levels(setup, mask, cut, ranges), kS, None)
+            acc[mask], (node, ar, M) = area_sweep(
+                forest, ups, kS, leaf, area, equivalency.n_areas, np.zeros((1, kS, kS)),
+                to_root=False,
             )  # fmt: skip
         except SpecError as err:
             raise _block_error(setup.schema, mask, err) from None
-        V = setup.V[mask]
-        blocks[mask] = (cov if V is None else V @ cov @ V.T) * setup.vscale
-    return BlockDiagonal(basis, blocks)
+        pairs[mask] = (node + ranges[0][0], ar, M)
+        messages[mask] = ups[0].message()
+    return AreaPartial(acc, pairs, messages)
+
+
+def area_top(
+    setup: StructuredSetup, equivalency: Equivalency, cut: int, partials: Sequence[AreaPartial]
+) -> BlockDiagonal:
+    """The streamed form, top: the levels ``0 .. cut`` from every partition's
+    :class:`AreaPartial` (in partition order, tiling the cut level)."""
+    _check(setup, equivalency)
+    h = setup.hierarchy
+    forest = whole_forest(h, 0, cut)
+    nA = equivalency.n_areas
+    blocks: dict[int, np.ndarray] = {}
+    for mask in setup.basis.subsets:
+        nS, kS = setup.basis.block_size(mask), setup.k(mask)
+        if kS == 0:
+            blocks[mask] = np.zeros((nA, nS, nS))
+            continue
+        msg = _concat_messages([p.messages[mask] for p in partials], kS)
+        levels: list = [*_covariance_levels(setup, mask, 0, h.sizes[:cut]), None]
+        start = tuple(np.concatenate([p.pairs[mask][i] for p in partials]) for i in range(3))
+        try:
+            ups = _general_up(forest, levels, kS, msg)
+            cov = area_sweep(
+                forest, ups, kS, start[0], start[1], nA, _root_P(h, ups, kS), start=start
+            )
+        except SpecError as err:
+            raise _block_error(setup.schema, mask, err) from None
+        cov = cov + sum(p.acc[mask] for p in partials)
+        blocks[mask] = _to_cells(setup, mask, 0.5 * (cov + cov.swapaxes(-1, -2)))
+    return BlockDiagonal(setup.basis, blocks)
 
 
 @dataclass(frozen=True, eq=False)
