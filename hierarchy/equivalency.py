@@ -86,18 +86,16 @@ class Equivalency:
 
     def sum_leaves(self, leaf_values: np.ndarray) -> np.ndarray:
         """Per area the sum of its leaves' values ``(n_leaves, ...)`` → ``(n_areas, ...)``
-        (integers summed exactly in int64; floats by the sparse incidence)."""
+        by the sparse incidence (integers summed exactly in int64)."""
         v = np.asarray(leaf_values)
         if v.shape[0] != self.n_leaves:
             raise SpecError(
                 f"{self.source}: values for {v.shape[0]} leaves, the hierarchy has {self.n_leaves}"
             )
         flat = v.reshape(self.n_leaves, -1)
-        if np.issubdtype(flat.dtype, np.integer):
-            out = np.zeros((self.n_areas, flat.shape[1]), dtype=np.int64)
-            np.add.at(out, self.area, flat[self.leaf])
-        else:
-            out = np.asarray(self.incidence().T @ flat.astype(np.float64))
+        exact = np.issubdtype(flat.dtype, np.integer)
+        inc = self.incidence().astype(np.int64 if exact else np.float64)
+        out = np.asarray(inc.T @ flat.astype(np.int64 if exact else np.float64))
         return out.reshape((self.n_areas, *v.shape[1:]))
 
 

@@ -18,6 +18,13 @@ allocation (the schema's own by default, e.g. ``pl94``'s 2020 production allocat
 
     # [allocation]                    (default: the schema's; same form as pl94.toml's)
 
+With ``--areas FILE`` (a block → area equivalency, :mod:`censusdp.hierarchy.equivalency`:
+``--block-column``, ``--area-column``, ``--area-name``, ``--gisjoin-blocks``,
+``--skip-blank-areas``) the off-spine areas (places, districts) are predicted too, as sums
+of their blocks (:mod:`censusdp.estimation.areas`): they follow the levels in
+``summary.csv`` and ``areas.csv`` holds one row per area (code, blocks, RMS SE per table).
+A malformed file exits 2 naming the file, row and column, with nothing written.
+
 No count is read: the prediction depends on the tree's shape only
 (:func:`~censusdp.estimation.predict.predict_errors`). The output directory holds
 ``summary.csv`` (level, table, row, label, nodes and SE mean / rms / min / quantiles / max
