@@ -68,6 +68,8 @@ from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
 from censusdp.estimation.gls import (
     Forest,
+    Geometry,
+    _collect,
     _concat_messages,
     _general_up,
     _Level,
@@ -75,6 +77,7 @@ from censusdp.estimation.gls import (
     _Up,
     family_inverse_bordered,
     family_inverse_plain,
+    gls_plan,
     whole_forest,
 )
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
@@ -85,8 +88,10 @@ from censusdp.estimation.structured_gls import (
     _BlockEstimates,
     block_matrices,
 )
+from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.equivalency import Equivalency
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.mechanisms.queries import Invariant, Measurement
 from censusdp.schema import Schema
 
 __all__ = [
@@ -97,6 +102,7 @@ __all__ = [
     "area_sweep",
     "area_top",
     "structured_area_covariance",
+    "tree_area_covariance",
 ]
 
 
@@ -279,7 +285,7 @@ def _covariance_levels(
     return out
 
 
-def _root_P(h, ups: Sequence[_Up], K: int) -> np.ndarray:
+def _root_P(h: Hierarchy, ups: Sequence[_Up], K: int) -> np.ndarray:
     root = ups[0]
     if root.N is not None and np.any(root.r):
         raise _not_identifiable(h.names[0], "some combination of cells is measured nowhere")
@@ -468,3 +474,47 @@ def area_release(release: StructuredRelease, equivalency: Equivalency) -> AreaEs
         identified=release.identified,
         privacy=release.privacy,
     )
+
+
+def tree_area_covariance(
+    hierarchy: Hierarchy,
+    cells: Sequence[str],
+    measurements: Sequence[Measurement],
+    invariants: Sequence[Invariant],
+    equivalency: Equivalency,
+    *,
+    geometry: Geometry = "weighted",
+) -> np.ndarray:
+    """Error covariances ``(n_areas, K, K)`` of sums of leaves under the tree GLS of plain
+    tables (:func:`~censusdp.estimation.gls.tree_gls`, e.g. one-cell population counts).
+
+    The same sweep on the general path's upward covariance pass (its levels built as
+    :func:`~censusdp.estimation.gls.gls_upward` builds them; the diagonal and two-channel
+    paths compute the same estimator faster, so their covariances are these). Cost
+    ``O(nodes · K³)``: meant for tables of few cells (schema histograms: the structured form).
+
+    Raises
+    ------
+    SpecError
+        As :func:`~censusdp.estimation.gls.tree_gls`; no covariance (Euclidean geometry
+        with unequal noise scales); an equivalency of another hierarchy.
+    """
+    plan, meas, invs = gls_plan(hierarchy, cells, measurements, invariants, geometry)
+    if plan.vscale is None:
+        raise SpecError(
+            "the Euclidean projection with unequal noise scales has no tree-pass covariance; "
+            "use geometry='weighted'"
+        )
+    if equivalency.n_leaves != hierarchy.leaves.size:
+        raise SpecError(
+            f"{equivalency.source}: the equivalency was read for {equivalency.n_leaves} leaves, "
+            f"the hierarchy has {hierarchy.leaves.size}; read it against this hierarchy"
+        )
+    forest = whole_forest(hierarchy)
+    K = plan.K
+    ups = _general_up(forest, _collect(forest, plan, meas, invs), K, None)
+    cov = area_sweep(
+        forest, ups, K, equivalency.leaf, equivalency.area, equivalency.n_areas,
+        _root_P(hierarchy, ups, K),
+    )  # fmt: skip
+    return cov * plan.vscale
