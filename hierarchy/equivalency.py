@@ -329,6 +329,23 @@ def read_equivalency(
     )
 
 
+def _parse_error(path: Path, delimiter: str, encoding: str, width: int) -> DataError:
+    """The first row whose number of fields differs from the header's (a slow diagnostic
+    pass, run only on a file the fast reader refused), without quoting its values."""
+    import csv
+
+    with path.open(encoding=encoding, newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        next(reader, None)
+        for i, row in enumerate(reader):
+            if row and len(row) != width:
+                return DataError(
+                    f"{path.name}, data row {i + 1} (line {reader.line_num}): {len(row)} fields, "
+                    f"the header has {width}; fix the row's delimiters or quoting"
+                )
+    return DataError(f"{path.name}: malformed delimited file; check the delimiter and quoting")
+
+
 def _read_text_table(
     path: Path, columns: Sequence[str], delimiter: str | None, encoding: str | None
 ) -> pa.Table:
@@ -369,10 +386,7 @@ def _read_text_table(
             if "UTF8" in text or "utf8" in text or "decode" in text:
                 last = exc
                 continue
-            raise DataError(
-                f"{path.name}: malformed delimited file ({text.splitlines()[0][:200]}); check "
-                "the delimiter and quoting"
-            ) from None
+            raise _parse_error(path, delimiter, enc, len(header)) from None
     if table is None:
         raise DataError(
             f"{path.name}: cannot decode as {' or '.join(tried)} ({type(last).__name__}); "

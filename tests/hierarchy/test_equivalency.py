@@ -85,6 +85,11 @@ def test_refusals_name_file_row_and_column(tmp_path):
         read_equivalency(write(good + [(codes[4], "P2")]), h)
     with pytest.raises(DataError, match=r"data row 10 \(line 11\), column 'area': blank area"):
         read_equivalency(write(good[:9] + [(codes[9], "")] + good[10:]), h)
+    with pytest.raises(
+        DataError, match=r"eq.csv, data row 3 \(line 4\): 3 fields, the header has 2"
+    ):
+        p.write_text("block,area\n" + "".join(f"{b},{a}\n" for b, a in good[:2]) + "x,y,z\n")
+        read_equivalency(p, h)
     with pytest.raises(DataError, match=r"eq.csv: a header but no data rows"):
         read_equivalency(write([]), h)
     q = tmp_path / "g.csv"
