@@ -46,6 +46,14 @@ the cut-level pairs ``(node, area, M)`` (at most one per cut node and area), wit
 nodes' upward covariance message; the top (:func:`area_top`) continues from those pairs. It is
 not wired into :mod:`censusdp.pipelines.structured_stream` here.
 
+Usage::
+
+    eq = read_equivalency("baf.csv", hierarchy, block_column="BLOCKID",
+                          area_column="PLACEFP", name="place")
+    places = area_release(structured_gls(hierarchy, schema, meas, invs), eq)
+    places.query_estimates("place", "total"), places.query_standard_errors("place", "total")
+    predict_errors(hierarchy, schema, plan, invs, areas=eq).areas  # before any noise
+
 References
 ----------
 Rauch, Tung & Striebel (1965). Maximum likelihood estimates of linear dynamic systems — the
