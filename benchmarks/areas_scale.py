@@ -16,8 +16,9 @@ the area sweep over every block of the marginal basis's problems), ``release_are
 covariances from the structured GLS setup of a release, on the tree's own nodes:
 :func:`~censusdp.estimation.areas.structured_area_covariance`), ``summary`` (SE quantiles over
 places of the 11 strategy tables). ``peak_rss_mb`` is the process's peak resident memory. The
-two routes' SEs are compared (largest relative difference). With ``--national`` the read
-stage alone is also run on a block → area file of the 8.2-million-block synthetic U.S.
+two routes' SEs are compared (largest relative difference). With ``--national`` a block →
+place file of 32,000 places on the 8.2-million-block synthetic U.S. is read and predicted
+(levels alone, then with the places).
 
 Measured on the shared 2-core development machine under load (seed 1: 30,000 places holding
 98,086 of the 160,000 blocks, median 2 and at most 111 blocks each): read 0.43 s (0.18 CPU s),
@@ -175,13 +176,32 @@ def main(argv: list[str] | None = None) -> dict:
         "tract_total_se_mean": round(float(tracts.se_mean.iloc[0]), 3),
     }
     if args.national:
+        del pred, cov, setup, summary
         us = synthetic_us(args.seed, blocks=8_200_000, block_groups=240_000).hierarchy
         uc = np.asarray(us.leaves.codes, dtype=object)
-        _write_baf(tmp / "us.csv", uc, np.arange(uc.size) % 500_000)
+        _write_baf(tmp / "us.csv", uc, synthetic_places(uc.size, 32_000, args.seed))
+        del uc
         w, c = time.perf_counter(), _cpu()
-        big = read_equivalency(tmp / "us.csv", us, block_column="BLOCKID", area_column="PLACEFP")
+        big = read_equivalency(
+            tmp / "us.csv", us, block_column="BLOCKID", area_column="PLACEFP", name="place"
+        )
         stage("read_national", w, c)
-        out["national_read"] = {"rows": int(big.leaf.size), **stages["read_national"]}
+        plan_us = allocation_plan(schema, levels=us.names)
+        w, c = time.perf_counter(), _cpu()
+        predict_errors(us, schema, plan_us, invariants)
+        stage("predict_national_levels", w, c)
+        w, c = time.perf_counter(), _cpu()
+        pus = predict_errors(us, schema, plan_us, invariants, areas=big)
+        stage("predict_national_areas", w, c)
+        se = pus.areas.query_standard_errors("place", total)[:, 0]
+        out["national"] = {
+            "rows": int(big.leaf.size),
+            "places": big.n_areas,
+            "read": stages["read_national"],
+            "predict_levels": stages["predict_national_levels"],
+            "predict_with_places": stages["predict_national_areas"],
+            "place_total_se_mean": round(float(se.mean()), 3),
+        }
         out["peak_rss_mb"] = round(_peak_mb(), 0)
     print(json.dumps(out, indent=2))
     return out

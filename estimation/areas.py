@@ -104,7 +104,9 @@ from censusdp.schema import Schema
 
 __all__ = [
     "AreaEstimates",
+    "AreaPairs",
     "AreaPartial",
+    "area_pairs",
     "area_partition",
     "area_release",
     "area_sweep",
@@ -140,6 +142,38 @@ def _packed_flat(u: _Up, ch: _Up, K: int) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True, eq=False)
+class AreaPairs:
+    """The (node, area) pairs of every level of a sweep, shared by every tree problem (the
+    blocks of the marginal basis): per level from the bottom, the pairs' nodes and areas and
+    each pair's parent pair (``up``, into the next level's pairs)."""
+
+    node: tuple[np.ndarray, ...]
+    area: tuple[np.ndarray, ...]
+    up: tuple[np.ndarray, ...]
+
+
+def area_pairs(
+    forest: Forest,
+    leaf: np.ndarray,
+    area: np.ndarray,
+    n_areas: int,
+    start: tuple[np.ndarray, np.ndarray] | None = None,
+) -> AreaPairs:
+    """The pairs of :func:`area_sweep` over ``forest``: the leaves' (or ``start``'s pairs at
+    the last level), then one ``numpy.unique`` of (parent, area) keys per level."""
+    node, ar = (np.asarray(leaf, np.int64), np.asarray(area, np.int64)) if start is None else start
+    nodes, areas, ups = [node], [ar], []
+    for j in range(forest.depth - 1, 0, -1):
+        key = forest.parent(j)[node] * n_areas + ar
+        uniq, inv = np.unique(key, return_inverse=True)
+        node, ar = uniq // n_areas, uniq % n_areas
+        nodes.append(node)
+        areas.append(ar)
+        ups.append(inv.reshape(-1))
+    return AreaPairs(tuple(nodes), tuple(areas), tuple(ups))
+
+
 def area_sweep(
     forest: Forest,
     ups: Sequence[_Up],
@@ -153,6 +187,7 @@ def area_sweep(
     up_forest: Forest | None = None,
     start: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     to_root: bool = True,
+    pairs: AreaPairs | None = None,
 ) -> np.ndarray | tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Error covariances ``(n_areas, K, K)`` of sums of leaves, in one pass up the tree.
 
@@ -180,6 +215,8 @@ def area_sweep(
     to_root : bool
         False for a partition's forest (its top level is a cut, not the root): stop at the
         top level and return the partial sums with its pairs (``P_root`` is not read).
+    pairs : AreaPairs, optional
+        :func:`area_pairs` of the same forest and areas, computed once for several problems.
 
     Returns
     -------
@@ -190,25 +227,25 @@ def area_sweep(
     uf = forest if up_forest is None else up_forest
     D = forest.depth
     acc = np.zeros((n_areas, K, K))
+    if pairs is None:
+        pairs = area_pairs(forest, leaf, area, n_areas, None if start is None else start[:2])
     if start is None:
-        node, ar = np.asarray(leaf, np.int64), np.asarray(area, np.int64)
-        M = np.broadcast_to(np.eye(K), (node.size, K, K))
+        M = np.broadcast_to(np.eye(K), (pairs.node[0].size, K, K))
     else:
-        node, ar, M = start
-    for j in range(D - 1, 0, -1):
+        M = start[2]
+    for i, j in enumerate(range(D - 1, 0, -1)):
+        node, ar, inv = pairs.node[i], pairs.area[i], pairs.up[i]
+        pnode, parea = pairs.node[i + 1], pairs.area[i + 1]
         ch, u = ups[j], ups[j - 1]
         r = node if rows is None else rows[j][node]
         Pc = ch.P if ch.P.shape[0] == 1 else ch.P[r]
         MP = M @ Pc
         acc += _scatter_sum(ar, MP @ M.swapaxes(-1, -2), n_areas)
-        key = forest.parent(j)[node] * n_areas + ar
-        uniq, inv = np.unique(key, return_inverse=True)
-        inv = inv.reshape(-1)
-        pnode, parea = uniq // n_areas, uniq % n_areas
+        n_up = pnode.size
         pr = pnode if rows is None else rows[j - 1][pnode]
         bord = u.rc > 0
         if not bord.any():
-            Q = _scatter_sum(inv, MP, uniq.size)
+            Q = _scatter_sum(inv, MP, n_up)
             Mp = Q @ family_inverse_plain(u.S)[pr]
             acc -= _scatter_sum(parea, Mp @ Q.swapaxes(-1, -2), n_areas)
         else:
@@ -218,11 +255,12 @@ def area_sweep(
             Y[bord] = family_inverse_bordered(uf, j - 1, u, np.flatnonzero(bord), K)
             Nt = _packed_flat(u, ch, K)[r]
             F = np.concatenate([np.broadcast_to(Pc, Nt.shape), Nt], axis=2)
-            Q = _scatter_sum(inv, M @ F, uniq.size)
+            Q = _scatter_sum(inv, M @ F, n_up)
             Yp = Y[pr]
             Mp = Q @ Yp[:, :, :K]
             acc -= _scatter_sum(parea, _quad(Q, Yp), n_areas)
-        node, ar, M = pnode, parea, Mp
+        M = Mp
+    node, ar = pairs.node[-1], pairs.area[-1]
     if not to_root:
         return acc, (node, ar, M)
     acc += _scatter_sum(ar, _quad(M, P_root), n_areas)
@@ -247,6 +285,7 @@ def structured_area_covariance(setup: StructuredSetup, equivalency: Equivalency)
     forest = whole_forest(h)
     basis = setup.basis
     nA = equivalency.n_areas
+    pairs = area_pairs(forest, equivalency.leaf, equivalency.area, nA)
     blocks: dict[int, np.ndarray] = {}
     for mask in basis.subsets:
         nS, kS = basis.block_size(mask), setup.k(mask)
@@ -256,8 +295,9 @@ def structured_area_covariance(setup: StructuredSetup, equivalency: Equivalency)
         try:
             ups = _general_up(forest, _covariance_levels(setup, mask, 0, forest.sizes), kS, None)
             cov = area_sweep(
-                forest, ups, kS, equivalency.leaf, equivalency.area, nA, _root_P(h, ups, kS)
-            )
+                forest, ups, kS, equivalency.leaf, equivalency.area, nA, _root_P(h, ups, kS),
+                pairs=pairs,
+            )  # fmt: skip
         except SpecError as err:
             raise _block_error(setup.schema, mask, err) from None
         blocks[mask] = _to_cells(setup, mask, cov)
@@ -336,6 +376,7 @@ def area_partition(
     lo, hi = ranges[-1]
     inside = (equivalency.leaf >= lo) & (equivalency.leaf < hi)
     leaf, area = equivalency.leaf[inside] - lo, equivalency.area[inside]
+    shared = area_pairs(forest, leaf, area, equivalency.n_areas)
     acc, pairs, messages = {}, {}, {}
     for mask in setup.basis.subsets:
         kS = setup.k(mask)
@@ -345,7 +386,7 @@ def area_partition(
             ups = _general_up(forest, _covariance_levels(setup, mask, cut, ranges), kS, None)
             acc[mask], (node, ar, M) = area_sweep(
                 forest, ups, kS, leaf, area, equivalency.n_areas, np.zeros((1, kS, kS)),
-                to_root=False,
+                to_root=False, pairs=shared,
             )  # fmt: skip
         except SpecError as err:
             raise _block_error(setup.schema, mask, err) from None

@@ -48,7 +48,7 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.areas import AreaEstimates, area_sweep
+from censusdp.estimation.areas import AreaEstimates, AreaPairs, area_pairs, area_sweep
 from censusdp.estimation.gls import (
     Forest,
     _general_down,
@@ -420,18 +420,16 @@ def _area_pass(
     ups: list,
     Phat: list[np.ndarray],
     areas: Equivalency,
+    pairs: tuple[Forest, AreaPairs],
     K: int,
 ) -> np.ndarray:
     """Area covariances ``(n_areas, K, K)`` of one class problem (scaled units): the sweep on
-    the hierarchy's nodes with each node's matrices those of its class."""
-    if areas.n_leaves != hierarchy.leaves.size:
-        raise SpecError(
-            f"{areas.source}: the equivalency was read for {areas.n_leaves} leaves, the "
-            f"hierarchy has {hierarchy.leaves.size}; read it against this hierarchy"
-        )
+    the hierarchy's nodes (``pairs``: its forest and the areas' pairs) with each node's
+    matrices those of its class."""
+    tree, shared = pairs
     return area_sweep(
-        whole_forest(hierarchy), ups, K, areas.leaf, areas.area, areas.n_areas, Phat[0][:1],
-        rows=classes.node_class, up_forest=forest,
+        tree, ups, K, areas.leaf, areas.area, areas.n_areas, Phat[0][:1],
+        rows=classes.node_class, up_forest=forest, pairs=shared,
     )  # fmt: skip
 
 
@@ -535,8 +533,16 @@ def predict_errors(
     Hay et al. (2010); Rauch, Tung & Striebel (1965); DESIGN §10 (the block algebra).
     """
     t0 = time.perf_counter()
-    if areas is not None and not isinstance(hierarchy, Hierarchy):
-        raise SpecError("predict: areas need the hierarchy itself (its parents), not its classes")
+    if areas is not None:
+        if not isinstance(hierarchy, Hierarchy):
+            raise SpecError("predict: areas need the hierarchy itself (its parents), not its classes")
+        if areas.n_leaves != hierarchy.leaves.size:
+            raise SpecError(
+                f"{areas.source}: the equivalency was read for {areas.n_leaves} leaves, the "
+                f"hierarchy has {hierarchy.leaves.size}; read it against this hierarchy"
+            )
+        tree = whole_forest(hierarchy)
+        tree_pairs = (tree, area_pairs(tree, areas.leaf, areas.area, areas.n_areas))
     classes = hierarchy if isinstance(hierarchy, ShapeClasses) else shape_classes(hierarchy)
     t1 = time.perf_counter()
     names = classes.names
@@ -626,7 +632,7 @@ def predict_errors(
                     solved[key], ups = _covariance_passes(forest, classes, Jg, Hg, g)
                     if areas is not None:
                         area_solved[key] = _area_pass(hierarchy, classes, forest, ups, solved[key],
-                                                      areas, g)  # fmt: skip
+                                                      areas, tree_pairs, g)  # fmt: skip
                 except SpecError as err:
                     raise SpecError(
                         f"{err} (block of the group parts of attributes {_axes_label(schema, mask)})"
