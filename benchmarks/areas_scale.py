@@ -21,13 +21,16 @@ place file of 32,000 places on the 8.2-million-block synthetic U.S. is read and 
 (levels alone, then with the places).
 
 Measured on the shared 2-core development machine under load (seed 1: 30,000 places holding
-98,086 of the 160,000 blocks, median 2 and at most 111 blocks each): read 0.43 s (0.18 CPU s),
-prediction of the levels 0.81 s (0.31), with the places 2.13 s (0.79), the release route
-5.46 s (2.16), the summary 2.37 s (0.93); whole process 29 s wall, 10.9 CPU s (most of it
-building the synthetic state and writing the file), peak RSS 663 MB; the two routes agree to
-1.4e-11 (relative). Place total SEs average 52.7 (at most 266) against 1.26 for tracts: under
-the production allocation a block's total is weak (its budget is mostly on the detailed
-cells), so places assembled from blocks need their own measurement (issue 16, Build 2).
+98,086 of the 160,000 blocks, median 2 and at most 111 blocks each): read 0.42 s (0.13 CPU s),
+prediction of the levels 1.48 s (0.40), with the places 3.11 s (0.77), the release route
+9.61 s (2.41), the summary 3.95 s (0.98); the two routes agree to 1.4e-11 (relative). Place
+total SEs average 52.7 (at most 266) against 1.26 for tracts: under the production allocation a
+block's total is weak (its budget is mostly on the detailed cells), so places assembled from
+blocks need their own measurement (issue 16, Build 2). ``--national`` (32,000 places holding
+5.45 million of the 8.2 million blocks): read 25.8 s wall (6.2 CPU s), prediction of the
+levels 31.5 s (7.9), with the places 62.6 s (16.4); peak RSS of the whole process 2.75 GB
+(the national hierarchy and the written file included); wall times are 4× the CPU times on
+the loaded machine.
 
 Usage: ``python benchmarks/areas_scale.py [--blocks N] [--places N] [--seed S] [--national]``.
 
