@@ -19,7 +19,7 @@ allocation (the schema's own by default, e.g. ``pl94``'s 2020 production allocat
     # [allocation]                    (default: the schema's; same form as pl94.toml's)
 
 With ``--areas FILE`` (a block → area equivalency, :mod:`censusdp.hierarchy.equivalency`:
-``--block-column``, ``--area-column``, ``--area-name``, ``--gisjoin-blocks``,
+``--block-column``, ``--area-column``, ``--area-name``, ``--gisjoin-blocks``, ``--area-list``,
 ``--skip-blank-areas``) the off-spine areas (places, districts) are predicted too, as sums
 of their blocks (:mod:`censusdp.estimation.areas`): they follow the levels in
 ``summary.csv`` and ``areas.csv`` holds one row per area (code, blocks, RMS SE per table).
@@ -260,7 +260,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     spec_path = Path(args.spec)
     out = args.out if args.out is not None else f"results/predict-{spec_path.stem}"
-    inputs = [spec_path, *([] if args.areas is None else [Path(args.areas)])]
+    inputs = [spec_path, *(Path(f) for f in (args.areas, args.area_list) if f is not None)]
     check_output(out, kind="dir", overwrite=args.overwrite, inputs=inputs)  # before work
     spec = load_predict_spec(spec_path)
     areas = None
@@ -272,6 +272,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             area_column=args.area_column,
             name=args.area_name,
             gisjoin=args.gisjoin_blocks,
+            areas_path=args.area_list,
             skip_blank_areas=args.skip_blank_areas,
         )
     pred, summary = predict_spec(spec, areas)
@@ -306,6 +307,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--gisjoin-blocks",
         action="store_true",
         help="the file's block codes are NHGIS GISJOINs, the hierarchy's 15-digit GEOIDs",
+    )
+    p.add_argument(
+        "--area-list",
+        metavar="FILE",
+        help="CSV listing the areas (column --area-column): each must contain a block",
     )
     p.add_argument(
         "--skip-blank-areas",
