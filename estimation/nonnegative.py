@@ -383,9 +383,7 @@ def nonnegative_partition(
         raise SpecError(f"cut counts have {c.shape[0]} rows for {forest.sizes[0]} cut nodes")
     if c.dtype.kind not in "iu" or (c.size and int(c.min()) < 0):
         raise SpecError("cut counts must be non-negative integers (nonnegative_top's output)")
-    counts = _descend(
-        forest, lo, n_global, c.astype(np.int64), estimates, rng, schema, label, tol
-    )
+    counts = _descend(forest, lo, n_global, c.astype(np.int64), estimates, rng, schema, label, tol)
     return RoundedLevels(counts, None)
 
 
