@@ -204,13 +204,14 @@ def write_size_class_report(
         "non-negative block histogram is taken as the truth, measured again with the same "
         "strategy and budget and fresh noise, and both products are made again; errors are "
         "against that pseudo-truth, areas classed by its size. It uses released data only. "
+        "Size classes without areas are left out (they are in `size_classes.csv`). "
         "`mean_error` of the non-negative product is its estimated **bias**; `bias_se` is "
         "the standard error of that average. MAPE and `over_10pct` (areas off by more than "
         "10%) leave out areas of size 0.",
         "",
     ]
     for product in PRODUCTS:
-        d = simulated[simulated["product"] == product]
+        d = simulated[(simulated["product"] == product) & (simulated["n"] > 0)]
         if d.empty:
             continue
         title = (
@@ -233,7 +234,7 @@ def write_size_class_report(
             "",
             f"**{CONFIDENTIAL_LABEL}**",
             "",
-            markdown_table(evaluation[ecols]),
+            markdown_table(evaluation.loc[evaluation["n"] > 0, ecols]),
             "",
         ]
         paths[1].write_text("\n".join(text), encoding="utf-8")
