@@ -144,15 +144,16 @@ def project_children(
     Returns
     -------
     (n_children, K) float
-        The projection (:func:`project_simplex` per (parent, cell)). Parents are batched by
-        their number of children (powers of two, so padding at most doubles the work); each
-        result depends on its own (parent, cell) alone.
+        The projection (:func:`project_simplex` per (parent, cell)). Only the lanes whose
+        parent cell is positive are worked on (the others project to 0), gathered as rows of
+        their children's values; parents are batched by their number of children (powers of
+        two, so padding at most doubles the work). Each result depends on its own
+        (parent, cell) alone, so not on the batching.
     """
     x = np.asarray(x, dtype=np.float64)
     count = np.asarray(count, dtype=np.int64)
     parent = np.asarray(parent, dtype=np.float64)
     out = np.zeros_like(x)
-    K = x.shape[1]
     start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
     has = np.flatnonzero(count > 0)
     if has.size == 0:
@@ -160,16 +161,18 @@ def project_children(
     bucket = np.ceil(np.log2(count[has])).astype(np.int64)
     for b in np.unique(bucket):
         ps = has[bucket == b]
+        lane_p, lane_c = np.nonzero(parent[ps] > 0)
         m = int(count[ps].max())
-        step = max(1, chunk // max(1, m * K))
         pos = np.arange(m)
-        for a in range(0, ps.size, step):
-            p = ps[a : a + step]
+        step = max(1, chunk // m)
+        for a in range(0, lane_p.size, step):
+            p = ps[lane_p[a : a + step]]
+            c = lane_c[a : a + step]
             valid = pos[None, :] < count[p][:, None]
             rows = np.where(valid, start[p][:, None] + pos[None, :], 0)
-            z = np.where(valid[:, :, None], x[rows], -np.inf)
-            v = project_simplex(z, parent[p])
-            out[rows[valid]] = v[valid]
+            z = np.where(valid, x[rows, c[:, None]], -np.inf)
+            v = project_simplex(z[:, :, None], parent[p, c][:, None])[:, :, 0]
+            out[rows[valid], np.broadcast_to(c[:, None], rows.shape)[valid]] = v[valid]
     return out
 
 
