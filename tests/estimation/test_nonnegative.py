@@ -116,8 +116,13 @@ def test_children_projection_matches_cvxpy(count, K, seed, chunk):
     assert np.array_equal(got, project_children(x, parent, count, chunk=3))
 
 
-def test_top_projection_with_marginal_invariants_matches_cvxpy():
-    """Each state's cells onto {x ≥ 0, sex sums = invariants}: the per-atom simplex
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(
+    marginal=st.sampled_from(["total", "sex", "age", "sex * age"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_top_projection_with_marginal_invariants_matches_cvxpy(marginal, seed):
+    """Each state's cells onto {x ≥ 0, invariant rows = their values}: the per-atom simplex
     projection equals the joint QP."""
     schema = Schema.from_dict(
         {
@@ -128,8 +133,8 @@ def test_top_projection_with_marginal_invariants_matches_cvxpy():
             ],
         }
     )
-    gen = np.random.default_rng(4)
-    h, rel, invs, _ = _case(gen, schema, [(5, 5), (2, 3)], marginal="sex", noise=3.0)
+    gen = np.random.default_rng(seed)
+    h, rel, invs, _ = _case(gen, schema, [(5, 5), (2, 3)], marginal=marginal, noise=3.0)
     shape = nn.top_shape(h, schema, invs)
     atoms, fixed = nn._atoms(shape, 1, schema.n_cells)
     x = rel.estimates[1].reshape(-1, schema.n_cells)
