@@ -157,6 +157,7 @@ def _privatize(
     delta: float | None = None,
     evaluate: bool = False,
     repetitions: int | None = None,
+    ppmf: dict | None = None,
 ) -> tuple[Path, str]:
     """:func:`privatize_file`, also returning the privacy statement's text."""
     from censusdp.atomic import check_output, output_file
@@ -190,10 +191,14 @@ def _privatize(
             overwrite=overwrite,
             evaluate=evaluate,
             repetitions=repetitions,
+            **(ppmf or {}),
         )
         return res.out, res.privacy.text()
-    if evaluate or repetitions is not None:
-        raise SpecError("--evaluate and --repetitions belong to the PPMF route (a PPMF input)")
+    if evaluate or repetitions is not None or any((ppmf or {}).values()):
+        raise SpecError(
+            "--evaluate, --repetitions, --blocks, --blocks-from-data and --areas belong to the "
+            "PPMF route (a PPMF input)"
+        )
     if codebook is not None or (spec_path is not None and spec_uses_codebook(spec_path)):
         tspec = _table_spec(spec_path, codebook, rho, delta, seed)
         written, rel = privatize_tables(
@@ -270,6 +275,11 @@ def _cmd_privatize(args: argparse.Namespace) -> int:
         delta=args.delta,
         evaluate=args.evaluate,
         repetitions=args.repetitions,
+        ppmf={
+            "blocks": args.blocks,
+            "blocks_from_data": args.blocks_from_data,
+            "areas": args.areas,
+        },
     )
     print(f"privacy: {privacy}")
     if out.is_dir():  # the PPMF route writes a directory
@@ -330,6 +340,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--repetitions",
         type=count_arg,
         help="PPMF: simulated releases for the size-class bias (default: the spec's, 10)",
+    )
+    priv.add_argument(
+        "--blocks",
+        help="PPMF: the public list of every block (overrides [hierarchy] blocks)",
+    )
+    priv.add_argument(
+        "--blocks-from-data",
+        action="store_true",
+        help="PPMF without a block list: build the blocks from the file's rows, releasing "
+        "which blocks are occupied (said in the privacy statement)",
+    )
+    priv.add_argument(
+        "--areas",
+        help="PPMF: block -> area equivalency file (places; overrides [areas] file)",
     )
     priv.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
     add_overwrite(priv)

@@ -39,10 +39,34 @@ A PPMF spec::
     delta = 1e-10               # optional: also report (ε, δ)
     [mechanism]
     noise = "discrete_gaussian"
+    [hierarchy]
+    blocks = "blocks.csv"       # the public list of every block (see below)
+    block_column = "GEOID20"    # optional: default the first of block, BLOCKID, GEOID20, ...
+    [areas]                     # optional: off-spine areas (places) as sums of blocks
+    file = "BlockAssign_ST44_RI_INCPLACE_CDP.txt"
+    level = "place"
+    block_column = "BLOCKID"
+    area_column = "PLACEFP"
+    skip_blank = true           # blocks in no place have a blank code
+    list = "places.csv"         # optional: every place (each must contain a block)
     [report]
     repetitions = 10            # simulated releases for the size-class bias
     [run]
     seed = 1                    # reproducible mode, tests only
+
+**The hierarchy must be public.** A PPMF holds only the blocks with people; a hierarchy built
+from its rows would publish which blocks are occupied (every block of the output is a block
+with a person). The route therefore takes the block set from a public list
+(``[hierarchy] blocks`` or ``--blocks``: any file listing every block, e.g. a block
+assignment file, :func:`~censusdp.pipelines.ppmf.read_block_list`), where empty blocks are
+present with zero counts, and refuses without one unless ``--blocks-from-data`` acknowledges
+the disclosure, which the privacy statement then carries.
+
+**Areas** (``[areas]`` or ``--areas FILE``; :func:`~censusdp.hierarchy.equivalency.read_equivalency`)
+are released as sums of their blocks: ``unbiased/pl94_<level>.csv`` with exact ``_se`` from the
+streamed area sweep (:func:`~censusdp.estimation.areas.area_partition` per partition,
+:func:`~censusdp.estimation.areas.area_top`), ``nonnegative/pl94_<level>.csv`` from the
+non-negative blocks, and a row of the size-class report.
 
 References
 ----------
@@ -62,15 +86,20 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 
 from censusdp.atomic import check_output, output_dir
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.areas import AreaEstimates, AreaPartial, area_partition, area_top
 from censusdp.estimation.gls import Forest
+from censusdp.estimation.marginal_basis import BlockDiagonal
 from censusdp.estimation.nonnegative import BIASED_NOTE, nonnegative_partition, nonnegative_top
 from censusdp.estimation.predict import allocation_plan
+from censusdp.estimation.structured_gls import structured_setup
 from censusdp.hierarchy import Hierarchy
-from censusdp.mechanisms.product_measure import ProductInvariant
+from censusdp.hierarchy.equivalency import Equivalency, read_equivalency
+from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.pl94_stream import (
     PartitionRelease,
@@ -79,7 +108,13 @@ from censusdp.pipelines.pl94_stream import (
     stream_pl94,
 )
 from censusdp.pipelines.pl94_tables import LevelTables, pl94_codebook, pl94_frames
-from censusdp.pipelines.ppmf import GEOGRAPHY, PPMFHistogram, read_ppmf
+from censusdp.pipelines.ppmf import (
+    GEOGRAPHY,
+    LEVELS,
+    PPMFHistogram,
+    read_block_list,
+    read_ppmf,
+)
 from censusdp.pipelines.size_class_report import (
     PRODUCTS,
     area_totals,
@@ -91,6 +126,7 @@ from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 
 __all__ = [
+    "AreasSpec",
     "PPMFSpec",
     "PPMFResult",
     "REPORT_LEVELS",
@@ -138,6 +174,9 @@ class PPMFSpec:
     repetitions: int = 10
     seed: int | None = None
     source: str = "<spec>"
+    blocks: Path | None = None
+    block_column: str | None = None
+    areas: AreasSpec | None = None
 
     def to_dict(self) -> dict:
         """The spec for the manifest, never the seed."""
@@ -147,7 +186,53 @@ class PPMFSpec:
             "delta": self.delta,
             "repetitions": self.repetitions,
             "reproducible_mode": self.seed is not None,
+            "blocks": None if self.blocks is None else self.blocks.name,
+            "areas": None if self.areas is None else self.areas.to_dict(),
         }
+
+
+@dataclass(frozen=True)
+class AreasSpec:
+    """Off-spine areas from a block → area equivalency file (``[areas]``).
+
+    Attributes
+    ----------
+    file : Path
+    level : str
+        Their level name in the outputs (``"place"``).
+    block_column, area_column : str
+    skip_blank : bool
+        Blocks with a blank area code are in no area.
+    gisjoin : bool
+        The block codes are NHGIS GISJOINs.
+    areas : Path or None
+        A one-column list of the areas (header ``area_column``): each must contain a block.
+    """
+
+    file: Path
+    level: str = "place"
+    block_column: str = "block"
+    area_column: str = "area"
+    skip_blank: bool = False
+    gisjoin: bool = False
+    areas: Path | None = None
+
+    def to_dict(self) -> dict:
+        d = {**dataclasses.asdict(self), "file": self.file.name}
+        return {**d, "areas": None if self.areas is None else self.areas.name}
+
+    def read(self, h: Hierarchy) -> Equivalency:
+        """The equivalency against ``h`` (DataError naming file, row and column)."""
+        return read_equivalency(
+            self.file,
+            h,
+            block_column=self.block_column,
+            area_column=self.area_column,
+            name=self.level,
+            gisjoin=self.gisjoin,
+            areas_path=self.areas,
+            skip_blank_areas=self.skip_blank,
+        )
 
 
 def spec_reads_ppmf(path: str | Path) -> bool:
@@ -164,13 +249,13 @@ def spec_reads_ppmf(path: str | Path) -> bool:
 
 def is_ppmf(path: str | Path) -> bool:
     """Whether ``path`` is a CSV whose header names the PPMF's geography columns."""
-    from censusdp.pipelines.ppmf import _sniff
+    from censusdp.pipelines.ppmf import sniff_csv
 
     p = Path(path)
     if not p.is_file() or p.suffix.lower() not in (".csv", ".txt", ""):
         return False
     try:
-        header = set(_sniff(p)[2])
+        header = set(sniff_csv(p)[2])
     except DataError:
         return False
     return all(any(s in header for s in g[2]) for g in GEOGRAPHY)
@@ -189,7 +274,7 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
     path = Path(path)
     doc = read_spec_toml(path)
     p = SpecParser(str(path), path.parent)
-    p.keys(doc, "", ("data", "privacy", "mechanism", "report", "run"))
+    p.keys(doc, "", ("data", "privacy", "mechanism", "hierarchy", "areas", "report", "run"))
     data = p.table(doc, "data", required=False)
     p.keys(data, "data", ("source", "path"))
     source = p.get(data, "data", "source", str, default="ppmf")
@@ -223,13 +308,42 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
     seed = p.get(run, "run", "seed", int)
     if seed is not None and seed < 0:
         raise p.fail("run.seed", "must be a non-negative integer")
+    hier = p.table(doc, "hierarchy", required=False)
+    p.keys(hier, "hierarchy", ("blocks", "block_column"))
+    blocks = p.get(hier, "hierarchy", "blocks", str)
+    ar = p.table(doc, "areas", required=False)
+    p.keys(ar, "areas", ("file", "level", "block_column", "area_column", "skip_blank", "gisjoin",
+                         "list"))  # fmt: skip
+    areas = None
+    if ar:
+        listed = p.get(ar, "areas", "list", str)
+        areas = AreasSpec(
+            _relative(path, p.get(ar, "areas", "file", str, required=True)),
+            level=p.get(ar, "areas", "level", str, default="place"),
+            block_column=p.get(ar, "areas", "block_column", str, default="block"),
+            area_column=p.get(ar, "areas", "area_column", str, default="area"),
+            skip_blank=p.get(ar, "areas", "skip_blank", bool, default=False),
+            gisjoin=p.get(ar, "areas", "gisjoin", bool, default=False),
+            areas=None if listed is None else _relative(path, listed),
+        )
+        if areas.level in LEVELS:
+            raise p.fail("areas.level", f"{areas.level!r} is a level of the hierarchy; name the "
+                         "areas otherwise (e.g. place)")  # fmt: skip
     return PPMFSpec(
         rho=None if rho is None else Fraction(rho).limit_denominator(10**12),
         delta=delta,
         repetitions=repetitions,
         seed=seed,
         source=str(path),
+        blocks=None if blocks is None else _relative(path, blocks),
+        block_column=p.get(hier, "hierarchy", "block_column", str),
+        areas=areas,
     )
+
+
+def _relative(spec: Path, name: str) -> Path:
+    q = Path(name)
+    return q if q.is_absolute() else spec.parent / q
 
 
 # -- the two products, streamed --------------------------------------------------------------
@@ -255,13 +369,18 @@ def _two_products(
     on_levels: _OnLevels,
     *,
     with_pieces: bool,
+    invariants: list[ProductInvariant],
+    on_partition: Callable[[int, tuple], None] | None = None,
 ):
     """Run the engine on ``source`` and make the non-negative product in its callbacks.
 
     The non-negative product draws from ``rng.child("nonnegative")`` (the engine's noise and
-    rounding use other streams of ``rng``).
+    rounding use other streams of ``rng``). ``invariants`` are ``source``'s (the non-negative
+    product holds them ==); ``on_partition(index, ranges)`` is told each partition's node
+    ranges (levels cut .. leaf).
     """
-    invs = _invariants(h, schema, source.leaf, source.count)
+    invs = invariants
+    on_part = on_partition
     nn_rng = rng.child("nonnegative")
     k_cut = h.level_index(CUT)
     held: dict = {}
@@ -280,6 +399,8 @@ def _two_products(
 
     def on_partition(pr: PartitionRelease) -> None:
         part = pr.partition
+        if on_part is not None:
+            on_part(pr.piece.partition, part.ranges)
         nn = nonnegative_partition(
             Forest.of(h, k_cut, part.ranges),
             [r[0] for r in part.ranges],
@@ -406,6 +527,82 @@ def _plan(schema: Schema, spec: PPMFSpec, levels):
     return allocation_plan(schema, alloc, levels=levels)
 
 
+#: The privacy statement's note when the block set was taken from the confidential rows.
+BLOCKS_FROM_DATA_NOTE = (
+    "the block hierarchy was built from the PPMF's own rows (--blocks-from-data): the set of "
+    "blocks with at least one person is released exactly, outside the DP guarantee"
+)
+
+
+def _with_cli(
+    spec: PPMFSpec,
+    blocks: str | Path | None,
+    areas: str | Path | None,
+    repetitions: int | None,
+    seed: int | None,
+) -> PPMFSpec:
+    """The spec with the command line's overrides."""
+    if seed is not None:
+        spec = dataclasses.replace(spec, seed=seed)
+    if repetitions is not None:
+        if repetitions < 2:
+            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
+        spec = dataclasses.replace(spec, repetitions=repetitions)
+    if blocks is not None:
+        spec = dataclasses.replace(spec, blocks=Path(blocks))
+    if areas is not None:
+        a = spec.areas or AreasSpec(Path(areas))
+        spec = dataclasses.replace(spec, areas=dataclasses.replace(a, file=Path(areas)))
+    return spec
+
+
+class _AreaProducts:
+    """Both products' integer tables of the areas, summed from each partition's blocks, and
+    the streamed area sweep of the GLS covariances (:func:`~censusdp.estimation.areas.area_partition`
+    per partition, :func:`~censusdp.estimation.areas.area_top` at the end)."""
+
+    def __init__(self, h: Hierarchy, schema: Schema, plan, invariants, eq: Equivalency) -> None:
+        self.h, self.schema, self.eq = h, schema, eq
+        meas = [ProductMeasurement(lvl, q, np.empty((0, q.n_rows)), law) for lvl, q, law in plan]
+        self.setup = structured_setup(h, schema, meas, invariants, check_values=False)
+        self.k_cut = h.level_index(CUT)
+        self.partials: list[tuple[int, AreaPartial]] = []
+        self.sums = {p: np.zeros((eq.n_areas, schema.n_cells), np.int64) for p in PRODUCTS}
+
+    def partition(self, index: int, ranges) -> None:
+        self.partials.append((index, area_partition(self.setup, self.eq, self.k_cut, ranges)))
+
+    def leaves(self, lo: int, hi: int, unbiased: np.ndarray, nonneg: np.ndarray) -> None:
+        a, b = np.searchsorted(self.eq.leaf, [lo, hi])
+        inc = sp.csr_matrix(
+            (np.ones(b - a, np.int64), (self.eq.area[a:b], self.eq.leaf[a:b] - lo)),
+            shape=(self.eq.n_areas, hi - lo),
+        )
+        for product, c in (("unbiased", unbiased), ("nonnegative", nonneg)):
+            self.sums[product] += np.asarray(inc @ c.reshape(hi - lo, -1))
+
+    def tables(self) -> dict[str, LevelTables]:
+        """Both products' P1–P5 tables of the areas (the unbiased one with exact ``_se``)."""
+        cov = area_top(self.setup, self.eq, self.k_cut, [p for _, p in sorted(self.partials)])
+        est = AreaEstimates(
+            name=self.eq.name,
+            codes=self.eq.codes,
+            leaves=self.eq.leaves_per_area(),
+            schema=self.schema,
+            basis=self.setup.basis,
+            estimates=(),
+            covariances=(cov,),
+            identified=BlockDiagonal(self.setup.basis, self.setup.ident),
+        )
+        shape = (self.eq.n_areas, *self.schema.shape)
+        return {
+            "unbiased": LevelTables(
+                self.eq.codes, self.sums["unbiased"].reshape(shape), _column_ses(est, self.eq.name)
+            ),
+            "nonnegative": LevelTables(self.eq.codes, self.sums["nonnegative"].reshape(shape)),
+        }
+
+
 def privatize_ppmf(
     path: str | Path,
     spec_path: str | Path | None,
@@ -415,6 +612,9 @@ def privatize_ppmf(
     overwrite: bool = False,
     evaluate: bool = False,
     repetitions: int | None = None,
+    blocks: str | Path | None = None,
+    blocks_from_data: bool = False,
+    areas: str | Path | None = None,
 ) -> PPMFResult:
     """Privatize a PPMF persons file into both products, tables, microdata and the report.
 
@@ -432,27 +632,46 @@ def privatize_ppmf(
         Also write the confidential comparison with the truth (``evaluation/``).
     repetitions : int, optional
         Simulated releases for the size-class report (default: the spec's).
+    blocks : path-like, optional
+        The public list of every block (overrides ``[hierarchy] blocks``).
+    blocks_from_data : bool
+        Without a block list, build the hierarchy from the PPMF's rows, acknowledging that
+        the set of occupied blocks is then released (noted in the privacy statement).
+    areas : path-like, optional
+        A block → area equivalency file (overrides ``[areas] file``).
 
     Raises
     ------
     SpecError
-        The output refused by the policy (checked before any work), a bad spec.
+        The output refused by the policy (checked before any work), a bad spec, no public
+        block list and no acknowledgement.
     DataError
-        A malformed PPMF (file, data row and column named); nothing is written.
+        A malformed PPMF, block list or equivalency file (file, data row and column named);
+        nothing is written.
     """
     t0 = time.perf_counter()
     c0 = time.process_time()
     spec = load_ppmf_spec(spec_path) if spec_path is not None else PPMFSpec()
-    if seed is not None:
-        spec = dataclasses.replace(spec, seed=seed)
-    if repetitions is not None:
-        if repetitions < 2:
-            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
-        spec = dataclasses.replace(spec, repetitions=repetitions)
-    inputs = [path, spec_path]
+    spec = _with_cli(spec, blocks, areas, repetitions, seed)
+    ar = spec.areas
+    inputs = [path, spec_path, spec.blocks, *(() if ar is None else (ar.file, ar.areas))]
+    inputs = [x for x in inputs if x is not None]
     check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
+    if spec.blocks is None and not blocks_from_data:
+        raise SpecError(
+            f"{Path(path).name}: no public block list. A PPMF holds only the blocks with people, "
+            "so a hierarchy built from its rows would release which blocks are occupied. Give "
+            "the list of every block ([hierarchy] blocks = FILE in the spec, or --blocks FILE: "
+            "e.g. the state's block assignment file), or pass --blocks-from-data to accept "
+            "that disclosure (the privacy statement will say so)"
+        )
     hist: PPMFHistogram = read_ppmf(path)
+    if spec.blocks is not None:
+        hist = hist.on_blocks(
+            read_block_list(spec.blocks, column=spec.block_column), spec.blocks.name
+        )
     h, schema = hist.hierarchy, hist.schema
+    eq = None if spec.areas is None else spec.areas.read(h)
     plan = _plan(schema, spec, h.names)
     rng = KeyedRNG.from_seed(spec.seed)
     timings: dict[str, float] = {"read": time.perf_counter() - t0}
@@ -460,6 +679,8 @@ def privatize_ppmf(
     released: dict[str, dict[str, list]] = {p: {lv: [] for lv in report_levels} for p in PRODUCTS}
     leaf = h.depth - 1
     nn_leaf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    invs = _invariants(h, schema, hist.block, hist.count)
+    area_products = None if eq is None else _AreaProducts(h, schema, plan, invs, eq)
     with output_dir(
         out,
         overwrite=overwrite,
@@ -488,45 +709,60 @@ def privatize_ppmf(
                     cnt = n.reshape(n.shape[0], -1)[b, c]
                     nn_leaf.append((b + lo, c, cnt))
                     write_microdata(micro, h, b + lo, c, cnt)
+                    if area_products is not None:
+                        area_products.leaves(lo, hi, u, n)
 
         t1 = time.perf_counter()
         try:
             res = _two_products(
-                h, schema, SparseHistogram.of(hist), plan, rng, on_levels, with_pieces=True
-            )
+                h, schema, SparseHistogram.of(hist), plan, rng, on_levels, with_pieces=True,
+                invariants=invs,
+                on_partition=None if area_products is None else area_products.partition,
+            )  # fmt: skip
         finally:
             micro.close()
         timings["release"] = time.perf_counter() - t1
         privacy = dataclasses.replace(res.privacy, delta=spec.delta)
+        if spec.blocks is None:
+            privacy = privacy.with_notes(BLOCKS_FROM_DATA_NOTE, data_dependent=True)
+        rel = {p: {lv: np.concatenate(v) for lv, v in d.items()} for p, d in released.items()}
+        if area_products is not None:
+            t1 = time.perf_counter()
+            for product, tables in area_products.tables().items():
+                writers[product].add(eq.name, tables)
+                rel[product][eq.name] = area_products.sums[product].sum(axis=1)
+            timings["areas"] = time.perf_counter() - t1
 
         # the size-class report, simulated from the released non-negative histogram
         t1 = time.perf_counter()
         pb, pc, pn = (np.concatenate(a) for a in zip(*nn_leaf, strict=True))
         pseudo_source = SparseHistogram(pb, pc, pn)
-        pseudo = area_totals(h, pb, pn, report_levels)
+        pseudo = _report_totals(h, eq, pb, pn, report_levels)
+        sim_invs = _invariants(h, schema, pb, pn)
 
         def replicate(r: int) -> dict[str, dict[str, np.ndarray]]:
-            acc: dict[str, dict[str, list]] = {
-                p: {lv: [] for lv in report_levels} for p in PRODUCTS
-            }
+            acc = {p: {lv: np.zeros(h.sizes[h.level_index(lv)], np.int64)
+                       for lv in (*report_levels, h.names[leaf])} for p in PRODUCTS}  # fmt: skip
 
             def collect(names, ranges, piece, unbiased, nonneg) -> None:
-                for name, u, n in zip(names, unbiased, nonneg, strict=True):
+                for name, (lo, hi), u, n in zip(names, ranges, unbiased, nonneg, strict=True):
                     if name in acc["unbiased"]:
-                        acc["unbiased"][name].append(u.reshape(u.shape[0], -1).sum(axis=1))
-                        acc["nonnegative"][name].append(n.reshape(n.shape[0], -1).sum(axis=1))
+                        acc["unbiased"][name][lo:hi] = u.reshape(hi - lo, -1).sum(axis=1)
+                        acc["nonnegative"][name][lo:hi] = n.reshape(hi - lo, -1).sum(axis=1)
 
             _two_products(
                 h, schema, pseudo_source, plan, rng.child(f"simulation/{r}"), collect,
-                with_pieces=False,
+                with_pieces=False, invariants=sim_invs,
             )  # fmt: skip
-            return {p: {lv: np.concatenate(v) for lv, v in d.items()} for p, d in acc.items()}
+            if eq is not None:
+                for p in PRODUCTS:
+                    acc[p][eq.name] = eq.sum_leaves(acc[p][h.names[leaf]])
+            return acc
 
         sim = simulate_size_classes(pseudo, replicate, spec.repetitions)
         evaluation = None
         if evaluate:
-            truth = area_totals(h, hist.block, hist.count, report_levels)
-            rel = {p: {lv: np.concatenate(v) for lv, v in d.items()} for p, d in released.items()}
+            truth = _report_totals(h, eq, hist.block, hist.count, report_levels)
             evaluation = evaluate_size_classes(truth, rel)
         write_size_class_report(tmp, sim, repetitions=spec.repetitions, evaluation=evaluation)
         timings["size_class_report"] = time.perf_counter() - t1
@@ -534,6 +770,17 @@ def privatize_ppmf(
         timings["cpu_seconds"] = time.process_time() - c0
         _write_manifest(tmp, path, spec, privacy, timings, evaluate)
     return PPMFResult(Path(out), privacy, hist.persons, timings["seconds"])
+
+
+def _report_totals(
+    h: Hierarchy, eq: Equivalency | None, block: np.ndarray, count: np.ndarray, levels
+) -> dict[str, np.ndarray]:
+    """Persons per area of the report's levels, and of the equivalency's areas."""
+    out = area_totals(h, block, count, [*levels, h.names[-1]])
+    leaf_totals = out.pop(h.names[-1]) if h.names[-1] not in levels else out[h.names[-1]]
+    if eq is not None:
+        out[eq.name] = eq.sum_leaves(leaf_totals)
+    return out
 
 
 def _write_manifest(
