@@ -61,12 +61,12 @@ import numpy as np
 
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls import Forest, whole_forest
-from censusdp.estimation.rounding import TOL, _uniform
+from censusdp.estimation.rounding import TOL, uniform_draws
 from censusdp.estimation.structured_rounding import (
     RoundedLevels,
-    _check_values,
-    _flat,
-    _round_children,
+    cell_matrix,
+    check_roundable,
+    round_children,
     round_structured_top,
     top_shape,
 )
@@ -228,19 +228,19 @@ def _descend(
     parent = counts
     for j in range(1, forest.depth):
         name = forest.names[j]
-        x = _flat(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
+        x = cell_matrix(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
         if x.shape[0] != forest.sizes[j]:
             raise SpecError(
                 f"level {name!r}: {x.shape[0]} estimate rows for {forest.sizes[j]} nodes"
             )
-        _check_values(x, name, None, cells)
+        check_roundable(x, name, None, cells)
         K = x.shape[1]
         n_up, lo_up = forest.sizes[j - 1], lo[j - 1]
         proj = project_children(x, parent, forest.child_count[j - 1])
         v = rng.draw(
-            f"{label}/{name}", n_global[j - 1] * K, lo_up * K, (lo_up + n_up) * K, _uniform
+            f"{label}/{name}", n_global[j - 1] * K, lo_up * K, (lo_up + n_up) * K, uniform_draws
         ).reshape(n_up, K)
-        parent, _ = _round_children(
+        parent, _ = round_children(
             parent, proj, forest.child_count[j - 1], v, None, (name, forest, j - 1, cells), tol
         )
         out.append(parent.reshape(-1, *schema.shape))
@@ -301,13 +301,13 @@ def nonnegative_top(
     K = schema.n_cells
     xs = []
     for k, e in enumerate(estimates):
-        x = _flat(schema, e, f"level {hierarchy.names[k]!r}").astype(np.float64, copy=False)
+        x = cell_matrix(schema, e, f"level {hierarchy.names[k]!r}").astype(np.float64, copy=False)
         if x.shape[0] != hierarchy.levels[k].size:
             raise SpecError(
                 f"level {hierarchy.names[k]!r}: {x.shape[0]} estimate rows for "
                 f"{hierarchy.levels[k].size} nodes"
             )
-        _check_values(x, hierarchy.names[k], hierarchy.levels[k].codes, schema.cells)
+        check_roundable(x, hierarchy.names[k], hierarchy.levels[k].codes, schema.cells)
         xs.append(x)
     joint = shape.joint_level
     atoms, fixed = _atoms(shape, joint, K)
@@ -381,7 +381,7 @@ def nonnegative_partition(
         raise SpecError(
             f"give the partition's estimates of the {forest.depth - 1} levels below the cut"
         )
-    c = np.asarray(_flat(schema, cut_counts, "cut counts"))
+    c = np.asarray(cell_matrix(schema, cut_counts, "cut counts"))
     if c.shape[0] != forest.sizes[0]:
         raise SpecError(f"cut counts have {c.shape[0]} rows for {forest.sizes[0]} cut nodes")
     if c.dtype.kind not in "iu" or (c.size and int(c.min()) < 0):

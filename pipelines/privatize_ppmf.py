@@ -791,7 +791,7 @@ def _write_manifest(
     timings: dict,
     evaluate: bool,
 ) -> None:
-    from censusdp.pipelines.runner import _versions
+    from censusdp.pipelines.runner import package_versions
 
     products = {
         "unbiased": (
@@ -816,7 +816,7 @@ def _write_manifest(
             "repetitions": spec.repetitions,
             "confidential_evaluation": "evaluation/ (CONFIDENTIAL)" if evaluate else None,
         },
-        "versions": _versions(),
+        "versions": package_versions(),
         "timings": timings,
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
