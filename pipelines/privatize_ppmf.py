@@ -665,6 +665,12 @@ def privatize_ppmf(
             "e.g. the state's block assignment file), or pass --blocks-from-data to accept "
             "that disclosure (the privacy statement will say so)"
         )
+    if spec.blocks is None and spec.areas is not None:
+        raise SpecError(
+            f"{spec.areas.file.name}: areas are released as sums of blocks and need every "
+            "block, empty ones included; give the public block list ([hierarchy] blocks or "
+            "--blocks) rather than --blocks-from-data"
+        )
     hist: PPMFHistogram = read_ppmf(path)
     if spec.blocks is not None:
         hist = hist.on_blocks(

@@ -252,6 +252,10 @@ def test_no_public_block_list_is_refused_unless_acknowledged(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no public block list" in err and "--blocks-from-data" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == INPUTS
+    places = str(tmp_path / "places.txt")
+    assert main([*argv, "--blocks-from-data", "--areas", places]) == 2
+    assert "need every block" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == INPUTS
     assert main([*argv, "--blocks-from-data"]) == 0
     printed = capsys.readouterr().out
     assert "blocks-from-data" in printed
