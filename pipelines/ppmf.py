@@ -863,7 +863,7 @@ def read_block_list(path: str | Path, *, column: str | None = None) -> Hierarchy
     if bad.size:
         i = int(bad[0])
         raise DataError(
-            f"{path.name}, data row {i + 1}, column {column!r}: {text[i]!r} is not a 15-digit "
+            f"{path.name}, data row {i + 1}, column {column!r}: {str(text[i])!r} is not a 15-digit "
             "block GEOID (state 2, county 3, tract 6, block 4 digits); keep leading zeros"
         )
     dup = np.flatnonzero(pd.Series(text).duplicated().to_numpy())
