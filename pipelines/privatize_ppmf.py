@@ -840,5 +840,16 @@ def _write_manifest(
     )
     lines = ["# censusdp release (PPMF)", "", f"Privacy: {privacy.text()}", ""]
     lines += [f"- {text}" for text in products.values()]
+    if spec.areas is not None:
+        lines += [
+            f"- pl94_{spec.areas.level}.csv in both folders: the {spec.areas.level}s of "
+            f"{spec.areas.file.name}, sums of their blocks (unbiased: exact GLS _se)"
+        ]
+    lines += [
+        f"- blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
+        if spec.blocks is not None
+        else "- blocks: taken from the PPMF's rows (--blocks-from-data): the set of occupied "
+        "blocks is disclosed"
+    ]
     lines += ["- size_classes.md: errors by size class, simulated from the released numbers", ""]
     (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")

@@ -238,6 +238,7 @@ def test_places_are_sums_of_blocks_with_exact_standard_errors(release):
     )  # fmt: skip
     # the other place is not a node: its SE is no node's
     assert not np.isclose(place.loc["00200", "P1_001N_se"], tract["P1_001N_se"]).any()
+    assert "pl94_place.csv" in (out / "README.md").read_text()
     report = pd.read_csv(out / "size_classes.csv")
     assert set(report.level) == {"block", "block_group", "tract", "place"}
     assert report[report.level == "place"].n.sum() == 2 * 2  # two places, both products
@@ -262,6 +263,8 @@ def test_no_public_block_list_is_refused_unless_acknowledged(tmp_path, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert any("set of blocks with at least one person" in n for n in manifest["privacy"]["notes"])
     assert manifest["privacy"]["data_dependent"] is True
+    assert "occupied blocks is disclosed" in (out / "README.md").read_text()
+    assert "blocks-from-data" in (out / "privacy.md").read_text()
     occupied = read_ppmf(data).hierarchy.sizes[-1]
     assert len(_table(out, "unbiased", "block")) == occupied < len(_public_blocks())
     # --blocks on the command line: the public list, no note
