@@ -31,6 +31,11 @@ fields, rows of different widths, a malformed row) goes through pyarrow's CSV pa
 pipe-separated files are read, and leading ``#`` comment lines (as in the DAS's MDFs) are
 skipped; a row whose fields are all empty is skipped and counted.
 
+The hierarchy built from a PPMF's rows has only the blocks with people, so releasing it would
+disclose which blocks are occupied. :func:`read_block_list` reads the public geography (any
+file listing every block, e.g. a block assignment file) and :meth:`PPMFHistogram.on_blocks`
+moves the persons onto it, the empty blocks present with zero counts.
+
 Every malformed row is a :class:`~censusdp.errors.DataError` naming the file, the data row
 (1-based, after the header), the column and the code: a geocode of the wrong width or with
 non-digits, a code outside the schema, an ``RTYPE`` that contradicts the group-quarters type,
