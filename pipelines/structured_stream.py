@@ -286,11 +286,12 @@ def _message_task(state: tuple[StructuredUpward, dict]) -> tuple[dict, int, dict
     return up.messages(), up.nbytes(), seconds
 
 
-#: Partition ``partition``'s downward pass: ``(context, partition, state, measure,
-#: cut_blocks, cut_estimates, payload)`` — its cut nodes' smoothed blocks and estimates, its
+#: Partition ``partition``'s downward pass: ``[context, partition, state, measure,
+#: cut_blocks, cut_estimates, payload]`` — its cut nodes' smoothed blocks and estimates, its
 #: cached upward state (None: recompute it from ``measure``) and its sink's payload. A plain
-#: tuple: the executor replaces the handles inside tuples (context, state) by their values.
-_DownItem = tuple[Any, Partition, Any, MeasureFn, dict, np.ndarray, Any]
+#: list: the executor replaces the handles inside lists (context, state) by their values, and
+#: the pass drops its reference to the upward state as soon as it is smoothed.
+_DownItem = list[Any]
 
 
 def _downward(
@@ -299,6 +300,7 @@ def _downward(
     """Smoothing of one partition: its piece (if ``keep_piece``), residuals, whether its
     upward pass was recomputed, the sink's return value and the seconds per stage."""
     ctx, p, state, measure, cut_blocks, cut_estimates, payload = item
+    item[2] = None
     setup, cut = ctx.setup, ctx.cut
     names = setup.hierarchy.names
     fresh = state is None
@@ -518,6 +520,7 @@ def structured_stream(
     window = window if dask else 1
     ctx_h = None if ex is None else ex.submit(_same, [ctx])[0]
     cached: dict[int, Any] = {}  # position → upward state (on Dask: its handle)
+    sent: dict[int, Any] = {}  # Dask: cached states given to downward tasks not yet gathered
     try:
         # one entry per position of ``order``: (upward state or its handle, its message)
         if ex is None:
@@ -612,11 +615,14 @@ def structured_stream(
                 mask: None if sm is None else (sm[0][cut][lo:hi], _rows_of(sm[1][cut], lo, hi))
                 for mask, sm in smoothed_top.items()
             }
-            return (
-                context, p, cached.pop(pos, None),
+            state = cached.pop(pos, None)
+            if ex is not None and state is not None:
+                sent[pos] = state  # released once its downward task is gathered
+            return [
+                context, p, state,
                 measure if ex is None else _task_measure(measure, p), cut_blocks,
                 top_est[cut][lo:hi], None if sink_payload is None else sink_payload(p),
-            )  # fmt: skip
+            ]  # fmt: skip
 
         keep_piece = on_partition is not None
         if ex is None:
@@ -637,7 +643,7 @@ def structured_stream(
             if ex is not None:
                 handle = out
                 out = ex.gather([handle])[0]
-                ex.release([handle])
+                ex.release([handle, *([sent.pop(order[i])] if order[i] in sent else [])])
             piece, (c, r, v, w), fresh, sunk[order[i]], seconds = out
             del out
             add(seconds)
@@ -653,7 +659,7 @@ def structured_stream(
             del piece
     finally:  # on Dask: the workers drop what this run left there (also after an error)
         if ex is not None:
-            ex.release([ctx_h, *cached.values()])
+            ex.release([ctx_h, *cached.values(), *sent.values()])
     check_residuals(inv_res, inv_val, worst)
 
     diagnostics = {
