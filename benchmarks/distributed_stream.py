@@ -13,7 +13,8 @@ one partition per county (``--partitions`` groups them), and
   state stays on its worker (cached within ``--cache-mb`` per run), only the cut-level
   messages come to this process, and the downward task hands the partition's piece to a
   sink *on the worker* that returns its SHA-256 (estimates and covariance blocks), so no
-  block-level estimate crosses the network.
+  block-level estimate crosses the network. Partitions are submitted largest first (by
+  blocks), at most ``2 ×`` the workers ahead of the one being consumed.
 
 The release's digest is the SHA-256 over the top levels' piece and every partition's sink
 digest in partition order: the same for every executor and worker count (bit-identical
@@ -135,6 +136,7 @@ def one_run(ex, h, schema, meas, invs, parts, cache_bytes: int) -> dict:
     res = structured_stream(
         h, schema, heads, given_values(meas, h, cut), parts, invs, executor=ex,
         sink=DigestSink(), cache_bytes=cache_bytes,
+        order=np.argsort([-p.leaves for p in parts], kind="stable"),
     )  # fmt: skip
     wall = time.perf_counter() - t0
     mine = _process()

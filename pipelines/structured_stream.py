@@ -437,7 +437,8 @@ def structured_stream(
         downward pass instead of held (0: recompute all).
     order : sequence of int, optional
         Order in which partitions are processed (positions in ``partitions``); the result
-        does not depend on it.
+        does not depend on it. On an executor, largest partitions first (by leaves) keeps
+        the workers busy to the end.
     workers : int
         Threads running partitions' passes at once (numpy releases the GIL in the large
         products); at most ``workers`` partitions are computed ahead of the one being
@@ -618,9 +619,12 @@ def structured_stream(
             state = cached.pop(pos, None)
             if ex is not None and state is not None:
                 sent[pos] = state  # released once its downward task is gathered
+            if ex is None:
+                task_measure = measure
+            else:  # a cached state needs no measurements: nothing to send
+                task_measure = None if state is not None else _task_measure(measure, p)
             return [
-                context, p, state,
-                measure if ex is None else _task_measure(measure, p), cut_blocks,
+                context, p, state, task_measure, cut_blocks,
                 top_est[cut][lo:hi], None if sink_payload is None else sink_payload(p),
             ]  # fmt: skip
 

@@ -22,7 +22,7 @@ from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import measure_range, stream_label
-from censusdp.pipelines.execute import DaskExecutor, SyncExecutor, ThreadExecutor
+from censusdp.pipelines.execute import DaskExecutor, SyncExecutor, ThreadExecutor, open_executor
 from censusdp.pipelines.partition import Partition, partition_units
 from censusdp.pipelines.structured_stream import given_values, structured_stream
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
@@ -122,28 +122,44 @@ def keyed_problem(seed: int = 3):
     return s, h, meas, invs, KeyedMeasure(h.names, h.sizes, plan, tuple(counts), rng)
 
 
-def test_every_executor_gives_the_in_memory_release(cluster):
-    """Sync, threads and Dask (cached or recomputed upward states, any order, any window)
+def check_executors(runs, seed: int = 3) -> None:
+    """Each ``(executor, order, cache_bytes, ahead)`` run gives the in-memory release."""
+    s, h, meas, invs = problem(seed=seed)
+    rel = structured_gls(h, s, meas, invs)
+    for ex, order, cache, ahead in runs:
+        res, pieces, parts = stream(h, s, meas, invs, CUT, N_PARTS, executor=ex, order=order,
+                                    cache_bytes=cache, ahead=ahead)  # fmt: skip
+        assert len(parts) == N_PARTS
+        assert_same(h, rel, res, pieces, parts, CUT)
+        assert res.diagnostics["partitions_cached"] == (N_PARTS if cache else 0)
+        assert res.diagnostics["executor"] == ex.name
+
+
+def test_sync_and_dask_give_the_in_memory_release(cluster):
+    """The fast form: the sync executor and the Dask cluster, upward states recomputed and
+    cached on the workers, give the in-memory structured GLS bit for bit."""
+    ex_dask, _ = cluster
+    check_executors([(SyncExecutor(), None, 0, None), (ex_dask, None, 1 << 30, None)])
+
+
+@pytest.mark.slow  # ~15 s under load; the fast form is the test above
+def test_every_executor_order_and_window_gives_the_in_memory_release(cluster):
+    """Threads and Dask — the cluster's client, and a second one joining its ``tcp://``
+    loopback address — with cached or recomputed upward states, in any order and window,
     give the in-memory structured GLS bit for bit."""
     ex_dask, _ = cluster
-    s, h, meas, invs = problem(seed=3)
-    rel = structured_gls(h, s, meas, invs)
     shuffled = [int(i) for i in np.random.default_rng(0).permutation(N_PARTS)]
+    address = ex_dask.client.scheduler.address  # tcp:// on the loopback: joined as is
+    assert address.startswith("tcp://127.0.0.1")
     threads = ThreadExecutor(2)
-    runs = [
-        (SyncExecutor(), None, 0, None),
-        (threads, shuffled, 1 << 30, None),
-        (ex_dask, None, 0, None),
-        (ex_dask, shuffled, 1 << 30, 1),
-    ]
     try:
-        for ex, order, cache, ahead in runs:
-            res, pieces, parts = stream(h, s, meas, invs, CUT, N_PARTS, executor=ex,
-                                        order=order, cache_bytes=cache, ahead=ahead)  # fmt: skip
-            assert len(parts) == N_PARTS
-            assert_same(h, rel, res, pieces, parts, CUT)
-            assert res.diagnostics["partitions_cached"] == (N_PARTS if cache else 0)
-            assert res.diagnostics["executor"] == ex.name
+        with open_executor(address) as ex_tcp:
+            check_executors([
+                (threads, shuffled, 1 << 30, None),
+                (ex_dask, None, 0, None),
+                (ex_dask, shuffled, 1 << 30, 1),
+                (ex_tcp, None, 1 << 30, None),
+            ])  # fmt: skip
     finally:
         threads.close()
 
@@ -244,13 +260,9 @@ def test_topdown_per_parent_solves_on_every_executor(cluster):
     invs = [ProductInvariant(i.level, i.query, np.rint(i.values).astype(np.int64)) for i in invs]
     base = topdown_schema(h, s, meas, invs)
     assert base.diagnostics["levels"][h.names[-1]]["parents_solved"] > 2
-    threads = ThreadExecutor(2)
-    try:
-        for ex, chunks in ((SyncExecutor(), None), (threads, 2), (ex_dask, None)):
-            rel = topdown_schema(h, s, meas, invs, executor=ex, chunks=chunks)
-            for a, b in zip(base.estimates, rel.estimates, strict=True):
-                assert np.array_equal(a, b)
-    finally:
-        threads.close()
+    for ex, chunks in ((ex_dask, None), (SyncExecutor(), 2)):
+        rel = topdown_schema(h, s, meas, invs, executor=ex, chunks=chunks)
+        for a, b in zip(base.estimates, rel.estimates, strict=True):
+            assert np.array_equal(a, b)
     with pytest.raises(SpecError, match="not both"):
         topdown_schema(h, s, meas, invs, executor=ex_dask, mapper=map)
