@@ -16,6 +16,13 @@ one partition per county (``--partitions`` groups them), and
   block-level estimate crosses the network. Partitions are submitted largest first (by
   blocks), at most ``2 ×`` the workers ahead of the one being consumed.
 
+``--topdown`` runs TopDown-style instead
+(:func:`~censusdp.estimation.topdown_schema.topdown_schema`, the Bureau's production
+orderings and the ``nurse_nva_0`` structural zero of ``benchmarks/topdown_scale.py``) on the
+same measurements and executors: each level's parents are solved as tasks (runs of parents
+of equal numbers of children, 4 per worker, the largest first) and the digest is that of
+the integer estimates of every level.
+
 The release's digest is the SHA-256 over the top levels' piece and every partition's sink
 digest in partition order: the same for every executor and worker count (bit-identical
 output). Per run: wall seconds, CPU seconds of this process and of the workers (summed;
@@ -26,7 +33,7 @@ start-up and a warm-up task importing the code in each worker are not timed. The
 shared one, compare the CPU seconds).
 
 Usage: ``python benchmarks/distributed_stream.py [--blocks N] [--seed S] [--partitions P]
-[--cache-mb M] [--runs sync,dask-1,dask-2]``.
+[--cache-mb M] [--runs sync,dask-1,dask-2] [--topdown]``.
 
 References
 ----------
@@ -53,8 +60,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pl94_state import PL94_SHAPE, measure_state, measurements, strategy  # noqa: E402
+from topdown_scale import NURSE_NVA_0  # noqa: E402
 
 from censusdp.estimation.structured_gls import StructuredPiece  # noqa: E402
+from censusdp.estimation.topdown_schema import structural_zero_mask, topdown_schema  # noqa: E402
 from censusdp.hierarchy.synthetic import synthetic_state  # noqa: E402
 from censusdp.mechanisms.product_measure import (  # noqa: E402
     ProductInvariant,
@@ -102,6 +111,7 @@ def _process() -> dict:
 
 def _warm() -> bool:  # import the task code in a worker before timing
     import censusdp.estimation.structured_gls
+    import censusdp.estimation.topdown_sparse
     import censusdp.pipelines.structured_stream  # noqa: F401
 
     return True
@@ -121,6 +131,50 @@ def problem(blocks: int, seed: int):
     return h, schema, measurements(h, plan, values), invs, int(state.leaf_counts.sum())
 
 
+def _timed(ex, fn) -> tuple[object, dict]:
+    """``fn()`` on executor ``ex``: its value, and wall seconds, CPU seconds of this process
+    and of the workers, peak resident memory of each."""
+    client = getattr(ex, "client", None)
+    before = client.run(_process) if client else {}
+    me = _process()
+    t0 = time.perf_counter()
+    value = fn()
+    wall = time.perf_counter() - t0
+    mine = _process()
+    after = client.run(_process) if client else {}
+    workers_cpu = sum(after[a]["cpu"] - before[a]["cpu"] for a in after if a in before)
+    return value, {
+        "executor": ex.name,
+        "workers": ex.workers,
+        "seconds": wall,
+        "cpu_seconds_driver": mine["cpu"] - me["cpu"],
+        "cpu_seconds_workers": workers_cpu,
+        "cpu_seconds": mine["cpu"] - me["cpu"] + workers_cpu,
+        "peak_rss_mb_driver": mine["peak_mb"],
+        "peak_rss_mb_workers": [v["peak_mb"] for v in after.values()],
+    }
+
+
+def topdown_run(ex, h, schema, meas, invs, parts, cache_bytes: int) -> dict:
+    """One timed TopDown-style run on executor ``ex``: digest of every level, seconds."""
+    zeros = structural_zero_mask(schema, NURSE_NVA_0)
+    rel, out = _timed(ex, lambda: topdown_schema(h, schema, meas, invs, structural_zeros=zeros,
+                                                 executor=ex))  # fmt: skip
+    d = hashlib.sha256()
+    for est in rel.estimates:
+        d.update(np.ascontiguousarray(est).tobytes())
+    out["digest"] = d.hexdigest()
+    out["seconds_per_level"] = {k: v["seconds"] for k, v in rel.diagnostics["levels"].items()}
+    out["parents_solved_per_level"] = {
+        k: v["parents_solved"] for k, v in rel.diagnostics["levels"].items()
+    }
+    out["solver_cpu_seconds"] = rel.diagnostics["cpu_seconds"]
+    out["block_total_equals_state_total"] = bool(
+        int(rel.estimates[-1].sum()) == int(invs[1].values[0, 0])
+    )
+    return out
+
+
 def one_run(ex, h, schema, meas, invs, parts, cache_bytes: int) -> dict:
     """One timed streamed run on executor ``ex``: its digest, seconds and memory."""
     cut = parts[0].cut
@@ -129,33 +183,17 @@ def one_run(ex, h, schema, meas, invs, parts, cache_bytes: int) -> dict:
         else ProductMeasurement(m.level, m.query, np.empty((0, m.query.n_rows)), m.law)
         for m in meas
     ]  # fmt: skip
-    client = getattr(ex, "client", None)
-    before = client.run(_process) if client else {}
-    me = _process()
-    t0 = time.perf_counter()
-    res = structured_stream(
+    res, out = _timed(ex, lambda: structured_stream(
         h, schema, heads, given_values(meas, h, cut), parts, invs, executor=ex,
         sink=DigestSink(), cache_bytes=cache_bytes,
         order=np.argsort([-p.leaves for p in parts], kind="stable"),
-    )  # fmt: skip
-    wall = time.perf_counter() - t0
-    mine = _process()
-    after = client.run(_process) if client else {}
+    ))  # fmt: skip
     d = hashlib.sha256(piece_digest(res.top).encode())
     for s in res.sunk:
         d.update(s.encode())
-    workers_cpu = sum(after[a]["cpu"] - before[a]["cpu"] for a in after if a in before)
     diag = res.diagnostics
-    return {
-        "executor": ex.name,
-        "workers": ex.workers,
+    return out | {
         "digest": d.hexdigest(),
-        "seconds": wall,
-        "cpu_seconds_driver": mine["cpu"] - me["cpu"],
-        "cpu_seconds_workers": workers_cpu,
-        "cpu_seconds": mine["cpu"] - me["cpu"] + workers_cpu,
-        "peak_rss_mb_driver": mine["peak_mb"],
-        "peak_rss_mb_workers": [v["peak_mb"] for v in after.values()],
         "partitions_cached": diag["partitions_cached"],
         "message_bytes": diag["message_bytes"],
         "stream_seconds": {k: v for k, v in diag.items() if k.startswith("seconds_")},
@@ -172,7 +210,9 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=0, help="default: one per county")
     ap.add_argument("--cache-mb", type=float, default=2048.0, help="upward states cached")
     ap.add_argument("--runs", default="sync,dask-1,dask-2")
+    ap.add_argument("--topdown", action="store_true", help="TopDown-style instead of the GLS")
     args = ap.parse_args()
+    run = topdown_run if args.topdown else one_run
     t0 = time.perf_counter()
     h, schema, meas, invs, persons = problem(args.blocks, args.seed)
     cut = h.level_index("county")
@@ -183,12 +223,12 @@ def main() -> None:
     runs = {}
     for name in args.runs.split(","):
         if name == "sync":
-            runs[name] = one_run(SyncExecutor(), h, schema, meas, invs, parts, cache)
+            runs[name] = run(SyncExecutor(), h, schema, meas, invs, parts, cache)
         else:
             w = int(name.split("-")[1])
             with open_executor("distributed", workers=w) as ex:
                 ex.client.run(_warm)
-                runs[name] = one_run(ex, h, schema, meas, invs, parts, cache)
+                runs[name] = run(ex, h, schema, meas, invs, parts, cache)
         r = runs[name]
         print(f"[{time.perf_counter() - t0:.0f} s] {name}: {r['seconds']:.1f} s wall, "
               f"{r['cpu_seconds']:.1f} CPU s", file=sys.stderr, flush=True)  # fmt: skip
@@ -198,6 +238,7 @@ def main() -> None:
         "nodes_per_level": dict(zip(h.names, h.sizes, strict=True)),
         "persons": persons,
         "cells": int(np.prod(PL94_SHAPE)),
+        "estimator": "topdown_schema" if args.topdown else "structured_stream",
         "cut": h.names[cut],
         "partitions": len(parts),
         "cache_mb": args.cache_mb,
