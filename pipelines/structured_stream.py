@@ -617,8 +617,8 @@ def structured_stream(
                 for mask, sm in smoothed_top.items()
             }
             state = cached.pop(pos, None)
-            if ex is not None and state is not None:
-                sent[pos] = state  # released once its downward task is gathered
+            if dask and state is not None:
+                sent[pos] = state  # its handle, released once its downward task is gathered
             if ex is None:
                 task_measure = measure
             else:  # a cached state needs no measurements: nothing to send

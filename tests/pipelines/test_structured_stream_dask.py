@@ -7,6 +7,7 @@ the serial release."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -266,3 +267,41 @@ def test_topdown_per_parent_solves_on_every_executor(cluster):
             assert np.array_equal(a, b)
     with pytest.raises(SpecError, match="not both"):
         topdown_schema(h, s, meas, invs, executor=ex_dask, mapper=map)
+
+
+def test_key_guard_looks_inside_callables_and_records():
+    """The Dask backend finds a KeyedRNG inside a dataclass, a partial, a closure or a bound
+    method (checked before submission: nothing reaches the scheduler); sub-keys pass."""
+
+    class _Client:  # stands in for a connected client
+        scheduler = type("S", (), {"address": "tcp://127.0.0.1:8786"})()
+
+        def scheduler_info(self):
+            return {"workers": {"tcp://127.0.0.1:40001": {}}}
+
+        def submit(self, *a, **k):
+            return None
+
+    ex = DaskExecutor(client=_Client())
+    s, h, meas, invs, keyed = keyed_problem()
+    parts = partition_units(h, CUT, N_PARTS)
+    rng = keyed.rng
+    hidden = [keyed, functools.partial(len, rng), (lambda: rng), keyed.for_partition]
+    for x in hidden:
+        with pytest.raises(TypeError, match="secret key"):
+            ex.submit(len, [(1, x)])
+    with pytest.raises(TypeError, match="secret key"):
+        ex.submit(functools.partial(len, rng), [1])
+    ex.submit(len, [(1, keyed.for_partition(parts[0]))])  # sub-keys only
+
+
+def test_refusals():
+    s, h, meas, invs = problem()
+    parts = partition_units(h, CUT, N_PARTS)
+    measure = given_values(meas, h, CUT)
+    with pytest.raises(SpecError, match="not both"):
+        structured_stream(h, s, meas, measure, parts, invs, executor=SyncExecutor(), workers=2)
+    with pytest.raises(SpecError, match="without a sink"):
+        structured_stream(h, s, meas, measure, parts, invs, sink_payload=lambda p: 0)
+    with pytest.raises(SpecError, match="were asked for partition"):
+        measure.for_partition(parts[0])(parts[1])
