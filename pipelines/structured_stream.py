@@ -34,10 +34,11 @@ The per-partition passes run in this process (``workers`` threads) or as tasks o
 upward state stays on the worker that computed it (a handle the downward task runs next
 to), only its messages come to this process, and the downward task either recomputes the
 upward pass there or uses that cached state. Each partition's piece is either shipped back
-for ``on_partition`` or handed, where it is, to a ``sink`` (e.g. a release-store writer)
-whose small return value comes back. Results are taken in partition order, so the output is
-the same bit for bit for every executor and number of workers; a task lost with a worker is
-recomputed from its inputs (keyed noise, per-node arithmetic).
+for ``on_partition`` (in ``order``) or handed, where it is, to a ``sink`` (e.g. a
+release-store writer) whose small return value comes back. On Dask, messages and sink
+results are taken as they complete and placed by partition, so the output is the same bit
+for bit for every executor and number of workers; a task lost with a worker is recomputed
+from its inputs (keyed noise, per-node arithmetic).
 
 Rounding plugs in at ``on_partition``: the levels down to the cut (``StreamResult.top``) are
 rounded first from their estimates, then each partition's levels given its cut-level nodes'
@@ -333,23 +334,39 @@ def _downward(
     return (piece if keep_piece else None), residuals, fresh, sunk, seconds
 
 
-def _in_order(
-    n: int, submit: Callable[[range], list], group: int, ahead: int
-) -> Iterator[tuple[int, Any]]:
-    """``(i, entry)`` for ``i`` in ``0 .. n-1``, in order: positions are submitted in
-    groups of ``group`` (``submit(range)`` → one entry per position), with at most
-    ``ahead`` groups submitted and not yet consumed."""
+def _results(
+    ex: Executor,
+    n: int,
+    submit: Callable[[range], list[tuple]],
+    group: int,
+    ahead: int,
+    in_order: bool,
+) -> Iterator[tuple[int, tuple, Any]]:
+    """``(i, handles, value)`` for every position ``i`` in ``0 .. n-1``.
+
+    Positions are submitted in groups of ``group`` (``submit(range)`` → per position a tuple
+    of handles, the last one's value wanted), at most ``ahead`` groups at a time; results
+    come in position order, or (``in_order=False``) as they complete, so one long task does
+    not hold back the workers.
+    """
     groups = [range(i, min(i + group, n)) for i in range(0, n, group)]
-    pending: deque = deque()
+    inflight: dict[int, tuple] = {}
     nxt = 0
     while True:
-        while nxt < len(groups) and len(pending) < ahead:
-            pending.append((groups[nxt], submit(groups[nxt])))
+        while nxt < len(groups) and len(inflight) + len(groups[nxt]) <= ahead * group:
+            r = groups[nxt]
+            inflight.update(zip(r, submit(r), strict=True))
             nxt += 1
-        if not pending:
+        if not inflight:
             return
-        positions, entries = pending.popleft()
-        yield from zip(positions, entries, strict=True)
+        if in_order:
+            i = min(inflight)
+            value = ex.gather([inflight[i][-1]])[0]
+        else:
+            keys = list(inflight)
+            j, value = next(ex.each([inflight[k][-1] for k in keys]))
+            i = keys[j]
+        yield i, inflight.pop(i), value
 
 
 def _check_partitions(hierarchy: Hierarchy, partitions: Sequence[Partition]) -> int:
@@ -459,9 +476,10 @@ def structured_stream(
         ``sink_payload(partition)`` → the third argument of ``sink`` for that partition,
         called in this process after ``on_top``.
     ahead : int, optional
-        On Dask, partitions submitted beyond the one being consumed (default ``2 ×`` the
-        workers): bounds the upward states and pieces waiting on the workers. In-process
-        executors run one group of ``executor.workers`` partitions at a time.
+        On Dask, partitions submitted and not yet taken back (default ``2 ×`` the workers):
+        bounds the data waiting on the scheduler and workers. Their results are taken as
+        they complete (the pieces for ``on_partition`` in ``order``). In-process executors
+        run one group of ``executor.workers`` partitions at a time.
 
     Returns
     -------
@@ -523,14 +541,16 @@ def structured_stream(
     cached: dict[int, Any] = {}  # position → upward state (on Dask: its handle)
     sent: dict[int, Any] = {}  # Dask: cached states given to downward tasks not yet gathered
     try:
-        # one entry per position of ``order``: (upward state or its handle, its message)
+        # per position of ``order``: (position, (upward state or its handle, ...), message)
         if ex is None:
 
             def up_in_process(pos: int) -> tuple:
                 state = _upward(ctx, partitions[pos], measure)
-                return state, _message_task(state)
+                return (state,), _message_task(state)
 
-            ups: Iterator = enumerate(_ahead(up_in_process, order, workers))
+            ups: Iterator = (
+                (i, *out) for i, out in enumerate(_ahead(up_in_process, order, workers))
+            )
         else:
 
             def submit_up(r: range) -> list:
@@ -539,15 +559,14 @@ def structured_stream(
                 states = ex.submit(_up_task, items)
                 return list(zip(states, ex.submit(_message_task, states), strict=True))
 
-            ups = _in_order(len(order), submit_up, group, window)
+            ups = _results(ex, len(order), submit_up, group, window, in_order=not dask)
 
         messages: dict[int, dict] = {}
         used = largest = 0
-        for i, (state, msg) in ups:
-            pos = order[i]
+        for i, handles, msg in ups:
+            pos, state = order[i], handles[0]
             if ex is not None:
-                handle, msg = msg, ex.gather([msg])[0]
-                ex.release([handle])
+                ex.release(handles[1:])
             messages[pos], size, seconds = msg
             add(seconds)
             if used + size <= cache_bytes:
@@ -556,7 +575,7 @@ def structured_stream(
                 largest = max(largest, size)
             elif ex is not None:
                 ex.release([state])
-            del state, msg
+            del state, handles, msg
 
         t0 = time.perf_counter()
         top_rows = [(0, n) for n in hierarchy.sizes[: cut + 1]]
@@ -630,26 +649,31 @@ def structured_stream(
 
         keep_piece = on_partition is not None
         if ex is None:
-            downs: Iterator = enumerate(
-                _ahead(lambda pos: _downward(down_item(pos, ctx), sink, keep_piece), order, workers)
+            downs: Iterator = (
+                (i, (), out)
+                for i, out in enumerate(
+                    _ahead(
+                        lambda pos: _downward(down_item(pos, ctx), sink, keep_piece), order, workers
+                    )
+                )
             )
         else:
 
             def submit_down(r: range) -> list:
                 items = [down_item(order[i], ctx_h) for i in r]
-                return ex.submit(_downward, items, sink, keep_piece)
+                return [(h,) for h in ex.submit(_downward, items, sink, keep_piece)]
 
-            downs = _in_order(len(order), submit_down, group, window)
+            # the callbacks see the pieces in ``order``; a sink's results may come as ready
+            in_order = not dask or on_partition is not None
+            downs = _results(ex, len(order), submit_down, group, window, in_order)
 
         regenerated = 0
         sunk: list = [None] * len(partitions)
-        for i, out in downs:
+        for i, handles, out in downs:
             if ex is not None:
-                handle = out
-                out = ex.gather([handle])[0]
-                ex.release([handle, *([sent.pop(order[i])] if order[i] in sent else [])])
+                ex.release([*handles, *([sent.pop(order[i])] if order[i] in sent else [])])
             piece, (c, r, v, w), fresh, sunk[order[i]], seconds = out
-            del out
+            del out, handles
             add(seconds)
             regenerated += fresh
             cons = max(cons, c)
