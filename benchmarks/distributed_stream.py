@@ -32,14 +32,16 @@ start-up and a warm-up task importing the code in each worker are not timed. The
 ``dask-1`` wall over ``dask-2`` wall: meaningful only on a machine with 2 idle cores (on a
 shared one, compare the CPU seconds).
 
-Measured (2026-11-24, the 2-core machine shared with five other jobs, load average 9–13:
+Measured (2026-11-24, the 2-core machine shared with five other jobs, load average 17–25:
 wall times are mostly waiting; compare CPU seconds), seed 0, 30,000 blocks (9 counties in 7
-partitions, 0.8 M persons), upward states cached: the same digest from all three runs;
-sync 27.0 s wall, 7.9 CPU s (peak 1.9 GB, the measurements held whole); Dask 1 worker
-35.1 s wall, 11.1 CPU s (1.9 driver + 9.1 worker; worker peak 1.6 GB); Dask 2 workers
-38.7 s wall, 12.2 CPU s (2.5 + 9.8; worker peaks 1.2 and 1.2 GB); 151 kB of messages came
-up. Speedup 2 over 1: 0.91 under that load (no meaning there); the partitions' blocks allow
-at most 1.95 (largest-first on two workers). The lead re-measures on a quiet machine.
+partitions, 0.8 M persons), upward states cached, the final code: the same digest from all
+three runs; sync 63.5 s wall, 8.5 CPU s (peak 1.9 GB, the measurements held whole); Dask 1
+worker 82.2 s wall, 13.8 CPU s (3.3 driver + 10.5 worker; worker peak 1.6 GB); Dask 2
+workers 93.8 s wall, 17.3 CPU s (3.9 + 13.4; worker peaks 1.2 and 1.2 GB); 151 kB of
+messages came up. An earlier run at load 9–13: 27.0 / 35.1 / 38.7 s wall, 7.9 / 11.1 / 12.2
+CPU s. Speedup 2 over 1: 0.88 and 0.91 under those loads (no meaning there); the
+partitions' blocks allow at most 1.95 (largest first on two workers). To be re-measured on
+a quiet machine.
 
 Usage: ``python benchmarks/distributed_stream.py [--blocks N] [--seed S] [--partitions P]
 [--cache-mb M] [--runs sync,dask-1,dask-2] [--topdown]``.

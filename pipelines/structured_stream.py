@@ -451,7 +451,8 @@ def structured_stream(
         can then be rounded from its cut nodes' integers in ``on_partition``).
     cache_bytes : int
         Memory the cached upward states may take; partitions beyond it are recomputed in the
-        downward pass instead of held (0: recompute all).
+        downward pass instead of held (0: recompute all). On Dask, which partitions fit can
+        depend on the order their upward passes complete; the output does not.
     order : sequence of int, optional
         Order in which partitions are processed (positions in ``partitions``); the result
         does not depend on it. On an executor, largest partitions first (by leaves) keeps
