@@ -55,6 +55,7 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -228,7 +229,11 @@ def _task_measure(measure: MeasureFn, part: Partition) -> MeasureFn:
 class _Context:
     """What every partition's passes share; on Dask sent once to each worker (a handle).
 
-    ``rows`` is the cache of identified rows shared by the pieces made in one process.
+    ``setup`` holds the hierarchy reduced to its level names (:func:`_names_only`: the
+    per-partition passes read nothing else of it; each partition is sent its own
+    :class:`~censusdp.estimation.gls.Forest`), so what a worker receives does not grow with
+    the number of blocks beyond the invariants below the cut. ``rows`` is the cache of
+    identified rows shared by the pieces made in one process.
     """
 
     setup: StructuredSetup
@@ -245,8 +250,19 @@ def _same(x: Any) -> Any:
     return x
 
 
-def _upward(ctx: _Context, p: Partition, measure: MeasureFn) -> tuple[StructuredUpward, dict]:
-    """Partition ``p``'s upward pass from ``measure(p)``, and its seconds."""
+def _names_only(hierarchy: Hierarchy) -> Hierarchy:
+    """A one-node-per-level hierarchy with ``hierarchy``'s level names."""
+    one = np.zeros(1, np.int64)
+    return Hierarchy.from_parents(
+        hierarchy.names, [np.array(["0"])] * hierarchy.depth, [None] + [one] * (hierarchy.depth - 1)
+    )
+
+
+def _upward(
+    ctx: _Context, p: Partition, measure: MeasureFn, forest: Forest
+) -> tuple[StructuredUpward, dict]:
+    """Partition ``p``'s upward pass over its ``forest`` from ``measure(p)``, and its
+    seconds."""
     setup, cut, levels, low = ctx.setup, ctx.cut, ctx.levels, ctx.low
     names, depth = setup.hierarchy.names, setup.hierarchy.depth
     t0 = time.perf_counter()
@@ -271,13 +287,13 @@ def _upward(ctx: _Context, p: Partition, measure: MeasureFn) -> tuple[Structured
          for inv in ctx.invariants]
         for j in range(depth - cut)
     ]  # fmt: skip
-    up = structured_upward(
-        setup, Forest.of(setup.hierarchy, cut, p.ranges), p.ranges, meas_values, inv_values
-    )
+    up = structured_upward(setup, forest, p.ranges, meas_values, inv_values)
     return up, {"measure": t1 - t0, "up": time.perf_counter() - t1}
 
 
-def _up_task(item: tuple[_Context, Partition, MeasureFn]) -> tuple[StructuredUpward, dict]:
+def _up_task(
+    item: tuple[_Context, Partition, MeasureFn, Forest],
+) -> tuple[StructuredUpward, dict]:
     return _upward(*item)
 
 
@@ -287,9 +303,10 @@ def _message_task(state: tuple[StructuredUpward, dict]) -> tuple[dict, int, dict
     return up.messages(), up.nbytes(), seconds
 
 
-#: Partition ``partition``'s downward pass: ``[context, partition, state, measure,
+#: Partition ``partition``'s downward pass: ``[context, partition, state, measure, forest,
 #: cut_blocks, cut_estimates, payload]`` — its cut nodes' smoothed blocks and estimates, its
-#: cached upward state (None: recompute it from ``measure``) and its sink's payload. A plain
+#: cached upward state (None: recompute it from ``measure`` over ``forest``) and its sink's
+#: payload. A plain
 #: list: the executor replaces the handles inside lists (context, state) by their values, and
 #: the pass drops its reference to the upward state as soon as it is smoothed.
 _DownItem = list[Any]
@@ -300,12 +317,12 @@ def _downward(
 ) -> tuple[StructuredPiece | None, tuple, bool, Any, dict]:
     """Smoothing of one partition: its piece (if ``keep_piece``), residuals, whether its
     upward pass was recomputed, the sink's return value and the seconds per stage."""
-    ctx, p, state, measure, cut_blocks, cut_estimates, payload = item
+    ctx, p, state, measure, forest, cut_blocks, cut_estimates, payload = item
     item[2] = None
     setup, cut = ctx.setup, ctx.cut
     names = setup.hierarchy.names
     fresh = state is None
-    up, seconds = _upward(ctx, p, measure) if fresh else state
+    up, seconds = _upward(ctx, p, measure, forest) if fresh else state
     del state
     seconds = dict.fromkeys(("measure", "up"), 0.0) | (seconds if fresh else {})
     t0 = time.perf_counter()
@@ -525,9 +542,13 @@ def structured_stream(
     t = dict(setup=time.perf_counter() - t_start, measure=0.0, up=0.0, top=0.0, down=0.0,
              output=0.0, sink=0.0, callback=0.0)  # fmt: skip
     ctx = _Context(
-        setup, tuple(invs), tuple(levels), tuple(m.query for m in measurements), tuple(low), cut,
+        dataclasses.replace(setup, hierarchy=_names_only(hierarchy)), tuple(invs),
+        tuple(levels), tuple(m.query for m in measurements), tuple(low), cut,
         BlockDiagonal(setup.basis, setup.ident), {},
     )  # fmt: skip
+
+    def forest_of(p: Partition) -> Forest:
+        return Forest.of(hierarchy, cut, p.ranges)
 
     def add(seconds: dict) -> None:
         for k, v in seconds.items():
@@ -546,7 +567,8 @@ def structured_stream(
         if ex is None:
 
             def up_in_process(pos: int) -> tuple:
-                state = _upward(ctx, partitions[pos], measure)
+                p = partitions[pos]
+                state = _upward(ctx, p, measure, forest_of(p))
                 return (state,), _message_task(state)
 
             ups: Iterator = (
@@ -555,8 +577,8 @@ def structured_stream(
         else:
 
             def submit_up(r: range) -> list:
-                items = [(ctx_h, partitions[order[i]], _task_measure(measure, partitions[order[i]]))
-                         for i in r]  # fmt: skip
+                parts = [partitions[order[i]] for i in r]
+                items = [(ctx_h, p, _task_measure(measure, p), forest_of(p)) for p in parts]
                 states = ex.submit(_up_task, items)
                 return list(zip(states, ex.submit(_message_task, states), strict=True))
 
@@ -639,12 +661,13 @@ def structured_stream(
             state = cached.pop(pos, None)
             if dask and state is not None:
                 sent[pos] = state  # its handle, released once its downward task is gathered
-            if ex is None:
-                task_measure = measure
-            else:  # a cached state needs no measurements: nothing to send
-                task_measure = None if state is not None else _task_measure(measure, p)
+            if state is not None:  # a cached state needs no measurements: nothing to send
+                task_measure = forest = None
+            else:
+                task_measure = measure if ex is None else _task_measure(measure, p)
+                forest = forest_of(p)
             return [
-                context, p, state, task_measure, cut_blocks,
+                context, p, state, task_measure, forest, cut_blocks,
                 top_est[cut][lo:hi], None if sink_payload is None else sink_payload(p),
             ]  # fmt: skip
 
