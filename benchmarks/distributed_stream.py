@@ -43,6 +43,12 @@ CPU s. Speedup 2 over 1: 0.88 and 0.91 under those loads (no meaning there); the
 partitions' blocks allow at most 1.95 (largest first on two workers). To be re-measured on
 a quiet machine.
 
+``--topdown``, 12,000 blocks (3 counties, 79 tracts, 236 block groups; load 19–21): the
+same digest of every level from all three runs, the block total equal to the state's;
+sync 479 s wall, 78 CPU s; Dask 1 worker 677 s wall, 106 CPU s (21 driver + 85 worker);
+Dask 2 workers 619 s wall, 122 CPU s (25 + 98), worker peaks 0.47 GB each. The tract level
+(3 parents, 238 s of the sync run) bounds what two workers can gain here.
+
 Usage: ``python benchmarks/distributed_stream.py [--blocks N] [--seed S] [--partitions P]
 [--cache-mb M] [--runs sync,dask-1,dask-2] [--topdown]``.
 
