@@ -32,14 +32,14 @@ start-up and a warm-up task importing the code in each worker are not timed. The
 ``dask-1`` wall over ``dask-2`` wall: meaningful only on a machine with 2 idle cores (on a
 shared one, compare the CPU seconds).
 
-Measured (2026-11-24, the 2-core machine shared with five other jobs, load average 17–25:
+Measured (2026-11-24, the 2-core machine shared with five other jobs, load average 19–22:
 wall times are mostly waiting; compare CPU seconds), seed 0, 30,000 blocks (9 counties in 7
 partitions, 0.8 M persons), upward states cached, the final code: the same digest from all
-three runs; sync 63.5 s wall, 8.5 CPU s (peak 1.9 GB, the measurements held whole); Dask 1
-worker 82.2 s wall, 13.8 CPU s (3.3 driver + 10.5 worker; worker peak 1.6 GB); Dask 2
-workers 93.8 s wall, 17.3 CPU s (3.9 + 13.4; worker peaks 1.2 and 1.2 GB); 151 kB of
-messages came up. An earlier run at load 9–13: 27.0 / 35.1 / 38.7 s wall, 7.9 / 11.1 / 12.2
-CPU s. Speedup 2 over 1: 0.88 and 0.91 under those loads (no meaning there); the
+three runs (and from every earlier version of this branch); sync 24.9 s wall, 7.6 CPU s
+(peak 1.9 GB, the measurements held whole); Dask 1 worker 40.1 s wall, 11.7 CPU s (2.2
+driver + 9.5 worker; worker peak 1.6 GB); Dask 2 workers 51.4 s wall, 14.8 CPU s (2.8 +
+12.0; worker peaks 1.25 and 1.17 GB); 151 kB of messages came up. Speedup 2 over 1: 0.78
+under that load (0.88–0.91 in three earlier runs at loads 9–25): no meaning there; the
 partitions' blocks allow at most 1.95 (largest first on two workers). To be re-measured on
 a quiet machine.
 
