@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -59,6 +59,9 @@ from censusdp.mechanisms.product_measure import (
 )
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Schema
+
+if TYPE_CHECKING:
+    from censusdp.pipelines.execute import Executor
 
 __all__ = ["LevelOrdering", "bureau_pl94_ordering", "structural_zero_mask", "topdown_schema"]
 
@@ -201,6 +204,17 @@ def _solve_run(run: list[tuple], opts: dict) -> list[tuple[np.ndarray, dict]]:
     return [_solve_parent(t, opts) for t in run]
 
 
+def _runs(children: np.ndarray, chunks: int) -> list[np.ndarray]:
+    """Parents ``0 .. n-1`` cut into at most ``chunks`` contiguous runs of about equal numbers
+    of children (their problems' size), none empty."""
+    if children.size == 0:
+        return []
+    cum = np.cumsum(children)
+    targets = cum[-1] * np.arange(1, max(1, chunks)) / max(1, chunks)
+    bounds = np.unique(np.concatenate([[0], np.searchsorted(cum, targets, "right"), [cum.size]]))
+    return [np.arange(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
+
+
 def topdown_schema(
     hierarchy: Hierarchy,
     schema: Schema,
@@ -212,8 +226,9 @@ def topdown_schema(
     slack: float = DEFAULT_SLACK,
     privacy: PrivacyStatement | None = None,
     mapper: Callable[..., list[Any]] | None = None,
-    chunks: int = 1,
+    chunks: int | None = None,
     progress: Callable[[str], None] | None = None,
+    executor: Executor | None = None,
 ) -> Release:
     """TopDown-style estimates of a schema histogram: non-negative integers, consistent.
 
@@ -240,11 +255,18 @@ def topdown_schema(
         Checked against the statement derived from the measurements (BudgetError when it
         claims less).
     mapper : callable, optional
-        ``mapper(fn, items, *shared)`` → ``[fn(item, *shared) for item in items]`` (threads,
-        Dask); each level's non-trivial parents are cut into ``chunks`` runs.
-    chunks : int
+        ``mapper(fn, items, *shared)`` → ``[fn(item, *shared) for item in items]``; each
+        level's non-trivial parents are cut into ``chunks`` runs.
+    chunks : int, optional
+        Runs of parents per level, contiguous and of about equal size in children (default
+        1, or 4 per worker of an ``executor``).
     progress : callable, optional
         Called with one line per level solved.
+    executor : Executor, optional
+        Runs each level's runs of parents as tasks (:mod:`censusdp.pipelines.execute`: sync,
+        threads, a Dask cluster), the largest first; instead of ``mapper``. Every parent's
+        problem is a pure function of its inputs, so the release is the same for any
+        executor, number of workers and ``chunks``.
 
     Returns
     -------
@@ -261,6 +283,10 @@ def topdown_schema(
     SolverError
         A sub-problem failed; the message names the level and parent.
     """
+    if executor is not None and mapper is not None:
+        raise SpecError("topdown_schema: give a mapper or an executor, not both")
+    if chunks is None:
+        chunks = 1 if executor is None else 4 * max(1, int(executor.workers))
     names = hierarchy.names
     meas = _by_level(hierarchy, schema, measurements)
     invs = _propagate(hierarchy, schema, invariants)
@@ -338,10 +364,19 @@ def topdown_schema(
             sub_i = [(q, v[lo:hi]) for q, v in invs[k].values()]
             where = f"level {lv.name!r}, parent {str(up.codes[p])!r} (level {up.name!r})"
             tasks.append((par[p], level_meas(k, lo, hi), sub_i, hi - lo, where))
-        runs = [r for r in np.array_split(np.arange(len(tasks)), max(1, chunks)) if r.size]
+        runs = _runs(np.asarray([t[3] for t in tasks], np.int64), chunks)
         items = [[tasks[i] for i in r] for r in runs]
         o = opts(k)
-        results = mapper(_solve_run, items, o) if mapper else [_solve_run(it, o) for it in items]
+        if executor is not None:
+            handles = executor.submit(_solve_run, items, o, cost=[len(r) for r in runs])
+            try:
+                results = executor.gather(handles)
+            finally:
+                executor.release(handles)
+        elif mapper is not None:
+            results = mapper(_solve_run, items, o)
+        else:
+            results = [_solve_run(it, o) for it in items]
         infos = []
         for p, (cnt, info) in zip(todo, (r for run in results for r in run), strict=True):
             lo = int(up.child_start[p])

@@ -25,8 +25,11 @@ interface, and elsewhere only when the caller says it accepts plaintext traffic
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import ipaddress
 import os
+import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -161,7 +164,14 @@ def scheduler_security(
 
 
 def _check_no_key(fn: Callable[..., Any], args: Any, extra: tuple) -> None:
-    """Refuse a Dask task that would carry a secret key (tasks get sub-keys only)."""
+    """Refuse a Dask task that would carry a secret key (tasks get sub-keys only).
+
+    The task's arguments are searched through containers (tuples, lists, dicts), dataclass
+    fields, bound methods' objects, ``functools.partial`` arguments and the variables a
+    function closes over, so a key cannot ride into a task inside a callable or a small
+    record either.
+    """
+    seen: set[int] = set()
 
     def check(x: Any) -> None:
         if isinstance(x, KeyedRNG):
@@ -169,15 +179,41 @@ def _check_no_key(fn: Callable[..., Any], args: Any, extra: tuple) -> None:
                 f"a Dask task ({getattr(fn, '__name__', fn)!r}) would receive a secret key; "
                 "send it the sub-keys it draws from (KeyedRNG.restrict) instead"
             )
+        if id(x) in seen:
+            return
         if type(x) in (tuple, list):
+            seen.add(id(x))
             for y in x:
                 check(y)
         elif type(x) is dict:
+            seen.add(id(x))
             for y in x.values():
                 check(y)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            seen.add(id(x))
+            for f in dataclasses.fields(x):
+                check(getattr(x, f.name, None))
+        elif isinstance(x, types.MethodType):
+            check(x.__self__)
+        elif isinstance(x, functools.partial):
+            seen.add(id(x))
+            check((x.func, x.args, x.keywords))
+        elif isinstance(x, types.FunctionType):
+            seen.add(id(x))
+            cells = tuple(c.cell_contents for c in x.__closure__ or () if _filled(c))
+            check((cells, x.__defaults__, x.__kwdefaults__))
 
+    check(fn)
     check(args)
     check(extra)
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:  # an empty cell (a variable not yet assigned)
+        return False
+    return True
 
 
 class Executor(Protocol):
