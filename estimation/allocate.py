@@ -280,9 +280,12 @@ class _Evaluator:
         return out
 
     def values(self, pred: Prediction) -> np.ndarray:
-        """Every target's relative variance."""
+        """Every target's relative variance (0 for a target held exactly by the invariants:
+        a mean cell variance below ``1e-12 τ²`` is rounding residue, as in :class:`Prediction`)."""
         sums = self.level_sums(pred, list(zip(self.tk, self.tq, strict=True)))
-        return self.scale * np.maximum(sums, 0.0)  # held exactly: 0 up to rounding
+        n = self.classes.n_nodes()
+        cells = np.array([n[k] * q.n_rows for k, q in zip(self.tk, self.tq, strict=True)])
+        return self.scale * np.where(sums > 1e-12 * pred.tau2 * cells, sums, 0.0)
 
     def check_identified(self, pred: Prediction) -> None:
         for t, q in zip(self.objective.targets, self.tq, strict=True):
