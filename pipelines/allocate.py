@@ -37,6 +37,7 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,16 +59,14 @@ _OBJECTIVE_KEYS = {"kind", "floor", "tolerance"}
 _TARGET_KEYS = {"level", "table", "weight", "share"}
 
 
+@dataclass(frozen=True)
 class Targets:
     """A parsed targets file: the objective and the solver's floor and tolerance."""
 
-    def __init__(self, objective: Objective, floor: float, tolerance: float, source: str):
-        self.objective, self.floor, self.tolerance, self.source = (
-            objective,
-            floor,
-            tolerance,
-            source,
-        )
+    objective: Objective
+    floor: float
+    tolerance: float
+    source: str
 
 
 def _number(value: Any, where: str, *, fraction: bool = False) -> float:
