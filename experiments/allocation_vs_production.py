@@ -47,7 +47,7 @@ INFO = ExperimentInfo(
     "which targets got better or worse",
     paper="",
     data=(),
-    full_run="13 min",
+    full_run="17 min",
 )
 
 #: Blocks of the synthetic state and simulated releases per allocation (full, quick).
