@@ -16,6 +16,7 @@ from censusdp.command_line import CommandParser, run_cli
 from censusdp.experiments.midwest_demo import register as register_demo
 from censusdp.experiments.registry import register as register_experiment
 from censusdp.hierarchy.describe import register as register_hierarchy
+from censusdp.pipelines.allocate import register as register_allocate
 from censusdp.pipelines.commands import register as register_pipelines
 from censusdp.pipelines.predict import register as register_predict
 
@@ -27,6 +28,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_demo,
     register_pipelines,
     register_predict,
+    register_allocate,
     register_experiment,
     register_hierarchy,
 )

@@ -495,6 +495,7 @@ def predict_errors(
     *,
     delta: float | None = None,
     areas: Equivalency | None = None,
+    information: Sequence[tuple[str | int, ProductQuery, float]] = (),
 ) -> Prediction:
     """The exact error covariance of the weighted structured GLS release, before any noise.
 
@@ -514,6 +515,12 @@ def predict_errors(
         Off-spine areas (sums of leaves, :mod:`censusdp.hierarchy.equivalency`): their
         covariances too (``Prediction.areas``), from the class passes' matrices looked up
         per node (:func:`~censusdp.estimation.areas.area_sweep`); needs a Hierarchy.
+    information : sequence of (level, ProductQuery, float)
+        Extra precision ``p`` (any sign, repeats add) of a query's Gram at every node of a
+        level, ``J_k += p · QᵀQ``: not a measurement, no privacy is spent or stated. Since
+        ``d/dp Cov = −C (QᵀQ at the level) C``, runs at ``±p`` give the gradient of a
+        variance with respect to every measurement's precision
+        (:mod:`censusdp.estimation.allocate`).
 
     Returns
     -------
@@ -565,6 +572,12 @@ def predict_errors(
             )
         seen.add((k, q.name))
         meas.append((k, q, law))
+    extra = []
+    for level, q, p in information:
+        k = _level_of(names, level, f"information of {q.name!r}")
+        if q.schema is not schema:
+            raise SpecError(f"information {q.name!r} at level {names[k]!r} is over another schema")
+        extra.append((k, q, float(p)))
     invs = []
     for level, q in invariants:
         k = _level_of(names, level, f"invariant {q.name!r}")
@@ -577,10 +590,13 @@ def predict_errors(
 
     variances = np.array([float(law.variance) for _, _, law in meas])
     tau2 = float(np.median(variances))  # the scaling of structured_gls, for equal rounding
-    basis = MarginalBasis.for_queries(schema, [q for _, q, _ in meas] + [q for _, q in invs])
+    queries = [q for _, q, _ in meas] + [q for _, q in invs] + [q for _, q, _ in extra]
+    basis = MarginalBasis.for_queries(schema, queries)
     grams: dict[tuple, BlockDiagonal] = {}
-    for q in [q for _, q, _ in meas] + [q for _, q in invs]:
-        grams.setdefault(tuple(id(f) for f in q.factors), basis.gram(q))
+    for q in queries:
+        key = tuple(id(f) for f in q.factors)
+        if key not in grams:
+            grams[key] = basis.gram(q)
     J: list[dict[int, np.ndarray] | None] = [None] * D
     GH: list[dict[int, np.ndarray] | None] = [None] * D
     measured = {m: np.zeros((basis.block_size(m),) * 2) for m in basis.subsets}
@@ -590,6 +606,9 @@ def predict_errors(
             measured[mask] = measured[mask] + blk
         w = tau2 / v
         J[k] = {m: (0.0 if J[k] is None else J[k][m]) + blk * w for m, blk in g.items()}
+    for k, q, p in extra:
+        g = grams[tuple(id(f) for f in q.factors)].blocks
+        J[k] = {m: (0.0 if J[k] is None else J[k][m]) + blk * (tau2 * p) for m, blk in g.items()}
     for k, q in invs:
         g = grams[tuple(id(f) for f in q.factors)].blocks
         GH[k] = g if GH[k] is None else {m: GH[k][m] + g[m] for m in g}

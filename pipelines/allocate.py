@@ -1,0 +1,278 @@
+"""``censusdp allocate SPEC --target TARGETS.toml -o NEW_SPEC``: optimise the budget allocation.
+
+``SPEC`` is a predict spec (:mod:`censusdp.pipelines.predict`: schema, hierarchy *shape*,
+invariants, optional ``[allocation]``, else the schema's — for ``pl94`` the 2020 production
+one). ``TARGETS.toml`` declares the objective::
+
+    [objective]
+    kind = "sum"            # "sum" (weighted sum) or "max" (weighted maximum)
+    floor = 0.01            # each measured query keeps ≥ floor × its share in SPEC (optional)
+    tolerance = 1e-3        # certified relative duality gap (optional)
+
+    [population]            # typical persons per node of a level: the relative variances'
+    county = 100000         # denominators (declared, never read from data)
+    tract = 4000
+    block_group = 1500
+
+    [[target]]
+    level = "tract"
+    table = "hispanic * cenrace"   # a product query of the schema
+    weight = 1.0                   # optional (default 1)
+    share = 0.008                  # optional: expected share of the node's population in one
+                                   # row (default 1 / rows)
+
+Each target's relative variance is the mean over the level's nodes and the table's rows of
+``Var / (population · share)²``, predicted from the tree's shape alone
+(:func:`~censusdp.estimation.allocate.optimise_allocation`). The command writes ``NEW_SPEC``
+— ``SPEC`` with the optimised ``[allocation]`` (exact fractions, the same ρ) — atomically
+under the output policy of :mod:`censusdp.atomic` (a new path, or an earlier output with
+``--overwrite``; never an input), and prints the objective before and after, each target's
+relative change and the solver's certificate. No count is read and no noise is drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from censusdp.errors import SpecError
+from censusdp.estimation.allocate import (
+    AllocationResult,
+    Objective,
+    Target,
+    optimise_allocation,
+)
+from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.predict import PredictSpec, load_predict_spec
+from censusdp.schema import Allocation
+
+__all__ = ["Targets", "load_targets", "register", "spec_text"]
+
+_SECTIONS = {"objective", "population", "target"}
+_OBJECTIVE_KEYS = {"kind", "floor", "tolerance"}
+_TARGET_KEYS = {"level", "table", "weight", "share"}
+
+
+@dataclass(frozen=True)
+class Targets:
+    """A parsed targets file: the objective and the solver's floor and tolerance."""
+
+    objective: Objective
+    floor: float
+    tolerance: float
+    source: str
+
+
+def _number(value: Any, where: str, *, fraction: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SpecError(f"{where}: give a number, not {type(value).__name__}")
+    v = float(value)
+    if not v > 0 or (fraction and not v < 1):
+        raise SpecError(f"{where}: must be {'in (0, 1)' if fraction else 'positive'}")
+    return v
+
+
+def load_targets(path: str | Path, spec: PredictSpec) -> Targets:
+    """Read and check a targets file against a predict spec's schema and levels.
+
+    Raises
+    ------
+    SpecError
+        Naming the file, the key and the fix: unknown sections or keys (with the allowed
+        ones), unknown levels or tables (with the known ones), missing populations, bad
+        numbers, an unknown objective kind.
+    """
+    p = Path(path)
+    where = str(p)
+    try:
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"{where}: cannot read the targets file: {exc}") from None
+    if set(doc) - _SECTIONS:
+        raise SpecError(
+            f"{where}: unknown sections {sorted(set(doc) - _SECTIONS)}; use {sorted(_SECTIONS)}"
+        )
+    obj = doc.get("objective", {})
+    if not isinstance(obj, Mapping):
+        raise SpecError(f"{where}: [objective] must be a table")
+    if set(obj) - _OBJECTIVE_KEYS:
+        raise SpecError(
+            f"{where}: objective: unknown keys {sorted(set(obj) - _OBJECTIVE_KEYS)}; "
+            f"use {sorted(_OBJECTIVE_KEYS)}"
+        )
+    kind = obj.get("kind", "sum")
+    if kind not in ("sum", "max"):
+        raise SpecError(f"{where}: objective.kind: {kind!r} is not 'sum' or 'max'")
+    floor = _number(obj.get("floor", 0.01), f"{where}: objective.floor", fraction=True)
+    tol = _number(obj.get("tolerance", 1e-3), f"{where}: objective.tolerance", fraction=True)
+    levels = list(spec.hierarchy.names)
+    pop = doc.get("population", {})
+    if not isinstance(pop, Mapping):
+        raise SpecError(f"{where}: [population] must be a table of level = persons")
+    for lvl, v in pop.items():
+        if lvl not in levels:
+            raise SpecError(f"{where}: population.{lvl}: unknown level; levels are {levels}")
+        _number(v, f"{where}: population.{lvl}")
+    raw = doc.get("target")
+    if not isinstance(raw, list) or not raw:
+        raise SpecError(
+            f"{where}: no [[target]]; give at least one with level and table "
+            '(e.g. level = "tract", table = "total")'
+        )
+    targets = []
+    for i, t in enumerate(raw):
+        at = f"{where}: target[{i}]"
+        if not isinstance(t, Mapping):
+            raise SpecError(f"{at}: must be a table ([[target]])")
+        if set(t) - _TARGET_KEYS:
+            raise SpecError(
+                f"{at}: unknown keys {sorted(set(t) - _TARGET_KEYS)}; use {sorted(_TARGET_KEYS)}"
+            )
+        for key in ("level", "table"):
+            if key not in t:
+                raise SpecError(f"{at}: missing {key!r}")
+        lvl = str(t["level"])
+        if lvl not in levels:
+            raise SpecError(f"{at}.level: unknown level {lvl!r}; levels are {levels}")
+        try:
+            q = ProductQuery.parse(spec.schema, str(t["table"]))
+        except SpecError as err:
+            raise SpecError(
+                f"{at}.table: {err}; the schema's strategy tables are {list(spec.schema.strategy)}"
+            ) from None
+        if lvl not in pop:
+            raise SpecError(
+                f"{at}: no [population] entry for level {lvl!r}; add {lvl} = N (typical "
+                "persons per node) to [population]"
+            )
+        weight = _number(t.get("weight", 1.0), f"{at}.weight")
+        share = (
+            _number(t["share"], f"{at}.share") if "share" in t else 1.0 / q.n_rows
+        )
+        if share > 1:
+            raise SpecError(f"{at}.share: {share} is above 1; give a fraction of the population")
+        targets.append(Target(lvl, q.name, weight, float(pop[lvl]) * share))
+    return Targets(Objective(tuple(targets), kind), floor, tol, where)
+
+
+# -- writing the new spec ------------------------------------------------------------------
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + " }"
+    raise SpecError(f"cannot write a value of type {type(v).__name__} into a spec")
+
+
+def _key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else _value(k)
+
+
+def _allocation_table(a: Allocation) -> dict:
+    return {
+        "rho": str(a.rho),
+        "levels": {lvl: str(s) for lvl, s in a.levels.items()},
+        "queries": {lvl: [0 if s == 0 else str(s) for s in v] for lvl, v in a.queries.items()},
+    }
+
+
+def spec_text(spec_path: Path, out: Path, allocation: Allocation, header: str) -> str:
+    """The predict spec at ``spec_path`` with ``[allocation]`` replaced, for writing at
+    ``out`` (a relative hierarchy file is re-expressed relative to ``out``'s folder)."""
+    doc = tomllib.loads(spec_path.read_text(encoding="utf-8"))
+    hier = dict(doc.get("hierarchy", {}))
+    if "file" in hier and not Path(str(hier["file"])).is_absolute():
+        target = (spec_path.parent / str(hier["file"])).resolve()
+        hier["file"] = os.path.relpath(target, out.resolve().parent)
+    doc["hierarchy"] = hier
+    doc["allocation"] = _allocation_table(allocation)
+    lines = [f"# {line}" for line in header.splitlines()]
+    for section in ("predict", "hierarchy"):
+        if section in doc:
+            lines += ["", f"[{section}]"]
+            lines += [f"{_key(k)} = {_value(v)}" for k, v in doc[section].items()]
+    alloc = doc["allocation"]
+    lines += ["", "[allocation]", f"rho = {_value(alloc['rho'])}", "", "[allocation.levels]"]
+    lines += [f"{_key(k)} = {_value(v)}" for k, v in alloc["levels"].items()]
+    lines += ["", "[allocation.queries]"]
+    lines += [f"{_key(k)} = {_value(v)}" for k, v in alloc["queries"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _report(result: AllocationResult) -> list[str]:
+    kind = result.objective.kind
+    lines = [
+        f"objective ({kind} of relative variances): production {result.before:.6g} → "
+        f"optimised {result.after:.6g} ({-100 * result.improvement:+.1f}%)",
+        f"solver: {result.iterations} iterations, {result.evaluations} predictions, "
+        + (
+            f"certified: relative duality gap {result.gap:.2g} ≤ {result.tolerance:g}"
+            if result.certified
+            else f"NOT certified: relative duality gap {result.gap:.2g} > {result.tolerance:g}"
+        )
+        + f"; floor {result.floor:g} × each starting share",
+        "target                                   relative variance: before → after (change)",
+    ]
+    for t, b, a in zip(result.objective.targets, result.targets_before, result.targets_after,
+                       strict=True):  # fmt: skip
+        change = "held" if b == 0 else f"{100 * (a / b - 1):+.1f}%"
+        lines.append(f"  {t.label:<38} {b:.4g} → {a:.4g} ({change})")
+    return lines
+
+
+def _cmd_allocate(args: argparse.Namespace) -> int:
+    from censusdp.atomic import check_output, output_file
+
+    spec_path, target_path, out = Path(args.spec), Path(args.target), Path(args.out)
+    inputs = [spec_path, target_path]
+    kw = {"overwrite": args.overwrite, "inputs": inputs, "formats": (".toml",), "option": "-o"}
+    check_output(out, kind="file", **kw)  # before any work
+    spec = load_predict_spec(spec_path)
+    targets = load_targets(target_path, spec)
+    inv = [(lvl, ProductQuery.parse(spec.schema, t)) for lvl, t in spec.invariants]
+    result = optimise_allocation(
+        spec.hierarchy,
+        spec.schema,
+        targets.objective,
+        inv,
+        start=spec.allocation,
+        floor=targets.floor,
+        tolerance=targets.tolerance,
+    )
+    lines = _report(result)
+    header = "\n".join(
+        [f"written by `censusdp allocate {spec_path.name} --target {target_path.name}`"]
+        + lines[:2]
+    )
+    with output_file(out, command="allocate", **kw) as tmp:
+        tmp.write_text(spec_text(spec_path, out, result.allocation, header), encoding="utf-8")
+    print("\n".join(lines))
+    print(f"wrote {out} (the spec with the optimised [allocation], ρ = {result.allocation.rho})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``allocate`` to the CLI."""
+    from censusdp.command_line import add_overwrite
+
+    p = sub.add_parser(
+        "allocate",
+        help="optimise level and query shares for declared targets (predicted, no data read)",
+    )
+    p.add_argument("spec", help="the predict spec (TOML) whose allocation is the start")
+    p.add_argument("--target", required=True, help="the targets file (TOML)")
+    p.add_argument("-o", "--out", required=True, help="the new spec to write (.toml)")
+    add_overwrite(p)
+    p.set_defaults(func=_cmd_allocate)
