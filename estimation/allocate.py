@@ -70,7 +70,6 @@ from censusdp.estimation.predict import Prediction, allocation_plan, predict_err
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.shape_classes import ShapeClasses, shape_classes
 from censusdp.mechanisms.laws import Gaussian
-from censusdp.mechanisms.privacy import query_sensitivity
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Allocation, Schema
 
@@ -219,7 +218,7 @@ class _Evaluator:
         self.objective, self.rho = objective, rho
         self.levels = [lvl for lvl, _, _ in variables]
         self.queries = [q for _, q, _ in variables]
-        self.sens = [query_sensitivity(q, 2) for q in self.queries]
+        self.sens = [q.sensitivity(2) for q in self.queries]
         names = list(classes.names)
         for t in objective.targets:
             if t.level not in names:
