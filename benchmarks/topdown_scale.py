@@ -51,6 +51,7 @@ from pl94_state import (  # noqa: E402
     strategy,
 )
 
+import censusdp.estimation.topdown_sparse as topdown_sparse  # noqa: E402
 from censusdp.budget import PrivacyStatement  # noqa: E402
 from censusdp.estimation.structured_gls import structured_gls  # noqa: E402
 from censusdp.estimation.topdown_schema import (  # noqa: E402
@@ -167,6 +168,7 @@ def run(blocks: int, seed: int, gls: bool, sample: int = 0) -> dict:
                 lvl: (d["seconds"] / d["parents_solved"] if d["parents_solved"] else None)
                 for lvl, d in rel.diagnostics["levels"].items()
             },
+            "pattern_cache": topdown_sparse.pattern_cache_stats(),
             "block_total_equals_state_total": int(est_block.sum()) == persons,
             "min_count": int(min(e.min() for e in rel.estimates)),
             "block_group_mean_abs_cell_error": float(err_bg.mean()),
@@ -197,12 +199,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gls", action="store_true", help="skip the structured GLS")
     ap.add_argument(
+        "--no-pattern-cache",
+        action="store_true",
+        help="build every parent's matrices afresh (no sharing between parents of one shape)",
+    )
+    ap.add_argument(
         "--sample",
         type=int,
         default=0,
         help="only time N parents per level (from true histograms) and extrapolate",
     )
     args = ap.parse_args()
+    if args.no_pattern_cache:
+        topdown_sparse.PATTERN_CACHE_SIZE = 0
     print(json.dumps(run(args.blocks, args.seed, not args.no_gls, args.sample), indent=2))
 
 
