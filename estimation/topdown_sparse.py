@@ -43,7 +43,18 @@ Solvers of an L2 pass (:func:`l2_multipass`, ``method="auto"``):
   one residual variable per answer (``r_q = K_q x``), so its Hessian is diagonal.
 
 The rounding passes go to HiGHS as the LP relaxation first (integral when the pass's queries
-and the parent sums form a network), then as the MILP.
+and the parent sums form a network), then as the MILP, through HiGHS's model arrays directly.
+
+Parents of one shape share their structures. Every matrix above depends only on the parent's
+*pattern* — its number of children, its active cells — and on the queries (by content: their
+factors' 0/1 matrices), never on counts or noise; so the restricted query blocks, ``I_n ⊗
+Q_a``, the rounding passes' constraint matrices and an L2 pass's Clarabel constraint matrix
+are built once per pattern and kept in a bounded least-recently-used cache
+(:data:`PATTERN_CACHE_SIZE` entries, :func:`pattern_cache_stats`); a parent of a known
+pattern fills in only its vectors (parent sums, answers, weights, bands). Each solve starts
+from a fresh solver (no warm start, no reused factorisation): a parent's result never depends
+on which parents were solved before it, in this process or another, so a Dask run stays bit
+for bit the single-machine one.
 
 References
 ----------

@@ -159,3 +159,14 @@ def test_topdown_release_is_consistent_at_every_level(shared_file):
         assert np.array_equal(h.aggregate_up(k, est[k]), est[k - 1])
     assert np.array_equal(est[1].sum(axis=1), tensors[1].reshape(len(est[1]), -1).sum(axis=1))
     assert est[0].sum() == data.truth.sum()
+
+
+def test_budgets_of_each_mode(tmp_path):
+    from censusdp.experiments.registry import ExperimentContext
+    from censusdp.experiments.topdown_fidelity import LOW_FACTORS, RHO_FACTORS, rho_factors
+
+    assert rho_factors(ExperimentContext(out=tmp_path, quick=True)) == (Fraction(1),)
+    assert rho_factors(ExperimentContext(out=tmp_path)) == RHO_FACTORS
+    every = rho_factors(ExperimentContext(out=tmp_path, all_units=True))
+    assert every == (*LOW_FACTORS, *RHO_FACTORS) and min(every) < Fraction(1, 100) < max(every)
+    assert Fraction(1) in RHO_FACTORS and min(RHO_FACTORS) < 1 < max(RHO_FACTORS)  # brackets ρ*
