@@ -1172,6 +1172,46 @@ def _general_up(f: Forest, lv: list[_Level], K: int, bottom: _Up | None) -> list
     return up
 
 
+def family_inverse_plain(S: np.ndarray) -> np.ndarray:
+    """``S⁺`` for the parents whose children have no flat direction: the smoother's family
+    inverse (``G_c = P_c S⁺``; the children's errors given the parent have covariance
+    ``δ_cc' P_c − P_c S⁺ P_c'``)."""
+    A, _ = _pinv_psd(S, 1e-13 * np.trace(S, axis1=1, axis2=2))
+    return A
+
+
+def family_inverse_bordered(f: Forest, j: int, u: _Up, pb: np.ndarray, K: int) -> np.ndarray:
+    """The bordered family inverse ``(2K, 2K)`` of parents ``pb`` (level ``j``) with flat
+    children: the pseudo-inverse of ``[[S, N], [Nᵀ, pad]]`` with ``N`` the children's packed
+    flat directions. With ``F_c = [P_c, Ñ_c]`` (``Ñ_c``: child c's flat directions in its
+    packed columns) the gain is ``F_c Y[:, :K]`` and the children's errors given the parent
+    have covariance ``δ_cc' P_c − F_c Y F_c'ᵀ``.
+
+    Raises
+    ------
+    SpecError
+        Two children share a flat direction (the split is not identifiable).
+    """
+    Nc, rc = u.Nc[pb], u.rc[pb]
+    pad = np.arange(K)[None, :] >= rc[:, None]
+    gram = Nc.swapaxes(1, 2) @ Nc + pad[:, :, None] * np.eye(K)
+    low = np.linalg.eigvalsh(gram)[:, 0]
+    if np.any(low < 1e-8):
+        node = int(pb[int(np.argmin(low))])
+        raise _not_identifiable(
+            f.names[j + 1],
+            f"two children of {f.names[j]} {f.code(j, node)!r} share "
+            "a combination of cells that is measured neither at their level nor below",
+        )
+    Y = np.zeros((pb.size, 2 * K, 2 * K))
+    Y[:, :K, :K] = u.S[pb]
+    Y[:, :K, K:] = Nc
+    Y[:, K:, :K] = Nc.swapaxes(1, 2)
+    Y[:, K:, K:] = pad[:, :, None] * np.eye(K)
+    Yinv, _ = _pinv_psd(Y)
+    return Yinv
+
+
 def _general_down(
     f: Forest, up: list[_Up], K: int, z0: np.ndarray, P0: np.ndarray
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -1189,31 +1229,14 @@ def _general_down(
         cb = bord[par]
         if not cb.all():  # children of parents without flat children
             ps, cs = _subset(~bord), _subset(~cb)
-            Ss = u.S[ps]
-            A, _ = _pinv_psd(Ss, 1e-13 * np.trace(Ss, axis1=1, axis2=2))
+            A = family_inverse_plain(u.S[ps])
             pos = np.cumsum(~bord) - 1
             Pcs = Pc[cs]
             Gs = Pcs @ A[pos[par[cs]]]
             G[cs], Dc[cs] = Gs, Pcs - Gs @ Pcs
         if cb.any():
             pb, cbi = np.flatnonzero(bord), np.flatnonzero(cb)
-            Nc, rc = u.Nc[pb], u.rc[pb]
-            pad = np.arange(K)[None, :] >= rc[:, None]
-            gram = Nc.swapaxes(1, 2) @ Nc + pad[:, :, None] * np.eye(K)
-            low = np.linalg.eigvalsh(gram)[:, 0]
-            if np.any(low < 1e-8):
-                node = int(pb[int(np.argmin(low))])
-                raise _not_identifiable(
-                    f.names[j + 1],
-                    f"two children of {f.names[j]} {f.code(j, node)!r} share "
-                    "a combination of cells that is measured neither at their level nor below",
-                )
-            Y = np.zeros((pb.size, 2 * K, 2 * K))
-            Y[:, :K, :K] = u.S[pb]
-            Y[:, :K, K:] = Nc
-            Y[:, K:, :K] = Nc.swapaxes(1, 2)
-            Y[:, K:, K:] = pad[:, :, None] * np.eye(K)
-            Yinv, _ = _pinv_psd(Y)
+            Yinv = family_inverse_bordered(f, j, u, pb, K)
             A, B, Cw = Yinv[:, :K, :K], Yinv[:, K:, :K], Yinv[:, K:, K:]
             pp = (np.cumsum(bord) - 1)[par[cbi]]
             Ap = A[pp]

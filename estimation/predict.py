@@ -48,7 +48,15 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.gls import Forest, _general_down, _general_up, _Level, _not_identifiable
+from censusdp.estimation.areas import AreaEstimates, area_sweep
+from censusdp.estimation.gls import (
+    Forest,
+    _general_down,
+    _general_up,
+    _Level,
+    _not_identifiable,
+    whole_forest,
+)
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.structured_gls import (
     _axes_label,
@@ -57,6 +65,7 @@ from censusdp.estimation.structured_gls import (
     schema_query,
 )
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.equivalency import Equivalency
 from censusdp.hierarchy.shape_classes import ShapeClasses, shape_classes
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.laws import NoiseLaw
@@ -160,6 +169,9 @@ class Prediction:
     diagnostics: dict
     tau2: float = 1.0
     _rows: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: Off-spine areas' covariances (``predict_errors(..., areas=)``), queried as a level
+    #: named by the areas (``areas.query_standard_errors("place", q)``); None without.
+    areas: AreaEstimates | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -205,7 +217,10 @@ class Prediction:
     def _entries(self, k: int) -> np.ndarray:
         """``(n, n_entries)``: the covariance block entries of every class of level ``k``
         (one row when the level's covariance is shared)."""
-        blocks = self.covariances[k].blocks
+        return self._block_entries(self.covariances[k])
+
+    def _block_entries(self, cov: BlockDiagonal) -> np.ndarray:
+        blocks = cov.blocks
         n = max(b.shape[0] for b in blocks.values())
         out = np.empty((n, len(_entry_index(self.basis))))
         for c, (m, i, j) in enumerate(_entry_index(self.basis)):
@@ -262,7 +277,8 @@ class Prediction:
         -------
         pandas.DataFrame
             Columns ``level, table, row, label, nodes, se_mean, se_rms, se_min, se_q…,
-            se_max``; NaN for rows that are not identified (not released).
+            se_max``; NaN for rows that are not identified (not released). With
+            ``areas``, the areas follow the levels as one more "level" (``nodes``: areas).
 
         """
         if tables is None:
@@ -276,6 +292,13 @@ class Prediction:
             for q in qs:
                 frames.append(self._summarise(X, q, w, n, quantiles))
                 frames[-1].insert(0, "level", lvl)
+        if self.areas is not None:  # the off-spine areas, one row per area
+            assert self.areas.covariances is not None
+            X = self._block_entries(self.areas.covariances[0])
+            w = np.ones(self.areas.n_areas)
+            for q in qs:
+                frames.append(self._summarise(X, q, w, float(w.size), quantiles))
+                frames[-1].insert(0, "level", self.areas.name)
         return pd.concat(frames, ignore_index=True)
 
     def _summarise(
@@ -371,9 +394,10 @@ def _decouple(Js: Sequence[np.ndarray | None], Ps: Sequence[np.ndarray | None], 
 
 def _covariance_passes(
     forest: _ClassForest, classes: ShapeClasses, Js: list, Hs: list, K: int
-) -> list[np.ndarray]:
+) -> tuple[list[np.ndarray], list]:
     """Posterior covariances ``(1|n_classes, K, K)`` per level of one tree problem (scaled
-    units): the general path's upward and downward passes with zero information vectors."""
+    units): the general path's upward and downward passes with zero information vectors;
+    also the upward states (for sums of leaves, :func:`~censusdp.estimation.areas.area_sweep`)."""
     names, sizes = classes.names, classes.sizes
     levels = [
         _Level(Jk, np.zeros((n, K)), H, np.zeros((n, H.shape[0])), True)
@@ -386,7 +410,29 @@ def _covariance_passes(
         raise _not_identifiable(names[0], "some combination of cells is measured nowhere")
     P0 = np.broadcast_to(root.P, (1, K, K)).copy()
     _, Phat = _general_down(forest, ups, K, root.m, P0)
-    return Phat
+    return Phat, ups
+
+
+def _area_pass(
+    hierarchy: Hierarchy,
+    classes: ShapeClasses,
+    forest: _ClassForest,
+    ups: list,
+    Phat: list[np.ndarray],
+    areas: Equivalency,
+    K: int,
+) -> np.ndarray:
+    """Area covariances ``(n_areas, K, K)`` of one class problem (scaled units): the sweep on
+    the hierarchy's nodes with each node's matrices those of its class."""
+    if areas.n_leaves != hierarchy.leaves.size:
+        raise SpecError(
+            f"{areas.source}: the equivalency was read for {areas.n_leaves} leaves, the "
+            f"hierarchy has {hierarchy.leaves.size}; read it against this hierarchy"
+        )
+    return area_sweep(
+        whole_forest(hierarchy), ups, K, areas.leaf, areas.area, areas.n_areas, Phat[0][:1],
+        rows=classes.node_class, up_forest=forest,
+    )  # fmt: skip
 
 
 def allocation_plan(
@@ -450,6 +496,7 @@ def predict_errors(
     invariants: Sequence[tuple[str | int, ProductQuery]] = (),
     *,
     delta: float | None = None,
+    areas: Equivalency | None = None,
 ) -> Prediction:
     """The exact error covariance of the weighted structured GLS release, before any noise.
 
@@ -465,6 +512,10 @@ def predict_errors(
         Queries held exact at every node of a level (their values are not needed).
     delta : float, optional
         δ at which a zCDP total is also stated as (ε, δ).
+    areas : Equivalency, optional
+        Off-spine areas (sums of leaves, :mod:`censusdp.hierarchy.equivalency`): their
+        covariances too (``Prediction.areas``), from the class passes' matrices looked up
+        per node (:func:`~censusdp.estimation.areas.area_sweep`); needs a Hierarchy.
 
     Returns
     -------
@@ -484,6 +535,8 @@ def predict_errors(
     Hay et al. (2010); Rauch, Tung & Striebel (1965); DESIGN §10 (the block algebra).
     """
     t0 = time.perf_counter()
+    if areas is not None and not isinstance(hierarchy, Hierarchy):
+        raise SpecError("predict: areas need the hierarchy itself (its parents), not its classes")
     classes = hierarchy if isinstance(hierarchy, ShapeClasses) else shape_classes(hierarchy)
     t1 = time.perf_counter()
     names = classes.names
@@ -540,6 +593,8 @@ def predict_errors(
     cov_blocks: list[dict[int, np.ndarray]] = [{} for _ in range(D)]
     ident: dict[int, np.ndarray] = {}
     solved: dict[tuple, list[np.ndarray]] = {}  # one tree pass per distinct small problem
+    area_cov: dict[int, np.ndarray] = {}
+    area_solved: dict[tuple, np.ndarray] = {}
     n_problems = 0
     for mask in basis.subsets:
         nS = basis.block_size(mask)
@@ -568,18 +623,41 @@ def predict_errors(
             if key not in solved:
                 n_problems += 1
                 try:
-                    solved[key] = _covariance_passes(forest, classes, Jg, Hg, g)
+                    solved[key], ups = _covariance_passes(forest, classes, Jg, Hg, g)
+                    if areas is not None:
+                        area_solved[key] = _area_pass(hierarchy, classes, forest, ups, solved[key],
+                                                      areas, g)  # fmt: skip
                 except SpecError as err:
                     raise SpecError(
                         f"{err} (block of the group parts of attributes {_axes_label(schema, mask)})"
                     ) from None
             W = V @ G
+            if areas is not None:
+                add = W @ area_solved[key] @ W.T * tau2
+                area_cov[mask] = area_cov[mask] + add if mask in area_cov else add
             for k, P in enumerate(solved[key]):
                 if g == 1:  # a scalar per class times one outer product
                     block = (P.reshape(-1, 1, 1) * tau2) * np.outer(W[:, 0], W[:, 0])
                 else:
                     block = W @ P @ W.T * tau2
                 cov_blocks[k][mask] = cov_blocks[k][mask] + block
+    area_estimates = None
+    if areas is not None:
+        blocks = {
+            m: area_cov.get(m, np.zeros((areas.n_areas, basis.block_size(m), basis.block_size(m))))
+            for m in basis.subsets
+        }
+        area_estimates = AreaEstimates(
+            name=areas.name,
+            codes=areas.codes,
+            leaves=areas.leaves_per_area(),
+            schema=schema,
+            basis=basis,
+            estimates=(),
+            covariances=(BlockDiagonal(basis, blocks),),
+            identified=BlockDiagonal(basis, ident),
+            privacy=privacy,
+        )
     t2 = time.perf_counter()
     diagnostics = {
         "classes": dict(zip(names, (int(s) for s in sizes), strict=True)),
@@ -600,4 +678,5 @@ def predict_errors(
         ),
         diagnostics=diagnostics,
         tau2=tau2,
+        areas=area_estimates,
     )

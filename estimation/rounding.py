@@ -109,6 +109,7 @@ __all__ = [
     "sum_estimator_variances",
     "snap_invariants",
     "invariant_chain",
+    "uniform_draws",
 ]
 
 TOL = 1e-7
@@ -798,7 +799,7 @@ def _run_step(
 def _final_step(el: _Elems, step: _Step, rng: KeyedRNG, label: str, add: np.ndarray) -> _Record:
     """The root's sets: each leftover rounded up with probability its value."""
     nb = step.prev.nb
-    u = rng.draw(f"{label}/final", 1, 0, 1, _uniform, nb).reshape(-1)
+    u = rng.draw(f"{label}/final", 1, 0, 1, uniform_draws, nb).reshape(-1)
     live = el.val > 0
     up = live & (u[el.eid % nb] < el.val)
     add[el.item[up]] += 1
@@ -807,7 +808,10 @@ def _final_step(el: _Elems, step: _Step, rng: KeyedRNG, label: str, add: np.ndar
     return _Record(el.eid, el.eid // nb, zi, zi, z, z, z, z, el.val, z, el.mu, el.m2)
 
 
-def _uniform(g: np.random.Generator, n: int) -> np.ndarray:
+def uniform_draws(g: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` uniforms on [0, 1) from ``g``: the draw function handed to
+    :meth:`censusdp.rng.KeyedRNG.draw` by the systematic-sampling roundings (one name, so a
+    test can replace it to check that the unbiasedness tests have power)."""
     return g.random(n)
 
 
@@ -945,7 +949,7 @@ def _draws(step: _Step, f: Forest, lo, n_global, rng: KeyedRNG, label: str):
     jp = step.prev_level - f.first
     nb = step.prev.nb
     u = rng.draw(
-        f"{label}/{step.label}", n_global[jp], lo[jp], lo[jp] + f.sizes[jp], _uniform, nb
+        f"{label}/{step.label}", n_global[jp], lo[jp], lo[jp] + f.sizes[jp], uniform_draws, nb
     ).reshape(-1)
     off = lo[jp] * nb
     return lambda eid: u[eid - off]

@@ -224,6 +224,9 @@ class StructuredRelease(_BlockEstimates):
     privacy: PrivacyStatement
     diagnostics: dict
     _rows: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: The value-free setup (what :mod:`censusdp.estimation.areas` reruns the covariance
+    #: passes from for sums of leaves); None when built otherwise.
+    setup: StructuredSetup | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def _index(self, level: str | int) -> int:
         return self.hierarchy.level_index(level)
@@ -649,24 +652,39 @@ def _block_level(
     basis, V, kS = setup.basis, setup.V[mask], setup.k(mask)
     n = rows[1] - rows[0]
     C = basis.multiplicity(mask)
+    Jk, H, U, ev = block_matrices(setup, mask, k, rows)
+    if h is None:
+        hk = np.zeros((n, C, kS))
+    else:
+        hk = _gather(basis, h, mask)
+        hk = hk if V is None else hk @ V
+    t = np.zeros((n, C, 0))
+    if H.shape[0]:
+        t = (_gather(basis, b, mask) @ U) / ev
+    return _Level(Jk, hk, H, t, Jk.shape[0] == 1)
+
+
+def block_matrices(
+    setup: StructuredSetup, mask: int, k: int, rows: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The value-free part of level ``k`` (nodes ``rows``) of block ``mask``'s tree problem,
+    in its identified coordinates: the information matrices ``(1|n, k_S, k_S)``, the
+    invariant rows ``H`` ``(n_H, k_S)``, and the basis ``U`` and eigenvalues ``ev`` of the
+    invariants' Gram block that turn invariant coefficients into values of ``H``."""
+    V, kS = setup.V[mask], setup.k(mask)
     J = setup.J[k]
     if J is None:
         Jk = np.zeros((1, kS, kS))
     else:
         Jm = J[mask] if J[mask].shape[0] == 1 else J[mask][rows[0] : rows[1]]
         Jk = Jm if V is None else V.T @ Jm @ V
-    if h is None:
-        hk = np.zeros((n, C, kS))
-    else:
-        hk = _gather(basis, h, mask)
-        hk = hk if V is None else hk @ V
-    H, t = np.zeros((0, kS)), np.zeros((n, C, 0))
+    H = np.zeros((0, kS))
+    U, ev = np.zeros((setup.basis.block_size(mask), 0)), np.zeros(0)
     if setup.GH[k] is not None:
         U, ev = _range_basis(setup.GH[k][mask])
         if U.shape[1]:
             H = U.T if V is None else U.T @ V
-            t = (_gather(basis, b, mask) @ U) / ev
-    return _Level(Jk, hk, H, t, Jk.shape[0] == 1)
+    return Jk, H, U, ev
 
 
 def _block_error(schema: Schema, mask: int, err: SpecError) -> SpecError:
@@ -991,6 +1009,7 @@ def structured_gls(
         identified=BlockDiagonal(setup.basis, setup.ident),
         privacy=floating_point_note(setup.statement),
         diagnostics=diagnostics,
+        setup=setup,
     )
 
 

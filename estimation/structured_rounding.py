@@ -114,11 +114,11 @@ from censusdp.estimation.rounding import (
     _check_laminar,
     _invariant_rows,
     _split,
-    _uniform,
     invariant_chain,
     pipage_round,
     rounding_variance,
     snap_invariants,
+    uniform_draws,
 )
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.product_measure import ProductInvariant
@@ -129,6 +129,9 @@ from censusdp.schema import Schema
 
 __all__ = [
     "RoundedLevels",
+    "cell_matrix",
+    "check_roundable",
+    "round_children",
     "TopShape",
     "top_shape",
     "round_structured_top",
@@ -195,7 +198,14 @@ class TopShape:
         return 0 if self.atoms is None else 1
 
 
-def _flat(schema: Schema, x: np.ndarray, what: str) -> np.ndarray:
+def cell_matrix(schema: Schema, x: np.ndarray, what: str) -> np.ndarray:
+    """Cell tensors ``(n, *schema.shape)`` as a matrix ``(n, n_cells)`` (a view, C order).
+
+    Raises
+    ------
+    SpecError
+        Tensors of another shape than the schema's (``what`` names them).
+    """
     a = np.asarray(x)
     if a.shape[1:] != tuple(schema.shape):
         raise SpecError(
@@ -205,8 +215,16 @@ def _flat(schema: Schema, x: np.ndarray, what: str) -> np.ndarray:
     return a.reshape(a.shape[0], -1)
 
 
-def _check_values(x: np.ndarray, level: str, codes, cells: Sequence[str]) -> None:
-    """Refuse NaN, infinite or int64-overflowing estimates (naming level, node and cell)."""
+def check_roundable(x: np.ndarray, level: str, codes, cells: Sequence[str]) -> None:
+    """Refuse estimates that cannot be rounded to int64 counts.
+
+    ``x`` is ``(n_nodes, n_cells)``; ``codes`` the nodes' codes (None: named by position).
+
+    Raises
+    ------
+    DataError
+        A NaN, infinite or ±2^62-exceeding estimate, naming the level, node and cell.
+    """
     if x.size == 0:
         return
     top = max(float(x.max()), -float(x.min()))  # NaN propagates
@@ -306,7 +324,7 @@ _CHUNK_CELLS = 1 << 18
 _ROW_LOOP_CELLS = 64
 
 
-def _round_children(
+def round_children(
     parent: np.ndarray,
     x: np.ndarray,
     count: np.ndarray,
@@ -315,7 +333,13 @@ def _round_children(
     where: tuple[str, Forest, int, Sequence[str]],
     tol: float,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """One level down by conditioned systematic sampling (module docstring).
+    """One level down by conditioned systematic sampling (module docstring): every child's
+    cell is the floor or ceiling of its estimate, the children of a parent sum to the
+    parent's integers cell by cell, each cell unbiased given the parent.
+
+    Shared with :mod:`censusdp.estimation.nonnegative`, which rounds its projected children
+    with the same sampling. ``where`` is ``(label, forest, level, cells)`` for messages;
+    ``tol`` the tolerance of the children's sums to their parent's.
 
     ``parent`` (n_p, K) int64, ``x`` (n_c, K) children sorted by parent, ``count`` (n_p,)
     children per parent, ``v`` (n_p, K) keyed uniforms, ``w_parent`` (n_p, K) spreads (None:
@@ -501,18 +525,18 @@ def _descend(
     parent, w = counts, spread
     for j in range(1, forest.depth):
         name = forest.names[j]
-        x = _flat(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
+        x = cell_matrix(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
         if x.shape[0] != forest.sizes[j]:
             raise SpecError(
                 f"level {name!r}: {x.shape[0]} estimate rows for {forest.sizes[j]} nodes"
             )
-        _check_values(x, name, None, cells)
+        check_roundable(x, name, None, cells)
         K = x.shape[1]
         n_up, lo_up = forest.sizes[j - 1], lo[j - 1]
         v = rng.draw(
-            f"{label}/{name}", n_global[j - 1] * K, lo_up * K, (lo_up + n_up) * K, _uniform
+            f"{label}/{name}", n_global[j - 1] * K, lo_up * K, (lo_up + n_up) * K, uniform_draws
         ).reshape(n_up, K)
-        parent, w = _round_children(
+        parent, w = round_children(
             parent, x, forest.child_count[j - 1], v, w, (name, forest, j - 1, cells), tol
         )
         out.append(parent.reshape(-1, *schema.shape))
@@ -578,14 +602,14 @@ def round_structured_top(
             f"the invariants at level {hierarchy.names[1]!r} are rounded with the root: the "
             "cut must be that level or deeper"
         )
-    xs = [_flat(schema, e, f"level {hierarchy.names[k]!r}") for k, e in enumerate(estimates)]
+    xs = [cell_matrix(schema, e, f"level {hierarchy.names[k]!r}") for k, e in enumerate(estimates)]
     for k, x in enumerate(xs):
         if x.shape[0] != hierarchy.levels[k].size:
             raise SpecError(
                 f"level {hierarchy.names[k]!r}: {x.shape[0]} estimate rows for "
                 f"{hierarchy.levels[k].size} nodes"
             )
-        _check_values(x, hierarchy.names[k], hierarchy.levels[k].codes, cells)
+        check_roundable(x, hierarchy.names[k], hierarchy.levels[k].codes, cells)
     K = len(cells)
     snap_at = [iv for iv in shape.invariants if iv.level == shape.joint_level]
     if shape.atoms is None:
@@ -694,7 +718,7 @@ def round_structured_partition(
         raise SpecError(
             f"give the partition's estimates of the {forest.depth - 1} levels below the cut"
         )
-    c = _flat(schema, cut_counts, "cut counts")
+    c = cell_matrix(schema, cut_counts, "cut counts")
     if c.shape[0] != forest.sizes[0]:
         raise SpecError(f"cut counts have {c.shape[0]} rows for {forest.sizes[0]} cut nodes")
     return _descend(
@@ -702,7 +726,7 @@ def round_structured_partition(
         lo,
         n_global,
         np.asarray(c, np.int64),
-        None if cut_spread is None else _flat(schema, cut_spread, "cut spread"),
+        None if cut_spread is None else cell_matrix(schema, cut_spread, "cut spread"),
         estimates,
         rng,
         schema,

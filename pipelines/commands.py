@@ -3,7 +3,8 @@
 ``censusdp run SPEC [--data PATH] [--out DIR] [--seed N] [--scheduler S] [--partitions N]``
 runs a spec;
 ``censusdp privatize FILE --spec SPEC -o OUT`` privatizes an NHGIS-style batch file and writes
-it back in its own layout; ``censusdp privatize FILE --codebook ppdd --rho R -o OUT`` (or a spec
+it back in its own layout, or a PPMF (spec ``[data] source = "ppmf"``, or a PPMF header) into
+a directory of both products (:mod:`censusdp.pipelines.privatize_ppmf`); ``censusdp privatize FILE --codebook ppdd --rho R -o OUT`` (or a spec
 with ``[data] codebook``) releases overlapping tables from one estimate. Every output follows the policy of :mod:`censusdp.atomic` (a new
 path, or an earlier censusdp output with ``--overwrite``; nothing else is ever replaced),
 checked before any work. Errors are :class:`censusdp.errors.CensusDPError` (exit status 2).
@@ -154,6 +155,9 @@ def _privatize(
     codebook: str | None = None,
     rho: float | None = None,
     delta: float | None = None,
+    evaluate: bool = False,
+    repetitions: int | None = None,
+    ppmf: dict | None = None,
 ) -> tuple[Path, str]:
     """:func:`privatize_file`, also returning the privacy statement's text."""
     from censusdp.atomic import check_output, output_file
@@ -166,6 +170,35 @@ def _privatize(
     from censusdp.pipelines.specs import load_spec
 
     check_run_options(seed=seed)
+    from censusdp.pipelines.privatize_ppmf import is_ppmf, privatize_ppmf, spec_reads_ppmf
+
+    if (spec_path is not None and spec_reads_ppmf(spec_path)) or is_ppmf(path):
+        if codebook is not None or rho is not None or delta is not None:
+            raise SpecError(
+                f"{Path(path).name} is a PPMF: its budget is the PPMF spec's [privacy] rho "
+                "(and delta); --codebook, --rho and --delta belong to the NHGIS routes"
+            )
+        if spec_path is None:
+            raise SpecError(
+                f"{Path(path).name} is a PPMF: give a spec (--spec SPEC) with [data] source = "
+                '"ppmf" and [privacy] accounting = "zcdp" (rho: the budget)'
+            )
+        res = privatize_ppmf(
+            path,
+            spec_path,
+            out,
+            seed=seed,
+            overwrite=overwrite,
+            evaluate=evaluate,
+            repetitions=repetitions,
+            **(ppmf or {}),
+        )
+        return res.out, res.privacy.text()
+    if evaluate or repetitions is not None or any((ppmf or {}).values()):
+        raise SpecError(
+            "--evaluate, --repetitions, --blocks, --blocks-from-data and --areas belong to the "
+            "PPMF route (a PPMF input)"
+        )
     if codebook is not None or (spec_path is not None and spec_uses_codebook(spec_path)):
         tspec = _table_spec(spec_path, codebook, rho, delta, seed)
         written, rel = privatize_tables(
@@ -240,9 +273,23 @@ def _cmd_privatize(args: argparse.Namespace) -> int:
         codebook=args.codebook,
         rho=args.rho,
         delta=args.delta,
+        evaluate=args.evaluate,
+        repetitions=args.repetitions,
+        ppmf={
+            "blocks": args.blocks,
+            "blocks_from_data": args.blocks_from_data,
+            "areas": args.areas,
+        },
     )
     print(f"privacy: {privacy}")
-    print(f"wrote {out} (privacy statement and manifest in {out}.censusdp.json)")
+    if out.is_dir():  # the PPMF route writes a directory
+        print(
+            f"wrote {out}/ (unbiased/ and nonnegative/ P1-P5 tables, nonnegative/microdata.csv, "
+            "manifest.json, size_classes.md"
+            + (", and evaluation/: CONFIDENTIAL, not for publication)" if args.evaluate else ")")
+        )
+    else:
+        print(f"wrote {out} (privacy statement and manifest in {out}.censusdp.json)")
     return 0
 
 
@@ -279,7 +326,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     priv.add_argument("--delta", type=float, help="codebook route: also report (ε, δ) at this δ")
     priv.add_argument(
-        "-o", "--output", required=True, help="output file (.csv or .parquet), not the input"
+        "-o",
+        "--output",
+        required=True,
+        help="output file (.csv or .parquet), not the input; a directory for a PPMF input",
+    )
+    priv.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="PPMF: also write errors against the confidential input (evaluation/, CONFIDENTIAL)",
+    )
+    priv.add_argument(
+        "--repetitions",
+        type=count_arg,
+        help="PPMF: simulated releases for the size-class bias (default: the spec's, 10)",
+    )
+    priv.add_argument(
+        "--blocks",
+        help="PPMF: the public list of every block (overrides [hierarchy] blocks)",
+    )
+    priv.add_argument(
+        "--blocks-from-data",
+        action="store_true",
+        help="PPMF without a block list: build the blocks from the file's rows, releasing "
+        "which blocks are occupied (said in the privacy statement)",
+    )
+    priv.add_argument(
+        "--areas",
+        help="PPMF: block -> area equivalency file (places; overrides [areas] file)",
     )
     priv.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
     add_overwrite(priv)

@@ -1,4 +1,10 @@
-"""Error metrics of a release against a truth, and per-group bias regressions.
+"""Error metrics of a release against a truth, by size class, and per-group bias regressions.
+
+:func:`error_metrics` carries the Census Bureau's metric set for its disclosure-avoidance
+evaluations (mean absolute error, root mean squared error, mean signed error, mean absolute
+percent error, and the count of areas whose error exceeds 10% of their size);
+:func:`size_class_metrics` gives it per size class of the areas (0, 1–9, 10–99, 100–999,
+1000+ persons, the Bureau's bins).
 
 The bias study of the subspace-DP paper (Gao, Gong & Yu 2022, §1 and §5.1, Fig. 1) regresses,
 within each state with more than five counties, the county error (released − true) on
@@ -15,13 +21,33 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["error_metrics", "group_regressions", "slope_summary"]
+__all__ = [
+    "SIZE_CLASSES",
+    "error_metrics",
+    "group_regressions",
+    "size_class_metrics",
+    "slope_summary",
+]
+
+#: The Census Bureau's size classes of areas (persons): label → [low, high] inclusive.
+SIZE_CLASSES: tuple[tuple[str, float, float], ...] = (
+    ("0", 0, 0),
+    ("1–9", 1, 9),
+    ("10–99", 10, 99),
+    ("100–999", 100, 999),
+    ("1000+", 1000, np.inf),
+)
 
 
 def error_metrics(
     estimate: np.ndarray, truth: np.ndarray, *, l1_denominator: float | None = None
 ) -> dict:
-    """MAE, RMSE, mean error and normalised L1 of ``estimate`` against ``truth``.
+    """MAE, RMSE, mean error, normalised L1, MAPE and areas off by more than 10%.
+
+    ``mape`` is the mean over entries with ``truth > 0`` of ``100 |x̃ − x| / x`` (percent);
+    ``over_10pct`` counts those entries with ``|x̃ − x| > 0.1 x``. Entries with ``truth = 0``
+    have no percent error: they enter neither (``mape`` is NaN when every truth is 0),
+    and their errors show in the MAE, RMSE and mean error.
 
     Parameters
     ----------
@@ -39,13 +65,63 @@ def error_metrics(
     err = est - tru
     n = err.size
     l1 = float(np.abs(err).sum())
+    pos = tru > 0
+    rel = np.abs(err[pos]) / tru[pos]
     return {
         "n": int(n),
         "mae": l1 / n if n else float("nan"),
         "rmse": float(np.sqrt(np.mean(err**2))) if n else float("nan"),
         "mean_error": float(err.mean()) if n else float("nan"),
         "normalized_l1": l1 / (l1_denominator if l1_denominator else max(n, 1)),
+        "mape": float(100.0 * rel.mean()) if rel.size else float("nan"),
+        "over_10pct": int(np.count_nonzero(rel > 0.1)),
     }
+
+
+def size_class_metrics(
+    estimate: np.ndarray,
+    truth: np.ndarray,
+    size: np.ndarray | None = None,
+    *,
+    classes: Sequence[tuple[str, float, float]] = SIZE_CLASSES,
+) -> pd.DataFrame:
+    """:func:`error_metrics` of the areas of each size class.
+
+    Parameters
+    ----------
+    estimate, truth : numpy.ndarray
+        One value per area (e.g. its total population), same shape.
+    size : numpy.ndarray, optional
+        The size that classes each area (default: ``truth``).
+    classes : sequence of (label, low, high)
+        Inclusive bounds (default :data:`SIZE_CLASSES`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per class, in order (empty classes kept, with ``n`` 0 and NaN metrics):
+        ``size_class, n, mae, rmse, mean_error, mape, over_10pct``.
+    """
+    est = np.asarray(estimate, dtype=np.float64).reshape(-1)
+    tru = np.asarray(truth, dtype=np.float64).reshape(-1)
+    sz = tru if size is None else np.asarray(size, dtype=np.float64).reshape(-1)
+    if not (est.shape == tru.shape == sz.shape):
+        raise ValueError(
+            f"estimate, truth and size have shapes {est.shape}, {tru.shape}, {sz.shape}; "
+            "give one value per area"
+        )
+    rows = []
+    for label, lo, hi in classes:  # a handful of classes
+        keep = (sz >= lo) & (sz <= hi)
+        m = error_metrics(est[keep], tru[keep])
+        rows.append(
+            {
+                "size_class": label,
+                "n": m["n"],
+                **{k: m[k] for k in ("mae", "rmse", "mean_error", "mape", "over_10pct")},
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def group_regressions(

@@ -31,6 +31,11 @@ fields, rows of different widths, a malformed row) goes through pyarrow's CSV pa
 pipe-separated files are read, and leading ``#`` comment lines (as in the DAS's MDFs) are
 skipped; a row whose fields are all empty is skipped and counted.
 
+The hierarchy built from a PPMF's rows has only the blocks with people, so releasing it would
+disclose which blocks are occupied. :func:`read_block_list` reads the public geography (any
+file listing every block, e.g. a block assignment file) and :meth:`PPMFHistogram.on_blocks`
+moves the persons onto it, the empty blocks present with zero counts.
+
 Every malformed row is a :class:`~censusdp.errors.DataError` naming the file, the data row
 (1-based, after the header), the column and the code: a geocode of the wrong width or with
 non-digits, a code outside the schema, an ``RTYPE`` that contradicts the group-quarters type,
@@ -54,6 +59,7 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 from __future__ import annotations
 
 import csv
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,10 +75,13 @@ from censusdp.hierarchy.core import STRING_DTYPE, Hierarchy
 from censusdp.schema import Schema
 
 __all__ = [
+    "BLOCK_LIST_COLUMNS",
     "GEOGRAPHY",
     "LEVELS",
     "PPMFHistogram",
+    "read_block_list",
     "read_ppmf",
+    "sniff_csv",
 ]
 
 #: The geography columns, their fixed widths and accepted spellings (PPMF, then DAS MDF).
@@ -145,6 +154,56 @@ class PPMFHistogram:
     def block_totals(self) -> np.ndarray:
         """Persons per block (int64, one per leaf)."""
         return _weighted_bincount(self.block, self.count, self.hierarchy.leaves.size)
+
+    def on_blocks(self, hierarchy: Hierarchy, source: str = "the block list") -> PPMFHistogram:
+        """The same persons on a public block hierarchy (:func:`read_block_list`).
+
+        A PPMF holds only the blocks with people, so a hierarchy built from its rows makes the
+        set of occupied blocks part of the release; on the public hierarchy every block is
+        present and the empty ones hold zero counts.
+
+        Raises
+        ------
+        DataError
+            A block of the PPMF that the list does not have, or that the list puts in another
+            block group (the PPMF's file, data row, column and block code named).
+        """
+        pub = np.asarray(hierarchy.levels[-1].codes, dtype=STRING_DTYPE)
+        mine = np.asarray(self.hierarchy.levels[-1].codes, dtype=STRING_DTYPE)
+        order = np.argsort(pub, kind="stable")
+        pos = np.minimum(np.searchsorted(pub[order], mine), pub.size - 1)
+        leaf = order[pos]
+        missing = np.flatnonzero(pub[leaf] != mine)
+        k_bg = LEVELS.index("block_group")
+        bg_pub = np.asarray(hierarchy.levels[k_bg].codes, dtype=STRING_DTYPE)[
+            hierarchy.ancestor_index(LEVELS[-1], "block_group")[leaf]
+        ]
+        bg_mine = np.asarray(self.hierarchy.levels[k_bg].codes, dtype=STRING_DTYPE)[
+            self.hierarchy.ancestor_index(LEVELS[-1], "block_group")
+        ]
+        moved = np.flatnonzero(bg_pub != bg_mine)
+        if missing.size or moved.size:
+            first = int(missing[0] if missing.size else moved[0])
+            code = mine[first]
+            row = next(_rows_of_block(self.path, code))[0]
+            where = f"{self.path.name}, data row {row}"
+            if missing.size:
+                raise DataError(
+                    f"{where}, column 'TABBLK': block {code} is not in {source}; the public "
+                    "block list must list every block of the state(s) (check that it is the "
+                    "same vintage of geography as the PPMF)"
+                )
+            raise DataError(
+                f"{where}, column 'TABBLKGRP': block {code} is in block group "
+                f"{bg_mine[first]!r} here but in {bg_pub[first]!r} in {source}; correct "
+                "TABBLKGRP (a block's group is the first digit of its number)"
+            )
+        block = leaf[self.block]
+        cell, count = self.cell, self.count
+        if not bool(np.all(block[1:] >= block[:-1])):
+            o = np.lexsort((cell, block))
+            block, cell, count = block[o], cell[o], count[o]
+        return dataclasses.replace(self, hierarchy=hierarchy, block=block, cell=cell, count=count)
 
 
 def _weighted_bincount(index: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
@@ -238,9 +297,17 @@ def _layout(header: list[str], path: Path) -> tuple[str, dict[str, str], tuple[_
 
 
 # -- reading ----------------------------------------------------------------------------------
-def _sniff(path: Path) -> tuple[int, str, list[str]]:
-    """Byte offset of the first data row, the delimiter and the header of a CSV file
-    (leading ``#`` comment lines skipped)."""
+def sniff_csv(path: Path) -> tuple[int, str, list[str]]:
+    """Byte offset of the first data row, the delimiter and the header of a CSV file.
+
+    Leading ``#`` comment lines (as in the DAS's MDFs) are skipped; the delimiter is ``|``
+    when the header holds more pipes than commas, else ``,``.
+
+    Raises
+    ------
+    DataError
+        A header that is not text, an empty file, a column named twice (file named).
+    """
     offset = 0
     line = b""
     with path.open("rb") as f:
@@ -535,7 +602,7 @@ def read_ppmf(path: str | Path, *, block_bytes: int = _BLOCK_BYTES) -> PPMFHisto
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file; check the PPMF path")
-    offset, delimiter, header = _sniff(path)
+    offset, delimiter, header = sniff_csv(path)
     layout, names, attrs = _layout(header, path)
     columns = list(dict.fromkeys(names.values()))
     reduced = _Reduced()
@@ -695,6 +762,24 @@ def _strings(arr: _Codes) -> np.ndarray:
     return np.asarray(arr.to_pylist(), dtype=object)
 
 
+def _rows_of_block(path: Path, geoid15: str, block_bytes: int = _BLOCK_BYTES) -> Iterator:
+    """``(data row, block group)`` of every row of block ``geoid15`` (a second pass over the
+    file, for error messages only)."""
+    offset, delimiter, header = sniff_csv(path)
+    names = _layout(header, path)[1]
+    geo = {g[0]: names[g[0]] for g in GEOGRAPHY}
+    row0 = 0
+    for batch in _batches(path, offset, header, delimiter, list(geo.values()), block_bytes):
+        cols = {k: _strings(batch[v]).astype(str) for k, v in geo.items()}
+        g15 = np.char.add(
+            np.char.add(np.char.add(cols["TABBLKST"], cols["TABBLKCOU"]), cols["TABTRACT"]),
+            cols["TABBLK"],
+        )
+        for i in np.flatnonzero(g15 == geoid15):
+            yield row0 + int(i) + 1, str(cols["TABBLKGRP"][i])
+        row0 += g15.size
+
+
 def _two_block_groups(
     geoid15: int,
     source: tuple[Path, int, list[str], str],
@@ -702,30 +787,108 @@ def _two_block_groups(
     block_bytes: int,
 ) -> None:
     """Find the rows of a block found under two block groups (a second pass: errors only)."""
-    geo = {g[0]: names[g[0]] for g in GEOGRAPHY}
-    first: tuple[int, str] | None = None
-    row0 = 0
     path = source[0]
-    for batch in _batches(*source, list(geo.values()), block_bytes):
-        cols = {k: _strings(batch[v]) for k, v in geo.items()}
-        g15 = np.char.add(
-            np.char.add(
-                np.char.add(cols["TABBLKST"].astype(str), cols["TABBLKCOU"].astype(str)),
-                cols["TABTRACT"].astype(str),
-            ),
-            cols["TABBLK"].astype(str),
-        )
-        hit = np.flatnonzero(g15 == f"{geoid15:015d}")
-        for i in hit:
-            bgv = str(cols["TABBLKGRP"][i])
-            if first is None:
-                first = (row0 + int(i) + 1, bgv)
-            elif bgv != first[1]:
-                raise DataError(
-                    f"{path.name}, data row {row0 + int(i) + 1}, column {geo['TABBLKGRP']!r}: "
-                    f"block {geoid15:015d} is in block group {bgv!r} here but in block group "
-                    f"{first[1]!r} in data row {first[0]}; a block lies in one block group "
-                    "(the first digit of its number): correct TABBLKGRP or TABBLK"
-                )
-        row0 += cols["TABBLK"].size
+    first: tuple[int, str] | None = None
+    for row, bgv in _rows_of_block(path, f"{geoid15:015d}", block_bytes):
+        if first is None:
+            first = (row, bgv)
+        elif bgv != first[1]:
+            raise DataError(
+                f"{path.name}, data row {row}, column {names['TABBLKGRP']!r}: "
+                f"block {geoid15:015d} is in block group {bgv!r} here but in block group "
+                f"{first[1]!r} in data row {first[0]}; a block lies in one block group "
+                "(the first digit of its number): correct TABBLKGRP or TABBLK"
+            )
     raise AssertionError("a block under two block groups was found but not located")
+
+
+# -- the public block list --------------------------------------------------------------------
+#: Block code columns recognised in a block list, in order of preference (a plain list, a
+#: Census block assignment file, a TIGER/NHGIS-style extract).
+BLOCK_LIST_COLUMNS = ("block", "BLOCKID", "GEOID20", "GEOID", "GEOCODE")
+
+
+def read_block_list(path: str | Path, *, column: str | None = None) -> Hierarchy:
+    """The public block hierarchy from a list of every block (one row per block).
+
+    Any delimited text file with a header and a column of 15-digit block GEOIDs (state 2,
+    county 3, tract 6, block 4) serves: a plain list, or a Census block assignment file
+    (``BLOCKID|PLACEFP``), which lists every block of a state. The block group is the first
+    digit of the block number (the Census Bureau's rule for 2010 and 2020 blocks).
+
+    Parameters
+    ----------
+    path : path-like
+    column : str, optional
+        The block code column (default: the first of :data:`BLOCK_LIST_COLUMNS` present).
+
+    Returns
+    -------
+    Hierarchy
+        nation → state → county → tract → block_group → block, every listed block.
+
+    Raises
+    ------
+    DataError
+        No such file, no block column, a code that is not 15 digits, a block listed twice
+        (file, data row and column named).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such block list; check the path")
+    offset, delimiter, header = sniff_csv(path)
+    if column is None:
+        column = next((c for c in BLOCK_LIST_COLUMNS if c in header), None)
+        if column is None:
+            raise DataError(
+                f"{path.name}: no block code column (looked for {list(BLOCK_LIST_COLUMNS)}; "
+                f"header: {header[:20]}); name it with [hierarchy] block_column"
+            )
+    elif column not in header:
+        raise DataError(f"{path.name}: no column {column!r} (header: {header[:20]})")
+    with path.open("rb") as f:
+        f.seek(offset)
+        body = f.read()
+    head = delimiter.join(header).encode() + b"\n"
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(head + body),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=[column], column_types={column: pa.string()}
+            ),
+        )
+    except pa.ArrowInvalid as exc:
+        raise DataError(f"{path.name}: malformed CSV ({exc}); fix the file") from None
+    codes = np.asarray(table.column(column).to_numpy(zero_copy_only=False), dtype=object)
+    if codes.size == 0:
+        raise DataError(f"{path.name}: a header but no blocks; list every block")
+    text = np.where(pd.isna(codes), "", codes).astype(str)
+    bad = np.flatnonzero((np.strings.str_len(text) != 15) | ~np.strings.isdigit(text))
+    if bad.size:
+        i = int(bad[0])
+        raise DataError(
+            f"{path.name}, data row {i + 1}, column {column!r}: {str(text[i])!r} is not a 15-digit "
+            "block GEOID (state 2, county 3, tract 6, block 4 digits); keep leading zeros"
+        )
+    dup = np.flatnonzero(pd.Series(text).duplicated().to_numpy())
+    if dup.size:
+        i = int(dup[0])
+        raise DataError(
+            f"{path.name}, data row {i + 1}, column {column!r}: block {text[i]} is listed "
+            "twice; list every block once"
+        )
+    tract = np.strings.slice(text, 0, 11)
+    frame = pd.DataFrame(
+        {
+            "state": np.strings.slice(text, 0, 2),
+            "county": np.strings.slice(text, 0, 5),
+            "tract": tract,
+            "block_group": np.strings.add(tract, np.strings.slice(text, 11, 12)),
+            "block": text,
+        }
+    )
+    h, _ = from_columns(
+        frame, [(n, n) for n in LEVELS[1:]], root_name=LEVELS[0], root_code="US", source=path.name
+    )
+    return h

@@ -18,6 +18,13 @@ allocation (the schema's own by default, e.g. ``pl94``'s 2020 production allocat
 
     # [allocation]                    (default: the schema's; same form as pl94.toml's)
 
+With ``--areas FILE`` (a block → area equivalency, :mod:`censusdp.hierarchy.equivalency`:
+``--block-column``, ``--area-column``, ``--area-name``, ``--gisjoin-blocks``,
+``--skip-blank-areas``) the off-spine areas (places, districts) are predicted too, as sums
+of their blocks (:mod:`censusdp.estimation.areas`): they follow the levels in
+``summary.csv`` and ``areas.csv`` holds one row per area (code, blocks, RMS SE per table).
+A malformed file exits 2 naming the file, row and column, with nothing written.
+
 No count is read: the prediction depends on the tree's shape only
 (:func:`~censusdp.estimation.predict.predict_errors`). The output directory holds
 ``summary.csv`` (level, table, row, label, nodes and SE mean / rms / min / quantiles / max
@@ -38,11 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from censusdp.errors import SpecError
 from censusdp.estimation.predict import QUANTILES, Prediction, allocation_plan, predict_errors
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.equivalency import Equivalency, read_equivalency
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Allocation, Schema
 
@@ -154,12 +163,28 @@ def load_predict_spec(path: str | Path) -> PredictSpec:
     return PredictSpec(where, schema, h, tuple(invariants), allocation, tables, tuple(qs))
 
 
-def predict_spec(spec: PredictSpec) -> tuple[Prediction, pd.DataFrame]:
-    """The prediction and its summary for a parsed spec (no counts, no noise)."""
+def predict_spec(
+    spec: PredictSpec, areas: Equivalency | None = None
+) -> tuple[Prediction, pd.DataFrame]:
+    """The prediction and its summary for a parsed spec (no counts, no noise); with
+    ``areas`` (read against ``spec.hierarchy``) the areas' SEs too, as one more level."""
     plan = allocation_plan(spec.schema, spec.allocation, levels=spec.hierarchy.names)
     inv = [(lvl, ProductQuery.parse(spec.schema, t)) for lvl, t in spec.invariants]
-    pred = predict_errors(spec.hierarchy, spec.schema, plan, inv)
+    pred = predict_errors(spec.hierarchy, spec.schema, plan, inv, areas=areas)
     return pred, pred.summary(list(spec.tables), quantiles=spec.quantiles)
+
+
+def area_table(pred: Prediction, tables: list[str]) -> pd.DataFrame:
+    """One row per area: its code, leaves, and per table the RMS SE over the table's
+    identified rows (``se_rms_TABLE``)."""
+    a = pred.areas
+    assert a is not None
+    cols: dict = {a.name: np.asarray(a.codes, dtype=object), "leaves": a.leaves}
+    for t in tables:
+        var = a.query_variances(a.name, t)
+        ok = np.isfinite(var).all(axis=0)
+        cols[f"se_rms_{t}"] = np.sqrt(var[:, ok].mean(axis=1)) if ok.any() else np.nan
+    return pd.DataFrame(cols)
 
 
 def _figure(summary: pd.DataFrame, path: Path) -> None:
@@ -188,9 +213,16 @@ def _figure(summary: pd.DataFrame, path: Path) -> None:
 
 
 def write_prediction(
-    spec: PredictSpec, pred: Prediction, summary: pd.DataFrame, out: str | Path, *, overwrite: bool
+    spec: PredictSpec,
+    pred: Prediction,
+    summary: pd.DataFrame,
+    out: str | Path,
+    *,
+    overwrite: bool,
+    areas_path: str | Path | None = None,
 ) -> Path:
-    """Write ``summary.csv``, ``summary.json`` and ``se_by_level.png`` into ``out``."""
+    """Write ``summary.csv``, ``summary.json`` and ``se_by_level.png`` into ``out`` (and
+    ``areas.csv`` for a prediction with areas)."""
     from censusdp.atomic import output_dir
 
     groups = summary.assign(v=summary.se_rms**2).groupby(["level", "table"], sort=False)
@@ -211,8 +243,13 @@ def write_prediction(
             for (lvl, table), g in groups
         },
     }
-    with output_dir(out, overwrite=overwrite, inputs=[spec.source], command="predict") as tmp:
+    if pred.areas is not None:
+        info["areas"] = {"name": pred.areas.name, "count": pred.areas.n_areas}
+    inputs = [spec.source, *([] if areas_path is None else [str(areas_path)])]
+    with output_dir(out, overwrite=overwrite, inputs=inputs, command="predict") as tmp:
         summary.to_csv(tmp / "summary.csv", index=False)
+        if pred.areas is not None:
+            area_table(pred, list(spec.tables)).to_csv(tmp / "areas.csv", index=False)
         (tmp / "summary.json").write_text(json.dumps(info, indent=2), encoding="utf-8")
         _figure(summary, tmp / "se_by_level.png")
     return Path(out)
@@ -223,13 +260,27 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     spec_path = Path(args.spec)
     out = args.out if args.out is not None else f"results/predict-{spec_path.stem}"
-    check_output(out, kind="dir", overwrite=args.overwrite, inputs=[spec_path])  # before work
+    inputs = [spec_path, *([] if args.areas is None else [Path(args.areas)])]
+    check_output(out, kind="dir", overwrite=args.overwrite, inputs=inputs)  # before work
     spec = load_predict_spec(spec_path)
-    pred, summary = predict_spec(spec)
-    write_prediction(spec, pred, summary, out, overwrite=args.overwrite)
+    areas = None
+    if args.areas is not None:
+        areas = read_equivalency(
+            args.areas,
+            spec.hierarchy,
+            block_column=args.block_column,
+            area_column=args.area_column,
+            name=args.area_name,
+            gisjoin=args.gisjoin_blocks,
+            skip_blank_areas=args.skip_blank_areas,
+        )
+    pred, summary = predict_spec(spec, areas)
+    write_prediction(spec, pred, summary, out, overwrite=args.overwrite, areas_path=args.areas)
     rho = pred.privacy.rho
     print(f"privacy: ρ = {rho:.6g} (zCDP), derived from the plan; full statement in summary.json")
     print(f"classes per level: {pred.diagnostics['classes']}")
+    if areas is not None:
+        print(f"areas: {areas.n_areas} {areas.name}s from {areas.source} (areas.csv)")
     print(f"wrote {out}/ (summary.csv, summary.json, se_by_level.png; no counts were read)")
     return 0
 
@@ -243,5 +294,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("spec", help="the predict spec (TOML)")
     p.add_argument("--out", help="output directory (default results/predict-SPEC)")
+    p.add_argument(
+        "--areas",
+        metavar="FILE",
+        help="block → area equivalency CSV (places, districts): their SEs as sums of blocks",
+    )
+    p.add_argument("--block-column", default="block", help="its block code column (block)")
+    p.add_argument("--area-column", default="area", help="its area code column (area)")
+    p.add_argument("--area-name", help="what the areas are, e.g. place (default: the column)")
+    p.add_argument(
+        "--gisjoin-blocks",
+        action="store_true",
+        help="the file's block codes are NHGIS GISJOINs, the hierarchy's 15-digit GEOIDs",
+    )
+    p.add_argument(
+        "--skip-blank-areas",
+        action="store_true",
+        help="leave out blocks whose area code is blank (in no area) instead of refusing",
+    )
     add_overwrite(p)
     p.set_defaults(func=_cmd_predict)

@@ -43,7 +43,7 @@ from censusdp.pipelines.data import RunData, load_data
 from censusdp.pipelines.execute import open_executor
 from censusdp.pipelines.interrupts import workers_ignore_interrupts
 from censusdp.pipelines.measure import measure_partitioned
-from censusdp.pipelines.metrics import error_metrics, group_regressions
+from censusdp.pipelines.metrics import error_metrics, group_regressions, size_class_metrics
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.plan import MeasurementPlan, build_plan
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL, write_figures, write_report
@@ -57,6 +57,7 @@ __all__ = [
     "execute_spec",
     "cut_level",
     "output_target",
+    "package_versions",
     "run_inputs",
     "size_classes",
     "write_release",
@@ -140,7 +141,8 @@ def cut_level(plan: MeasurementPlan, depth: int) -> int:
     return min(max(deepest, 1), depth - 1)
 
 
-def _versions() -> dict[str, str]:
+def package_versions() -> dict[str, str]:
+    """Versions of censusdp, Python and the numerical packages, for manifests."""
     out = {"censusdp": __version__, "python": platform.python_version()}
     for name in _VERSIONED:
         try:
@@ -276,7 +278,7 @@ def execute_spec(
         "privacy": {name: r.privacy.to_dict() for name, r in releases.items()},
         "diagnostics": {name: to_jsonable(r.diagnostics) for name, r in releases.items()},
         "timings_seconds": timings,
-        "versions": _versions(),
+        "versions": package_versions(),
     }
     return releases, pd.DataFrame(metric_rows), pd.concat(regressions, ignore_index=True), manifest
 
@@ -389,31 +391,24 @@ def run_spec(
 
 
 def size_classes(release: Release, table: Table, estimator: str) -> pd.DataFrame:
-    """Leaf-total errors of a release by size class of the true leaf total (0, 1–9, 10–99, …).
+    """Leaf-total errors of a release by size class of the true leaf total.
 
-    A bounded summary of the small-area bias at any scale: a mean signed error that moves
-    with size is the bias the per-group regressions measure.
+    The Census Bureau's size classes and metric set
+    (:func:`~censusdp.pipelines.metrics.size_class_metrics`), the non-empty classes only: a
+    bounded summary of the small-area bias at any scale (a mean signed error that moves with
+    size is the bias the per-group regressions measure).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``estimator, size_class, leaves, mae, rmse, mean_error, mape, over_10pct``.
     """
     leaf = release.hierarchy.depth - 1
-    truth = table.leaf_counts.sum(axis=1).astype(np.float64)
-    err = release.estimates[leaf].sum(axis=1).astype(np.float64) - truth
-    cls = np.where(truth > 0, np.floor(np.log10(np.maximum(truth, 1))).astype(np.int64) + 1, 0)
-    k = int(cls.max(initial=0)) + 1
-    n = np.bincount(cls, minlength=k)
-    keep = n > 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.bincount(cls, err, k) / n
-        rmse = np.sqrt(np.bincount(cls, err * err, k) / n)
-    labels = ["0"] + [f"{10 ** (j - 1):,}–{10**j - 1:,}" for j in range(1, k)]
-    return pd.DataFrame(
-        {
-            "estimator": estimator,
-            "size_class": np.asarray(labels, dtype=object)[keep],
-            "leaves": n[keep],
-            "mean_error": mean[keep],
-            "rmse": rmse[keep],
-        }
-    )
+    truth = table.leaf_counts.sum(axis=1)
+    m = size_class_metrics(release.estimates[leaf].sum(axis=1), truth)
+    m = m[m["n"] > 0].rename(columns={"n": "leaves"}).reset_index(drop=True)
+    m.insert(0, "estimator", estimator)
+    return m
 
 
 def write_release(out: Path, releases: dict[str, Release], manifest: dict) -> None:

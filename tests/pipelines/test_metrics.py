@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from censusdp.pipelines.metrics import error_metrics, group_regressions, slope_summary
+from censusdp.pipelines.metrics import (
+    SIZE_CLASSES,
+    error_metrics,
+    group_regressions,
+    size_class_metrics,
+    slope_summary,
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -92,3 +98,40 @@ def test_census_bureau_demonstration_runs_reproduce_published_counts(
     assert s["states"] == 48
     assert s["negative"] == negative
     assert s["significant_negative_001"] == significant
+
+
+def test_error_metrics_percent_errors_leave_out_size_zero():
+    m = error_metrics(np.array([0.0, 2.0, 12.0, 95.0]), np.array([0.0, 1.0, 10.0, 100.0]))
+    assert m["mape"] == pytest.approx(100 * (1.0 + 0.2 + 0.05) / 3)
+    assert m["over_10pct"] == 2  # 100% and 20% off; 5% is not, size 0 has no percent
+    assert np.isnan(error_metrics(np.ones(2), np.zeros(2))["mape"])
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    truth=st.lists(st.integers(0, 3000), min_size=0, max_size=40),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_size_class_metrics_match_a_loop_over_areas(truth, seed):
+    truth = np.asarray(truth, float)
+    est = truth + np.random.default_rng(seed).normal(0.0, 5.0, truth.size).round()
+    got = size_class_metrics(est, truth)
+    assert list(got["size_class"]) == [c[0] for c in SIZE_CLASSES]
+    for label, lo, hi in SIZE_CLASSES:
+        errs, pct = [], []
+        for e, t in zip(est, truth, strict=True):  # the obvious slow reference
+            if lo <= t <= hi:
+                errs.append(e - t)
+                if t > 0:
+                    pct.append(abs(e - t) / t)
+        row = got[got["size_class"] == label].iloc[0]
+        assert row["n"] == len(errs)
+        if errs:
+            assert row["mae"] == pytest.approx(np.mean(np.abs(errs)))
+            assert row["rmse"] == pytest.approx(np.sqrt(np.mean(np.square(errs))))
+            assert row["mean_error"] == pytest.approx(np.mean(errs), abs=1e-12)
+        else:
+            assert np.isnan(row["mae"])
+        assert row["over_10pct"] == sum(p > 0.1 for p in pct)
+        if pct:
+            assert row["mape"] == pytest.approx(100 * np.mean(pct))

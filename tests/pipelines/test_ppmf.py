@@ -11,7 +11,7 @@ import pytest
 from ppmf_fixtures import ppmf_persons
 
 from censusdp.errors import DataError
-from censusdp.pipelines.ppmf import LEVELS, read_ppmf
+from censusdp.pipelines.ppmf import LEVELS, read_block_list, read_ppmf
 
 PL94_COLUMNS = [
     "VINTAGE", "TABBLKST", "TABBLKCOU", "TABTRACT", "TABBLKGRP", "TABBLK",
@@ -358,3 +358,55 @@ def test_demonstration_layout_names_qgqtyp_and_refuses_an_age_past_115(tmp_path:
         (0 * 2 + 1) * 2 * 63,
         (3 * 2 + 1) * 2 * 63,
     ]  # household, nursing; adults
+
+
+def test_public_block_list_adds_the_empty_blocks_and_keeps_every_count(tmp_path: Path) -> None:
+    """On the public block hierarchy every listed block is a leaf (the empty ones with zero
+    counts) and every person keeps its block and cell (against the pandas reference)."""
+    frame = _persons(np.random.default_rng(8), 800)
+    hist = read_ppmf(_write(frame, tmp_path / "p.csv"))
+    occupied = list(np.array(hist.hierarchy.levels[-1].codes.tolist(), dtype=str))
+    empty = ["010010201001999", "010030101002000", "060370101103999", "720010001001000"]
+    listed = tmp_path / "BlockAssign.txt"
+    rows = [f"{b}|{i % 3}" for i, b in enumerate(empty[::-1] + occupied)]
+    listed.write_text("BLOCKID|PLACEFP\n" + "\n".join(rows) + "\n")
+    h = read_block_list(listed)
+    assert h.names == LEVELS and h.sizes[-1] == len(occupied) + len(empty)
+    assert "72" in set(np.array(h.levels[1].codes.tolist(), dtype=str))  # a state with no person
+    on = hist.on_blocks(h, listed.name)
+    codes = np.array(h.levels[-1].codes.tolist(), dtype=str)
+    got = pd.Series(on.count, index=pd.MultiIndex.from_arrays([codes[on.block], on.cell]))
+    want = _expected(frame)
+    assert got.sort_index().to_dict() == want.sort_index().to_dict()
+    assert np.all(np.diff(on.block) >= 0)
+    totals = on.block_totals()
+    assert np.all(totals[np.isin(codes, empty)] == 0) and totals.sum() == len(frame)
+    bg = np.array(h.levels[4].codes.tolist(), dtype=str)[h.ancestor_index("block", "block_group")]
+    assert all(g == b[:12] for g, b in zip(bg, codes, strict=True))  # block group: first digit
+
+
+def test_block_list_errors_name_file_row_and_column(tmp_path: Path) -> None:
+    listed = tmp_path / "blocks.csv"
+    listed.write_text("GEOID\n010010201001001\n01001020100100\n")
+    with pytest.raises(DataError, match=r"blocks.csv, data row 2, column 'GEOID': .*15-digit"):
+        read_block_list(listed)
+    listed.write_text("GEOID\n010010201001001\n010010201001001\n")
+    with pytest.raises(DataError, match=r"data row 2, column 'GEOID': block .* listed twice"):
+        read_block_list(listed)
+    listed.write_text("code\n010010201001001\n")
+    with pytest.raises(DataError, match=r"no block code column"):
+        read_block_list(listed)
+    assert read_block_list(listed, column="code").sizes[-1] == 1
+    # a PPMF block in another block group than the list's
+    frame = _persons(np.random.default_rng(1), 50)
+    hist = read_ppmf(_write(frame, tmp_path / "p.csv"))
+    codes = np.array(hist.hierarchy.levels[-1].codes.tolist(), dtype=str)
+    i = int(np.flatnonzero(codes == "010010201001001")[0])
+    listed.write_text("GEOID\n" + "\n".join(codes) + "\n")
+    h = read_block_list(listed)
+    assert hist.on_blocks(h).hierarchy is h
+    listed.write_text("GEOID\n" + "\n".join(np.delete(codes, i)) + "\n")
+    with pytest.raises(
+        DataError, match=r"p.csv, data row \d+, column 'TABBLK': block 010010201001001"
+    ):
+        hist.on_blocks(read_block_list(listed), "blocks.csv")

@@ -1,0 +1,758 @@
+"""The streamed ``pl94`` release engine: measure → structured GLS → unbiased rounding, per partition.
+
+The 2020 redistricting workload (DESIGN §10) on a geography of any size, never holding a level
+below the cut whole. The hierarchy is cut at a level (county by default; the partitions of
+:func:`~censusdp.pipelines.partition.partition_units`) and the person histogram comes from a
+*source* that gives any leaf range's sparse ``(leaf, cell, count)`` triples
+(:class:`HistogramSource`: the synthetic generator :class:`SyntheticHistogram`, a file read
+whole such as :class:`~censusdp.pipelines.ppmf.PPMFHistogram` through :class:`SparseHistogram`).
+Four passes:
+
+1. **Truth above the cut.** Each partition's leaves are summed to its cut-level nodes (exact
+   int64), then up to the root: the histograms of the levels above the cut, small (3,221
+   counties × 2,016 cells nationally). Their queries are answered and measured there, whole
+   (:func:`~censusdp.mechanisms.queries.measure_range`), and the invariants
+   (e.g. nation and state totals) are computed from them.
+2. **Upward, per partition** (:func:`~censusdp.pipelines.structured_stream.structured_stream`):
+   :class:`PartitionMeasure` regenerates the partition's histogram from the source, sums it
+   to the partition's levels at and below the cut, answers every query
+   (:func:`apply_queries`) and draws its noise from the keyed streams
+   ``measure/<level>/<query>`` at the partition's own node range. Noise is a pure function of
+   the key and the node, so the draws equal those of a whole-level measurement bit for bit,
+   and the same function called again in the downward pass returns the same values.
+3. **Top.** The levels down to the cut are solved from their measurements, the invariants and
+   the partitions' messages, then rounded top-down (:func:`~censusdp.estimation.
+   structured_rounding.round_structured_top`, the invariants ``==``) and handed to ``on_top``.
+4. **Downward, per partition.** Each partition is smoothed, rounded from its cut nodes' integers
+   (:func:`~censusdp.estimation.structured_rounding.round_structured_partition`: every cell
+   ⌊x⌋ or ⌈x⌉, children summing to their parent cell by cell) and handed to ``on_partition``
+   as a :class:`PartitionRelease` (the GLS piece with its covariance blocks, and the integer
+   cell tensors of its levels), then dropped.
+
+Memory is the largest partition's working set plus the levels above the cut and one small
+message per cut-level node: it does not grow with the number of leaves. The output is the
+same bit for bit for any partitioning of the cut level, partition order and number of
+workers (keyed noise, keyed rounding, per-node GLS operations that do not depend on the batch;
+:mod:`~censusdp.pipelines.structured_stream`), and equals the in-memory
+:func:`~censusdp.estimation.structured_gls.structured_gls` and
+:func:`~censusdp.estimation.structured_rounding.round_structured` on the same measurements.
+
+Consumers plug in through ``on_top``/``on_partition``: :class:`ReleaseChecks` (the exactness
+checks of a run), :class:`StandardErrorSummary` (SEs of chosen tables at every node) and the
+release store of :mod:`censusdp.pipelines.pl94_store` are three.
+
+References
+----------
+Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown Algorithm.
+    Harvard Data Science Review, Special Issue 2 — the workload, its geographic partitioning.
+U.S. Census Bureau (2021). DAS_2020_Redistricting_Production_Code (strategy and allocation).
+Canonne, C., Kamath, G. & Steinke, T. (2020). The Discrete Gaussian for Differential Privacy.
+Gao, Gong & Yu (2022). Subspace Differential Privacy, Algorithm 4 (a shared key, each agent
+    regenerating its own noise).
+Madow, W. G. (1949). On the theory of systematic sampling II — the unbiased rounding.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from censusdp.budget import PrivacyStatement
+from censusdp.errors import DataError, SpecError
+from censusdp.estimation.gls import Forest
+from censusdp.estimation.structured_gls import StructuredPiece
+from censusdp.estimation.structured_rounding import (
+    RoundedLevels,
+    round_structured_partition,
+    round_structured_top,
+)
+from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.laws import NoiseLaw
+from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
+from censusdp.mechanisms.product_query import ProductQuery, axis_product
+from censusdp.mechanisms.queries import measure_range
+from censusdp.pipelines.partition import Partition, partition_units
+from censusdp.pipelines.structured_stream import structured_stream
+from censusdp.rng import KeyedRNG
+from censusdp.schema import Schema
+
+__all__ = [
+    "HistogramSource",
+    "PartitionMeasure",
+    "PartitionRelease",
+    "Pl94StreamResult",
+    "ReleaseChecks",
+    "SparseHistogram",
+    "StandardErrorSummary",
+    "SyntheticHistogram",
+    "TopRelease",
+    "apply_queries",
+    "stream_pl94",
+]
+
+#: Plan entries: (level name, query, noise law), as :func:`~censusdp.estimation.predict.allocation_plan`.
+Plan = Sequence[tuple[str, ProductQuery, NoiseLaw]]
+
+#: Blocks whose dense histograms are built at once inside a partition (16 KB each for pl94):
+#: bounds a partition's transient memory whatever its size.
+DENSE_LEAVES = 4096
+
+#: The label the rounding's keyed streams descend from (``rng.child(ROUNDING)``).
+ROUNDING = "rounding"
+
+
+# ----------------------------------------------------------------------------- sources
+@runtime_checkable
+class HistogramSource(Protocol):
+    """A person histogram over the leaves of a hierarchy, any leaf range at a time.
+
+    ``source(lo, hi)`` returns ``(leaf, cell, count)``: int64 arrays, one entry per non-empty
+    (leaf, cell) of leaves ``[lo, hi)``, sorted by leaf (global leaf indices) then cell, cells
+    flat in the schema's C order. It must return the same arrays every time it is called
+    for the same range (the downward pass regenerates a partition), and be safe to call from
+    several threads at once.
+    """
+
+    def __call__(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+@dataclass(frozen=True, eq=False)
+class SyntheticHistogram:
+    """The synthetic ``pl94`` histogram of :func:`~censusdp.hierarchy.synthetic.pl94_histogram`
+    as a source: persons per leaf, the seed; any leaf range drawn alone (keyed streams).
+
+    Parameters
+    ----------
+    populations : numpy.ndarray
+        Persons per leaf (int64), e.g. ``synthetic_us(...).leaf_counts[:, 0]``.
+    seed : int
+        Seed of the synthetic data (not of the noise).
+    """
+
+    populations: np.ndarray
+    seed: int
+    _offsets: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from censusdp.hierarchy.synthetic import _block_populations, _person_offsets
+
+        pop = _block_populations(self.populations)
+        object.__setattr__(self, "populations", pop)
+        object.__setattr__(self, "_offsets", _person_offsets(pop))
+
+    def __call__(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from censusdp.hierarchy.synthetic import _histogram_range
+
+        if not 0 <= lo <= hi <= self.populations.size:
+            raise ValueError(f"leaf range [{lo}, {hi}) is outside [0, {self.populations.size})")
+        return _histogram_range(self.populations, self._offsets, self.seed, int(lo), int(hi))
+
+
+@dataclass(frozen=True, eq=False)
+class SparseHistogram:
+    """A sparse histogram held whole as a source (e.g. a PPMF file's, :meth:`of`).
+
+    Attributes
+    ----------
+    leaf, cell, count : numpy.ndarray
+        int64, sorted by leaf then cell (as :class:`~censusdp.pipelines.ppmf.PPMFHistogram`).
+    """
+
+    leaf: np.ndarray
+    cell: np.ndarray
+    count: np.ndarray
+
+    def __post_init__(self) -> None:
+        leaf = np.asarray(self.leaf, np.int64)
+        if not (leaf.shape == np.shape(self.cell) == np.shape(self.count)) or leaf.ndim != 1:
+            raise DataError("sparse histogram: leaf, cell and count must be 1-D of one length")
+        if leaf.size and np.any(np.diff(leaf) < 0):
+            raise DataError("sparse histogram: entries must be sorted by leaf")
+        object.__setattr__(self, "leaf", leaf)
+        object.__setattr__(self, "cell", np.asarray(self.cell, np.int64))
+        object.__setattr__(self, "count", np.asarray(self.count, np.int64))
+
+    @classmethod
+    def of(cls, histogram) -> SparseHistogram:
+        """The source of an object with ``block``, ``cell`` and ``count`` arrays
+        (:class:`~censusdp.pipelines.ppmf.PPMFHistogram`)."""
+        return cls(histogram.block, histogram.cell, histogram.count)
+
+    def __call__(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        a, b = np.searchsorted(self.leaf, [lo, hi])
+        return self.leaf[a:b], self.cell[a:b], self.count[a:b]
+
+
+def _checked_entries(
+    entries: tuple[np.ndarray, np.ndarray, np.ndarray], lo: int, hi: int, n_cells: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    leaf, cell, count = (np.asarray(a) for a in entries)
+    if not (leaf.shape == cell.shape == count.shape) or leaf.ndim != 1:
+        raise DataError(
+            f"histogram source, leaves [{lo}, {hi}): leaf, cell and count must be 1-D arrays "
+            "of one length"
+        )
+    if leaf.size:
+        if (
+            leaf.dtype.kind not in "iu"
+            or cell.dtype.kind not in "iu"
+            or count.dtype.kind not in "iu"
+        ):
+            raise DataError(
+                f"histogram source, leaves [{lo}, {hi}): leaf, cell and count must be integers"
+            )
+        if int(leaf.min()) < lo or int(leaf.max()) >= hi:
+            raise DataError(
+                f"histogram source: an entry for leaves [{lo}, {hi}) lies outside that range; "
+                "return only the range's leaves, by global index"
+            )
+        if int(cell.min()) < 0 or int(cell.max()) >= n_cells:
+            raise DataError(
+                f"histogram source, leaves [{lo}, {hi}): a cell index is outside [0, {n_cells})"
+            )
+        if int(count.min()) < 0:
+            raise DataError(f"histogram source, leaves [{lo}, {hi}): a count is negative")
+    return (
+        leaf.astype(np.int64, copy=False),
+        cell.astype(np.int64, copy=False),
+        count.astype(np.int64, copy=False),
+    )
+
+
+# ----------------------------------------------------------------------------- queries
+def apply_queries(queries: Sequence[ProductQuery], x: np.ndarray) -> dict[str, np.ndarray]:
+    """Exact answers of every query on a batch of count tensors, ``{name: (n, n_rows)}``.
+
+    The same integers as ``q.apply(x)`` for each query, but each marginal is summed from the
+    smallest one already computed (the lattice of marginals: ``votingage * cenrace`` from
+    ``votingage * hispanic * cenrace``, not from the 2,016 cells), then its recodes applied:
+    about one pass over the histogram instead of one per query.
+    """
+    summed: dict[frozenset, np.ndarray] = {frozenset(): x}
+    out = {}
+    order = sorted(queries, key=lambda q: sum(f.is_all for f in q.factors))
+    for q in order:
+        drop = frozenset(ax for ax, f in enumerate(q.factors) if f.is_all)
+        src = min((S for S in summed if S <= drop), key=lambda S: summed[S].size)
+        y = summed[src]
+        for ax in sorted(drop - src):
+            y = y.sum(axis=ax + 1, keepdims=True)
+        summed[drop] = y
+        for ax, f in enumerate(q.factors):
+            if not (f.is_detailed or f.is_all):
+                y = axis_product(y, ax + 1, f.matrix.astype(y.dtype, copy=False))
+        out[q.name] = y.reshape(y.shape[0], -1)
+    return out
+
+
+def _sums(
+    node: np.ndarray, cell: np.ndarray, count: np.ndarray, n: int, n_cells: int
+) -> np.ndarray:
+    """Dense int64 ``(n, n_cells)`` sums of ``count`` by (node, cell), exactly."""
+    flat = node * n_cells + cell
+    if count.size and int(count.sum()) >= 2**53:
+        out = np.zeros(n * n_cells, np.int64)
+        np.add.at(out, flat, count)
+        return out.reshape(n, n_cells)
+    # float64 bincount is exact below 2⁵³ and much faster than np.add.at
+    return np.bincount(flat, count, n * n_cells).astype(np.int64).reshape(n, n_cells)
+
+
+# ----------------------------------------------------------------------------- measure
+class PartitionMeasure:
+    """The ``measure`` function of :func:`structured_stream`: a partition's noisy answers.
+
+    Called with a :class:`~censusdp.pipelines.partition.Partition`, it regenerates the
+    partition's histogram from the source, sums it to the partition's nodes of every level at
+    and below the cut, answers the plan's queries there and adds the keyed noise of those
+    nodes (the block level :data:`DENSE_LEAVES` leaves at a time, so no dense histogram of
+    the whole partition is built). Returns one int64 ``(n_nodes, n_rows)`` array per plan
+    entry at or below the cut, in plan order.
+
+    Counters (``stats``: draws, seconds generating, answering, drawing noise; calls) are
+    summed over threads.
+    """
+
+    def __init__(
+        self, hierarchy: Hierarchy, schema: Schema, source: HistogramSource, plan: Plan,
+        rng: KeyedRNG, cut: int,
+    ) -> None:  # fmt: skip
+        self.hierarchy, self.schema, self.source, self.rng, self.cut = (
+            hierarchy, schema, source, rng, int(cut),
+        )  # fmt: skip
+        self.low = [
+            (hierarchy.level_index(lvl), q, law)
+            for lvl, q, law in plan
+            if hierarchy.level_index(lvl) >= cut
+        ]
+        self._lock = threading.Lock()
+        self.stats = dict(calls=0, draws=0, generate=0.0, apply=0.0, noise=0.0)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _add(self, **kw: float) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                self.stats[k] += v
+
+    def __call__(self, part: Partition) -> list[np.ndarray]:
+        h, schema, D = self.hierarchy, self.schema, self.hierarchy.depth
+        n_cells, shape = schema.n_cells, tuple(schema.shape)
+        t0 = time.perf_counter()
+        lo_leaf, hi_leaf = part.range(D - 1)
+        leaf, cell, count = _checked_entries(
+            self.source(lo_leaf, hi_leaf), lo_leaf, hi_leaf, n_cells
+        )
+        # the partition's nodes of every level from the cut down, as local indices of the leaves
+        node = leaf - lo_leaf
+        local = {D - 1: node}
+        for k in range(D - 1, part.cut, -1):
+            lo_k, _ = part.range(k)
+            lo_up, _ = part.range(k - 1)
+            node = h.levels[k].parent[node + lo_k] - lo_up
+            local[k - 1] = node
+        t1 = time.perf_counter()
+        answers: dict[int, dict[str, np.ndarray]] = {}
+        draws = 0
+        t_apply = t_noise = 0.0
+        out: list[np.ndarray] = []
+        for k in sorted({k for k, _, _ in self.low}):
+            lo_k, hi_k = part.range(k)
+            qs = [(q, law) for kk, q, law in self.low if kk == k]
+            step = DENSE_LEAVES if k == D - 1 else max(hi_k - lo_k, 1)
+            bounds = [*range(0, hi_k - lo_k, step), hi_k - lo_k]
+            vals = {q.name: np.empty((hi_k - lo_k, q.n_rows), np.int64) for q, _ in qs}
+            cut_at = np.searchsorted(local[k], bounds)
+            for a, b, ea, eb in zip(bounds[:-1], bounds[1:], cut_at[:-1], cut_at[1:], strict=True):
+                ta = time.perf_counter()
+                x = _sums(local[k][ea:eb] - a, cell[ea:eb], count[ea:eb], b - a, n_cells)
+                ans = apply_queries([q for q, _ in qs], x.reshape(b - a, *shape))
+                del x
+                tb = time.perf_counter()
+                for q, law in qs:
+                    truth = ans.pop(q.name)
+                    vals[q.name][a:b] = measure_range(
+                        truth, h.names[k], h.sizes[k], lo_k + a, q, law, self.rng
+                    )
+                    draws += truth.size
+                t_apply += tb - ta
+                t_noise += time.perf_counter() - tb
+            answers[k] = vals
+        for k, q, _ in self.low:
+            out.append(answers[k][q.name])
+        self._add(calls=1, draws=draws, generate=t1 - t0, apply=t_apply, noise=t_noise)
+        return out
+
+
+# ----------------------------------------------------------------------------- outputs
+@dataclass(frozen=True, eq=False)
+class TopRelease:
+    """The levels ``0 .. cut``, every node, handed to ``on_top`` once.
+
+    Attributes
+    ----------
+    piece : StructuredPiece
+        GLS estimates and covariance blocks of levels ``0 .. cut``.
+    rounded : RoundedLevels
+        Their integer cell tensors (``rounded.counts[k]``: int64 ``(n_nodes, *shape)``),
+        the invariants ``==``.
+    truth_top : list of numpy.ndarray
+        Not present: the confidential histograms never leave the engine.
+    """
+
+    piece: StructuredPiece
+    rounded: RoundedLevels
+
+    @property
+    def counts(self) -> list[np.ndarray]:
+        return self.rounded.counts
+
+
+@dataclass(frozen=True, eq=False)
+class PartitionRelease:
+    """One partition's levels below the cut, handed to ``on_partition`` and then dropped.
+
+    Attributes
+    ----------
+    partition : Partition
+        Its node ranges (levels ``cut .. leaf``).
+    piece : StructuredPiece
+        GLS estimates and covariance blocks of levels ``cut + 1 .. leaf``.
+    counts : list of numpy.ndarray
+        The rounded integer cell tensors of levels ``cut + 1 .. leaf`` (int64
+        ``(n_nodes, *shape)``).
+    cut_counts : numpy.ndarray
+        The rounded integers of the partition's cut-level nodes (the parents of
+        ``counts[0]``), from the top.
+    """
+
+    partition: Partition
+    piece: StructuredPiece
+    counts: list[np.ndarray]
+    cut_counts: np.ndarray
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.piece.names
+
+
+@dataclass(frozen=True, eq=False)
+class Pl94StreamResult:
+    """What a streamed run returns (the partitions went to ``on_partition``).
+
+    Attributes
+    ----------
+    top : TopRelease
+    privacy : PrivacyStatement
+        Derived from the measurements (with the invariants and the geometry).
+    partitions : list of Partition
+    persons : int
+        Persons in the histogram (the root's total).
+    noisy_counts : int
+        Noisy counts the plan measures (Σ over levels of nodes × query rows), each drawn once
+        per measurement; ``diagnostics["draws"]`` counts draws made, regenerations included.
+    diagnostics : dict
+        Wall seconds per stage (``truth``: pass 1; ``measure``: generating, answering and
+        noise inside the partitions; ``gls``; ``rounding``; ``callbacks``), the stream's own
+        diagnostics, and the draws.
+    """
+
+    top: TopRelease
+    privacy: PrivacyStatement
+    partitions: list[Partition]
+    persons: int
+    noisy_counts: int
+    diagnostics: dict
+
+
+def _ahead(fn: Callable, items: Sequence, workers: int):
+    """``fn(item)`` for each item in order, ``workers`` threads computing ahead."""
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        yield from pool.map(fn, items)
+
+
+def _cut_truth(
+    h: Hierarchy, schema: Schema, source: HistogramSource, parts: Sequence[Partition], workers: int
+) -> list[np.ndarray]:
+    """Exact int64 histograms ``(n_nodes, n_cells)`` of levels ``0 .. cut`` from the
+    partitions' leaves (pass 1)."""
+    D, n_cells = h.depth, schema.n_cells
+    cut = parts[0].cut
+
+    def one(p: Partition) -> np.ndarray:
+        lo, hi = p.range(D - 1)
+        leaf, cell, count = _checked_entries(source(lo, hi), lo, hi, n_cells)
+        node = leaf
+        for k in range(D - 1, cut, -1):
+            node = h.levels[k].parent[node]
+        a, b = p.units
+        return _sums(node - a, cell, count, b - a, n_cells)
+
+    cut_hist = np.empty((h.sizes[cut], n_cells), np.int64)
+    for p, x in zip(parts, _ahead(one, parts, workers), strict=True):
+        cut_hist[p.units[0] : p.units[1]] = x
+    levels = [cut_hist]
+    for k in range(cut, 0, -1):
+        levels.append(h.aggregate_up(k, levels[-1]))
+    return levels[::-1]
+
+
+def stream_pl94(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    source: HistogramSource,
+    plan: Plan,
+    rng: KeyedRNG,
+    *,
+    invariants: Sequence[tuple[str, ProductQuery | str]] = (
+        ("nation", "total"),
+        ("state", "total"),
+    ),
+    cut: str | int = "county",
+    partitions: int | Sequence[Partition] = 0,
+    workers: int = 1,
+    cache_bytes: int = 0,
+    order: Sequence[int] | None = None,
+    on_top: Callable[[TopRelease], None] | None = None,
+    on_partition: Callable[[PartitionRelease], None] | None = None,
+    privacy: PrivacyStatement | None = None,
+) -> Pl94StreamResult:
+    """Measure, estimate (structured GLS) and round a schema histogram partition by partition.
+
+    Parameters
+    ----------
+    hierarchy : Hierarchy
+        Root first; ``source``'s leaf indices index its last level.
+    schema : Schema
+        The histogram's schema (``pl94``; any schema whose queries the plan names works).
+    source : HistogramSource
+        ``source(lo, hi)`` → sparse ``(leaf, cell, count)`` of leaves ``[lo, hi)``
+        (:class:`SyntheticHistogram`, :class:`SparseHistogram`). Called once per partition
+        in pass 1 and again in the upward and (uncached) downward passes.
+    plan : sequence of (level name, ProductQuery, NoiseLaw)
+        Every measurement, e.g. :func:`~censusdp.estimation.predict.allocation_plan`
+        (the schema's ``[allocation]``).
+    rng : KeyedRNG
+        The noise is drawn from its streams ``measure/<level>/<query>`` (keyed by node); the
+        rounding from ``rng.child("rounding")``.
+    invariants : sequence of (level name, query)
+        Held exactly, computed from the histogram: at the root and its children only (the
+        top-down rounding holds them there), e.g. nation and state totals.
+    cut : str or int
+        The level the partitions cut (default county); it and the levels below are
+        measured inside the partitions, the levels above from pass 1's sums.
+    partitions : int or sequence of Partition
+        Number of leaf-balanced partitions of the cut level (0: one per cut-level node), or
+        :func:`~censusdp.pipelines.partition.partition_units` of ``cut``.
+    workers : int
+        Threads running partitions at once (pass 1, upward, downward); the output does not
+        depend on it.
+    cache_bytes : int
+        Memory the upward states may be cached in between the passes (0: the downward pass
+        regenerates every partition: its histogram and noise again, the same values).
+    order : sequence of int, optional
+        Order of the partitions (the output does not depend on it).
+    on_top : callable, optional
+        ``on_top(TopRelease)``: the levels down to the cut, once, before any partition.
+    on_partition : callable, optional
+        ``on_partition(PartitionRelease)``: each partition's levels below the cut, rounded,
+        in ``order``, one at a time in the calling thread.
+    privacy : PrivacyStatement, optional
+        A claimed statement, checked against the one derived from the measurements.
+
+    Returns
+    -------
+    Pl94StreamResult
+
+    Raises
+    ------
+    SpecError
+        A plan level the hierarchy lacks, invariants below the root's children, partitions
+        of another cut; as :func:`~censusdp.pipelines.structured_stream.structured_stream`.
+    DataError
+        A source returning entries outside its range, negative counts, unknown cells.
+    """
+    t_start = time.perf_counter()
+    h = hierarchy
+    k_cut = h.level_index(cut)
+    for lvl, _, _ in plan:
+        h.level_index(lvl)  # HierarchyError naming an unknown level
+    if isinstance(partitions, int):
+        parts = partition_units(h, k_cut, partitions or h.sizes[k_cut])
+    else:
+        parts = list(partitions)
+        if parts and parts[0].cut != k_cut:
+            raise SpecError(
+                f"the partitions cut level {h.names[parts[0].cut]!r}, not {h.names[k_cut]!r}"
+            )
+    inv_specs = [(h.level_index(lvl), ProductQuery.parse(schema, q) if isinstance(q, str) else q)
+                 for lvl, q in invariants]  # fmt: skip
+    for k, q in inv_specs:
+        if k > min(1, k_cut):
+            raise SpecError(
+                f"invariant {q.name!r} at level {h.names[k]!r}: invariants are held at the root "
+                "and its children only (the top-down rounding keeps them ==); cut at or below "
+                "the level of the invariants"
+            )
+    shape = tuple(schema.shape)
+    t = dict(truth=0.0, measure_top=0.0, gls=0.0, rounding=0.0, callbacks=0.0)
+
+    # pass 1: the exact histograms down to the cut, then the measurements above it
+    t0 = time.perf_counter()
+    top_truth = _cut_truth(h, schema, source, parts, workers)
+    persons = int(top_truth[0].sum())
+    invs = [ProductInvariant(h.names[k], q, q.apply(top_truth[k].reshape(-1, *shape)))
+            for k, q in inv_specs]  # fmt: skip
+    t["truth"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    meas: list[ProductMeasurement] = []
+    answers = {
+        k: apply_queries(
+            [q for lvl, q, _ in plan if h.level_index(lvl) == k],
+            top_truth[k].reshape(-1, *shape),
+        )
+        for k in range(k_cut)
+    }
+    del top_truth
+    top_draws = 0
+    for lvl, q, law in plan:
+        k = h.level_index(lvl)
+        if k < k_cut:
+            truth = answers[k].pop(q.name)
+            vals = measure_range(truth, lvl, h.sizes[k], 0, q, law, rng)
+            top_draws += truth.size
+        else:
+            vals = np.empty((0, q.n_rows))
+        meas.append(ProductMeasurement(lvl, q, vals, law))
+    del answers
+    t["measure_top"] = time.perf_counter() - t0
+    measure = PartitionMeasure(h, schema, source, plan, rng, k_cut)
+
+    # the stream: upward, top, downward; rounding in its callbacks
+    round_rng = rng.child(ROUNDING)
+    holder: dict = {}
+
+    def top_callback(piece: StructuredPiece) -> None:
+        t0 = time.perf_counter()
+        rounded = round_structured_top(
+            h, schema, list(piece.estimates), round_rng, invariants=invs, spreads=False
+        )
+        t["rounding"] += time.perf_counter() - t0
+        holder["top"] = TopRelease(piece, rounded)
+        if on_top is not None:
+            t0 = time.perf_counter()
+            on_top(holder["top"])
+            t["callbacks"] += time.perf_counter() - t0
+
+    def partition_callback(piece: StructuredPiece) -> None:
+        t0 = time.perf_counter()
+        part = parts[piece.partition]
+        top = holder["top"].rounded
+        cut_counts = top.counts[k_cut][slice(*part.units)]
+        out = round_structured_partition(
+            Forest.of(h, k_cut, part.ranges), [r[0] for r in part.ranges], h.sizes[k_cut:],
+            schema, cut_counts, None, list(piece.estimates), round_rng, negative=top.negative,
+        )  # fmt: skip
+        t["rounding"] += time.perf_counter() - t0
+        if on_partition is not None:
+            t0 = time.perf_counter()
+            on_partition(PartitionRelease(part, piece, out.counts, cut_counts))
+            t["callbacks"] += time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    res = structured_stream(
+        h, schema, meas, measure, parts, invs, partition_callback, on_top=top_callback,
+        privacy=privacy, cache_bytes=cache_bytes, order=order, workers=workers,
+    )  # fmt: skip
+    d = res.diagnostics
+    t["gls"] = time.perf_counter() - t0 - d["seconds_callback"] - d["seconds_measure"]
+    t["measure"] = d["seconds_measure"]
+    noisy = sum(h.sizes[h.level_index(lvl)] * q.n_rows for lvl, q, _ in plan)
+    diagnostics = {
+        "seconds": time.perf_counter() - t_start,
+        **{f"seconds_{k}": v for k, v in t.items()},
+        "measure_inside_partitions": {
+            "calls": measure.stats["calls"],
+            "draws": measure.stats["draws"],
+            "seconds_generate": measure.stats["generate"],
+            "seconds_apply_queries": measure.stats["apply"],
+            "seconds_noise": measure.stats["noise"],
+        },
+        "draws": top_draws + measure.stats["draws"],
+        "stream": d,
+    }
+    return Pl94StreamResult(holder["top"], res.privacy, parts, persons, noisy, diagnostics)
+
+
+# ----------------------------------------------------------------------------- consumers
+class ReleaseChecks:
+    """Exactness checks of a streamed release, accumulated piece by piece (``on_top`` /
+    ``on_partition``): each level's rounded total, every cell ⌊x⌋ or ⌈x⌉ of its estimate,
+    children summing to their parent cell by cell, and the invariants ``==``. Holds only
+    booleans and per-level totals."""
+
+    def __init__(self, hierarchy: Hierarchy, invariants: Sequence[ProductInvariant] = ()) -> None:
+        self.h = hierarchy
+        self.invariants = list(invariants)
+        self.totals = np.zeros(hierarchy.depth, np.int64)
+        self.floor_ceil = self.consistent = True
+        self.invariants_exact: bool | None = None
+        self.seconds = 0.0
+
+    def _floor_ceil(self, counts: Sequence[np.ndarray], estimates: Sequence[np.ndarray]) -> None:
+        for c, x in zip(counts, estimates, strict=True):
+            d = c - np.asarray(x, dtype=float)
+            self.floor_ceil &= bool(np.all((d > -1 - 1e-6) & (d < 1 + 1e-6)))
+
+    def _sum_to(self, parent: np.ndarray, child: np.ndarray, child_count: np.ndarray) -> None:
+        n_par = parent.shape[0]
+        flat = child.reshape(child.shape[0], -1)
+        if n_par == 0:
+            return
+        starts = np.concatenate([[0], np.cumsum(child_count)[:-1]])
+        has = child_count > 0
+        sums = np.zeros((n_par, flat.shape[1]), np.int64)
+        sums[has] = np.add.reduceat(flat, starts[has], axis=0)
+        self.consistent &= bool(np.array_equal(sums, parent.reshape(n_par, -1)))
+
+    def top(self, top: TopRelease) -> None:
+        t0 = time.perf_counter()
+        counts = top.rounded.counts
+        self._floor_ceil(counts, top.piece.estimates)
+        for k, c in enumerate(counts):
+            self.totals[k] += int(c.sum())
+        for k in range(1, len(counts)):
+            self._sum_to(counts[k - 1], counts[k], self.h.levels[k - 1].child_count)
+        self.invariants_exact = all(
+            np.array_equal(inv.query.apply(counts[self.h.level_index(inv.level)]), inv.values)
+            for inv in self.invariants
+        )
+        self.seconds += time.perf_counter() - t0
+
+    def partition(self, out: PartitionRelease) -> None:
+        t0 = time.perf_counter()
+        self._floor_ceil(out.counts, out.piece.estimates)
+        levels = [out.cut_counts, *out.counts]
+        cut = out.partition.cut
+        for j in range(1, len(levels)):
+            lo, hi = out.partition.ranges[j - 1]
+            self._sum_to(levels[j - 1], levels[j], self.h.levels[cut + j - 1].child_count[lo:hi])
+        for j, c in enumerate(out.counts, start=cut + 1):
+            self.totals[j] += int(c.sum())
+        self.seconds += time.perf_counter() - t0
+
+    def result(self, persons: int) -> dict:
+        return {
+            "rounded_total_per_level": dict(zip(self.h.names, self.totals.tolist(), strict=True)),
+            "every_level_total_equals_the_persons": bool(np.all(self.totals == persons)),
+            "invariants_exact": self.invariants_exact,
+            "every_cell_floor_or_ceil": self.floor_ceil,
+            "children_sum_to_parent_cell_by_cell": self.consistent,
+        }
+
+
+class StandardErrorSummary:
+    """Per level and table: the mean and largest GLS standard error over its rows and nodes,
+    accumulated piece by piece (``add(piece)`` for the top and every partition)."""
+
+    def __init__(self, schema: Schema, tables: Sequence[str]) -> None:
+        self.queries = [ProductQuery.parse(schema, t) for t in tables]
+        self.acc: dict = {}
+        self.seconds = 0.0
+
+    def add(self, piece: StructuredPiece) -> None:
+        t0 = time.perf_counter()
+        for lvl in piece.names:
+            for q in self.queries:
+                se = piece.query_standard_errors(lvl, q)
+                ok = ~np.isnan(se)
+                a = self.acc.setdefault((lvl, q.name), [0.0, 0, -np.inf])
+                a[0] += float(se[ok].sum())
+                a[1] += int(ok.sum())
+                a[2] = max(a[2], float(se[ok].max(initial=-np.inf)))
+        self.seconds += time.perf_counter() - t0
+
+    def result(self, names: Sequence[str]) -> dict:
+        out: dict = {}
+        for lvl in names:
+            out[lvl] = {}
+            for q in self.queries:
+                total, count, top = self.acc.get((lvl, q.name), (0.0, 0, float("nan")))
+                out[lvl][q.name] = {"mean": total / count if count else float("nan"), "max": top}
+        return out

@@ -1,0 +1,855 @@
+"""``censusdp privatize PPMF.csv --spec SPEC -o OUTDIR``: a PPMF in, two products out.
+
+The route of ``privatize`` for the Census Bureau's Privacy-Protected Microdata File layout
+(one row per person; :mod:`censusdp.pipelines.ppmf`), chosen when the spec says
+``[data] source = "ppmf"`` or the input's header is a PPMF's. The file is read into the block
+hierarchy (nation → state → county → tract → block group → block) and its sparse ``pl94``
+histogram; the 2020 production strategy (11 product queries per geounit, the schema's
+``[allocation]`` of :file:`censusdp/schemas/pl94.toml`, scaled to the spec's ρ) is measured
+with discrete Gaussian noise, the nation and state totals held invariant, by the streamed
+engine :func:`~censusdp.pipelines.pl94_stream.stream_pl94` (measure inside partitions →
+structured GLS → unbiased rounding, one county at a time). In its callbacks the same GLS
+estimates also give the non-negative product (:mod:`censusdp.estimation.nonnegative`), so
+both are post-processing of one set of measurements under one privacy statement.
+
+Written atomically into ``OUTDIR`` (:func:`censusdp.atomic.output_dir`: a temporary
+directory renamed into place when complete; never over the input, nothing half-written):
+
+* ``unbiased/pl94_<level>.csv`` and ``unbiased/pl94_long.csv`` — P1–P5 for every level, with
+  ``<column>_se``: the exact standard error of the GLS estimate of that column. It does not
+  include the rounding's error, which is mean zero but adds up to 1/4 of variance per
+  detailed cell, so for a column summing many cells of a small area it can dominate: on a
+  synthetic 400-block state at the production budget the rounding moved county, tract and
+  block-group totals by 7–18 persons RMS against a GLS standard error of about 1 (the engine
+  rounds without the spreads that :func:`~censusdp.estimation.structured_rounding.rounded_query_variances`
+  needs for a bound). The size-class report's simulated errors include it;
+* ``nonnegative/pl94_<level>.csv``, ``nonnegative/pl94_long.csv`` — the same tables from the
+  non-negative product (biased; no standard errors);
+* ``nonnegative/microdata.csv`` — one row per person of the non-negative block histogram, in
+  the PPMF's columns (``TABBLKST, TABBLKCOU, TABTRACT, TABBLKGRP, TABBLK, RTYPE, GQTYPE_PL,
+  VOTING_AGE, CENHISP, CENRACE``); its tabulations equal the non-negative tables exactly;
+* ``manifest.json`` — the derived privacy statement (induced subspace DP with the
+  invariants), the two products and their labels, the spec without its seed, versions,
+  timings; ``privacy.md``; ``README.md``;
+* the size-class report of :mod:`censusdp.pipelines.size_class_report` (simulated from the
+  released numbers), and with ``--evaluate`` its confidential ``evaluation/`` section.
+
+A PPMF spec::
+
+    [data]
+    source = "ppmf"
+    [privacy]
+    accounting = "zcdp"
+    rho = 2.556                 # optional: default the allocation's own (2020 production)
+    delta = 1e-10               # optional: also report (ε, δ)
+    [mechanism]
+    noise = "discrete_gaussian"
+    [hierarchy]
+    blocks = "blocks.csv"       # the public list of every block (see below)
+    block_column = "GEOID20"    # optional: default the first of block, BLOCKID, GEOID20, ...
+    [areas]                     # optional: off-spine areas (places) as sums of blocks
+    file = "BlockAssign_ST44_RI_INCPLACE_CDP.txt"
+    level = "place"
+    block_column = "BLOCKID"
+    area_column = "PLACEFP"
+    skip_blank = true           # blocks in no place have a blank code
+    list = "places.csv"         # optional: every place (each must contain a block)
+    [report]
+    repetitions = 10            # simulated releases for the size-class bias
+    [run]
+    seed = 1                    # reproducible mode, tests only
+
+**The hierarchy must be public.** A PPMF holds only the blocks with people; a hierarchy built
+from its rows would publish which blocks are occupied (every block of the output is a block
+with a person). The route therefore takes the block set from a public list
+(``[hierarchy] blocks`` or ``--blocks``: any file listing every block, e.g. a block
+assignment file, :func:`~censusdp.pipelines.ppmf.read_block_list`), where empty blocks are
+present with zero counts, and refuses without one unless ``--blocks-from-data`` acknowledges
+the disclosure, which the privacy statement then carries.
+
+**Areas** (``[areas]`` or ``--areas FILE``; :func:`~censusdp.hierarchy.equivalency.read_equivalency`)
+are released as sums of their blocks: ``unbiased/pl94_<level>.csv`` with exact ``_se`` from the
+streamed area sweep (:func:`~censusdp.estimation.areas.area_partition` per partition,
+:func:`~censusdp.estimation.areas.area_top`), ``nonnegative/pl94_<level>.csv`` from the
+non-negative blocks, and a row of the size-class report.
+
+References
+----------
+Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown Algorithm.
+    Harvard Data Science Review, Special Issue 2.
+U.S. Census Bureau (2021). 2010 Demonstration Privacy-Protected Microdata File, record layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from censusdp.atomic import check_output, output_dir
+from censusdp.budget import PrivacyStatement
+from censusdp.errors import DataError, SpecError
+from censusdp.estimation.areas import AreaEstimates, AreaPartial, area_partition, area_top
+from censusdp.estimation.gls import Forest
+from censusdp.estimation.marginal_basis import BlockDiagonal
+from censusdp.estimation.nonnegative import BIASED_NOTE, nonnegative_partition, nonnegative_top
+from censusdp.estimation.predict import allocation_plan
+from censusdp.estimation.structured_gls import structured_setup
+from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.equivalency import Equivalency, read_equivalency
+from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
+from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.pl94_stream import (
+    PartitionRelease,
+    SparseHistogram,
+    TopRelease,
+    stream_pl94,
+)
+from censusdp.pipelines.pl94_tables import LevelTables, pl94_codebook, pl94_frames
+from censusdp.pipelines.ppmf import (
+    GEOGRAPHY,
+    LEVELS,
+    PPMFHistogram,
+    read_block_list,
+    read_ppmf,
+)
+from censusdp.pipelines.size_class_report import (
+    PRODUCTS,
+    area_totals,
+    evaluate_size_classes,
+    simulate_size_classes,
+    write_size_class_report,
+)
+from censusdp.rng import KeyedRNG
+from censusdp.schema import Schema
+
+__all__ = [
+    "AreasSpec",
+    "PPMFSpec",
+    "PPMFResult",
+    "REPORT_LEVELS",
+    "is_ppmf",
+    "load_ppmf_spec",
+    "privatize_ppmf",
+    "spec_reads_ppmf",
+    "write_microdata",
+]
+
+#: Levels of the size-class report (places are added where an equivalency file gives them).
+REPORT_LEVELS = ("block", "block_group", "tract")
+#: The levels the partitions cut (the engine's default).
+CUT = "county"
+#: Invariants: the nation and state totals (2020 production).
+INVARIANTS = (("nation", "total"), ("state", "total"))
+#: Columns of the microdata file, in order (the PPMF's, without VINTAGE).
+MICRODATA_COLUMNS = (
+    *(g[0] for g in GEOGRAPHY),
+    "RTYPE",
+    "GQTYPE_PL",
+    "VOTING_AGE",
+    "CENHISP",
+    "CENRACE",
+)
+
+
+@dataclass(frozen=True)
+class PPMFSpec:
+    """A PPMF privatize spec (:func:`load_ppmf_spec`).
+
+    Attributes
+    ----------
+    rho : Fraction or None
+        Total per-person ρ (zCDP); None: the schema allocation's own.
+    delta : float or None
+    repetitions : int
+        Simulated releases for the size-class bias (≥ 2).
+    seed : int or None
+    source : str
+    """
+
+    rho: Fraction | None = None
+    delta: float | None = None
+    repetitions: int = 10
+    seed: int | None = None
+    source: str = "<spec>"
+    blocks: Path | None = None
+    block_column: str | None = None
+    areas: AreasSpec | None = None
+
+    def to_dict(self) -> dict:
+        """The spec for the manifest, never the seed."""
+        return {
+            "source": self.source,
+            "rho": None if self.rho is None else str(self.rho),
+            "delta": self.delta,
+            "repetitions": self.repetitions,
+            "reproducible_mode": self.seed is not None,
+            "blocks": None if self.blocks is None else self.blocks.name,
+            "areas": None if self.areas is None else self.areas.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class AreasSpec:
+    """Off-spine areas from a block → area equivalency file (``[areas]``).
+
+    Attributes
+    ----------
+    file : Path
+    level : str
+        Their level name in the outputs (``"place"``).
+    block_column, area_column : str
+    skip_blank : bool
+        Blocks with a blank area code are in no area.
+    gisjoin : bool
+        The block codes are NHGIS GISJOINs.
+    areas : Path or None
+        A one-column list of the areas (header ``area_column``): each must contain a block.
+    """
+
+    file: Path
+    level: str = "place"
+    block_column: str = "block"
+    area_column: str = "area"
+    skip_blank: bool = False
+    gisjoin: bool = False
+    areas: Path | None = None
+
+    def to_dict(self) -> dict:
+        d = {**dataclasses.asdict(self), "file": self.file.name}
+        return {**d, "areas": None if self.areas is None else self.areas.name}
+
+    def read(self, h: Hierarchy) -> Equivalency:
+        """The equivalency against ``h`` (DataError naming file, row and column)."""
+        return read_equivalency(
+            self.file,
+            h,
+            block_column=self.block_column,
+            area_column=self.area_column,
+            name=self.level,
+            gisjoin=self.gisjoin,
+            areas_path=self.areas,
+            skip_blank_areas=self.skip_blank,
+        )
+
+
+def spec_reads_ppmf(path: str | Path) -> bool:
+    """Whether the TOML spec at ``path`` says ``[data] source = "ppmf"``."""
+    from censusdp.config import read_spec_toml
+
+    try:
+        doc = read_spec_toml(path)
+    except SpecError:
+        return False  # the route's own loader says what is wrong
+    data = doc.get("data")
+    return isinstance(data, Mapping) and data.get("source") == "ppmf"
+
+
+def is_ppmf(path: str | Path) -> bool:
+    """Whether ``path`` is a CSV whose header names the PPMF's geography columns."""
+    from censusdp.pipelines.ppmf import sniff_csv
+
+    p = Path(path)
+    if not p.is_file() or p.suffix.lower() not in (".csv", ".txt", ""):
+        return False
+    try:
+        header = set(sniff_csv(p)[2])
+    except DataError:
+        return False
+    return all(any(s in header for s in g[2]) for g in GEOGRAPHY)
+
+
+def load_ppmf_spec(path: str | Path) -> PPMFSpec:
+    """Read a PPMF privatize spec (module docstring).
+
+    Raises
+    ------
+    SpecError
+        Naming the file and the dotted key.
+    """
+    from censusdp.config import SpecParser, read_spec_toml
+
+    path = Path(path)
+    doc = read_spec_toml(path)
+    p = SpecParser(str(path), path.parent)
+    p.keys(doc, "", ("data", "privacy", "mechanism", "hierarchy", "areas", "report", "run"))
+    data = p.table(doc, "data", required=False)
+    p.keys(data, "data", ("source", "path"))
+    source = p.get(data, "data", "source", str, default="ppmf")
+    if source != "ppmf":
+        raise p.fail(
+            "data.source",
+            f"the input is a PPMF (persons with TABBLKST ... CENRACE), not {source!r}: set "
+            'source = "ppmf"',
+        )
+    priv = p.table(doc, "privacy", required=True)
+    p.keys(priv, "privacy", ("accounting", "rho", "delta"))
+    if p.get(priv, "privacy", "accounting", str, required=True) != "zcdp":
+        raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
+    rho = p.get(priv, "privacy", "rho", float)
+    if rho is not None and not rho > 0:
+        raise p.fail("privacy.rho", "must be positive")
+    delta = p.get(priv, "privacy", "delta", float)
+    if delta is not None and not 0 < delta < 1:
+        raise p.fail("privacy.delta", "must be in (0, 1)")
+    mech = p.table(doc, "mechanism", required=False)
+    p.keys(mech, "mechanism", ("noise",))
+    if p.get(mech, "mechanism", "noise", str, default="discrete_gaussian") != "discrete_gaussian":
+        raise p.fail("mechanism.noise", 'the pl94 strategy is measured with "discrete_gaussian"')
+    rep = p.table(doc, "report", required=False)
+    p.keys(rep, "report", ("repetitions",))
+    repetitions = p.get(rep, "report", "repetitions", int, default=10)
+    if repetitions < 2:
+        raise p.fail("report.repetitions", "give at least 2 (the bias has a standard error)")
+    run = p.table(doc, "run", required=False)
+    p.keys(run, "run", ("seed",))
+    seed = p.get(run, "run", "seed", int)
+    if seed is not None and seed < 0:
+        raise p.fail("run.seed", "must be a non-negative integer")
+    hier = p.table(doc, "hierarchy", required=False)
+    p.keys(hier, "hierarchy", ("blocks", "block_column"))
+    blocks = p.get(hier, "hierarchy", "blocks", str)
+    ar = p.table(doc, "areas", required=False)
+    p.keys(ar, "areas", ("file", "level", "block_column", "area_column", "skip_blank", "gisjoin",
+                         "list"))  # fmt: skip
+    areas = None
+    if ar:
+        listed = p.get(ar, "areas", "list", str)
+        areas = AreasSpec(
+            _relative(path, p.get(ar, "areas", "file", str, required=True)),
+            level=p.get(ar, "areas", "level", str, default="place"),
+            block_column=p.get(ar, "areas", "block_column", str, default="block"),
+            area_column=p.get(ar, "areas", "area_column", str, default="area"),
+            skip_blank=p.get(ar, "areas", "skip_blank", bool, default=False),
+            gisjoin=p.get(ar, "areas", "gisjoin", bool, default=False),
+            areas=None if listed is None else _relative(path, listed),
+        )
+        if areas.level in LEVELS:
+            raise p.fail("areas.level", f"{areas.level!r} is a level of the hierarchy; name the "
+                         "areas otherwise (e.g. place)")  # fmt: skip
+    return PPMFSpec(
+        rho=None if rho is None else Fraction(rho).limit_denominator(10**12),
+        delta=delta,
+        repetitions=repetitions,
+        seed=seed,
+        source=str(path),
+        blocks=None if blocks is None else _relative(path, blocks),
+        block_column=p.get(hier, "hierarchy", "block_column", str),
+        areas=areas,
+    )
+
+
+def _relative(spec: Path, name: str) -> Path:
+    q = Path(name)
+    return q if q.is_absolute() else spec.parent / q
+
+
+# -- the two products, streamed --------------------------------------------------------------
+#: ``on_levels(names, ranges, piece, unbiased, nonnegative)``: consecutive levels of some node
+#: ranges — the GLS piece (None in simulations), and both products' int64 cell tensors.
+_OnLevels = Callable[[tuple[str, ...], tuple[tuple[int, int], ...], object, list, list], None]
+
+
+def _invariants(h: Hierarchy, schema: Schema, hist_block, hist_count) -> list[ProductInvariant]:
+    tot = area_totals(h, hist_block, hist_count, [lvl for lvl, _ in INVARIANTS])
+    return [
+        ProductInvariant(lvl, ProductQuery.parse(schema, q), tot[lvl][:, None])
+        for lvl, q in INVARIANTS
+    ]
+
+
+def _two_products(
+    h: Hierarchy,
+    schema: Schema,
+    source: SparseHistogram,
+    plan,
+    rng: KeyedRNG,
+    on_levels: _OnLevels,
+    *,
+    with_pieces: bool,
+    invariants: list[ProductInvariant],
+    on_partition: Callable[[int, tuple], None] | None = None,
+):
+    """Run the engine on ``source`` and make the non-negative product in its callbacks.
+
+    The non-negative product draws from ``rng.child("nonnegative")`` (the engine's noise and
+    rounding use other streams of ``rng``). ``invariants`` are ``source``'s (the non-negative
+    product holds them ==); ``on_partition(index, ranges)`` is told each partition's node
+    ranges (levels cut .. leaf).
+    """
+    invs = invariants
+    on_part = on_partition
+    nn_rng = rng.child("nonnegative")
+    k_cut = h.level_index(CUT)
+    held: dict = {}
+
+    def on_top(top: TopRelease) -> None:
+        nn = nonnegative_top(h, schema, list(top.piece.estimates), nn_rng, invariants=invs)
+        held["nn"] = nn.counts[k_cut]
+        ranges = tuple((0, h.sizes[k]) for k in range(k_cut + 1))
+        on_levels(
+            h.names[: k_cut + 1],
+            ranges,
+            top.piece if with_pieces else None,
+            list(top.counts),
+            nn.counts,
+        )
+
+    def on_partition(pr: PartitionRelease) -> None:
+        part = pr.partition
+        if on_part is not None:
+            on_part(pr.piece.partition, part.ranges)
+        nn = nonnegative_partition(
+            Forest.of(h, k_cut, part.ranges),
+            [r[0] for r in part.ranges],
+            h.sizes[k_cut:],
+            schema,
+            held["nn"][slice(*part.units)],
+            list(pr.piece.estimates),
+            nn_rng,
+        )
+        on_levels(
+            h.names[k_cut + 1 :],
+            tuple(part.ranges[1:]),
+            pr.piece if with_pieces else None,
+            list(pr.counts),
+            nn.counts,
+        )
+
+    return stream_pl94(
+        h,
+        schema,
+        source,
+        plan,
+        rng,
+        invariants=INVARIANTS,
+        cut=CUT,
+        on_top=on_top,
+        on_partition=on_partition,
+    )
+
+
+def _column_ses(piece, level: str) -> np.ndarray:
+    """GLS standard error of every P1–P5 column at every node of ``level`` in ``piece``."""
+    rows = pl94_codebook().rows
+    out = None
+    for qi, q in enumerate(rows.queries):
+        se = piece.query_standard_errors(level, q)
+        if out is None:
+            out = np.empty((se.shape[0], len(rows.query_of_row)))
+        sel = np.flatnonzero(rows.query_of_row == qi)
+        out[:, sel] = se[:, rows.row_of_row[sel]]
+    return out
+
+
+# -- writers -------------------------------------------------------------------------------------
+class _TableWriter:
+    """P1–P5 of one product, appended level chunk by level chunk (wide per level, long)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir()
+        self.started: set[str] = set()
+
+    def add(self, level: str, tables: LevelTables) -> None:
+        wide, long = pl94_frames({level: tables})
+        for name, frame in (((f"pl94_{level}.csv"), wide[level]), ("pl94_long.csv", long)):
+            first = name not in self.started
+            frame.to_csv(self.folder / name, index=False, header=first, mode="w" if first else "a")
+            self.started.add(name)
+
+
+def _microdata_lines(h: Hierarchy, block: np.ndarray, cell: np.ndarray) -> np.ndarray:
+    """One fixed-width CSV line (uint8 row) per (block, cell) entry."""
+    leaf = h.names[-1]
+    codes = np.asarray(h.levels[-1].codes, dtype="S15")[block]
+    if codes.dtype.itemsize != 15 or np.any(np.char.str_len(codes) != 15):
+        raise DataError("microdata: block codes are not 15-character PPMF GEOIDs")
+    geo = codes.view(np.uint8).reshape(-1, 15)
+    bg = h.ancestor_index(leaf, "block_group")[block]
+    bgc = np.asarray(h.levels[h.level_index("block_group")].codes, dtype="S12")[bg]
+    bgd = bgc.view(np.uint8).reshape(-1, 12)[:, 11:12]
+    hhgq, va, hisp, race = np.unravel_index(cell, (8, 2, 2, 63))
+    digit = np.uint8(ord("0"))
+    race1 = race + 1
+    attrs = np.stack(
+        [
+            np.where(hhgq == 0, 3, 5) + digit,  # RTYPE
+            hhgq + digit,  # GQTYPE_PL
+            va + 1 + digit,  # VOTING_AGE
+            hisp + 1 + digit,  # CENHISP
+            race1 // 10 + digit,  # CENRACE, two digits
+            race1 % 10 + digit,
+        ],
+        axis=1,
+    ).astype(np.uint8)
+    parts = [geo[:, 0:2], geo[:, 2:5], geo[:, 5:11], bgd, geo[:, 11:15]]
+    parts += [attrs[:, i : i + 1] for i in range(4)] + [attrs[:, 4:6]]
+    comma = np.full((block.size, 1), ord(","), np.uint8)
+    pieces = []
+    for i, part in enumerate(parts):
+        pieces += [part] if i == 0 else [comma, part]
+    pieces.append(np.full((block.size, 1), ord("\n"), np.uint8))
+    return np.concatenate(pieces, axis=1)
+
+
+def write_microdata(
+    handle, h: Hierarchy, block: np.ndarray, cell: np.ndarray, count: np.ndarray
+) -> int:
+    """Append one row per person of sparse (block, cell, count) entries to an open binary
+    file, in :data:`MICRODATA_COLUMNS`; returns the persons written."""
+    keep = np.asarray(count) > 0
+    lines = _microdata_lines(h, np.asarray(block)[keep], np.asarray(cell)[keep])
+    rows = np.repeat(lines, np.asarray(count)[keep], axis=0)
+    handle.write(rows.tobytes())
+    return int(rows.shape[0])
+
+
+# -- the command -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PPMFResult:
+    """What ``privatize`` on a PPMF wrote."""
+
+    out: Path
+    privacy: PrivacyStatement
+    persons: int
+    seconds: float
+
+
+def _plan(schema: Schema, spec: PPMFSpec, levels):
+    alloc = schema.allocation
+    if alloc is None:  # pragma: no cover - pl94 ships one
+        raise SpecError("the pl94 schema has no [allocation]")
+    if spec.rho is not None:
+        alloc = dataclasses.replace(alloc, rho=spec.rho)
+    return allocation_plan(schema, alloc, levels=levels)
+
+
+#: The privacy statement's note when the block set was taken from the confidential rows.
+BLOCKS_FROM_DATA_NOTE = (
+    "the block hierarchy was built from the PPMF's own rows (--blocks-from-data): the set of "
+    "blocks with at least one person is released exactly, outside the DP guarantee"
+)
+
+
+def _with_cli(
+    spec: PPMFSpec,
+    blocks: str | Path | None,
+    areas: str | Path | None,
+    repetitions: int | None,
+    seed: int | None,
+) -> PPMFSpec:
+    """The spec with the command line's overrides."""
+    if seed is not None:
+        spec = dataclasses.replace(spec, seed=seed)
+    if repetitions is not None:
+        if repetitions < 2:
+            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
+        spec = dataclasses.replace(spec, repetitions=repetitions)
+    if blocks is not None:
+        spec = dataclasses.replace(spec, blocks=Path(blocks))
+    if areas is not None:
+        a = spec.areas or AreasSpec(Path(areas))
+        spec = dataclasses.replace(spec, areas=dataclasses.replace(a, file=Path(areas)))
+    return spec
+
+
+class _AreaProducts:
+    """Both products' integer tables of the areas, summed from each partition's blocks, and
+    the streamed area sweep of the GLS covariances (:func:`~censusdp.estimation.areas.area_partition`
+    per partition, :func:`~censusdp.estimation.areas.area_top` at the end)."""
+
+    def __init__(self, h: Hierarchy, schema: Schema, plan, invariants, eq: Equivalency) -> None:
+        self.h, self.schema, self.eq = h, schema, eq
+        meas = [ProductMeasurement(lvl, q, np.empty((0, q.n_rows)), law) for lvl, q, law in plan]
+        self.setup = structured_setup(h, schema, meas, invariants, check_values=False)
+        self.k_cut = h.level_index(CUT)
+        self.partials: list[tuple[int, AreaPartial]] = []
+        self.sums = {p: np.zeros((eq.n_areas, schema.n_cells), np.int64) for p in PRODUCTS}
+
+    def partition(self, index: int, ranges) -> None:
+        self.partials.append((index, area_partition(self.setup, self.eq, self.k_cut, ranges)))
+
+    def leaves(self, lo: int, hi: int, unbiased: np.ndarray, nonneg: np.ndarray) -> None:
+        a, b = np.searchsorted(self.eq.leaf, [lo, hi])
+        inc = sp.csr_matrix(
+            (np.ones(b - a, np.int64), (self.eq.area[a:b], self.eq.leaf[a:b] - lo)),
+            shape=(self.eq.n_areas, hi - lo),
+        )
+        for product, c in (("unbiased", unbiased), ("nonnegative", nonneg)):
+            self.sums[product] += np.asarray(inc @ c.reshape(hi - lo, -1))
+
+    def tables(self) -> dict[str, LevelTables]:
+        """Both products' P1–P5 tables of the areas (the unbiased one with exact ``_se``)."""
+        cov = area_top(self.setup, self.eq, self.k_cut, [p for _, p in sorted(self.partials)])
+        est = AreaEstimates(
+            name=self.eq.name,
+            codes=self.eq.codes,
+            leaves=self.eq.leaves_per_area(),
+            schema=self.schema,
+            basis=self.setup.basis,
+            estimates=(),
+            covariances=(cov,),
+            identified=BlockDiagonal(self.setup.basis, self.setup.ident),
+        )
+        shape = (self.eq.n_areas, *self.schema.shape)
+        return {
+            "unbiased": LevelTables(
+                self.eq.codes, self.sums["unbiased"].reshape(shape), _column_ses(est, self.eq.name)
+            ),
+            "nonnegative": LevelTables(self.eq.codes, self.sums["nonnegative"].reshape(shape)),
+        }
+
+
+def privatize_ppmf(
+    path: str | Path,
+    spec_path: str | Path | None,
+    out: str | Path,
+    *,
+    seed: int | None = None,
+    overwrite: bool = False,
+    evaluate: bool = False,
+    repetitions: int | None = None,
+    blocks: str | Path | None = None,
+    blocks_from_data: bool = False,
+    areas: str | Path | None = None,
+) -> PPMFResult:
+    """Privatize a PPMF persons file into both products, tables, microdata and the report.
+
+    Parameters
+    ----------
+    path : path-like
+        The PPMF (CSV; :func:`~censusdp.pipelines.ppmf.read_ppmf`).
+    spec_path : path-like or None
+        A PPMF spec (:func:`load_ppmf_spec`); None: the allocation's own budget.
+    out : path-like
+        The output directory: new, or an earlier censusdp output with ``overwrite``.
+    seed : int, optional
+        Reproducible mode (tests); overrides the spec's.
+    evaluate : bool
+        Also write the confidential comparison with the truth (``evaluation/``).
+    repetitions : int, optional
+        Simulated releases for the size-class report (default: the spec's).
+    blocks : path-like, optional
+        The public list of every block (overrides ``[hierarchy] blocks``).
+    blocks_from_data : bool
+        Without a block list, build the hierarchy from the PPMF's rows, acknowledging that
+        the set of occupied blocks is then released (noted in the privacy statement).
+    areas : path-like, optional
+        A block → area equivalency file (overrides ``[areas] file``).
+
+    Raises
+    ------
+    SpecError
+        The output refused by the policy (checked before any work), a bad spec, no public
+        block list and no acknowledgement.
+    DataError
+        A malformed PPMF, block list or equivalency file (file, data row and column named);
+        nothing is written.
+    """
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    spec = load_ppmf_spec(spec_path) if spec_path is not None else PPMFSpec()
+    spec = _with_cli(spec, blocks, areas, repetitions, seed)
+    ar = spec.areas
+    inputs = [path, spec_path, spec.blocks, *(() if ar is None else (ar.file, ar.areas))]
+    inputs = [x for x in inputs if x is not None]
+    check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
+    if spec.blocks is None and not blocks_from_data:
+        raise SpecError(
+            f"{Path(path).name}: no public block list. A PPMF holds only the blocks with people, "
+            "so a hierarchy built from its rows would release which blocks are occupied. Give "
+            "the list of every block ([hierarchy] blocks = FILE in the spec, or --blocks FILE: "
+            "e.g. the state's block assignment file), or pass --blocks-from-data to accept "
+            "that disclosure (the privacy statement will say so)"
+        )
+    if spec.blocks is None and spec.areas is not None:
+        raise SpecError(
+            f"{spec.areas.file.name}: areas are released as sums of blocks and need every "
+            "block, empty ones included; give the public block list ([hierarchy] blocks or "
+            "--blocks) rather than --blocks-from-data"
+        )
+    hist: PPMFHistogram = read_ppmf(path)
+    if spec.blocks is not None:
+        hist = hist.on_blocks(
+            read_block_list(spec.blocks, column=spec.block_column), spec.blocks.name
+        )
+    h, schema = hist.hierarchy, hist.schema
+    eq = None if spec.areas is None else spec.areas.read(h)
+    plan = _plan(schema, spec, h.names)
+    rng = KeyedRNG.from_seed(spec.seed)
+    timings: dict[str, float] = {"read": time.perf_counter() - t0}
+    report_levels = [lvl for lvl in REPORT_LEVELS if lvl in h.names]
+    released: dict[str, dict[str, list]] = {p: {lv: [] for lv in report_levels} for p in PRODUCTS}
+    leaf = h.depth - 1
+    nn_leaf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    invs = _invariants(h, schema, hist.block, hist.count)
+    area_products = None if eq is None else _AreaProducts(h, schema, plan, invs, eq)
+    with output_dir(
+        out,
+        overwrite=overwrite,
+        inputs=inputs,
+        command="privatize",
+        option="-o",
+        info={"route": "ppmf"},
+    ) as tmp:
+        writers = {
+            "unbiased": _TableWriter(tmp / "unbiased"),
+            "nonnegative": _TableWriter(tmp / "nonnegative"),
+        }
+        micro = (tmp / "nonnegative" / "microdata.csv").open("wb")
+        micro.write((",".join(MICRODATA_COLUMNS) + "\n").encode())
+
+        def on_levels(names, ranges, piece, unbiased, nonneg) -> None:
+            for name, (lo, hi), u, n in zip(names, ranges, unbiased, nonneg, strict=True):
+                codes = h.levels[h.level_index(name)].codes[lo:hi]
+                writers["unbiased"].add(name, LevelTables(codes, u, _column_ses(piece, name)))
+                writers["nonnegative"].add(name, LevelTables(codes, n))
+                if name in released["unbiased"]:
+                    released["unbiased"][name].append(u.reshape(u.shape[0], -1).sum(axis=1))
+                    released["nonnegative"][name].append(n.reshape(n.shape[0], -1).sum(axis=1))
+                if h.level_index(name) == leaf:
+                    b, c = np.nonzero(n.reshape(n.shape[0], -1))
+                    cnt = n.reshape(n.shape[0], -1)[b, c]
+                    nn_leaf.append((b + lo, c, cnt))
+                    write_microdata(micro, h, b + lo, c, cnt)
+                    if area_products is not None:
+                        area_products.leaves(lo, hi, u, n)
+
+        t1 = time.perf_counter()
+        try:
+            res = _two_products(
+                h, schema, SparseHistogram.of(hist), plan, rng, on_levels, with_pieces=True,
+                invariants=invs,
+                on_partition=None if area_products is None else area_products.partition,
+            )  # fmt: skip
+        finally:
+            micro.close()
+        timings["release"] = time.perf_counter() - t1
+        privacy = dataclasses.replace(res.privacy, delta=spec.delta)
+        if spec.blocks is None:
+            privacy = privacy.with_notes(BLOCKS_FROM_DATA_NOTE, data_dependent=True)
+        rel = {p: {lv: np.concatenate(v) for lv, v in d.items()} for p, d in released.items()}
+        if area_products is not None:
+            t1 = time.perf_counter()
+            for product, tables in area_products.tables().items():
+                writers[product].add(eq.name, tables)
+                rel[product][eq.name] = area_products.sums[product].sum(axis=1)
+            timings["areas"] = time.perf_counter() - t1
+
+        # the size-class report, simulated from the released non-negative histogram
+        t1 = time.perf_counter()
+        pb, pc, pn = (np.concatenate(a) for a in zip(*nn_leaf, strict=True))
+        pseudo_source = SparseHistogram(pb, pc, pn)
+        pseudo = _report_totals(h, eq, pb, pn, report_levels)
+        sim_invs = _invariants(h, schema, pb, pn)
+
+        def replicate(r: int) -> dict[str, dict[str, np.ndarray]]:
+            acc = {p: {lv: np.zeros(h.sizes[h.level_index(lv)], np.int64)
+                       for lv in (*report_levels, h.names[leaf])} for p in PRODUCTS}  # fmt: skip
+
+            def collect(names, ranges, piece, unbiased, nonneg) -> None:
+                for name, (lo, hi), u, n in zip(names, ranges, unbiased, nonneg, strict=True):
+                    if name in acc["unbiased"]:
+                        acc["unbiased"][name][lo:hi] = u.reshape(hi - lo, -1).sum(axis=1)
+                        acc["nonnegative"][name][lo:hi] = n.reshape(hi - lo, -1).sum(axis=1)
+
+            _two_products(
+                h, schema, pseudo_source, plan, rng.child(f"simulation/{r}"), collect,
+                with_pieces=False, invariants=sim_invs,
+            )  # fmt: skip
+            if eq is not None:
+                for p in PRODUCTS:
+                    acc[p][eq.name] = eq.sum_leaves(acc[p][h.names[leaf]])
+            return acc
+
+        sim = simulate_size_classes(pseudo, replicate, spec.repetitions)
+        evaluation = None
+        if evaluate:
+            truth = _report_totals(h, eq, hist.block, hist.count, report_levels)
+            evaluation = evaluate_size_classes(truth, rel)
+        write_size_class_report(tmp, sim, repetitions=spec.repetitions, evaluation=evaluation)
+        timings["size_class_report"] = time.perf_counter() - t1
+        timings["seconds"] = time.perf_counter() - t0
+        timings["cpu_seconds"] = time.process_time() - c0
+        _write_manifest(tmp, path, spec, privacy, timings, evaluate)
+    return PPMFResult(Path(out), privacy, hist.persons, timings["seconds"])
+
+
+def _report_totals(
+    h: Hierarchy, eq: Equivalency | None, block: np.ndarray, count: np.ndarray, levels
+) -> dict[str, np.ndarray]:
+    """Persons per area of the report's levels, and of the equivalency's areas."""
+    out = area_totals(h, block, count, [*levels, h.names[-1]])
+    leaf_totals = out.pop(h.names[-1]) if h.names[-1] not in levels else out[h.names[-1]]
+    if eq is not None:
+        out[eq.name] = eq.sum_leaves(leaf_totals)
+    return out
+
+
+def _write_manifest(
+    tmp: Path,
+    path,
+    spec: PPMFSpec,
+    privacy: PrivacyStatement,
+    timings: dict,
+    evaluate: bool,
+) -> None:
+    from censusdp.pipelines.runner import package_versions
+
+    products = {
+        "unbiased": (
+            "unbiased/: GLS estimates of the measurements (unbiased), integer by unbiased "
+            "rounding (every cell floor or ceil of its estimate, children summing to their "
+            "parent, invariants exact); <column>_se is the exact standard error of the GLS "
+            "estimate and does NOT include the rounding's error (mean zero, up to 1/4 of "
+            "variance per detailed cell: for totals of small areas it can be many times the "
+            "GLS error; the size-class report's simulated errors include it)"
+        ),
+        "nonnegative": f"nonnegative/: {BIASED_NOTE}; microdata.csv: one row per person",
+    }
+    manifest = {
+        "command": "privatize",
+        "route": "ppmf",
+        "input": Path(path).name,
+        "spec": spec.to_dict(),
+        "strategy": "pl94 2020 production strategy and allocation (censusdp/schemas/pl94.toml)",
+        "invariants": [f"{lvl}: {q}" for lvl, q in INVARIANTS],
+        "privacy": privacy.to_dict(),
+        "products": products,
+        "size_class_report": {
+            "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
+            "repetitions": spec.repetitions,
+            "confidential_evaluation": "evaluation/ (CONFIDENTIAL)" if evaluate else None,
+        },
+        "versions": package_versions(),
+        "timings": timings,
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    (tmp / "privacy.md").write_text(
+        "# Privacy\n\n" + privacy.text() + "\n\nBoth products are post-processing of the same "
+        "measurements: this one statement covers both.\n",
+        encoding="utf-8",
+    )
+    lines = ["# censusdp release (PPMF)", "", f"Privacy: {privacy.text()}", ""]
+    lines += [f"- {text}" for text in products.values()]
+    if spec.areas is not None:
+        lines += [
+            f"- pl94_{spec.areas.level}.csv in both folders: the {spec.areas.level}s of "
+            f"{spec.areas.file.name}, sums of their blocks (unbiased: exact GLS _se)"
+        ]
+    lines += [
+        f"- blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
+        if spec.blocks is not None
+        else "- blocks: taken from the PPMF's rows (--blocks-from-data): the set of occupied "
+        "blocks is disclosed"
+    ]
+    lines += ["- size_classes.md: errors by size class, simulated from the released numbers", ""]
+    (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
