@@ -43,7 +43,18 @@ Solvers of an L2 pass (:func:`l2_multipass`, ``method="auto"``):
   one residual variable per answer (``r_q = K_q x``), so its Hessian is diagonal.
 
 The rounding passes go to HiGHS as the LP relaxation first (integral when the pass's queries
-and the parent sums form a network), then as the MILP.
+and the parent sums form a network), then as the MILP, through HiGHS's model arrays directly.
+
+Parents of one shape share their structures. Every matrix above depends only on the parent's
+*pattern* — its number of children, its active cells — and on the queries (by content: their
+factors' 0/1 matrices), never on counts or noise; so the restricted query blocks, ``I_n ⊗
+Q_a``, the rounding passes' constraint matrices and an L2 pass's Clarabel constraint matrix
+are built once per pattern and kept in a bounded least-recently-used cache
+(:data:`PATTERN_CACHE_SIZE` entries, :func:`pattern_cache_stats`); a parent of a known
+pattern fills in only its vectors (parent sums, answers, weights, bands). Each solve starts
+from a fresh solver (no warm start, no reused factorisation): a parent's result never depends
+on which parents were solved before it, in this process or another, so a Dask run stays bit
+for bit the single-machine one.
 
 References
 ----------
@@ -60,14 +71,17 @@ method", Math. Prog. Comp. (HiGHS, the L1 solver).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
+from typing import TypeVar
 
 import clarabel
+import highspy._core as highs
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from censusdp.errors import ConvergenceError, SolverError, SpecError
 from censusdp.estimation.topdown_problem import _repair, _scale
@@ -90,7 +104,59 @@ _L2_OK = ("Solved", "AlmostSolved")
 #: A rounding solution further than this from an integer is a solver failure.
 _INTEGRAL = 1e-6
 
-_SPARSE_CACHE: dict[int, tuple[ProductQuery, sp.csc_matrix]] = {}
+_KEYS: dict[int, tuple[ProductQuery, tuple]] = {}
+
+#: Structures shared by every parent of one shape (children, active cells, queries), keyed by
+#: content; least recently used entries are dropped beyond this many.
+PATTERN_CACHE_SIZE = 512
+_PATTERNS: OrderedDict[tuple, object] = OrderedDict()
+_PATTERN_LOCK = threading.Lock()
+_PATTERN_STATS = {"hits": 0, "misses": 0}
+_T = TypeVar("_T")
+
+
+def _query_key(query: ProductQuery) -> tuple:
+    """What determines ``query``'s matrix: the schema's shape, its name and every factor's
+    0/1 matrix (so equal queries of separately parsed schemas share one key)."""
+    hit = _KEYS.get(id(query))
+    if hit is not None and hit[0] is query:
+        return hit[1]
+    key = (
+        query.name,
+        tuple(query.schema.shape),
+        tuple((f.matrix.shape, f.matrix.tobytes()) for f in query.factors),
+    )
+    if len(_KEYS) >= 4 * PATTERN_CACHE_SIZE:
+        _KEYS.clear()  # the queries of earlier calls; keys are recomputed on demand
+    _KEYS[id(query)] = (query, key)
+    return key
+
+
+def _pattern(key: Hashable, build: Callable[[], _T]) -> _T:
+    """The structure cached under ``key``, built (outside the lock) on a miss.
+
+    Every cached value is a pure function of its key and never modified after it is built,
+    so sharing it between parents, threads and calls cannot change any result.
+    """
+    with _PATTERN_LOCK:
+        hit = _PATTERNS.get(key)
+        if hit is not None:
+            _PATTERNS.move_to_end(key)
+            _PATTERN_STATS["hits"] += 1
+            return hit  # type: ignore[return-value]
+        _PATTERN_STATS["misses"] += 1
+    value = build()
+    with _PATTERN_LOCK:
+        _PATTERNS[key] = value
+        while len(_PATTERNS) > PATTERN_CACHE_SIZE:
+            _PATTERNS.popitem(last=False)
+    return value
+
+
+def pattern_cache_stats() -> dict[str, int]:
+    """Hits, misses and entries of the shared-structure cache (for benchmarks)."""
+    with _PATTERN_LOCK:
+        return {**_PATTERN_STATS, "entries": len(_PATTERNS)}
 
 
 def sparse_matrix(query: ProductQuery) -> sp.csc_matrix:
@@ -100,14 +166,25 @@ def sparse_matrix(query: ProductQuery) -> sp.csc_matrix:
     number of non-zeros (one per cell for a query whose every factor partitions its
     attribute), never rows × cells dense.
     """
-    hit = _SPARSE_CACHE.get(id(query))
-    if hit is not None and hit[0] is query:
-        return hit[1]
-    mats = [sp.csr_matrix(f.matrix.astype(np.float64)) for f in query.factors]
-    m = reduce(lambda a, b: sp.kron(a, b, format="csr"), mats, sp.csr_matrix(np.ones((1, 1))))
-    out = sp.csc_matrix(m)
-    _SPARSE_CACHE[id(query)] = (query, out)
-    return out
+
+    def build() -> sp.csc_matrix:
+        mats = [sp.csr_matrix(f.matrix.astype(np.float64)) for f in query.factors]
+        one = sp.csr_matrix(np.ones((1, 1)))
+        return sp.csc_matrix(reduce(lambda a, b: sp.kron(a, b, format="csr"), mats, one))
+
+    return _pattern(("query", _query_key(query)), build)
+
+
+def _block_diagonal(mat: sp.csr_matrix, n: int) -> sp.csr_matrix:
+    """``I_n ⊗ mat`` assembled directly from ``mat``'s CSR arrays (no general Kronecker)."""
+    r, c = mat.shape
+    nnz = mat.nnz
+    shift = np.arange(n, dtype=np.int64)
+    indices = (mat.indices[None, :].astype(np.int64) + (shift * c)[:, None]).reshape(-1)
+    indptr = np.concatenate(
+        [[0], (mat.indptr[None, 1:].astype(np.int64) + (shift * nnz)[:, None]).reshape(-1)]
+    )
+    return sp.csr_matrix((np.tile(mat.data, n), indices, indptr), shape=(n * r, n * c))
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,25 +230,42 @@ class ChildrenLayout:
     def n_active(self) -> int:
         return int(self.active.size)
 
+    @property
+    def pattern(self) -> tuple:
+        """What every matrix of this parent's problems depends on: children, cells and the
+        active set; parents with equal patterns share their matrices (:func:`_pattern`)."""
+        return (self.n_children, self.n_cells, self.active.tobytes())
+
     def block(self, query: ProductQuery) -> _Block:
         """``query`` restricted to the active columns, its empty rows dropped (cached)."""
         b = self._blocks.get(id(query))
         if b is None:
-            full = sparse_matrix(query)[:, self.active].tocsr()
-            rows = np.flatnonzero(np.diff(full.indptr) > 0)
-            mat = full[rows]
-            ident = query.name == "detailed"
-            b = _Block(query, rows, mat, ident)
+
+            def build() -> _Block:
+                full = sparse_matrix(query)[:, self.active].tocsr()
+                rows = np.flatnonzero(np.diff(full.indptr) > 0)
+                return _Block(query, rows, full[rows], query.name == "detailed")
+
+            b = _pattern(("block", self.pattern[1:], _query_key(query)), build)
             self._blocks[id(query)] = b
         return b
 
     def kron(self, query: ProductQuery) -> sp.csr_matrix:
         """``I_n ⊗ Q_a``: the children's answers of ``query`` from the stacked ``x``."""
-        return sp.kron(sp.identity(self.n_children, format="csr"), self.block(query).mat, "csr")
+        return _pattern(
+            ("kron", self.pattern, _query_key(query)),
+            lambda: _block_diagonal(self.block(query).mat, self.n_children),
+        )
 
     def parent_rows(self) -> sp.csr_matrix:
         """``1_nᵀ ⊗ I_a``: the children's sum of every active cell."""
-        return sp.kron(np.ones((1, self.n_children)), sp.identity(self.n_active), "csr")
+        n, na = self.n_children, self.n_active
+
+        def build() -> sp.csr_matrix:
+            cols = np.arange(n * na)
+            return sp.csr_matrix((np.ones(n * na), (cols % na, cols)), shape=(na, n * na))
+
+        return _pattern(("parent_rows", n, na), build)
 
     def expand(self, x_active: np.ndarray) -> np.ndarray:
         """(children, active) → (children, cells), zero off the active cells."""
@@ -388,16 +482,16 @@ def _structured_pass(
     )
 
 
-def _clarabel_pass(
+def _clarabel_structure(
     terms: Sequence[_Term],
     cons: Sequence[tuple[sp.csr_matrix, np.ndarray, np.ndarray]],
+    equal: Sequence[bool],
     shape: tuple[int, int],
-    parent: np.ndarray | None,
-    where: str,
-    label: str,
-) -> tuple[np.ndarray, str]:
-    """One L2 pass for Clarabel's native API: variables ``x`` and one residual block
-    ``r_q = K_q x`` per non-identity term, so the Hessian is diagonal."""
+    with_parent: bool,
+) -> tuple[sp.csc_matrix, list[tuple[int, int]], int]:
+    """The constraint matrix of :func:`_clarabel_pass` (equalities first: parent sums,
+    equality constraints, ``K_q x − r_q = 0``; then ``−x ≤ 0`` and the two sides of every
+    band), the residual blocks' (offset, size) and the number of equality rows."""
     n, na = shape
     nx = n * na
     offs, pos = [], nx
@@ -413,29 +507,57 @@ def _clarabel_pass(
         idx = np.arange(size)
         return sp.csr_matrix((np.full(size, sign), (idx, idx + p0)), shape=(size, nv))
 
-    eq, b_eq = [], []
-    if parent is not None:
+    eq = []
+    if with_parent:
         eq.append(widen(sp.kron(np.ones((1, n)), sp.identity(na), "csr")))
-        b_eq.append(parent)
-    ineq, b_in = [widen(-sp.identity(nx, format="csr"))], [np.zeros(nx)]
-    for G, lo, hi in cons:
-        if np.array_equal(lo, hi):
+    ineq = [widen(-sp.identity(nx, format="csr"))]
+    for (G, _, _), same in zip(cons, equal, strict=True):
+        if same:
             eq.append(widen(G))
-            b_eq.append(lo)
         else:
             ineq += [widen(G), widen(-G)]
-            b_in += [hi, -lo]
     for t, (p0, size) in zip(terms, offs, strict=True):
         if t.K is not None:
             eq.append(widen(t.K) + select(p0, size, -1.0))
-            b_eq.append(np.zeros(size))
+    return sp.vstack([*eq, *ineq], "csc"), offs, sum(e.shape[0] for e in eq)
+
+
+def _clarabel_pass(
+    terms: Sequence[_Term],
+    cons: Sequence[tuple[sp.csr_matrix, np.ndarray, np.ndarray]],
+    shape: tuple[int, int],
+    parent: np.ndarray | None,
+    where: str,
+    label: str,
+    key: Hashable | None = None,
+) -> tuple[np.ndarray, str]:
+    """One L2 pass for Clarabel's native API: variables ``x`` and one residual block
+    ``r_q = K_q x`` per non-identity term, so the Hessian is diagonal. ``key`` names the
+    pass's structure (layout pattern, queries, constraints) for parents that share it: the
+    constraint matrix is then built once (:func:`_pattern`); only the vectors are new."""
+    n, na = shape
+    nx = n * na
+    equal = tuple(bool(np.array_equal(lo, hi)) for _, lo, hi in cons)
+
+    def build() -> tuple[sp.csc_matrix, list[tuple[int, int]], int]:
+        return _clarabel_structure(terms, cons, equal, shape, parent is not None)
+
+    A, offs, n_eq = build() if key is None else _pattern(("clarabel", key, equal), build)
+    nv = A.shape[1]
+    b_eq, b_in = [], [np.zeros(nx)]
+    if parent is not None:
+        b_eq.append(parent)
+    for (_, lo, hi), same in zip(cons, equal, strict=True):
+        if same:
+            b_eq.append(lo)
+        else:
+            b_in += [hi, -lo]
+    b_eq += [np.zeros(size) for t, (_, size) in zip(terms, offs, strict=True) if t.K is not None]
     pdiag, lin = np.zeros(nv), np.zeros(nv)
     for t, (p0, size) in zip(terms, offs, strict=True):
         pdiag[p0 : p0 + size] += t.w
         lin[p0 : p0 + size] -= t.w * t.y
-    A = sp.vstack([*eq, *ineq], "csc")
     b = np.concatenate([*b_eq, *b_in])
-    n_eq = sum(e.shape[0] for e in eq)
     cones = [clarabel.NonnegativeConeT(A.shape[0] - n_eq)]
     if n_eq:
         cones.insert(0, clarabel.ZeroConeT(n_eq))
@@ -453,6 +575,114 @@ def _clarabel_pass(
             "met with non-negative counts summing to the parent"
         )
     return np.asarray(sol.x)[:nx], status
+
+
+@dataclass(frozen=True, eq=False)
+class _L1Pattern:
+    """One rounding pass's constraint matrix (CSC) over ``[Y, slack⁻, slack⁺]``: the parent
+    sums, the invariants, every earlier pass's answers, then this pass's penalty rows
+    ``K Y − s⁻ + s⁺ = round(K f)``; ``pens`` are the ``K`` (``I_n ⊗ Q_a``) of its non-detailed
+    queries, ``ident`` whether it rounds the detailed cells. Structure only: no data."""
+
+    A: sp.csc_matrix
+    pens: tuple[sp.csr_matrix, ...]
+    ident: bool
+    n_pen: int
+
+
+def _l1_patterns(
+    layout: ChildrenLayout,
+    inv_queries: Sequence[ProductQuery],
+    passes: Sequence[Sequence[ProductQuery]],
+) -> list[_L1Pattern]:
+    """The rounding passes' matrices, shared by every parent with the same layout pattern,
+    invariant queries and passes (:func:`_pattern`)."""
+    key = (
+        "l1",
+        layout.pattern,
+        layout.parent is None,
+        tuple(_query_key(q) for q in inv_queries),
+        tuple(tuple(_query_key(q) for q in qs) for qs in passes),
+    )
+    return _pattern(key, lambda: _build_l1_patterns(layout, inv_queries, passes))
+
+
+def _build_l1_patterns(
+    layout: ChildrenLayout,
+    inv_queries: Sequence[ProductQuery],
+    passes: Sequence[Sequence[ProductQuery]],
+) -> list[_L1Pattern]:
+    nb = layout.n_children * layout.n_active
+    eq = [layout.parent_rows()] if layout.parent is not None else []
+    eq += [layout.kron(q) for q in inv_queries]
+    out = []
+    for qs in passes:
+        ident = any(layout.block(q).identity for q in qs)
+        pens = tuple(layout.kron(q) for q in qs if not layout.block(q).identity)
+        n_pen = sum(k.shape[0] for k in pens)
+        blocks = [sp.hstack([k, sp.csr_matrix((k.shape[0], 2 * n_pen))], "csr") for k in eq]
+        p0 = nb
+        for k in pens:
+            m = k.shape[0]
+            idx = np.arange(m)
+            e = sp.csr_matrix(
+                (np.r_[-np.ones(m), np.ones(m)], (np.r_[idx, idx], np.r_[idx + p0, idx + p0 + m])),
+                shape=(m, nb + 2 * n_pen),
+            )
+            blocks.append(sp.hstack([k, sp.csr_matrix((m, 2 * n_pen))], "csr") + e)
+            p0 += 2 * m
+        A = sp.vstack(blocks, "csc")
+        A.sort_indices()
+        out.append(_L1Pattern(A, pens, ident, n_pen))
+        eq = eq + list(pens) + ([sp.identity(nb, format="csr")] if ident else [])
+    return out
+
+
+def _highs_solve(
+    c: np.ndarray, A: sp.csc_matrix, rhs: np.ndarray, ub: np.ndarray, n_integer: int
+) -> tuple[np.ndarray | None, float, str]:
+    """``min cᵀx`` s.t. ``A x = rhs``, ``0 ≤ x ≤ ub``, the first ``n_integer`` variables
+    integer (0: the LP, by dual simplex), through HiGHS's own model arrays: a fresh solver
+    every call, so a result never depends on what was solved before (Huangfu & Hall 2018).
+
+    Returns the solution (None when not optimal), the objective and HiGHS's status text.
+    """
+    h = highs._Highs()
+    opts = highs.HighsOptions()
+    opts.output_flag = False
+    opts.log_to_console = False
+    if not n_integer:
+        opts.solver = "simplex"
+        opts.simplex_strategy = int(highs.simplex_constants.SimplexStrategy.kSimplexStrategyDual)
+    h.passOptions(opts)
+    lp = highs.HighsLp()
+    nv, m = c.size, A.shape[0]
+    lp.num_col_, lp.num_row_ = nv, m
+    lp.col_cost_ = c
+    lp.col_lower_ = np.zeros(nv)
+    lp.col_upper_ = np.where(np.isinf(ub), highs.kHighsInf, ub)
+    lp.row_lower_ = rhs
+    lp.row_upper_ = rhs
+    lp.a_matrix_.format_ = highs.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = nv, m
+    lp.a_matrix_.start_ = A.indptr
+    lp.a_matrix_.index_ = A.indices
+    lp.a_matrix_.value_ = A.data
+    h.passModel(lp)
+    if n_integer:
+        h.changeColsIntegrality(
+            n_integer, np.arange(n_integer, dtype=np.int32), np.ones(n_integer, np.uint8)
+        )
+    h.run()
+    status = h.getModelStatus()
+    message = h.modelStatusToString(status)
+    if status != highs.HighsModelStatus.kOptimal:
+        return None, float("nan"), message
+    return (
+        np.asarray(h.getSolution().col_value),
+        float(h.getInfo().objective_function_value),
+        message,
+    )
 
 
 def l2_multipass(
@@ -514,6 +744,7 @@ def l2_multipass(
     if layout.parent is not None:
         parent = np.asarray(layout.parent, np.float64)[layout.active] / scale
     terms: dict[str, _Term] = {}
+    qkeys: dict[str, tuple] = {}
     for q, vals, var in measurements:
         b = layout.block(q)
         r = b.rows.size
@@ -523,13 +754,14 @@ def l2_multipass(
         y = np.asarray(vals, np.float64)[:, b.rows].reshape(-1) / scale
         K = None if b.identity else layout.kron(q)
         terms[q.name] = _Term(q.name, K, y, np.repeat(w, r, axis=1).reshape(-1))
+        qkeys[q.name] = _query_key(q)
     wmax = max(float(t.w.max()) for t in terms.values()) if terms else 1.0
     for t in terms.values():
         t.w = t.w / wmax  # the minimiser does not depend on a common factor
     inv_cons = []
     for b, v in inv:
         rhs = v.reshape(-1).astype(np.float64) / scale
-        inv_cons.append((sp.kron(sp.identity(n), b.mat, "csr"), rhs, rhs))
+        inv_cons.append((layout.kron(b.query), rhs, rhs))
     bands: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]] = []
     done: list[L2Pass] = []
     x = np.zeros(n * na)
@@ -573,7 +805,14 @@ def l2_multipass(
                 except ConvergenceError:
                     status = "fallback "  # slow (tiny children under tight bands): Clarabel
             if not status.startswith("structured"):
-                x, st = _clarabel_pass(pt, cons, (n, na), parent, where, label)
+                key = (
+                    "l2",
+                    layout.pattern,
+                    parent is None,
+                    tuple(_query_key(b.query) for b, _ in inv),
+                    tuple(tuple(qkeys[nm] for nm in p) for p in live[: i + 1]),
+                )
+                x, st = _clarabel_pass(pt, cons, (n, na), parent, where, label, key)
                 status, steps = status + st, 0
             resid = float(np.max(-x, initial=0.0))
             if parent is not None:
@@ -644,7 +883,7 @@ def l1_multipass(
     floor = np.floor(xa)
     frac = xa - floor
     nb = n * na
-    eq_rows, eq_rhs = [], []
+    eq_rhs = []
     if layout.parent is not None:
         r = np.asarray(layout.parent, np.float64)[layout.active] - floor.sum(axis=0)
         if np.any(r < 0) or np.any(r > n):
@@ -652,81 +891,50 @@ def l1_multipass(
                 f"{where}: the TopDown rounding is infeasible (the L2 solution does not sum to "
                 "the parent within one unit per child); the L2 solve was inaccurate"
             )
-        eq_rows.append(layout.parent_rows())
         eq_rhs.append(r)
-    for b, v in _check_invariants(layout, invariants, where):
-        rhs = v - (b.mat @ floor.T).T
-        eq_rows.append(sp.kron(sp.identity(n), b.mat, "csr"))
-        eq_rhs.append(np.rint(rhs).reshape(-1))
-    fixed: list[tuple[sp.csr_matrix, np.ndarray]] = []
+    inv = _check_invariants(layout, invariants, where)
+    for b, v in inv:
+        eq_rhs.append(np.rint(v - (b.mat @ floor.T).T).reshape(-1))
+    passes = [p for p in (list({q.name: q for q in qs}.values()) for qs in passes) if p]
+    patterns = _l1_patterns(layout, [b.query for b, _ in inv], passes)
+    fixed: list[np.ndarray] = []
     done: list[L1Pass] = []
     y = None
-    for qs in passes:
-        qs = list({q.name: q for q in qs}.values())
-        if not qs:
-            continue
-        # |Y − round(f)| of the detailed query is linear on [0, 1] (Y, or 1 − Y): a cost,
-        # not 2·n·cells penalty variables.
-        ident = any(layout.block(q).identity for q in qs)
-        pen = [layout.kron(q) for q in qs if not layout.block(q).identity]
-        n_pen = sum(k.shape[0] for k in pen)
-        nv = nb + 2 * n_pen
-        blocks, lo = [], []
-        for k, rhs in [*zip(eq_rows, eq_rhs, strict=True), *fixed]:
-            blocks.append(sp.hstack([k, sp.csr_matrix((k.shape[0], 2 * n_pen))]))
-            lo.append(rhs)
-        p0 = nb
-        for k in pen:
-            m = k.shape[0]
-            idx = np.arange(m)
-            e = sp.csr_matrix(
-                (np.r_[-np.ones(m), np.ones(m)], (np.r_[idx, idx], np.r_[idx + p0, idx + p0 + m])),
-                shape=(m, nv),
-            )
-            blocks.append(sp.hstack([k, sp.csr_matrix((m, 2 * n_pen))]) + e)
-            lo.append(np.rint(k @ frac.reshape(-1)))
-            p0 += 2 * m
-        c = np.concatenate([np.zeros(nb), np.ones(2 * n_pen)])
+    fv = frac.reshape(-1)
+    for qs, pat in zip(passes, patterns, strict=True):
+        targets = [np.rint(k @ fv) for k in pat.pens]
+        c = np.concatenate([np.zeros(nb), np.ones(2 * pat.n_pen)])
         const = 0.0
-        if ident:
-            up = np.rint(frac.reshape(-1))
+        if pat.ident:
+            up = np.rint(fv)
             c[:nb] += 1.0 - 2.0 * up  # the penalty |Y − round(f)|
-            c[:nb] += 1.0 - 2.0 * frac.reshape(-1)  # the Bureau's cell-wise term
+            c[:nb] += 1.0 - 2.0 * fv  # the Bureau's cell-wise term
             const = float(up.sum())
-        A = sp.vstack(blocks, "csr")
-        rhs = np.concatenate(lo)
-        integ = np.concatenate([np.ones(nb), np.zeros(2 * n_pen)])
-        ub = np.concatenate([np.ones(nb), np.full(2 * n_pen, np.inf)])
-        # The LP relaxation first (HiGHS dual simplex): its vertices are integral when the
-        # pass's queries and the parent sums form a network (Bureau: a single pass with two
+        rhs = np.concatenate([*eq_rhs, *fixed, *targets])
+        ub = np.concatenate([np.ones(nb), np.full(2 * pat.n_pen, np.inf)])
+        # The LP relaxation first (dual simplex): its vertices are integral when the pass's
+        # queries and the parent sums form a network (two laminar families: the Bureau's
         # hierarchical queries); the MILP only when a vertex is fractional.
-        res = linprog(
-            c, A_eq=A, b_eq=rhs, bounds=np.column_stack([np.zeros(nv), ub]), method="highs-ds"
-        )
+        x, fun, message = _highs_solve(c, pat.A, rhs, ub, 0)
         status = "lp"
-        if res.status != 0 or np.any(np.abs(res.x[:nb] - np.rint(res.x[:nb])) > _INTEGRAL):
-            res = milp(
-                c,
-                constraints=LinearConstraint(A, rhs, rhs),
-                integrality=integ,
-                bounds=Bounds(np.zeros(nv), ub),
-            )
+        if x is None or np.any(np.abs(x[:nb] - np.rint(x[:nb])) > _INTEGRAL):
+            x, fun, message = _highs_solve(c, pat.A, rhs, ub, nb)
             status = "milp"
-        if res.x is None or res.status != 0:
+        if x is None:
             raise SolverError(
                 f"{where}: the TopDown rounding pass {len(done)} "
                 f"({', '.join(q.name for q in qs)}) found no integer solution (HiGHS: "
-                f"{res.message}); check that the invariants are integers consistent with the "
+                f"{message}); check that the invariants are integers consistent with the "
                 "level above"
             )
-        yv = res.x[:nb]
+        yv = x[:nb]
         if np.any(np.abs(yv - np.rint(yv)) > _INTEGRAL):
             raise SolverError(f"{where}: HiGHS returned a non-integral rounding")
         y = np.rint(yv)
-        done.append(L1Pass(tuple(q.name for q in qs), float(res.fun) + const, status))
-        fixed += [(k, k @ y) for k in pen]
-        if ident:
-            fixed.append((sp.identity(nb, format="csr"), y.copy()))
+        done.append(L1Pass(tuple(q.name for q in qs), fun + const, status))
+        fixed += [k @ y for k in pat.pens]
+        if pat.ident:
+            fixed.append(y.copy())
     if y is None:
         raise SolverError(f"{where}: the rounder has no pass; give at least one rounder query")
     counts = (floor + y.reshape(n, na)).astype(np.int64)

@@ -90,6 +90,7 @@ def parent_problems(draw):
     zero = None
     if m > 1 and draw(st.booleans()):
         zero = gen.random(m) < 0.25
+        zero[0] &= not zero.all()  # at least one cell may be filled
     parent = gen.integers(0, 7, m) * (gen.random(m) < 0.7)
     if zero is not None:
         parent[zero] = 0
