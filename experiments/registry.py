@@ -134,13 +134,17 @@ class ExperimentContext:
         return path
 
 
+#: Modules of the experiments package that are its machinery, not experiments.
+_MACHINERY = frozenset({"registry", "reporting"})
+
+
 def available() -> list[str]:
     """Names of all experiments shipped in this package (modules declaring ``INFO``)."""
     import censusdp.experiments as pkg
 
     names = []
     for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name.startswith("_") or mod.name == "registry":
+        if mod.name.startswith("_") or mod.name in _MACHINERY:
             continue
         names.append(mod.name.replace("_", "-"))
     return sorted(names)
