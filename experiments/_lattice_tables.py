@@ -13,19 +13,19 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from censusdp.estimation.diagnostics import meeting_times, tv_upper_bound  # noqa: E402
-from censusdp.estimation.lattice_release import (  # noqa: E402
+from censusdp.budget import PrivacyStatement
+from censusdp.estimation.diagnostics import meeting_times, tv_upper_bound
+from censusdp.estimation.lattice_release import (
     certify,
     lattice_engine,
     release_lattice_noise,
 )
-from censusdp.mechanisms.lattice import IntegerLattice, LatticeLaplace  # noqa: E402
+from censusdp.experiments.registry import ExperimentContext
+from censusdp.experiments.reporting import Report, pyplot
+from censusdp.mechanisms.lattice import IntegerLattice, LatticeLaplace
 
 __all__ = ["MOVES", "run_table_experiment", "unbiasedness_z"]
 
@@ -50,18 +50,20 @@ def unbiasedness_z(draws: np.ndarray) -> np.ndarray:
         return np.where(se > 0, mean / se, 0.0)
 
 
-def _markdown_table(z: np.ndarray, rows: Sequence[str], cols: Sequence[str]) -> str:
-    head = "| | " + " | ".join(cols) + " | Total |\n|---|" + "---|" * (len(cols) + 1) + "\n"
-    body = ""
-    for r, name in enumerate(rows):
-        body += f"| {name} | " + " | ".join(str(int(v)) for v in z[r]) + f" | {int(z[r].sum())} |\n"
-    body += "| Total | " + " | ".join(str(int(v)) for v in z.sum(0)) + f" | {int(z.sum())} |\n"
-    return head + body
+def _with_totals(z: np.ndarray, rows: Sequence[str], cols: Sequence[str]) -> pd.DataFrame:
+    """Table ``z`` with its row and column totals, labelled (for the report and the figure)."""
+    full = np.zeros((z.shape[0] + 1, z.shape[1] + 1), dtype=np.int64)
+    full[:-1, :-1] = z
+    full[:-1, -1] = z.sum(1)
+    full[-1, :-1] = z.sum(0)
+    full[-1, -1] = z.sum()
+    return pd.DataFrame(full, index=[*rows, "Total"], columns=[*cols, "Total"])
 
 
 def run_table_experiment(
-    ctx,
+    ctx: ExperimentContext,
     *,
+    name: str,
     title: str,
     incidence: np.ndarray,
     data: np.ndarray,
@@ -74,7 +76,11 @@ def run_table_experiment(
     n_draws: int = 1000,
     description: str = "",
 ) -> dict:
-    """Run both targets, write figures and the report, return the metrics."""
+    """Run both targets, write figures and the report, return the metrics.
+
+    ``name`` is the experiment's registered name (its report's header comes from its
+    ``INFO``), ``title`` the report's heading.
+    """
     t0 = time.perf_counter()
     lattice = IntegerLattice.from_incidence(incidence)
     ctx.timings["lattice_seconds"] = time.perf_counter() - t0
@@ -84,6 +90,7 @@ def run_table_experiment(
     draws_by_norm: dict[str, np.ndarray] = {}
     curves: dict[str, dict[int, np.ndarray]] = {}
     all_exact = True
+    privacy = None
     for norm in ("l1", "l2"):
         t1 = time.perf_counter()
         law = LatticeLaplace(epsilon, norm)
@@ -133,8 +140,65 @@ def run_table_experiment(
             "seconds": time.perf_counter() - t1,
         }
         ctx.timings[f"{norm}_seconds"] = time.perf_counter() - t1
+        if norm == "l1":
+            privacy = rel.privacy
 
-    # figures ---------------------------------------------------------------------------
+    example = draws_by_norm["l1"][0]
+    table = (
+        None
+        if table_shape is None
+        else _with_totals(example.reshape(table_shape), row_names, col_names)
+    )
+    _figures(ctx, curves, targets, draws_by_norm, cell_labels, k, n_draws, table)
+
+    metrics = {
+        "epsilon": epsilon,
+        "lattice_rank": k,
+        "incidence_rank": lattice.rank,
+        "n_draws": n_draws,
+        "margins_exact": all_exact,
+        "all_integer": all(np.issubdtype(d.dtype, np.integer) for d in draws_by_norm.values()),
+        "tv_bound_final": max(t["tv_bound_final"] for t in targets.values()),
+        "iterations": max(t["iterations"] for t in targets.values()),
+        "iteration_tv_below_0.01": max(t["iteration_tv_below_0.01"] for t in targets.values()),
+        "max_abs_mean_z": max(t["max_abs_mean_z"] for t in targets.values()),
+        "rhat_max": max(t["rhat_max"] for t in targets.values()),
+        "moves": {norm: t["mode"] for norm, t in targets.items()},
+        "targets": targets,
+    }
+
+    ctx.write_report(
+        _report(
+            ctx,
+            name,
+            title,
+            description,
+            lattice,
+            epsilon,
+            targets,
+            incidence,
+            all_exact,
+            n_draws,
+            example,
+            cell_labels,
+            table,
+            privacy,
+        )
+    )
+    return metrics
+
+
+def _figures(
+    ctx: ExperimentContext,
+    curves: dict,
+    targets: dict,
+    draws_by_norm: dict[str, np.ndarray],
+    cell_labels: Sequence[str],
+    k: int,
+    n_draws: int,
+    table: pd.DataFrame | None,
+) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, norm in zip(axes, ("l1", "l2"), strict=True):
         ts = curves[norm]["t"]
@@ -166,111 +230,103 @@ def run_table_experiment(
     axes[0].set_ylabel("integer noise")
     ctx.savefig(fig, "noise_boxplots.png")
 
-    example = draws_by_norm["l1"][0]
-    table_md = ""
-    if table_shape is not None:
-        zt = example.reshape(table_shape)
-        table_md = _markdown_table(zt, row_names, col_names)
+    if table is not None:
         fig, ax = plt.subplots(figsize=(6, 2.2))
         ax.axis("off")
-        full = np.zeros((table_shape[0] + 1, table_shape[1] + 1), dtype=np.int64)
-        full[:-1, :-1] = zt
-        full[:-1, -1] = zt.sum(1)
-        full[-1, :-1] = zt.sum(0)
-        full[-1, -1] = zt.sum()
         ax.table(
-            cellText=full.astype(str).tolist(),
-            rowLabels=[*row_names, "Total"],
-            colLabels=[*col_names, "Total"],
+            cellText=table.to_numpy().astype(str).tolist(),
+            rowLabels=list(table.index),
+            colLabels=list(table.columns),
             loc="center",
         )
         ax.set_title("one released noise table (ℓ₁ target): margins are zero")
         ctx.savefig(fig, "noise_table.png")
-    else:
-        table_md = "| " + " | ".join(cell_labels) + " |\n|" + "---|" * len(cell_labels) + "\n"
-        table_md += "| " + " | ".join(str(int(v)) for v in example) + " |\n"
-        table_md += (
-            f"\nInvariant sums of this noise vector (A z): {(incidence @ example).tolist()}\n"
-        )
 
-    metrics = {
-        "epsilon": epsilon,
-        "lattice_rank": k,
-        "incidence_rank": lattice.rank,
-        "n_draws": n_draws,
-        "margins_exact": all_exact,
-        "all_integer": all(np.issubdtype(d.dtype, np.integer) for d in draws_by_norm.values()),
-        "tv_bound_final": max(t["tv_bound_final"] for t in targets.values()),
-        "iterations": max(t["iterations"] for t in targets.values()),
-        "iteration_tv_below_0.01": max(t["iteration_tv_below_0.01"] for t in targets.values()),
-        "max_abs_mean_z": max(t["max_abs_mean_z"] for t in targets.values()),
-        "rhat_max": max(t["rhat_max"] for t in targets.values()),
-        "moves": {norm: t["mode"] for norm, t in targets.items()},
-        "targets": targets,
-    }
 
-    lines = [
-        f"# {title}",
-        "",
-        description,
-        "",
-        f"Generalized Laplace mechanism on the lattice ker(A) ∩ Z^{lattice.dim} "
-        f"(rank {k}; A has rank {lattice.rank}), ε = {epsilon:g}, ℓ₁ and ℓ₂ targets, "
-        "sampled with the shared MCMC engine along the lattice basis (LLL-reduced from the "
-        "Smith normal form), released through the certified path (`certify`, "
-        "`release_lattice_noise`). Moves:",
-        "",
-        *[f"* {norm} target (mode `{t['mode']}`): {t['moves']}." for norm, t in targets.items()],
-        "",
-        "The ℓ₁ target is a product of per-cell factors, so its conditional along a line is "
-        "known exactly (Gibbs moves, the default for it); the ℓ₂ norm is not separable and "
-        "stays on Metropolis moves.",
-        "",
-        "Incidence matrix A (rows = counting invariants):",
-        "",
-        "```",
-        "\n".join(" ".join(str(int(v)) for v in row) for row in incidence),
-        "```",
-        "",
-        "| target | moves | a | lag L (steps) | T (steps) | T (sweeps) | TV bound at T | R̂ max | "
-        "max abs mean/SE | mean abs noise |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+def _report(
+    ctx: ExperimentContext,
+    name: str,
+    title: str,
+    description: str,
+    lattice: IntegerLattice,
+    epsilon: float,
+    targets: dict,
+    incidence: np.ndarray,
+    all_exact: bool,
+    n_draws: int,
+    example: np.ndarray,
+    cell_labels: Sequence[str],
+    table: pd.DataFrame | None,
+    privacy: PrivacyStatement,
+) -> Report:
+    k = lattice.n_directions
+    rows = [
+        {
+            "target": norm,
+            "moves": t["mode"],
+            "a": "—" if t["mode"] == "gibbs" else f"{t['proposal_a']:.3f}",
+            "lag L (steps)": t["lag"],
+            "T (steps)": t["iterations"],
+            "T (sweeps)": t["sweeps"],
+            "TV bound at T": t["tv_bound_final"],
+            "R̂ max": t["rhat_max"],
+            "max abs mean/SE": t["max_abs_mean_z"],
+            "mean abs noise": t["mean_abs_noise"],
+        }
+        for norm, t in targets.items()
     ]
-    for norm, t in targets.items():
-        a_txt = "—" if t["mode"] == "gibbs" else f"{t['proposal_a']:.3f}"
-        lines.append(
-            f"| {norm} | {t['mode']} | {a_txt} | {t['lag']} | {t['iterations']} | "
-            f"{t['sweeps']:.0f} | "
-            f"{t['tv_bound_final']:.3g} | {t['rhat_max']:.4f} | {t['max_abs_mean_z']:.2f} | "
-            f"{t['mean_abs_noise']:.2f} |"
+    fmt = {"T (sweeps)": ".0f", "TV bound at T": ".3g", "R̂ max": ".4f",
+           "max abs mean/SE": ".2f", "mean abs noise": ".2f"}  # fmt: skip
+    incidence_text = "\n".join(" ".join(str(int(v)) for v in row) for row in incidence)
+    rep = (
+        Report(name, ctx, title=title)
+        .text(
+            description,
+            f"Generalized Laplace mechanism on the lattice ker(A) ∩ Z^{lattice.dim} "
+            f"(rank {k}; A has rank {lattice.rank}), ε = {epsilon:g}, ℓ₁ and ℓ₂ targets, "
+            "sampled with the shared MCMC engine along the lattice basis (LLL-reduced from the "
+            "Smith normal form), released through the certified path (`certify`, "
+            "`release_lattice_noise`). Moves:",
         )
-    lines += [
-        "",
-        "T is the first iteration at which the L-lag TV bound fell below 0.01: "
-        + "; ".join(
-            f"{norm}: iteration {t['iteration_tv_below_0.01']} ({t['sweeps']:.0f} sweeps)"
-            for norm, t in targets.items()
+        .bullets(
+            f"{norm} target (mode `{t['mode']}`): {t['moves']}." for norm, t in targets.items()
         )
-        + ". The bound is a Monte Carlo estimate from the coupled pairs.",
-        "",
-        f"Every released draw is integer and keeps every invariant exactly: **{all_exact}**.",
-        "Each of the "
-        f"{n_draws} draws per target is the final state of its own chain (independent draws), "
-        "so the standard error of a cell mean is the draws' standard deviation / √n.",
-        "",
-        "One released noise vector (ℓ₁ target):",
-        "",
-        table_md,
-        "",
-        "Figures: `tv_bound.png` (L-lag TV upper bound against iteration for several L), "
-        "`noise_boxplots.png` (per-cell box plots)"
-        + (", `noise_table.png`." if table_shape is not None else "."),
-        "",
-        "Privacy: " + targets["l1"]["privacy"]["text"],
-        "",
+        .text(
+            "The ℓ₁ target is a product of per-cell factors, so its conditional along a line is "
+            "known exactly (Gibbs moves, the default for it); the ℓ₂ norm is not separable and "
+            "stays on Metropolis moves.",
+            "Incidence matrix A (rows = counting invariants):",
+            f"```\n{incidence_text}\n```",
+        )
+        .table(rows, formats=fmt)
+        .text(
+            "T is the first iteration at which the L-lag TV bound fell below 0.01: "
+            + "; ".join(
+                f"{norm}: iteration {t['iteration_tv_below_0.01']} ({t['sweeps']:.0f} sweeps)"
+                for norm, t in targets.items()
+            )
+            + ". The bound is a Monte Carlo estimate from the coupled pairs.",
+            f"Every released draw is integer and keeps every invariant exactly: **{all_exact}**.\n"
+            f"Each of the {n_draws} draws per target is the final state of its own chain "
+            "(independent draws), so the standard error of a cell mean is the draws' standard "
+            "deviation / √n.",
+            "One released noise vector (ℓ₁ target):",
+        )
+    )
+    if table is not None:
+        rep.table(table.reset_index(names=""))
+    else:
+        rep.table([example.tolist()], list(cell_labels))
+        rep.text(f"Invariant sums of this noise vector (A z): {(incidence @ example).tolist()}")
+    figures = {
+        "tv_bound.png": "L-lag TV upper bound against iteration for several L",
+        "noise_boxplots.png": "per-cell box plots",
+    }
+    if table is not None:
+        figures["noise_table.png"] = ""
+    rep.figures(figures)
+    return rep.privacy(privacy).text(
         "Iterations are engine steps (one move per chain along one basis direction); a sweep "
         f"is {k} steps, the unit of the paper's Gibbs sweep (Algorithm 1). The engine uses a "
-        "random scan over basis directions where the paper sweeps them in order.",
-    ]
-    ctx.write_report("\n".join(lines) + "\n")
-    return metrics
+        "random scan over basis directions where the paper sweeps them in order."
+    )

@@ -29,15 +29,12 @@ import math
 import time
 from typing import Any
 
-import matplotlib
+import numpy as np
+from scipy.sparse.linalg import splu
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from scipy.sparse.linalg import splu  # noqa: E402
-
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo  # noqa: E402
-from censusdp.mechanisms import blowfish as bf  # noqa: E402
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.reporting import Report, pyplot
+from censusdp.mechanisms import blowfish as bf
 from censusdp.mechanisms.blowfish_strategies import strategy_matrix  # noqa: E402
 
 __all__ = ["EPSILON", "series_1d", "series_2d", "growth", "run"]
@@ -133,6 +130,7 @@ def _summary(err: np.ndarray, expected: float) -> dict[str, float]:
 
 
 def _figures(ctx: ExperimentContext, ks1, s1, ks2, s2) -> None:
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     styles = {
         "blowfish_line_G1": ("(ε, G¹_k)-Blowfish: Laplace on prefixes", "C0", "-"),
@@ -161,63 +159,51 @@ def _figures(ctx: ExperimentContext, ks1, s1, ks2, s2) -> None:
     ctx.savefig(fig, "ranges_2d.png")
 
 
-def _report(ks1, s1, fits1, ks2, s2, fits2, mc) -> str:
-    lines = [
-        "# blowfish-ranges",
-        "",
-        f"Mean squared error per range query (all ranges, exact closed forms), ε = {EPSILON:g};",
-        "every number scales as 1/ε². DP baselines are unbounded ε-DP (the seed's Figure 8 uses",
-        "ε/2-DP, 4× these errors).",
-        "",
-        "## 1-D ranges",
-        "",
-        "| mechanism | "
-        + " | ".join(f"k={k}" for k in ks1)
-        + " | slope vs log₂k | exponent of log k |",
-        "|---|" + "---|" * (len(ks1) + 2),
+def _report(ctx: ExperimentContext, ks1, s1, fits1, ks2, s2, fits2, mc) -> Report:
+    cols1 = [f"k={k}" for k in ks1]
+    cols2 = [f"k={k}" for k in ks2]
+    rows1 = [
+        [name, *vals, fits1[name]["slope_vs_log2k"], fits1[name]["exponent_vs_log_log2k"]]
+        for name, vals in s1.items()
     ]
-    for name, vals in s1.items():
-        f = fits1[name]
-        lines.append(
-            f"| {name} | "
-            + " | ".join(f"{v:.1f}" for v in vals)
-            + f" | {f['slope_vs_log2k']:.3g} | {f['exponent_vs_log_log2k']:.2f} |"
-        )
-    lines += [
-        "",
-        "Under G¹_k the error per query approaches 4/ε² (two independent Laplace prefix sums)",
-        "and does not grow with k; Privelet and the hierarchical strategy grow like a power of",
-        "log k (fitted exponent above; the asymptotic rate is log³ k), the identity like k.",
-        "",
-        "## 2-D ranges",
-        "",
-        "| mechanism | " + " | ".join(f"k={k}" for k in ks2) + " | exponent of log k |",
-        "|---|" + "---|" * (len(ks2) + 1),
+    rows2 = [[name, *vals, fits2[name]["exponent_vs_log_log2k"]] for name, vals in s2.items()]
+    mc_cols = ["empirical MSE", "± SE", "closed form", "z"]
+    rows_mc = [
+        [name, mc[name]["empirical"], mc[name]["se"], mc[name]["closed_form"], mc[name]["z"]]
+        for name in ("blowfish_line_G1", "dp_privelet")
     ]
-    for name, vals in s2.items():
-        lines.append(
-            f"| {name} | "
-            + " | ".join(f"{v:.1f}" for v in vals)
-            + f" | {fits2[name]['exponent_vs_log_log2k']:.2f} |"
+    return (
+        Report("blowfish-ranges", ctx)
+        .text(
+            f"Mean squared error per range query (all ranges, exact closed forms), ε = {EPSILON:g};\n"
+            "every number scales as 1/ε². DP baselines are unbounded ε-DP (the seed's Figure 8 "
+            "uses\nε/2-DP, 4× these errors)."
         )
-    lines += [
-        "",
-        "## Monte Carlo check of the closed forms",
-        "",
-        f"k = {mc['k']}, {mc['reps']} runs of the mechanism, each scored on "
-        f"{mc['ranges_per_rep']} ranges drawn uniformly from all k(k+1)/2.",
-        "",
-        "| mechanism | empirical MSE | ± SE | closed form | z |",
-        "|---|---|---|---|---|",
-    ]
-    for name in ("blowfish_line_G1", "dp_privelet"):
-        r = mc[name]
-        lines.append(
-            f"| {name} | {r['empirical']:.2f} | {r['se']:.2f} | {r['closed_form']:.2f} "
-            f"| {r['z']:.2f} |"
+        .section("1-D ranges")
+        .table(
+            rows1,
+            ["mechanism", *cols1, "slope vs log₂k", "exponent of log k"],
+            {**dict.fromkeys(cols1, ".1f"), "slope vs log₂k": ".3g", "exponent of log k": ".2f"},
         )
-    lines.append("")
-    return "\n".join(lines)
+        .text(
+            "Under G¹_k the error per query approaches 4/ε² (two independent Laplace prefix sums)\n"
+            "and does not grow with k; Privelet and the hierarchical strategy grow like a power of\n"
+            "log k (fitted exponent above; the asymptotic rate is log³ k), the identity like k."
+        )
+        .section("2-D ranges")
+        .table(
+            rows2,
+            ["mechanism", *cols2, "exponent of log k"],
+            {**dict.fromkeys(cols2, ".1f"), "exponent of log k": ".2f"},
+        )
+        .section("Monte Carlo check of the closed forms")
+        .text(
+            f"k = {mc['k']}, {mc['reps']} runs of the mechanism, each scored on "
+            f"{mc['ranges_per_rep']} ranges drawn uniformly from all k(k+1)/2."
+        )
+        .table(rows_mc, ["mechanism", *mc_cols], dict.fromkeys(mc_cols, ".2f"))
+        .figures({"ranges_1d.png": "1-D ranges", "ranges_2d.png": "2-D ranges"})
+    )
 
 
 def run(ctx: ExperimentContext) -> dict[str, Any]:
@@ -237,7 +223,7 @@ def run(ctx: ExperimentContext) -> dict[str, Any]:
     ctx.timings["monte_carlo_seconds"] = time.perf_counter() - t0
 
     _figures(ctx, ks1, s1, ks2, s2)
-    ctx.write_report(_report(ks1, s1, fits1, ks2, s2, fits2, mc))
+    ctx.write_report(_report(ctx, ks1, s1, fits1, ks2, s2, fits2, mc))
     return {
         "epsilon": EPSILON,
         "ranges_1d": {"k": ks1, "mse_per_query": s1, "growth": fits1},

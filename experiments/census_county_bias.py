@@ -71,6 +71,7 @@ from censusdp.estimation.lattice_release import certify, release_lattice_noise
 from censusdp.estimation.rounding import round_release
 from censusdp.estimation.topdown import topdown
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Table
 from censusdp.mechanisms.lattice import GroupSumLattice, LatticeLaplace
 from censusdp.mechanisms.laws import Laplace
@@ -481,7 +482,7 @@ def run(ctx: ExperimentContext) -> dict:
     metrics["fig2_states"] = [STATE_ABBR.get(s, s) for s in fig2]
     _figure1(ctx, first, errors, truth, state_codes)
     _figure2(ctx, errors, truth, state_codes, fig2)
-    ctx.write_report(_report(metrics, table))
+    ctx.write_report(_report(ctx, metrics, table))
     return metrics
 
 
@@ -499,11 +500,7 @@ def _figure1(
     truth: np.ndarray,
     state_codes: np.ndarray,
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = _order(list(first))
     states = list(first["das_20200527"]["group"])
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(17, 10), gridspec_kw={"width_ratios": [1, 1.6]})
@@ -588,11 +585,7 @@ def _figure2(
     state_codes: np.ndarray,
     states: list[str],
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(5, 2, figsize=(18, 20))
     for ax, s in zip(axes.ravel(), states, strict=False):
         _state_panel(ax, errors, truth, state_codes, s, "projected_laplace", legend=s == states[0])
@@ -620,85 +613,103 @@ def _verdict(name: str, s: dict) -> str:
     )
 
 
-def _mcmc_section(m: dict) -> list[str]:
+def _mcmc_section(rep: Report, m: dict) -> None:
     """Convergence certificates of the two MCMC estimators."""
     c, lat = m["conditioning"]["convergence"], m["lattice"]["convergence"]
     sampled = ", ".join(m["sampled_states"])
     per_state = sorted(c["per_state"].items(), key=lambda kv: -kv[1]["counties"])
     rows = [
-        f"| {STATE_ABBR.get(code, code)} | {d['counties']} | {d['runs']} | {d['lag']} | "
-        f"{d['burn_in_max']} | {d['meeting_time_max']:.0f} | {d['tv_bound_max']:.4f} | "
-        f"{d['rhat_max_max']:.3f} | {d['seconds_max']:.1f} |"
+        {
+            "state": STATE_ABBR.get(code, code),
+            "counties": d["counties"],
+            "runs": d["runs"],
+            "lag L": d["lag"],
+            "burn-in T (max)": d["burn_in_max"],
+            "meeting time (max)": d["meeting_time_max"],
+            "TV bound (max)": d["tv_bound_max"],
+            "R̂ (max)": d["rhat_max_max"],
+            "seconds (max)": d["seconds_max"],
+        }
         for code, d in per_state[:8]
     ]
     sizes = [
-        f"| {d['counties']} | {d['iterations']} | {d['tv_bound']:.4f} | {d['rhat_max']:.4f} | "
-        f"{d['certify_seconds']:.1f} |"
+        {
+            "counties": d["counties"],
+            "burn-in T": d["iterations"],
+            "TV bound": d["tv_bound"],
+            "R̂": d["rhat_max"],
+            "certify (s)": d["certify_seconds"],
+        }
         for d in sorted(lat["per_size"], key=lambda d: -d["counties"])[:5]
     ]
-    return [
-        "## The MCMC estimators and their certificates",
-        "",
-        f"Both cover {len(m['sampled_states'])} state-level areas ({sampled}); one-county "
-        "areas are released exactly by their invariant total"
-        + (" and the others are left out of --quick runs." if m.get("quick") else ".")
-        + " The slope counts above are over the regression states among them.",
-        "",
-        f"**Conditioning** ({m['conditioning_runs']} runs): the Laplace noise law conditioned "
-        "on the state totals, one draw per release, by `condition()` with the "
-        f"{'/'.join(c['kernel'])} moves (each step redraws, for a random perfect matching of "
-        "a state's counties, every pair's split exactly from its conditional law). The "
-        "target factorises over states, so every (run, state) is its own certified call: "
-        "the burn-in T is the first iteration whose L-lag coupling bound (200 coupled "
-        f"pairs) on d_TV(π_T, π) is below {c['tv_requested']}, and the release is a chain "
-        f"state at iteration ≥ T. Over all {c['certified_calls']} calls: largest TV bound "
-        f"**{c['tv_bound_max']:.4f}**, largest burn-in {c['burn_in_max']} sweeps, largest "
-        f"split-R̂ {c['rhat_max']:.3f} (over 4 over-dispersed chains; reported, not a release "
-        f"criterion of `condition()`), {c['seconds']:.0f} s in all. The largest states:",
-        "",
-        "| state | counties | runs | lag L | burn-in T (max) | meeting time (max) | "
-        "TV bound (max) | R̂ (max) | seconds (max) |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *rows,
-        "",
-        f"**Integer lattice** ({m['lattice']['runs']} runs): integer county noise z with "
-        f"P(z) ∝ exp(−{EPSILON}‖z‖₁) on the lattice {{z ∈ ℤⁿ : Σ z = 0}} of each state "
-        "(generalized Laplace ℓ₁; `release_lattice_noise` on a `GroupSumLattice`, "
-        f"{'/'.join(lat['mode'])} moves). The law depends only on a state's number of "
-        f"counties, so one certificate per size serves every state of that size "
-        f"({lat['certificates']} certificates: L-lag coupling bound < {lat['tv_requested']} "
-        f"and split-R̂ < 1.01 over 16 over-dispersed chains). Largest TV bound "
-        f"**{lat['tv_bound_max']:.4f}**, largest R̂ {lat['rhat_max']:.4f}, longest burn-in "
-        f"{lat['iterations_max']} sweeps. The largest sizes:",
-        "",
-        "| counties | burn-in T | TV bound | R̂ | certify (s) |",
-        "|---|---|---|---|---|",
-        *sizes,
-        "",
-    ]
+    rows_fmt = {"meeting time (max)": ".0f", "TV bound (max)": ".4f", "R̂ (max)": ".3f",
+                "seconds (max)": ".1f"}  # fmt: skip
+    sizes_fmt = {"TV bound": ".4f", "R̂": ".4f", "certify (s)": ".1f"}
+    (
+        rep.section("The MCMC estimators and their certificates")
+        .text(
+            f"Both cover {len(m['sampled_states'])} state-level areas ({sampled}); one-county "
+            "areas are released exactly by their invariant total"
+            + (" and the others are left out of --quick runs." if m.get("quick") else ".")
+            + " The slope counts above are over the regression states among them.",
+            f"**Conditioning** ({m['conditioning_runs']} runs): the Laplace noise law "
+            "conditioned on the state totals, one draw per release, by `condition()` with the "
+            f"{'/'.join(c['kernel'])} moves (each step redraws, for a random perfect matching "
+            "of a state's counties, every pair's split exactly from its conditional law). The "
+            "target factorises over states, so every (run, state) is its own certified call: "
+            "the burn-in T is the first iteration whose L-lag coupling bound (200 coupled "
+            f"pairs) on d_TV(π_T, π) is below {c['tv_requested']}, and the release is a chain "
+            f"state at iteration ≥ T. Over all {c['certified_calls']} calls: largest TV bound "
+            f"**{c['tv_bound_max']:.4f}**, largest burn-in {c['burn_in_max']} sweeps, largest "
+            f"split-R̂ {c['rhat_max']:.3f} (over 4 over-dispersed chains; reported, not a "
+            f"release criterion of `condition()`), {c['seconds']:.0f} s in all. The largest "
+            "states:",
+        )
+        .table(rows, formats=rows_fmt)
+        .text(
+            f"**Integer lattice** ({m['lattice']['runs']} runs): integer county noise z with "
+            f"P(z) ∝ exp(−{EPSILON}‖z‖₁) on the lattice {{z ∈ ℤⁿ : Σ z = 0}} of each state "
+            "(generalized Laplace ℓ₁; `release_lattice_noise` on a `GroupSumLattice`, "
+            f"{'/'.join(lat['mode'])} moves). The law depends only on a state's number of "
+            f"counties, so one certificate per size serves every state of that size "
+            f"({lat['certificates']} certificates: L-lag coupling bound < {lat['tv_requested']} "
+            f"and split-R̂ < 1.01 over 16 over-dispersed chains). Largest TV bound "
+            f"**{lat['tv_bound_max']:.4f}**, largest R̂ {lat['rhat_max']:.4f}, longest burn-in "
+            f"{lat['iterations_max']} sweeps. The largest sizes:"
+        )
+        .table(sizes, formats=sizes_fmt)
+    )
 
 
-def _report(m: dict, table: Table) -> str:
+def _report(ctx: ExperimentContext, m: dict, table: Table) -> Report:
     key = "significant_negative_001"
     names = _order([k for k in m if k in LABELS])
-    rows = []
-    for k in names:
-        s = m[k]
-        per_run = (
-            f"{s['per_run_mean_negative']:.1f} / {s[f'per_run_mean_{key}']:.1f}"
-            if "per_run_mean_negative" in s
-            else "—"
-        )
-        rows.append(
-            f"| {LABELS[k]} | {s['runs']} | {s['states']} | {s['negative']} | {s[key]} | "
-            f"{s['chance_expected_significant_negative']:.2f} | {s['chance_upper_99']} | "
-            f"{s['significant_positive']} | {per_run} | {s['mean_abs_error']:.2f} |"
-        )
+    rows = [
+        {
+            "release": LABELS[k],
+            "runs": m[k]["runs"],
+            "states": m[k]["states"],
+            "negative slopes": m[k]["negative"],
+            "significantly negative": m[k][key],
+            "chance expectation of sig. negative (Binomial)": m[k][
+                "chance_expected_significant_negative"
+            ],
+            "its 99% point": m[k]["chance_upper_99"],
+            "significantly positive": m[k]["significant_positive"],
+            "per run: negative / sig. negative (mean)": (
+                f"{m[k]['per_run_mean_negative']:.1f} / {m[k][f'per_run_mean_{key}']:.1f}"
+                if "per_run_mean_negative" in m[k]
+                else "—"
+            ),
+            "mean abs. error": m[k]["mean_abs_error"],
+        }
+        for k in names
+    ]
+    fmt = {"chance expectation of sig. negative (Binomial)": ".2f", "mean abs. error": ".2f"}
     total = int(table.leaf_counts.sum())
-    return "\n".join(
-        [
-            "# census-county-bias",
-            "",
+    rep = (
+        Report("census-county-bias", ctx)
+        .text(
             "Do disclosure-avoidance errors depend on county size? The 2010 Census county "
             f"populations ({m['counties']:,} counties, {total:,} people in 50 states, DC and "
             "Puerto Rico) are released with every state total held exact. Within each "
@@ -707,27 +718,20 @@ def _report(m: dict, table: Table) -> str:
             "error (released − true) is regressed on log(true population). A negative slope "
             "means small counties are pushed up and large ones down; 'significant' is a "
             f"two-sided test at α = {m['alpha']}.",
-            "",
             f"Privacy budget: ε = {m['epsilon']} for the county populations (Laplace noise of "
             f"scale 1/ε ≈ {1 / m['epsilon']:.2f} persons per county; the Bureau's allocation "
             "4 × 0.16 × 0.3 used by the paper). The state and nation levels are not measured: "
             "their totals are invariant, so a measurement there would spend budget on values "
             "that are published exactly. GLS, TopDown-style and conditioning use the same "
             "county measurements with the state invariants; no extra budget is spent.",
-            "",
-            "| release | runs | states | negative slopes | significantly negative | "
-            "chance expectation of sig. negative (Binomial) | its 99% point | "
-            "significantly positive | per run: negative / sig. negative (mean) | "
-            "mean abs. error |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-            *rows,
-            "",
+        )
+        .table(rows, formats=fmt)
+        .text(
             "For our estimators the counts are from one regression per state on all runs "
             "pooled (runs × counties points); the per-run column averages the counts of the "
             "single releases, comparable with the Bureau's single runs. The chance "
             "expectation is the number of significantly negative slopes an unbiased "
             "estimator gives by chance, Binomial(states, α/2), shown beside every count.",
-            "",
             f"Reading: the Bureau's 2019-10-29 run has {m['das_20191029']['negative']} "
             f"negative slopes, {m['das_20191029'][key]} significantly; its 2020-05-27 run "
             f"{m['das_20200527']['negative']}, {m['das_20200527'][key]} significantly (the "
@@ -737,37 +741,47 @@ def _report(m: dict, table: Table) -> str:
             f"{table.leaf_counts.min() * m['epsilon']:.0f} Laplace scales, so non-negativity "
             "never binds at the county level of this one-cell problem; the Bureau's bias comes "
             "from its many cells and lower geographic levels (blocks), where it does.",
-            "",
             "Note: with one level measured at equal noise, GLS before rounding is the "
             "projected Laplace mechanism itself (the Euclidean projection onto the state "
             "totals); it differs here only by its own noise draw and the rounding. "
             "Conditioning releases one draw of the conditioned law, whose error adds the "
             "draw's own spread around the posterior mean to the posterior mean's error: still "
             "unbiased, with roughly twice the error variance of projection.",
-            "",
-            *_mcmc_section(m),
-            "## Privacy",
-            "",
-            f"* Projected Laplace, GLS, TopDown-style, conditioning: {_privacy('laplace').text()}"
-            " GLS, TopDown-style and conditioning are post-processing of the Laplace county "
-            "measurements given the public invariants. Conditioning's release is a state of a "
-            "finite Markov chain, exact up to its TV distance from the conditioned law (the "
-            "bound above is a Monte Carlo estimate, not a proof).",
-            f"* Integer lattice: {m['lattice']['convergence']['privacy']}",
-            "",
-            f"Figures: `fig1_slopes_illinois.png` (the paper's Fig. 1: left, the t statistic "
-            "of every state's slope for each release, significantly negative ones circled; "
-            "right, Illinois counties in increasing size, boxes of the projected Laplace "
-            "errors over the runs and the Bureau's errors as points), `fig2_ten_states.png` "
-            f"(the same for {', '.join(m['fig2_states'])}), `illinois_by_estimator.png`. The "
-            "paper does not name the ten states of its Fig. 2 (those its November 2020 DAS "
+        )
+    )
+    _mcmc_section(rep, m)
+    return (
+        rep.section("Privacy")
+        .bullets(
+            [
+                "Projected Laplace, GLS, TopDown-style, conditioning: "
+                f"{_privacy('laplace').text()} GLS, TopDown-style and conditioning are "
+                "post-processing of the Laplace county measurements given the public "
+                "invariants. Conditioning's release is a state of a finite Markov chain, exact "
+                "up to its TV distance from the conditioned law (the bound above is a Monte "
+                "Carlo estimate, not a proof).",
+                f"Integer lattice: {m['lattice']['convergence']['privacy']}",
+            ]
+        )
+        .figures(
+            {
+                "fig1_slopes_illinois.png": "the paper's Fig. 1: left, the t statistic of every "
+                "state's slope for each release, significantly negative ones circled; right, "
+                "Illinois counties in increasing size, boxes of the projected Laplace errors "
+                "over the runs and the Bureau's errors as points",
+                "fig2_ten_states.png": f"the same for {', '.join(m['fig2_states'])}",
+                "illinois_by_estimator.png": "",
+            }
+        )
+        .text(
+            "The paper does not name the ten states of its Fig. 2 (those its November 2020 DAS "
             "run biased most); we take the ten states other than Illinois with the most "
-            "negative slope t statistics in the 2020-05-27 run.",
-            "",
+            "negative slope t statistics in the 2020-05-27 run."
+        )
+        .text(
             "Data: IPUMS NHGIS Privacy-Protected 2010 Census Demonstration Data, version "
             "20200527 (Van Riper, Kugler & Schroeder 2020). Method: Gao, Gong & Yu, "
             '"Subspace Differential Privacy", AAAI 2022, §1, §5.1, Figures 1–2; Dharangutte, '
-            'Gao, Gong & Yu, "Integer Subspace Differential Privacy", AAAI 2023 (lattice).',
-            "",
-        ]
+            'Gao, Gong & Yu, "Integer Subspace Differential Privacy", AAAI 2023 (lattice).'
+        )
     )

@@ -45,23 +45,20 @@ from __future__ import annotations
 
 import time
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from scipy import stats
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from censusdp.errors import DataError  # noqa: E402
-from censusdp.estimation.lattice_release import (  # noqa: E402
+from censusdp.errors import DataError
+from censusdp.estimation.lattice_release import (
     ConvergenceReport,
     certify,
     release_lattice_noise,
 )
-from censusdp.experiments._lattice_tables import unbiasedness_z  # noqa: E402
-from censusdp.experiments.registry import ExperimentInfo
-from censusdp.mechanisms.lattice import (  # noqa: E402
+from censusdp.experiments._lattice_tables import unbiasedness_z
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.reporting import Report, pyplot
+from censusdp.mechanisms.lattice import (
     GroupSumLattice,
     LatticeLaplace,
     sample_group_laplace_l1,
@@ -248,6 +245,7 @@ def _illinois_figures(ctx, st: pd.DataFrame, arr: dict, rep: ConvergenceReport) 
     ppdd = st["pop_ppdd_20200527"].to_numpy(np.int64) - x
     ddp = st["pop_ddp_20191029"].to_numpy(np.int64) - x
     n = x.size
+    plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(22, 10), sharex=True, sharey=True)
     pos = np.arange(1, n + 1)
     axes[0].boxplot(noise, positions=pos, whis=1.5, widths=0.6, flierprops={"marker": "x", "ms": 3})
@@ -320,6 +318,7 @@ def _illinois_figures(ctx, st: pd.DataFrame, arr: dict, rep: ConvergenceReport) 
 
 
 def _all_states_figure(ctx, df: pd.DataFrame, arrays: dict, certs: dict) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5), gridspec_kw={"width_ratios": [1, 1.6]})
     ns = np.array(sorted(certs))
     for key, lab in (("meeting_time_q50", "median τ (incl. L)"), ("meeting_time_q99", "99% τ")):
@@ -456,137 +455,173 @@ def run(ctx) -> dict:
     return metrics
 
 
-def _report(ctx, m: dict, il: dict | None, certs: dict[int, dict]) -> str:
-    lines = [
-        "# County populations: integer subspace DP, certified lattice MCMC",
-        "",
-        f"2010 county populations, state totals invariant, generalized Laplace ℓ₁ at ε = "
-        f"{EPSILON} (the Bureau's county-level allocation, 4 × 0.16 × 0.3); "
-        + (
-            f"all {m['n_states']} states and state equivalents in the file "
-            f"({m['n_counties']} counties)."
-            if ctx.all_units
-            else "Illinois (the paper's Fig. 2); `--all` runs every state."
-        ),
-        "",
-        "Mechanism: `release_lattice_noise` on the lattice {z ∈ Z^n : Σ z = 0} of each state, "
-        f"moves: {MOVES}. A state releases only after the release policy's certificate: the "
-        f"L-lag coupling upper bound on the total-variation distance to the target is below "
-        f"{TV} at the iteration T used (200 coupled pairs started at 0) and split-R̂ < 1.01 "
-        "over 16 over-dispersed chains. Each released noise vector is the state at T of its "
-        "own chain from 0 (independent draws).",
-        "",
-        f"* every released vector is integer and meets its state total exactly: "
-        f"{m['invariant_exact'] and m['all_integer']}",
-        f"* TV bound at T (largest over certificates): {m['tv_bound_final']:.3g} "
-        f"(requested {TV}); largest split-R̂: {m['rhat_max']:.4f}; largest T: "
-        f"{m['iterations']} steps",
-        f"* largest |mean|/SE of the noise over counties: {m['max_abs_mean_z']:.2f}",
-    ]
+def _report(ctx: ExperimentContext, m: dict, il: dict | None, certs: dict[int, dict]) -> Report:
+    rep = (
+        Report(
+            "census-county-integer",
+            ctx,
+            title="County populations: integer subspace DP, certified lattice MCMC",
+        )
+        .text(
+            f"2010 county populations, state totals invariant, generalized Laplace ℓ₁ at ε = "
+            f"{EPSILON} (the Bureau's county-level allocation, 4 × 0.16 × 0.3); "
+            + (
+                f"all {m['n_states']} states and state equivalents in the file "
+                f"({m['n_counties']} counties)."
+                if ctx.all_units
+                else "Illinois (the paper's Fig. 2); `--all` runs every state."
+            ),
+            "Mechanism: `release_lattice_noise` on the lattice {z ∈ Z^n : Σ z = 0} of each "
+            f"state, moves: {MOVES}. A state releases only after the release policy's "
+            f"certificate: the L-lag coupling upper bound on the total-variation distance to "
+            f"the target is below {TV} at the iteration T used (200 coupled pairs started at 0) "
+            "and split-R̂ < 1.01 over 16 over-dispersed chains. Each released noise vector is "
+            "the state at T of its own chain from 0 (independent draws).",
+        )
+        .bullets(
+            [
+                f"every released vector is integer and meets its state total exactly: "
+                f"{m['invariant_exact'] and m['all_integer']}",
+                f"TV bound at T (largest over certificates): {m['tv_bound_final']:.3g} "
+                f"(requested {TV}); largest split-R̂: {m['rhat_max']:.4f}; largest T: "
+                f"{m['iterations']} steps",
+                f"largest |mean|/SE of the noise over counties: {m['max_abs_mean_z']:.2f}",
+            ]
+        )
+    )
     if il is not None:
-        c = m["certificate"]
-        x = m["cross_check"]
-        slope = m["slope_error_on_log_pop"]
-        lines += [
-            "",
-            "## Illinois",
-            "",
-            "| counties | draws | lag L | T (steps = sweeps) | TV bound at T | R̂ max | "
-            "meeting time τ − L: median / 99% / max | certify (s) |",
-            "|---|---|---|---|---|---|---|---|",
-            f"| {il['n_counties']} | {il['n_draws']} | {c['lag']} | {c['iterations']} | "
-            f"{c['tv_bound']:.3g} | {c['rhat_max']:.4f} | "
-            f"{c['meeting_time_q50'] - c['lag']:.0f} / {c['meeting_time_q99'] - c['lag']:.0f} / "
-            f"{c['meeting_time_max'] - c['lag']:.0f} | {c['seconds']:.1f} |",
-            "",
-            f"The TV bound fell below {TV} at iteration {c['iterations']} (the certified T).",
-            "",
-            f"* mean |noise|: lattice MCMC {m['mean_abs_noise_lattice']:.2f}, exact sampler "
+        _illinois_section(rep, m, il)
+    if ctx.all_units:
+        _all_states_section(rep, m, certs)
+    privacy = m.get("privacy") or next(iter(m["per_state"].values()))["privacy"]
+    rep.text(
+        "Baseline: double-geometric noise of scale 1/ε on every county, then the ℓ₁-closest "
+        "integer vector meeting the state total; the ℓ₁ projection is not unique and we "
+        "spread the discrepancy evenly (random counties take the remainder)."
+    )
+    if il is not None:  # the featured state's statement; every state has its own
+        rep.text(f"Privacy (Illinois): {privacy['text']}")
+    else:
+        rep.privacy(privacy["text"])
+    return rep.text(
+        "Data: IPUMS NHGIS Privacy-Protected 2010 Census Demonstration Data (Van Riper, "
+        "Kugler & Schroeder 2020)."
+    )
+
+
+def _illinois_section(rep: Report, m: dict, il: dict) -> None:
+    c = m["certificate"]
+    x = m["cross_check"]
+    slope = m["slope_error_on_log_pop"]
+    meeting = " / ".join(
+        f"{c[q] - c['lag']:.0f}"
+        for q in ("meeting_time_q50", "meeting_time_q99", "meeting_time_max")
+    )
+    rep.section("Illinois").table(
+        [
+            {
+                "counties": il["n_counties"],
+                "draws": il["n_draws"],
+                "lag L": c["lag"],
+                "T (steps = sweeps)": c["iterations"],
+                "TV bound at T": c["tv_bound"],
+                "R̂ max": c["rhat_max"],
+                "meeting time τ − L: median / 99% / max": meeting,
+                "certify (s)": c["seconds"],
+            }
+        ],
+        formats={"TV bound at T": ".3g", "R̂ max": ".4f", "certify (s)": ".1f"},
+    ).text(f"The TV bound fell below {TV} at iteration {c['iterations']} (the certified T).")
+    rep.bullets(
+        [
+            f"mean |noise|: lattice MCMC {m['mean_abs_noise_lattice']:.2f}, exact sampler "
             f"{m['mean_abs_noise_exact']:.2f}, baseline {m['mean_abs_noise_baseline']:.2f}; "
             f"{100 * m['share_draws_within_30']:.1f}% of lattice draws in [−30, 30]",
-            f"* smallest released count: {m['min_released_count']} ("
+            f"smallest released count: {m['min_released_count']} ("
             + (
                 "no released count is negative; "
                 if m["min_released_count"] >= 0
                 else "some released counts are negative; "
             )
             + "the mechanism has no non-negativity constraint)",
-            "* slope of error on log(population): "
+            "slope of error on log(population): "
             + ", ".join(f"{k} {v:.2f}" for k, v in slope.items()),
-            "",
-            "**Cross-check against the exact sampler** (iid discrete Laplace conditioned on a "
-            f"zero state sum by rejection; {x['n_exact']} exact draws vs {x['n_mcmc']} MCMC "
-            "draws):",
-            "",
-            "| test | statistic | p-value |",
-            "|---|---|---|",
-            f"| KS two-sample, per-draw ‖z‖₁ | D = {x['ks_stat_l1norm']:.3f} | "
-            f"{x['ks_p_l1norm']:.3g} |",
-            f"| χ² homogeneity per county ({x['chi2_bins']} bins), smallest p × "
-            f"{il['n_counties']} | — | {x['chi2_p_min_bonferroni']:.3g} |",
-            f"| mean abs noise per county, largest abs Welch z | {x['max_abs_z_mean_abs']:.2f} | "
-            f"{x['p_mean_abs_bonferroni']:.3g} (Bonferroni) |",
-            "",
-            "These tests see a few hundred to a thousand independent draws per side: they would "
-            "catch a wrong scale, a bias or a lost invariant, not a TV distance of the "
-            "certified size; the certificate is what bounds that.",
-            "",
-            "Figures: `illinois_noise_boxplots.png` (top: certified lattice noise by county, "
-            "ordered by population, with the DAS demonstration errors; bottom: the projected "
-            "double-geometric baseline), `illinois_mcmc_vs_exact.png` (per-county mean |noise| "
-            "and the per-draw ℓ₁ norm, MCMC vs exact), `illinois_tv_bound.png` (the L-lag "
-            "bound against iteration and the meeting times).",
         ]
-    if ctx.all_units:
-        lines += [
-            "",
-            "## All states",
-            "",
-            f"One certificate per distinct county count ({len(certs)} certificates; the "
-            "lattice and the kernel depend only on the count). States with one county (the "
-            "lattice is {0}) release that county exactly. Draws per state: "
-            f"{m['n_draws']} for Illinois, {m['n_draws_other_states']} elsewhere. Smallest "
-            "cross-check p-value over all states and tests (Bonferroni over states): "
-            f"{m['cross_check_min_p_bonferroni']:.3g}.",
-            "",
-            "| state | counties | T | TV bound | R̂ | max abs mean/SE | mean abs noise MCMC / "
-            "exact / baseline | KS p | χ² p (Bonf.) |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for s in m["per_state"].values():
-            x = s.get("cross_check")
-            lines.append(
-                f"| {s['state']} | {s['n_counties']} | {s['iterations']} | {s['tv_bound']:.3g} | "
-                f"{s['rhat_max']:.4f} | {s['max_abs_mean_z']:.2f} | "
-                f"{s['mean_abs_noise_lattice']:.2f} / "
-                + ("—" if x is None else f"{x['mean_abs_noise_exact']:.2f}")
-                + f" / {s['mean_abs_noise_baseline']:.2f} | "
-                + ("—" if x is None else f"{x['ks_p_l1norm']:.3g}")
-                + " | "
-                + ("—" if x is None else f"{x['chi2_p_min_bonferroni']:.3g}")
-                + " |"
-            )
-        lines += [
-            "",
-            "Figure: `all_states_noise.png` (certified T and meeting times by county count; "
-            "every county's lattice noise range and one draw beside the DAS 2020-05-27 error, "
-            "against population).",
-            "",
-            "Privacy across states: states are released with independent noise. Two databases "
-            "that share every state total and differ within one state are separated only by "
-            "that state's mechanism, whose additive δ uses that state's TV bound; when they "
-            "differ in several states the bounds of those states add.",
-        ]
-    privacy = m.get("privacy") or next(iter(m["per_state"].values()))["privacy"]
-    lines += [
-        "",
-        "Baseline: double-geometric noise of scale 1/ε on every county, then the ℓ₁-closest "
-        "integer vector meeting the state total; the ℓ₁ projection is not unique and we "
-        "spread the discrepancy evenly (random counties take the remainder).",
-        "",
-        "Privacy" + (" (Illinois)" if il is not None else "") + ": " + privacy["text"],
-        "",
-        "Data: IPUMS NHGIS Privacy-Protected 2010 Census Demonstration Data (Van Riper, "
-        "Kugler & Schroeder 2020).",
-    ]
-    return "\n".join(lines) + "\n"
+    )
+    rep.text(
+        "**Cross-check against the exact sampler** (iid discrete Laplace conditioned on a "
+        f"zero state sum by rejection; {x['n_exact']} exact draws vs {x['n_mcmc']} MCMC "
+        "draws):"
+    )
+    rep.table(
+        [
+            ["KS two-sample, per-draw ‖z‖₁", f"D = {x['ks_stat_l1norm']:.3f}",
+             f"{x['ks_p_l1norm']:.3g}"],
+            [f"χ² homogeneity per county ({x['chi2_bins']} bins), smallest p × "
+             f"{il['n_counties']}", "—", f"{x['chi2_p_min_bonferroni']:.3g}"],
+            ["mean abs noise per county, largest abs Welch z", f"{x['max_abs_z_mean_abs']:.2f}",
+             f"{x['p_mean_abs_bonferroni']:.3g} (Bonferroni)"],
+        ],
+        ["test", "statistic", "p-value"],
+    )  # fmt: skip
+    rep.text(
+        "These tests see a few hundred to a thousand independent draws per side: they would "
+        "catch a wrong scale, a bias or a lost invariant, not a TV distance of the "
+        "certified size; the certificate is what bounds that."
+    )
+    rep.figures(
+        {
+            "illinois_noise_boxplots.png": "top: certified lattice noise by county, ordered by "
+            "population, with the DAS demonstration errors; bottom: the projected "
+            "double-geometric baseline",
+            "illinois_mcmc_vs_exact.png": "per-county mean |noise| and the per-draw ℓ₁ norm, "
+            "MCMC vs exact",
+            "illinois_tv_bound.png": "the L-lag bound against iteration and the meeting times",
+        }
+    )
+
+
+def _all_states_section(rep: Report, m: dict, certs: dict[int, dict]) -> None:
+    def checked(x: dict | None, key: str, fmt: str) -> str:
+        return "—" if x is None else format(x[key], fmt)
+
+    rows = []
+    for s in m["per_state"].values():
+        x = s.get("cross_check")
+        rows.append(
+            {
+                "state": s["state"],
+                "counties": s["n_counties"],
+                "T": s["iterations"],
+                "TV bound": s["tv_bound"],
+                "R̂": s["rhat_max"],
+                "max abs mean/SE": s["max_abs_mean_z"],
+                "mean abs noise MCMC / exact / baseline": f"{s['mean_abs_noise_lattice']:.2f} / "
+                f"{checked(x, 'mean_abs_noise_exact', '.2f')} / "
+                f"{s['mean_abs_noise_baseline']:.2f}",
+                "KS p": checked(x, "ks_p_l1norm", ".3g"),
+                "χ² p (Bonf.)": checked(x, "chi2_p_min_bonferroni", ".3g"),
+            }
+        )
+    rep.section("All states").text(
+        f"One certificate per distinct county count ({len(certs)} certificates; the "
+        "lattice and the kernel depend only on the count). States with one county (the "
+        "lattice is {0}) release that county exactly. Draws per state: "
+        f"{m['n_draws']} for Illinois, {m['n_draws_other_states']} elsewhere. Smallest "
+        "cross-check p-value over all states and tests (Bonferroni over states): "
+        f"{m['cross_check_min_p_bonferroni']:.3g}."
+    )
+    rep.table(rows, formats={"TV bound": ".3g", "R̂": ".4f", "max abs mean/SE": ".2f"})
+    rep.figures(
+        {
+            "all_states_noise.png": "certified T and meeting times by county count; every "
+            "county's lattice noise range and one draw beside the DAS 2020-05-27 error, "
+            "against population"
+        }
+    )
+    rep.text(
+        "Privacy across states: states are released with independent noise. Two databases "
+        "that share every state total and differ within one state are separated only by "
+        "that state's mechanism, whose additive δ uses that state's TV bound; when they "
+        "differ in several states the bounds of those states add."
+    )

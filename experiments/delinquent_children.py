@@ -45,6 +45,7 @@ def run(ctx) -> dict:
     labels = [f"{c[:2]}/{e}" for c in COUNTIES for e in EDUCATION]
     return run_table_experiment(
         ctx,
+        name="delinquent-children",
         title="Delinquent children: 4 × 4 table with invariant margins",
         incidence=a,
         data=TABLE.reshape(-1),

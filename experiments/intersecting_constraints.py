@@ -46,6 +46,7 @@ def run(ctx) -> dict:
     a = incidence_matrix(SUBSETS, 14)
     return run_table_experiment(
         ctx,
+        name="intersecting-constraints",
         title="Intersecting counting constraints: 14 records, 3 constraints",
         incidence=a,
         data=DATA,

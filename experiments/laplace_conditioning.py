@@ -32,6 +32,7 @@ from scipy import integrate
 from censusdp.estimation.conditioning import ConditioningProblem
 from censusdp.estimation.diagnostics import iterations_for_tv, meeting_times, split_rhat
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import Laplace
 from censusdp.mechanisms.queries import Invariant, Measurement, Query
@@ -206,11 +207,6 @@ CHAINS_N3, COORDS = 4000, 6000
 
 
 def run(ctx: ExperimentContext) -> dict:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     gen = ctx.rng.generator("experiment/laplace-conditioning")
     ns = SWEEP_QUICK if ctx.quick else SWEEP
     sweep = []
@@ -227,7 +223,13 @@ def run(ctx: ExperimentContext) -> dict:
     exact = exact_conditioned_var_n3()
     n3 = dict(sweep[0], exact_conditioned_var_over_lambda2=exact, reference_conditioned=5 / 6)
     worst_tv = max(r["tv_bound"] for r in sweep)
+    _figure(ctx, sweep)
+    ctx.write_report(_report(ctx, sweep, n3, exact, worst_tv))
+    return {"n3": n3, "sweep": sweep, "lambda": LAMBDA, "max_tv_bound": worst_tv}
 
+
+def _figure(ctx: ExperimentContext, sweep: list[dict]) -> None:
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     xs = [r["n"] for r in sweep]
     ax.errorbar(
@@ -253,36 +255,50 @@ def run(ctx: ExperimentContext) -> dict:
     bx.legend(fontsize=8)
     ctx.savefig(fig, "variance_vs_n.png")
 
-    rows = "\n".join(
-        f"| {r['n']} | {r['conditioned_var_over_lambda2']:.4f} ± {r['conditioned_se']:.4f} | "
-        f"{r['projected_var_over_lambda2']:.4f} | {r['projected_formula']:.4f} | "
-        f"{_fmt(r['tv_bound'])} | {r['lag']} | {r['burn_in']} | "
-        f"{r['meeting_time_quantiles'][1]:.0f} | {r['chains']} | {r['rhat']:.3f} |"
+
+def _report(
+    ctx: ExperimentContext, sweep: list[dict], n3: dict, exact: float, worst_tv: float
+) -> Report:
+    rows = [
+        {
+            "n": r["n"],
+            "conditioned": f"{r['conditioned_var_over_lambda2']:.4f} ± {r['conditioned_se']:.4f}",
+            "projected (MC)": r["projected_var_over_lambda2"],
+            "2(1−1/n)": r["projected_formula"],
+            "TV bound": _fmt(r["tv_bound"]),
+            "L": r["lag"],
+            "burn-in T": r["burn_in"],
+            "τ 99%": r["meeting_time_quantiles"][1],
+            "chains": r["chains"],
+            "R̂": r["rhat"],
+        }
         for r in sweep
+    ]
+    fmt = {"projected (MC)": ".4f", "2(1−1/n)": ".4f", "τ 99%": ".0f", "R̂": ".3f"}
+    return (
+        Report("laplace-conditioning", ctx)
+        .text(
+            "iid Laplace(λ) noise held to Σe = 0: conditioning (belief revision, MCMC) vs "
+            "projection Π_N e (belief update). Variances in units of λ².",
+            "The conditioned law is sampled by the project's conditioning engine "
+            "(`ConditioningProblem`: a root over n units measured with Laplace(λ) noise, the "
+            f"root total invariant) with its `{sweep[0]['kernel']}` moves: every step redraws "
+            "the split of each pair of a random perfect matching of the n units exactly from "
+            "the conditional law. Every n is certified: a 1-lag pilot sets the lag L, 200 L-lag "
+            "coupled pairs give the burn-in T, the first iteration whose coupling bound on "
+            "d_TV(π_T, π) is below 0.01, and only states at iterations ≥ T enter the variance "
+            f"(the largest bound over the sweep is {worst_tv:.4f}).",
+            f"**n = 3**: conditioned {n3['conditioned_var_over_lambda2']:.4f} ± "
+            f"{n3['conditioned_se']:.4f} (quadrature {exact:.6f}, reference 5/6 = {5 / 6:.6f}); "
+            f"projected {n3['projected_var_over_lambda2']:.4f} (reference 4/3 = {4 / 3:.6f}); "
+            f"TV bound at the burn-in used {n3['tv_bound']:.4f}.",
+        )
+        .table(rows, formats=fmt)
+        .text(
+            "Columns: the conditioned variance ± its standard error (chains as independent "
+            "units), the projected variance by Monte Carlo and its formula, the coupling bound "
+            "at T, the lag, T and the 99% point of the meeting times (in Gibbs sweeps), the "
+            "chains recording 100 states every 2 sweeps after T, split-R̂ over those chains."
+        )
+        .figures({"variance_vs_n.png": "variance against n; meeting times and burn-in"})
     )
-    ctx.write_report(
-        "# laplace-conditioning\n\n"
-        "iid Laplace(λ) noise held to Σe = 0: conditioning (belief revision, MCMC) vs "
-        "projection Π_N e (belief update). Variances in units of λ².\n\n"
-        "The conditioned law is sampled by the project's conditioning engine "
-        "(`ConditioningProblem`: a root over n units measured with Laplace(λ) noise, the root "
-        f"total invariant) with its `{sweep[0]['kernel']}` moves: every step redraws the "
-        "split of each pair of a random perfect matching of the n units exactly from the "
-        "conditional law. Every n is certified: a 1-lag pilot sets the lag L, 200 L-lag "
-        "coupled pairs give the burn-in T, the first iteration whose coupling bound on "
-        "d_TV(π_T, π) is below 0.01, and only states at iterations ≥ T enter the variance "
-        f"(the largest bound over the sweep is {worst_tv:.4f}).\n\n"
-        f"**n = 3**: conditioned {n3['conditioned_var_over_lambda2']:.4f} ± "
-        f"{n3['conditioned_se']:.4f} (quadrature {exact:.6f}, reference 5/6 = {5 / 6:.6f}); "
-        f"projected {n3['projected_var_over_lambda2']:.4f} (reference 4/3 = {4 / 3:.6f}); TV "
-        f"bound at the burn-in used {n3['tv_bound']:.4f}.\n\n"
-        "| n | conditioned | projected (MC) | 2(1−1/n) | TV bound | L | burn-in T | τ 99% | "
-        "chains | R̂ |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n" + rows + "\n\n"
-        "Columns: the conditioned variance ± its standard error (chains as independent "
-        "units), the projected variance by Monte Carlo and its formula, the coupling bound at "
-        "T, the lag, T and the 99% point of the meeting times (in Gibbs sweeps), the chains "
-        "recording 100 states every 2 sweeps after T, split-R̂ over those chains.\n\n"
-        "![variance](variance_vs_n.png)\n"
-    )
-    return {"n3": n3, "sweep": sweep, "lambda": LAMBDA, "max_tv_bound": worst_tv}

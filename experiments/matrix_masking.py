@@ -23,15 +23,12 @@ import math
 import time
 from typing import Any
 
-import matplotlib
+import numpy as np
+from scipy import stats
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo  # noqa: E402
-from censusdp.mechanisms import masking as mk  # noqa: E402
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.reporting import Report, pyplot
+from censusdp.mechanisms import masking as mk
 
 __all__ = ["PAPER_TABLE1", "table1_rows", "run"]
 
@@ -214,76 +211,67 @@ def _ols_identity(ctx: ExperimentContext) -> dict[str, Any]:
     }
 
 
-def _report(rows, tail_a, tail_b, ols_res, max_diff, ratio_ok) -> str:
-    lines = [
-        "# matrix-masking",
-        "",
-        "Noise σ needed for (ε, δ)-DP: setting A (Y = X + E) by the necessary condition (11)",
-        "and the sufficient condition (12); setting B (Y = M(X + E), M Haar) by the sufficient",
-        "condition (13). Computed values beside the published Table 1 (seed",
-        "`matrix_masking_noise_reduction`; the paper rounds σ to 0.1 and the ratio to integers).",
-        "",
-        f"**Largest |computed − published| over the 108 σ values: {max_diff:.3f}.** "
-        f"Ratio column (integer): {ratio_ok}/36 rows equal.",
-        "",
-        "| ε | δ | p | n | A nec. (11) | paper | A suff. (12) | paper | B suff. (13) | paper "
-        "| ratio | paper |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['eps']:g} | {r['delta']:g} | {r['p']} | {r['n']} | {r['a_necessary']:.2f} "
-            f"| {r['paper_a_necessary']} | {r['a_sufficient']:.2f} | {r['paper_a_sufficient']} "
-            f"| {r['b_sufficient']:.2f} | {r['paper_b_sufficient']} | {r['ratio']:.2f} "
-            f"| {r['paper_ratio']} |"
+def _report(ctx: ExperimentContext, rows, tail_a, tail_b, ols_res, max_diff, ratio_ok) -> Report:
+    table1 = [
+        [r["eps"], r["delta"], r["p"], r["n"], r["a_necessary"], r["paper_a_necessary"],
+         r["a_sufficient"], r["paper_a_sufficient"], r["b_sufficient"], r["paper_b_sufficient"],
+         r["ratio"], r["paper_ratio"]]
+        for r in rows
+    ]  # fmt: skip
+    cols_1 = ["ε", "δ", "p", "n", "A nec. (11)", "paper", "A suff. (12)", "paper",
+              "B suff. (13)", "paper", "ratio", "paper"]  # fmt: skip
+    # the published values as printed in the paper ("" formats them as str() does)
+    table1_fmt = {"ε": "g", "δ": "g", "A nec. (11)": ".2f", "paper": "", "A suff. (12)": ".2f",
+                  "B suff. (13)": ".2f", "ratio": ".2f"}  # fmt: skip
+    cols_a = ["ε", "δ", "p", "rule", "σ", "P[L > ε] (Monte Carlo)", "exact", "≤ δ"]
+    keys_a = ["eps", "delta", "p", "rule", "sigma", "tail_mc", "tail_exact", "tail_le_delta"]
+    cols_b = ["ε", "δ", "n", "σ (13)", "worst P[L > ε]", "≤ δ", "at σ/4 (power)",
+              "setting A at σ (13)"]  # fmt: skip
+    fmt_b = {"ε": "g", "δ": "g", "σ (13)": ".3f", "worst P[L > ε]": ".5f",
+             "at σ/4 (power)": ".4f", "setting A at σ (13)": ".4f"}  # fmt: skip
+    keys_b = ["eps", "delta", "n", "sigma_b", "tail_mc_worst", "tail_le_delta",
+              "tail_mc_worst_quarter_sigma", "tail_setting_a_at_same_sigma"]  # fmt: skip
+    return (
+        Report("matrix-masking", ctx)
+        .text(
+            "Noise σ needed for (ε, δ)-DP: setting A (Y = X + E) by the necessary condition (11)\n"
+            "and the sufficient condition (12); setting B (Y = M(X + E), M Haar) by the "
+            "sufficient\ncondition (13). Computed values beside the published Table 1 (seed\n"
+            "`matrix_masking_noise_reduction`; the paper rounds σ to 0.1 and the ratio to "
+            "integers).",
+            f"**Largest |computed − published| over the 108 σ values: {max_diff:.3f}.** "
+            f"Ratio column (integer): {ratio_ok}/36 rows equal.",
         )
-    lines += [
-        "",
-        "## Privacy-loss tail, setting A (worst pair ‖x₁ − x₁'‖₂ = 1)",
-        "",
-        "Lemma 2.4: P[L > ε] ≤ δ suffices for (ε, δ)-DP. L = (2⟨e, d⟩ + ‖d‖²)/(2σ²).",
-        "",
-        "| ε | δ | p | rule | σ | P[L > ε] (Monte Carlo) | exact | ≤ δ |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for t in tail_a:
-        lines.append(
-            f"| {t['eps']:g} | {t['delta']:g} | {t['p']} | {t['rule']} | {t['sigma']:.3f} "
-            f"| {t['tail_mc']:.5f} | {t['tail_exact']:.5f} | {t['tail_le_delta']} |"
+        .table(table1, cols_1, table1_fmt)
+        .section("Privacy-loss tail, setting A (worst pair ‖x₁ − x₁'‖₂ = 1)")
+        .text("Lemma 2.4: P[L > ε] ≤ δ suffices for (ε, δ)-DP. L = (2⟨e, d⟩ + ‖d‖²)/(2σ²).")
+        .table(
+            [[t[k] for k in keys_a] for t in tail_a],
+            cols_a,
+            {"ε": "g", "δ": "g", "σ": ".3f", "P[L > ε] (Monte Carlo)": ".5f", "exact": ".5f"},
         )
-    lines += [
-        "",
-        "## Privacy-loss tail, setting B with p = 1 (exact likelihood ratio)",
-        "",
-        "With p = 1, Y = M(x + e) is rotation invariant, so its density ratio is that of",
-        "‖Y‖²/σ², a noncentral χ² with n degrees of freedom and noncentrality ‖x‖²/σ².",
-        "Worst pair x₁ = 1 vs x₁' = 0, other rows with ‖x₋₁‖² ∈ {0, (n−1)/2, n−1}, both",
-        "directions. The σ/4 column shows that the check can fail; the last column is setting",
-        "A's tail at setting B's (much smaller) σ: without the mask that σ would not be private.",
-        "",
-        "| ε | δ | n | σ (13) | worst P[L > ε] | ≤ δ | at σ/4 (power) | setting A at σ (13) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for t in tail_b:
-        lines.append(
-            f"| {t['eps']:g} | {t['delta']:g} | {t['n']} | {t['sigma_b']:.3f} "
-            f"| {t['tail_mc_worst']:.5f} | {t['tail_le_delta']} "
-            f"| {t['tail_mc_worst_quarter_sigma']:.4f} "
-            f"| {t['tail_setting_a_at_same_sigma']:.4f} |"
+        .section("Privacy-loss tail, setting B with p = 1 (exact likelihood ratio)")
+        .text(
+            "With p = 1, Y = M(x + e) is rotation invariant, so its density ratio is that of\n"
+            "‖Y‖²/σ², a noncentral χ² with n degrees of freedom and noncentrality ‖x‖²/σ².\n"
+            "Worst pair x₁ = 1 vs x₁' = 0, other rows with ‖x₋₁‖² ∈ {0, (n−1)/2, n−1}, both\n"
+            "directions. The σ/4 column shows that the check can fail; the last column is "
+            "setting\nA's tail at setting B's (much smaller) σ: without the mask that σ would "
+            "not be private."
         )
-    lines += [
-        "",
-        "## OLS identity",
-        "",
-        f"n = {ols_res['n']}, p = {ols_res['p']}, σ = {ols_res['sigma']:.3f}: "
-        f"max |OLS(M(X+E)) − OLS(X+E)| = {ols_res['max_abs_diff_full_mask']:.2e} (full Haar "
-        f"mask), {ols_res['max_abs_diff_block_mask']:.2e} (blocks of 200).",
-        "",
-    ]
-    return "\n".join(lines)
+        .table([[t[k] for k in keys_b] for t in tail_b], cols_b, fmt_b)
+        .section("OLS identity")
+        .text(
+            f"n = {ols_res['n']}, p = {ols_res['p']}, σ = {ols_res['sigma']:.3f}: "
+            f"max |OLS(M(X+E)) − OLS(X+E)| = {ols_res['max_abs_diff_full_mask']:.2e} (full Haar "
+            f"mask), {ols_res['max_abs_diff_block_mask']:.2e} (blocks of 200)."
+        )
+        .figures({"table1.png": "Table 1 computed against published; noise reduction by masking"})
+    )
 
 
 def _figure(ctx: ExperimentContext, rows: list[dict[str, Any]]) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for key, label, mark in [
         ("a_necessary", "A necessary (11)", "o"),
@@ -325,7 +313,7 @@ def run(ctx: ExperimentContext) -> dict[str, Any]:
 
     ols_res = _ols_identity(ctx)
     _figure(ctx, rows)
-    ctx.write_report(_report(rows, tail_a, tail_b, ols_res, max_diff, ratio_ok))
+    ctx.write_report(_report(ctx, rows, tail_a, tail_b, ols_res, max_diff, ratio_ok))
     return {
         "rows": rows,
         "n_rows": len(rows),

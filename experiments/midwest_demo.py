@@ -33,7 +33,8 @@ import pandas as pd
 
 from censusdp.command_line import add_overwrite, seed_arg, warn_seed
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, run_experiment
-from censusdp.pipelines.report import markdown_table, plot_slopes, slope_table
+from censusdp.experiments.reporting import Report, pyplot
+from censusdp.pipelines.report import plot_slopes, slope_table
 from censusdp.pipelines.runner import run_spec, with_budget
 from censusdp.pipelines.specs import load_spec
 
@@ -80,13 +81,21 @@ def _summary(regressions: pd.DataFrame, metrics: pd.DataFrame) -> dict:
     return out
 
 
+#: The columns of each budget's summary table in the report.
+_SUMMARY_COLUMNS = [
+    "estimator",
+    "repetitions",
+    "county_total_mae",
+    "county_mean_error",
+    "mean_slope",
+    "mean_negative_per_run",
+    "mean_significant_negative_001_per_run",
+    "groups_with_negative_mean_slope_interval",
+]
+
+
 def run(ctx: ExperimentContext) -> dict:
     """Run the demo spec at every budget; combine the reports."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     spec = load_spec(SPEC)
     reps = 4 if ctx.quick else spec.run.repetitions
     cond_reps = min(reps, CONDITIONING_REPETITIONS, 1 if ctx.quick else reps)
@@ -98,37 +107,6 @@ def run(ctx: ExperimentContext) -> dict:
         "budgets": {},
     }
     tables = []
-    lines = [
-        "# Midwest demo: an unbiased estimator beside a TopDown-style baseline",
-        "",
-        "Plotnine's `midwest` table (437 counties of Illinois, Indiana, Michigan, Ohio and Wisconsin, "
-        "population by race: white, black, American Indian, Asian, other) is treated as confidential. "
-        "Every level's histogram is measured with exact discrete Gaussian noise (zCDP; integer "
-        "sampling, so no floating-point attack applies), the five state totals are released "
-        "exactly (invariants), and the estimators below turn the same noisy measurements into "
-        "consistent, integer county tables:",
-        "",
-        "- **gls** — the projection estimator (generalised least squares over the hierarchy): unbiased, "
-        "with an exact standard error for every number, then unbiased integer rounding;",
-        "- **topdown** — the U.S. Census Bureau's TopDown-style optimisation with non-negativity and "
-        "the parent totals as constraints;",
-        (
-            "- **conditioning** — a draw from the noise law conditioned on consistency and the "
-            "invariants, also unbiased; for discrete Gaussian noise a certified Gibbs MCMC run "
-            "(released once its L-lag coupling bound on the total-variation distance is below "
-            f"0.01), much slower than the others, so on the first {cond_reps} of the {reps} "
-            "repetitions only (same measurements)."
-            if slow
-            else "- conditioning (the noise law conditioned on the constraints) is left out of the "
-            "main job: for discrete Gaussian noise it is a certified Gibbs MCMC run taking minutes "
-            "per release (see `censusdp.experiments.midwest_demo`)."
-        ),
-        "",
-        "The question is the one of the subspace-DP paper (Gao, Gong & Yu 2022, Fig. 1): within each "
-        "state, regress the county-total error on log(true county population). A negative slope means "
-        "small counties come out too large and large ones too small.",
-        "",
-    ]
     for rho in BUDGETS:
         runs = []
         for suffix, estimators, n in (("", fast, reps), ("_conditioning", slow, cond_reps)):
@@ -155,33 +133,14 @@ def run(ctx: ExperimentContext) -> dict:
         t = slope_table(regressions)
         t["budget"] = f"ρ = {rho:g}"
         tables.append(t)
-        rows = pd.DataFrame(
-            [
-                {"estimator": e, **{k: v for k, v in d.items() if k != "groups"}}
-                for e, d in summ.items()
-            ]
-        )
-        lines += [
-            f"## ρ = {rho:g} ({reps} repetitions; details in `rho_{rho:g}/evaluation/report.md`"
-            + (f" and `rho_{rho:g}_conditioning/evaluation/report.md`)" if slow else ")"),
-            "",
-            markdown_table(
-                rows[
-                    [
-                        "estimator",
-                        "repetitions",
-                        "county_total_mae",
-                        "county_mean_error",
-                        "mean_slope",
-                        "mean_negative_per_run",
-                        "mean_significant_negative_001_per_run",
-                        "groups_with_negative_mean_slope_interval",
-                    ]
-                ]
-            ),
-            "",
-        ]
     table = pd.concat(tables, ignore_index=True)
+    _figure(ctx, table)
+    ctx.write_report(_report(ctx, metrics, table, reps, cond_reps, bool(slow)))
+    return metrics
+
+
+def _figure(ctx: ExperimentContext, table: pd.DataFrame) -> None:
+    plt = pyplot()
     states = sorted(table["group"].unique())
     ests = list(dict.fromkeys(table["estimator"]))
     fig, axes = plt.subplots(1, len(BUDGETS), figsize=(5 * len(BUDGETS), 4), sharey=False)
@@ -196,31 +155,88 @@ def run(ctx: ExperimentContext) -> dict:
     np.atleast_1d(axes)[0].legend()
     fig.suptitle("Per-state bias slope (mean over repetitions, 95% interval)")
     ctx.savefig(fig, "bias_slopes.png")
-    lines += [
-        "## Per-state slopes",
-        "",
-        "![per-state bias slopes](bias_slopes.png)",
-        "",
-        markdown_table(table[["budget", "estimator", "group", "n_units", "slope", "low", "high"]]),
-        "",
-        "An interval entirely below zero is a state where the estimator is biased against large "
-        "counties and in favour of small ones. The unbiased estimators' intervals cover zero except "
-        "by chance; their price is that single county cells can be negative before rounding and have "
-        "wider spread than TopDown-style's in the smallest cells, while TopDown-style trades that "
-        "spread for systematic error.",
-        "",
-        "## Privacy",
-        "",
-        "With the state totals released exactly, the guarantee is induced subspace differential "
-        "privacy (Gao, Gong & Yu 2022, Def. 6): differential privacy among databases that share the "
-        "invariants, never plain ε-DP. The run reports state the budget of each estimator (all are "
-        "post-processing of the same measurements). The noise is drawn by exact integer samplers "
-        "(discrete Gaussian), not in floating point, so the floating-point attacks on textbook "
-        "samplers (Mironov 2012) do not apply. Seeded runs are for reproduction only.",
-        "",
-    ]
-    ctx.write_report("\n".join(lines))
-    return metrics
+
+
+def _report(
+    ctx: ExperimentContext,
+    metrics: dict,
+    table: pd.DataFrame,
+    reps: int,
+    cond_reps: int,
+    slow: bool,
+) -> Report:
+    rep = (
+        Report(
+            "midwest-demo",
+            ctx,
+            title="Midwest demo: an unbiased estimator beside a TopDown-style baseline",
+        )
+        .text(
+            "Plotnine's `midwest` table (437 counties of Illinois, Indiana, Michigan, Ohio and "
+            "Wisconsin, population by race: white, black, American Indian, Asian, other) is "
+            "treated as confidential. Every level's histogram is measured with exact discrete "
+            "Gaussian noise (zCDP; integer sampling, so no floating-point attack applies), the "
+            "five state totals are released exactly (invariants), and the estimators below turn "
+            "the same noisy measurements into consistent, integer county tables:"
+        )
+        .bullets(
+            [
+                "**gls** — the projection estimator (generalised least squares over the "
+                "hierarchy): unbiased, with an exact standard error for every number, then "
+                "unbiased integer rounding;",
+                "**topdown** — the U.S. Census Bureau's TopDown-style optimisation with "
+                "non-negativity and the parent totals as constraints;",
+                (
+                    "**conditioning** — a draw from the noise law conditioned on consistency and "
+                    "the invariants, also unbiased; for discrete Gaussian noise a certified Gibbs "
+                    "MCMC run (released once its L-lag coupling bound on the total-variation "
+                    f"distance is below 0.01), much slower than the others, so on the first "
+                    f"{cond_reps} of the {reps} repetitions only (same measurements)."
+                    if slow
+                    else "conditioning (the noise law conditioned on the constraints) is left "
+                    "out of the main job: for discrete Gaussian noise it is a certified Gibbs "
+                    "MCMC run taking minutes per release (see "
+                    "`censusdp.experiments.midwest_demo`)."
+                ),
+            ]
+        )
+        .text(
+            "The question is the one of the subspace-DP paper (Gao, Gong & Yu 2022, Fig. 1): "
+            "within each state, regress the county-total error on log(true county population). "
+            "A negative slope means small counties come out too large and large ones too small."
+        )
+    )
+    for rho in BUDGETS:
+        summ = metrics["budgets"][f"rho_{rho:g}"]
+        rows = [
+            {"estimator": e, **{k: v for k, v in d.items() if k != "groups"}}
+            for e, d in summ.items()
+        ]
+        rep.section(
+            f"ρ = {rho:g} ({reps} repetitions; details in `rho_{rho:g}/evaluation/report.md`"
+            + (f" and `rho_{rho:g}_conditioning/evaluation/report.md`)" if slow else ")")
+        ).table(rows, _SUMMARY_COLUMNS)
+    return (
+        rep.section("Per-state slopes")
+        .figures({"bias_slopes.png": "per-state bias slopes"})
+        .table(table, ["budget", "estimator", "group", "n_units", "slope", "low", "high"])
+        .text(
+            "An interval entirely below zero is a state where the estimator is biased against "
+            "large counties and in favour of small ones. The unbiased estimators' intervals "
+            "cover zero except by chance; their price is that single county cells can be "
+            "negative before rounding and have wider spread than TopDown-style's in the "
+            "smallest cells, while TopDown-style trades that spread for systematic error."
+        )
+        .privacy(
+            "with the state totals released exactly, the guarantee is induced subspace "
+            "differential privacy (Gao, Gong & Yu 2022, Def. 6): differential privacy among "
+            "databases that share the invariants, never plain ε-DP. The run reports state the "
+            "budget of each estimator (all are post-processing of the same measurements). The "
+            "noise is drawn by exact integer samplers (discrete Gaussian), not in floating "
+            "point, so the floating-point attacks on textbook samplers (Mironov 2012) do not "
+            "apply. Seeded runs are for reproduction only."
+        )
+    )
 
 
 def print_summary(metrics: dict) -> None:

@@ -174,15 +174,24 @@ def experiment_info(name: str) -> ExperimentInfo:
 
 def readme_table() -> str:
     """The README's table of experiments, made from every experiment's ``INFO``."""
-    lines = ["| experiment | what it reproduces | data | full run |", "|---|---|---|---|"]
+    import pandas as pd
+
+    from censusdp.pipelines.report import markdown_table
+
+    rows = []
     for name in available():
         info = experiment_info(name)
         label = "`censusdp demo` / `midwest-demo`" if name == "midwest-demo" else f"`{name}`"
-        what = info.reproduces + (f" ({info.paper})" if info.paper else "")
-        data = ", ".join(f"`{d}`" for d in info.data) or "embedded or synthetic"
-        run = info.full_run + (f" (`--all`: {info.all_units})" if info.all_units else "")
-        lines.append(f"| {label} | {what} | {data} | {run} |")
-    return "\n".join(lines)
+        rows.append(
+            {
+                "experiment": label,
+                "what it reproduces": info.reproduces + (f" ({info.paper})" if info.paper else ""),
+                "data": ", ".join(f"`{d}`" for d in info.data) or "embedded or synthetic",
+                "full run": info.full_run
+                + (f" (`--all`: {info.all_units})" if info.all_units else ""),
+            }
+        )
+    return markdown_table(pd.DataFrame(rows))
 
 
 def _listing() -> str:

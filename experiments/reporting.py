@@ -4,12 +4,14 @@ then sections, paragraphs, tables, figures and the privacy statement, in order.
 Every experiment's report used to start with its own copy of the title, the reference and
 the figure list, and to draw its tables row by row with hand-written ``|`` separators;
 :class:`Report` holds those once (tables through
-:func:`~censusdp.pipelines.report.markdown_table`).
+:func:`~censusdp.pipelines.report.markdown_table`). Their figures all began with the same
+three lines choosing matplotlib's file backend; :func:`pyplot` is that once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import pandas as pd
@@ -18,7 +20,7 @@ from censusdp.budget import PrivacyStatement
 from censusdp.experiments.registry import ExperimentContext, experiment_info
 from censusdp.pipelines.report import markdown_table
 
-__all__ = ["Report"]
+__all__ = ["Report", "pyplot"]
 
 
 class Report:
@@ -107,3 +109,17 @@ class Report:
 
     def __str__(self) -> str:
         return "\n".join(self.lines)
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` drawing to files (the Agg backend, no display needed).
+
+    Imported on first use, so listing or importing an experiment does not load matplotlib;
+    save with :meth:`~censusdp.experiments.registry.ExperimentContext.savefig`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

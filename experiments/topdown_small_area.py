@@ -29,7 +29,7 @@ from censusdp.budget import PrivacyStatement
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.topdown import topdown
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
-from censusdp.experiments.reporting import Report
+from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Query, invariant, measure
 from censusdp.mechanisms.discrete import DiscreteGaussian
@@ -133,11 +133,7 @@ def run(ctx: ExperimentContext) -> dict:
 
 
 def _figure(ctx: ExperimentContext, logsize: np.ndarray, errors: dict, metrics: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     x = logsize / np.log(10)
     grid = np.linspace(x.min(), x.max(), 50)

@@ -35,6 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.reporting import Report, pyplot
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.projection import (
     project_row_column_totals,
@@ -193,7 +194,7 @@ def run(ctx: ExperimentContext) -> dict:
         "paper_error_sd_q05_q95": [0.86, 0.91],
     }
     _figures(ctx, truth, releases[0], cell_var, exact_var)
-    ctx.write_report(_report(metrics))
+    ctx.write_report(_report(ctx, metrics))
     return metrics
 
 
@@ -204,11 +205,7 @@ def _figures(
     cell_var: np.ndarray,
     exact_var: float,
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     # the paper's Fig. 3: hourly counts per group and building, truth vs one release
     picks = [(0, 0), (0, 5), (5, 2), (5, 9), (10, 4), (13, 11), (16, 7), (18, 3)]
     fig, axes = plt.subplots(2, 4, figsize=(15, 6), sharex=True)
@@ -240,53 +237,57 @@ def _figures(
     ctx.savefig(fig, "cell_variance_hist.png")
 
 
-def _report(m: dict) -> str:
-    return "\n".join(
-        [
-            "# wifi-spatiotemporal",
-            "",
+def _report(ctx: ExperimentContext, m: dict) -> Report:
+    return (
+        Report("wifi-spatiotemporal", ctx)
+        .text(
             f"A table of person-hour counts for {m['groups']} groups × {m['hours']} hours × "
             f"{m['buildings']} buildings ({m['cells']:,} cells; synthetic — the paper's campus "
             f"WiFi data is not public — {m['truth_total_person_hours']:,} person-hours in "
             "total). Held exact: for every building, the person-hours of each hour over all "
-            "groups and of each group over the whole day.",
-            "",
-            f"* Rank of the invariants, computed from the {m['buildings'] * 38} × "
-            f"{m['cells']} invariant matrix: **{m['rank']}** (formula (24 + 14 − 1) × 20 = "
-            f"{m['rank_formula']}).",
-            f"* Mechanism: projected Gaussian, σ = {m['sigma']:g}, {m['runs']} independent "
-            "releases (noise projected by double centering of each building's table).",
-            f"* Per-cell error variance, exact: (1 − 1/14)(1 − 1/24) = "
-            f"**{m['mean_cell_variance']:.4f}**; empirical mean over cells: "
-            f"**{m['mean_cell_variance_empirical']:.4f}** (standard error "
-            f"{m['mean_cell_variance_se']:.4f}); 5% and 95% quantiles over cells "
-            f"{m['cell_variance_q05']:.3f} and {m['cell_variance_q95']:.3f} (the spread is the "
-            f"sampling noise of a variance estimated from {m['runs']} runs).",
-            f"* Standard deviation of the elementwise errors within one release: median over "
-            f"runs {m['run_error_sd_median']:.3f} (5%–95%: {m['run_error_sd_q05']:.3f}–"
-            f"{m['run_error_sd_q95']:.3f}); exact √{m['mean_cell_variance']:.4f} = "
-            f"{m['mean_cell_variance'] ** 0.5:.3f}. The paper reports, for its real data, "
-            f"{m['paper_median_error_sd']} ({m['paper_error_sd_q05_q95'][0]}, "
-            f"{m['paper_error_sd_q05_q95'][1]}) (paper's numbers, labelled \"standard "
-            'deviation"; they match the variance 0.890 more closely than its square root).',
-            f"* Mean error over all cells and runs: {m['mean_error']:+.4f} (standard error "
-            f"{m['mean_error_se']:.4f}): unbiased.",
-            f"* Invariants exact: **{m['invariants_exact']}** — largest relative deviation of "
-            f"any released building-hour or building-group total from the truth "
-            f"{m['invariants_max_relative_deviation']:.2e} (exact up to floating-point "
-            "rounding; the test is relative deviation ≤ 1e-9).",
-            "",
-            "Figures: `wifi_timeseries.png` (the paper's Fig. 3: true and released hourly "
-            "counts for eight building-groups), `cell_variance_hist.png` (per-cell error "
-            "variance over the runs, with the exact value).",
-            "",
-            "Privacy: unit-scale Gaussian noise; for a change of one person-hour (ℓ₂ "
-            "sensitivity 1) this is ρ = 1/2 zero-concentrated DP, induced subspace DP with the "
-            "invariants above (Gao, Gong & Yu 2022, Def. 6, Cor. 14); protecting a person's "
-            "whole day multiplies the sensitivity by up to √24.",
-            "",
-            'Reference: Gao, Gong & Yu, "Subspace Differential Privacy", AAAI 2022, §5.2 and '
-            "Figure 3.",
-            "",
-        ]
+            "groups and of each group over the whole day."
+        )
+        .bullets(
+            [
+                f"Rank of the invariants, computed from the {m['buildings'] * 38} × "
+                f"{m['cells']} invariant matrix: **{m['rank']}** (formula (24 + 14 − 1) × 20 = "
+                f"{m['rank_formula']}).",
+                f"Mechanism: projected Gaussian, σ = {m['sigma']:g}, {m['runs']} independent "
+                "releases (noise projected by double centering of each building's table).",
+                f"Per-cell error variance, exact: (1 − 1/14)(1 − 1/24) = "
+                f"**{m['mean_cell_variance']:.4f}**; empirical mean over cells: "
+                f"**{m['mean_cell_variance_empirical']:.4f}** (standard error "
+                f"{m['mean_cell_variance_se']:.4f}); 5% and 95% quantiles over cells "
+                f"{m['cell_variance_q05']:.3f} and {m['cell_variance_q95']:.3f} (the spread is "
+                f"the sampling noise of a variance estimated from {m['runs']} runs).",
+                f"Standard deviation of the elementwise errors within one release: median over "
+                f"runs {m['run_error_sd_median']:.3f} (5%–95%: {m['run_error_sd_q05']:.3f}–"
+                f"{m['run_error_sd_q95']:.3f}); exact √{m['mean_cell_variance']:.4f} = "
+                f"{m['mean_cell_variance'] ** 0.5:.3f}. The paper reports, for its real data, "
+                f"{m['paper_median_error_sd']} ({m['paper_error_sd_q05_q95'][0]}, "
+                f"{m['paper_error_sd_q05_q95'][1]}) (paper's numbers, labelled \"standard "
+                'deviation"; they match the variance 0.890 more closely than its square root).',
+                f"Mean error over all cells and runs: {m['mean_error']:+.4f} (standard error "
+                f"{m['mean_error_se']:.4f}): unbiased.",
+                f"Invariants exact: **{m['invariants_exact']}** — largest relative deviation of "
+                f"any released building-hour or building-group total from the truth "
+                f"{m['invariants_max_relative_deviation']:.2e} (exact up to floating-point "
+                "rounding; the test is relative deviation ≤ 1e-9).",
+            ]
+        )
+        .figures(
+            {
+                "wifi_timeseries.png": "the paper's Fig. 3: true and released hourly counts "
+                "for eight building-groups",
+                "cell_variance_hist.png": "per-cell error variance over the runs, with the "
+                "exact value",
+            }
+        )
+        .privacy(
+            "unit-scale Gaussian noise; for a change of one person-hour (ℓ₂ sensitivity 1) "
+            "this is ρ = 1/2 zero-concentrated DP, induced subspace DP with the invariants "
+            "above (Gao, Gong & Yu 2022, Def. 6, Cor. 14); protecting a person's whole day "
+            "multiplies the sensitivity by up to √24."
+        )
+        .reference('Gao, Gong & Yu, "Subspace Differential Privacy", AAAI 2022, §5.2 and Figure 3.')
     )

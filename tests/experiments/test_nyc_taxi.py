@@ -16,12 +16,13 @@ from censusdp.experiments.nyc_taxi import (
     MCMC_ESTIMATORS,
     PAPER_TABLE2,
     TV_TARGET,
-    _table_md,
+    _error_table,
     load_taxi,
     restrict,
     synthetic_month,
 )
 from censusdp.experiments.registry import run_experiment
+from censusdp.pipelines.report import markdown_table
 
 LOOKUP = "taxi_zone_lookup.csv"
 SAMPLE = "taxi_pickups_2019-02_sample_by_zone.csv"
@@ -153,6 +154,8 @@ def test_table_without_conditioning_has_no_tv_columns():
         for k in (1, 2, 3)
         for n in ("topdown", "gls")
     ]
-    lines = _table_md(rows, {}, with_paper=False)
+    table = _error_table(rows, {}, with_paper=False)
+    assert len(table) == 9 and all(len(row) == 4 for row in table)
+    lines = markdown_table(pd.DataFrame(table)).splitlines()
     assert "TV bound" not in lines[0] and "TopDown-style [3]" in lines[0]
     assert len(lines) == 2 + 9 and all(line.count("|") == 5 for line in lines)
