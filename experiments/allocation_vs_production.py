@@ -36,6 +36,7 @@ from censusdp.estimation.allocate import Objective, Target, optimise_allocation
 from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.structured_gls import structured_gls
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy.synthetic import synthetic_state
 from censusdp.mechanisms.product_measure import ProductInvariant, measure_products
 from censusdp.mechanisms.product_query import ProductQuery
@@ -114,8 +115,10 @@ def _compare(res, sims: dict, releases: int, strategy: tuple[str, ...]) -> dict:
     rp, ro = emp["production"], emp["optimised"]
     ratio = ro["objective"] / rp["objective"]
     # the ratio's interval: delta method over independent releases
-    ratio_ci = 1.96 * ratio * np.hypot(
-        ro["ci95"] / 1.96 / ro["objective"], rp["ci95"] / 1.96 / rp["objective"]
+    ratio_ci = (
+        1.96
+        * ratio
+        * np.hypot(ro["ci95"] / 1.96 / ro["objective"], rp["ci95"] / 1.96 / rp["objective"])
     )
     targets = []
     for j, t in enumerate(obj.targets):
@@ -194,7 +197,9 @@ def run(ctx: ExperimentContext) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     every = objective()  # all targets: simulate once, weight per objective afterwards
     labels = [t.label for t in every.targets]
-    sim = {"production": _simulate(h, schema, schema.allocation, every, ctx.rng.child("p"), releases)}
+    sim = {
+        "production": _simulate(h, schema, schema.allocation, every, ctx.rng.child("p"), releases)
+    }
     for name, res in results.items():
         sim[name] = _simulate(h, schema, res.allocation, every, ctx.rng.child(name), releases)
     ctx.timings["simulate_seconds"] = time.perf_counter() - t0
@@ -214,16 +219,12 @@ def run(ctx: ExperimentContext) -> dict:
         metrics[name] = _compare(res, sims, releases, schema.strategy)
     metrics["goal_met"] = all(metrics[n]["goal_met"] for n in results)
     _figure(ctx, metrics)
-    ctx.write_report(_report(metrics))
+    ctx.write_report(_report(ctx, metrics))
     return metrics
 
 
 def _figure(ctx: ExperimentContext, metrics: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     for ax, name in zip(axes[:2], ("relative", "balanced"), strict=True):
         m = metrics[name]
@@ -265,87 +266,83 @@ def _figure(ctx: ExperimentContext, metrics: dict) -> None:
     ctx.savefig(fig, "allocation_vs_production.png")
 
 
-def _section(name: str, m: dict, what: str) -> list[str]:
+def _section(report: Report, name: str, m: dict, what: str) -> None:
     rows = [
-        "| target | weight | size | production (pred.) | optimised (pred.) | change | "
-        "production (sim.) | optimised (sim.) | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        {
+            "target": t["target"],
+            "weight": t["weight"],
+            "size": t["size"],
+            "production (pred.)": t["predicted_production"],
+            "optimised (pred.)": t["predicted_optimised"],
+            "change": "—" if t["change"] is None else f"{100 * t['change']:+.1f}%",
+            "production (sim.)": f"{t['simulated_production']:.4g} ± "
+            f"{1.96 * t['simulated_production_se']:.2g}",
+            "optimised (sim.)": f"{t['simulated_optimised']:.4g} ± "
+            f"{1.96 * t['simulated_optimised_se']:.2g}",
+            "verdict": t["verdict"],
+        }
+        for t in m["targets"]
     ]
-    for t in m["targets"]:
-        change = "—" if t["change"] is None else f"{100 * t['change']:+.1f}%"
-        rows.append(
-            f"| {t['target']} | {t['weight']:.4g} | {t['size']:.4g} | "
-            f"{t['predicted_production']:.4g} | {t['predicted_optimised']:.4g} | {change} | "
-            f"{t['simulated_production']:.4g} ± {1.96 * t['simulated_production_se']:.2g} | "
-            f"{t['simulated_optimised']:.4g} ± {1.96 * t['simulated_optimised_se']:.2g} | "
-            f"{t['verdict']} |"
-        )
     goal = "met" if m["goal_met"] else "NOT met"
-    return [
-        f"## Objective `{name}`: {what}",
-        "",
-        f"- predicted: production {m['predicted_production']:.5g} → optimised "
-        f"{m['predicted_optimised']:.5g} ({-100 * m['predicted_improvement']:+.1f}%)",
-        f"- simulated (95% CI over releases): production {m['simulated_production']:.5g} ± "
-        f"{m['simulated_production_ci95']:.2g} → optimised {m['simulated_optimised']:.5g} ± "
-        f"{m['simulated_optimised_ci95']:.2g} ({-100 * m['simulated_improvement']:+.1f}% ± "
-        f"{100 * m['simulated_improvement_ci95']:.1f}%)",
-        f"- goal (≥ {100 * GOAL:.0f}% below production, predicted and simulated): {goal}",
-        f"- solver: {m['iterations']} iterations, {m['predictions']} predictions, "
-        f"{m['optimise_seconds']:.0f} s; "
-        + (
-            f"certified relative duality gap {m['duality_gap']:.2g}"
-            if m["certified"]
-            else f"NOT certified: gap {m['duality_gap']:.2g}"
-        )
-        + f", lower bound on the optimum {m['lower_bound']:.5g} (continuous Gaussian model)",
-        "- largest (level, query) shares of ρ: "
-        + "; ".join(f"{lvl} {q} {s:.3f}" for s, lvl, q in m["largest_shares"]),
-        "",
-        *rows,
-        "",
-    ]
-
-
-def _report(metrics: dict) -> str:
-    m = metrics
-    shares = ["| level | production | relative | balanced |", "|---|---|---|---|"]
-    for lvl in m["levels_production"]:
-        shares.append(
-            f"| {lvl} | {m['levels_production'][lvl]:.4f} | "
-            f"{m['relative']['levels_optimised'][lvl]:.4f} | "
-            f"{m['balanced']['levels_optimised'][lvl]:.4f} |"
-        )
-    return "\n".join(
+    certificate = (
+        f"certified relative duality gap {m['duality_gap']:.2g}"
+        if m["certified"]
+        else f"NOT certified: gap {m['duality_gap']:.2g}"
+    )
+    report.section(f"Objective `{name}`: {what}").bullets(
         [
-            "# allocation-vs-production",
-            "",
-            f"pl94 schema; synthetic state of {m['blocks']} blocks ({m['nodes']}); nation and "
-            f"state totals invariant; ρ = {m['rho']} (zCDP) for every allocation; "
-            f"{m['releases']} simulated releases per allocation (structured GLS on discrete "
-            "Gaussian noise over zero counts). Targets (the Bureau's stated priorities): total "
-            "population of counties and tracts, Hispanic × race at tract and block group, "
-            "voting-age population at block group; relative variance = mean over nodes and rows "
-            "of Var / size², sizes declared: county 100,000, tract 4,000, block group 1,500 "
-            "persons; a Hispanic × race row 1/126 of them, voting age 78%. Every measured query "
-            f"keeps ≥ {m['floor']:g} × its production share (so every table stays identified).",
-            "",
-            "The solver's certificate is for the continuous Gaussian model (σ² = Δ²/2ρ); the "
-            "predicted values below are exact for the discrete Gaussian plans, whose variance is "
-            "below σ² when σ < 1, so an optimised value can sit below the model's bound.",
-            "",
-            *_section("relative", m["relative"], "sum of relative variances, weights 1"),
-            *_section(
-                "balanced",
-                m["balanced"],
-                "each target weighted by 1 / its production relative variance (the mean ratio "
-                "to production; targets held exactly left out)",
-            ),
-            "## Level shares of ρ",
-            "",
-            *shares,
-            "",
-            "![allocation vs production](allocation_vs_production.png)",
-            "",
+            f"predicted: production {m['predicted_production']:.5g} → optimised "
+            f"{m['predicted_optimised']:.5g} ({-100 * m['predicted_improvement']:+.1f}%)",
+            f"simulated (95% CI over releases): production {m['simulated_production']:.5g} ± "
+            f"{m['simulated_production_ci95']:.2g} → optimised {m['simulated_optimised']:.5g} ± "
+            f"{m['simulated_optimised_ci95']:.2g} ({-100 * m['simulated_improvement']:+.1f}% ± "
+            f"{100 * m['simulated_improvement_ci95']:.1f}%)",
+            f"goal (≥ {100 * GOAL:.0f}% below production, predicted and simulated): {goal}",
+            f"solver: {m['iterations']} iterations, {m['predictions']} predictions, "
+            f"{m['optimise_seconds']:.0f} s; {certificate}, lower bound on the optimum "
+            f"{m['lower_bound']:.5g} (continuous Gaussian model)",
+            "largest (level, query) shares of ρ: "
+            + "; ".join(f"{lvl} {q} {s:.3f}" for s, lvl, q in m["largest_shares"]),
         ]
+    ).table(rows, formats={c: ".4g" for c in ("weight", "size", "production (pred.)",
+                                               "optimised (pred.)")})  # fmt: skip
+
+
+def _report(ctx: ExperimentContext, metrics: dict) -> Report:
+    m = metrics
+    shares = [
+        {
+            "level": lvl,
+            "production": m["levels_production"][lvl],
+            "relative": m["relative"]["levels_optimised"][lvl],
+            "balanced": m["balanced"]["levels_optimised"][lvl],
+        }
+        for lvl in m["levels_production"]
+    ]
+    report = Report("allocation-vs-production", ctx).text(
+        f"pl94 schema; synthetic state of {m['blocks']} blocks ({m['nodes']}); nation and "
+        f"state totals invariant; ρ = {m['rho']} (zCDP) for every allocation; "
+        f"{m['releases']} simulated releases per allocation (structured GLS on discrete "
+        "Gaussian noise over zero counts). Targets (the Bureau's stated priorities): total "
+        "population of counties and tracts, Hispanic × race at tract and block group, "
+        "voting-age population at block group; relative variance = mean over nodes and rows "
+        "of Var / size², sizes declared: county 100,000, tract 4,000, block group 1,500 "
+        "persons; a Hispanic × race row 1/126 of them, voting age 78%. Every measured query "
+        f"keeps ≥ {m['floor']:g} × its production share (so every table stays identified).",
+        "The solver's certificate is for the continuous Gaussian model (σ² = Δ²/2ρ); the "
+        "predicted values below are exact for the discrete Gaussian plans, whose variance is "
+        "below σ² when σ < 1, so an optimised value can sit below the model's bound.",
+    )
+    _section(report, "relative", m["relative"], "sum of relative variances, weights 1")
+    _section(
+        report,
+        "balanced",
+        m["balanced"],
+        "each target weighted by 1 / its production relative variance (the mean ratio "
+        "to production; targets held exactly left out)",
+    )
+    return (
+        report.section("Level shares of ρ")
+        .table(shares, formats=".4f")
+        .figures({"allocation_vs_production.png": "predicted and simulated objectives, shares"})
     )
