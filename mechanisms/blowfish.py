@@ -60,7 +60,7 @@ from censusdp.mechanisms.blowfish_policies import (
     unbounded_dp_policy,
 )
 from censusdp.mechanisms.blowfish_strategies import spectrum, strategy_matrix
-from censusdp.mechanisms.queries import matrix_sensitivity
+from censusdp.mechanisms.queries import LinearQuery, matrix_sensitivity, query_matrix
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -94,14 +94,10 @@ __all__ = [
 ]
 
 
-def _dense(a: np.ndarray | sparse.spmatrix) -> np.ndarray:
-    return a.toarray() if sparse.issparse(a) else np.asarray(a, dtype=float)
-
-
-def l1_sensitivity(a: np.ndarray | sparse.spmatrix) -> float:
+def l1_sensitivity(a: np.ndarray | sparse.spmatrix | LinearQuery) -> float:
     """Δ_A: the largest column ℓ₁ norm (unbounded ε-DP, one count changes by 1;
     :func:`~censusdp.mechanisms.queries.matrix_sensitivity`)."""
-    return matrix_sensitivity(a, 1)
+    return matrix_sensitivity(a if sparse.issparse(a) else query_matrix(a), 1)
 
 
 def laplace_draws(rng: KeyedRNG, label: str, size: int) -> np.ndarray:
@@ -119,10 +115,10 @@ def _supports(w: np.ndarray, a: np.ndarray, a_pinv: np.ndarray, what: str) -> No
 
 
 def matrix_mechanism(
-    w: np.ndarray, x: np.ndarray, a: np.ndarray, eps: float, eta: np.ndarray
+    w: np.ndarray, x: np.ndarray, a: np.ndarray | LinearQuery, eps: float, eta: np.ndarray
 ) -> np.ndarray:
     """W x + W A⁺ (Δ_A/ε) η under unbounded ε-DP (seed eq. (2))."""
-    w, a = _dense(w), _dense(a)
+    w, a = query_matrix(w), query_matrix(a)
     a_pinv = np.linalg.pinv(a)
     _supports(w, a, a_pinv, "matrix mechanism")
     scale = l1_sensitivity(a) / eps
@@ -132,7 +128,7 @@ def matrix_mechanism(
 def blowfish_matrix_mechanism(
     w: np.ndarray,
     x: np.ndarray,
-    a: np.ndarray,
+    a: np.ndarray | LinearQuery,
     policy: PolicyGraph,
     eps: float,
     eta: np.ndarray,
@@ -148,7 +144,7 @@ def blowfish_matrix_mechanism(
     ----------
     Seed ``policy_aware_dp_blowfish``, eq. (2), Definition 4.1, Theorem 4.1, Lemma 4.8.
     """
-    w, a, x = _dense(w), _dense(a), np.asarray(x, float)
+    w, a, x = query_matrix(w), query_matrix(a), np.asarray(x, float)
     scale = policy_sensitivity(a, policy) / eps
     if policy.has_bottom:
         a_pinv = np.linalg.pinv(a)
@@ -172,16 +168,16 @@ class TransformedInstance:
 
 
 def transformed_instance(
-    w: np.ndarray, x: np.ndarray, a: np.ndarray, policy: PolicyGraph
+    w: np.ndarray, x: np.ndarray, a: np.ndarray | LinearQuery, policy: PolicyGraph
 ) -> TransformedInstance:
     """The transformed instance of Theorem 4.1 (after the Case II reduction when needed)."""
     t = transform(policy)
     x = np.asarray(x, float)
     return TransformedInstance(
-        workload=t.workload(_dense(w)),
+        workload=t.workload(query_matrix(w)),
         database=t.database(x),
-        strategy=t.workload(_dense(a)),
-        offset=t.offset(_dense(w), x.sum()),
+        strategy=t.workload(query_matrix(a)),
+        offset=t.offset(query_matrix(w), x.sum()),
     )
 
 
@@ -213,7 +209,7 @@ def edge_strategy_mechanism(
     SpecError
         When A_G does not support W_G (then the shift argument fails).
     """
-    w, a_g, x = _dense(w), _dense(a_g), np.asarray(x, float)
+    w, a_g, x = query_matrix(w), query_matrix(a_g), np.asarray(x, float)
     t = transform(policy)
     w_g = t.workload(w)
     if a_g.shape[1] != w_g.shape[1]:

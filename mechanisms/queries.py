@@ -28,6 +28,7 @@ __all__ = [
     "LinearQuery",
     "Query",
     "matrix_sensitivity",
+    "query_matrix",
     "Measurement",
     "Invariant",
     "measure",
@@ -88,6 +89,18 @@ class LinearQuery(Protocol):
 
     def gram(self) -> np.ndarray: ...
 
+    def dense(self) -> np.ndarray: ...
+
+
+def query_matrix(query: LinearQuery | np.ndarray | sparse.spmatrix) -> np.ndarray:
+    """The dense float64 matrix of a query given as any :class:`LinearQuery` or as a matrix
+    (dense or sparse): how the subspace and Blowfish mechanisms take a query."""
+    if isinstance(query, LinearQuery):
+        return np.asarray(query.dense(), dtype=np.float64)
+    if sparse.issparse(query):
+        return query.toarray().astype(np.float64, copy=False)
+    return np.asarray(query, dtype=np.float64)
+
 
 @dataclass(frozen=True, eq=False)
 class Query:
@@ -128,6 +141,10 @@ class Query:
         """``A Aᵀ`` (k × k)."""
         m = np.asarray(self.matrix)
         return m @ m.T
+
+    def dense(self) -> np.ndarray:
+        """The matrix itself (the :class:`LinearQuery` protocol)."""
+        return np.asarray(self.matrix)
 
     @property
     def is_identity(self) -> bool:

@@ -49,7 +49,7 @@ from censusdp.mechanisms.projection import (
     project_group_totals,
     row_space_basis,
 )
-from censusdp.mechanisms.queries import matrix_sensitivity
+from censusdp.mechanisms.queries import LinearQuery, matrix_sensitivity, query_matrix
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -120,11 +120,13 @@ class DistributedRelease:
 # Inputs and sensitivities
 
 
-def _query(A: np.ndarray | None, h: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+def _query(
+    A: np.ndarray | LinearQuery | None, h: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray]:
     h = np.asarray(h, dtype=np.float64).reshape(-1)
     if A is None:
         return None, h.copy()
-    A = np.asarray(A, dtype=np.float64)
+    A = query_matrix(A)
     if A.ndim != 2 or A.shape[1] != h.shape[0]:
         raise SpecError(
             f"the query matrix A must be (n × d) with d = len(h) = {h.shape[0]}; "
@@ -133,15 +135,15 @@ def _query(A: np.ndarray | None, h: np.ndarray) -> tuple[np.ndarray | None, np.n
     return A, A @ h
 
 
-def l1_sensitivity(A: np.ndarray | None) -> float:
+def l1_sensitivity(A: np.ndarray | LinearQuery | None) -> float:
     """Δ₁ = max_j ‖a_j‖₁ over the columns (:func:`matrix_sensitivity`); 1 for the identity
     (``A`` None)."""
-    return 1.0 if A is None else matrix_sensitivity(A, 1)
+    return 1.0 if A is None else matrix_sensitivity(query_matrix(A), 1)
 
 
-def l2_sensitivity(A: np.ndarray | None) -> float:
+def l2_sensitivity(A: np.ndarray | LinearQuery | None) -> float:
     """Δ₂ = max_j ‖a_j‖₂ over the columns (:func:`matrix_sensitivity`); 1 for the identity."""
-    return 1.0 if A is None else matrix_sensitivity(A, 2)
+    return 1.0 if A is None else matrix_sensitivity(query_matrix(A), 2)
 
 
 def _invariants(
@@ -304,7 +306,7 @@ def _projected(
 
 
 def projected_laplace(
-    A: np.ndarray | None,
+    A: np.ndarray | LinearQuery | None,
     h: np.ndarray,
     C: np.ndarray | None,
     epsilon: float,
@@ -361,7 +363,7 @@ def projected_laplace(
 
 
 def projected_gaussian(
-    A: np.ndarray | None,
+    A: np.ndarray | LinearQuery | None,
     h: np.ndarray,
     C: np.ndarray | None,
     epsilon: float,
@@ -403,7 +405,7 @@ def _extension_setup(A, h, C):
 
 
 def extended_laplace(
-    A: np.ndarray | None,
+    A: np.ndarray | LinearQuery | None,
     h: np.ndarray,
     C: np.ndarray | None,
     epsilon: float,
@@ -453,7 +455,7 @@ def extended_laplace(
 
 
 def extended_gaussian(
-    A: np.ndarray | None,
+    A: np.ndarray | LinearQuery | None,
     h: np.ndarray,
     C: np.ndarray | None,
     epsilon: float,
@@ -535,7 +537,7 @@ def _decompose(points: np.ndarray) -> list[np.ndarray]:
 
 
 def correlated_gaussian(
-    A: np.ndarray,
+    A: np.ndarray | LinearQuery,
     h: np.ndarray,
     C: np.ndarray | None,
     epsilon: float,
@@ -666,7 +668,7 @@ def agent_release(
 
 
 def distributed_projected(
-    A: np.ndarray | None,
+    A: np.ndarray | LinearQuery | None,
     h: np.ndarray,
     law: NoiseLaw,
     rng: KeyedRNG,

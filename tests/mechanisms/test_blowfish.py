@@ -161,6 +161,12 @@ def test_mechanism_equals_transformed_mechanism(seed, with_bottom, rng):
     assert bf.l1_sensitivity(inst.strategy) == pytest.approx(bf.policy_sensitivity(a, policy))
     other = bf.transformed_matrix_mechanism(w, x, a, policy, 0.7, -eta)
     assert np.max(np.abs(direct - other)) > 1e-3  # the comparison can fail
+    # the one query protocol: the strategy as a Query object gives the same release
+    from censusdp.mechanisms.queries import Query
+
+    q = Query("a", a, tuple(f"r{i}" for i in range(a.shape[0])))
+    np.testing.assert_array_equal(bf.blowfish_matrix_mechanism(w, x, q, policy, 0.7, eta), direct)
+    assert bf.l1_sensitivity(q) == bf.l1_sensitivity(a)
 
 
 def test_unsupported_strategy_is_refused():

@@ -195,3 +195,18 @@ def test_no_invariants_is_plain_dp(rng):
     res = projected_gaussian(A, h, None, 1.0, 1e-6, rng)
     assert res.privacy.guarantee == "differential privacy"
     assert isinstance(Gaussian(res.noise_scale), Gaussian)
+
+
+@pytest.mark.parametrize("name", sorted(MECHS))
+def test_a_query_object_gives_the_same_release_as_its_matrix(name):
+    """The one query protocol: a mechanism given a ``Query`` (or any LinearQuery) releases
+    exactly what it releases from the query's matrix."""
+    from censusdp.mechanisms.queries import Query
+
+    A, h, C = workload()
+    q = Query("w", A.astype(np.int64), tuple(f"r{i}" for i in range(A.shape[0])))
+    assert l1_sensitivity(q) == l1_sensitivity(A)
+    a = MECHS[name](A, h, C, KeyedRNG.reproducible(4, warn=False))
+    b = MECHS[name](q, h, C, KeyedRNG.reproducible(4, warn=False))
+    np.testing.assert_array_equal(a.release, b.release)
+    assert a.privacy == b.privacy
