@@ -135,19 +135,11 @@ def test_chained_stages_are_bit_identical(scheduler):
         _check(ex)
 
 
-@pytest.fixture(scope="module")
-def dask_ex():
-    """One local cluster for the module's distributed tests (its start-up is most of their
-    cost); each test releases what it submitted."""
-    pytest.importorskip("dask.distributed")
-    with open_executor("distributed", workers=2) as ex:
-        yield ex
-
-
-def _executor(scheduler: str, dask_ex_request: pytest.FixtureRequest):
-    """The module's cluster for ``distributed``, a fresh executor otherwise."""
+def _executor(scheduler: str, request: pytest.FixtureRequest):
+    """The shared cluster (``dask_executor`` in conftest) for ``distributed``, a fresh
+    executor otherwise."""
     if scheduler == "distributed":
-        return contextlib.nullcontext(dask_ex_request.getfixturevalue("dask_ex"))
+        return contextlib.nullcontext(request.getfixturevalue("dask_executor"))
     return open_executor(scheduler, workers=2)
 
 
@@ -159,8 +151,10 @@ def _executor(scheduler: str, dask_ex_request: pytest.FixtureRequest):
     ],
     ids=["fast", "full"],
 )
-def test_chained_stages_on_a_dask_local_cluster_are_bit_identical(dask_ex, kinds, cuts, n_parts):
-    _check(dask_ex, kinds=kinds, cuts=cuts, n_parts=n_parts)
+def test_chained_stages_on_a_dask_local_cluster_are_bit_identical(
+    dask_executor, kinds, cuts, n_parts
+):
+    _check(dask_executor, kinds=kinds, cuts=cuts, n_parts=n_parts)
 
 
 def test_non_finite_kept_measurements_are_refused():
@@ -177,10 +171,10 @@ def test_non_finite_kept_measurements_are_refused():
             partitioned_gls(h, CELLS, pm, invs, None, parts, ex)
 
 
-def test_dask_gather_rebuilds_a_cancelled_chain(dask_ex):
+def test_dask_gather_rebuilds_a_cancelled_chain(dask_executor):
     import operator
 
-    ex = dask_ex
+    ex = dask_executor
     first = ex.submit(operator.neg, [1, 2, 3])
     second = ex.submit(sum, [(h, 10) for h in first])
     ex.release(first)  # the chain still knows how to recompute them

@@ -119,13 +119,6 @@ def test_problems_cover_both_paths_and_flat_directions():
         tree_gls(h, cells, [m for m in meas if m.level == 4], [], None)
 
 
-@pytest.fixture(scope="module")
-def dask_executor():
-    pytest.importorskip("dask.distributed")
-    with open_executor("distributed", workers=2) as ex:
-        yield ex
-
-
 @pytest.mark.parametrize(
     "parts", [(3,), pytest.param(PARTS, marks=pytest.mark.slow)], ids=["fast", "full"]
 )
