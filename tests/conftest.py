@@ -1,4 +1,5 @@
-"""Shared fixtures: optional shared data (skip when absent) and a reproducible RNG."""
+"""Shared fixtures: optional shared data (skip when absent), a reproducible RNG and one Dask
+local cluster per test process."""
 
 from __future__ import annotations
 
@@ -26,3 +27,15 @@ def shared_file():
 @pytest.fixture
 def rng() -> KeyedRNG:
     return KeyedRNG.reproducible(20261121, warn=False)
+
+
+@pytest.fixture(scope="session")
+def dask_executor():
+    """A ``distributed`` executor on a two-worker local cluster, started once per test process
+    (each pytest-xdist worker) and shared by every module's cluster tests: starting the
+    cluster costs more CPU than most of those tests. Tests release what they submit."""
+    pytest.importorskip("dask.distributed")
+    from censusdp.pipelines.execute import open_executor
+
+    with open_executor("distributed", workers=2) as ex:
+        yield ex

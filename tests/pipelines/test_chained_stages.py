@@ -3,6 +3,7 @@ pieces left where they were computed) give the single-process numbers bit for bi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -134,6 +135,14 @@ def test_chained_stages_are_bit_identical(scheduler):
         _check(ex)
 
 
+def _executor(scheduler: str, request: pytest.FixtureRequest):
+    """The shared cluster (``dask_executor`` in conftest) for ``distributed``, a fresh
+    executor otherwise."""
+    if scheduler == "distributed":
+        return contextlib.nullcontext(request.getfixturevalue("dask_executor"))
+    return open_executor(scheduler, workers=2)
+
+
 @pytest.mark.parametrize(
     ("kinds", "cuts", "n_parts"),
     [
@@ -142,10 +151,10 @@ def test_chained_stages_are_bit_identical(scheduler):
     ],
     ids=["fast", "full"],
 )
-def test_chained_stages_on_a_dask_local_cluster_are_bit_identical(kinds, cuts, n_parts):
-    pytest.importorskip("dask.distributed")
-    with open_executor("distributed", workers=2) as ex:
-        _check(ex, kinds=kinds, cuts=cuts, n_parts=n_parts)
+def test_chained_stages_on_a_dask_local_cluster_are_bit_identical(
+    dask_executor, kinds, cuts, n_parts
+):
+    _check(dask_executor, kinds=kinds, cuts=cuts, n_parts=n_parts)
 
 
 def test_non_finite_kept_measurements_are_refused():
@@ -162,18 +171,17 @@ def test_non_finite_kept_measurements_are_refused():
             partitioned_gls(h, CELLS, pm, invs, None, parts, ex)
 
 
-def test_dask_gather_rebuilds_a_cancelled_chain():
+def test_dask_gather_rebuilds_a_cancelled_chain(dask_executor):
     import operator
 
-    pytest.importorskip("dask.distributed")
-    with open_executor("distributed", workers=2) as ex:
-        first = ex.submit(operator.neg, [1, 2, 3])
-        second = ex.submit(sum, [(h, 10) for h in first])
-        ex.release(first)  # the chain still knows how to recompute them
-        assert ex.gather(second) == [9, 8, 7]
-        ex.client.cancel([h.future for h in second])  # what Dask does to a lost task
-        assert ex.gather(second) == [9, 8, 7]
-        ex.release(second)
+    ex = dask_executor
+    first = ex.submit(operator.neg, [1, 2, 3])
+    second = ex.submit(sum, [(h, 10) for h in first])
+    ex.release(first)  # the chain still knows how to recompute them
+    assert ex.gather(second) == [9, 8, 7]
+    ex.client.cancel([h.future for h in second])  # what Dask does to a lost task
+    assert ex.gather(second) == [9, 8, 7]
+    ex.release(second)
 
 
 def test_a_kept_release_rounded_on_other_partitions_stays_usable():
@@ -194,15 +202,13 @@ def test_a_kept_release_rounded_on_other_partitions_stays_usable():
 
 
 @pytest.mark.parametrize("scheduler", ["sync", "distributed"])
-def test_a_plain_release_cut_into_pieces_gathers_back_whole(scheduler):
-    if scheduler == "distributed":
-        pytest.importorskip("dask.distributed")
+def test_a_plain_release_cut_into_pieces_gathers_back_whole(scheduler, request):
     h, counts = _tree()
     rng = KeyedRNG.reproducible(7, warn=False)
     det = Query.detailed(CELLS)
     invs = [invariant(counts, 0, det), invariant(counts, 1, det)]
     ref = tree_gls(h, CELLS, measure(h.names, counts, _plan("general"), rng), invs, None)
-    with open_executor(scheduler, workers=2) as ex:
+    with _executor(scheduler, request) as ex:
         kept = PartitionedRelease.of(ref, partition_units(h, 2, 4), ex)
         got = kept.gather()
         kept.drop()
@@ -233,14 +239,18 @@ def _same_release(got, want) -> None:
 
 @pytest.mark.parametrize(
     "scheduler, cut, n_parts",
-    [("sync", 1, (1, 3, 17)), ("sync", 3, (4,)), ("threads", 2, (3,)), ("distributed", 2, (3, 17))],
+    [
+        ("sync", 1, (1, 3, 17)),
+        ("sync", 3, (4,)),
+        ("threads", 2, (3,)),
+        ("distributed", 2, (3,)),
+        pytest.param("distributed", 2, (17,), marks=pytest.mark.slow),
+    ],
 )
 def test_a_release_written_where_it_was_computed_reads_back_whole(
-    scheduler, cut, n_parts, tmp_path
+    scheduler, cut, n_parts, tmp_path, request
 ):
-    if scheduler == "distributed":
-        pytest.importorskip("dask.distributed")
-    with open_executor(scheduler, workers=2) as ex:
+    with _executor(scheduler, request) as ex:
         for n in n_parts:
             h, gls, rounded = _kept_releases(ex, cut, n)
             for name, kept in (("gls", gls), ("rounded", rounded)):

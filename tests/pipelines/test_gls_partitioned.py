@@ -69,30 +69,40 @@ def _equal(a: list | None, b: list | None) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def _check_all(ex, kinds=KINDS, cuts=(1, 2, 4)) -> None:
+def _check_all(ex, kinds=KINDS, cuts=(1, 2, 4), parts=PARTS) -> None:
     rng = KeyedRNG.reproducible(3, warn=False)
     for kind in kinds:
         h, cells, meas, invs = _problem(kind)
         ref = tree_gls(h, cells, meas, invs, None, covariance=True)
         rounded = {m: round_release(ref, rng, method=m) for m in ("cells", "totals", "bipartite")}
         for cut in cuts:
-            for n in PARTS:
-                parts = partition_units(h, cut, n)
-                got = partitioned_gls(h, cells, meas, invs, None, parts, ex, covariance=True)
-                where = f"{kind}, cut {cut}, {len(parts)} partitions"
+            for n in parts:
+                units = partition_units(h, cut, n)
+                got = partitioned_gls(h, cells, meas, invs, None, units, ex, covariance=True)
+                where = f"{kind}, cut {cut}, {len(units)} partitions"
                 assert _equal(got.estimates, ref.estimates), where
                 assert _equal(got.variances, ref.variances), where
                 assert _equal(got.covariances, ref.covariances), where
                 for method, want in rounded.items():
-                    r = partitioned_round(ref, rng, parts, ex, method=method)
+                    r = partitioned_round(ref, rng, units, ex, method=method)
                     assert r.integer and _equal(r.estimates, want.estimates), (where, method)
                     assert _equal(r.variances, want.variances), (where, method)
 
 
-@pytest.mark.parametrize("scheduler", ["sync", "threads"])
-def test_partitioned_gls_and_rounding_are_bit_identical(scheduler):
+@pytest.mark.parametrize(
+    ("scheduler", "cuts"),
+    [
+        ("sync", (1, 2, 4)),
+        ("threads", (2,)),
+        pytest.param("threads", (1, 2, 4), marks=pytest.mark.slow),
+    ],
+    ids=["sync", "threads", "threads-every-cut"],
+)
+def test_partitioned_gls_and_rounding_are_bit_identical(scheduler, cuts):
+    """Every problem kind, cut level and partition count on the sync scheduler; threads add
+    concurrency, which one cut level shows in the fast suite (every cut runs slow)."""
     with open_executor(scheduler, workers=2) as ex:
-        _check_all(ex)
+        _check_all(ex, cuts=cuts)
 
 
 def test_problems_cover_both_paths_and_flat_directions():
@@ -109,15 +119,13 @@ def test_problems_cover_both_paths_and_flat_directions():
         tree_gls(h, cells, [m for m in meas if m.level == 4], [], None)
 
 
-@pytest.fixture(scope="module")
-def dask_executor():
-    pytest.importorskip("dask.distributed")
-    with open_executor("distributed", workers=2) as ex:
-        yield ex
-
-
-def test_dask_local_cluster_is_bit_identical(dask_executor):
-    _check_all(dask_executor, kinds=("diagonal", "flat"), cuts=(2,))
+@pytest.mark.parametrize(
+    "parts", [(3,), pytest.param(PARTS, marks=pytest.mark.slow)], ids=["fast", "full"]
+)
+def test_dask_local_cluster_is_bit_identical(dask_executor, parts):
+    """What only the cluster adds is shipping partitions to other processes: three partitions
+    show it (one and seventeen are the sync and threads tests' business); all counts run slow."""
+    _check_all(dask_executor, kinds=("diagonal", "flat"), cuts=(2,), parts=parts)
 
 
 def test_partitioned_rounding_keeps_sums_and_invariants():

@@ -68,16 +68,15 @@ def test_partitioned_measurement_is_bit_identical(scheduler, n_parts, cut):
         assert np.array_equal(a.values, b.values)
 
 
-def test_dask_local_cluster_is_bit_identical():
+def test_dask_local_cluster_is_bit_identical(dask_executor):
     h, counts = _tree()
     rng = KeyedRNG.reproducible(5, warn=False)
     ref = measure(h.names, counts, PLAN, rng)
-    with open_executor("distributed", workers=2) as ex:
-        for n_parts in (1, 3, 17):
-            got = measure_partitioned(
-                h.names, counts, PLAN, rng, partition_units(h, 1, n_parts), ex
-            )
-            assert all(np.array_equal(a.values, b.values) for a, b in zip(ref, got, strict=True))
+    for n_parts in (1, 3, 17):
+        got = measure_partitioned(
+            h.names, counts, PLAN, rng, partition_units(h, 1, n_parts), dask_executor
+        )
+        assert all(np.array_equal(a.values, b.values) for a, b in zip(ref, got, strict=True))
 
 
 class _Recording(SyncExecutor):

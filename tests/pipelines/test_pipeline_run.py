@@ -12,7 +12,8 @@ import pytest
 
 from censusdp.experiments.registry import run_experiment
 from censusdp.hierarchy.synthetic import synthetic_us
-from censusdp.pipelines.runner import run_spec
+from censusdp.pipelines.data import load_data
+from censusdp.pipelines.runner import execute_spec, run_spec
 from censusdp.pipelines.specs import load_spec
 
 SPEC = """
@@ -156,8 +157,15 @@ def _frame(path):
     return pd.read_parquet(path / "release" / "estimates.parquet")
 
 
-@pytest.fixture(scope="module")
-def cluster():
+@pytest.fixture
+def cluster(dask_executor) -> str:
+    """The address of the shared local cluster (``dask_executor`` in conftest)."""
+    return dask_executor.client.scheduler.address
+
+
+@pytest.fixture
+def own_cluster():
+    """A cluster of the test's own, for a test that kills one of its workers."""
     from dask.distributed import Client, LocalCluster
 
     with (
@@ -185,23 +193,29 @@ def cluster():
     ids=["fast", "full"],
 )
 def test_estimates_identical_for_every_scheduler_and_partition_count(
-    tmp_path, synthetic_csv, cluster, matrix
+    synthetic_csv, tmp_path, cluster, matrix
 ):
-    """Every scheduler and partition count gives the one-partition sync run's estimates: the
-    fast form checks threads and the cluster at 3 partitions, the slow one the rest."""
+    """Every scheduler and partition count gives the one-partition sync run's release frame (what
+    ``estimates.parquet`` holds) and metrics of every repetition: the fast form checks threads
+    and the cluster at 3 partitions, the slow one the rest. In memory (``execute_spec``): the
+    figures and report that ``run_spec`` adds do not depend on the scheduler."""
     local, on_cluster = matrix
     csv, _ = synthetic_csv
     spec = _spec(tmp_path, csv)
-    ref = run_spec(spec, out=tmp_path / "ref", scheduler="sync", partitions=1, progress=False)
-    ref_frame = _frame(ref.out)
-    runs = local + [(cluster[0].scheduler_address, n) for n in on_cluster]
-    for i, (sched, parts) in enumerate(runs):
-        got = _frame(
-            run_spec(
-                spec, out=tmp_path / f"r{i}", scheduler=sched, partitions=parts, progress=False
-            ).out
+    data = load_data(spec)
+
+    def frames(sched: str, parts: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+        releases, metrics, _, _ = execute_spec(
+            spec, data, scheduler=sched, partitions=parts, progress=False
         )
-        pd.testing.assert_frame_equal(got, ref_frame, check_exact=True)
+        return pd.concat([r.to_frame() for r in releases.values()], ignore_index=True), metrics
+
+    ref, ref_metrics = frames("sync", 1)
+    assert set(ref["estimator"]) == {"gls", "topdown"} and set(ref_metrics["repetition"]) == {0, 1}
+    for sched, parts in local + [(cluster, n) for n in on_cluster]:
+        got, metrics = frames(sched, parts)
+        pd.testing.assert_frame_equal(got, ref, check_exact=True)
+        pd.testing.assert_frame_equal(metrics, ref_metrics, check_exact=True)
 
 
 @pytest.mark.slow  # ~20 s of CPU; the fast form: the [fast] case of the test above
@@ -235,7 +249,7 @@ def test_county_table_identical_across_schedulers(tmp_path, shared_file, cluster
     ref = _frame(
         run_spec(spec, out=tmp_path / "a", scheduler="sync", partitions=1, progress=False).out
     )
-    for i, (sched, parts) in enumerate([("threads", 17), (cluster[0].scheduler_address, 3)]):
+    for i, (sched, parts) in enumerate([("threads", 17), (cluster, 3)]):
         got = _frame(
             run_spec(
                 spec, out=tmp_path / f"b{i}", scheduler=sched, partitions=parts, progress=False
@@ -247,7 +261,7 @@ def test_county_table_identical_across_schedulers(tmp_path, shared_file, cluster
 
 
 @pytest.mark.slow  # a worker process is killed and restarted (~50 s of CPU)
-def test_killing_a_worker_mid_run_gives_the_same_output(tmp_path, synthetic_csv, cluster):
+def test_killing_a_worker_mid_run_gives_the_same_output(tmp_path, synthetic_csv, own_cluster):
     from distributed import WorkerPlugin
 
     class KillOnce(WorkerPlugin):
@@ -269,7 +283,7 @@ def test_killing_a_worker_mid_run_gives_the_same_output(tmp_path, synthetic_csv,
     ref = _frame(
         run_spec(spec, out=tmp_path / "ref", scheduler="sync", partitions=3, progress=False).out
     )
-    c, client = cluster
+    c, client = own_cluster
     marker = tmp_path / "killed"
     client.register_plugin(KillOnce(str(marker)), name="kill-once")
     try:
