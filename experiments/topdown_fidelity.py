@@ -29,9 +29,19 @@ Estimators on the same measurements and invariants:
   ``detailed`` with the totals held within the pass-0 band (one pass at the nation); rounder
   ``total``, then ``sex``, then ``detailed``. Non-negative integers, consistent, invariants
   exact;
+* ``topdown_one`` (``--opt topdown-passes=one``, or ``both`` for the two side by side) — the
+  same with one L2 pass of all four queries at every level (:data:`ORDERING_ONE`), the total
+  not isolated: where the production ordering fits the county totals in a pass of their own,
+  here non-negativity can move persons between counties;
 * ``gls`` — :func:`~censusdp.estimation.structured_gls.structured_gls` (unbiased) rounded by
   :func:`~censusdp.estimation.structured_rounding.round_structured` (unbiased, consistent,
-  invariants exact; cells may be negative).
+  invariants exact; cells may be negative);
+* ``nonnegative`` — the non-negative product of the same GLS release
+  (:func:`~censusdp.estimation.nonnegative.nonnegative_structured`: per-parent simplex
+  projection, top down, and keyed rounding): non-negative, integer, consistent, invariants
+  exact, and biased, as TopDown-style is.
+
+``--opt rho=reference`` runs ρ* alone.
 
 Measures, for each release and for the Bureau's two runs:
 
@@ -104,7 +114,7 @@ __all__ = [
 
 #: What this study reproduces, for ``censusdp experiment --list`` and the README.
 INFO = ExperimentInfo(
-    reproduces="TopDown-style and GLS on the real county sex × age table (36 cells, nation → state → county, total/sex/age/detailed, 10 runs at each of four ρ bracketing the Bureau's county budget) beside the Bureau's 2019-10-29 and 2020-05-27 runs in the same file: per-state slopes of county error on log(population), error by size class, zero cells kept zero",
+    reproduces="TopDown-style (production passes; one L2 pass with `--opt topdown-passes=one` or `both`), GLS and the non-negative product on the real county sex × age table (36 cells, nation → state → county, total/sex/age/detailed, 10 runs at each of four ρ bracketing the Bureau's county budget) beside the Bureau's 2019-10-29 and 2020-05-27 runs in the same file: per-state slopes of county error on log(population), error by size class, zero cells kept zero",
     paper="Abowd et al. (2022), The 2020 Census DAS TopDown Algorithm; Gao, Gong & Yu (2022), Subspace Differential Privacy, Fig. 1 (the slope test)",
     data=("county_sex_age5_2010.csv",),
     full_run="40 min",
@@ -678,8 +688,10 @@ def _report(m: dict) -> str:
         f"The 2010 county sex × 5-year age table ({m['counties']:,} counties, "
         f"{m['persons']:,} persons, 36 cells) released with every state total held exact; "
         "TopDown-style (the Bureau's multi-pass L2 and rounder, parent equality and "
-        "non-negativity kept) and GLS with unbiased rounding on the same discrete Gaussian "
-        "measurements (total, sex, age, detailed at nation (no total), state and county), "
+        "non-negativity kept; with `--opt topdown-passes=one|both` also or instead one L2 pass "
+        "of all queries, the total not isolated), GLS with unbiased rounding and the "
+        "non-negative product of the same GLS release (per-parent simplex projection and "
+        "keyed rounding) on the same discrete Gaussian measurements (total, sex, age, detailed at nation (no total), state and county), "
         "beside the Bureau's own demonstration runs in the same file. Slopes: OLS of "
         "county-total error on log(true population) within each area with at least "
         f"{m['min_counties']} counties; significant at two-sided α = {m['alpha']}.",
