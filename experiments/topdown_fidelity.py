@@ -41,7 +41,7 @@ Estimators on the same measurements and invariants:
   projection, top down, and keyed rounding): non-negative, integer, consistent, invariants
   exact, and biased, as TopDown-style is.
 
-``--opt rho=reference`` runs ρ* alone.
+``--opt rho=reference`` runs ρ* alone, ``--opt rho=noisy`` the ``LOW_FACTORS`` alone.
 
 Measures, for each release and for the Bureau's two runs:
 
@@ -151,10 +151,12 @@ LOW_FACTORS = (Fraction(1, 300), Fraction(1, 100))
 
 
 def rho_factors(ctx: ExperimentContext) -> tuple[Fraction, ...]:
-    """The multiples of ρ* a run covers: ρ* alone (``--quick``), ``RHO_FACTORS``, or with
-    ``--all`` also ``LOW_FACTORS``."""
+    """The multiples of ρ* a run covers: ρ* alone (``--quick`` or ``--opt rho=reference``),
+    ``LOW_FACTORS`` alone (``--opt rho=noisy``), ``RHO_FACTORS``, or with ``--all`` both."""
     if ctx.quick or ctx.options.get("rho") == "reference":
         return (Fraction(1),)
+    if ctx.options.get("rho") == "noisy":
+        return LOW_FACTORS
     return (*LOW_FACTORS, *RHO_FACTORS) if ctx.all_units else RHO_FACTORS
 
 
@@ -181,9 +183,9 @@ ORDERING_ONE: dict[str, LevelOrdering] = {
 }
 #: ``--opt KEY=VALUE`` (the first value is the default): ``topdown-passes`` — the production
 #: ordering (``production``), the one-pass variant instead (``one``) or both side by side
-#: (``both``); ``rho`` — the multiples of ρ* of :func:`rho_factors` (``range``) or ρ* alone
-#: (``reference``).
-OPTIONS = {"topdown-passes": ("production", "one", "both"), "rho": ("range", "reference")}
+#: (``both``); ``rho`` — the multiples of ρ* of :func:`rho_factors` (``range``), ρ* alone
+#: (``reference``) or the ``LOW_FACTORS`` alone (``noisy``).
+OPTIONS = {"topdown-passes": ("production", "one", "both"), "rho": ("range", "reference", "noisy")}
 
 
 @dataclass(frozen=True)

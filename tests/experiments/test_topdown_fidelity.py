@@ -187,7 +187,7 @@ def test_budgets_of_each_mode(tmp_path):
 def test_options_choose_the_columns_and_budgets(tmp_path):
     from censusdp.errors import SpecError
     from censusdp.experiments.registry import ExperimentContext
-    from censusdp.experiments.topdown_fidelity import estimators, rho_factors
+    from censusdp.experiments.topdown_fidelity import LOW_FACTORS, estimators, rho_factors
 
     def ctx(**opts):
         return ExperimentContext(out=tmp_path, options=opts)
@@ -199,6 +199,8 @@ def test_options_choose_the_columns_and_budgets(tmp_path):
     assert rho_factors(ExperimentContext(out=tmp_path, options={"rho": "reference"})) == (
         Fraction(1),
     )
+    noisy = rho_factors(ExperimentContext(out=tmp_path, options={"rho": "noisy"}))
+    assert noisy == LOW_FACTORS and max(noisy) < Fraction(1, 10)
     # the one-pass variant: every query of a level in a single L2 pass, the same rounder
     for level in ("state", "county"):
         (l2_prod, round_prod), (l2_one, round_one) = ORDERING[level], ORDERING_ONE[level]
