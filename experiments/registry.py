@@ -89,6 +89,9 @@ class ExperimentContext:
     all_units : bool
         ``--all``: run every unit the study covers (e.g. every state) instead of its
         default one; experiments without such a choice ignore it.
+    options : dict
+        ``--opt KEY=VALUE``: the experiment's own options, every key in its ``OPTIONS``
+        (key → allowed values, the first the default), defaults filled in.
     """
 
     out: Path
@@ -97,6 +100,7 @@ class ExperimentContext:
     rng: KeyedRNG = field(default_factory=KeyedRNG.secure)
     timings: dict[str, float] = field(default_factory=dict)
     all_units: bool = False
+    options: dict[str, str] = field(default_factory=dict)
 
     def input_file(self, default_name: str, *, required: bool = True) -> Path | None:
         """``--data`` if given, else ``../shared/data/<default_name>``.
@@ -204,6 +208,22 @@ def _listing() -> str:
     )
 
 
+def _options(name: str, module: Any, given: dict[str, str] | None) -> dict[str, str]:
+    """``given`` checked against the module's ``OPTIONS``, with the defaults filled in."""
+    allowed: dict[str, tuple[str, ...]] = getattr(module, "OPTIONS", {})
+    given = dict(given or {})
+    for key, value in given.items():
+        if key not in allowed:
+            known = ", ".join(sorted(allowed)) or "none"
+            raise SpecError(
+                f"experiment {name!r} has no option {key!r} (--opt); its options: {known}"
+            )
+        if value not in allowed[key]:
+            raise SpecError(f"experiment {name!r}: --opt {key}={value!r} is not one of "
+                            f"{', '.join(allowed[key])}")  # fmt: skip
+    return {key: given.get(key, values[0]) for key, values in allowed.items()}
+
+
 def run_experiment(
     name: str,
     out: str | Path | None = None,
@@ -213,19 +233,22 @@ def run_experiment(
     seed: int | None = None,
     all_units: bool = False,
     overwrite: bool = False,
+    options: dict[str, str] | None = None,
 ) -> tuple[Path, dict]:
     """Run experiment ``name``; returns the output directory and its metrics.
 
-    ``all_units`` is ``--all`` (see :class:`ExperimentContext`); ``overwrite`` replaces an
-    earlier censusdp output at ``out`` (nothing else is ever replaced).
+    ``all_units`` is ``--all`` and ``options`` ``--opt`` (see :class:`ExperimentContext`);
+    ``overwrite`` replaces an earlier censusdp output at ``out`` (nothing else is ever
+    replaced).
 
     Raises
     ------
     SpecError
-        For an unknown experiment name.
+        For an unknown experiment name, or an option or value it does not declare.
     """
     experiment_info(name)
     module = importlib.import_module(f"censusdp.experiments.{name.replace('-', '_')}")
+    opts = _options(name, module, options)
     target = Path(out) if out is not None else Path("results") / name
     check_run_options(seed=seed)
     rng = KeyedRNG.from_seed(seed)
@@ -242,6 +265,7 @@ def run_experiment(
             data=None if data is None else Path(data),
             rng=rng,
             all_units=all_units,
+            options=opts,
         )
         t0 = time.perf_counter()
         metrics = module.run(ctx)
@@ -267,6 +291,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
         seed=args.seed,
         all_units=args.all_units,
         overwrite=args.overwrite,
+        options=dict(args.opt or []),
     )
     summary = {k: v for k, v in metrics.items() if not isinstance(v, dict | list)}
     print(json.dumps(to_jsonable(summary), indent=2))
@@ -290,4 +315,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="every unit the study covers (e.g. all states) instead of its default one",
     )
+    exp.add_argument(
+        "--opt",
+        action="append",
+        type=_option_arg,
+        metavar="KEY=VALUE",
+        help="an option of the experiment (repeatable; its module's OPTIONS lists them)",
+    )
     exp.set_defaults(func=_cmd_experiment)
+
+
+def _option_arg(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--opt {text!r}: expected KEY=VALUE")
+    return key, value

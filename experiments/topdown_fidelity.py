@@ -29,9 +29,19 @@ Estimators on the same measurements and invariants:
   ``detailed`` with the totals held within the pass-0 band (one pass at the nation); rounder
   ``total``, then ``sex``, then ``detailed``. Non-negative integers, consistent, invariants
   exact;
+* ``topdown_one`` (``--opt topdown-passes=one``, or ``both`` for the two side by side) — the
+  same with one L2 pass of all four queries at every level (:data:`ORDERING_ONE`), the total
+  not isolated: where the production ordering fits the county totals in a pass of their own,
+  here non-negativity can move persons between counties;
 * ``gls`` — :func:`~censusdp.estimation.structured_gls.structured_gls` (unbiased) rounded by
   :func:`~censusdp.estimation.structured_rounding.round_structured` (unbiased, consistent,
-  invariants exact; cells may be negative).
+  invariants exact; cells may be negative);
+* ``nonnegative`` — the non-negative product of the same GLS release
+  (:func:`~censusdp.estimation.nonnegative.nonnegative_structured`: per-parent simplex
+  projection, top down, and keyed rounding): non-negative, integer, consistent, invariants
+  exact, and biased, as TopDown-style is.
+
+``--opt rho=reference`` runs ρ* alone, ``--opt rho=noisy`` the ``LOW_FACTORS`` alone.
 
 Measures, for each release and for the Bureau's two runs:
 
@@ -69,6 +79,7 @@ import numpy as np
 import pandas as pd
 
 from censusdp.errors import DataError
+from censusdp.estimation.nonnegative import nonnegative_structured
 from censusdp.estimation.structured_gls import structured_gls
 from censusdp.estimation.structured_rounding import round_structured
 from censusdp.estimation.topdown_schema import LevelOrdering, topdown_schema
@@ -89,7 +100,9 @@ from censusdp.schema import Schema
 
 __all__ = [
     "ESTIMATORS",
+    "OPTIONS",
     "ORDERING",
+    "ORDERING_ONE",
     "RHO_BUREAU",
     "CountyData",
     "bureau_slopes",
@@ -101,7 +114,7 @@ __all__ = [
 
 #: What this study reproduces, for ``censusdp experiment --list`` and the README.
 INFO = ExperimentInfo(
-    reproduces="TopDown-style and GLS on the real county sex × age table (36 cells, nation → state → county, total/sex/age/detailed, 10 runs at each of four ρ bracketing the Bureau's county budget) beside the Bureau's 2019-10-29 and 2020-05-27 runs in the same file: per-state slopes of county error on log(population), error by size class, zero cells kept zero",
+    reproduces="TopDown-style (production passes; one L2 pass with `--opt topdown-passes=one` or `both`), GLS and the non-negative product on the real county sex × age table (36 cells, nation → state → county, total/sex/age/detailed, 10 runs at each of four ρ bracketing the Bureau's county budget) beside the Bureau's 2019-10-29 and 2020-05-27 runs in the same file: per-state slopes of county error on log(population), error by size class, zero cells kept zero",
     paper="Abowd et al. (2022), The 2020 Census DAS TopDown Algorithm; Gao, Gong & Yu (2022), Subspace Differential Privacy, Fig. 1 (the slope test)",
     data=("county_sex_age5_2010.csv",),
     full_run="40 min",
@@ -115,7 +128,9 @@ LABELS = {
     "das_20191029": "DAS 2019-10-29",
     "das_20200527": "DAS 2020-05-27",
     "topdown": "TopDown-style",
+    "topdown_one": "TopDown-style, one L2 pass",
     "gls": "GLS + unbiased rounding",
+    "nonnegative": "non-negative product (GLS projected)",
 }
 LEVELS = ("nation", "state", "county")
 #: Product queries of every level and their shares of the level's ρ (the nation omits
@@ -136,10 +151,12 @@ LOW_FACTORS = (Fraction(1, 300), Fraction(1, 100))
 
 
 def rho_factors(ctx: ExperimentContext) -> tuple[Fraction, ...]:
-    """The multiples of ρ* a run covers: ρ* alone (``--quick``), ``RHO_FACTORS``, or with
-    ``--all`` also ``LOW_FACTORS``."""
-    if ctx.quick:
+    """The multiples of ρ* a run covers: ρ* alone (``--quick`` or ``--opt rho=reference``),
+    ``LOW_FACTORS`` alone (``--opt rho=noisy``), ``RHO_FACTORS``, or with ``--all`` both."""
+    if ctx.quick or ctx.options.get("rho") == "reference":
         return (Fraction(1),)
+    if ctx.options.get("rho") == "noisy":
+        return LOW_FACTORS
     return (*LOW_FACTORS, *RHO_FACTORS) if ctx.all_units else RHO_FACTORS
 
 
@@ -157,6 +174,18 @@ ORDERING: dict[str, LevelOrdering] = {
     "state": ((("total",), ("sex", "age5", "detailed")), _ROUNDER),
     "county": ((("total",), ("sex", "age5", "detailed")), _ROUNDER),
 }
+#: The one-L2-pass variant: every query of a level in one pass, the total not isolated
+#: (``--opt topdown-passes=one``); the same rounder passes.
+ORDERING_ONE: dict[str, LevelOrdering] = {
+    "nation": ((("sex", "age5", "detailed"),), _ROUNDER),
+    "state": ((("total", "sex", "age5", "detailed"),), _ROUNDER),
+    "county": ((("total", "sex", "age5", "detailed"),), _ROUNDER),
+}
+#: ``--opt KEY=VALUE`` (the first value is the default): ``topdown-passes`` — the production
+#: ordering (``production``), the one-pass variant instead (``one``) or both side by side
+#: (``both``); ``rho`` — the multiples of ρ* of :func:`rho_factors` (``range``), ρ* alone
+#: (``reference``) or the ``LOW_FACTORS`` alone (``noisy``).
+OPTIONS = {"topdown-passes": ("production", "one", "both"), "rho": ("range", "reference", "noisy")}
 
 
 @dataclass(frozen=True)
@@ -260,20 +289,53 @@ def _tensors(data: CountyData) -> list[np.ndarray]:
     return [c.reshape(-1, *data.schema.shape) for c in data.hierarchy.aggregate(data.truth)]
 
 
-def _topdown(data, meas, invs, rng) -> np.ndarray:
+def _topdown(data, meas, invs, rng, shared) -> np.ndarray:
     rel = topdown_schema(data.hierarchy, data.schema, meas, invs, ordering=ORDERING)
     return np.asarray(rel.estimates[-1]).reshape(-1, data.schema.n_cells)
 
 
-def _gls(data, meas, invs, rng) -> np.ndarray:
-    rel = structured_gls(data.hierarchy, data.schema, meas, invs)
+def _topdown_one(data, meas, invs, rng, shared) -> np.ndarray:
+    rel = topdown_schema(data.hierarchy, data.schema, meas, invs, ordering=ORDERING_ONE)
+    return np.asarray(rel.estimates[-1]).reshape(-1, data.schema.n_cells)
+
+
+def _gls_release(data, meas, invs, shared: dict):
+    """The run's structured GLS release, solved once for every estimator built on it."""
+    if "gls" not in shared:
+        shared["gls"] = structured_gls(data.hierarchy, data.schema, meas, invs)
+    return shared["gls"]
+
+
+def _gls(data, meas, invs, rng, shared) -> np.ndarray:
+    rel = _gls_release(data, meas, invs, shared)
     out = round_structured(rel, rng.child("round"), invariants=invs, spreads=False)
     return np.asarray(out.counts[-1]).reshape(-1, data.schema.n_cells)
 
 
-#: Estimator name → f(data, measurements, invariants, rng) → county cells (counties, 36).
-#: A new estimator on the same measurements is one entry here (and one in LABELS).
-ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {"topdown": _topdown, "gls": _gls}
+def _nonnegative(data, meas, invs, rng, shared) -> np.ndarray:
+    rel = _gls_release(data, meas, invs, shared)
+    out = nonnegative_structured(rel, rng.child("nonnegative"), invariants=invs)
+    return np.asarray(out.counts[-1]).reshape(-1, data.schema.n_cells)
+
+
+#: Estimator name → f(data, measurements, invariants, rng, shared) → county cells (counties,
+#: 36); ``shared`` holds what one run's estimators share (the GLS release: the seconds of the
+#: GLS-based columns after the first exclude its solve). A new estimator on the same
+#: measurements is one entry here (and one in LABELS).
+ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
+    "topdown": _topdown,
+    "topdown_one": _topdown_one,
+    "gls": _gls,
+    "nonnegative": _nonnegative,
+}
+
+
+def estimators(ctx: ExperimentContext) -> tuple[str, ...]:
+    """The columns a run reports: the TopDown-style orderings ``--opt topdown-passes`` asks
+    for, GLS and the non-negative product."""
+    passes = ctx.options.get("topdown-passes", OPTIONS["topdown-passes"][0])
+    td = {"production": ("topdown",), "one": ("topdown_one",), "both": ("topdown", "topdown_one")}
+    return (*td[passes], "gls", "nonnegative")
 
 
 def _checks(data: CountyData, county: np.ndarray) -> dict:
@@ -377,27 +439,30 @@ def _run_rho(
     rho: Fraction,
     runs: int,
     rng: KeyedRNG,
+    names: Sequence[str],
 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """Every estimator on ``runs`` independent measurements at level budget ``rho``."""
+    """The estimators ``names`` on ``runs`` independent measurements at level budget ``rho``."""
     h, truth = data.hierarchy, data.truth
     total = truth.sum(axis=1)
     plan = strategy(data.schema, rho)
-    errors = {k: np.empty((runs, total.size)) for k in ESTIMATORS}
-    regs: dict[str, list[pd.DataFrame]] = {k: [] for k in ESTIMATORS}
+    errors = {k: np.empty((runs, total.size)) for k in names}
+    regs: dict[str, list[pd.DataFrame]] = {k: [] for k in names}
     zeros = {k: dict.fromkeys(("true_zero_cells", "zero_kept_zero", "positive_set_to_zero",
-                               "positive_cells"), 0) for k in ESTIMATORS}  # fmt: skip
-    cell_abs = dict.fromkeys(ESTIMATORS, 0.0)
-    checks: dict[str, dict] = {k: {} for k in ESTIMATORS}
-    seconds = dict.fromkeys(ESTIMATORS, 0.0)
-    cpu = dict.fromkeys(ESTIMATORS, 0.0)
+                               "positive_cells"), 0) for k in names}  # fmt: skip
+    cell_abs = dict.fromkeys(names, 0.0)
+    checks: dict[str, dict] = {k: {} for k in names}
+    seconds = dict.fromkeys(names, 0.0)
+    cpu = dict.fromkeys(names, 0.0)
     for r in range(runs):
         rr = rng.child(f"run/{r}")
         meas: list[ProductMeasurement] = measure_products(
             tensors, plan, rr.child("measure"), level_names=h.names
         )
-        for name, fn in ESTIMATORS.items():
+        shared: dict = {}
+        for name in names:
+            fn = ESTIMATORS[name]
             t0, c0 = time.perf_counter(), time.process_time()
-            county = fn(data, meas, invs, rr.child(name))
+            county = fn(data, meas, invs, rr.child(name), shared)
             seconds[name] += time.perf_counter() - t0
             cpu[name] += time.process_time() - c0
             for k, ok in _checks(data, county).items():
@@ -409,7 +474,7 @@ def _run_rho(
                 zeros[name][k] += v
             cell_abs[name] += float(np.abs(county - truth).mean()) / runs
     out = {}
-    for name in ESTIMATORS:
+    for name in names:
         pooled = group_regressions(
             errors[name].reshape(-1), np.tile(total, runs), np.tile(data.state, runs),
             min_members=MIN_COUNTIES * runs,
@@ -487,13 +552,16 @@ def run(ctx: ExperimentContext) -> dict:
     factors = rho_factors(ctx)
     ref_factor = min(factors, key=lambda f: abs(f - 1))
     runs = RUNS_QUICK if ctx.quick else RUNS
+    names = estimators(ctx)
+    metrics["estimators"] = list(names)
+    metrics["options"] = dict(ctx.options)
     metrics["runs"] = runs
     metrics["rho_levels"] = [float(RHO_BUREAU * f) for f in factors]
     metrics["by_rho"] = []
     ref_errors: dict[str, np.ndarray] = {}
     for i, f in enumerate(factors):
         rho = RHO_BUREAU * f
-        res, errors = _run_rho(data, tensors, invs, rho, runs, ctx.rng.child(f"rho/{i}"))
+        res, errors = _run_rho(data, tensors, invs, rho, runs, ctx.rng.child(f"rho/{i}"), names)
         metrics["by_rho"].append({"rho_level": float(rho), "factor": float(f),
                                   "rho_total": float(rho * (3 - SHARES["total"])), **res})  # fmt: skip
         if f == ref_factor:
@@ -501,7 +569,7 @@ def run(ctx: ExperimentContext) -> dict:
     ctx.timings["seconds"] = time.perf_counter() - t_start
     ref = next(b for b in metrics["by_rho"] if b["factor"] == float(ref_factor))
     metrics["reference_factor"] = float(ref_factor)
-    table = _slopes_table(data, bureau_regs, ref)
+    table = _slopes_table(data, bureau_regs, ref, names)
     metrics["slopes_table_rows"] = int(len(table))
     table.to_csv(ctx.out / "state_slopes.csv", index=False)
     _figure(ctx, metrics, data, ref_errors)  # after reference_factor: the figure names it
@@ -509,7 +577,9 @@ def run(ctx: ExperimentContext) -> dict:
     return metrics
 
 
-def _slopes_table(data: CountyData, bureau: dict[str, pd.DataFrame], ref: dict) -> pd.DataFrame:
+def _slopes_table(
+    data: CountyData, bureau: dict[str, pd.DataFrame], ref: dict, names: Sequence[str]
+) -> pd.DataFrame:
     """One row per regression state: the Bureau's slopes and ours at the reference budget
     (the multiple of ρ* nearest 1) over the runs."""
     st = data.hierarchy["state"]
@@ -521,7 +591,7 @@ def _slopes_table(data: CountyData, bureau: dict[str, pd.DataFrame], ref: dict) 
         r = reg.set_index("group").reindex(base["state"])
         base[f"{key}_slope"] = r["slope"].to_numpy()
         base[f"{key}_p"] = r["p"].to_numpy()
-    for name in ESTIMATORS:
+    for name in names:
         ps = pd.DataFrame(ref[name]["per_state"]).set_index("state").reindex(base["state"])
         for c in ("mean_slope", "runs_negative", "runs_significant_negative"):
             base[f"{name}_{c}"] = ps[c].to_numpy()
@@ -540,10 +610,12 @@ def _figure(ctx: ExperimentContext, m: dict, data: CountyData, errors: dict) -> 
     key = "significant_negative_001"
     fig, axes = plt.subplots(1, 3, figsize=(18, 5.2))
     rhos = [b["rho_level"] for b in m["by_rho"]]
-    colours = {"topdown": "C0", "gls": "C2", "das_20191029": "C3", "das_20200527": "C1"}
+    colours = {"topdown": "C0", "topdown_one": "C9", "gls": "C2", "nonnegative": "C4",
+               "das_20191029": "C3", "das_20200527": "C1"}  # fmt: skip
+    names = m["estimators"]
     for ax, stat, title in ((axes[0], "negative", "negative slopes"),
                             (axes[1], key, "significantly negative slopes (α = 0.01)")):  # fmt: skip
-        for name in ESTIMATORS:
+        for name in names:
             mean = [b[name][f"{stat}_mean"] for b in m["by_rho"]]
             lo = [b[name][f"{stat}_range"][0] for b in m["by_rho"]]
             hi = [b[name][f"{stat}_range"][1] for b in m["by_rho"]]
@@ -554,12 +626,12 @@ def _figure(ctx: ExperimentContext, m: dict, data: CountyData, errors: dict) -> 
         ax.axvline(m["rho_bureau"], color="grey", lw=0.8, ls=":")
         ax.set_xscale("log")
         ax.set_xlabel("ρ per level (dotted: ρ* matching the Bureau's county total)")
-        ax.set_ylabel(f"of {m['by_rho'][0]['topdown']['states']} areas (mean, range over runs)")
+        ax.set_ylabel(f"of {m['by_rho'][0][names[0]]['states']} areas (mean, range over runs)")
         ax.set_title(title, fontsize=10)
     axes[0].legend(fontsize=7)
     ax = axes[2]
     truth = data.truth.sum(axis=1)
-    for name in [*ESTIMATORS, *DAS_RUNS]:
+    for name in [*names, *DAS_RUNS]:
         err = errors.get(name)
         if err is None:
             err = data.bureau[name].sum(axis=1) - truth
@@ -618,8 +690,10 @@ def _report(m: dict) -> str:
         f"The 2010 county sex × 5-year age table ({m['counties']:,} counties, "
         f"{m['persons']:,} persons, 36 cells) released with every state total held exact; "
         "TopDown-style (the Bureau's multi-pass L2 and rounder, parent equality and "
-        "non-negativity kept) and GLS with unbiased rounding on the same discrete Gaussian "
-        "measurements (total, sex, age, detailed at nation (no total), state and county), "
+        "non-negativity kept; with `--opt topdown-passes=one|both` also or instead one L2 pass "
+        "of all queries, the total not isolated), GLS with unbiased rounding and the "
+        "non-negative product of the same GLS release (per-parent simplex projection and "
+        "keyed rounding) on the same discrete Gaussian measurements (total, sex, age, detailed at nation (no total), state and county), "
         "beside the Bureau's own demonstration runs in the same file. Slopes: OLS of "
         "county-total error on log(true population) within each area with at least "
         f"{m['min_counties']} counties; significant at two-sided α = {m['alpha']}.",
@@ -638,6 +712,7 @@ def _report(m: dict) -> str:
         *[_row(LABELS[k], m[k], False) for k in DAS_RUNS],
         "",
     ]
+    names = m["estimators"]
     for b in m["by_rho"]:
         mark = " (ρ*)" if b["factor"] == 1.0 else ""
         lines += [
@@ -646,19 +721,19 @@ def _report(m: dict) -> str:
             "",
             head,
             sep,
-            *[_row(LABELS.get(k, k), b[k], True) for k in ESTIMATORS],
+            *[_row(LABELS.get(k, k), b[k], True) for k in names],
             "",
             "Chance for an unbiased estimator: "
-            f"{b['topdown']['chance_expected_significant_negative']:.2f} significant negatives "
-            f"expected (99% point {b['topdown']['chance_upper_99']}). Every release: "
+            f"{b[names[0]]['chance_expected_significant_negative']:.2f} significant negatives "
+            f"expected (99% point {b[names[0]]['chance_upper_99']}). Every release: "
             + "; ".join(
                 f"{LABELS.get(k, k)} " + ", ".join(f"{c} {v}" for c, v in b[k]["checks"].items())
-                for k in ESTIMATORS
+                for k in names
             )
             + ". Seconds: "
             + ", ".join(
                 f"{LABELS.get(k, k)} {b[k]['seconds']:.0f} s wall / {b[k]['cpu_seconds']:.0f} CPU s"
-                for k in ESTIMATORS
+                for k in names
             )  # fmt: skip
             + ".",
             "",
@@ -671,7 +746,7 @@ def _report(m: dict) -> str:
         "| release | 2010 population | counties | mean error | MAE | RMSE | MALPE % | MAPE % |",
         "|---|---|---|---|---|---|---|---|",
         *[r for k in DAS_RUNS for r in _size_rows(LABELS[k], m[k]["size_classes"])],
-        *[r for k in ESTIMATORS for r in _size_rows(LABELS.get(k, k), ref[k]["size_classes"])],
+        *[r for k in names for r in _size_rows(LABELS.get(k, k), ref[k]["size_classes"])],
         "",
         "Files: `state_slopes.csv` (one row per area: the Bureau's slopes and p-values, ours at "
         "ρ*: mean slope and runs with a negative and a significantly negative slope), "

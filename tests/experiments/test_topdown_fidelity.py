@@ -13,6 +13,9 @@ from censusdp.errors import DataError
 from censusdp.experiments.registry import run_experiment
 from censusdp.experiments.topdown_fidelity import (
     ESTIMATORS,
+    LABELS,
+    ORDERING,
+    ORDERING_ONE,
     QUICK_STATES,
     RHO_BUREAU,
     SHARES,
@@ -109,10 +112,15 @@ def test_the_bureau_counts_recomputed_from_the_36_cell_file(shared_file):
 def test_quick_run_releases_exact_integer_tables(tmp_path, shared_file):
     data_path = shared_file("county_sex_age5_2010.csv")
     out, m = run_experiment(
-        "topdown-fidelity", out=tmp_path / "fid", quick=True, seed=7, data=data_path
-    )
+        "topdown-fidelity", out=tmp_path / "fid", quick=True, seed=7, data=data_path,
+        options={"topdown-passes": "both"},
+    )  # fmt: skip
     on_disk = json.loads((out / "metrics.json").read_text())
     assert on_disk["runs"] == 2 and len(on_disk["by_rho"]) == 1
+    assert on_disk["estimators"] == list(ESTIMATORS) == [
+        "topdown", "topdown_one", "gls", "nonnegative"
+    ]  # fmt: skip
+    assert on_disk["options"] == {"topdown-passes": "both", "rho": "range"}
     data = load_county_table(data_path, QUICK_STATES)
     assert on_disk["counties"] == data.hierarchy.leaves.size
     b = on_disk["by_rho"][0]
@@ -131,7 +139,11 @@ def test_quick_run_releases_exact_integer_tables(tmp_path, shared_file):
     assert list(table["state"]) == sorted(QUICK_STATES)
     assert on_disk["slopes_table_rows"] == len(QUICK_STATES)
     assert (out / "fidelity.png").stat().st_size > 10_000
-    assert "topdown-fidelity" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "topdown-fidelity" in report
+    assert all(LABELS[k] in report for k in ESTIMATORS)
+    for k in ("topdown", "topdown_one"):
+        assert f"{k}_mean_slope" in table.columns
 
 
 def test_topdown_release_is_consistent_at_every_level(shared_file):
@@ -170,3 +182,36 @@ def test_budgets_of_each_mode(tmp_path):
     every = rho_factors(ExperimentContext(out=tmp_path, all_units=True))
     assert every == (*LOW_FACTORS, *RHO_FACTORS) and min(every) < Fraction(1, 100) < max(every)
     assert Fraction(1) in RHO_FACTORS and min(RHO_FACTORS) < 1 < max(RHO_FACTORS)  # brackets ρ*
+
+
+def test_options_choose_the_columns_and_budgets(tmp_path):
+    from censusdp.errors import SpecError
+    from censusdp.experiments.registry import ExperimentContext
+    from censusdp.experiments.topdown_fidelity import LOW_FACTORS, estimators, rho_factors
+
+    def ctx(**opts):
+        return ExperimentContext(out=tmp_path, options=opts)
+
+    assert estimators(ctx()) == ("topdown", "gls", "nonnegative")
+    assert estimators(ctx(**{"topdown-passes": "production"})) == ("topdown", "gls", "nonnegative")
+    assert estimators(ctx(**{"topdown-passes": "one"})) == ("topdown_one", "gls", "nonnegative")
+    assert estimators(ctx(**{"topdown-passes": "both"}))[:2] == ("topdown", "topdown_one")
+    assert rho_factors(ExperimentContext(out=tmp_path, options={"rho": "reference"})) == (
+        Fraction(1),
+    )
+    noisy = rho_factors(ExperimentContext(out=tmp_path, options={"rho": "noisy"}))
+    assert noisy == LOW_FACTORS and max(noisy) < Fraction(1, 10)
+    # the one-pass variant: every query of a level in a single L2 pass, the same rounder
+    for level in ("state", "county"):
+        (l2_prod, round_prod), (l2_one, round_one) = ORDERING[level], ORDERING_ONE[level]
+        assert len(l2_prod) == 2 and l2_prod[0] == ("total",)
+        assert l2_one == (tuple(q for p in l2_prod for q in p),) and round_one == round_prod
+    assert ORDERING_ONE["nation"] == ORDERING["nation"]
+    # unknown options and values stop before anything runs
+    with pytest.raises(SpecError, match="no option 'passes'"):
+        run_experiment("topdown-fidelity", out=tmp_path / "a", quick=True, seed=1,
+                       options={"passes": "one"})  # fmt: skip
+    with pytest.raises(SpecError, match="production, one, both"):
+        run_experiment("topdown-fidelity", out=tmp_path / "b", quick=True, seed=1,
+                       options={"topdown-passes": "two"})  # fmt: skip
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
