@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from censusdp.estimation.topdown_sparse import (
     l1_multipass,
     l2_multipass,
 )
+from censusdp.executor import Executor
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.privacy import check_statement
 from censusdp.mechanisms.product_measure import (
@@ -59,9 +60,6 @@ from censusdp.mechanisms.product_measure import (
 )
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Schema
-
-if TYPE_CHECKING:
-    from censusdp.pipelines.execute import Executor
 
 __all__ = ["LevelOrdering", "bureau_pl94_ordering", "structural_zero_mask", "topdown_schema"]
 

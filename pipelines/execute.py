@@ -33,12 +33,13 @@ import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
 from censusdp.errors import SpecError
+from censusdp.executor import Executor
 from censusdp.registry import Registry
 from censusdp.rng import KeyedRNG
 
@@ -214,41 +215,6 @@ def _filled(cell: types.CellType) -> bool:
     except ValueError:  # an empty cell (a variable not yet assigned)
         return False
     return True
-
-
-class Executor(Protocol):
-    """Maps a function over items; results come back in input order."""
-
-    name: str
-    workers: int
-
-    def map(self, fn: Callable[..., Any], items: Sequence[Any], *extra: Any) -> list[Any]: ...
-
-    def submit(
-        self,
-        fn: Callable[..., Any],
-        items: Sequence[Any],
-        *extra: Any,
-        cost: Sequence[float] | None = None,
-    ) -> list[Any]:
-        """Like ``map`` but returns handles; ``items`` may contain earlier handles.
-
-        ``cost`` (one figure per item, e.g. its leaves) lets a scheduler that places tasks
-        as workers free up start the largest first (longest processing time first), so the
-        workers end together; handles still come back in input order.
-        """
-        ...
-
-    def gather(self, handles: Sequence[Any]) -> list[Any]: ...
-
-    def each(self, handles: Sequence[Any]) -> Iterator[tuple[int, Any]]:
-        """``(position, value)`` of every handle, each as soon as it is ready: a caller that
-        copies values out and drops them holds one at a time."""
-        ...
-
-    def release(self, handles: Sequence[Any]) -> None: ...
-
-    def wait(self, handles: Sequence[Any]) -> None: ...
 
 
 class _Local:
