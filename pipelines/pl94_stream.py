@@ -525,7 +525,8 @@ def stream_pl94(
         The level the partitions cut (default county); it and the levels below are
         measured inside the partitions, the levels above from pass 1's sums.
     partitions : int or sequence of Partition
-        Number of leaf-balanced partitions of the cut level (0: one per cut-level node), or
+        Number of leaf-balanced partitions of the cut level (0: as many as its nodes, small
+        neighbours grouped by :func:`~censusdp.pipelines.partition.partition_units`), or
         :func:`~censusdp.pipelines.partition.partition_units` of ``cut``.
     workers : int
         Threads running partitions at once (pass 1, upward, downward); the output does not
