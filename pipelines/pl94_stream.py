@@ -94,6 +94,8 @@ __all__ = [
     "TopRelease",
     "apply_queries",
     "county_measurements",
+    "exact_histograms",
+    "measure_whole",
     "slice_check",
     "stream_pl94",
 ]
@@ -478,6 +480,52 @@ def _cut_truth(
     for k in range(cut, 0, -1):
         levels.append(h.aggregate_up(k, levels[-1]))
     return levels[::-1]
+
+
+def exact_histograms(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    source: HistogramSource,
+    level: str | int,
+    workers: int = 1,
+) -> list[np.ndarray]:
+    """The exact int64 histograms ``(n_nodes, n_cells)`` of the levels from the root down to
+    ``level``, summed from the source one node of ``level`` at a time (pass 1 of
+    :func:`stream_pl94`); confidential."""
+    k = hierarchy.level_index(level)
+    return _cut_truth(hierarchy, schema, source, partition_units(hierarchy, k, hierarchy.sizes[k]),
+                      workers)  # fmt: skip
+
+
+def measure_whole(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    source: HistogramSource,
+    plan: Plan,
+    rng: KeyedRNG,
+    invariants: Sequence[tuple[str, ProductQuery | str]] = (
+        ("nation", "total"),
+        ("state", "total"),
+    ),
+) -> tuple[list[ProductMeasurement], list[ProductInvariant]]:
+    """Every measurement of ``plan`` over whole levels, and the invariants: the in-memory
+    input of :func:`~censusdp.estimation.structured_gls.structured_gls` with the values
+    :func:`stream_pl94` draws (one partition holding every node: memory grows with the
+    leaves, ~21 KB of noisy answers per pl94 block)."""
+    h = hierarchy
+    everything = Partition(0, 0, tuple((0, n) for n in h.sizes))
+    measure = PartitionMeasure(h, schema, source, plan, rng, 0)
+    meas = [
+        ProductMeasurement(h.names[k], q, v, law)
+        for (k, q, law), v in zip(measure.low, measure(everything), strict=True)
+    ]
+    truth = exact_histograms(h, schema, source, min(1, h.depth - 1))
+    invs = []
+    for lvl, q in invariants:
+        q = ProductQuery.parse(schema, q) if isinstance(q, str) else q
+        k = h.level_index(lvl)
+        invs.append(ProductInvariant(lvl, q, q.apply(truth[k].reshape(-1, *schema.shape))))
+    return meas, invs
 
 
 def stream_pl94(
