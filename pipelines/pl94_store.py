@@ -154,6 +154,7 @@ class Pl94StoreWriter:
         self.basis: MarginalBasis | None = None
         self._lock = threading.Lock()
         self._ctx = None
+        self._finished = False
         self.root: Path | None = None
 
     def __enter__(self) -> Pl94StoreWriter:
@@ -167,6 +168,13 @@ class Pl94StoreWriter:
 
     def __exit__(self, *exc) -> bool | None:
         ctx, self._ctx = self._ctx, None
+        if exc[0] is None and not self._finished:
+            err = DataError(
+                f"{self.path}: the store was closed before finish() wrote its manifest; "
+                "nothing was kept (call finish(result, queries) inside the with block)"
+            )
+            ctx.__exit__(DataError, err, None)
+            raise err
         return ctx.__exit__(*exc)
 
     # -- pieces -----------------------------------------------------------------------------
@@ -292,6 +300,7 @@ class Pl94StoreWriter:
         sums = {"format": FORMAT, "algorithm": "sha256", "files": files}
         (self.root / CHECKSUMS).write_text(json.dumps(sums, indent=1) + "\n")  # last
         self.bytes += len(text) + (self.root / CHECKSUMS).stat().st_size
+        self._finished = True
         return {"digest": digest, "bytes_written": self.bytes, "files": len(files) + 1}
 
 

@@ -19,7 +19,10 @@ Four passes:
    (:func:`apply_queries`) and draws its noise from the keyed streams
    ``measure/<level>/<query>`` at the partition's own node range. Noise is a pure function of
    the key and the node, so the draws equal those of a whole-level measurement bit for bit,
-   and the same function called again in the downward pass returns the same values.
+   and the same function called again in the downward pass returns the same values. Only the
+   partition's own nodes are drawn, not the keyed chunks of 65,536 nodes they fall in (the
+   exact discrete Gaussian starts mid-chunk: :meth:`~censusdp.mechanisms.laws.NoiseLaw.
+   sample_window`); partitions need not align with chunks, which counties do not.
 3. **Top.** The levels down to the cut are solved from their measurements, the invariants and
    the partitions' messages, then rounded top-down (:func:`~censusdp.estimation.
    structured_rounding.round_structured_top`, the invariants ``==``) and handed to ``on_top``.

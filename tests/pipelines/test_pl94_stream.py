@@ -251,3 +251,11 @@ def test_a_ppmf_histogram_is_a_source(tmp_path) -> None:
     assert (
         out["children_sum_to_parent_cell_by_cell"] and out["table_identities_exact_at_every_node"]
     )
+
+
+def test_a_store_closed_without_its_manifest_is_not_kept(state, tmp_path) -> None:
+    h, _ = state
+    path = tmp_path / "store"
+    with pytest.raises(DataError, match="finish"), Pl94StoreWriter(path, h, SCHEMA):
+        pass
+    assert not path.exists() and not list(tmp_path.iterdir())
