@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     out["store_verified"] = Pl94Store(store_path).verify() == summary["digest"]
     out["seconds_store_verify (not counted)"] = time.perf_counter() - t0
+    (out_dir / "result.json").write_text(json.dumps(out, indent=2) + "\n")  # before the check
     if args.check_county:
         _log(t_start, "slice check on the smallest county")
         k = h.level_index("county")
