@@ -77,7 +77,7 @@ from censusdp.hierarchy.shape_classes import shape_classes
 from censusdp.jsonable import to_jsonable
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.pl94_stream import PartitionRelease, Pl94StreamResult, TopRelease
-from censusdp.pipelines.pl94_tables import pl94_codebook, tabulate
+from censusdp.pipelines.pl94_tables import pl94_codebook
 from censusdp.pipelines.release_store import (
     CHECKSUMS,
     MANIFEST,
@@ -192,6 +192,7 @@ class Pl94StoreWriter:
         index: int | None,
         piece: StructuredPiece,
         counts: Sequence[np.ndarray],
+        tables: Sequence[np.ndarray],
         ranges: Sequence[tuple[int, int]],
     ) -> None:
         name = _piece_name(index)
@@ -199,7 +200,7 @@ class Pl94StoreWriter:
             k = self.h.level_index(lvl)
             lo, hi = ranges[j]
             c = np.asarray(counts[j])
-            self._save(f"tables/{lvl}/{name}", _narrow(tabulate(c)))
+            self._save(f"tables/{lvl}/{name}", _narrow(tables[j]))
             if self.histograms:
                 flat = c.reshape(c.shape[0], -1)
                 node, cell = np.nonzero(flat)
@@ -235,14 +236,14 @@ class Pl94StoreWriter:
         self.basis = piece.basis
         for mask, b in piece.identified.blocks.items():
             self._save(f"identified/{mask}.npy", np.asarray(b, np.float64))
-        self._write(None, piece, top.counts, piece.ranges)
+        self._write(None, piece, top.counts, top.tables, piece.ranges)
 
     def partition(self, out: PartitionRelease) -> None:
         """``on_partition``: one partition's levels below the cut."""
         p = out.partition
         with self._lock:
             self.partitions[p.index] = [list(r) for r in p.ranges]
-        self._write(p.index, out.piece, out.counts, out.piece.ranges)
+        self._write(p.index, out.piece, out.counts, out.tables, out.piece.ranges)
 
     # -- close ------------------------------------------------------------------------------
     def finish(

@@ -386,10 +386,16 @@ class TopRelease:
     piece: StructuredPiece
     rounded: RoundedLevels
     invariants: tuple[ProductInvariant, ...] = ()
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def counts(self) -> list[np.ndarray]:
         return self.rounded.counts
+
+    @property
+    def tables(self) -> list[np.ndarray]:
+        """The P1–P5 tables of each level, int64 ``(n_nodes, 298)`` (computed once)."""
+        return _tables_of(self.counts, self._tables)
 
 
 @dataclass(frozen=True, eq=False)
@@ -414,10 +420,25 @@ class PartitionRelease:
     piece: StructuredPiece
     counts: list[np.ndarray]
     cut_counts: np.ndarray
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def names(self) -> tuple[str, ...]:
         return self.piece.names
+
+    @property
+    def tables(self) -> list[np.ndarray]:
+        """The P1–P5 tables of each level, int64 ``(n_nodes, 298)`` (computed once, so
+        every consumer of the partition shares them)."""
+        return _tables_of(self.counts, self._tables)
+
+
+def _tables_of(counts: Sequence[np.ndarray], cache: dict) -> list[np.ndarray]:
+    if "tables" not in cache:
+        from censusdp.pipelines.pl94_tables import tabulate
+
+        cache["tables"] = [tabulate(c) for c in counts]
+    return cache["tables"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -437,7 +458,7 @@ class Pl94StreamResult:
         per measurement; ``diagnostics["draws"]`` counts draws made, regenerations included.
     diagnostics : dict
         Wall seconds per stage (``truth``: pass 1; ``measure``: generating, answering and
-        noise inside the partitions, summed over threads; ``gls``; ``rounding``;
+        noise inside the partitions, and ``gls``, both summed over threads; ``rounding``;
         ``callbacks``), CPU seconds likewise (``cpu_seconds_*``), the stream's own
         diagnostics, and the draws.
     """
@@ -708,7 +729,7 @@ def stream_pl94(
     )  # fmt: skip
     d = res.diagnostics
     # the partitions' measure runs in worker threads (its seconds are summed over them)
-    t["gls"] = time.perf_counter() - t0 - d["seconds_callback"] - d["seconds_measure"]
+    t["gls"] = sum(d[f"seconds_{k}"] for k in ("setup", "up", "top", "down", "output"))
     cpu["gls"] = time.process_time() - c0 - measure.stats["cpu"] - cpu["rounding"]
     cpu["gls"] -= cpu["callbacks"]
     t["measure"], cpu["measure"] = d["seconds_measure"], measure.stats["cpu"]
@@ -772,13 +793,10 @@ class ReleaseChecks:
             sums[has] = np.add.reduceat(flat, starts[has], axis=0)
         self.consistent &= bool(np.array_equal(sums, parent.reshape(n_par, -1)))
 
-    def _tables(self, counts: Sequence[np.ndarray]) -> None:
+    def _tables(self, counts: Sequence[np.ndarray], tables: Sequence[np.ndarray]) -> None:
         if self._identities is None:
             return
-        from censusdp.pipelines.pl94_tables import tabulate
-
-        for c in counts:
-            t = tabulate(c)
+        for c, t in zip(counts, tables, strict=True):
             ok = not np.any(t @ self._identities)
             ok &= np.array_equal(t[:, self._total_column], c.reshape(c.shape[0], -1).sum(axis=1))
             self.tables_exact &= bool(ok)
@@ -795,7 +813,7 @@ class ReleaseChecks:
             np.array_equal(inv.query.apply(counts[self.h.level_index(inv.level)]), inv.values)
             for inv in top.invariants
         )
-        self._tables(counts)
+        self._tables(counts, top.tables if self._identities is not None else [])
         self.seconds += time.perf_counter() - t0
 
     def partition(self, out: PartitionRelease) -> None:
@@ -808,7 +826,7 @@ class ReleaseChecks:
             self._sum_to(levels[j - 1], levels[j], self.h.levels[cut + j - 1].child_count[lo:hi])
         for j, c in enumerate(out.counts, start=cut + 1):
             self.totals[j] += int(c.sum())
-        self._tables(out.counts)
+        self._tables(out.counts, out.tables if self._identities is not None else [])
         self.seconds += time.perf_counter() - t0
 
     def result(self, persons: int) -> dict:
