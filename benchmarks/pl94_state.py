@@ -233,7 +233,7 @@ def run(
         stages = {
             "measure (apply queries + noise)": (measure_s, measure_c),
             "structured_gls": (d["seconds_gls"], d["cpu_seconds_gls"]),
-            "standard_errors": (ses.seconds, ses.seconds),
+            "standard_errors": (ses.seconds, ses.cpu_seconds),
             "rounding": (d["seconds_rounding"], d["cpu_seconds_rounding"]),
         }
         t_data += m["seconds_generate"] + d["seconds_truth"]

@@ -848,10 +848,10 @@ class StandardErrorSummary:
     def __init__(self, schema: Schema, tables: Sequence[str]) -> None:
         self.queries = [ProductQuery.parse(schema, t) for t in tables]
         self.acc: dict = {}
-        self.seconds = 0.0
+        self.seconds = self.cpu_seconds = 0.0
 
     def add(self, piece: StructuredPiece) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for lvl in piece.names:
             for q in self.queries:
                 se = piece.query_standard_errors(lvl, q)
@@ -861,6 +861,7 @@ class StandardErrorSummary:
                 a[1] += int(ok.sum())
                 a[2] = max(a[2], float(se[ok].max(initial=-np.inf)))
         self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.thread_time() - c0
 
     def result(self, names: Sequence[str]) -> dict:
         out: dict = {}
