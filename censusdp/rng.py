@@ -9,7 +9,9 @@ Noise is a pure function of ``(key, label, node index)``: the nodes of a stream 
 query, say) are cut into fixed chunks of :data:`CHUNK` nodes, and chunk ``j`` is drawn from a
 ChaCha20 generator keyed by ``HMAC-SHA256(key, f"{label}:{j}")``. Drawing nodes ``[a, c)`` and
 ``[c, b)`` separately therefore equals drawing ``[a, b)`` at once, bit for bit, however the work
-is partitioned. This is the shared-secret-key protocol of Algorithm 4 in the subspace-DP paper
+is partitioned. A sampler that can start mid-chunk (a ``window``: the exact discrete Gaussian's
+table path reads one half-word per draw from a counter generator it can advance) lets a range
+draw only its own nodes' noise, the same values; other samplers draw the chunk whole and slice. This is the shared-secret-key protocol of Algorithm 4 in the subspace-DP paper
 (every agent holds the common key and regenerates locally the noise it needs).
 
 A task never needs the key itself: :meth:`KeyedRNG.restrict` gives a :class:`SubKeys` holding
@@ -44,8 +46,10 @@ __all__ = [
     "ReproducibleSeedWarning",
     "Sampler",
     "aes_counter",
+    "aes_key",
     "StreamNotHeld",
     "SubKeys",
+    "Window",
     "chunk_range",
 ]
 
@@ -54,6 +58,8 @@ CHUNK = 1 << 16
 
 #: ``sampler(generator, size) -> 1-D array of `size` draws``.
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
+#: ``window(generator, size, start, stop)``: draws ``[start, stop)`` of ``sampler(generator, size)``.
+Window = Callable[[np.random.Generator, int, int, int], np.ndarray]
 
 
 class ReproducibleSeedWarning(UserWarning):
@@ -68,6 +74,13 @@ def _chacha(key: bytes) -> np.random.Generator:
     return np.random.Generator(ChaCha(key=int.from_bytes(key, "little"), counter=0, rounds=20))
 
 
+def aes_key(gen: np.random.Generator) -> np.ndarray:
+    """The 128-bit AES key :func:`aes_counter` takes from ``gen``: its next two 64-bit words
+    (a second counter generator on the same key reads the same words, e.g. from any word
+    on with ``AESCounter.advance``)."""
+    return gen.bit_generator.random_raw(2)
+
+
 def aes_counter(gen: np.random.Generator) -> AESCounter:
     """An AES-128 counter-mode bit generator keyed by the next 128 bits of ``gen``.
 
@@ -77,8 +90,7 @@ def aes_counter(gen: np.random.Generator) -> AESCounter:
     counter mode is the CTR construction of NIST SP 800-90A, a cryptographically secure
     generator. Two words of ``gen`` are consumed.
     """
-    key = gen.bit_generator.random_raw(2)
-    return AESCounter(key=key, counter=0)
+    return AESCounter(key=aes_key(gen), counter=0)
 
 
 def chunk_range(start: int, stop: int) -> range:
@@ -104,14 +116,22 @@ class _Streams:
         stop: int,
         sampler: Sampler,
         width: int = 1,
+        *,
+        window: Window | None = None,
     ) -> np.ndarray:
         """Draws for items ``[start, stop)`` of a stream of ``n_items`` items.
 
         Each item is a row of ``width`` draws. Chunk ``j`` covers items
-        ``[j*CHUNK, min((j+1)*CHUNK, n_items))`` and is always drawn whole, with one call
-        ``sampler(generator(label, j), rows*width)``, then sliced. The result depends only
-        on ``(key, label, n_items, start, stop, width)`` and the sampler, never on how the
-        range is split.
+        ``[j*CHUNK, min((j+1)*CHUNK, n_items))`` and is defined as one call
+        ``sampler(generator(label, j), rows*width)``, sliced to the range. The result depends
+        only on ``(key, label, n_items, start, stop, width)`` and the sampler, never on how
+        the range is split.
+
+        ``window(generator(label, j), rows*width, a, b)``, when given, must return draws
+        ``[a, b)`` of that call bit for bit (e.g.
+        :meth:`~censusdp.mechanisms.laws.NoiseLaw.sample_window`); it is used for a chunk
+        the range covers only in part, so a partition draws only its own nodes' noise, not
+        its chunks' whole.
 
         Returns
         -------
@@ -125,13 +145,23 @@ class _Streams:
         parts = []
         for j in chunk_range(start, stop):
             lo, hi = j * CHUNK, min((j + 1) * CHUNK, n_items)
+            a, b = max(start, lo) - lo, min(stop, hi) - lo
+            if window is not None and (a, b) != (0, hi - lo):
+                rows = np.asarray(window(self.generator(label, j), (hi - lo) * width,
+                                         a * width, b * width))  # fmt: skip
+                if rows.shape != ((b - a) * width,):
+                    raise ValueError(
+                        f"window returned shape {rows.shape}, expected {((b - a) * width,)}"
+                    )
+                parts.append(rows.reshape(b - a, width))
+                continue
             rows = np.asarray(sampler(self.generator(label, j), (hi - lo) * width))
             if rows.shape != ((hi - lo) * width,):
                 raise ValueError(
                     f"sampler returned shape {rows.shape}, expected {((hi - lo) * width,)}"
                 )
             rows = rows.reshape(hi - lo, width)
-            parts.append(rows[max(start, lo) - lo : min(stop, hi) - lo])
+            parts.append(rows[a:b])
         if not parts:  # only the dtype is wanted: no draw, so no key
             probe = np.asarray(sampler(_chacha(bytes(32)), 0))
             return np.empty((0, width), dtype=probe.dtype)

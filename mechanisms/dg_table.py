@@ -84,6 +84,7 @@ Bernstein, "ChaCha, a variant of Salsa20", 2008; NIST SP 800-90A Rev. 1 (2015), 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
 import threading
@@ -93,9 +94,10 @@ from functools import lru_cache
 
 import numpy as np
 from flint import arb, ctx
+from randomgen import AESCounter
 
 from censusdp.mechanisms.discrete import bernoulli_exp, bernoulli_exp_reference
-from censusdp.rng import aes_counter
+from censusdp.rng import aes_counter, aes_key
 
 __all__ = [
     "GUIDE_BITS",
@@ -104,6 +106,7 @@ __all__ = [
     "CellTable",
     "cell_table",
     "sample_discrete_gaussian_fast",
+    "sample_discrete_gaussian_window",
 ]
 
 #: Bits of uniform per draw on the fast path (half a 64-bit word).
@@ -437,4 +440,119 @@ def sample_discrete_gaussian_fast(
         take = min(need, k.size)
         out[filled : filled + take] = k[:take]
         filled += take
+    return out
+
+
+# ---- drawing a window of a chunk ------------------------------------------------------------
+#: Prefix scans remembered per (chunk's word key, σ², size): how far the words were scanned,
+#: and every ambiguous position met with the number of 64-bit words its resolution read.
+_PREFIX_SCANS: dict = {}
+_PREFIX_LIMIT = 4096
+_PREFIX_LOCK = threading.Lock()
+
+
+def _edges(first: int, stop: int) -> list[int]:
+    """Block edges of ``[first, stop)`` at multiples of ``_BLOCK`` (even: whole words)."""
+    return [first, *range((first // _BLOCK + 1) * _BLOCK, stop, _BLOCK), stop]
+
+
+def _words(bitgen, a: int, b: int) -> np.ndarray:
+    """Half-words ``[a, b)`` of the word stream, ``bitgen`` standing at word ``a // 2``."""
+    w0 = a // 2
+    raw = np.atleast_1d(bitgen.random_raw((b + 1) // 2 - w0))
+    return _half_words(raw)[a - 2 * w0 : b - 2 * w0]
+
+
+def _invert_window(
+    table: CellTable, key: np.ndarray, first: int, stop: int, out: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Invert half-words ``[first, stop)`` (into ``out`` if given); the ambiguous positions
+    (relative to ``first``) and their words."""
+    bitgen = AESCounter(key=key, counter=0)
+    bitgen.advance(first // 2)
+    n = stop - first
+    cells = out if out is not None else np.empty(min(n, _BLOCK), dtype=np.int64)
+    index = np.empty(min(n, _BLOCK), dtype=np.intp)
+    pos, words = [], []
+    edges = _edges(first, stop)
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        w = _words(bitgen, a, b)
+        dst = cells[a - first : b - first] if out is not None else cells[: b - a]
+        amb = table._invert_into(w, dst, index[: b - a])
+        pos.append(amb + (a - first))
+        words.append(w[amb])
+    if not pos:
+        return np.empty(0, np.int64), np.empty(0, np.uint32)
+    return np.concatenate(pos).astype(np.int64), np.concatenate(words)
+
+
+def _prefix_words(table: CellTable, key: np.ndarray, size: int, start: int) -> int:
+    """64-bit words read by the resolutions of the ambiguous draws before ``start`` (they
+    read the stream from word ``⌈size/2⌉`` on, in position order)."""
+    memo = (hashlib.sha256(key.tobytes()).digest(), table._p, table._q, table.width, size)
+    with _PREFIX_LOCK:
+        scanned, found = _PREFIX_SCANS.get(memo, (0, ()))
+    if scanned < start:
+        pos, words = _invert_window(table, key, scanned, start, None)
+        more = AESCounter(key=key, counter=0)
+        more.advance((size + 1) // 2 + sum(u for _, u in found))
+        new = []
+        for p, w in zip(pos.tolist(), words.tolist(), strict=True):
+            read = [0]
+
+            def word(read=read) -> int:
+                read[0] += 1
+                return more.random_raw()
+
+            table.resolve(w, word)
+            new.append((scanned + p, read[0]))
+        found, scanned = (*found, *new), start
+        with _PREFIX_LOCK:
+            if _PREFIX_SCANS.get(memo, (0,))[0] < scanned:
+                if len(_PREFIX_SCANS) >= _PREFIX_LIMIT:
+                    _PREFIX_SCANS.pop(next(iter(_PREFIX_SCANS)))
+                _PREFIX_SCANS[memo] = (scanned, found)
+    return sum(u for p, u in found if p < start)
+
+
+def sample_discrete_gaussian_window(
+    gen: np.random.Generator,
+    size: int,
+    start: int,
+    stop: int,
+    sigma2: Fraction | int,
+) -> np.ndarray:
+    """Draws ``[start, stop)`` of ``sample_discrete_gaussian_fast(gen, size, sigma2)``, equal
+    bit for bit, drawing only those.
+
+    On the table path (σ ≤ :data:`TABLE_SIGMA_MAX`) draw ``i`` is the inversion of half-word
+    ``i`` of the AES word stream, unless that word equals a table entry; those few
+    (probability ≈ table length / 2³² per draw) are resolved after every half-word, in
+    position order, reading the stream from word ``⌈size/2⌉`` on. So the window's words are
+    read straight from the counter (``AESCounter.advance``); only when the window holds an
+    ambiguous word are the words before ``start`` scanned for the ambiguous ones and their
+    resolutions replayed, to find the word the window's resolutions start at (the scan is
+    remembered per chunk: a chunk's prefix is scanned at most once per process). The cell
+    path (σ above the table) reads a variable number of words per draw: it is drawn whole
+    and sliced.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 array of shape ``(stop − start,)``.
+    """
+    size, start, stop = int(size), int(start), int(stop)
+    if not 0 <= start <= stop <= size:
+        raise ValueError(f"window [{start}, {stop}) is outside [0, {size})")
+    table = cell_table(Fraction(sigma2))
+    if table.width != 1:
+        return sample_discrete_gaussian_fast(gen, size, sigma2)[start:stop]
+    key = aes_key(gen)
+    out = np.empty(stop - start, dtype=np.int64)
+    pos, words = _invert_window(table, key, start, stop, out)
+    if pos.size:
+        more = AESCounter(key=key, counter=0)
+        more.advance((size + 1) // 2 + _prefix_words(table, key, size, start))
+        for p, w in zip(pos.tolist(), words.tolist(), strict=True):
+            out[p] = table.resolve(w, more.random_raw)
     return out

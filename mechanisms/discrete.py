@@ -607,6 +607,15 @@ class DiscreteGaussian(NoiseLaw):
 
         return sample_discrete_gaussian_fast(stream, int(size), self.sigma2)
 
+    def sample_window(
+        self, stream: np.random.Generator, size: int, start: int, stop: int
+    ) -> np.ndarray:
+        """Draws ``[start, stop)`` of :meth:`sample`, equal bit for bit, drawing only those
+        (:func:`~censusdp.mechanisms.dg_table.sample_discrete_gaussian_window`)."""
+        from censusdp.mechanisms.dg_table import sample_discrete_gaussian_window
+
+        return sample_discrete_gaussian_window(stream, size, start, stop, self.sigma2)
+
     def log_density(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
         return -(x * x) / (2.0 * float(self.sigma2)) - self._log_norm

@@ -94,6 +94,13 @@ class NoiseLaw(ABC):
     def sample(self, stream: np.random.Generator, size: int) -> np.ndarray:
         """``size`` independent draws (float64, or int64 for integer laws)."""
 
+    def sample_window(
+        self, stream: np.random.Generator, size: int, start: int, stop: int
+    ) -> np.ndarray:
+        """Draws ``[start, stop)`` of ``sample(stream, size)``, bit for bit (laws whose sampler
+        can start mid-stream override this to draw only those)."""
+        return self.sample(stream, size)[start:stop]
+
     @abstractmethod
     def log_density(self, x: np.ndarray) -> np.ndarray:
         """Normalised log-density (continuous) or log-mass (integer) at ``x``, elementwise."""

@@ -305,8 +305,9 @@ def measure_range(
         true_answers = true_answers.astype(np.int64)
     stop = start + true_answers.shape[0]
     noise = rng.draw(
-        stream_label(level_name, query.name), n_nodes, start, stop, law.sample, query.n_rows
-    )
+        stream_label(level_name, query.name), n_nodes, start, stop, law.sample, query.n_rows,
+        window=law.sample_window,
+    )  # fmt: skip
     return true_answers + noise
 
 

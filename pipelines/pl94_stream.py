@@ -19,7 +19,10 @@ Four passes:
    (:func:`apply_queries`) and draws its noise from the keyed streams
    ``measure/<level>/<query>`` at the partition's own node range. Noise is a pure function of
    the key and the node, so the draws equal those of a whole-level measurement bit for bit,
-   and the same function called again in the downward pass returns the same values.
+   and the same function called again in the downward pass returns the same values. Only the
+   partition's own nodes are drawn, not the keyed chunks of 65,536 nodes they fall in (the
+   exact discrete Gaussian starts mid-chunk: :meth:`~censusdp.mechanisms.laws.NoiseLaw.
+   sample_window`); partitions need not align with chunks, which counties do not.
 3. **Top.** The levels down to the cut are solved from their measurements, the invariants and
    the partitions' messages, then rounded top-down (:func:`~censusdp.estimation.
    structured_rounding.round_structured_top`, the invariants ``==``) and handed to ``on_top``.
@@ -93,6 +96,10 @@ __all__ = [
     "SyntheticHistogram",
     "TopRelease",
     "apply_queries",
+    "county_measurements",
+    "exact_histograms",
+    "measure_whole",
+    "slice_check",
     "stream_pl94",
 ]
 
@@ -292,7 +299,7 @@ class PartitionMeasure:
             if hierarchy.level_index(lvl) >= cut
         ]
         self._lock = threading.Lock()
-        self.stats = dict(calls=0, draws=0, generate=0.0, apply=0.0, noise=0.0)
+        self.stats = dict(calls=0, draws=0, generate=0.0, apply=0.0, noise=0.0, cpu=0.0)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -311,7 +318,7 @@ class PartitionMeasure:
     def __call__(self, part: Partition) -> list[np.ndarray]:
         h, schema, D = self.hierarchy, self.schema, self.hierarchy.depth
         n_cells, shape = schema.n_cells, tuple(schema.shape)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         lo_leaf, hi_leaf = part.range(D - 1)
         leaf, cell, count = _checked_entries(
             self.source(lo_leaf, hi_leaf), lo_leaf, hi_leaf, n_cells
@@ -353,7 +360,10 @@ class PartitionMeasure:
             answers[k] = vals
         for k, q, _ in self.low:
             out.append(answers[k][q.name])
-        self._add(calls=1, draws=draws, generate=t1 - t0, apply=t_apply, noise=t_noise)
+        self._add(
+            calls=1, draws=draws, generate=t1 - t0, apply=t_apply, noise=t_noise,
+            cpu=time.thread_time() - c0,
+        )  # fmt: skip
         return out
 
 
@@ -369,16 +379,23 @@ class TopRelease:
     rounded : RoundedLevels
         Their integer cell tensors (``rounded.counts[k]``: int64 ``(n_nodes, *shape)``),
         the invariants ``==``.
-    truth_top : list of numpy.ndarray
-        Not present: the confidential histograms never leave the engine.
+    invariants : tuple of ProductInvariant
+        The invariants held (public: released exactly).
     """
 
     piece: StructuredPiece
     rounded: RoundedLevels
+    invariants: tuple[ProductInvariant, ...] = ()
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def counts(self) -> list[np.ndarray]:
         return self.rounded.counts
+
+    @property
+    def tables(self) -> list[np.ndarray]:
+        """The P1–P5 tables of each level, int64 ``(n_nodes, 298)`` (computed once)."""
+        return _tables_of(self.counts, self._tables)
 
 
 @dataclass(frozen=True, eq=False)
@@ -403,10 +420,25 @@ class PartitionRelease:
     piece: StructuredPiece
     counts: list[np.ndarray]
     cut_counts: np.ndarray
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def names(self) -> tuple[str, ...]:
         return self.piece.names
+
+    @property
+    def tables(self) -> list[np.ndarray]:
+        """The P1–P5 tables of each level, int64 ``(n_nodes, 298)`` (computed once, so
+        every consumer of the partition shares them)."""
+        return _tables_of(self.counts, self._tables)
+
+
+def _tables_of(counts: Sequence[np.ndarray], cache: dict) -> list[np.ndarray]:
+    if "tables" not in cache:
+        from censusdp.pipelines.pl94_tables import tabulate
+
+        cache["tables"] = [tabulate(c) for c in counts]
+    return cache["tables"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -426,7 +458,8 @@ class Pl94StreamResult:
         per measurement; ``diagnostics["draws"]`` counts draws made, regenerations included.
     diagnostics : dict
         Wall seconds per stage (``truth``: pass 1; ``measure``: generating, answering and
-        noise inside the partitions; ``gls``; ``rounding``; ``callbacks``), the stream's own
+        noise inside the partitions, and ``gls``, both summed over threads; ``rounding``;
+        ``callbacks``), CPU seconds likewise (``cpu_seconds_*``), the stream's own
         diagnostics, and the draws.
     """
 
@@ -471,6 +504,52 @@ def _cut_truth(
     for k in range(cut, 0, -1):
         levels.append(h.aggregate_up(k, levels[-1]))
     return levels[::-1]
+
+
+def exact_histograms(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    source: HistogramSource,
+    level: str | int,
+    workers: int = 1,
+) -> list[np.ndarray]:
+    """The exact int64 histograms ``(n_nodes, n_cells)`` of the levels from the root down to
+    ``level``, summed from the source one node of ``level`` at a time (pass 1 of
+    :func:`stream_pl94`); confidential."""
+    k = hierarchy.level_index(level)
+    return _cut_truth(hierarchy, schema, source, partition_units(hierarchy, k, hierarchy.sizes[k]),
+                      workers)  # fmt: skip
+
+
+def measure_whole(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    source: HistogramSource,
+    plan: Plan,
+    rng: KeyedRNG,
+    invariants: Sequence[tuple[str, ProductQuery | str]] = (
+        ("nation", "total"),
+        ("state", "total"),
+    ),
+) -> tuple[list[ProductMeasurement], list[ProductInvariant]]:
+    """Every measurement of ``plan`` over whole levels, and the invariants: the in-memory
+    input of :func:`~censusdp.estimation.structured_gls.structured_gls` with the values
+    :func:`stream_pl94` draws (one partition holding every node: memory grows with the
+    leaves, ~21 KB of noisy answers per pl94 block)."""
+    h = hierarchy
+    everything = Partition(0, 0, tuple((0, n) for n in h.sizes))
+    measure = PartitionMeasure(h, schema, source, plan, rng, 0)
+    meas = [
+        ProductMeasurement(h.names[k], q, v, law)
+        for (k, q, law), v in zip(measure.low, measure(everything), strict=True)
+    ]
+    truth = exact_histograms(h, schema, source, min(1, h.depth - 1))
+    invs = []
+    for lvl, q in invariants:
+        q = ProductQuery.parse(schema, q) if isinstance(q, str) else q
+        k = h.level_index(lvl)
+        invs.append(ProductInvariant(lvl, q, q.apply(truth[k].reshape(-1, *schema.shape))))
+    return meas, invs
 
 
 def stream_pl94(
@@ -518,7 +597,8 @@ def stream_pl94(
         The level the partitions cut (default county); it and the levels below are
         measured inside the partitions, the levels above from pass 1's sums.
     partitions : int or sequence of Partition
-        Number of leaf-balanced partitions of the cut level (0: one per cut-level node), or
+        Number of leaf-balanced partitions of the cut level (0: as many as its nodes, small
+        neighbours grouped by :func:`~censusdp.pipelines.partition.partition_units`), or
         :func:`~censusdp.pipelines.partition.partition_units` of ``cut``.
     workers : int
         Threads running partitions at once (pass 1, upward, downward); the output does not
@@ -571,16 +651,19 @@ def stream_pl94(
                 "the level of the invariants"
             )
     shape = tuple(schema.shape)
+    # wall and CPU seconds per stage (CPU: of the process for the passes, of the calling
+    # thread for the rounding and the callbacks, which run there)
     t = dict(truth=0.0, measure_top=0.0, gls=0.0, rounding=0.0, callbacks=0.0)
+    cpu = dict(t)
 
     # pass 1: the exact histograms down to the cut, then the measurements above it
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     top_truth = _cut_truth(h, schema, source, parts, workers)
     persons = int(top_truth[0].sum())
     invs = [ProductInvariant(h.names[k], q, q.apply(top_truth[k].reshape(-1, *shape)))
             for k, q in inv_specs]  # fmt: skip
-    t["truth"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t["truth"], cpu["truth"] = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
     meas: list[ProductMeasurement] = []
     answers = {
         k: apply_queries(
@@ -601,27 +684,31 @@ def stream_pl94(
             vals = np.empty((0, q.n_rows))
         meas.append(ProductMeasurement(lvl, q, vals, law))
     del answers
-    t["measure_top"] = time.perf_counter() - t0
+    t["measure_top"], cpu["measure_top"] = time.perf_counter() - t0, time.process_time() - c0
     measure = PartitionMeasure(h, schema, source, plan, rng, k_cut)
 
     # the stream: upward, top, downward; rounding in its callbacks
     round_rng = rng.child(ROUNDING)
     holder: dict = {}
 
+    def clock(stage: str, t0: float, c0: float) -> None:
+        t[stage] += time.perf_counter() - t0
+        cpu[stage] += time.thread_time() - c0
+
     def top_callback(piece: StructuredPiece) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         rounded = round_structured_top(
             h, schema, list(piece.estimates), round_rng, invariants=invs, spreads=False
         )
-        t["rounding"] += time.perf_counter() - t0
-        holder["top"] = TopRelease(piece, rounded)
+        clock("rounding", t0, c0)
+        holder["top"] = TopRelease(piece, rounded, tuple(invs))
         if on_top is not None:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             on_top(holder["top"])
-            t["callbacks"] += time.perf_counter() - t0
+            clock("callbacks", t0, c0)
 
     def partition_callback(piece: StructuredPiece) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         part = parts[piece.partition]
         top = holder["top"].rounded
         cut_counts = top.counts[k_cut][slice(*part.units)]
@@ -629,24 +716,28 @@ def stream_pl94(
             Forest.of(h, k_cut, part.ranges), [r[0] for r in part.ranges], h.sizes[k_cut:],
             schema, cut_counts, None, list(piece.estimates), round_rng, negative=top.negative,
         )  # fmt: skip
-        t["rounding"] += time.perf_counter() - t0
+        clock("rounding", t0, c0)
         if on_partition is not None:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             on_partition(PartitionRelease(part, piece, out.counts, cut_counts))
-            t["callbacks"] += time.perf_counter() - t0
+            clock("callbacks", t0, c0)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = structured_stream(
         h, schema, meas, measure, parts, invs, partition_callback, on_top=top_callback,
         privacy=privacy, cache_bytes=cache_bytes, order=order, workers=workers,
     )  # fmt: skip
     d = res.diagnostics
-    t["gls"] = time.perf_counter() - t0 - d["seconds_callback"] - d["seconds_measure"]
-    t["measure"] = d["seconds_measure"]
+    # the partitions' measure runs in worker threads (its seconds are summed over them)
+    t["gls"] = sum(d[f"seconds_{k}"] for k in ("setup", "up", "top", "down", "output"))
+    cpu["gls"] = time.process_time() - c0 - measure.stats["cpu"] - cpu["rounding"]
+    cpu["gls"] -= cpu["callbacks"]
+    t["measure"], cpu["measure"] = d["seconds_measure"], measure.stats["cpu"]
     noisy = sum(h.sizes[h.level_index(lvl)] * q.n_rows for lvl, q, _ in plan)
     diagnostics = {
         "seconds": time.perf_counter() - t_start,
         **{f"seconds_{k}": v for k, v in t.items()},
+        **{f"cpu_seconds_{k}": v for k, v in cpu.items()},
         "measure_inside_partitions": {
             "calls": measure.stats["calls"],
             "draws": measure.stats["draws"],
@@ -662,17 +753,29 @@ def stream_pl94(
 
 # ----------------------------------------------------------------------------- consumers
 class ReleaseChecks:
-    """Exactness checks of a streamed release, accumulated piece by piece (``on_top`` /
-    ``on_partition``): each level's rounded total, every cell ⌊x⌋ or ⌈x⌉ of its estimate,
-    children summing to their parent cell by cell, and the invariants ``==``. Holds only
-    booleans and per-level totals."""
+    """Exactness checks of a streamed release, accumulated piece by piece (``top`` as
+    ``on_top``, ``partition`` as ``on_partition``): each level's rounded total, every cell
+    ⌊x⌋ or ⌈x⌉ of its estimate, children summing to their parent cell by cell, the invariants
+    ``==`` (:attr:`TopRelease.invariants`), and with ``tables`` every linear identity among
+    the P1–P5 columns (:meth:`~censusdp.pipelines.codebook.Codebook.identities`: P1_001N =
+    P2_001N, a total = the sum of its rows, ...) at every node, with P1_001N the node's
+    total. Holds only booleans and per-level totals.
+    """
 
-    def __init__(self, hierarchy: Hierarchy, invariants: Sequence[ProductInvariant] = ()) -> None:
+    def __init__(self, hierarchy: Hierarchy, *, tables: bool = False) -> None:
         self.h = hierarchy
-        self.invariants = list(invariants)
         self.totals = np.zeros(hierarchy.depth, np.int64)
         self.floor_ceil = self.consistent = True
         self.invariants_exact: bool | None = None
+        self.tables_exact: bool | None = None
+        self._identities = None
+        if tables:
+            from censusdp.pipelines.pl94_tables import pl94_codebook
+
+            book = pl94_codebook()
+            self._identities = book.identities().T.astype(np.int64)
+            self._total_column = book.columns.index("P1_001N")
+            self.tables_exact = True
         self.seconds = 0.0
 
     def _floor_ceil(self, counts: Sequence[np.ndarray], estimates: Sequence[np.ndarray]) -> None:
@@ -683,13 +786,20 @@ class ReleaseChecks:
     def _sum_to(self, parent: np.ndarray, child: np.ndarray, child_count: np.ndarray) -> None:
         n_par = parent.shape[0]
         flat = child.reshape(child.shape[0], -1)
-        if n_par == 0:
-            return
-        starts = np.concatenate([[0], np.cumsum(child_count)[:-1]])
+        starts = np.concatenate([[0], np.cumsum(child_count)[:-1]]).astype(np.int64)
         has = child_count > 0
         sums = np.zeros((n_par, flat.shape[1]), np.int64)
-        sums[has] = np.add.reduceat(flat, starts[has], axis=0)
+        if has.any():
+            sums[has] = np.add.reduceat(flat, starts[has], axis=0)
         self.consistent &= bool(np.array_equal(sums, parent.reshape(n_par, -1)))
+
+    def _tables(self, counts: Sequence[np.ndarray], tables: Sequence[np.ndarray]) -> None:
+        if self._identities is None:
+            return
+        for c, t in zip(counts, tables, strict=True):
+            ok = not np.any(t @ self._identities)
+            ok &= np.array_equal(t[:, self._total_column], c.reshape(c.shape[0], -1).sum(axis=1))
+            self.tables_exact &= bool(ok)
 
     def top(self, top: TopRelease) -> None:
         t0 = time.perf_counter()
@@ -701,8 +811,9 @@ class ReleaseChecks:
             self._sum_to(counts[k - 1], counts[k], self.h.levels[k - 1].child_count)
         self.invariants_exact = all(
             np.array_equal(inv.query.apply(counts[self.h.level_index(inv.level)]), inv.values)
-            for inv in self.invariants
+            for inv in top.invariants
         )
+        self._tables(counts, top.tables if self._identities is not None else [])
         self.seconds += time.perf_counter() - t0
 
     def partition(self, out: PartitionRelease) -> None:
@@ -715,15 +826,18 @@ class ReleaseChecks:
             self._sum_to(levels[j - 1], levels[j], self.h.levels[cut + j - 1].child_count[lo:hi])
         for j, c in enumerate(out.counts, start=cut + 1):
             self.totals[j] += int(c.sum())
+        self._tables(out.counts, out.tables if self._identities is not None else [])
         self.seconds += time.perf_counter() - t0
 
     def result(self, persons: int) -> dict:
+        """The checks as JSON-able values (``persons``: the histogram's total)."""
         return {
             "rounded_total_per_level": dict(zip(self.h.names, self.totals.tolist(), strict=True)),
             "every_level_total_equals_the_persons": bool(np.all(self.totals == persons)),
             "invariants_exact": self.invariants_exact,
             "every_cell_floor_or_ceil": self.floor_ceil,
             "children_sum_to_parent_cell_by_cell": self.consistent,
+            "table_identities_exact_at_every_node": self.tables_exact,
         }
 
 
@@ -734,10 +848,10 @@ class StandardErrorSummary:
     def __init__(self, schema: Schema, tables: Sequence[str]) -> None:
         self.queries = [ProductQuery.parse(schema, t) for t in tables]
         self.acc: dict = {}
-        self.seconds = 0.0
+        self.seconds = self.cpu_seconds = 0.0
 
     def add(self, piece: StructuredPiece) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for lvl in piece.names:
             for q in self.queries:
                 se = piece.query_standard_errors(lvl, q)
@@ -747,6 +861,7 @@ class StandardErrorSummary:
                 a[1] += int(ok.sum())
                 a[2] = max(a[2], float(se[ok].max(initial=-np.inf)))
         self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.thread_time() - c0
 
     def result(self, names: Sequence[str]) -> dict:
         out: dict = {}
@@ -756,3 +871,115 @@ class StandardErrorSummary:
                 total, count, top = self.acc.get((lvl, q.name), (0.0, 0, float("nan")))
                 out[lvl][q.name] = {"mean": total / count if count else float("nan"), "max": top}
         return out
+
+
+# ----------------------------------------------------------------------------- slice check
+def county_measurements(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    source: HistogramSource,
+    plan: Plan,
+    rng: KeyedRNG,
+    node: int,
+    level: str | int = "county",
+) -> tuple[Hierarchy, list[ProductMeasurement]]:
+    """One node's subtree and its measurements, the same noisy values a streamed run draws
+    there (:class:`PartitionMeasure` on a partition of that node alone)."""
+    h = hierarchy
+    k = h.level_index(level)
+    ranges = [(int(node), int(node) + 1)]
+    ranges += [h.descendant_range(k, node, j) for j in range(k + 1, h.depth)]
+    part = Partition(0, k, tuple(ranges))
+    measure = PartitionMeasure(h, schema, source, plan, rng, k)
+    sub = h.subtree(k, node)
+    smeas = [
+        ProductMeasurement(h.names[kk], q, v, law)
+        for (kk, q, law), v in zip(measure.low, measure(part), strict=True)
+    ]
+    return sub, smeas
+
+
+def slice_check(
+    sub: Hierarchy, schema: Schema, smeas: Sequence[ProductMeasurement], *, dense: bool = True
+) -> dict:
+    """Exactness on a slice: on one subtree and its measurements, the streamed structured GLS
+    (cut below the subtree's root, one partition per node there) equals the in-memory
+    :func:`~censusdp.estimation.structured_gls.structured_gls` bit for bit (estimates and
+    covariance blocks of every level), and with ``dense`` the dense
+    :func:`~censusdp.estimation.tree_gls` (2,016-cell histogram, ``K × K`` per node: keep
+    the subtree small) to within the returned relative differences.
+    """
+    from censusdp.budget import PrivacyStatement
+    from censusdp.estimation import tree_gls
+    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.mechanisms.queries import Measurement, Query
+    from censusdp.pipelines.structured_stream import given_values
+
+    t0 = time.perf_counter()
+    srel = structured_gls(sub, schema, list(smeas))
+    t1 = time.perf_counter()
+    cut = min(1, sub.depth - 1)
+    parts = partition_units(sub, cut, sub.sizes[cut])
+    heads = [
+        m if sub.level_index(m.level) < cut
+        else ProductMeasurement(m.level, m.query, np.empty((0, m.query.n_rows)), m.law)
+        for m in smeas
+    ]  # fmt: skip
+    got: dict = {}
+    structured_stream(
+        sub, schema, heads, given_values(list(smeas), sub, cut), parts,
+        on_partition=lambda p: got.setdefault(p.partition, p),
+        on_top=lambda p: got.setdefault("top", p),
+    )  # fmt: skip
+    t2 = time.perf_counter()
+    equal = True
+    for j in range(sub.depth):
+        chunks = (
+            [(got["top"], j)] if j <= cut else [(got[i], j - cut - 1) for i in range(len(parts))]
+        )
+        e = np.concatenate([p.estimates[jj] for p, jj in chunks])
+        equal &= bool(np.array_equal(e, srel.estimates[j]))
+        for mask, b in srel.covariances[j].blocks.items():
+            ours = np.concatenate([_nodes(p.covariances[jj].blocks[mask], p.estimates[jj].shape[0])
+                                   for p, jj in chunks])  # fmt: skip
+            equal &= bool(np.array_equal(ours, _nodes(b, e.shape[0])))
+    out: dict = {
+        "nodes_per_level": dict(zip(sub.names, sub.sizes, strict=True)),
+        "streamed_equals_in_memory_bit_for_bit": equal,
+        "seconds_structured_gls": t1 - t0,
+        "seconds_structured_stream": t2 - t1,
+    }
+    if not dense:
+        return out
+    dense_q = {m.query.name: Query(m.query.name, m.query.dense(), m.query.labels) for m in smeas}
+    meas = [
+        Measurement(sub.names.index(m.level), dense_q[m.query.name],
+                    np.asarray(m.values, np.int64), m.law)
+        for m in smeas
+    ]  # fmt: skip
+    rho = sum(m.law.privacy(m.query.l2_sensitivity) for m in smeas)
+    privacy = PrivacyStatement("zcdp", rho=rho, mechanism="discrete_gaussian")
+    t0 = time.perf_counter()
+    rel = tree_gls(sub, schema.cells, meas, [], privacy)
+    t1 = time.perf_counter()
+    svar = [srel.query_variances(j, "detailed") for j in range(sub.depth)]
+    scale = max(float(np.abs(e).max()) for e in rel.estimates)
+    out.update({
+        "seconds_dense_tree_gls": t1 - t0,
+        "ratio_dense_over_structured": (t1 - t0) / max(out["seconds_structured_gls"], 1e-12),
+        "dense_gls_path": rel.diagnostics.get("path"),
+        "max_estimate_difference_relative": max(
+            float(np.abs(a - b.reshape(a.shape)).max())
+            for a, b in zip(rel.estimates, srel.estimates, strict=True)
+        ) / scale,
+        "max_variance_difference_relative": max(
+            float(np.abs(a - b).max() / np.abs(a).max())
+            for a, b in zip(rel.variances, svar, strict=True)
+        ),
+    })  # fmt: skip
+    return out
+
+
+def _nodes(block: np.ndarray, n: int) -> np.ndarray:
+    """Per-node blocks ``(n, n_S, n_S)`` (a block shared by every node repeated)."""
+    return np.broadcast_to(block, (n, *block.shape[-2:]))

@@ -1,0 +1,501 @@
+"""The release store of a streamed ``pl94`` run, written partition by partition.
+
+:class:`Pl94StoreWriter` plugs into :func:`~censusdp.pipelines.pl94_stream.stream_pl94`
+(``on_top=store.top``, ``on_partition=store.partition``) and writes each piece as it comes,
+so memory never holds more than one partition's tables. :class:`Pl94Store` reads it back and
+trusts nothing it reads.
+
+What is stored, per level and node:
+
+* the integer **P1–P5 tables** (:func:`~censusdp.pipelines.pl94_tables.tabulate` of the rounded
+  cell tensors: 298 columns), in the smallest integer dtype that holds the file's values;
+* the **variance information** from which the standard error of any product query row (table
+  column or not) is computed: the GLS covariance blocks in the marginal basis
+  (:class:`~censusdp.estimation.marginal_basis.BlockDiagonal`, one small ``n_S × n_S`` block
+  per axis subset). Nodes of one *downward shape class*
+  (:func:`~censusdp.hierarchy.shape_classes.shape_classes`: same subtree shape, parents in
+  one class) have the same covariance — it depends on the tree's shape and the per-level noise
+  laws only, never on the counts (Hay et al. 2010; :mod:`censusdp.estimation.predict`) — so
+  each node stores its class (int32) and each class's blocks are stored once, by the partition
+  holding the class's first node: 8.2 million blocks share about as many classes as there
+  are tracts. The blocks stored are the first node's own; another node of the class may differ
+  in the last bits (its children summed in another order), which the writer measures
+  (``class_blocks_max_relative_difference`` in the manifest);
+* optionally (``histograms=True``) the rounded cell tensors themselves, sparse
+  ``(node, cell, count)`` of the non-zero cells.
+
+Layout::
+
+    tables/<level>/top.npy | part-00007.npy        int (n_nodes, 298)
+    classes/<level>/top.npy | part-00007.npy       int32 global class of each node
+    blocks/<level>/top.npy | part-…npy             float64 (n_owned, Σ_S n_S²): the blocks,
+                                                   mask by mask in increasing order, flat
+    owned/<level>/top.npy | part-…npy              int64 global class ids of those blocks
+    identified/<mask>.npy                          the projector onto the identified subspace
+    histograms/<level>/top.npy | part-…npy       (optional) int64 (3, nnz): node, cell, count
+    manifest.json                                  levels, sizes, cut, partitions, basis
+                                                   queries, columns, privacy, digest, checks
+    checksums.json                                 SHA-256 of every file above; written last
+
+Every file is written through a temporary name and renamed
+(:mod:`censusdp.pipelines.release_store`'s ``_save``), the directory under a temporary name
+renamed into place when the run completes (:func:`censusdp.atomic.atomic_dir`).
+
+The **digest** of a release is the SHA-256 of its content in a canonical order: every level's
+tables in node order (int64), every level's class blocks in class order (float64), the class
+of every node; it does not depend on how the run was partitioned, in which order or on how
+many workers (the files do).
+
+References
+----------
+Hay, Rastogi, Miklau & Suciu (2010). Boosting the accuracy of differentially private
+    histograms through consistency. PVLDB 3(1).
+U.S. Census Bureau (2021). 2020 Census Redistricting Data (Public Law 94-171) Summary File,
+    table shells P1–P5.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from censusdp.atomic import atomic_dir
+from censusdp.budget import PrivacyStatement
+from censusdp.errors import DataError
+from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
+from censusdp.estimation.structured_gls import StructuredPiece, identified_rows
+from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.shape_classes import shape_classes
+from censusdp.jsonable import to_jsonable
+from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.pl94_stream import PartitionRelease, Pl94StreamResult, TopRelease
+from censusdp.pipelines.pl94_tables import pl94_codebook
+from censusdp.pipelines.release_store import (
+    CHECKSUMS,
+    MANIFEST,
+    _checksums,
+    _read_json,
+    _save,
+    _sha256,
+    _verified,
+)
+from censusdp.schema import Schema
+
+__all__ = ["FORMAT", "Pl94Store", "Pl94StoreWriter"]
+
+FORMAT = "censusdp-pl94-store/1"
+_TOP = "top"
+
+
+def _piece_name(index: int | None) -> str:
+    return f"{_TOP}.npy" if index is None else f"part-{index:05d}.npy"
+
+
+def _narrow(x: np.ndarray) -> np.ndarray:
+    """``x`` in the smallest signed integer dtype holding its values."""
+    lo, hi = (int(x.min()), int(x.max())) if x.size else (0, 0)
+    for dt in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dt)
+        if info.min <= lo and hi <= info.max:
+            return x.astype(dt)
+    return x.astype(np.int64)
+
+
+class Pl94StoreWriter:
+    """Writes a streamed run's store piece by piece (see the module docstring).
+
+    Use as a context manager around the run; call :meth:`finish` with the run's result
+    inside it. On an exception nothing is left at ``path``.
+
+    Parameters
+    ----------
+    path : path-like
+        The store directory (created; its parent too).
+    hierarchy : Hierarchy
+    schema : Schema
+        ``pl94``.
+    overwrite : bool
+        Replace an existing ``path`` once the new store is complete.
+    histograms : bool
+        Also store the rounded cell tensors, sparse.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        hierarchy: Hierarchy,
+        schema: Schema,
+        *,
+        overwrite: bool = False,
+        histograms: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.h, self.schema, self.overwrite, self.histograms = (
+            hierarchy, schema, overwrite, histograms,
+        )  # fmt: skip
+        sc = shape_classes(hierarchy)
+        self.node_class = [c.astype(np.int32) for c in sc.node_class]
+        # the first node (in node order) of every class: its blocks are the class's
+        self.first_node = [
+            np.unique(c, return_index=True)[1].astype(np.int64) for c in sc.node_class
+        ]
+        self.digests: dict[str, str] = {}
+        self.bytes = 0
+        self.partitions: dict[int, list[list[int]]] = {}
+        self.class_diff = 0.0
+        self.basis: MarginalBasis | None = None
+        self._lock = threading.Lock()
+        self._ctx = None
+        self._finished = False
+        self.root: Path | None = None
+
+    def __enter__(self) -> Pl94StoreWriter:
+        if self.path.exists() and not self.overwrite:
+            raise FileExistsError(
+                f"{self.path} exists; write the store elsewhere, remove it, or pass overwrite"
+            )
+        self._ctx = atomic_dir(self.path, overwrite=self.overwrite)
+        self.root = self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool | None:
+        ctx, self._ctx = self._ctx, None
+        if exc[0] is None and not self._finished:
+            err = DataError(
+                f"{self.path}: the store was closed before finish() wrote its manifest; "
+                "nothing was kept (call finish(result, queries) inside the with block)"
+            )
+            ctx.__exit__(DataError, err, None)
+            raise err
+        return ctx.__exit__(*exc)
+
+    # -- pieces -----------------------------------------------------------------------------
+    def _save(self, rel: str, array: np.ndarray) -> None:
+        file = self.root / rel
+        file.parent.mkdir(parents=True, exist_ok=True)
+        digest = _save(file, array)
+        size = file.stat().st_size
+        with self._lock:
+            self.digests[rel] = digest
+            self.bytes += size
+
+    def _write(
+        self,
+        index: int | None,
+        piece: StructuredPiece,
+        counts: Sequence[np.ndarray],
+        tables: Sequence[np.ndarray],
+        ranges: Sequence[tuple[int, int]],
+    ) -> None:
+        name = _piece_name(index)
+        for j, lvl in enumerate(piece.names):
+            k = self.h.level_index(lvl)
+            lo, hi = ranges[j]
+            c = np.asarray(counts[j])
+            self._save(f"tables/{lvl}/{name}", _narrow(tables[j]))
+            if self.histograms:
+                flat = c.reshape(c.shape[0], -1)
+                node, cell = np.nonzero(flat)
+                self._save(
+                    f"histograms/{lvl}/{name}",
+                    np.stack([node + lo, cell, flat[node, cell]]).astype(np.int64),
+                )
+            cls = self.node_class[k][lo:hi]
+            self._save(f"classes/{lvl}/{name}", cls)
+            first = self.first_node[k]
+            owned = np.flatnonzero((first >= lo) & (first < hi))
+            self._save(f"owned/{lvl}/{name}", owned.astype(np.int64))
+            if piece.covariances is None:
+                continue
+            # each node's blocks beside its class representative's, where that is in the piece
+            rep = first[cls] - lo
+            here = (rep >= 0) & (rep < hi - lo)
+            diff, flat = 0.0, []
+            for mask in sorted(piece.covariances[j].blocks):
+                b = piece.covariances[j].blocks[mask]
+                b = np.broadcast_to(b, (hi - lo, *b.shape[-2:]))
+                flat.append(b[first[owned] - lo].reshape(owned.size, -1))
+                if here.any():
+                    d = np.abs(b[here] - b[rep[here]]).max(initial=0.0)
+                    diff = max(diff, float(d) / max(float(np.abs(b).max(initial=0.0)), 1e-300))
+            self._save(f"blocks/{lvl}/{name}", np.concatenate(flat, axis=1))
+            with self._lock:
+                self.class_diff = max(self.class_diff, diff)
+
+    def top(self, top: TopRelease) -> None:
+        """``on_top``: the levels down to the cut (and the identified projector)."""
+        piece = top.piece
+        self.basis = piece.basis
+        for mask, b in piece.identified.blocks.items():
+            self._save(f"identified/{mask}.npy", np.asarray(b, np.float64))
+        self._write(None, piece, top.counts, top.tables, piece.ranges)
+
+    def partition(self, out: PartitionRelease) -> None:
+        """``on_partition``: one partition's levels below the cut."""
+        p = out.partition
+        with self._lock:
+            self.partitions[p.index] = [list(r) for r in p.ranges]
+        self._write(p.index, out.piece, out.counts, out.tables, out.piece.ranges)
+
+    # -- close ------------------------------------------------------------------------------
+    def finish(
+        self,
+        result: Pl94StreamResult,
+        queries: Sequence[ProductQuery],
+        info: dict | None = None,
+    ) -> dict:
+        """Write the manifest, then ``checksums.json`` (last); return the digest and bytes.
+
+        Parameters
+        ----------
+        result : Pl94StreamResult
+            The run's (its privacy statement and partitions).
+        queries : sequence of ProductQuery
+            The measured and invariant queries, in the order the GLS got them (the basis of
+            the covariance blocks is rebuilt from them on reading).
+        info : dict, optional
+            Anything JSON-able to keep in the manifest (e.g. the run's checks).
+        """
+        if len(self.partitions) != len(result.partitions):
+            raise DataError(
+                f"{self.path}: {len(self.partitions)} of {len(result.partitions)} partitions "
+                "were written; the store is incomplete"
+            )
+        h = self.h
+        rebuilt = MarginalBasis.for_queries(self.schema, list(queries))
+        if self.basis is not None and rebuilt.subsets != self.basis.subsets:
+            raise DataError("the queries given do not rebuild the basis of the covariance blocks")
+        digest = _content_digest(
+            self.root, h.names, _layout(h, result.partitions[0].cut, self.partitions), self.basis
+        )
+        manifest = {
+            "format": FORMAT,
+            "schema": self.schema.name,
+            "levels": list(h.names),
+            "sizes": [int(s) for s in h.sizes],
+            "cut": int(result.partitions[0].cut),
+            "partitions": [self.partitions[i] for i in range(len(self.partitions))],
+            "columns": list(pl94_codebook().columns),
+            "basis_queries": [q.name for q in queries],
+            "masks": sorted(int(m) for m in self.basis.subsets) if self.basis else [],
+            "n_classes": [int(f.size) for f in self.first_node],
+            "class_blocks_max_relative_difference": self.class_diff,
+            "histograms": self.histograms,
+            "privacy": result.privacy.to_dict(),
+            "persons": int(result.persons),
+            "digest": digest,
+            "info": to_jsonable(info or {}),
+        }
+        text = (json.dumps(manifest, indent=1) + "\n").encode()
+        (self.root / MANIFEST).write_bytes(text)
+        self.digests[MANIFEST] = _sha256(text)
+        files = dict(sorted(self.digests.items()))
+        sums = {"format": FORMAT, "algorithm": "sha256", "files": files}
+        (self.root / CHECKSUMS).write_text(json.dumps(sums, indent=1) + "\n")  # last
+        self.bytes += len(text) + (self.root / CHECKSUMS).stat().st_size
+        self._finished = True
+        return {"digest": digest, "bytes_written": self.bytes, "files": len(files) + 1}
+
+
+def _layout(h: Hierarchy, cut: int, partitions: dict[int, list[list[int]]]) -> list[list]:
+    """Per level, the ``(first node, file name)`` of its pieces in node order."""
+    out: list[list] = [[(0, f"{_TOP}.npy")] if k <= cut else [] for k in range(h.depth)]
+    for i, ranges in partitions.items():
+        for j, (lo, _) in enumerate(ranges[1:], start=cut + 1):
+            out[j].append((lo, _piece_name(i)))
+    return [sorted(x) for x in out]
+
+
+def _load(root: Path, rel: str, sums: dict[str, str] | None) -> np.ndarray:
+    file = root / rel
+    try:
+        data = file.read_bytes()
+    except OSError:
+        raise DataError(f"{file}: missing; the store is incomplete") from None
+    if sums is not None:
+        _verified(root, rel, data, sums)
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as err:
+        raise DataError(f"{file}: not a numpy array file ({err})") from None
+
+
+def _content_digest(
+    root: Path,
+    names: Sequence[str],
+    layout: list[list],
+    basis: MarginalBasis | None,
+    sums: dict[str, str] | None = None,
+) -> str:
+    """SHA-256 of tables (int64, node order), classes (int32) and class blocks (float64,
+    class order) of every level: independent of the partitioning."""
+    hsh = hashlib.sha256()
+    masks = basis is not None and basis.subsets
+    for k, lvl in enumerate(names):
+        hsh.update(f"level {lvl}\n".encode())
+        for _, name in layout[k]:
+            hsh.update(np.ascontiguousarray(_load(root, f"tables/{lvl}/{name}", sums), "<i8"))
+        for _, name in layout[k]:
+            hsh.update(np.ascontiguousarray(_load(root, f"classes/{lvl}/{name}", sums), "<i4"))
+        if masks:
+            owned = [_load(root, f"owned/{lvl}/{name}", sums) for _, name in layout[k]]
+            blocks = [_load(root, f"blocks/{lvl}/{name}", sums) for _, name in layout[k]]
+            o = np.concatenate(owned)
+            hsh.update(
+                np.ascontiguousarray(np.concatenate(blocks)[np.argsort(o, kind="stable")], "<f8")
+            )
+    return hsh.hexdigest()
+
+
+class Pl94Store:
+    """A store written by :class:`Pl94StoreWriter`, read back piece by piece.
+
+    Every file read is checked against ``checksums.json`` (a changed, damaged or missing
+    file is refused with a :class:`~censusdp.errors.DataError` naming it); :meth:`verify`
+    checks them all and recomputes the digest.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.sums = _checksums(self.path)
+        data, manifest = _read_json(self.path / MANIFEST)
+        _verified(self.path, MANIFEST, data, self.sums)
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise DataError(f"{self.path / MANIFEST}: not a {FORMAT} manifest")
+        self.manifest: dict[str, Any] = manifest
+        self.levels: list[str] = list(manifest["levels"])
+        self.sizes: list[int] = [int(s) for s in manifest["sizes"]]
+        self.cut = int(manifest["cut"])
+        self.schema = Schema.load(manifest["schema"])
+        self.columns: list[str] = list(manifest["columns"])
+        parts = {i: r for i, r in enumerate(manifest["partitions"])}
+        self.layout = _pieces(self.levels, self.sizes, self.cut, parts)
+        self.basis = MarginalBasis.for_queries(
+            self.schema, [ProductQuery.parse(self.schema, q) for q in manifest["basis_queries"]]
+        )
+        self.identified = BlockDiagonal(
+            self.basis,
+            {m: self._load(f"identified/{m}.npy") for m in sorted(self.basis.subsets)},
+        )
+        self._rows: dict = {}
+
+    @property
+    def digest(self) -> str:
+        return str(self.manifest["digest"])
+
+    @property
+    def privacy(self) -> PrivacyStatement:
+        return PrivacyStatement.from_dict(self.manifest["privacy"])
+
+    def _load(self, rel: str) -> np.ndarray:
+        return _load(self.path, rel, self.sums)
+
+    def _pieces(self, level: str, lo: int, hi: int) -> list[tuple[int, int, str]]:
+        k = self.levels.index(level)
+        return [(a, b, name) for a, b, name in self.layout[k] if a < hi and b > lo]
+
+    def _gather(self, kind: str, level: str, lo: int, hi: int | None) -> np.ndarray:
+        hi = self.sizes[self.levels.index(level)] if hi is None else hi
+        out = [
+            self._load(f"{kind}/{level}/{name}")[max(lo, a) - a : min(hi, b) - a]
+            for a, b, name in self._pieces(level, lo, hi)
+        ]
+        return np.concatenate(out) if out else np.empty(0)
+
+    def tables(self, level: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """The P1–P5 tables of nodes ``[lo, hi)`` of ``level``: int64 ``(n, 298)``."""
+        return self._gather("tables", level, lo, hi).astype(np.int64)
+
+    def _class_blocks(self, level: str) -> dict[int, np.ndarray]:
+        k = self.levels.index(level)
+        names = [name for _, _, name in self.layout[k]]
+        owned = np.concatenate([self._load(f"owned/{level}/{n}") for n in names])
+        order = np.argsort(owned, kind="stable")
+        if not np.array_equal(owned[order], np.arange(owned.size)):
+            raise DataError(
+                f"{self.path}: the class blocks of level {level!r} do not cover its classes"
+            )
+        flat = np.concatenate([self._load(f"blocks/{level}/{n}") for n in names])[order]
+        out, at = {}, 0
+        for m in sorted(self.basis.subsets):
+            n_s = self.basis.block_size(m)
+            out[m] = flat[:, at : at + n_s * n_s].reshape(-1, n_s, n_s)
+            at += n_s * n_s
+        if at != flat.shape[1]:
+            raise DataError(
+                f"{self.path}: the class blocks of level {level!r} have the wrong width"
+            )
+        return out
+
+    def standard_errors(
+        self, level: str, query: ProductQuery | str, lo: int = 0, hi: int | None = None
+    ) -> np.ndarray:
+        """GLS standard errors of every row of ``query`` at nodes ``[lo, hi)`` of ``level``,
+        ``(n, n_rows)``, from the nodes' class blocks; NaN for unidentified rows."""
+        q = ProductQuery.parse(self.schema, query) if isinstance(query, str) else query
+        cov = BlockDiagonal(self.basis, self._class_blocks(level))
+        var = np.maximum(cov.query_variances(q), 0.0).reshape(-1, q.n_rows)
+        cls = self._gather("classes", level, lo, hi).astype(np.int64)
+        ok = identified_rows(self.basis, self.identified, q, self._rows)
+        return np.where(ok[None, :], np.sqrt(var[cls]), np.nan)
+
+    def column_standard_errors(self, level: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """GLS standard errors of every P1–P5 column at nodes ``[lo, hi)``: ``(n, 298)``."""
+        rows = pl94_codebook().rows
+        cls = self._gather("classes", level, lo, hi).astype(np.int64)
+        cov = BlockDiagonal(self.basis, self._class_blocks(level))
+        out = np.empty((cls.size, len(rows)))
+        for qi, q in enumerate(rows.queries):
+            sel = np.flatnonzero(rows.query_of_row == qi)
+            var = np.maximum(cov.query_variances(q), 0.0).reshape(-1, q.n_rows)
+            ok = identified_rows(self.basis, self.identified, q, self._rows)
+            se = np.where(ok[None, :], np.sqrt(var), np.nan)
+            out[:, sel] = se[cls][:, rows.row_of_row[sel]]
+        return out
+
+    def verify(self) -> str:
+        """Check every file against its checksum and recompute the digest (returned)."""
+        for rel in self.sums:
+            data = (self.path / rel).read_bytes() if (self.path / rel).is_file() else None
+            if data is None:
+                raise DataError(f"{self.path / rel}: missing; the store is incomplete")
+            _verified(self.path, rel, data, self.sums)
+        layout = [[(a, name) for a, _, name in lv] for lv in self.layout]
+        digest = _content_digest(self.path, self.levels, layout, self.basis, self.sums)
+        if digest != self.digest:
+            raise DataError(
+                f"{self.path / MANIFEST}: the digest of the content does not match the "
+                "manifest's; the store was changed after it was written"
+            )
+        return digest
+
+
+def _pieces(
+    levels: Sequence[str], sizes: Sequence[int], cut: int, parts: dict[int, list[list[int]]]
+) -> list[list[tuple[int, int, str]]]:
+    """Per level, ``(lo, hi, file name)`` of its pieces in node order, checked to tile it."""
+    out: list[list[tuple[int, int, str]]] = []
+    for k, lvl in enumerate(levels):
+        if k <= cut:
+            pieces = [(0, sizes[k], f"{_TOP}.npy")]
+        else:
+            pieces = sorted(
+                (int(r[k - cut][0]), int(r[k - cut][1]), _piece_name(i)) for i, r in parts.items()
+            )
+        at = 0
+        for a, b, _ in pieces:
+            if a != at or b < a:
+                raise DataError(f"manifest: the pieces of level {lvl!r} do not tile it")
+            at = b
+        if at != sizes[k]:
+            raise DataError(f"manifest: the pieces of level {lvl!r} do not tile it")
+        out.append(pieces)
+    return out
