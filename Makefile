@@ -24,12 +24,19 @@ lint: install
 # Two pytest workers (the machine has 2 cores); a test file stays on one worker, so a module's
 # Dask cluster fixture starts once.
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15
+# Bytecode is written and the package compiled once up front: every pytest worker, Dask worker,
+# notebook kernel and CLI subprocess of the suite then loads it instead of compiling it again
+# (an environment that sets PYTHONDONTWRITEBYTECODE would otherwise recompile it in each).
+PACKAGES := censusdp hierarchy mechanisms estimation pipelines experiments app
+COMPILE := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 2 $(PACKAGES)
 
 test: install lint
-	$(PYTEST) -m "not slow"
+	$(COMPILE)
+	PYTHONDONTWRITEBYTECODE= $(PYTEST) -m "not slow"
 
 test-all: install lint
-	$(PYTEST)
+	$(COMPILE)
+	PYTHONDONTWRITEBYTECODE= $(PYTEST)
 
 bench: install
 	for f in benchmarks/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
