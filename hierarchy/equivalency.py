@@ -126,6 +126,7 @@ def equivalency_from_arrays(
     block_column: str = "block",
     area_column: str = "area",
     skip_blank_areas: bool = False,
+    listed_source: str = "the list of areas",
 ) -> Equivalency:
     """Map block → area code pairs to leaf indices of ``hierarchy``, refusing bad rows.
 
@@ -228,10 +229,12 @@ def equivalency_from_arrays(
             )
         empty = np.flatnonzero(np.bincount(area, minlength=codes.size) == 0)
         if empty.size:
+            row = int(lst.get_loc(str(codes[empty[0]])))
             raise DataError(
-                f"{source}, column {area_column!r}: {name} {str(codes[empty[0]])!r} is listed but "
-                f"contains no block ({empty.size} such {name}s); an area is released as the "
-                "sum of its blocks: assign its blocks in the file or drop it from the list"
+                f"{_where(listed_source, row, area_column)}: {name} "
+                f"{str(codes[empty[0]])!r} is listed but contains no block of {source} "
+                f"({empty.size} such {name}s); an area is released as the sum of its blocks: "
+                "assign its blocks in the file or drop it from the list"
             )
     area = np.asarray(area, dtype=np.int64).reshape(-1)
     return Equivalency(
@@ -326,6 +329,7 @@ def read_equivalency(
         block_column=block_column,
         area_column=area_column,
         skip_blank_areas=skip_blank_areas,
+        listed_source=q.name if areas_path is not None else "the list of areas",
     )
 
 

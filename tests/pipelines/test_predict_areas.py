@@ -106,9 +106,10 @@ def test_missing_column_and_area_with_no_blocks(tmp_path, capsys):
     listed.write_text("PLACEFP\n" + "".join(f"{i:05d}\n" for i in range(12)), encoding="utf-8")
     rc, out = _run(tmp_path, baf, "--area-list", str(listed))
     err = capsys.readouterr().err
-    assert rc == 2 and "baf.csv, column 'PLACEFP': place '00011' is listed but" in err, err
+    named = "places.csv, data row 12 (line 13), column 'PLACEFP': place '00011' is listed but"
+    assert rc == 2 and named in err and "no block of baf.csv" in err, err
     assert not out.exists()
-    with pytest.raises(DataError, match=r"baf.csv, column 'PLACEFP': place '00011' is listed but"):
+    with pytest.raises(DataError, match=r"places.csv, data row 12 \(line 13\), column 'PLACEFP'"):
         read_equivalency(baf, h, block_column="BLOCKID", area_column="PLACEFP", name="place",
                          areas_path=listed)  # fmt: skip
     # blocks in no place, as BAF files list them, are left out on request

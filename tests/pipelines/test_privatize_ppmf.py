@@ -10,6 +10,8 @@ Malformed PPMFs exit 2 naming file, row and column, with nothing written.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -89,17 +91,20 @@ def _ppmf(tmp: Path, n: int = 1500) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
+    """One privatize run (with --evaluate) that every test of the module reads, whichever
+    runs first: ``(data, out, argv, printed)``."""
     tmp = tmp_path_factory.mktemp("ppmf")
     data, spec = _ppmf(tmp)
     out = tmp / "out"
     argv = ["privatize", str(data), "--spec", str(spec), "-o", str(out), "--seed", "4"]
-    return data, out, argv
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([*argv, "--evaluate"]) == 0
+    return data, out, argv, printed.getvalue()
 
 
-def test_privatize_writes_both_products_and_the_statement(release, capsys):
-    data, out, argv = release
-    assert main([*argv, "--evaluate"]) == 0
-    printed = capsys.readouterr().out
+def test_privatize_writes_both_products_and_the_statement(release):
+    data, out, argv, printed = release
     assert "induced subspace differential privacy" in printed
     assert "nation: total; state: total" in printed
     manifest = json.loads((out / "manifest.json").read_text())
@@ -126,7 +131,7 @@ def test_privatize_writes_both_products_and_the_statement(release, capsys):
 
 
 def test_microdata_tabulate_to_the_nonnegative_tables_and_the_invariants(release):
-    data, out, _ = release
+    data, out, _, _ = release
     truth = read_ppmf(data)
     micro = read_ppmf(out / "nonnegative" / "microdata.csv")
     h = truth.hierarchy
@@ -155,7 +160,7 @@ def test_microdata_tabulate_to_the_nonnegative_tables_and_the_invariants(release
 
 
 def test_output_over_the_input_and_an_existing_output_are_refused(release, capsys):
-    data, out, argv = release
+    data, out, argv, _ = release
     assert main(argv) == 2  # the output of the first test exists; no --overwrite
     assert "overwrite" in capsys.readouterr().err
     bad = [*argv]
@@ -219,7 +224,7 @@ def test_places_are_sums_of_blocks_with_exact_standard_errors(release):
     """Both products' place tables are the sums of their blocks' rows; the place that is a
     whole tract has that tract's standard errors (the area sweep against the GLS); places
     are a row of the size-class report."""
-    _, out, _ = release
+    _, out, _, _ = release
     columns = list(pl94_codebook().columns)
     for product in ("unbiased", "nonnegative"):
         blocks = _table(out, product, "block")
@@ -313,7 +318,7 @@ def test_a_block_list_on_the_command_line_releases_every_public_block(tmp_path):
                     SPEC.replace("[report]", 'list = "place_list.csv"\n[report]')
                 ),
             ),
-            ("places.txt", "'PLACEFP'", "00300"),
+            ("place_list.csv", "data row 3", "'PLACEFP'", "00300", "places.txt"),
         ),
     ],
     ids=["ppmf block not listed", "bad block code", "unknown block in places", "empty place"],
