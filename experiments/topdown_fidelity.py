@@ -85,6 +85,7 @@ from censusdp.estimation.structured_rounding import round_structured
 from censusdp.estimation.topdown_schema import LevelOrdering, topdown_schema
 from censusdp.experiments.census_county_bias import STATE_ABBR
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy, Table
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.product_measure import (
@@ -573,7 +574,7 @@ def run(ctx: ExperimentContext) -> dict:
     metrics["slopes_table_rows"] = int(len(table))
     table.to_csv(ctx.out / "state_slopes.csv", index=False)
     _figure(ctx, metrics, data, ref_errors)  # after reference_factor: the figure names it
-    ctx.write_report(_report(metrics))
+    ctx.write_report(_report(ctx, metrics))
     return metrics
 
 
@@ -602,10 +603,7 @@ def _slopes_table(
 
 
 def _figure(ctx: ExperimentContext, m: dict, data: CountyData, errors: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     key = "significant_negative_001"
     fig, axes = plt.subplots(1, 3, figsize=(18, 5.2))
@@ -654,7 +652,7 @@ def _figure(ctx: ExperimentContext, m: dict, data: CountyData, errors: dict) -> 
 # ------------------------------------------------------------------------------ report
 
 
-def _row(label: str, s: dict, per_run: bool) -> str:
+def _row(label: str, s: dict, per_run: bool) -> dict:
     key = "significant_negative_001"
     if per_run:
         neg = f"{s['negative_mean']:.1f} [{s['negative_range'][0]}–{s['negative_range'][1]}]"
@@ -662,67 +660,73 @@ def _row(label: str, s: dict, per_run: bool) -> str:
         pooled = f"{s['pooled']['negative']} / {s['pooled'][key]}"
     else:
         neg, sig, pooled = str(s["negative"]), str(s[key]), "—"
-    return (
-        f"| {label} | {neg} | {sig} | {pooled} | {s['mean_abs_county_error']:.1f} | "
-        f"{s['mean_abs_cell_error']:.2f} | {100 * s['share_zero_kept_zero']:.1f}% | "
-        f"{100 * s['share_positive_set_to_zero']:.2f}% |"
-    )
+    return {
+        "release": label,
+        "negative slopes: mean [range]": neg,
+        "significantly negative: mean [range]": sig,
+        "pooled over runs: neg. / sig.": pooled,
+        "mean abs. county error": s["mean_abs_county_error"],
+        "mean abs. cell error": s["mean_abs_cell_error"],
+        "true zeros kept zero": f"{100 * s['share_zero_kept_zero']:.1f}%",
+        "positive cells set to zero": f"{100 * s['share_positive_set_to_zero']:.2f}%",
+    }
 
 
-def _size_rows(label: str, rows: list[dict]) -> list[str]:
+#: Formats of :func:`_row`'s numeric columns.
+ROW_FORMATS = {"mean abs. county error": ".1f", "mean abs. cell error": ".2f"}
+
+
+def _size_rows(label: str, rows: list[dict]) -> list[dict]:
     return [
-        f"| {label} | {r['size_class']} | {r['counties']} | {r['mean_error']:+.1f} | "
-        f"{r['mae']:.1f} | {r['rmse']:.1f} | {r['malpe_pct']:+.2f} | {r['mape_pct']:.2f} |"
+        {
+            "release": label,
+            "2010 population": r["size_class"],
+            "counties": r["counties"],
+            "mean error": r["mean_error"],
+            "MAE": r["mae"],
+            "RMSE": r["rmse"],
+            "MALPE %": r["malpe_pct"],
+            "MAPE %": r["mape_pct"],
+        }
         for r in rows
     ]
 
 
-def _report(m: dict) -> str:
-    head = (
-        "| release | negative slopes: mean [range] | significantly negative: mean [range] | "
-        "pooled over runs: neg. / sig. | mean abs. county error | mean abs. cell error | "
-        "true zeros kept zero | positive cells set to zero |"
-    )
-    sep = "|---|---|---|---|---|---|---|---|"
-    lines = [
-        "# topdown-fidelity",
-        "",
+#: Formats of :func:`_size_rows`' columns.
+SIZE_FORMATS = {"counties": "d", "mean error": "+.1f", "MAE": ".1f", "RMSE": ".1f",
+                "MALPE %": "+.2f", "MAPE %": ".2f"}  # fmt: skip
+
+
+def _report(ctx: ExperimentContext, m: dict) -> Report:
+    report = Report("topdown-fidelity", ctx).text(
         f"The 2010 county sex × 5-year age table ({m['counties']:,} counties, "
         f"{m['persons']:,} persons, 36 cells) released with every state total held exact; "
         "TopDown-style (the Bureau's multi-pass L2 and rounder, parent equality and "
         "non-negativity kept; with `--opt topdown-passes=one|both` also or instead one L2 pass "
         "of all queries, the total not isolated), GLS with unbiased rounding and the "
         "non-negative product of the same GLS release (per-parent simplex projection and "
-        "keyed rounding) on the same discrete Gaussian measurements (total, sex, age, detailed at nation (no total), state and county), "
+        "keyed rounding) on the same discrete Gaussian measurements (total, sex, age, detailed "
+        "at nation (no total), state and county), "
         "beside the Bureau's own demonstration runs in the same file. Slopes: OLS of "
         "county-total error on log(true population) within each area with at least "
         f"{m['min_counties']} counties; significant at two-sided α = {m['alpha']}.",
-        "",
         f"Budget: ρ per level; ρ* = {m['rho_bureau']:.5f} gives the county total the variance of "
         "the Bureau's geometric noise at ε = 0.192 = 4 × 0.16 × 0.3 (its November 2020 "
         "allocation: persons, county level, total query), with ρ shares "
         + ", ".join(f"{k} {v:g}" for k, v in m["shares"].items())
         + " (the split of the remaining 0.7 is ours).",
-        "",
-        f"## The Bureau's runs (one release each, recomputed from the file; "
-        f"{m['das_20200527']['states']} areas)",
-        "",
-        head,
-        sep,
-        *[_row(LABELS[k], m[k], False) for k in DAS_RUNS],
-        "",
-    ]
+    )
+    report.section(
+        f"The Bureau's runs (one release each, recomputed from the file; "
+        f"{m['das_20200527']['states']} areas)"
+    ).table([_row(LABELS[k], m[k], False) for k in DAS_RUNS], formats=ROW_FORMATS)
     names = m["estimators"]
     for b in m["by_rho"]:
         mark = " (ρ*)" if b["factor"] == 1.0 else ""
-        lines += [
-            f"## ρ = {b['rho_level']:.5f} per level{mark} ({b['factor']:g} × ρ*; total ρ "
-            f"{b['rho_total']:.4f}), {m['runs']} runs",
-            "",
-            head,
-            sep,
-            *[_row(LABELS.get(k, k), b[k], True) for k in names],
-            "",
+        report.section(
+            f"ρ = {b['rho_level']:.5f} per level{mark} ({b['factor']:g} × ρ*; total ρ "
+            f"{b['rho_total']:.4f}), {m['runs']} runs"
+        ).table([_row(LABELS.get(k, k), b[k], True) for k in names], formats=ROW_FORMATS).text(
             "Chance for an unbiased estimator: "
             f"{b[names[0]]['chance_expected_significant_negative']:.2f} significant negatives "
             f"expected (99% point {b[names[0]]['chance_upper_99']}). Every release: "
@@ -735,26 +739,25 @@ def _report(m: dict) -> str:
                 f"{LABELS.get(k, k)} {b[k]['seconds']:.0f} s wall / {b[k]['cpu_seconds']:.0f} CPU s"
                 for k in names
             )  # fmt: skip
-            + ".",
-            "",
-        ]
+            + "."
+        )
     ref = next(b for b in m["by_rho"] if b["factor"] == m["reference_factor"])
-    lines += [
-        f"## County totals by size class (at {m['reference_factor']:g} × ρ*, ours pooled over "
-        "runs)",
-        "",
-        "| release | 2010 population | counties | mean error | MAE | RMSE | MALPE % | MAPE % |",
-        "|---|---|---|---|---|---|---|---|",
-        *[r for k in DAS_RUNS for r in _size_rows(LABELS[k], m[k]["size_classes"])],
-        *[r for k in names for r in _size_rows(LABELS.get(k, k), ref[k]["size_classes"])],
-        "",
-        "Files: `state_slopes.csv` (one row per area: the Bureau's slopes and p-values, ours at "
-        "ρ*: mean slope and runs with a negative and a significantly negative slope), "
-        "`fidelity.png`.",
-        "",
-        "Data: IPUMS NHGIS Privacy-Protected 2010 Census Demonstration Data, version 20200527 "
-        "(Van Riper, Kugler & Schroeder 2020). Method: Abowd et al. (2022), HDSR; the slope "
-        "test of Gao, Gong & Yu (2022), AAAI, Fig. 1.",
-        "",
-    ]
-    return "\n".join(lines)
+    rows = [r for k in DAS_RUNS for r in _size_rows(LABELS[k], m[k]["size_classes"])]
+    rows += [r for k in names for r in _size_rows(LABELS.get(k, k), ref[k]["size_classes"])]
+    return (
+        report.section(
+            f"County totals by size class (at {m['reference_factor']:g} × ρ*, ours pooled over "
+            "runs)"
+        )
+        .table(rows, formats=SIZE_FORMATS)
+        .text(
+            "Files: `state_slopes.csv` (one row per area: the Bureau's slopes and p-values, ours "
+            "at ρ*: mean slope and runs with a negative and a significantly negative slope).",
+        )
+        .figures({"fidelity.png": ""})
+        .reference(
+            "IPUMS NHGIS Privacy-Protected 2010 Census Demonstration Data, version 20200527 "
+            "(Van Riper, Kugler & Schroeder 2020). Method: Abowd et al. (2022), HDSR; the slope "
+            "test of Gao, Gong & Yu (2022), AAAI, Fig. 1."
+        )
+    )
