@@ -135,7 +135,10 @@ def _compare(problem, method):
             bands.append((dense[nm][rows], p.answers[nm] - p.tol, p.answers[nm] + p.tol))
     # the L2 output: non-negative, summing to the parent, zero off the active cells
     assert xt.min() >= 0
-    np.testing.assert_allclose(xt.sum(axis=0), parent, atol=1e-9)
+    # the projected-gradient path meets the parent exactly; an interior-point solve (Clarabel)
+    # to its tolerance — the L1 step below makes the integers exact either way
+    atol = 1e-9 if method == "structured" else 1e-6 * max(1.0, float(np.abs(parent).max()))
+    np.testing.assert_allclose(xt.sum(axis=0), parent, atol=atol)
     # rounding: total, then the random queries, then detailed
     rq = [[meas[0][0]], [q for q, _, _ in meas[1:-1]], [meas[-1][0]]]
     counts, l1 = l1_multipass(layout, xt, invs, rq)
