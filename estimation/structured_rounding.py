@@ -117,6 +117,7 @@ from censusdp.estimation.rounding import (
     invariant_chain,
     pipage_round,
     rounding_variance,
+    settle_row_sums,
     snap_invariants,
     uniform_draws,
 )
@@ -630,7 +631,8 @@ def round_structured_top(
         for a in np.unique(shape.atoms):
             cols = np.flatnonzero(shape.atoms == a)
             gen = rng.generator(f"{label}/top", int(a))
-            c1[:, cols] += _cancel_cycles(_bordered(f1[:, cols], tol), gen, tol)[:-1, :-1]
+            fa = settle_row_sums(f1[:, cols], x1[:, cols])
+            c1[:, cols] += _cancel_cycles(_bordered(fa, tol), gen, tol)[:-1, :-1]
         lone = Forest(1, hierarchy.names[1:2], [x1.shape[0]], [], ())
         c1 = snap_invariants(lone, x1, c1, snap_at, tol)
         counts = [c1.sum(axis=0, keepdims=True), c1]
