@@ -82,7 +82,7 @@ from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery, axis_product
 from censusdp.mechanisms.queries import measure_range, stream_label
-from censusdp.pipelines.execute import DaskExecutor, Executor
+from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.partition import Partition, partition_units
 from censusdp.pipelines.structured_stream import structured_stream
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
@@ -1008,14 +1008,10 @@ def stream_pl94(
                 t[stage] += wall
                 cpu[stage] += cpu_s
     # the partitions' measure runs in worker threads (its seconds are summed over them)
-    t["gls"] = sum(d[f"seconds_{k}"] for k in ("setup", "up", "top", "down", "output"))
-    cpu["gls"] = time.process_time() - c0 - cpu["payloads"]
-    if isinstance(executor, DaskExecutor):  # the tasks' CPU is the workers': not in ours
-        cpu["measure"] = cpu["rounding"] = cpu["callbacks"] = float("nan")
-    else:
-        cpu["gls"] -= measure.stats["cpu"] + cpu["rounding"] + cpu["callbacks"]
-        cpu["measure"] = measure.stats["cpu"]
-    t["measure"] = d["seconds_measure"]
+    gls = ("setup", "up", "top", "down", "output")
+    t["gls"] = sum(d[f"seconds_{k}"] for k in gls)
+    cpu["gls"] = sum(d[f"cpu_seconds_{k}"] for k in gls)
+    t["measure"], cpu["measure"] = d["seconds_measure"], d["cpu_seconds_measure"]
     noisy = sum(h.sizes[h.level_index(lvl)] * q.n_rows for lvl, q, _ in plan)
     diagnostics = {
         "seconds": time.perf_counter() - t_start,
@@ -1031,10 +1027,10 @@ def stream_pl94(
         "draws": top_draws + measure.stats["draws"],
         "stream": d,
     }
-    if isinstance(executor, DaskExecutor):
+    if executor is not None:
         diagnostics["note"] = (
-            "CPU seconds are this process's: the stages run in the partitions' tasks on the "
-            "workers (measure on Dask: draws and per-stage CPU are counted on the workers only)"
+            "per-stage seconds are summed over the partitions' tasks (CPU: their threads' "
+            "time, wherever they ran); measure_inside_partitions counts calls in this process"
         )
     return Pl94StreamResult(holder["top"], res.privacy, parts, persons, noisy, diagnostics,
                             tuple(sunk))  # fmt: skip
