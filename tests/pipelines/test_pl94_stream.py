@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pl94_fixtures import PLAN, QUERIES, SCHEMA, TOTAL, small_us
 from ppmf_fixtures import ppmf_persons
 
 from censusdp.errors import DataError
 from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.structured_gls import structured_gls
 from censusdp.estimation.structured_rounding import round_structured
-from censusdp.hierarchy.synthetic import synthetic_us
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery
@@ -30,29 +30,17 @@ from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
 from censusdp.pipelines.pl94_stream import (
     ReleaseChecks,
     SparseHistogram,
-    SyntheticHistogram,
     stream_pl94,
 )
 from censusdp.pipelines.pl94_tables import tabulate
 from censusdp.pipelines.ppmf import read_ppmf
 from censusdp.rng import CHUNK, KeyedRNG
-from censusdp.schema import Schema
-
-SCHEMA = Schema.load("pl94")
-PLAN = allocation_plan(SCHEMA)
-TOTAL = ProductQuery.parse(SCHEMA, "total")
-QUERIES = [q for _, q, _ in PLAN] + [TOTAL, TOTAL]
 
 
 @pytest.fixture(scope="module")
 def state():
     """Two states, five counties, six levels, 360 blocks: small but every level branches."""
-    table = synthetic_us(
-        4, states=2, counties=5, tracts=9, block_groups=20, blocks=360, population=9000
-    )
-    h = table.hierarchy
-    source = SyntheticHistogram(table.leaf_counts[:, 0], 4)
-    return h, source
+    return small_us(counties=5, tracts=9, block_groups=20, blocks=360, population=9000)
 
 
 def _reference(h, source, rng):

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pl94_fixtures import PLAN, QUERIES, SCHEMA, small_us
 
-from censusdp.estimation.predict import allocation_plan
-from censusdp.hierarchy.synthetic import synthetic_us
-from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.execute import SyncExecutor, ThreadExecutor, open_executor
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
@@ -24,25 +22,15 @@ from censusdp.pipelines.pl94_stream import (
     ReleaseChecks,
     Sinks,
     SparseHistogram,
-    SyntheticHistogram,
     stream_pl94,
 )
 from censusdp.rng import KeyedRNG, SubKeys
-from censusdp.schema import Schema
-
-SCHEMA = Schema.load("pl94")
-PLAN = allocation_plan(SCHEMA)
-TOTAL = ProductQuery.parse(SCHEMA, "total")
-QUERIES = [q for _, q, _ in PLAN] + [TOTAL, TOTAL]
 
 
 @pytest.fixture(scope="module")
 def state():
     """Two states, four counties, six levels, 120 blocks: every level branches."""
-    table = synthetic_us(
-        4, states=2, counties=4, tracts=7, block_groups=14, blocks=120, population=3000
-    )
-    return table.hierarchy, SyntheticHistogram(table.leaf_counts[:, 0], 4)
+    return small_us(counties=4, tracts=7, block_groups=14, blocks=120, population=3000)
 
 
 @pytest.fixture(scope="module")
