@@ -183,9 +183,17 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
         "measure_inside_partitions (generate + answer + noise; summed over tasks)": (
             d["seconds_measure"], d["cpu_seconds_measure"]),
         "structured_gls (up + top + down; tasks summed)": (d["seconds_gls"], d["cpu_seconds_gls"]),
-        "rounding (in the tasks, summed)": (d["seconds_rounding"], d["cpu_seconds_rounding"]),
+        "of which the top solve (driver)": (
+            d["stream"]["seconds_top"], d["stream"]["cpu_seconds_top"]),
+        "rounding_top (driver)": (d["seconds_rounding_top"], d["cpu_seconds_rounding_top"]),
+        "rounding_partitions (in the tasks, summed)": (
+            d["seconds_rounding"] - d["seconds_rounding_top"],
+            d["cpu_seconds_rounding"] - d["cpu_seconds_rounding_top"]),
+        "checks_and_store_top (driver)": (
+            d["seconds_callbacks_top"], d["cpu_seconds_callbacks_top"]),
         "checks_and_store_pieces (in the tasks, summed)": (
-            d["seconds_callbacks"], d["cpu_seconds_callbacks"]),
+            d["seconds_callbacks"] - d["seconds_callbacks_top"],
+            d["cpu_seconds_callbacks"] - d["cpu_seconds_callbacks_top"]),
         "payloads_sent_to_tasks (driver)": (d["seconds_payloads"], d["cpu_seconds_payloads"]),
         "store_digest_and_manifest (driver)": (t_finish, c_finish),
         "shape_classes (driver)": (t_classes, c_classes),

@@ -667,7 +667,8 @@ class Pl94StreamResult:
     diagnostics : dict
         Wall seconds per stage (``truth``: pass 1; ``measure``: generating, answering and
         noise inside the partitions, and ``gls``, both summed over threads; ``rounding``;
-        ``callbacks``), CPU seconds likewise (``cpu_seconds_*``), the stream's own
+        ``callbacks``; of these ``rounding_top`` and ``callbacks_top``, the levels down to the
+        cut, in this process), CPU seconds likewise (``cpu_seconds_*``), the stream's own
         diagnostics, and the draws.
     sunk : tuple
         With a ``sink``: its return value for every partition, in partition order.
@@ -914,7 +915,8 @@ def stream_pl94(
     shape = tuple(schema.shape)
     # wall and CPU seconds per stage (CPU: of the process for the passes, of the calling
     # thread for the rounding and the callbacks, which run there)
-    t = dict(truth=0.0, measure_top=0.0, gls=0.0, rounding=0.0, callbacks=0.0)
+    t = dict(truth=0.0, measure_top=0.0, gls=0.0, rounding_top=0.0, rounding=0.0,
+             callbacks_top=0.0, callbacks=0.0)  # fmt: skip
     cpu = dict(t)
 
     # pass 1: the exact histograms down to the cut, then the measurements above it
@@ -952,21 +954,23 @@ def stream_pl94(
     round_rng = rng.child(ROUNDING)
     holder: dict = {}
 
-    def clock(stage: str, t0: float, c0: float) -> None:
-        t[stage] += time.perf_counter() - t0
-        cpu[stage] += time.thread_time() - c0
+    def clock(stage: str, t0: float, c0: float, *also: str) -> None:
+        wall, thread = time.perf_counter() - t0, time.thread_time() - c0
+        for k in (stage, *also):
+            t[k] += wall
+            cpu[k] += thread
 
     def top_callback(piece: StructuredPiece) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         rounded = round_structured_top(
             h, schema, list(piece.estimates), round_rng, invariants=invs, spreads=False
         )
-        clock("rounding", t0, c0)
+        clock("rounding", t0, c0, "rounding_top")
         holder["top"] = TopRelease(piece, rounded, tuple(invs))
         if on_top is not None:
             t0, c0 = time.perf_counter(), time.thread_time()
             on_top(holder["top"])
-            clock("callbacks", t0, c0)
+            clock("callbacks", t0, c0, "callbacks_top")
 
     def rounding_input(part: Partition, *, restrict: bool) -> RoundingInput:
         top = holder["top"].rounded
