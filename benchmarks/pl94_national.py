@@ -13,12 +13,25 @@ leaf-balanced runs of counties) and written partition by partition to a release 
 (:class:`~censusdp.pipelines.pl94_store.Pl94StoreWriter`: P1–P5 tables per level and node,
 covariance blocks per shape class, checksums last).
 
-The JSON: blocks, geounits, noisy counts (and draws made: the downward pass regenerates each
-partition's noise), wall and CPU seconds per stage (synthetic geography, pass 1 = the exact
-sums above the cut, measure inside the partitions = histogram generation + query answers +
-noise, structured GLS, rounding, store + checks), the peak resident memory of the process
-(threads only: every process is this one), bytes written and the release's digest (partition-
-and worker-independent), and the checks: every level's rounded total equals the persons, the
+Where the partitions run (``--scheduler``): ``sync`` (in this process), ``threads``
+(``--workers`` threads) or ``dask`` (a fresh ``LocalCluster`` of ``--dask-workers`` worker
+processes with one thread each, or the scheduler at ``--address``). Pass 1 and every
+partition's upward and downward passes are tasks, sent only the partition's forest, its
+leaves' persons and the sub-keys of its own noise and rounding chunks; each partition is
+rounded, checked and written to the store *where its piece is computed* (the sink of
+:func:`~censusdp.pipelines.pl94_stream.stream_pl94`), so only the cut-level messages and the
+store files' checksums come back to this process. Partitions run largest first.
+``--compare`` runs sync, Dask 1 worker and Dask 2 workers in turn on the same geography and
+prints their three digests and the 2-over-1 speedup (wall seconds; meaningful on a machine
+with two idle cores only: compare CPU seconds otherwise).
+
+The JSON: blocks, geounits, noisy counts, per run wall and CPU seconds (of this process and
+of the workers, ``getrusage`` before and after) and per stage (pass 1 = the exact sums above
+the cut, measure inside the partitions = histogram generation + query answers + noise,
+structured GLS, rounding, checks + store pieces, summed over the tasks: their threads' CPU
+time wherever they ran), the peak resident memory of this process and of every worker
+(``VmHWM``), bytes written and the release's digest (independent of partitioning, order,
+scheduler and workers), and the checks: every level's rounded total equals the persons, the
 invariants ``==`` (US and every state), every cell ⌊x⌋ or ⌈x⌉, children summing to their
 parent cell by cell, the 39 linear identities among the P1–P5 columns (P1_001N = P2_001N, a
 total = the sum of its rows, ...) at every node. ``--check-county`` adds the slice check on
@@ -27,7 +40,21 @@ in-memory one bit for bit, and on its smallest block group the dense tree GLS to
 
 Timings under load (a shared machine) should be read with their CPU seconds beside them.
 
-Usage: ``python benchmarks/pl94_national.py [--fraction F] [--workers W] [--out DIR]
+Measured (2026-11-24, the 2-core machine under load 8–11 from other jobs and the full national
+run, every process of ours at ``nice 19``: wall seconds are mostly waiting), ``--fraction
+0.001 --partitions 4 --compare`` (8,200 blocks, 52 counties): the same digest ``c4ef4502…``
+from sync, Dask 1 worker and Dask 2 workers (and from one partition, and from ``--scheduler
+dask`` with ``--check-county``); sync 56.9 s wall, 13.5 CPU s; Dask 1 worker 76.0 s, 18.9
+CPU s (9.1 driver + 9.8 worker); Dask 2 workers 55.0 s, 17.6 CPU s (7.8 + 9.8); 2-over-1
+1.38 under that load; peaks 0.49 GB (driver), 0.55 / 0.54 and 0.58 GB (workers); every
+check holds. The driver's serial share at this size is the rounding of the levels down to
+the counties (6.0 of 19.6 CPU s: the controlled rounding of the 52 states × 2,016 cells
+holding the state totals, a cycle walk), and the Dask scheduler, which runs in this process;
+the partitions' own rounding took 0.24 CPU s. That share does not grow with the blocks (the
+states are 52 at every fraction), so the speedup rises with the fraction.
+
+Usage: ``python benchmarks/pl94_national.py [--fraction F] [--scheduler sync|threads|dask]
+[--workers W] [--dask-workers N] [--address tcp://…] [--compare] [--out DIR]
 [--partitions P] [--seed S] [--cache-mb M] [--check-county] [--histograms]``.
 
 References
@@ -53,9 +80,12 @@ import numpy as np
 from censusdp.estimation.predict import allocation_plan
 from censusdp.hierarchy.synthetic import synthetic_us
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.execute import open_executor
+from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
 from censusdp.pipelines.pl94_stream import (
     ReleaseChecks,
+    Sinks,
     SyntheticHistogram,
     county_measurements,
     slice_check,
@@ -63,6 +93,9 @@ from censusdp.pipelines.pl94_stream import (
 )
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from distributed_stream import _process, _warm  # noqa: E402
 
 #: The full synthetic U.S. (2020 geography: 85,528 tracts, 242,335 block groups, 8.13 M blocks).
 US = dict(states=52, counties=3221, tracts=85_000, block_groups=242_000, blocks=8_200_000,
@@ -94,92 +127,112 @@ def geography(fraction: float, seed: int):
     return synthetic_us(seed, **n)
 
 
-def run(args: argparse.Namespace) -> dict:
-    t_start = time.perf_counter()
-    c_start = time.process_time()
-    table = geography(args.fraction, args.seed)
-    h = table.hierarchy
-    pop = table.leaf_counts[:, 0]
-    del table
-    t_geo, c_geo = time.perf_counter() - t_start, time.process_time() - c_start
-    _log(t_start, f"synthetic geography {h}")
+def _executor(args: argparse.Namespace, scheduler: str, workers: int):
+    """The executor of a run: ``sync``, ``threads`` (``workers`` threads), ``dask`` (a fresh
+    ``LocalCluster`` of ``workers`` single-threaded processes, or ``--address``)."""
+    if scheduler == "dask":
+        ex = open_executor("distributed", address=args.address or None, workers=workers)
+    else:
+        ex = open_executor(scheduler, workers=workers)
+    return ex
 
+
+def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict:
+    """One streamed run of the national workload on executor ``ex`` written to
+    ``out_dir/store``: its JSON."""
+    t_start = time.perf_counter()
     schema = Schema.load("pl94")
     plan = allocation_plan(schema, levels=h.names)
     source = SyntheticHistogram(pop, args.seed)
     rng = KeyedRNG.reproducible(args.seed, warn=False)
     total = ProductQuery.parse(schema, "total")
+    cut = h.level_index("county")
     n_parts = args.partitions or max(1, round(h.sizes[-1] / LEAVES_PER_PARTITION))
+    parts = partition_units(h, cut, n_parts)
+    largest_first = np.argsort([-p.leaves for p in parts], kind="stable")
     checks = ReleaseChecks(h, tables=True)
-    out_dir = Path(args.out)
     store_path = out_dir / "store"
     if store_path.exists():
         shutil.rmtree(store_path)
+    client = getattr(ex, "client", None)
+    if client is not None:
+        client.run(_warm)  # imports in the workers, not timed
+    before = client.run(_process) if client is not None else {}
+    me = _process()
 
     t0, c0 = time.perf_counter(), time.process_time()
     with Pl94StoreWriter(store_path, h, schema, histograms=args.histograms) as store:
         t_classes, c_classes = time.perf_counter() - t0, time.process_time() - c0
-        _log(t_start, f"store opened (shape classes: {t_classes:.1f} s); streaming")
-        done = [0]
+        _log(t_start, f"store opened (shape classes: {t_classes:.1f} s); streaming on {ex.name}")
 
         def on_top(top) -> None:
             checks.top(top)
             store.top(top)
             _log(t_start, "top solved and rounded")
 
-        def on_partition(out) -> None:
-            checks.partition(out)
-            store.partition(out)
-            done[0] += 1
-            if done[0] % max(1, n_parts // 10) == 0:
-                _log(t_start, f"{done[0]}/{n_parts} partitions written")
-
         res = stream_pl94(
-            h, schema, source, plan, rng, partitions=n_parts, workers=args.workers,
-            cache_bytes=int(args.cache_mb * 2**20), on_top=on_top, on_partition=on_partition,
+            h, schema, source, plan, rng, partitions=parts, executor=ex, order=largest_first,
+            cache_bytes=int(args.cache_mb * 2**20), on_top=on_top,
+            sink=Sinks((checks.for_partition(), store.piece_sink())),
+            sink_payload=lambda p: (None, store.payload(p)),
         )  # fmt: skip
-        queries = [q for _, q, _ in plan] + [total, total]
+        _log(t_start, f"{len(parts)} partitions written")
         t1, c1 = time.perf_counter(), time.process_time()
+        for checked, written in res.sunk:
+            checks.add(checked)
+            store.add(written)
+        queries = [q for _, q, _ in plan] + [total, total]
         summary = store.finish(res, queries, info={"checks": checks.result(res.persons)})
         t_finish, c_finish = time.perf_counter() - t1, time.process_time() - c1
     t_run, c_run = time.perf_counter() - t0, time.process_time() - c0
+    mine = _process()
+    after = client.run(_process) if client is not None else {}
     _log(t_start, "store written")
     d = res.diagnostics
     m = d["measure_inside_partitions"]
     stages = {
         "pass_1_exact_sums_above_the_cut": (d["seconds_truth"], d["cpu_seconds_truth"]),
         "measure_levels_above_the_cut": (d["seconds_measure_top"], d["cpu_seconds_measure_top"]),
-        "measure_inside_partitions (generate + answer + noise; summed over threads)": (
+        "measure_inside_partitions (generate + answer + noise; summed over tasks)": (
             d["seconds_measure"], d["cpu_seconds_measure"]),
-        "structured_gls": (d["seconds_gls"], d["cpu_seconds_gls"]),
-        "rounding": (d["seconds_rounding"], d["cpu_seconds_rounding"]),
-        "store_and_checks (callbacks)": (d["seconds_callbacks"], d["cpu_seconds_callbacks"]),
-        "store_digest_and_manifest": (t_finish, c_finish),
-        "shape_classes": (t_classes, c_classes),
+        "structured_gls (up + top + down; tasks summed)": (d["seconds_gls"], d["cpu_seconds_gls"]),
+        "of which the top solve (driver)": (
+            d["stream"]["seconds_top"], d["stream"]["cpu_seconds_top"]),
+        "rounding_top (driver)": (d["seconds_rounding_top"], d["cpu_seconds_rounding_top"]),
+        "rounding_partitions (in the tasks, summed)": (
+            d["seconds_rounding"] - d["seconds_rounding_top"],
+            d["cpu_seconds_rounding"] - d["cpu_seconds_rounding_top"]),
+        "checks_and_store_top (driver)": (
+            d["seconds_callbacks_top"], d["cpu_seconds_callbacks_top"]),
+        "checks_and_store_pieces (in the tasks, summed)": (
+            d["seconds_callbacks"] - d["seconds_callbacks_top"],
+            d["cpu_seconds_callbacks"] - d["cpu_seconds_callbacks_top"]),
+        "payloads_sent_to_tasks (driver)": (d["seconds_payloads"], d["cpu_seconds_payloads"]),
+        "store_digest_and_manifest (driver)": (t_finish, c_finish),
+        "shape_classes (driver)": (t_classes, c_classes),
     }  # fmt: skip
+    st = d["stream"]
+    workers_cpu = {a: after[a]["cpu"] - before[a]["cpu"] for a in after if a in before}
     out: dict = {
-        "fraction": args.fraction,
-        "blocks": int(h.sizes[-1]),
-        "geounits": int(sum(h.sizes)),
-        "nodes_per_level": dict(zip(h.names, map(int, h.sizes), strict=True)),
-        "persons": res.persons,
+        "scheduler": ex.name,
+        "workers": ex.workers,
         "partitions": len(res.partitions),
         "largest_partition_blocks": max(p.leaves for p in res.partitions),
-        "workers": args.workers,
-        "noisy_counts": res.noisy_counts,
-        "noise_draws_made (regenerations included)": d["draws"],
-        "seconds_synthetic_geography (not counted)": t_geo,
-        "cpu_seconds_synthetic_geography (not counted)": c_geo,
+        "partitions_regenerated": st["partitions_regenerated"],
+        "message_bytes": st["message_bytes"],
         "seconds": t_run,
-        "cpu_seconds": c_run,
+        "cpu_seconds_driver": c_run,
+        "cpu_seconds_workers": sum(workers_cpu.values()),
+        "cpu_seconds": c_run + sum(workers_cpu.values()),
         "seconds_per_stage": {k: v[0] for k, v in stages.items()},
         "cpu_seconds_per_stage": {k: v[1] for k, v in stages.items()},
-        "seconds_histogram_generation_inside_partitions (summed over threads)": m[
-            "seconds_generate"
-        ],
-        "seconds_noise_inside_partitions (summed over threads)": m["seconds_noise"],
-        "partitions_regenerated": d["stream"]["partitions_regenerated"],
-        "peak_rss_mb": {"this process (every worker is a thread of it)": _peak_mb()},
+        "stream_seconds (tasks summed)": {k: v for k, v in st.items() if k.startswith("seconds_")},
+        "seconds_histogram_generation_inside_partitions (in-process only)": m["seconds_generate"],
+        "seconds_noise_inside_partitions (in-process only)": m["seconds_noise"],
+        "peak_rss_mb": {
+            "driver": mine["peak_mb"],
+            "workers": [v["peak_mb"] for v in after.values()],
+        },
         "bytes_written": summary["bytes_written"],
         "files_written": summary["files"],
         "digest": summary["digest"],
@@ -190,41 +243,119 @@ def run(args: argparse.Namespace) -> dict:
             "statement": res.privacy.text().split(". derived from")[0],
         },
         "checks": checks.result(res.persons),
-        "ratio_to_the_bureau_37700_s": None,
+        "persons": res.persons,
+        "noisy_counts": res.noisy_counts,
     }
-    if args.fraction == 1:
-        out["ratio_to_the_bureau_37700_s"] = 37_700 / t_run
+    if "note" in d:
+        out["note"] = d["note"]
+    if not after:
+        out["peak_rss_mb"]["workers"] = "threads of the driver"
+    if me["peak_mb"] and args.address:
+        out["peak_rss_mb"]["note"] = "the workers' peaks are over their lifetime (--address)"
     t0 = time.perf_counter()
     out["store_verified"] = Pl94Store(store_path).verify() == summary["digest"]
     out["seconds_store_verify (not counted)"] = time.perf_counter() - t0
+    return out
+
+
+def check_county(h, pop: np.ndarray, seed: int) -> dict:
+    """The slice check on the county with the fewest blocks (and the dense GLS on its
+    smallest block group)."""
+    schema = Schema.load("pl94")
+    plan = allocation_plan(schema, levels=h.names)
+    source = SyntheticHistogram(pop, seed)
+    rng = KeyedRNG.reproducible(seed, warn=False)
+    k = h.level_index("county")
+    lo_hi = np.array([h.descendant_range(k, c, h.depth - 1) for c in range(h.sizes[k])])
+    c = int(np.argmin(lo_hi[:, 1] - lo_hi[:, 0]))
+    sub, smeas = county_measurements(h, schema, source, plan, rng, c)
+    check = {"county": str(h[k].codes[c]), **slice_check(sub, schema, smeas, dense=False)}
+    # the dense GLS holds (nodes, 2016, 2016) float64: on the county's smallest block group
+    kb = h.level_index("block_group")
+    lo, hi = h.descendant_range(k, c, kb)
+    sizes = [np.diff(h.descendant_range(kb, b, h.depth - 1))[0] for b in range(lo, hi)]
+    b = lo + int(np.argmin(sizes))
+    bsub, bmeas = county_measurements(h, schema, source, plan, rng, b, level="block_group")
+    check["dense_on_block_group"] = {
+        "block_group": str(h[kb].codes[b]),
+        **slice_check(bsub, schema, bmeas, dense=True),
+    }
+    return check
+
+
+def benchmark(args: argparse.Namespace) -> dict:
+    """The geography once, then one run (``--scheduler``) or, with ``--compare``, sync,
+    Dask 1 worker and Dask 2 workers in turn: their digests and the 2-over-1 speedup."""
+    t_start = time.perf_counter()
+    c_start = time.process_time()
+    table = geography(args.fraction, args.seed)
+    h = table.hierarchy
+    pop = table.leaf_counts[:, 0]
+    del table
+    t_geo, c_geo = time.perf_counter() - t_start, time.process_time() - c_start
+    _log(t_start, f"synthetic geography {h}")
+    out_dir = Path(args.out)
+    out: dict = {
+        "fraction": args.fraction,
+        "blocks": int(h.sizes[-1]),
+        "geounits": int(sum(h.sizes)),
+        "nodes_per_level": dict(zip(h.names, map(int, h.sizes), strict=True)),
+        "seconds_synthetic_geography (not counted)": t_geo,
+        "cpu_seconds_synthetic_geography (not counted)": c_geo,
+        "load_average_before": list(os.getloadavg()),
+    }
+    if args.compare:
+        runs = {"sync": ("sync", 1), "dask-1": ("dask", 1), "dask-2": ("dask", 2)}
+    else:
+        runs = {args.scheduler: (args.scheduler, args.dask_workers if args.scheduler == "dask"
+                                 else args.workers)}  # fmt: skip
+    out["runs"] = {}
+    for name, (scheduler, workers) in runs.items():
+        with _executor(args, scheduler, workers) as ex:
+            r = run(args, h, pop, ex, out_dir / name if args.compare else out_dir)
+        out["runs"][name] = r
+        _log(t_start, f"{name}: {r['seconds']:.1f} s wall, {r['cpu_seconds']:.1f} CPU s, "
+                      f"digest {r['digest'][:12]}")  # fmt: skip
+    first = next(iter(out["runs"].values()))
+    out["digests"] = {k: r["digest"] for k, r in out["runs"].items()}
+    out["identical_digests"] = len(set(out["digests"].values())) == 1
+    out["digest"] = first["digest"]
+    out["persons"] = first["persons"]
+    out["noisy_counts"] = first["noisy_counts"]
+    if "dask-1" in out["runs"] and "dask-2" in out["runs"]:
+        out["speedup_2_over_1"] = (
+            out["runs"]["dask-1"]["seconds"] / out["runs"]["dask-2"]["seconds"]
+        )
+    out["ratio_to_the_bureau_37700_s"] = (
+        37_700 / first["seconds"] if args.fraction == 1 and not args.compare else None
+    )
+    out["load_average_after"] = list(os.getloadavg())
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(out, indent=2) + "\n")  # before the check
     if args.check_county:
         _log(t_start, "slice check on the smallest county")
-        k = h.level_index("county")
-        lo_hi = np.array([h.descendant_range(k, c, h.depth - 1) for c in range(h.sizes[k])])
-        c = int(np.argmin(lo_hi[:, 1] - lo_hi[:, 0]))
-        sub, smeas = county_measurements(h, schema, source, plan, rng, c)
-        check = {"county": str(h[k].codes[c]), **slice_check(sub, schema, smeas, dense=False)}
-        # the dense GLS holds (nodes, 2016, 2016) float64: on the county's smallest block group
-        kb = h.level_index("block_group")
-        lo, hi = h.descendant_range(k, c, kb)
-        sizes = [np.diff(h.descendant_range(kb, b, h.depth - 1))[0] for b in range(lo, hi)]
-        b = lo + int(np.argmin(sizes))
-        bsub, bmeas = county_measurements(h, schema, source, plan, rng, b, level="block_group")
-        check["dense_on_block_group"] = {
-            "block_group": str(h[kb].codes[b]),
-            **slice_check(bsub, schema, bmeas, dense=True),
-        }
-        out["check_county"] = check
+        out["check_county"] = check_county(h, pop, args.seed)
     out["wall_seconds_total"] = time.perf_counter() - t_start
-    out["peak_rss_mb"]["this process (every worker is a thread of it)"] = _peak_mb()
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fraction", type=float, default=1.0)
+    ap.add_argument(
+        "--scheduler", choices=("sync", "threads", "dask"), default="threads",
+        help="where the partitions run (threads: --workers threads of this process)",
+    )  # fmt: skip
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument(
+        "--dask-workers", type=int, default=2,
+        help="worker processes of the LocalCluster (one thread each)",
+    )  # fmt: skip
+    ap.add_argument("--address", default="", help="join a Dask scheduler (tls:// or tcp://)")
+    ap.add_argument(
+        "--compare", action="store_true",
+        help="run sync, Dask 1 worker and Dask 2 workers in turn (digests, speedup)",
+    )  # fmt: skip
     ap.add_argument("--out", default="results/pl94_national")
     ap.add_argument(
         "--partitions",
@@ -246,7 +377,7 @@ def main() -> None:
         help="also store the rounded histograms (sparse; large)",
     )
     args = ap.parse_args()
-    print(json.dumps(run(args), indent=2))
+    print(json.dumps(benchmark(args), indent=2))
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ Madow, W. G. (1949). On the theory of systematic sampling II — the unbiased ro
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -70,6 +71,7 @@ from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls import Forest
 from censusdp.estimation.structured_gls import StructuredPiece
+from censusdp.estimation.structured_rounding import LABEL as ROUNDING_LABEL
 from censusdp.estimation.structured_rounding import (
     RoundedLevels,
     round_structured_partition,
@@ -79,21 +81,28 @@ from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery, axis_product
-from censusdp.mechanisms.queries import measure_range
+from censusdp.mechanisms.queries import measure_range, stream_label
+from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.partition import Partition, partition_units
 from censusdp.pipelines.structured_stream import structured_stream
-from censusdp.rng import KeyedRNG
+from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 from censusdp.schema import Schema
 
 __all__ = [
     "HistogramSource",
+    "OnePartitionMeasure",
+    "PartitionChecks",
     "PartitionMeasure",
     "PartitionRelease",
     "Pl94StreamResult",
     "ReleaseChecks",
+    "ReleaseSink",
+    "RoundingInput",
+    "Sinks",
     "SparseHistogram",
     "StandardErrorSummary",
     "SyntheticHistogram",
+    "SyntheticRange",
     "TopRelease",
     "apply_queries",
     "county_measurements",
@@ -160,6 +169,52 @@ class SyntheticHistogram:
             raise ValueError(f"leaf range [{lo}, {hi}) is outside [0, {self.populations.size})")
         return _histogram_range(self.populations, self._offsets, self.seed, int(lo), int(hi))
 
+    def restrict(self, lo: int, hi: int) -> SyntheticRange:
+        """Leaves ``[lo, hi)`` only (what a partition's task is sent)."""
+        if not 0 <= lo <= hi <= self.populations.size:
+            raise ValueError(f"leaf range [{lo}, {hi}) is outside [0, {self.populations.size})")
+        return SyntheticRange(
+            int(lo), self.populations[lo:hi], self._offsets[lo : hi + 1],
+            int(self._offsets[-1]), self.seed,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class SyntheticRange:
+    """Leaves ``[lo, lo + populations.size)`` of a :class:`SyntheticHistogram`, the same
+    entries (:meth:`SyntheticHistogram.restrict`).
+
+    Attributes
+    ----------
+    lo : int
+        Global index of the first leaf.
+    populations, offsets : numpy.ndarray
+        The leaves' persons and the number of the first person of each leaf and past the last.
+    persons : int
+        Persons of the whole histogram (the length of its keyed stream).
+    seed : int
+    """
+
+    lo: int
+    populations: np.ndarray
+    offsets: np.ndarray
+    persons: int
+    seed: int
+
+    def __call__(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from censusdp.hierarchy.synthetic import _histogram_range
+
+        a, b = lo - self.lo, hi - self.lo
+        if not 0 <= a <= b <= self.populations.size:
+            raise ValueError(
+                f"leaf range [{lo}, {hi}) is outside the restricted range "
+                f"[{self.lo}, {self.lo + self.populations.size})"
+            )
+        # _histogram_range reads offsets[start], offsets[stop] and the total offsets[-1]
+        offsets = np.append(self.offsets, self.persons)
+        leaf, cell, count = _histogram_range(self.populations, offsets, self.seed, a, b)
+        return leaf + self.lo, cell, count
+
 
 @dataclass(frozen=True, eq=False)
 class SparseHistogram:
@@ -194,6 +249,10 @@ class SparseHistogram:
     def __call__(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         a, b = np.searchsorted(self.leaf, [lo, hi])
         return self.leaf[a:b], self.cell[a:b], self.count[a:b]
+
+    def restrict(self, lo: int, hi: int) -> SparseHistogram:
+        """The entries of leaves ``[lo, hi)`` only (what a partition's task is sent)."""
+        return SparseHistogram(*self(lo, hi))
 
 
 def _checked_entries(
@@ -272,6 +331,65 @@ def _sums(
 
 
 # ----------------------------------------------------------------------------- measure
+def _restricted(source: HistogramSource, lo: int, hi: int) -> HistogramSource:
+    """``source.restrict(lo, hi)`` when it has it (what a task of leaves ``[lo, hi)`` is
+    sent: only those leaves' data), else ``source`` itself."""
+    restrict = getattr(source, "restrict", None)
+    return source if restrict is None else restrict(lo, hi)
+
+
+def _measure_partition(
+    part: Partition,
+    forest: Forest,
+    names: Sequence[str],
+    sizes: Sequence[int],
+    schema: Schema,
+    low: Sequence[tuple[int, ProductQuery, NoiseLaw]],
+    source: HistogramSource,
+    keys,
+) -> tuple[list[np.ndarray], dict]:
+    """One partition's noisy answers (:class:`PartitionMeasure`) over its ``forest`` (levels
+    ``cut .. leaf``, local indices), and its counters."""
+    D, n_cells, shape = len(names), schema.n_cells, tuple(schema.shape)
+    t0, c0 = time.perf_counter(), time.thread_time()
+    lo_leaf, hi_leaf = part.range(D - 1)
+    leaf, cell, count = _checked_entries(source(lo_leaf, hi_leaf), lo_leaf, hi_leaf, n_cells)
+    # the partition's nodes of every level from the cut down, as local indices of the leaves
+    node = leaf - lo_leaf
+    local = {D - 1: node}
+    for k in range(D - 1, part.cut, -1):
+        node = forest.parent(k - part.cut)[node]
+        local[k - 1] = node
+    t1 = time.perf_counter()
+    answers: dict[int, dict[str, np.ndarray]] = {}
+    draws = 0
+    t_apply = t_noise = 0.0
+    for k in sorted({k for k, _, _ in low}):
+        lo_k, hi_k = part.range(k)
+        qs = [(q, law) for kk, q, law in low if kk == k]
+        step = DENSE_LEAVES if k == D - 1 else max(hi_k - lo_k, 1)
+        bounds = [*range(0, hi_k - lo_k, step), hi_k - lo_k]
+        vals = {q.name: np.empty((hi_k - lo_k, q.n_rows), np.int64) for q, _ in qs}
+        cut_at = np.searchsorted(local[k], bounds)
+        for a, b, ea, eb in zip(bounds[:-1], bounds[1:], cut_at[:-1], cut_at[1:], strict=True):
+            ta = time.perf_counter()
+            x = _sums(local[k][ea:eb] - a, cell[ea:eb], count[ea:eb], b - a, n_cells)
+            ans = apply_queries([q for q, _ in qs], x.reshape(b - a, *shape))
+            del x
+            tb = time.perf_counter()
+            for q, law in qs:
+                truth = ans.pop(q.name)
+                vals[q.name][a:b] = measure_range(truth, names[k], sizes[k], lo_k + a, q, law, keys)
+                draws += truth.size
+            t_apply += tb - ta
+            t_noise += time.perf_counter() - tb
+        answers[k] = vals
+    out = [answers[k][q.name] for k, q, _ in low]
+    stats = dict(calls=1, draws=draws, generate=t1 - t0, apply=t_apply, noise=t_noise,
+                 cpu=time.thread_time() - c0)  # fmt: skip
+    return out, stats
+
+
 class PartitionMeasure:
     """The ``measure`` function of :func:`structured_stream`: a partition's noisy answers.
 
@@ -282,8 +400,11 @@ class PartitionMeasure:
     the whole partition is built). Returns one int64 ``(n_nodes, n_rows)`` array per plan
     entry at or below the cut, in plan order.
 
+    On an executor each partition's tasks get :meth:`for_partition`: its forest, its leaves'
+    source (``source.restrict``) and the sub-keys of its own noise chunks, never the key.
+
     Counters (``stats``: draws, seconds generating, answering, drawing noise; calls) are
-    summed over threads.
+    summed over threads (calls in this process only).
     """
 
     def __init__(
@@ -310,61 +431,53 @@ class PartitionMeasure:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def _add(self, **kw: float) -> None:
+    def __call__(self, part: Partition) -> list[np.ndarray]:
+        h = self.hierarchy
+        out, stats = _measure_partition(
+            part, Forest.of(h, self.cut, part.ranges), h.names, h.sizes, self.schema, self.low,
+            self.source, self.rng,
+        )  # fmt: skip
         with self._lock:
-            for k, v in kw.items():
+            for k, v in stats.items():
                 self.stats[k] += v
+        return out
+
+    def for_partition(self, part: Partition) -> OnePartitionMeasure:
+        """What partition ``part``'s tasks are sent (:class:`OnePartitionMeasure`)."""
+        h = self.hierarchy
+        keys = self.rng.restrict({
+            stream_label(h.names[k], q.name): chunk_range(*part.range(k)) for k, q, _ in self.low
+        })  # fmt: skip
+        return OnePartitionMeasure(
+            part.index, Forest.of(h, self.cut, part.ranges).without_codes(), tuple(h.names),
+            tuple(int(s) for s in h.sizes), self.schema, tuple(self.low),
+            _restricted(self.source, *part.range(h.depth - 1)), keys,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class OnePartitionMeasure:
+    """One partition's measure function as its task receives it
+    (:meth:`PartitionMeasure.for_partition`): the partition's forest, its leaves' source and
+    the sub-keys of its noise chunks (a :class:`~censusdp.rng.SubKeys`)."""
+
+    partition: int
+    forest: Forest
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    schema: Schema
+    low: tuple[tuple[int, ProductQuery, NoiseLaw], ...]
+    source: HistogramSource
+    keys: SubKeys
 
     def __call__(self, part: Partition) -> list[np.ndarray]:
-        h, schema, D = self.hierarchy, self.schema, self.hierarchy.depth
-        n_cells, shape = schema.n_cells, tuple(schema.shape)
-        t0, c0 = time.perf_counter(), time.thread_time()
-        lo_leaf, hi_leaf = part.range(D - 1)
-        leaf, cell, count = _checked_entries(
-            self.source(lo_leaf, hi_leaf), lo_leaf, hi_leaf, n_cells
-        )
-        # the partition's nodes of every level from the cut down, as local indices of the leaves
-        node = leaf - lo_leaf
-        local = {D - 1: node}
-        for k in range(D - 1, part.cut, -1):
-            lo_k, _ = part.range(k)
-            lo_up, _ = part.range(k - 1)
-            node = h.levels[k].parent[node + lo_k] - lo_up
-            local[k - 1] = node
-        t1 = time.perf_counter()
-        answers: dict[int, dict[str, np.ndarray]] = {}
-        draws = 0
-        t_apply = t_noise = 0.0
-        out: list[np.ndarray] = []
-        for k in sorted({k for k, _, _ in self.low}):
-            lo_k, hi_k = part.range(k)
-            qs = [(q, law) for kk, q, law in self.low if kk == k]
-            step = DENSE_LEAVES if k == D - 1 else max(hi_k - lo_k, 1)
-            bounds = [*range(0, hi_k - lo_k, step), hi_k - lo_k]
-            vals = {q.name: np.empty((hi_k - lo_k, q.n_rows), np.int64) for q, _ in qs}
-            cut_at = np.searchsorted(local[k], bounds)
-            for a, b, ea, eb in zip(bounds[:-1], bounds[1:], cut_at[:-1], cut_at[1:], strict=True):
-                ta = time.perf_counter()
-                x = _sums(local[k][ea:eb] - a, cell[ea:eb], count[ea:eb], b - a, n_cells)
-                ans = apply_queries([q for q, _ in qs], x.reshape(b - a, *shape))
-                del x
-                tb = time.perf_counter()
-                for q, law in qs:
-                    truth = ans.pop(q.name)
-                    vals[q.name][a:b] = measure_range(
-                        truth, h.names[k], h.sizes[k], lo_k + a, q, law, self.rng
-                    )
-                    draws += truth.size
-                t_apply += tb - ta
-                t_noise += time.perf_counter() - tb
-            answers[k] = vals
-        for k, q, _ in self.low:
-            out.append(answers[k][q.name])
-        self._add(
-            calls=1, draws=draws, generate=t1 - t0, apply=t_apply, noise=t_noise,
-            cpu=time.thread_time() - c0,
-        )  # fmt: skip
-        return out
+        if part.index != self.partition:
+            raise SpecError(
+                f"the measure function of partition {self.partition} was called for "
+                f"partition {part.index}"
+            )
+        return _measure_partition(part, self.forest, self.names, self.sizes, self.schema,
+                                  self.low, self.source, self.keys)[0]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -414,12 +527,15 @@ class PartitionRelease:
     cut_counts : numpy.ndarray
         The rounded integers of the partition's cut-level nodes (the parents of
         ``counts[0]``), from the top.
+    forest : Forest
+        The partition's levels ``cut .. leaf`` (local indices: its child counts).
     """
 
     partition: Partition
     piece: StructuredPiece
     counts: list[np.ndarray]
     cut_counts: np.ndarray
+    forest: Forest
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -431,6 +547,98 @@ class PartitionRelease:
         """The P1–P5 tables of each level, int64 ``(n_nodes, 298)`` (computed once, so
         every consumer of the partition shares them)."""
         return _tables_of(self.counts, self._tables)
+
+
+@dataclass(frozen=True, eq=False)
+class RoundingInput:
+    """What one partition's rounding needs from the top (:func:`stream_pl94` sends it to
+    the partition's task with an executor and a sink).
+
+    Attributes
+    ----------
+    forest : Forest
+        The partition's levels ``cut .. leaf``.
+    lo, n_global : tuple of int
+        Per forest level, the global index of the partition's first node and the level's
+        size (the rounding's draws are keyed by global parent node).
+    cut_counts : numpy.ndarray
+        The rounded integers of the partition's cut-level nodes.
+    negative : bool
+        :attr:`~censusdp.estimation.structured_rounding.RoundedLevels.negative` of the top.
+    keys : SubKeys or KeyedRNG
+        The rounding streams (a task gets only its partition's chunks: :meth:`of`).
+    """
+
+    forest: Forest
+    lo: tuple[int, ...]
+    n_global: tuple[int, ...]
+    cut_counts: np.ndarray
+    negative: bool
+    keys: KeyedRNG | SubKeys
+
+    @classmethod
+    def of(
+        cls, h: Hierarchy, schema: Schema, part: Partition, top: RoundedLevels, rng: KeyedRNG,
+        *, restrict: bool,
+    ) -> RoundingInput:  # fmt: skip
+        """Partition ``part``'s input from the rounded top; with ``restrict`` the sub-keys of
+        its own chunks of the rounding streams (``rng.child(ROUNDING)``) instead of the key."""
+        cut, K = part.cut, schema.n_cells
+        forest = Forest.of(h, cut, part.ranges)
+        keys: KeyedRNG | SubKeys = rng
+        if restrict:
+            keys = rng.restrict({
+                f"{ROUNDING_LABEL}/{h.names[cut + j]}": chunk_range(lo * K, hi * K)
+                for j, (lo, hi) in enumerate(part.ranges[:-1], start=1)
+            })  # fmt: skip
+        return cls(
+            forest, tuple(r[0] for r in part.ranges), tuple(int(n) for n in h.sizes[cut:]),
+            top.counts[cut][slice(*part.units)], bool(top.negative), keys,
+        )  # fmt: skip
+
+    def release(self, part: Partition, piece: StructuredPiece, schema: Schema) -> PartitionRelease:
+        """The partition's piece rounded from its cut nodes' integers."""
+        out = round_structured_partition(
+            self.forest, self.lo, self.n_global, schema, self.cut_counts, None,
+            list(piece.estimates), self.keys, negative=self.negative,
+        )  # fmt: skip
+        return PartitionRelease(part, piece, out.counts, self.cut_counts, self.forest)
+
+
+#: ``sink(release, payload)`` on the worker (:func:`stream_pl94` with an executor): a
+#: partition's rounded release and what ``sink_payload(partition)`` gave for it.
+ReleaseSink = Callable[[PartitionRelease, object], object]
+
+
+@dataclass(frozen=True, eq=False)
+class Sinks:
+    """Several :data:`ReleaseSink` run on one partition's release in turn: the payload is a
+    tuple of theirs (None: None for each), the result the tuple of their results."""
+
+    sinks: tuple[ReleaseSink, ...]
+
+    def __call__(self, release: PartitionRelease, payload: tuple | None) -> tuple:
+        payload = (None,) * len(self.sinks) if payload is None else payload
+        return tuple(s(release, p) for s, p in zip(self.sinks, payload, strict=True))
+
+
+@dataclass(frozen=True, eq=False)
+class _RoundingSink:
+    """The structured stream's sink of :func:`stream_pl94`: rounds the piece where it is and
+    hands the release to the caller's sink; returns the sink's value and seconds."""
+
+    sink: ReleaseSink
+    schema: Schema
+
+    def __call__(self, piece: StructuredPiece, part: Partition, payload: tuple) -> tuple:
+        rounding, theirs = payload
+        t0, c0 = time.perf_counter(), time.thread_time()
+        release = rounding.release(part, piece, self.schema)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        value = self.sink(release, theirs)
+        seconds = {"rounding": (t1 - t0, c1 - c0),
+                   "sink": (time.perf_counter() - t1, time.thread_time() - c1)}  # fmt: skip
+        return value, seconds
 
 
 def _tables_of(counts: Sequence[np.ndarray], cache: dict) -> list[np.ndarray]:
@@ -459,8 +667,11 @@ class Pl94StreamResult:
     diagnostics : dict
         Wall seconds per stage (``truth``: pass 1; ``measure``: generating, answering and
         noise inside the partitions, and ``gls``, both summed over threads; ``rounding``;
-        ``callbacks``), CPU seconds likewise (``cpu_seconds_*``), the stream's own
+        ``callbacks``; of these ``rounding_top`` and ``callbacks_top``, the levels down to the
+        cut, in this process), CPU seconds likewise (``cpu_seconds_*``), the stream's own
         diagnostics, and the draws.
+    sunk : tuple
+        With a ``sink``: its return value for every partition, in partition order.
     """
 
     top: TopRelease
@@ -469,6 +680,7 @@ class Pl94StreamResult:
     persons: int
     noisy_counts: int
     diagnostics: dict
+    sunk: tuple = ()
 
 
 def _ahead(fn: Callable, items: Sequence, workers: int):
@@ -480,25 +692,52 @@ def _ahead(fn: Callable, items: Sequence, workers: int):
         yield from pool.map(fn, items)
 
 
+def _cut_sums(item: tuple[Forest, HistogramSource, int, int, int]) -> np.ndarray:
+    """A partition's exact histograms of its cut-level nodes, ``(n_cut, n_cells)`` int64,
+    from its ``forest`` and source of leaves ``[lo, hi)`` (a task of pass 1)."""
+    forest, source, lo, hi, n_cells = item
+    leaf, cell, count = _checked_entries(source(lo, hi), lo, hi, n_cells)
+    node = leaf - lo
+    for j in range(forest.depth - 1, 0, -1):
+        node = forest.parent(j)[node]
+    return _sums(node, cell, count, forest.sizes[0], n_cells)
+
+
 def _cut_truth(
-    h: Hierarchy, schema: Schema, source: HistogramSource, parts: Sequence[Partition], workers: int
+    h: Hierarchy,
+    schema: Schema,
+    source: HistogramSource,
+    parts: Sequence[Partition],
+    workers: int,
+    executor: Executor | None = None,
 ) -> list[np.ndarray]:
     """Exact int64 histograms ``(n_nodes, n_cells)`` of levels ``0 .. cut`` from the
-    partitions' leaves (pass 1)."""
+    partitions' leaves (pass 1), in ``workers`` threads or as tasks of ``executor`` (each
+    sent its forest and its leaves' source only)."""
     D, n_cells = h.depth, schema.n_cells
     cut = parts[0].cut
 
-    def one(p: Partition) -> np.ndarray:
+    def item(p: Partition) -> tuple:
         lo, hi = p.range(D - 1)
-        leaf, cell, count = _checked_entries(source(lo, hi), lo, hi, n_cells)
-        node = leaf
-        for k in range(D - 1, cut, -1):
-            node = h.levels[k].parent[node]
-        a, b = p.units
-        return _sums(node - a, cell, count, b - a, n_cells)
+        if executor is None:
+            return Forest.of(h, cut, p.ranges), source, lo, hi, n_cells
+        return (
+            Forest.of(h, cut, p.ranges).without_codes(),
+            _restricted(source, lo, hi),
+            lo,
+            hi,
+            n_cells,
+        )
 
     cut_hist = np.empty((h.sizes[cut], n_cells), np.int64)
-    for p, x in zip(parts, _ahead(one, parts, workers), strict=True):
+    if executor is None:
+        sums = _ahead(lambda p: _cut_sums(item(p)), parts, workers)
+    else:
+        handles = executor.submit(_cut_sums, [item(p) for p in parts],
+                                  cost=[p.leaves for p in parts])  # fmt: skip
+        sums = executor.gather(handles)
+        executor.release(handles)
+    for p, x in zip(parts, sums, strict=True):
         cut_hist[p.units[0] : p.units[1]] = x
     levels = [cut_hist]
     for k in range(cut, 0, -1):
@@ -571,6 +810,9 @@ def stream_pl94(
     on_top: Callable[[TopRelease], None] | None = None,
     on_partition: Callable[[PartitionRelease], None] | None = None,
     privacy: PrivacyStatement | None = None,
+    executor: Executor | None = None,
+    sink: ReleaseSink | None = None,
+    sink_payload: Callable[[Partition], object] | None = None,
 ) -> Pl94StreamResult:
     """Measure, estimate (structured GLS) and round a schema histogram partition by partition.
 
@@ -615,6 +857,22 @@ def stream_pl94(
         in ``order``, one at a time in the calling thread.
     privacy : PrivacyStatement, optional
         A claimed statement, checked against the one derived from the measurements.
+    executor : Executor, optional
+        Runs pass 1 and the partitions' passes as tasks (sync, threads, Dask:
+        :mod:`censusdp.pipelines.execute`); give it or ``workers``. Each task is sent its
+        partition's forest, its leaves' source (``source.restrict(lo, hi)`` when the source
+        has it) and the sub-keys of its own noise and rounding chunks, never the key. The
+        output is the same bit for bit.
+    sink : callable, optional
+        ``sink(release, payload)``: with it, each partition is rounded where its piece was
+        computed (a worker, on Dask) and its :class:`PartitionRelease` handed to ``sink``
+        there (e.g. :meth:`~censusdp.pipelines.pl94_store.Pl94StoreWriter.piece_sink`, which
+        writes the partition's store files and returns their checksums); its small,
+        picklable return values are ``diagnostics["sunk"]`` in partition order. Without it,
+        pieces come back and are rounded here for ``on_partition``.
+    sink_payload : callable, optional
+        ``sink_payload(partition)`` → the ``payload`` of ``sink`` (called here after
+        ``on_top``).
 
     Returns
     -------
@@ -631,6 +889,10 @@ def stream_pl94(
     t_start = time.perf_counter()
     h = hierarchy
     k_cut = h.level_index(cut)
+    if sink is not None and on_partition is not None:
+        raise SpecError("stream_pl94: give on_partition (rounded here) or a sink, not both")
+    if sink_payload is not None and sink is None:
+        raise SpecError("stream_pl94: sink_payload without a sink")
     for lvl, _, _ in plan:
         h.level_index(lvl)  # HierarchyError naming an unknown level
     if isinstance(partitions, int):
@@ -653,12 +915,13 @@ def stream_pl94(
     shape = tuple(schema.shape)
     # wall and CPU seconds per stage (CPU: of the process for the passes, of the calling
     # thread for the rounding and the callbacks, which run there)
-    t = dict(truth=0.0, measure_top=0.0, gls=0.0, rounding=0.0, callbacks=0.0)
+    t = dict(truth=0.0, measure_top=0.0, gls=0.0, rounding_top=0.0, rounding=0.0,
+             callbacks_top=0.0, callbacks=0.0)  # fmt: skip
     cpu = dict(t)
 
     # pass 1: the exact histograms down to the cut, then the measurements above it
     t0, c0 = time.perf_counter(), time.process_time()
-    top_truth = _cut_truth(h, schema, source, parts, workers)
+    top_truth = _cut_truth(h, schema, source, parts, workers, executor)
     persons = int(top_truth[0].sum())
     invs = [ProductInvariant(h.names[k], q, q.apply(top_truth[k].reshape(-1, *shape)))
             for k, q in inv_specs]  # fmt: skip
@@ -691,48 +954,68 @@ def stream_pl94(
     round_rng = rng.child(ROUNDING)
     holder: dict = {}
 
-    def clock(stage: str, t0: float, c0: float) -> None:
-        t[stage] += time.perf_counter() - t0
-        cpu[stage] += time.thread_time() - c0
+    def clock(stage: str, t0: float, c0: float, *also: str) -> None:
+        wall, thread = time.perf_counter() - t0, time.thread_time() - c0
+        for k in (stage, *also):
+            t[k] += wall
+            cpu[k] += thread
 
     def top_callback(piece: StructuredPiece) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         rounded = round_structured_top(
             h, schema, list(piece.estimates), round_rng, invariants=invs, spreads=False
         )
-        clock("rounding", t0, c0)
+        clock("rounding", t0, c0, "rounding_top")
         holder["top"] = TopRelease(piece, rounded, tuple(invs))
         if on_top is not None:
             t0, c0 = time.perf_counter(), time.thread_time()
             on_top(holder["top"])
-            clock("callbacks", t0, c0)
+            clock("callbacks", t0, c0, "callbacks_top")
+
+    def rounding_input(part: Partition, *, restrict: bool) -> RoundingInput:
+        top = holder["top"].rounded
+        return RoundingInput.of(h, schema, part, top, round_rng, restrict=restrict)
 
     def partition_callback(piece: StructuredPiece) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         part = parts[piece.partition]
-        top = holder["top"].rounded
-        cut_counts = top.counts[k_cut][slice(*part.units)]
-        out = round_structured_partition(
-            Forest.of(h, k_cut, part.ranges), [r[0] for r in part.ranges], h.sizes[k_cut:],
-            schema, cut_counts, None, list(piece.estimates), round_rng, negative=top.negative,
-        )  # fmt: skip
+        release = rounding_input(part, restrict=False).release(part, piece, schema)
         clock("rounding", t0, c0)
         if on_partition is not None:
             t0, c0 = time.perf_counter(), time.thread_time()
-            on_partition(PartitionRelease(part, piece, out.counts, cut_counts))
+            on_partition(release)
             clock("callbacks", t0, c0)
 
+    def payload(part: Partition) -> tuple:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        out = (rounding_input(part, restrict=executor is not None),
+               None if sink_payload is None else sink_payload(part))  # fmt: skip
+        clock("payloads", t0, c0)
+        return out
+
+    t["payloads"] = cpu["payloads"] = 0.0
     t0, c0 = time.perf_counter(), time.process_time()
     res = structured_stream(
-        h, schema, meas, measure, parts, invs, partition_callback, on_top=top_callback,
-        privacy=privacy, cache_bytes=cache_bytes, order=order, workers=workers,
+        h, schema, meas, measure, parts, invs, None if sink else partition_callback,
+        on_top=top_callback, privacy=privacy, cache_bytes=cache_bytes, order=order,
+        workers=workers, executor=executor,
+        sink=None if sink is None else _RoundingSink(sink, schema),
+        sink_payload=None if sink is None else payload,
     )  # fmt: skip
     d = res.diagnostics
+    sunk: list = []
+    if sink is not None:  # the rounding ran in the sink, in the tasks: its seconds summed
+        for value, seconds in res.sunk:
+            sunk.append(value)
+            for stage, (wall, cpu_s) in seconds.items():
+                stage = "rounding" if stage == "rounding" else "callbacks"
+                t[stage] += wall
+                cpu[stage] += cpu_s
     # the partitions' measure runs in worker threads (its seconds are summed over them)
-    t["gls"] = sum(d[f"seconds_{k}"] for k in ("setup", "up", "top", "down", "output"))
-    cpu["gls"] = time.process_time() - c0 - measure.stats["cpu"] - cpu["rounding"]
-    cpu["gls"] -= cpu["callbacks"]
-    t["measure"], cpu["measure"] = d["seconds_measure"], measure.stats["cpu"]
+    gls = ("setup", "up", "top", "down", "output")
+    t["gls"] = sum(d[f"seconds_{k}"] for k in gls)
+    cpu["gls"] = sum(d[f"cpu_seconds_{k}"] for k in gls)
+    t["measure"], cpu["measure"] = d["seconds_measure"], d["cpu_seconds_measure"]
     noisy = sum(h.sizes[h.level_index(lvl)] * q.n_rows for lvl, q, _ in plan)
     diagnostics = {
         "seconds": time.perf_counter() - t_start,
@@ -748,7 +1031,13 @@ def stream_pl94(
         "draws": top_draws + measure.stats["draws"],
         "stream": d,
     }
-    return Pl94StreamResult(holder["top"], res.privacy, parts, persons, noisy, diagnostics)
+    if executor is not None:
+        diagnostics["note"] = (
+            "per-stage seconds are summed over the partitions' tasks (CPU: their threads' "
+            "time, wherever they ran); measure_inside_partitions counts calls in this process"
+        )
+    return Pl94StreamResult(holder["top"], res.privacy, parts, persons, noisy, diagnostics,
+                            tuple(sunk))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- consumers
@@ -768,7 +1057,7 @@ class ReleaseChecks:
         self.floor_ceil = self.consistent = True
         self.invariants_exact: bool | None = None
         self.tables_exact: bool | None = None
-        self._identities = None
+        self._identities = self._total_column = None
         if tables:
             from censusdp.pipelines.pl94_tables import pl94_codebook
 
@@ -817,17 +1106,21 @@ class ReleaseChecks:
         self.seconds += time.perf_counter() - t0
 
     def partition(self, out: PartitionRelease) -> None:
-        t0 = time.perf_counter()
-        self._floor_ceil(out.counts, out.piece.estimates)
-        levels = [out.cut_counts, *out.counts]
-        cut = out.partition.cut
-        for j in range(1, len(levels)):
-            lo, hi = out.partition.ranges[j - 1]
-            self._sum_to(levels[j - 1], levels[j], self.h.levels[cut + j - 1].child_count[lo:hi])
-        for j, c in enumerate(out.counts, start=cut + 1):
-            self.totals[j] += int(c.sum())
-        self._tables(out.counts, out.tables if self._identities is not None else [])
-        self.seconds += time.perf_counter() - t0
+        self.add(self.for_partition()(out))
+
+    def for_partition(self) -> PartitionChecks:
+        """The checks of one partition, to run where its release is (a sink on a worker);
+        :meth:`add` takes what they return."""
+        return PartitionChecks(self.h.depth, self._identities, self._total_column)
+
+    def add(self, checked: dict) -> None:
+        """Accumulate one partition's :class:`PartitionChecks` result."""
+        self.totals += np.asarray(checked["totals"], np.int64)
+        self.floor_ceil &= checked["floor_ceil"]
+        self.consistent &= checked["consistent"]
+        if self.tables_exact is not None:
+            self.tables_exact &= checked["tables_exact"]
+        self.seconds += checked["seconds"]
 
     def result(self, persons: int) -> dict:
         """The checks as JSON-able values (``persons``: the histogram's total)."""
@@ -838,6 +1131,40 @@ class ReleaseChecks:
             "every_cell_floor_or_ceil": self.floor_ceil,
             "children_sum_to_parent_cell_by_cell": self.consistent,
             "table_identities_exact_at_every_node": self.tables_exact,
+        }
+
+
+class PartitionChecks(ReleaseChecks):
+    """:class:`ReleaseChecks` of one partition, picklable and small (no hierarchy: the
+    child counts are the release's forest's); calling it returns the partition's result for
+    :meth:`ReleaseChecks.add`."""
+
+    def __init__(self, depth: int, identities: np.ndarray | None, total_column: int | None):
+        self.depth, self._identities, self._total_column = depth, identities, total_column
+
+    def __call__(self, out: PartitionRelease, payload: object = None) -> dict:
+        """The partition's checks (``payload`` unused: a :data:`ReleaseSink`); safe to call
+        from several threads at once (each call checks on its own copy)."""
+        return copy.copy(self)._check(out)
+
+    def _check(self, out: PartitionRelease) -> dict:
+        t0 = time.perf_counter()
+        self.totals = np.zeros(self.depth, np.int64)
+        self.floor_ceil = self.consistent = True
+        self.tables_exact = None if self._identities is None else True
+        self._floor_ceil(out.counts, out.piece.estimates)
+        levels = [out.cut_counts, *out.counts]
+        for j in range(1, len(levels)):
+            self._sum_to(levels[j - 1], levels[j], out.forest.child_count[j - 1])
+        for j, c in enumerate(out.counts, start=out.partition.cut + 1):
+            self.totals[j] += int(c.sum())
+        self._tables(out.counts, out.tables if self._identities is not None else [])
+        return {
+            "totals": self.totals.tolist(),
+            "floor_ceil": self.floor_ceil,
+            "consistent": self.consistent,
+            "tables_exact": self.tables_exact,
+            "seconds": time.perf_counter() - t0,
         }
 
 

@@ -134,9 +134,11 @@ class StreamResult:
     privacy : PrivacyStatement
         Derived from the measurements, with the invariants and geometry.
     diagnostics : dict
-        Per-stage seconds (``measure`` is the time spent in the caller's function,
+        Per-stage wall seconds (``measure`` is the time spent in the caller's function,
         ``callback`` in ``on_top`` and ``on_partition``, ``sink`` in the sink; on an
-        executor the per-partition stages are summed over its tasks), residuals, partitions
+        executor the per-partition stages are summed over its tasks) and their CPU seconds
+        (``cpu_seconds_*``: thread time of the threads that ran them, here or on a worker),
+        residuals, partitions
         cached and regenerated, bytes of the messages and of the largest cached state, the
         executor and its workers.
     sunk : tuple
@@ -265,9 +267,9 @@ def _upward(
     seconds."""
     setup, cut, levels, low = ctx.setup, ctx.cut, ctx.levels, ctx.low
     names, depth = setup.hierarchy.names, setup.hierarchy.depth
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     vals = list(measure(p))
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.thread_time()
     if len(vals) != len(low):
         raise SpecError(
             f"partition {p.index}: measure returned {len(vals)} arrays for the "
@@ -288,7 +290,8 @@ def _upward(
         for j in range(depth - cut)
     ]  # fmt: skip
     up = structured_upward(setup, forest, p.ranges, meas_values, inv_values)
-    return up, {"measure": t1 - t0, "up": time.perf_counter() - t1}
+    seconds = {"measure": t1 - t0, "up": time.perf_counter() - t1}
+    return up, seconds | {"cpu_measure": c1 - c0, "cpu_up": time.thread_time() - c1}
 
 
 def _up_task(
@@ -324,12 +327,14 @@ def _downward(
     fresh = state is None
     up, seconds = _upward(ctx, p, measure, forest) if fresh else state
     del state
-    seconds = dict.fromkeys(("measure", "up"), 0.0) | (seconds if fresh else {})
-    t0 = time.perf_counter()
+    seconds = dict.fromkeys(("measure", "up", "cpu_measure", "cpu_up"), 0.0) | (
+        seconds if fresh else {}
+    )
+    t0, c0 = time.perf_counter(), time.thread_time()
     smoothed = structured_downward(setup, up, cut_blocks)
     forest = up.forest
     del up
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.thread_time()
     est, cov = structured_output(setup, smoothed, range(1, forest.depth), forest.sizes[1:])
     del smoothed
     residuals = structured_residuals(setup, forest, p.ranges, [cut_estimates, *est], ctx.invariants)
@@ -345,9 +350,10 @@ def _downward(
         _rows=ctx.rows,
         partition=p.index,
     )
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.thread_time()
     sunk = None if sink is None else sink(piece, p, payload)
     seconds |= {"down": t1 - t0, "output": t2 - t1, "sink": time.perf_counter() - t2}
+    seconds |= {"cpu_down": c1 - c0, "cpu_output": c2 - c1, "cpu_sink": time.thread_time() - c2}
     return (piece if keep_piece else None), residuals, fresh, sunk, seconds
 
 
@@ -512,7 +518,7 @@ def structured_stream(
     TypeError
         On Dask, a task that would carry a :class:`~censusdp.rng.KeyedRNG`.
     """
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.thread_time()
     cut = _check_partitions(hierarchy, partitions)
     names = hierarchy.names
     levels = [hierarchy.level_index(m.level) for m in measurements]
@@ -539,8 +545,12 @@ def structured_stream(
         )
     if sink_payload is not None and sink is None:
         raise SpecError("structured_stream: sink_payload without a sink")
+    # wall seconds per stage, and CPU (``cpu_*``: thread time, of the tasks' threads for the
+    # per-partition stages wherever they ran, of this thread for the others)
     t = dict(setup=time.perf_counter() - t_start, measure=0.0, up=0.0, top=0.0, down=0.0,
              output=0.0, sink=0.0, callback=0.0)  # fmt: skip
+    t |= {f"cpu_{k}": 0.0 for k in t}
+    t["cpu_setup"] = time.thread_time() - c_start
     ctx = _Context(
         dataclasses.replace(setup, hierarchy=_names_only(hierarchy)), tuple(invs),
         tuple(levels), tuple(m.query for m in measurements), tuple(low), cut,
@@ -600,7 +610,7 @@ def structured_stream(
                 ex.release([state])
             del state, handles, msg
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         top_rows = [(0, n) for n in hierarchy.sizes[: cut + 1]]
         top_meas = [
             [m.values if levels[i] == j and j < cut else None for i, m in enumerate(measurements)]
@@ -626,7 +636,8 @@ def structured_stream(
         smoothed_top = structured_top(setup, top_up)
         del top_up
         t["top"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t["cpu_top"] += time.thread_time() - c0
+        t0, c0 = time.perf_counter(), time.thread_time()
         top_est, top_cov = structured_output(
             setup, smoothed_top, range(cut + 1), hierarchy.sizes[: cut + 1]
         )
@@ -634,6 +645,7 @@ def structured_stream(
             setup, top_forest, top_rows, top_est, invs
         )
         t["output"] += time.perf_counter() - t0
+        t["cpu_output"] += time.thread_time() - c0
 
         top = StructuredPiece(
             names=tuple(names[: cut + 1]),
@@ -730,7 +742,8 @@ def structured_stream(
         "max_consistency_residual": cons,
         "max_invariant_residual": inv_res,
         "max_invariant_value": inv_val,
-        **{f"seconds_{k}": v for k, v in t.items()},
+        **{f"seconds_{k}": v for k, v in t.items() if not k.startswith("cpu_")},
+        **{f"cpu_seconds_{k[4:]}": v for k, v in t.items() if k.startswith("cpu_")},
         "seconds": time.perf_counter() - t_start,
     }
     if setup.vscale is None:
