@@ -53,7 +53,7 @@ from numba import njit
 
 from censusdp.errors import DataError
 from censusdp.estimation.rounding import uniform_draws
-from censusdp.rng import KeyedRNG
+from censusdp.rng import KeyedRNG, Sampler
 
 __all__ = ["DR_TOL", "dependent_round", "keyed_uniforms"]
 
@@ -299,19 +299,26 @@ def dependent_round(
 
 
 def keyed_uniforms(
-    rng: KeyedRNG, label: str, n_rows_global: int, row_lo: int, row_hi: int, n_cols: int
+    rng: KeyedRNG,
+    label: str,
+    n_rows_global: int,
+    row_lo: int,
+    row_hi: int,
+    n_cols: int,
+    sampler: Sampler = uniform_draws,
 ) -> np.ndarray:
     """The uniforms :func:`dependent_round` needs for global rows ``[row_lo, row_hi)``.
 
     Item ``row · (n_cols + 1) + j`` of the keyed stream ``label`` (of ``n_rows_global ·
     (n_cols + 1)`` items): a partition holding any run of whole groups draws the same
-    uniforms for them as a single machine does.
+    uniforms for them as a single machine does. ``sampler`` is
+    :func:`~censusdp.estimation.rounding.uniform_draws` unless a test replaces it.
 
     Returns
     -------
     (row_hi − row_lo, n_cols + 1) numpy.ndarray
     """
     m = n_cols + 1
-    return rng.draw(label, n_rows_global * m, row_lo * m, row_hi * m, uniform_draws).reshape(
+    return rng.draw(label, n_rows_global * m, row_lo * m, row_hi * m, sampler).reshape(
         row_hi - row_lo, m
     )

@@ -240,11 +240,7 @@ def test_variance_bound_holds_and_is_exact_for_cells(n):
     assert out.negative  # controlled rounding of the states
     for q, d in draws.items():
         query = ProductQuery.parse(schema, q)
-        general, _ = rounding_variance_bound(rel.estimates[level], out.spread[level], query)
-        bound, exact = rounding_variance_bound(
-            rel.estimates[level], out.spread[level], query, out.negative
-        )
-        assert np.all(bound <= general + 1e-12)  # negative correlation only tightens it
+        bound, exact = rounding_variance_bound(h, rel.estimates, out, level, query)
         emp = np.var(np.array(d), axis=0, ddof=1)
         # the sample variance of a sum R of ``width`` bits has SD ≤ width · sqrt(Var R / n)
         # (its fourth central moment is at most width² Var R); Bonferroni at α = 1e-6
@@ -379,3 +375,34 @@ def test_a_structured_gls_release_rounds_with_invariants_and_labelled_variances(
     assert np.all(var >= rel.query_variances(h.names[-1], "a"))
     var, exact = rounded_query_variances(rel, out, h.names[-1], "detailed")
     assert exact.all()
+
+
+def test_children_totals_move_by_about_one_person_not_by_the_cells_noise():
+    """The controlled rounding's point: a node's total moves by about its parent's total
+    error shared out plus less than one, not by the sum of its cells' independent errors
+    (sd √Σ f(1 − f), about 3.3 persons for 64 cells, which this threshold rejects)."""
+    gen = np.random.default_rng(12)
+    schema = Schema.from_dict(
+        {
+            "name": "t",
+            "attributes": [
+                {"name": "a", "labels": [str(i) for i in range(8)]},
+                {"name": "b", "labels": [str(i) for i in range(8)]},
+            ],
+        }
+    )
+    h, rel, invs = _case(gen, schema, [(3, 3), (2, 4), (3, 6)], invariant_levels=(0,))
+    sq = np.zeros(h.depth)
+    independent = np.zeros(h.depth)
+    reps = 20
+    for s in range(reps):
+        out = round_structured(rel, KeyedRNG.reproducible(s, warn=False), invariants=invs)
+        for k in range(1, h.depth):
+            x = rel.estimates[k].reshape(-1, 64)
+            d = out.counts[k].reshape(-1, 64).sum(axis=1) - x.sum(axis=1)
+            sq[k] += float(d @ d) / d.size / reps
+            f = x - np.floor(x)
+            independent[k] = float(np.mean((f * (1 - f)).sum(axis=1)))
+    rms = np.sqrt(sq[1:])
+    assert np.all(rms < 1.2), rms
+    assert np.all(np.sqrt(independent[1:]) > 2.5)  # what per-cell rounding would give
