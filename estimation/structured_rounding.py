@@ -8,41 +8,54 @@ This module rounds them to int64 so that
 * children sum to their parent cell by cell, so every marginal table of every node is the
   integer sum of its children's and every table identity holds exactly;
 * every invariant (at the root and its children) holds ``==``;
+* below the jointly rounded level, every node's total moves by about its parent's total
+  error shared out plus less than one person (controlled rounding, below);
 
 level by level from the root down, so that below a cut level every partition rounds its own
 subtrees from its cut nodes' integers and nothing else (O(one partition's tensors)).
 
-**One level down: conditioned systematic sampling.** Fix a parent ``p`` and a cell ``c``
-with real value ``X`` and integer ``N ∈ {⌊X⌋, ⌈X⌉}``, ``P(N = ⌈X⌉) = frac X`` (induction).
-Its children have values ``x_i = ⌊x_i⌋ + f_i``; put ``F = Σ⌊x_i⌋``, ``S = Σ f_i = X − F``,
-``m = ⌊S⌋``, ``φ = frac S = frac X``, ``C_i = f_1 + … + f_i`` and ``T = N − F`` (the number
-of children to round up: ``T = m + 1`` exactly when the parent went up). Systematic sampling
-(Madow 1949) with start ``u ∈ [0, 1)`` puts points at ``u, u + 1, …`` and rounds child ``i``
-up iff a point falls in ``[C_{i−1}, C_i)``:
+**One level down: controlled rounding of each parent's (children × cells) matrix.** Fix a
+parent and a cell ``c`` with real value ``X_c`` and integer ``N_c ∈ {⌊X_c⌋, ⌈X_c⌉}``,
+``P(N_c = ⌈X_c⌉) = frac X_c`` (induction). Its ``n`` children have values ``x_ic = ⌊x_ic⌋ +
+f_ic``; put ``S_c = Σ_i f_ic``, ``m_c = ⌊S_c⌋``, ``φ_c = frac S_c = frac X_c`` and ``T_c =
+N_c − Σ_i ⌊x_ic⌋ ∈ {m_c, m_c + 1}`` (the number of children to round up), so that ``e_c = T_c
+− S_c = N_c − X_c`` is the parent's rounding error in that cell: ``1 − φ_c`` with probability
+``φ_c``, else ``−φ_c``, mean 0. The children are rounded with conditional marginals
 
-* ``up_i = ⌈C_i − u⌉ − ⌈C_{i−1} − u⌉ ∈ {0, 1}`` (``f_i < 1``), and ``Σ_i up_i = ⌈S − u⌉ =
-  m + [u < φ]``;
-* with ``v`` a keyed uniform, ``u = φ v`` when ``T = m + 1`` and ``u = φ + (1 − φ) v`` when
-  ``T = m``. Then ``Σ_i up_i = T`` exactly (children sum to the parent), and since
-  ``P(T = m + 1) = φ`` the law of ``u`` is ``φ · U[0, φ) + (1 − φ) · U[φ, 1) = U[0, 1)``:
-  ``P(up_i) = |[C_{i−1}, C_i)| = f_i``, so ``E[rounded x_i] = x_i`` — the induction holds
-  one level down, whatever the dependence between parents.
+    p_ic = f_ic + e_c · a_ic,   Σ_i a_ic = 1,   0 ≤ a_ic ≤ u_ic = min(f_ic / φ_c, (1 − f_ic) / (1 − φ_c)),
 
-Since ``P_i = x_1 + … + x_i = Σ_{j≤i} ⌊x_j⌋ + C_i`` and ``⌈k + y⌉ = k + ⌈y⌉`` for integer
-``k``, child ``i`` rounds to ``⌈P_i − u⌉ − ⌈P_{i−1} − u⌉`` (``P_0 = 0``) and the parent's
-``N`` decides ``u`` through ``m = ⌊P_n⌋``: the same integers without splitting ``x``
-(also for negative estimates), each inclusion probability exact up to the float resolution
-of its group's running sum (about 2⁻⁵³ × the parent's value). Per level this is a running
-sum within each (parent, cell) group (child row by child row, each row a vector of cells,
-or rank by rank over every parent when there are few cells: the sums are taken child by
-child within each group, so they do not depend on what else a partition holds), one
-``ceil`` and one difference: a few numpy passes over the level. The uniforms ``v`` are drawn per
-(level, parent node, cell) with :meth:`KeyedRNG.draw`, item ``parent · K + cell`` of a stream
-of ``n_parents · K`` items per level (global parent index), so a partition regenerates its
-own draws, touching at most two chunks beyond them, and the integers do not depend on the
-partitioning. Memory is a few float tensors of one chunk of whole parent groups
-(:data:`_CHUNK_CELLS` cells) plus the partition's own input and output tensors; no index
-array longer than one level's node count.
+chosen from the fractions alone (not from ``T``). Then ``Σ_i p_ic = S_c + e_c = T_c`` (an
+integer), ``p_ic ∈ [0, 1]`` for both values of ``e_c`` (that is the box), and ``E[p_ic] = f_ic
++ a_ic E[e_c] = f_ic``: unbiased whatever the joint law of the parent's cells. The box is never
+empty: with ``u = f/φ − (f − φ)⁺/(φ(1 − φ))``, ``Σ_i u_ic ≥ 1`` iff ``Σ_i (f_ic − φ)⁺ ≤ m(1 − φ)``,
+which holds because ``k`` fractions above ``φ`` give at most ``min(k(1 − φ), S − kφ) ≤ m(1 −
+φ)``. ``a`` is water-filled towards the weight ``1/n`` shared by all cells of a child:
+``a_ic = min(t_c, u_ic)`` with ``Σ_i a_ic = 1`` (the Euclidean projection of ``1/n`` on the
+box). The matrix ``p`` (exact integer column sums) is then rounded by
+:func:`~censusdp.estimation.dependent_rounding.dependent_round` (Cox 1987; Gandhi, Khuller,
+Parthasarathy & Srinivasan 2006): every child cell ``⌊x⌋`` or ``⌈x⌉`` with ``P(up) = p``,
+children = parent exactly cell by cell, and each child's *total* the floor or ceiling of
+``Σ_c p_ic``. A child's total therefore moves by ``Σ_c a_ic e_c`` (≈ the parent's own total
+error ``Σ_c e_c`` over ``n`` where the box does not bind) plus less than one, instead of the
+sum of its cells' independent errors (standard deviation ``√Σ f(1 − f)``, about 18 persons
+for 2,016 cells).
+
+*Where it cannot do better.* With ``n = 2`` children the box pins ``a`` (``Σ_i u_ic = 1``
+exactly, e.g. ``a_i = f_i/S`` when ``m = 0``): the conditional marginals given the parent's
+cell are forced for *every* unbiased scheme that rounds one level at a time, and a child's
+total inherits ``Σ_c (a_ic − 1/2) e_c``, a few persons over 2,016 cells. Removing that needs
+the levels rounded jointly (dependent rounding of the tree's flow network, cells and totals
+as edges).
+
+The uniforms (one per entry of a child's bordered row, at most one used per cancelled cycle)
+are drawn with :func:`~censusdp.estimation.dependent_rounding.keyed_uniforms`, items keyed by
+the global child index, so a partition regenerates its own draws and the integers do not
+depend on the partitioning. The conditional marginals are a few passes over each parent's
+block, compiled with the kernel.
+
+:func:`round_children` keeps the earlier one-level-down scheme, conditioned systematic
+sampling per (parent, cell) (Madow 1949; cells unbiased and consistent, totals not
+controlled), for the non-negative product (:mod:`censusdp.estimation.nonnegative`).
 
 **The top.** Invariants at the root (a laminar family of cell sets, e.g. the nation total)
 are kept by pipage rounding of the root's cells on that family
@@ -67,26 +80,21 @@ which also settles the invariants at the top); a real inconsistency is a
 :class:`~censusdp.errors.DataError` naming level, node and cell.
 
 **Rounding variances.** Each detailed cell's rounding error is ``Z − f`` with ``Z ~
-Bernoulli(f)``: variance ``f(1 − f)``, exact. Below the level where cells are rounded jointly
-(the root with pipage, or its children with controlled rounding) the cells of a node depend
-on each other only through that level: given it, each cell's chain of bits uses its own
-uniforms. With ``B_c`` the bit of cell ``c`` of the node's ancestor there and ``s_c`` the
-slope of ``E[Z_c | B_c]`` (a product over the levels between of
-``β = P(up | parent up) − P(up | parent down)``, each the overlap of ``[C_{i−1}, C_i)`` mod 1
-with ``[0, φ)`` over ``φ`` minus that with ``[φ, 1)`` over ``1 − φ``), the law of total
-variance gives, for a marginal row ``A``,
+Bernoulli(f)``: variance ``f(1 − f)``, exact. For a row ``A`` of a node ``i`` (a marginal
+row or the total), its error is ``D_i = Σ_A (p − f) + Σ_A (Z − p)`` with ``Σ_A (p − f) =
+Σ_A a_ic e_c = D_parent / n + Σ_A (a_ic − 1/n) e_c``; given ``p`` the second part has mean 0
+and variance at most ``Σ_A p(1 − p)`` (the bits of one row are pairwise non-positively
+correlated, Gandhi et al. 2006, property B3), at most 1/4 for the total (a floor/ceiling
+with mean ``Σ_c p_ic``). With ``g_ic = |a_ic − 1/n| sd(e_c)`` and ``E[p(1 − p)] = f(1 − f) −
+a² φ(1 − φ)`` (Minkowski on the first part):
 
-    Var(Σ_A Z) = Σ_A (f(1 − f) − w²) + Var(Σ_A s B) ≤ Σ_A (f(1 − f) − w²) + (Σ_A w)²,
+    Var D_i ≤ (sd D_parent / n + Σ_A g_ic)² + Σ_A (f(1 − f) − a² φ(1 − φ))   [≤ … + 1/4 for the total],
 
-with ``w_c = s_c sd(B_c)`` (Cauchy–Schwarz on the last term). When the joint level's bits
-are pairwise non-positively correlated — controlled rounding of the children (Gandhi et al.
-2006, property B3: edges at one vertex; a state's cells and, through the slack row, the
-root's) or pipage of the root's cells as one group (Srinivasan 2001) — same-sign pairs add
-at most 0 and ``Var(Σ_A s B) ≤ Σ_A w² + 2 (Σ_A w⁺)(Σ_A w⁻)``, so
-``Var(Σ_A Z) ≤ Σ_A f(1 − f) + 2 (Σ_A w⁺)(Σ_A w⁻)``. :class:`RoundedLevels` carries ``w``
-per level (``spread``) and whether that holds (``negative``); :func:`rounding_variance_bound`
-evaluates the *bound* for any product query. It is exact for detailed cells (one cell per
-row) and is reported as a bound otherwise.
+started at the jointly rounded level (``Σ_A f(1 − f)`` when its bits are non-positively
+correlated, else ``(Σ_A sd)²``; totals at most 1/4 per independently rounded block of cells).
+:class:`RoundedLevels` carries ``g`` and ``own`` per level (``spread``);
+:func:`rounding_variance_bound` evaluates the recursion for any product query. It is exact
+for detailed cells and a bound otherwise.
 
 References
 ----------
@@ -690,9 +698,7 @@ def _descend(
         out.append(parent.reshape(-1, *schema.shape))
         if w is not None:
             sp.append(w.reshape(-1, 2, *schema.shape))
-    return RoundedLevels(
-        out, sp if spreads else None, top.negative, top.joint, top.total_cap
-    )
+    return RoundedLevels(out, sp if spreads else None, top.negative, top.joint, top.total_cap)
 
 
 def round_structured_top(
@@ -716,7 +722,7 @@ def round_structured_top(
         Real consistent cell tensors ``(n_nodes, *schema.shape)`` of levels ``0 .. cut``.
     rng : KeyedRNG
         Draws from the streams ``label/...`` (``label/root``, ``label/top/<atom>``,
-        ``label/<level name>`` keyed by parent node).
+        ``label/<level name>/controlled`` keyed by child node).
     invariants : sequence of ProductInvariant
         At the root and its children only (:func:`top_shape`); held ``==``.
     spreads : bool
