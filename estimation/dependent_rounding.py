@@ -23,7 +23,11 @@ least one entry of the cycle becomes integral (Cox 1987; Gandhi, Khuller, Partha
 Srinivasan 2006, §2). Repeating until no entry is fractional gives the bits; a row's slack
 bit is 1 exactly when the row rounds down.
 
-The walk closes a 4-cycle through the vertex three steps back whenever that edge is
+Row-pair sweeps do most of the work first, reading memory row by row: row ``a`` meets
+each later row ``b`` in turn, and scanning ``a``'s fractional columns, every column where
+both are fractional closes the 4-cycle ``(a, c), (b, c), (b, j), (a, j)`` with the pending
+column ``c``; after ``b`` at most one column has both fractional, so ``a``'s fractional
+entries about halve per partner. A general walk then finishes. It closes a 4-cycle through the vertex three steps back whenever that edge is
 fractional, and otherwise follows linked lists of each row's and column's fractional entries
 (the first remaining one in index order that is not the edge just used), so a step and a
 removal are O(1) and a group costs O(entries + total cycle length); in dense matrices almost
@@ -62,6 +66,65 @@ DR_TOL = 1e-9
 
 
 @njit(cache=True, nogil=True)
+def _sweep(W, Uf, k, tol, cols):
+    """Row-pair sweeps on a bordered group ``W`` before the general walk; returns the next
+    uniform's index. Row ``a`` meets rows ``b > a`` in turn: scanning ``a``'s fractional
+    columns, each column where both rows are fractional closes the 4-cycle ``(a, c), (b, c),
+    (b, j), (a, j)`` with the pending column ``c``. After row ``b`` at most one column has
+    both rows fractional, so ``a``'s fractional entries roughly halve per partner; memory is
+    read row by row."""
+    n, m = W.shape
+    for a in range(n):
+        cnt = 0
+        for j in range(m):
+            if W[a, j] > tol and W[a, j] < 1.0 - tol:
+                cols[cnt] = j
+                cnt += 1
+        for b in range(a + 1, n):
+            if cnt <= 4:
+                break
+            c = -1
+            for idx in range(cnt):
+                j = cols[idx]
+                wa = W[a, j]
+                wb = W[b, j]
+                if not (wa > tol and wa < 1.0 - tol and wb > tol and wb < 1.0 - tol):
+                    continue
+                if c < 0:
+                    c = j
+                    continue
+                # +(a, c) −(b, c) +(b, j) −(a, j)
+                ac = W[a, c]
+                bc = W[b, c]
+                alpha = min(min(1.0 - ac, bc), min(1.0 - wb, wa))
+                beta = min(min(ac, 1.0 - bc), min(wb, 1.0 - wa))
+                step = alpha if Uf[k] * (alpha + beta) < beta else -beta
+                k += 1
+                ac += step
+                bc -= step
+                wb += step
+                wa -= step
+                ac = 0.0 if ac <= tol else (1.0 if ac >= 1.0 - tol else ac)
+                bc = 0.0 if bc <= tol else (1.0 if bc >= 1.0 - tol else bc)
+                wa = 0.0 if wa <= tol else (1.0 if wa >= 1.0 - tol else wa)
+                wb = 0.0 if wb <= tol else (1.0 if wb >= 1.0 - tol else wb)
+                W[a, c] = ac
+                W[b, c] = bc
+                W[a, j] = wa
+                W[b, j] = wb
+                if not (0.0 < ac < 1.0 and 0.0 < bc < 1.0):
+                    c = j if (0.0 < wa < 1.0 and 0.0 < wb < 1.0) else -1
+            kept = 0
+            for idx in range(cnt):
+                j = cols[idx]
+                if W[a, j] > tol and W[a, j] < 1.0 - tol:
+                    cols[kept] = j
+                    kept += 1
+            cnt = kept
+    return k
+
+
+@njit(cache=True, nogil=True)
 def _round_group(W, Uf, k, tol, bits, rnext, rprev, rhead, cnext, cprev, chead, stack, pos):
     """Cycle-cancel one bordered group ``W`` (n × m, modified) into ``bits`` (n × m).
 
@@ -69,6 +132,7 @@ def _round_group(W, Uf, k, tol, bits, rnext, rprev, rhead, cnext, cprev, chead, 
     fractional entry: its line sum was not an integer.
     """
     n, m = W.shape
+    k = _sweep(W, Uf, k, tol, stack)
     for i in range(n):
         rhead[i] = -1
     for j in range(m):
