@@ -83,10 +83,9 @@ def _check(h, rel, out, invs):
     seed=st.integers(0, 2**31 - 1),
     cut=st.integers(0, 3),
     per=st.integers(1, 3),
-    rows=st.booleans(),
 )
 def test_integral_consistent_invariant_and_partition_independent(
-    schema, depth, inv, seed, cut, per, rows
+    schema, depth, inv, seed, cut, per
 ):
     gen = np.random.default_rng(seed)
     fan = [(2, 4), (1, 4), (1, 5)][: depth - 1]
@@ -95,36 +94,40 @@ def test_integral_consistent_invariant_and_partition_independent(
     whole = round_structured(rel, rng, invariants=invs, cut=h.depth - 1)
     _check(h, rel, whole, invs)
     lowest = 1 if 1 in inv else 0
-    with pytest.MonkeyPatch.context() as mp:
-        if rows:  # running sums child row by child row, in chunks of a few cells
-            mp.setattr(sr, "_ROW_LOOP_CELLS", 1)
-            mp.setattr(sr, "_CHUNK_CELLS", 8)
-        split = round_structured(
-            rel,
-            rng,
-            invariants=invs,
-            cut=max(lowest, min(cut, h.depth - 1)),
-            nodes_per_partition=per,
-        )
+    split = round_structured(
+        rel,
+        rng,
+        invariants=invs,
+        cut=max(lowest, min(cut, h.depth - 1)),
+        nodes_per_partition=per,
+    )
     for a, b in zip(whole.counts, split.counts, strict=True):
         assert np.array_equal(a, b)
     for a, b in zip(whole.spread, split.spread, strict=True):
         assert np.array_equal(a, b)
 
 
-def test_row_and_rank_running_sums_give_the_same_bits(monkeypatch):
+def test_systematic_sampling_row_and_rank_running_sums_give_the_same_bits(monkeypatch):
+    """round_children (the non-negative product's one-level-down sampling): running sums
+    child row by child row or rank by rank, in one chunk or many, give the same bits."""
     gen = np.random.default_rng(5)
     schema = Schema.from_dict({"name": "t", "attributes": [{"name": "a", "labels": list("abcd")}]})
     h, rel, invs = _case(gen, schema, [(3, 3), (2, 6), (5, 40)])
-    rng = KeyedRNG.reproducible(2, warn=False)
+    out = round_structured(rel, KeyedRNG.reproducible(2, warn=False), invariants=invs)
+    k = h.depth - 1
+    parent = out.counts[k - 1].reshape(-1, 4)
+    x = rel.estimates[k].reshape(-1, 4)
+    count = np.bincount(h.ancestor_index(k, k - 1), minlength=parent.shape[0])
+    v = gen.random(parent.shape)
+    where = (h.names[k], None, k - 1, schema.cells)
     monkeypatch.setattr(sr, "_ROW_LOOP_CELLS", 10**9)
-    by_rank = round_structured(rel, rng, invariants=invs, nodes_per_partition=2)
+    by_rank, _ = sr.round_children(parent, x, count, v, None, where, 1e-7)
     monkeypatch.setattr(sr, "_ROW_LOOP_CELLS", 1)
     monkeypatch.setattr(sr, "_CHUNK_CELLS", 16)  # many chunks of whole parent groups
-    by_row = round_structured(rel, rng, invariants=invs, nodes_per_partition=3)
-    _check(h, rel, by_row, invs)
-    for a, b in zip(by_rank.counts, by_row.counts, strict=True):
-        assert np.array_equal(a, b)
+    by_row, _ = sr.round_children(parent, x, count, v, None, where, 1e-7)
+    assert np.array_equal(by_rank, by_row)
+    assert np.all((by_row == np.floor(x)) | (by_row == np.ceil(x)))
+    assert np.array_equal(h.aggregate_up(k, by_row), parent)
 
 
 def test_marginal_invariants_at_the_root_children_hold_exactly():
