@@ -114,7 +114,11 @@ import numpy as np
 from numba import njit
 
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.dependent_rounding import dependent_round, keyed_uniforms
+from censusdp.estimation.dependent_rounding import (
+    aes_uniform_draws,
+    dependent_round,
+    keyed_uniforms,
+)
 from censusdp.estimation.gls import Forest, whole_forest
 from censusdp.estimation.rounding import (
     INT_LIMIT,
@@ -128,7 +132,6 @@ from censusdp.estimation.rounding import (
     pipage_round,
     rounding_variance,
     snap_invariants,
-    uniform_draws,
 )
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.product_measure import ProductInvariant
@@ -484,12 +487,13 @@ def _chunk(
 
 
 @njit(cache=True, nogil=True)
-def _conditional_marginals(x, N, starts, p, fl, g_out, own_out, want):
+def _conditional_marginals(x, N, starts, p, fl, miss, g_out, own_out, want):
     """The children's conditional marginals ``p = f + e·a`` (module docstring), group by group.
 
     ``x`` (n_c, K) children, ``N`` (n_p, K) their parents' integers, ``starts`` the groups'
     row boundaries; writes ``p``, ``fl = ⌊x⌋`` and, when ``want``, the spreads ``g`` and
-    ``own``.
+    ``own``; ``miss`` (n_p, K) gets ``N − Σ⌊x⌋ − T``, nonzero only where the parent's
+    integer is not ``m`` or ``m + 1`` children up (float edges, or inconsistent estimates).
     """
     n_c, K = x.shape
     S = np.empty(K)
@@ -518,7 +522,9 @@ def _conditional_marginals(x, N, starts, p, fl, g_out, own_out, want):
             phi[c] = S[c] - m
             # the number of children to round up, m or m + 1; anything else (float edges
             # near 2^53, or inconsistent estimates) is left to _settle as a miss
-            T = min(max(N[g, c] - F[c], np.int64(m)), np.int64(m) + 1)
+            want_up = N[g, c] - F[c]
+            T = min(max(want_up, np.int64(m)), np.int64(m) + 1)
+            miss[g, c] = want_up - T
             e[c] = T - S[c]
             t[c] = 1.0 / n
         # water-filling: t_c with Σ_i min(t_c, u_ic) = 1, u the box of a (rises to it)
@@ -603,17 +609,18 @@ def round_children_controlled(
     spread = np.empty((n_c, 2, K)) if want_spread else None
     g_out = spread[:, 0] if want_spread else np.empty((0, K))
     own_out = spread[:, 1] if want_spread else np.empty((0, K))
+    miss = np.zeros(parent.shape, np.int64)
     _conditional_marginals(
         np.ascontiguousarray(x, np.float64), np.ascontiguousarray(parent, np.int64), starts,
-        p, fl, g_out, own_out, want_spread,
+        p, fl, miss, g_out, own_out, want_spread,
     )  # fmt: skip
     out = fl
+    # the kernel keeps each group's column sums (Σ p = T exactly up to float), so the
+    # children sum to the parent wherever miss is 0
     out += dependent_round(p, starts, uniforms)
-    nz = np.flatnonzero(count > 0)
-    if nz.size:
-        miss = parent[nz] - np.add.reduceat(out, starts[nz], axis=0)
-        if miss.any():
-            _settle(out, x, starts[nz], count[nz], nz, miss, tol, where)
+    if miss.any():
+        nz = np.flatnonzero(count > 0)
+        _settle(out, x, starts[nz], count[nz], nz, miss[nz], tol, where)
     return out, spread
 
 
@@ -690,7 +697,7 @@ def _descend(
         K = x.shape[1]
         u = keyed_uniforms(
             rng, f"{label}/{name}/controlled", n_global[j], lo[j], lo[j] + forest.sizes[j], K,
-            uniform_draws,
+            aes_uniform_draws,
         )  # fmt: skip
         parent, w = round_children_controlled(
             parent, x, forest.child_count[j - 1], u, spreads, (name, forest, j - 1, cells), tol
