@@ -123,6 +123,17 @@ def _sweep(W, Uf, k, tol, cols):
     return k
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _unlink(e, nxt, prv, heads, h):
+    """Remove entry ``e`` from line ``h``'s doubly linked list."""
+    if prv[e] >= 0:
+        nxt[prv[e]] = nxt[e]
+    else:
+        heads[h] = nxt[e]
+    if nxt[e] >= 0:
+        prv[nxt[e]] = prv[e]
+
+
 @njit(cache=True, nogil=True)
 def _round_group(W, Uf, k, tol, bits, rnext, rprev, rhead, cnext, cprev, chead, stack, pos):
     """Cycle-cancel one bordered group ``W`` (n × m, modified) into ``bits`` (n × m).
@@ -230,18 +241,8 @@ def _round_group(W, Uf, k, tol, bits, rnext, rprev, rhead, cnext, cprev, chead, 
                 if w <= tol or w >= 1.0 - tol:
                     bits[ii, jj] = 1 if w > 0.5 else 0
                     e = ii * m + jj
-                    if rprev[e] >= 0:
-                        rnext[rprev[e]] = rnext[e]
-                    else:
-                        rhead[ii] = rnext[e]
-                    if rnext[e] >= 0:
-                        rprev[rnext[e]] = rprev[e]
-                    if cprev[e] >= 0:
-                        cnext[cprev[e]] = cnext[e]
-                    else:
-                        chead[jj] = cnext[e]
-                    if cnext[e] >= 0:
-                        cprev[cnext[e]] = cprev[e]
+                    _unlink(e, rnext, rprev, rhead, ii)
+                    _unlink(e, cnext, cprev, chead, jj)
             # back to the cycle's first vertex: the edges before it are untouched
             for t in range(p0 + 1, sp + 1):
                 pos[stack[t]] = -1
