@@ -20,7 +20,7 @@ directory renamed into place when complete; never over the input, nothing half-w
   include the rounding's error, which is mean zero and has variance ``f(1 − f) ≤ 1/4`` for a
   detailed cell; each parent's children × cells are rounded by controlled rounding, so a
   node's total moves by about its parent's total error shared out plus less than one person
-  (on a synthetic 4,000-block state: 0.4–0.5 persons RMS for tracts and blocks, 3.7 for block
+  (on a synthetic 4,000-block state: 0.4–0.5 persons RMS for tracts and blocks, 2.8–3.7 for block
   groups, whose parents often have two children), not by the sum of its cells' errors
   (13–19 persons before). A bound for any column is
   :func:`~censusdp.estimation.structured_rounding.rounded_query_variances` (the engine rounds
