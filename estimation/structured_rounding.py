@@ -8,41 +8,54 @@ This module rounds them to int64 so that
 * children sum to their parent cell by cell, so every marginal table of every node is the
   integer sum of its children's and every table identity holds exactly;
 * every invariant (at the root and its children) holds ``==``;
+* below the jointly rounded level, every node's total moves by about its parent's total
+  error shared out plus less than one person (controlled rounding, below);
 
 level by level from the root down, so that below a cut level every partition rounds its own
 subtrees from its cut nodes' integers and nothing else (O(one partition's tensors)).
 
-**One level down: conditioned systematic sampling.** Fix a parent ``p`` and a cell ``c``
-with real value ``X`` and integer ``N ∈ {⌊X⌋, ⌈X⌉}``, ``P(N = ⌈X⌉) = frac X`` (induction).
-Its children have values ``x_i = ⌊x_i⌋ + f_i``; put ``F = Σ⌊x_i⌋``, ``S = Σ f_i = X − F``,
-``m = ⌊S⌋``, ``φ = frac S = frac X``, ``C_i = f_1 + … + f_i`` and ``T = N − F`` (the number
-of children to round up: ``T = m + 1`` exactly when the parent went up). Systematic sampling
-(Madow 1949) with start ``u ∈ [0, 1)`` puts points at ``u, u + 1, …`` and rounds child ``i``
-up iff a point falls in ``[C_{i−1}, C_i)``:
+**One level down: controlled rounding of each parent's (children × cells) matrix.** Fix a
+parent and a cell ``c`` with real value ``X_c`` and integer ``N_c ∈ {⌊X_c⌋, ⌈X_c⌉}``,
+``P(N_c = ⌈X_c⌉) = frac X_c`` (induction). Its ``n`` children have values ``x_ic = ⌊x_ic⌋ +
+f_ic``; put ``S_c = Σ_i f_ic``, ``m_c = ⌊S_c⌋``, ``φ_c = frac S_c = frac X_c`` and ``T_c =
+N_c − Σ_i ⌊x_ic⌋ ∈ {m_c, m_c + 1}`` (the number of children to round up), so that ``e_c = T_c
+− S_c = N_c − X_c`` is the parent's rounding error in that cell: ``1 − φ_c`` with probability
+``φ_c``, else ``−φ_c``, mean 0. The children are rounded with conditional marginals
 
-* ``up_i = ⌈C_i − u⌉ − ⌈C_{i−1} − u⌉ ∈ {0, 1}`` (``f_i < 1``), and ``Σ_i up_i = ⌈S − u⌉ =
-  m + [u < φ]``;
-* with ``v`` a keyed uniform, ``u = φ v`` when ``T = m + 1`` and ``u = φ + (1 − φ) v`` when
-  ``T = m``. Then ``Σ_i up_i = T`` exactly (children sum to the parent), and since
-  ``P(T = m + 1) = φ`` the law of ``u`` is ``φ · U[0, φ) + (1 − φ) · U[φ, 1) = U[0, 1)``:
-  ``P(up_i) = |[C_{i−1}, C_i)| = f_i``, so ``E[rounded x_i] = x_i`` — the induction holds
-  one level down, whatever the dependence between parents.
+    p_ic = f_ic + e_c · a_ic,   Σ_i a_ic = 1,   0 ≤ a_ic ≤ u_ic = min(f_ic / φ_c, (1 − f_ic) / (1 − φ_c)),
 
-Since ``P_i = x_1 + … + x_i = Σ_{j≤i} ⌊x_j⌋ + C_i`` and ``⌈k + y⌉ = k + ⌈y⌉`` for integer
-``k``, child ``i`` rounds to ``⌈P_i − u⌉ − ⌈P_{i−1} − u⌉`` (``P_0 = 0``) and the parent's
-``N`` decides ``u`` through ``m = ⌊P_n⌋``: the same integers without splitting ``x``
-(also for negative estimates), each inclusion probability exact up to the float resolution
-of its group's running sum (about 2⁻⁵³ × the parent's value). Per level this is a running
-sum within each (parent, cell) group (child row by child row, each row a vector of cells,
-or rank by rank over every parent when there are few cells: the sums are taken child by
-child within each group, so they do not depend on what else a partition holds), one
-``ceil`` and one difference: a few numpy passes over the level. The uniforms ``v`` are drawn per
-(level, parent node, cell) with :meth:`KeyedRNG.draw`, item ``parent · K + cell`` of a stream
-of ``n_parents · K`` items per level (global parent index), so a partition regenerates its
-own draws, touching at most two chunks beyond them, and the integers do not depend on the
-partitioning. Memory is a few float tensors of one chunk of whole parent groups
-(:data:`_CHUNK_CELLS` cells) plus the partition's own input and output tensors; no index
-array longer than one level's node count.
+chosen from the fractions alone (not from ``T``). Then ``Σ_i p_ic = S_c + e_c = T_c`` (an
+integer), ``p_ic ∈ [0, 1]`` for both values of ``e_c`` (that is the box), and ``E[p_ic] = f_ic
++ a_ic E[e_c] = f_ic``: unbiased whatever the joint law of the parent's cells. The box is never
+empty: with ``u = f/φ − (f − φ)⁺/(φ(1 − φ))``, ``Σ_i u_ic ≥ 1`` iff ``Σ_i (f_ic − φ)⁺ ≤ m(1 − φ)``,
+which holds because ``k`` fractions above ``φ`` give at most ``min(k(1 − φ), S − kφ) ≤ m(1 −
+φ)``. ``a`` is water-filled towards the weight ``1/n`` shared by all cells of a child:
+``a_ic = min(t_c, u_ic)`` with ``Σ_i a_ic = 1`` (the Euclidean projection of ``1/n`` on the
+box). The matrix ``p`` (exact integer column sums) is then rounded by
+:func:`~censusdp.estimation.dependent_rounding.dependent_round` (Cox 1987; Gandhi, Khuller,
+Parthasarathy & Srinivasan 2006): every child cell ``⌊x⌋`` or ``⌈x⌉`` with ``P(up) = p``,
+children = parent exactly cell by cell, and each child's *total* the floor or ceiling of
+``Σ_c p_ic``. A child's total therefore moves by ``Σ_c a_ic e_c`` (≈ the parent's own total
+error ``Σ_c e_c`` over ``n`` where the box does not bind) plus less than one, instead of the
+sum of its cells' independent errors (standard deviation ``√Σ f(1 − f)``, about 18 persons
+for 2,016 cells).
+
+*Where it cannot do better.* With ``n = 2`` children the box pins ``a`` (``Σ_i u_ic = 1``
+exactly, e.g. ``a_i = f_i/S`` when ``m = 0``): the conditional marginals given the parent's
+cell are forced for *every* unbiased scheme that rounds one level at a time, and a child's
+total inherits ``Σ_c (a_ic − 1/2) e_c``, a few persons over 2,016 cells. Removing that needs
+the levels rounded jointly (dependent rounding of the tree's flow network, cells and totals
+as edges).
+
+The uniforms (one per entry of a child's bordered row, at most one used per cancelled cycle)
+are drawn with :func:`~censusdp.estimation.dependent_rounding.keyed_uniforms`, items keyed by
+the global child index, so a partition regenerates its own draws and the integers do not
+depend on the partitioning. The conditional marginals are a few passes over each parent's
+block, compiled with the kernel.
+
+:func:`round_children` keeps the earlier one-level-down scheme, conditioned systematic
+sampling per (parent, cell) (Madow 1949; cells unbiased and consistent, totals not
+controlled), for the non-negative product (:mod:`censusdp.estimation.nonnegative`).
 
 **The top.** Invariants at the root (a laminar family of cell sets, e.g. the nation total)
 are kept by pipage rounding of the root's cells on that family
@@ -67,26 +80,21 @@ which also settles the invariants at the top); a real inconsistency is a
 :class:`~censusdp.errors.DataError` naming level, node and cell.
 
 **Rounding variances.** Each detailed cell's rounding error is ``Z − f`` with ``Z ~
-Bernoulli(f)``: variance ``f(1 − f)``, exact. Below the level where cells are rounded jointly
-(the root with pipage, or its children with controlled rounding) the cells of a node depend
-on each other only through that level: given it, each cell's chain of bits uses its own
-uniforms. With ``B_c`` the bit of cell ``c`` of the node's ancestor there and ``s_c`` the
-slope of ``E[Z_c | B_c]`` (a product over the levels between of
-``β = P(up | parent up) − P(up | parent down)``, each the overlap of ``[C_{i−1}, C_i)`` mod 1
-with ``[0, φ)`` over ``φ`` minus that with ``[φ, 1)`` over ``1 − φ``), the law of total
-variance gives, for a marginal row ``A``,
+Bernoulli(f)``: variance ``f(1 − f)``, exact. For a row ``A`` of a node ``i`` (a marginal
+row or the total), its error is ``D_i = Σ_A (p − f) + Σ_A (Z − p)`` with ``Σ_A (p − f) =
+Σ_A a_ic e_c = D_parent / n + Σ_A (a_ic − 1/n) e_c``; given ``p`` the second part has mean 0
+and variance at most ``Σ_A p(1 − p)`` (the bits of one row are pairwise non-positively
+correlated, Gandhi et al. 2006, property B3), at most 1/4 for the total (a floor/ceiling
+with mean ``Σ_c p_ic``). With ``g_ic = |a_ic − 1/n| sd(e_c)`` and ``E[p(1 − p)] = f(1 − f) −
+a² φ(1 − φ)`` (Minkowski on the first part):
 
-    Var(Σ_A Z) = Σ_A (f(1 − f) − w²) + Var(Σ_A s B) ≤ Σ_A (f(1 − f) − w²) + (Σ_A w)²,
+    Var D_i ≤ (sd D_parent / n + Σ_A g_ic)² + Σ_A (f(1 − f) − a² φ(1 − φ))   [≤ … + 1/4 for the total],
 
-with ``w_c = s_c sd(B_c)`` (Cauchy–Schwarz on the last term). When the joint level's bits
-are pairwise non-positively correlated — controlled rounding of the children (Gandhi et al.
-2006, property B3: edges at one vertex; a state's cells and, through the slack row, the
-root's) or pipage of the root's cells as one group (Srinivasan 2001) — same-sign pairs add
-at most 0 and ``Var(Σ_A s B) ≤ Σ_A w² + 2 (Σ_A w⁺)(Σ_A w⁻)``, so
-``Var(Σ_A Z) ≤ Σ_A f(1 − f) + 2 (Σ_A w⁺)(Σ_A w⁻)``. :class:`RoundedLevels` carries ``w``
-per level (``spread``) and whether that holds (``negative``); :func:`rounding_variance_bound`
-evaluates the *bound* for any product query. It is exact for detailed cells (one cell per
-row) and is reported as a bound otherwise.
+started at the jointly rounded level (``Σ_A f(1 − f)`` when its bits are non-positively
+correlated, else ``(Σ_A sd)²``; totals at most 1/4 per independently rounded block of cells).
+:class:`RoundedLevels` carries ``g`` and ``own`` per level (``spread``);
+:func:`rounding_variance_bound` evaluates the recursion for any product query. It is exact
+for detailed cells and a bound otherwise.
 
 References
 ----------
@@ -103,8 +111,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.dependent_rounding import (
+    aes_uniform_draws,
+    dependent_round,
+    keyed_uniforms,
+)
 from censusdp.estimation.gls import Forest, whole_forest
 from censusdp.estimation.rounding import (
     INT_LIMIT,
@@ -119,7 +133,6 @@ from censusdp.estimation.rounding import (
     rounding_variance,
     settle_row_sums,
     snap_invariants,
-    uniform_draws,
 )
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.product_measure import ProductInvariant
@@ -154,19 +167,28 @@ class RoundedLevels:
     counts : list of numpy.ndarray
         int64 ``(n_nodes, *schema.shape)`` per level.
     spread : list of numpy.ndarray, or None
-        ``w`` per level, same shapes (float; None when not asked for): the slope of
-        ``E[cell bit | ancestor's bit]`` (signed) times the standard deviation of the bit of
-        the cell's ancestor at the jointly rounded level (module docstring); for
-        :func:`rounding_variance_bound`.
+        Per level ``(n_nodes, 2, *schema.shape)`` (None when not asked for): for each cell
+        ``g = |a − 1/n| sd(e)`` and ``own = E[p(1 − p)]`` of the controlled rounding one
+        level down (module docstring); at the jointly rounded level and above, ``g = 0`` and
+        ``own = f(1 − f)``. For :func:`rounding_variance_bound`.
     negative : bool
         Whether the jointly rounded level's bits are pairwise non-positively correlated
         (controlled rounding of the children, or pipage of the root's cells as one group),
-        which tightens the bound.
+        which tightens the bound there.
+    joint : int
+        The jointly rounded level (0: the root by pipage; 1: its children by controlled
+        rounding).
+    total_cap : float
+        A bound on the rounding variance of a node's total at the joint level and above (1/4
+        for the root's pipage, whose groups include the total; 1/4 per invariant atom for
+        the children's controlled rounding, whose rows are controlled atom by atom).
     """
 
     counts: list[np.ndarray]
     spread: list[np.ndarray] | None
     negative: bool = False
+    joint: int = 0
+    total_cap: float = np.inf
 
 
 @dataclass(frozen=True, eq=False)
@@ -313,8 +335,10 @@ def top_shape(
     return TopShape(groups, order, atoms, tuple(flat))
 
 
-def _sd(frac: np.ndarray) -> np.ndarray:
-    return np.sqrt(frac * (1.0 - frac))
+def _own(x: np.ndarray, tol: float) -> np.ndarray:
+    """Spreads of a jointly rounded level: ``g = 0``, ``own = f(1 − f)`` per cell."""
+    own = rounding_variance(x, tol)
+    return np.stack([np.zeros_like(own), own], axis=1)
 
 
 #: Children's cells worked on at a time (per chunk of whole parent groups): bounds the
@@ -463,6 +487,144 @@ def _chunk(
         _settle(out, x, heads, count[nz], nz + first_parent, miss, tol, where)
 
 
+@njit(cache=True, nogil=True)
+def _conditional_marginals(x, N, starts, p, fl, miss, g_out, own_out, want):
+    """The children's conditional marginals ``p = f + e·a`` (module docstring), group by group.
+
+    ``x`` (n_c, K) children, ``N`` (n_p, K) their parents' integers, ``starts`` the groups'
+    row boundaries; writes ``p``, ``fl = ⌊x⌋`` and, when ``want``, the spreads ``g`` and
+    ``own``; ``miss`` (n_p, K) gets ``N − Σ⌊x⌋ − T``, nonzero only where the parent's
+    integer is not ``m`` or ``m + 1`` children up (float edges, or inconsistent estimates).
+    """
+    n_c, K = x.shape
+    S = np.empty(K)
+    F = np.empty(K, np.int64)
+    e = np.empty(K)
+    phi = np.empty(K)
+    t = np.empty(K)
+    capped = np.empty(K)
+    free = np.empty(K, np.int64)
+    for g in range(starts.size - 1):
+        lo, hi = starts[g], starts[g + 1]
+        n = hi - lo
+        if n == 0:
+            continue
+        S[:] = 0.0
+        F[:] = 0
+        for i in range(lo, hi):
+            for c in range(K):
+                v = np.floor(x[i, c])
+                fl[i, c] = np.int64(v)
+                p[i, c] = x[i, c] - v  # the fraction, for now
+                S[c] += p[i, c]
+                F[c] += np.int64(v)
+        for c in range(K):
+            m = np.floor(S[c])
+            phi[c] = S[c] - m
+            # the number of children to round up, m or m + 1; anything else (float edges
+            # near 2^53, or inconsistent estimates) is left to _settle as a miss
+            want_up = N[g, c] - F[c]
+            T = min(max(want_up, np.int64(m)), np.int64(m) + 1)
+            miss[g, c] = want_up - T
+            e[c] = T - S[c]
+            t[c] = 1.0 / n
+        # water-filling: t_c with Σ_i min(t_c, u_ic) = 1, u the box of a (rises to it)
+        for _ in range(n + 1):
+            capped[:] = 0.0
+            free[:] = 0
+            for i in range(lo, hi):
+                for c in range(K):
+                    u = _cap(p[i, c], phi[c])
+                    if u <= t[c]:
+                        capped[c] += u
+                    else:
+                        free[c] += 1
+            moved = False
+            for c in range(K):
+                if free[c] > 0:
+                    nt = (1.0 - capped[c]) / free[c]
+                    if nt > t[c]:
+                        t[c] = nt
+                        moved = True
+            if not moved:
+                break
+        for i in range(lo, hi):
+            for c in range(K):
+                f = p[i, c]
+                a = min(t[c], _cap(f, phi[c]))
+                q = f + e[c] * a
+                p[i, c] = 0.0 if q < 0.0 else (1.0 if q > 1.0 else q)
+                if want:
+                    vp = phi[c] * (1.0 - phi[c])
+                    g_out[i, c] = abs(a - 1.0 / n) * np.sqrt(vp)
+                    own_out[i, c] = max(f * (1.0 - f) - a * a * vp, 0.0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cap(f, phi):
+    """Largest ``a`` keeping ``f + e·a`` in [0, 1] for both parent outcomes
+    ``e ∈ {−φ, 1 − φ}``."""
+    if phi <= 0.0:
+        return 1.0 - f
+    if phi >= 1.0:
+        return f
+    return min(f / phi, (1.0 - f) / (1.0 - phi))
+
+
+def round_children_controlled(
+    parent: np.ndarray,
+    x: np.ndarray,
+    count: np.ndarray,
+    uniforms: np.ndarray,
+    want_spread: bool,
+    where: tuple[str, Forest, int, Sequence[str]],
+    tol: float,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """One level down by controlled rounding of each parent's (children × cells) matrix.
+
+    Every child's cell is the floor or ceiling of its estimate and unbiased, the children of
+    a parent sum to its integers cell by cell, and each child's total moves by about
+    ``Σ_c a_ic e_c`` (≈ the parent's own total error over its number of children) plus less
+    than 1 (module docstring).
+
+    ``parent`` (n_p, K) int64, ``x`` (n_c, K) children sorted by parent, ``count`` (n_p,)
+    children per parent, ``uniforms`` (n_c, K + 1) from
+    :func:`~censusdp.estimation.dependent_rounding.keyed_uniforms` by global child row;
+    ``where`` is ``(label, forest, level, cells)`` for messages.
+
+    Returns
+    -------
+    counts : (n_c, K) numpy.ndarray of int64
+    spread : (n_c, 2, K) numpy.ndarray or None
+        Per cell ``g = |a − 1/n| sd(e)`` and ``own = E[p(1 − p)]`` for
+        :func:`rounding_variance_bound` (None unless ``want_spread``).
+
+    References
+    ----------
+    Cox (1987); Gandhi, Khuller, Parthasarathy & Srinivasan (2006).
+    """
+    n_c, K = x.shape
+    starts = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    p = np.empty((n_c, K))
+    fl = np.empty((n_c, K), np.int64)
+    spread = np.empty((n_c, 2, K)) if want_spread else None
+    g_out = spread[:, 0] if want_spread else np.empty((0, K))
+    own_out = spread[:, 1] if want_spread else np.empty((0, K))
+    miss = np.zeros(parent.shape, np.int64)
+    _conditional_marginals(
+        np.ascontiguousarray(x, np.float64), np.ascontiguousarray(parent, np.int64), starts,
+        p, fl, miss, g_out, own_out, want_spread,
+    )  # fmt: skip
+    out = fl
+    # the kernel keeps each group's column sums (Σ p = T exactly up to float), so the
+    # children sum to the parent wherever miss is 0
+    out += dependent_round(p, starts, uniforms)
+    if miss.any():
+        nz = np.flatnonzero(count > 0)
+        _settle(out, x, starts[nz], count[nz], nz, miss[nz], tol, where)
+    return out, spread
+
+
 def _settle(
     out: np.ndarray,
     x: np.ndarray,
@@ -512,18 +674,19 @@ def _descend(
     lo: Sequence[int],
     n_global: Sequence[int],
     counts: np.ndarray,
-    spread: np.ndarray | None,
+    spreads: bool,
     estimates: Sequence[np.ndarray],
     rng: KeyedRNG,
     schema: Schema,
     label: str,
     tol: float,
-    negative: bool = False,
+    top: RoundedLevels,
 ) -> RoundedLevels:
-    """Levels ``1 ..`` of ``forest`` from the integers of its level 0."""
+    """Levels ``1 ..`` of ``forest`` from the integers of its level 0 (``top`` lends its
+    ``negative``, ``joint`` and ``total_cap``)."""
     cells = schema.cells
     out, sp = [], []
-    parent, w = counts, spread
+    parent = counts
     for j in range(1, forest.depth):
         name = forest.names[j]
         x = cell_matrix(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
@@ -533,17 +696,17 @@ def _descend(
             )
         check_roundable(x, name, None, cells)
         K = x.shape[1]
-        n_up, lo_up = forest.sizes[j - 1], lo[j - 1]
-        v = rng.draw(
-            f"{label}/{name}", n_global[j - 1] * K, lo_up * K, (lo_up + n_up) * K, uniform_draws
-        ).reshape(n_up, K)
-        parent, w = round_children(
-            parent, x, forest.child_count[j - 1], v, w, (name, forest, j - 1, cells), tol
+        u = keyed_uniforms(
+            rng, f"{label}/{name}/controlled", n_global[j], lo[j], lo[j] + forest.sizes[j], K,
+            aes_uniform_draws,
+        )  # fmt: skip
+        parent, w = round_children_controlled(
+            parent, x, forest.child_count[j - 1], u, spreads, (name, forest, j - 1, cells), tol
         )
         out.append(parent.reshape(-1, *schema.shape))
         if w is not None:
-            sp.append(w.reshape(-1, *schema.shape))
-    return RoundedLevels(out, sp if spread is not None else None, negative)
+            sp.append(w.reshape(-1, 2, *schema.shape))
+    return RoundedLevels(out, sp if spreads else None, top.negative, top.joint, top.total_cap)
 
 
 def round_structured_top(
@@ -567,7 +730,7 @@ def round_structured_top(
         Real consistent cell tensors ``(n_nodes, *schema.shape)`` of levels ``0 .. cut``.
     rng : KeyedRNG
         Draws from the streams ``label/...`` (``label/root``, ``label/top/<atom>``,
-        ``label/<level name>`` keyed by parent node).
+        ``label/<level name>/controlled`` keyed by child node).
     invariants : sequence of ProductInvariant
         At the root and its children only (:func:`top_shape`); held ``==``.
     spreads : bool
@@ -622,7 +785,8 @@ def round_structured_top(
         lone = Forest(0, hierarchy.names[:1], [1], [], ())
         r = snap_invariants(lone, xs[0], r[None, :], snap_at, tol)
         counts = [r]
-        spread = [_sd(_split(xs[0], tol)[1])]
+        spread = [_own(xs[0], tol)]
+        total_cap = 0.25
     else:
         x1 = xs[1]
         # the fractional parts alone are rounded: their line sums stay small numbers that
@@ -636,7 +800,8 @@ def round_structured_top(
         lone = Forest(1, hierarchy.names[1:2], [x1.shape[0]], [], ())
         c1 = snap_invariants(lone, x1, c1, snap_at, tol)
         counts = [c1.sum(axis=0, keepdims=True), c1]
-        spread = [_sd(_split(xs[0], tol)[1]), _sd(f1)]
+        spread = [_own(xs[0], tol), _own(x1, tol)]
+        total_cap = 0.25 * (int(shape.atoms.max()) + 1)
     for iv in shape.invariants:
         if not np.array_equal(iv.query.apply(counts[iv.level]), iv.values):
             raise DataError(
@@ -644,6 +809,11 @@ def round_structured_top(
                 "is not exact after rounding: the real-valued estimates do not meet it within "
                 "the rounding tolerance; check the estimator's invariant constraints"
             )
+    shp = tuple(schema.shape)
+    # the joint level's bits are negatively correlated for controlled rounding (Gandhi et
+    # al. 2006, property B3) and for pipage of one group (Srinivasan 2001)
+    negative = shape.atoms is not None or int(shape.root_groups[0].max(initial=0)) == 0
+    head = RoundedLevels([], None, negative, shape.joint_level, total_cap)
     start = len(counts) - 1
     if cut > start:
         f = whole_forest(hierarchy, start, cut)
@@ -652,23 +822,22 @@ def round_structured_top(
             [0] * f.depth,
             f.sizes,
             counts[-1],
-            spread[-1] if spreads else None,
+            spreads,
             estimates[start + 1 :],
             rng,
             schema,
             label,
             tol,
+            head,
         )
         counts += below.counts
         spread += below.spread or []
-    shp = tuple(schema.shape)
-    # the joint level's bits are negatively correlated for controlled rounding (Gandhi et
-    # al. 2006, property B3) and for pipage of one group (Srinivasan 2001)
-    negative = shape.atoms is not None or int(shape.root_groups[0].max(initial=0)) == 0
     return RoundedLevels(
         [c.reshape(-1, *shp) for c in counts[: cut + 1]],
-        [s.reshape(-1, *shp) for s in spread[: cut + 1]] if spreads else None,
+        [s.reshape(-1, 2, *shp) for s in spread[: cut + 1]] if spreads else None,
         negative,
+        shape.joint_level,
+        total_cap,
     )
 
 
@@ -683,6 +852,8 @@ def round_structured_partition(
     rng: KeyedRNG,
     *,
     negative: bool = False,
+    joint: int = 0,
+    total_cap: float = np.inf,
     label: str = LABEL,
     tol: float = TOL,
 ) -> RoundedLevels:
@@ -696,13 +867,16 @@ def round_structured_partition(
         Per forest level, the global index of the partition's first node and the level's
         global size (the keyed draws are indexed by global parent node).
     schema : Schema
-    cut_counts, cut_spread : arrays ``(n_cut, *schema.shape)``
-        The partition's cut-level rows of :func:`round_structured_top`'s last level
-        (``cut_spread`` None: no spreads computed).
+    cut_counts : array ``(n_cut, *schema.shape)``
+        The partition's cut-level rows of :func:`round_structured_top`'s last level.
+    cut_spread : array or None
+        Their spreads (None: no spreads computed); only whether it is given matters, the
+        spreads of each level being computed from that level's own rounding.
     estimates : sequence of arrays
         The partition's real cell tensors of levels ``cut + 1 .. leaf``.
-    negative : bool
-        :attr:`RoundedLevels.negative` of the top (carried for the variance bound).
+    negative, joint, total_cap
+        :attr:`RoundedLevels.negative`, ``joint`` and ``total_cap`` of the top (carried for
+        the variance bound).
     rng, label, tol
         As for :func:`round_structured_top` (the same ``rng`` and ``label``).
 
@@ -728,13 +902,13 @@ def round_structured_partition(
         lo,
         n_global,
         np.asarray(c, np.int64),
-        None if cut_spread is None else cell_matrix(schema, cut_spread, "cut spread"),
+        cut_spread is not None,
         estimates,
         rng,
         schema,
         label,
         tol,
-        negative,
+        RoundedLevels([], None, negative, joint, total_cap),
     )
 
 
@@ -800,6 +974,8 @@ def round_structured(
             [est[cut + 1 + j][slice(*ranges[j + 1])] for j in range(below)],
             rng,
             negative=top.negative,
+            joint=top.joint,
+            total_cap=top.total_cap,
             label=label,
             tol=tol,
         )
@@ -811,47 +987,77 @@ def round_structured(
         top.counts + [np.concatenate(c) for c in counts],
         None if top.spread is None else top.spread + [np.concatenate(s) for s in spread],
         top.negative,
+        top.joint,
+        top.total_cap,
     )
 
 
 def rounding_variance_bound(
-    estimates: np.ndarray,
-    spread: np.ndarray,
+    hierarchy: Hierarchy,
+    estimates: Sequence[np.ndarray],
+    rounded: RoundedLevels,
+    level: str | int,
     query: ProductQuery,
-    negative: bool = False,
     tol: float = TOL,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rounding variance of every row of ``query`` at every node of one level: a bound.
 
-    With ``f`` the fractional parts of ``estimates``, ``w`` the level's signed ``spread``
-    and ``A`` a row's cells (module docstring):
+    With ``D`` a node's rounding error on a row ``A`` (module docstring), from the jointly
+    rounded level down:
 
-    * in general ``Σ_A (f(1 − f) − w²) + (Σ_A |w|)²`` (Cauchy–Schwarz on the joint level's
-      bits);
-    * when that level's bits are pairwise non-positively correlated (``negative``, see
-      :class:`RoundedLevels`), ``Σ_A f(1 − f) + 2 (Σ_A w⁺)(Σ_A w⁻)``: same-sign pairs add
-      at most 0, opposite-sign pairs at most ``|w||w'|``.
+    * at the joint level and above, ``Σ_A f(1 − f)`` when its bits are pairwise
+      non-positively correlated (``rounded.negative``), else ``(Σ_A sd)²``; for a row of
+      every cell at most ``rounded.total_cap``;
+    * one level down, ``Var D_i ≤ (sd D_parent / n + Σ_A g_i)² + Σ_A own_i``, the last sum at
+      most 1/4 for a row of every cell (the child's total is the floor or ceiling of its
+      conditional mean).
+
+    Parameters
+    ----------
+    hierarchy : Hierarchy
+    estimates : sequence of arrays
+        The real cell tensors of levels ``0 .. level`` (at least).
+    rounded : RoundedLevels
+        With spreads, for the same levels.
+    level : str or int
+    query : ProductQuery
 
     Returns
     -------
     bound : (n_nodes, n_rows) numpy.ndarray
         An upper bound on the rounding variance (≥ the exact value).
     exact : (n_rows,) numpy.ndarray of bool
-        Rows of one cell, whose bound is the exact variance ``f(1 − f)``. A release must
+        Rows of one cell, whose value is the exact variance ``f(1 − f)``. A release must
         call the others' standard errors bounds, not exact.
+
+    Raises
+    ------
+    SpecError
+        When ``rounded`` has no spreads (rounded with ``spreads=False``).
     """
-    x = np.asarray(estimates, float)
-    own = rounding_variance(x, tol)
-    w = np.asarray(spread, float)
-    if negative:
-        bound = query.apply(own) + 2.0 * query.apply(np.maximum(w, 0.0)) * query.apply(
-            np.maximum(-w, 0.0)
+    if rounded.spread is None:
+        raise SpecError(
+            "this rounding has no spreads: round with spreads=True to get rounding variances"
         )
-    else:
-        outer = query.apply(np.abs(w))
-        bound = query.apply(np.maximum(own - w * w, 0.0)) + outer * outer
-    exact = query.dense().sum(axis=1) == 1
-    return np.maximum(bound, 0.0), exact
+    k = hierarchy.level_index(level)
+    dense = query.dense()
+    width = dense.sum(axis=1)
+    whole = width == dense.shape[1]
+    sp = rounded.spread
+    j0 = min(k, rounded.joint)
+    own = sp[j0][:, 1]
+    V = query.apply(own) if rounded.negative else query.apply(np.sqrt(own)) ** 2
+    V[:, whole] = np.minimum(V[:, whole], rounded.total_cap)
+    for j in range(j0 + 1, k + 1):
+        par = hierarchy.ancestor_index(j, j - 1)
+        n = np.bincount(par, minlength=hierarchy.levels[j - 1].size)[par]
+        inherited = np.sqrt(V)[par] / n[:, None] + query.apply(sp[j][:, 0])
+        fresh = query.apply(sp[j][:, 1])
+        fresh[:, whole] = np.minimum(fresh[:, whole], 0.25)
+        V = inherited * inherited + fresh
+    exact = width == 1
+    V[:, exact] = query.apply(rounding_variance(np.asarray(estimates[k], float), tol))[:, exact]
+    return V, exact
 
 
 def rounded_query_variances(
@@ -875,13 +1081,7 @@ def rounded_query_variances(
     SpecError
         When ``rounded`` has no spreads (rounded with ``spreads=False``).
     """
-    if rounded.spread is None:
-        raise SpecError(
-            "this rounding has no spreads: round with spreads=True to get rounding variances"
-        )
     q = release._query(query)
     k = release.hierarchy.level_index(level)
-    bound, exact = rounding_variance_bound(
-        release.estimates[k], rounded.spread[k], q, rounded.negative
-    )
+    bound, exact = rounding_variance_bound(release.hierarchy, release.estimates, rounded, k, q)
     return release.query_variances(k, q) + bound, exact

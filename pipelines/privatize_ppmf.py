@@ -17,12 +17,14 @@ directory renamed into place when complete; never over the input, nothing half-w
 
 * ``unbiased/pl94_<level>.csv`` and ``unbiased/pl94_long.csv`` — P1–P5 for every level, with
   ``<column>_se``: the exact standard error of the GLS estimate of that column. It does not
-  include the rounding's error, which is mean zero but adds up to 1/4 of variance per
-  detailed cell, so for a column summing many cells of a small area it can dominate: on a
-  synthetic 400-block state at the production budget the rounding moved county, tract and
-  block-group totals by 7–18 persons RMS against a GLS standard error of about 1 (the engine
-  rounds without the spreads that :func:`~censusdp.estimation.structured_rounding.rounded_query_variances`
-  needs for a bound). The size-class report's simulated errors include it;
+  include the rounding's error, which is mean zero and has variance ``f(1 − f) ≤ 1/4`` for a
+  detailed cell; each parent's children × cells are rounded by controlled rounding, so a
+  node's total moves by about its parent's total error shared out plus less than one person
+  (on a synthetic 4,000-block state: 0.4–0.5 persons RMS for tracts and blocks, 2.8–3.7 for block
+  groups, whose parents often have two children), not by the sum of its cells' errors
+  (13–19 persons before). A bound for any column is
+  :func:`~censusdp.estimation.structured_rounding.rounded_query_variances` (the engine rounds
+  without the spreads it needs). The size-class report's simulated errors include it;
 * ``nonnegative/pl94_<level>.csv``, ``nonnegative/pl94_long.csv`` — the same tables from the
   non-negative product (biased; no standard errors);
 * ``nonnegative/microdata.csv`` — one row per person of the non-negative block histogram, in
@@ -809,9 +811,10 @@ def _write_manifest(
             "unbiased/: GLS estimates of the measurements (unbiased), integer by unbiased "
             "rounding (every cell floor or ceil of its estimate, children summing to their "
             "parent, invariants exact); <column>_se is the exact standard error of the GLS "
-            "estimate and does NOT include the rounding's error (mean zero, up to 1/4 of "
-            "variance per detailed cell: for totals of small areas it can be many times the "
-            "GLS error; the size-class report's simulated errors include it)"
+            "estimate and does NOT include the rounding's error (mean zero, f(1-f) <= 1/4 of "
+            "variance per detailed cell; node totals are controlled: each moves by about its "
+            "parent's total error shared among the children plus less than one person; the "
+            "size-class report's simulated errors include it)"
         ),
         "nonnegative": f"nonnegative/: {BIASED_NOTE}; microdata.csv: one row per person",
     }

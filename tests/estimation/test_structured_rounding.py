@@ -83,10 +83,9 @@ def _check(h, rel, out, invs):
     seed=st.integers(0, 2**31 - 1),
     cut=st.integers(0, 3),
     per=st.integers(1, 3),
-    rows=st.booleans(),
 )
 def test_integral_consistent_invariant_and_partition_independent(
-    schema, depth, inv, seed, cut, per, rows
+    schema, depth, inv, seed, cut, per
 ):
     gen = np.random.default_rng(seed)
     fan = [(2, 4), (1, 4), (1, 5)][: depth - 1]
@@ -95,36 +94,40 @@ def test_integral_consistent_invariant_and_partition_independent(
     whole = round_structured(rel, rng, invariants=invs, cut=h.depth - 1)
     _check(h, rel, whole, invs)
     lowest = 1 if 1 in inv else 0
-    with pytest.MonkeyPatch.context() as mp:
-        if rows:  # running sums child row by child row, in chunks of a few cells
-            mp.setattr(sr, "_ROW_LOOP_CELLS", 1)
-            mp.setattr(sr, "_CHUNK_CELLS", 8)
-        split = round_structured(
-            rel,
-            rng,
-            invariants=invs,
-            cut=max(lowest, min(cut, h.depth - 1)),
-            nodes_per_partition=per,
-        )
+    split = round_structured(
+        rel,
+        rng,
+        invariants=invs,
+        cut=max(lowest, min(cut, h.depth - 1)),
+        nodes_per_partition=per,
+    )
     for a, b in zip(whole.counts, split.counts, strict=True):
         assert np.array_equal(a, b)
     for a, b in zip(whole.spread, split.spread, strict=True):
         assert np.array_equal(a, b)
 
 
-def test_row_and_rank_running_sums_give_the_same_bits(monkeypatch):
+def test_systematic_sampling_row_and_rank_running_sums_give_the_same_bits(monkeypatch):
+    """round_children (the non-negative product's one-level-down sampling): running sums
+    child row by child row or rank by rank, in one chunk or many, give the same bits."""
     gen = np.random.default_rng(5)
     schema = Schema.from_dict({"name": "t", "attributes": [{"name": "a", "labels": list("abcd")}]})
     h, rel, invs = _case(gen, schema, [(3, 3), (2, 6), (5, 40)])
-    rng = KeyedRNG.reproducible(2, warn=False)
+    out = round_structured(rel, KeyedRNG.reproducible(2, warn=False), invariants=invs)
+    k = h.depth - 1
+    parent = out.counts[k - 1].reshape(-1, 4)
+    x = rel.estimates[k].reshape(-1, 4)
+    count = np.bincount(h.ancestor_index(k, k - 1), minlength=parent.shape[0])
+    v = gen.random(parent.shape)
+    where = (h.names[k], None, k - 1, schema.cells)
     monkeypatch.setattr(sr, "_ROW_LOOP_CELLS", 10**9)
-    by_rank = round_structured(rel, rng, invariants=invs, nodes_per_partition=2)
+    by_rank, _ = sr.round_children(parent, x, count, v, None, where, 1e-7)
     monkeypatch.setattr(sr, "_ROW_LOOP_CELLS", 1)
     monkeypatch.setattr(sr, "_CHUNK_CELLS", 16)  # many chunks of whole parent groups
-    by_row = round_structured(rel, rng, invariants=invs, nodes_per_partition=3)
-    _check(h, rel, by_row, invs)
-    for a, b in zip(by_rank.counts, by_row.counts, strict=True):
-        assert np.array_equal(a, b)
+    by_row, _ = sr.round_children(parent, x, count, v, None, where, 1e-7)
+    assert np.array_equal(by_rank, by_row)
+    assert np.all((by_row == np.floor(x)) | (by_row == np.ceil(x)))
+    assert np.array_equal(h.aggregate_up(k, by_row), parent)
 
 
 def test_marginal_invariants_at_the_root_children_hold_exactly():
@@ -199,7 +202,7 @@ def test_every_cell_at_every_level_is_unbiased():
 
 def test_unbiasedness_test_has_power_against_a_biased_start(monkeypatch):
     rel, invs, m = _small()
-    monkeypatch.setattr(sr, "uniform_draws", lambda g, n: g.random(n) ** 1.5)
+    monkeypatch.setattr(sr, "aes_uniform_draws", lambda g, n: g.random(n) ** 1.5)
     assert _mean_z(rel, invs, 400) > _bonferroni_z(m)
 
 
@@ -240,11 +243,7 @@ def test_variance_bound_holds_and_is_exact_for_cells(n):
     assert out.negative  # controlled rounding of the states
     for q, d in draws.items():
         query = ProductQuery.parse(schema, q)
-        general, _ = rounding_variance_bound(rel.estimates[level], out.spread[level], query)
-        bound, exact = rounding_variance_bound(
-            rel.estimates[level], out.spread[level], query, out.negative
-        )
-        assert np.all(bound <= general + 1e-12)  # negative correlation only tightens it
+        bound, exact = rounding_variance_bound(h, rel.estimates, out, level, query)
         emp = np.var(np.array(d), axis=0, ddof=1)
         # the sample variance of a sum R of ``width`` bits has SD ≤ width · sqrt(Var R / n)
         # (its fourth central moment is at most width² Var R); Bonferroni at α = 1e-6
@@ -379,3 +378,34 @@ def test_a_structured_gls_release_rounds_with_invariants_and_labelled_variances(
     assert np.all(var >= rel.query_variances(h.names[-1], "a"))
     var, exact = rounded_query_variances(rel, out, h.names[-1], "detailed")
     assert exact.all()
+
+
+def test_children_totals_move_by_about_one_person_not_by_the_cells_noise():
+    """The controlled rounding's point: a node's total moves by about its parent's total
+    error shared out plus less than one, not by the sum of its cells' independent errors
+    (sd √Σ f(1 − f), about 3.3 persons for 64 cells, which this threshold rejects)."""
+    gen = np.random.default_rng(12)
+    schema = Schema.from_dict(
+        {
+            "name": "t",
+            "attributes": [
+                {"name": "a", "labels": [str(i) for i in range(8)]},
+                {"name": "b", "labels": [str(i) for i in range(8)]},
+            ],
+        }
+    )
+    h, rel, invs = _case(gen, schema, [(3, 3), (2, 4), (3, 6)], invariant_levels=(0,))
+    sq = np.zeros(h.depth)
+    independent = np.zeros(h.depth)
+    reps = 20
+    for s in range(reps):
+        out = round_structured(rel, KeyedRNG.reproducible(s, warn=False), invariants=invs)
+        for k in range(1, h.depth):
+            x = rel.estimates[k].reshape(-1, 64)
+            d = out.counts[k].reshape(-1, 64).sum(axis=1) - x.sum(axis=1)
+            sq[k] += float(d @ d) / d.size / reps
+            f = x - np.floor(x)
+            independent[k] = float(np.mean((f * (1 - f)).sum(axis=1)))
+    rms = np.sqrt(sq[1:])
+    assert np.all(rms < 1.2), rms
+    assert np.all(np.sqrt(independent[1:]) > 2.5)  # what per-cell rounding would give

@@ -1,0 +1,395 @@
+"""Dependent (controlled) unbiased rounding of many bipartite matrices, compiled.
+
+Given groups of rows (one group per parent, say its children), each group a matrix ``P``
+(rows × columns) of probabilities in ``[0, 1]`` whose column sums are integers,
+:func:`dependent_round` returns bits ``Z`` with
+
+* ``E[Z_ij] = P_ij`` exactly (up to float resolution: entries within ``tol`` of 0 or 1 count
+  as integral);
+* every column sum of every group exact: ``Σ_i Z_ij = Σ_i P_ij``;
+* every row sum ``⌊Σ_j P_ij⌋`` or ``⌈Σ_j P_ij⌉``;
+* the bits at one row or one column pairwise non-positively correlated (Gandhi et al. 2006,
+  property B3).
+
+**Method.** Each group's matrix is bordered by one slack column ``s_i = ⌈r_i⌉ − r_i`` (``r_i``
+the row sum): the bordered matrix has integer row sums, and integer column sums since
+``Σ_i s_i = Σ_i ⌈r_i⌉ − Σ_j (column sums)`` is an integer. On the bipartite graph of its
+fractional entries every vertex (row or column) with one fractional entry has at least two,
+so a walk that never goes straight back closes a cycle (even length, ≥ 4). Shifting the cycle's
+entries alternately by ``+δ``/``−δ`` keeps every line sum; with ``α`` (``β``) the largest
+step up (down) that keeps every entry in ``[0, 1]``, take ``δ = α`` with probability
+``β/(α + β)`` and ``δ = −β`` otherwise: ``E[δ] = 0``, so every entry is a martingale, and at
+least one entry of the cycle becomes integral (Cox 1987; Gandhi, Khuller, Parthasarathy &
+Srinivasan 2006, §2). Repeating until no entry is fractional gives the bits; a row's slack
+bit is 1 exactly when the row rounds down.
+
+Row-pair sweeps do most of the work first, reading memory row by row: row ``a`` meets
+each later row ``b`` in turn, and scanning ``a``'s fractional columns, every column where
+both are fractional closes the 4-cycle ``(a, c), (b, c), (b, j), (a, j)`` with the pending
+column ``c``; after ``b`` at most one column has both fractional, so ``a``'s fractional
+entries about halve per partner. A general walk then finishes. It closes a 4-cycle through the vertex three steps back whenever that edge is
+fractional, and otherwise follows linked lists of each row's and column's fractional entries
+(the first remaining one in index order that is not the edge just used), so a step and a
+removal are O(1) and a group costs O(entries + total cycle length); in dense matrices almost
+every cycle has length 4. The loop is sequential by nature and compiled with numba (Lam, Pitrou &
+Seibert 2015).
+
+**Randomness.** A group uses at most one uniform per entry of its bordered matrix (each shift
+makes at least one fractional entry integral): ``uniforms`` has shape
+``(n_rows, n_columns + 1)`` and group ``g`` reads its rows' uniforms in row-major order. The
+bits of a group depend on its own rows of ``P`` and ``uniforms`` only, so any split of the
+groups gives the same bits; :func:`keyed_uniforms` draws them from
+:meth:`~censusdp.rng.KeyedRNG.draw` by global row index, so the bits do not depend on the
+partitioning.
+
+References
+----------
+Cox, L. H. (1987). A constructive procedure for unbiased controlled rounding. JASA 82(398).
+Gandhi, R., Khuller, S., Parthasarathy, S. & Srinivasan, A. (2006). Dependent rounding and
+    its applications to approximation algorithms. J. ACM 53(3).
+Lam, S. K., Pitrou, A. & Seibert, S. (2015). Numba: a LLVM-based Python JIT compiler. LLVM-HPC.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from censusdp.errors import DataError
+from censusdp.rng import KeyedRNG, Sampler, aes_counter
+
+__all__ = ["DR_TOL", "aes_uniform_draws", "dependent_round", "keyed_uniforms"]
+
+#: Entries within this of 0 or 1 count as integral (the bias this allows is at most this).
+DR_TOL = 1e-9
+
+
+@njit(cache=True, nogil=True)
+def _sweep(W, Uf, k, tol, cols):
+    """Row-pair sweeps on a bordered group ``W`` before the general walk; returns the next
+    uniform's index. Row ``a`` meets rows ``b > a`` in turn: scanning ``a``'s fractional
+    columns, each column where both rows are fractional closes the 4-cycle ``(a, c), (b, c),
+    (b, j), (a, j)`` with the pending column ``c``. After row ``b`` at most one column has
+    both rows fractional, so ``a``'s fractional entries roughly halve per partner; memory is
+    read row by row."""
+    n, m = W.shape
+    for a in range(n):
+        cnt = 0
+        for j in range(m):
+            if W[a, j] > tol and W[a, j] < 1.0 - tol:
+                cols[cnt] = j
+                cnt += 1
+        for b in range(a + 1, n):
+            if cnt <= 4:
+                break
+            c = -1
+            for idx in range(cnt):
+                j = cols[idx]
+                wa = W[a, j]
+                wb = W[b, j]
+                if not (wa > tol and wa < 1.0 - tol and wb > tol and wb < 1.0 - tol):
+                    continue
+                if c < 0:
+                    c = j
+                    continue
+                # +(a, c) −(b, c) +(b, j) −(a, j)
+                ac = W[a, c]
+                bc = W[b, c]
+                alpha = min(min(1.0 - ac, bc), min(1.0 - wb, wa))
+                beta = min(min(ac, 1.0 - bc), min(wb, 1.0 - wa))
+                step = alpha if Uf[k] * (alpha + beta) < beta else -beta
+                k += 1
+                ac += step
+                bc -= step
+                wb += step
+                wa -= step
+                ac = 0.0 if ac <= tol else (1.0 if ac >= 1.0 - tol else ac)
+                bc = 0.0 if bc <= tol else (1.0 if bc >= 1.0 - tol else bc)
+                wa = 0.0 if wa <= tol else (1.0 if wa >= 1.0 - tol else wa)
+                wb = 0.0 if wb <= tol else (1.0 if wb >= 1.0 - tol else wb)
+                W[a, c] = ac
+                W[b, c] = bc
+                W[a, j] = wa
+                W[b, j] = wb
+                if not (0.0 < ac < 1.0 and 0.0 < bc < 1.0):
+                    c = j if (0.0 < wa < 1.0 and 0.0 < wb < 1.0) else -1
+            kept = 0
+            for idx in range(cnt):
+                j = cols[idx]
+                if W[a, j] > tol and W[a, j] < 1.0 - tol:
+                    cols[kept] = j
+                    kept += 1
+            cnt = kept
+    return k
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unlink(e, nxt, prv, heads, h):
+    """Remove entry ``e`` from line ``h``'s doubly linked list."""
+    if prv[e] >= 0:
+        nxt[prv[e]] = nxt[e]
+    else:
+        heads[h] = nxt[e]
+    if nxt[e] >= 0:
+        prv[nxt[e]] = prv[e]
+
+
+@njit(cache=True, nogil=True)
+def _round_group(W, Uf, k, tol, bits, rnext, rprev, rhead, cnext, cprev, chead, stack, pos):
+    """Cycle-cancel one bordered group ``W`` (n × m, modified) into ``bits`` (n × m).
+
+    ``Uf[k], Uf[k + 1], …`` are the group's uniforms. Returns −1 on success, else the vertex (row ``i`` or column ``n + j``) left with a single
+    fractional entry: its line sum was not an integer.
+    """
+    n, m = W.shape
+    k = _sweep(W, Uf, k, tol, stack)
+    for i in range(n):
+        rhead[i] = -1
+    for j in range(m):
+        chead[j] = -1
+    # linked lists of fractional entries (flat index i*m + j), built backwards so that each
+    # list is in increasing index order
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            w = W[i, j]
+            e = i * m + j
+            if w > tol and w < 1.0 - tol:
+                bits[i, j] = 0
+                rnext[e] = rhead[i]
+                rprev[e] = -1
+                if rhead[i] >= 0:
+                    rprev[rhead[i]] = e
+                rhead[i] = e
+                cnext[e] = chead[j]
+                cprev[e] = -1
+                if chead[j] >= 0:
+                    cprev[chead[j]] = e
+                chead[j] = e
+            else:
+                bits[i, j] = 1 if w > 0.5 else 0
+    for v in range(n + m):
+        pos[v] = -1
+    for r0 in range(n):
+        if rhead[r0] < 0:
+            continue
+        sp = 0
+        stack[0] = r0
+        pos[r0] = 0
+        while sp >= 0:
+            v = stack[sp]
+            head = rhead[v] if v < n else chead[v - n]
+            if head < 0:
+                pos[v] = -1
+                sp -= 1
+                continue
+            prev = stack[sp - 1] if sp > 0 else -1
+            nxt = -1
+            if sp >= 3:
+                # close a 4-cycle through the vertex three steps back when its edge is
+                # fractional (almost always, in dense matrices)
+                u = stack[sp - 3]
+                w = W[v, u - n] if v < n else W[u, v - n]
+                if w > tol and w < 1.0 - tol:
+                    nxt = u
+            if nxt < 0:
+                # else the first fractional entry at v not leading back to prev
+                e = head
+                if v < n:
+                    if prev >= 0 and e - v * m == prev - n:
+                        e = rnext[e]
+                    if e < 0:
+                        return v
+                    nxt = n + (e - v * m)
+                else:
+                    if prev >= 0 and e // m == prev:
+                        e = cnext[e]
+                    if e < 0:
+                        return v
+                    nxt = e // m
+            if pos[nxt] < 0:
+                sp += 1
+                stack[sp] = nxt
+                pos[nxt] = sp
+                continue
+            # a cycle stack[pos[nxt]] .. stack[sp] and back; edge t joins stack[p0+t] and the
+            # next vertex, shifted by +δ for even t and −δ for odd t
+            p0 = pos[nxt]
+            L = sp - p0 + 1
+            alpha = 1.0
+            beta = 1.0
+            for t in range(L):
+                a = stack[p0 + t]
+                b = stack[p0 + t + 1] if t + 1 < L else stack[p0]
+                ii = a if a < n else b
+                jj = (b if a < n else a) - n
+                w = W[ii, jj]
+                if t % 2 == 0:
+                    alpha = min(alpha, 1.0 - w)
+                    beta = min(beta, w)
+                else:
+                    alpha = min(alpha, w)
+                    beta = min(beta, 1.0 - w)
+            step = alpha if Uf[k] * (alpha + beta) < beta else -beta
+            k += 1
+            for t in range(L):
+                a = stack[p0 + t]
+                b = stack[p0 + t + 1] if t + 1 < L else stack[p0]
+                ii = a if a < n else b
+                jj = (b if a < n else a) - n
+                w = W[ii, jj] + (step if t % 2 == 0 else -step)
+                W[ii, jj] = w
+                if w <= tol or w >= 1.0 - tol:
+                    bits[ii, jj] = 1 if w > 0.5 else 0
+                    e = ii * m + jj
+                    _unlink(e, rnext, rprev, rhead, ii)
+                    _unlink(e, cnext, cprev, chead, jj)
+            # back to the cycle's first vertex: the edges before it are untouched
+            for t in range(p0 + 1, sp + 1):
+                pos[stack[t]] = -1
+            sp = p0
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _round_groups(P, starts, U, tol, out):
+    """Every group of ``P``; returns (group, vertex) of the first failure or (−1, −1)."""
+    n_rows, K = P.shape
+    m = K + 1
+    Uf = U.reshape(-1)
+    big = 0
+    for g in range(starts.size - 1):
+        big = max(big, starts[g + 1] - starts[g])
+    W = np.empty((big, m))
+    bits = np.empty((big, m), np.int8)
+    rnext = np.empty(big * m, np.int32)
+    rprev = np.empty(big * m, np.int32)
+    cnext = np.empty(big * m, np.int32)
+    cprev = np.empty(big * m, np.int32)
+    rhead = np.empty(big, np.int64)
+    chead = np.empty(m, np.int64)
+    stack = np.empty(big + m + 1, np.int64)
+    pos = np.empty(big + m, np.int64)
+    for g in range(starts.size - 1):
+        lo, hi = starts[g], starts[g + 1]
+        n = hi - lo
+        if n == 0:
+            continue
+        Wg = W[:n]
+        for i in range(n):
+            r = 0.0
+            for j in range(K):
+                Wg[i, j] = P[lo + i, j]
+                r += P[lo + i, j]
+            s = np.ceil(r - tol) - r
+            Wg[i, K] = s if s > 0.0 else 0.0
+        bad = _round_group(
+            Wg, Uf, lo * m, tol, bits[:n], rnext, rprev, rhead, cnext, cprev, chead, stack, pos
+        )
+        if bad >= 0:
+            return g, bad - n if bad >= n else -1 - bad
+        out[lo:hi] = bits[:n, :K]
+    return -1, 0
+
+
+def dependent_round(
+    p: np.ndarray, starts: np.ndarray, uniforms: np.ndarray, *, tol: float = DR_TOL
+) -> np.ndarray:
+    """Unbiased dependent rounding of each group's rows with exact column sums.
+
+    Parameters
+    ----------
+    p : (n_rows, n_cols) array of float
+        Probabilities in ``[0, 1]``; the rows of group ``g`` are ``starts[g]:starts[g+1]``
+        and each group's column sums must be integers (within float resolution).
+    starts : (n_groups + 1,) array of int
+        Group boundaries, non-decreasing, from 0 to ``n_rows``.
+    uniforms : (n_rows, n_cols + 1) array of float
+        Independent U[0, 1) draws (group ``g`` uses at most its own rows' ``n × (n_cols +
+        1)`` of them, in row-major order); e.g. from :func:`keyed_uniforms`.
+    tol : float
+        Entries within ``tol`` of 0 or 1 count as integral.
+
+    Returns
+    -------
+    (n_rows, n_cols) numpy.ndarray of int8
+        Bits with ``E = p``, each group's column sums exactly those of ``p``, each row sum
+        the floor or ceiling of ``p``'s (module docstring).
+
+    Raises
+    ------
+    DataError
+        Shapes that do not match, probabilities outside ``[0, 1]``, or a group whose column
+        sum is not an integer (naming group and column).
+
+    References
+    ----------
+    Cox (1987); Gandhi, Khuller, Parthasarathy & Srinivasan (2006).
+    """
+    P = np.ascontiguousarray(p, dtype=np.float64)
+    s = np.ascontiguousarray(starts, dtype=np.int64)
+    U = np.ascontiguousarray(uniforms, dtype=np.float64)
+    if P.ndim != 2 or U.shape != (P.shape[0], P.shape[1] + 1):
+        raise DataError(
+            f"dependent rounding: probabilities of shape {P.shape} need uniforms of shape "
+            f"(rows, columns + 1) = ({P.shape[0] if P.ndim else 0}, "
+            f"{P.shape[-1] + 1 if P.ndim else 1}), got {U.shape}"
+        )
+    if s.ndim != 1 or s.size < 1 or s[0] != 0 or s[-1] != P.shape[0] or np.any(np.diff(s) < 0):
+        raise DataError(
+            "dependent rounding: group starts must run non-decreasing from 0 to the number "
+            f"of rows ({P.shape[0]})"
+        )
+    if P.size and not (float(P.min()) >= -tol and float(P.max()) <= 1.0 + tol):
+        raise DataError(
+            "dependent rounding: probabilities must lie in [0, 1] (a NaN or a value outside "
+            "was given); check the caller's conditional marginals"
+        )
+    out = np.zeros(P.shape, np.int8)
+    g, c = _round_groups(P, s, U, tol, out)
+    if g >= 0:
+        where = (
+            f"column {c}"
+            if 0 <= c < P.shape[1]
+            else "the rows' slack"
+            if c >= 0
+            else f"row {int(s[g]) + (-1 - c)}"
+        )
+        raise DataError(
+            f"dependent rounding: group {g}, {where}: the column sums of the group are not "
+            "integers within float resolution; give each group probabilities whose column "
+            "sums are integers"
+        )
+    return out
+
+
+def aes_uniform_draws(g: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` uniforms on [0, 1) from AES-128-CTR keyed by ``g``
+    (:func:`~censusdp.rng.aes_counter`): the kernel wants about one per entry, and AES-NI
+    draws them several times faster than the chunk's ChaCha20 generator itself."""
+    return np.random.Generator(aes_counter(g)).random(n)
+
+
+def keyed_uniforms(
+    rng: KeyedRNG,
+    label: str,
+    n_rows_global: int,
+    row_lo: int,
+    row_hi: int,
+    n_cols: int,
+    sampler: Sampler = aes_uniform_draws,
+) -> np.ndarray:
+    """The uniforms :func:`dependent_round` needs for global rows ``[row_lo, row_hi)``.
+
+    Item ``row · (n_cols + 1) + j`` of the keyed stream ``label`` (of ``n_rows_global ·
+    (n_cols + 1)`` items): a partition holding any run of whole groups draws the same
+    uniforms for them as a single machine does. ``sampler`` is :func:`aes_uniform_draws`
+    unless a test replaces it.
+
+    Returns
+    -------
+    (row_hi − row_lo, n_cols + 1) numpy.ndarray
+    """
+    m = n_cols + 1
+    return rng.draw(label, n_rows_global * m, row_lo * m, row_hi * m, sampler).reshape(
+        row_hi - row_lo, m
+    )
