@@ -81,6 +81,7 @@ from typing import Literal
 import numpy as np
 
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.dependent_rounding import dependent_round
 from censusdp.estimation.gls import Forest, whole_forest
 from censusdp.estimation.release import Release, SumVariances
 from censusdp.hierarchy import Hierarchy
@@ -1141,72 +1142,16 @@ def rounding_variances(
 def _cancel_cycles(X: np.ndarray, gen: np.random.Generator, tol: float) -> np.ndarray:
     """Round a matrix whose row and column sums are all integers, keeping them exactly.
 
-    Walks the fractional entries (every row and column with one has at least two) until a
-    vertex repeats, then shifts the cycle by +α/−α alternately, with the probabilities that
-    keep every entry's mean (Gandhi et al. 2006, §2; Cox 1987).
+    Dependent rounding of the fractional parts (Gandhi et al. 2006, §2; Cox 1987): cycles of
+    fractional entries shifted by +α/−α alternately with the probabilities that keep every
+    entry's mean, by the compiled kernel
+    :func:`~censusdp.estimation.dependent_rounding.dependent_round` (one group, uniforms from
+    ``gen``).
     """
     base, F = _split(X, tol)
-    nr, nc = F.shape
-    Fl: list[list[float]] = F.tolist()
-    rows: list[set[int]] = [set(np.flatnonzero(F[i]).tolist()) for i in range(nr)]
-    cols: list[set[int]] = [set(np.flatnonzero(F[:, j]).tolist()) for j in range(nc)]
-    live = [i for i in range(nr) if rows[i]]
-    # The walk is a stack of vertices (0, row) / (1, col); after a cycle at its end is
-    # cancelled the stack is cut back to the cycle's first vertex and the walk resumes there.
-    stack: list[tuple[int, int]] = []
-    pos: dict[tuple[int, int], int] = {}
-    while True:
-        while stack and not (rows if stack[-1][0] == 0 else cols)[stack[-1][1]]:
-            del pos[stack.pop()]
-        if not stack:
-            while live and not rows[live[-1]]:
-                live.pop()
-            if not live:
-                return base
-            stack.append((0, live[-1]))
-            pos[stack[0]] = 0
-        side, idx = stack[-1]
-        prev = stack[-2][1] if len(stack) > 1 else -1
-        nbrs = rows[idx] if side == 0 else cols[idx]
-        nxt_idx = next((j for j in nbrs if j != prev), None)
-        if nxt_idx is None:
-            raise DataError(
-                f"controlled rounding: {'row' if side == 0 else 'column'} {idx} keeps a single "
-                "fractional entry, so its sum is not an integer beyond the rounding tolerance "
-                "(float resolution of very large estimates, or estimates that do not meet an "
-                "invariant); check that the estimates meet their invariants"
-            )
-        nxt = (1 - side, nxt_idx)
-        if nxt not in pos:
-            pos[nxt] = len(stack)
-            stack.append(nxt)
-            continue
-        cyc = stack[pos[nxt] :] + [nxt]
-        for v in stack[pos[nxt] + 1 :]:
-            del pos[v]
-        del stack[pos[nxt] + 1 :]
-        ri = [u[1] if u[0] == 0 else v[1] for u, v in zip(cyc[:-1], cyc[1:], strict=True)]
-        ci = [v[1] if u[0] == 0 else u[1] for u, v in zip(cyc[:-1], cyc[1:], strict=True)]
-        f = [Fl[i][j] for i, j in zip(ri, ci, strict=True)]
-        alpha = min(min(1.0 - v for v in f[0::2]), min(f[1::2]))
-        beta = min(min(f[0::2]), min(1.0 - v for v in f[1::2]))
-        step = alpha if gen.random() * (alpha + beta) < beta else -beta
-        for e, (i, j) in enumerate(zip(ri, ci, strict=True)):
-            v = f[e] + (step if e % 2 == 0 else -step)
-            if v < tol or v > 1.0 - tol:
-                Fl[i][j] = 0.0
-                base[i, j] += int(v > 0.5)
-                rows[i].discard(j)
-                cols[j].discard(i)
-            else:
-                Fl[i][j] = v
-        # the stack's edges before the cycle are untouched; drop a dangling tail vertex
-        while len(stack) > 1:
-            (s0, a0), (_, b0) = stack[-2], stack[-1]
-            r_, c_ = (a0, b0) if s0 == 0 else (b0, a0)
-            if c_ in rows[r_]:
-                break
-            del pos[stack.pop()]
+    n, m = F.shape
+    bits = dependent_round(F, np.array([0, n]), gen.random((n, m + 1)))
+    return base + bits
 
 
 def round_bipartite_part(

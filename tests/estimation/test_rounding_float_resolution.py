@@ -5,7 +5,6 @@ the full national pl94 run stopped on it)."""
 import numpy as np
 import pytest
 
-from censusdp.errors import DataError
 from censusdp.estimation.rounding import TOL, _bordered, _cancel_cycles, settle_row_sums
 
 
@@ -16,12 +15,12 @@ def _drifted(seed: int, drift: float, n: int = 12, k: int = 200) -> tuple[np.nda
     r = f.sum(axis=1)
     f[:, -1] = np.ceil(r) - r
     f[:, -1] = np.clip(f[:, -1] + g.choice([-1.0, 1.0], n) * drift * g.random(n), 0, 1 - 1e-12)
-    return f, f + 3e7 / k  # values of a large state: resolution ~ k · ulp(3e7)
+    return f, f + 2e6  # cells of a large state: resolution k · ulp(Σ|x|) ~ 1e-5
 
 
-@pytest.mark.parametrize("drift", [5e-8, 3e-7])
+@pytest.mark.parametrize("drift", [3e-7, 2e-6])
 def test_settled_rows_round_and_hold(drift):
-    failed_unsettled = 0
+    off_unsettled = 0.0
     for seed in range(6):
         f, x = _drifted(seed, drift)
         s = settle_row_sums(f, x)
@@ -32,12 +31,10 @@ def test_settled_rows_round_and_hold(drift):
         out = _cancel_cycles(_bordered(s, TOL), np.random.default_rng(seed), TOL)[:-1, :-1]
         assert np.array_equal(out.sum(axis=1), np.rint(r).astype(np.int64))
         assert set(np.unique(out)) <= {0, 1}
-        try:
-            _cancel_cycles(_bordered(f, TOL), np.random.default_rng(seed), TOL)
-        except DataError:
-            failed_unsettled += 1
-    # the unsettled rows do fail for some draws: the settling is what makes them round
-    assert failed_unsettled > 0
+        r0 = f.sum(axis=1)
+        off_unsettled = max(off_unsettled, float(np.abs(r0 - np.rint(r0)).max()))
+    # unsettled, the rows miss their integers by more than the rounding tolerance
+    assert off_unsettled > TOL
 
 
 def test_rows_beyond_resolution_are_left():
