@@ -133,13 +133,16 @@ def _margins(gen, count, K, zero_share=0.3):
     return rows, cols
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
-@given(
+_TRANSPORT_CASES = dict(
     count=st.lists(st.integers(0, 5), min_size=1, max_size=4),
     K=st.integers(1, 6),
     seed=st.integers(0, 2**31 - 1),
     chunk=st.sampled_from([1, 13, 1 << 20]),
 )
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(**_TRANSPORT_CASES)
 def test_transport_projection_matches_cvxpy(count, K, seed, chunk):
     """Each parent's matrix onto {X ≥ 0, row sums = children's totals, column sums = the
     parent's cells}: the dual block-coordinate ascent equals the QP solved by Clarabel."""
@@ -159,6 +162,13 @@ def test_transport_projection_matches_cvxpy(count, K, seed, chunk):
     assert np.allclose(got.sum(axis=1), rows, atol=1e-9, rtol=0)
     # batching changes no bit
     assert np.array_equal(got, project_transport(z, rows, cols, count, chunk=3)[0])
+
+
+@pytest.mark.slow
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(**_TRANSPORT_CASES)
+def test_transport_projection_matches_cvxpy_more_cases(count, K, seed, chunk):
+    test_transport_projection_matches_cvxpy.hypothesis.inner_test(count, K, seed, chunk)
 
 
 def test_transport_projection_refuses_margins_that_disagree():
@@ -199,8 +209,7 @@ def test_top_projection_with_marginal_invariants_matches_cvxpy(marginal, seed):
 
 
 # -- the product ------------------------------------------------------------------------------
-@settings(max_examples=50, deadline=None, derandomize=True)
-@given(
+_PRODUCT_CASES = dict(
     schema=schemas(max_attributes=3, max_domain=4, max_cells=24),
     depth=st.integers(2, 4),
     inv=st.sampled_from([(), (0,), (0, 1), (1,)]),
@@ -208,6 +217,10 @@ def test_top_projection_with_marginal_invariants_matches_cvxpy(marginal, seed):
     cut=st.integers(0, 3),
     per=st.integers(1, 3),
 )
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(**_PRODUCT_CASES)
 def test_integer_nonnegative_consistent_invariant_and_partition_independent(
     schema, depth, inv, seed, cut, per
 ):
@@ -244,9 +257,19 @@ def test_integer_nonnegative_consistent_invariant_and_partition_independent(
         assert np.array_equal(a, b)
 
 
-@settings(max_examples=12, deadline=None, derandomize=True)
-@given(inv=st.sampled_from([(0,), (0, 1)]), seed=st.integers(0, 2**31 - 1))
-def test_childrens_totals_are_the_totals_pass_integers(inv, seed):
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(**_PRODUCT_CASES)
+def test_integer_nonnegative_consistent_invariant_and_partition_independent_more_cases(
+    schema, depth, inv, seed, cut, per
+):
+    test_integer_nonnegative_consistent_invariant_and_partition_independent.hypothesis.inner_test(
+        schema, depth, inv, seed, cut, per
+    )
+
+
+@pytest.mark.parametrize("inv", [(0,), (0, 1)])
+def test_childrens_totals_are_the_totals_pass_integers(inv, seed=11):
     """Pass 1 by hand (each parent's children's GLS totals projected onto the simplex of the
     parent's integer total, rounded by the conditioned systematic sampling from the product's
     own stream): the product's children's totals are those integers, exactly."""
@@ -266,6 +289,13 @@ def test_childrens_totals_are_the_totals_pass_integers(inv, seed):
         v = rng.draw(f"{nn.LABEL}/{h.names[j]}/total", n, 0, n, uniform_draws).reshape(n, 1)
         want, _ = round_children(parent, t, count, v, None, (h.names[j], f, j - 1, ["t"]), 1e-7)
         assert np.array_equal(counts[j].reshape(-1, K).sum(axis=1), want[:, 0]), j
+
+
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(inv=st.sampled_from([(0,), (0, 1)]), seed=st.integers(0, 2**31 - 1))
+def test_childrens_totals_are_the_totals_pass_integers_more_cases(inv, seed):
+    test_childrens_totals_are_the_totals_pass_integers(inv, seed)
 
 
 def test_an_empty_area_gets_a_total_of_the_order_of_its_noise():
