@@ -37,8 +37,8 @@ Estimators on the same measurements and invariants:
   :func:`~censusdp.estimation.structured_rounding.round_structured` (unbiased, consistent,
   invariants exact; cells may be negative);
 * ``nonnegative`` — the non-negative product of the same GLS release
-  (:func:`~censusdp.estimation.nonnegative.nonnegative_structured`: per-parent simplex
-  projection, top down, and keyed rounding): non-negative, integer, consistent, invariants
+  (:func:`~censusdp.estimation.nonnegative.nonnegative_structured`: per parent the
+  children's totals, then their cells, projected and rounded, top down): non-negative, integer, consistent, invariants
   exact, and biased, as TopDown-style is.
 
 ``--opt rho=reference`` runs ρ* alone, ``--opt rho=noisy`` the ``LOW_FACTORS`` alone.
@@ -704,8 +704,8 @@ def _report(ctx: ExperimentContext, m: dict) -> Report:
         "TopDown-style (the Bureau's multi-pass L2 and rounder, parent equality and "
         "non-negativity kept; with `--opt topdown-passes=one|both` also or instead one L2 pass "
         "of all queries, the total not isolated), GLS with unbiased rounding and the "
-        "non-negative product of the same GLS release (per-parent simplex projection and "
-        "keyed rounding) on the same discrete Gaussian measurements (total, sex, age, detailed "
+        "non-negative product of the same GLS release (per parent totals first, then cells, "
+        "projected and rounded) on the same discrete Gaussian measurements (total, sex, age, detailed "
         "at nation (no total), state and county), "
         "beside the Bureau's own demonstration runs in the same file. Slopes: OLS of "
         "county-total error on log(true population) within each area with at least "
