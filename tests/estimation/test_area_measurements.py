@@ -110,8 +110,9 @@ def _area_measurements(schema, meas, n_areas, gen, pick):
     if pick is not None and meas[pick % len(meas)].query.name != "total":
         qs.append(meas[pick % len(meas)].query)
     return [
-        ProductMeasurement("place", q, gen.normal(size=(n_areas, q.n_rows)) * 5,
-                           Gaussian(0.5 + i))  # fmt: skip
+        ProductMeasurement(
+            "place", q, gen.normal(size=(n_areas, q.n_rows)) * 5, Gaussian(0.5 + i)
+        )  # fmt: skip
         for i, q in enumerate(qs)
     ]
 
