@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytestmark = pytest.mark.slow  # two privatize runs (about 9 CPU s each)
-
 from censusdp.app.cli import main
 from censusdp.pipelines.pl94_tables import pl94_codebook
+
+pytestmark = pytest.mark.slow  # two privatize runs (about 9 CPU s each)
 
 _spec = importlib.util.spec_from_file_location(
     "_ppmf_tests", Path(__file__).with_name("test_privatize_ppmf.py")
@@ -75,7 +75,7 @@ def test_measured_places_stay_sums_of_blocks_and_shrink_their_ses(runs):
     columns = list(pl94_codebook().columns)
     for product in ("unbiased", "nonnegative"):
         blocks = _table(out["measured"], product, "block")
-        blocks = blocks.assign(place=[_t._place(g) for g in blocks.GEOID])
+        blocks = blocks.copy().assign(place=[_t._place(g) for g in blocks.GEOID])
         want = blocks[blocks.place != ""].groupby("place")[columns].sum()
         have = _table(out["measured"], product, "place").set_index("GEOID")[columns]
         assert np.array_equal(have.to_numpy(), want.loc[have.index].to_numpy())
