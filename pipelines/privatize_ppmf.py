@@ -54,6 +54,8 @@ A PPMF spec::
     area_column = "PLACEFP"
     skip_blank = true           # blocks in no place have a blank code
     list = "places.csv"         # optional: every place (each must contain a block)
+    share = 0.1                 # optional: measure the places too, with 0.1 of the total ρ
+    queries = ["total"]         # optional: what every place answers (default the total)
     [report]
     repetitions = 10            # simulated releases for the size-class bias
     [run]
@@ -72,6 +74,17 @@ are released as sums of their blocks: ``unbiased/pl94_<level>.csv`` with exact `
 streamed area sweep (:func:`~censusdp.estimation.areas.area_partition` per partition,
 :func:`~censusdp.estimation.areas.area_top`), ``nonnegative/pl94_<level>.csv`` from the
 non-negative blocks, and a row of the size-class report.
+
+**Measured areas** (``[areas] share``): the places are also measured, each answering
+``queries`` with discrete Gaussian noise from ``share`` of the total ρ (the tree's allocation
+is scaled to the rest; the places are disjoint sets of blocks, so they compose like one more
+level, and the derived statement lists their spend). The tree GLS is then updated with
+their answers exactly (:func:`~censusdp.estimation.area_measurements.update_with_areas`):
+every level's estimate and standard error changes, the places stay sums of released blocks
+and the invariants hold ``==`` after rounding. The update needs every node at once, which the
+streamed engine does not give (it rounds each partition as it goes), so this route runs in
+memory (every level's cell tensors: a county or a small state) and so do its simulated
+releases for the size-class report.
 
 References
 ----------
