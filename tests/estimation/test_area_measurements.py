@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import scipy.linalg
 import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,8 +22,6 @@ from censusdp.estimation.area_measurements import (
     measure_areas,
     update_with_areas,
 )
-from censusdp.estimation.gls import NodeVarianceMeasurement
-from censusdp.estimation.gls_sparse import hierarchy_to_sparse
 from censusdp.estimation.structured_gls import structured_gls
 from censusdp.hierarchy.equivalency import Equivalency
 from censusdp.hierarchy.synthetic import random_hierarchy
@@ -36,7 +33,7 @@ from censusdp.mechanisms.product_measure import (
     measure_products,
 )
 from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.mechanisms.queries import Invariant
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 
@@ -55,33 +52,12 @@ def dense_update(h, schema, meas, invs, leaf, area, n_areas, ameas):
     solver, on the identified subspace ``W`` of the tree's workload: leaf estimates
     ``(n_leaves, K)`` in cells and the leaves × leaves covariance in ``W`` coordinates, with
     ``V``; None when the tree problem is not identifiable."""
-    K = schema.n_cells
-    gram = np.zeros((K, K))
-    for x in [*meas, *invs]:
-        d = x.query.dense().astype(float)
-        gram += d.T @ d
-    ev, vec = np.linalg.eigh(gram)
-    V = vec[:, ev > 1e-10 * ev.max()]
-    names = h.names
-    dmeas = [
-        NodeVarianceMeasurement(
-            names.index(m.level), m.query.to_query(), m.values, m.law, m.node_variance
-        )  # fmt: skip
-        if m.node_variance is not None
-        else Measurement(names.index(m.level), m.query.to_query(), m.values, m.law)
-        for m in meas
-    ]
-    dinvs = [Invariant(names.index(i.level), i.query.to_query(), i.values) for i in invs]
-    A, y, v, C, c = hierarchy_to_sparse(h, dmeas, dinvs, n_cells=K)
-    R = sp.kron(sp.eye(h.leaves.size), sp.csr_matrix(V)).tocsr()
-    Ar, Cr = (A @ R).tocsr(), (C @ R).tocsr()
-    F = (Ar.T @ sp.diags(1.0 / v) @ Ar).toarray()
-    if Cr.shape[0]:
-        N = scipy.linalg.null_space(Cr.toarray(), rcond=1e-10)
-        F = N.T @ F @ N
-    if F.size and np.linalg.eigvalsh(F).min() <= 1e-9 * max(1.0, np.abs(F).max()):
+    prob = _areas.dense_problem(h, schema, meas, invs)
+    if prob is None:
         return None
+    Ar, y, v, Cr, c, V = prob
     E = sp.csr_matrix((np.ones(leaf.size), (area, leaf)), shape=(n_areas, h.leaves.size))
+    R = sp.kron(sp.eye(h.leaves.size), sp.csr_matrix(V)).tocsr()
     rows, ys, vs = [Ar], [y], [v]
     for m in ameas:
         B = sp.kron(E, sp.csr_matrix(m.query.dense().astype(float)))
