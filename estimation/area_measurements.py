@@ -315,7 +315,9 @@ def update_with_areas(
     SpecError
         A release without setup or covariances (Euclidean geometry with unequal scales),
         an equivalency of another hierarchy or with overlapping areas, area queries outside
-        the tree's workload or identified subspace.
+        the tree's workload or identified subspace, or measuring at a leaf a combination of
+        cells that only levels above the leaves measure (not supported: the passes carry no
+        information along such flat directions).
     """
     setup = release.setup
     if setup is None or setup.vscale is None or setup.geometry != "weighted":
@@ -439,6 +441,20 @@ def _columns(
             hj[leaf[:, None], cols] = R[None, :, :]
         rhs.append(_Level(lv.J, hj, lv.H, np.zeros((n, m, lv.H.shape[0])), lv.shared))
     ups = _general_up(forest, rhs if m else levels, kS, None)
+    bottom = ups[-1]
+    if m and bottom.N is not None and np.any(bottom.r):
+        # the passes carry no information along a node's flat directions (measured only
+        # above it); an area answer there would need to be moved up the tree first
+        off = np.abs(R @ bottom.N[leaf]).max(axis=(1, 2))
+        bad = off > 1e-9 * max(float(np.abs(R).max()), 1e-300)
+        if bad.any():
+            lf = int(leaf[np.argmax(bad)])
+            raise SpecError(
+                f"the areas' queries measure, at {h.names[-1]} {h.levels[-1].codes[lf]!r}, "
+                f"a combination of cells that level does not measure (only levels above it "
+                f"do); measure the areas with queries the {h.names[-1]} level measures (e.g. "
+                "total)"
+            )
     P0 = _root_P(h, ups, kS).copy()
     X, P = _general_down(forest, ups, kS, ups[0].m, P0)
     return X, P, ups
