@@ -32,7 +32,26 @@ levels 31.5 s (7.9), with the places 62.6 s (16.4); peak RSS of the whole proces
 (the national hierarchy and the written file included); wall times are 4× the CPU times on
 the loaded machine.
 
-Usage: ``python benchmarks/areas_scale.py [--blocks N] [--places N] [--seed S] [--national]``.
+With ``--measured N1,N2,...`` the places are also *measured* (issue 16, Build 2) on a smaller
+synthetic state (``--measured-blocks``, default 2,000 blocks): a release at 0.9 of the
+production ρ (zero counts, so the estimate is the error), the places' totals measured with
+the other 0.1 and the tree GLS updated exactly
+(:func:`~censusdp.estimation.area_measurements.update_with_areas`), for each number of places:
+wall and CPU seconds of the update, its rank (places × 1 for totals) and the place total SEs
+before and after. The update carries one column per place through every node, so its time
+grows as nodes × places (and ``K`` as places³).
+
+Measured under load (seed 1, 0.9/0.1 of the production ρ, place totals measured): 2,000 blocks
+(2,055 nodes; release 2.7 s wall, 0.7 CPU s): 50 / 200 / 800 places, update 2.6 / 2.0 / 4.7 s
+wall (0.44 / 0.62 / 1.42 CPU s); 8,000 blocks (8,214 nodes; release 14.8 s, 2.6 CPU s): 400 /
+1,600 places, update 12.1 / 37.9 s wall (2.6 / 9.1 CPU s), peak RSS 1.6 / 2.5 GB. Mean place
+total SE 125 / 74 / 43 (2,000 blocks) and 97 / 54 (8,000) summed from blocks, 1.40 measured
+(the place's own measurement dominates: σ² = 1/(2 · 0.1 ρ) for a total). Memory is the
+binding cost (``nodes × places`` per copy held by the passes): the per-state form of the
+module docstring of :mod:`censusdp.estimation.area_measurements` is what a national run needs.
+
+Usage: ``python benchmarks/areas_scale.py [--blocks N] [--places N] [--seed S] [--national]
+[--measured N1,N2 [--measured-blocks B] [--only-measured]]``.
 
 References
 ----------
@@ -42,6 +61,7 @@ U.S. Census Bureau (2021). 2020 Census Block Assignment Files (BAF).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import sys
@@ -103,7 +123,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--places", type=int, default=30_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--national", action="store_true", help="also read an 8.2M-row file")
+    ap.add_argument("--measured", default="", help="numbers of measured places, e.g. 50,200")
+    ap.add_argument("--measured-blocks", type=int, default=2_000)
+    ap.add_argument("--only-measured", action="store_true", help="skip the summed stages")
     args = ap.parse_args(argv)
+    if args.only_measured:
+        out = {"benchmark": "areas_scale", "measured": measured(args)}
+        print(json.dumps(out, indent=2))
+        return out
 
     h = synthetic_state(args.seed, blocks=args.blocks).hierarchy
     codes = np.asarray(h.leaves.codes, dtype=object)
@@ -206,8 +233,73 @@ def main(argv: list[str] | None = None) -> dict:
             "place_total_se_mean": round(float(se.mean()), 3),
         }
         out["peak_rss_mb"] = round(_peak_mb(), 0)
+    if args.measured:
+        out["measured"] = measured(args)
     print(json.dumps(out, indent=2))
     return out
+
+
+def measured(args: argparse.Namespace) -> list[dict]:
+    """The measured-places update on a ``--measured-blocks`` state, per number of places."""
+    from fractions import Fraction
+
+    from censusdp.estimation.area_measurements import (
+        area_plan,
+        area_statement,
+        measure_areas,
+        update_with_areas,
+    )
+    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.hierarchy.equivalency import equivalency_from_arrays
+    from censusdp.mechanisms.product_measure import measure_products
+    from censusdp.rng import KeyedRNG
+
+    h = synthetic_state(args.seed, blocks=args.measured_blocks).hierarchy
+    schema = Schema.load("pl94")
+    alloc = schema.allocation
+    rho = Fraction(alloc.rho)
+    plan = allocation_plan(schema, dataclasses.replace(alloc, rho=rho * 9 / 10), levels=h.names)
+    total = ProductQuery.parse(schema, "total")
+    rng = KeyedRNG.reproducible(args.seed, warn=False)
+    zeros = [np.zeros((n, *schema.shape), np.int64) for n in h.sizes]
+    meas = measure_products(zeros, plan, rng, level_names=h.names)
+    invs = [ProductInvariant(lvl, total, np.zeros((h.sizes[h.level_index(lvl)], 1)))
+            for lvl in ("nation", "state")]  # fmt: skip
+    w, c = time.perf_counter(), _cpu()
+    rel = structured_gls(h, schema, meas, invs)
+    release = {"seconds": round(time.perf_counter() - w, 2), "cpu_seconds": round(_cpu() - c, 2)}
+    print(f"release of {h.leaves.size} blocks: {release}", file=sys.stderr, flush=True)
+    aplan = area_plan(schema, rho / 10)
+    codes = np.asarray(h.leaves.codes, dtype=object)
+    rows = []
+    for n in [int(x) for x in args.measured.split(",")]:
+        place = synthetic_places(h.leaves.size, n, args.seed)
+        keep = place >= 0
+        names = np.char.zfill(place[keep].astype(str), 5).astype(object)
+        eq = equivalency_from_arrays(h, codes[keep], names, name="place")
+        ameas = measure_areas(eq, zeros[-1], aplan, rng.child(f"areas/{n}"))
+        stmt = area_statement(h.names, plan, "place", aplan, delta=None)
+        stmt = dataclasses.replace(stmt, invariants=rel.privacy.invariants)
+        w, c = time.perf_counter(), _cpu()
+        got = update_with_areas(rel, eq, ameas, stmt)
+        sec, cpu = time.perf_counter() - w, _cpu() - c
+        before = got.prior_areas.query_standard_errors("place", total)[:, 0]
+        after = got.areas.query_standard_errors("place", total)[:, 0]
+        row = {
+            "places": eq.n_areas,
+            "blocks_in_places": int(eq.leaf.size),
+            "nodes": int(sum(h.sizes)),
+            "update_seconds": round(sec, 2),
+            "update_cpu_seconds": round(cpu, 2),
+            "rank": got.diagnostics["update_rank"],
+            "place_total_se_mean_summed": round(float(before.mean()), 3),
+            "place_total_se_mean_measured": round(float(after.mean()), 3),
+            "release": release,
+            "peak_rss_mb": round(_peak_mb(), 0),
+        }
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

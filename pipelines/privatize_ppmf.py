@@ -56,6 +56,8 @@ A PPMF spec::
     area_column = "PLACEFP"
     skip_blank = true           # blocks in no place have a blank code
     list = "places.csv"         # optional: every place (each must contain a block)
+    share = 0.1                 # optional: measure the places too, with 0.1 of the total ρ
+    queries = ["total"]         # optional: what every place answers (default the total)
     [report]
     repetitions = 10            # simulated releases for the size-class bias
     [run]
@@ -74,6 +76,17 @@ are released as sums of their blocks: ``unbiased/pl94_<level>.csv`` with exact `
 streamed area sweep (:func:`~censusdp.estimation.areas.area_partition` per partition,
 :func:`~censusdp.estimation.areas.area_top`), ``nonnegative/pl94_<level>.csv`` from the
 non-negative blocks, and a row of the size-class report.
+
+**Measured areas** (``[areas] share``): the places are also measured, each answering
+``queries`` with discrete Gaussian noise from ``share`` of the total ρ (the tree's allocation
+is scaled to the rest; the places are disjoint sets of blocks, so they compose like one more
+level, and the derived statement lists their spend). The tree GLS is then updated with
+their answers exactly (:func:`~censusdp.estimation.area_measurements.update_with_areas`):
+every level's estimate and standard error changes, the places stay sums of released blocks
+and the invariants hold ``==`` after rounding. The update needs every node at once, which the
+streamed engine does not give (it rounds each partition as it goes), so this route runs in
+memory (every level's cell tensors: a county or a small state) and so do its simulated
+releases for the size-class report.
 
 References
 ----------
@@ -98,15 +111,32 @@ import scipy.sparse as sp
 from censusdp.atomic import check_output, output_dir
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.area_measurements import (
+    MeasuredAreas,
+    area_plan,
+    area_statement,
+    measure_areas,
+    update_with_areas,
+)
 from censusdp.estimation.areas import AreaEstimates, AreaPartial, area_partition, area_top
 from censusdp.estimation.gls import Forest
 from censusdp.estimation.marginal_basis import BlockDiagonal
-from censusdp.estimation.nonnegative import BIASED_NOTE, nonnegative_partition, nonnegative_top
+from censusdp.estimation.nonnegative import (
+    BIASED_NOTE,
+    nonnegative_partition,
+    nonnegative_structured,
+    nonnegative_top,
+)
 from censusdp.estimation.predict import allocation_plan
-from censusdp.estimation.structured_gls import structured_setup
+from censusdp.estimation.structured_gls import structured_gls, structured_setup
+from censusdp.estimation.structured_rounding import round_structured
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.equivalency import Equivalency, read_equivalency
-from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
+from censusdp.mechanisms.product_measure import (
+    ProductInvariant,
+    ProductMeasurement,
+    measure_products,
+)
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.pl94_stream import (
     PartitionRelease,
@@ -214,6 +244,11 @@ class AreasSpec:
         The block codes are NHGIS GISJOINs.
     areas : Path or None
         A one-column list of the areas (header ``area_column``): each must contain a block.
+    share : Fraction or None
+        ``[areas] share``: the fraction of the total ρ spent measuring the areas (the tree's
+        allocation gets the rest); None: the areas are not measured, only summed.
+    queries : tuple of str
+        ``[areas] queries``: the schema queries every area answers (default the total).
     """
 
     file: Path
@@ -223,9 +258,12 @@ class AreasSpec:
     skip_blank: bool = False
     gisjoin: bool = False
     areas: Path | None = None
+    share: Fraction | None = None
+    queries: tuple[str, ...] = ("total",)
 
     def to_dict(self) -> dict:
-        d = {**dataclasses.asdict(self), "file": self.file.name}
+        d = {**dataclasses.asdict(self), "file": self.file.name, "queries": list(self.queries)}
+        d["share"] = None if self.share is None else str(self.share)
         return {**d, "areas": None if self.areas is None else self.areas.name}
 
     def read(self, h: Hierarchy) -> Equivalency:
@@ -320,10 +358,14 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
     blocks = p.get(hier, "hierarchy", "blocks", str)
     ar = p.table(doc, "areas", required=False)
     p.keys(ar, "areas", ("file", "level", "block_column", "area_column", "skip_blank", "gisjoin",
-                         "list"))  # fmt: skip
+                         "list", "share", "queries"))  # fmt: skip
     areas = None
     if ar:
         listed = p.get(ar, "areas", "list", str)
+        share = p.get(ar, "areas", "share", float)
+        if share is not None and not 0 < share < 1:
+            raise p.fail("areas.share", "the areas' fraction of the total ρ must be in (0, 1)")
+        queries = p.str_list(ar.get("queries", ["total"]), "areas.queries", allow_str=True)
         areas = AreasSpec(
             _relative(path, p.get(ar, "areas", "file", str, required=True)),
             level=p.get(ar, "areas", "level", str, default="place"),
@@ -332,6 +374,8 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
             skip_blank=p.get(ar, "areas", "skip_blank", bool, default=False),
             gisjoin=p.get(ar, "areas", "gisjoin", bool, default=False),
             areas=None if listed is None else _relative(path, listed),
+            share=None if share is None else Fraction(share).limit_denominator(10**12),
+            queries=tuple(queries),
         )
         if areas.level in LEVELS:
             raise p.fail("areas.level", f"{areas.level!r} is a level of the hierarchy; name the "
@@ -526,12 +570,18 @@ class PPMFResult:
 
 
 def _plan(schema: Schema, spec: PPMFSpec, levels):
+    """The tree's (level, query, law) plan and the areas' (query, law) plan (empty unless
+    ``[areas] share``): the total ρ split, the tree's allocation scaled to its part."""
     alloc = schema.allocation
     if alloc is None:  # pragma: no cover - pl94 ships one
         raise SpecError("the pl94 schema has no [allocation]")
-    if spec.rho is not None:
-        alloc = dataclasses.replace(alloc, rho=spec.rho)
-    return allocation_plan(schema, alloc, levels=levels)
+    total = Fraction(alloc.rho) if spec.rho is None else spec.rho
+    share = None if spec.areas is None else spec.areas.share
+    tree = total if share is None else total * (1 - share)
+    plan = allocation_plan(schema, dataclasses.replace(alloc, rho=tree), levels=levels)
+    if share is None:
+        return plan, []
+    return plan, area_plan(schema, total * share, spec.areas.queries)
 
 
 #: The privacy statement's note when the block set was taken from the confidential rows.
@@ -563,6 +613,63 @@ def _with_cli(
     return spec
 
 
+def _measured_products(
+    h: Hierarchy,
+    schema: Schema,
+    source: SparseHistogram,
+    plan,
+    aplan,
+    rng: KeyedRNG,
+    on_levels: _OnLevels,
+    *,
+    with_pieces: bool,
+    invariants: list[ProductInvariant],
+    eq: Equivalency,
+    delta: float | None,
+) -> tuple[PrivacyStatement, MeasuredAreas]:
+    """Both products when the areas are measured too (``[areas] share``), in memory.
+
+    The tree is measured as the engine measures it (noise streams ``measure/<level>/<query>``
+    of ``rng``), the areas from ``rng.child("areas")``; the structured GLS of the tree is
+    updated exactly with the areas' answers (:func:`~censusdp.estimation.area_measurements.update_with_areas`:
+    every node's estimate and covariance), then rounded (``rng.child("rounding")``) and made
+    non-negative (``rng.child("nonnegative")``) as the streamed route does, every level at
+    once. Memory holds every node's cell tensor (``O(nodes × cells)``): a county or a small
+    state, not a nation (the streamed engine has no second pass for the update).
+    """
+    n = h.leaves.size
+    leaf = np.zeros((n, schema.n_cells), np.int64)
+    lf, cell, count = source(0, n)
+    np.add.at(leaf, (lf, cell), count)
+    leaf = leaf.reshape(n, *schema.shape)
+    meas = measure_products(h.aggregate(leaf), plan, rng, level_names=h.names)
+    ameas = measure_areas(eq, leaf, aplan, rng.child("areas"))
+    del leaf
+    rel = structured_gls(h, schema, meas, invariants)
+    del meas
+    stmt = area_statement(h.names, plan, eq.name, aplan, delta=delta)
+    stmt = dataclasses.replace(
+        stmt,
+        invariants=rel.privacy.invariants,
+        geometry=rel.privacy.geometry,
+        notes=tuple(
+            dict.fromkeys([*(x for x in rel.privacy.notes if "derived from" not in x), *stmt.notes])
+        ),  # fmt: skip
+    )
+    got = update_with_areas(rel, eq, ameas, stmt)
+    upd = got.release
+    rounded = round_structured(upd, rng.child("rounding"), invariants=invariants)
+    nn = nonnegative_structured(upd, rng.child("nonnegative"), invariants=invariants)
+    on_levels(
+        tuple(h.names),
+        tuple((0, k) for k in h.sizes),
+        upd if with_pieces else None,
+        list(rounded.counts),
+        list(nn.counts),
+    )
+    return stmt, got
+
+
 class _AreaProducts:
     """Both products' integer tables of the areas, summed from each partition's blocks, and
     the streamed area sweep of the GLS covariances (:func:`~censusdp.estimation.areas.area_partition`
@@ -574,6 +681,7 @@ class _AreaProducts:
         self.setup = structured_setup(h, schema, meas, invariants, check_values=False)
         self.k_cut = h.level_index(CUT)
         self.partials: list[tuple[int, AreaPartial]] = []
+        self.measured: AreaEstimates | None = None  # the updated areas, when measured
         self.sums = {p: np.zeros((eq.n_areas, schema.n_cells), np.int64) for p in PRODUCTS}
 
     def partition(self, index: int, ranges) -> None:
@@ -590,8 +698,19 @@ class _AreaProducts:
 
     def tables(self) -> dict[str, LevelTables]:
         """Both products' P1–P5 tables of the areas (the unbiased one with exact ``_se``)."""
+        shape = (self.eq.n_areas, *self.schema.shape)
+        est = self.measured if self.measured is not None else self._summed()
+        return {
+            "unbiased": LevelTables(
+                self.eq.codes, self.sums["unbiased"].reshape(shape), _column_ses(est, self.eq.name)
+            ),
+            "nonnegative": LevelTables(self.eq.codes, self.sums["nonnegative"].reshape(shape)),
+        }
+
+    def _summed(self) -> AreaEstimates:
+        """The areas' exact covariances under the tree GLS alone (the streamed sweep)."""
         cov = area_top(self.setup, self.eq, self.k_cut, [p for _, p in sorted(self.partials)])
-        est = AreaEstimates(
+        return AreaEstimates(
             name=self.eq.name,
             codes=self.eq.codes,
             leaves=self.eq.leaves_per_area(),
@@ -601,13 +720,6 @@ class _AreaProducts:
             covariances=(cov,),
             identified=BlockDiagonal(self.setup.basis, self.setup.ident),
         )
-        shape = (self.eq.n_areas, *self.schema.shape)
-        return {
-            "unbiased": LevelTables(
-                self.eq.codes, self.sums["unbiased"].reshape(shape), _column_ses(est, self.eq.name)
-            ),
-            "nonnegative": LevelTables(self.eq.codes, self.sums["nonnegative"].reshape(shape)),
-        }
 
 
 def privatize_ppmf(
@@ -685,7 +797,7 @@ def privatize_ppmf(
         )
     h, schema = hist.hierarchy, hist.schema
     eq = None if spec.areas is None else spec.areas.read(h)
-    plan = _plan(schema, spec, h.names)
+    plan, aplan = _plan(schema, spec, h.names)
     rng = KeyedRNG.from_seed(spec.seed)
     timings: dict[str, float] = {"read": time.perf_counter() - t0}
     report_levels = [lvl for lvl in REPORT_LEVELS if lvl in h.names]
@@ -727,15 +839,22 @@ def privatize_ppmf(
 
         t1 = time.perf_counter()
         try:
-            res = _two_products(
-                h, schema, SparseHistogram.of(hist), plan, rng, on_levels, with_pieces=True,
-                invariants=invs,
-                on_partition=None if area_products is None else area_products.partition,
-            )  # fmt: skip
+            if aplan:  # the areas measured too: the tree GLS updated with them, in memory
+                privacy, measured = _measured_products(
+                    h, schema, SparseHistogram.of(hist), plan, aplan, rng, on_levels,
+                    with_pieces=True, invariants=invs, eq=eq, delta=spec.delta,
+                )  # fmt: skip
+                area_products.measured = measured.areas
+            else:
+                res = _two_products(
+                    h, schema, SparseHistogram.of(hist), plan, rng, on_levels, with_pieces=True,
+                    invariants=invs,
+                    on_partition=None if area_products is None else area_products.partition,
+                )  # fmt: skip
+                privacy = dataclasses.replace(res.privacy, delta=spec.delta)
         finally:
             micro.close()
         timings["release"] = time.perf_counter() - t1
-        privacy = dataclasses.replace(res.privacy, delta=spec.delta)
         if spec.blocks is None:
             privacy = privacy.with_notes(BLOCKS_FROM_DATA_NOTE, data_dependent=True)
         rel = {p: {lv: np.concatenate(v) for lv, v in d.items()} for p, d in released.items()}
@@ -763,10 +882,16 @@ def privatize_ppmf(
                         acc["unbiased"][name][lo:hi] = u.reshape(hi - lo, -1).sum(axis=1)
                         acc["nonnegative"][name][lo:hi] = n.reshape(hi - lo, -1).sum(axis=1)
 
-            _two_products(
-                h, schema, pseudo_source, plan, rng.child(f"simulation/{r}"), collect,
-                with_pieces=False, invariants=sim_invs,
-            )  # fmt: skip
+            if aplan:
+                _measured_products(
+                    h, schema, pseudo_source, plan, aplan, rng.child(f"simulation/{r}"), collect,
+                    with_pieces=False, invariants=sim_invs, eq=eq, delta=spec.delta,
+                )  # fmt: skip
+            else:
+                _two_products(
+                    h, schema, pseudo_source, plan, rng.child(f"simulation/{r}"), collect,
+                    with_pieces=False, invariants=sim_invs,
+                )  # fmt: skip
             if eq is not None:
                 for p in PRODUCTS:
                     acc[p][eq.name] = eq.sum_leaves(acc[p][h.names[leaf]])
@@ -848,6 +973,12 @@ def _write_manifest(
             f"- pl94_{spec.areas.level}.csv in both folders: the {spec.areas.level}s of "
             f"{spec.areas.file.name}, sums of their blocks (unbiased: exact GLS _se)"
         ]
+        if spec.areas.share is not None:
+            lines += [
+                f"- the {spec.areas.level}s were also measured ({', '.join(spec.areas.queries)}; "
+                f"{spec.areas.share} of ρ) and every level's GLS estimate updated with them "
+                "exactly (still sums of blocks, invariants exact)"
+            ]
     lines += [
         f"- blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
         if spec.blocks is not None

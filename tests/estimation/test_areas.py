@@ -37,10 +37,10 @@ cases, rel_close = _sgls.cases, _sgls.rel_close
 
 
 # ----------------------------------------------------------------------------- reference
-def dense_area_covariance(h, schema, meas, invs, leaf, area, n_areas):
-    """The area sums' covariances from the full leaves × leaves GLS covariance of the dense
-    sparse-KKT problem (on the identified subspace ``W``, as the structured reference does);
-    None when that problem is singular (not identifiable)."""
+def dense_problem(h, schema, meas, invs):
+    """The dense sparse-KKT problem on the identified subspace ``W`` (orthonormal basis
+    ``V``, as the structured reference does): ``(Ar, y, v, Cr, c, V)`` with the rows and
+    invariants in ``W`` coordinates; None when it is singular (not identifiable)."""
     K = schema.n_cells
     gram = np.zeros((K, K))
     for x in [*meas, *invs]:
@@ -67,6 +67,17 @@ def dense_area_covariance(h, schema, meas, invs, leaf, area, n_areas):
         F = N.T @ F @ N
     if F.size and np.linalg.eigvalsh(F).min() <= 1e-9 * max(1.0, np.abs(F).max()):
         return None
+    return Ar, y, v, Cr, c, V
+
+
+def dense_area_covariance(h, schema, meas, invs, leaf, area, n_areas):
+    """The area sums' covariances from the full leaves × leaves GLS covariance of the dense
+    sparse-KKT problem (:func:`dense_problem`); None when it is not identifiable."""
+    prob = dense_problem(h, schema, meas, invs)
+    if prob is None:
+        return None
+    Ar, y, v, Cr, c, V = prob
+    K = schema.n_cells
     _, cov = general_gls(Ar, y, v, Cr if Cr.shape[0] else None, c if Cr.shape[0] else None)
     E = sp.csr_matrix((np.ones(leaf.size), (area, leaf)), shape=(n_areas, h.leaves.size))
     G = sp.kron(E, sp.csr_matrix(V)).tocsr()
