@@ -113,6 +113,7 @@ __all__ = [
     "privatize_units",
     "release_h1",
     "spec_reads_units",
+    "units_route",
 ]
 
 #: The H1 columns (NHGIS names) and labels: total (invariant), occupied, vacant.
@@ -156,6 +157,12 @@ def spec_reads_units(path: str | Path) -> bool:
         return False  # the route's own loader says what is wrong
     data = doc.get("data")
     return isinstance(data, Mapping) and data.get("source") == "ppmf_units"
+
+
+def units_route(path: str | Path, spec_path: str | Path | None) -> bool:
+    """Whether ``privatize`` takes the units route: the spec says ``ppmf_units`` or the
+    input's header is a units file's."""
+    return (spec_path is not None and spec_reads_units(spec_path)) or is_units(path)
 
 
 def is_units(path: str | Path) -> bool:
