@@ -83,7 +83,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -93,13 +92,14 @@ import pandas as pd
 
 from censusdp.atomic import check_output, output_dir
 from censusdp.budget import PrivacyStatement
-from censusdp.errors import DataError, SpecError
+from censusdp.errors import SpecError
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.rounding import round_tree
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.queries import Query, invariant, measure
-from censusdp.pipelines.ppmf import PPMFHistogram, read_block_list, read_ppmf_units, sniff_csv
+from censusdp.pipelines.ppmf import PPMFHistogram, read_block_list, read_ppmf_units
+from censusdp.pipelines.privatize_ppmf import csv_header, parse_release_options, spec_reads_ppmf
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -108,11 +108,9 @@ __all__ = [
     "UnitsSpec",
     "compose_statements",
     "h1_frames",
-    "is_units",
     "load_units_spec",
     "privatize_units",
     "release_h1",
-    "spec_reads_units",
     "units_route",
 ]
 
@@ -147,33 +145,13 @@ class UnitsSpec:
         }
 
 
-def spec_reads_units(path: str | Path) -> bool:
-    """Whether the TOML spec at ``path`` says ``[data] source = "ppmf_units"``."""
-    from censusdp.config import read_spec_toml
-
-    try:
-        doc = read_spec_toml(path)
-    except SpecError:
-        return False  # the route's own loader says what is wrong
-    data = doc.get("data")
-    return isinstance(data, Mapping) and data.get("source") == "ppmf_units"
-
-
 def units_route(path: str | Path, spec_path: str | Path | None) -> bool:
     """Whether ``privatize`` takes the units route: the spec says ``ppmf_units`` or the
-    input's header is a units file's."""
-    return (spec_path is not None and spec_reads_units(spec_path)) or is_units(path)
-
-
-def is_units(path: str | Path) -> bool:
-    """Whether ``path`` is a CSV whose header is a PPMF units file's (``HH_STATUS``)."""
-    p = Path(path)
-    if not p.is_file() or p.suffix.lower() not in (".csv", ".txt", ""):
-        return False
-    try:
-        return "HH_STATUS" in sniff_csv(p)[2]
-    except DataError:
-        return False
+    input's header is a units file's (``HH_STATUS``)."""
+    if spec_path is not None and spec_reads_ppmf(spec_path, "ppmf_units"):
+        return True
+    header = csv_header(path)
+    return header is not None and "HH_STATUS" in header
 
 
 def load_units_spec(path: str | Path) -> UnitsSpec:
@@ -200,45 +178,8 @@ def load_units_spec(path: str | Path) -> UnitsSpec:
             f"the input is a PPMF units file (RTYPE, HH_STATUS), not {source!r}: set "
             'source = "ppmf_units"',
         )
-    priv = p.table(doc, "privacy", required=True)
-    p.keys(priv, "privacy", ("accounting", "rho", "delta"))
-    if p.get(priv, "privacy", "accounting", str, required=True) != "zcdp":
-        raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
-    rho = p.get(priv, "privacy", "rho", float)
-    if rho is not None and not rho > 0:
-        raise p.fail("privacy.rho", "must be positive")
-    delta = p.get(priv, "privacy", "delta", float)
-    if delta is not None and not 0 < delta < 1:
-        raise p.fail("privacy.delta", "must be in (0, 1)")
-    mech = p.table(doc, "mechanism", required=False)
-    p.keys(mech, "mechanism", ("noise",))
-    if p.get(mech, "mechanism", "noise", str, default="discrete_gaussian") != "discrete_gaussian":
-        raise p.fail(
-            "mechanism.noise",
-            'the H1 strategy is measured with "discrete_gaussian" (the 2020 production law); '
-            "the exact reduction to the occupied count is implemented for it only",
-        )
-    run = p.table(doc, "run", required=False)
-    p.keys(run, "run", ("seed",))
-    seed = p.get(run, "run", "seed", int)
-    if seed is not None and seed < 0:
-        raise p.fail("run.seed", "must be a non-negative integer")
-    hier = p.table(doc, "hierarchy", required=False)
-    p.keys(hier, "hierarchy", ("blocks", "block_column"))
-    blocks = p.get(hier, "hierarchy", "blocks", str)
-    return UnitsSpec(
-        rho=None if rho is None else Fraction(rho).limit_denominator(10**12),
-        delta=delta,
-        seed=seed,
-        source=str(path),
-        blocks=None if blocks is None else _relative(path, blocks),
-        block_column=p.get(hier, "hierarchy", "block_column", str),
-    )
-
-
-def _relative(spec: Path, name: str) -> Path:
-    q = Path(name)
-    return q if q.is_absolute() else spec.parent / q
+    opts = parse_release_options(p, doc, path, "h1")
+    return UnitsSpec(**dataclasses.asdict(opts), source=str(path))
 
 
 # -- the release ---------------------------------------------------------------------------------
