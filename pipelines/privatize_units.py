@@ -32,7 +32,9 @@ cell): every node's occupied count is ``⌊ô_v⌋`` or ``⌈ô_v⌉``, children
 ``E[rounded] = ô``. Vacant is ``t_v − rounded occupied``: an integer, within
 ``⌊t_v − ô_v⌋``/``⌈t_v − ô_v⌉`` (``t_v`` is an integer), unbiased, and consistent over the tree
 because both ``t`` and the rounded occupied are. So ``H1_001N = H1_002N + H1_003N`` and the
-invariant hold with ``==`` at every node. The ``_se`` columns are the GLS standard errors; the
+invariant hold with ``==`` at every node. This product is unbiased, not non-negative: a node
+with few units (even none: the total fixes occupied + vacant, not each) can show a negative
+occupied or vacant count, as the persons route's unbiased product can. The ``_se`` columns are the GLS standard errors; the
 rounding adds at most 1/4 of variance to a node's occupied (and vacant) count.
 
 **What is refused.** Other queries, other invariants, noise laws other than the discrete
