@@ -326,7 +326,9 @@ def compose_statements(persons: PrivacyStatement, units: PrivacyStatement) -> Pr
         else f"persons: {persons.mechanism}; housing units: {units.mechanism}",
         notes=(
             f"composed: persons rho = {persons.rho:.6g}, housing units rho = {units.rho:.6g} "
-            "(zCDP sequential composition)",
+            "(zCDP sequential composition); the persons file protects one person's record "
+            "and the units file one housing unit's: the sum bounds the loss of a respondent "
+            "who is one record in each",
             *persons.notes,
             *units.notes,
         ),
