@@ -179,7 +179,6 @@ def _privatize(
     if units_route(path, spec_path):
         opts = ppmf or {}
         given = [name for name, v in (("--codebook", codebook), ("--rho", rho), ("--delta", delta),
-                 ("--evaluate", evaluate), ("--repetitions", repetitions),
                  ("--areas", opts.get("areas"))) if v]  # fmt: skip
         if given:
             raise SpecError(
@@ -195,6 +194,8 @@ def _privatize(
             blocks=opts.get("blocks"),
             blocks_from_data=bool(opts.get("blocks_from_data")),
             compose_with=compose_with,
+            evaluate=evaluate,
+            repetitions=repetitions,
         )
         return res.out, res.privacy.text()
     if compose_with is not None:
@@ -316,7 +317,11 @@ def _cmd_privatize(args: argparse.Namespace) -> int:
     from censusdp.pipelines.privatize_units import units_route
 
     if units_route(args.file, args.spec):
-        print(f"wrote {out}/ (H1 tables h1_<level>.csv and h1_long.csv, manifest.json, privacy.md)")
+        print(
+            f"wrote {out}/ (H1 tables h1_<level>.csv and h1_long.csv, nonnegative/, "
+            "size_classes.md, manifest.json, privacy.md"
+            + (", and evaluation/: CONFIDENTIAL, not for publication)" if args.evaluate else ")")
+        )
     elif out.is_dir():  # the PPMF route writes a directory
         print(
             f"wrote {out}/ (unbiased/ and nonnegative/ P1-P5 tables, nonnegative/microdata.csv, "

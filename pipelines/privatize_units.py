@@ -95,14 +95,28 @@ import pandas as pd
 from censusdp.atomic import check_output, output_dir
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.gls import tree_gls
+from censusdp.estimation.capped_simplex import project_capped_simplex
+from censusdp.estimation.gls import tree_gls, whole_forest
 from censusdp.estimation.predict import allocation_plan
-from censusdp.estimation.rounding import round_tree
+from censusdp.estimation.rounding import TOL, round_tree, uniform_draws
+from censusdp.estimation.structured_rounding import round_children
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.queries import Query, invariant, measure
 from censusdp.pipelines.ppmf import PPMFHistogram, read_block_list, read_ppmf_units
-from censusdp.pipelines.privatize_ppmf import csv_header, parse_release_options, spec_reads_ppmf
+from censusdp.pipelines.privatize_ppmf import (
+    REPORT_LEVELS,
+    csv_header,
+    parse_release_options,
+    spec_reads_ppmf,
+)
+from censusdp.pipelines.size_class_report import (
+    PRODUCTS,
+    evaluate_size_classes,
+    simulate_size_classes,
+    write_size_class_report,
+)
 from censusdp.rng import KeyedRNG
+from censusdp.schema import Schema
 
 __all__ = [
     "H1_COLUMNS",
@@ -111,6 +125,7 @@ __all__ = [
     "compose_statements",
     "h1_frames",
     "load_units_spec",
+    "nonnegative_occupied",
     "privatize_units",
     "release_h1",
     "units_route",
@@ -123,6 +138,15 @@ H1_LABELS = ("Total housing units", "Occupied", "Vacant")
 CELLS = ("occupied", "vacant")
 #: The level whose totals are invariant (2020: ``tot_hu`` of every block).
 INVARIANT_LEVEL = "block"
+#: How the non-negative product is labelled wherever it is written.
+NONNEGATIVE_NOTE = (
+    "non-negative product: every count a non-negative integer, occupied + vacant = the "
+    "housing units (invariant) and children summing to their parent at every level, made "
+    "from the same GLS estimates as the unbiased product (post-processing, same privacy "
+    "statement); it is BIASED (occupied is pulled towards the middle of [0, housing units] "
+    "where the estimate leaves that range) and has no standard errors: use the unbiased "
+    "product, with its standard errors, for estimates and intervals"
+)
 
 
 @dataclass(frozen=True)
@@ -135,6 +159,7 @@ class UnitsSpec:
     source: str = "<spec>"
     blocks: Path | None = None
     block_column: str | None = None
+    repetitions: int = 10
 
     def to_dict(self) -> dict:
         """The spec for the manifest, never the seed."""
@@ -142,6 +167,7 @@ class UnitsSpec:
             "source": self.source,
             "rho": None if self.rho is None else str(self.rho),
             "delta": self.delta,
+            "repetitions": self.repetitions,
             "reproducible_mode": self.seed is not None,
             "blocks": None if self.blocks is None else self.blocks.name,
         }
@@ -170,7 +196,7 @@ def load_units_spec(path: str | Path) -> UnitsSpec:
     path = Path(path)
     doc = read_spec_toml(path)
     p = SpecParser(str(path), path.parent)
-    p.keys(doc, "", ("data", "privacy", "mechanism", "hierarchy", "run"))
+    p.keys(doc, "", ("data", "privacy", "mechanism", "hierarchy", "report", "run"))
     data = p.table(doc, "data", required=False)
     p.keys(data, "data", ("source",))
     source = p.get(data, "data", "source", str, default="ppmf_units")
@@ -181,13 +207,18 @@ def load_units_spec(path: str | Path) -> UnitsSpec:
             'source = "ppmf_units"',
         )
     opts = parse_release_options(p, doc, path, "h1")
-    return UnitsSpec(**dataclasses.asdict(opts), source=str(path))
+    rep = p.table(doc, "report", required=False)
+    p.keys(rep, "report", ("repetitions",))
+    repetitions = p.get(rep, "report", "repetitions", int, default=10)
+    if repetitions < 2:
+        raise p.fail("report.repetitions", "give at least 2 (the bias has a standard error)")
+    return UnitsSpec(**dataclasses.asdict(opts), source=str(path), repetitions=repetitions)
 
 
 # -- the release ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class H1Release:
-    """H1 for every level of the block hierarchy.
+    """H1 for every level of the block hierarchy: both products of one set of measurements.
 
     Attributes
     ----------
@@ -201,6 +232,9 @@ class H1Release:
         Per level, float ``(n_nodes, 3)``: the GLS standard error of each column (0 for the
         invariant total; occupied and vacant share one).
     privacy : PrivacyStatement
+    nonnegative : list of numpy.ndarray
+        Per level, int64 ``(n_nodes, 3)``: the non-negative product
+        (:func:`nonnegative_occupied`), same columns; biased, no standard errors.
     """
 
     hierarchy: Hierarchy
@@ -208,17 +242,86 @@ class H1Release:
     estimates: list[np.ndarray]
     standard_errors: list[np.ndarray]
     privacy: PrivacyStatement
+    nonnegative: list[np.ndarray]
+
+
+def nonnegative_occupied(
+    h: Hierarchy,
+    occupied: list[np.ndarray],
+    totals: list[np.ndarray],
+    rng: KeyedRNG,
+    *,
+    label: str = "nonnegative/h1",
+) -> list[np.ndarray]:
+    """The non-negative product's occupied counts, top down from the GLS estimates.
+
+    The root's estimate is clipped to ``[0, T]`` and rounded to ⌊·⌋ or ⌈·⌉ with mean the
+    clipped value. Below, per parent, the children's estimates are projected in Euclidean
+    norm onto ``{0 ≤ o_i ≤ T_i, Σ_i o_i = O}`` (``T_i`` the child's exact housing units, ``O``
+    the parent's integer occupied; :func:`~censusdp.estimation.capped_simplex.project_capped_simplex`),
+    the least-squares step of TopDown (Abowd et al. 2022) for one cell with the box of the
+    block invariant. The projected values are rounded by conditioned systematic sampling
+    (Madow 1949; :func:`~censusdp.estimation.structured_rounding.round_children`) of their
+    fractional parts: each child gets ``⌊o_i⌋`` plus 0 or 1, the group exactly its parent's
+    integer. A child gains a unit only when its fraction is positive, i.e. ``⌊o_i⌋ < o_i ≤
+    T_i``, so ``0 ≤ rounded ≤ T_i`` holds exactly (not up to float resolution), and vacant
+    ``T_i − rounded`` is a non-negative integer.
+
+    Parameters
+    ----------
+    h : Hierarchy
+    occupied : list of (n_nodes,) float
+        Per level, the GLS estimates of occupied.
+    totals : list of (n_nodes,) int
+        Per level, the exact housing units (the invariant, summed up the tree).
+    rng : KeyedRNG
+        Uniforms from ``<label>/<level>``, one per parent node.
+    label : str
+
+    Returns
+    -------
+    list of (n_nodes,) int64
+        Occupied per level, ``0 ≤ · ≤ totals``, children summing to their parent.
+
+    References
+    ----------
+    Abowd, J. M. et al. (2022); Kiwiel (2008); Wang & Lu (2015); Madow, W. G. (1949). On the
+    theory of systematic sampling, II. Ann. Math. Stat. 20(3).
+    """
+    forest = whole_forest(h)
+    root = np.clip(np.asarray(occupied[0], np.float64), 0.0, totals[0])
+    v = rng.draw(f"{label}/{h.names[0]}", 1, 0, 1, uniform_draws)[:, 0]
+    parent = (np.floor(root) + (v < root - np.floor(root))).astype(np.int64)
+    out = [parent]
+    for j in range(1, h.depth):
+        name, count = h.names[j], h.levels[j - 1].child_count
+        proj = project_capped_simplex(
+            occupied[j], totals[j], parent, count, what=f"the occupied counts of level {name!r}"
+        )
+        floor = np.floor(proj)
+        grp = np.repeat(np.arange(parent.size), count)
+        need = parent - np.bincount(grp, weights=floor, minlength=parent.size).astype(np.int64)
+        v = rng.draw(f"{label}/{name}", parent.size, 0, parent.size, uniform_draws)
+        up, _ = round_children(
+            need[:, None], (proj - floor)[:, None], count, v.reshape(-1, 1), None,
+            (label, forest, j - 1, ("occupied",)), TOL,
+        )  # fmt: skip
+        parent = floor.astype(np.int64) + up[:, 0]
+        out.append(parent)
+    return out
 
 
 def release_h1(hist: PPMFHistogram, rng: KeyedRNG, *, rho: Fraction | None = None) -> H1Release:
-    """Measure, estimate and round H1 on ``hist``'s hierarchy (module docstring).
+    """Measure, estimate and round H1 on ``hist``'s hierarchy: both products (module
+    docstring).
 
     Parameters
     ----------
     hist : PPMFHistogram
         A units file read by :func:`~censusdp.pipelines.ppmf.read_ppmf_units` (``h1``).
     rng : KeyedRNG
-        Noise from its ``measure/<level>/detailed`` streams, rounding from ``rounding/h1``.
+        Noise from its ``measure/<level>/detailed`` streams, rounding from ``rounding/h1``
+        and ``nonnegative/h1/<level>``.
     rho : Fraction, optional
         Total ρ (default: the production units run's, :file:`censusdp/schemas/h1.toml`).
 
@@ -243,6 +346,14 @@ def release_h1(hist: PPMFHistogram, rng: KeyedRNG, *, rho: Fraction | None = Non
             f"the hierarchy {list(h.names)} has no level {INVARIANT_LEVEL!r}; the H1 total is "
             "held at every block"
         )
+    return _release(h, schema, hist.dense().reshape(-1, schema.n_cells), rng, rho)
+
+
+def _release(
+    h: Hierarchy, schema: Schema, leaf: np.ndarray, rng: KeyedRNG, rho: Fraction | None
+) -> H1Release:
+    """Both products from the leaf (occupied, vacant) counts ``leaf``: the release itself,
+    and each replicate of the size-class simulation (from the released counts)."""
     alloc = schema.allocation
     if alloc is None:  # pragma: no cover - h1 ships one
         raise SpecError("the h1 schema has no [allocation]")
@@ -252,49 +363,110 @@ def release_h1(hist: PPMFHistogram, rng: KeyedRNG, *, rho: Fraction | None = Non
     plan = [
         (h.level_index(lvl), query, law) for lvl, _, law in allocation_plan(schema, alloc, h.names)
     ]
-    level_counts = h.aggregate(hist.dense().reshape(-1, schema.n_cells))
+    level_counts = h.aggregate(leaf)
     meas = measure(h.names, level_counts, plan, rng)
     inv = invariant(level_counts, h.level_index(INVARIANT_LEVEL), Query.total(CELLS))
     gls = tree_gls(h, CELLS, meas, [inv])
     occupied = round_tree(h, gls.estimates[-1][:, :1], rng, mode="cells", label="rounding/h1")
-    counts, ses = [], []
-    for k, c in enumerate(level_counts):
-        total = c.sum(axis=1)
+    totals = [c.sum(axis=1) for c in level_counts]
+    nonneg = nonnegative_occupied(h, [e[:, 0] for e in gls.estimates], totals, rng)
+    counts, ses, nn = [], [], []
+    for k, total in enumerate(totals):
         occ = occupied[k][:, 0]
         counts.append(np.stack([total, occ, total - occ], axis=1))
+        nn.append(np.stack([total, nonneg[k], total - nonneg[k]], axis=1))
         se = np.sqrt(np.maximum(gls.variances[k][:, 0], 0.0))
         ses.append(np.stack([np.zeros_like(se), se, se], axis=1))
-    return H1Release(h, counts, list(gls.estimates), ses, gls.privacy)
+    return H1Release(h, counts, list(gls.estimates), ses, gls.privacy, nn)
 
 
-def h1_frames(release: H1Release) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+def h1_frames(
+    release: H1Release, product: str = "unbiased"
+) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
     """The wide tables (per level: ``GEOID``, ``H1_001N``, ``H1_001N_se``, ...) and the long
-    table (level, GEOID, table, column, label, value, se) of every level."""
+    table (level, GEOID, table, column, label, value, se) of every level, of one product:
+    ``"unbiased"`` (with ``_se``) or ``"nonnegative"`` (no standard errors: no ``_se``
+    columns, no ``se`` column)."""
     h = release.hierarchy
+    unbiased = product == "unbiased"
+    counts = release.counts if unbiased else release.nonnegative
     wide: dict[str, pd.DataFrame] = {}
     longs = []
     for k, name in enumerate(h.names):
         codes = np.asarray(h.levels[k].codes, dtype=object)
-        values, se = release.counts[k], release.standard_errors[k]
+        values, se = counts[k], release.standard_errors[k]
         cols: dict[str, np.ndarray] = {"GEOID": codes}
         for j, col in enumerate(H1_COLUMNS):
-            cols[col], cols[f"{col}_se"] = values[:, j], se[:, j]
+            cols[col] = values[:, j]
+            if unbiased:
+                cols[f"{col}_se"] = se[:, j]
         wide[name] = pd.DataFrame(cols)
         n, m = values.shape
-        longs.append(
-            pd.DataFrame(
-                {
-                    "level": name,
-                    "GEOID": np.repeat(codes, m),
-                    "table": "H1",
-                    "column": np.tile(np.asarray(H1_COLUMNS, dtype=object), n),
-                    "label": np.tile(np.asarray(H1_LABELS, dtype=object), n),
-                    "value": values.ravel(),
-                    "se": se.ravel(),
-                }
-            )
-        )
+        long = {
+            "level": name,
+            "GEOID": np.repeat(codes, m),
+            "table": "H1",
+            "column": np.tile(np.asarray(H1_COLUMNS, dtype=object), n),
+            "label": np.tile(np.asarray(H1_LABELS, dtype=object), n),
+            "value": values.ravel(),
+        }
+        if unbiased:
+            long["se"] = se.ravel()
+        longs.append(pd.DataFrame(long))
     return wide, pd.concat(longs, ignore_index=True)
+
+
+def _occupied(release: H1Release, levels) -> dict[str, dict[str, np.ndarray]]:
+    """Both products' occupied count of every area of ``levels``."""
+    h = release.hierarchy
+    pick = {"unbiased": release.counts, "nonnegative": release.nonnegative}
+    return {
+        p: {lv: pick[p][h.level_index(lv)][:, 1] for lv in levels} for p in PRODUCTS
+    }
+
+
+def size_class_report(
+    release: H1Release,
+    schema: Schema,
+    rng: KeyedRNG,
+    repetitions: int,
+    *,
+    rho: Fraction | None = None,
+    truth: np.ndarray | None = None,
+):
+    """Both products' occupied-count errors by size class (housing units), simulated from
+    the released non-negative block counts as the persons route does
+    (:func:`~censusdp.pipelines.size_class_report.simulate_size_classes`): each replicate
+    measures that pseudo-truth again with the release's strategy and budget and fresh noise
+    (``rng.child("simulation/<r>")``) and makes both products again. Areas are classed by
+    their housing units (public: the invariant). Vacant's errors are minus occupied's (the
+    total is exact), so occupied's are reported.
+
+    ``truth`` (the confidential leaf (occupied, vacant) counts), when given, also returns the
+    confidential evaluation (:func:`~censusdp.pipelines.size_class_report.evaluate_size_classes`).
+
+    Returns
+    -------
+    (simulated, evaluation or None) : pandas.DataFrame
+    """
+    h = release.hierarchy
+    levels = [lv for lv in REPORT_LEVELS if lv in h.names]
+    nn = release.nonnegative[-1]
+    pseudo_leaf = np.stack([nn[:, 1], nn[:, 2]], axis=1)
+    size = {lv: release.counts[h.level_index(lv)][:, 0] for lv in levels}
+    pseudo = {lv: release.nonnegative[h.level_index(lv)][:, 1] for lv in levels}
+
+    def replicate(r: int) -> dict[str, dict[str, np.ndarray]]:
+        rel = _release(h, schema, pseudo_leaf, rng.child(f"simulation/{r}"), rho)
+        return _occupied(rel, levels)
+
+    sim = simulate_size_classes(pseudo, replicate, repetitions, size=size)
+    evaluation = None
+    if truth is not None:
+        occ = h.aggregate(truth)
+        ref = {lv: occ[h.level_index(lv)][:, 0] for lv in levels}
+        evaluation = evaluate_size_classes(ref, _occupied(release, levels), size=size)
+    return sim, evaluation
 
 
 def compose_statements(persons: PrivacyStatement, units: PrivacyStatement) -> PrivacyStatement:
@@ -381,11 +553,16 @@ def privatize_units(
     blocks: str | Path | None = None,
     blocks_from_data: bool = False,
     compose_with: str | Path | None = None,
+    evaluate: bool = False,
+    repetitions: int | None = None,
 ) -> UnitsResult:
-    """Privatize a PPMF units file into H1 tables for every level.
+    """Privatize a PPMF units file into both H1 products for every level.
 
-    Writes ``h1_<level>.csv`` (wide, with ``_se``), ``h1_long.csv``, ``manifest.json``,
-    ``privacy.md`` and ``README.md`` into ``out`` atomically (nothing on an error).
+    Writes ``h1_<level>.csv`` (wide, with ``_se``) and ``h1_long.csv`` (the unbiased
+    product), ``nonnegative/h1_<level>.csv`` and ``nonnegative/h1_long.csv`` (the
+    non-negative product, no standard errors), the size-class report
+    (``size_classes.csv``, ``.md``, ``.png``), ``manifest.json``, ``privacy.md`` and
+    ``README.md`` into ``out`` atomically (nothing on an error).
 
     Parameters
     ----------
@@ -403,6 +580,10 @@ def privatize_units(
         Build the blocks from the file's rows, acknowledging the disclosure.
     compose_with : path-like, optional
         A persons release directory: the statement covers both releases.
+    evaluate : bool
+        Also write the confidential comparison with the truth (``evaluation/``).
+    repetitions : int, optional
+        Simulated releases for the size-class report (default: the spec's, 10).
 
     Raises
     ------
@@ -415,6 +596,10 @@ def privatize_units(
     spec = load_units_spec(spec_path) if spec_path is not None else UnitsSpec()
     if seed is not None:
         spec = dataclasses.replace(spec, seed=seed)
+    if repetitions is not None:
+        if repetitions < 2:
+            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
+        spec = dataclasses.replace(spec, repetitions=repetitions)
     if blocks is not None:
         spec = dataclasses.replace(spec, blocks=Path(blocks))
     inputs = [x for x in (path, spec_path, spec.blocks) if x is not None]
@@ -434,7 +619,8 @@ def privatize_units(
         )
     timings = {"read": time.perf_counter() - t0}
     t1 = time.perf_counter()
-    rel = release_h1(hist, KeyedRNG.from_seed(spec.seed).child("units"), rho=spec.rho)
+    rng = KeyedRNG.from_seed(spec.seed).child("units")
+    rel = release_h1(hist, rng, rho=spec.rho)
     timings["release"] = time.perf_counter() - t1
     privacy = dataclasses.replace(rel.privacy, delta=spec.delta)
     if spec.blocks is None:
@@ -446,13 +632,27 @@ def privatize_units(
         out, overwrite=overwrite, inputs=inputs, command="privatize", option="-o",
         info={"route": "ppmf_units"},
     ) as tmp:  # fmt: skip
-        wide, long = h1_frames(rel)
-        for name, frame in wide.items():
-            frame.to_csv(tmp / f"h1_{name}.csv", index=False)
-        long.to_csv(tmp / "h1_long.csv", index=False)
+        for product, folder in (("unbiased", tmp), ("nonnegative", tmp / "nonnegative")):
+            folder.mkdir(exist_ok=True)
+            wide, long = h1_frames(rel, product)
+            for name, frame in wide.items():
+                frame.to_csv(folder / f"h1_{name}.csv", index=False)
+            long.to_csv(folder / "h1_long.csv", index=False)
+        t1 = time.perf_counter()
+        sim, evaluation = size_class_report(
+            rel, hist.schema, rng, spec.repetitions, rho=spec.rho,
+            truth=hist.dense().reshape(-1, hist.schema.n_cells) if evaluate else None,
+        )  # fmt: skip
+        write_size_class_report(
+            tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
+            unit="housing units", what="block occupancy (occupied, vacant)",
+        )  # fmt: skip
+        timings["size_class_report"] = time.perf_counter() - t1
         timings["seconds"] = time.perf_counter() - t0
         timings["cpu_seconds"] = time.process_time() - c0
-        _write_manifest(tmp, path, spec, privacy, units_privacy, compose_with, timings)
+        _write_manifest(
+            tmp, path, spec, privacy, units_privacy, compose_with, timings, evaluate
+        )
     return UnitsResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 
@@ -464,6 +664,7 @@ def _write_manifest(
     units_privacy: PrivacyStatement,
     compose_with,
     timings: dict,
+    evaluate: bool,
 ) -> None:
     from censusdp.pipelines.runner import package_versions
 
@@ -486,7 +687,13 @@ def _write_manifest(
         "privacy": privacy.to_dict(),
         "privacy_units_alone": units_privacy.to_dict(),
         "composed_with": None if compose_with is None else Path(compose_with).name,
-        "products": {"unbiased": product},
+        "products": {"unbiased": product, "nonnegative": f"nonnegative/: {NONNEGATIVE_NOTE}"},
+        "size_class_report": {
+            "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
+            "quantity": "occupied housing units (H1_002N); areas classed by housing units",
+            "repetitions": spec.repetitions,
+            "confidential_evaluation": "evaluation/ (CONFIDENTIAL)" if evaluate else None,
+        },
         "versions": package_versions(),
         "timings": timings,
     }
@@ -498,15 +705,19 @@ def _write_manifest(
         else "This statement covers this housing-unit release."
     )
     (tmp / "privacy.md").write_text(
-        "# Privacy\n\n" + privacy.text() + f"\n\n{scope}\n", encoding="utf-8"
+        "# Privacy\n\n" + privacy.text() + f"\n\n{scope} Both H1 products (unbiased and "
+        "non-negative) are post-processing of the same measurements: it covers both.\n",
+        encoding="utf-8",
     )
     lines = ["# censusdp release (PPMF units: H1)", "", f"Privacy: {privacy.text()}", ""]
-    lines += [f"- {product}"]
+    lines += [f"- {product}", f"- nonnegative/: {NONNEGATIVE_NOTE}"]
     lines += [
         f"- blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
         if spec.blocks is not None
         else "- blocks: taken from the units file's rows (--blocks-from-data): the set of "
         "blocks with a housing unit or facility is disclosed",
+        "- size_classes.md: both products' errors in occupied units by size class (housing "
+        "units), simulated from the released numbers",
         "",
     ]
     (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
