@@ -420,9 +420,7 @@ def _occupied(release: H1Release, levels) -> dict[str, dict[str, np.ndarray]]:
     """Both products' occupied count of every area of ``levels``."""
     h = release.hierarchy
     pick = {"unbiased": release.counts, "nonnegative": release.nonnegative}
-    return {
-        p: {lv: pick[p][h.level_index(lv)][:, 1] for lv in levels} for p in PRODUCTS
-    }
+    return {p: {lv: pick[p][h.level_index(lv)][:, 1] for lv in levels} for p in PRODUCTS}
 
 
 def size_class_report(
@@ -650,9 +648,7 @@ def privatize_units(
         timings["size_class_report"] = time.perf_counter() - t1
         timings["seconds"] = time.perf_counter() - t0
         timings["cpu_seconds"] = time.process_time() - c0
-        _write_manifest(
-            tmp, path, spec, privacy, units_privacy, compose_with, timings, evaluate
-        )
+        _write_manifest(tmp, path, spec, privacy, units_privacy, compose_with, timings, evaluate)
     return UnitsResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 

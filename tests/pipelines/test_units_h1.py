@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +15,16 @@ from scipy import stats
 from censusdp.app.cli import main
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.capped_simplex import project_capped_simplex
 from censusdp.estimation.predict import allocation_plan
 from censusdp.mechanisms.queries import Query, measure
 from censusdp.pipelines.ppmf import read_ppmf, read_ppmf_units
 from censusdp.pipelines.privatize_units import (
     CELLS,
+    H1_COLUMNS,
     compose_statements,
     load_units_spec,
+    nonnegative_occupied,
     release_h1,
 )
 from censusdp.rng import KeyedRNG
@@ -160,6 +164,62 @@ def test_h1_identities_hold_exactly_at_every_level(small: Path) -> None:
     assert 11417641 / 152349649 * (1 - 1e-4) < rel.privacy.rho <= 11417641 / 152349649
 
 
+def test_the_nonnegative_product_is_non_negative_consistent_and_exact(small: Path) -> None:
+    hist = read_ppmf_units(small)
+    h = hist.hierarchy
+    truth = h.aggregate(hist.dense())
+    # ρ 1000 times smaller than production's: estimates fall outside [0, housing units]
+    rel = release_h1(hist, KeyedRNG.reproducible(5, warn=False), rho=Fraction(1, 13000))
+    occ = np.concatenate([e[:, 0] for e in rel.estimates])
+    tot = np.concatenate([t.sum(axis=1) for t in truth])
+    assert (occ < 0).any() and (occ > tot).any()  # the box binds on both sides
+    unb = np.concatenate([c for c in rel.counts])
+    assert (unb[:, 1:] < 0).any()  # the unbiased product shows negative counts here
+    leaf = rel.nonnegative[-1]
+    for k, (c, t) in enumerate(zip(rel.nonnegative, truth, strict=True)):
+        assert c.dtype == np.int64 and (c >= 0).all()
+        assert (c[:, 0] == t.sum(axis=1)).all()  # the invariant, at every node
+        assert (c[:, 0] == c[:, 1] + c[:, 2]).all()
+        assert (c == h.aggregate(leaf)[k]).all()  # children sum to their parent
+
+
+def test_nonnegative_occupied_rounds_the_projection_given_the_parent() -> None:
+    from censusdp.hierarchy import Hierarchy
+
+    gen = np.random.default_rng(2)
+    parents = np.repeat(np.arange(30), gen.integers(1, 7, 30))
+    h = Hierarchy.from_parents(
+        ["root", "mid", "leaf"],
+        [np.array(["r"]), np.array([f"m{i:02d}" for i in range(30)]),
+         np.array([f"l{i:03d}" for i in range(parents.size)])],
+        [np.zeros(1, np.int64), np.zeros(30, np.int64), parents],
+    )  # fmt: skip
+    cap = gen.integers(0, 6, parents.size)
+    totals = [t[:, 0] for t in h.aggregate(cap[:, None])]
+    est = [gen.normal(t * 0.6, 3.0) for t in totals]
+    est[0] = np.array([float(totals[0][0]) * 0.6 // 1])  # an integer root: fixed
+    R = 300
+    first = np.empty((R, 30))
+    for r in range(R):
+        out = nonnegative_occupied(h, est, totals, KeyedRNG.reproducible(r, warn=False))
+        assert out[0][0] == est[0][0]
+        for j in (1, 2):
+            count = h.levels[j - 1].child_count
+            proj = project_capped_simplex(est[j], totals[j], out[j - 1], count)
+            assert ((out[j] == np.floor(proj)) | (out[j] == np.ceil(proj))).all()
+            assert ((out[j] >= 0) & (out[j] <= totals[j])).all()
+        first[r] = out[1]
+    # given the root, level 1 is the projection rounded without bias: within 4 SE of it,
+    # and the same check rejects a value 0.3 away wherever the rounding is random
+    proj = project_capped_simplex(est[1], totals[1], est[0], h.levels[0].child_count)
+    sem = first.std(axis=0, ddof=1) / np.sqrt(R)
+    rand = sem > 0
+    assert (first[:, ~rand] == proj[~rand]).all()
+    z = (first.mean(axis=0) - proj)[rand] / sem[rand]
+    assert np.abs(z).max() < 4
+    assert np.abs(z + 0.3 / sem[rand]).min() > 4
+
+
 def _dense_gls(h, level_counts, meas, variances):
     """The GLS of the two-cell problem as one dense constrained least-squares: every node's
     detailed measurement, every block total held; returns per level the estimates and the
@@ -288,7 +348,7 @@ def test_privatize_writes_h1_for_every_level(small: Path, tmp_path: Path, capsys
     stmt = PrivacyStatement("zcdp", rho=2.5, invariants=("state: total",))
     (persons / "manifest.json").write_text(json.dumps({"privacy": stmt.to_dict()}))
     argv = ["privatize", str(small), "-o", str(out), "--blocks-from-data", "--seed", "2"]
-    assert main([*argv, "--compose-with", str(persons)]) == 0
+    assert main([*argv, "--compose-with", str(persons), "--repetitions", "2"]) == 0
     assert "H1 tables" in capsys.readouterr().out
     hist = read_ppmf_units(small)
     h = hist.hierarchy
@@ -299,7 +359,26 @@ def test_privatize_writes_h1_for_every_level(small: Path, tmp_path: Path, capsys
         assert (t.H1_001N == t.H1_002N + t.H1_003N).all()
         assert (t.H1_001N.to_numpy() == truth[k].sum(axis=1)).all()
         assert (t.H1_001N_se == 0).all() and (t.H1_002N_se > 0).all()
+        nn = pd.read_csv(out / "nonnegative" / f"h1_{name}.csv", dtype={"GEOID": str})
+        assert nn.columns.tolist() == ["GEOID", *H1_COLUMNS]  # biased: no standard errors
+        assert (nn.GEOID == t.GEOID).all() and (nn.H1_001N == t.H1_001N).all()
+        assert (nn.H1_002N >= 0).all() and (nn.H1_003N >= 0).all()
+        assert (nn.H1_001N == nn.H1_002N + nn.H1_003N).all()
+    # the size-class report: both products, by housing units, every report level
+    sim = pd.read_csv(out / "size_classes.csv")
+    assert set(sim["product"]) == {"unbiased", "nonnegative"}
+    assert set(sim["level"]) == {"block", "block_group", "tract"}
+    cols = {"size_class", "n", "mae", "rmse", "mean_error", "mape", "over_10pct", "bias_se"}
+    assert cols <= set(sim.columns)
+    for level in ("block", "block_group", "tract"):  # classed by the exact housing units
+        sizes = truth[h.level_index(level)].sum(axis=1)
+        d = sim[(sim["level"] == level) & (sim["product"] == "nonnegative")]
+        assert d["n"].sum() == sizes.size
+        assert d.set_index("size_class").loc["10–99", "n"] == ((sizes >= 10) & (sizes <= 99)).sum()
+    report = (out / "size_classes.md").read_text()
+    assert "Non-negative product (biased" in report and "housing units" in report
     manifest = json.loads((out / "manifest.json").read_text())
+    assert "BIASED" in manifest["products"]["nonnegative"]
     assert "seed" not in json.dumps(manifest["spec"])
     assert manifest["privacy"]["rho"] == pytest.approx(2.5 + 11417641 / 152349649, rel=1e-4)
     assert "housing units block: total" in manifest["privacy"]["invariants"]
