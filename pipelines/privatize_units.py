@@ -34,8 +34,19 @@ cell): every node's occupied count is ``⌊ô_v⌋`` or ``⌈ô_v⌉``, children
 because both ``t`` and the rounded occupied are. So ``H1_001N = H1_002N + H1_003N`` and the
 invariant hold with ``==`` at every node. This product is unbiased, not non-negative: a node
 with few units (even none: the total fixes occupied + vacant, not each) can show a negative
-occupied or vacant count, as the persons route's unbiased product can. The ``_se`` columns are the GLS standard errors; the
-rounding adds at most 1/4 of variance to a node's occupied (and vacant) count.
+occupied or vacant count, as the persons route's unbiased product can. The ``_se`` columns
+are the GLS standard errors; the rounding adds at most 1/4 of variance to a node's occupied
+(and vacant) count.
+
+**The non-negative product** (``nonnegative/h1_<level>.csv``; :func:`nonnegative_occupied`)
+is made from the same GLS estimates — post-processing, one privacy statement — top down:
+per parent, the children's occupied estimates projected onto ``{0 ≤ o_i ≤ T_i, Σ o_i = O}``
+(``T_i`` the child's exact housing units, ``O`` the parent's integer occupied; a capped
+simplex, :mod:`censusdp.estimation.capped_simplex`), then rounded keeping ``O`` and the box;
+vacant ``= T_i − o_i ≥ 0``. It is labelled biased and has no standard errors; the
+size-class report (:mod:`censusdp.pipelines.size_class_report`) gives both products'
+errors in occupied units by size class (housing units) and its bias, simulated from the
+released non-negative block counts.
 
 **What is refused.** Other queries, other invariants, noise laws other than the discrete
 Gaussian: a :class:`~censusdp.errors.SpecError` (the reduction above is what is exact and
