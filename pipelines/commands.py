@@ -4,7 +4,9 @@
 runs a spec;
 ``censusdp privatize FILE --spec SPEC -o OUT`` privatizes an NHGIS-style batch file and writes
 it back in its own layout, or a PPMF (spec ``[data] source = "ppmf"``, or a PPMF header) into
-a directory of both products (:mod:`censusdp.pipelines.privatize_ppmf`); ``censusdp privatize FILE --codebook ppdd --rho R -o OUT`` (or a spec
+a directory of both products (:mod:`censusdp.pipelines.privatize_ppmf`), or a PPMF units file
+(``HH_STATUS`` in the header, or spec ``[data] source = "ppmf_units"``) into the H1 tables
+(:mod:`censusdp.pipelines.privatize_units`); ``censusdp privatize FILE --codebook ppdd --rho R -o OUT`` (or a spec
 with ``[data] codebook``) releases overlapping tables from one estimate. Every output follows the policy of :mod:`censusdp.atomic` (a new
 path, or an earlier censusdp output with ``--overwrite``; nothing else is ever replaced),
 checked before any work. Errors are :class:`censusdp.errors.CensusDPError` (exit status 2).
@@ -158,6 +160,7 @@ def _privatize(
     evaluate: bool = False,
     repetitions: int | None = None,
     ppmf: dict | None = None,
+    compose_with: str | Path | None = None,
 ) -> tuple[Path, str]:
     """:func:`privatize_file`, also returning the privacy statement's text."""
     from censusdp.atomic import check_output, output_file
@@ -171,7 +174,35 @@ def _privatize(
 
     check_run_options(seed=seed)
     from censusdp.pipelines.privatize_ppmf import is_ppmf, privatize_ppmf, spec_reads_ppmf
+    from censusdp.pipelines.privatize_units import privatize_units, units_route
 
+    if units_route(path, spec_path):
+        opts = ppmf or {}
+        given = [name for name, v in (("--codebook", codebook), ("--rho", rho), ("--delta", delta),
+                 ("--areas", opts.get("areas"))) if v]  # fmt: skip
+        if given:
+            raise SpecError(
+                f"{Path(path).name} is a PPMF units file (H1): {', '.join(given)} do not apply "
+                "to it; its budget is the units spec's [privacy] rho (and delta)"
+            )
+        res = privatize_units(
+            path,
+            spec_path,
+            out,
+            seed=seed,
+            overwrite=overwrite,
+            blocks=opts.get("blocks"),
+            blocks_from_data=bool(opts.get("blocks_from_data")),
+            compose_with=compose_with,
+            evaluate=evaluate,
+            repetitions=repetitions,
+        )
+        return res.out, res.privacy.text()
+    if compose_with is not None:
+        raise SpecError(
+            "--compose-with belongs to the units route (a PPMF units file with HH_STATUS): it "
+            "names the persons release whose statement the H1 release composes with"
+        )
     if (spec_path is not None and spec_reads_ppmf(spec_path)) or is_ppmf(path):
         if codebook is not None or rho is not None or delta is not None:
             raise SpecError(
@@ -280,9 +311,18 @@ def _cmd_privatize(args: argparse.Namespace) -> int:
             "blocks_from_data": args.blocks_from_data,
             "areas": args.areas,
         },
+        compose_with=args.compose_with,
     )
     print(f"privacy: {privacy}")
-    if out.is_dir():  # the PPMF route writes a directory
+    from censusdp.pipelines.privatize_units import units_route
+
+    if units_route(args.file, args.spec):
+        print(
+            f"wrote {out}/ (H1 tables h1_<level>.csv and h1_long.csv, nonnegative/, "
+            "size_classes.md, manifest.json, privacy.md"
+            + (", and evaluation/: CONFIDENTIAL, not for publication)" if args.evaluate else ")")
+        )
+    elif out.is_dir():  # the PPMF route writes a directory
         print(
             f"wrote {out}/ (unbiased/ and nonnegative/ P1-P5 tables, nonnegative/microdata.csv, "
             "manifest.json, size_classes.md"
@@ -354,6 +394,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     priv.add_argument(
         "--areas",
         help="PPMF: block -> area equivalency file (places; overrides [areas] file)",
+    )
+    priv.add_argument(
+        "--compose-with",
+        help="PPMF units file: the persons release directory of the same census; the H1 "
+        "release's privacy statement then covers both (rho adds)",
     )
     priv.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
     add_overwrite(priv)

@@ -22,6 +22,14 @@ Two layouts of the person attributes are recognised from the header:
   non-institutional, type 7, as in the DAS recode), and the age ``QAGE`` (0–115; voting age
   is ``QAGE ≥ 18``), with ``CENHISP`` and ``CENRACE`` as above.
 
+The *units* file (the DAS's ``MDF2020H1HistogramWriter``: one row per housing unit or
+group-quarters facility, ``SCHEMA_TYPE_CODE|SCHEMA_BUILD_ID|TABBLKST|TABBLKCOU|TABTRACTCE|
+TABBLKGRPCE|TABBLK|RTYPE|HH_STATUS``) is read by :func:`read_ppmf_units` into the ``h1``
+histogram (occupied, vacant) per block: ``RTYPE`` 2 is a housing unit, with ``HH_STATUS``
+1 occupied or 2 vacant; ``RTYPE`` 4 is a group-quarters facility, ``HH_STATUS`` 0 (not a
+housing unit: counted and skipped). The same geography columns, chunked reading and error
+discipline serve both files (one implementation).
+
 The file is streamed in chunks of about 64 MB that end at a line end, and each chunk is
 reduced at once to its (block, cell, count) triples, so memory is bounded by the size of the
 result (the non-empty block × cell pairs), never by the number of persons. Every row of a
@@ -47,7 +55,9 @@ U.S. Census Bureau (2021). 2010 Demonstration Privacy-Protected Microdata File (
     vintage 2021-04-28, technical documentation (record layout: VINTAGE, TABBLKST,
     TABBLKCOU, TABTRACT, TABBLKGRP, TABBLK, RTYPE, GQTYPE_PL, VOTING_AGE, CENHISP, CENRACE).
 U.S. Census Bureau. DAS_2020_Redistricting_Production_Code,
-    ``PL94ToMDFPersons2020Recoder`` (GQTYPE_PL, VOTING_AGE, CENHISP and CENRACE from the
+    ``MDF2020H1HistogramWriter`` and ``H12020MDFHousehold2020Recoder`` (the units file:
+    RTYPE 2 housing unit, 4 group quarters; HH_STATUS 1 occupied, 2 vacant, 0 not a housing
+    unit), ``PL94ToMDFPersons2020Recoder`` (GQTYPE_PL, VOTING_AGE, CENHISP and CENRACE from the
     ``pl94`` histogram's hhgq, votingage, hispanic and cenrace).
 Kenny, C. T. (2021). ppmf: Read Census Privacy Protected Microdata Files (R package;
     the column names above and the block GEOID from TABBLKST + TABBLKCOU + TABTRACT + TABBLK).
@@ -81,6 +91,7 @@ __all__ = [
     "PPMFHistogram",
     "read_block_list",
     "read_ppmf",
+    "read_ppmf_units",
     "sniff_csv",
 ]
 
@@ -97,6 +108,8 @@ LEVELS = ("nation", "state", "county", "tract", "block_group", "block")
 #: Shape of the ``pl94`` histogram (hhgq × votingage × hispanic × cenrace).
 _SHAPE = (8, 2, 2, 63)
 _N_CELLS = 8 * 2 * 2 * 63
+#: The histogram of each kind of file: persons → ``pl94``, housing units → ``h1``.
+_SCHEMAS = {"persons": "pl94", "units": "h1"}
 #: A column of one chunk: an ``(n, width)`` byte matrix (rows of one layout) or strings.
 _Codes = np.ndarray | pa.Array
 #: Bytes of the file read per chunk (about 1.6 million PPMF rows).
@@ -107,7 +120,8 @@ _COMPACT_AT = 8_000_000
 
 @dataclass(eq=False)
 class PPMFHistogram:
-    """A PPMF read into the block hierarchy and a sparse ``pl94`` histogram per block.
+    """A PPMF read into the block hierarchy and a sparse histogram per block (``pl94`` for
+    persons, ``h1`` for housing units).
 
     Attributes
     ----------
@@ -116,15 +130,19 @@ class PPMFHistogram:
         with at least one person.
     block, cell, count : numpy.ndarray
         int64, one entry per non-empty (block, cell), sorted by block then cell: ``block``
-        indexes ``hierarchy.leaves``, ``cell`` the flat ``pl94`` cell (C order of
-        hhgq × votingage × hispanic × cenrace, as :func:`censusdp.hierarchy.synthetic.pl94_histogram`).
+        indexes ``hierarchy.leaves``, ``cell`` the flat cell of ``schema`` (``pl94``: C order
+        of hhgq × votingage × hispanic × cenrace, as
+        :func:`censusdp.hierarchy.synthetic.pl94_histogram`; ``h1``: 0 occupied, 1 vacant).
     persons : int
-        Data rows read (persons).
+        Records counted: persons (``pl94``) or housing units (``h1``).
     skipped_blank : int
         Rows with every field empty, skipped.
-    layout : {"pl94", "demonstration"}
+    layout : {"pl94", "demonstration", "units"}
         The attribute layout found in the header.
     path : Path
+    schema : Schema
+    facilities : int
+        Group-quarters facility rows of a units file (``RTYPE`` 4), not housing units.
     """
 
     hierarchy: Hierarchy
@@ -136,9 +154,10 @@ class PPMFHistogram:
     layout: str
     path: Path
     schema: Schema = field(default_factory=lambda: Schema.load("pl94"), repr=False)
+    facilities: int = 0
 
     def dense(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """The histograms of blocks ``[start, stop)`` as int64 ``(n, 8, 2, 2, 63)`` tensors.
+        """The histograms of blocks ``[start, stop)`` as int64 ``(n, *schema.shape)`` tensors.
 
         A block takes 16 KB dense: use ranges (``Hierarchy.descendant_range``) on large files.
         """
@@ -147,12 +166,12 @@ class PPMFHistogram:
         if not 0 <= start <= stop <= n:
             raise ValueError(f"block range [{start}, {stop}) is outside [0, {n})")
         lo, hi = np.searchsorted(self.block, [start, stop])
-        out = np.zeros((stop - start, _N_CELLS), dtype=np.int64)
+        out = np.zeros((stop - start, self.schema.n_cells), dtype=np.int64)
         out[self.block[lo:hi] - start, self.cell[lo:hi]] = self.count[lo:hi]
-        return out.reshape((stop - start, *_SHAPE))
+        return out.reshape((stop - start, *self.schema.shape))
 
     def block_totals(self) -> np.ndarray:
-        """Persons per block (int64, one per leaf)."""
+        """Records (persons or housing units) per block (int64, one per leaf)."""
         return _weighted_bincount(self.block, self.count, self.hierarchy.leaves.size)
 
     def on_blocks(self, hierarchy: Hierarchy, source: str = "the block list") -> PPMFHistogram:
@@ -260,6 +279,11 @@ _LAYOUTS: dict[str, tuple[_Attr, ...]] = {
 }
 
 
+#: The housing-unit attribute of a units file (group-quarters rows, HH_STATUS 0, are
+#: dropped before it is recoded; :func:`_units_cells`).
+_UNITS = (_Attr("HH_STATUS", (1,), _between(1, 2, 1), "1 (occupied) or 2 (vacant)"),)
+
+
 def _layout(header: list[str], path: Path) -> tuple[str, dict[str, str], tuple[_Attr, ...]]:
     """The attribute layout of a header, and the file's name for every column we read."""
     names: dict[str, str] = {}
@@ -271,6 +295,14 @@ def _layout(header: list[str], path: Path) -> tuple[str, dict[str, str], tuple[_
                 f"geography columns {[g[0] for g in GEOGRAPHY]} (header: {header[:20]})"
             )
         names[canonical] = hit[0]
+    if "HH_STATUS" in header:
+        if "RTYPE" not in header:
+            raise DataError(
+                f"{path.name}: no column 'RTYPE'; a PPMF units file has RTYPE (2 housing "
+                "unit, 4 group quarters) beside HH_STATUS"
+            )
+        names["HH_STATUS"], names["RTYPE"] = "HH_STATUS", "RTYPE"
+        return "units", names, _UNITS
     if "GQTYPE_PL" in header:
         layout = "pl94"
     elif ("GQTYPE" in header or "QGQTYP" in header) and "QAGE" in header:
@@ -279,7 +311,8 @@ def _layout(header: list[str], path: Path) -> tuple[str, dict[str, str], tuple[_
         raise DataError(
             f"{path.name}: no person attributes of a known PPMF layout; give GQTYPE_PL, "
             "VOTING_AGE, CENHISP, CENRACE (2020 redistricting PPMF) or GQTYPE (or QGQTYP), "
-            f"QAGE, CENHISP, CENRACE (demonstration PPMF) (header: {header[:20]})"
+            "QAGE, CENHISP, CENRACE (demonstration PPMF) for persons, or RTYPE, HH_STATUS for "
+            f"housing units (header: {header[:20]})"
         )
     attrs = _LAYOUTS[layout]
     for a in attrs:
@@ -520,7 +553,8 @@ class _Reduced:
     work.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, n_cells: int = _N_CELLS) -> None:
+        self.n_cells = n_cells
         self.keys: list[np.ndarray] = []
         self.cells: list[np.ndarray] = []
         self.counts: list[np.ndarray] = []
@@ -530,16 +564,17 @@ class _Reduced:
     def add(self, key: np.ndarray, cell: np.ndarray) -> None:
         if key.size == 0:
             return
+        n_cells = self.n_cells
         low = int(key.min())
-        if int(key.max()) - low < np.iinfo(np.int64).max // _N_CELLS:
-            uniq, counts = np.unique((key - low) * _N_CELLS + cell, return_counts=True)
-            blocks = uniq // _N_CELLS + low
+        if int(key.max()) - low < np.iinfo(np.int64).max // n_cells:
+            uniq, counts = np.unique((key - low) * n_cells + cell, return_counts=True)
+            blocks = uniq // n_cells + low
         else:  # geocodes too far apart to pair with a cell in one int64: rank blocks first
             first, rank = np.unique(key, return_inverse=True)
-            uniq, counts = np.unique(rank * _N_CELLS + cell, return_counts=True)
-            blocks = first[uniq // _N_CELLS]
+            uniq, counts = np.unique(rank * n_cells + cell, return_counts=True)
+            blocks = first[uniq // n_cells]
         self.keys.append(blocks)
-        self.cells.append((uniq % _N_CELLS).astype(np.int16))
+        self.cells.append((uniq % n_cells).astype(np.int16))
         self.counts.append(counts.astype(np.int64))
         self.size += uniq.size
         if self.size > 2 * self.merged + _COMPACT_AT and len(self.keys) > 1:
@@ -562,7 +597,7 @@ class _Reduced:
         else:
             blocks, rank = np.unique(key, return_inverse=True)
         del key, new
-        pair = rank * _N_CELLS + cell
+        pair = rank * self.n_cells + cell
         del rank, cell
         if not bool(np.all(pair[1:] >= pair[:-1])):
             order = np.argsort(pair, kind="stable")  # nearly sorted: close to linear
@@ -571,7 +606,7 @@ class _Reduced:
         start = np.flatnonzero(np.concatenate(([True], pair[1:] != pair[:-1])))
         pair = pair[start]
         count = np.add.reduceat(count, start)
-        out = (blocks[pair // _N_CELLS], pair % _N_CELLS, count)
+        out = (blocks[pair // self.n_cells], pair % self.n_cells, count)
         self.keys, self.cells, self.counts = [out[0]], [out[1].astype(np.int16)], [out[2]]
         self.size = self.merged = start.size
         return out
@@ -595,19 +630,69 @@ def read_ppmf(path: str | Path, *, block_bytes: int = _BLOCK_BYTES) -> PPMFHisto
     Raises
     ------
     DataError
-        No such file, no header, missing columns, a malformed row, a geocode of the wrong
-        width, a code outside the schema, an RTYPE contradicting the group-quarters type, a
-        block under two block groups (file, data row, column and code named).
+        No such file, no header, missing columns, a units file, a malformed row, a geocode of
+        the wrong width, a code outside the schema, an RTYPE contradicting the
+        group-quarters type, a block under two block groups (file, data row, column and code
+        named).
     """
-    path = Path(path)
+    return _read(Path(path), "persons", block_bytes)
+
+
+def read_ppmf_units(path: str | Path, *, block_bytes: int = _BLOCK_BYTES) -> PPMFHistogram:
+    """Read a PPMF units file into the block hierarchy and a sparse ``h1`` histogram.
+
+    One row per housing unit (``RTYPE`` 2, ``HH_STATUS`` 1 occupied or 2 vacant) or
+    group-quarters facility (``RTYPE`` 4, ``HH_STATUS`` 0: not a housing unit, counted in
+    ``facilities`` and skipped), with the geography columns of the persons file; streamed the
+    same way (memory bounded by the non-empty (block, cell) pairs).
+
+    Parameters
+    ----------
+    path : path-like
+        The units file (CSV with a header, comma or pipe separated; ``#`` comment lines
+        skipped).
+    block_bytes : int
+        Bytes of the file parsed per step.
+
+    Returns
+    -------
+    PPMFHistogram
+        ``schema`` ``h1`` (cell 0 occupied, 1 vacant), ``layout`` ``"units"``, ``persons``
+        the housing units counted.
+
+    Raises
+    ------
+    DataError
+        No such file, a persons file, a malformed row, a geocode of the wrong width, an
+        RTYPE or HH_STATUS outside the layout or contradicting each other, a block under two
+        block groups (file, data row, column and code named; never a count).
+
+    References
+    ----------
+    U.S. Census Bureau, DAS_2020_Redistricting_Production_Code, ``MDF2020H1HistogramWriter``.
+    """
+    return _read(Path(path), "units", block_bytes)
+
+
+def _read(path: Path, kind: str, block_bytes: int) -> PPMFHistogram:
+    """Both readers: ``kind`` ``"persons"`` or ``"units"`` (the layout must agree)."""
+    what = "PPMF" if kind == "persons" else "PPMF units file"
     if not path.is_file():
-        raise DataError(f"{path}: no such file; check the PPMF path")
+        raise DataError(f"{path}: no such file; check the {what} path")
     offset, delimiter, header = sniff_csv(path)
     layout, names, attrs = _layout(header, path)
+    if (layout == "units") != (kind == "units"):
+        found = "housing units (RTYPE, HH_STATUS)" if layout == "units" else "persons"
+        raise DataError(
+            f"{path.name}: the header is a file of {found}, but a {what} was expected; give "
+            "the persons file and the units file each in its place"
+        )
+    schema = Schema.load(_SCHEMAS[kind])
     columns = list(dict.fromkeys(names.values()))
-    reduced = _Reduced()
+    reduced = _Reduced(schema.n_cells)
     row0 = 0  # data rows before the current batch
     blank_total = 0
+    facilities = 0
     source = (path, offset, header, delimiter)
     for batch in _batches(*source, columns, block_bytes):
         arrays = {canonical: batch[col] for canonical, col in names.items()}
@@ -621,19 +706,23 @@ def read_ppmf(path: str | Path, *, block_bytes: int = _BLOCK_BYTES) -> PPMFHisto
             blank_total += int(blank.sum())
             rows = row0 + keep
             arrays = {k: _take(v, keep) for k, v in arrays.items()}
-        key, cell = _reduce_batch(arrays, attrs, names, path, row0, rows)
+        key, cell, dropped = _reduce_batch(arrays, attrs, names, path, row0, rows, schema.shape)
+        facilities += dropped
         reduced.add(key, cell)
         row0 += n
     keys, cells, counts = reduced.compact()
     if keys.size == 0:
-        raise DataError(f"{path.name}: a header but no persons; the file holds no rows")
-    persons = row0 - blank_total
+        none = "persons" if kind == "persons" else "housing units"
+        raise DataError(f"{path.name}: a header but no {none}; the file holds no such rows")
+    records = row0 - blank_total - facilities
     block, h = _hierarchy(keys, source, names, block_bytes)
     # canonical leaf order is geocode order, so the compacted triples are already sorted
     if not bool(np.all(block[1:] >= block[:-1])):
         order = np.lexsort((cells, block))
         block, cells, counts = block[order], cells[order], counts[order]
-    return PPMFHistogram(h, block, cells, counts, persons, blank_total, layout, path)
+    return PPMFHistogram(
+        h, block, cells, counts, records, blank_total, layout, path, schema, facilities
+    )
 
 
 def _reduce_batch(
@@ -643,8 +732,10 @@ def _reduce_batch(
     path: Path,
     row0: int,
     rows: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """One batch → (geocode16 key, flat pl94 cell) per person."""
+    shape: tuple[int, ...] = _SHAPE,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """One batch → (geocode16 key, flat cell) per counted record, and the number of rows
+    dropped (group-quarters facilities of a units file)."""
 
     def where(i: int) -> int:
         return int(rows[i]) + 1 if rows is not None else row0 + i + 1
@@ -666,8 +757,10 @@ def _reduce_batch(
         v = _digits(arrays[canonical], (width,), bad_factory(canonical, "geocode"))
         key *= 10**width
         key += v
+    if "HH_STATUS" in arrays:
+        return _units_cells(arrays, key, path, where, bad_factory)
     cell = np.zeros_like(key)
-    for a, size in zip(attrs, _SHAPE, strict=True):
+    for a, size in zip(attrs, shape, strict=True):
         v = _digits(arrays[a.column], a.widths, bad_factory(a.column, "code"))
         idx = a.recode(v)
         out = np.flatnonzero(idx < 0)
@@ -691,7 +784,41 @@ def _reduce_batch(
                 f"{_text(arrays['GQTYPE_PL'], i)!r} (RTYPE 3 is a housing-unit person, "
                 "GQTYPE_PL 0; RTYPE 5 a group-quarters person, GQTYPE_PL 1-7); correct the row"
             )
-    return key, cell
+    return key, cell, 0
+
+
+def _units_cells(
+    arrays: dict[str, _Codes],
+    key: np.ndarray,
+    path: Path,
+    where: Callable[[int], int],
+    bad_factory: Callable[[str, str], Callable[[int, str], DataError]],
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """A units batch: the housing units' (key, ``h1`` cell) and the facility rows dropped."""
+    rtype = _digits(arrays["RTYPE"], (1,), bad_factory("RTYPE", "code"))
+    status = _digits(arrays["HH_STATUS"], (1,), bad_factory("HH_STATUS", "code"))
+    bad_rtype = np.flatnonzero((rtype != 2) & (rtype != 4))
+    bad_status = np.flatnonzero(status > 2)
+    if bad_rtype.size or bad_status.size:
+        i = int(min(bad_rtype[:1].tolist() + bad_status[:1].tolist()))
+        col = "RTYPE" if bad_rtype.size and bad_rtype[0] == i else "HH_STATUS"
+        valid = "2 (housing unit) or 4 (group quarters)" if col == "RTYPE" else "0, 1 or 2"
+        raise DataError(
+            f"{path.name}, data row {where(i)}, column {col!r}: code "
+            f"{_text(arrays[col], i)!r} is outside the units layout (valid: {valid}); "
+            "correct the row or drop it"
+        )
+    unit = rtype == 2
+    wrong = np.flatnonzero(unit == (status == 0))
+    if wrong.size:
+        i = int(wrong[0])
+        raise DataError(
+            f"{path.name}, data row {where(i)}, column 'HH_STATUS': code "
+            f"{_text(arrays['HH_STATUS'], i)!r} does not agree with RTYPE "
+            f"{_text(arrays['RTYPE'], i)!r} (a housing unit, RTYPE 2, is occupied 1 or vacant "
+            "2; a group-quarters facility, RTYPE 4, has HH_STATUS 0); correct the row"
+        )
+    return key[unit], status[unit].astype(np.int64) - 1, int(unit.size - np.count_nonzero(unit))
 
 
 def _fix(canonical: str) -> str:

@@ -280,8 +280,9 @@ class AreasSpec:
         )
 
 
-def spec_reads_ppmf(path: str | Path) -> bool:
-    """Whether the TOML spec at ``path`` says ``[data] source = "ppmf"``."""
+def spec_reads_ppmf(path: str | Path, source: str = "ppmf") -> bool:
+    """Whether the TOML spec at ``path`` says ``[data] source = SOURCE`` (``"ppmf"``; the
+    units route's ``"ppmf_units"``)."""
     from censusdp.config import read_spec_toml
 
     try:
@@ -289,21 +290,80 @@ def spec_reads_ppmf(path: str | Path) -> bool:
     except SpecError:
         return False  # the route's own loader says what is wrong
     data = doc.get("data")
-    return isinstance(data, Mapping) and data.get("source") == "ppmf"
+    return isinstance(data, Mapping) and data.get("source") == source
 
 
-def is_ppmf(path: str | Path) -> bool:
-    """Whether ``path`` is a CSV whose header names the PPMF's geography columns."""
+def csv_header(path: str | Path) -> set[str] | None:
+    """The column names of a CSV file's header, or None when ``path`` is not a readable CSV."""
     from censusdp.pipelines.ppmf import sniff_csv
 
     p = Path(path)
     if not p.is_file() or p.suffix.lower() not in (".csv", ".txt", ""):
-        return False
+        return None
     try:
-        header = set(sniff_csv(p)[2])
+        return set(sniff_csv(p)[2])
     except DataError:
-        return False
-    return all(any(s in header for s in g[2]) for g in GEOGRAPHY)
+        return None
+
+
+def is_ppmf(path: str | Path) -> bool:
+    """Whether ``path`` is a CSV whose header names the PPMF's geography columns."""
+    header = csv_header(path)
+    return header is not None and all(any(s in header for s in g[2]) for g in GEOGRAPHY)
+
+
+@dataclass(frozen=True)
+class ReleaseOptions:
+    """The spec keys every PPMF route reads (:func:`parse_release_options`)."""
+
+    rho: Fraction | None
+    delta: float | None
+    seed: int | None
+    blocks: Path | None
+    block_column: str | None
+
+
+def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> ReleaseOptions:
+    """``[privacy]`` (zCDP ρ, δ), ``[mechanism]`` (discrete Gaussian only), ``[run] seed`` and
+    ``[hierarchy] blocks, block_column`` of a PPMF route's spec; ``p`` its
+    :class:`~censusdp.config.SpecParser`, ``strategy`` the name in messages (``pl94``).
+
+    Raises
+    ------
+    SpecError
+        Naming the file and the dotted key.
+    """
+    priv = p.table(doc, "privacy", required=True)
+    p.keys(priv, "privacy", ("accounting", "rho", "delta"))
+    if p.get(priv, "privacy", "accounting", str, required=True) != "zcdp":
+        raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
+    rho = p.get(priv, "privacy", "rho", float)
+    if rho is not None and not rho > 0:
+        raise p.fail("privacy.rho", "must be positive")
+    delta = p.get(priv, "privacy", "delta", float)
+    if delta is not None and not 0 < delta < 1:
+        raise p.fail("privacy.delta", "must be in (0, 1)")
+    mech = p.table(doc, "mechanism", required=False)
+    p.keys(mech, "mechanism", ("noise",))
+    if p.get(mech, "mechanism", "noise", str, default="discrete_gaussian") != "discrete_gaussian":
+        raise p.fail(
+            "mechanism.noise", f'the {strategy} strategy is measured with "discrete_gaussian"'
+        )
+    run = p.table(doc, "run", required=False)
+    p.keys(run, "run", ("seed",))
+    seed = p.get(run, "run", "seed", int)
+    if seed is not None and seed < 0:
+        raise p.fail("run.seed", "must be a non-negative integer")
+    hier = p.table(doc, "hierarchy", required=False)
+    p.keys(hier, "hierarchy", ("blocks", "block_column"))
+    blocks = p.get(hier, "hierarchy", "blocks", str)
+    return ReleaseOptions(
+        rho=None if rho is None else Fraction(rho).limit_denominator(10**12),
+        delta=delta,
+        seed=seed,
+        blocks=None if blocks is None else _relative(path, blocks),
+        block_column=p.get(hier, "hierarchy", "block_column", str),
+    )
 
 
 def load_ppmf_spec(path: str | Path) -> PPMFSpec:
@@ -329,33 +389,12 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
             f"the input is a PPMF (persons with TABBLKST ... CENRACE), not {source!r}: set "
             'source = "ppmf"',
         )
-    priv = p.table(doc, "privacy", required=True)
-    p.keys(priv, "privacy", ("accounting", "rho", "delta"))
-    if p.get(priv, "privacy", "accounting", str, required=True) != "zcdp":
-        raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
-    rho = p.get(priv, "privacy", "rho", float)
-    if rho is not None and not rho > 0:
-        raise p.fail("privacy.rho", "must be positive")
-    delta = p.get(priv, "privacy", "delta", float)
-    if delta is not None and not 0 < delta < 1:
-        raise p.fail("privacy.delta", "must be in (0, 1)")
-    mech = p.table(doc, "mechanism", required=False)
-    p.keys(mech, "mechanism", ("noise",))
-    if p.get(mech, "mechanism", "noise", str, default="discrete_gaussian") != "discrete_gaussian":
-        raise p.fail("mechanism.noise", 'the pl94 strategy is measured with "discrete_gaussian"')
+    opts = parse_release_options(p, doc, path, "pl94")
     rep = p.table(doc, "report", required=False)
     p.keys(rep, "report", ("repetitions",))
     repetitions = p.get(rep, "report", "repetitions", int, default=10)
     if repetitions < 2:
         raise p.fail("report.repetitions", "give at least 2 (the bias has a standard error)")
-    run = p.table(doc, "run", required=False)
-    p.keys(run, "run", ("seed",))
-    seed = p.get(run, "run", "seed", int)
-    if seed is not None and seed < 0:
-        raise p.fail("run.seed", "must be a non-negative integer")
-    hier = p.table(doc, "hierarchy", required=False)
-    p.keys(hier, "hierarchy", ("blocks", "block_column"))
-    blocks = p.get(hier, "hierarchy", "blocks", str)
     ar = p.table(doc, "areas", required=False)
     p.keys(ar, "areas", ("file", "level", "block_column", "area_column", "skip_blank", "gisjoin",
                          "list", "share", "queries"))  # fmt: skip
@@ -381,13 +420,13 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
             raise p.fail("areas.level", f"{areas.level!r} is a level of the hierarchy; name the "
                          "areas otherwise (e.g. place)")  # fmt: skip
     return PPMFSpec(
-        rho=None if rho is None else Fraction(rho).limit_denominator(10**12),
-        delta=delta,
+        rho=opts.rho,
+        delta=opts.delta,
         repetitions=repetitions,
-        seed=seed,
+        seed=opts.seed,
         source=str(path),
-        blocks=None if blocks is None else _relative(path, blocks),
-        block_column=p.get(hier, "hierarchy", "block_column", str),
+        blocks=opts.blocks,
+        block_column=opts.block_column,
         areas=areas,
     )
 

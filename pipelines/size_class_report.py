@@ -108,7 +108,11 @@ def _frame(
 
 
 def simulate_size_classes(
-    pseudo_truth: Mapping[str, np.ndarray], replicate: Replicate, repetitions: int
+    pseudo_truth: Mapping[str, np.ndarray],
+    replicate: Replicate,
+    repetitions: int,
+    *,
+    size: Mapping[str, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """Both products' errors by size class, averaged over simulated releases.
 
@@ -123,6 +127,9 @@ def simulate_size_classes(
         ``{product: {level: totals}}``.
     repetitions : int
         Number of replicates ``R`` (≥ 2, for the standard error of the bias).
+    size : mapping of level → array, optional
+        What classes the areas (default: ``pseudo_truth``), e.g. an area's housing units
+        when the values are its occupied units.
 
     Returns
     -------
@@ -135,7 +142,7 @@ def simulate_size_classes(
         raise DataError("size-class simulation: give at least 2 replicates (for the bias SE)")
     runs = []
     for r in range(repetitions):  # each replicate is a whole release
-        f = _frame(replicate(r), pseudo_truth, pseudo_truth)
+        f = _frame(replicate(r), pseudo_truth, pseudo_truth if size is None else size)
         f["replicate"] = r
         runs.append(f)
     all_runs = pd.concat(runs, ignore_index=True)
@@ -148,16 +155,20 @@ def simulate_size_classes(
 
 
 def evaluate_size_classes(
-    truth: Mapping[str, np.ndarray], released: Mapping[str, Mapping[str, np.ndarray]]
+    truth: Mapping[str, np.ndarray],
+    released: Mapping[str, Mapping[str, np.ndarray]],
+    *,
+    size: Mapping[str, np.ndarray] | None = None,
 ) -> pd.DataFrame:
-    """Both products' errors by size class against the confidential truth (CONFIDENTIAL).
+    """Both products' errors by size class against the confidential truth (CONFIDENTIAL);
+    areas classed by ``size`` (default: ``truth``).
 
     Returns ``product, level, size_class, n, mae, rmse, mean_error, mape, over_10pct``.
     """
-    return _frame(released, truth, truth)
+    return _frame(released, truth, truth if size is None else size)
 
 
-def _figure(df: pd.DataFrame, path: Path) -> None:
+def _figure(df: pd.DataFrame, path: Path, unit: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -176,8 +187,8 @@ def _figure(df: pd.DataFrame, path: Path) -> None:
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.set_xticks(range(len(labels)), labels, rotation=30)
         ax.set_title(level)
-        ax.set_xlabel("size class (persons)")
-    axes[0][0].set_ylabel("mean signed error (persons)")
+        ax.set_xlabel(f"size class ({unit})")
+    axes[0][0].set_ylabel(f"mean signed error ({unit})")
     axes[0][0].legend()
     fig.suptitle("Simulated mean signed error (bias) by size class, ±2 SE")
     fig.tight_layout()
@@ -191,13 +202,17 @@ def write_size_class_report(
     *,
     repetitions: int,
     evaluation: pd.DataFrame | None = None,
+    unit: str = "persons",
+    what: str = "block histogram",
 ) -> list[Path]:
     """Write the report into the (temporary) output directory ``out``.
 
     Writes ``size_classes.csv``, ``size_classes.md`` and ``size_classes.png`` (publishable:
     simulated from the released estimates) and, when ``evaluation`` is given,
     ``evaluation/size_classes.csv`` and ``evaluation/size_classes.md`` labelled
-    confidential. Returns the paths written.
+    confidential. ``unit`` names what is counted and sizes the areas (``"persons"``,
+    ``"housing units"``), ``what`` the released non-negative table taken as the truth.
+    Returns the paths written.
     """
     out = Path(out)
     written = [out / "size_classes.csv", out / "size_classes.md", out / "size_classes.png"]
@@ -207,9 +222,10 @@ def write_size_class_report(
         "# Errors by size class",
         "",
         f"Simulated from the released estimates ({repetitions} replicates): the released "
-        "non-negative block histogram is taken as the truth, measured again with the same "
-        "strategy and budget and fresh noise, and both products are made again; errors are "
-        "against that pseudo-truth, areas classed by its size. It uses released data only. "
+        f"non-negative {what} is taken as the truth, measured again with the same strategy "
+        "and budget and fresh noise, and both products are made again; errors are against "
+        f"that pseudo-truth, areas classed by their size in {unit}. It uses released data "
+        "only. "
         "Size classes without areas are left out (they are in `size_classes.csv`). "
         "`mean_error` of the non-negative product is its estimated **bias**; `bias_se` is "
         "the standard error of that average. MAPE and `over_10pct` (areas off by more than "
@@ -231,7 +247,7 @@ def write_size_class_report(
         lines += [f"## {title}", "", markdown_table(d[cols]), ""]
     lines += ["![mean signed error by size class](size_classes.png)", ""]
     written[1].write_text("\n".join(lines), encoding="utf-8")
-    _figure(simulated, written[2])
+    _figure(simulated, written[2], unit)
     if evaluation is not None:
         ev = out / "evaluation"
         ev.mkdir(exist_ok=True)

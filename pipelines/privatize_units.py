@@ -1,0 +1,730 @@
+"""``censusdp privatize UNITS.csv --spec SPEC -o OUTDIR``: the H1 table (occupancy status).
+
+The route of ``privatize`` for the PPMF *units* file (one row per housing unit or
+group-quarters facility; :func:`~censusdp.pipelines.ppmf.read_ppmf_units`), chosen when the
+spec says ``[data] source = "ppmf_units"`` or the input's header has ``HH_STATUS``. It releases
+the 2020 redistricting table H1 for every level of nation → state → county → tract → block
+group → block:
+
+* ``H1_001N`` housing units — **invariant** (exact) at every block, as in 2020 (the
+  production units run held ``tot_hu`` of every block), hence at every level;
+* ``H1_002N`` occupied and ``H1_003N`` vacant — from the Bureau's production units strategy
+  (``DetailedOnly``: the two-cell histogram measured at every geounit, discrete Gaussian,
+  the level shares of ``configs/production/pl94/unit_US.ini``; :file:`censusdp/schemas/h1.toml`),
+  scaled to the spec's ρ.
+
+**Estimation, and why it is exact.** With the total ``t_v`` of every node known, the only
+free coordinate of a node's histogram is its occupied count ``o_v`` (vacant ``t_v − o_v``).
+The detailed measurements ``y_v = (o_v + e₁, t_v − o_v + e₂)`` with independent noises of
+variances ``σ₁², σ₂²`` are then two measurements of ``o_v`` — ``y_{v,1}`` and ``t_v − y_{v,2}`` —
+and the GLS objective over consistent, invariant-respecting tables,
+``Σ_v (y_{v,1} − o_v)²/σ₁² + (y_{v,2} − t_v + o_v)²/σ₂²``, is (up to a constant) the
+one-cell tree GLS of ``o`` with measurements ``m_v = (y_{v,1}/σ₁² + (t_v − y_{v,2})/σ₂²) /
+(1/σ₁² + 1/σ₂²)`` of variance ``1/(1/σ₁² + 1/σ₂²)`` (Hay et al. 2010). The estimate is computed
+by :func:`~censusdp.estimation.gls.tree_gls` on the two-cell problem with the block totals
+as invariants (its total/deviation kernel: detailed queries and total invariants make every
+node matrix ``x_E E + x_F F``), which is that GLS exactly; its variances are exact, and the
+vacant estimate ``t_v − ô_v`` has the same variance (a node's total has none).
+
+**Rounding.** The occupied leaf estimates are rounded by the unbiased dependent (pipage)
+rounding of the tree's laminar family (:func:`~censusdp.estimation.rounding.round_tree`, one
+cell): every node's occupied count is ``⌊ô_v⌋`` or ``⌈ô_v⌉``, children sum to their parent,
+``E[rounded] = ô``. Vacant is ``t_v − rounded occupied``: an integer, within
+``⌊t_v − ô_v⌋``/``⌈t_v − ô_v⌉`` (``t_v`` is an integer), unbiased, and consistent over the tree
+because both ``t`` and the rounded occupied are. So ``H1_001N = H1_002N + H1_003N`` and the
+invariant hold with ``==`` at every node. This product is unbiased, not non-negative: a node
+with few units (even none: the total fixes occupied + vacant, not each) can show a negative
+occupied or vacant count, as the persons route's unbiased product can. The ``_se`` columns
+are the GLS standard errors; the rounding adds at most 1/4 of variance to a node's occupied
+(and vacant) count.
+
+**The non-negative product** (``nonnegative/h1_<level>.csv``; :func:`nonnegative_occupied`)
+is made from the same GLS estimates — post-processing, one privacy statement — top down:
+per parent, the children's occupied estimates projected onto ``{0 ≤ o_i ≤ T_i, Σ o_i = O}``
+(``T_i`` the child's exact housing units, ``O`` the parent's integer occupied; a capped
+simplex, :mod:`censusdp.estimation.capped_simplex`), then rounded keeping ``O`` and the box;
+vacant ``= T_i − o_i ≥ 0``. It is labelled biased and has no standard errors; the
+size-class report (:mod:`censusdp.pipelines.size_class_report`) gives both products'
+errors in occupied units by size class (housing units) and its bias, simulated from the
+released non-negative block counts.
+
+**What is refused.** Other queries, other invariants, noise laws other than the discrete
+Gaussian: a :class:`~censusdp.errors.SpecError` (the reduction above is what is exact and
+tested). The hierarchy must be public (``[hierarchy] blocks``, or ``--blocks-from-data`` to
+accept that the set of blocks with a housing unit is disclosed — which the block invariant
+discloses anyway for blocks with units).
+
+**Privacy.** The statement is derived from the measurements (ρ-zCDP, one housing unit added
+or removed) with the block totals named: *induced subspace DP* (Gao, Gong & Yu 2022), never
+plain DP. When the persons file of the same census is released too, the two compose:
+``--compose-with DIR`` (a persons release of ``privatize``) writes one statement for both,
+ρ = ρ_persons + ρ_units (Bun & Steinke 2016, Lemma 2.3), the invariants of both named —
+assuming, as the Bureau's accounting did, that a respondent's record in each file is one
+record of that file's unit.
+
+A units spec::
+
+    [data]
+    source = "ppmf_units"
+    [privacy]
+    accounting = "zcdp"
+    rho = 0.075               # optional: default the production units run's 11417641/152349649
+    delta = 1e-10             # optional: also report (ε, δ)
+    [mechanism]
+    noise = "discrete_gaussian"
+    [hierarchy]
+    blocks = "blocks.csv"     # the public list of every block
+    block_column = "GEOID20"  # optional
+    [run]
+    seed = 1                  # reproducible mode, tests only
+
+References
+----------
+Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown Algorithm.
+    Harvard Data Science Review, Special Issue 2.
+U.S. Census Bureau (2021). Certificate of Disclosure Avoidance, P.L. 94-171 Redistricting
+    Data US Units (DAS_2020_Redistricting_Production_Code, docs/certificates): ρ, level
+    shares, strategy DetailedOnly, block invariant ``tot_hu``.
+Hay, M., Rastogi, V., Miklau, G. & Suciu, D. (2010). Boosting the accuracy of
+    differentially private histograms through consistency. PVLDB 3(1).
+Gao, J., Gong, R. & Yu, F.-Y. (2022). Subspace Differential Privacy. AAAI.
+Bun, M. & Steinke, T. (2016). Concentrated differential privacy. TCC.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from censusdp.atomic import check_output, output_dir
+from censusdp.budget import PrivacyStatement
+from censusdp.errors import SpecError
+from censusdp.estimation.capped_simplex import project_capped_simplex
+from censusdp.estimation.gls import tree_gls, whole_forest
+from censusdp.estimation.predict import allocation_plan
+from censusdp.estimation.rounding import TOL, round_tree, uniform_draws
+from censusdp.estimation.structured_rounding import round_children
+from censusdp.hierarchy import Hierarchy
+from censusdp.mechanisms.queries import Query, invariant, measure
+from censusdp.pipelines.ppmf import PPMFHistogram, read_block_list, read_ppmf_units
+from censusdp.pipelines.privatize_ppmf import (
+    REPORT_LEVELS,
+    csv_header,
+    parse_release_options,
+    spec_reads_ppmf,
+)
+from censusdp.pipelines.size_class_report import (
+    PRODUCTS,
+    evaluate_size_classes,
+    simulate_size_classes,
+    write_size_class_report,
+)
+from censusdp.rng import KeyedRNG
+from censusdp.schema import Schema
+
+__all__ = [
+    "H1_COLUMNS",
+    "H1Release",
+    "UnitsSpec",
+    "compose_statements",
+    "h1_frames",
+    "load_units_spec",
+    "nonnegative_occupied",
+    "privatize_units",
+    "release_h1",
+    "units_route",
+]
+
+#: The H1 columns (NHGIS names) and labels: total (invariant), occupied, vacant.
+H1_COLUMNS = ("H1_001N", "H1_002N", "H1_003N")
+H1_LABELS = ("Total housing units", "Occupied", "Vacant")
+#: The cells of the ``h1`` schema, in its order.
+CELLS = ("occupied", "vacant")
+#: The level whose totals are invariant (2020: ``tot_hu`` of every block).
+INVARIANT_LEVEL = "block"
+#: How the non-negative product is labelled wherever it is written.
+NONNEGATIVE_NOTE = (
+    "non-negative product: every count a non-negative integer, occupied + vacant = the "
+    "housing units (invariant) and children summing to their parent at every level, made "
+    "from the same GLS estimates as the unbiased product (post-processing, same privacy "
+    "statement); it is BIASED (occupied is pulled towards the middle of [0, housing units] "
+    "where the estimate leaves that range) and has no standard errors: use the unbiased "
+    "product, with its standard errors, for estimates and intervals"
+)
+
+
+@dataclass(frozen=True)
+class UnitsSpec:
+    """A units privatize spec (:func:`load_units_spec`; module docstring)."""
+
+    rho: Fraction | None = None
+    delta: float | None = None
+    seed: int | None = None
+    source: str = "<spec>"
+    blocks: Path | None = None
+    block_column: str | None = None
+    repetitions: int = 10
+
+    def to_dict(self) -> dict:
+        """The spec for the manifest, never the seed."""
+        return {
+            "source": self.source,
+            "rho": None if self.rho is None else str(self.rho),
+            "delta": self.delta,
+            "repetitions": self.repetitions,
+            "reproducible_mode": self.seed is not None,
+            "blocks": None if self.blocks is None else self.blocks.name,
+        }
+
+
+def units_route(path: str | Path, spec_path: str | Path | None) -> bool:
+    """Whether ``privatize`` takes the units route: the spec says ``ppmf_units`` or the
+    input's header is a units file's (``HH_STATUS``)."""
+    if spec_path is not None and spec_reads_ppmf(spec_path, "ppmf_units"):
+        return True
+    header = csv_header(path)
+    return header is not None and "HH_STATUS" in header
+
+
+def load_units_spec(path: str | Path) -> UnitsSpec:
+    """Read a units privatize spec (module docstring).
+
+    Raises
+    ------
+    SpecError
+        Naming the file and the dotted key; anything but the H1 production strategy with
+        its block invariant (other keys, another noise law) is refused.
+    """
+    from censusdp.config import SpecParser, read_spec_toml
+
+    path = Path(path)
+    doc = read_spec_toml(path)
+    p = SpecParser(str(path), path.parent)
+    p.keys(doc, "", ("data", "privacy", "mechanism", "hierarchy", "report", "run"))
+    data = p.table(doc, "data", required=False)
+    p.keys(data, "data", ("source",))
+    source = p.get(data, "data", "source", str, default="ppmf_units")
+    if source != "ppmf_units":
+        raise p.fail(
+            "data.source",
+            f"the input is a PPMF units file (RTYPE, HH_STATUS), not {source!r}: set "
+            'source = "ppmf_units"',
+        )
+    opts = parse_release_options(p, doc, path, "h1")
+    rep = p.table(doc, "report", required=False)
+    p.keys(rep, "report", ("repetitions",))
+    repetitions = p.get(rep, "report", "repetitions", int, default=10)
+    if repetitions < 2:
+        raise p.fail("report.repetitions", "give at least 2 (the bias has a standard error)")
+    return UnitsSpec(**dataclasses.asdict(opts), source=str(path), repetitions=repetitions)
+
+
+# -- the release ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class H1Release:
+    """H1 for every level of the block hierarchy: both products of one set of measurements.
+
+    Attributes
+    ----------
+    hierarchy : Hierarchy
+    counts : list of numpy.ndarray
+        Per level (root first), int64 ``(n_nodes, 3)``: ``H1_001N`` (the invariant),
+        ``H1_002N`` (occupied, unbiased rounding), ``H1_003N`` (vacant = total − occupied).
+    estimates : list of numpy.ndarray
+        Per level, float ``(n_nodes, 2)``: the GLS estimates of occupied and vacant.
+    standard_errors : list of numpy.ndarray
+        Per level, float ``(n_nodes, 3)``: the GLS standard error of each column (0 for the
+        invariant total; occupied and vacant share one).
+    privacy : PrivacyStatement
+    nonnegative : list of numpy.ndarray
+        Per level, int64 ``(n_nodes, 3)``: the non-negative product
+        (:func:`nonnegative_occupied`), same columns; biased, no standard errors.
+    """
+
+    hierarchy: Hierarchy
+    counts: list[np.ndarray]
+    estimates: list[np.ndarray]
+    standard_errors: list[np.ndarray]
+    privacy: PrivacyStatement
+    nonnegative: list[np.ndarray]
+
+
+def nonnegative_occupied(
+    h: Hierarchy,
+    occupied: list[np.ndarray],
+    totals: list[np.ndarray],
+    rng: KeyedRNG,
+    *,
+    label: str = "nonnegative/h1",
+) -> list[np.ndarray]:
+    """The non-negative product's occupied counts, top down from the GLS estimates.
+
+    The root's estimate is clipped to ``[0, T]`` and rounded to ⌊·⌋ or ⌈·⌉ with mean the
+    clipped value. Below, per parent, the children's estimates are projected in Euclidean
+    norm onto ``{0 ≤ o_i ≤ T_i, Σ_i o_i = O}`` (``T_i`` the child's exact housing units, ``O``
+    the parent's integer occupied; :func:`~censusdp.estimation.capped_simplex.project_capped_simplex`),
+    the least-squares step of TopDown (Abowd et al. 2022) for one cell with the box of the
+    block invariant. The projected values are rounded by conditioned systematic sampling
+    (Madow 1949; :func:`~censusdp.estimation.structured_rounding.round_children`) of their
+    fractional parts: each child gets ``⌊o_i⌋`` plus 0 or 1, the group exactly its parent's
+    integer. A child gains a unit only when its fraction is positive, i.e. ``⌊o_i⌋ < o_i ≤
+    T_i``, so ``0 ≤ rounded ≤ T_i`` holds exactly (not up to float resolution), and vacant
+    ``T_i − rounded`` is a non-negative integer.
+
+    Parameters
+    ----------
+    h : Hierarchy
+    occupied : list of (n_nodes,) float
+        Per level, the GLS estimates of occupied.
+    totals : list of (n_nodes,) int
+        Per level, the exact housing units (the invariant, summed up the tree).
+    rng : KeyedRNG
+        Uniforms from ``<label>/<level>``, one per parent node.
+    label : str
+
+    Returns
+    -------
+    list of (n_nodes,) int64
+        Occupied per level, ``0 ≤ · ≤ totals``, children summing to their parent.
+
+    References
+    ----------
+    Abowd, J. M. et al. (2022); Kiwiel (2008); Wang & Lu (2015); Madow, W. G. (1949). On the
+    theory of systematic sampling, II. Ann. Math. Stat. 20(3).
+    """
+    forest = whole_forest(h)
+    root = np.clip(np.asarray(occupied[0], np.float64), 0.0, totals[0])
+    v = rng.draw(f"{label}/{h.names[0]}", 1, 0, 1, uniform_draws)[:, 0]
+    parent = (np.floor(root) + (v < root - np.floor(root))).astype(np.int64)
+    out = [parent]
+    for j in range(1, h.depth):
+        name, count = h.names[j], h.levels[j - 1].child_count
+        proj = project_capped_simplex(
+            occupied[j], totals[j], parent, count, what=f"the occupied counts of level {name!r}"
+        )
+        floor = np.floor(proj)
+        grp = np.repeat(np.arange(parent.size), count)
+        need = parent - np.bincount(grp, weights=floor, minlength=parent.size).astype(np.int64)
+        v = rng.draw(f"{label}/{name}", parent.size, 0, parent.size, uniform_draws)
+        up, _ = round_children(
+            need[:, None], (proj - floor)[:, None], count, v.reshape(-1, 1), None,
+            (label, forest, j - 1, ("occupied",)), TOL,
+        )  # fmt: skip
+        parent = floor.astype(np.int64) + up[:, 0]
+        out.append(parent)
+    return out
+
+
+def release_h1(hist: PPMFHistogram, rng: KeyedRNG, *, rho: Fraction | None = None) -> H1Release:
+    """Measure, estimate and round H1 on ``hist``'s hierarchy: both products (module
+    docstring).
+
+    Parameters
+    ----------
+    hist : PPMFHistogram
+        A units file read by :func:`~censusdp.pipelines.ppmf.read_ppmf_units` (``h1``).
+    rng : KeyedRNG
+        Noise from its ``measure/<level>/detailed`` streams, rounding from ``rounding/h1``
+        and ``nonnegative/h1/<level>``.
+    rho : Fraction, optional
+        Total ρ (default: the production units run's, :file:`censusdp/schemas/h1.toml`).
+
+    Raises
+    ------
+    SpecError
+        A histogram that is not ``h1``, or a hierarchy without a ``block`` level.
+
+    References
+    ----------
+    Hay et al. (2010); Abowd et al. (2022); the module docstring's reduction.
+    """
+    schema = hist.schema
+    if schema.name != "h1":
+        raise SpecError(
+            f"{hist.path.name}: H1 is released from a units file (schema h1), not a "
+            f"{schema.name!r} histogram; read it with read_ppmf_units"
+        )
+    h = hist.hierarchy
+    if INVARIANT_LEVEL not in h.names:
+        raise SpecError(
+            f"the hierarchy {list(h.names)} has no level {INVARIANT_LEVEL!r}; the H1 total is "
+            "held at every block"
+        )
+    return _release(h, schema, hist.dense().reshape(-1, schema.n_cells), rng, rho)
+
+
+def _release(
+    h: Hierarchy, schema: Schema, leaf: np.ndarray, rng: KeyedRNG, rho: Fraction | None
+) -> H1Release:
+    """Both products from the leaf (occupied, vacant) counts ``leaf``: the release itself,
+    and each replicate of the size-class simulation (from the released counts)."""
+    alloc = schema.allocation
+    if alloc is None:  # pragma: no cover - h1 ships one
+        raise SpecError("the h1 schema has no [allocation]")
+    if rho is not None:
+        alloc = dataclasses.replace(alloc, rho=rho)
+    query = Query.detailed(CELLS)
+    plan = [
+        (h.level_index(lvl), query, law) for lvl, _, law in allocation_plan(schema, alloc, h.names)
+    ]
+    level_counts = h.aggregate(leaf)
+    meas = measure(h.names, level_counts, plan, rng)
+    inv = invariant(level_counts, h.level_index(INVARIANT_LEVEL), Query.total(CELLS))
+    gls = tree_gls(h, CELLS, meas, [inv])
+    occupied = round_tree(h, gls.estimates[-1][:, :1], rng, mode="cells", label="rounding/h1")
+    totals = [c.sum(axis=1) for c in level_counts]
+    nonneg = nonnegative_occupied(h, [e[:, 0] for e in gls.estimates], totals, rng)
+    counts, ses, nn = [], [], []
+    for k, total in enumerate(totals):
+        occ = occupied[k][:, 0]
+        counts.append(np.stack([total, occ, total - occ], axis=1))
+        nn.append(np.stack([total, nonneg[k], total - nonneg[k]], axis=1))
+        se = np.sqrt(np.maximum(gls.variances[k][:, 0], 0.0))
+        ses.append(np.stack([np.zeros_like(se), se, se], axis=1))
+    return H1Release(h, counts, list(gls.estimates), ses, gls.privacy, nn)
+
+
+def h1_frames(
+    release: H1Release, product: str = "unbiased"
+) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+    """The wide tables (per level: ``GEOID``, ``H1_001N``, ``H1_001N_se``, ...) and the long
+    table (level, GEOID, table, column, label, value, se) of every level, of one product:
+    ``"unbiased"`` (with ``_se``) or ``"nonnegative"`` (no standard errors: no ``_se``
+    columns, no ``se`` column)."""
+    h = release.hierarchy
+    unbiased = product == "unbiased"
+    counts = release.counts if unbiased else release.nonnegative
+    wide: dict[str, pd.DataFrame] = {}
+    longs = []
+    for k, name in enumerate(h.names):
+        codes = np.asarray(h.levels[k].codes, dtype=object)
+        values, se = counts[k], release.standard_errors[k]
+        cols: dict[str, np.ndarray] = {"GEOID": codes}
+        for j, col in enumerate(H1_COLUMNS):
+            cols[col] = values[:, j]
+            if unbiased:
+                cols[f"{col}_se"] = se[:, j]
+        wide[name] = pd.DataFrame(cols)
+        n, m = values.shape
+        long = {
+            "level": name,
+            "GEOID": np.repeat(codes, m),
+            "table": "H1",
+            "column": np.tile(np.asarray(H1_COLUMNS, dtype=object), n),
+            "label": np.tile(np.asarray(H1_LABELS, dtype=object), n),
+            "value": values.ravel(),
+        }
+        if unbiased:
+            long["se"] = se.ravel()
+        longs.append(pd.DataFrame(long))
+    return wide, pd.concat(longs, ignore_index=True)
+
+
+def _occupied(release: H1Release, levels) -> dict[str, dict[str, np.ndarray]]:
+    """Both products' occupied count of every area of ``levels``."""
+    h = release.hierarchy
+    pick = {"unbiased": release.counts, "nonnegative": release.nonnegative}
+    return {p: {lv: pick[p][h.level_index(lv)][:, 1] for lv in levels} for p in PRODUCTS}
+
+
+def size_class_report(
+    release: H1Release,
+    schema: Schema,
+    rng: KeyedRNG,
+    repetitions: int,
+    *,
+    rho: Fraction | None = None,
+    truth: np.ndarray | None = None,
+):
+    """Both products' occupied-count errors by size class (housing units), simulated from
+    the released non-negative block counts as the persons route does
+    (:func:`~censusdp.pipelines.size_class_report.simulate_size_classes`): each replicate
+    measures that pseudo-truth again with the release's strategy and budget and fresh noise
+    (``rng.child("simulation/<r>")``) and makes both products again. Areas are classed by
+    their housing units (public: the invariant). Vacant's errors are minus occupied's (the
+    total is exact), so occupied's are reported.
+
+    ``truth`` (the confidential leaf (occupied, vacant) counts), when given, also returns the
+    confidential evaluation (:func:`~censusdp.pipelines.size_class_report.evaluate_size_classes`).
+
+    Returns
+    -------
+    (simulated, evaluation or None) : pandas.DataFrame
+    """
+    h = release.hierarchy
+    levels = [lv for lv in REPORT_LEVELS if lv in h.names]
+    nn = release.nonnegative[-1]
+    pseudo_leaf = np.stack([nn[:, 1], nn[:, 2]], axis=1)
+    size = {lv: release.counts[h.level_index(lv)][:, 0] for lv in levels}
+    pseudo = {lv: release.nonnegative[h.level_index(lv)][:, 1] for lv in levels}
+
+    def replicate(r: int) -> dict[str, dict[str, np.ndarray]]:
+        rel = _release(h, schema, pseudo_leaf, rng.child(f"simulation/{r}"), rho)
+        return _occupied(rel, levels)
+
+    sim = simulate_size_classes(pseudo, replicate, repetitions, size=size)
+    evaluation = None
+    if truth is not None:
+        occ = h.aggregate(truth)
+        ref = {lv: occ[h.level_index(lv)][:, 0] for lv in levels}
+        evaluation = evaluate_size_classes(ref, _occupied(release, levels), size=size)
+    return sim, evaluation
+
+
+def compose_statements(persons: PrivacyStatement, units: PrivacyStatement) -> PrivacyStatement:
+    """One statement for the persons and the units releases of one census: ρ adds (zCDP
+    sequential composition, Bun & Steinke 2016, Lemma 2.3), the invariants of both are named.
+
+    Raises
+    ------
+    SpecError
+        A statement that is not ρ-zCDP (pure ε would have to be converted; refused).
+    """
+    for which, s in (("persons", persons), ("units", units)):
+        if s.accounting != "zcdp" or s.rho is None:
+            raise SpecError(
+                f"the {which} release's statement is not rho-zCDP; the persons and units "
+                "releases compose here only in zCDP"
+            )
+    assert persons.rho is not None and units.rho is not None
+    return PrivacyStatement(
+        accounting="zcdp",
+        rho=persons.rho + units.rho,
+        delta=units.delta if units.delta is not None else persons.delta,
+        invariants=tuple(f"persons {i}" for i in persons.invariants)
+        + tuple(f"housing units {i}" for i in units.invariants),
+        geometry=units.geometry,
+        data_dependent=persons.data_dependent or units.data_dependent,
+        mechanism=units.mechanism
+        if units.mechanism == persons.mechanism
+        else f"persons: {persons.mechanism}; housing units: {units.mechanism}",
+        notes=(
+            f"composed: persons rho = {persons.rho:.6g}, housing units rho = {units.rho:.6g} "
+            "(zCDP sequential composition); the persons file protects one person's record "
+            "and the units file one housing unit's: the sum bounds the loss of a respondent "
+            "who is one record in each",
+            *persons.notes,
+            *units.notes,
+        ),
+    )
+
+
+def _persons_statement(folder: Path) -> PrivacyStatement:
+    """The privacy statement of a persons release directory (its ``manifest.json``)."""
+    manifest = folder / "manifest.json"
+    if not manifest.is_file():
+        raise SpecError(
+            f"{folder}: --compose-with names a persons release directory of privatize "
+            "(with manifest.json); none found there"
+        )
+    try:
+        doc = json.loads(manifest.read_text(encoding="utf-8"))
+        return PrivacyStatement.from_dict(doc["privacy"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SpecError(
+            f"{manifest}: no readable privacy statement ({type(exc).__name__}); give the "
+            "directory a persons privatize run wrote"
+        ) from None
+
+
+#: The privacy statement's note when the block set was taken from the confidential rows.
+BLOCKS_FROM_DATA_NOTE = (
+    "the block hierarchy was built from the units file's own rows (--blocks-from-data): the "
+    "set of blocks with at least one housing unit is released exactly, outside the DP "
+    "guarantee"
+)
+
+
+@dataclass(frozen=True)
+class UnitsResult:
+    """What ``privatize`` on a units file wrote."""
+
+    out: Path
+    privacy: PrivacyStatement
+    housing_units: int
+    seconds: float
+
+
+def privatize_units(
+    path: str | Path,
+    spec_path: str | Path | None,
+    out: str | Path,
+    *,
+    seed: int | None = None,
+    overwrite: bool = False,
+    blocks: str | Path | None = None,
+    blocks_from_data: bool = False,
+    compose_with: str | Path | None = None,
+    evaluate: bool = False,
+    repetitions: int | None = None,
+) -> UnitsResult:
+    """Privatize a PPMF units file into both H1 products for every level.
+
+    Writes ``h1_<level>.csv`` (wide, with ``_se``) and ``h1_long.csv`` (the unbiased
+    product), ``nonnegative/h1_<level>.csv`` and ``nonnegative/h1_long.csv`` (the
+    non-negative product, no standard errors), the size-class report
+    (``size_classes.csv``, ``.md``, ``.png``), ``manifest.json``, ``privacy.md`` and
+    ``README.md`` into ``out`` atomically (nothing on an error).
+
+    Parameters
+    ----------
+    path : path-like
+        The units file (:func:`~censusdp.pipelines.ppmf.read_ppmf_units`).
+    spec_path : path-like or None
+        A units spec (:func:`load_units_spec`); None: the production allocation.
+    out : path-like
+        New directory, or an earlier censusdp output with ``overwrite``.
+    seed : int, optional
+        Reproducible mode (tests).
+    blocks : path-like, optional
+        The public list of every block (overrides ``[hierarchy] blocks``).
+    blocks_from_data : bool
+        Build the blocks from the file's rows, acknowledging the disclosure.
+    compose_with : path-like, optional
+        A persons release directory: the statement covers both releases.
+    evaluate : bool
+        Also write the confidential comparison with the truth (``evaluation/``).
+    repetitions : int, optional
+        Simulated releases for the size-class report (default: the spec's, 10).
+
+    Raises
+    ------
+    SpecError
+        Refused output, a bad spec, no block list and no acknowledgement.
+    DataError
+        A malformed units file or block list (file, data row and column named).
+    """
+    t0, c0 = time.perf_counter(), time.process_time()
+    spec = load_units_spec(spec_path) if spec_path is not None else UnitsSpec()
+    if seed is not None:
+        spec = dataclasses.replace(spec, seed=seed)
+    if repetitions is not None:
+        if repetitions < 2:
+            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
+        spec = dataclasses.replace(spec, repetitions=repetitions)
+    if blocks is not None:
+        spec = dataclasses.replace(spec, blocks=Path(blocks))
+    inputs = [x for x in (path, spec_path, spec.blocks) if x is not None]
+    check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
+    if spec.blocks is None and not blocks_from_data:
+        raise SpecError(
+            f"{Path(path).name}: no public block list. A units file holds only the blocks with "
+            "housing units or facilities, so a hierarchy built from its rows would release "
+            "that set. Give the list of every block ([hierarchy] blocks = FILE, or --blocks "
+            "FILE), or pass --blocks-from-data to accept that disclosure"
+        )
+    persons = None if compose_with is None else _persons_statement(Path(compose_with))
+    hist = read_ppmf_units(path)
+    if spec.blocks is not None:
+        hist = hist.on_blocks(
+            read_block_list(spec.blocks, column=spec.block_column), spec.blocks.name
+        )
+    timings = {"read": time.perf_counter() - t0}
+    t1 = time.perf_counter()
+    rng = KeyedRNG.from_seed(spec.seed).child("units")
+    rel = release_h1(hist, rng, rho=spec.rho)
+    timings["release"] = time.perf_counter() - t1
+    privacy = dataclasses.replace(rel.privacy, delta=spec.delta)
+    if spec.blocks is None:
+        privacy = privacy.with_notes(BLOCKS_FROM_DATA_NOTE, data_dependent=True)
+    units_privacy = privacy
+    if persons is not None:
+        privacy = compose_statements(persons, privacy)
+    with output_dir(
+        out, overwrite=overwrite, inputs=inputs, command="privatize", option="-o",
+        info={"route": "ppmf_units"},
+    ) as tmp:  # fmt: skip
+        for product, folder in (("unbiased", tmp), ("nonnegative", tmp / "nonnegative")):
+            folder.mkdir(exist_ok=True)
+            wide, long = h1_frames(rel, product)
+            for name, frame in wide.items():
+                frame.to_csv(folder / f"h1_{name}.csv", index=False)
+            long.to_csv(folder / "h1_long.csv", index=False)
+        t1 = time.perf_counter()
+        sim, evaluation = size_class_report(
+            rel, hist.schema, rng, spec.repetitions, rho=spec.rho,
+            truth=hist.dense().reshape(-1, hist.schema.n_cells) if evaluate else None,
+        )  # fmt: skip
+        write_size_class_report(
+            tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
+            unit="housing units", what="block occupancy (occupied, vacant)",
+        )  # fmt: skip
+        timings["size_class_report"] = time.perf_counter() - t1
+        timings["seconds"] = time.perf_counter() - t0
+        timings["cpu_seconds"] = time.process_time() - c0
+        _write_manifest(tmp, path, spec, privacy, units_privacy, compose_with, timings, evaluate)
+    return UnitsResult(Path(out), privacy, hist.persons, timings["seconds"])
+
+
+def _write_manifest(
+    tmp: Path,
+    path,
+    spec: UnitsSpec,
+    privacy: PrivacyStatement,
+    units_privacy: PrivacyStatement,
+    compose_with,
+    timings: dict,
+    evaluate: bool,
+) -> None:
+    from censusdp.pipelines.runner import package_versions
+
+    product = (
+        "h1_<level>.csv, h1_long.csv: H1 for every level. H1_001N (housing units) is "
+        "invariant at every block, so exact at every level (_se 0); H1_002N (occupied) is "
+        "the GLS estimate of the measurements, integer by unbiased rounding (floor or ceil "
+        "of the estimate, children summing to their parent); H1_003N (vacant) = H1_001N - "
+        "H1_002N. _se is the exact GLS standard error and does NOT include the rounding's "
+        "error (mean zero, at most 1/4 of variance)"
+    )
+    manifest = {
+        "command": "privatize",
+        "route": "ppmf_units",
+        "input": Path(path).name,
+        "spec": spec.to_dict(),
+        "strategy": "h1 2020 production units strategy DetailedOnly and allocation "
+        "(censusdp/schemas/h1.toml)",
+        "invariants": [f"{INVARIANT_LEVEL}: total"],
+        "privacy": privacy.to_dict(),
+        "privacy_units_alone": units_privacy.to_dict(),
+        "composed_with": None if compose_with is None else Path(compose_with).name,
+        "products": {"unbiased": product, "nonnegative": f"nonnegative/: {NONNEGATIVE_NOTE}"},
+        "size_class_report": {
+            "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
+            "quantity": "occupied housing units (H1_002N); areas classed by housing units",
+            "repetitions": spec.repetitions,
+            "confidential_evaluation": "evaluation/ (CONFIDENTIAL)" if evaluate else None,
+        },
+        "versions": package_versions(),
+        "timings": timings,
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    scope = (
+        "This statement covers the persons release "
+        f"{Path(compose_with).name} and this housing-unit release together."
+        if compose_with is not None
+        else "This statement covers this housing-unit release."
+    )
+    (tmp / "privacy.md").write_text(
+        "# Privacy\n\n" + privacy.text() + f"\n\n{scope} Both H1 products (unbiased and "
+        "non-negative) are post-processing of the same measurements: it covers both.\n",
+        encoding="utf-8",
+    )
+    lines = ["# censusdp release (PPMF units: H1)", "", f"Privacy: {privacy.text()}", ""]
+    lines += [f"- {product}", f"- nonnegative/: {NONNEGATIVE_NOTE}"]
+    lines += [
+        f"- blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
+        if spec.blocks is not None
+        else "- blocks: taken from the units file's rows (--blocks-from-data): the set of "
+        "blocks with a housing unit or facility is disclosed",
+        "- size_classes.md: both products' errors in occupied units by size class (housing "
+        "units), simulated from the released numbers",
+        "",
+    ]
+    (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
