@@ -221,7 +221,7 @@ def test_options_choose_the_columns_and_budgets(tmp_path):
 # ------------------------------------------------------------------ the split histogram
 
 
-def _synthetic_counties(seed: int = 5, states: int = 2, counties: int = 7):
+def _synthetic_counties(seed: int = 5, states: int = 2, counties: int = 6):
     """A small CountyData without ../shared: counties of 20 to 20,000 persons."""
     from censusdp.experiments.topdown_fidelity import CountyData
     from censusdp.hierarchy import Table
