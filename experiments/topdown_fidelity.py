@@ -981,7 +981,7 @@ def _report(ctx: ExperimentContext, m: dict) -> Report:
                     for k, v in hm["race_groups"].items()
                 )
                 + "). The split "
-                "is synthetic: each county's 14 shares are drawn from a Dirichlet with "
+                "is synthetic: each county's Hispanic × race shares are drawn from a Dirichlet with "
                 "the national 2010 Census shares as mean (SF1 P5; Humes, Jones & Ramirez 2011, "
                 f"Table 1) and concentration {hm['concentration']} (an assumption), each cell "
                 "split multinomially by them (seeded, stream `split`). The real 36 cells, the "
