@@ -229,8 +229,22 @@ OPTIONS = {
 }
 
 
+class _Leaves:
+    """The hierarchy and true leaf cells of a study object holding a ``table``."""
+
+    table: Table
+
+    @property
+    def hierarchy(self) -> Hierarchy:
+        return self.table.hierarchy
+
+    @property
+    def truth(self) -> np.ndarray:
+        return np.asarray(self.table.leaf_counts, np.int64)
+
+
 @dataclass(frozen=True)
-class CountyData:
+class CountyData(_Leaves):
     """The county table and the Bureau's runs aligned with its leaves.
 
     Attributes
@@ -249,14 +263,6 @@ class CountyData:
     schema: Schema
     bureau: dict[str, np.ndarray]
     state: np.ndarray
-
-    @property
-    def hierarchy(self) -> Hierarchy:
-        return self.table.hierarchy
-
-    @property
-    def truth(self) -> np.ndarray:
-        return np.asarray(self.table.leaf_counts, np.int64)
 
 
 def load_county_table(path, states: Sequence[str] | None = None) -> CountyData:
@@ -374,7 +380,7 @@ def split_schema() -> Schema:
 
 
 @dataclass(frozen=True)
-class Histogram:
+class Histogram(_Leaves):
     """One county histogram the study releases, with its strategy and TopDown orderings.
 
     Attributes
@@ -400,14 +406,6 @@ class Histogram:
     ordering: dict[str, LevelOrdering]
     ordering_one: dict[str, LevelOrdering]
     state: np.ndarray
-
-    @property
-    def hierarchy(self) -> Hierarchy:
-        return self.table.hierarchy
-
-    @property
-    def truth(self) -> np.ndarray:
-        return np.asarray(self.table.leaf_counts, np.int64)
 
     def sex_age(self, cells: np.ndarray) -> np.ndarray:
         """(counties, cells) → (counties, 36): the sex × age marginal."""
