@@ -8,7 +8,7 @@ Avoidance System (DAS), ``ddp_20191029`` and ``ppdd_20200527`` (IPUMS NHGIS). Ge
 nation → state (52 areas: 50 states, DC, Puerto Rico) → county (3,221); every state total
 population is invariant (held exactly by the Bureau's runs too; the run checks it).
 
-Histograms (``--opt histogram=both|sex_age|split``, default both):
+Histograms (``--opt histogram=sex_age|split|both``, default ``sex_age``):
 
 * ``sex_age`` — the real 36 cells. Strategy, Bureau-like: at every level the product
   queries ``total`` (not at the nation, whose total is implied by the state invariants),
@@ -217,13 +217,13 @@ ORDERING, ORDERING_ONE = _orderings(
     ("sex", "age5", "detailed"), (("total",), ("sex",), ("detailed",))
 )
 #: ``--opt KEY=VALUE`` (the first value is the default): ``histogram`` — the real 36-cell
-#: table and the synthetic split of it side by side (``both``), or one of them
-#: (``sex_age``, ``split``); ``topdown-passes`` — the production ordering (``production``),
+#: table (``sex_age``), the synthetic split of it (``split``, far slower: a TopDown-style run
+#: over 288 cells costs tens of CPU seconds), or both side by side (``both``); ``topdown-passes`` — the production ordering (``production``),
 #: the one-pass variant instead (``one``) or both side by side (``both``); ``rho`` — the
 #: multiples of ρ* of :func:`rho_factors` (``range``), ρ* alone (``reference``) or the
 #: ``LOW_FACTORS`` alone (``noisy``).
 OPTIONS = {
-    "histogram": ("both", "sex_age", "split"),
+    "histogram": ("sex_age", "split", "both"),
     "topdown-passes": ("production", "one", "both"),
     "rho": ("range", "reference", "noisy"),
 }
@@ -441,7 +441,8 @@ def split_histogram(data: CountyData, rng: KeyedRNG) -> Histogram:
 
 
 def histograms(ctx: ExperimentContext, data: CountyData) -> list[Histogram]:
-    """The histograms ``--opt histogram`` asks for (default both), the real one first."""
+    """The histograms ``--opt histogram`` asks for (default the real one), the real one
+    first."""
     which = ctx.options.get("histogram", OPTIONS["histogram"][0])
     out = []
     if which in ("both", "sex_age"):
