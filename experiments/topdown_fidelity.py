@@ -139,7 +139,7 @@ __all__ = [
 
 #: What this study reproduces, for ``censusdp experiment --list`` and the README.
 INFO = ExperimentInfo(
-    reproduces="TopDown-style (production passes; one L2 pass with `--opt topdown-passes=one` or `both`), GLS and the non-negative product on the real county sex × age table (36 cells, nation → state → county, total/sex/age/detailed, 10 runs at each of four ρ bracketing the Bureau's county budget) beside the Bureau's 2019-10-29 and 2020-05-27 runs in the same file: per-state slopes of county error on log(population), error by size class, zero cells kept zero",
+    reproduces="TopDown-style (production passes; one L2 pass with `--opt topdown-passes=one` or `both`), GLS and the non-negative product on the real county sex × age table (36 cells, nation → state → county, total/sex/age/detailed, 10 runs at each of four ρ bracketing the Bureau's county budget; `--opt histogram=split` or `both`: a synthetic 288-cell split by Hispanic origin × race keeping the real cells as marginals) beside the Bureau's 2019-10-29 and 2020-05-27 runs in the same file: per-state slopes of county error on log(population), error by size class, zero cells kept zero",
     paper="Abowd et al. (2022), The 2020 Census DAS TopDown Algorithm; Gao, Gong & Yu (2022), Subspace Differential Privacy, Fig. 1 (the slope test)",
     data=("county_sex_age5_2010.csv",),
     full_run="40 min",
