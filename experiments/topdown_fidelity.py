@@ -1,5 +1,5 @@
 """``topdown-fidelity``: does the project's TopDown-style reproduce the Bureau's county bias on
-the real county sex × age table?
+the real county sex × age table, and on a histogram as rich as the Bureau's?
 
 Data: the 2010 Census county table sex × 5-year age group (36 cells, ``sex_age5`` schema) in
 three versions (``county_sex_age5_2010.csv``; ``--data`` overrides): Summary File 1
@@ -8,19 +8,30 @@ Avoidance System (DAS), ``ddp_20191029`` and ``ppdd_20200527`` (IPUMS NHGIS). Ge
 nation → state (52 areas: 50 states, DC, Puerto Rico) → county (3,221); every state total
 population is invariant (held exactly by the Bureau's runs too; the run checks it).
 
-Strategy, Bureau-like: at every level the product queries ``total`` (not at the nation, whose
-total is implied by the state invariants), ``sex``, ``age5`` and ``detailed`` (36 cells),
-discrete Gaussian noise, zero-concentrated DP with ρ shares 0.3 / 0.1 / 0.2 / 0.4 of the
-level's ρ and the same ρ at every level. The Bureau's county-level budget is derived from its
-published allocation for the November 2020 demonstration vintage used by the subspace-DP
-paper (``../shared/data/README.md``): ε = 4 (persons) × 0.16 (county level) × 0.3 (total
-population query) = 0.192 for the county totals, measured there with two-sided geometric
-noise of variance ≈ 2/ε² = 54.3. The discrete Gaussian with the same variance has ρ_total =
-ε²/4 = 0.009216, so with the total's share 0.3 the county level's ρ is **ρ* = 0.03072** (the
-other shares are ours: the files do not record the demonstration runs' query splits). The
-study runs ρ ∈ ρ* × {1/10, 1/3, 1, 3}, ``RUNS`` runs each (``--quick``: ρ* alone,
-``RUNS_QUICK`` runs, the ``QUICK_STATES``; ``--all``: also ρ*/300 and ρ*/100, where our
-county cells are as noisy as the Bureau's).
+Histograms (``--opt histogram=sex_age|split|both``, default ``sex_age``):
+
+* ``sex_age`` — the real 36 cells. Strategy, Bureau-like: at every level the product
+  queries ``total`` (not at the nation, whose total is implied by the state invariants),
+  ``sex``, ``age5`` and ``detailed``, ρ shares 0.3 / 0.1 / 0.2 / 0.4 (:data:`SHARES`);
+* ``split`` — the Bureau's sex × age cells are marginals of a far larger person histogram,
+  so non-negativity binds on many sparse cells. :func:`split_histogram` refines each
+  county's real 36 cells by Hispanic origin × race (:func:`split_schema`) with a seeded,
+  synthetic split whose county shares scatter around the national 2010 Census shares
+  (:data:`NATIONAL_HISPANIC_RACE`); the real cells, county and state totals are its exact
+  marginals. Strategy ``total``, ``sex * age5``, ``hispanic * race``, ``detailed``, ρ shares
+  0.3 / 0.2 / 0.1 / 0.4 (:data:`SPLIT_SHARES`: the total keeps its share, so the county
+  totals are measured with the same noise in both histograms).
+
+Budget: discrete Gaussian noise, zero-concentrated DP, the same ρ at every level. The Bureau's
+county-level budget is derived from its published allocation for the November 2020
+demonstration vintage used by the subspace-DP paper (``../shared/data/README.md``): ε = 4
+(persons) × 0.16 (county level) × 0.3 (total population query) = 0.192 for the county totals,
+measured there with two-sided geometric noise of variance ≈ 2/ε² = 54.3. The discrete
+Gaussian with the same variance has ρ_total = ε²/4 = 0.009216, so with the total's share 0.3
+the county level's ρ is **ρ* = 0.03072** (the other shares are ours: the files do not record
+the demonstration runs' query splits). The study runs ρ ∈ ρ* × {1/10, 1/3, 1, 3}, ``RUNS``
+runs each (``--quick``: ρ* alone, ``RUNS_QUICK`` runs, the ``QUICK_STATES``; ``--all``: also
+ρ*/300 and ρ*/100, where our 36-cell county cells are as noisy as the Bureau's).
 
 Estimators on the same measurements and invariants:
 
@@ -52,8 +63,9 @@ Measures, for each release and for the Bureau's two runs:
 * error of county totals by the size classes of the Bureau's detailed summary metrics (2010
   population 0–999, 1,000–4,999, 5,000–9,999, 10,000–49,999, 50,000–99,999, 100,000+): mean
   error, mean absolute error, RMSE, mean algebraic and mean absolute percent error;
-* the 36 cells: mean absolute cell error, and the share of the cells that are zero in the
-  truth that the release keeps at zero (and of positive cells it sets to zero).
+* the 36 sex × age cells (the split's marginal): mean absolute cell error, and the share of
+  the cells that are zero in the truth that the release keeps at zero (and of positive cells
+  it sets to zero); for the split also over its own cells.
 
 References
 ----------
@@ -64,6 +76,8 @@ Gao, Gong & Yu (2022), "Subspace Differential Privacy", AAAI, §1 and Figure 1.
 Bun & Steinke (2016), "Concentrated Differential Privacy: Simplifications, Extensions, and
 Lower Bounds", TCC (ρ-zCDP). Canonne, Kamath & Steinke (2020), "The Discrete Gaussian for
 Differential Privacy", NeurIPS.
+Humes, Jones & Ramirez (2011), "Overview of Race and Hispanic Origin: 2010", 2010 Census
+Briefs C2010BR-02, U.S. Census Bureau, Table 1 (SF1 P5, the split's national shares).
 Van Riper, Kugler & Schroeder (2020), *IPUMS NHGIS Privacy-Protected 2010 Census Demonstration
 Data*, version 20200527, Minneapolis, MN: IPUMS.
 """
@@ -71,9 +85,12 @@ Data*, version 20200527, Minneapolis, MN: IPUMS.
 from __future__ import annotations
 
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cache
+from importlib import resources
 
 import numpy as np
 import pandas as pd
@@ -105,17 +122,24 @@ __all__ = [
     "ORDERING",
     "ORDERING_ONE",
     "RHO_BUREAU",
+    "SPLIT_ORDERING",
+    "SPLIT_SHARES",
     "CountyData",
+    "Histogram",
     "bureau_slopes",
+    "histograms",
     "load_county_table",
     "run",
+    "sex_age_histogram",
     "size_class_table",
+    "split_histogram",
+    "split_schema",
     "strategy",
 ]
 
 #: What this study reproduces, for ``censusdp experiment --list`` and the README.
 INFO = ExperimentInfo(
-    reproduces="TopDown-style (production passes; one L2 pass with `--opt topdown-passes=one` or `both`), GLS and the non-negative product on the real county sex × age table (36 cells, nation → state → county, total/sex/age/detailed, 10 runs at each of four ρ bracketing the Bureau's county budget) beside the Bureau's 2019-10-29 and 2020-05-27 runs in the same file: per-state slopes of county error on log(population), error by size class, zero cells kept zero",
+    reproduces="TopDown-style (production passes; one L2 pass with `--opt topdown-passes=one` or `both`), GLS and the non-negative product on the real county sex × age table (36 cells, nation → state → county, total/sex/age/detailed, 10 runs at each of four ρ bracketing the Bureau's county budget; `--opt histogram=split` or `both`: a synthetic 288-cell split by Hispanic origin × race keeping the real cells as marginals) beside the Bureau's 2019-10-29 and 2020-05-27 runs in the same file: per-state slopes of county error on log(population), error by size class, zero cells kept zero",
     paper="Abowd et al. (2022), The 2020 Census DAS TopDown Algorithm; Gao, Gong & Yu (2022), Subspace Differential Privacy, Fig. 1 (the slope test)",
     data=("county_sex_age5_2010.csv",),
     full_run="40 min",
@@ -168,29 +192,59 @@ ALPHA = 0.01
 MIN_COUNTIES = 6
 #: Lower bounds of the county size classes of the Bureau's detailed summary metrics.
 SIZE_CLASSES = (0, 1_000, 5_000, 10_000, 50_000, 100_000)
-#: The Bureau's pass structure on this schema: (L2 passes, rounder passes) per level.
-_ROUNDER = (("total",), ("sex",), ("detailed",))
-ORDERING: dict[str, LevelOrdering] = {
-    "nation": ((("sex", "age5", "detailed"),), _ROUNDER),
-    "state": ((("total",), ("sex", "age5", "detailed")), _ROUNDER),
-    "county": ((("total",), ("sex", "age5", "detailed")), _ROUNDER),
+
+
+def _orderings(
+    others: tuple[str, ...], rounder: tuple[tuple[str, ...], ...]
+) -> tuple[dict[str, LevelOrdering], dict[str, LevelOrdering]]:
+    """The Bureau's pass structure over a strategy ``total`` + ``others`` (production: the
+    root one L2 pass, below it pass 0 the ``total`` alone then ``others``), and the one-pass
+    variant (every query of a level in one L2 pass, the total not isolated); the same rounder
+    passes in both."""
+    production = {
+        "nation": ((others,), rounder),
+        "state": ((("total",), others), rounder),
+        "county": ((("total",), others), rounder),
+    }
+    one = {lv: (((("total", *others) if lv != "nation" else others),), rounder)
+           for lv in LEVELS}  # fmt: skip
+    return production, one
+
+
+#: The Bureau's pass structure on the 36-cell schema: (L2 passes, rounder passes) per level,
+#: and (``ORDERING_ONE``, ``--opt topdown-passes=one``) every query of a level in one L2 pass.
+ORDERING, ORDERING_ONE = _orderings(
+    ("sex", "age5", "detailed"), (("total",), ("sex",), ("detailed",))
+)
+#: ``--opt KEY=VALUE`` (the first value is the default): ``histogram`` — the real 36-cell
+#: table (``sex_age``), the synthetic split of it (``split``, far slower: a TopDown-style run
+#: over 288 cells costs tens of CPU seconds), or both side by side (``both``); ``topdown-passes`` — the production ordering (``production``),
+#: the one-pass variant instead (``one``) or both side by side (``both``); ``rho`` — the
+#: multiples of ρ* of :func:`rho_factors` (``range``), ρ* alone (``reference``) or the
+#: ``LOW_FACTORS`` alone (``noisy``).
+OPTIONS = {
+    "histogram": ("sex_age", "split", "both"),
+    "topdown-passes": ("production", "one", "both"),
+    "rho": ("range", "reference", "noisy"),
 }
-#: The one-L2-pass variant: every query of a level in one pass, the total not isolated
-#: (``--opt topdown-passes=one``); the same rounder passes.
-ORDERING_ONE: dict[str, LevelOrdering] = {
-    "nation": ((("sex", "age5", "detailed"),), _ROUNDER),
-    "state": ((("total", "sex", "age5", "detailed"),), _ROUNDER),
-    "county": ((("total", "sex", "age5", "detailed"),), _ROUNDER),
-}
-#: ``--opt KEY=VALUE`` (the first value is the default): ``topdown-passes`` — the production
-#: ordering (``production``), the one-pass variant instead (``one``) or both side by side
-#: (``both``); ``rho`` — the multiples of ρ* of :func:`rho_factors` (``range``), ρ* alone
-#: (``reference``) or the ``LOW_FACTORS`` alone (``noisy``).
-OPTIONS = {"topdown-passes": ("production", "one", "both"), "rho": ("range", "reference", "noisy")}
+
+
+class _Leaves:
+    """The hierarchy and true leaf cells of a study object holding a ``table``."""
+
+    table: Table
+
+    @property
+    def hierarchy(self) -> Hierarchy:
+        return self.table.hierarchy
+
+    @property
+    def truth(self) -> np.ndarray:
+        return np.asarray(self.table.leaf_counts, np.int64)
 
 
 @dataclass(frozen=True)
-class CountyData:
+class CountyData(_Leaves):
     """The county table and the Bureau's runs aligned with its leaves.
 
     Attributes
@@ -209,14 +263,6 @@ class CountyData:
     schema: Schema
     bureau: dict[str, np.ndarray]
     state: np.ndarray
-
-    @property
-    def hierarchy(self) -> Hierarchy:
-        return self.table.hierarchy
-
-    @property
-    def truth(self) -> np.ndarray:
-        return np.asarray(self.table.leaf_counts, np.int64)
 
 
 def load_county_table(path, states: Sequence[str] | None = None) -> CountyData:
@@ -272,13 +318,149 @@ def load_county_table(path, states: Sequence[str] | None = None) -> CountyData:
     return data
 
 
+# ------------------------------------------------------------------------------ histograms
+
+#: The 2010 Census resident population of the United States (50 states and DC) by Hispanic
+#: origin (rows: :data:`HISPANIC`) × race (columns: :data:`RACES`), Summary File 1 table P5
+#: (Humes, Jones & Ramirez 2011, Table 1): the national shares of the synthetic split.
+NATIONAL_HISPANIC_RACE = np.array([
+    [196_817_552, 37_685_848, 2_247_098, 14_465_124, 481_576, 604_265, 5_966_481],
+    [26_735_713, 1_243_471, 685_150, 209_128, 58_437, 18_503_103, 3_042_592],
+], np.int64)  # fmt: skip
+HISPANIC = ("Not Hispanic", "Hispanic")
+RACES = ("White", "Black", "AIAN", "Asian", "NHPI", "Some other race", "Two or more races")
+#: The split's race axis: group → members of :data:`RACES` (each race in exactly one group).
+#: Four groups (288 cells, the size of the outside experiment of issue 18): the seven alone /
+#: two-or-more groups (504 cells) cost over 160 CPU s per TopDown-style run (measured under
+#: load), too slow for ten runs per budget.
+RACE_GROUPS: dict[str, tuple[str, ...]] = {
+    "White": ("White",),
+    "Black": ("Black",),
+    "Asian or Pacific Islander": ("Asian", "NHPI"),
+    "Other or two or more": ("AIAN", "Some other race", "Two or more races"),
+}
+#: Dirichlet concentration of a county's Hispanic × race shares around the national ones (an
+#: assumption, not an estimate: counties differ in composition, e.g. a Hispanic share of
+#: Beta(1.6, 8.4), mean 16%, SD 11 points; the real between-county spread is not in the data).
+SPLIT_CONCENTRATION = 10
+#: The split's product queries and their shares of a level's ρ (the nation omits ``total``).
+#: The total keeps the 36-cell study's share, so at the same ρ the county totals get the same
+#: noise in both histograms; the rest follows the Bureau's production strategy in spirit
+#: (DESIGN §10: total first, ``detailed`` the next largest, small shares for marginals).
+SPLIT_SHARES = {"total": Fraction(3, 10), "sex * age5": Fraction(2, 10),
+                "hispanic * race": Fraction(1, 10), "detailed": Fraction(4, 10)}  # fmt: skip
+SPLIT_ORDERING, SPLIT_ORDERING_ONE = _orderings(
+    ("sex * age5", "hispanic * race", "detailed"),
+    (("total",), ("sex * age5",), ("detailed",)),
+)
+
+
+def national_shares() -> np.ndarray:
+    """(2, len(RACE_GROUPS)) national 2010 shares of Hispanic origin × race group."""
+    idx = {r: i for i, r in enumerate(RACES)}
+    cols = [
+        NATIONAL_HISPANIC_RACE[:, [idx[r] for r in g]].sum(axis=1) for g in RACE_GROUPS.values()
+    ]
+    counts = np.stack(cols, axis=1)
+    return counts / counts.sum()
+
+
+@cache
+def split_schema() -> Schema:
+    """``sex_age5`` × ``hispanic`` (2) × ``race`` (:data:`RACE_GROUPS`), sex and age the
+    leading axes (built once, so queries parsed from it combine)."""
+    spec = tomllib.loads(
+        (resources.files("censusdp") / "schemas" / "sex_age5.toml").read_text(encoding="utf-8")
+    )
+    spec["name"] = "sex_age5_hispanic_race"
+    spec["description"] = f"sex × 5-year age × Hispanic origin × race ({len(RACE_GROUPS)} groups)"
+    spec["attributes"] += [{"name": "hispanic", "labels": list(HISPANIC)},
+                           {"name": "race", "labels": list(RACE_GROUPS)}]  # fmt: skip
+    return Schema.from_dict(spec, source="topdown_fidelity.split_schema")
+
+
+@dataclass(frozen=True)
+class Histogram(_Leaves):
+    """One county histogram the study releases, with its strategy and TopDown orderings.
+
+    Attributes
+    ----------
+    name : str
+        ``sex_age`` (the real 36 cells) or ``split`` (the synthetic refinement).
+    table : Table
+        nation → state → county, the true cells.
+    schema : Schema
+        Its leading axes are ``sex`` and ``age5`` (:meth:`sex_age` sums the rest).
+    shares : dict
+        Query text → share of a level's ρ.
+    ordering, ordering_one : dict
+        Production and one-L2-pass TopDown-style orderings.
+    state : numpy.ndarray
+        State FIPS per county (leaf order).
+    """
+
+    name: str
+    table: Table
+    schema: Schema
+    shares: dict[str, Fraction]
+    ordering: dict[str, LevelOrdering]
+    ordering_one: dict[str, LevelOrdering]
+    state: np.ndarray
+
+    def sex_age(self, cells: np.ndarray) -> np.ndarray:
+        """(counties, cells) → (counties, 36): the sex × age marginal."""
+        n36 = self.schema.shape[0] * self.schema.shape[1]
+        return cells.reshape(cells.shape[0], n36, -1).sum(axis=2)
+
+
+def sex_age_histogram(data: CountyData) -> Histogram:
+    """The real 36-cell table with the Bureau-like strategy total, sex, age, detailed."""
+    return Histogram("sex_age", data.table, data.schema, SHARES, ORDERING, ORDERING_ONE,
+                     data.state)  # fmt: skip
+
+
+def split_histogram(data: CountyData, rng: KeyedRNG) -> Histogram:
+    """A synthetic refinement of every county's real 36 cells by Hispanic origin × race.
+
+    Each county draws its Hispanic × race-group shares from a Dirichlet with mean the national
+    2010 shares (:data:`NATIONAL_HISPANIC_RACE`) and concentration
+    :data:`SPLIT_CONCENTRATION`; each of its sex × age cells is split multinomially by them.
+    The real cells are kept exactly as the sex × age marginal (so are the county and state
+    totals); the split itself is synthetic, the same for a given ``rng`` (stream
+    ``split``).
+    """
+    schema = split_schema()
+    p = national_shares().reshape(-1)
+    g = rng.generator("split")
+    n = data.truth.shape[0]
+    county_shares = g.dirichlet(SPLIT_CONCENTRATION * p, size=n)
+    cells = g.multinomial(data.truth, county_shares[:, None, :]).reshape(n, -1)
+    table = Table(data.hierarchy, schema.cells, cells.astype(np.int64))
+    return Histogram("split", table, schema, SPLIT_SHARES, SPLIT_ORDERING, SPLIT_ORDERING_ONE,
+                     data.state)  # fmt: skip
+
+
+def histograms(ctx: ExperimentContext, data: CountyData) -> list[Histogram]:
+    """The histograms ``--opt histogram`` asks for (default the real one), the real one
+    first."""
+    which = ctx.options.get("histogram", OPTIONS["histogram"][0])
+    out = []
+    if which in ("both", "sex_age"):
+        out.append(sex_age_histogram(data))
+    if which in ("both", "split"):
+        out.append(split_histogram(data, ctx.rng.child("split")))
+    return out
+
+
 def strategy(
-    schema: Schema, rho_level: Fraction
+    schema: Schema, rho_level: Fraction, shares: dict[str, Fraction] | None = None
 ) -> list[tuple[str, ProductQuery, DiscreteGaussian]]:
-    """The measurement plan: every level's queries with σ² = 1/(2 · share · ρ) (Δ₂ = 1)."""
+    """The measurement plan: every level's queries (``shares``, default :data:`SHARES`) with
+    σ² = 1/(2 · share · ρ) (Δ₂ = 1); the nation has no ``total`` (the state invariants fix
+    it)."""
     plan = []
     for level in LEVELS:
-        for name, share in SHARES.items():
+        for name, share in (SHARES if shares is None else shares).items():
             if level == "nation" and name == "total":
                 continue
             law = DiscreteGaussian.from_sigma2(1 / (2 * share * rho_level))
@@ -286,43 +468,43 @@ def strategy(
     return plan
 
 
-def _tensors(data: CountyData) -> list[np.ndarray]:
-    return [c.reshape(-1, *data.schema.shape) for c in data.hierarchy.aggregate(data.truth)]
+def _tensors(hist: Histogram) -> list[np.ndarray]:
+    return [c.reshape(-1, *hist.schema.shape) for c in hist.hierarchy.aggregate(hist.truth)]
 
 
-def _topdown(data, meas, invs, rng, shared) -> np.ndarray:
-    rel = topdown_schema(data.hierarchy, data.schema, meas, invs, ordering=ORDERING)
-    return np.asarray(rel.estimates[-1]).reshape(-1, data.schema.n_cells)
+def _topdown(hist: Histogram, meas, invs, rng, shared) -> np.ndarray:
+    rel = topdown_schema(hist.hierarchy, hist.schema, meas, invs, ordering=hist.ordering)
+    return np.asarray(rel.estimates[-1]).reshape(-1, hist.schema.n_cells)
 
 
-def _topdown_one(data, meas, invs, rng, shared) -> np.ndarray:
-    rel = topdown_schema(data.hierarchy, data.schema, meas, invs, ordering=ORDERING_ONE)
-    return np.asarray(rel.estimates[-1]).reshape(-1, data.schema.n_cells)
+def _topdown_one(hist: Histogram, meas, invs, rng, shared) -> np.ndarray:
+    rel = topdown_schema(hist.hierarchy, hist.schema, meas, invs, ordering=hist.ordering_one)
+    return np.asarray(rel.estimates[-1]).reshape(-1, hist.schema.n_cells)
 
 
-def _gls_release(data, meas, invs, shared: dict):
+def _gls_release(hist: Histogram, meas, invs, shared: dict):
     """The run's structured GLS release, solved once for every estimator built on it."""
     if "gls" not in shared:
-        shared["gls"] = structured_gls(data.hierarchy, data.schema, meas, invs)
+        shared["gls"] = structured_gls(hist.hierarchy, hist.schema, meas, invs)
     return shared["gls"]
 
 
-def _gls(data, meas, invs, rng, shared) -> np.ndarray:
-    rel = _gls_release(data, meas, invs, shared)
+def _gls(hist: Histogram, meas, invs, rng, shared) -> np.ndarray:
+    rel = _gls_release(hist, meas, invs, shared)
     out = round_structured(rel, rng.child("round"), invariants=invs, spreads=False)
-    return np.asarray(out.counts[-1]).reshape(-1, data.schema.n_cells)
+    return np.asarray(out.counts[-1]).reshape(-1, hist.schema.n_cells)
 
 
-def _nonnegative(data, meas, invs, rng, shared) -> np.ndarray:
-    rel = _gls_release(data, meas, invs, shared)
+def _nonnegative(hist: Histogram, meas, invs, rng, shared) -> np.ndarray:
+    rel = _gls_release(hist, meas, invs, shared)
     out = nonnegative_structured(rel, rng.child("nonnegative"), invariants=invs)
-    return np.asarray(out.counts[-1]).reshape(-1, data.schema.n_cells)
+    return np.asarray(out.counts[-1]).reshape(-1, hist.schema.n_cells)
 
 
-#: Estimator name → f(data, measurements, invariants, rng, shared) → county cells (counties,
-#: 36); ``shared`` holds what one run's estimators share (the GLS release: the seconds of the
-#: GLS-based columns after the first exclude its solve). A new estimator on the same
-#: measurements is one entry here (and one in LABELS).
+#: Estimator name → f(histogram, measurements, invariants, rng, shared) → county cells
+#: (counties, cells); ``shared`` holds what one run's estimators share (the GLS release:
+#: the seconds of the GLS-based columns after the first exclude its solve). A new estimator
+#: on the same measurements is one entry here (and one in LABELS).
 ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
     "topdown": _topdown,
     "topdown_one": _topdown_one,
@@ -339,7 +521,7 @@ def estimators(ctx: ExperimentContext) -> tuple[str, ...]:
     return (*td[passes], "gls", "nonnegative")
 
 
-def _checks(data: CountyData, county: np.ndarray) -> dict:
+def _checks(data: CountyData | Histogram, county: np.ndarray) -> dict:
     """Exact checks of a county release: integers, sign, state totals (the invariant)."""
     st = data.hierarchy.ancestor_index("county", "state")
     return {
@@ -433,8 +615,11 @@ def _slope_counts(regs: list[pd.DataFrame]) -> dict:
     }
 
 
+_ZERO_KEYS = ("true_zero_cells", "zero_kept_zero", "positive_set_to_zero", "positive_cells")
+
+
 def _run_rho(
-    data: CountyData,
+    hist: Histogram,
     tensors: list[np.ndarray],
     invs: list[ProductInvariant],
     rho: Fraction,
@@ -442,14 +627,19 @@ def _run_rho(
     rng: KeyedRNG,
     names: Sequence[str],
 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """The estimators ``names`` on ``runs`` independent measurements at level budget ``rho``."""
-    h, truth = data.hierarchy, data.truth
+    """The estimators ``names`` on ``runs`` independent measurements at level budget ``rho``.
+
+    Cell measures are on the sex × age marginal (the Bureau's 36 cells); for a refined
+    histogram ``histogram_cells`` also counts zeros over its own cells.
+    """
+    h, truth = hist.hierarchy, hist.truth
+    truth36 = hist.sex_age(truth)
     total = truth.sum(axis=1)
-    plan = strategy(data.schema, rho)
+    plan = strategy(hist.schema, rho, hist.shares)
     errors = {k: np.empty((runs, total.size)) for k in names}
     regs: dict[str, list[pd.DataFrame]] = {k: [] for k in names}
-    zeros = {k: dict.fromkeys(("true_zero_cells", "zero_kept_zero", "positive_set_to_zero",
-                               "positive_cells"), 0) for k in names}  # fmt: skip
+    zeros = {k: dict.fromkeys(_ZERO_KEYS, 0) for k in names}
+    zeros_h = {k: dict.fromkeys(_ZERO_KEYS, 0) for k in names}
     cell_abs = dict.fromkeys(names, 0.0)
     checks: dict[str, dict] = {k: {} for k in names}
     seconds = dict.fromkeys(names, 0.0)
@@ -463,21 +653,24 @@ def _run_rho(
         for name in names:
             fn = ESTIMATORS[name]
             t0, c0 = time.perf_counter(), time.process_time()
-            county = fn(data, meas, invs, rr.child(name), shared)
+            county = fn(hist, meas, invs, rr.child(name), shared)
             seconds[name] += time.perf_counter() - t0
             cpu[name] += time.process_time() - c0
-            for k, ok in _checks(data, county).items():
+            for k, ok in _checks(hist, county).items():
                 checks[name][k] = checks[name].get(k, True) and ok
             err = county.sum(axis=1) - total
             errors[name][r] = err
-            regs[name].append(group_regressions(err, total, data.state, min_members=MIN_COUNTIES))
-            for k, v in _zero_cells(truth, county).items():
+            regs[name].append(group_regressions(err, total, hist.state, min_members=MIN_COUNTIES))
+            county36 = hist.sex_age(county)
+            for k, v in _zero_cells(truth36, county36).items():
                 zeros[name][k] += v
-            cell_abs[name] += float(np.abs(county - truth).mean()) / runs
+            for k, v in _zero_cells(truth, county).items():
+                zeros_h[name][k] += v
+            cell_abs[name] += float(np.abs(county36 - truth36).mean()) / runs
     out = {}
     for name in names:
         pooled = group_regressions(
-            errors[name].reshape(-1), np.tile(total, runs), np.tile(data.state, runs),
+            errors[name].reshape(-1), np.tile(total, runs), np.tile(hist.state, runs),
             min_members=MIN_COUNTIES * runs,
         )  # fmt: skip
         out[name] = {
@@ -488,9 +681,11 @@ def _run_rho(
             "mean_abs_cell_error": cell_abs[name],
             **zeros[name],
             **_shares(zeros[name]),
+            "histogram_cells": {**zeros_h[name], **_shares(zeros_h[name])},
             "checks": checks[name],
             "seconds": seconds[name],
             "cpu_seconds": cpu[name],
+            "cpu_seconds_per_run": cpu[name] / runs,
             "size_classes": size_class_table(errors[name], total).to_dict("records"),
             "per_state": _per_state(regs[name]).to_dict("records"),
         }
@@ -511,15 +706,40 @@ def _per_state(regs: list[pd.DataFrame]) -> pd.DataFrame:
     })  # fmt: skip
 
 
+#: Column prefix of a histogram's estimators in ``state_slopes.csv``, and its report label.
+PREFIX = {"sex_age": "", "split": "split_"}
+HIST_LABELS = {"sex_age": "real 36 sex × age cells",
+               "split": "split: × Hispanic origin × race (synthetic)"}  # fmt: skip
+
+
+def _split_facts(hist: Histogram) -> dict:
+    """What the synthetic split looks like: cells, zeros, the spread of its shares."""
+    truth = hist.truth
+    total = truth.sum(axis=1)
+    t = truth.reshape(truth.shape[0], -1, len(HISPANIC), len(RACE_GROUPS))
+    hisp = t[:, :, 1, :].sum(axis=(1, 2)) / total
+    white_nh = t[:, :, 0, 0].sum(axis=1) / total
+    return {
+        "cells": int(hist.schema.n_cells),
+        "zero_cell_share": float(np.mean(truth == 0)),
+        "sex_age_marginal_equals_real": True,
+        "county_hispanic_share_quantiles": np.quantile(hisp, [0.1, 0.5, 0.9]).tolist(),
+        "county_white_not_hispanic_share_quantiles": np.quantile(
+            white_nh, [0.1, 0.5, 0.9]
+        ).tolist(),
+        "concentration": SPLIT_CONCENTRATION,
+        "race_groups": {k: list(v) for k, v in RACE_GROUPS.items()},
+        "national_shares": national_shares().tolist(),
+    }
+
+
 def run(ctx: ExperimentContext) -> dict:
     t_start = time.perf_counter()
     path = ctx.input_file("county_sex_age5_2010.csv")
     data = load_county_table(path, QUICK_STATES if ctx.quick else None)
     h = data.hierarchy
-    tensors = _tensors(data)
-    total_q = ProductQuery.parse(data.schema, "total")
-    invs = [product_invariant(tensors, "state", total_q, level_names=h.names)]
     truth_total = data.truth.sum(axis=1)
+    hists = histograms(ctx, data)
     ctx.timings["load_seconds"] = time.perf_counter() - t_start
 
     bureau_regs = bureau_slopes(data)
@@ -529,12 +749,9 @@ def run(ctx: ExperimentContext) -> dict:
         "states_in_hierarchy": int(h["state"].size),
         "persons": int(truth_total.sum()),
         "rho_bureau": float(RHO_BUREAU),
-        "shares": {k: float(v) for k, v in SHARES.items()},
         "alpha": ALPHA,
         "min_counties": MIN_COUNTIES,
-        "ordering": {
-            lv: [list(map(list, o[0])), list(map(list, o[1]))] for lv, o in ORDERING.items()
-        },  # fmt: skip
+        "histograms": {},
     }
     for key, arr in data.bureau.items():
         s = slope_summary(bureau_regs[key], alpha=ALPHA)
@@ -558,31 +775,48 @@ def run(ctx: ExperimentContext) -> dict:
     metrics["options"] = dict(ctx.options)
     metrics["runs"] = runs
     metrics["rho_levels"] = [float(RHO_BUREAU * f) for f in factors]
-    metrics["by_rho"] = []
-    ref_errors: dict[str, np.ndarray] = {}
-    for i, f in enumerate(factors):
-        rho = RHO_BUREAU * f
-        res, errors = _run_rho(data, tensors, invs, rho, runs, ctx.rng.child(f"rho/{i}"), names)
-        metrics["by_rho"].append({"rho_level": float(rho), "factor": float(f),
-                                  "rho_total": float(rho * (3 - SHARES["total"])), **res})  # fmt: skip
-        if f == ref_factor:
-            ref_errors = errors
-    ctx.timings["seconds"] = time.perf_counter() - t_start
-    ref = next(b for b in metrics["by_rho"] if b["factor"] == float(ref_factor))
     metrics["reference_factor"] = float(ref_factor)
-    table = _slopes_table(data, bureau_regs, ref, names)
+    metrics["by_rho"] = []
+    ref_errors: dict[str, dict[str, np.ndarray]] = {}
+    table = _slopes_table(data, bureau_regs)
+    for hist in hists:
+        t0, c0 = time.perf_counter(), time.process_time()
+        tensors = _tensors(hist)
+        total_q = ProductQuery.parse(hist.schema, "total")
+        invs = [product_invariant(tensors, "state", total_q, level_names=h.names)]
+        metrics["histograms"][hist.name] = {
+            "cells": int(hist.schema.n_cells),
+            "shares": {k: float(v) for k, v in hist.shares.items()},
+            "ordering": {
+                lv: [list(map(list, o[0])), list(map(list, o[1]))]
+                for lv, o in hist.ordering.items()
+            },  # fmt: skip
+            **(_split_facts(hist) if hist.name == "split" else {}),
+        }
+        # the 36-cell study keeps its streams (rho/i) so earlier seeds reproduce
+        base = ctx.rng if hist.name == "sex_age" else ctx.rng.child(hist.name)
+        for i, f in enumerate(factors):
+            rho = RHO_BUREAU * f
+            res, errors = _run_rho(hist, tensors, invs, rho, runs, base.child(f"rho/{i}"), names)
+            metrics["by_rho"].append({
+                "histogram": hist.name, "rho_level": float(rho), "factor": float(f),
+                "rho_total": float(rho * (3 - hist.shares["total"])), **res,
+            })  # fmt: skip
+            if f == ref_factor:
+                ref_errors[hist.name] = errors
+                _add_slopes(table, res, names, PREFIX[hist.name])
+        metrics["histograms"][hist.name]["seconds"] = time.perf_counter() - t0
+        metrics["histograms"][hist.name]["cpu_seconds"] = time.process_time() - c0
+    ctx.timings["seconds"] = time.perf_counter() - t_start
     metrics["slopes_table_rows"] = int(len(table))
     table.to_csv(ctx.out / "state_slopes.csv", index=False)
-    _figure(ctx, metrics, data, ref_errors)  # after reference_factor: the figure names it
+    _figure(ctx, metrics, data, ref_errors)
     ctx.write_report(_report(ctx, metrics))
     return metrics
 
 
-def _slopes_table(
-    data: CountyData, bureau: dict[str, pd.DataFrame], ref: dict, names: Sequence[str]
-) -> pd.DataFrame:
-    """One row per regression state: the Bureau's slopes and ours at the reference budget
-    (the multiple of ρ* nearest 1) over the runs."""
+def _slopes_table(data: CountyData, bureau: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per regression state: the Bureau's slopes and p-values."""
     st = data.hierarchy["state"]
     counties = dict(zip(st.codes.tolist(), st.child_count.tolist(), strict=True))
     base = bureau["das_20200527"][["group"]].rename(columns={"group": "state"})
@@ -592,50 +826,64 @@ def _slopes_table(
         r = reg.set_index("group").reindex(base["state"])
         base[f"{key}_slope"] = r["slope"].to_numpy()
         base[f"{key}_p"] = r["p"].to_numpy()
-    for name in names:
-        ps = pd.DataFrame(ref[name]["per_state"]).set_index("state").reindex(base["state"])
-        for c in ("mean_slope", "runs_negative", "runs_significant_negative"):
-            base[f"{name}_{c}"] = ps[c].to_numpy()
     return base
+
+
+def _add_slopes(table: pd.DataFrame, res: dict, names: Sequence[str], prefix: str) -> None:
+    """Ours at the reference budget (the multiple of ρ* nearest 1) over the runs, per state:
+    mean slope, runs with a negative and a significantly negative one."""
+    for name in names:
+        ps = pd.DataFrame(res[name]["per_state"]).set_index("state").reindex(table["state"])
+        for c in ("mean_slope", "runs_negative", "runs_significant_negative"):
+            table[f"{prefix}{name}_{c}"] = ps[c].to_numpy()
 
 
 # ------------------------------------------------------------------------------ figure
 
 
-def _figure(ctx: ExperimentContext, m: dict, data: CountyData, errors: dict) -> None:
+def _figure(
+    ctx: ExperimentContext, m: dict, data: CountyData, errors: dict[str, dict[str, np.ndarray]]
+) -> None:
     plt = pyplot()
 
     key = "significant_negative_001"
     fig, axes = plt.subplots(1, 3, figsize=(18, 5.2))
-    rhos = [b["rho_level"] for b in m["by_rho"]]
     colours = {"topdown": "C0", "topdown_one": "C9", "gls": "C2", "nonnegative": "C4",
                "das_20191029": "C3", "das_20200527": "C1"}  # fmt: skip
+    styles = {"sex_age": ("o", "-"), "split": ("s", "--")}
     names = m["estimators"]
     for ax, stat, title in ((axes[0], "negative", "negative slopes"),
                             (axes[1], key, "significantly negative slopes (α = 0.01)")):  # fmt: skip
-        for name in names:
-            mean = [b[name][f"{stat}_mean"] for b in m["by_rho"]]
-            lo = [b[name][f"{stat}_range"][0] for b in m["by_rho"]]
-            hi = [b[name][f"{stat}_range"][1] for b in m["by_rho"]]
-            ax.errorbar(rhos, mean, yerr=[np.subtract(mean, lo), np.subtract(hi, mean)],
-                        marker="o", capsize=4, color=colours.get(name), label=LABELS.get(name, name))  # fmt: skip
+        for hist in m["histograms"]:
+            by = [b for b in m["by_rho"] if b["histogram"] == hist]
+            rhos = [b["rho_level"] for b in by]
+            marker, ls = styles[hist]
+            for name in names:
+                mean = [b[name][f"{stat}_mean"] for b in by]
+                lo = [b[name][f"{stat}_range"][0] for b in by]
+                hi = [b[name][f"{stat}_range"][1] for b in by]
+                ax.errorbar(rhos, mean, yerr=[np.subtract(mean, lo), np.subtract(hi, mean)],
+                            marker=marker, ls=ls, capsize=4, color=colours.get(name),
+                            label=f"{LABELS.get(name, name)} ({hist})")  # fmt: skip
         for k in DAS_RUNS:
-            ax.axhline(m[k][stat], ls="--", color=colours[k], label=f"{LABELS[k]} (one run)")
+            ax.axhline(m[k][stat], ls=":", color=colours[k], label=f"{LABELS[k]} (one run)")
         ax.axvline(m["rho_bureau"], color="grey", lw=0.8, ls=":")
         ax.set_xscale("log")
         ax.set_xlabel("ρ per level (dotted: ρ* matching the Bureau's county total)")
         ax.set_ylabel(f"of {m['by_rho'][0][names[0]]['states']} areas (mean, range over runs)")
         ax.set_title(title, fontsize=10)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=6)
     ax = axes[2]
     truth = data.truth.sum(axis=1)
-    for name in [*names, *DAS_RUNS]:
-        err = errors.get(name)
-        if err is None:
-            err = data.bureau[name].sum(axis=1) - truth
-        t = size_class_table(err, truth)
-        ax.plot(t["size_class"], t["mean_error"], "o-", color=colours.get(name),
-                label=LABELS.get(name, name))  # fmt: skip
+    for k in DAS_RUNS:
+        t = size_class_table(data.bureau[k].sum(axis=1) - truth, truth)
+        ax.plot(t["size_class"], t["mean_error"], "o:", color=colours[k], label=LABELS[k])
+    for hist, errs in errors.items():
+        marker, ls = styles[hist]
+        for name in names:
+            t = size_class_table(errs[name], truth)
+            ax.plot(t["size_class"], t["mean_error"], marker=marker, ls=ls,
+                    color=colours.get(name), label=f"{LABELS.get(name, name)} ({hist})")  # fmt: skip
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("county size class (2010 population)")
     ax.set_ylabel("mean error of the county total (persons)")
@@ -644,8 +892,11 @@ def _figure(ctx: ExperimentContext, m: dict, data: CountyData, errors: dict) -> 
         fontsize=10,
     )
     ax.tick_params(axis="x", labelsize=7, rotation=20)
-    ax.legend(fontsize=7)
-    fig.suptitle("TopDown-style fidelity on the 2010 county sex × age table")
+    ax.legend(fontsize=6)
+    fig.suptitle(
+        "TopDown-style fidelity on the 2010 county sex × age table "
+        "(solid: the real 36 cells; dashed: split by Hispanic origin × race)"
+    )
     ctx.savefig(fig, "fidelity.png")
 
 
@@ -698,24 +949,49 @@ SIZE_FORMATS = {"counties": "d", "mean error": "+.1f", "MAE": ".1f", "RMSE": ".1
 
 
 def _report(ctx: ExperimentContext, m: dict) -> Report:
-    report = Report("topdown-fidelity", ctx).text(
+    texts = [
         f"The 2010 county sex × 5-year age table ({m['counties']:,} counties, "
         f"{m['persons']:,} persons, 36 cells) released with every state total held exact; "
         "TopDown-style (the Bureau's multi-pass L2 and rounder, parent equality and "
         "non-negativity kept; with `--opt topdown-passes=one|both` also or instead one L2 pass "
         "of all queries, the total not isolated), GLS with unbiased rounding and the "
         "non-negative product of the same GLS release (per parent totals first, then cells, "
-        "projected and rounded) on the same discrete Gaussian measurements (total, sex, age, detailed "
-        "at nation (no total), state and county), "
-        "beside the Bureau's own demonstration runs in the same file. Slopes: OLS of "
-        "county-total error on log(true population) within each area with at least "
-        f"{m['min_counties']} counties; significant at two-sided α = {m['alpha']}.",
+        "projected and rounded) on the same discrete Gaussian measurements at nation (no total), "
+        "state and county, beside the Bureau's own demonstration runs in the same file. "
+        "Slopes: OLS of county-total error on log(true population) within each area with at "
+        f"least {m['min_counties']} counties; significant at two-sided α = {m['alpha']}.",
         f"Budget: ρ per level; ρ* = {m['rho_bureau']:.5f} gives the county total the variance of "
         "the Bureau's geometric noise at ε = 0.192 = 4 × 0.16 × 0.3 (its November 2020 "
-        "allocation: persons, county level, total query), with ρ shares "
-        + ", ".join(f"{k} {v:g}" for k, v in m["shares"].items())
-        + " (the split of the remaining 0.7 is ours).",
-    )
+        "allocation: persons, county level, total query) with the total's share 0.3, in both "
+        "histograms; the other shares are ours.",
+    ]
+    for name, hm in m["histograms"].items():
+        shares = ", ".join(f"{k} {v:g}" for k, v in hm["shares"].items())
+        if name == "sex_age":
+            texts.append(f"**{HIST_LABELS[name]}**: queries and ρ shares {shares}.")
+        else:
+            q = hm["county_hispanic_share_quantiles"]
+            w = hm["county_white_not_hispanic_share_quantiles"]
+            texts.append(
+                f"**{HIST_LABELS[name]}**: every county's real sex × age cells split by "
+                f"Hispanic origin (2) × race ({len(hm['race_groups'])} groups: "
+                + "; ".join(
+                    f"{k} = {' + '.join(v)}" if v != [k] else k
+                    for k, v in hm["race_groups"].items()
+                )
+                + "). The split "
+                "is synthetic: each county's Hispanic × race shares are drawn from a Dirichlet with "
+                "the national 2010 Census shares as mean (SF1 P5; Humes, Jones & Ramirez 2011, "
+                f"Table 1) and concentration {hm['concentration']} (an assumption), each cell "
+                "split multinomially by them (seeded, stream `split`). The real 36 cells, the "
+                "county and the state totals are its exact marginals. "
+                f"{hm['cells']} cells, {100 * hm['zero_cell_share']:.1f}% of the county cells "
+                f"zero; county Hispanic share 10/50/90%: {q[0]:.2f}/{q[1]:.2f}/{q[2]:.2f}, "
+                f"White not Hispanic {w[0]:.2f}/{w[1]:.2f}/{w[2]:.2f}. Queries and ρ shares "
+                f"{shares}; zero cells are counted on the sex × age marginal (the Bureau's "
+                f"cells) and, after each table, on its {hm['cells']} cells."
+            )
+    report = Report("topdown-fidelity", ctx).text(*texts)
     report.section(
         f"The Bureau's runs (one release each, recomputed from the file; "
         f"{m['das_20200527']['states']} areas)"
@@ -723,9 +999,10 @@ def _report(ctx: ExperimentContext, m: dict) -> Report:
     names = m["estimators"]
     for b in m["by_rho"]:
         mark = " (ρ*)" if b["factor"] == 1.0 else ""
+        hm = m["histograms"][b["histogram"]]
         report.section(
-            f"ρ = {b['rho_level']:.5f} per level{mark} ({b['factor']:g} × ρ*; total ρ "
-            f"{b['rho_total']:.4f}), {m['runs']} runs"
+            f"{HIST_LABELS[b['histogram']]}: ρ = {b['rho_level']:.5f} per level{mark} "
+            f"({b['factor']:g} × ρ*; total ρ {b['rho_total']:.4f}), {m['runs']} runs"
         ).table([_row(LABELS.get(k, k), b[k], True) for k in names], formats=ROW_FORMATS).text(
             "Chance for an unbiased estimator: "
             f"{b[names[0]]['chance_expected_significant_negative']:.2f} significant negatives "
@@ -740,10 +1017,23 @@ def _report(ctx: ExperimentContext, m: dict) -> Report:
                 for k in names
             )  # fmt: skip
             + "."
+            + (
+                ""
+                if hm["cells"] == 36
+                else " True zeros kept zero over the histogram's own cells: "
+                + ", ".join(
+                    f"{LABELS.get(k, k)} "
+                    f"{100 * b[k]['histogram_cells']['share_zero_kept_zero']:.1f}%"
+                    for k in names
+                )
+                + "."
+            )
         )
-    ref = next(b for b in m["by_rho"] if b["factor"] == m["reference_factor"])
     rows = [r for k in DAS_RUNS for r in _size_rows(LABELS[k], m[k]["size_classes"])]
-    rows += [r for k in names for r in _size_rows(LABELS.get(k, k), ref[k]["size_classes"])]
+    for b in m["by_rho"]:
+        if b["factor"] == m["reference_factor"]:
+            rows += [r for k in names for r in _size_rows(
+                f"{LABELS.get(k, k)} ({b['histogram']})", b[k]["size_classes"])]  # fmt: skip
     return (
         report.section(
             f"County totals by size class (at {m['reference_factor']:g} × ρ*, ours pooled over "
@@ -752,12 +1042,15 @@ def _report(ctx: ExperimentContext, m: dict) -> Report:
         .table(rows, formats=SIZE_FORMATS)
         .text(
             "Files: `state_slopes.csv` (one row per area: the Bureau's slopes and p-values, ours "
-            "at ρ*: mean slope and runs with a negative and a significantly negative slope).",
+            "at the reference budget: mean slope and runs with a negative and a significantly "
+            "negative slope; the split's columns prefixed `split_`).",
         )
         .figures({"fidelity.png": ""})
         .reference(
             "IPUMS NHGIS Privacy-Protected 2010 Census Demonstration Data, version 20200527 "
             "(Van Riper, Kugler & Schroeder 2020). Method: Abowd et al. (2022), HDSR; the slope "
-            "test of Gao, Gong & Yu (2022), AAAI, Fig. 1."
+            "test of Gao, Gong & Yu (2022), AAAI, Fig. 1. National shares: Humes, Jones & "
+            "Ramirez (2011), Overview of Race and Hispanic Origin: 2010, 2010 Census Briefs "
+            "C2010BR-02, Table 1."
         )
     )

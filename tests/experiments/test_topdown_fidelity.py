@@ -113,14 +113,15 @@ def test_quick_run_releases_exact_integer_tables(tmp_path, shared_file):
     data_path = shared_file("county_sex_age5_2010.csv")
     out, m = run_experiment(
         "topdown-fidelity", out=tmp_path / "fid", quick=True, seed=7, data=data_path,
-        options={"topdown-passes": "both"},
+        options={"topdown-passes": "both", "histogram": "sex_age"},
     )  # fmt: skip
     on_disk = json.loads((out / "metrics.json").read_text())
     assert on_disk["runs"] == 2 and len(on_disk["by_rho"]) == 1
     assert on_disk["estimators"] == list(ESTIMATORS) == [
         "topdown", "topdown_one", "gls", "nonnegative"
     ]  # fmt: skip
-    assert on_disk["options"] == {"topdown-passes": "both", "rho": "range"}
+    assert on_disk["options"] == {"topdown-passes": "both", "rho": "range", "histogram": "sex_age"}
+    assert on_disk["by_rho"][0]["histogram"] == "sex_age"
     data = load_county_table(data_path, QUICK_STATES)
     assert on_disk["counties"] == data.hierarchy.leaves.size
     b = on_disk["by_rho"][0]
@@ -215,3 +216,142 @@ def test_options_choose_the_columns_and_budgets(tmp_path):
         run_experiment("topdown-fidelity", out=tmp_path / "b", quick=True, seed=1,
                        options={"topdown-passes": "two"})  # fmt: skip
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+# ------------------------------------------------------------------ the split histogram
+
+
+def _synthetic_counties(seed: int = 5, states: int = 2, counties: int = 6):
+    """A small CountyData without ../shared: counties of 20 to 20,000 persons."""
+    from censusdp.experiments.topdown_fidelity import CountyData
+    from censusdp.hierarchy import Table
+
+    schema = Schema.load("sex_age5")
+    g = np.random.default_rng(seed)
+    n = states * counties
+    size = np.exp(g.uniform(np.log(20), np.log(20_000), n))
+    cells = g.poisson(size[:, None] * g.dirichlet(np.full(36, 5.0), n))
+    st = np.repeat([f"{10 + s:02d}" for s in range(states)], counties)
+    fips = [
+        f"{s}{c:03d}" for s, c in zip(st, np.tile(np.arange(1, counties + 1), states), strict=True)
+    ]
+    df = pd.DataFrame(cells, columns=list(schema.cells)).assign(state=st, fips=fips)
+    table = Table.from_frame(df, [("state", "state"), ("county", "fips")], list(schema.cells))
+    return CountyData(table, schema, {}, np.asarray(st))
+
+
+def test_the_split_keeps_the_real_cells_as_exact_marginals():
+    from censusdp.experiments.topdown_fidelity import (
+        NATIONAL_HISPANIC_RACE,
+        RACE_GROUPS,
+        RACES,
+        SPLIT_SHARES,
+        national_shares,
+        split_histogram,
+        split_schema,
+    )
+
+    data = _synthetic_counties()
+    rng = KeyedRNG.reproducible(3, warn=False)
+    hist = split_histogram(data, rng.child("split"))
+    schema = split_schema()
+    assert schema.shape == (2, 18, 2, len(RACE_GROUPS)) and hist.schema is schema
+    assert hist.truth.dtype == np.int64 and hist.truth.min() >= 0
+    assert np.array_equal(hist.sex_age(hist.truth), data.truth)  # the real cells, exactly
+    assert np.array_equal(hist.truth.sum(axis=1), data.truth.sum(axis=1))
+    # seeded and deterministic; another key gives another split of the same cells
+    again = split_histogram(data, rng.child("split"))
+    assert np.array_equal(again.truth, hist.truth)
+    other = split_histogram(data, rng.child("other"))
+    assert not np.array_equal(other.truth, hist.truth)
+    assert np.array_equal(other.sex_age(other.truth), data.truth)
+    # the national 2010 shares (SF1 P5): 308,745,538 persons, 50,477,594 Hispanic
+    assert NATIONAL_HISPANIC_RACE.sum() == 308_745_538
+    assert NATIONAL_HISPANIC_RACE[1].sum() == 50_477_594
+    assert sorted(r for g in RACE_GROUPS.values() for r in g) == sorted(RACES)
+    p = national_shares()
+    assert p.shape == (2, len(RACE_GROUPS)) and abs(p.sum() - 1) < 1e-12
+    assert sum(SPLIT_SHARES.values()) == 1 and SPLIT_SHARES["total"] == SHARES["total"]
+    # the strategy's queries exist in the split schema; the nation has no total
+    plan = strategy(schema, RHO_BUREAU, SPLIT_SHARES)
+    assert [q.name for lv, q, _ in plan if lv == "county"] == list(SPLIT_SHARES)
+    assert "total" not in [q.name for lv, q, _ in plan if lv == "nation"]
+
+
+def test_split_shares_scatter_around_the_national_ones():
+    """Pooled over many persons the split's Hispanic × race shares are the national ones:
+    each county's shares are a Dirichlet with that mean, so the person-weighted pooled share
+    has a computable spread; α = 1e-6 and power against shares 30% off."""
+    from scipy import stats
+
+    from censusdp.experiments.topdown_fidelity import (
+        SPLIT_CONCENTRATION,
+        national_shares,
+        split_histogram,
+    )
+
+    data = _synthetic_counties(seed=8, states=4, counties=50)
+    hist = split_histogram(data, KeyedRNG.reproducible(9, warn=False).child("split"))
+    n = data.truth.sum(axis=1).astype(float)
+    x = hist.truth.reshape(n.size, 36, -1).sum(axis=1)  # (counties, 2 × races)
+    p = national_shares().reshape(-1)
+    # per county: Dirichlet-multinomial variance n p (1 - p) (n + κ) / (1 + κ)
+    k = SPLIT_CONCENTRATION
+    var = (n * (n + k) / (1 + k))[:, None] * p * (1 - p)
+    z = (x.sum(axis=0) - n.sum() * p) / np.sqrt(var.sum(axis=0))
+    crit = stats.norm.isf(1e-6 / 2 / p.size)
+    assert np.all(np.abs(z) < crit), z
+    # power: shares of White not Hispanic 30% lower are rejected
+    wrong = p.copy()
+    wrong[0] *= 0.7
+    zw = (x[:, 0].sum() - n.sum() * wrong[0]) / np.sqrt(var[:, 0].sum())
+    assert abs(zw) > crit
+
+
+def test_split_release_through_the_study_loop():
+    """One run of every estimator on the split of a small synthetic country: integer
+    releases, TopDown-style and the non-negative product non-negative, state totals exact,
+    counts of zero cells on the sex × age marginal and on the split's own cells."""
+    from censusdp.experiments.topdown_fidelity import _run_rho, _tensors, split_histogram
+    from censusdp.mechanisms.product_measure import product_invariant
+    from censusdp.mechanisms.product_query import ProductQuery
+
+    data = _synthetic_counties()
+    rng = KeyedRNG.reproducible(4, warn=False)
+    hist = split_histogram(data, rng.child("split"))
+    tensors = _tensors(hist)
+    total = ProductQuery.parse(hist.schema, "total")
+    invs = [product_invariant(tensors, "state", total, level_names=hist.hierarchy.names)]
+    names = ("topdown", "gls", "nonnegative")
+    res, errors = _run_rho(hist, tensors, invs, RHO_BUREAU, 1, rng.child("rho"), names)
+    for name in names:
+        r = res[name]
+        assert r["checks"]["integer"] and r["checks"]["state_totals_exact"], name
+        assert r["states"] == 2 and errors[name].shape == (1, data.truth.shape[0])
+        assert r["true_zero_cells"] == int((data.truth == 0).sum())
+        assert r["histogram_cells"]["true_zero_cells"] == int((hist.truth == 0).sum())
+        assert r["cpu_seconds_per_run"] > 0
+    assert res["topdown"]["checks"]["non_negative"] and res["nonnegative"]["checks"]["non_negative"]
+    # the state totals are invariant: errors cancel within each state
+    st = hist.hierarchy.ancestor_index("county", "state")
+    for name in names:
+        assert np.array_equal(np.bincount(st, errors[name][0]), np.zeros(2))
+
+
+def test_the_histogram_option_chooses_the_histograms(tmp_path):
+    from censusdp.experiments.registry import ExperimentContext
+    from censusdp.experiments.topdown_fidelity import OPTIONS, SPLIT_ORDERING, histograms
+
+    data = _synthetic_counties()
+
+    def names(**opts):
+        ctx = ExperimentContext(
+            out=tmp_path, options=opts, rng=KeyedRNG.reproducible(1, warn=False)
+        )
+        return [h.name for h in histograms(ctx, data)]
+
+    assert OPTIONS["histogram"][0] == "sex_age" and names() == ["sex_age"]
+    assert names(histogram="both") == ["sex_age", "split"] and names(histogram="split") == ["split"]
+    # the split's production ordering isolates the total below the root, as the 36-cell one
+    assert SPLIT_ORDERING["county"][0][0] == ("total",) == ORDERING["county"][0][0]
+    assert SPLIT_ORDERING["county"][1] == (("total",), ("sex * age5",), ("detailed",))
