@@ -30,9 +30,10 @@ demo: install
 lint: install
 	$(BIN)/ruff check .
 
-# Two pytest workers (the machine has 2 cores); a test file stays on one worker, so a module's
-# Dask cluster fixture starts once.
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15
+# One pytest worker per core (`make test WORKERS=1` for one); a test file stays on one worker,
+# so its module-scoped fixtures run once.
+WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadfile --durations=15
 # Bytecode is written and the package compiled once up front: every pytest worker, Dask worker,
 # notebook kernel and CLI subprocess of the suite then loads it instead of compiling it again
 # (an environment that sets PYTHONDONTWRITEBYTECODE would otherwise recompile it in each).
