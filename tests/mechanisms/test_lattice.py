@@ -7,8 +7,6 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
-from sympy import Matrix
-from sympy.matrices.normalforms import smith_normal_decomp
 
 from censusdp.errors import DataError
 from censusdp.mechanisms.lattice import (
@@ -31,6 +29,10 @@ def _random_matrices(seed: int, n: int):
 
 
 def test_smith_form_exact_and_matches_sympy():
+    # imported here, not at collection: sympy costs every pytest worker about a second
+    from sympy import Matrix
+    from sympy.matrices.normalforms import smith_normal_decomp
+
     for a in _random_matrices(0, 40):
         f = smith_normal_form(a)
         assert np.array_equal(f.U.dot(a.astype(object)).dot(f.V), f.D)
