@@ -58,7 +58,7 @@ from numba import njit
 from censusdp.errors import DataError
 from censusdp.rng import KeyedRNG, Sampler, aes_counter
 
-__all__ = ["DR_TOL", "aes_uniform_draws", "dependent_round", "keyed_uniforms"]
+__all__ = ["DR_TOL", "aes_uniform_draws", "dependent_round", "keyed_uniforms", "settle_margins"]
 
 #: Entries within this of 0 or 1 count as integral (the bias this allows is at most this).
 DR_TOL = 1e-9
@@ -367,6 +367,72 @@ def aes_uniform_draws(g: np.random.Generator, n: int) -> np.ndarray:
     (:func:`~censusdp.rng.aes_counter`): the kernel wants about one per entry, and AES-NI
     draws them several times faster than the chunk's ChaCha20 generator itself."""
     return np.random.Generator(aes_counter(g)).random(n)
+
+
+def _group_sums(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Column sums of each group's rows (an empty group sums to zero)."""
+    run = np.zeros((x.shape[0] + 1, x.shape[1]))
+    np.cumsum(x, axis=0, out=run[1:])
+    return run[starts[1:]] - run[starts[:-1]]
+
+
+def settle_margins(
+    p: np.ndarray,
+    starts: np.ndarray,
+    row_sums: np.ndarray,
+    col_sums: np.ndarray,
+    *,
+    sweeps: int = 50,
+    tol: float = 1e-12,
+) -> float:
+    """Move fractional parts, in place, so each row and each group's columns sum to integer
+    targets they meet only up to a solver's tolerance (what :func:`dependent_round` needs).
+
+    Alternating additive corrections: a row's residual is spread over its entries in
+    proportion to ``p(1 − p)`` (integral entries stay put, entries stay in ``[0, 1]`` for
+    residuals below a quarter of the weights), then each group's column residuals the same
+    way; both margins' totals agree, so the residuals shrink geometrically. The change to
+    each entry is of the order of the residuals given, so the rounding's bias stays there.
+
+    Parameters
+    ----------
+    p : (n_rows, n_cols) array of float
+        Fractional parts in ``[0, 1]``, modified.
+    starts : (n_groups + 1,) array of int
+        Group boundaries as in :func:`dependent_round`.
+    row_sums, col_sums : arrays of shape (n_rows,) and (n_groups, n_cols)
+        Integer targets.
+    sweeps, tol : int, float
+        At most ``sweeps`` row-then-column corrections, stopping when every residual is
+        below ``tol``.
+
+    Returns
+    -------
+    float
+        The largest residual left (the caller decides whether it is small enough).
+    """
+    s = np.asarray(starts, dtype=np.int64)
+    sizes = np.diff(s)
+    left = np.inf
+    for _ in range(sweeps):
+        w = p * (1.0 - p)
+        r = row_sums - p.sum(axis=1)
+        ws = w.sum(axis=1)
+        ok = ws > 0.0
+        p[ok] += w[ok] * (r[ok] / ws[ok])[:, None]
+        w = p * (1.0 - p)
+        c = col_sums - _group_sums(p, s)
+        wc = _group_sums(w, s)
+        step = np.divide(c, wc, out=np.zeros_like(c), where=wc > 0.0)
+        p += w * np.repeat(step, sizes, axis=0)
+        np.clip(p, 0.0, 1.0, out=p)
+        left = max(
+            float(np.abs(row_sums - p.sum(axis=1)).max(initial=0.0)),
+            float(np.abs(col_sums - _group_sums(p, s)).max(initial=0.0)),
+        )
+        if left < tol:
+            break
+    return left
 
 
 def keyed_uniforms(

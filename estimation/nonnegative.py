@@ -89,7 +89,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from censusdp.errors import ConvergenceError, DataError, SpecError
-from censusdp.estimation.dependent_rounding import DR_TOL, dependent_round, keyed_uniforms
+from censusdp.estimation.dependent_rounding import (
+    DR_TOL,
+    dependent_round,
+    keyed_uniforms,
+    settle_margins,
+)
 from censusdp.estimation.gls import Forest, whole_forest
 from censusdp.estimation.rounding import TOL, uniform_draws
 from censusdp.estimation.structured_rounding import (
@@ -421,9 +426,6 @@ def _project_top(x: np.ndarray, atoms: np.ndarray, fixed: np.ndarray, level: str
     return out
 
 
-#: The dependent rounding's tolerance is at least this many times the projection's bound on
-#: a parent's row sums (:func:`_round_transport`).
-_ROUND_SLACK = 1000.0
 #: An entry left alone with a fraction in its row or its parent's column is float noise of
 #: the projection, and is rounded to the nearest integer, when within this × max(1, total).
 _LONE_TOL = 1e-8
@@ -485,34 +487,33 @@ def _round_transport(
     where: tuple[str, Forest, int, Sequence[str]],
 ) -> np.ndarray:
     """Each parent's projected (children × cells) matrix to integers with both margins
-    exact: every entry ⌊x⌋ or ⌈x⌉ with mean ``x``, by the dependent rounding of the
-    fractional parts (Gandhi et al. 2006), whose column sums (the parent's integer cells
-    minus the floors) and row sums (the children's integer totals minus the floors) are
-    integers up to the projection's tolerance.
+    exact: every entry ⌊x⌋ or ⌈x⌉ with mean ``x`` up to the projection's tolerance, by the
+    dependent rounding of the fractional parts (Gandhi et al. 2006), whose column sums (the
+    parent's integer cells minus the floors) and row sums (the children's integer totals minus
+    the floors) are integers up to the projection's tolerance.
 
-    The rounding counts an entry within ``tol`` of an integer as integral; ``tol`` is a
-    parent's own (:data:`~censusdp.estimation.dependent_rounding.DR_TOL`, or
-    :data:`_ROUND_SLACK` times the projection's tolerance on its row sums, to a power of
-    two), so the integers depend on the parent alone. Row sums off an integer by a fair
-    fraction of ``tol`` made the cycle cancelling strand a fractional entry (seen on a
-    4,000-block state at a ratio of 0.23; none at 0.1 or below), hence the wide margin. Raises DataError, naming level and node, if a margin is not held."""
+    Entries within :data:`~censusdp.estimation.dependent_rounding.DR_TOL` of an integer count
+    as integral (:func:`_snap`, which also settles lines left with one fractional entry), and
+    :func:`~censusdp.estimation.dependent_rounding.settle_margins` moves the fractional parts
+    by the projection's residuals so every line sum is an integer to float resolution: the
+    cycle cancelling then never strands an entry, and the integers depend on the parent alone.
+    (Counting entries within a wider, parent-dependent tolerance as integral instead broke the
+    line sums by up to that tolerance times the line's length and stranded the rows' slack.)
+    Raises DataError, naming level and node, if a margin is not held."""
     name, forest, j, cells = where
     n_p, K = cols.shape
     fl = np.floor(x)
     frac = x - fl
     out = fl.astype(np.int64)
     start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
-    bound = _ROUND_SLACK * TRANSPORT_TOL * np.maximum(1.0, cols.sum(axis=1))
-    tol = np.maximum(DR_TOL, 2.0 ** np.ceil(np.log2(bound)))
-    _snap(frac, out, count, start, tol, cols.sum(axis=1), where)
-    for t in np.unique(tol):
-        ps = np.flatnonzero(tol == t)
-        if ps.size == n_p:
-            out += dependent_round(frac, np.concatenate([[0], np.cumsum(count)]), uniforms, tol=t)
-            continue
-        sub = _ranges(start[ps], count[ps])
-        starts = np.concatenate([[0], np.cumsum(count[ps])])
-        out[sub] += dependent_round(frac[sub], starts, uniforms[sub], tol=float(t))
+    starts = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    _snap(frac, out, count, start, np.full(n_p, DR_TOL), cols.sum(axis=1), where)
+    run = np.zeros((out.shape[0] + 1, K), np.int64)
+    np.cumsum(out, axis=0, out=run[1:])
+    col_target = (cols - (run[starts[1:]] - run[starts[:-1]])).astype(np.float64)
+    row_target = (rows - out.sum(axis=1)).astype(np.float64)
+    settle_margins(frac, starts, row_target, col_target)
+    out += dependent_round(frac, starts, uniforms, tol=DR_TOL)
     nz = np.flatnonzero(count > 0)
     run = np.cumsum(out, axis=0)  # exact in int64; far faster than reduceat along axis 0
     sums = run[(start + count - 1)[nz]]

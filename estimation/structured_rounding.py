@@ -138,7 +138,7 @@ from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import Invariant
-from censusdp.rng import KeyedRNG
+from censusdp.rng import KeyedRNG, chunk_range
 from censusdp.schema import Schema
 
 __all__ = [
@@ -707,6 +707,34 @@ def _descend(
         if w is not None:
             sp.append(w.reshape(-1, 2, *schema.shape))
     return RoundedLevels(out, sp if spreads else None, top.negative, top.joint, top.total_cap)
+
+
+def partition_streams(
+    names: Sequence[str], ranges: Sequence[tuple[int, int]], n_cols: int, label: str = LABEL
+) -> dict[str, range]:
+    """The stream chunks :func:`round_structured_partition` draws for a partition.
+
+    Parameters
+    ----------
+    names : sequence of str
+        Level names of the partition's forest below its cut (level 1 onward).
+    ranges : sequence of (int, int)
+        Each such level's global node range ``[lo, hi)``.
+    n_cols : int
+        Cells per node.
+    label : str
+        The rounding label (``label/<level name>/controlled`` is each level's stream).
+
+    Returns
+    -------
+    dict
+        Stream label → chunk range, for :meth:`~censusdp.rng.KeyedRNG.restrict`.
+    """
+    m = n_cols + 1
+    return {
+        f"{label}/{name}/controlled": chunk_range(lo * m, hi * m)
+        for name, (lo, hi) in zip(names, ranges, strict=True)
+    }
 
 
 def round_structured_top(

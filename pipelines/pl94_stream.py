@@ -74,6 +74,7 @@ from censusdp.estimation.structured_gls import StructuredPiece
 from censusdp.estimation.structured_rounding import LABEL as ROUNDING_LABEL
 from censusdp.estimation.structured_rounding import (
     RoundedLevels,
+    partition_streams,
     round_structured_partition,
     round_structured_top,
 )
@@ -587,10 +588,9 @@ class RoundingInput:
         forest = Forest.of(h, cut, part.ranges)
         keys: KeyedRNG | SubKeys = rng
         if restrict:
-            keys = rng.restrict({
-                f"{ROUNDING_LABEL}/{h.names[cut + j]}": chunk_range(lo * K, hi * K)
-                for j, (lo, hi) in enumerate(part.ranges[:-1], start=1)
-            })  # fmt: skip
+            keys = rng.restrict(partition_streams(
+                h.names[cut + 1 : cut + len(part.ranges)], part.ranges[1:], K, ROUNDING_LABEL
+            ))  # fmt: skip
         return cls(
             forest, tuple(r[0] for r in part.ranges), tuple(int(n) for n in h.sizes[cut:]),
             top.counts[cut][slice(*part.units)], bool(top.negative), keys,

@@ -18,7 +18,12 @@ from hypothesis import strategies as st
 from scipy.stats import norm
 
 from censusdp.errors import DataError
-from censusdp.estimation.dependent_rounding import DR_TOL, dependent_round, keyed_uniforms
+from censusdp.estimation.dependent_rounding import (
+    DR_TOL,
+    dependent_round,
+    keyed_uniforms,
+    settle_margins,
+)
 from censusdp.rng import KeyedRNG
 
 ALPHA = 1e-6
@@ -276,3 +281,51 @@ def test_refusals_name_what_is_wrong():
         dependent_round(P * 3, np.array([0, 2]), np.zeros((2, 3)))
     with pytest.raises(DataError, match="group starts"):
         dependent_round(P, np.array([0, 1]), np.zeros((2, 3)))
+
+
+def _integer_margin_fractions(rng, sizes, n_cols):
+    """Bits shifted along random 4-cycles within each group: entries in [0, 1], every row
+    sum and every group's column sums the bits' integers."""
+    p = (rng.random((sum(sizes), n_cols)) < 0.5).astype(float)
+    lo = 0
+    for n in sizes:
+        for _ in range(20 * n * n_cols if n > 1 else 0):
+            a, b = lo + rng.choice(n, 2, replace=False)
+            c, d = rng.choice(n_cols, 2, replace=False)
+            up = min(1 - p[a, c], p[b, c], 1 - p[b, d], p[a, d])
+            down = min(p[a, c], 1 - p[b, c], p[b, d], 1 - p[a, d])
+            delta = rng.uniform(-down, up)
+            p[a, c] += delta
+            p[b, c] -= delta
+            p[b, d] += delta
+            p[a, d] -= delta
+        lo += n
+    return p
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    n_cols=st.integers(2, 12),
+    noise=st.sampled_from([0.0, 1e-9, 1e-7, 1e-5]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_settled_margins_round_without_a_stranded_entry(sizes, n_cols, noise, seed):
+    """Fractions whose line sums miss their integers by a solver's residual are moved by
+    about that residual onto integer lines, and then round with both margins exact."""
+    rng = np.random.default_rng(seed)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    p = _integer_margin_fractions(rng, sizes, n_cols)
+    rows = np.round(p.sum(axis=1))
+    cols = np.stack(
+        [np.round(p[a:b].sum(axis=0)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    )
+    q = np.clip(p + noise * rng.standard_normal(p.shape), 0.0, 1.0)
+    before = q.copy()
+    assert settle_margins(q, starts, rows, cols) < 1e-12
+    assert np.all((q >= 0.0) & (q <= 1.0))
+    assert np.max(np.abs(q - before)) <= 100 * noise * (n_cols + max(sizes)) + 1e-12
+    z = dependent_round(q, starts, rng.random((q.shape[0], n_cols + 1)))
+    for g, (a, b) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
+        np.testing.assert_array_equal(z[a:b].sum(axis=0), cols[g])
+    np.testing.assert_array_equal(z.sum(axis=1), rows)
