@@ -321,12 +321,55 @@ class ReleaseOptions:
     seed: int | None
     blocks: Path | None
     block_column: str | None
+    repetitions: int
+
+
+def read_release_spec(
+    path: str | Path,
+    *,
+    source: str,
+    reads: str,
+    strategy: str,
+    data_keys: tuple[str, ...] = ("source",),
+    more_tables: tuple[str, ...] = (),
+):
+    """Open a PPMF route's spec and read the keys every route shares.
+
+    The top-level tables (``data``, ``privacy``, ``mechanism``, ``hierarchy``, ``report``,
+    ``run`` and ``more_tables``), ``[data] source`` (which must be ``source``; ``reads`` says
+    what that input is, for the message), and :func:`parse_release_options`.
+
+    Returns
+    -------
+    (SpecParser, dict, ReleaseOptions)
+        The parser and document, for the route's own tables, and the shared options.
+
+    Raises
+    ------
+    SpecError
+        Naming the file and the dotted key.
+    """
+    from censusdp.config import SpecParser, read_spec_toml
+
+    path = Path(path)
+    doc = read_spec_toml(path)
+    p = SpecParser(str(path), path.parent)
+    p.keys(doc, "", ("data", "privacy", "mechanism", "hierarchy", *more_tables, "report", "run"))
+    data = p.table(doc, "data", required=False)
+    p.keys(data, "data", data_keys)
+    given = p.get(data, "data", "source", str, default=source)
+    if given != source:
+        raise p.fail(
+            "data.source", f"the input is {reads}, not {given!r}: set source = \"{source}\""
+        )
+    return p, doc, parse_release_options(p, doc, path, strategy)
 
 
 def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> ReleaseOptions:
-    """``[privacy]`` (zCDP ρ, δ), ``[mechanism]`` (discrete Gaussian only), ``[run] seed`` and
-    ``[hierarchy] blocks, block_column`` of a PPMF route's spec; ``p`` its
-    :class:`~censusdp.config.SpecParser`, ``strategy`` the name in messages (``pl94``).
+    """``[privacy]`` (zCDP ρ, δ), ``[mechanism]`` (discrete Gaussian only), ``[run] seed``,
+    ``[hierarchy] blocks, block_column`` and ``[report] repetitions`` of a PPMF route's
+    spec; ``p`` its :class:`~censusdp.config.SpecParser`, ``strategy`` the name in messages
+    (``pl94``).
 
     Raises
     ------
@@ -357,12 +400,18 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
     hier = p.table(doc, "hierarchy", required=False)
     p.keys(hier, "hierarchy", ("blocks", "block_column"))
     blocks = p.get(hier, "hierarchy", "blocks", str)
+    rep = p.table(doc, "report", required=False)
+    p.keys(rep, "report", ("repetitions",))
+    repetitions = p.get(rep, "report", "repetitions", int, default=10)
+    if repetitions < 2:
+        raise p.fail("report.repetitions", "give at least 2 (the bias has a standard error)")
     return ReleaseOptions(
         rho=None if rho is None else Fraction(rho).limit_denominator(10**12),
         delta=delta,
         seed=seed,
         blocks=None if blocks is None else _relative(path, blocks),
         block_column=p.get(hier, "hierarchy", "block_column", str),
+        repetitions=repetitions,
     )
 
 
@@ -374,27 +423,11 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
     SpecError
         Naming the file and the dotted key.
     """
-    from censusdp.config import SpecParser, read_spec_toml
-
     path = Path(path)
-    doc = read_spec_toml(path)
-    p = SpecParser(str(path), path.parent)
-    p.keys(doc, "", ("data", "privacy", "mechanism", "hierarchy", "areas", "report", "run"))
-    data = p.table(doc, "data", required=False)
-    p.keys(data, "data", ("source", "path"))
-    source = p.get(data, "data", "source", str, default="ppmf")
-    if source != "ppmf":
-        raise p.fail(
-            "data.source",
-            f"the input is a PPMF (persons with TABBLKST ... CENRACE), not {source!r}: set "
-            'source = "ppmf"',
-        )
-    opts = parse_release_options(p, doc, path, "pl94")
-    rep = p.table(doc, "report", required=False)
-    p.keys(rep, "report", ("repetitions",))
-    repetitions = p.get(rep, "report", "repetitions", int, default=10)
-    if repetitions < 2:
-        raise p.fail("report.repetitions", "give at least 2 (the bias has a standard error)")
+    p, doc, opts = read_release_spec(
+        path, source="ppmf", reads="a PPMF (persons with TABBLKST ... CENRACE)",
+        strategy="pl94", data_keys=("source", "path"), more_tables=("areas",),
+    )  # fmt: skip
     ar = p.table(doc, "areas", required=False)
     p.keys(ar, "areas", ("file", "level", "block_column", "area_column", "skip_blank", "gisjoin",
                          "list", "share", "queries"))  # fmt: skip
@@ -422,7 +455,7 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
     return PPMFSpec(
         rho=opts.rho,
         delta=opts.delta,
-        repetitions=repetitions,
+        repetitions=opts.repetitions,
         seed=opts.seed,
         source=str(path),
         blocks=opts.blocks,

@@ -117,7 +117,7 @@ from censusdp.pipelines.ppmf import PPMFHistogram, read_block_list, read_ppmf_un
 from censusdp.pipelines.privatize_ppmf import (
     REPORT_LEVELS,
     csv_header,
-    parse_release_options,
+    read_release_spec,
     spec_reads_ppmf,
 )
 from censusdp.pipelines.size_class_report import (
@@ -202,28 +202,10 @@ def load_units_spec(path: str | Path) -> UnitsSpec:
         Naming the file and the dotted key; anything but the H1 production strategy with
         its block invariant (other keys, another noise law) is refused.
     """
-    from censusdp.config import SpecParser, read_spec_toml
-
-    path = Path(path)
-    doc = read_spec_toml(path)
-    p = SpecParser(str(path), path.parent)
-    p.keys(doc, "", ("data", "privacy", "mechanism", "hierarchy", "report", "run"))
-    data = p.table(doc, "data", required=False)
-    p.keys(data, "data", ("source",))
-    source = p.get(data, "data", "source", str, default="ppmf_units")
-    if source != "ppmf_units":
-        raise p.fail(
-            "data.source",
-            f"the input is a PPMF units file (RTYPE, HH_STATUS), not {source!r}: set "
-            'source = "ppmf_units"',
-        )
-    opts = parse_release_options(p, doc, path, "h1")
-    rep = p.table(doc, "report", required=False)
-    p.keys(rep, "report", ("repetitions",))
-    repetitions = p.get(rep, "report", "repetitions", int, default=10)
-    if repetitions < 2:
-        raise p.fail("report.repetitions", "give at least 2 (the bias has a standard error)")
-    return UnitsSpec(**dataclasses.asdict(opts), source=str(path), repetitions=repetitions)
+    _, _, opts = read_release_spec(
+        path, source="ppmf_units", reads="a PPMF units file (RTYPE, HH_STATUS)", strategy="h1"
+    )
+    return UnitsSpec(**dataclasses.asdict(opts), source=str(path))
 
 
 # -- the release ---------------------------------------------------------------------------------
