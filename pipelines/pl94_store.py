@@ -108,9 +108,11 @@ def _piece_name(index: int | None, suffix: str = _SUFFIX[FORMAT]) -> str:
     return f"{_TOP}{suffix}" if index is None else f"part-{index:05d}{suffix}"
 
 
-def _save_gz(path: Path, array: np.ndarray, level: int = 6) -> str:
+def _save_gz(path: Path, array: np.ndarray, level: int = 1) -> str:
     """``array`` as a gzip-compressed ``.npy`` at ``path`` (the same bytes every time: no
-    time stamp), through a temporary name as :func:`~censusdp.pipelines.release_store._save`
+    time stamp; level 1: on a partition's block tables, 14.7 MB of ``.npy``, level 6 took
+    2.1 CPU s, 15% of the national run's partition time, for the same 7.0 MB as level 1 in
+    0.26 s), through a temporary name as :func:`~censusdp.pipelines.release_store._save`
     (a task run again replaces the file whole). Returns the file's SHA-256 (hex)."""
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
