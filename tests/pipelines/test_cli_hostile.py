@@ -332,8 +332,12 @@ def test_hostile_input(case: Case, tmp_path, monkeypatch, capsys):
 
 #: Runs the CLI with one stage slowed down, touching READY when it is reached, so that SIGINT
 #: lands there (while computing, or while the temporary output is being written).
+# The child starts with SIGINT's default action, as a shell's foreground job does: a test
+# process may be ignoring SIGINT at that moment (SIG_IGN survives exec, and Python then
+# installs no KeyboardInterrupt), which made a clean-clone run wait out the pause.
 WRAPPER = """
-import sys, time, pathlib
+import signal, sys, time, pathlib
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import censusdp.pipelines.runner as r
 ready, stage = pathlib.Path(sys.argv[1]), sys.argv[2]
 def pause():
