@@ -94,6 +94,7 @@ from importlib import resources
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from censusdp.errors import DataError
 from censusdp.estimation.nonnegative import nonnegative_structured
@@ -644,6 +645,7 @@ def _run_rho(
     checks: dict[str, dict] = {k: {} for k in names}
     seconds = dict.fromkeys(names, 0.0)
     cpu = dict.fromkeys(names, 0.0)
+    bar = tqdm(total=runs * len(names), desc=f"{hist.name} ρ={float(rho):.4g}", unit="estimate")
     for r in range(runs):
         rr = rng.child(f"run/{r}")
         meas: list[ProductMeasurement] = measure_products(
@@ -667,6 +669,8 @@ def _run_rho(
             for k, v in _zero_cells(truth, county).items():
                 zeros_h[name][k] += v
             cell_abs[name] += float(np.abs(county36 - truth36).mean()) / runs
+            bar.update()
+    bar.close()
     out = {}
     for name in names:
         pooled = group_regressions(
