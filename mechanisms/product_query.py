@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from functools import reduce
 
 import numpy as np
+import scipy.sparse as sp
 
 from censusdp.errors import DataError, SpecError
 from censusdp.mechanisms.queries import Query
 from censusdp.schema import Recode, Schema
 
-__all__ = ["ProductQuery", "QueryRows", "max_weighted_column", "axis_product"]
+__all__ = ["ProductQuery", "QueryRows", "apply_queries", "axis_product", "max_weighted_column"]
 
 
 def _check_batch(schema: Schema, x: np.ndarray, what: str) -> tuple[np.ndarray, bool]:
@@ -70,6 +71,40 @@ def axis_product(x: np.ndarray, axis: int, m: np.ndarray) -> np.ndarray:
     else:
         y = np.matmul(m, x.reshape(pre, sh[axis], post))
     return y.reshape((*sh[:axis], m.shape[0], *sh[axis + 1 :]))
+
+
+def apply_queries(queries: Sequence[ProductQuery], x: np.ndarray) -> dict[str, np.ndarray]:
+    """Exact answers of every query on a batch of integer count tensors,
+    ``{name: (n, n_rows)}``.
+
+    The same integers as ``q.apply(x)`` for each query, but each marginal is summed from the
+    smallest one already computed (the lattice of marginals: ``votingage * cenrace`` from
+    ``votingage * hispanic * cenrace``, not from the 2,016 cells), then its recodes applied:
+    about one pass over the histogram instead of one per query. For integers only: floats
+    summed in another order differ in their last bits.
+    """
+    return dict(zip((q.name for q in queries), _lattice_answers(queries, x), strict=True))
+
+
+def _lattice_answers(queries: Sequence[ProductQuery], x: np.ndarray) -> list[np.ndarray]:
+    if x.dtype.kind not in "iu":
+        raise DataError(f"lattice answers: the counts are {x.dtype}; they must be integers")
+    summed: dict[frozenset, np.ndarray] = {frozenset(): x}
+    out: list = [None] * len(queries)
+    order = sorted(range(len(queries)), key=lambda i: sum(f.is_all for f in queries[i].factors))
+    for i in order:
+        q = queries[i]
+        drop = frozenset(ax for ax, f in enumerate(q.factors) if f.is_all)
+        src = min((S for S in summed if S <= drop), key=lambda S: summed[S].size)
+        y = summed[src]
+        for ax in sorted(drop - src):
+            y = y.sum(axis=ax + 1, keepdims=True)
+        summed[drop] = y
+        for ax, f in enumerate(q.factors):
+            if not (f.is_detailed or f.is_all):
+                y = axis_product(y, ax + 1, f.matrix.astype(y.dtype, copy=False))
+        out[i] = y.reshape(y.shape[0], -1)
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,6 +226,14 @@ class ProductQuery:
         """The (n_rows × n_cells) int64 matrix ``⊗_a R_a`` — for tests and small schemas."""
         return reduce(np.kron, [f.matrix for f in self.factors], np.ones((1, 1), np.int64))
 
+    def sparse(self) -> sp.csr_matrix:
+        """The (n_rows × n_cells) int64 matrix ``⊗_a R_a`` as CSR: :meth:`dense` without its
+        zeros, for any schema (answers of sparse histograms by one sparse product)."""
+        m = sp.csr_matrix(np.ones((1, 1), np.int64))
+        for f in self.factors:
+            m = sp.kron(m, sp.csr_matrix(f.matrix.astype(np.int64)), format="csr")
+        return m
+
     def to_query(self) -> Query:
         """This query as a dense :class:`~censusdp.mechanisms.queries.Query` (small schemas).
 
@@ -311,9 +354,12 @@ class QueryRows:
         """Answers of every row: ``(n,)`` for one tensor, ``(n_nodes, n)`` for a batch."""
         xb, single = _check_batch(self.schema, x, "row-set input")
         out = np.empty((xb.shape[0], len(self)), dtype=np.result_type(xb.dtype, np.int64))
+        exact = xb.dtype.kind in "iu"  # integers: every marginal once, from the smallest
+        answers = _lattice_answers(self.queries, xb) if exact else None
         for q, query in enumerate(self.queries):
             sel = np.flatnonzero(self.query_of_row == q)
-            out[:, sel] = query.apply(xb)[:, self.row_of_row[sel]]
+            y = answers[q] if exact else query.apply(xb)
+            out[:, sel] = y[:, self.row_of_row[sel]]
         return out[0] if single else out
 
     def weighted_adjoint(self, w: np.ndarray) -> np.ndarray:

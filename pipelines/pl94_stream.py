@@ -16,7 +16,7 @@ Four passes:
 2. **Upward, per partition** (:func:`~censusdp.pipelines.structured_stream.structured_stream`):
    :class:`PartitionMeasure` regenerates the partition's histogram from the source, sums it
    to the partition's levels at and below the cut, answers every query
-   (:func:`apply_queries`) and draws its noise from the keyed streams
+   (:func:`~censusdp.mechanisms.product_query.apply_queries`) and draws its noise from the keyed streams
    ``measure/<level>/<query>`` at the partition's own node range. Noise is a pure function of
    the key and the node, so the draws equal those of a whole-level measurement bit for bit,
    and the same function called again in the downward pass returns the same values. Only the
@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import scipy.sparse as sp
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
@@ -81,7 +82,7 @@ from censusdp.estimation.structured_rounding import (
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
-from censusdp.mechanisms.product_query import ProductQuery, axis_product
+from censusdp.mechanisms.product_query import ProductQuery, apply_queries
 from censusdp.mechanisms.queries import measure_range, stream_label
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.partition import Partition, partition_units
@@ -105,7 +106,6 @@ __all__ = [
     "SyntheticHistogram",
     "SyntheticRange",
     "TopRelease",
-    "apply_queries",
     "county_measurements",
     "exact_histograms",
     "measure_whole",
@@ -293,29 +293,45 @@ def _checked_entries(
 
 
 # ----------------------------------------------------------------------------- queries
-def apply_queries(queries: Sequence[ProductQuery], x: np.ndarray) -> dict[str, np.ndarray]:
-    """Exact answers of every query on a batch of count tensors, ``{name: (n, n_rows)}``.
+def answers_from_entries(
+    queries: Sequence[ProductQuery],
+    node: np.ndarray,
+    cell: np.ndarray,
+    count: np.ndarray,
+    n: int,
+    n_cells: int,
+) -> dict[str, np.ndarray]:
+    """Exact answers of every query on the histograms given as entries ``(node, cell,
+    count)`` of ``n`` nodes (repeats add), ``{name: (n, n_rows)}`` int64.
 
-    The same integers as ``q.apply(x)`` for each query, but each marginal is summed from the
-    smallest one already computed (the lattice of marginals: ``votingage * cenrace`` from
-    ``votingage * hispanic * cenrace``, not from the 2,016 cells), then its recodes applied:
-    about one pass over the histogram instead of one per query.
+    The same integers as :func:`~censusdp.mechanisms.product_query.apply_queries` on the dense histograms, by one sparse
+    product of the entries with the queries' stacked 0/1 matrices (:meth:`ProductQuery.
+    sparse`): a block holds a few dozen persons' cells of thousands, so this never builds
+    the ``(n, n_cells)`` histograms.
     """
-    summed: dict[frozenset, np.ndarray] = {frozenset(): x}
-    out = {}
-    order = sorted(queries, key=lambda q: sum(f.is_all for f in q.factors))
-    for q in order:
-        drop = frozenset(ax for ax, f in enumerate(q.factors) if f.is_all)
-        src = min((S for S in summed if S <= drop), key=lambda S: summed[S].size)
-        y = summed[src]
-        for ax in sorted(drop - src):
-            y = y.sum(axis=ax + 1, keepdims=True)
-        summed[drop] = y
-        for ax, f in enumerate(q.factors):
-            if not (f.is_detailed or f.is_all):
-                y = axis_product(y, ax + 1, f.matrix.astype(y.dtype, copy=False))
-        out[q.name] = y.reshape(y.shape[0], -1)
-    return out
+    x = sp.csr_matrix(
+        (count.astype(np.int64, copy=False), (node, cell)), shape=(n, n_cells), dtype=np.int64
+    )
+    y = (x @ _stacked_columns(queries)).toarray()
+    bounds = np.cumsum([0, *(q.n_rows for q in queries)])
+    return {q.name: y[:, a:b] for q, a, b in zip(queries, bounds[:-1], bounds[1:], strict=True)}
+
+
+_STACKED: dict[tuple, sp.csr_matrix] = {}
+
+
+def _stacked_columns(queries: Sequence[ProductQuery]) -> sp.csr_matrix:
+    """``(n_cells, Σ n_rows)``: the queries' matrices stacked and transposed, built once per
+    set of queries in a process (keyed by their names and factor matrices: a task's
+    unpickled queries are new objects with the same key)."""
+    key = tuple((q.name, *(f.matrix.tobytes() for f in q.factors)) for q in queries)
+    m = _STACKED.get(key)
+    if m is None:
+        m = sp.vstack([q.sparse() for q in queries], format="csr").T.tocsr()
+        if len(_STACKED) >= 8:
+            _STACKED.clear()
+        _STACKED[key] = m
+    return m
 
 
 def _sums(
@@ -374,9 +390,11 @@ def _measure_partition(
         cut_at = np.searchsorted(local[k], bounds)
         for a, b, ea, eb in zip(bounds[:-1], bounds[1:], cut_at[:-1], cut_at[1:], strict=True):
             ta = time.perf_counter()
-            x = _sums(local[k][ea:eb] - a, cell[ea:eb], count[ea:eb], b - a, n_cells)
-            ans = apply_queries([q for q, _ in qs], x.reshape(b - a, *shape))
-            del x
+            ent = (local[k][ea:eb] - a, cell[ea:eb], count[ea:eb], b - a, n_cells)
+            if k == D - 1:  # leaves are sparse: no dense histograms
+                ans = answers_from_entries([q for q, _ in qs], *ent)
+            else:
+                ans = apply_queries([q for q, _ in qs], _sums(*ent).reshape(b - a, *shape))
             tb = time.perf_counter()
             for q, law in qs:
                 truth = ans.pop(q.name)
@@ -1062,7 +1080,8 @@ class ReleaseChecks:
             from censusdp.pipelines.pl94_tables import pl94_codebook
 
             book = pl94_codebook()
-            self._identities = book.identities().T.astype(np.int64)
+            # sparse: 334 nonzeros of 298 × 39, the check is a sparse product per node
+            self._identities = sp.csr_matrix(book.identities().T.astype(np.int64))
             self._total_column = book.columns.index("P1_001N")
             self.tables_exact = True
         self.seconds = 0.0
@@ -1139,7 +1158,9 @@ class PartitionChecks(ReleaseChecks):
     child counts are the release's forest's); calling it returns the partition's result for
     :meth:`ReleaseChecks.add`."""
 
-    def __init__(self, depth: int, identities: np.ndarray | None, total_column: int | None):
+    def __init__(
+        self, depth: int, identities: sp.csr_matrix | None, total_column: int | None
+    ) -> None:
         self.depth, self._identities, self._total_column = depth, identities, total_column
 
     def __call__(self, out: PartitionRelease, payload: object = None) -> dict:

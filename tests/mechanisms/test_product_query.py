@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 from schema_strategies import query_texts, schemas
 
 from censusdp.errors import DataError, SpecError
-from censusdp.mechanisms.product_query import ProductQuery, QueryRows, max_weighted_column
+from censusdp.mechanisms.product_query import (
+    ProductQuery,
+    QueryRows,
+    apply_queries,
+    max_weighted_column,
+)
 from censusdp.schema import Schema
 
 PL94_QUERIES = Schema.load("pl94").strategy
@@ -37,8 +42,30 @@ def test_product_query_matches_dense(data):
     for i, key in enumerate(q.row_keys):
         assert q.row_index(key) == i
     assert np.array_equal(q.to_query().matrix, m)
+    sparse = q.sparse()
+    assert sparse.dtype == np.int64 and np.array_equal(sparse.toarray(), m)
     # reparsing the canonical name gives the same query
     assert np.array_equal(ProductQuery.parse(s, q.name).dense(), m)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_lattice_answers_equal_each_querys_own(data):
+    """apply_queries sums each marginal from the smallest one already summed: the same
+    integers as every query applied on its own (and refuses floats, whose bits would not
+    be the same)."""
+    s = data.draw(schemas())
+    texts = data.draw(st.lists(query_texts(s), min_size=1, max_size=5, unique=True))
+    qs = [ProductQuery.parse(s, t) for t in texts]
+    qs = list({q.name: q for q in qs}.values())
+    gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    x = gen.integers(-3, 20, size=(4, *s.shape))
+    got = apply_queries(qs, x)
+    assert list(got) == [q.name for q in qs]
+    for q in qs:
+        assert np.array_equal(got[q.name], q.apply(x)), q.name
+    with pytest.raises(DataError, match="must be integers"):
+        apply_queries(qs, x.astype(float))
 
 
 def test_pl94_production_queries():

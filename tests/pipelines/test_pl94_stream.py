@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pl94_fixtures import PLAN, QUERIES, SCHEMA, TOTAL, small_us
 from ppmf_fixtures import ppmf_persons
 
@@ -23,13 +25,14 @@ from censusdp.estimation.structured_gls import structured_gls
 from censusdp.estimation.structured_rounding import round_structured
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
-from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.mechanisms.product_query import ProductQuery, apply_queries
 from censusdp.mechanisms.queries import measure_range
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
 from censusdp.pipelines.pl94_stream import (
     ReleaseChecks,
     SparseHistogram,
+    answers_from_entries,
     stream_pl94,
 )
 from censusdp.pipelines.pl94_tables import tabulate
@@ -286,3 +289,21 @@ def test_compressed_pieces_keep_the_digest_of_the_content(state, tmp_path) -> No
     for lvl in h.names:
         assert np.array_equal(old.tables(lvl), Pl94Store(path).tables(lvl))
     assert packed < unpacked / 1.8
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 3000), st.integers(0, 2**32 - 1))
+def test_answers_from_entries_equal_the_dense_answers(n: int, n_entries: int, seed: int) -> None:
+    """Leaves' answers from their entries (repeats adding, empty leaves, large counts) are
+    the integers of the per-axis sums over the dense histograms."""
+    gen = np.random.default_rng(seed)
+    node = np.sort(gen.integers(0, n, n_entries))
+    cell = gen.integers(0, SCHEMA.n_cells, n_entries)
+    count = gen.integers(1, 2**40, n_entries) if seed % 2 else gen.integers(1, 5, n_entries)
+    dense = np.zeros((n, SCHEMA.n_cells), np.int64)
+    np.add.at(dense, (node, cell), count)
+    want = apply_queries(QUERIES, dense.reshape(n, *SCHEMA.shape))
+    got = answers_from_entries(QUERIES, node, cell, count, n, SCHEMA.n_cells)
+    assert set(got) == set(want)
+    for name, w in want.items():
+        assert got[name].dtype == np.int64 and np.array_equal(got[name], w), name
