@@ -61,7 +61,6 @@ import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -86,7 +85,7 @@ from censusdp.mechanisms.product_query import ProductQuery, apply_queries
 from censusdp.mechanisms.queries import measure_range, stream_label
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.partition import Partition, partition_units
-from censusdp.pipelines.structured_stream import structured_stream
+from censusdp.pipelines.structured_stream import _ahead, structured_stream
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 from censusdp.schema import Schema
 
@@ -699,15 +698,6 @@ class Pl94StreamResult:
     noisy_counts: int
     diagnostics: dict
     sunk: tuple = ()
-
-
-def _ahead(fn: Callable, items: Sequence, workers: int):
-    """``fn(item)`` for each item in order, ``workers`` threads computing ahead."""
-    if workers <= 1:
-        yield from map(fn, items)
-        return
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        yield from pool.map(fn, items)
 
 
 def _cut_sums(item: tuple[Forest, HistogramSource, int, int, int]) -> np.ndarray:

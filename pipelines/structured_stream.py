@@ -92,7 +92,7 @@ from censusdp.mechanisms.product_measure import (
     checked_values,
 )
 from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.pipelines.execute import DaskExecutor, Executor
+from censusdp.pipelines.execute import DaskExecutor, Executor, ThreadExecutor
 from censusdp.pipelines.partition import Partition
 from censusdp.schema import Schema
 
@@ -545,6 +545,11 @@ def structured_stream(
         )
     if sink_payload is not None and sink is None:
         raise SpecError("structured_stream: sink_payload without a sink")
+    executor_name = "in-process threads" if executor is None else executor.name
+    if isinstance(executor, ThreadExecutor):
+        # this process's threads: pipelined in order, a partition started as soon as a thread
+        # is free, not in groups of ``workers`` that each wait for their slowest
+        workers, executor = executor.workers, None
     # wall seconds per stage, and CPU (``cpu_*``: thread time, of the tasks' threads for the
     # per-partition stages wherever they ran, of this thread for the others)
     t = dict(setup=time.perf_counter() - t_start, measure=0.0, up=0.0, top=0.0, down=0.0,
@@ -736,7 +741,7 @@ def structured_stream(
         "cache_bytes_used": used,
         "largest_cached_state_bytes": largest,
         "message_bytes": message_bytes,
-        "executor": "in-process threads" if ex is None else ex.name,
+        "executor": executor_name,
         "workers": workers if ex is None else ex.workers,
         "unidentified": setup.dropped,
         "max_consistency_residual": cons,
