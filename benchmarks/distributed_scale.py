@@ -56,7 +56,6 @@ Usage: ``python benchmarks/distributed_scale.py [--blocks N] [--partitions P] [-
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import json
 import resource
@@ -72,14 +71,12 @@ from censusdp.budget import PrivacyStatement
 from censusdp.hierarchy.synthetic import synthetic_us
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.queries import Query, invariant
-from censusdp.pipelines.execute import KEEP_FREED_MEMORY, open_executor
+from censusdp.pipelines.execute import KEEP_FREED_MEMORY, keep_freed_memory, open_executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
 from censusdp.pipelines.measure import measure_partitioned
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.rng import KeyedRNG
-
-_MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
 
 
 def _peak_mb() -> float:
@@ -116,12 +113,8 @@ def _digest(arrays: list[np.ndarray]) -> str:
 
 def _memory_policy() -> dict:
     """The executor's workers keep freed memory (:data:`KEEP_FREED_MEMORY`); so does this
-    process, through ``mallopt`` (glibc only)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        driver = all(libc.mallopt(_MALLOPT[k], v) == 1 for k, v in KEEP_FREED_MEMORY.items())
-    except (OSError, AttributeError):  # not glibc: the driver keeps the platform's policy
-        driver = False
+    process (:func:`keep_freed_memory`, glibc only)."""
+    driver = keep_freed_memory()
     return {"policy": "keep freed memory", "settings": KEEP_FREED_MEMORY, "driver": driver}
 
 

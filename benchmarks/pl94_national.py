@@ -85,7 +85,7 @@ import numpy as np
 from censusdp.estimation.predict import allocation_plan
 from censusdp.hierarchy.synthetic import synthetic_us
 from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.pipelines.execute import open_executor
+from censusdp.pipelines.execute import KEEP_FREED_MEMORY, keep_freed_memory, open_executor
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
 from censusdp.pipelines.pl94_stream import (
@@ -308,6 +308,15 @@ def benchmark(args: argparse.Namespace) -> dict:
         "seconds_synthetic_geography (not counted)": t_geo,
         "cpu_seconds_synthetic_geography (not counted)": c_geo,
         "load_average_before": list(os.getloadavg()),
+        "malloc": (
+            {"policy": "platform"}
+            if args.platform_malloc
+            else {
+                "policy": "keep freed memory",
+                "settings": KEEP_FREED_MEMORY,
+                "driver": keep_freed_memory(),
+            }
+        ),  # fmt: skip
     }
     if args.compare:
         runs = {"sync": ("sync", 1), "dask-1": ("dask", 1), "dask-2": ("dask", 2)}
@@ -380,6 +389,11 @@ def main() -> None:
         "--histograms",
         action="store_true",
         help="also store the rounded histograms (sparse; large)",
+    )
+    ap.add_argument(
+        "--platform-malloc",
+        action="store_true",
+        help="leave this process's malloc policy alone (default: keep freed memory)",
     )
     args = ap.parse_args()
     print(json.dumps(benchmark(args), indent=2))
