@@ -20,6 +20,7 @@ from censusdp.experiments.topdown_fidelity import (
     RHO_BUREAU,
     SHARES,
     SIZE_CLASSES,
+    _pattern_text,
     bureau_slopes,
     load_county_table,
     size_class_table,
@@ -355,3 +356,30 @@ def test_the_histogram_option_chooses_the_histograms(tmp_path):
     # the split's production ordering isolates the total below the root, as the 36-cell one
     assert SPLIT_ORDERING["county"][0][0] == ("total",) == ORDERING["county"][0][0]
     assert SPLIT_ORDERING["county"][1] == (("total",), ("sex * age5",), ("detailed",))
+
+
+def _by_rho(counts: dict[str, tuple[float, float]]) -> dict:
+    row = {"histogram": "split", "factor": 1.0}
+    for k, (neg, sig) in counts.items():
+        row[k] = {"states": 48, "chance_upper_99": 2, "negative_mean": neg,
+                  "significant_negative_001_mean": sig}  # fmt: skip
+    return {"by_rho": [row], "reference_factor": 1.0, "estimators": list(counts)}
+
+
+def test_the_pattern_verdicts_follow_the_counts() -> None:
+    """The report's verdict against the Bureau's pattern comes from the measured counts:
+    two thirds of the areas negative and significant ones above chance's 99% point."""
+    text = _pattern_text(_by_rho({"topdown": (25.0, 0.3), "topdown_one": (35.8, 2.2),
+                                  "gls": (22.7, 0.2)}))  # fmt: skip
+    assert "TopDown-style 25.0 / 0.3: no clear majority" in text
+    assert "one L2 pass 35.8 / 2.2: the Bureau's pattern" in text
+    assert "Why production-pass TopDown-style differs" in text
+    assert "reproduces the pattern here" in text
+    text = _pattern_text(_by_rho({"topdown": (33.0, 2.5), "gls": (24.0, 2.0)}))
+    assert "TopDown-style 33.0 / 2.5: the Bureau's pattern" in text
+    assert "GLS + unbiased rounding 24.0 / 2.0: no clear majority" in text
+    assert "Why" not in text
+    text = _pattern_text(_by_rho({"topdown": (40.0, 1.0), "topdown_one": (31.0, 9.0)}))
+    assert "40.0 / 1.0: a negative majority, significant ones within chance" in text
+    assert "31.0 / 9.0: significant negatives above chance without" in text
+    assert "does not reproduce it either" in text
