@@ -40,19 +40,24 @@ in-memory one bit for bit, and on its smallest block group the dense tree GLS to
 
 Timings under load (a shared machine) should be read with their CPU seconds beside them.
 
-Measured (2026-11-24, the 2-core machine, quiet: load average 1.5 before):
+Measured (2026-11-24, the 2-core machine, quiet; threads, ``--workers 2``, the process keeping
+the memory it frees — one malloc arena, no trimming:
+:func:`~censusdp.pipelines.execute.keep_freed_memory`):
 
-* ``--fraction 1 --workers 2 --check-county`` (threads; 8,200,000 blocks, 8,530,274 geounits,
-  330,010,973 persons, 22,204,303,221 noisy counts, 482 partitions, the largest 88,301 blocks):
-  **4,437 s wall**, 8,060 CPU s, peak **10.6 GB** (the largest partition's working set), 2.65 GB
-  written in 5,814 files, digest ``c44f4e0e…``, every check true; 8.5× faster than the Bureau's
-  ~37,700 s on a cluster, **over the 3,600 s goal**. CPU by stage (summed over the tasks): GLS
-  3,105 s, rounding 1,974 s, checks and store pieces 1,812 s, measurement 1,056 s, pass 1 45 s,
-  the driver's digest and manifest 56 s. py-spy put 15% of the partitions' time in gzip at level
-  6, which gave no smaller files than level 1 (now the level: 2.1 → 0.26 CPU s for a partition's
-  block tables); the controlled rounding's kernel, conditional marginals and uniforms were ~22%.
-  The slice check on county 05021: streamed = in-memory structured GLS bit for bit, dense tree GLS
-  on its block group to 1.0e-14 (estimates) and 2.6e-14 (variances).
+* ``--fraction 1 --check-county`` (8,200,000 blocks, 8,530,274 geounits, 330,010,973 persons,
+  22,204,303,221 noisy counts, 482 partitions, the largest 88,301 blocks): **3,261 s wall**,
+  6,121 CPU s, peak **14.4 GB** (the largest partitions' working sets and what the heap keeps),
+  2.66 GB written in 5,814 files, digest ``c44f4e0e…`` (the same release, bit for bit, as the
+  first full run: 4,437 s, 8,060 CPU s, 10.6 GB), every check true, the store re-verified;
+  **under the 3,600 s / 16 GB goal**, 11.6× faster than the Bureau's ~37,700 s on a cluster.
+  CPU by stage (summed over the tasks): GLS 2,611 s, rounding 1,920 s, checks and store pieces
+  664 s, measurement 820 s, pass 1 46 s, the driver's digest and manifest 50 s. Slice check on
+  county 05021: streamed = in-memory structured GLS bit for bit, dense tree GLS on its block
+  group to 1.0e-14 (estimates) and 2.6e-14 (variances).
+* Cost linear in blocks (wall s / CPU s / CPU ms per block / peak): 1/64 (128,125 blocks, 8
+  partitions) 54.7 / 100.1 / 0.78 / 4.9 GB; 1/16 (512,500, 31) 203.5 / 382.0 / 0.75 / 5.9 GB;
+  1/4 (2,050,000, 120) 853.5 / 1,591.8 / 0.78 / 12.9 GB; 1 (8,200,000, 482) 3,261 / 6,121 /
+  0.75 / 14.4 GB.
 * ``--fraction 0.0625 --compare`` (512,500 blocks, 31 partitions, gzip level 1): the same digest
   ``9b1d28e9…`` from sync (437.9 s wall, 437.3 CPU s: 0.85 CPU ms per block), Dask 1 worker
   (469.1 s; 26 driver + 488 worker CPU s) and Dask 2 workers (271.4 s; 23 + 493); **2-over-1
@@ -60,7 +65,8 @@ Measured (2026-11-24, the 2-core machine, quiet: load average 1.5 before):
 
 Usage: ``python benchmarks/pl94_national.py [--fraction F] [--scheduler sync|threads|dask]
 [--workers W] [--dask-workers N] [--address tcp://…] [--compare] [--out DIR]
-[--partitions P] [--seed S] [--cache-mb M] [--check-county] [--histograms]``.
+[--partitions P] [--seed S] [--cache-mb M] [--check-county] [--histograms]
+[--platform-malloc]``.
 
 References
 ----------
