@@ -59,9 +59,10 @@ the memory it frees — one malloc arena, no trimming:
   1/4 (2,050,000, 120) 853.5 / 1,591.8 / 0.78 / 12.9 GB; 1 (8,200,000, 482) 3,261 / 6,121 /
   0.75 / 14.4 GB.
 * ``--fraction 0.0625 --compare`` (512,500 blocks, 31 partitions, gzip level 1): the same digest
-  ``9b1d28e9…`` from sync (437.9 s wall, 437.3 CPU s: 0.85 CPU ms per block), Dask 1 worker
-  (469.1 s; 26 driver + 488 worker CPU s) and Dask 2 workers (271.4 s; 23 + 493); **2-over-1
-  speedup 1.73**; peaks 2.4 GB (driver), 3.4 GB (the one worker), 3.3 GB each (two workers).
+  ``9b1d28e9…`` from sync (367.9 s wall, 367.7 CPU s: 0.72 CPU ms per block), Dask 1 worker
+  (328.9 s; 18 driver + 339 worker CPU s) and Dask 2 workers (192.6 s; 15 + 363); **2-over-1
+  speedup 1.71**; peaks 3.0 GB (driver), 3.9 GB (the one worker), 3.3 GB each (two workers).
+  (Before the memory policy and the lattice tabulation: 437.9, 469.1 and 271.4 s, speedup 1.73.)
 
 Usage: ``python benchmarks/pl94_national.py [--fraction F] [--scheduler sync|threads|dask]
 [--workers W] [--dask-workers N] [--address tcp://…] [--compare] [--out DIR]

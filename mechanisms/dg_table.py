@@ -65,6 +65,10 @@ second; batch 10⁶ / 10⁷): σ = 1, 2.25, 10, 100: 109–136 / 63–117 M draw
 AES word rate timed alternately in the same run, 2–3× ``rint(normal)``, 45–60× the previous
 CKS sampler, 2,300–4,400× OpenDP's vector API (29–42 k/s); σ = 10⁴, 10⁶ (cells): 13–15 M/s,
 320–370× OpenDP and 1,400× the previous sampler at σ = 10⁶. Table build: ≤ 0.2 s, cached.
+On the quiet machine (2026-11-24, batch 10⁶, OpenDP 0.16.0): σ = 1, 2.25, 10, 100: 147, 146, 143,
+123 M draws/s, 0.71, 0.71, 0.69, 0.60 of the AES word rate (206–209 M/s in the same run), 2.6–3.2×
+``rint(normal)``, 2,900–4,800× OpenDP's vector API (30–44 k/s); σ = 10⁴, 10⁶: 19 and 20 M/s
+(0.09–0.10 of the word rate: a uniform inside the cell and its acceptance test), 430× OpenDP.
 
 Determinism: ``sample(gen, size)`` is a pure function of the generator's state and ``size``
 (the current CKS sampler guarantees the same and no more); through
