@@ -31,6 +31,7 @@ import ipaddress
 import os
 import types
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -54,6 +55,7 @@ __all__ = [
     "SCHEDULERS",
     "KEEP_FREED_MEMORY",
     "keep_freed_memory",
+    "ordered_ahead",
 ]
 
 
@@ -270,6 +272,24 @@ class ThreadExecutor(_Local):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def ordered_ahead(fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> Iterator[Any]:
+    """``fn(item)`` for each item, yielded in order, with at most ``workers`` items computed
+    ahead by a thread pool: a thread takes the next item as soon as it is free, not in groups
+    of ``workers`` that each wait for their slowest (one worker: plain calls in this thread).
+    """
+    if workers <= 1:
+        yield from (fn(item) for item in items)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) > workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 class _Handle:

@@ -83,9 +83,9 @@ from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery, apply_queries
 from censusdp.mechanisms.queries import measure_range, stream_label
-from censusdp.pipelines.execute import Executor
+from censusdp.pipelines.execute import Executor, ordered_ahead
 from censusdp.pipelines.partition import Partition, partition_units
-from censusdp.pipelines.structured_stream import _ahead, structured_stream
+from censusdp.pipelines.structured_stream import structured_stream
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 from censusdp.schema import Schema
 
@@ -739,7 +739,7 @@ def _cut_truth(
 
     cut_hist = np.empty((h.sizes[cut], n_cells), np.int64)
     if executor is None:
-        sums = _ahead(lambda p: _cut_sums(item(p)), parts, workers)
+        sums = ordered_ahead(lambda p: _cut_sums(item(p)), parts, workers)
     else:
         handles = executor.submit(_cut_sums, [item(p) for p in parts],
                                   cost=[p.leaves for p in parts])  # fmt: skip

@@ -57,9 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -92,7 +90,7 @@ from censusdp.mechanisms.product_measure import (
     checked_values,
 )
 from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.pipelines.execute import DaskExecutor, Executor, ThreadExecutor
+from censusdp.pipelines.execute import DaskExecutor, Executor, ThreadExecutor, ordered_ahead
 from censusdp.pipelines.partition import Partition
 from censusdp.schema import Schema
 
@@ -150,22 +148,6 @@ class StreamResult:
     privacy: PrivacyStatement
     diagnostics: dict
     sunk: tuple = ()
-
-
-def _ahead(fn: Callable, items: Sequence, workers: int) -> Iterator:
-    """``fn(item)`` for each item, in order, with at most ``workers`` items computed ahead
-    by a thread pool (one thread, none ahead: plain calls in this thread)."""
-    if workers <= 1:
-        yield from (fn(item) for item in items)
-        return
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending: deque = deque()
-        for item in items:
-            pending.append(pool.submit(fn, item))
-            if len(pending) > workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
 
 
 @dataclass(frozen=True, eq=False)
@@ -587,7 +569,7 @@ def structured_stream(
                 return (state,), _message_task(state)
 
             ups: Iterator = (
-                (i, *out) for i, out in enumerate(_ahead(up_in_process, order, workers))
+                (i, *out) for i, out in enumerate(ordered_ahead(up_in_process, order, workers))
             )
         else:
 
@@ -693,7 +675,7 @@ def structured_stream(
             downs: Iterator = (
                 (i, (), out)
                 for i, out in enumerate(
-                    _ahead(
+                    ordered_ahead(
                         lambda pos: _downward(down_item(pos, ctx), sink, keep_piece), order, workers
                     )
                 )
