@@ -82,7 +82,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -164,8 +163,6 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
     largest_first = np.argsort([-p.leaves for p in parts], kind="stable")
     checks = ReleaseChecks(h, tables=True)
     store_path = out_dir / "store"
-    if store_path.exists():
-        shutil.rmtree(store_path)
     client = getattr(ex, "client", None)
     if client is not None:
         client.run(_warm)  # imports in the workers, not timed
@@ -173,7 +170,9 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
     me = _process()
 
     t0, c0 = time.perf_counter(), time.process_time()
-    with Pl94StoreWriter(store_path, h, schema, histograms=args.histograms) as store:
+    with Pl94StoreWriter(  # replaces an earlier run's store once this one is complete
+        store_path, h, schema, overwrite=True, histograms=args.histograms
+    ) as store:
         t_classes, c_classes = time.perf_counter() - t0, time.process_time() - c0
         _log(t_start, f"store opened (shape classes: {t_classes:.1f} s); streaming on {ex.name}")
 

@@ -75,7 +75,7 @@ import numpy as np
 
 from censusdp.atomic import atomic_dir
 from censusdp.budget import PrivacyStatement
-from censusdp.errors import DataError
+from censusdp.errors import DataError, SpecError
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.structured_gls import StructuredPiece, identified_rows
 from censusdp.hierarchy import Hierarchy
@@ -133,6 +133,28 @@ def _narrow(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64)
 
 
+def _not_a_store(path: Path) -> str | None:
+    """Why ``path`` is not a pl94 store that :class:`Pl94StoreWriter` may replace (its
+    manifest of a known format, every file in it listed in its checksums), or None."""
+    if path.is_symlink() or not path.is_dir():
+        return "is not a directory"
+    try:
+        sums = _checksums(path)
+        _, manifest = _read_json(path / MANIFEST)
+    except DataError:
+        return f"has no readable {MANIFEST} and {CHECKSUMS} of a store"
+    if not isinstance(manifest, dict) or manifest.get("format") not in _SUFFIX:
+        return f"has a {MANIFEST} that is not a pl94 store's"
+    listed = {*sums, CHECKSUMS}
+    other = sorted(
+        str(f.relative_to(path)) for f in path.rglob("*")
+        if not f.is_dir() and str(f.relative_to(path)) not in listed
+    )  # fmt: skip
+    if other:
+        return f"holds {other[0]!r}, which the store does not list"
+    return None
+
+
 class Pl94StoreWriter:
     """Writes a streamed run's store piece by piece (see the module docstring).
 
@@ -182,10 +204,17 @@ class Pl94StoreWriter:
         self.root: Path | None = None
 
     def __enter__(self) -> Pl94StoreWriter:
-        if self.path.exists() and not self.overwrite:
-            raise FileExistsError(
-                f"{self.path} exists; write the store elsewhere, remove it, or pass overwrite"
-            )
+        if self.path.exists() or self.path.is_symlink():
+            if not self.overwrite:
+                raise FileExistsError(
+                    f"{self.path} exists; write the store elsewhere, remove it, or pass overwrite"
+                )
+            why = _not_a_store(self.path)
+            if why:
+                raise SpecError(
+                    f"{self.path} {why}: overwrite replaces only a pl94 store; write the "
+                    "store elsewhere"
+                )
         self._ctx = atomic_dir(self.path, overwrite=self.overwrite)
         self.root = self._ctx.__enter__()
         return self

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pl94_fixtures import PLAN, QUERIES, SCHEMA, TOTAL, small_us
 from ppmf_fixtures import ppmf_persons
 
-from censusdp.errors import DataError
+from censusdp.errors import DataError, SpecError
 from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.structured_gls import structured_gls
 from censusdp.estimation.structured_rounding import round_structured
@@ -251,6 +251,36 @@ def test_a_store_closed_without_its_manifest_is_not_kept(state, tmp_path) -> Non
     with pytest.raises(DataError, match="finish"), Pl94StoreWriter(path, h, SCHEMA):
         pass
     assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def test_overwrite_replaces_only_a_pl94_store(state, tmp_path) -> None:
+    """``overwrite`` replaces an earlier store once the new one is complete, and refuses,
+    touching nothing, a directory that is not a store or a store holding a file it does not
+    list (the national benchmark's ``--out`` reuses its store path)."""
+    h, source = state
+    rng = KeyedRNG.reproducible(5, warn=False)
+    path = tmp_path / "store"
+    first = _store(h, source, rng, path, partitions=2)
+
+    def write_again() -> dict:
+        with Pl94StoreWriter(path, h, SCHEMA, overwrite=True) as w:
+            res = stream_pl94(h, SCHEMA, source, PLAN, rng, partitions=3,
+                              on_top=w.top, on_partition=w.partition)  # fmt: skip
+            return w.finish(res, QUERIES)
+
+    assert write_again()["digest"] == first["digest"] == Pl94Store(path).verify()
+    (path / "notes.txt").write_text("mine")
+    with pytest.raises(SpecError, match="notes.txt"):
+        write_again()
+    assert (path / "notes.txt").read_text() == "mine"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "data.csv").write_text("a,b\n")
+    with pytest.raises(SpecError, match="not a pl94 store|no readable"):
+        with Pl94StoreWriter(other, h, SCHEMA, overwrite=True):
+            pass
+    assert (other / "data.csv").read_text() == "a,b\n" and len(list(other.iterdir())) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "store"]
 
 
 def test_compressed_pieces_keep_the_digest_of_the_content(state, tmp_path) -> None:
