@@ -125,9 +125,10 @@ def run_cli(
             parser.print_help()
             return 0
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("censusdp: interrupted; nothing was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a signal raised as one (SIGTERM: 143)
+        what = getattr(exc, "what", "interrupted")
+        print(f"censusdp: {what}; nothing was written", file=sys.stderr)
+        return int(getattr(exc, "exit_status", EXIT_INTERRUPTED))
     except CensusDPError as exc:
         print(f"censusdp: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
