@@ -2,8 +2,9 @@
 
 Exit statuses and error lines are those of :func:`censusdp.command_line.run_cli` (2 for a
 :class:`~censusdp.errors.CensusDPError`, a bad option or an unreadable path; 130 for Ctrl-C;
-143 for SIGTERM, handled as Ctrl-C is (:func:`censusdp.pipelines.interrupts.terminate_as_interrupt`);
-1 for a bug, named by type and place, never by message).
+143 for SIGTERM, which :func:`main` handles as Ctrl-C
+(:func:`censusdp.pipelines.interrupts.terminate_as_interrupt`); 1 for a bug, named by type and
+place, never by message).
 """
 
 from __future__ import annotations

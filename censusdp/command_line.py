@@ -12,7 +12,8 @@ Exit status and stderr, whatever goes wrong (:func:`run_cli`):
   ``censusdp: error: ...`` and status 2;
 - Ctrl-C: one line ``censusdp: interrupted ...`` and status 130, with no output written and
   no temporary left (outputs go through :mod:`censusdp.atomic`; Dask clusters are closed by
-  their context managers on the way out);
+  their context managers on the way out); a :class:`KeyboardInterrupt` that carries ``what``
+  and ``exit_status`` (SIGTERM's, raised by the application layer) names those instead;
 - anything else is a bug: one line naming the exception type and where it was raised
   (never its message, which could hold data) and status 1; ``CENSUSDP_DEBUG=1`` shows the
   traceback.
