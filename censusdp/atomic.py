@@ -278,7 +278,7 @@ def _uninterruptible() -> Iterator[None]:
         yield
     finally:
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: set in C
 
 
 def remove_stale(target: PathLike) -> list[Path]:

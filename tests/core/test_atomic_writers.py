@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from censusdp.atomic import (
     CLAIM,
+    CLAIM_SUFFIX,
     MARKER,
     atomic_dir,
     atomic_file,
@@ -165,6 +169,11 @@ def test_temporaries_of_killed_runs_are_removed_claims_and_all(tmp_path):
     assert _names(tmp_path) == sorted(["out", "x.parquet", other.name])
     assert _names(tmp_path / "out") == ["a"]  # the claim is not part of the output
     assert remove_stale(tmp_path / "outer") == [other]
+    assert _names(tmp_path) == ["out", "x.parquet"]
+    # killed after its claim was written, its temporary file gone: the claim goes too
+    gone = _killed_inside(tmp_path, "atomic_file", tmp_path / "y.csv")
+    gone.unlink()
+    assert remove_stale(tmp_path / "y.csv") == [claim_path(gone)]
     assert _names(tmp_path) == ["out", "x.parquet"]
 
 
@@ -358,3 +367,55 @@ def test_failed_and_interrupted_output_leave_nothing(tmp_path):
             tmp.write_text("a")
             raise exc
     assert _names(tmp_path) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(["partial", "old"]),
+    pid=st.integers(2**22 + 1, 2**31 - 1),  # above Linux's pid_max: no such process
+    token=st.text("0123456789abcdef", min_size=6, max_size=6),
+    ext=st.sampled_from(["", ".csv", ".parquet", ".tmp", ".json", CLAIM_SUFFIX]),
+    is_dir=st.booleans(),
+    content=st.binary(max_size=64),
+    wrong=st.sampled_from([None, "", "censusdp_temporary", "name", "pid", "host", "token"]),
+)
+def test_nothing_without_a_claim_of_ours_is_ever_removed(
+    tmp_path_factory, kind, pid, token, ext, is_dir, content, wrong
+):
+    """Whatever a user puts under a temporary's name — a dead pid, any token, extension or
+    content, even a claim-shaped file wrong in one field — stays; with the claim right in
+    every field (``wrong == ""``: what censusdp writes) it goes, so the claims are real."""
+    root = tmp_path_factory.mktemp("ws")
+    (root / "out").mkdir()  # a target stands: moved-aside outputs would be removable
+    entry = root / f"out.censusdp-{kind}-{pid}-{token}{ext}"
+    if is_dir:
+        entry.mkdir()
+        (entry / "thesis.tex").write_bytes(content)
+    else:
+        entry.write_bytes(content)
+    if wrong is not None:  # a claim right in every field but ``wrong``
+        doc = {
+            "censusdp_temporary": 1,
+            "name": entry.name,
+            "pid": pid,
+            "host": socket.gethostname(),
+            "token": token + "0" * 26,
+        }
+        bad = {
+            "censusdp_temporary": 2,
+            "name": entry.name + "x",
+            "pid": pid - 1,
+            "host": socket.gethostname() + "x",
+            "token": ("f" if token[0] != "f" else "e") + token[1:] + "0" * 26,
+        }
+        if wrong:
+            doc[wrong] = bad[wrong]
+        where = entry / CLAIM if is_dir and kind == "partial" else claim_path(entry)
+        where.write_text(json.dumps(doc))
+    before = _snapshot(root)
+    ours = wrong == "" and not entry.name.endswith(CLAIM_SUFFIX)  # censusdp names no such
+    assert remove_stale(root / "out") == ([entry] if ours else [])
+    if ours:
+        assert _names(root) == ["out"]
+    else:
+        assert _snapshot(root) == before
