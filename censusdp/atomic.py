@@ -17,7 +17,10 @@ An earlier output moved aside while its replacement is renamed in
 token and host all agree) and its process no longer runs on this host; anything else that
 merely matches the name pattern — a user's folder, a file of another tool — is left
 untouched. A moved-aside earlier output is removed only once something stands at the target
-again (a run killed between the two renames leaves the earlier output recoverable).
+again (a run killed between the two renames leaves the earlier output recoverable). Nothing
+unprovable is removed: not the hidden ``.NAME.xxxxxxxx.tmp`` / ``.NAME.old.PID`` of earlier
+versions, nor a temporary directory killed in the instant between shedding its claim and
+its rename into place (left for the user, under its visible name).
 
 **The output policy** — :func:`check_output`, :func:`output_dir` and :func:`output_file`,
 used by every command that writes:
@@ -329,7 +332,7 @@ def remove_stale(target: PathLike) -> list[Path]:
 
 
 def _commit_dir(tmp: Path, target: Path) -> None:
-    (tmp / CLAIM).unlink()  # from here on it is the output, not a temporary
+    (tmp / CLAIM).unlink(missing_ok=True)  # from here on the output, not a temporary
     old = None
     if target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
         target.rmdir()
