@@ -2,7 +2,9 @@
 
 Exit statuses and error lines are those of :func:`censusdp.command_line.run_cli` (2 for a
 :class:`~censusdp.errors.CensusDPError`, a bad option or an unreadable path; 130 for Ctrl-C;
-1 for a bug, named by type and place, never by message).
+143 for SIGTERM, which :func:`main` handles as Ctrl-C
+(:func:`censusdp.pipelines.interrupts.terminate_as_interrupt`); 1 for a bug, named by type and
+place, never by message).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from censusdp.experiments.registry import register as register_experiment
 from censusdp.hierarchy.describe import register as register_hierarchy
 from censusdp.pipelines.allocate import register as register_allocate
 from censusdp.pipelines.commands import register as register_pipelines
+from censusdp.pipelines.interrupts import terminate_as_interrupt
 from censusdp.pipelines.predict import register as register_predict
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -49,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
-    return run_cli(build_parser, argv)
+    """Run the command line; returns the exit status (SIGTERM stops it as Ctrl-C does)."""
+    with terminate_as_interrupt():
+        return run_cli(build_parser, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,9 +5,22 @@ Two layers.
 **Primitives** — :func:`atomic_dir` and :func:`atomic_file` write into a temporary sibling
 with a visible name, ``NAME.censusdp-partial-PID-XXXXXX`` (files keep their extension, so
 writers that choose a format by extension still can), renamed into place only when the block
-succeeds. The temporary is removed on every failure, Ctrl-C included; one left by a process
-that was killed (its PID no longer runs) is recognised and removed by the next write to the
-same target.
+succeeds. The temporary is removed on every failure, Ctrl-C and SIGTERM included.
+
+A temporary is *claimed* before it exists: a claim (:data:`CLAIM`, JSON holding the owner's
+PID, host and a 128-bit random token whose first six hex digits are in the name) is written
+first inside a temporary directory, and beside a temporary file (``TMP`` +
+:data:`CLAIM_SUFFIX`, created with ``O_EXCL`` before the file itself, also with ``O_EXCL``).
+An earlier output moved aside while its replacement is renamed in
+(``NAME.censusdp-old-PID-XXXXXX``) is claimed the same way, beside it, before the move.
+:func:`remove_stale` removes a temporary only when its claim proves it ours (tag, name, PID,
+token and host all agree) and its process no longer runs on this host; anything else that
+merely matches the name pattern — a user's folder, a file of another tool — is left
+untouched. A moved-aside earlier output is removed only once something stands at the target
+again (a run killed between the two renames leaves the earlier output recoverable). Nothing
+unprovable is removed: not the hidden ``.NAME.xxxxxxxx.tmp`` / ``.NAME.old.PID`` of earlier
+versions, nor a temporary directory killed in the instant between shedding its claim and
+its rename into place (left for the user, under its visible name).
 
 **The output policy** — :func:`check_output`, :func:`output_dir` and :func:`output_file`,
 used by every command that writes:
@@ -34,6 +47,8 @@ import re
 import secrets
 import shutil
 import signal
+import socket
+import stat
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -44,13 +59,17 @@ from censusdp import __version__
 from censusdp.errors import SpecError
 
 __all__ = [
+    "CLAIM",
+    "CLAIM_SUFFIX",
     "MARKER",
     "SIDECAR_SUFFIX",
     "atomic_dir",
     "atomic_file",
     "check_output",
+    "claim_path",
     "output_dir",
     "output_file",
+    "read_claim",
     "read_marker",
     "remove_stale",
     "sidecar_path",
@@ -69,18 +88,143 @@ PathLike = str | os.PathLike[str]
 
 # -- primitives -----------------------------------------------------------------------------
 
+#: The claim written first inside every temporary directory of censusdp (removed just before
+#: the directory is renamed into place).
+CLAIM = ".censusdp-partial.json"
+#: Suffix of the claim beside a temporary file or a moved-aside earlier output.
+CLAIM_SUFFIX = ".censusdp-claim.json"
+_CLAIM_TAG = "censusdp_temporary"
+_NEW_TRIES = 64
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
-def _temp_name(target: Path, kind: str, suffix: str = "") -> Path:
-    return target.with_name(f"{target.name}{kind}{os.getpid()}-{secrets.token_hex(3)}{suffix}")
+
+def _claim_text(name: str, token: str) -> bytes:
+    doc = {
+        _CLAIM_TAG: 1,
+        "name": name,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "token": token,
+        "censusdp": __version__,
+    }
+    return (json.dumps(doc) + "\n").encode()
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Create ``path`` holding ``data``; FileExistsError when anything (a link included) is
+    there. A file this call created is removed again if writing it fails."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | _NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def claim_path(temporary: PathLike) -> Path:
+    """The claim beside a temporary file (or a moved-aside earlier output)."""
+    temporary = Path(temporary)
+    return temporary.with_name(temporary.name + CLAIM_SUFFIX)
+
+
+def _new_temp(target: Path, kind: str, *, directory: bool, suffix: str = "") -> Path:
+    """Create a claimed temporary sibling of ``target``, ``NAME{kind}PID-XXXXXX{suffix}``.
+
+    A directory is made, then its claim written inside; for a file the claim beside it is
+    created first, then the (empty) file, both with ``O_EXCL``: a name already taken by
+    anything is never reused, so a valid claim names only what this process created.
+    """
+    for _ in range(_NEW_TRIES):
+        token = secrets.token_hex(16)
+        tmp = target.with_name(f"{target.name}{kind}{os.getpid()}-{token[:6]}{suffix}")
+        text = _claim_text(tmp.name, token)
+        with _uninterruptible():
+            if directory:
+                try:
+                    tmp.mkdir()
+                except FileExistsError:
+                    continue
+                try:
+                    _write_new(tmp / CLAIM, text)
+                except BaseException:
+                    _remove(tmp)
+                    raise
+                return tmp
+            side = claim_path(tmp)
+            try:
+                _write_new(side, text)
+            except FileExistsError:
+                continue
+            try:
+                _write_new(tmp, b"")
+            except FileExistsError:
+                side.unlink(missing_ok=True)
+                continue
+            except BaseException:
+                side.unlink(missing_ok=True)
+                raise
+            return tmp
+    raise FileExistsError(f"{target}: no free name for a temporary beside it")
+
+
+def _move_aside(target: Path) -> Path:
+    """Rename ``target`` to a claimed ``NAME.censusdp-old-PID-XXXXXX`` (claim first)."""
+    for _ in range(_NEW_TRIES):
+        token = secrets.token_hex(16)
+        old = target.with_name(f"{target.name}{_OLD}{os.getpid()}-{token[:6]}")
+        if old.exists() or old.is_symlink():
+            continue
+        side = claim_path(old)
+        try:
+            _write_new(side, _claim_text(old.name, token))
+        except FileExistsError:
+            continue
+        try:
+            os.replace(target, old)
+        except BaseException:
+            side.unlink(missing_ok=True)
+            raise
+        return old
+    raise FileExistsError(f"{target}: no free name to move it aside")
 
 
 def _stale_pattern(name: str) -> re.Pattern[str]:
-    """Temporaries of ``name``: ours (``NAME.censusdp-partial|old-PID-hex[.ext]``) and those of
-    earlier versions (hidden ``.NAME.xxxxxxxx.tmp`` and ``.NAME.old.PID``)."""
-    n = re.escape(name)
+    """Names of temporaries of ``name``: ``NAME.censusdp-partial|old-PID-XXXXXX[.ext]``."""
     return re.compile(
-        rf"^(?:{n}\.censusdp-(?:partial|old)-(?P<pid>\d+)-[0-9a-f]{{6}}(?:\.[^/]*)?"
-        rf"|\.{n}\.[a-z0-9_]{{8}}\.tmp|\.{n}\.old\.(?P<oldpid>\d+))$"
+        rf"^{re.escape(name)}\.censusdp-(?P<kind>partial|old)-(?P<pid>\d+)-"
+        rf"(?P<token>[0-9a-f]{{6}})(?:\.[^/]*)?$"
+    )
+
+
+def read_claim(path: PathLike) -> dict[str, Any] | None:
+    """A temporary's claim (see the module docstring), or None when ``path`` is not one."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 4096:
+            return None
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get(_CLAIM_TAG) != 1:
+        return None
+    return doc
+
+
+def _proves(claim: Path, name: str, m: re.Match[str]) -> bool:
+    """Whether ``claim`` proves the temporary ``name`` (matched by ``m``) is censusdp's,
+    written on this host by process ``m["pid"]``."""
+    doc = read_claim(claim)
+    token = doc.get("token") if doc else None
+    return (
+        doc is not None
+        and doc.get("name") == name
+        and doc.get("pid") == int(m["pid"])
+        and doc.get("host") == socket.gethostname()
+        and isinstance(token, str)
+        and re.fullmatch(r"[0-9a-f]{32}", token) is not None
+        and token[:6] == m["token"]
     )
 
 
@@ -103,24 +247,57 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _remove_claimed(entry: Path, claim: Path) -> bool:
+    """Remove a proven temporary, its claim last (an interrupted removal stays provable);
+    whether it is gone."""
+    try:
+        if claim.parent == entry:
+            for child in entry.iterdir():
+                if child.name != CLAIM:
+                    _remove(child)
+            if any(c.name != CLAIM for c in entry.iterdir()):
+                return False
+            claim.unlink(missing_ok=True)
+            entry.rmdir()
+        else:
+            _remove(entry)
+            if entry.exists() or entry.is_symlink():
+                return False
+            claim.unlink(missing_ok=True)
+    except OSError:
+        return False
+    return True
+
+
 @contextmanager
 def _uninterruptible() -> Iterator[None]:
-    """Hold off Ctrl-C while a few renames or a clean-up run (main thread only)."""
+    """Hold off Ctrl-C and SIGTERM while a few renames or a clean-up run (main thread only;
+    a signal arriving meanwhile is ignored, as if it had come just after)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: set in C
 
 
 def remove_stale(target: PathLike) -> list[Path]:
-    """Remove the temporaries of ``target`` left by processes that no longer run.
+    """Remove the temporaries of ``target`` that censusdp's dead processes left.
 
-    Returns the paths removed. A temporary of a running process (a concurrent write, or this
-    process) is left alone.
+    A temporary is removed only when its claim proves it censusdp's (see the module
+    docstring) and the process that wrote it no longer runs on this host; a moved-aside
+    earlier output only when something stands at ``target`` again. Anything else that
+    matches the name pattern is left untouched, and so is a temporary of a running process
+    (a concurrent write, or this process).
+
+    Returns
+    -------
+    list of Path
+        The temporaries removed (their claims go with them) and the claims whose temporary
+        was already gone.
     """
     target = Path(target)
     parent = target.parent
@@ -128,51 +305,68 @@ def remove_stale(target: PathLike) -> list[Path]:
         return []
     pattern = _stale_pattern(target.name)
     removed = []
-    for entry in parent.iterdir():
+    entries = sorted(parent.iterdir())
+    for entry in entries:
         m = pattern.match(entry.name)
-        if m is None:
+        if m is None or entry.name.endswith(CLAIM_SUFFIX):
             continue
-        pid = m["pid"] or m["oldpid"]
-        if pid is not None and _running(int(pid)):
+        inside = m["kind"] == "partial" and entry.is_dir() and not entry.is_symlink()
+        claim = entry / CLAIM if inside else claim_path(entry)
+        if not _proves(claim, entry.name, m) or _running(int(m["pid"])):
             continue
-        _remove(entry)
-        removed.append(entry)
+        if m["kind"] == "old" and not (target.exists() or target.is_symlink()):
+            continue  # the replacement never landed: the earlier output stays recoverable
+        if _remove_claimed(entry, claim):
+            removed.append(entry)
+    for entry in entries:
+        if not entry.name.endswith(CLAIM_SUFFIX):
+            continue
+        subject = entry.with_name(entry.name.removesuffix(CLAIM_SUFFIX))
+        m = pattern.match(subject.name)
+        if m is None or subject.exists() or subject.is_symlink():
+            continue
+        if _proves(entry, subject.name, m) and not _running(int(m["pid"])):
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
     return removed
 
 
 def _commit_dir(tmp: Path, target: Path) -> None:
+    (tmp / CLAIM).unlink(missing_ok=True)  # from here on the output, not a temporary
     old = None
     if target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
         target.rmdir()
     elif target.exists() or target.is_symlink():
-        old = _temp_name(target, _OLD)
-        os.replace(target, old)
+        old = _move_aside(target)
     try:
         os.replace(tmp, target)
     except BaseException:
         if old is not None:
             os.replace(old, target)
+            claim_path(old).unlink(missing_ok=True)
         raise
     if old is not None:
-        _remove(old)
+        _remove_claimed(old, claim_path(old))
 
 
 @contextmanager
 def atomic_dir(target: PathLike, *, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``target`` when the block succeeds.
 
-    On an exception (Ctrl-C included) the temporary directory is removed and ``target`` is
-    left as it was. An existing ``target`` is replaced only after the new one is complete,
-    and only when ``overwrite``; no copy of it is left behind. This primitive does not ask
-    whose ``target`` is: commands go through :func:`output_dir`.
+    On an exception (Ctrl-C and SIGTERM included) the temporary directory is removed and
+    ``target`` is left as it was. An existing ``target`` is replaced only after the new one
+    is complete, and only when ``overwrite``; no copy of it is left behind. This primitive
+    does not ask whose ``target`` is: commands go through :func:`output_dir`.
+
+    The directory holds its claim, :data:`CLAIM`, until it is renamed into place; writers
+    that list what they wrote leave it out.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     if (target.exists() or target.is_symlink()) and not overwrite:
         raise FileExistsError(f"{target} exists; choose another --out or remove it")
     remove_stale(target)
-    tmp = _temp_name(target, _PARTIAL)
-    tmp.mkdir()
+    tmp = _new_temp(target, _PARTIAL, directory=True)
     try:
         yield tmp
         with _uninterruptible():
@@ -190,15 +384,18 @@ def atomic_file(target: PathLike) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
-    tmp = _temp_name(target, _PARTIAL, target.suffix)
-    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    tmp = _new_temp(target, _PARTIAL, directory=False, suffix=target.suffix)
+    claim = claim_path(tmp)
     try:
         yield tmp
-        os.replace(tmp, target)
+        with _uninterruptible():
+            os.replace(tmp, target)
     except BaseException:
         with _uninterruptible():
             _remove(tmp)
+            claim.unlink(missing_ok=True)
         raise
+    claim.unlink(missing_ok=True)
 
 
 # -- ownership manifests --------------------------------------------------------------------
@@ -412,6 +609,7 @@ def output_dir(
         yield tmp
         check_output(target, **args)  # type: ignore[arg-type]
         files, other = _tree(tmp)
+        files = [f for f in files if f != CLAIM]
         if other:
             raise SpecError(f"{target}: refusing to publish non-regular files {_first(other)}")
         digests = {f: _sha256(tmp / f) for f in files if f != MARKER}

@@ -12,7 +12,8 @@ Exit status and stderr, whatever goes wrong (:func:`run_cli`):
   ``censusdp: error: ...`` and status 2;
 - Ctrl-C: one line ``censusdp: interrupted ...`` and status 130, with no output written and
   no temporary left (outputs go through :mod:`censusdp.atomic`; Dask clusters are closed by
-  their context managers on the way out);
+  their context managers on the way out); a :class:`KeyboardInterrupt` that carries ``what``
+  and ``exit_status`` (SIGTERM's, raised by the application layer) names those instead;
 - anything else is a bug: one line naming the exception type and where it was raised
   (never its message, which could hold data) and status 1; ``CENSUSDP_DEBUG=1`` shows the
   traceback.
@@ -125,9 +126,10 @@ def run_cli(
             parser.print_help()
             return 0
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("censusdp: interrupted; nothing was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a signal raised as one (SIGTERM: 143)
+        what = getattr(exc, "what", "interrupted")
+        print(f"censusdp: {what}; nothing was written", file=sys.stderr)
+        return int(getattr(exc, "exit_status", EXIT_INTERRUPTED))
     except CensusDPError as exc:
         print(f"censusdp: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2

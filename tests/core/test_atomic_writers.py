@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from censusdp.atomic import (
+    CLAIM,
+    CLAIM_SUFFIX,
     MARKER,
     atomic_dir,
     atomic_file,
     check_output,
+    claim_path,
     output_dir,
     output_file,
+    read_claim,
     remove_stale,
     sidecar_path,
 )
@@ -122,24 +133,155 @@ def test_temporaries_have_visible_names_beside_the_target(tmp_path):
     assert _names(tmp_path) == ["out", "x.parquet"]
 
 
-def test_stale_temporaries_of_killed_runs_are_removed_live_ones_kept(tmp_path):
-    dead = tmp_path / f"out.censusdp-partial-{DEAD_PID}-abcdef"
-    dead.mkdir()
-    (dead / "estimates.parquet").write_text("half")
-    (tmp_path / f"out.censusdp-old-{DEAD_PID}-012345").mkdir()
-    (tmp_path / ".out.k2j4_x9a.tmp").mkdir()  # the hidden temporary of earlier versions
-    (tmp_path / f".out.old.{DEAD_PID}").mkdir()
-    live = tmp_path / f"out.censusdp-partial-{os.getpid()}-fedcba"
-    live.mkdir()  # a concurrent write of a running process
-    (tmp_path / "out.censusdp-partial-notes.txt").write_text("a user's file")  # not ours
-    other = tmp_path / f"outer.censusdp-partial-{DEAD_PID}-abcdef"
-    other.mkdir()  # another target's
+def _killed_inside(tmp_path, kind: str, target: Path) -> Path:
+    """Run ``atomic_dir``/``atomic_file`` on ``target`` in a child process that is killed
+    (SIGKILL: no clean-up can run) inside the block; returns its temporary."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from pathlib import Path
+        from censusdp.atomic import {kind}
+        with {kind}(Path(sys.argv[1])) as tmp:
+            (tmp / "half.parquet" if tmp.is_dir() else tmp).write_text("half")
+            print(tmp, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(target)], capture_output=True, text=True
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    tmp = Path(proc.stdout.strip())
+    assert tmp.exists() and tmp.parent == target.parent
+    return tmp
+
+
+def test_temporaries_of_killed_runs_are_removed_claims_and_all(tmp_path):
+    d = _killed_inside(tmp_path, "atomic_dir", tmp_path / "out")
+    f = _killed_inside(tmp_path, "atomic_file", tmp_path / "x.parquet")
+    assert (d / CLAIM).is_file() and claim_path(f).is_file()  # each was claimed first
+    assert read_claim(d / CLAIM)["name"] == d.name
+    other = _killed_inside(tmp_path, "atomic_dir", tmp_path / "outer")  # another target's
     with atomic_dir(tmp_path / "out") as tmp:
         (tmp / "a").write_text("a")
-    assert _names(tmp_path) == sorted(
-        ["out", live.name, "out.censusdp-partial-notes.txt", other.name]
-    )
+    with atomic_file(tmp_path / "x.parquet") as tmp:
+        tmp.write_text("x")
+    assert _names(tmp_path) == sorted(["out", "x.parquet", other.name])
+    assert _names(tmp_path / "out") == ["a"]  # the claim is not part of the output
     assert remove_stale(tmp_path / "outer") == [other]
+    assert _names(tmp_path) == ["out", "x.parquet"]
+    # killed after its claim was written, its temporary file gone: the claim goes too
+    gone = _killed_inside(tmp_path, "atomic_file", tmp_path / "y.csv")
+    gone.unlink()
+    assert remove_stale(tmp_path / "y.csv") == [claim_path(gone)]
+    assert _names(tmp_path) == ["out", "x.parquet"]
+
+
+def test_lookalikes_without_a_proof_are_left_untouched(tmp_path):
+    """Everything here matches a temporary's name pattern (or an earlier version's) and a
+    process that does not run, but no claim proves it censusdp's: nothing is removed."""
+    real = _killed_inside(tmp_path, "atomic_dir", tmp_path / "out")
+    doc = read_claim(real / CLAIM)
+    token = doc["token"]
+
+    def claimed(name: str, **change) -> Path:
+        p = tmp_path / name
+        p.mkdir()
+        (p / "thesis.tex").write_text("a user's work")
+        (p / CLAIM).write_text(json.dumps({**doc, "name": name, **change}))
+        return p
+
+    user = tmp_path / "out.censusdp-partial-99999-abcdef"  # the audit's reproduction
+    user.mkdir()
+    (user / "thesis.tex").write_text("a user's work")
+    (tmp_path / ".out.backup01.tmp").write_text("a user's backup")  # the audit's second
+    (tmp_path / f".out.old.{DEAD_PID}").mkdir()  # an earlier version's naming: unprovable
+    (tmp_path / f"out.censusdp-partial-{DEAD_PID}-abcdef.csv").write_text("no claim beside")
+    (tmp_path / f"out.censusdp-old-{DEAD_PID}-abcdef").mkdir()  # no claim beside
+    pid = doc["pid"]
+    lookalikes = [
+        claimed(f"out.censusdp-partial-{pid}-{token[:6]}x"),  # not the pattern
+        claimed(f"out.censusdp-partial-{pid}-aaaaaa"),  # token does not match the claim's
+        claimed(f"out.censusdp-partial-{DEAD_PID}-{token[:6]}"),  # pid does not match
+        claimed(f"out.censusdp-partial-{pid}-{token[:6]}.d", host="elsewhere"),
+        claimed(f"out.censusdp-partial-{pid}-{token[:6]}.e", censusdp_temporary=2),
+        claimed(f"out.censusdp-partial-{pid}-{token[:6]}.f", token=token[:6]),
+    ]
+    linked = tmp_path / f"out.censusdp-partial-{pid}-{token[:6]}.g"
+    linked.mkdir()
+    (linked / CLAIM).symlink_to(real / CLAIM)  # a link is not a claim
+    (linked / CLAIM).unlink()
+    (linked / CLAIM).symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps({**doc, "name": linked.name}))
+    file_claim = tmp_path / f"out.censusdp-partial-{pid}-{token[:6]}.csv"
+    file_claim.write_text("a user's table")  # its claim names another file
+    claim_path(file_claim).write_text(json.dumps({**doc, "name": "out.csv"}))
+    before = _snapshot(tmp_path)
+    assert remove_stale(tmp_path / "out") == [real]  # only the real one
+    del before[real.name], before[f"{real.name}/{CLAIM}"], before[f"{real.name}/half.parquet"]
+    assert _snapshot(tmp_path) == before
+    assert all(p.is_dir() for p in lookalikes)
+
+
+def test_temporaries_of_running_processes_are_kept(tmp_path):
+    with atomic_dir(tmp_path / "out") as mine, atomic_file(tmp_path / "f.csv") as f:
+        assert remove_stale(tmp_path / "out") == [] and remove_stale(tmp_path / "f.csv") == []
+        assert mine.is_dir() and f.is_file() and claim_path(f).is_file()
+        # what another process sees while this one runs: the same claims, a live pid
+        with atomic_dir(tmp_path / "out") as second:
+            assert second != mine and mine.is_dir()
+        assert mine.is_dir()
+    assert _names(tmp_path) == ["f.csv", "out"]
+
+
+def test_earlier_output_moved_aside_is_kept_until_a_target_stands_again(tmp_path):
+    """Killed between the two renames of a replacement: the earlier output, moved aside,
+    is the only copy, so it stays until something is at the target again."""
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "earlier.csv").write_text("earlier")
+    script = textwrap.dedent(
+        """
+        import os, signal, sys
+        from pathlib import Path
+        from censusdp.atomic import atomic_dir
+        real = os.replace
+        def replace(src, dst):
+            if ".censusdp-partial-" in str(src):
+                os.kill(os.getpid(), signal.SIGKILL)
+            real(src, dst)
+        os.replace = replace
+        with atomic_dir(Path(sys.argv[1])) as tmp:
+            (tmp / "new.csv").write_text("new")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(target)], capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (old,) = tmp_path.glob("out.censusdp-old-*[0-9a-f]")
+    assert not target.exists() and (old / "earlier.csv").read_text() == "earlier"
+    assert claim_path(old).is_file()
+    assert old not in remove_stale(target) and old.is_dir()
+    with atomic_dir(target) as tmp:  # a later write lands at the target ...
+        (tmp / "later.csv").write_text("later")
+    assert remove_stale(target) == [old]  # ... and the next one clears the earlier output
+    assert not old.exists() and not claim_path(old).exists()
+    # the new output had shed its claim just before its rename: unprovable, so left alone
+    (partial,) = tmp_path.glob("out.censusdp-partial-*")
+    assert _names(partial) == ["new.csv"]
+    assert _names(tmp_path) == sorted(["out", partial.name])
+
+
+def _snapshot(root: Path) -> dict[str, bytes | str]:
+    out: dict[str, bytes | str] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_symlink():
+            out[rel] = f"-> {os.readlink(p)}"
+        elif p.is_file():
+            out[rel] = p.read_bytes()
+        else:
+            out[rel] = "dir"
+    return out
 
 
 def test_check_output_refuses_what_censusdp_did_not_write(tmp_path, monkeypatch):
@@ -225,3 +367,55 @@ def test_failed_and_interrupted_output_leave_nothing(tmp_path):
             tmp.write_text("a")
             raise exc
     assert _names(tmp_path) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(["partial", "old"]),
+    pid=st.integers(2**22 + 1, 2**31 - 1),  # above Linux's pid_max: no such process
+    token=st.text("0123456789abcdef", min_size=6, max_size=6),
+    ext=st.sampled_from(["", ".csv", ".parquet", ".tmp", ".json", CLAIM_SUFFIX]),
+    is_dir=st.booleans(),
+    content=st.binary(max_size=64),
+    wrong=st.sampled_from([None, "", "censusdp_temporary", "name", "pid", "host", "token"]),
+)
+def test_nothing_without_a_claim_of_ours_is_ever_removed(
+    tmp_path_factory, kind, pid, token, ext, is_dir, content, wrong
+):
+    """Whatever a user puts under a temporary's name — a dead pid, any token, extension or
+    content, even a claim-shaped file wrong in one field — stays; with the claim right in
+    every field (``wrong == ""``: what censusdp writes) it goes, so the claims are real."""
+    root = tmp_path_factory.mktemp("ws")
+    (root / "out").mkdir()  # a target stands: moved-aside outputs would be removable
+    entry = root / f"out.censusdp-{kind}-{pid}-{token}{ext}"
+    if is_dir:
+        entry.mkdir()
+        (entry / "thesis.tex").write_bytes(content)
+    else:
+        entry.write_bytes(content)
+    if wrong is not None:  # a claim right in every field but ``wrong``
+        doc = {
+            "censusdp_temporary": 1,
+            "name": entry.name,
+            "pid": pid,
+            "host": socket.gethostname(),
+            "token": token + "0" * 26,
+        }
+        bad = {
+            "censusdp_temporary": 2,
+            "name": entry.name + "x",
+            "pid": pid - 1,
+            "host": socket.gethostname() + "x",
+            "token": ("f" if token[0] != "f" else "e") + token[1:] + "0" * 26,
+        }
+        if wrong:
+            doc[wrong] = bad[wrong]
+        where = entry / CLAIM if is_dir and kind == "partial" else claim_path(entry)
+        where.write_text(json.dumps(doc))
+    before = _snapshot(root)
+    ours = wrong == "" and not entry.name.endswith(CLAIM_SUFFIX)  # censusdp names no such
+    assert remove_stale(root / "out") == ([entry] if ours else [])
+    if ours:
+        assert _names(root) == ["out"]
+    else:
+        assert _snapshot(root) == before
