@@ -92,6 +92,8 @@ __all__ = [
     "pipage_round",
     "round_tree",
     "round_bipartite",
+    "controlled_round",
+    "CR_GRID",
     "round_release",
     "rounding_variance",
     "rounding_variances",
@@ -1139,6 +1141,118 @@ def rounding_variances(
 
 
 # ----------------------------------------------------------------------------- bipartite
+#: Grid of the fractional parts in :func:`controlled_round`: every value a multiple of
+#: 2⁻²⁹ (about 1.9e-9, above the kernel's ``DR_TOL``) so that every sum of fewer than 2²⁴
+#: of them is exact in float64 and no entry of the kernel is ever within its tolerance of
+#: 0 or 1 without being integral.
+CR_GRID = 2.0**-29
+
+
+def _held_lines(
+    sums: np.ndarray, abs_sums: np.ndarray, counts: np.ndarray | int, tol: float
+) -> np.ndarray:
+    """Which line sums count as integers: within ``max(tol, n · ulp(Σ|x|))`` of one.
+
+    ``sums`` are the (exact) sums of a line's fractional parts, ``abs_sums`` the sums of the
+    magnitudes of the values themselves and ``counts`` the number of entries: float64 holds
+    a line of values only to about ``n · ulp(Σ|x|)`` (:func:`settle_row_sums`), so a line
+    that close to an integer cannot be told from one whose real sum is that integer (an
+    invariant), and ``tol`` is the rounding's own tolerance.
+    """
+    res = np.maximum(tol, np.asarray(counts, dtype=float) * np.spacing(abs_sums))
+    return np.abs(sums - np.rint(sums)) <= res
+
+
+def _settle_held(F: np.ndarray, d: np.ndarray, free: np.ndarray, axis: int) -> None:
+    """Add each held line's residual ``d`` (exact grid multiples) to its free entry with
+    the most room ``min(f, 1 − f)``, in place; lines with no free entry of room ``≥ |d|``
+    are left (the exact bordering then rounds them within floor/ceil of their float sum)."""
+    G = F if axis == 1 else F.T
+    lines = np.flatnonzero(d != 0)
+    if lines.size == 0:
+        return
+    room = np.where(free[None, :], np.minimum(G[lines], 1.0 - G[lines]), -1.0)
+    at = np.argmax(room, axis=1)
+    ok = room[np.arange(lines.size), at] >= np.abs(d[lines])
+    G[lines[ok], at[ok]] += d[lines[ok]]
+
+
+def controlled_round(values: np.ndarray, gen: np.random.Generator, tol: float = TOL) -> np.ndarray:
+    """Unbiased controlled rounding of one matrix: row sums, column sums and total kept.
+
+    Every entry becomes ⌊x⌋ or ⌈x⌉ with ``E = x``; every row sum, column sum and the total
+    is the floor or ceiling of its real sum, and exactly it when that sum is an integer
+    (Cox 1987; Gandhi, Khuller, Parthasarathy & Srinivasan 2006, §2).
+
+    **Integer-exact bookkeeping.** Only the fractional parts are rounded (the integer parts
+    are kept exactly), and they are put on the grid :data:`CR_GRID` = 2⁻²⁹ (nearest multiple).
+    Every sum of grid values below 2²⁴ in magnitude is exact in float64, so the line sums,
+    the slack row and column that make every line sum an integer (``⌈r⌉ − r``, and a corner
+    making both slack lines integral) and every cycle shift of the kernel
+    :func:`~censusdp.estimation.dependent_rounding.dependent_round` are exact: its column
+    sums are integers with no float accumulation however large the values (summing the
+    values themselves, as a bordering of ``x`` would, drifts by ``n · ulp(Σ|x|)`` — 1e-7 for
+    a county of 10 million persons, above the kernel's 1e-9 tolerance).
+
+    **Held lines.** A row, column or total whose sum is within float resolution of an
+    integer (:func:`_held_lines`: an invariant the estimate meets to float precision) is made
+    exactly that integer before bordering: its residual, a multiple of the grid, is added
+    to its entry of most room whose crossing line is not held (rows first, then columns,
+    then the total at an entry of a free row and a free column), so no held line moves
+    another. Where no such entry exists the line is rounded within floor/ceil of its float
+    sum (``snap_invariants`` settles invariants afterwards).
+
+    **Law.** The kernel is unbiased for the probabilities it is given, so
+    ``E[rounded] − x`` is what the preparation moved: at most ``tol`` for an entry snapped
+    to an integer (:func:`_split`), ``CR_GRID / 2`` ≈ 9.3e-10 for the grid, and a held line's
+    residual (at most its float resolution) on one entry of that line.
+
+    Parameters
+    ----------
+    values : (n, K) array of float
+        Finite values, ``|x| < INT_LIMIT``; at most 2²⁴ entries with their slack.
+    gen : numpy.random.Generator
+        Draws the kernel's ``(n + 1) × (K + 2)`` uniforms.
+    tol : float
+        Entries within ``tol`` of an integer count as that integer; lines within ``tol`` (or
+        their float resolution) of an integer are held at it.
+
+    Returns
+    -------
+    (n, K) numpy.ndarray of int64
+    """
+    x = np.asarray(values, dtype=float)
+    base, F = _split(x, tol)
+    n, K = F.shape
+    if (n + 1) * (K + 1) >= 2**24:
+        raise DataError(
+            f"controlled rounding: a {n} × {K} matrix is too large for exact float64 "
+            "bookkeeping (at most 2^24 entries); round it in smaller groups"
+        )
+    F = np.rint(F / CR_GRID) * CR_GRID
+    ax = np.abs(x)
+    r, c = F.sum(axis=1), F.sum(axis=0)
+    hr = _held_lines(r, ax.sum(axis=1), K, tol)
+    hc = _held_lines(c, ax.sum(axis=0), n, tol)
+    _settle_held(F, np.where(hr, np.rint(r) - r, 0.0), ~hc, axis=1)
+    _settle_held(F, np.where(hc, np.rint(c) - c, 0.0), ~hr, axis=0)
+    s = F.sum()
+    if _held_lines(np.array(s), np.array(ax.sum()), n * K, tol) and s != np.rint(s):
+        free = np.where(hr[:, None] | hc[None, :], -1.0, np.minimum(F, 1.0 - F))
+        i, j = np.unravel_index(int(np.argmax(free)), free.shape)
+        if free[i, j] >= abs(np.rint(s) - s):
+            F[i, j] += np.rint(s) - s
+    B = np.zeros((n + 1, K + 1))
+    B[:n, :K] = F
+    r, c = F.sum(axis=1), F.sum(axis=0)
+    B[:n, K] = np.ceil(r) - r
+    B[n, :K] = np.ceil(c) - c
+    rs = B[:n, K].sum()
+    B[n, K] = np.ceil(rs) - rs
+    bits = dependent_round(B, np.array([0, n + 1]), gen.random((n + 1, K + 2)))
+    return base + bits[:n, :K]
+
+
 def _cancel_cycles(X: np.ndarray, gen: np.random.Generator, tol: float) -> np.ndarray:
     """Round a matrix whose row and column sums are all integers, keeping them exactly.
 
@@ -1174,7 +1288,7 @@ def round_bipartite_part(
     for p in np.flatnonzero(child_count):  # one small matrix per parent (see round_bipartite)
         lo, hi = int(start[p]), int(start[p] + child_count[p])
         gen = rng.generator(label, first_parent + int(p))
-        out[lo:hi] = _cancel_cycles(_bordered(x[lo:hi], tol), gen, tol)[:-1, :-1]
+        out[lo:hi] = controlled_round(x[lo:hi], gen, tol)
     return out
 
 
@@ -1280,7 +1394,7 @@ def round_bipartite(
     if x.ndim != 2 or x.shape[0] != h.leaves.size:
         raise SpecError(f"leaf_values must be (n_leaves={h.leaves.size}, n_cells)")
     if h.depth < 2:
-        return [_cancel_cycles(_bordered(x, tol), rng.generator(label), tol)[:-1, :-1]]
+        return [controlled_round(x, rng.generator(label), tol)]
     out = round_bipartite_part(x, h.levels[-2].child_count, 0, rng, label=label, tol=tol)
     return h.aggregate(out)
 
