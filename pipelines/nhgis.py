@@ -26,6 +26,12 @@ NHGIS extracts may be latin-1 encoded: the reader tries UTF-8 and falls back to 
 no encoding is given. A row of empty fields (the PPDD extracts put one after the header)
 holds no unit and is skipped.
 
+A file may hold rows of several summary levels (counties and the places in them), so one
+person may be counted in several rows; :func:`row_geography` tells each row's level from
+its GISJOIN and the file's identifier columns (``GEO_ID``, ``PLACEA``, ..., or a declared
+level), for privacy statements that compose over the levels
+(:func:`censusdp.hierarchy.gisjoin.row_levels`).
+
 References
 ----------
 Van Riper, Kugler & Schroeder, IPUMS NHGIS Privacy-Protected 2010 Census Demonstration Data,
@@ -46,6 +52,7 @@ import pandas as pd
 
 from censusdp.atomic import atomic_file
 from censusdp.errors import DataError
+from censusdp.hierarchy import gisjoin
 from censusdp.hierarchy.validate import parse_counts
 from censusdp.tabular import PARQUET_SUFFIXES, read_csv_text, read_parquet_table
 
@@ -54,6 +61,7 @@ __all__ = [
     "CONTEXT_COLUMNS",
     "ColumnsNotWritten",
     "read_batch",
+    "row_geography",
     "write_batch",
     "GISJOIN_COUNTY",
 ]
@@ -97,6 +105,8 @@ CONTEXT_COLUMNS = frozenset(
         "cdcurra",
         "cbsaa",
         "geoid",
+        "geo_id",
+        "sumlev",
         "fips",
     }
 )
@@ -411,3 +421,84 @@ def write_batch(
             enc = "utf-8" if batch.encoding == "parquet" else batch.encoding
             table.to_csv(tmp, index=False, encoding=enc)
     return out
+
+
+def _column(frame: pd.DataFrame, name: str, path: Path) -> str | None:
+    """The column spelled ``name`` in any case, or None; two spellings are refused."""
+    hits = [c for c in frame.columns if str(c).lower() == name]
+    if len(hits) > 1:
+        raise DataError(
+            f"{path.name}: columns {hits[0]!r} and {hits[1]!r} both hold {name.upper()}; keep one"
+        )
+    return hits[0] if hits else None
+
+
+def row_geography(
+    batch: BatchFile,
+    *,
+    level: str | None = None,
+    level_column: str | None = None,
+    fix: str = gisjoin.DECLARE_LEVEL,
+) -> gisjoin.RowLevels:
+    """The summary level of every unit (row) of ``batch``.
+
+    Parameters
+    ----------
+    batch : BatchFile
+    level : str, optional
+        Every row is of this level (a name of :data:`censusdp.hierarchy.gisjoin.LAYOUTS`,
+        an alias or a SUMLEV code); checked against the codes.
+    level_column : str, optional
+        A column of the file holding each row's level name or SUMLEV code.
+    fix : str
+        How to declare the level, for the refusal.
+
+    Returns
+    -------
+    censusdp.hierarchy.gisjoin.RowLevels
+        In the batch's unit order.
+
+    Raises
+    ------
+    DataError
+        A row whose level cannot be told, or whose code does not fit its declared or
+        ``GEO_ID`` level (naming the file, data row and column); ``level`` and
+        ``level_column`` both given; a ``level_column`` the file lacks.
+    """
+    path = batch.path
+    rows = batch.unit_rows
+    common = {
+        "source": path.name,
+        "rows": rows,
+        "column": batch.gisjoin_column,
+        "fix": fix,
+    }
+    if level is not None and level_column is not None:
+        raise DataError(
+            f"{path.name}: give the rows' level once: a level for the whole file or a "
+            "level column, not both"
+        )
+    if level is not None:
+        return gisjoin.row_levels(batch.gisjoin, declared=str(level), **common)
+    if level_column is not None:
+        if level_column not in batch.frame.columns:
+            raise DataError(
+                f"{path.name}: no column {level_column!r} (the declared level column); "
+                f"columns: {list(batch.frame.columns)}"
+            )
+        values = batch.frame[level_column].to_numpy(dtype=object)[rows]
+        return gisjoin.row_levels(
+            batch.gisjoin, declared=values, declared_column=level_column, **common
+        )
+    geoid = None
+    for name in ("geo_id", "geoid"):
+        col = _column(batch.frame, name, path)
+        if col is not None:
+            geoid = (col, batch.frame[col].to_numpy(dtype=object)[rows])
+            break
+    identifiers = {}
+    for lay in gisjoin.LAYOUTS:
+        col = _column(batch.frame, lay.identifier, path)
+        if col is not None:
+            identifiers[lay.identifier] = (col, batch.frame[col].to_numpy(dtype=object)[rows])
+    return gisjoin.row_levels(batch.gisjoin, geoid=geoid, identifiers=identifiers, **common)
