@@ -428,12 +428,14 @@ def _why(code: str | None, lay: GisjoinLayout) -> str:
     if not code:
         return "every unit needs a GISJOIN code"
     hints = []
-    if len(code) < lay.length and code.startswith("G"):
+    fits = identify(code)
+    # one character short: a lost leading zero; other lengths of a valid code: another level
+    mixed = bool(fits) and len(code) != lay.length - 1
+    if len(code) < lay.length and code.startswith("G") and not mixed:
         hints.append(
             "it is shorter than the level's codes: a leading zero was probably lost (codes "
             "read as numbers); read the codes as text"
         )
-    fits = identify(code)
     if len(code) > lay.length and not fits:
         hints.append(
             f"it has {len(code)} characters, more than the level's: is the file of a finer "
@@ -442,12 +444,13 @@ def _why(code: str | None, lay: GisjoinLayout) -> str:
     if fits:
         names = ", ".join(f"{f.level} ({f.title})" for f in fits)
         hints.append(f"it has the layout of {names}: check the level or the file")
-        hints.append(
-            f"if the file mixes summary levels (a {fits[0].level} row among {lay.level} rows), "
-            "a person is counted in one row of each and the release would not compose their "
-            "privacy loss: keep the rows of one level (privatize each level separately; "
-            "their losses add)"
-        )
+        if mixed:
+            hints.append(
+                f"if the file mixes summary levels (a {fits[0].level} row among {lay.level} "
+                "rows), a person is counted in one row of each, which this release does not "
+                "compose: keep the rows of one level (privatize each level separately; their "
+                "privacy losses add)"
+            )
         off = [f for f in fits if not f.on_spine]
         if off and lay.on_spine and len(code) >= lay.length:
             hints.append(_off_spine_message(off[0]))
@@ -630,7 +633,7 @@ def row_levels(
 
     if declared is not None:
         labels = np.full(n, declared, dtype=object) if isinstance(declared, str) else declared
-        labels = np.asarray(labels, dtype=object)
+        labels = np.asarray(_arrow(np.asarray(labels, dtype=object)).fill_null(""), dtype=object)
         uniq, inv = np.unique(labels.astype(str), return_inverse=True)
         lays = [declared_layout(u) for u in uniq.tolist()]
         for k, lay in enumerate(lays):

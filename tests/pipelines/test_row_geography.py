@@ -532,3 +532,14 @@ def test_real_counties_with_their_states_compose_or_refuse(tmp_path, shared_file
     assert main(["privatize", str(path), "--spec", str(spec), "-o", str(out)]) == 2
     assert "mixes summary levels" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_hint_tells_a_mixed_level_from_a_lost_zero():
+    """One character short is a lost leading zero; a valid code of another length is a row
+    of another level, named as a mixture of levels (and not as a lost zero)."""
+    lost = gisjoin.hint("G100030", "county")
+    assert "leading zero was probably lost" in lost and "mixes summary levels" not in lost
+    state = gisjoin.hint("G170", "county")
+    assert "mixes summary levels (a state row among county rows)" in state
+    assert "leading zero" not in state
+    assert "mixes summary levels (a place row" in gisjoin.hint("G17014000", "county")
