@@ -443,45 +443,74 @@ def test_declared_level_in_spec_is_checked(tmp_path):
 
 
 # ------------------------------------------------------------------ the spec (cells) route
-def test_spec_route_refuses_a_file_mixing_states_and_counties(tmp_path, capsys):
-    """The hierarchy route releases one level (the leaf): a state row among county rows is
-    refused naming the mixture of summary levels, before any noise."""
-    df = pd.DataFrame(
-        {
-            "gisjoin": ["G1700310", "G1700430", "G170"],
-            "name": ["Cook", "DuPage", "Illinois"],
-            "H78003_sf": [10, 20, 30],
-            "H78024_sf": [1, 2, 3],
-        }
-    )
-    src = tmp_path / "sc.csv"
-    df.to_csv(src, index=False)
+CELLS_SPEC = """
+[data]
+source = "nhgis"
+cells = ["H78003", "H78024"]
+[hierarchy]
+levels = ["nation", "state", "county"]
+[privacy]
+accounting = "zcdp"
+rho = 0.5
+[queries]
+state = ["total"]
+county = ["total", "detailed"]
+[privacy.level_shares]
+state = 0.25
+county = 0.75
+[privacy.query_shares]
+state = { total = 1.0 }
+county = { total = 0.5, detailed = 0.5 }
+[mechanism]
+noise = "discrete_gaussian"
+[estimators]
+run = ["gls"]
+integer = "round"
+"""
+
+
+def _cells_file(path: Path, codes: list[str], male: list[int], female: list[int]) -> Path:
+    df = pd.DataFrame({"gisjoin": codes, "name": [f"Area {i}" for i in range(len(codes))]})
+    df["H78003_sf"], df["H78024_sf"] = male, female
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_spec_route_nested_rows_are_hierarchy_nodes(tmp_path, capsys):
+    """The hierarchy route: state rows beside their county rows are the hierarchy's state
+    nodes, released from its state level (one measurement set per level, composed by the
+    spec's budget: the statement's ρ is the spec's); each released state row is the sum of
+    its released counties, exactly. A state row that is not the sum of its counties in the
+    file, or a place among counties, is refused before any noise."""
     spec = tmp_path / "s.toml"
-    spec.write_text(
-        textwrap.dedent(
-            """
-            [data]
-            source = "nhgis"
-            cells = ["H78003", "H78024"]
-            [hierarchy]
-            levels = ["nation", "state", "county"]
-            [privacy]
-            accounting = "zcdp"
-            rho = 0.5
-            [queries]
-            county = ["detailed"]
-            [mechanism]
-            noise = "discrete_gaussian"
-            [estimators]
-            run = ["gls"]
-            """
-        )
-    )
+    spec.write_text(CELLS_SPEC)
+    codes = ["G1700310", "G170", "G1700430", "G0600010", "G060", "G0600030"]
+    male, female = [10, 30, 20, 5, 12, 7], [1, 3, 2, 4, 4, 0]
+    src = _cells_file(tmp_path / "sc.csv", codes, male, female)
     out = tmp_path / "o.csv"
-    assert main(["privatize", str(src), "--spec", str(spec), "-o", str(out)]) == 2
+    assert main(["privatize", str(src), "--spec", str(spec), "-o", str(out), "--seed", "4"]) == 0
+    # by hand: each person is in one state and one county node; the levels' ρ add
+    hand = 0.5 * 0.25 * 1.0 + 0.5 * 0.75 * (0.5 + 0.5)
+    assert f"differential privacy, ρ = {hand:g} (zCDP)" in capsys.readouterr().out
+    rel = pd.read_csv(out, dtype={"gisjoin": str}).set_index("gisjoin")
+    assert list(rel.index) == codes
+    for state, counties in (("G170", ["G1700310", "G1700430"]), ("G060", ["G0600010", "G0600030"])):
+        for c in ("H78003_dp", "H78024_dp"):
+            assert rel.loc[state, c] == rel.loc[counties, c].sum()
+    assert (rel["H78003_se"] > 0).all()
+    # Illinois' row counts one more boy than its counties: not the hierarchy's node
+    bad = _cells_file(tmp_path / "bad.csv", codes, [10, 31, 20, 5, 12, 7], female)
+    out2 = tmp_path / "o2.csv"
+    assert main(["privatize", str(bad), "--spec", str(spec), "-o", str(out2)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "data row 3" in err and "'G170'" in err and "mixes summary levels" in err
-    assert not out.exists()
+    assert "data row 2: the state row 'G170' is not the sum of the county rows under it" in err
+    assert not out2.exists()
+    # a place among counties is no node of state → county
+    place = _cells_file(tmp_path / "pl.csv", [*codes, "G17014000"], [*male, 1], [*female, 1])
+    assert main(["privatize", str(place), "--spec", str(spec), "-o", str(out2)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "data row 7" in err and "'G17014000'" in err and "mixes summary levels" in err
+    assert not out2.exists()
 
 
 # ---------------------------------------------------------------------------- real data
@@ -499,24 +528,26 @@ def test_real_files_are_of_one_level(shared_file):
 
 
 @pytest.mark.shared
-def test_real_counties_with_their_states_compose_or_refuse(tmp_path, shared_file, capsys):
+def test_real_counties_with_their_states(tmp_path, shared_file, capsys):
     """The real under-1 county file with the 52 state rows added (each the sum of its
-    counties, code G + state + 0): every person is in two rows, so the codebook-free
-    composition doubles ρ, and the hierarchy route refuses the file naming the mixture."""
+    counties, code G + state + 0): every person is in two rows. Composed as separate row
+    sets, ρ doubles; through the hierarchy route the state rows are its state nodes — held
+    invariant by the spec, released exactly and equal to the sum of their released
+    counties — and a state row that is not its counties' sum is refused."""
     src = shared_file("nhgis_ppdd_20200527_county_under1.csv")
     df = pd.read_csv(src, dtype=str, encoding="latin-1")
     sf = df[["H78003_sf", "H78024_sf"]].astype(np.int64)
     st_code = df["gisjoin"].str[1:3]
-    states = sf.groupby(st_code).sum().reset_index(names="st")
+    states = sf.groupby(st_code).sum()
     states_df = pd.DataFrame(
         {
-            "gisjoin": "G" + states["st"] + "0",
-            "name": "state " + states["st"],
-            "state": states["st"],
-            "H78003_dp": states["H78003_sf"],
-            "H78024_dp": states["H78024_sf"],
-            "H78003_sf": states["H78003_sf"],
-            "H78024_sf": states["H78024_sf"],
+            "gisjoin": "G" + states.index + "0",
+            "name": "state " + states.index,
+            "state": "",
+            "H78003_dp": states["H78003_sf"].to_numpy(),
+            "H78024_dp": states["H78024_sf"].to_numpy(),
+            "H78003_sf": states["H78003_sf"].to_numpy(),
+            "H78024_sf": states["H78024_sf"].to_numpy(),
         }
     )
     mixed = pd.concat([states_df, df], ignore_index=True)
@@ -529,17 +560,18 @@ def test_real_counties_with_their_states_compose_or_refuse(tmp_path, shared_file
     assert loss == ZCDP(0.5)
     spec = Path(__file__).parents[2] / "experiments" / "nhgis_under1.toml"
     out = tmp_path / "o.csv"
-    assert main(["privatize", str(path), "--spec", str(spec), "-o", str(out)]) == 2
-    assert "mixes summary levels" in capsys.readouterr().err
-    assert not out.exists()
-
-
-def test_hint_tells_a_mixed_level_from_a_lost_zero():
-    """One character short is a lost leading zero; a valid code of another length is a row
-    of another level, named as a mixture of levels (and not as a lost zero)."""
-    lost = gisjoin.hint("G100030", "county")
-    assert "leading zero was probably lost" in lost and "mixes summary levels" not in lost
-    state = gisjoin.hint("G170", "county")
-    assert "mixes summary levels (a state row among county rows)" in state
-    assert "leading zero" not in state
-    assert "mixes summary levels (a place row" in gisjoin.hint("G17014000", "county")
+    assert main(["privatize", str(path), "--spec", str(spec), "-o", str(out)]) == 0
+    assert "state: detailed" in capsys.readouterr().out
+    rel = pd.read_csv(out, dtype={"gisjoin": str})
+    assert len(rel) == 52 + 3221 and list(rel["gisjoin"]) == list(mixed["gisjoin"])
+    is_state = rel["gisjoin"].str.len() == 4
+    for c in ("H78003", "H78024"):
+        assert (rel.loc[is_state, f"{c}_dp"].to_numpy() == states[f"{c}_sf"].to_numpy()).all()
+        by_state = rel.loc[~is_state].groupby(rel.loc[~is_state, "gisjoin"].str[1:3])[f"{c}_dp"]
+        assert (by_state.sum().to_numpy() == rel.loc[is_state, f"{c}_dp"].to_numpy()).all()
+    mixed.loc[13, "H78024_sf"] = str(int(mixed.loc[13, "H78024_sf"]) + 1)  # Illinois
+    mixed.to_csv(path, index=False)
+    out2 = tmp_path / "o2.csv"
+    assert main(["privatize", str(path), "--spec", str(spec), "-o", str(out2)]) == 2
+    assert "the state row 'G170' is not the sum" in capsys.readouterr().err
+    assert not out2.exists()
