@@ -98,6 +98,7 @@ __all__ = [
     "TableSpec",
     "TablePlan",
     "compose_over_levels",
+    "levels_statement",
     "TableRelease",
     "load_table_spec",
     "release_tables",
@@ -759,7 +760,7 @@ def compose_over_levels(
     """The per-person privacy loss of a file whose rows are measured area by area.
 
     Rows of one level are disjoint areas, so each person is in at most one of them and the
-    level's rows compose in parallel (McSherry 2009, Thm. 4): the level costs a person
+    level's rows compose in parallel (McSherry 2009, parallel composition): the level costs a person
     ``loss_of_level[level]`` (the loss of one row's measurements). Rows of different levels
     can count the same person (a place and its county), so over the levels one person can be
     in (:meth:`~censusdp.hierarchy.gisjoin.RowLevels.person_groups`) the losses compose
