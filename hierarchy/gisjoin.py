@@ -7,21 +7,21 @@ non-zero digit marks historical states and counties), so a county is
 ``G`` + state (2) + ``0`` + county (3) + ``0``: ``G1700310`` is Cook County, Illinois. Levels
 and their layouts:
 
-======================  =======================================================  ======  ======  ========
-level                   layout                                                   length  SUMLEV  column
-======================  =======================================================  ======  ======  ========
-state                   G + state(2) + 0                                         4       040     STATEA
-county                  G + state(2) + 0 + county(3) + 0                         8       050     COUNTYA
-cousub                  county + county subdivision(5)                           13      060     COUSUBA
-tract                   county + tract(6)                                        14      140     TRACTA
-block_group             county + tract(6) + block group(1)                       15      150     BLKGRPA
-block                   county + tract(6) + block(4)                             18      100/101 BLOCKA
-place                   G + state(2) + 0 + place(5)                              9       160     PLACEA
-aianhh                  G + AIANNH area(4)                                       5       250     AIANHHA
-sdelm, sdsec, sduni     G + state(2) + 0 + school district LEA code(5)           9       950-970 SD...A
-sldu, sldl              G + state(2) + 0 + legislative district(3, letters too)  7       610/620 SLD.A
-cd                      G + state(2) + 0 + congressional district(2)             6       500     CDA
-======================  =======================================================  ======  ======  ========
+======================  =======================================================  ======  =======  ============
+level                   layout                                                   length  SUMLEV   column
+======================  =======================================================  ======  =======  ============
+state                   G + state(2) + 0                                         4       040      STATEA
+county                  G + state(2) + 0 + county(3) + 0                         8       050      COUNTYA
+cousub                  county + county subdivision(5)                           13      060      COUSUBA
+tract                   county + tract(6)                                        14      140      TRACTA
+block_group             county + tract(6) + block group(1)                       15      150      BLKGRPA
+block                   county + tract(6) + block(4)                             18      100/101  BLOCKA
+place                   G + state(2) + 0 + place(5)                              9       160      PLACEA
+aianhh                  G + AIANNH area(4)                                       5       250      AIANHHA
+sdelm, sdsec, sduni     G + state(2) + 0 + school district LEA code(5)           9       950-970  SDELMA, ...
+sldu, sldl              G + state(2) + 0 + legislative district(3, letters too)  7       610/620  SLDUA, SLDLA
+cd                      G + state(2) + 0 + congressional district(2)             6       500      CDA
+======================  =======================================================  ======  =======  ============
 
 A place is *nine* characters, one more than a county: ``G17014000`` is Chicago (Illinois
 ``17``, pad ``0``, place FIPS ``14000``), as in NHGIS's place files. SUMLEV is the Census
