@@ -7,21 +7,40 @@ non-zero digit marks historical states and counties), so a county is
 ``G`` + state (2) + ``0`` + county (3) + ``0``: ``G1700310`` is Cook County, Illinois. Levels
 and their layouts:
 
-======================  =======================================================  ======
-level                   layout                                                   length
-======================  =======================================================  ======
-state                   G + state(2) + 0                                         4
-county                  G + state(2) + 0 + county(3) + 0                         8
-cousub                  county + county subdivision(5)                           13
-tract                   county + tract(6)                                        14
-block_group             county + tract(6) + block group(1)                       15
-block                   county + tract(6) + block(4)                             18
-place                   G + state(2) + 0 + place(5)                              9
-aianhh                  G + AIANNH area(4)                                       5
-sdelm, sdsec, sduni     G + state(2) + 0 + school district LEA code(5)           9
-sldu, sldl              G + state(2) + 0 + legislative district(3, letters too)  7
-cd                      G + state(2) + 0 + congressional district(2)             6
-======================  =======================================================  ======
+======================  =======================================================  ======  =======  ============
+level                   layout                                                   length  SUMLEV   column
+======================  =======================================================  ======  =======  ============
+state                   G + state(2) + 0                                         4       040      STATEA
+county                  G + state(2) + 0 + county(3) + 0                         8       050      COUNTYA
+cousub                  county + county subdivision(5)                           13      060      COUSUBA
+tract                   county + tract(6)                                        14      140      TRACTA
+block_group             county + tract(6) + block group(1)                       15      150      BLKGRPA
+block                   county + tract(6) + block(4)                             18      100/101  BLOCKA
+place                   G + state(2) + 0 + place(5)                              9       160      PLACEA
+aianhh                  G + AIANNH area(4)                                       5       250      AIANHHA
+sdelm, sdsec, sduni     G + state(2) + 0 + school district LEA code(5)           9       950-970  SDELMA, ...
+sldu, sldl              G + state(2) + 0 + legislative district(3, letters too)  7       610/620  SLDUA, SLDLA
+cd                      G + state(2) + 0 + congressional district(2)             6       500      CDA
+======================  =======================================================  ======  =======  ============
+
+A place is *nine* characters, one more than a county: ``G17014000`` is Chicago (Illinois
+``17``, pad ``0``, place FIPS ``14000``), as in NHGIS's place files. SUMLEV is the Census
+Bureau's summary level code, the first three digits of a ``GEO_ID`` (``1600000US1714000``,
+``05000US17031``); the column is the NHGIS extract column holding the level's own code.
+
+**Telling each row's level** (:func:`row_levels`). A file may hold rows of several levels
+(counties *and* the places in them): a person is then counted in one row of each, and a
+privacy statement must compose over the levels. Lengths alone tell most levels; they do not
+tell a place from a school district (9 characters each) or an upper from a lower legislative
+district (7). In order of authority: a declared level (one for the file, or a column holding
+each row's level name or SUMLEV), then a ``GEO_ID``/``GEOID`` column with summary-level
+prefixes, then the layout the GISJOIN fits, resolved where several fit by the NHGIS
+identifier column that is filled for the row (``PLACEA`` for a place). A row whose level
+cannot be told is refused (a DataError naming the row and how to declare the level), never
+guessed. Rows of one level are disjoint areas; a level whose codes carry a state lies in
+that state, so two levels can share a person only where they have rows in the same state
+(AIAN areas cross states and may share a person with any level):
+:meth:`RowLevels.person_groups`.
 
 State, county, county subdivision, tract, block group and block are *on the spine*: each
 nests in the one above it (a county subdivision in its county, as a tract does; a county
@@ -41,6 +60,14 @@ U.S. Census Bureau. Geographic Identifiers (GEOIDs): the FIPS and Census code wi
     each summary level (state 2, county 3, county subdivision 5, tract 6, block group 1,
     block 4, place 5, AIANNH 4, school district LEA 5, state legislative district 3,
     congressional district 2).
+U.S. Census Bureau (2011). 2010 Census Summary File 1 Technical Documentation, chapter 4
+    "Summary Level Sequence Chart" (SUMLEV 040 state, 050 county, 060 county subdivision,
+    140 tract, 150 block group, 101 block, 160 place, 250 AIANNH, 500 congressional
+    district, 610/620 state legislative districts, 950/960/970 school districts); GEO_ID
+    = SUMLEV + geographic component + ``US`` + GEOID on data.census.gov (``0500000US17031``).
+IPUMS NHGIS user forum, "GISJOIN field for Tracts - understanding extra 0s" (the pad digit
+    after the state and county codes); NHGIS time-series place files key Chicago as
+    ``G17014000``.
 """
 
 from __future__ import annotations
@@ -49,19 +76,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from censusdp.errors import DataError, SpecError
 
 __all__ = [
+    "DECLARE_LEVEL",
     "LAYOUTS",
     "GisjoinLayout",
+    "RowLevels",
     "check_hierarchy_levels",
+    "declared_layout",
     "hint",
     "identify",
     "layout",
     "parse",
+    "row_levels",
     "spine_lengths",
 ]
 
@@ -101,6 +133,12 @@ class GisjoinLayout:
         Whether the level nests in state → county → tract → block group → block.
     aliases : tuple of str
         Other names accepted for the level (NHGIS file names such as ``blck_grp``).
+    identifier : str
+        The NHGIS extract column (lower case) holding the level's own code (``placea`` for
+        places): filled in a row of that level, empty in rows of other levels.
+    summary_levels : tuple of str
+        The Census Bureau's three-digit summary level codes of the level (``"160"`` for
+        places), the prefix of a ``GEO_ID`` such as ``1600000US1714000``.
     """
 
     level: str
@@ -108,6 +146,8 @@ class GisjoinLayout:
     parts: tuple[Part, ...]
     on_spine: bool
     aliases: tuple[str, ...] = ()
+    identifier: str = ""
+    summary_levels: tuple[str, ...] = ()
 
     @property
     def length(self) -> int:
@@ -143,31 +183,53 @@ def _county(*rest: Part) -> tuple[Part, ...]:
 
 #: Every GISJOIN layout, on-spine levels first (top to bottom).
 LAYOUTS: tuple[GisjoinLayout, ...] = (
-    GisjoinLayout("state", "state", _state(), True),
-    GisjoinLayout("county", "county", _county(), True),
+    GisjoinLayout("state", "state", _state(), True, (), "statea", ("040",)),
+    GisjoinLayout("county", "county", _county(), True, (), "countya", ("050",)),
     GisjoinLayout(
         "cousub",
         "county subdivision",
         _county(Part("cousub", 5, label="county subdivision FIPS")),
         True,
         ("cty_sub", "county_subdivision"),
+        "cousuba",
+        ("060",),
     ),
-    GisjoinLayout("tract", "census tract", _county(Part("tract", 6)), True),
+    GisjoinLayout("tract", "census tract", _county(Part("tract", 6)), True, (), "tracta", ("140",)),
     GisjoinLayout(
         "block_group",
         "block group",
         _county(Part("tract", 6), Part("block_group", 1)),
         True,
         ("blck_grp", "bg"),
+        "blkgrpa",
+        ("150",),
     ),
-    GisjoinLayout("block", "block", _county(Part("tract", 6), Part("block", 4)), True),
-    GisjoinLayout("place", "place", _state(Part("place", 5, label="place FIPS")), False),
+    GisjoinLayout(
+        "block",
+        "block",
+        _county(Part("tract", 6), Part("block", 4)),
+        True,
+        (),
+        "blocka",
+        ("100", "101", "750"),
+    ),
+    GisjoinLayout(
+        "place",
+        "place",
+        _state(Part("place", 5, label="place FIPS")),
+        False,
+        (),
+        "placea",
+        ("160",),
+    ),
     GisjoinLayout(
         "aianhh",
         "American Indian area / Alaska Native area / Hawaiian home land",
         (Part("aianhh", 4, label="AIANNH area code"),),
         False,
         ("aiannh",),
+        "aianhha",
+        ("250",),
     ),
     GisjoinLayout(
         "sdelm",
@@ -175,6 +237,8 @@ LAYOUTS: tuple[GisjoinLayout, ...] = (
         _state(Part("sdelm", 5, label="school district LEA code")),
         False,
         ("sd_elm",),
+        "sdelma",
+        ("950",),
     ),
     GisjoinLayout(
         "sdsec",
@@ -182,6 +246,8 @@ LAYOUTS: tuple[GisjoinLayout, ...] = (
         _state(Part("sdsec", 5, label="school district LEA code")),
         False,
         ("sd_sec",),
+        "sdseca",
+        ("960",),
     ),
     GisjoinLayout(
         "sduni",
@@ -189,6 +255,8 @@ LAYOUTS: tuple[GisjoinLayout, ...] = (
         _state(Part("sduni", 5, label="school district LEA code")),
         False,
         ("sd_uni",),
+        "sdunia",
+        ("970",),
     ),
     GisjoinLayout(
         "sldu",
@@ -196,6 +264,8 @@ LAYOUTS: tuple[GisjoinLayout, ...] = (
         _state(Part("sldu", 3, letters=True, label="district code")),
         False,
         ("stleg_up",),
+        "sldua",
+        ("610",),
     ),
     GisjoinLayout(
         "sldl",
@@ -203,6 +273,8 @@ LAYOUTS: tuple[GisjoinLayout, ...] = (
         _state(Part("sldl", 3, letters=True, label="district code")),
         False,
         ("stleg_lo",),
+        "sldla",
+        ("620",),
     ),
     GisjoinLayout(
         "cd",
@@ -210,6 +282,8 @@ LAYOUTS: tuple[GisjoinLayout, ...] = (
         _state(Part("cd", 2, label="district number")),
         False,
         ("cong_dist",),
+        "cda",
+        ("500",),
     ),
 )
 _BY_NAME: dict[str, GisjoinLayout] = {
@@ -354,12 +428,14 @@ def _why(code: str | None, lay: GisjoinLayout) -> str:
     if not code:
         return "every unit needs a GISJOIN code"
     hints = []
-    if len(code) < lay.length and code.startswith("G"):
+    fits = identify(code)
+    # one character short: a lost leading zero; other lengths of a valid code: another level
+    mixed = bool(fits) and len(code) != lay.length - 1
+    if len(code) < lay.length and code.startswith("G") and not mixed:
         hints.append(
             "it is shorter than the level's codes: a leading zero was probably lost (codes "
             "read as numbers); read the codes as text"
         )
-    fits = identify(code)
     if len(code) > lay.length and not fits:
         hints.append(
             f"it has {len(code)} characters, more than the level's: is the file of a finer "
@@ -368,7 +444,289 @@ def _why(code: str | None, lay: GisjoinLayout) -> str:
     if fits:
         names = ", ".join(f"{f.level} ({f.title})" for f in fits)
         hints.append(f"it has the layout of {names}: check the level or the file")
+        if mixed:
+            hints.append(
+                f"if the file mixes summary levels (a {fits[0].level} row among {lay.level} "
+                "rows), a person is counted in one row of each, which this release does not "
+                "compose: keep the rows of one level (privatize each level separately; their "
+                "privacy losses add)"
+            )
         off = [f for f in fits if not f.on_spine]
         if off and lay.on_spine and len(code) >= lay.length:
             hints.append(_off_spine_message(off[0]))
     return "; ".join(hints) or "check the file's codes and the level named in the spec"
+
+
+# ------------------------------------------------------------------------ levels of rows
+#: How to declare the levels of a file's rows, for messages (routes pass their own words).
+DECLARE_LEVEL = (
+    'declare the level: [data] level = "place" (every row of one level) or [data] '
+    'level_column = "COLUMN" (a column holding each row\'s level name or SUMLEV code)'
+)
+_GEO_ID = r"^(?P<sumlev>\d{3})(?:\d{2}|\d{4})US"
+_SUMLEV: dict[str, GisjoinLayout] = {c: lay for lay in LAYOUTS for c in lay.summary_levels}
+
+
+@dataclass(frozen=True, eq=False)
+class RowLevels:
+    """The summary level of every row of a file, and where rows can share a person.
+
+    Attributes
+    ----------
+    level : numpy.ndarray
+        object (n_rows,): the canonical level name of each row (``"county"``, ``"place"``).
+    state : numpy.ndarray
+        object (n_rows,): the row's 2-digit state FIPS, or None for a level whose areas
+        cross states (AIANNH areas).
+    basis : str
+        How the levels were told (for messages and manifests).
+    """
+
+    level: np.ndarray
+    state: np.ndarray
+    basis: str
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """The levels present, in :data:`LAYOUTS` order (top of the spine first)."""
+        present = set(self.level.tolist())
+        return tuple(lay.level for lay in LAYOUTS if lay.level in present)
+
+    def counts(self) -> dict[str, int]:
+        """Rows per level, in :attr:`levels` order."""
+        names, n = np.unique(self.level.astype(str), return_counts=True)
+        got = dict(zip(names.tolist(), n.tolist(), strict=True))
+        return {lv: int(got[lv]) for lv in self.levels}
+
+    def person_groups(self) -> list[tuple[str | None, tuple[str, ...]]]:
+        """Every set of levels one person can be counted in, with its state.
+
+        Rows of one level are disjoint areas (each person lives in at most one county, one
+        place, ...), so a person is in at most one row per level. A level whose GISJOIN
+        carries a state lies inside that state: a person living in state ``s`` can be in a
+        row of every level with a row in ``s`` and of every level that crosses states
+        (AIANNH), and in no other. So the groups are, per state with rows, those levels
+        (state None: a file with no state-bound rows). Whether two levels' rows in one state
+        actually intersect (a place inside a given county) would need a block equivalency
+        file; without one they are taken to (the bound is tight when they do).
+
+        Returns
+        -------
+        list of (state or None, tuple of level names)
+            In state order; the levels of each group in :attr:`levels` order.
+        """
+        order = {lv: i for i, lv in enumerate(self.levels)}
+        bound = np.array([s is not None for s in self.state.tolist()], dtype=bool)
+        crossing = set(self.level[~bound].tolist())
+        if not bound.any():
+            return [(None, tuple(sorted(crossing, key=order.__getitem__)))]
+        pairs = np.unique(
+            np.char.add(
+                np.char.add(self.state[bound].astype(str), "/"), self.level[bound].astype(str)
+            )
+        )
+        per_state: dict[str, set[str]] = {}
+        for pair in pairs.tolist():  # one per (state, level) present: at most 52 x 14
+            st, lv = pair.split("/", 1)
+            per_state.setdefault(st, set()).add(lv)
+        return [
+            (st, tuple(sorted(lvs | crossing, key=order.__getitem__)))
+            for st, lvs in sorted(per_state.items())
+        ]
+
+
+def _arrow(values: Sequence[object] | np.ndarray) -> pa.Array:
+    """Strings (None where missing) as an Arrow array."""
+    obj = np.asarray(values, dtype=object)
+    text = np.where(pd.isna(obj), None, obj.astype(str))
+    return pa.array(text.tolist(), type=pa.string())
+
+
+def _fits(arr: pa.Array) -> np.ndarray:
+    """bool (n, len(LAYOUTS)): which layouts each code fits."""
+    out = np.zeros((len(arr), len(LAYOUTS)), dtype=bool)
+    for j, lay in enumerate(LAYOUTS):
+        hit = pc.fill_null(pc.match_substring_regex(arr, lay.pattern), False)
+        out[:, j] = hit.to_numpy(zero_copy_only=False)
+    return out
+
+
+def _own_field(arr: pa.Array, lay: GisjoinLayout) -> np.ndarray:
+    """The level's own code (its last field) cut from each GISJOIN, as strings."""
+    start = 1
+    for p in lay.parts[:-1]:
+        start += p.width
+    last = lay.parts[-1]
+    if last.name == "pad":  # state, county: the field before the pad
+        start -= lay.parts[-2].width
+        last = lay.parts[-2]
+    piece = pc.utf8_slice_codeunits(arr, start, start + last.width)
+    return np.asarray(piece.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def declared_layout(value: object) -> GisjoinLayout | None:
+    """The layout a declared level names: a level name, an alias or a SUMLEV code
+    (``"160"``, ``160``); None for anything else."""
+    text = "" if value is None else str(value).strip()
+    return _SUMLEV.get(text.zfill(3) if text.isdigit() else text) or _BY_NAME.get(text.lower())
+
+
+def row_levels(
+    codes: Sequence[str] | np.ndarray,
+    *,
+    declared: str | Sequence[object] | np.ndarray | None = None,
+    declared_column: str | None = None,
+    geoid: tuple[str, Sequence[object] | np.ndarray] | None = None,
+    identifiers: dict[str, tuple[str, Sequence[object] | np.ndarray]] | None = None,
+    source: str | None = None,
+    rows: np.ndarray | None = None,
+    column: str = "gisjoin",
+    fix: str = DECLARE_LEVEL,
+) -> RowLevels:
+    """The summary level of every GISJOIN in ``codes`` (see the module notes).
+
+    Parameters
+    ----------
+    codes : sequence of str
+        One GISJOIN per row.
+    declared : str or sequence, optional
+        The level of every row (one name), or of each row (level names, aliases or SUMLEV
+        codes, e.g. from a ``SUMLEV`` column named ``declared_column``). Overrides the rest;
+        each code must fit its declared level's layout.
+    geoid : (column name, values), optional
+        A ``GEO_ID``/``GEOID`` column; used when every non-empty value starts with a
+        summary level (``1600000US…`` or ``16000US…``), else ignored (a bare FIPS GEOID).
+    identifiers : mapping of lower-case column → (column name, values), optional
+        NHGIS identifier columns (``placea``, ``sdunia``, ...) that tell apart the levels a
+        code's length leaves open: a row is of the level whose column holds the code's own
+        field.
+    source, rows, column
+        File, 0-based data rows and column named in messages.
+    fix : str
+        How to declare the level, appended to a refusal.
+
+    Returns
+    -------
+    RowLevels
+
+    Raises
+    ------
+    DataError
+        A row whose level cannot be told (no layout fits, several fit and nothing tells
+        them apart), an unknown declared level or SUMLEV, or a code that does not fit its
+        declared or GEO_ID level — naming the file, data row, column and code.
+    """
+    arr = _arrow(np.asarray(codes, dtype=object).tolist())
+    n = len(arr)
+    rows = np.arange(n) if rows is None else np.asarray(rows)
+    fits = _fits(arr)
+    where = f"{source}, " if source else ""
+    level_idx = np.full(n, -1, dtype=np.int64)
+    index = {lay.level: j for j, lay in enumerate(LAYOUTS)}
+
+    def refuse_unfit(i: int, lay: GisjoinLayout, why: str) -> DataError:
+        return DataError(
+            f"{where}data row {int(rows[i]) + 1}, column {column!r}: {arr[i].as_py()!r} is not "
+            f"a GISJOIN of level {lay.level!r} ({lay.describe()}), the level {why} gives the row; "
+            "check the file or the declaration"
+        )
+
+    if declared is not None:
+        labels = np.full(n, declared, dtype=object) if isinstance(declared, str) else declared
+        labels = np.asarray(_arrow(np.asarray(labels, dtype=object)).fill_null(""), dtype=object)
+        uniq, inv = np.unique(labels.astype(str), return_inverse=True)
+        lays = [declared_layout(u) for u in uniq.tolist()]
+        for k, lay in enumerate(lays):
+            if lay is None:
+                i = int(np.flatnonzero(inv == k)[0])
+                what = f"column {declared_column!r}" if declared_column else "the declared level"
+                raise DataError(
+                    f"{where}data row {int(rows[i]) + 1}: {what} holds {str(uniq[k])!r}, which is no "
+                    f"summary level; give a level name ({[x.level for x in LAYOUTS]}) or a "
+                    f"SUMLEV code ({sorted(_SUMLEV)})"
+                )
+        level_idx = np.array([index[lay.level] for lay in lays], dtype=np.int64)[inv]
+        basis = f"declared in column {declared_column!r}" if declared_column else "declared"
+        bad = np.flatnonzero(~fits[np.arange(n), level_idx])
+        if bad.size:
+            i = int(bad[0])
+            who = f"column {declared_column!r}" if declared_column else "the declaration"
+            raise refuse_unfit(i, LAYOUTS[level_idx[i]], who)
+    else:
+        basis = "GISJOIN layout"
+        if geoid is not None:
+            gname, gvals = geoid
+            g = _arrow(np.asarray(gvals, dtype=object).tolist())
+            present = pc.fill_null(pc.not_equal(g, ""), False).to_numpy(zero_copy_only=False)
+            sumlev = pc.extract_regex(g, _GEO_ID)
+            ok = pc.is_valid(sumlev).to_numpy(zero_copy_only=False)
+            if present.any() and (ok | ~present).all():
+                prefix = np.asarray(
+                    pc.struct_field(sumlev, "sumlev").to_numpy(zero_copy_only=False), dtype=object
+                )
+                for code in sorted(set(prefix[ok].tolist())):
+                    lay = _SUMLEV.get(code)
+                    sel = np.flatnonzero(ok & (prefix == code))
+                    if lay is None:
+                        raise DataError(
+                            f"{where}data row {int(rows[sel[0]]) + 1}, column {gname!r}: summary "
+                            f"level {code} ({g[int(sel[0])].as_py()!r}) is none of "
+                            f"{sorted(_SUMLEV)}, so the areas it may share persons with cannot "
+                            f"be told; drop those rows or {fix}"
+                        )
+                    level_idx[sel] = index[lay.level]
+                    bad = sel[~fits[sel, index[lay.level]]]
+                    if bad.size:
+                        raise refuse_unfit(int(bad[0]), lay, f"{gname}'s summary level {code}")
+                basis = f"{gname} summary levels"
+        open_ = np.flatnonzero(level_idx < 0)
+        one = fits[open_].sum(axis=1) == 1
+        level_idx[open_[one]] = np.argmax(fits[open_[one]], axis=1)
+        several = open_[fits[open_].sum(axis=1) > 1]
+        if several.size and identifiers:
+            claims = np.zeros((several.size, len(LAYOUTS)), dtype=bool)
+            for j, lay in enumerate(LAYOUTS):
+                if lay.identifier not in identifiers:
+                    continue
+                vals = _arrow(np.asarray(identifiers[lay.identifier][1], dtype=object)[several])
+                vals = pc.utf8_trim_whitespace(vals)
+                width = lay.parts[-1 if lay.parts[-1].name != "pad" else -2].width
+                padded = pc.utf8_lpad(vals, width=width, padding="0")
+                own = pa.array(_own_field(arr.take(pa.array(several)), lay).tolist(), pa.string())
+                filled = pc.fill_null(pc.not_equal(vals, ""), False)
+                same = pc.fill_null(pc.equal(padded, own), False)
+                filled = filled.to_numpy(zero_copy_only=False)
+                same = same.to_numpy(zero_copy_only=False)
+                claims[:, j] = fits[several, j] & filled & same
+            told = claims.sum(axis=1) == 1
+            level_idx[several[told]] = np.argmax(claims[told], axis=1)
+            basis += " and NHGIS identifier columns"
+        unknown = np.flatnonzero(level_idx < 0)
+        if unknown.size:
+            i = int(unknown[0])
+            code = arr[i].as_py()
+            fit = [LAYOUTS[j] for j in np.flatnonzero(fits[i])]
+            if not fit:
+                why = "it is no GISJOIN of any NHGIS summary level"
+            else:
+                cols = [lay.identifier.upper() for lay in fit]
+                why = (
+                    f"it has the layout of {', '.join(lay.level for lay in fit)} "
+                    f"({fit[0].describe()}) and no filled identifier column ({', '.join(cols)}) "
+                    "or GEO_ID tells which"
+                )
+            known = level_idx[level_idx >= 0]
+            others = ", ".join(LAYOUTS[j].level for j in np.unique(known))
+            also = f" (the file's other rows include {others})" if known.size else ""
+            raise DataError(
+                f"{where}data row {int(rows[i]) + 1}, column {column!r}: the summary level of "
+                f"{code!r} cannot be told: {why}{also}; rows of different levels can count the "
+                f"same person, so the privacy loss cannot be derived; {fix}"
+            )
+    level = np.array([LAYOUTS[j].level for j in range(len(LAYOUTS))], dtype=object)[level_idx]
+    has_state = np.array(["state" in lay.fields for lay in LAYOUTS], dtype=bool)[level_idx]
+    state = np.full(n, None, dtype=object)
+    if has_state.any():
+        st = pc.utf8_slice_codeunits(arr, 1, 3).to_numpy(zero_copy_only=False)
+        state[has_state] = np.asarray(st, dtype=object)[has_state]
+    return RowLevels(level, state, basis)

@@ -286,6 +286,10 @@ def _privatize(
     if se is not None:
         ses = np.empty((n_units, len(release.cells)))
         ses[run_data.leaf_row] = se
+    for k, (rows, nodes) in (run_data.upper_rows or {}).items():  # state rows beside counties
+        values[rows] = release.estimates[k][nodes]
+        if ses is not None:
+            ses[rows] = release.standard_errors(k)[nodes]
     text = manifest["privacy"][name]["text"]
     info = {"estimator": name, "privacy": text}
     with output_file(out, command="privatize", info=info, **policy) as tmp:  # type: ignore[arg-type]

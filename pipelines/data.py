@@ -26,6 +26,8 @@ from censusdp.pipelines.nhgis import (
     CONTEXT_COLUMNS,
     BatchFile,
     read_batch,
+    spine_rows,
+    upper_rows,
 )
 from censusdp.registry import Registry
 from censusdp.tabular import read_csv_text, read_parquet_table
@@ -74,6 +76,7 @@ class RunData:
     source: str
     batch: BatchFile | None = None
     leaf_row: np.ndarray | None = None  # batch unit row of each canonical leaf
+    upper_rows: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # level → (rows, nodes)
 
 
 def _read_table_file(path: Path, source: str, encoding: str | None) -> pd.DataFrame:
@@ -298,21 +301,29 @@ def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
         )
         below = levels[1:]
         layouts = gisjoin.check_hierarchy_levels(below, f"{spec.source}: hierarchy.levels")
+        # rows of upper levels (state rows beside county rows) are nodes of the hierarchy
+        by_level = spine_rows(batch, below)
+        leaf = by_level[below[-1]]
+        if leaf.size == 0:
+            raise DataError(f"{path.name}: no row is a {below[-1]} (the hierarchy's leaf level)")
         gisjoin.parse(
-            batch.gisjoin,
+            batch.gisjoin[leaf],
             below[-1],
             source=path.name,
-            rows=batch.unit_rows,
+            rows=batch.unit_rows[leaf],
             column=batch.gisjoin_column,
         )
         h, leaf_row = from_gisjoin(
-            batch.gisjoin,
+            batch.gisjoin[leaf],
             [(lv, lay.length) for lv, lay in zip(below, layouts, strict=True)],
             root_name=levels[0],
             root_code="root",
             source=path.name,
         )
-        return RunData(Table(h, tuple(batch.cells), batch.truth[leaf_row]), source, batch, leaf_row)
+        leaf_row = leaf[leaf_row]
+        counts = batch.truth[leaf_row]
+        upper = upper_rows(batch, h, counts, by_level)
+        return RunData(Table(h, tuple(batch.cells), counts), source, batch, leaf_row, upper)
     return RunData(_file_table(spec, path), source)
 
 

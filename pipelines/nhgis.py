@@ -26,6 +26,14 @@ NHGIS extracts may be latin-1 encoded: the reader tries UTF-8 and falls back to 
 no encoding is given. A row of empty fields (the PPDD extracts put one after the header)
 holds no unit and is skipped.
 
+A file may hold rows of several summary levels (counties and the places in them), so one
+person may be counted in several rows; :func:`row_geography` tells each row's level from
+its GISJOIN and the file's identifier columns (``GEO_ID``, ``PLACEA``, ..., or a declared
+level), for privacy statements that compose over the levels
+(:func:`censusdp.hierarchy.gisjoin.row_levels`). For a hierarchy route, rows of its upper
+levels are its nodes (:func:`spine_rows`, :func:`upper_rows`: each must be the sum of the
+leaf rows under it).
+
 References
 ----------
 Van Riper, Kugler & Schroeder, IPUMS NHGIS Privacy-Protected 2010 Census Demonstration Data,
@@ -43,9 +51,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from censusdp.atomic import atomic_file
 from censusdp.errors import DataError
+from censusdp.hierarchy import gisjoin
+from censusdp.hierarchy.core import Hierarchy
 from censusdp.hierarchy.validate import parse_counts
 from censusdp.tabular import PARQUET_SUFFIXES, read_csv_text, read_parquet_table
 
@@ -54,6 +66,9 @@ __all__ = [
     "CONTEXT_COLUMNS",
     "ColumnsNotWritten",
     "read_batch",
+    "row_geography",
+    "spine_rows",
+    "upper_rows",
     "write_batch",
     "GISJOIN_COUNTY",
 ]
@@ -97,6 +112,8 @@ CONTEXT_COLUMNS = frozenset(
         "cdcurra",
         "cbsaa",
         "geoid",
+        "geo_id",
+        "sumlev",
         "fips",
     }
 )
@@ -410,4 +427,174 @@ def write_batch(
         else:
             enc = "utf-8" if batch.encoding == "parquet" else batch.encoding
             table.to_csv(tmp, index=False, encoding=enc)
+    return out
+
+
+def _column(frame: pd.DataFrame, name: str, path: Path) -> str | None:
+    """The column spelled ``name`` in any case, or None; two spellings are refused."""
+    hits = [c for c in frame.columns if str(c).lower() == name]
+    if len(hits) > 1:
+        raise DataError(
+            f"{path.name}: columns {hits[0]!r} and {hits[1]!r} both hold {name.upper()}; keep one"
+        )
+    return hits[0] if hits else None
+
+
+def row_geography(
+    batch: BatchFile,
+    *,
+    level: str | None = None,
+    level_column: str | None = None,
+    fix: str = gisjoin.DECLARE_LEVEL,
+) -> gisjoin.RowLevels:
+    """The summary level of every unit (row) of ``batch``.
+
+    Parameters
+    ----------
+    batch : BatchFile
+    level : str, optional
+        Every row is of this level (a name of :data:`censusdp.hierarchy.gisjoin.LAYOUTS`,
+        an alias or a SUMLEV code); checked against the codes.
+    level_column : str, optional
+        A column of the file holding each row's level name or SUMLEV code.
+    fix : str
+        How to declare the level, for the refusal.
+
+    Returns
+    -------
+    censusdp.hierarchy.gisjoin.RowLevels
+        In the batch's unit order.
+
+    Raises
+    ------
+    DataError
+        A row whose level cannot be told, or whose code does not fit its declared or
+        ``GEO_ID`` level (naming the file, data row and column); ``level`` and
+        ``level_column`` both given; a ``level_column`` the file lacks.
+    """
+    path = batch.path
+    rows = batch.unit_rows
+    common = {
+        "source": path.name,
+        "rows": rows,
+        "column": batch.gisjoin_column,
+        "fix": fix,
+    }
+    if level is not None and level_column is not None:
+        raise DataError(
+            f"{path.name}: give the rows' level once: a level for the whole file or a "
+            "level column, not both"
+        )
+    if level is not None:
+        return gisjoin.row_levels(batch.gisjoin, declared=str(level), **common)
+    if level_column is not None:
+        if level_column not in batch.frame.columns:
+            raise DataError(
+                f"{path.name}: no column {level_column!r} (the declared level column); "
+                f"columns: {list(batch.frame.columns)}"
+            )
+        values = batch.frame[level_column].to_numpy(dtype=object)[rows]
+        return gisjoin.row_levels(
+            batch.gisjoin, declared=values, declared_column=level_column, **common
+        )
+    geoid = None
+    for name in ("geo_id", "geoid"):
+        col = _column(batch.frame, name, path)
+        if col is not None:
+            geoid = (col, batch.frame[col].to_numpy(dtype=object)[rows])
+            break
+    identifiers = {}
+    for lay in gisjoin.LAYOUTS:
+        col = _column(batch.frame, lay.identifier, path)
+        if col is not None:
+            identifiers[lay.identifier] = (col, batch.frame[col].to_numpy(dtype=object)[rows])
+    return gisjoin.row_levels(batch.gisjoin, geoid=geoid, identifiers=identifiers, **common)
+
+
+def spine_rows(batch: BatchFile, levels: Sequence[str]) -> dict[str, np.ndarray]:
+    """The rows of each hierarchy level in a file that may hold several nested levels.
+
+    A file for a ``state → county`` hierarchy may hold state rows beside its county rows.
+    Every row is given to the level (of ``levels``, on-spine, top first) whose GISJOIN
+    layout it fits (their lengths differ); a row that fits none goes with the last (leaf)
+    level, whose parse names what is wrong with it.
+
+    Parameters
+    ----------
+    batch : BatchFile
+    levels : sequence of str
+        The hierarchy's levels below the root (checked by
+        :func:`censusdp.hierarchy.gisjoin.check_hierarchy_levels`).
+
+    Returns
+    -------
+    dict of level → numpy.ndarray
+        Positions (in the batch's unit order) of each level's rows, every level present.
+    """
+    arr = pa.array(np.asarray(batch.gisjoin, dtype=object).tolist(), type=pa.string())
+    owner = np.full(len(arr), len(levels) - 1, dtype=np.int64)
+    for k, lv in enumerate(levels[:-1]):
+        hit = pc.fill_null(pc.match_substring_regex(arr, gisjoin.layout(lv).pattern), False)
+        owner[hit.to_numpy(zero_copy_only=False)] = k
+    return {lv: np.flatnonzero(owner == k) for k, lv in enumerate(levels)}
+
+
+def upper_rows(
+    batch: BatchFile, hierarchy: Hierarchy, leaf_counts: np.ndarray, rows: dict[str, np.ndarray]
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """The hierarchy nodes that a file's rows of upper levels are, checked against the leaves.
+
+    Parameters
+    ----------
+    batch : BatchFile
+    hierarchy : Hierarchy
+        Built from the leaf rows.
+    leaf_counts : numpy.ndarray
+        The leaves' counts, in the hierarchy's leaf order.
+    rows : dict of level → positions
+        From :func:`spine_rows`; the leaf level's entry is ignored.
+
+    Returns
+    -------
+    dict of level index → (positions, nodes)
+        For each upper level with rows: the rows' positions in the batch's unit order and
+        the node (index into that level of ``hierarchy``) each row is.
+
+    Raises
+    ------
+    DataError
+        A row of an upper level with no leaf row under it, or whose counts are not the sum
+        of the leaf rows under it (the file lacks some of its parts, or the row counts
+        others) — naming the data row and code, never a count.
+    """
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    leaf = hierarchy.depth - 1
+    for name, pos in rows.items():
+        k = hierarchy.level_index(name)
+        if k == leaf or pos.size == 0:
+            continue
+        below = hierarchy.levels[leaf].name
+        codes = hierarchy.levels[k].codes.astype(object)
+        nodes = pd.Index(codes).get_indexer(batch.gisjoin[pos].astype(object))
+        where = batch.path.name
+        if (nodes < 0).any():
+            i = int(pos[np.flatnonzero(nodes < 0)[0]])
+            raise DataError(
+                f"{where}, data row {int(batch.unit_rows[i]) + 1}: {name} "
+                f"{str(batch.gisjoin[i])!r} has no {below} row under it in the file, so the "
+                f"hierarchy has no such node; add the {below} rows it holds or drop the row"
+            )
+        counts = leaf_counts
+        for j in range(leaf, k, -1):
+            counts = hierarchy.aggregate_up(j, counts, cells=batch.cells)
+        bad = np.flatnonzero((batch.truth[pos] != counts[nodes]).any(axis=1))
+        if bad.size:
+            i = int(pos[bad[0]])
+            raise DataError(
+                f"{where}, data row {int(batch.unit_rows[i]) + 1}: the {name} row "
+                f"{str(batch.gisjoin[i])!r} is not the sum of the {below} rows under it in the "
+                f"file (some are missing, or the row counts others), so it is not the "
+                f"hierarchy's {name} node; keep the rows of one level or add the missing ones"
+            )
+        out[k] = (pos, nodes)
     return out

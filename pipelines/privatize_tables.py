@@ -17,7 +17,13 @@ among the tables. This module releases them the way the 2020 Census did (Abowd e
 2. **Privacy is derived**: each query's sensitivity comes from its matrix
    (:class:`~censusdp.mechanisms.product_query.ProductQuery`), and the per-person ρ is
    ``max_c Σ_q (rows of q counting cell c)/(2σ_q²)`` (Bun & Steinke 2016), per area. A
-   caller's ρ calibrates the σ's (rounded up, so the derived ρ never exceeds it).
+   caller's ρ calibrates the σ's (rounded up, so the derived ρ never exceeds it). The rows
+   of a file may be of several summary levels (counties and the places in them): each row's
+   level is told from its GISJOIN and the file's identifier columns
+   (:func:`censusdp.pipelines.nhgis.row_geography`), rows of one level are disjoint areas
+   (parallel composition), and a person counted in a row of each of ``k`` levels spends the
+   sum of their ρ (:func:`compose_over_levels`); a file whose levels cannot be told is
+   refused.
 3. **Single-node GLS in the marginal basis**: with ``F = Σ_q Q_qᵀQ_q/σ_q²`` and
    ``h = Σ_q Q_qᵀy_q/σ_q²`` the estimate is ``F⁺h`` (block by block,
    :class:`~censusdp.estimation.marginal_basis.BlockDiagonal`); components no query
@@ -54,6 +60,8 @@ Bun, M. and Steinke, T. (2016). Concentrated differential privacy: simplificatio
     extensions, and lower bounds. TCC 2016.
 Canonne, C., Kamath, G. and Steinke, T. (2020). The discrete Gaussian for differential
     privacy. NeurIPS 2020.
+McSherry, F. (2009). Privacy integrated queries. SIGMOD 2009 (parallel composition over
+    disjoint parts of the data).
 Srinivasan, A. (2001). Distributions on level-sets with applications to approximation
     algorithms. FOCS 2001.
 Van Riper, D., Kugler, T. and Schroeder, J. (2020). IPUMS NHGIS Privacy-Protected 2010
@@ -65,16 +73,17 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement, statement_for
+from censusdp.budget import PrivacyLoss, PrivacyStatement, PureDP, compose, statement_for
 from censusdp.errors import BudgetError, DataError, SpecError
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.rounding import pipage_round
+from censusdp.hierarchy.gisjoin import LAYOUTS, RowLevels, declared_layout
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.product_query import (
     ProductQuery,
@@ -88,6 +97,8 @@ from censusdp.rng import KeyedRNG
 __all__ = [
     "TableSpec",
     "TablePlan",
+    "compose_over_levels",
+    "levels_statement",
     "TableRelease",
     "load_table_spec",
     "release_tables",
@@ -238,6 +249,11 @@ class TableSpec:
     encoding : str or None
     seed : int or None
     source : str
+    level : str or None
+        The summary level of every row (``"place"``, or a SUMLEV code), where the file does
+        not tell it.
+    level_column : str or None
+        A column holding each row's level name or SUMLEV code.
     """
 
     codebook: str
@@ -248,6 +264,8 @@ class TableSpec:
     encoding: str | None = None
     seed: int | None = None
     source: str = "<command line>"
+    level: str | None = None
+    level_column: str | None = None
 
 
 def spec_uses_codebook(path: str | Path) -> bool:
@@ -270,6 +288,8 @@ def load_table_spec(path: str | Path) -> TableSpec:
         codebook = "ppdd"            # shipped name, or a codebook TOML (relative to the spec)
         schema = "ppdd"              # optional: checked against the codebook's
         encoding = "latin-1"         # optional
+        level = "place"              # optional: every row's summary level, where the file
+                                     # does not tell it (or level_column = "SUMLEV")
         [privacy]
         accounting = "zcdp"
         rho = 1.0
@@ -294,7 +314,11 @@ def load_table_spec(path: str | Path) -> TableSpec:
     p = SpecParser(str(path), path.parent)
     p.keys(doc, "", ("data", "privacy", "strategy", "mechanism", "run"))
     data = p.table(doc, "data", required=True)
-    p.keys(data, "data", ("source", "codebook", "schema", "encoding", "path"))
+    p.keys(
+        data,
+        "data",
+        ("source", "codebook", "schema", "encoding", "path", "level", "level_column"),
+    )
     source = p.get(data, "data", "source", str, required=True)
     if source != "nhgis":
         raise p.fail("data.source", 'a codebook route reads NHGIS-style files: "nhgis"')
@@ -328,6 +352,16 @@ def load_table_spec(path: str | Path) -> TableSpec:
     run = p.table(doc, "run", required=False)
     p.keys(run, "run", ("seed",))
     seed = p.get(run, "run", "seed", int)
+    level = p.get(data, "data", "level", str)
+    level_column = p.get(data, "data", "level_column", str)
+    if level is not None and level_column is not None:
+        raise p.fail("data.level", "give data.level (every row) or data.level_column, not both")
+    if level is not None and declared_layout(level) is None:
+        raise p.fail(
+            "data.level",
+            f"{level!r} is no summary level; give one of {[x.level for x in LAYOUTS]} or a "
+            'SUMLEV code such as "160"',
+        )
     return TableSpec(
         codebook=codebook,
         rho=rho,
@@ -337,6 +371,8 @@ def load_table_spec(path: str | Path) -> TableSpec:
         encoding=p.get(data, "data", "encoding", str),
         seed=seed,
         source=str(path),
+        level=level,
+        level_column=level_column,
     )
 
 
@@ -681,8 +717,13 @@ def release_tables(
     delta: float | None = None,
     areas: Sequence[str] | None = None,
     source: str = "input",
+    levels: RowLevels | None = None,
 ) -> TableRelease:
     """Measure, estimate, round and tabulate every column of ``truth`` (areas × columns).
+
+    With ``levels`` (the summary level of every row) the privacy statement is per person
+    over the whole file, composed over the levels a person can be counted in
+    (:func:`levels_statement`); without, it is the statement of one area's measurements.
 
     Raises
     ------
@@ -706,7 +747,80 @@ def release_tables(
     if (plan.identities @ values.T).any():
         raise ArithmeticError("internal: the rounded release breaks an identity")
     se = np.broadcast_to(plan.column_se, values.shape)
-    return TableRelease(plan, values, se, plan.columns(strat), plan.statement(delta))
+    if levels is not None and levels.level.shape[0] != truth.shape[0]:
+        raise ValueError(f"levels has {levels.level.shape[0]} rows, truth {truth.shape[0]}")
+    privacy = plan.statement(delta) if levels is None else levels_statement(plan, levels, delta)
+    return TableRelease(plan, values, se, plan.columns(strat), privacy)
+
+
+# ------------------------------------------------------------------ composition over levels
+def compose_over_levels(
+    levels: RowLevels, loss_of_level: Mapping[str, PrivacyLoss]
+) -> tuple[PrivacyLoss, str | None, tuple[str, ...]]:
+    """The per-person privacy loss of a file whose rows are measured area by area.
+
+    Rows of one level are disjoint areas, so each person is in at most one of them and the
+    level's rows compose in parallel (McSherry 2009, parallel composition): the level costs a person
+    ``loss_of_level[level]`` (the loss of one row's measurements). Rows of different levels
+    can count the same person (a place and its county), so over the levels one person can be
+    in (:meth:`~censusdp.hierarchy.gisjoin.RowLevels.person_groups`) the losses compose
+    sequentially: ε adds when every loss is pure (Dwork & Roth 2014, Thm. 3.16), else ρ adds
+    (Bun & Steinke 2016, Lemma 2.3). The per-person loss is the largest over those groups.
+
+    Parameters
+    ----------
+    levels : RowLevels
+    loss_of_level : mapping of level name → PureDP or ZCDP
+        The loss of one row's measurements at each level present.
+
+    Returns
+    -------
+    (loss, state, levels)
+        The per-person loss, and the state and levels of the group that attains it (the
+        first in state order).
+
+    Raises
+    ------
+    KeyError
+        A level present in the file with no loss given.
+    """
+    groups = levels.person_groups()
+    losses = [compose([loss_of_level[lv] for lv in group]) for _, group in groups]
+    if all(isinstance(x, PureDP) for x in losses):
+        amounts = [x.epsilon for x in losses]
+    else:
+        losses = [x.to_zcdp() for x in losses]
+        amounts = [x.rho for x in losses]
+    worst = int(np.argmax(amounts))
+    return losses[worst], groups[worst][0], groups[worst][1]
+
+
+def levels_statement(
+    plan: TablePlan, levels: RowLevels, delta: float | None = None
+) -> PrivacyStatement:
+    """The per-person statement of a codebook release of a file with these row ``levels``:
+    every row measured with ``plan`` (ρ = ``plan.rho`` per person in the row), composed over
+    the levels a person can be counted in (:func:`compose_over_levels`)."""
+    per_row = plan.statement(delta)
+    loss, state, worst = compose_over_levels(levels, {lv: per_row.budget for lv in levels.levels})
+    titles = {lay.level: lay.title for lay in LAYOUTS}
+    counts = ", ".join(f"{titles[lv]}: {n:,} rows" for lv, n in levels.counts().items())
+    if len(worst) == 1:
+        note = (
+            f"every row is a {titles[worst[0]]} ({counts}; summary level from the "
+            f"{levels.basis}): rows of one level are disjoint areas, so each person is in at "
+            f"most one row and spends the ρ = {plan.rho:.6g} of one row"
+        )
+    else:
+        where = f"in state {state}" if state is not None else "in the file"
+        note = (
+            f"the rows are of {len(levels.levels)} summary levels ({counts}; told from the "
+            f"{levels.basis}); rows of one level are disjoint areas, but a person {where} can "
+            f"be counted in one row of each of {', '.join(worst)}, and each row's "
+            f"measurements spend ρ = {plan.rho:.6g}: composed per person, ρ = "
+            f"{' + '.join([f'{plan.rho:.6g}'] * len(worst))} = {loss.amount:.6g}"
+        )
+    return replace(per_row, rho=loss.amount).with_notes(note)
 
 
 def _identity_text(plan: TablePlan, k: int) -> str:
@@ -814,7 +928,7 @@ def privatize_tables(
     """
     from censusdp.atomic import check_output, output_file
     from censusdp.config import check_run_options
-    from censusdp.pipelines.nhgis import read_batch, write_batch
+    from censusdp.pipelines.nhgis import read_batch, row_geography, write_batch
 
     check_run_options(seed=spec.seed)
     codebook_file = Path(spec.codebook) if spec.codebook.endswith(".toml") else None
@@ -851,6 +965,17 @@ def privatize_tables(
             "writes every column of the codebook from one estimate, so give a file with exactly "
             "its columns, or a codebook TOML describing the file's columns"
         )
+    # each row's summary level, before any noise: rows of several levels share persons
+    levels = row_geography(
+        batch,
+        level=spec.level,
+        level_column=spec.level_column,
+        fix=(
+            'declare it in a spec (--spec): [data] level = "place" for a file of one level, '
+            'or [data] level_column = "COLUMN" naming a column with each row\'s level name '
+            "or SUMLEV code"
+        ),
+    )
     order = np.array([batch.cells.index(c) for c in cb.columns])
     plan = TablePlan.build(cb, spec.rho, spec.strategy)
     rng = KeyedRNG.from_seed(spec.seed)
@@ -861,6 +986,7 @@ def privatize_tables(
         delta=spec.delta,
         areas=list(batch.gisjoin),
         source=name,
+        levels=levels,
     )
     inputs = {str(path): _sha256(Path(path))}
     for extra in (spec_path, codebook_file):
@@ -896,7 +1022,15 @@ def privatize_tables(
             )
         ],
         "rho_requested": spec.rho,
-        "rho_derived": plan.rho,
+        "rho_derived": rel.privacy.rho,
+        "rho_per_row": plan.rho,
+        "geography": {
+            "levels": levels.counts(),
+            "told_from": levels.basis,
+            "person_groups": [
+                {"state": st, "levels": list(lvs)} for st, lvs in levels.person_groups()
+            ],
+        },
         "estimator": "single-node GLS in the marginal basis (F⁺h); integer rounding of the "
         "strategy marginals in the order of their shared margins, columns summed in integers",
         "identities": int(plan.identities.shape[0]),
