@@ -33,23 +33,36 @@ Layout::
     owned/<level>/top.npy.gz | part-…npy.gz        int64 global class ids of those blocks
     identified/<mask>.npy                          the projector onto the identified subspace
     histograms/<level>/top.npy.gz | part-…npy.gz   (optional) int64 (3, nnz): node, cell, count
+    manifest.json                                  levels, sizes, cut, partitions, basis
+                                                   queries, columns, privacy, content digest,
+                                                   files_digest, checks
+    checksums.json                                 SHA-256 of every file above; written last
 
 The pieces are ``.npy`` files compressed with gzip (``gzip -d`` gives the ``.npy``): the
 narrow-integer tables (many cells of a block's tables are zero) take about half their bytes
 (2.1× on the 120-block test state; storing them column by column gained 3% more, not
-kept). Stores of format ``/1`` (plain ``.npy`` pieces) are read too.
-    manifest.json                                  levels, sizes, cut, partitions, basis
-                                                   queries, columns, privacy, digest, checks
-    checksums.json                                 SHA-256 of every file above; written last
+kept). Stores of format ``/1`` (plain ``.npy`` pieces) and ``/2`` (no ``files_digest``) are
+read too.
 
 Every file is written through a temporary name and renamed
-(:mod:`censusdp.pipelines.release_store`'s ``_save``), the directory under a temporary name
+(:func:`~censusdp.pipelines.release_store.save_npy`), the directory under a temporary name
 renamed into place when the run completes (:func:`censusdp.atomic.atomic_dir`).
 
-The **digest** of a release is the SHA-256 of its content in a canonical order: every level's
-tables in node order (int64), every level's class blocks in class order (float64), the class
-of every node; it does not depend on how the run was partitioned, in which order, on how
-many workers, or on how the files were compressed (the files do).
+Two digests:
+
+* The **content digest** (``digest`` in the manifest and in :meth:`Pl94StoreWriter.finish`'s
+  result) is the SHA-256 of the release's content in a canonical order: level by level, its
+  tables in node order (int64), the class of every node (int32), its class blocks in class
+  order (float64). It does not depend on how the run was partitioned, in which order, on
+  how many workers, or on how the files were compressed (the files do); it is the digest
+  earlier runs recorded (unchanged by format ``/3``), to compare runs by.
+* The **release digest** (``release_digest``) is the SHA-256 of ``manifest.json``. The
+  manifest holds the content digest, the privacy statement, the schema name, the levels and
+  everything else a reader trusts, and ``files_digest``: the SHA-256 of the SHA-256 of every
+  piece (``sha256sum`` lines, sorted by path). So the release digest binds every byte a
+  reader returns, and a reader given it (``Pl94Store(path, expected_digest=...)``) refuses
+  any change; what is detected without it is said in :class:`Pl94Store`. It depends on the
+  partitioning (the manifest lists the partitions): it names one store, not one content.
 
 References
 ----------
@@ -305,7 +318,11 @@ class Pl94StoreWriter:
         queries: Sequence[ProductQuery],
         info: dict | None = None,
     ) -> dict:
-        """Write the manifest, then ``checksums.json`` (last); return the digest and bytes.
+        """Write the manifest, then ``checksums.json`` (last); return the digests and bytes.
+
+        The result's ``digest`` is the content digest and ``release_digest`` the SHA-256 of
+        the manifest (the module docstring): record the release digest apart from the store
+        (a run prints it) and pass it to :class:`Pl94Store` as ``expected_digest``.
 
         Parameters
         ----------
@@ -524,10 +541,11 @@ class Pl94Store:
     digest binds every byte a reader returns.
 
     * With ``expected_digest`` (the release digest recorded when the run wrote the store,
-      kept apart from it): *any* change to any file is refused — a piece, the manifest
-      (a privacy statement, ρ, the schema name, a level), ``checksums.json`` — whether or
-      not the checksums and the manifest were rewritten to match: a reader returns only data
-      whose checksums chain to that digest (a second preimage of SHA-256 aside).
+      kept apart from it): a changed manifest (a privacy statement, ρ, the schema name, a
+      level, anything in it) is refused on opening, a changed checksum of a piece too, and
+      a changed piece when it is read (by a reader that needs it; :meth:`verify` reads them
+      all), whether or not the checksums and the manifest were rewritten to match: what a
+      reader returns chains to that digest through SHA-256 only.
     * Without it the store is only checked against itself: damage, a changed piece, and a
       piece rewritten together with ``checksums.json`` (it no longer matches the manifest's
       ``files_digest``) are refused, but a store whose manifest was rewritten too — new
@@ -556,6 +574,7 @@ class Pl94Store:
         self.path = root = Path(path)
         if not root.is_dir():
             raise DataError(f"{root}: not a directory; pass the directory of a pl94 store")
+        store_file(root, CHECKSUMS)  # not a link leading out of the store
         self.sums = read_checksums(root)
         data = _read_bytes(root, MANIFEST)
         #: The SHA-256 of ``manifest.json``: see the class docstring.
