@@ -37,9 +37,15 @@ paths; ``cut`` an integer level; partition rows that tile each level; a privacy 
 positive finite budgets) and that every array has its exact shape, the dtype the manifest's
 ``integer`` claim implies (int64 estimates when true, float64 otherwise; float64 variances
 and covariances) and only finite values (sums: non-negative or NaN, and masks of distinct
-in-range cell indices, one label each). The checksums detect corruption and edits that do
-not also rewrite ``checksums.json``; they are not a signature (authenticity needs the
-publisher to sign ``checksums.json``).
+in-range cell indices, one label each); every file is read inside the store only
+(:func:`store_file`: no ``..``, absolute path or symbolic link leading out). The checksums
+detect corruption and edits that do not also rewrite ``checksums.json``; they are not a
+signature (authenticity needs the publisher to sign ``checksums.json``).
+
+The checks are public, for the other stores to reuse (:mod:`censusdp.pipelines.pl94_store`):
+:func:`check_array` (dtype, shape, finiteness), :func:`check_finite`, :func:`store_file`,
+:func:`read_json`, :func:`read_checksums`, :func:`check_checksum`, :func:`read_privacy`,
+:func:`save_npy` and :func:`sha256_hex`.
 """
 
 from __future__ import annotations
@@ -297,7 +303,14 @@ def write_release(
 
 
 def read_json(file: Path) -> tuple[bytes, Any]:
-    """The bytes of a JSON file and what they parse to."""
+    """The bytes of a JSON file and what they parse to.
+
+    Raises
+    ------
+    DataError
+        The file is missing, unreadable or not JSON (named; the parser's position, no
+        content).
+    """
     try:
         data = file.read_bytes()
     except FileNotFoundError:
@@ -318,7 +331,17 @@ def _is_int(x: Any) -> bool:
 
 
 def read_checksums(path: Path) -> dict[str, str]:
-    """``checksums.json``: SHA-256 (hex) by relative file path."""
+    """``checksums.json`` of the store ``path``: SHA-256 (hex) by relative file path.
+
+    The entries are not checked to be paths inside the store: a reader opens them through
+    :func:`store_file`, or checks them against the files its manifest describes.
+
+    Raises
+    ------
+    DataError
+        Missing, not JSON, not ``{"algorithm": "sha256", "files": {path: digest}}``, or a
+        digest that is not 64 hex digits.
+    """
     file = path / CHECKSUMS
     _, sums = read_json(file)
     files = sums.get("files") if isinstance(sums, dict) else None
@@ -338,6 +361,14 @@ def read_checksums(path: Path) -> dict[str, str]:
 
 
 def check_checksum(path: Path, rel: str, data: bytes, sums: dict[str, str]) -> None:
+    """Refuse ``data`` (the bytes read from ``path / rel``) unless ``sums`` lists ``rel``
+    with their SHA-256.
+
+    Raises
+    ------
+    DataError
+        ``rel`` has no checksum, or another one (the file is named).
+    """
     if rel not in sums:
         raise DataError(f"{path / CHECKSUMS} has no checksum for {rel}; the store is incomplete")
     if sha256_hex(data) != sums[rel]:
@@ -443,8 +474,14 @@ def _positive(x: Any) -> bool:
 
 
 def read_privacy(file: Path, d: Any) -> PrivacyStatement:
-    """The stored privacy statement, with its budget checked (a positive finite ε or ρ; δ in
-    (0, 1))."""
+    """The privacy statement stored as ``d`` in the manifest ``file``, with its budget
+    checked (a positive finite ε or ρ; δ in (0, 1)) and its lists and strings typed.
+
+    Raises
+    ------
+    DataError
+        Naming ``file`` and the key (``privacy.rho``, ...).
+    """
     if not isinstance(d, dict):
         raise _fail(file, "privacy", "expected a table")
     for key in ("epsilon", "rho"):
