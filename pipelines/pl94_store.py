@@ -815,7 +815,8 @@ class Pl94Store:
     def _gather(self, kind: str, level: str, lo: int, hi: int | None) -> np.ndarray:
         size = self.sizes[self._level(level)]
         hi = size if hi is None else hi
-        if not (_is_int(lo) and _is_int(hi) and 0 <= lo <= hi <= size):
+        ints = all(isinstance(x, int | np.integer) and not isinstance(x, bool) for x in (lo, hi))
+        if not (ints and 0 <= lo <= hi <= size):
             raise SpecError(
                 f"nodes [{lo}, {hi}) of level {level!r}: expected 0 <= lo <= hi <= {size}"
             )
@@ -823,7 +824,9 @@ class Pl94Store:
             self._load(kind, level, name)[max(lo, a) - a : min(hi, b) - a]
             for a, b, name in self._pieces(level, lo, hi)
         ]
-        return np.concatenate(out) if out else np.empty((0, len(self.columns)), np.int64)
+        if out:
+            return np.concatenate(out)
+        return np.empty((0, len(self.columns)) if kind == "tables" else 0, np.int64)
 
     def tables(self, level: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """The P1–P5 tables of nodes ``[lo, hi)`` of ``level``: int64 ``(n, 298)``, every

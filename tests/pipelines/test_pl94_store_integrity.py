@@ -148,6 +148,9 @@ def test_an_honest_store_reads_back_under_its_release_digest(original, store) ->
         got = s.tables(lvl)
         assert got.dtype == np.int64 and np.array_equal(got, want), lvl
     assert np.array_equal(s.tables("block", 30, 40), tables["block"][30:40])  # across pieces
+    assert np.array_equal(s.tables("tract", np.int64(1), np.int64(4)), tables["tract"][1:4])
+    assert s.tables("block", 7, 7).shape == s.tables("block", 33, 33).shape == (0, 298)
+    assert s.standard_errors("block", "total", 33, 33).shape == (0, 1)
     se = s.standard_errors("block", "votingage * hispanic")
     assert se.shape == (60, 4) and np.isfinite(se).all() and (se > 0).all()
     with pytest.raises(SpecError, match="expected_digest: not a SHA-256"):
