@@ -30,8 +30,10 @@ of the workers, ``getrusage`` before and after) and per stage (pass 1 = the exac
 the cut, measure inside the partitions = histogram generation + query answers + noise,
 structured GLS, rounding, checks + store pieces, summed over the tasks: their threads' CPU
 time wherever they ran), the peak resident memory of this process and of every worker
-(``VmHWM``), bytes written and the release's digest (independent of partitioning, order,
-scheduler and workers), and the checks: every level's rounded total equals the persons, the
+(``VmHWM``), bytes written and the release's content digest (independent of partitioning,
+order, scheduler and workers; the digest of the runs quoted below) and release digest (the
+SHA-256 of the store's manifest, which binds its privacy statement and every piece: keep it
+to read the store back with ``Pl94Store(path, expected_digest=...)``), and the checks: every level's rounded total equals the persons, the
 invariants ``==`` (US and every state), every cell ⌊x⌋ or ⌈x⌉, children summing to their
 parent cell by cell, the 39 linear identities among the P1–P5 columns (P1_001N = P2_001N, a
 total = the sum of its rows, ...) at every node. ``--check-county`` adds the slice check on
@@ -247,6 +249,7 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
         "bytes_written": summary["bytes_written"],
         "files_written": summary["files"],
         "digest": summary["digest"],
+        "release_digest": summary["release_digest"],
         "store": str(store_path),
         "privacy": {
             "rho": res.privacy.rho,
@@ -264,7 +267,8 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
     if me["peak_mb"] and args.address:
         out["peak_rss_mb"]["note"] = "the workers' peaks are over their lifetime (--address)"
     t0 = time.perf_counter()
-    out["store_verified"] = Pl94Store(store_path).verify() == summary["digest"]
+    verified = Pl94Store(store_path, summary["release_digest"]).verify() == summary["digest"]
+    out["store_verified"] = verified
     out["seconds_store_verify (not counted)"] = time.perf_counter() - t0
     return out
 

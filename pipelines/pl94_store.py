@@ -33,23 +33,36 @@ Layout::
     owned/<level>/top.npy.gz | part-…npy.gz        int64 global class ids of those blocks
     identified/<mask>.npy                          the projector onto the identified subspace
     histograms/<level>/top.npy.gz | part-…npy.gz   (optional) int64 (3, nnz): node, cell, count
+    manifest.json                                  levels, sizes, cut, partitions, basis
+                                                   queries, columns, privacy, content digest,
+                                                   files_digest, checks
+    checksums.json                                 SHA-256 of every file above; written last
 
 The pieces are ``.npy`` files compressed with gzip (``gzip -d`` gives the ``.npy``): the
 narrow-integer tables (many cells of a block's tables are zero) take about half their bytes
 (2.1× on the 120-block test state; storing them column by column gained 3% more, not
-kept). Stores of format ``/1`` (plain ``.npy`` pieces) are read too.
-    manifest.json                                  levels, sizes, cut, partitions, basis
-                                                   queries, columns, privacy, digest, checks
-    checksums.json                                 SHA-256 of every file above; written last
+kept). Stores of format ``/1`` (plain ``.npy`` pieces) and ``/2`` (no ``files_digest``) are
+read too.
 
 Every file is written through a temporary name and renamed
-(:mod:`censusdp.pipelines.release_store`'s ``_save``), the directory under a temporary name
+(:func:`~censusdp.pipelines.release_store.save_npy`), the directory under a temporary name
 renamed into place when the run completes (:func:`censusdp.atomic.atomic_dir`).
 
-The **digest** of a release is the SHA-256 of its content in a canonical order: every level's
-tables in node order (int64), every level's class blocks in class order (float64), the class
-of every node; it does not depend on how the run was partitioned, in which order, on how
-many workers, or on how the files were compressed (the files do).
+Two digests:
+
+* The **content digest** (``digest`` in the manifest and in :meth:`Pl94StoreWriter.finish`'s
+  result) is the SHA-256 of the release's content in a canonical order: level by level, its
+  tables in node order (int64), the class of every node (int32), its class blocks in class
+  order (float64). It does not depend on how the run was partitioned, in which order, on
+  how many workers, or on how the files were compressed (the files do); it is the digest
+  earlier runs recorded (unchanged by format ``/3``), to compare runs by.
+* The **release digest** (``release_digest``) is the SHA-256 of ``manifest.json``. The
+  manifest holds the content digest, the privacy statement, the schema name, the levels and
+  everything else a reader trusts, and ``files_digest``: the SHA-256 of the SHA-256 of every
+  piece (``sha256sum`` lines, sorted by path). So the release digest binds every byte a
+  reader returns, and a reader given it (``Pl94Store(path, expected_digest=...)``) refuses
+  any change; what is detected without it is said in :class:`Pl94Store`. It depends on the
+  partitioning (the manifest lists the partitions): it names one store, not one content.
 
 References
 ----------
@@ -66,6 +79,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,20 +102,27 @@ from censusdp.pipelines.pl94_tables import pl94_codebook
 from censusdp.pipelines.release_store import (
     CHECKSUMS,
     MANIFEST,
-    _checksums,
-    _read_json,
-    _save,
-    _sha256,
-    _verified,
+    check_array,
+    check_checksum,
+    read_checksums,
+    read_json,
+    read_privacy,
+    save_npy,
+    sha256_hex,
+    store_file,
 )
-from censusdp.schema import Schema
+from censusdp.schema import Schema, available_schemas
 
 __all__ = ["FORMAT", "Pl94Store", "Pl94StoreWriter", "StorePieceWriter"]
 
-FORMAT = "censusdp-pl94-store/2"
+FORMAT = "censusdp-pl94-store/3"  # 3: the manifest binds its pieces (files_digest)
 #: Formats read, and the suffix of their pieces.
-_SUFFIX = {"censusdp-pl94-store/1": ".npy", FORMAT: ".npy.gz"}
+_SUFFIX = {"censusdp-pl94-store/1": ".npy", "censusdp-pl94-store/2": ".npy.gz", FORMAT: ".npy.gz"}
 _TOP = "top"
+#: A level name, as it names the store's folders: never a path.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+_HEX = re.compile(r"[0-9a-f]{64}")
+_INTS = (np.int8, np.int16, np.int32, np.int64)
 
 
 def _piece_name(index: int | None, suffix: str = _SUFFIX[FORMAT]) -> str:
@@ -112,7 +133,7 @@ def _save_gz(path: Path, array: np.ndarray, level: int = 1) -> str:
     """``array`` as a gzip-compressed ``.npy`` at ``path`` (the same bytes every time: no
     time stamp; level 1: on a partition's block tables, 14.7 MB of ``.npy``, level 6 took
     2.1 CPU s, 15% of the national run's partition time, for the same 7.0 MB as level 1 in
-    0.26 s), through a temporary name as :func:`~censusdp.pipelines.release_store._save`
+    0.26 s), through a temporary name as :func:`~censusdp.pipelines.release_store.save_npy`
     (a task run again replaces the file whole). Returns the file's SHA-256 (hex)."""
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
@@ -120,7 +141,7 @@ def _save_gz(path: Path, array: np.ndarray, level: int = 1) -> str:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-    return _sha256(data)
+    return sha256_hex(data)
 
 
 def _narrow(x: np.ndarray) -> np.ndarray:
@@ -139,8 +160,8 @@ def _not_a_store(path: Path) -> str | None:
     if path.is_symlink() or not path.is_dir():
         return "is not a directory"
     try:
-        sums = _checksums(path)
-        _, manifest = _read_json(path / MANIFEST)
+        sums = read_checksums(path)
+        _, manifest = read_json(path / MANIFEST)
     except DataError:
         return f"has no readable {MANIFEST} and {CHECKSUMS} of a store"
     if not isinstance(manifest, dict) or manifest.get("format") not in _SUFFIX:
@@ -184,6 +205,12 @@ class Pl94StoreWriter:
         histograms: bool = False,
     ) -> None:
         self.path = Path(path)
+        bad = [n for n in hierarchy.names if not _NAME.fullmatch(n)]
+        if bad:
+            raise SpecError(
+                f"level {bad[0]!r}: a store names a folder after each level; use letters, "
+                "digits, '_' and '-' only"
+            )
         self.h, self.schema, self.overwrite, self.histograms = (
             hierarchy, schema, overwrite, histograms,
         )  # fmt: skip
@@ -274,7 +301,7 @@ class Pl94StoreWriter:
             rel = f"identified/{mask}.npy"
             file = self.root / rel
             file.parent.mkdir(parents=True, exist_ok=True)
-            digest = _save(file, np.asarray(b, np.float64))
+            digest = save_npy(file, np.asarray(b, np.float64))
             self.add({"digests": {rel: digest}, "bytes": file.stat().st_size,
                       "class_diff": 0.0, "partition": None})  # fmt: skip
         payload = None, self._payload(piece.names, piece.ranges)
@@ -291,7 +318,11 @@ class Pl94StoreWriter:
         queries: Sequence[ProductQuery],
         info: dict | None = None,
     ) -> dict:
-        """Write the manifest, then ``checksums.json`` (last); return the digest and bytes.
+        """Write the manifest, then ``checksums.json`` (last); return the digests and bytes.
+
+        The result's ``digest`` is the content digest and ``release_digest`` the SHA-256 of
+        the manifest (the module docstring): record the release digest apart from the store
+        (a run prints it) and pass it to :class:`Pl94Store` as ``expected_digest``.
 
         Parameters
         ----------
@@ -312,9 +343,14 @@ class Pl94StoreWriter:
         rebuilt = MarginalBasis.for_queries(self.schema, list(queries))
         if self.basis is not None and rebuilt.subsets != self.basis.subsets:
             raise DataError("the queries given do not rebuild the basis of the covariance blocks")
-        digest = _content_digest(
-            self.root, h.names, _layout(h, result.partitions[0].cut, self.partitions), self.basis
-        )
+        root = self.root
+
+        def load(kind: str, level: str, name: str, _rows: int | None = None) -> np.ndarray:
+            file = root / kind / level / name
+            return _array(file, file.read_bytes())
+
+        layout = _layout(h, result.partitions[0].cut, self.partitions)
+        digest = _content_digest(load, h.names, layout, bool(self.basis and self.basis.subsets))
         manifest = {
             "format": FORMAT,
             "schema": self.schema.name,
@@ -331,17 +367,23 @@ class Pl94StoreWriter:
             "privacy": result.privacy.to_dict(),
             "persons": int(result.persons),
             "digest": digest,
+            "files_digest": _files_digest(self.digests),
             "info": to_jsonable(info or {}),
         }
         text = (json.dumps(manifest, indent=1) + "\n").encode()
         (self.root / MANIFEST).write_bytes(text)
-        self.digests[MANIFEST] = _sha256(text)
+        self.digests[MANIFEST] = sha256_hex(text)
         files = dict(sorted(self.digests.items()))
         sums = {"format": FORMAT, "algorithm": "sha256", "files": files}
         (self.root / CHECKSUMS).write_text(json.dumps(sums, indent=1) + "\n")  # last
         self.bytes += len(text) + (self.root / CHECKSUMS).stat().st_size
         self._finished = True
-        return {"digest": digest, "bytes_written": self.bytes, "files": len(files) + 1}
+        return {
+            "digest": digest,
+            "release_digest": sha256_hex(text),
+            "bytes_written": self.bytes,
+            "files": len(files) + 1,
+        }
 
 
 class StorePieceWriter:
@@ -418,135 +460,408 @@ def _layout(h: Hierarchy, cut: int, partitions: dict[int, list[list[int]]]) -> l
     return [sorted(x) for x in out]
 
 
-def _load(root: Path, rel: str, sums: dict[str, str] | None) -> np.ndarray:
-    file = root / rel
+def _files_digest(sums: dict[str, str]) -> str:
+    """SHA-256 of the checksums of a store's pieces (every file but the manifest and the
+    checksum file), as ``sha256sum`` lists them sorted by path: what the manifest binds."""
+    lines = "".join(f"{sums[rel]}  {rel}\n" for rel in sorted(sums) if rel != MANIFEST)
+    return sha256_hex(lines.encode())
+
+
+def _array(file: Path, data: bytes) -> np.ndarray:
+    """The array in ``data`` (the bytes of ``file``: ``.npy``, or ``.npy`` gzipped)."""
     try:
-        data = file.read_bytes()
-    except OSError:
-        raise DataError(f"{file}: missing; the store is incomplete") from None
-    if sums is not None:
-        _verified(root, rel, data, sums)
-    try:
-        if rel.endswith(".gz"):
+        if file.name.endswith(".gz"):
             data = gzip.decompress(data)
         return np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
+    except (ValueError, OSError, EOFError, gzip.BadGzipFile) as err:
         raise DataError(f"{file}: not a numpy array file ({err})") from None
 
 
-def _content_digest(
-    root: Path,
-    names: Sequence[str],
-    layout: list[list],
-    basis: MarginalBasis | None,
-    sums: dict[str, str] | None = None,
-) -> str:
+def _read_bytes(root: Path, rel: str) -> bytes:
+    file = store_file(root, rel)
+    try:
+        return file.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{file}: missing; the store is incomplete") from None
+    except OSError as exc:
+        raise DataError(f"{file}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _content_digest(load, names: Sequence[str], layout: list[list], blocks: bool) -> str:
     """SHA-256 of tables (int64, node order), classes (int32) and class blocks (float64,
-    class order) of every level: independent of the partitioning."""
+    class order) of every level: independent of the partitioning and of the files'
+    compression. ``load(kind, level, name[, rows])`` gives a piece's array (``rows``: the
+    blocks' rows, the size of the piece's owned classes); ``layout`` per level the
+    ``(first node, file name)`` of its pieces in node order."""
     hsh = hashlib.sha256()
-    masks = basis is not None and basis.subsets
     for k, lvl in enumerate(names):
         hsh.update(f"level {lvl}\n".encode())
         for _, name in layout[k]:
-            hsh.update(np.ascontiguousarray(_load(root, f"tables/{lvl}/{name}", sums), "<i8"))
+            hsh.update(np.ascontiguousarray(load("tables", lvl, name), "<i8"))
         for _, name in layout[k]:
-            hsh.update(np.ascontiguousarray(_load(root, f"classes/{lvl}/{name}", sums), "<i4"))
-        if masks:
-            owned = [_load(root, f"owned/{lvl}/{name}", sums) for _, name in layout[k]]
-            blocks = [_load(root, f"blocks/{lvl}/{name}", sums) for _, name in layout[k]]
-            o = np.concatenate(owned)
-            hsh.update(
-                np.ascontiguousarray(np.concatenate(blocks)[np.argsort(o, kind="stable")], "<f8")
+            hsh.update(np.ascontiguousarray(load("classes", lvl, name), "<i4"))
+        if blocks:
+            owned = [load("owned", lvl, name) for _, name in layout[k]]
+            flat = np.concatenate(
+                [
+                    load("blocks", lvl, name, o.size)
+                    for (_, name), o in zip(layout[k], owned, strict=True)
+                ]
             )
+            order = np.argsort(np.concatenate(owned), kind="stable")
+            hsh.update(np.ascontiguousarray(flat[order], "<f8"))
     return hsh.hexdigest()
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 class Pl94Store:
     """A store written by :class:`Pl94StoreWriter`, read back piece by piece.
 
-    Every file read is checked against ``checksums.json`` (a changed, damaged or missing
-    file is refused with a :class:`~censusdp.errors.DataError` naming it); :meth:`verify`
-    checks them all and recomputes the digest.
+    The store trusts nothing it reads. On opening it checks ``manifest.json`` against
+    ``checksums.json``, that the manifest is well formed (its ``schema`` names a shipped
+    schema, never a path; its levels name folders, never paths; its pieces tile every level;
+    its privacy statement has positive finite budgets) and that ``checksums.json`` lists
+    exactly the files the manifest describes. Every file is opened inside the store only (an
+    entry with ``..`` or an absolute path, or a symbolic link leading out of the store, is
+    refused). Every piece a reader (:meth:`tables`, :meth:`standard_errors`,
+    :meth:`column_standard_errors`) reads is checked before anything is returned: its
+    SHA-256 against ``checksums.json``, its dtype, its exact shape, its values (finite;
+    class ids in range). Every failure is a one-line
+    :class:`~censusdp.errors.DataError` naming the store, the file and what is wrong, never
+    a value of the release.
+
+    **What is detected.** The *release digest* (:attr:`release_digest`, returned by
+    :meth:`Pl94StoreWriter.finish` and printed by the run) is the SHA-256 of
+    ``manifest.json``; the manifest holds the privacy statement, the schema, levels, sizes,
+    partitions, basis queries, the content digest (:attr:`digest`) and, since format ``/3``,
+    the SHA-256 of the list of every piece's checksum (``files_digest``), so the release
+    digest binds every byte a reader returns.
+
+    * With ``expected_digest`` (the release digest recorded when the run wrote the store,
+      kept apart from it): a changed manifest (a privacy statement, ρ, the schema name, a
+      level, anything in it) is refused on opening, a changed checksum of a piece too, and
+      a changed piece when it is read (by a reader that needs it; :meth:`verify` reads them
+      all), whether or not the checksums and the manifest were rewritten to match: what a
+      reader returns chains to that digest through SHA-256 only.
+    * Without it the store is only checked against itself: damage, a changed piece, and a
+      piece rewritten together with ``checksums.json`` (it no longer matches the manifest's
+      ``files_digest``) are refused, but a store whose manifest was rewritten too — new
+      checksums, new digests, another ρ — is a consistent store and is read. No check inside
+      a store can tell it from the original: that needs a reference digest (or a signature
+      of ``manifest.json`` by the publisher).
+
+    Stores of the formats before ``/3`` have no ``files_digest`` (their manifest does not
+    bind their pieces): they are read as before, and refused with ``expected_digest``
+    (write them again).
+
+    Parameters
+    ----------
+    path : path-like
+        The store directory.
+    expected_digest : str, optional
+        The release digest the store must have (64 hex digits).
+
+    Raises
+    ------
+    DataError
+        As above.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.sums = _checksums(self.path)
-        data, manifest = _read_json(self.path / MANIFEST)
-        _verified(self.path, MANIFEST, data, self.sums)
-        if not isinstance(manifest, dict) or manifest.get("format") not in _SUFFIX:
-            raise DataError(f"{self.path / MANIFEST}: not a {FORMAT} manifest")
-        suffix = _SUFFIX[manifest["format"]]
-        self.manifest: dict[str, Any] = manifest
-        self.levels: list[str] = list(manifest["levels"])
-        self.sizes: list[int] = [int(s) for s in manifest["sizes"]]
-        self.cut = int(manifest["cut"])
-        self.schema = Schema.load(manifest["schema"])
-        self.columns: list[str] = list(manifest["columns"])
-        parts = {i: r for i, r in enumerate(manifest["partitions"])}
-        self.layout = _pieces(self.levels, self.sizes, self.cut, parts, suffix)
-        self.basis = MarginalBasis.for_queries(
-            self.schema, [ProductQuery.parse(self.schema, q) for q in manifest["basis_queries"]]
-        )
+    def __init__(self, path: str | os.PathLike[str], expected_digest: str | None = None) -> None:
+        self.path = root = Path(path)
+        if not root.is_dir():
+            raise DataError(f"{root}: not a directory; pass the directory of a pl94 store")
+        store_file(root, CHECKSUMS)  # not a link leading out of the store
+        self.sums = read_checksums(root)
+        data = _read_bytes(root, MANIFEST)
+        #: The SHA-256 of ``manifest.json``: see the class docstring.
+        self.release_digest = sha256_hex(data)
+        self.manifest: dict[str, Any] = {}
+        self._expect(expected_digest)
+        check_checksum(root, MANIFEST, data, self.sums)
+        try:
+            self.manifest = json.loads(data)
+        except ValueError as exc:
+            raise DataError(f"{root / MANIFEST}: not valid JSON ({exc})") from None
+        self._check_manifest()
+        self._expect(expected_digest)
+        self._rows: dict = {}
         self.identified = BlockDiagonal(
             self.basis,
-            {m: self._load(f"identified/{m}.npy") for m in sorted(self.basis.subsets)},
+            {
+                m: self._piece(
+                    f"identified/{m}.npy", "float64", (n, n), "a projector", "rows, columns"
+                )
+                for m in self.masks
+                for n in [self.basis.block_size(m)]
+            },
         )
-        self._rows: dict = {}
+
+    # -- the manifest -----------------------------------------------------------------------
+    def _expect(self, expected_digest: str | None) -> None:
+        """Refuse the store unless its release digest is ``expected_digest`` (None: no
+        reference) and, once the manifest is read, its format binds its pieces (``/3``)."""
+        if expected_digest is None:
+            return
+        if not isinstance(expected_digest, str) or not _HEX.fullmatch(expected_digest):
+            raise SpecError(
+                "expected_digest: not a SHA-256 hex digest (64 lowercase hex digits); pass "
+                "the release digest the run printed"
+            )
+        if self.release_digest != expected_digest:
+            raise DataError(
+                f"{self.path / MANIFEST}: its SHA-256 is not the expected release digest; the "
+                "store is not the release it should be (altered, or another run's)"
+            )
+        fmt = self.manifest.get("format", FORMAT)
+        if fmt != FORMAT:
+            raise DataError(
+                f"{self.path / MANIFEST}: format {fmt!r} does not bind its pieces to the "
+                "manifest, so no release digest covers them; write the store again"
+            )
+
+    def _fail(self, key: str, message: str) -> DataError:
+        return DataError(f"{self.path / MANIFEST}: manifest key {key!r}: {message}")
+
+    def _check_manifest(self) -> None:
+        """Check every manifest key a reader trusts and the checksums' file list."""
+        m, file = self.manifest, self.path / MANIFEST
+        if not isinstance(m, dict) or m.get("format") not in _SUFFIX:
+            raise DataError(f"{file}: not a {FORMAT} manifest; write the store again")
+        fmt = m["format"]
+        keys = ["schema", "levels", "sizes", "cut", "partitions", "columns", "basis_queries",
+                "masks", "n_classes", "histograms", "privacy", "persons", "digest"]  # fmt: skip
+        if fmt == FORMAT:
+            keys.append("files_digest")
+        missing = [k for k in keys if k not in m]
+        if missing:
+            raise DataError(f"{file}: the manifest has no {missing[0]!r}; the store is incomplete")
+        shipped = available_schemas()
+        if not isinstance(m["schema"], str) or m["schema"] not in shipped:
+            raise self._fail(
+                "schema",
+                f"not a shipped schema ({', '.join(shipped)}); a store names its schema, "
+                "never a path",
+            )
+        self.schema = Schema.load(m["schema"])
+        levels, sizes = m["levels"], m["sizes"]
+        if (
+            not isinstance(levels, list)
+            or not levels
+            or not all(isinstance(x, str) and _NAME.fullmatch(x) for x in levels)
+            or len(set(levels)) != len(levels)
+        ):
+            raise self._fail(
+                "levels", "expected distinct level names (letters, digits, '_', '-'; never a path)"
+            )
+        if (
+            not isinstance(sizes, list)
+            or len(sizes) != len(levels)
+            or not all(_is_int(x) and x >= 0 for x in sizes)
+        ):
+            raise self._fail("sizes", f"expected {len(levels)} node counts, one per level")
+        self.levels: list[str] = list(levels)
+        self.sizes: list[int] = list(sizes)
+        depth, cut = len(levels), m["cut"]
+        if not _is_int(cut) or not 0 <= cut < depth:
+            raise self._fail("cut", f"expected the index of a level, 0 to {depth - 1}")
+        self.cut = cut
+        parts = m["partitions"]
+        if not isinstance(parts, list) or not all(
+            isinstance(p, list)
+            and len(p) == depth - cut
+            and all(isinstance(r, list) and len(r) == 2 and all(map(_is_int, r)) for r in p)
+            for p in parts
+        ):
+            raise self._fail(
+                "partitions",
+                f"expected per partition {depth - cut} [start, stop) node ranges (the cut and "
+                "each level below it)",
+            )
+        self.layout = _pieces(file, levels, sizes, cut, dict(enumerate(parts)), _SUFFIX[fmt])
+        if m["columns"] != list(pl94_codebook().columns):
+            raise self._fail("columns", "not the P1–P5 columns of the pl94 codebook")
+        self.columns: list[str] = list(m["columns"])
+        bq = m["basis_queries"]
+        if not isinstance(bq, list) or not bq or not all(isinstance(q, str) for q in bq):
+            raise self._fail("basis_queries", "expected a list of product queries")
+        try:
+            self.basis = MarginalBasis.for_queries(
+                self.schema, [ProductQuery.parse(self.schema, q) for q in bq]
+            )
+        except (SpecError, ValueError):
+            raise self._fail(
+                "basis_queries", f"not product queries of the {m['schema']!r} schema"
+            ) from None
+        masks = m["masks"]
+        if masks not in ([], sorted(int(s) for s in self.basis.subsets)) or not all(
+            map(_is_int, masks)
+        ):
+            raise self._fail("masks", "not the subsets of the basis of the basis queries")
+        self.masks: list[int] = list(masks)
+        n_classes = m["n_classes"]
+        if (
+            not isinstance(n_classes, list)
+            or len(n_classes) != depth
+            or not all(_is_int(c) and 0 <= c <= n for c, n in zip(n_classes, sizes, strict=True))
+        ):
+            raise self._fail(
+                "n_classes", f"expected {depth} class counts, at most each level's nodes"
+            )
+        self.n_classes: list[int] = list(n_classes)
+        if not isinstance(m["histograms"], bool):
+            raise self._fail("histograms", "expected true or false")
+        self._privacy = read_privacy(file, m["privacy"])
+        if not _is_int(m["persons"]) or m["persons"] < 0:
+            raise self._fail("persons", "expected a count")
+        for key in ("digest", "files_digest"):
+            if key in keys and not (isinstance(m[key], str) and _HEX.fullmatch(m[key])):
+                raise self._fail(key, "not a SHA-256 hex digest")
+        # the files: exactly those the manifest describes, bound to it by files_digest
+        kinds = ["tables", "classes", "owned"]
+        kinds += ["blocks"] * bool(self.masks) + ["histograms"] * m["histograms"]
+        wanted = {MANIFEST} | {f"identified/{k}.npy" for k in self.masks}
+        wanted |= {
+            f"{kind}/{lvl}/{name}"
+            for kind in kinds
+            for lvl, pieces in zip(levels, self.layout, strict=True)
+            for _, _, name in pieces
+        }
+        extra, absent = sorted(set(self.sums) - wanted), sorted(wanted - set(self.sums))
+        if extra:
+            raise DataError(
+                f"{self.path / CHECKSUMS} lists {extra[0]!r}, which the manifest does not "
+                "describe; the store was altered, write it again"
+            )
+        if absent:
+            raise DataError(
+                f"{self.path / CHECKSUMS} has no checksum for {absent[0]}; the store is "
+                "incomplete, write it again"
+            )
+        if fmt == FORMAT and _files_digest(self.sums) != m["files_digest"]:
+            raise DataError(
+                f"{self.path / CHECKSUMS}: the checksums of the pieces do not match the "
+                "manifest's files_digest; a piece and the checksums were rewritten after the "
+                "store was written"
+            )
 
     @property
     def digest(self) -> str:
+        """The content digest: SHA-256 of the tables, classes and class blocks in a canonical
+        order (the module docstring), independent of the partitioning and the compression;
+        the same as the stores before format ``/3`` recorded (``digest`` in the manifest)."""
         return str(self.manifest["digest"])
 
     @property
     def privacy(self) -> PrivacyStatement:
-        return PrivacyStatement.from_dict(self.manifest["privacy"])
+        """The privacy statement the manifest records (bound by the release digest)."""
+        return self._privacy
 
-    def _load(self, rel: str) -> np.ndarray:
-        return _load(self.path, rel, self.sums)
+    # -- pieces -----------------------------------------------------------------------------
+    def _piece(
+        self,
+        rel: str,
+        dtype: Any,
+        shape: Sequence[int | None],
+        why: str,
+        axes: str,
+        below: int | None = None,
+    ) -> np.ndarray:
+        """The array at ``rel``: inside the store, its SHA-256 checked against the
+        checksums, then its dtype, exact shape and finiteness (``below``: integers in
+        ``[0, below)``)."""
+        data = _read_bytes(self.path, rel)
+        check_checksum(self.path, rel, data, self.sums)
+        file = self.path / rel
+        a = check_array(_array(file, data), file, dtype, shape, why, axes)
+        if below is not None and a.size and (int(a.min()) < 0 or int(a.max()) >= below):
+            raise DataError(f"{file}: ids outside 0 to {below - 1} ({axes})")
+        return a
+
+    def _level(self, level: str) -> int:
+        try:
+            return self.levels.index(level)
+        except ValueError:
+            raise SpecError(
+                f"level {level!r} is not in the store {self.path} ({', '.join(self.levels)})"
+            ) from None
+
+    def _load(self, kind: str, level: str, name: str, n: int | None = None) -> np.ndarray:
+        """Piece ``name`` of ``kind`` at ``level`` (``n`` nodes; blocks: ``n`` rows),
+        checked."""
+        k, rel = self._level(level), f"{kind}/{level}/{name}"
+        if n is None:
+            n = next(b - a for a, b, x in self.layout[k] if x == name)
+        if kind == "tables":
+            return self._piece(rel, _INTS, (n, len(self.columns)),
+                               "the P1–P5 tables are integers", "nodes, columns")  # fmt: skip
+        if kind == "classes":
+            return self._piece(rel, "int32", (n,), "class ids", "nodes", self.n_classes[k])
+        if kind == "owned":
+            return self._piece(rel, "int64", (None,), "class ids", "classes", self.n_classes[k])
+        if kind == "blocks":
+            width = sum(self.basis.block_size(m) ** 2 for m in self.masks)
+            return self._piece(rel, "float64", (n, width), "covariance blocks",
+                               "classes, blocks' entries")  # fmt: skip
+        return self._piece(rel, "int64", (3, None), "node, cell, count", "rows, entries")
 
     def _pieces(self, level: str, lo: int, hi: int) -> list[tuple[int, int, str]]:
-        k = self.levels.index(level)
+        k = self._level(level)
         return [(a, b, name) for a, b, name in self.layout[k] if a < hi and b > lo]
 
     def _gather(self, kind: str, level: str, lo: int, hi: int | None) -> np.ndarray:
-        hi = self.sizes[self.levels.index(level)] if hi is None else hi
+        size = self.sizes[self._level(level)]
+        hi = size if hi is None else hi
+        ints = all(isinstance(x, int | np.integer) and not isinstance(x, bool) for x in (lo, hi))
+        if not (ints and 0 <= lo <= hi <= size):
+            raise SpecError(
+                f"nodes [{lo}, {hi}) of level {level!r}: expected 0 <= lo <= hi <= {size}"
+            )
         out = [
-            self._load(f"{kind}/{level}/{name}")[max(lo, a) - a : min(hi, b) - a]
+            self._load(kind, level, name)[max(lo, a) - a : min(hi, b) - a]
             for a, b, name in self._pieces(level, lo, hi)
         ]
-        return np.concatenate(out) if out else np.empty(0)
+        if out:
+            return np.concatenate(out)
+        return np.empty((0, len(self.columns)) if kind == "tables" else 0, np.int64)
 
     def tables(self, level: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        """The P1–P5 tables of nodes ``[lo, hi)`` of ``level``: int64 ``(n, 298)``."""
+        """The P1–P5 tables of nodes ``[lo, hi)`` of ``level``: int64 ``(n, 298)``, every
+        piece read checked first (the class docstring)."""
         return self._gather("tables", level, lo, hi).astype(np.int64)
 
     def _class_blocks(self, level: str) -> dict[int, np.ndarray]:
-        k = self.levels.index(level)
+        k = self._level(level)
         names = [name for _, _, name in self.layout[k]]
-        owned = np.concatenate([self._load(f"owned/{level}/{n}") for n in names])
+        if not self.masks:
+            raise DataError(f"{self.path}: the store has no covariance blocks (manifest 'masks')")
+        owned = [self._load("owned", level, n) for n in names]
+        flat = np.concatenate(
+            [self._load("blocks", level, n, o.size) for n, o in zip(names, owned, strict=True)]
+        )
+        owned = np.concatenate(owned)
         order = np.argsort(owned, kind="stable")
-        if not np.array_equal(owned[order], np.arange(owned.size)):
+        if not np.array_equal(owned[order], np.arange(self.n_classes[k])):
             raise DataError(
                 f"{self.path}: the class blocks of level {level!r} do not cover its classes"
             )
-        flat = np.concatenate([self._load(f"blocks/{level}/{n}") for n in names])[order]
+        flat = flat[order]
         out, at = {}, 0
-        for m in sorted(self.basis.subsets):
+        for m in self.masks:
             n_s = self.basis.block_size(m)
             out[m] = flat[:, at : at + n_s * n_s].reshape(-1, n_s, n_s)
             at += n_s * n_s
-        if at != flat.shape[1]:
-            raise DataError(
-                f"{self.path}: the class blocks of level {level!r} have the wrong width"
-            )
         return out
 
     def standard_errors(
         self, level: str, query: ProductQuery | str, lo: int = 0, hi: int | None = None
     ) -> np.ndarray:
         """GLS standard errors of every row of ``query`` at nodes ``[lo, hi)`` of ``level``,
-        ``(n, n_rows)``, from the nodes' class blocks; NaN for unidentified rows."""
+        ``(n, n_rows)``, from the nodes' class blocks; NaN for unidentified rows. Every
+        piece read is checked first (the class docstring)."""
         q = ProductQuery.parse(self.schema, query) if isinstance(query, str) else query
         cov = BlockDiagonal(self.basis, self._class_blocks(level))
         var = np.maximum(cov.query_variances(q), 0.0).reshape(-1, q.n_rows)
@@ -568,15 +883,33 @@ class Pl94Store:
             out[:, sel] = se[cls][:, rows.row_of_row[sel]]
         return out
 
-    def verify(self) -> str:
-        """Check every file against its checksum and recompute the digest (returned)."""
-        for rel in self.sums:
-            data = (self.path / rel).read_bytes() if (self.path / rel).is_file() else None
-            if data is None:
-                raise DataError(f"{self.path / rel}: missing; the store is incomplete")
-            _verified(self.path, rel, data, self.sums)
+    def verify(self, expected_digest: str | None = None) -> str:
+        """Check every file of the store and recompute the content digest (returned).
+
+        Every file the manifest describes is read and checked as a reader checks it
+        (checksum, dtype, shape, values), the histograms too, and the content digest is
+        recomputed from the pieces and compared with the manifest's. What this detects is
+        the class docstring's: with ``expected_digest`` (here, or given when the store was
+        opened) any change; without it, only a store inconsistent with itself.
+
+        Parameters
+        ----------
+        expected_digest : str, optional
+            The release digest (:attr:`release_digest`) the store must have.
+
+        Returns
+        -------
+        str
+            The content digest (:attr:`digest`), comparable with the digests of earlier
+            runs and formats.
+        """
+        self._expect(expected_digest)
         layout = [[(a, name) for a, _, name in lv] for lv in self.layout]
-        digest = _content_digest(self.path, self.levels, layout, self.basis, self.sums)
+        digest = _content_digest(self._load, self.levels, layout, bool(self.masks))
+        if self.manifest["histograms"]:
+            for lvl, pieces in zip(self.levels, self.layout, strict=True):
+                for _, _, name in pieces:
+                    self._load("histograms", lvl, name)
         if digest != self.digest:
             raise DataError(
                 f"{self.path / MANIFEST}: the digest of the content does not match the "
@@ -586,6 +919,7 @@ class Pl94Store:
 
 
 def _pieces(
+    file: Path,
     levels: Sequence[str],
     sizes: Sequence[int],
     cut: int,
@@ -602,12 +936,13 @@ def _pieces(
                 (int(r[k - cut][0]), int(r[k - cut][1]), _piece_name(i, suffix))
                 for i, r in parts.items()
             )
-        at = 0
+        at, ok = 0, True
         for a, b, _ in pieces:
-            if a != at or b < a:
-                raise DataError(f"manifest: the pieces of level {lvl!r} do not tile it")
-            at = b
-        if at != sizes[k]:
-            raise DataError(f"manifest: the pieces of level {lvl!r} do not tile it")
+            ok, at = ok and a == at and b >= a, b
+        if not ok or at != sizes[k]:
+            raise DataError(
+                f"{file}: manifest key 'partitions': the pieces of level {lvl!r} do not tile "
+                f"its {sizes[k]} nodes in order"
+            )
         out.append(pieces)
     return out

@@ -37,9 +37,15 @@ paths; ``cut`` an integer level; partition rows that tile each level; a privacy 
 positive finite budgets) and that every array has its exact shape, the dtype the manifest's
 ``integer`` claim implies (int64 estimates when true, float64 otherwise; float64 variances
 and covariances) and only finite values (sums: non-negative or NaN, and masks of distinct
-in-range cell indices, one label each). The checksums detect corruption and edits that do
-not also rewrite ``checksums.json``; they are not a signature (authenticity needs the
-publisher to sign ``checksums.json``).
+in-range cell indices, one label each); every file is read inside the store only
+(:func:`store_file`: no ``..``, absolute path or symbolic link leading out). The checksums
+detect corruption and edits that do not also rewrite ``checksums.json``; they are not a
+signature (authenticity needs the publisher to sign ``checksums.json``).
+
+The checks are public, for the other stores to reuse (:mod:`censusdp.pipelines.pl94_store`):
+:func:`check_array` (dtype, shape, finiteness), :func:`check_finite`, :func:`store_file`,
+:func:`read_json`, :func:`read_checksums`, :func:`check_checksum`, :func:`read_privacy`,
+:func:`save_npy` and :func:`sha256_hex`.
 """
 
 from __future__ import annotations
@@ -64,7 +70,19 @@ from censusdp.hierarchy import Hierarchy
 from censusdp.jsonable import to_jsonable
 from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece
 
-__all__ = ["read_release", "write_release"]
+__all__ = [
+    "check_array",
+    "check_checksum",
+    "check_finite",
+    "read_checksums",
+    "read_json",
+    "read_privacy",
+    "read_release",
+    "save_npy",
+    "sha256_hex",
+    "store_file",
+    "write_release",
+]
 
 FORMAT = 3  # 3: tracked sums' variances (2 had none: a rounded release lost them)
 FIELDS = ("estimates", "variances", "covariances")
@@ -87,11 +105,12 @@ _KEYS = (
 )
 
 
-def _sha256(data: bytes) -> str:
+def sha256_hex(data: bytes) -> str:
+    """The SHA-256 of ``data``, in hex."""
     return hashlib.sha256(data).hexdigest()
 
 
-def _check_finite(array: np.ndarray, where: str) -> None:
+def check_finite(array: np.ndarray, where: str) -> None:
     """Refuse NaN or ±inf (their count is not confidential; the values are never shown)."""
     if array.dtype.kind == "f":
         bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
@@ -111,7 +130,7 @@ def _check_sum_values(array: np.ndarray, where: str) -> None:
         raise DataError(f"{where}: {negative} negative values; a variance is non-negative")
 
 
-def _save(path: Path, array: np.ndarray) -> str:
+def save_npy(path: Path, array: np.ndarray) -> str:
     """``array`` at ``path``, through a temporary name: a task run again (Dask retries a
     task whose worker died) replaces the file whole. Returns the file's SHA-256 (hex)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -121,6 +140,9 @@ def _save(path: Path, array: np.ndarray) -> str:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
     os.replace(tmp, path)
     return digest
+
+
+_save = save_npy  # the name this module's writers call (a test replaces it to fail a write)
 
 
 def _part_name(index: int) -> str:
@@ -146,7 +168,7 @@ def _write_piece(
     for name in fields:
         for level, array in zip(levels, getattr(piece, name), strict=True):
             rel = f"{name}/{level}/{_part_name(index)}"
-            _check_finite(array, f"partition {index}'s {rel}")
+            check_finite(array, f"partition {index}'s {rel}")
             digests[rel] = _save(Path(root, rel), array)
     if sums:
         if piece.sums is None:
@@ -219,7 +241,7 @@ def write_release(
                 if name in SUM_FIELDS:
                     _check_sum_values(arrays[k], rel)
                 else:
-                    _check_finite(arrays[k], rel)
+                    check_finite(arrays[k], rel)
                 digests[rel] = _save(tmp / rel, arrays[k])
             for level in below:
                 (tmp / name / level).mkdir(parents=True)
@@ -274,14 +296,21 @@ def write_release(
         }
         text = (json.dumps(manifest, indent=1) + "\n").encode()
         (tmp / MANIFEST).write_bytes(text)
-        digests[MANIFEST] = _sha256(text)
+        digests[MANIFEST] = sha256_hex(text)
         sums = {"format": FORMAT, "algorithm": "sha256", "files": dict(sorted(digests.items()))}
         (tmp / CHECKSUMS).write_text(json.dumps(sums, indent=1) + "\n")  # last
     return path
 
 
-def _read_json(file: Path) -> tuple[bytes, Any]:
-    """The bytes of a JSON file and what they parse to."""
+def read_json(file: Path) -> tuple[bytes, Any]:
+    """The bytes of a JSON file and what they parse to.
+
+    Raises
+    ------
+    DataError
+        The file is missing, unreadable or not JSON (named; the parser's position, no
+        content).
+    """
     try:
         data = file.read_bytes()
     except FileNotFoundError:
@@ -301,10 +330,20 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _checksums(path: Path) -> dict[str, str]:
-    """``checksums.json``: SHA-256 (hex) by relative file path."""
+def read_checksums(path: Path) -> dict[str, str]:
+    """``checksums.json`` of the store ``path``: SHA-256 (hex) by relative file path.
+
+    The entries are not checked to be paths inside the store: a reader opens them through
+    :func:`store_file`, or checks them against the files its manifest describes.
+
+    Raises
+    ------
+    DataError
+        Missing, not JSON, not ``{"algorithm": "sha256", "files": {path: digest}}``, or a
+        digest that is not 64 hex digits.
+    """
     file = path / CHECKSUMS
-    _, sums = _read_json(file)
+    _, sums = read_json(file)
     files = sums.get("files") if isinstance(sums, dict) else None
     if (
         not isinstance(sums, dict)
@@ -321,14 +360,109 @@ def _checksums(path: Path) -> dict[str, str]:
     return files
 
 
-def _verified(path: Path, rel: str, data: bytes, sums: dict[str, str]) -> None:
+def check_checksum(path: Path, rel: str, data: bytes, sums: dict[str, str]) -> None:
+    """Refuse ``data`` (the bytes read from ``path / rel``) unless ``sums`` lists ``rel``
+    with their SHA-256.
+
+    Raises
+    ------
+    DataError
+        ``rel`` has no checksum, or another one (the file is named).
+    """
     if rel not in sums:
         raise DataError(f"{path / CHECKSUMS} has no checksum for {rel}; the store is incomplete")
-    if _sha256(data) != sums[rel]:
+    if sha256_hex(data) != sums[rel]:
         raise DataError(
             f"{path / rel}: its SHA-256 does not match {CHECKSUMS}; the file was changed or "
             "damaged after the store was written"
         )
+
+
+def store_file(root: Path, rel: str) -> Path:
+    """``root / rel``, refused unless it lies inside the store ``root``.
+
+    ``rel`` must be a relative POSIX path of plain names (no ``..``, ``.``, empty or absolute
+    part, no backslash), and the file it names, symbolic links followed, must resolve inside
+    ``root`` (a link leaving the store is refused). A store's manifest or checksums naming a
+    file elsewhere is how a tampered store would read (or check) a file it does not hold.
+
+    Raises
+    ------
+    DataError
+        Naming the store and the entry (a path, never data).
+    """
+    parts = rel.split("/")
+    if (
+        not rel
+        or "\\" in rel
+        or "\0" in rel
+        or rel.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise DataError(
+            f"{root}: the entry {rel!r} is not a relative path inside the store (an absolute "
+            "path, '..' or an empty part); the store was altered, write it again"
+        )
+    file = root / rel
+    try:
+        inside = file.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a link loop
+        inside = False
+    if not inside:
+        raise DataError(
+            f"{file}: a symbolic link leading out of the store {root}; a store holds its files, "
+            "copy the file in (not a link) or write the store again"
+        )
+    return file
+
+
+def check_array(
+    a: object,
+    file: Path | str,
+    dtype: np.dtype | str | Sequence[np.dtype | str],
+    shape: Sequence[int | None],
+    why: str,
+    axes: str,
+    finite: bool = True,
+) -> np.ndarray:
+    """``a``, refused unless it is an array of ``dtype`` (one, or any of a sequence), of
+    ``shape`` (``None``: any length on that axis) and, when floating and ``finite``, finite.
+
+    Parameters
+    ----------
+    a : object
+        What was read from ``file``.
+    file : path or str
+        Named in the messages.
+    dtype : dtype or sequence of dtypes
+    shape : sequence of int or None
+    why : str
+        Why that dtype (in the message).
+    axes : str
+        What the axes are, e.g. ``"rows, cells"`` (in the message).
+    finite : bool
+        Refuse NaN and ±inf (:func:`check_finite`).
+
+    Raises
+    ------
+    DataError
+        One line naming ``file`` and what is wrong (the dtype, the shape, the number of
+        non-finite values; never a value).
+    """
+    wanted = [np.dtype(dtype)] if isinstance(dtype, str | np.dtype) else [*map(np.dtype, dtype)]
+    if not isinstance(a, np.ndarray) or a.dtype not in wanted:
+        got = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
+        expected = " or ".join(str(d) for d in wanted)
+        raise DataError(f"{file}: dtype {got}, expected {expected} ({why})")
+    if a.ndim != len(shape) or any(
+        w is not None and n != w for n, w in zip(a.shape, shape, strict=True)
+    ):
+        want = ", ".join("any" if w is None else str(w) for w in shape)
+        want = f"({want},)" if len(shape) == 1 else f"({want})"
+        raise DataError(f"{file}: shape {a.shape}, expected {want} ({axes})")
+    if finite:
+        check_finite(a, str(file))
+    return a
 
 
 def _fail(file: Path, key: str, message: str) -> DataError:
@@ -339,9 +473,15 @@ def _positive(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
-def _privacy(file: Path, d: Any) -> PrivacyStatement:
-    """The stored privacy statement, with its budget checked (a positive finite ε or ρ; δ in
-    (0, 1))."""
+def read_privacy(file: Path, d: Any) -> PrivacyStatement:
+    """The privacy statement stored as ``d`` in the manifest ``file``, with its budget
+    checked (a positive finite ε or ρ; δ in (0, 1)) and its lists and strings typed.
+
+    Raises
+    ------
+    DataError
+        Naming ``file`` and the key (``privacy.rho``, ...).
+    """
     if not isinstance(d, dict):
         raise _fail(file, "privacy", "expected a table")
     for key in ("epsilon", "rho"):
@@ -404,14 +544,14 @@ def _manifest(path: Path, hierarchy: Hierarchy) -> tuple[dict, dict[str, str]]:
     file = path / MANIFEST
     if not file.is_file():
         raise DataError(f"{path} is not a release store: it has no {MANIFEST}")
-    data, m = _read_json(file)
+    data, m = read_json(file)
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise DataError(
             f"{file}: format {m.get('format') if isinstance(m, dict) else None!r} is not "
             f"{FORMAT}; write the release again with this version of censusdp"
         )
-    sums = _checksums(path)
-    _verified(path, MANIFEST, data, sums)
+    sums = read_checksums(path)
+    check_checksum(path, MANIFEST, data, sums)
     missing = [key for key in _KEYS if key not in m]
     if missing:
         raise DataError(f"{file}: the manifest has no {missing[0]!r}; the store is incomplete")
@@ -468,7 +608,7 @@ def _manifest(path: Path, hierarchy: Hierarchy) -> tuple[dict, dict[str, str]]:
         raise _fail(file, "integer", "expected true or false")
     if not isinstance(m["diagnostics"], dict):
         raise _fail(file, "diagnostics", "expected a table")
-    m["privacy"] = _privacy(file, m["privacy"])
+    m["privacy"] = read_privacy(file, m["privacy"])
     m["sums"] = _sum_spec(file, m["sums"], len(cells))
     parts = m["partitions"]
     below = h.depth - 1 - cut
@@ -514,28 +654,21 @@ def _load(
 ) -> np.ndarray:
     """The array at ``path / rel``: checksum, dtype, exact shape and finiteness verified
     (``nan``: variances of sums, non-negative or NaN)."""
-    file = path / rel
+    file = store_file(path, rel)
     try:
         data = file.read_bytes()
     except FileNotFoundError:
         raise DataError(f"{file} is missing from the release store") from None
     except OSError as exc:
         raise DataError(f"{file}: cannot read it ({exc.strerror or exc})") from None
-    _verified(path, rel, data, sums)
+    check_checksum(path, rel, data, sums)
     try:
         a = np.load(io.BytesIO(data), allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise DataError(f"{file}: not a readable .npy array ({exc})") from None
-    if not isinstance(a, np.ndarray) or a.dtype != np.dtype(dtype):
-        got = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
-        raise DataError(f"{file}: dtype {got}, expected {dtype} ({why})")
-    if a.shape != shape:
-        columns = "sums" if nan else "cells"
-        raise DataError(f"{file}: shape {a.shape}, expected {shape} (rows, {columns})")
+    check_array(a, file, dtype, shape, why, "rows, sums" if nan else "rows, cells", not nan)
     if nan:
         _check_sum_values(a, str(file))
-    else:
-        _check_finite(a, str(file))
     return a
 
 
