@@ -683,7 +683,7 @@ class PrivacyStatement:
         if self.data_dependent:
             if self.reveals:
                 parts.append(
-                    "a data-dependent step was used: it reveals "
+                    "a data-dependent step (not post-processing) was used: "
                     + "; ".join(self.reveals)
                     + " — outside the DP guarantee, which covers the noisy measurements only"
                 )
@@ -814,16 +814,22 @@ class Product:
     @property
     def reveals(self) -> tuple[str, ...]:
         """What its steps that are not post-processing disclose."""
-        return tuple(dict.fromkeys(s.reveals for s in self.steps if not s.post_processing))
+        return tuple(
+            dict.fromkeys(
+                f"{s.name} reveals {s.reveals}" for s in self.steps if not s.post_processing
+            )
+        )
 
     def wording(self) -> str:
         """Post-processing (the statement covers it unchanged) or not (naming what each
         step that read confidential data reveals), derived from :attr:`steps`."""
         steps = ", ".join(s.name for s in self.steps)
         if self.post_processing:
-            read = [r for r in POST_PROCESSING_READS[:3] if any(r in s.reads for s in self.steps)]
+            said = {"measurements": "the noisy measurements", "invariants": "the invariants",
+                    "public": "public inputs", "randomness": "fresh randomness"}  # fmt: skip
+            read = [said[r] for r in POST_PROCESSING_READS if any(r in s.reads for s in self.steps)]
             return (
-                f"{self.name}: post-processing ({steps}; these read only the "
+                f"{self.name}: post-processing ({steps}; these read only "
                 f"{', '.join(read)}): the privacy statement covers it unchanged"
             )
         bad = "; ".join(
