@@ -293,7 +293,8 @@ def verify_output_dir(path: PathLike, *, what: str = "directory") -> dict[str, A
 
     The check the output policy applies before replacing a directory (:data:`MARKER` present,
     every file listed with its SHA-256 and unchanged, nothing else in it), for a command that
-    reads an earlier output (``--compose-with``). The checksums detect edits and damage that
+    reads an earlier output (``--compose-with``); a listed file that is missing is refused
+    too. The checksums detect edits and damage that
     do not also rewrite :data:`MARKER`; they are not a signature.
 
     Raises
@@ -308,6 +309,10 @@ def verify_output_dir(path: PathLike, *, what: str = "directory") -> dict[str, A
     problem = _foreign_in_dir(path)
     if doc is None or doc.get("kind") != "directory":
         problem = f"has no {MARKER} (not a censusdp output)"
+    elif problem is None:
+        missing = [f for f in doc["files"] if not (path / f).is_file()]
+        if missing:
+            problem = f"lacks {_first(missing)}, which censusdp wrote there"
     if problem is not None:
         raise SpecError(
             f"{path} {problem}: its checksums do not verify, so it cannot be trusted as the "
