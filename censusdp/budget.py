@@ -48,7 +48,6 @@ __all__ = [
     "loss",
     "Accountant",
     "LedgerEntry",
-    "GAUSSIAN_LAWS",
     "NEIGHBOURS",
     "POST_PROCESSING_READS",
     "PrivacyStatement",
@@ -473,9 +472,6 @@ NEIGHBOURS = {
     "add/remove": "adding or removing one {unit}'s record",
     "change": "changing one {unit}'s record",
 }
-#: Noise laws whose zCDP loss for a change of one record of a counting query is at most
-#: twice the add/remove loss (additive Gaussian-type noise; see :meth:`PrivacyStatement.change_loss`).
-GAUSSIAN_LAWS = frozenset({"gaussian", "discrete_gaussian"})
 #: At most this many exact areas are listed in a statement's text (all are in ``to_dict``).
 EXACT_SHOWN = 20
 
@@ -525,6 +521,11 @@ class PrivacyStatement:
     parts : tuple of str
         The statements this one composes, each named with its budget (:func:`compose`-style
         sequential composition of two releases).
+    change_factor : float or None
+        The loss of changing one unit's record as a multiple of the add/remove loss, when
+        derived for the mechanism (2 for Gaussian-type noise on counting queries:
+        :func:`censusdp.pipelines.release_statement.change_factor`); None: the bound that
+        holds for any mechanism (:meth:`change_loss`).
     """
 
     accounting: str
@@ -542,6 +543,7 @@ class PrivacyStatement:
     target: float | None = None
     reveals: tuple[str, ...] = ()
     parts: tuple[str, ...] = ()
+    change_factor: float | None = None
 
     def __post_init__(self) -> None:
         if self.accounting not in ("pure", "zcdp"):
@@ -607,22 +609,21 @@ class PrivacyStatement:
 
     def change_loss(self) -> PrivacyLoss:
         """The loss bound for *changing* one unit's record when the noise is calibrated to
-        adding or removing one (``neighbour == "add/remove"``).
+        adding or removing one (``neighbour == "add/remove"``): a removal and an addition.
 
-        A change is a removal and an addition. Pure ε: the L1 sensitivity of the change is at
-        most 2Δ₁ (triangle inequality), so 2ε. zCDP with Gaussian-type noise only
-        (:data:`GAUSSIAN_LAWS`) on counting queries (non-negative query matrices, as every
-        census query): ‖Q(e_i − e_j)‖₂² = ‖Qe_i‖² + ‖Qe_j‖² − 2⟨Qe_i, Qe_j⟩ ≤ 2Δ₂², so 2ρ
-        (ρ = Δ₂²/(2σ²), Bun & Steinke 2016, Prop. 1.6). Any other zCDP mechanism: group
-        privacy for two steps, 4ρ (Bun & Steinke 2016, Prop. 27).
+        ``change_factor`` × the loss when it was derived for the mechanism (2 for
+        Gaussian-type noise on counting queries: ‖Q(e_i − e_j)‖₂² ≤ 2Δ₂² since the cross
+        term of non-negative columns is ≥ 0, and ρ = Δ₂²/(2σ²), Bun & Steinke 2016,
+        Prop. 1.6). Otherwise the bound every mechanism has: group privacy for two steps,
+        2ε for pure ε-DP (Dwork & Roth 2014, Thm. 2.2) and 4ρ for ρ-zCDP (Bun & Steinke
+        2016, Prop. 27).
         """
         budget = self.budget
         if self.neighbour == "change":
             return budget
-        if isinstance(budget, PureDP):
-            return budget.scaled(2.0)
-        laws = {m.strip() for m in self.mechanism.split(",") if m.strip()}
-        return budget.scaled(2.0 if laws and laws <= GAUSSIAN_LAWS else 4.0)
+        if self.change_factor is not None:
+            return budget.scaled(self.change_factor)
+        return budget.scaled(2.0 if isinstance(budget, PureDP) else 4.0)
 
     def relation_text(self) -> str:
         """The privacy unit and neighbour relation, and under invariants what induced
@@ -717,6 +718,7 @@ class PrivacyStatement:
             "reveals": list(self.reveals),
             "mechanism": self.mechanism,
             "parts": list(self.parts),
+            "change_factor": self.change_factor,
             "notes": list(self.notes),
             "text": self.text(),
         }
@@ -741,6 +743,7 @@ class PrivacyStatement:
             target=d.get("target"),
             reveals=tuple(d.get("reveals", ())),
             parts=tuple(d.get("parts", ())),
+            change_factor=d.get("change_factor"),
         )
 
 

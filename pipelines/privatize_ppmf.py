@@ -153,7 +153,7 @@ from censusdp.pipelines.ppmf import (
     read_block_list,
     read_ppmf,
 )
-from censusdp.pipelines.release_statement import exact_through_invariants
+from censusdp.pipelines.release_statement import change_factor, exact_through_invariants
 from censusdp.pipelines.size_class_report import (
     PRODUCTS,
     area_totals,
@@ -990,6 +990,7 @@ def privatize_ppmf(
         privacy = dataclasses.replace(
             privacy,
             unit="person",
+            change_factor=change_factor(privacy.mechanism),
             target=float(_total_rho(schema, spec)),
             exact=tuple(exact_through_invariants(h, INVARIANTS)),
         )

@@ -123,6 +123,7 @@ from censusdp.pipelines.privatize_ppmf import (
 )
 from censusdp.pipelines.release_statement import (
     VerifiedRelease,
+    change_factor,
     exact_through_invariants,
     refuse_output_in,
     verify_release,
@@ -515,6 +516,9 @@ def compose_statements(
         + tuple(f"housing units {x}" for x in units.exact),
         reveals=tuple(dict.fromkeys(persons.reveals + units.reveals)),
         parts=(f"{persons_label}: {persons.budget}", f"{units_label}: {units.budget}"),
+        change_factor=persons.change_factor
+        if persons.change_factor == units.change_factor
+        else None,
         notes=(
             f"composed: persons rho = {persons.rho:.6g}, housing units rho = {units.rho:.6g} "
             "(zCDP sequential composition); the persons file protects one person's record "
@@ -669,6 +673,7 @@ def privatize_units(
         rel.privacy,
         delta=spec.delta,
         unit="housing unit",
+        change_factor=change_factor(rel.privacy.mechanism),
         target=float(spec.rho if spec.rho is not None else hist.schema.allocation.rho),
         exact=tuple(exact_through_invariants(hist.hierarchy, [(INVARIANT_LEVEL, "total")])),
     )

@@ -38,6 +38,7 @@ from censusdp.hierarchy import Hierarchy
 __all__ = [
     "RELEASE_KINDS",
     "VerifiedRelease",
+    "change_factor",
     "exact_through_invariants",
     "refuse_output_in",
     "verify_release",
@@ -88,6 +89,24 @@ def exact_through_invariants(
             if k in held:
                 exact = np.ones(h.sizes[k], dtype=bool)
     return out
+
+
+def change_factor(mechanism: str | Sequence[str]) -> float | None:
+    """The loss of changing one record as a multiple of the add/remove loss, for the noise
+    laws a statement names (its ``mechanism``, comma-separated, or a list of law names).
+
+    Counting queries (non-negative 0/1 matrices, every census query) answered with additive
+    noise calibrated to one record's add/remove sensitivity: a change moves one record from
+    cell i to cell j. For laws the registry composes in zCDP (Gaussian-type, ρ = Δ₂²/(2σ²)),
+    ‖Q(e_i − e_j)‖₂² = ‖Qe_i‖² + ‖Qe_j‖² − 2⟨Qe_i, Qe_j⟩ ≤ 2Δ₂²: factor 2. For pure laws
+    ‖Q(e_i − e_j)‖₁ ≤ 2Δ₁: factor 2. Mixed (a pure law counted as ε²/2 in zCDP): None, the
+    general group-privacy bound (:meth:`~censusdp.budget.PrivacyStatement.change_loss`).
+    """
+    from censusdp.mechanisms.registry import law_info
+
+    names = mechanism.split(",") if isinstance(mechanism, str) else list(mechanism)
+    kinds = {law_info(n.strip()).accounting for n in names if n.strip()}
+    return 2.0 if len(kinds) == 1 else None
 
 
 def refuse_output_in(out: str | os.PathLike, folder: str | os.PathLike, *, option: str) -> None:

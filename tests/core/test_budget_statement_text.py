@@ -25,7 +25,7 @@ from censusdp.budget import (
 from censusdp.estimation.predict import allocation_plan
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.privacy import derive_statement
-from censusdp.pipelines.release_statement import exact_through_invariants
+from censusdp.pipelines.release_statement import change_factor, exact_through_invariants
 from censusdp.schema import Schema
 
 LEVELS = ("nation", "state", "county", "tract", "block_group", "block")
@@ -75,7 +75,12 @@ def test_the_statement_names_unit_and_relation_and_the_change_cost():
     text = plain.text()
     assert "privacy unit: one trip" in text and "adding or removing one trip's record" in text
     assert "changing" not in text  # no invariants: the relation needs no qualification
-    held = dataclasses.replace(plain, invariants=("state: total",), delta=1e-6)
+    held = dataclasses.replace(
+        plain,
+        invariants=("state: total",),
+        delta=1e-6,
+        change_factor=change_factor(plain.mechanism),
+    )
     text = held.text()
     assert "share the invariants differ at least by changing one trip's record" in text
     assert "at most 2ρ: ρ = 1 (zCDP)" in text and f"ε = {zcdp_to_dp_cks(1.0, 1e-6):.4g}" in text
@@ -83,7 +88,8 @@ def test_the_statement_names_unit_and_relation_and_the_change_cost():
     # pure: 2ε; zCDP with a pure (Laplace) law inside: group privacy, 4ρ
     pure = PrivacyStatement("pure", epsilon=0.25, invariants=("a: total",), mechanism="laplace")
     assert pure.change_loss().epsilon == 0.5 and "at most 2ε" in pure.text()
-    mixed = dataclasses.replace(held, mechanism="discrete_gaussian, laplace")
+    assert change_factor("discrete_gaussian, laplace") is None
+    mixed = dataclasses.replace(held, mechanism="discrete_gaussian, laplace", change_factor=None)
     assert mixed.change_loss().rho == 2.0 and "at most 4ρ" in mixed.text()
     # no unit given: says one input record
     assert "one input record" in PrivacyStatement("zcdp", rho=1.0).text()
@@ -115,7 +121,9 @@ def test_changing_one_record_costs_at_most_twice_rho_for_counting_queries(q, sig
         return
     delta2 = float((q**2).sum(axis=0).max())
     rho = delta2 / (2 * float(sigma2))
-    stmt = PrivacyStatement("zcdp", rho=rho, invariants=("x: total",), mechanism="gaussian")
+    stmt = PrivacyStatement(
+        "zcdp", rho=rho, invariants=("x: total",), change_factor=change_factor(["gaussian"])
+    )
     assert _worst_change(q) / (2 * float(sigma2)) <= stmt.change_loss().rho * (1 + 1e-12)
 
 
