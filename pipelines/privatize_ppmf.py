@@ -986,7 +986,6 @@ def privatize_ppmf(
         finally:
             micro.close()
         timings["release"] = time.perf_counter() - t1
-        products = ppmf_products(spec.blocks is not None, None if eq is None else eq.name)
         privacy = dataclasses.replace(
             privacy,
             unit="person",
@@ -994,6 +993,7 @@ def privatize_ppmf(
             target=float(_total_rho(schema, spec)),
             exact=tuple(exact_through_invariants(h, INVARIANTS)),
         )
+        products = ppmf_products(spec.blocks is not None, None if eq is None else eq.name)
         privacy = with_products(privacy, products)
         rel = {p: {lv: np.concatenate(v) for lv, v in d.items()} for p, d in released.items()}
         if area_products is not None:
@@ -1040,7 +1040,10 @@ def privatize_ppmf(
         if evaluate:
             truth = _report_totals(h, eq, hist.block, hist.count, report_levels)
             evaluation = evaluate_size_classes(truth, rel)
-        write_size_class_report(tmp, sim, repetitions=spec.repetitions, evaluation=evaluation)
+        write_size_class_report(
+            tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
+            privacy=products[-1].wording(),
+        )  # fmt: skip
         timings["size_class_report"] = time.perf_counter() - t1
         timings["seconds"] = time.perf_counter() - t0
         timings["cpu_seconds"] = time.process_time() - c0

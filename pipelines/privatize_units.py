@@ -699,6 +699,7 @@ def privatize_units(
         write_size_class_report(
             tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
             unit="housing units", what="block occupancy (occupied, vacant)",
+            privacy=products[-1].wording(),
         )  # fmt: skip
         timings["size_class_report"] = time.perf_counter() - t1
         timings["seconds"] = time.perf_counter() - t0

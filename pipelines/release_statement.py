@@ -41,6 +41,7 @@ __all__ = [
     "change_factor",
     "exact_through_invariants",
     "refuse_output_in",
+    "unit_of_universes",
     "verify_release",
 ]
 
@@ -107,6 +108,23 @@ def change_factor(mechanism: str | Sequence[str]) -> float | None:
     names = mechanism.split(",") if isinstance(mechanism, str) else list(mechanism)
     kinds = {law_info(n.strip()).accounting for n in names if n.strip()}
     return 2.0 if len(kinds) == 1 else None
+
+
+#: Census table universes (lower case, by the word that names what is counted) → privacy unit.
+UNIVERSE_UNITS = (("population", "person"), ("housing unit", "housing unit"),
+                  ("household", "household"))  # fmt: skip
+
+
+def unit_of_universes(universes: Sequence[str]) -> str:
+    """The privacy unit of tables with these universes (``"Total population"``, ``"Housing
+    units"``, ...): one record of the counted thing when every universe counts the same kind
+    (:data:`UNIVERSE_UNITS`), else ``""`` (the statement then says one input record)."""
+    units = set()
+    for u in universes:
+        low = u.lower()
+        hit = [unit for word, unit in UNIVERSE_UNITS if word in low]
+        units.add(hit[0] if hit else "")
+    return units.pop() if len(units) == 1 else ""
 
 
 def refuse_output_in(out: str | os.PathLike, folder: str | os.PathLike, *, option: str) -> None:

@@ -232,3 +232,13 @@ def test_dc_like_county_is_named_and_a_two_county_state_is_not():
         "L3 3.3 (the only child of L2 2.2): total",
     ]
     assert exact_through_invariants(h, []) == []
+
+
+def test_the_unit_of_census_tables_comes_from_their_universes():
+    from censusdp.pipelines.release_statement import unit_of_universes
+
+    assert unit_of_universes(["Total population", "Population 18 years and over"]) == "person"
+    assert unit_of_universes(["Housing units", "Occupied housing units"]) == "housing unit"
+    assert unit_of_universes(["Households"]) == "household"
+    assert unit_of_universes(["Total population", "Housing units"]) == ""  # mixed: unknown
+    assert unit_of_universes(["Taxi trips"]) == ""

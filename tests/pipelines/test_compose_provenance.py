@@ -248,6 +248,7 @@ def test_each_product_is_described_once_the_same_way_everywhere(inputs):
     for p in steps:
         assert not p["post_processing"]  # the hierarchy came from the rows
         assert p["wording"] in privacy_md and p["wording"] in readme
+    assert steps[-1]["wording"] in (persons / "size_classes.md").read_text()
     assert m["privacy"]["data_dependent"] is True
     assert "set of blocks with at least one person" in m["privacy"]["text"]
     assert "post-processing, same privacy statement" not in readme + privacy_md
