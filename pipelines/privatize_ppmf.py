@@ -663,9 +663,7 @@ def _plan(schema: Schema, spec: PPMFSpec, levels):
 
 
 #: What the block hierarchy built from the confidential rows (``--blocks-from-data``) reveals.
-BLOCKS_FROM_DATA_REVEALS = (
-    "the set of blocks with at least one person, exactly (outside the DP guarantee)"
-)
+BLOCKS_FROM_DATA_REVEALS = "the set of blocks with at least one person, exactly"
 
 
 def ppmf_products(blocks_public: bool, areas: str | None = None) -> tuple[Product, ...]:
