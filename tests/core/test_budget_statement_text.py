@@ -242,3 +242,35 @@ def test_the_unit_of_census_tables_comes_from_their_universes():
     assert unit_of_universes(["Households"]) == "household"
     assert unit_of_universes(["Total population", "Housing units"]) == ""  # mixed: unknown
     assert unit_of_universes(["Taxi trips"]) == ""
+
+
+def test_dc_is_the_one_county_exact_through_its_state_on_real_counties(shared_file, rng):
+    """The 2010 counties (50 states, DC, Puerto Rico): with state totals invariant, only DC
+    (11001, alone in state 11) is exact — its GLS variance is 0, every other county's is not —
+    and it is the one area named."""
+    import pandas as pd
+
+    from censusdp.estimation.gls import tree_gls
+    from censusdp.mechanisms.discrete import DiscreteGaussian
+    from censusdp.mechanisms.queries import Query, invariant, measure
+
+    d = pd.read_csv(shared_file("county_totalpop_2010.csv"), dtype=str)
+    d = d.sort_values("fips").reset_index(drop=True)
+    states = sorted(d.state_fips.unique())
+    h = Hierarchy.from_parents(
+        ["nation", "state", "county"],
+        [["US"], states, list(d.fips)],
+        [None, np.zeros(len(states), int), np.searchsorted(states, d.state_fips)],
+    )
+    assert exact_through_invariants(h, [("state", "total")]) == [
+        "county 11001 (the only child of state 11): total"
+    ]
+    counts = h.aggregate(d.pop_sf2010.astype(np.int64).to_numpy()[:, None])
+    cells = ["persons"]
+    plan = [(2, Query.detailed(cells), DiscreteGaussian(10))]
+    meas = measure(h.names, counts, plan, rng.child("dc"))
+    rel = tree_gls(h, cells, meas, [invariant(counts, 1, Query.total(cells))])
+    var = rel.variances[2][:, 0]
+    dc = list(h.levels[2].codes).index("11001")
+    assert var[dc] == 0 and (np.delete(var, dc) > 0).all()
+    assert rel.estimates[2][dc, 0] == counts[2][dc, 0] == 601723
