@@ -482,8 +482,8 @@ def compose_statements(
     verified folder, :meth:`~censusdp.pipelines.release_statement.VerifiedRelease.label`).
 
     The privacy unit is a respondent who is one record in each file (one person's record in
-    the persons file, one housing unit's in the units file): the sum bounds that loss, as
-    the Bureau's accounting did.
+    the persons file, one housing unit's in the units file; the note says so): the sum
+    bounds that loss, as the Bureau's accounting did.
 
     Raises
     ------
@@ -508,10 +508,7 @@ def compose_statements(
         mechanism=units.mechanism
         if units.mechanism == persons.mechanism
         else f"persons: {persons.mechanism}; housing units: {units.mechanism}",
-        unit=(
-            f"respondent ({persons.unit or 'one record'} in the persons file and "
-            f"{units.unit or 'one record'} in the units file)"
-        ),
+        unit="respondent",
         exact=tuple(f"persons {x}" for x in persons.exact)
         + tuple(f"housing units {x}" for x in units.exact),
         reveals=tuple(dict.fromkeys(persons.reveals + units.reveals)),
@@ -762,7 +759,8 @@ def _write_manifest(
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     scope = (
-        f"This statement covers the {persons.label()} and this housing-unit release together."
+        f"This statement covers the {persons.label()} ({persons.privacy.budget}) and this "
+        "housing-unit release together."
         if persons is not None
         else "This statement covers this housing-unit release."
     )

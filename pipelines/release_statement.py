@@ -163,7 +163,7 @@ class VerifiedRelease:
         """How a composed statement names it."""
         return (
             f"{RELEASE_KINDS[self.route]} {self.path.name!r} (manifest.json SHA-256 "
-            f"{self.manifest_sha256[:16]}…): {self.privacy.budget}"
+            f"{self.manifest_sha256[:16]}…)"
         )
 
 

@@ -119,7 +119,8 @@ def test_composed_statement_adds_rho_and_names_both_parts(inputs, capsys):
     assert len(parts) == 2 and "persons release 'persons'" in parts[0] and sha[:16] in parts[0]
     assert "housing-unit release" in parts[1]
     assert "persons county 02005 (the only child of state 02): total" in m["privacy"]["exact"]
-    assert "respondent" in m["privacy"]["unit"]
+    assert m["privacy"]["unit"] == "respondent" and "one record in each" in m["privacy"]["text"]
+    assert parts[0].endswith(f"…): ρ = {p['rho']:g} (zCDP)")
     assert "composed of: persons release 'persons'" in (out / "privacy.md").read_text()
 
 
