@@ -651,7 +651,9 @@ class PrivacyStatement:
             f"released exactly, so the stated loss bounds what the release says beyond the "
             f"invariants (induced subspace DP); two databases that share the invariants differ "
             f"at least by changing one {unit}'s record (a removal and an addition), which costs "
-            f"at most {factor:g}{self.budget.symbol}: {change}{conv}"
+            f"at most {factor:g}{self.budget.symbol}: {change}{conv} — the loss in the "
+            "subspace-DP paper's own relation (Gao, Gong & Yu 2022, Def. 1: databases "
+            "differing in one row)"
         )
 
     def exact_text(self) -> str:
