@@ -72,6 +72,7 @@ __all__ = [
     "read_claim",
     "read_marker",
     "remove_stale",
+    "verify_output_dir",
     "sidecar_path",
 ]
 
@@ -482,6 +483,39 @@ def _foreign_in_dir(target: Path) -> str | None:
     if changed:
         return f"{_first(changed)} changed since censusdp wrote it"
     return None
+
+
+def verify_output_dir(path: PathLike, *, what: str = "directory") -> dict[str, Any]:
+    """The ownership manifest of a censusdp output directory read as an *input*, verified.
+
+    The check the output policy applies before replacing a directory (:data:`MARKER` present,
+    every file listed with its SHA-256 and unchanged, nothing else in it), for a command that
+    reads an earlier output (``--compose-with``); a listed file that is missing is refused
+    too. The checksums detect edits and damage that
+    do not also rewrite :data:`MARKER`; they are not a signature.
+
+    Raises
+    ------
+    SpecError
+        One line naming the directory, ``what`` it should be and the first problem.
+    """
+    path = Path(path)
+    if not path.is_dir() or path.is_symlink():
+        raise SpecError(f"{path}: not a directory; name the {what}")
+    doc = read_marker(path / MARKER)
+    problem = _foreign_in_dir(path)
+    if doc is None or doc.get("kind") != "directory":
+        problem = f"has no {MARKER} (not a censusdp output)"
+    elif problem is None:
+        missing = [f for f in doc["files"] if not (path / f).is_file()]
+        if missing:
+            problem = f"lacks {_first(missing)}, which censusdp wrote there"
+    if problem is not None:
+        raise SpecError(
+            f"{path} {problem}: its checksums do not verify, so it cannot be trusted as the "
+            f"{what}; give the unchanged folder censusdp wrote"
+        )
+    return doc
 
 
 def _foreign_file(target: Path) -> str | None:

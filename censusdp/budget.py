@@ -48,8 +48,12 @@ __all__ = [
     "loss",
     "Accountant",
     "LedgerEntry",
+    "NEIGHBOURS",
+    "POST_PROCESSING_READS",
     "PrivacyStatement",
+    "Product",
     "PureAccountant",
+    "Step",
     "ZCDPAccountant",
     "accountant_for",
     "allocate",
@@ -64,6 +68,7 @@ __all__ = [
     "pure_to_zcdp",
     "statement_for",
     "with_invariants",
+    "with_products",
     "zcdp_to_dp",
     "zcdp_to_dp_cks",
 ]
@@ -462,6 +467,15 @@ def compose(losses: Sequence[PrivacyLoss]) -> PrivacyLoss:
 # The privacy statement
 
 
+#: How a statement names one privacy unit's change, by neighbour relation (``{unit}`` filled in).
+NEIGHBOURS = {
+    "add/remove": "adding or removing one {unit}'s record",
+    "change": "changing one {unit}'s record",
+}
+#: At most this many exact areas are listed in a statement's text (all are in ``to_dict``).
+EXACT_SHOWN = 20
+
+
 @dataclass(frozen=True)
 class PrivacyStatement:
     """An honest statement of what a release guarantees.
@@ -471,9 +485,9 @@ class PrivacyStatement:
     accounting : {"pure", "zcdp"}
         Pure ε-DP composition or ρ-zCDP composition.
     epsilon : float or None
-        Total ε for pure accounting.
+        Total ε for pure accounting: what the measurements spend.
     rho : float or None
-        Total ρ for zCDP accounting.
+        Total ρ for zCDP accounting: what the measurements spend.
     delta : float or None
         δ at which a zCDP budget is also reported as (ε, δ).
     invariants : tuple of str
@@ -482,12 +496,36 @@ class PrivacyStatement:
         ``"euclidean"`` (the projection Π_N of the subspace-DP paper) or ``"weighted"``
         (Σ⁻¹-weighted GLS projection: subspace DP in the weighted geometry).
     data_dependent : bool
-        True when a data-dependent step (e.g. non-negativity conditioning in MCMC) was used:
-        the plain DP argument then no longer covers the output.
+        True when a step that is not post-processing was used (one that read confidential
+        data beyond the measurements and invariants); ``reveals`` says what it discloses.
     mechanism : str
         The noise law / mechanism, e.g. ``"discrete_gaussian"``.
     notes : tuple of str
         Further qualifications (MCMC total-variation bound, ...).
+    unit : str
+        The privacy unit: whose record one neighbour step adds, removes or changes
+        (``"person"``, ``"housing unit"``, ``"trip"``); ``""``: one record of the input.
+    neighbour : {"add/remove", "change"}
+        The neighbour relation the noise is calibrated to (:data:`NEIGHBOURS`): the
+        measurements' sensitivities here are one record's largest contribution, i.e.
+        add/remove.
+    exact : tuple of str
+        Areas released exactly *through* the invariants without being named by them: a node
+        that is its invariant parent's only child (DC, the only county of its state), e.g.
+        ``"county 11001 (the only child of state 11): total"``.
+    target : float or None
+        The budget an allocation aimed at, when it differs from the spend (noise scales
+        rounded up spend a little less); None when they agree.
+    reveals : tuple of str
+        What each data-dependent step discloses (:func:`with_products`).
+    parts : tuple of str
+        The statements this one composes, each named with its budget (:func:`compose`-style
+        sequential composition of two releases).
+    change_factor : float or None
+        The loss of changing one unit's record as a multiple of the add/remove loss, when
+        derived for the mechanism (2 for Gaussian-type noise on counting queries:
+        :func:`censusdp.pipelines.release_statement.change_factor`); None: the bound that
+        holds for any mechanism (:meth:`change_loss`).
     """
 
     accounting: str
@@ -499,6 +537,13 @@ class PrivacyStatement:
     data_dependent: bool = False
     mechanism: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    unit: str = ""
+    neighbour: str = "add/remove"
+    exact: tuple[str, ...] = ()
+    target: float | None = None
+    reveals: tuple[str, ...] = ()
+    parts: tuple[str, ...] = ()
+    change_factor: float | None = None
 
     def __post_init__(self) -> None:
         if self.accounting not in ("pure", "zcdp"):
@@ -507,6 +552,12 @@ class PrivacyStatement:
             raise ValueError("pure accounting needs epsilon")
         if self.accounting == "zcdp" and self.rho is None:
             raise ValueError("zcdp accounting needs rho")
+        if self.neighbour not in NEIGHBOURS:
+            raise ValueError(
+                f"neighbour must be one of {sorted(NEIGHBOURS)}, got {self.neighbour!r}"
+            )
+        for name in ("invariants", "notes", "exact", "reveals", "parts"):
+            object.__setattr__(self, name, tuple(str(x) for x in getattr(self, name)))
 
     @property
     def budget(self) -> PrivacyLoss:
@@ -522,32 +573,106 @@ class PrivacyStatement:
 
     def with_notes(self, *notes: str, data_dependent: bool | None = None) -> PrivacyStatement:
         """A copy with extra notes (and optionally the data-dependence flag set)."""
-        return PrivacyStatement(
-            accounting=self.accounting,
-            epsilon=self.epsilon,
-            rho=self.rho,
-            delta=self.delta,
-            invariants=self.invariants,
-            geometry=self.geometry,
+        return dataclasses.replace(
+            self,
             data_dependent=self.data_dependent if data_dependent is None else data_dependent,
-            mechanism=self.mechanism,
             notes=self.notes + tuple(notes),
         )
 
+    def epsilons(self) -> tuple[float, float] | None:
+        """(ε by the Canonne–Kamath–Steinke conversion, ε by the simple bound) of a zCDP
+        statement with a δ (:func:`zcdp_to_dp_cks`, :func:`zcdp_to_dp`); None otherwise."""
+        if self.accounting != "zcdp" or self.delta is None:
+            return None
+        return zcdp_to_dp_cks(self.rho, self.delta), zcdp_to_dp(self.rho, self.delta)
+
     def budget_text(self) -> str:
-        """The budget, and for zCDP with a δ the (ε, δ) it implies (:func:`zcdp_to_dp`)."""
+        """The budget spent, the allocation's target beside it where they differ, and for
+        zCDP with a δ the (ε, δ) it implies by the tighter conversion (Canonne, Kamath &
+        Steinke 2020, Cor. 13), the simple bound (Bun & Steinke 2016, Prop. 1.3) labelled
+        as the secondary figure."""
         budget = self.budget
-        text = str(budget)
-        if isinstance(budget, ZCDP) and self.delta is not None:
-            eps = budget.approx_dp(self.delta, tight=False)
-            text += f", implying (ε = {eps:.4g}, δ = {self.delta:g})"
+        text = f"{budget} spent"
+        if self.target is not None and not math.isclose(self.target, budget.amount, rel_tol=1e-12):
+            sym = budget.symbol
+            text += (
+                f" (exactly {sym} = {budget.amount:.7g}: the noise actually added, its "
+                f"scales rounded up; the allocation's target was {sym} = {self.target:.7g})"
+            )
+        eps = self.epsilons()
+        if eps is not None:
+            text += (
+                f", implying (ε = {eps[0]:.4g}, δ = {self.delta:g}) by the Canonne–Kamath–"
+                f"Steinke conversion (the simple bound ρ + 2√(ρ ln(1/δ)) gives ε = {eps[1]:.4g})"
+            )
         return text
+
+    def change_loss(self) -> PrivacyLoss:
+        """The loss bound for *changing* one unit's record when the noise is calibrated to
+        adding or removing one (``neighbour == "add/remove"``): a removal and an addition.
+
+        ``change_factor`` × the loss when it was derived for the mechanism (2 for
+        Gaussian-type noise on counting queries: ‖Q(e_i − e_j)‖₂² ≤ 2Δ₂² since the cross
+        term of non-negative columns is ≥ 0, and ρ = Δ₂²/(2σ²), Bun & Steinke 2016,
+        Prop. 1.6). Otherwise the bound every mechanism has: group privacy for two steps,
+        2ε for pure ε-DP (Dwork & Roth 2014, Thm. 2.2) and 4ρ for ρ-zCDP (Bun & Steinke
+        2016, Prop. 27).
+        """
+        budget = self.budget
+        if self.neighbour == "change":
+            return budget
+        if self.change_factor is not None:
+            return budget.scaled(self.change_factor)
+        return budget.scaled(2.0 if isinstance(budget, PureDP) else 4.0)
+
+    def relation_text(self) -> str:
+        """The privacy unit and neighbour relation, and under invariants what induced
+        subspace DP means for that relation (Gao, Gong & Yu 2022, Def. 6: DP of the release's
+        component orthogonal to the invariants, among neighbours in the relation; Dharangutte
+        et al. 2023, Def. 2: among databases that share the invariants, a loss that grows
+        with their distance)."""
+        unit = self.unit or "record"
+        who = self.unit or "input record (the privacy unit is whatever one record is)"
+        step = (
+            NEIGHBOURS[self.neighbour]
+            .format(unit=unit)
+            .replace("one record's record", "one record")
+        )
+        text = f"privacy unit: one {who}; neighbouring databases differ by {step}"
+        if not self.invariants or self.neighbour == "change":
+            return text
+        change = self.change_loss()
+        conv = ""
+        if isinstance(change, ZCDP) and self.delta is not None:
+            conv = f", (ε = {zcdp_to_dp_cks(change.rho, self.delta):.4g}, δ = {self.delta:g})"
+        factor = change.amount / self.budget.amount
+        return (
+            f"{text}. Under the invariants such neighbours differ in an invariant, which is "
+            f"released exactly, so the stated loss bounds what the release says beyond the "
+            f"invariants (induced subspace DP); two databases that share the invariants differ "
+            f"at least by changing one {unit}'s record (a removal and an addition), which costs "
+            f"at most {factor:g}{self.budget.symbol}: {change}{conv} — the loss in the "
+            "subspace-DP paper's own relation (Gao, Gong & Yu 2022, Def. 1: databases "
+            "differing in one row)"
+        )
+
+    def exact_text(self) -> str:
+        """The areas released exactly through the invariants, the first :data:`EXACT_SHOWN`."""
+        shown = "; ".join(self.exact[:EXACT_SHOWN])
+        more = len(self.exact) - EXACT_SHOWN
+        if more > 0:
+            shown += f"; and {more} more (listed in the manifest)"
+        return (
+            "released exactly through the invariants (an area that is its invariant parent's "
+            f"only child, standard error 0, no protection): {shown}"
+        )
 
     def text(self) -> str:
         """One paragraph for reports and manifests."""
         parts = [f"{self.guarantee}, {self.budget_text()}"]
         if self.mechanism:
             parts.append(f"mechanism: {self.mechanism}")
+        parts.append(self.relation_text())
         if self.invariants:
             inv = "; ".join(self.invariants)
             parts.append(
@@ -556,32 +681,54 @@ class PrivacyStatement:
             )
             if self.geometry == "weighted":
                 parts.append("projection in the Σ⁻¹-weighted geometry (subspace DP in that metric)")
+        if self.exact:
+            parts.append(self.exact_text())
         if self.data_dependent:
-            parts.append(
-                "a data-dependent step was used (e.g. non-negativity): the plain DP "
-                "argument does not cover this output"
-            )
+            if self.reveals:
+                parts.append(
+                    "a data-dependent step (not post-processing) was used: "
+                    + "; ".join(self.reveals)
+                    + " — outside the DP guarantee, which covers the noisy measurements only"
+                )
+            else:
+                parts.append(
+                    "a data-dependent step was used (see the notes): the plain DP argument "
+                    "does not cover this output"
+                )
+        if self.parts:
+            parts.append("composed of: " + "; ".join(self.parts))
         parts.extend(self.notes)
         return ". ".join(parts) + "."
 
     def to_dict(self) -> dict:
+        eps = self.epsilons()
         return {
             "guarantee": self.guarantee,
             "accounting": self.accounting,
             "epsilon": self.epsilon,
             "rho": self.rho,
             "delta": self.delta,
+            "epsilon_cks": None if eps is None else eps[0],
+            "epsilon_simple_bound": None if eps is None else eps[1],
+            "target": self.target,
+            "unit": self.unit,
+            "neighbour": self.neighbour,
             "invariants": list(self.invariants),
+            "exact": list(self.exact),
             "geometry": self.geometry,
             "data_dependent": self.data_dependent,
+            "reveals": list(self.reveals),
             "mechanism": self.mechanism,
+            "parts": list(self.parts),
+            "change_factor": self.change_factor,
             "notes": list(self.notes),
             "text": self.text(),
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> PrivacyStatement:
-        """The statement :meth:`to_dict` wrote (``guarantee`` and ``text`` are derived)."""
+        """The statement :meth:`to_dict` wrote (``guarantee``, the ε's and ``text`` are
+        derived)."""
         return cls(
             d["accounting"],
             epsilon=d.get("epsilon"),
@@ -592,7 +739,132 @@ class PrivacyStatement:
             data_dependent=bool(d.get("data_dependent", False)),
             mechanism=d.get("mechanism", ""),
             notes=tuple(d.get("notes", ())),
+            unit=d.get("unit", ""),
+            neighbour=d.get("neighbour", "add/remove"),
+            exact=tuple(d.get("exact", ())),
+            target=d.get("target"),
+            reveals=tuple(d.get("reveals", ())),
+            parts=tuple(d.get("parts", ())),
+            change_factor=d.get("change_factor"),
         )
+
+
+# --------------------------------------------------------------------------------------------
+# Products: what each released product did after the measurements
+
+#: What a step may read and stay post-processing: the noisy measurements, the invariants
+#: (released exactly and named in the statement), public inputs (a public block list, the
+#: schema) and randomness independent of the data.
+POST_PROCESSING_READS = ("measurements", "invariants", "public", "randomness")
+#: Everything a :class:`Step` may read.
+STEP_READS = (*POST_PROCESSING_READS, "confidential")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step between the confidential data and a released product, with what it reads.
+
+    Parameters
+    ----------
+    name : str
+        What the step does (``"GLS estimate"``, ``"block list from the rows"``).
+    reads : tuple of str
+        Among :data:`STEP_READS`.
+    reveals : str
+        What the step discloses: required when it reads ``"confidential"`` data.
+
+    Notes
+    -----
+    A step that reads only :data:`POST_PROCESSING_READS` is post-processing: a DP guarantee
+    is closed under it (Dwork & Roth 2014, Prop. 2.1), and induced subspace DP under maps of
+    the measurements given the invariants (Gao, Gong & Yu 2022, §2.3).
+    """
+
+    name: str
+    reads: tuple[str, ...]
+    reveals: str = ""
+
+    def __post_init__(self) -> None:
+        reads = tuple(self.reads)
+        bad = [r for r in reads if r not in STEP_READS]
+        if not reads or bad:
+            raise ValueError(
+                f"step {self.name!r}: reads must be among {list(STEP_READS)}, got {list(reads)}"
+            )
+        if "confidential" in reads and not self.reveals.strip():
+            raise ValueError(
+                f"step {self.name!r} reads confidential data: say what it reveals (reveals=...)"
+            )
+        object.__setattr__(self, "reads", reads)
+
+    @property
+    def post_processing(self) -> bool:
+        """Whether the step reads only :data:`POST_PROCESSING_READS`."""
+        return all(r in POST_PROCESSING_READS for r in self.reads)
+
+
+@dataclass(frozen=True)
+class Product:
+    """A released product and the steps that made it: its :meth:`wording` is the one
+    sentence every file of a release says about it."""
+
+    name: str
+    steps: tuple[Step, ...]
+
+    @property
+    def post_processing(self) -> bool:
+        """Whether every step is post-processing."""
+        return all(s.post_processing for s in self.steps)
+
+    @property
+    def reveals(self) -> tuple[str, ...]:
+        """What its steps that are not post-processing disclose."""
+        return tuple(
+            dict.fromkeys(
+                f"{s.name} reveals {s.reveals}" for s in self.steps if not s.post_processing
+            )
+        )
+
+    def wording(self) -> str:
+        """Post-processing (the statement covers it unchanged) or not (naming what each
+        step that read confidential data reveals), derived from :attr:`steps`."""
+        steps = ", ".join(s.name for s in self.steps)
+        if self.post_processing:
+            said = {"measurements": "the noisy measurements", "invariants": "the invariants",
+                    "public": "public inputs", "randomness": "fresh randomness"}  # fmt: skip
+            read = [said[r] for r in POST_PROCESSING_READS if any(r in s.reads for s in self.steps)]
+            return (
+                f"{self.name}: post-processing ({steps}; these read only "
+                f"{', '.join(read)}): the privacy statement covers it unchanged"
+            )
+        bad = "; ".join(
+            f"{s.name} read confidential data and reveals {s.reveals}"
+            for s in self.steps
+            if not s.post_processing
+        )
+        return (
+            f"{self.name}: not post-processing alone ({steps}): {bad}; the privacy statement "
+            "covers the noisy measurements, not that disclosure"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "post_processing": self.post_processing,
+            "steps": [dataclasses.asdict(s) for s in self.steps],
+            "wording": self.wording(),
+        }
+
+
+def with_products(statement: PrivacyStatement, products: Sequence[Product]) -> PrivacyStatement:
+    """The statement of a release of ``products``: data-dependent, naming what is revealed,
+    exactly when a product has a step that is not post-processing (:class:`Step`)."""
+    reveals = tuple(dict.fromkeys(r for p in products for r in p.reveals))
+    return dataclasses.replace(
+        statement,
+        data_dependent=statement.data_dependent or bool(reveals),
+        reveals=tuple(dict.fromkeys(statement.reveals + reveals)),
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -142,7 +142,7 @@ LABEL = "nonnegative/structured"
 BIASED_NOTE = (
     "non-negative product: non-negative, integer and consistent (every table sums from the "
     "block histograms, invariants exact), made from the same GLS estimates as the unbiased "
-    "product (post-processing, same privacy statement); it is BIASED (small counts up, large "
+    "product (what that makes it, privacy-wise, privacy.md says); it is BIASED (small counts up, large "
     "ones down) and has no standard errors — use the unbiased product, with its standard "
     "errors, for estimates and intervals"
 )

@@ -439,8 +439,12 @@ def allocation_plan(
     """(level, query, law) of an allocation of the schema's strategy, discrete Gaussian noise.
 
     Each measured (level, query) gets ``ρ_q = ρ · level share · query share`` and
-    ``σ² = Δ₂²/(2ρ_q)`` exactly (Canonne, Kamath & Steinke 2020), with ``Δ₂² `` the query's
-    largest column count (its matrix is 0/1), so the plan spends exactly ``ρ``.
+    ``σ² = Δ₂²/(2ρ_q)`` (Canonne, Kamath & Steinke 2020), with ``Δ₂²`` the query's largest
+    column count (its matrix is 0/1), rounded *up* to a rational of bounded denominator
+    (:meth:`~censusdp.mechanisms.discrete.DiscreteGaussian.from_sigma2`, the privacy-safe
+    direction). The plan therefore spends at most ``ρ``, not exactly: Σ Δ₂²/(2σ²) of the
+    rounded σ² (2.554619 for the 2020 allocation's ρ = 2.556226), which is what the derived
+    statement states, the allocation's ρ beside it as the target.
 
     Parameters
     ----------

@@ -10,7 +10,8 @@ with discrete Gaussian noise, the nation and state totals held invariant, by the
 engine :func:`~censusdp.pipelines.pl94_stream.stream_pl94` (measure inside partitions →
 structured GLS → unbiased rounding, one county at a time). In its callbacks the same GLS
 estimates also give the non-negative product (:mod:`censusdp.estimation.nonnegative`), so
-both are post-processing of one set of measurements under one privacy statement.
+both are post-processing of one set of measurements under one privacy statement when the block
+list is public (:func:`ppmf_products` derives what each product is from its steps).
 
 Written atomically into ``OUTDIR`` (:func:`censusdp.atomic.output_dir`: a temporary
 directory renamed into place when complete; never over the input, nothing half-written):
@@ -109,7 +110,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from censusdp.atomic import check_output, output_dir
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import PrivacyStatement, Product, Step, with_products
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.area_measurements import (
     MeasuredAreas,
@@ -152,6 +153,7 @@ from censusdp.pipelines.ppmf import (
     read_block_list,
     read_ppmf,
 )
+from censusdp.pipelines.release_statement import change_factor, exact_through_invariants
 from censusdp.pipelines.size_class_report import (
     PRODUCTS,
     area_totals,
@@ -169,6 +171,7 @@ __all__ = [
     "REPORT_LEVELS",
     "is_ppmf",
     "load_ppmf_spec",
+    "ppmf_products",
     "privatize_ppmf",
     "spec_reads_ppmf",
     "write_microdata",
@@ -359,9 +362,7 @@ def read_release_spec(
     p.keys(data, "data", data_keys)
     given = p.get(data, "data", "source", str, default=source)
     if given != source:
-        raise p.fail(
-            "data.source", f"the input is {reads}, not {given!r}: set source = \"{source}\""
-        )
+        raise p.fail("data.source", f'the input is {reads}, not {given!r}: set source = "{source}"')
     return p, doc, parse_release_options(p, doc, path, strategy)
 
 
@@ -641,13 +642,18 @@ class PPMFResult:
     seconds: float
 
 
+def _total_rho(schema: Schema, spec: PPMFSpec) -> Fraction:
+    """The total ρ the plan aims at: the spec's, else the schema allocation's."""
+    return Fraction(schema.allocation.rho) if spec.rho is None else spec.rho
+
+
 def _plan(schema: Schema, spec: PPMFSpec, levels):
     """The tree's (level, query, law) plan and the areas' (query, law) plan (empty unless
     ``[areas] share``): the total ρ split, the tree's allocation scaled to its part."""
     alloc = schema.allocation
     if alloc is None:  # pragma: no cover - pl94 ships one
         raise SpecError("the pl94 schema has no [allocation]")
-    total = Fraction(alloc.rho) if spec.rho is None else spec.rho
+    total = _total_rho(schema, spec)
     share = None if spec.areas is None else spec.areas.share
     tree = total if share is None else total * (1 - share)
     plan = allocation_plan(schema, dataclasses.replace(alloc, rho=tree), levels=levels)
@@ -656,11 +662,62 @@ def _plan(schema: Schema, spec: PPMFSpec, levels):
     return plan, area_plan(schema, total * share, spec.areas.queries)
 
 
-#: The privacy statement's note when the block set was taken from the confidential rows.
-BLOCKS_FROM_DATA_NOTE = (
-    "the block hierarchy was built from the PPMF's own rows (--blocks-from-data): the set of "
-    "blocks with at least one person is released exactly, outside the DP guarantee"
-)
+#: What the block hierarchy built from the confidential rows (``--blocks-from-data``) reveals.
+BLOCKS_FROM_DATA_REVEALS = "the set of blocks with at least one person, exactly"
+
+
+def ppmf_products(blocks_public: bool, areas: str | None = None) -> tuple[Product, ...]:
+    """The PPMF route's products and the steps that made each from the measurements: the
+    one source of what every file (``privacy.md``, ``README.md``, the manifest) says about
+    their privacy (:meth:`~censusdp.budget.Product.wording`).
+
+    Every step after the measurements reads only the noisy measurements (through the GLS
+    estimates), the invariants (nation and state totals, released exactly), public inputs
+    and fresh randomness: the non-negative tables and ``microdata.csv`` are post-processing
+    like the unbiased tables. Only a block hierarchy taken from the rows
+    (``--blocks-from-data``) reads confidential data; it reveals the occupied blocks.
+    """
+    hierarchy = (
+        Step("blocks from the public block list", ("public",))
+        if blocks_public
+        else Step(
+            "the block hierarchy from the PPMF's own rows (--blocks-from-data)",
+            ("confidential",),
+            reveals=BLOCKS_FROM_DATA_REVEALS,
+        )
+    )
+    gls = Step(
+        "structured GLS with the nation and state totals held", ("measurements", "invariants")
+    )
+    extra = (
+        ()
+        if areas is None
+        else (Step(f"{areas}s summed from released blocks", ("measurements", "public")),)
+    )
+    return (
+        Product(
+            "unbiased/",
+            (hierarchy, gls, Step("unbiased controlled rounding", ("measurements", "invariants",
+                                  "randomness")), *extra),
+        ),
+        Product(
+            "nonnegative/ (tables and microdata.csv)",
+            (
+                hierarchy,
+                gls,
+                Step("top-down non-negative projection and rounding of the GLS estimates",
+                     ("measurements", "invariants", "randomness")),
+                Step("microdata.csv: one row per person of the non-negative block counts",
+                     ("measurements",)),
+                *extra,
+            ),
+        ),
+        Product(
+            "size_classes.*",
+            (hierarchy, Step("simulated from the released non-negative counts",
+                             ("measurements", "invariants", "randomness"))),
+        ),
+    )  # fmt: skip
 
 
 def _with_cli(
@@ -927,8 +984,15 @@ def privatize_ppmf(
         finally:
             micro.close()
         timings["release"] = time.perf_counter() - t1
-        if spec.blocks is None:
-            privacy = privacy.with_notes(BLOCKS_FROM_DATA_NOTE, data_dependent=True)
+        privacy = dataclasses.replace(
+            privacy,
+            unit="person",
+            change_factor=change_factor(privacy.mechanism),
+            target=float(_total_rho(schema, spec)),
+            exact=tuple(exact_through_invariants(h, INVARIANTS)),
+        )
+        products = ppmf_products(spec.blocks is not None, None if eq is None else eq.name)
+        privacy = with_products(privacy, products)
         rel = {p: {lv: np.concatenate(v) for lv, v in d.items()} for p, d in released.items()}
         if area_products is not None:
             t1 = time.perf_counter()
@@ -974,11 +1038,14 @@ def privatize_ppmf(
         if evaluate:
             truth = _report_totals(h, eq, hist.block, hist.count, report_levels)
             evaluation = evaluate_size_classes(truth, rel)
-        write_size_class_report(tmp, sim, repetitions=spec.repetitions, evaluation=evaluation)
+        write_size_class_report(
+            tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
+            privacy=products[-1].wording(),
+        )  # fmt: skip
         timings["size_class_report"] = time.perf_counter() - t1
         timings["seconds"] = time.perf_counter() - t0
         timings["cpu_seconds"] = time.process_time() - c0
-        _write_manifest(tmp, path, spec, privacy, timings, evaluate)
+        _write_manifest(tmp, path, spec, privacy, products, timings, evaluate)
     return PPMFResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 
@@ -998,12 +1065,13 @@ def _write_manifest(
     path,
     spec: PPMFSpec,
     privacy: PrivacyStatement,
+    products: tuple[Product, ...],
     timings: dict,
     evaluate: bool,
 ) -> None:
     from censusdp.pipelines.runner import package_versions
 
-    products = {
+    labels = {
         "unbiased": (
             "unbiased/: GLS estimates of the measurements (unbiased), integer by unbiased "
             "rounding (every cell floor or ceil of its estimate, children summing to their "
@@ -1022,8 +1090,10 @@ def _write_manifest(
         "spec": spec.to_dict(),
         "strategy": "pl94 2020 production strategy and allocation (censusdp/schemas/pl94.toml)",
         "invariants": [f"{lvl}: {q}" for lvl, q in INVARIANTS],
+        "exact_through_invariants": list(privacy.exact),
         "privacy": privacy.to_dict(),
-        "products": products,
+        "products": labels,
+        "product_steps": [p.to_dict() for p in products],
         "size_class_report": {
             "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
             "repetitions": spec.repetitions,
@@ -1033,13 +1103,14 @@ def _write_manifest(
         "timings": timings,
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    wording = [f"- {p.wording()}" for p in products]
     (tmp / "privacy.md").write_text(
-        "# Privacy\n\n" + privacy.text() + "\n\nBoth products are post-processing of the same "
-        "measurements: this one statement covers both.\n",
+        "# Privacy\n\n" + privacy.text() + "\n\nWhat each product is:\n\n"
+        + "\n".join(wording) + "\n",
         encoding="utf-8",
-    )
+    )  # fmt: skip
     lines = ["# censusdp release (PPMF)", "", f"Privacy: {privacy.text()}", ""]
-    lines += [f"- {text}" for text in products.values()]
+    lines += [f"- {text}" for text in labels.values()]
     if spec.areas is not None:
         lines += [
             f"- pl94_{spec.areas.level}.csv in both folders: the {spec.areas.level}s of "
@@ -1058,4 +1129,5 @@ def _write_manifest(
         "blocks is disclosed"
     ]
     lines += ["- size_classes.md: errors by size class, simulated from the released numbers", ""]
+    lines += ["Privacy of each product (privacy.md says the same):", "", *wording, ""]
     (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")

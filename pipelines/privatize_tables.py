@@ -70,6 +70,7 @@ Van Riper, D., Kugler, T. and Schroeder, J. (2020). IPUMS NHGIS Privacy-Protecte
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -92,6 +93,7 @@ from censusdp.mechanisms.product_query import (
     max_weighted_column,
 )
 from censusdp.pipelines.codebook import Codebook, available_codebooks
+from censusdp.pipelines.release_statement import change_factor, unit_of_universes
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -616,7 +618,12 @@ class TablePlan:
                 self.queries, self.sensitivities, self.laws, self.rho_per_query, strict=True
             )
         )
-        return statement_for("zcdp", self.rho, delta, mechanism="discrete_gaussian").with_notes(
+        base = dataclasses.replace(
+            statement_for("zcdp", self.rho, delta, mechanism="discrete_gaussian"),
+            unit=unit_of_universes([t.universe for t in self.codebook.tables.values()]),
+            change_factor=change_factor("discrete_gaussian"),
+        )
+        return base.with_notes(
             f"ρ derived from the measured strategy of the {self.codebook.schema.name!r} schema: "
             f"{names}; composed per person as max over cells of Σ_q (rows of q counting the "
             "cell)/(2σ_q²)",

@@ -39,7 +39,8 @@ are the GLS standard errors; the rounding adds at most 1/4 of variance to a node
 (and vacant) count.
 
 **The non-negative product** (``nonnegative/h1_<level>.csv``; :func:`nonnegative_occupied`)
-is made from the same GLS estimates — post-processing, one privacy statement — top down:
+is made from the same GLS estimates (post-processing when the blocks are public: see
+:func:`units_products`) top down:
 per parent, the children's occupied estimates projected onto ``{0 ≤ o_i ≤ T_i, Σ o_i = O}``
 (``T_i`` the child's exact housing units, ``O`` the parent's integer occupied; a capped
 simplex, :mod:`censusdp.estimation.capped_simplex`), then rounded keeping ``O`` and the box;
@@ -104,7 +105,7 @@ import numpy as np
 import pandas as pd
 
 from censusdp.atomic import check_output, output_dir
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import PrivacyStatement, Product, Step, with_products
 from censusdp.errors import SpecError
 from censusdp.estimation.capped_simplex import project_capped_simplex
 from censusdp.estimation.gls import tree_gls, whole_forest
@@ -119,6 +120,13 @@ from censusdp.pipelines.privatize_ppmf import (
     csv_header,
     read_release_spec,
     spec_reads_ppmf,
+)
+from censusdp.pipelines.release_statement import (
+    VerifiedRelease,
+    change_factor,
+    exact_through_invariants,
+    refuse_output_in,
+    verify_release,
 )
 from censusdp.pipelines.size_class_report import (
     PRODUCTS,
@@ -139,6 +147,7 @@ __all__ = [
     "nonnegative_occupied",
     "privatize_units",
     "release_h1",
+    "units_products",
     "units_route",
 ]
 
@@ -153,8 +162,8 @@ INVARIANT_LEVEL = "block"
 NONNEGATIVE_NOTE = (
     "non-negative product: every count a non-negative integer, occupied + vacant = the "
     "housing units (invariant) and children summing to their parent at every level, made "
-    "from the same GLS estimates as the unbiased product (post-processing, same privacy "
-    "statement); it is BIASED (occupied is pulled towards the middle of [0, housing units] "
+    "from the same GLS estimates as the unbiased product (what that makes it, privacy-wise, "
+    "privacy.md says); it is BIASED (occupied is pulled towards the middle of [0, housing units] "
     "where the estimate leaves that range) and has no standard errors: use the unbiased "
     "product, with its standard errors, for estimates and intervals"
 )
@@ -460,9 +469,21 @@ def size_class_report(
     return sim, evaluation
 
 
-def compose_statements(persons: PrivacyStatement, units: PrivacyStatement) -> PrivacyStatement:
+def compose_statements(
+    persons: PrivacyStatement,
+    units: PrivacyStatement,
+    *,
+    persons_label: str = "persons release",
+    units_label: str = "this housing-unit release",
+) -> PrivacyStatement:
     """One statement for the persons and the units releases of one census: ρ adds (zCDP
-    sequential composition, Bun & Steinke 2016, Lemma 2.3), the invariants of both are named.
+    sequential composition, Bun & Steinke 2016, Lemma 2.3), the invariants and exact areas
+    of both are named, and so are the two parts (``persons_label``, ``units_label``: for a
+    verified folder, :meth:`~censusdp.pipelines.release_statement.VerifiedRelease.label`).
+
+    The privacy unit is a respondent who is one record in each file (one person's record in
+    the persons file, one housing unit's in the units file; the note says so): the sum
+    bounds that loss, as the Bureau's accounting did.
 
     Raises
     ------
@@ -487,6 +508,14 @@ def compose_statements(persons: PrivacyStatement, units: PrivacyStatement) -> Pr
         mechanism=units.mechanism
         if units.mechanism == persons.mechanism
         else f"persons: {persons.mechanism}; housing units: {units.mechanism}",
+        unit="respondent",
+        exact=tuple(f"persons {x}" for x in persons.exact)
+        + tuple(f"housing units {x}" for x in units.exact),
+        reveals=tuple(dict.fromkeys(persons.reveals + units.reveals)),
+        parts=(f"{persons_label}: {persons.budget}", f"{units_label}: {units.budget}"),
+        change_factor=persons.change_factor
+        if persons.change_factor == units.change_factor
+        else None,
         notes=(
             f"composed: persons rho = {persons.rho:.6g}, housing units rho = {units.rho:.6g} "
             "(zCDP sequential composition); the persons file protects one person's record "
@@ -498,30 +527,53 @@ def compose_statements(persons: PrivacyStatement, units: PrivacyStatement) -> Pr
     )
 
 
-def _persons_statement(folder: Path) -> PrivacyStatement:
-    """The privacy statement of a persons release directory (its ``manifest.json``)."""
-    manifest = folder / "manifest.json"
-    if not manifest.is_file():
-        raise SpecError(
-            f"{folder}: --compose-with names a persons release directory of privatize "
-            "(with manifest.json); none found there"
+def _persons_release(folder: str | Path, out: str | Path) -> VerifiedRelease:
+    """The persons release ``--compose-with`` names, verified (checksums, kind, schema:
+    :func:`~censusdp.pipelines.release_statement.verify_release`) and never the output."""
+    refuse_output_in(out, folder, option="--compose-with")
+    return verify_release(folder, route="ppmf", option="--compose-with")
+
+
+def units_products(blocks_public: bool) -> tuple[Product, ...]:
+    """The H1 release's products and the steps that made each from the measurements (their
+    :meth:`~censusdp.budget.Product.wording` is what every file says about them)."""
+    hierarchy = (
+        Step("blocks from the public block list", ("public",))
+        if blocks_public
+        else Step(
+            "blocks from the units file's own rows (--blocks-from-data)",
+            ("confidential",),
+            reveals="the set of blocks with at least one housing unit or facility, exactly",
         )
-    try:
-        doc = json.loads(manifest.read_text(encoding="utf-8"))
-        return PrivacyStatement.from_dict(doc["privacy"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SpecError(
-            f"{manifest}: no readable privacy statement ({type(exc).__name__}); give the "
-            "directory a persons privatize run wrote"
-        ) from None
-
-
-#: The privacy statement's note when the block set was taken from the confidential rows.
-BLOCKS_FROM_DATA_NOTE = (
-    "the block hierarchy was built from the units file's own rows (--blocks-from-data): the "
-    "set of blocks with at least one housing unit is released exactly, outside the DP "
-    "guarantee"
-)
+    )
+    gls = Step("tree GLS with every block's housing units held", ("measurements", "invariants"))
+    return (
+        Product(
+            "h1_<level>.csv (unbiased)",
+            (hierarchy, gls, Step("unbiased tree rounding", ("measurements", "randomness"))),
+        ),
+        Product(
+            "nonnegative/",
+            (
+                hierarchy,
+                gls,
+                Step(
+                    "top-down capped-simplex projection and rounding of the GLS estimates",
+                    ("measurements", "invariants", "randomness"),
+                ),
+            ),
+        ),
+        Product(
+            "size_classes.*",
+            (
+                hierarchy,
+                Step(
+                    "simulated from the released non-negative counts",
+                    ("measurements", "invariants", "randomness"),
+                ),
+            ),
+        ),  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -593,7 +645,8 @@ def privatize_units(
         spec = dataclasses.replace(spec, repetitions=repetitions)
     if blocks is not None:
         spec = dataclasses.replace(spec, blocks=Path(blocks))
-    inputs = [x for x in (path, spec_path, spec.blocks) if x is not None]
+    inputs = [x for x in (path, spec_path, spec.blocks, compose_with) if x is not None]
+    persons = None if compose_with is None else _persons_release(compose_with, out)
     check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
     if spec.blocks is None and not blocks_from_data:
         raise SpecError(
@@ -602,7 +655,6 @@ def privatize_units(
             "that set. Give the list of every block ([hierarchy] blocks = FILE, or --blocks "
             "FILE), or pass --blocks-from-data to accept that disclosure"
         )
-    persons = None if compose_with is None else _persons_statement(Path(compose_with))
     hist = read_ppmf_units(path)
     if spec.blocks is not None:
         hist = hist.on_blocks(
@@ -613,12 +665,19 @@ def privatize_units(
     rng = KeyedRNG.from_seed(spec.seed).child("units")
     rel = release_h1(hist, rng, rho=spec.rho)
     timings["release"] = time.perf_counter() - t1
-    privacy = dataclasses.replace(rel.privacy, delta=spec.delta)
-    if spec.blocks is None:
-        privacy = privacy.with_notes(BLOCKS_FROM_DATA_NOTE, data_dependent=True)
+    products = units_products(spec.blocks is not None)
+    privacy = dataclasses.replace(
+        rel.privacy,
+        delta=spec.delta,
+        unit="housing unit",
+        change_factor=change_factor(rel.privacy.mechanism),
+        target=float(spec.rho if spec.rho is not None else hist.schema.allocation.rho),
+        exact=tuple(exact_through_invariants(hist.hierarchy, [(INVARIANT_LEVEL, "total")])),
+    )
+    privacy = with_products(privacy, products)
     units_privacy = privacy
     if persons is not None:
-        privacy = compose_statements(persons, privacy)
+        privacy = compose_statements(persons.privacy, privacy, persons_label=persons.label())
     with output_dir(
         out, overwrite=overwrite, inputs=inputs, command="privatize", option="-o",
         info={"route": "ppmf_units"},
@@ -637,11 +696,13 @@ def privatize_units(
         write_size_class_report(
             tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
             unit="housing units", what="block occupancy (occupied, vacant)",
+            privacy=products[-1].wording(),
         )  # fmt: skip
         timings["size_class_report"] = time.perf_counter() - t1
         timings["seconds"] = time.perf_counter() - t0
         timings["cpu_seconds"] = time.process_time() - c0
-        _write_manifest(tmp, path, spec, privacy, units_privacy, compose_with, timings, evaluate)
+        _write_manifest(tmp, path, spec, privacy, units_privacy, persons, products, timings,
+                        evaluate)  # fmt: skip
     return UnitsResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 
@@ -651,7 +712,8 @@ def _write_manifest(
     spec: UnitsSpec,
     privacy: PrivacyStatement,
     units_privacy: PrivacyStatement,
-    compose_with,
+    persons: VerifiedRelease | None,
+    products: tuple[Product, ...],
     timings: dict,
     evaluate: bool,
 ) -> None:
@@ -673,10 +735,19 @@ def _write_manifest(
         "strategy": "h1 2020 production units strategy DetailedOnly and allocation "
         "(censusdp/schemas/h1.toml)",
         "invariants": [f"{INVARIANT_LEVEL}: total"],
+        "exact_through_invariants": list(units_privacy.exact),
         "privacy": privacy.to_dict(),
         "privacy_units_alone": units_privacy.to_dict(),
-        "composed_with": None if compose_with is None else Path(compose_with).name,
+        "composed_with": None
+        if persons is None
+        else {
+            "folder": persons.path.name,
+            "route": persons.route,
+            "manifest_sha256": persons.manifest_sha256,
+            "privacy": persons.privacy.to_dict(),
+        },
         "products": {"unbiased": product, "nonnegative": f"nonnegative/: {NONNEGATIVE_NOTE}"},
+        "product_steps": [p.to_dict() for p in products],
         "size_class_report": {
             "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
             "quantity": "occupied housing units (H1_002N); areas classed by housing units",
@@ -688,16 +759,17 @@ def _write_manifest(
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     scope = (
-        "This statement covers the persons release "
-        f"{Path(compose_with).name} and this housing-unit release together."
-        if compose_with is not None
+        f"This statement covers the {persons.label()} ({persons.privacy.budget}) and this "
+        "housing-unit release together."
+        if persons is not None
         else "This statement covers this housing-unit release."
     )
+    wording = [f"- {p.wording()}" for p in products]
     (tmp / "privacy.md").write_text(
-        "# Privacy\n\n" + privacy.text() + f"\n\n{scope} Both H1 products (unbiased and "
-        "non-negative) are post-processing of the same measurements: it covers both.\n",
+        "# Privacy\n\n" + privacy.text() + f"\n\n{scope} What each product is:\n\n"
+        + "\n".join(wording) + "\n",
         encoding="utf-8",
-    )
+    )  # fmt: skip
     lines = ["# censusdp release (PPMF units: H1)", "", f"Privacy: {privacy.text()}", ""]
     lines += [f"- {product}", f"- nonnegative/: {NONNEGATIVE_NOTE}"]
     lines += [
@@ -707,6 +779,10 @@ def _write_manifest(
         "blocks with a housing unit or facility is disclosed",
         "- size_classes.md: both products' errors in occupied units by size class (housing "
         "units), simulated from the released numbers",
+        "",
+        "Privacy of each product (privacy.md says the same):",
+        "",
+        *wording,
         "",
     ]
     (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")

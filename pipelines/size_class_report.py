@@ -207,6 +207,7 @@ def write_size_class_report(
     evaluation: pd.DataFrame | None = None,
     unit: str = "persons",
     what: str = "block histogram",
+    privacy: str | None = None,
 ) -> list[Path]:
     """Write the report into the (temporary) output directory ``out``.
 
@@ -214,7 +215,9 @@ def write_size_class_report(
     simulated from the released estimates) and, when ``evaluation`` is given,
     ``evaluation/size_classes.csv`` and ``evaluation/size_classes.md`` labelled
     confidential. ``unit`` names what is counted and sizes the areas (``"persons"``,
-    ``"housing units"``), ``what`` the released non-negative table taken as the truth.
+    ``"housing units"``), ``what`` the released non-negative table taken as the truth,
+    ``privacy`` the report's privacy wording (the release's
+    :meth:`~censusdp.budget.Product.wording` of it, so it says what privacy.md says).
     Returns the paths written.
     """
     out = Path(out)
@@ -238,6 +241,7 @@ def write_size_class_report(
         "smaller or larger than the bias at the truth — read its sign and order of "
         "magnitude, not its size to better than a factor of about 2.",
         "",
+        *([] if privacy is None else [f"Privacy: {privacy}.", ""]),
     ]
     for product in PRODUCTS:
         d = simulated[(simulated["product"] == product) & (simulated["n"] > 0)]

@@ -122,6 +122,7 @@ def test_privacy_statement_is_the_hand_composition(plan):
     st = plan.statement(1e-10)
     assert st.rho == plan.rho and st.accounting == "zcdp" and not st.invariants
     assert f"ρ = {rho:g}" in st.text()
+    assert st.unit == "person" and "privacy unit: one person" in st.text()  # from the universes
 
 
 def test_a_subtotal_query_is_refused_as_a_strategy(ppdd):

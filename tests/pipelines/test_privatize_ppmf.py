@@ -266,7 +266,9 @@ def test_no_public_block_list_is_refused_unless_acknowledged(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "blocks-from-data" in printed
     manifest = json.loads((out / "manifest.json").read_text())
-    assert any("set of blocks with at least one person" in n for n in manifest["privacy"]["notes"])
+    assert any(
+        "set of blocks with at least one person" in r for r in manifest["privacy"]["reveals"]
+    )
     assert manifest["privacy"]["data_dependent"] is True
     assert "occupied blocks is disclosed" in (out / "README.md").read_text()
     assert "blocks-from-data" in (out / "privacy.md").read_text()

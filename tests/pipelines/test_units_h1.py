@@ -343,12 +343,9 @@ def test_a_units_spec_refuses_what_is_not_exact(tmp_path: Path) -> None:
 # -- the command ---------------------------------------------------------------------------------
 def test_privatize_writes_h1_for_every_level(small: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "h1"
-    persons = tmp_path / "persons"
-    persons.mkdir()
-    stmt = PrivacyStatement("zcdp", rho=2.5, invariants=("state: total",))
-    (persons / "manifest.json").write_text(json.dumps({"privacy": stmt.to_dict()}))
+    # (--compose-with a verified persons release: tests/pipelines/test_compose_provenance.py)
     argv = ["privatize", str(small), "-o", str(out), "--blocks-from-data", "--seed", "2"]
-    assert main([*argv, "--compose-with", str(persons), "--repetitions", "2"]) == 0
+    assert main([*argv, "--repetitions", "2"]) == 0
     assert "H1 tables" in capsys.readouterr().out
     hist = read_ppmf_units(small)
     h = hist.hierarchy
@@ -380,8 +377,9 @@ def test_privatize_writes_h1_for_every_level(small: Path, tmp_path: Path, capsys
     manifest = json.loads((out / "manifest.json").read_text())
     assert "BIASED" in manifest["products"]["nonnegative"]
     assert "seed" not in json.dumps(manifest["spec"])
-    assert manifest["privacy"]["rho"] == pytest.approx(2.5 + 11417641 / 152349649, rel=1e-4)
-    assert "housing units block: total" in manifest["privacy"]["invariants"]
+    assert manifest["privacy"]["rho"] == pytest.approx(11417641 / 152349649, rel=1e-4)
+    assert manifest["privacy"]["invariants"] == ["block: total"]
+    assert manifest["privacy"]["unit"] == "housing unit"
 
 
 def test_a_bad_units_row_exits_2_naming_file_row_and_column(tmp_path: Path, capsys) -> None:
