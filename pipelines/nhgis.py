@@ -47,6 +47,7 @@ import pandas as pd
 from censusdp.atomic import atomic_file
 from censusdp.errors import DataError
 from censusdp.hierarchy.validate import parse_counts
+from censusdp.spreadsheet import write_csv
 from censusdp.tabular import PARQUET_SUFFIXES, read_csv_text, read_parquet_table
 
 __all__ = [
@@ -409,5 +410,5 @@ def write_batch(
             table.to_parquet(tmp, index=False)
         else:
             enc = "utf-8" if batch.encoding == "parquet" else batch.encoding
-            table.to_csv(tmp, index=False, encoding=enc)
+            write_csv(table, tmp, index=False, encoding=enc)
     return out

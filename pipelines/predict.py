@@ -54,6 +54,7 @@ from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.equivalency import Equivalency, read_equivalency
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Allocation, Schema
+from censusdp.spreadsheet import write_csv
 
 __all__ = ["PredictSpec", "load_predict_spec", "predict_spec", "register"]
 
@@ -247,9 +248,9 @@ def write_prediction(
         info["areas"] = {"name": pred.areas.name, "count": pred.areas.n_areas}
     inputs = [spec.source, *([] if areas_path is None else [str(areas_path)])]
     with output_dir(out, overwrite=overwrite, inputs=inputs, command="predict") as tmp:
-        summary.to_csv(tmp / "summary.csv", index=False)
+        write_csv(summary, tmp / "summary.csv", index=False)
         if pred.areas is not None:
-            area_table(pred, list(spec.tables)).to_csv(tmp / "areas.csv", index=False)
+            write_csv(area_table(pred, list(spec.tables)), tmp / "areas.csv", index=False)
         (tmp / "summary.json").write_text(json.dumps(info, indent=2), encoding="utf-8")
         _figure(summary, tmp / "se_by_level.png")
     return Path(out)

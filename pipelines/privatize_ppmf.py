@@ -161,6 +161,7 @@ from censusdp.pipelines.size_class_report import (
 )
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
+from censusdp.spreadsheet import write_csv
 
 __all__ = [
     "AreasSpec",
@@ -580,7 +581,7 @@ class _TableWriter:
         wide, long = pl94_frames({level: tables})
         for name, frame in (((f"pl94_{level}.csv"), wide[level]), ("pl94_long.csv", long)):
             first = name not in self.started
-            frame.to_csv(self.folder / name, index=False, header=first, mode="w" if first else "a")
+            write_csv(frame, self.folder / name, index=False, header=first, mode="w" if first else "a")
             self.started.add(name)
 
 

@@ -128,6 +128,7 @@ from censusdp.pipelines.size_class_report import (
 )
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
+from censusdp.spreadsheet import write_csv
 
 __all__ = [
     "H1_COLUMNS",
@@ -627,8 +628,8 @@ def privatize_units(
             folder.mkdir(exist_ok=True)
             wide, long = h1_frames(rel, product)
             for name, frame in wide.items():
-                frame.to_csv(folder / f"h1_{name}.csv", index=False)
-            long.to_csv(folder / "h1_long.csv", index=False)
+                write_csv(frame, folder / f"h1_{name}.csv", index=False)
+            write_csv(long, folder / "h1_long.csv", index=False)
         t1 = time.perf_counter()
         sim, evaluation = size_class_report(
             rel, hist.schema, rng, spec.repetitions, rho=spec.rho,

@@ -49,6 +49,7 @@ from censusdp.pipelines.plan import MeasurementPlan, build_plan
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL, write_figures, write_report
 from censusdp.pipelines.specs import check_spec
 from censusdp.rng import KeyedRNG
+from censusdp.spreadsheet import write_csv
 
 __all__ = [
     "RunResult",
@@ -448,9 +449,9 @@ def write_evaluation(
     its manifest. Bounded summaries and figures; the per-group detail in Parquet."""
     out.mkdir()
     (out / "CONFIDENTIAL.txt").write_text(CONFIDENTIAL_LABEL + "\n", encoding="utf-8")
-    metrics.to_csv(out / "metrics.csv", index=False)
+    write_csv(metrics, out / "metrics.csv", index=False)
     regressions.to_parquet(out / "regressions.parquet", index=False)
-    sizes.to_csv(out / "size_classes.csv", index=False)
+    write_csv(sizes, out / "size_classes.csv", index=False)
     figures = write_figures(out, metrics, regressions, manifest, sizes=sizes)
     write_report(out, metrics, regressions, manifest, figures, title=title, sizes=sizes)
     (out / "manifest.json").write_text(
