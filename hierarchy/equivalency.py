@@ -367,10 +367,12 @@ def _read_text_table(
             header = head.decode(enc).rstrip("\r\n").split(delimiter)
             header = [h.strip().strip('"') for h in header]
             missing = [c for c in columns if c not in header]
-            if missing:
+            if missing:  # the header is not quoted: a file without one starts with a record
                 raise DataError(
-                    f"{path.name}: no column {missing[0]!r} (header: {header}); name the "
-                    "block and area columns as the file does"
+                    f"{path.name}: no column {missing[0]!r} in the header's {len(header)} "
+                    f"column(s) ({delimiter!r}-delimited); name the block and area columns as "
+                    "the file's header line does (block_column / area_column), and check that "
+                    "this is the block → area file"
                 )
             table = pacsv.read_csv(
                 path,

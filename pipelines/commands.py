@@ -30,6 +30,23 @@ __all__ = ["register", "privatize_file"]
 PRIVATIZE_FORMATS = (".csv", ".parquet", ".pq")
 
 
+def repetitions_arg(text: str) -> int:
+    """``--repetitions``: simulated releases for the size-class bias, 2 to
+    :data:`censusdp.config.MAX_REPETITIONS` (each is a full release: a larger number would
+    not end; the bias needs two for its standard error)."""
+    from censusdp.config import MAX_REPETITIONS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 2 <= value <= MAX_REPETITIONS:
+        raise argparse.ArgumentTypeError(
+            f"give 2 to {MAX_REPETITIONS} (each is a full simulated release), got {value}"
+        )
+    return value
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from censusdp.pipelines.runner import run_spec
     from censusdp.pipelines.specs import load_spec
@@ -378,7 +395,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     priv.add_argument(
         "--repetitions",
-        type=count_arg,
+        type=repetitions_arg,
         help="PPMF: simulated releases for the size-class bias (default: the spec's, 10)",
     )
     priv.add_argument(

@@ -110,6 +110,7 @@ import scipy.sparse as sp
 
 from censusdp.atomic import check_output, output_dir
 from censusdp.budget import PrivacyStatement
+from censusdp.config import MAX_REPETITIONS, exact_fraction
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.area_measurements import (
     MeasuredAreas,
@@ -360,9 +361,7 @@ def read_release_spec(
     p.keys(data, "data", data_keys)
     given = p.get(data, "data", "source", str, default=source)
     if given != source:
-        raise p.fail(
-            "data.source", f"the input is {reads}, not {given!r}: set source = \"{source}\""
-        )
+        raise p.fail("data.source", f'the input is {reads}, not {given!r}: set source = "{source}"')
     return p, doc, parse_release_options(p, doc, path, strategy)
 
 
@@ -382,8 +381,8 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
     if p.get(priv, "privacy", "accounting", str, required=True) != "zcdp":
         raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
     rho = p.get(priv, "privacy", "rho", float)
-    if rho is not None and not rho > 0:
-        raise p.fail("privacy.rho", "must be positive")
+    if rho is not None:
+        rho = exact_fraction(rho, f"{path}: privacy.rho")
     delta = p.get(priv, "privacy", "delta", float)
     if delta is not None and not 0 < delta < 1:
         raise p.fail("privacy.delta", "must be in (0, 1)")
@@ -404,10 +403,13 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
     rep = p.table(doc, "report", required=False)
     p.keys(rep, "report", ("repetitions",))
     repetitions = p.get(rep, "report", "repetitions", int, default=10)
-    if repetitions < 2:
-        raise p.fail("report.repetitions", "give at least 2 (the bias has a standard error)")
+    if not 2 <= repetitions <= MAX_REPETITIONS:
+        raise p.fail(
+            "report.repetitions",
+            f"give 2 to {MAX_REPETITIONS} (the bias has a standard error; each is a release)",
+        )
     return ReleaseOptions(
-        rho=None if rho is None else Fraction(rho).limit_denominator(10**12),
+        rho=rho,
         delta=delta,
         seed=seed,
         blocks=None if blocks is None else _relative(path, blocks),
@@ -436,8 +438,8 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
     if ar:
         listed = p.get(ar, "areas", "list", str)
         share = p.get(ar, "areas", "share", float)
-        if share is not None and not 0 < share < 1:
-            raise p.fail("areas.share", "the areas' fraction of the total ρ must be in (0, 1)")
+        if share is not None:  # the areas' fraction of the total ρ
+            share = exact_fraction(share, f"{path}: areas.share", below_one=True)
         queries = p.str_list(ar.get("queries", ["total"]), "areas.queries", allow_str=True)
         areas = AreasSpec(
             _relative(path, p.get(ar, "areas", "file", str, required=True)),
@@ -447,7 +449,7 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
             skip_blank=p.get(ar, "areas", "skip_blank", bool, default=False),
             gisjoin=p.get(ar, "areas", "gisjoin", bool, default=False),
             areas=None if listed is None else _relative(path, listed),
-            share=None if share is None else Fraction(share).limit_denominator(10**12),
+            share=share,
             queries=tuple(queries),
         )
         if areas.level in LEVELS:
@@ -581,7 +583,9 @@ class _TableWriter:
         wide, long = pl94_frames({level: tables})
         for name, frame in (((f"pl94_{level}.csv"), wide[level]), ("pl94_long.csv", long)):
             first = name not in self.started
-            write_csv(frame, self.folder / name, index=False, header=first, mode="w" if first else "a")
+            write_csv(
+                frame, self.folder / name, index=False, header=first, mode="w" if first else "a"
+            )
             self.started.add(name)
 
 
@@ -675,8 +679,11 @@ def _with_cli(
     if seed is not None:
         spec = dataclasses.replace(spec, seed=seed)
     if repetitions is not None:
-        if repetitions < 2:
-            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
+        if not 2 <= repetitions <= MAX_REPETITIONS:
+            raise SpecError(
+                f"--repetitions: give 2 to {MAX_REPETITIONS} (the bias has a standard error; "
+                "each is a full release)"
+            )
         spec = dataclasses.replace(spec, repetitions=repetitions)
     if blocks is not None:
         spec = dataclasses.replace(spec, blocks=Path(blocks))
