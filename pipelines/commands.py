@@ -334,20 +334,32 @@ def _cmd_privatize(args: argparse.Namespace) -> int:
     from censusdp.pipelines.privatize_units import units_route
 
     if units_route(args.file, args.spec):
-        print(
-            f"wrote {out}/ (H1 tables h1_<level>.csv and h1_long.csv, nonnegative/, "
-            "size_classes.md, manifest.json, privacy.md"
-            + (", and evaluation/: CONFIDENTIAL, not for publication)" if args.evaluate else ")")
+        what = (
+            "H1 tables h1_<level>.csv and h1_long.csv, nonnegative/, size_classes.md, "
+            "manifest.json, privacy.md"
         )
+        _print_written(out, what, args.evaluate)
     elif out.is_dir():  # the PPMF route writes a directory
-        print(
-            f"wrote {out}/ (unbiased/ and nonnegative/ P1-P5 tables, nonnegative/microdata.csv, "
-            "manifest.json, size_classes.md"
-            + (", and evaluation/: CONFIDENTIAL, not for publication)" if args.evaluate else ")")
+        what = (
+            "unbiased/ and nonnegative/ P1-P5 tables, nonnegative/microdata.csv, manifest.json, "
+            "size_classes.md"
         )
+        _print_written(out, what, args.evaluate)
     else:
         print(f"wrote {out} (privacy statement and manifest in {out}.censusdp.json)")
     return 0
+
+
+def _print_written(out: Path, what: str, evaluate: bool) -> None:
+    """Say where a directory route wrote: with ``--evaluate`` the release and the
+    confidential evaluation are two sibling folders, as ``run`` writes them."""
+    if evaluate:
+        print(f"wrote {out}/release/ (the release: {what})")
+        print(
+            f"wrote {out}/evaluation/ (CONFIDENTIAL comparisons with the truth, not for publication)"
+        )
+    else:
+        print(f"wrote {out}/ ({what})")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -34,7 +34,8 @@ directory renamed into place when complete; never over the input, nothing half-w
   invariants), the two products and their labels, the spec without its seed, versions,
   timings; ``privacy.md``; ``README.md``;
 * the size-class report of :mod:`censusdp.pipelines.size_class_report` (simulated from the
-  released numbers), and with ``--evaluate`` its confidential ``evaluation/`` section.
+  released numbers). With ``--evaluate`` the output is laid out as ``run``'s: all the
+  above in ``release/``, and beside it (never inside) the confidential ``evaluation/``.
 
 A PPMF spec::
 
@@ -153,6 +154,7 @@ from censusdp.pipelines.ppmf import (
     read_block_list,
     read_ppmf,
 )
+from censusdp.pipelines.runner import separate_evaluation
 from censusdp.pipelines.size_class_report import (
     PRODUCTS,
     area_totals,
@@ -828,7 +830,9 @@ def privatize_ppmf(
     seed : int, optional
         Reproducible mode (tests); overrides the spec's.
     evaluate : bool
-        Also write the confidential comparison with the truth (``evaluation/``).
+        Also write the confidential comparison with the truth, laid out as ``run`` does:
+        ``out/release/`` (everything above) beside ``out/evaluation/`` (CONFIDENTIAL), never
+        inside the release (:func:`censusdp.pipelines.runner.separate_evaluation`).
     repetitions : int, optional
         Simulated releases for the size-class report (default: the spec's).
     blocks : path-like, optional
@@ -987,6 +991,8 @@ def privatize_ppmf(
         timings["seconds"] = time.perf_counter() - t0
         timings["cpu_seconds"] = time.process_time() - c0
         _write_manifest(tmp, path, spec, privacy, timings, evaluate)
+        if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
+            separate_evaluation(tmp)
     return PPMFResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 
@@ -1035,7 +1041,7 @@ def _write_manifest(
         "size_class_report": {
             "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
             "repetitions": spec.repetitions,
-            "confidential_evaluation": "evaluation/ (CONFIDENTIAL)" if evaluate else None,
+            "confidential_evaluation": "../evaluation/ (CONFIDENTIAL)" if evaluate else None,
         },
         "versions": package_versions(),
         "timings": timings,

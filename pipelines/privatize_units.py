@@ -120,6 +120,7 @@ from censusdp.pipelines.privatize_ppmf import (
     read_release_spec,
     spec_reads_ppmf,
 )
+from censusdp.pipelines.runner import separate_evaluation
 from censusdp.pipelines.size_class_report import (
     PRODUCTS,
     evaluate_size_classes,
@@ -573,7 +574,9 @@ def privatize_units(
     compose_with : path-like, optional
         A persons release directory: the statement covers both releases.
     evaluate : bool
-        Also write the confidential comparison with the truth (``evaluation/``).
+        Also write the confidential comparison with the truth, laid out as ``run`` does:
+        ``out/release/`` (everything above) beside ``out/evaluation/`` (CONFIDENTIAL), never
+        inside the release (:func:`censusdp.pipelines.runner.separate_evaluation`).
     repetitions : int, optional
         Simulated releases for the size-class report (default: the spec's, 10).
 
@@ -643,6 +646,8 @@ def privatize_units(
         timings["seconds"] = time.perf_counter() - t0
         timings["cpu_seconds"] = time.process_time() - c0
         _write_manifest(tmp, path, spec, privacy, units_privacy, compose_with, timings, evaluate)
+        if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
+            separate_evaluation(tmp)
     return UnitsResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 
@@ -682,7 +687,7 @@ def _write_manifest(
             "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
             "quantity": "occupied housing units (H1_002N); areas classed by housing units",
             "repetitions": spec.repetitions,
-            "confidential_evaluation": "evaluation/ (CONFIDENTIAL)" if evaluate else None,
+            "confidential_evaluation": "../evaluation/ (CONFIDENTIAL)" if evaluate else None,
         },
         "versions": package_versions(),
         "timings": timings,

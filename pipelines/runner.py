@@ -65,6 +65,7 @@ __all__ = [
     "write_evaluation",
     "RELEASE_DIR",
     "EVALUATION_DIR",
+    "separate_evaluation",
 ]
 
 #: Folder of a run's output holding what may be published.
@@ -470,6 +471,29 @@ def write_evaluation(
         ),
         encoding="utf-8",
     )
+
+
+def separate_evaluation(out: Path) -> Path:
+    """Lay out an output holding a confidential ``evaluation/`` as :func:`run_spec` does:
+    everything else (what may be published) moves into ``out/release/``, and
+    ``out/evaluation/`` stays its sibling, labelled ``CONFIDENTIAL.txt``, so that publishing
+    the release folder can never publish the comparison with the truth.
+
+    ``out`` is the temporary directory of :func:`censusdp.atomic.output_dir`, before it is
+    renamed into place (``privatize --evaluate`` on the PPMF routes). Returns the release
+    folder.
+    """
+    release = out / RELEASE_DIR
+    if release.exists():
+        raise SpecError(f"{out.name}: holds {RELEASE_DIR}/ already; cannot separate it")
+    published = sorted(p for p in out.iterdir() if p.name != EVALUATION_DIR)
+    release.mkdir()
+    for p in published:
+        p.rename(release / p.name)
+    evaluation = out / EVALUATION_DIR
+    if evaluation.is_dir():
+        (evaluation / "CONFIDENTIAL.txt").write_text(CONFIDENTIAL_LABEL + "\n", encoding="utf-8")
+    return release
 
 
 def with_budget(spec: RunSpec, total: float) -> RunSpec:
