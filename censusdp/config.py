@@ -102,6 +102,7 @@ __all__ = [
     "EXACT_GRID",
     "MAX_REPETITIONS",
     "MAX_PARTITIONS",
+    "MAX_RHO",
     "exact_fraction",
 ]
 
@@ -116,6 +117,9 @@ REDACTED = "<redacted>"
 #: to within a relative 1e-6 (1e-300, or a share of 0.9999999999999999, which rounds to 1) is
 #: refused rather than silently rounded to 0 or 1 (:func:`exact_fraction`).
 EXACT_GRID = 10**12
+#: Largest total ρ (zCDP) a spec may state: beyond it a release protects no one (ε in the
+#: thousands) and the discrete Gaussian variances fall below the samplers' exact range.
+MAX_RHO = 1e6
 #: Upper bound of simulated or repeated releases (``[run] repetitions``, ``[report]
 #: repetitions``, ``--repetitions``): each is a full release; beyond this a run would not end.
 MAX_REPETITIONS = 1000
@@ -124,12 +128,15 @@ MAX_REPETITIONS = 1000
 MAX_PARTITIONS = 100_000
 
 
-def exact_fraction(value: float, where: str, *, below_one: bool = False) -> Fraction:
+def exact_fraction(
+    value: float, where: str, *, below_one: bool = False, most: float | None = None
+) -> Fraction:
     """``value`` (a positive budget or a share) as the exact rational the accounting uses.
 
     The rational is the closest with denominator at most :data:`EXACT_GRID`; it must be
-    positive (and below 1 for a share, ``below_one``) and within a relative 1e-6 of
-    ``value``, else the value cannot be spent as given.
+    positive (and below 1 for a share, ``below_one``; at most ``most`` when given, e.g.
+    :data:`MAX_RHO`) and within a relative 1e-6 of ``value``, else the value cannot be spent
+    as given.
 
     Raises
     ------
@@ -139,6 +146,11 @@ def exact_fraction(value: float, where: str, *, below_one: bool = False) -> Frac
     if not math.isfinite(value) or value <= 0 or (below_one and value >= 1):
         span = "in (0, 1)" if below_one else "positive and finite"
         raise SpecError(f"{where}: must be {span}")
+    if most is not None and value > most:
+        raise SpecError(
+            f"{where}: at most {most:g} (a larger budget protects no one, and its noise would "
+            "fall below the exact samplers' range)"
+        )
     frac = Fraction(value).limit_denominator(EXACT_GRID)
     low, high = Fraction(1, EXACT_GRID), 1 - Fraction(1, EXACT_GRID)
     if frac <= 0 or (below_one and frac >= 1) or abs(float(frac) - value) > 1e-6 * value:

@@ -48,7 +48,7 @@ from censusdp.atomic import atomic_file
 from censusdp.errors import DataError
 from censusdp.hierarchy.validate import parse_counts
 from censusdp.spreadsheet import write_csv
-from censusdp.tabular import PARQUET_SUFFIXES, read_csv_text, read_parquet_table
+from censusdp.tabular import PARQUET_SUFFIXES, read_csv_text, read_parquet_table, shown_columns
 
 __all__ = [
     "BatchFile",
@@ -286,7 +286,7 @@ def read_batch(
     df, enc = _read_frame(path, encoding)
     if gisjoin_column not in df.columns:
         raise DataError(
-            f"{path.name}: no {gisjoin_column!r} column (columns: {list(df.columns)}); NHGIS files key "
+            f"{path.name}: no {gisjoin_column!r} column (columns: {shown_columns(df.columns)}); NHGIS files key "
             "units by GISJOIN"
         )
     keys = [c for c in df.columns if c.lower() in CONTEXT_COLUMNS or c == gisjoin_column]

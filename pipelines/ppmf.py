@@ -83,6 +83,7 @@ from censusdp.errors import DataError
 from censusdp.hierarchy.builders import from_columns
 from censusdp.hierarchy.core import STRING_DTYPE, Hierarchy
 from censusdp.schema import Schema
+from censusdp.tabular import refuse_cr_line_ends
 
 __all__ = [
     "BLOCK_LIST_COLUMNS",
@@ -353,11 +354,7 @@ def sniff_csv(path: Path) -> tuple[int, str, list[str]]:
             line = raw
             offset += len(raw)
             break
-    if b"\r" in line.rstrip(b"\r\n"):
-        raise DataError(
-            f"{path.name}: lines end in a bare carriage return (CR, old Mac OS line ends); "
-            "convert the file to LF or CRLF line ends (e.g. tr '\\r' '\\n')"
-        )
+    refuse_cr_line_ends(line, path)
     try:
         text = line.decode("utf-8-sig").strip("\r\n")
     except UnicodeDecodeError:
@@ -368,13 +365,14 @@ def sniff_csv(path: Path) -> tuple[int, str, list[str]]:
         raise DataError(f"{path.name}: empty file (no header row); give a PPMF CSV with a header")
     delimiter = "|" if text.count("|") > text.count(",") else ","
     header = [h.strip() for h in next(csv.reader([text], delimiter=delimiter))]
-    seen: set[str] = set()
-    for h in header:
-        if h in seen:
+    seen: dict[str, int] = {}
+    for i, h in enumerate(header):
+        if h in seen:  # a file without a header line starts with a record: not quoted
             raise DataError(
-                f"{path.name}: column {h!r} occurs twice in the header; each column must occur once"
+                f"{path.name}: header columns {seen[h] + 1} and {i + 1} have the same name; "
+                "each column must occur once (is the header line missing?)"
             )
-        seen.add(h)
+        seen[h] = i
     return offset, delimiter, header
 
 

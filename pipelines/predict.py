@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +103,13 @@ def _hierarchy(h: Mapping[str, Any], where: str, base: Path) -> Hierarchy:
         path = path if path.is_absolute() else base / path
         if not path.is_file():
             raise SpecError(f"{where}: hierarchy.file: no such file {str(path)!r}")
-        return load_hierarchy(path)
+        try:
+            return load_hierarchy(path)
+        except (ValueError, OSError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # not one
+            raise SpecError(
+                f"{where}: hierarchy.file: {path.name!r} is not a saved hierarchy "
+                f"({type(exc).__name__}); give a file written by save_hierarchy"
+            ) from None
     kind = h["synthetic"]
     if kind not in SYNTHETIC_BLOCKS:
         raise SpecError(f"{where}: hierarchy.synthetic: {kind!r} is not 'state' or 'us'")

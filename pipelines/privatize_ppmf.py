@@ -111,7 +111,7 @@ import scipy.sparse as sp
 
 from censusdp.atomic import check_output, output_dir
 from censusdp.budget import PrivacyStatement
-from censusdp.config import MAX_REPETITIONS, exact_fraction
+from censusdp.config import MAX_REPETITIONS, MAX_RHO, exact_fraction
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.area_measurements import (
     MeasuredAreas,
@@ -384,7 +384,7 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
         raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
     rho = p.get(priv, "privacy", "rho", float)
     if rho is not None:
-        rho = exact_fraction(rho, f"{path}: privacy.rho")
+        rho = exact_fraction(rho, f"{path}: privacy.rho", most=MAX_RHO)
     delta = p.get(priv, "privacy", "delta", float)
     if delta is not None and not 0 < delta < 1:
         raise p.fail("privacy.delta", "must be in (0, 1)")

@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import numpy as np
+import pandas as pd
+from ppmf_fixtures import ppmf_persons
 from run_specs import SMALL_DATA, SMALL_SPEC
 
 from censusdp.app.cli import main
@@ -56,6 +59,49 @@ run = ["gls"]
 RUN = ["run", "spec.toml"]
 PRIV = ["privatize", "nhgis.csv", "--spec", "nspec.toml"]
 
+#: A small PPMF (2020 layout), its public blocks and a block → place file.
+_BLOCKS = [(st, cou, "000100", "1", f"100{b}") for st, cou in (("01", "001"), ("02", "005"))
+           for b in range(3)]  # fmt: skip
+PPMF = ppmf_persons(np.random.default_rng(5), 40, _BLOCKS, household_share=0.9).to_csv(index=False)
+PPMF_HEADER, PPMF_FIRST = PPMF.splitlines()[:2]
+BLOCKS = "GEOID20\n" + "".join(f"{st}{cou}{tr}{blk}\n" for st, cou, tr, _, blk in _BLOCKS)
+PLACES = "BLOCKID|PLACEFP\n" + "".join(
+    f"{st}{cou}{tr}{blk}|{'00100' if st == '01' else ''}\n" for st, cou, tr, _, blk in _BLOCKS
+)
+PSPEC = """
+[data]
+source = "ppmf"
+[privacy]
+accounting = "zcdp"
+rho = 2.0
+[hierarchy]
+blocks = "blocks.csv"
+[areas]
+file = "places.txt"
+level = "place"
+block_column = "BLOCKID"
+area_column = "PLACEFP"
+skip_blank = true
+[report]
+repetitions = 2
+"""
+PPRIV = ["privatize", "ppmf.csv", "--spec", "pspec.toml"]
+PREDSPEC = """
+[predict]
+schema = "pl94"
+invariants = { nation = ["total"], state = ["total"] }
+tables = ["total"]
+[hierarchy]
+synthetic = "state"
+blocks = 60
+seed = 2
+"""
+PRED = ["predict", "predspec.toml"]
+#: A value planted in a confidential file: no message, output or file may ever hold it.
+SECRET = "S3CR3T7391"
+#: A PPMF without its header line: its first line is one person's record.
+HEADLESS = PPMF_FIRST.rsplit(",", 1)[0] + f",{SECRET}\n" + "\n".join(PPMF.splitlines()[2:]) + "\n"
+
 
 def _workspace(ws: Path) -> None:
     ws.mkdir()
@@ -63,6 +109,11 @@ def _workspace(ws: Path) -> None:
     (ws / "spec.toml").write_text(textwrap.dedent(SPEC))
     (ws / "nhgis.csv").write_text(NHGIS)
     (ws / "nspec.toml").write_text(textwrap.dedent(NSPEC))
+    (ws / "ppmf.csv").write_text(PPMF)
+    (ws / "blocks.csv").write_text(BLOCKS)
+    (ws / "places.txt").write_text(PLACES)
+    (ws / "pspec.toml").write_text(PSPEC)
+    (ws / "predspec.toml").write_text(PREDSPEC)
     (ws / "notes.txt").write_text("my notes, not censusdp's\n")
     (ws / "other").mkdir()
     (ws / "other" / "keep.txt").write_text("someone else's folder\n")
@@ -91,6 +142,32 @@ def spec(old: str, new: str, name: str = "spec.toml") -> Callable[[Path], None]:
 
 def nspec(old: str, new: str) -> Callable[[Path], None]:
     return spec(old, new, "nspec.toml")
+
+
+def pspec(old: str, new: str) -> Callable[[Path], None]:
+    return spec(old, new, "pspec.toml")
+
+
+def predspec(old: str, new: str) -> Callable[[Path], None]:
+    return spec(old, new, "predspec.toml")
+
+
+def cr_only(name: str) -> Callable[[Path], None]:
+    """Rewrite ``name`` with bare-CR (old Mac OS) line ends."""
+
+    def go(ws: Path) -> None:
+        p = ws / name
+        p.write_bytes(p.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r"))
+
+    return go
+
+
+def crlf(name: str) -> Callable[[Path], None]:
+    return lambda ws: (ws / name).write_bytes((ws / name).read_bytes().replace(b"\n", b"\r\n"))
+
+
+def bom(name: str) -> Callable[[Path], None]:
+    return lambda ws: (ws / name).write_bytes(b"\xef\xbb\xbf" + (ws / name).read_bytes())
 
 
 def parquet_source(ws: Path) -> None:
@@ -133,36 +210,54 @@ class Case:
     expect: tuple[str, ...] = ()
     setup: Callable[[Path], None] | None = None
     owner: str | None = None  # another engineer's module: xfail until their fix is merged
+    #: "clear": bad input, a one-line exit-2 error naming it; "refused": a legal path censusdp
+    #: will not write (an input, someone else's file, a link, an output without --overwrite);
+    #: "accepted": hostile-looking but valid input, handled (exit 0) and checked by ``check``.
+    kind: str = "clear"
+    env: dict[str, str] | None = None  # environment of the run (``{ws}`` is the workspace)
+    secret: str | None = None  # a planted confidential value: never printed nor written
+    check: Callable[[Path], None] | None = None  # accepted: what the outputs must hold
 
 
-def C(id, argv, *expect, setup=None, owner=None):  # noqa: N802  (one line per case)
-    return Case(id, argv, tuple(expect), setup, owner)
+def C(id, argv, *expect, setup=None, owner=None, env=None, secret=None):  # noqa: N802
+    """A clear error (one line per case)."""
+    return Case(id, argv, tuple(expect), setup, owner, "clear", env, secret)
+
+
+def R(id, argv, *expect, setup=None, owner=None):  # noqa: N802
+    """A refused output path."""
+    return Case(id, argv, tuple(expect), setup, owner, "refused")
+
+
+def A(id, argv, check, setup=None, secret=None, env=None):  # noqa: N802
+    """An accepted input: exit 0, the inputs untouched, ``check(ws)`` holds."""
+    return Case(id, argv, (), setup, None, "accepted", env, secret, check)
 
 
 # fmt: off
 CASES = [
     # -- run: output paths ----------------------------------------------------------------
-    C("run out=.", RUN + ["--out", "."], "--out '.'", "current"),
+    R("run out=.", RUN + ["--out", "."], "--out '.'", "current"),
     C("run out=''", RUN + ["--out", ""], "--out", "empty"),
-    C("run out=..", RUN + ["--out", ".."], "--out '..'"),
-    C("run out=workspace (holds inputs)", RUN + ["--out", "{ws}"], "current directory"),
-    C("run out=input dir by path", RUN + ["--out", "../ws"], "holds"),
-    C("run out=dir holding --data", RUN + ["--data", "sub/d.csv", "--out", "sub"], "holds the input 'd.csv'", setup=write("sub/d.csv", DATA)),
-    C("run out=dir holding the spec", ["run", "sub/s.toml", "--out", "sub"], "holds the input 's.toml'", setup=write("sub/s.toml", SPEC)),
-    C("run out=data file", RUN + ["--out", "data.csv"], "is the input 'data.csv'"),
-    C("run out=spec file", RUN + ["--out", "spec.toml"], "is the input 'spec.toml'"),
-    C("run out=other file", RUN + ["--out", "notes.txt"], "'notes.txt' is a file"),
-    C("run out=foreign dir", RUN + ["--out", "other"], "'keep.txt'", "not a censusdp output"),
-    C("run out=foreign dir --overwrite", RUN + ["--out", "other", "--overwrite"], "'keep.txt'"),
-    C("run out=symlink", RUN + ["--out", "link"], "symbolic link", setup=symlink("link", "other")),
+    R("run out=..", RUN + ["--out", ".."], "--out '..'"),
+    R("run out=workspace (holds inputs)", RUN + ["--out", "{ws}"], "current directory"),
+    R("run out=input dir by path", RUN + ["--out", "../ws"], "holds"),
+    R("run out=dir holding --data", RUN + ["--data", "sub/d.csv", "--out", "sub"], "holds the input 'd.csv'", setup=write("sub/d.csv", DATA)),
+    R("run out=dir holding the spec", ["run", "sub/s.toml", "--out", "sub"], "holds the input 's.toml'", setup=write("sub/s.toml", SPEC)),
+    R("run out=data file", RUN + ["--out", "data.csv"], "is the input 'data.csv'"),
+    R("run out=spec file", RUN + ["--out", "spec.toml"], "is the input 'spec.toml'"),
+    R("run out=other file", RUN + ["--out", "notes.txt"], "'notes.txt' is a file"),
+    R("run out=foreign dir", RUN + ["--out", "other"], "'keep.txt'", "not a censusdp output"),
+    R("run out=foreign dir --overwrite", RUN + ["--out", "other", "--overwrite"], "'keep.txt'"),
+    R("run out=symlink", RUN + ["--out", "link"], "symbolic link", setup=symlink("link", "other")),
     C("run out under a file", RUN + ["--out", "notes.txt/out"], "not a directory"),
-    C("run own output, no --overwrite", RUN + ["--out", "prev"], "--overwrite", setup=own("run", "prev")),
-    C("run own output + foreign file", RUN + ["--out", "prev", "--overwrite"], "'evaluation/mine.txt'", "did not write", setup=both(own("run", "prev"), write("prev/evaluation/mine.txt", "x"))),
-    C("run own output edited", RUN + ["--out", "prev", "--overwrite"], "release/privacy.md", "changed", setup=both(own("run", "prev"), write("prev/release/privacy.md", "edited"))),
-    C("run own output, marker forged", RUN + ["--out", "prev", "--overwrite"], "not a censusdp output", setup=both(own("run", "prev"), write("prev/censusdp-output.json", "{}"))),
-    C("run [output] dir = .", RUN, "[output] dir", setup=spec("[estimators]", '[output]\ndir = "."\n[estimators]')),
-    C("run [output] dir = workspace", RUN, "[output] dir", "current directory", setup=spec("[estimators]", '[output]\ndir = "../ws"\n[estimators]')),
-    C("run [output] dir = other", RUN, "[output] dir", "'keep.txt'", setup=spec("[estimators]", '[output]\ndir = "other"\n[estimators]')),
+    R("run own output, no --overwrite", RUN + ["--out", "prev"], "--overwrite", setup=own("run", "prev")),
+    R("run own output + foreign file", RUN + ["--out", "prev", "--overwrite"], "'evaluation/mine.txt'", "did not write", setup=both(own("run", "prev"), write("prev/evaluation/mine.txt", "x"))),
+    R("run own output edited", RUN + ["--out", "prev", "--overwrite"], "release/privacy.md", "changed", setup=both(own("run", "prev"), write("prev/release/privacy.md", "edited"))),
+    R("run own output, marker forged", RUN + ["--out", "prev", "--overwrite"], "not a censusdp output", setup=both(own("run", "prev"), write("prev/censusdp-output.json", "{}"))),
+    R("run [output] dir = .", RUN, "[output] dir", setup=spec("[estimators]", '[output]\ndir = "."\n[estimators]')),
+    R("run [output] dir = workspace", RUN, "[output] dir", "current directory", setup=spec("[estimators]", '[output]\ndir = "../ws"\n[estimators]')),
+    R("run [output] dir = other", RUN, "[output] dir", "'keep.txt'", setup=spec("[estimators]", '[output]\ndir = "other"\n[estimators]')),
     # -- run: options -----------------------------------------------------------------------
     C("run --seed -1", RUN + ["--seed", "-1"], "--seed", "non-negative"),
     C("run --seed abc", RUN + ["--seed", "abc"], "--seed"),
@@ -208,21 +303,21 @@ CASES = [
     C("parquet corrupt", RUN + ["--out", "o"], "data.parquet", setup=both(parquet_source, write("data.parquet", b"PAR1 not really"))),
     C("parquet is CSV", RUN + ["--out", "o"], "data.parquet", setup=both(parquet_source, write("data.parquet", DATA))),
     # -- privatize --------------------------------------------------------------------------
-    C("privatize -o input", PRIV + ["-o", "nhgis.csv"], "is the input 'nhgis.csv'"),
-    C("privatize -o spec", PRIV + ["-o", "nspec.toml"], "-o", "nspec.toml"),
-    C("privatize -o dir holding input", ["privatize", "sub/n.csv", "--spec", "nspec.toml", "-o", "sub"], "holds the input 'n.csv'", setup=write("sub/n.csv", NHGIS)),
-    C("privatize -o dir", PRIV + ["-o", "other"], "-o 'other'"),
-    C("privatize -o existing dir.csv", PRIV + ["-o", "d.csv"], "is a directory", setup=write("d.csv/x", "x")),
+    R("privatize -o input", PRIV + ["-o", "nhgis.csv"], "is the input 'nhgis.csv'"),
+    R("privatize -o spec", PRIV + ["-o", "nspec.toml"], "-o", "nspec.toml"),
+    R("privatize -o dir holding input", ["privatize", "sub/n.csv", "--spec", "nspec.toml", "-o", "sub"], "holds the input 'n.csv'", setup=write("sub/n.csv", NHGIS)),
+    R("privatize -o dir", PRIV + ["-o", "other"], "-o 'other'"),
+    R("privatize -o existing dir.csv", PRIV + ["-o", "d.csv"], "is a directory", setup=write("d.csv/x", "x")),
     C("privatize -o xlsx", PRIV + ["-o", "out.xlsx"], "'.xlsx'", ".csv"),
     C("privatize -o no extension", PRIV + ["-o", "out"], "without extension"),
-    C("privatize -o foreign csv", PRIV + ["-o", "theirs.csv"], "not a censusdp output", setup=write("theirs.csv", "a,b\n1,2\n")),
-    C("privatize -o own, no --overwrite", PRIV + ["-o", "p.csv"], "--overwrite", setup=own("privatize", "p.csv")),
-    C("privatize -o own, edited", PRIV + ["-o", "p.csv", "--overwrite"], "changed", setup=both(own("privatize", "p.csv"), write("p.csv", "gisjoin\nG1\n"))),
-    C("privatize -o foreign sidecar", PRIV + ["-o", "n.csv"], "n.csv.censusdp.json", setup=write("n.csv.censusdp.json", "mine")),
+    R("privatize -o foreign csv", PRIV + ["-o", "theirs.csv"], "not a censusdp output", setup=write("theirs.csv", "a,b\n1,2\n")),
+    R("privatize -o own, no --overwrite", PRIV + ["-o", "p.csv"], "--overwrite", setup=own("privatize", "p.csv")),
+    R("privatize -o own, edited", PRIV + ["-o", "p.csv", "--overwrite"], "changed", setup=both(own("privatize", "p.csv"), write("p.csv", "gisjoin\nG1\n"))),
+    R("privatize -o foreign sidecar", PRIV + ["-o", "n.csv"], "n.csv.censusdp.json", setup=write("n.csv.censusdp.json", "mine")),
     C("privatize -o ''", PRIV + ["-o", ""], "-o", "empty"),
-    C("privatize -o .", PRIV + ["-o", "."], "-o '.'"),
+    R("privatize -o .", PRIV + ["-o", "."], "-o '.'"),
     C("privatize -o under a file", PRIV + ["-o", "notes.txt/x.csv"], "not a directory"),
-    C("privatize -o symlink", PRIV + ["-o", "l.csv"], "symbolic link", setup=symlink("l.csv", "notes.txt")),
+    R("privatize -o symlink", PRIV + ["-o", "l.csv"], "symbolic link", setup=symlink("l.csv", "notes.txt")),
     C("privatize --seed -5", PRIV + ["-o", "p.csv", "--seed", "-5"], "--seed"),
     C("privatize without -o", PRIV, "-o"),
     C("privatize input missing", ["privatize", "nope.csv", "--spec", "nspec.toml", "-o", "p.csv"], "nope.csv"),
@@ -237,14 +332,14 @@ CASES = [
     C("privatize spec bad key", PRIV + ["-o", "p.csv"], "mechanism.noise", setup=nspec('"discrete_gaussian"', '"cauchy"')),
     # -- experiment, demo, hierarchy, top level ---------------------------------------------
     C("experiment unknown", ["experiment", "no-such-study", "--out", "x"], "no-such-study"),
-    C("experiment --out .", ["experiment", "laplace-conditioning", "--quick", "--out", "."], "--out '.'"),
-    C("experiment --out foreign", ["experiment", "laplace-conditioning", "--quick", "--out", "other"], "'keep.txt'"),
-    C("experiment --out holds --data", ["experiment", "laplace-conditioning", "--data", "{ws}/other/keep.txt", "--out", "{ws}/other"], "holds the input"),
+    R("experiment --out .", ["experiment", "laplace-conditioning", "--quick", "--out", "."], "--out '.'"),
+    R("experiment --out foreign", ["experiment", "laplace-conditioning", "--quick", "--out", "other"], "'keep.txt'"),
+    R("experiment --out holds --data", ["experiment", "laplace-conditioning", "--data", "{ws}/other/keep.txt", "--out", "{ws}/other"], "holds the input"),
     C("experiment --seed -1", ["experiment", "laplace-conditioning", "--seed", "-1"], "--seed"),
-    C("demo --out .", ["demo", "--quick", "--out", "."], "--out '.'"),
-    C("demo --out file", ["demo", "--quick", "--out", "notes.txt"], "is a file"),
-    C("demo --out foreign", ["demo", "--quick", "--out", "other"], "'keep.txt'"),
-    C("demo --out own run, no --overwrite", ["demo", "--quick", "--out", "prev"], "--overwrite", setup=own("run", "prev")),
+    R("demo --out .", ["demo", "--quick", "--out", "."], "--out '.'"),
+    R("demo --out file", ["demo", "--quick", "--out", "notes.txt"], "is a file"),
+    R("demo --out foreign", ["demo", "--quick", "--out", "other"], "'keep.txt'"),
+    R("demo --out own run, no --overwrite", ["demo", "--quick", "--out", "prev"], "--overwrite", setup=own("run", "prev")),
     C("demo --seed -1", ["demo", "--seed", "-1"], "--seed"),
     C("hierarchy missing file", ["hierarchy", "describe", "nope.csv", "--level", "state=fips:2"], "nope.csv"),
     C("hierarchy missing column", ["hierarchy", "describe", "data.csv", "--level", "state=geo:2"], "geo"),
@@ -301,9 +396,30 @@ def _params():
         yield pytest.param(c, id=c.id, marks=marks)
 
 
-def test_enough_cases():
-    assert len(CASES) >= 60
+def test_enough_cases_and_the_totals_in_the_docstring():
+    assert len(CASES) >= 150
     assert len({c.id for c in CASES}) == len(CASES)
+    plain = [(tuple(c.argv), repr(c.env)) for c in CASES if c.setup is None]
+    assert len(set(plain)) == len(plain)  # no two cases run one command on one workspace
+    kinds = {k: sum(c.kind == k for c in CASES) for k in ("clear", "refused", "accepted")}
+    assert sum(kinds.values()) == len(CASES)
+    totals = (
+        f"{len(CASES)} tried: {kinds['clear']} clear (exit 2, one line naming the problem), "
+        f"{kinds['refused']} refused (exit 2, an output path censusdp will not write), "
+        f"{kinds['accepted']} accepted (exit 0, checked)"
+    )
+    assert totals in " ".join(__doc__.split()), totals
+
+
+def _files_hold(root: Path, secret: str, skip: dict[str, str]) -> list[str]:
+    """Files under ``root`` (other than the unchanged ones in ``skip``) holding ``secret``."""
+    hits = []
+    for p in root.rglob("*"):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and not p.is_symlink() and rel not in skip:
+            if secret.encode() in p.read_bytes():
+                hits.append(rel)
+    return hits
 
 
 @pytest.mark.parametrize("case", list(_params()))
@@ -313,6 +429,8 @@ def test_hostile_input(case: Case, tmp_path, monkeypatch, capsys):
     if case.setup is not None:
         case.setup(ws)
     monkeypatch.chdir(ws)
+    for key, value in (case.env or {}).items():
+        monkeypatch.setenv(key, value.replace("{ws}", str(ws)))
     before = tree(tmp_path)
     argv = [a.replace("{ws}", str(ws)) for a in case.argv]
     code = main(argv)
@@ -321,6 +439,19 @@ def test_hostile_input(case: Case, tmp_path, monkeypatch, capsys):
         ln for ln in err.splitlines() if ln.strip() and not ln.startswith("censusdp: warning:")
     ]
     assert "Traceback" not in err + out
+    if case.secret is not None:
+        assert case.secret not in err + out, "a confidential value was printed"
+        after = tree(tmp_path)
+        unchanged = {k: v for k, v in before.items() if after.get(k) == v}
+        held = _files_hold(tmp_path, case.secret, unchanged)
+        assert not held, f"a confidential value was written to {held}"
+    if case.kind == "accepted":
+        assert code == 0, err
+        assert not lines, err
+        after = tree(tmp_path)
+        assert {k: after.get(k) for k in before} == before, "an input changed"
+        case.check(ws)
+        return
     assert code == 2, err
     assert len(lines) == 1 and lines[0].startswith("censusdp: error: "), err
     for fragment in case.expect:
