@@ -66,6 +66,7 @@ import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,11 @@ __all__ = [
     "parse_spec",
     "read_spec_toml",
     "SpecParser",
+    "EXACT_GRID",
+    "MAX_REPETITIONS",
+    "MAX_PARTITIONS",
+    "MAX_RHO",
+    "exact_fraction",
 ]
 
 INTEGER_MODES = ("round", "lattice", "none")
@@ -106,6 +112,59 @@ BUILTIN_QUERIES = ("total", "detailed")
 _NETWORK = ("tls_ca_file", "tls_cert", "tls_key", "allow_insecure_network")
 #: What :meth:`RunSpec.to_dict` writes in place of a seed.
 REDACTED = "<redacted>"
+#: Denominator bound of the exact rationals that budgets (ρ, shares) are kept as: a value is
+#: represented to within 1/EXACT_GRID², and one that is not a positive rational of this grid
+#: to within a relative 1e-6 (1e-300, or a share of 0.9999999999999999, which rounds to 1) is
+#: refused rather than silently rounded to 0 or 1 (:func:`exact_fraction`).
+EXACT_GRID = 10**12
+#: Largest total ρ (zCDP) a spec may state: beyond it a release protects no one (ε in the
+#: thousands) and the discrete Gaussian variances fall below the samplers' exact range.
+MAX_RHO = 1e6
+#: Upper bound of simulated or repeated releases (``[run] repetitions``, ``[report]
+#: repetitions``, ``--repetitions``): each is a full release; beyond this a run would not end.
+MAX_REPETITIONS = 1000
+#: Upper bound of ``--partitions`` / ``[run] partitions`` (a partition per county of the
+#: nation is 3,221; more only adds scheduling overhead).
+MAX_PARTITIONS = 100_000
+
+
+def exact_fraction(
+    value: float, where: str, *, below_one: bool = False, most: float | None = None
+) -> Fraction:
+    """``value`` (a positive budget or a share) as the exact rational the accounting uses.
+
+    The rational is the closest with denominator at most :data:`EXACT_GRID`; it must be
+    positive (and below 1 for a share, ``below_one``; at most ``most`` when given, e.g.
+    :data:`MAX_RHO`) and within a relative 1e-6 of ``value``, else the value cannot be spent
+    as given.
+
+    Raises
+    ------
+    SpecError
+        Naming ``where`` (the file and dotted key, or the option), never a secret.
+    """
+    if not math.isfinite(value) or value <= 0 or (below_one and value >= 1):
+        span = "in (0, 1)" if below_one else "positive and finite"
+        raise SpecError(f"{where}: must be {span}")
+    if most is not None and value > most:
+        raise SpecError(
+            f"{where}: at most {most:g} (a larger budget protects no one, and its noise would "
+            "fall below the exact samplers' range)"
+        )
+    frac = Fraction(value).limit_denominator(EXACT_GRID)
+    low, high = Fraction(1, EXACT_GRID), 1 - Fraction(1, EXACT_GRID)
+    if frac <= 0 or (below_one and frac >= 1) or abs(float(frac) - value) > 1e-6 * value:
+        span = (
+            f"between {float(low):g} and {float(high):.12f}"
+            if below_one
+            else f"at least {float(low):g}"
+        )
+        raise SpecError(
+            f"{where}: {value!r} is not representable as an exact budget (censusdp keeps "
+            f"budgets as rationals with denominators up to {EXACT_GRID:.0e}); give a value "
+            f"{span}"
+        )
+    return frac
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,6 +450,8 @@ def check_run_options(*, seed: Any = None, partitions: Any = None, where: str = 
         raise SpecError(
             f"{prefix}partitions must be a positive integer (omit it to let the pipeline choose)"
         )
+    if partitions is not None and partitions > MAX_PARTITIONS:
+        raise SpecError(f"{prefix}partitions: at most {MAX_PARTITIONS}")
 
 
 @dataclass(frozen=True)
@@ -584,7 +645,8 @@ def read_spec_toml(path: str | Path) -> dict[str, Any]:
     Raises
     ------
     SpecError
-        Missing or unreadable file, text that is not UTF-8, or a TOML syntax error (with line
+        Missing, empty or unreadable file, text that is not UTF-8, bare-CR (old Mac) line
+        ends, or a TOML syntax error (with line
         and column), naming the file.
     """
     name = str(path)
@@ -593,9 +655,18 @@ def read_spec_toml(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise SpecError(f"{name}: cannot read the spec file ({exc.strerror})") from None
     try:
-        return tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError(f"{name}: the spec is not valid UTF-8 text") from None
+    if "\r" in text.replace("\r\n", ""):
+        raise SpecError(
+            f"{name}: lines end in a bare carriage return (CR, old Mac OS line ends), which "
+            "TOML does not allow; save the spec with LF or CRLF line ends"
+        )
+    if not text.strip():
+        raise SpecError(f"{name}: the spec file is empty; see the README for a spec's sections")
+    try:
+        return tomllib.loads(text.removeprefix("\ufeff"))
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{name}: TOML syntax error: {exc}") from None
 
@@ -1099,6 +1170,10 @@ class SpecParser:
         p = "run"
         self.keys(t, p, ("repetitions", "seed", "scheduler", "partitions", "address", *_NETWORK))
         repetitions = self.positive_int(t, p, "repetitions", default=1)
+        if repetitions > MAX_REPETITIONS:
+            raise self.fail(
+                "run.repetitions", f"at most {MAX_REPETITIONS} (each is a full release)"
+            )
         seed = self.get(t, p, "seed", int)  # errors name the type, never the value
         if seed is not None and seed < 0:
             raise self.fail("run.seed", "must be a non-negative integer")
@@ -1106,6 +1181,8 @@ class SpecParser:
         if not scheduler:
             raise self.fail("run.scheduler", "must not be empty")
         partitions = self.positive_int(t, p, "partitions")
+        if partitions is not None and partitions > MAX_PARTITIONS:
+            raise self.fail("run.partitions", f"at most {MAX_PARTITIONS}")
         address = self.get(t, p, "address", str)
         if address is not None:
             if not address.startswith(("tcp://", "tls://")) or len(address) <= len("tcp://"):

@@ -15,6 +15,7 @@ __all__ = [
     "BudgetError",
     "ConvergenceError",
     "SolverError",
+    "ExecutionError",
 ]
 
 
@@ -44,3 +45,9 @@ class ConvergenceError(CensusDPError, RuntimeError):
 
 class SolverError(CensusDPError, RuntimeError):
     """An optimisation solver failed; the message names the node whose problem failed."""
+
+
+class ExecutionError(CensusDPError, RuntimeError):
+    """The machinery running the work failed, not the input: a Dask worker process died (killed,
+    out of memory) or a local cluster could not start. Nothing was written; the message says
+    how to retry."""

@@ -25,7 +25,9 @@ __all__ = [
     "parquet_columns",
     "read_csv_text",
     "read_parquet_table",
+    "refuse_cr_line_ends",
     "refuse_duplicate_columns",
+    "shown_columns",
 ]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -33,15 +35,42 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 _RAGGED = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 
+def refuse_cr_line_ends(head: str | bytes, path: Path) -> None:
+    """Refuse a file whose lines end in a bare carriage return (classic Mac OS): ``head`` is
+    its start (at least its first line). Such a file reads as one long line, so its header
+    would hold its data rows."""
+    cr, lf = ("\r", "\n") if isinstance(head, str) else (b"\r", b"\n")
+    first = head.split(lf, 1)[0].rstrip(cr)
+    if cr in first:
+        raise DataError(
+            f"{path.name}: lines end in a bare carriage return (CR, old Mac OS line ends); "
+            "convert the file to LF or CRLF line ends (e.g. tr '\\r' '\\n')"
+        )
+
+
+_NUMBERLIKE = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*")
+
+
+def shown_columns(names: Sequence[object], limit: int = 30) -> str:
+    """The column names of a header for a message, or only their number when the "header"
+    looks like a data record (a field that is a number: a file without its header line
+    starts with one person's record, which no message may quote)."""
+    names = [str(n) for n in names]
+    if any(_NUMBERLIKE.fullmatch(n) for n in names):
+        return f"{len(names)} columns (names not shown: the first line looks like data)"
+    return str(names[:limit])
+
+
 def refuse_duplicate_columns(names: Sequence[str], path: Path) -> None:
     """Refuse a column name that occurs twice (pandas would silently read ``name.1``)."""
     seen: dict[str, int] = {}
     for i, name in enumerate(names):
         if name in seen:
+            what = "a column" if shown_columns(names).endswith("data)") else f"column {name!r}"
             raise DataError(
-                f"{path.name}: column {name!r} occurs twice in the header (columns "
+                f"{path.name}: {what} occurs twice in the header (columns "
                 f"{seen[name] + 1} and {i + 1}); each column must occur once: remove or rename "
-                "the duplicate"
+                "the duplicate (or is the header line missing?)"
             )
         seen[name] = i
 
@@ -54,9 +83,11 @@ def read_csv_text(
     Raises
     ------
     DataError
-        The file is empty, has a duplicated column name, a row with more fields than the
-        header (named by its data row and line), or, with ``require_rows``, no data rows.
+        The file is empty, has bare-CR line ends, a duplicated column name, a row with more
+        fields than the header (named by its data row and line), or, with ``require_rows``,
+        no data rows.
     """
+    refuse_cr_line_ends(text[: 1 << 16], path)
     header = next(csv.reader(io.StringIO(text)), None)
     if not header or not any(h.strip() for h in header):
         raise DataError(f"{path.name}: empty file (no header row); give a CSV with a header line")

@@ -119,7 +119,7 @@ __all__ = [
 def _scatter_sum(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     """``out[i] = Σ_{index[p] = i} values[p]`` for matrices ``(p, a, b)``: one ``bincount``
     per matrix entry (a loop over at most ``4K²`` entries, never over nodes)."""
-    flat = values.reshape(values.shape[0], -1)
+    flat = values.reshape(values.shape[0], int(np.prod(values.shape[1:])))  # 0 rows too
     out = np.empty((n, flat.shape[1]))
     for e in range(flat.shape[1]):
         out[:, e] = np.bincount(index, weights=flat[:, e], minlength=n)

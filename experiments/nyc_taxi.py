@@ -97,6 +97,7 @@ from censusdp.mechanisms import Query, measure
 from censusdp.mechanisms.laws import Laplace
 from censusdp.mechanisms.queries import Measurement
 from censusdp.pipelines.metrics import error_metrics
+from censusdp.spreadsheet import write_csv
 
 __all__ = [
     "PAPER_TABLE2",
@@ -603,7 +604,7 @@ def _write_estimates(path: Path, h: Hierarchy, first: dict) -> None:
                             }
                         )
                     )
-    pd.concat(frames, ignore_index=True).to_csv(path, index=False)
+    write_csv(pd.concat(frames, ignore_index=True), path, index=False)
 
 
 # ---------------------------------------------------------------------------- outputs

@@ -116,6 +116,7 @@ from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.metrics import error_metrics, group_regressions, slope_summary
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
+from censusdp.spreadsheet import write_csv
 
 __all__ = [
     "ESTIMATORS",
@@ -813,7 +814,7 @@ def run(ctx: ExperimentContext) -> dict:
         metrics["histograms"][hist.name]["cpu_seconds"] = time.process_time() - c0
     ctx.timings["seconds"] = time.perf_counter() - t_start
     metrics["slopes_table_rows"] = int(len(table))
-    table.to_csv(ctx.out / "state_slopes.csv", index=False)
+    write_csv(table, ctx.out / "state_slopes.csv", index=False)
     _figure(ctx, metrics, data, ref_errors)
     ctx.write_report(_report(ctx, metrics))
     return metrics

@@ -40,6 +40,7 @@ import scipy.sparse as sp
 
 from censusdp.errors import DataError, SpecError
 from censusdp.hierarchy.core import Hierarchy, as_codes
+from censusdp.tabular import refuse_cr_line_ends
 
 __all__ = ["Equivalency", "equivalency_from_arrays", "read_equivalency"]
 
@@ -356,6 +357,7 @@ def _read_text_table(
     """``columns`` of a delimited text file, all as strings, refusing missing columns."""
     with path.open("rb") as f:
         head = f.readline()
+    refuse_cr_line_ends(head, path)
     if not head.strip():
         raise DataError(f"{path.name}: empty file (no header row); give a CSV with a header line")
     if delimiter is None:
@@ -364,13 +366,15 @@ def _read_text_table(
     table, last = None, None
     for enc in tried:
         try:
-            header = head.decode(enc).rstrip("\r\n").split(delimiter)
+            header = head.decode(enc).removeprefix("\ufeff").rstrip("\r\n").split(delimiter)
             header = [h.strip().strip('"') for h in header]
             missing = [c for c in columns if c not in header]
-            if missing:
+            if missing:  # the header is not quoted: a file without one starts with a record
                 raise DataError(
-                    f"{path.name}: no column {missing[0]!r} (header: {header}); name the "
-                    "block and area columns as the file does"
+                    f"{path.name}: no column {missing[0]!r} in the header's {len(header)} "
+                    f"column(s) ({delimiter!r}-delimited); name the block and area columns as "
+                    "the file's header line does (block_column / area_column), and check that "
+                    "this is the block → area file"
                 )
             table = pacsv.read_csv(
                 path,

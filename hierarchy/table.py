@@ -18,6 +18,7 @@ from censusdp.errors import DataError
 from censusdp.hierarchy.builders import LevelLike, from_columns
 from censusdp.hierarchy.core import Hierarchy
 from censusdp.hierarchy.validate import parse_counts
+from censusdp.tabular import shown_columns
 
 __all__ = ["MIDWEST_CELLS", "Table", "resolve_cells"]
 
@@ -41,7 +42,7 @@ def resolve_cells(
         hits = [c for c in available if c == pat] or fnmatch.filter(list(available), pat)
         if not hits:
             raise DataError(
-                f"{where}no column matches cell {pat!r}; the columns are {list(available)[:30]}"
+                f"{where}no column matches cell {pat!r}; the columns are {shown_columns(available)}"
             )
         out.extend(h for h in hits if h not in out)
     if not out:

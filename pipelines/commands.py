@@ -30,6 +30,23 @@ __all__ = ["register", "privatize_file"]
 PRIVATIZE_FORMATS = (".csv", ".parquet", ".pq")
 
 
+def repetitions_arg(text: str) -> int:
+    """``--repetitions``: simulated releases for the size-class bias, 2 to
+    :data:`censusdp.config.MAX_REPETITIONS` (each is a full release: a larger number would
+    not end; the bias needs two for its standard error)."""
+    from censusdp.config import MAX_REPETITIONS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 2 <= value <= MAX_REPETITIONS:
+        raise argparse.ArgumentTypeError(
+            f"give 2 to {MAX_REPETITIONS} (each is a full simulated release), got {value}"
+        )
+    return value
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from censusdp.pipelines.runner import run_spec
     from censusdp.pipelines.specs import load_spec
@@ -321,20 +338,32 @@ def _cmd_privatize(args: argparse.Namespace) -> int:
     from censusdp.pipelines.privatize_units import units_route
 
     if units_route(args.file, args.spec):
-        print(
-            f"wrote {out}/ (H1 tables h1_<level>.csv and h1_long.csv, nonnegative/, "
-            "size_classes.md, manifest.json, privacy.md"
-            + (", and evaluation/: CONFIDENTIAL, not for publication)" if args.evaluate else ")")
+        what = (
+            "H1 tables h1_<level>.csv and h1_long.csv, nonnegative/, size_classes.md, "
+            "manifest.json, privacy.md"
         )
+        _print_written(out, what, args.evaluate)
     elif out.is_dir():  # the PPMF route writes a directory
-        print(
-            f"wrote {out}/ (unbiased/ and nonnegative/ P1-P5 tables, nonnegative/microdata.csv, "
-            "manifest.json, size_classes.md"
-            + (", and evaluation/: CONFIDENTIAL, not for publication)" if args.evaluate else ")")
+        what = (
+            "unbiased/ and nonnegative/ P1-P5 tables, nonnegative/microdata.csv, manifest.json, "
+            "size_classes.md"
         )
+        _print_written(out, what, args.evaluate)
     else:
         print(f"wrote {out} (privacy statement and manifest in {out}.censusdp.json)")
     return 0
+
+
+def _print_written(out: Path, what: str, evaluate: bool) -> None:
+    """Say where a directory route wrote: with ``--evaluate`` the release and the
+    confidential evaluation are two sibling folders, as ``run`` writes them."""
+    if evaluate:
+        print(f"wrote {out}/release/ (the release: {what})")
+        print(
+            f"wrote {out}/evaluation/ (CONFIDENTIAL comparisons with the truth, not for publication)"
+        )
+    else:
+        print(f"wrote {out}/ ({what})")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -382,7 +411,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     priv.add_argument(
         "--repetitions",
-        type=count_arg,
+        type=repetitions_arg,
         help="PPMF: simulated releases for the size-class bias (default: the spec's, 10)",
     )
     priv.add_argument(

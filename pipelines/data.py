@@ -30,10 +30,9 @@ from censusdp.pipelines.nhgis import (
     upper_rows,
 )
 from censusdp.registry import Registry
-from censusdp.tabular import read_csv_text, read_parquet_table
+from censusdp.tabular import read_csv_text, read_parquet_table, shown_columns
 
 __all__ = ["SOURCES", "Source", "RunData", "load_data"]
-
 
 
 @dataclass(frozen=True)
@@ -154,7 +153,7 @@ def _joined_codes(df: pd.DataFrame, code: CodeSpec, level: str, path: Path) -> p
         if column not in df.columns:
             raise DataError(
                 f"{path.name}: no column {column!r} for level {level!r} (joined from "
-                f"{list(code.columns)}); the columns are {list(df.columns)[:30]}"
+                f"{list(code.columns)}); the columns are {shown_columns(df.columns)}"
             )
         values = df[column]
         missing = values.isna().to_numpy().copy()

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from censusdp.errors import SpecError
+from censusdp.errors import ExecutionError, SpecError
 from censusdp.executor import Executor
 from censusdp.registry import Registry
 from censusdp.rng import KeyedRNG
@@ -436,14 +436,24 @@ class DaskExecutor:
         else:
             n = workers or min(2, os.cpu_count() or 1)
             environ = {"distributed.nanny.pre-spawn-environ": _worker_environ(keep_memory)}
-            with dask.config.set(environ):  # read when the nannies are made
-                self._cluster = LocalCluster(
-                    n_workers=n,
-                    threads_per_worker=1,
-                    processes=True,
-                    dashboard_address=None,
-                    silence_logs=40,
-                )
+            try:
+                with dask.config.set(environ):  # read when the nannies are made
+                    self._cluster = LocalCluster(
+                        n_workers=n,
+                        threads_per_worker=1,
+                        processes=True,
+                        dashboard_address=None,
+                        # a dying worker is reported once, as censusdp's one-line error;
+                        # CENSUSDP_DEBUG=1 keeps distributed's own error log
+                        silence_logs=40 if os.environ.get("CENSUSDP_DEBUG") else 50,
+                    )
+            except (RuntimeError, TimeoutError) as exc:  # distributed: "Nanny failed to start."
+                raise ExecutionError(
+                    f"the local Dask cluster ({n} worker processes) could not start: a worker "
+                    f"process died while starting ({type(exc).__name__}; killed, out of memory, "
+                    "or a broken Python environment); nothing was written: rerun, or run with "
+                    "--scheduler threads (or sync)"
+                ) from None
             self.client = Client(self._cluster)
         workers = self.client.scheduler_info().get("workers", {})
         plain = [
@@ -531,7 +541,12 @@ class DaskExecutor:
                 # is a pure function of its inputs (keyed noise), so resubmitting the chain
                 # gives exactly the same results
                 if attempt == self.attempts - 1:
-                    raise
+                    raise ExecutionError(
+                        f"a Dask worker process died while computing ({self.attempts} tries, "
+                        "each task retried on a fresh worker: killed, or out of memory); nothing "
+                        "was written: rerun with more memory per worker or fewer workers, or "
+                        "with --scheduler threads (or sync), which compute the same numbers"
+                    ) from None
                 for i, h in enumerate(handles):
                     if i not in done:
                         self._forget(h)

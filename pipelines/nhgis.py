@@ -59,7 +59,8 @@ from censusdp.errors import DataError
 from censusdp.hierarchy import gisjoin
 from censusdp.hierarchy.core import Hierarchy
 from censusdp.hierarchy.validate import parse_counts
-from censusdp.tabular import PARQUET_SUFFIXES, read_csv_text, read_parquet_table
+from censusdp.spreadsheet import write_csv
+from censusdp.tabular import PARQUET_SUFFIXES, read_csv_text, read_parquet_table, shown_columns
 
 __all__ = [
     "BatchFile",
@@ -302,7 +303,7 @@ def read_batch(
     df, enc = _read_frame(path, encoding)
     if gisjoin_column not in df.columns:
         raise DataError(
-            f"{path.name}: no {gisjoin_column!r} column (columns: {list(df.columns)}); NHGIS files key "
+            f"{path.name}: no {gisjoin_column!r} column (columns: {shown_columns(df.columns)}); NHGIS files key "
             "units by GISJOIN"
         )
     keys = [c for c in df.columns if c.lower() in CONTEXT_COLUMNS or c == gisjoin_column]
@@ -426,7 +427,7 @@ def write_batch(
             table.to_parquet(tmp, index=False)
         else:
             enc = "utf-8" if batch.encoding == "parquet" else batch.encoding
-            table.to_csv(tmp, index=False, encoding=enc)
+            write_csv(table, tmp, index=False, encoding=enc)
     return out
 
 

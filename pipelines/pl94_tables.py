@@ -50,6 +50,7 @@ from censusdp.errors import DataError
 from censusdp.hierarchy.core import Hierarchy
 from censusdp.pipelines.codebook import Codebook
 from censusdp.schema import Schema
+from censusdp.spreadsheet import write_csv
 
 __all__ = [
     "TABLES",
@@ -359,6 +360,6 @@ def write_pl94_tables(
     wide, long = pl94_frames(levels, code_column=code_column)  # checked before any write
     with output_dir(out, overwrite=overwrite, inputs=inputs, command="pl94-tables") as tmp:
         for level, frame in wide.items():
-            frame.to_csv(tmp / f"pl94_{level}.csv", index=False)
-        long.to_csv(tmp / "pl94_long.csv", index=False)
+            write_csv(frame, tmp / f"pl94_{level}.csv", index=False)
+        write_csv(long, tmp / "pl94_long.csv", index=False)
     return Path(out)

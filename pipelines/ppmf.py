@@ -83,6 +83,7 @@ from censusdp.errors import DataError
 from censusdp.hierarchy.builders import from_columns
 from censusdp.hierarchy.core import STRING_DTYPE, Hierarchy
 from censusdp.schema import Schema
+from censusdp.tabular import refuse_cr_line_ends
 
 __all__ = [
     "BLOCK_LIST_COLUMNS",
@@ -292,7 +293,8 @@ def _layout(header: list[str], path: Path) -> tuple[str, dict[str, str], tuple[_
         if not hit:
             raise DataError(
                 f"{path.name}: no column {' or '.join(map(repr, spellings))}; a PPMF needs the "
-                f"geography columns {[g[0] for g in GEOGRAPHY]} (header: {header[:20]})"
+                f"geography columns {[g[0] for g in GEOGRAPHY]} (the header has {len(header)} "
+                "columns; is this the PPMF, with its header line?)"
             )
         names[canonical] = hit[0]
     if "HH_STATUS" in header:
@@ -312,7 +314,7 @@ def _layout(header: list[str], path: Path) -> tuple[str, dict[str, str], tuple[_
             f"{path.name}: no person attributes of a known PPMF layout; give GQTYPE_PL, "
             "VOTING_AGE, CENHISP, CENRACE (2020 redistricting PPMF) or GQTYPE (or QGQTYP), "
             "QAGE, CENHISP, CENRACE (demonstration PPMF) for persons, or RTYPE, HH_STATUS for "
-            f"housing units (header: {header[:20]})"
+            f"housing units (the header has {len(header)} columns)"
         )
     attrs = _LAYOUTS[layout]
     for a in attrs:
@@ -339,7 +341,8 @@ def sniff_csv(path: Path) -> tuple[int, str, list[str]]:
     Raises
     ------
     DataError
-        A header that is not text, an empty file, a column named twice (file named).
+        A header that is not text, an empty file, a column named twice, bare-CR line ends
+        (file named).
     """
     offset = 0
     line = b""
@@ -351,6 +354,7 @@ def sniff_csv(path: Path) -> tuple[int, str, list[str]]:
             line = raw
             offset += len(raw)
             break
+    refuse_cr_line_ends(line, path)
     try:
         text = line.decode("utf-8-sig").strip("\r\n")
     except UnicodeDecodeError:
@@ -361,13 +365,14 @@ def sniff_csv(path: Path) -> tuple[int, str, list[str]]:
         raise DataError(f"{path.name}: empty file (no header row); give a PPMF CSV with a header")
     delimiter = "|" if text.count("|") > text.count(",") else ","
     header = [h.strip() for h in next(csv.reader([text], delimiter=delimiter))]
-    seen: set[str] = set()
-    for h in header:
-        if h in seen:
+    seen: dict[str, int] = {}
+    for i, h in enumerate(header):
+        if h in seen:  # a file without a header line starts with a record: not quoted
             raise DataError(
-                f"{path.name}: column {h!r} occurs twice in the header; each column must occur once"
+                f"{path.name}: header columns {seen[h] + 1} and {i + 1} have the same name; "
+                "each column must occur once (is the header line missing?)"
             )
-        seen.add(h)
+        seen[h] = i
     return offset, delimiter, header
 
 
@@ -535,12 +540,6 @@ def _widths(widths: tuple[int, ...]) -> str:
 
 def _raise(err: DataError) -> np.ndarray:
     raise err
-
-
-def _text(arr: _Codes, i: int) -> str:
-    if isinstance(arr, np.ndarray):
-        return arr[i].tobytes().decode("utf-8", errors="replace")
-    return str(arr[i].as_py())
 
 
 class _Reduced:
@@ -741,13 +740,12 @@ def _reduce_batch(
         return int(rows[i]) + 1 if rows is not None else row0 + i + 1
 
     def bad_factory(canonical: str, what: str) -> Callable[[int, str], DataError]:
-        arr = arrays[canonical]
         column = names[canonical]
 
         def bad(i: int, why: str) -> DataError:
             return DataError(
-                f"{path.name}, data row {where(i)}, column {column!r}: {what} "
-                f"{_text(arr, i)!r} {why}; {_fix(canonical)}"
+                f"{path.name}, data row {where(i)}, column {column!r}: the {what} {why}; "
+                f"{_fix(canonical)}"
             )
 
         return bad
@@ -767,8 +765,8 @@ def _reduce_batch(
         if out.size:
             i = int(out[0])
             raise DataError(
-                f"{path.name}, data row {where(i)}, column {names[a.column]!r}: code "
-                f"{_text(arrays[a.column], i)!r} is outside the pl94 schema (valid: {a.valid}); "
+                f"{path.name}, data row {where(i)}, column {names[a.column]!r}: the code "
+                f"is outside the pl94 schema (valid: {a.valid}); "
                 "correct the row or drop it"
             )
         cell = cell * size + idx
@@ -779,9 +777,8 @@ def _reduce_batch(
         if wrong.any():
             i = int(np.flatnonzero(wrong)[0])
             raise DataError(
-                f"{path.name}, data row {where(i)}, column 'RTYPE': code "
-                f"{_text(arrays['RTYPE'], i)!r} does not agree with GQTYPE_PL "
-                f"{_text(arrays['GQTYPE_PL'], i)!r} (RTYPE 3 is a housing-unit person, "
+                f"{path.name}, data row {where(i)}, column 'RTYPE': the code does not agree "
+                "with GQTYPE_PL in the same row (RTYPE 3 is a housing-unit person, "
                 "GQTYPE_PL 0; RTYPE 5 a group-quarters person, GQTYPE_PL 1-7); correct the row"
             )
     return key, cell, 0
@@ -804,8 +801,8 @@ def _units_cells(
         col = "RTYPE" if bad_rtype.size and bad_rtype[0] == i else "HH_STATUS"
         valid = "2 (housing unit) or 4 (group quarters)" if col == "RTYPE" else "0, 1 or 2"
         raise DataError(
-            f"{path.name}, data row {where(i)}, column {col!r}: code "
-            f"{_text(arrays[col], i)!r} is outside the units layout (valid: {valid}); "
+            f"{path.name}, data row {where(i)}, column {col!r}: the code "
+            f"is outside the units layout (valid: {valid}); "
             "correct the row or drop it"
         )
     unit = rtype == 2
@@ -813,9 +810,8 @@ def _units_cells(
     if wrong.size:
         i = int(wrong[0])
         raise DataError(
-            f"{path.name}, data row {where(i)}, column 'HH_STATUS': code "
-            f"{_text(arrays['HH_STATUS'], i)!r} does not agree with RTYPE "
-            f"{_text(arrays['RTYPE'], i)!r} (a housing unit, RTYPE 2, is occupied 1 or vacant "
+            f"{path.name}, data row {where(i)}, column 'HH_STATUS': the code does not agree "
+            "with RTYPE in the same row (a housing unit, RTYPE 2, is occupied 1 or vacant "
             "2; a group-quarters facility, RTYPE 4, has HH_STATUS 0); correct the row"
         )
     return key[unit], status[unit].astype(np.int64) - 1, int(unit.size - np.count_nonzero(unit))
@@ -968,11 +964,14 @@ def read_block_list(path: str | Path, *, column: str | None = None) -> Hierarchy
         column = next((c for c in BLOCK_LIST_COLUMNS if c in header), None)
         if column is None:
             raise DataError(
-                f"{path.name}: no block code column (looked for {list(BLOCK_LIST_COLUMNS)}; "
-                f"header: {header[:20]}); name it with [hierarchy] block_column"
+                f"{path.name}: no block code column in the header (looked for "
+                f"{list(BLOCK_LIST_COLUMNS)}); name it with [hierarchy] block_column"
             )
     elif column not in header:
-        raise DataError(f"{path.name}: no column {column!r} (header: {header[:20]})")
+        raise DataError(
+            f"{path.name}: no column {column!r} in the header; name the block column as the "
+            "file's header line does ([hierarchy] block_column)"
+        )
     with path.open("rb") as f:
         f.seek(offset)
         body = f.read()
@@ -995,7 +994,7 @@ def read_block_list(path: str | Path, *, column: str | None = None) -> Hierarchy
     if bad.size:
         i = int(bad[0])
         raise DataError(
-            f"{path.name}, data row {i + 1}, column {column!r}: {str(text[i])!r} is not a 15-digit "
+            f"{path.name}, data row {i + 1}, column {column!r}: the value is not a 15-digit "
             "block GEOID (state 2, county 3, tract 6, block 4 digits); keep leading zeros"
         )
     dup = np.flatnonzero(pd.Series(text).duplicated().to_numpy())

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import tomllib
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,14 +48,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from censusdp.config import read_spec_toml
 from censusdp.errors import SpecError
 from censusdp.estimation.predict import QUANTILES, Prediction, allocation_plan, predict_errors
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.equivalency import Equivalency, read_equivalency
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Allocation, Schema
+from censusdp.spreadsheet import write_csv
 
 __all__ = ["PredictSpec", "load_predict_spec", "predict_spec", "register"]
+
+
+#: Synthetic shapes: the default number of blocks (2010 proportions) and the most a spec may
+#: ask for (twice the largest state's and the nation's 2010 block counts, 710,145 and
+#: 11,078,297: the tree is built in memory).
+SYNTHETIC_BLOCKS = {"state": (160_000, 1_500_000), "us": (8_200_000, 22_000_000)}
 
 
 @dataclass(frozen=True)
@@ -95,17 +103,34 @@ def _hierarchy(h: Mapping[str, Any], where: str, base: Path) -> Hierarchy:
         path = path if path.is_absolute() else base / path
         if not path.is_file():
             raise SpecError(f"{where}: hierarchy.file: no such file {str(path)!r}")
-        return load_hierarchy(path)
-    seed, blocks = h.get("seed", 0), h.get("blocks")
-    if not isinstance(seed, int) or (blocks is not None and not isinstance(blocks, int)):
-        raise SpecError(f"{where}: hierarchy.seed and hierarchy.blocks must be integers")
-    if h["synthetic"] == "state":
-        return synthetic_state(seed, blocks=blocks or 160_000).hierarchy
-    if h["synthetic"] == "us":
-        return synthetic_us(
-            seed, blocks=blocks or 8_200_000, block_groups=round((blocks or 8_200_000) * 0.0293)
-        ).hierarchy
-    raise SpecError(f"{where}: hierarchy.synthetic: {h['synthetic']!r} is not 'state' or 'us'")
+        try:
+            return load_hierarchy(path)
+        except (ValueError, OSError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # not one
+            raise SpecError(
+                f"{where}: hierarchy.file: {path.name!r} is not a saved hierarchy "
+                f"({type(exc).__name__}); give a file written by save_hierarchy"
+            ) from None
+    kind = h["synthetic"]
+    if kind not in SYNTHETIC_BLOCKS:
+        raise SpecError(f"{where}: hierarchy.synthetic: {kind!r} is not 'state' or 'us'")
+    default, most = SYNTHETIC_BLOCKS[kind]
+    seed, blocks = h.get("seed", 0), h.get("blocks", default)
+    for key, value in (("seed", seed), ("blocks", blocks)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise SpecError(f"{where}: hierarchy.{key}: must be an integer")
+    if not 0 <= seed < 2**63:
+        raise SpecError(f"{where}: hierarchy.seed: must be an integer from 0 to 2^63 - 1")
+    if not 1 <= blocks <= most:
+        raise SpecError(
+            f"{where}: hierarchy.blocks: must be from 1 to {most:,} for synthetic = {kind!r} "
+            f"(omit it for {default:,}), got {blocks:,}"
+        )
+    try:
+        if kind == "state":
+            return synthetic_state(seed, blocks=blocks).hierarchy
+        return synthetic_us(seed, blocks=blocks, block_groups=round(blocks * 0.0293)).hierarchy
+    except ValueError as exc:  # a shape the generator cannot lay out (e.g. too few blocks)
+        raise SpecError(f"{where}: hierarchy.blocks: {exc}") from None
 
 
 def load_predict_spec(path: str | Path) -> PredictSpec:
@@ -119,10 +144,7 @@ def load_predict_spec(path: str | Path) -> PredictSpec:
     """
     p = Path(path)
     where = str(p)
-    try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise SpecError(f"{where}: cannot read the predict spec: {exc}") from None
+    doc = read_spec_toml(p)
     unknown = set(doc) - {"predict", "hierarchy", "allocation"}
     if unknown:
         raise SpecError(f"{where}: unknown sections {sorted(unknown)}")
@@ -247,9 +269,9 @@ def write_prediction(
         info["areas"] = {"name": pred.areas.name, "count": pred.areas.n_areas}
     inputs = [spec.source, *([] if areas_path is None else [str(areas_path)])]
     with output_dir(out, overwrite=overwrite, inputs=inputs, command="predict") as tmp:
-        summary.to_csv(tmp / "summary.csv", index=False)
+        write_csv(summary, tmp / "summary.csv", index=False)
         if pred.areas is not None:
-            area_table(pred, list(spec.tables)).to_csv(tmp / "areas.csv", index=False)
+            write_csv(area_table(pred, list(spec.tables)), tmp / "areas.csv", index=False)
         (tmp / "summary.json").write_text(json.dumps(info, indent=2), encoding="utf-8")
         _figure(summary, tmp / "se_by_level.png")
     return Path(out)

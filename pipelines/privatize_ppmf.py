@@ -35,7 +35,8 @@ directory renamed into place when complete; never over the input, nothing half-w
   invariants), the two products and their labels, the spec without its seed, versions,
   timings; ``privacy.md``; ``README.md``;
 * the size-class report of :mod:`censusdp.pipelines.size_class_report` (simulated from the
-  released numbers), and with ``--evaluate`` its confidential ``evaluation/`` section.
+  released numbers). With ``--evaluate`` the output is laid out as ``run``'s: all the
+  above in ``release/``, and beside it (never inside) the confidential ``evaluation/``.
 
 A PPMF spec::
 
@@ -111,6 +112,7 @@ import scipy.sparse as sp
 
 from censusdp.atomic import check_output, output_dir
 from censusdp.budget import PrivacyStatement, Product, Step, with_products
+from censusdp.config import MAX_REPETITIONS, MAX_RHO, exact_fraction
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.area_measurements import (
     MeasuredAreas,
@@ -154,6 +156,7 @@ from censusdp.pipelines.ppmf import (
     read_ppmf,
 )
 from censusdp.pipelines.release_statement import change_factor, exact_through_invariants
+from censusdp.pipelines.runner import separate_evaluation
 from censusdp.pipelines.size_class_report import (
     PRODUCTS,
     area_totals,
@@ -163,6 +166,7 @@ from censusdp.pipelines.size_class_report import (
 )
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
+from censusdp.spreadsheet import write_csv
 
 __all__ = [
     "AreasSpec",
@@ -382,8 +386,8 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
     if p.get(priv, "privacy", "accounting", str, required=True) != "zcdp":
         raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
     rho = p.get(priv, "privacy", "rho", float)
-    if rho is not None and not rho > 0:
-        raise p.fail("privacy.rho", "must be positive")
+    if rho is not None:
+        rho = exact_fraction(rho, f"{path}: privacy.rho", most=MAX_RHO)
     delta = p.get(priv, "privacy", "delta", float)
     if delta is not None and not 0 < delta < 1:
         raise p.fail("privacy.delta", "must be in (0, 1)")
@@ -404,10 +408,13 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
     rep = p.table(doc, "report", required=False)
     p.keys(rep, "report", ("repetitions",))
     repetitions = p.get(rep, "report", "repetitions", int, default=10)
-    if repetitions < 2:
-        raise p.fail("report.repetitions", "give at least 2 (the bias has a standard error)")
+    if not 2 <= repetitions <= MAX_REPETITIONS:
+        raise p.fail(
+            "report.repetitions",
+            f"give 2 to {MAX_REPETITIONS} (the bias has a standard error; each is a release)",
+        )
     return ReleaseOptions(
-        rho=None if rho is None else Fraction(rho).limit_denominator(10**12),
+        rho=rho,
         delta=delta,
         seed=seed,
         blocks=None if blocks is None else _relative(path, blocks),
@@ -436,8 +443,8 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
     if ar:
         listed = p.get(ar, "areas", "list", str)
         share = p.get(ar, "areas", "share", float)
-        if share is not None and not 0 < share < 1:
-            raise p.fail("areas.share", "the areas' fraction of the total ρ must be in (0, 1)")
+        if share is not None:  # the areas' fraction of the total ρ
+            share = exact_fraction(share, f"{path}: areas.share", below_one=True)
         queries = p.str_list(ar.get("queries", ["total"]), "areas.queries", allow_str=True)
         areas = AreasSpec(
             _relative(path, p.get(ar, "areas", "file", str, required=True)),
@@ -447,7 +454,7 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
             skip_blank=p.get(ar, "areas", "skip_blank", bool, default=False),
             gisjoin=p.get(ar, "areas", "gisjoin", bool, default=False),
             areas=None if listed is None else _relative(path, listed),
-            share=None if share is None else Fraction(share).limit_denominator(10**12),
+            share=share,
             queries=tuple(queries),
         )
         if areas.level in LEVELS:
@@ -581,7 +588,9 @@ class _TableWriter:
         wide, long = pl94_frames({level: tables})
         for name, frame in (((f"pl94_{level}.csv"), wide[level]), ("pl94_long.csv", long)):
             first = name not in self.started
-            frame.to_csv(self.folder / name, index=False, header=first, mode="w" if first else "a")
+            write_csv(
+                frame, self.folder / name, index=False, header=first, mode="w" if first else "a"
+            )
             self.started.add(name)
 
 
@@ -731,8 +740,11 @@ def _with_cli(
     if seed is not None:
         spec = dataclasses.replace(spec, seed=seed)
     if repetitions is not None:
-        if repetitions < 2:
-            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
+        if not 2 <= repetitions <= MAX_REPETITIONS:
+            raise SpecError(
+                f"--repetitions: give 2 to {MAX_REPETITIONS} (the bias has a standard error; "
+                "each is a full release)"
+            )
         spec = dataclasses.replace(spec, repetitions=repetitions)
     if blocks is not None:
         spec = dataclasses.replace(spec, blocks=Path(blocks))
@@ -877,7 +889,9 @@ def privatize_ppmf(
     seed : int, optional
         Reproducible mode (tests); overrides the spec's.
     evaluate : bool
-        Also write the confidential comparison with the truth (``evaluation/``).
+        Also write the confidential comparison with the truth, laid out as ``run`` does:
+        ``out/release/`` (everything above) beside ``out/evaluation/`` (CONFIDENTIAL), never
+        inside the release (:func:`censusdp.pipelines.runner.separate_evaluation`).
     repetitions : int, optional
         Simulated releases for the size-class report (default: the spec's).
     blocks : path-like, optional
@@ -1046,6 +1060,8 @@ def privatize_ppmf(
         timings["seconds"] = time.perf_counter() - t0
         timings["cpu_seconds"] = time.process_time() - c0
         _write_manifest(tmp, path, spec, privacy, products, timings, evaluate)
+        if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
+            separate_evaluation(tmp)
     return PPMFResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 
@@ -1097,7 +1113,7 @@ def _write_manifest(
         "size_class_report": {
             "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
             "repetitions": spec.repetitions,
-            "confidential_evaluation": "evaluation/ (CONFIDENTIAL)" if evaluate else None,
+            "confidential_evaluation": "../evaluation/ (CONFIDENTIAL)" if evaluate else None,
         },
         "versions": package_versions(),
         "timings": timings,

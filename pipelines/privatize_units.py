@@ -128,6 +128,7 @@ from censusdp.pipelines.release_statement import (
     refuse_output_in,
     verify_release,
 )
+from censusdp.pipelines.runner import separate_evaluation
 from censusdp.pipelines.size_class_report import (
     PRODUCTS,
     evaluate_size_classes,
@@ -136,6 +137,7 @@ from censusdp.pipelines.size_class_report import (
 )
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
+from censusdp.spreadsheet import write_csv
 
 __all__ = [
     "H1_COLUMNS",
@@ -624,7 +626,9 @@ def privatize_units(
     compose_with : path-like, optional
         A persons release directory: the statement covers both releases.
     evaluate : bool
-        Also write the confidential comparison with the truth (``evaluation/``).
+        Also write the confidential comparison with the truth, laid out as ``run`` does:
+        ``out/release/`` (everything above) beside ``out/evaluation/`` (CONFIDENTIAL), never
+        inside the release (:func:`censusdp.pipelines.runner.separate_evaluation`).
     repetitions : int, optional
         Simulated releases for the size-class report (default: the spec's, 10).
 
@@ -686,8 +690,8 @@ def privatize_units(
             folder.mkdir(exist_ok=True)
             wide, long = h1_frames(rel, product)
             for name, frame in wide.items():
-                frame.to_csv(folder / f"h1_{name}.csv", index=False)
-            long.to_csv(folder / "h1_long.csv", index=False)
+                write_csv(frame, folder / f"h1_{name}.csv", index=False)
+            write_csv(long, folder / "h1_long.csv", index=False)
         t1 = time.perf_counter()
         sim, evaluation = size_class_report(
             rel, hist.schema, rng, spec.repetitions, rho=spec.rho,
@@ -703,6 +707,8 @@ def privatize_units(
         timings["cpu_seconds"] = time.process_time() - c0
         _write_manifest(tmp, path, spec, privacy, units_privacy, persons, products, timings,
                         evaluate)  # fmt: skip
+        if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
+            separate_evaluation(tmp)
     return UnitsResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 
@@ -752,7 +758,7 @@ def _write_manifest(
             "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
             "quantity": "occupied housing units (H1_002N); areas classed by housing units",
             "repetitions": spec.repetitions,
-            "confidential_evaluation": "evaluation/ (CONFIDENTIAL)" if evaluate else None,
+            "confidential_evaluation": "../evaluation/ (CONFIDENTIAL)" if evaluate else None,
         },
         "versions": package_versions(),
         "timings": timings,

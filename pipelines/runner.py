@@ -49,6 +49,7 @@ from censusdp.pipelines.plan import MeasurementPlan, build_plan
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL, write_figures, write_report
 from censusdp.pipelines.specs import check_spec
 from censusdp.rng import KeyedRNG
+from censusdp.spreadsheet import write_csv
 
 __all__ = [
     "RunResult",
@@ -64,6 +65,7 @@ __all__ = [
     "write_evaluation",
     "RELEASE_DIR",
     "EVALUATION_DIR",
+    "separate_evaluation",
 ]
 
 #: Folder of a run's output holding what may be published.
@@ -448,9 +450,9 @@ def write_evaluation(
     its manifest. Bounded summaries and figures; the per-group detail in Parquet."""
     out.mkdir()
     (out / "CONFIDENTIAL.txt").write_text(CONFIDENTIAL_LABEL + "\n", encoding="utf-8")
-    metrics.to_csv(out / "metrics.csv", index=False)
+    write_csv(metrics, out / "metrics.csv", index=False)
     regressions.to_parquet(out / "regressions.parquet", index=False)
-    sizes.to_csv(out / "size_classes.csv", index=False)
+    write_csv(sizes, out / "size_classes.csv", index=False)
     figures = write_figures(out, metrics, regressions, manifest, sizes=sizes)
     write_report(out, metrics, regressions, manifest, figures, title=title, sizes=sizes)
     (out / "manifest.json").write_text(
@@ -469,6 +471,29 @@ def write_evaluation(
         ),
         encoding="utf-8",
     )
+
+
+def separate_evaluation(out: Path) -> Path:
+    """Lay out an output holding a confidential ``evaluation/`` as :func:`run_spec` does:
+    everything else (what may be published) moves into ``out/release/``, and
+    ``out/evaluation/`` stays its sibling, labelled ``CONFIDENTIAL.txt``, so that publishing
+    the release folder can never publish the comparison with the truth.
+
+    ``out`` is the temporary directory of :func:`censusdp.atomic.output_dir`, before it is
+    renamed into place (``privatize --evaluate`` on the PPMF routes). Returns the release
+    folder.
+    """
+    release = out / RELEASE_DIR
+    if release.exists():
+        raise SpecError(f"{out.name}: holds {RELEASE_DIR}/ already; cannot separate it")
+    published = sorted(p for p in out.iterdir() if p.name != EVALUATION_DIR)
+    release.mkdir()
+    for p in published:
+        p.rename(release / p.name)
+    evaluation = out / EVALUATION_DIR
+    if evaluation.is_dir():
+        (evaluation / "CONFIDENTIAL.txt").write_text(CONFIDENTIAL_LABEL + "\n", encoding="utf-8")
+    return release
 
 
 def with_budget(spec: RunSpec, total: float) -> RunSpec:

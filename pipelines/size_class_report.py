@@ -58,6 +58,7 @@ from censusdp.errors import DataError
 from censusdp.hierarchy import Hierarchy
 from censusdp.pipelines.metrics import SIZE_CLASSES, size_class_metrics
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL, markdown_table
+from censusdp.spreadsheet import write_csv
 
 __all__ = [
     "PRODUCTS",
@@ -222,7 +223,7 @@ def write_size_class_report(
     """
     out = Path(out)
     written = [out / "size_classes.csv", out / "size_classes.md", out / "size_classes.png"]
-    simulated.to_csv(written[0], index=False)
+    write_csv(simulated, written[0], index=False)
     cols = ["level", "size_class", "n", "mean_error", "bias_se", *_METRICS[:2], *_METRICS[3:]]
     lines = [
         "# Errors by size class",
@@ -260,7 +261,7 @@ def write_size_class_report(
         ev = out / "evaluation"
         ev.mkdir(exist_ok=True)
         paths = [ev / "size_classes.csv", ev / "size_classes.md"]
-        evaluation.to_csv(paths[0], index=False)
+        write_csv(evaluation, paths[0], index=False)
         ecols = ["product", "level", "size_class", "n", *_METRICS]
         text = [
             "# Errors by size class against the confidential truth",

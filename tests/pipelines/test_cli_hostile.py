@@ -1,11 +1,26 @@
-"""Hostile and malformed inputs through every subcommand (issue 21).
+"""Hostile and malformed inputs through every subcommand (issues 21 and 33).
 
 Each case is one line of :data:`CASES`: the command line (``{ws}`` is the workspace, which is
 also the current directory), an optional change to the workspace, and fragments the error
-must contain. Every case must end with exit status 2 (130 for Ctrl-C), exactly one line on
-stderr naming the problem, no traceback, and the workspace — inputs, notes, earlier outputs —
-byte for byte as it was, with nothing left behind (the whole tree is hashed before and after).
-The inputs are small synthetic files made here; nothing needs ../shared.
+must contain. A rejected case must end with exit status 2 (130 for Ctrl-C), exactly one line
+on stderr naming the problem (file, row, column, key or option), no traceback, and the
+workspace — inputs, notes, earlier outputs — byte for byte as it was, with nothing left
+behind (the whole tree is hashed before and after). An accepted case (hostile-looking but
+valid: a BOM, CRLF line ends, names that a spreadsheet would run as formulas) must exit 0
+with no error line, leave every input as it was, and its output must pass its check. A case
+with a planted confidential value (``secret``) also fails if the value is printed or written
+anywhere. The inputs are small synthetic files made here (an NHGIS batch, a run CSV, a PPMF
+with its public blocks and places, a predict spec); nothing needs ../shared, and every case
+runs in this process (the one with a dying Dask worker starts a real local cluster).
+
+Totals (kept true by ``test_enough_cases_and_the_totals_in_the_docstring``):
+281 tried: 230 clear (exit 2, one line naming the problem), 40 refused (exit 2, an output path
+censusdp will not write), 11 accepted (exit 0, checked)
+
+Not covered: an unreadable file (chmod 000) — the suite runs as root in CI, where reading
+always succeeds, so such a case could not fail; a worker killed in mid-computation is the
+slow test ``test_a_worker_killed_while_computing_is_one_line`` (about 35 s: every retry waits
+for a fresh worker process).
 """
 
 from __future__ import annotations
@@ -23,10 +38,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+from ppmf_fixtures import ppmf_persons
 from run_specs import SMALL_DATA, SMALL_SPEC
 
 from censusdp.app.cli import main
+from censusdp.hierarchy.synthetic import synthetic_state
 
 DATA = SMALL_DATA
 SPEC = SMALL_SPEC
@@ -56,6 +75,49 @@ run = ["gls"]
 RUN = ["run", "spec.toml"]
 PRIV = ["privatize", "nhgis.csv", "--spec", "nspec.toml"]
 
+#: A small PPMF (2020 layout), its public blocks and a block → place file.
+_BLOCKS = [(st, cou, "000100", "1", f"100{b}") for st, cou in (("01", "001"), ("02", "005"))
+           for b in range(3)]  # fmt: skip
+PPMF = ppmf_persons(np.random.default_rng(5), 40, _BLOCKS, household_share=0.9).to_csv(index=False)
+PPMF_HEADER, PPMF_FIRST = PPMF.splitlines()[:2]
+BLOCKS = "GEOID20\n" + "".join(f"{st}{cou}{tr}{blk}\n" for st, cou, tr, _, blk in _BLOCKS)
+PLACES = "BLOCKID|PLACEFP\n" + "".join(
+    f"{st}{cou}{tr}{blk}|{'00100' if st == '01' else ''}\n" for st, cou, tr, _, blk in _BLOCKS
+)
+PSPEC = """
+[data]
+source = "ppmf"
+[privacy]
+accounting = "zcdp"
+rho = 2.0
+[hierarchy]
+blocks = "blocks.csv"
+[areas]
+file = "places.txt"
+level = "place"
+block_column = "BLOCKID"
+area_column = "PLACEFP"
+skip_blank = true
+[report]
+repetitions = 2
+"""
+PPRIV = ["privatize", "ppmf.csv", "--spec", "pspec.toml"]
+PREDSPEC = """
+[predict]
+schema = "pl94"
+invariants = { nation = ["total"], state = ["total"] }
+tables = ["total"]
+[hierarchy]
+synthetic = "state"
+blocks = 60
+seed = 2
+"""
+PRED = ["predict", "predspec.toml"]
+#: A value planted in a confidential file: no message, output or file may ever hold it.
+SECRET = "S3CR3T7391"
+#: A PPMF without its header line: its first line is one person's record.
+HEADLESS = PPMF_FIRST.rsplit(",", 1)[0] + f",{SECRET}\n" + "\n".join(PPMF.splitlines()[2:]) + "\n"
+
 
 def _workspace(ws: Path) -> None:
     ws.mkdir()
@@ -63,6 +125,11 @@ def _workspace(ws: Path) -> None:
     (ws / "spec.toml").write_text(textwrap.dedent(SPEC))
     (ws / "nhgis.csv").write_text(NHGIS)
     (ws / "nspec.toml").write_text(textwrap.dedent(NSPEC))
+    (ws / "ppmf.csv").write_text(PPMF)
+    (ws / "blocks.csv").write_text(BLOCKS)
+    (ws / "places.txt").write_text(PLACES)
+    (ws / "pspec.toml").write_text(PSPEC)
+    (ws / "predspec.toml").write_text(PREDSPEC)
     (ws / "notes.txt").write_text("my notes, not censusdp's\n")
     (ws / "other").mkdir()
     (ws / "other" / "keep.txt").write_text("someone else's folder\n")
@@ -91,6 +158,32 @@ def spec(old: str, new: str, name: str = "spec.toml") -> Callable[[Path], None]:
 
 def nspec(old: str, new: str) -> Callable[[Path], None]:
     return spec(old, new, "nspec.toml")
+
+
+def pspec(old: str, new: str) -> Callable[[Path], None]:
+    return spec(old, new, "pspec.toml")
+
+
+def predspec(old: str, new: str) -> Callable[[Path], None]:
+    return spec(old, new, "predspec.toml")
+
+
+def cr_only(name: str) -> Callable[[Path], None]:
+    """Rewrite ``name`` with bare-CR (old Mac OS) line ends."""
+
+    def go(ws: Path) -> None:
+        p = ws / name
+        p.write_bytes(p.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r"))
+
+    return go
+
+
+def crlf(name: str) -> Callable[[Path], None]:
+    return lambda ws: (ws / name).write_bytes((ws / name).read_bytes().replace(b"\n", b"\r\n"))
+
+
+def bom(name: str) -> Callable[[Path], None]:
+    return lambda ws: (ws / name).write_bytes(b"\xef\xbb\xbf" + (ws / name).read_bytes())
 
 
 def parquet_source(ws: Path) -> None:
@@ -126,6 +219,77 @@ def both(*steps: Callable[[Path], None]) -> Callable[[Path], None]:
     return go
 
 
+#: ``sitecustomize`` that ends every process started by multiprocessing's spawn (Dask's
+#: worker processes) at once, as the OOM killer or a ``kill -9`` would.
+DIE_IN_SPAWNED_CHILD = (
+    "import os, sys\nif 'spawn_main' in ' '.join(getattr(sys, 'orig_argv', ())):\n    os._exit(9)\n"
+)
+#: Block → area file for the predict spec's synthetic state (every block in one of 4 areas).
+PRED_BLOCKS = [str(c) for c in synthetic_state(2, blocks=60).hierarchy.leaves.codes]
+AREAS = "block,area\n" + "".join(f"{b},{i % 4:05d}\n" for i, b in enumerate(PRED_BLOCKS))
+AREA_CODES = {f"{i:05d}": f"{i:05d}" for i in range(4)}
+#: Area codes a spreadsheet would run, and how they must be written (-5 is a number: kept).
+FORMULA_AREAS = {"=SUM(1+1)": "'=SUM(1+1)", "@cmd": "'@cmd", "-5": "-5", "+1-1": "'+1-1"}
+#: NHGIS area names a spreadsheet would run, by GISJOIN, as they must be written.
+FORMULA_NAMES = {
+    "G0100010": "'=1+2",
+    "G0100030": "'+cmd|' /C calc'!A0",
+    "G0200010": "'@SUM(1)",
+    "G0200020": "'-2+3",
+}
+
+
+def formula_areas(text: str) -> str:
+    for i, code in enumerate(FORMULA_AREAS):
+        text = text.replace(f",{i:05d}\n", f",{code}\n")
+    return text
+
+
+def formula_names(text: str) -> str:
+    for (gisjoin, name), old in zip(FORMULA_NAMES.items(), "ABCD", strict=True):
+        text = text.replace(f"{gisjoin},{old},", f"{gisjoin},{name[1:]},")
+    return text
+
+
+def released(out: str) -> Callable[[Path], None]:
+    def check(ws: Path) -> None:
+        est = pd.read_parquet(ws / out / "release" / "estimates.parquet")
+        assert set(est.level) == {"nation", "state", "county"} and est.value.notna().all()
+
+    return check
+
+
+def names_kept(out: str, names: dict[str, str]) -> Callable[[Path], None]:
+    """The privatized NHGIS file keeps its rows; formula names are written escaped, the
+    counts stay numbers."""
+
+    def check(ws: Path) -> None:
+        got = pd.read_csv(ws / out, dtype={"gisjoin": str, "name": str})
+        assert list(got.gisjoin) == ["G0100010", "G0100030", "G0200010", "G0200020"]
+        assert all(got[c].dtype.kind in "if" for c in got.columns if c.endswith(("_dp", "_se")))
+        for gisjoin, name in names.items():
+            cell = got.loc[got.gisjoin == gisjoin, "name"].item()
+            assert cell == name and cell[0] == "'" and cell[1] in "=+-@", cell
+
+    return check
+
+
+def predicted(out: str, areas: dict[str, str] | None = None) -> Callable[[Path], None]:
+    """A prediction was written; with ``areas`` (code in the input → cell in areas.csv) the
+    codes a spreadsheet would run start with an apostrophe, the rest and numbers as given."""
+
+    def check(ws: Path) -> None:
+        assert (ws / out / "summary.csv").is_file()
+        if areas is not None:
+            got = pd.read_csv(ws / out / "areas.csv", dtype={"area": str})
+            assert sorted(got.area) == sorted(areas.values())
+            assert got.leaves.dtype.kind == "i" and got.leaves.sum() == len(PRED_BLOCKS)
+            for cell in got.area:
+                assert cell[0] != "=" and cell[0] != "@" and cell[0] != "+"
+
+    return check
+
+
 @dataclass
 class Case:
     id: str
@@ -133,36 +297,54 @@ class Case:
     expect: tuple[str, ...] = ()
     setup: Callable[[Path], None] | None = None
     owner: str | None = None  # another engineer's module: xfail until their fix is merged
+    #: "clear": bad input, a one-line exit-2 error naming it; "refused": a legal path censusdp
+    #: will not write (an input, someone else's file, a link, an output without --overwrite);
+    #: "accepted": hostile-looking but valid input, handled (exit 0) and checked by ``check``.
+    kind: str = "clear"
+    env: dict[str, str] | None = None  # environment of the run (``{ws}`` is the workspace)
+    secret: str | None = None  # a planted confidential value: never printed nor written
+    check: Callable[[Path], None] | None = None  # accepted: what the outputs must hold
 
 
-def C(id, argv, *expect, setup=None, owner=None):  # noqa: N802  (one line per case)
-    return Case(id, argv, tuple(expect), setup, owner)
+def C(id, argv, *expect, setup=None, owner=None, env=None, secret=None):  # noqa: N802
+    """A clear error (one line per case)."""
+    return Case(id, argv, tuple(expect), setup, owner, "clear", env, secret)
+
+
+def R(id, argv, *expect, setup=None, owner=None):  # noqa: N802
+    """A refused output path."""
+    return Case(id, argv, tuple(expect), setup, owner, "refused")
+
+
+def A(id, argv, check, setup=None, secret=None, env=None):  # noqa: N802
+    """An accepted input: exit 0, the inputs untouched, ``check(ws)`` holds."""
+    return Case(id, argv, (), setup, None, "accepted", env, secret, check)
 
 
 # fmt: off
 CASES = [
     # -- run: output paths ----------------------------------------------------------------
-    C("run out=.", RUN + ["--out", "."], "--out '.'", "current"),
+    R("run out=.", RUN + ["--out", "."], "--out '.'", "current"),
     C("run out=''", RUN + ["--out", ""], "--out", "empty"),
-    C("run out=..", RUN + ["--out", ".."], "--out '..'"),
-    C("run out=workspace (holds inputs)", RUN + ["--out", "{ws}"], "current directory"),
-    C("run out=input dir by path", RUN + ["--out", "../ws"], "holds"),
-    C("run out=dir holding --data", RUN + ["--data", "sub/d.csv", "--out", "sub"], "holds the input 'd.csv'", setup=write("sub/d.csv", DATA)),
-    C("run out=dir holding the spec", ["run", "sub/s.toml", "--out", "sub"], "holds the input 's.toml'", setup=write("sub/s.toml", SPEC)),
-    C("run out=data file", RUN + ["--out", "data.csv"], "is the input 'data.csv'"),
-    C("run out=spec file", RUN + ["--out", "spec.toml"], "is the input 'spec.toml'"),
-    C("run out=other file", RUN + ["--out", "notes.txt"], "'notes.txt' is a file"),
-    C("run out=foreign dir", RUN + ["--out", "other"], "'keep.txt'", "not a censusdp output"),
-    C("run out=foreign dir --overwrite", RUN + ["--out", "other", "--overwrite"], "'keep.txt'"),
-    C("run out=symlink", RUN + ["--out", "link"], "symbolic link", setup=symlink("link", "other")),
+    R("run out=..", RUN + ["--out", ".."], "--out '..'"),
+    R("run out=workspace (holds inputs)", RUN + ["--out", "{ws}"], "current directory"),
+    R("run out=input dir by path", RUN + ["--out", "../ws"], "holds"),
+    R("run out=dir holding --data", RUN + ["--data", "sub/d.csv", "--out", "sub"], "holds the input 'd.csv'", setup=write("sub/d.csv", DATA)),
+    R("run out=dir holding the spec", ["run", "sub/s.toml", "--out", "sub"], "holds the input 's.toml'", setup=write("sub/s.toml", SPEC)),
+    R("run out=data file", RUN + ["--out", "data.csv"], "is the input 'data.csv'"),
+    R("run out=spec file", RUN + ["--out", "spec.toml"], "is the input 'spec.toml'"),
+    R("run out=other file", RUN + ["--out", "notes.txt"], "'notes.txt' is a file"),
+    R("run out=foreign dir", RUN + ["--out", "other"], "'keep.txt'", "not a censusdp output"),
+    R("run out=foreign dir --overwrite", RUN + ["--out", "other", "--overwrite"], "'keep.txt'"),
+    R("run out=symlink", RUN + ["--out", "link"], "symbolic link", setup=symlink("link", "other")),
     C("run out under a file", RUN + ["--out", "notes.txt/out"], "not a directory"),
-    C("run own output, no --overwrite", RUN + ["--out", "prev"], "--overwrite", setup=own("run", "prev")),
-    C("run own output + foreign file", RUN + ["--out", "prev", "--overwrite"], "'evaluation/mine.txt'", "did not write", setup=both(own("run", "prev"), write("prev/evaluation/mine.txt", "x"))),
-    C("run own output edited", RUN + ["--out", "prev", "--overwrite"], "release/privacy.md", "changed", setup=both(own("run", "prev"), write("prev/release/privacy.md", "edited"))),
-    C("run own output, marker forged", RUN + ["--out", "prev", "--overwrite"], "not a censusdp output", setup=both(own("run", "prev"), write("prev/censusdp-output.json", "{}"))),
-    C("run [output] dir = .", RUN, "[output] dir", setup=spec("[estimators]", '[output]\ndir = "."\n[estimators]')),
-    C("run [output] dir = workspace", RUN, "[output] dir", "current directory", setup=spec("[estimators]", '[output]\ndir = "../ws"\n[estimators]')),
-    C("run [output] dir = other", RUN, "[output] dir", "'keep.txt'", setup=spec("[estimators]", '[output]\ndir = "other"\n[estimators]')),
+    R("run own output, no --overwrite", RUN + ["--out", "prev"], "--overwrite", setup=own("run", "prev")),
+    R("run own output + foreign file", RUN + ["--out", "prev", "--overwrite"], "'evaluation/mine.txt'", "did not write", setup=both(own("run", "prev"), write("prev/evaluation/mine.txt", "x"))),
+    R("run own output edited", RUN + ["--out", "prev", "--overwrite"], "release/privacy.md", "changed", setup=both(own("run", "prev"), write("prev/release/privacy.md", "edited"))),
+    R("run own output, marker forged", RUN + ["--out", "prev", "--overwrite"], "not a censusdp output", setup=both(own("run", "prev"), write("prev/censusdp-output.json", "{}"))),
+    R("run [output] dir = .", RUN, "[output] dir", setup=spec("[estimators]", '[output]\ndir = "."\n[estimators]')),
+    R("run [output] dir = workspace", RUN, "[output] dir", "current directory", setup=spec("[estimators]", '[output]\ndir = "../ws"\n[estimators]')),
+    R("run [output] dir = other", RUN, "[output] dir", "'keep.txt'", setup=spec("[estimators]", '[output]\ndir = "other"\n[estimators]')),
     # -- run: options -----------------------------------------------------------------------
     C("run --seed -1", RUN + ["--seed", "-1"], "--seed", "non-negative"),
     C("run --seed abc", RUN + ["--seed", "abc"], "--seed"),
@@ -208,21 +390,21 @@ CASES = [
     C("parquet corrupt", RUN + ["--out", "o"], "data.parquet", setup=both(parquet_source, write("data.parquet", b"PAR1 not really"))),
     C("parquet is CSV", RUN + ["--out", "o"], "data.parquet", setup=both(parquet_source, write("data.parquet", DATA))),
     # -- privatize --------------------------------------------------------------------------
-    C("privatize -o input", PRIV + ["-o", "nhgis.csv"], "is the input 'nhgis.csv'"),
-    C("privatize -o spec", PRIV + ["-o", "nspec.toml"], "-o", "nspec.toml"),
-    C("privatize -o dir holding input", ["privatize", "sub/n.csv", "--spec", "nspec.toml", "-o", "sub"], "holds the input 'n.csv'", setup=write("sub/n.csv", NHGIS)),
-    C("privatize -o dir", PRIV + ["-o", "other"], "-o 'other'"),
-    C("privatize -o existing dir.csv", PRIV + ["-o", "d.csv"], "is a directory", setup=write("d.csv/x", "x")),
+    R("privatize -o input", PRIV + ["-o", "nhgis.csv"], "is the input 'nhgis.csv'"),
+    R("privatize -o spec", PRIV + ["-o", "nspec.toml"], "-o", "nspec.toml"),
+    R("privatize -o dir holding input", ["privatize", "sub/n.csv", "--spec", "nspec.toml", "-o", "sub"], "holds the input 'n.csv'", setup=write("sub/n.csv", NHGIS)),
+    R("privatize -o dir", PRIV + ["-o", "other"], "-o 'other'"),
+    R("privatize -o existing dir.csv", PRIV + ["-o", "d.csv"], "is a directory", setup=write("d.csv/x", "x")),
     C("privatize -o xlsx", PRIV + ["-o", "out.xlsx"], "'.xlsx'", ".csv"),
     C("privatize -o no extension", PRIV + ["-o", "out"], "without extension"),
-    C("privatize -o foreign csv", PRIV + ["-o", "theirs.csv"], "not a censusdp output", setup=write("theirs.csv", "a,b\n1,2\n")),
-    C("privatize -o own, no --overwrite", PRIV + ["-o", "p.csv"], "--overwrite", setup=own("privatize", "p.csv")),
-    C("privatize -o own, edited", PRIV + ["-o", "p.csv", "--overwrite"], "changed", setup=both(own("privatize", "p.csv"), write("p.csv", "gisjoin\nG1\n"))),
-    C("privatize -o foreign sidecar", PRIV + ["-o", "n.csv"], "n.csv.censusdp.json", setup=write("n.csv.censusdp.json", "mine")),
+    R("privatize -o foreign csv", PRIV + ["-o", "theirs.csv"], "not a censusdp output", setup=write("theirs.csv", "a,b\n1,2\n")),
+    R("privatize -o own, no --overwrite", PRIV + ["-o", "p.csv"], "--overwrite", setup=own("privatize", "p.csv")),
+    R("privatize -o own, edited", PRIV + ["-o", "p.csv", "--overwrite"], "changed", setup=both(own("privatize", "p.csv"), write("p.csv", "gisjoin\nG1\n"))),
+    R("privatize -o foreign sidecar", PRIV + ["-o", "n.csv"], "n.csv.censusdp.json", setup=write("n.csv.censusdp.json", "mine")),
     C("privatize -o ''", PRIV + ["-o", ""], "-o", "empty"),
-    C("privatize -o .", PRIV + ["-o", "."], "-o '.'"),
+    R("privatize -o .", PRIV + ["-o", "."], "-o '.'"),
     C("privatize -o under a file", PRIV + ["-o", "notes.txt/x.csv"], "not a directory"),
-    C("privatize -o symlink", PRIV + ["-o", "l.csv"], "symbolic link", setup=symlink("l.csv", "notes.txt")),
+    R("privatize -o symlink", PRIV + ["-o", "l.csv"], "symbolic link", setup=symlink("l.csv", "notes.txt")),
     C("privatize --seed -5", PRIV + ["-o", "p.csv", "--seed", "-5"], "--seed"),
     C("privatize without -o", PRIV, "-o"),
     C("privatize input missing", ["privatize", "nope.csv", "--spec", "nspec.toml", "-o", "p.csv"], "nope.csv"),
@@ -237,14 +419,14 @@ CASES = [
     C("privatize spec bad key", PRIV + ["-o", "p.csv"], "mechanism.noise", setup=nspec('"discrete_gaussian"', '"cauchy"')),
     # -- experiment, demo, hierarchy, top level ---------------------------------------------
     C("experiment unknown", ["experiment", "no-such-study", "--out", "x"], "no-such-study"),
-    C("experiment --out .", ["experiment", "laplace-conditioning", "--quick", "--out", "."], "--out '.'"),
-    C("experiment --out foreign", ["experiment", "laplace-conditioning", "--quick", "--out", "other"], "'keep.txt'"),
-    C("experiment --out holds --data", ["experiment", "laplace-conditioning", "--data", "{ws}/other/keep.txt", "--out", "{ws}/other"], "holds the input"),
+    R("experiment --out .", ["experiment", "laplace-conditioning", "--quick", "--out", "."], "--out '.'"),
+    R("experiment --out foreign", ["experiment", "laplace-conditioning", "--quick", "--out", "other"], "'keep.txt'"),
+    R("experiment --out holds --data", ["experiment", "laplace-conditioning", "--data", "{ws}/other/keep.txt", "--out", "{ws}/other"], "holds the input"),
     C("experiment --seed -1", ["experiment", "laplace-conditioning", "--seed", "-1"], "--seed"),
-    C("demo --out .", ["demo", "--quick", "--out", "."], "--out '.'"),
-    C("demo --out file", ["demo", "--quick", "--out", "notes.txt"], "is a file"),
-    C("demo --out foreign", ["demo", "--quick", "--out", "other"], "'keep.txt'"),
-    C("demo --out own run, no --overwrite", ["demo", "--quick", "--out", "prev"], "--overwrite", setup=own("run", "prev")),
+    R("demo --out .", ["demo", "--quick", "--out", "."], "--out '.'"),
+    R("demo --out file", ["demo", "--quick", "--out", "notes.txt"], "is a file"),
+    R("demo --out foreign", ["demo", "--quick", "--out", "other"], "'keep.txt'"),
+    R("demo --out own run, no --overwrite", ["demo", "--quick", "--out", "prev"], "--overwrite", setup=own("run", "prev")),
     C("demo --seed -1", ["demo", "--seed", "-1"], "--seed"),
     C("hierarchy missing file", ["hierarchy", "describe", "nope.csv", "--level", "state=fips:2"], "nope.csv"),
     C("hierarchy missing column", ["hierarchy", "describe", "data.csv", "--level", "state=geo:2"], "geo"),
@@ -252,6 +434,192 @@ CASES = [
     C("hierarchy empty file", ["hierarchy", "describe", "e.csv", "--level", "state=fips:2"], "e.csv", setup=write("e.csv", "")),
     C("hierarchy ragged", ["hierarchy", "describe", "data.csv", "--level", "state=fips:2"], "data.csv", setup=write("data.csv", DATA + "1,2,3,4\n")),
     C("unknown command", ["frobnicate"], "frobnicate"),
+    C("hierarchy describe a directory", ["hierarchy", "describe", "other", "--level", "state=fips:2"], "other"),
+    C("hierarchy describe binary", ["hierarchy", "describe", "b.csv", "--level", "state=fips:2"], "b.csv", "UTF-8", setup=write("b.csv", b"\x00\xff" * 40)),
+    C("hierarchy describe width 0", ["hierarchy", "describe", "data.csv", "--level", "state=fips:0"], "state=fips:0"),
+    C("hierarchy describe width -2", ["hierarchy", "describe", "data.csv", "--level", "state=fips:-2"], "state=fips:-2"),
+    C("hierarchy describe width x", ["hierarchy", "describe", "data.csv", "--level", "state=fips:x"], "state=fips:x"),
+    C("hierarchy describe level twice", ["hierarchy", "describe", "data.csv", "--level", "state=fips:2", "--level", "state=fips:2"], "unique"),
+    C("allocate without its options", ["allocate", "nope.toml"], "--target"),
+    # -- issue 33: a Dask worker that dies ---------------------------------------------------
+    C("run distributed: every worker dies starting", RUN + ["--out", "o", "--scheduler", "distributed"], "worker process died", "--scheduler threads", setup=write("die/sitecustomize.py", DIE_IN_SPAWNED_CHILD), env={"PYTHONPATH": "{ws}/die"}),
+    # -- issue 33: bare-CR (old Mac OS) line ends ------------------------------------------------
+    C("spec CR-only line ends", RUN + ["--out", "o"], "spec.toml", "carriage return", setup=cr_only("spec.toml")),
+    A("data with CR-only line ends", RUN + ["--out", "o"], released("o"), setup=cr_only("data.csv")),
+    C("nhgis CR-only line ends", PRIV + ["-o", "p.csv"], "nhgis.csv", "carriage return", setup=cr_only("nhgis.csv")),
+    C("nspec CR-only line ends", PRIV + ["-o", "p.csv"], "nspec.toml", "carriage return", setup=cr_only("nspec.toml")),
+    C("ppmf CR-only line ends", PPRIV + ["-o", "o"], "ppmf.csv", "carriage return", setup=cr_only("ppmf.csv")),
+    C("ppmf spec CR-only line ends", PPRIV + ["-o", "o"], "pspec.toml", "carriage return", setup=cr_only("pspec.toml")),
+    C("areas file CR-only line ends", PPRIV + ["-o", "o"], "places.txt", "carriage return", setup=cr_only("places.txt")),
+    C("block list CR-only line ends", PPRIV + ["-o", "o"], "blocks.csv", "carriage return", setup=cr_only("blocks.csv")),
+    C("predict spec CR-only line ends", PRED + ["--out", "o"], "predspec.toml", "carriage return", setup=cr_only("predspec.toml")),
+    C("predict --areas CR-only line ends", PRED + ["--out", "o", "--areas", "a.csv"], "a.csv", "carriage return", setup=both(write("a.csv", AREAS), cr_only("a.csv"))),
+    # -- issue 33: budgets and sizes that rounded to 0 or 1, or would never end ----------------
+    C("ppmf rho = 1e-300", PPRIV + ["-o", "o"], "pspec.toml", "privacy.rho", "1e-12", setup=pspec("rho = 2.0", "rho = 1e-300")),
+    C("ppmf rho = 1e300", PPRIV + ["-o", "o"], "pspec.toml", "privacy.rho", "at most", setup=pspec("rho = 2.0", "rho = 1e300")),
+    C("ppmf rho = 0", PPRIV + ["-o", "o"], "privacy.rho", "positive", setup=pspec("rho = 2.0", "rho = 0.0")),
+    C("ppmf rho a string", PPRIV + ["-o", "o"], "privacy.rho", "a string", setup=pspec("rho = 2.0", 'rho = "2"')),
+    C("ppmf rho inf", PPRIV + ["-o", "o"], "privacy.rho", "finite", setup=pspec("rho = 2.0", "rho = inf")),
+    C("ppmf rho nan", PPRIV + ["-o", "o"], "privacy.rho", "finite", setup=pspec("rho = 2.0", "rho = nan")),
+    C("ppmf area share 0.9999999999999999", PPRIV + ["-o", "o"], "pspec.toml", "areas.share", "0.9999999999999999", setup=pspec("skip_blank = true", "skip_blank = true\nshare = 0.9999999999999999")),
+    C("ppmf area share 1e-300", PPRIV + ["-o", "o"], "areas.share", setup=pspec("skip_blank = true", "skip_blank = true\nshare = 1e-300")),
+    C("ppmf area share 1", PPRIV + ["-o", "o"], "areas.share", "(0, 1)", setup=pspec("skip_blank = true", "skip_blank = true\nshare = 1.0")),
+    C("ppmf delta 1", PPRIV + ["-o", "o"], "privacy.delta", setup=pspec("rho = 2.0", "rho = 2.0\ndelta = 1.0")),
+    C("ppmf accounting pure", PPRIV + ["-o", "o"], "privacy.accounting", setup=pspec('accounting = "zcdp"', 'accounting = "pure"')),
+    C("ppmf noise laplace", PPRIV + ["-o", "o"], "mechanism.noise", setup=pspec("[report]", '[mechanism]\nnoise = "laplace"\n[report]')),
+    C("ppmf [report] repetitions 1", PPRIV + ["-o", "o"], "report.repetitions", setup=pspec("repetitions = 2", "repetitions = 1")),
+    C("ppmf [report] repetitions 10^6", PPRIV + ["-o", "o"], "report.repetitions", "1000", setup=pspec("repetitions = 2", "repetitions = 1000000")),
+    C("ppmf [report] repetitions 2^63-1", PPRIV + ["-o", "o"], "report.repetitions", setup=pspec("repetitions = 2", "repetitions = 9223372036854775807")),
+    C("ppmf [run] seed -1", PPRIV + ["-o", "o"], "run.seed", setup=pspec("[report]", "[run]\nseed = -1\n[report]")),
+    C("ppmf spec unknown section", PPRIV + ["-o", "o"], "'extra'", setup=pspec("[report]", "[extra]\nx = 1\n[report]")),
+    C("ppmf spec unknown key", PPRIV + ["-o", "o"], "privacy.epsilon", setup=pspec("rho = 2.0", "rho = 2.0\nepsilon = 1.0")),
+    C("ppmf --repetitions 10^12", PPRIV + ["-o", "o", "--repetitions", "1000000000000"], "--repetitions", "1000"),
+    C("ppmf --repetitions 1", PPRIV + ["-o", "o", "--repetitions", "1"], "--repetitions"),
+    C("ppmf --repetitions x", PPRIV + ["-o", "o", "--repetitions", "x"], "--repetitions"),
+    C("predict blocks = -5", PRED + ["--out", "o"], "predspec.toml", "hierarchy.blocks", setup=predspec("blocks = 60", "blocks = -5")),
+    C("predict blocks = 0 (not the default)", PRED + ["--out", "o"], "hierarchy.blocks", "omit it", setup=predspec("blocks = 60", "blocks = 0")),
+    C("predict blocks = 10^15", PRED + ["--out", "o"], "hierarchy.blocks", setup=predspec("blocks = 60", "blocks = 1000000000000000")),
+    C("predict blocks = 2^63", PRED + ["--out", "o"], "hierarchy.blocks", setup=predspec("blocks = 60", "blocks = 9223372036854775808")),
+    C("predict blocks = 60.5", PRED + ["--out", "o"], "hierarchy.blocks", "integer", setup=predspec("blocks = 60", "blocks = 60.5")),
+    C("predict seed = -1", PRED + ["--out", "o"], "hierarchy.seed", setup=predspec("seed = 2", "seed = -1")),
+    C("predict seed = 2^63", PRED + ["--out", "o"], "hierarchy.seed", setup=predspec("seed = 2", "seed = 9223372036854775808")),
+    C("run --partitions 10^12", RUN + ["--out", "o", "--partitions", "1000000000000"], "partitions", "at most"),
+    C("spec [run] repetitions 10^12", RUN + ["--out", "o"], "run.repetitions", "at most", setup=spec("[estimators]", "[run]\nrepetitions = 1000000000000\n[estimators]")),
+    C("spec [run] partitions 10^12", RUN + ["--out", "o"], "run.partitions", setup=spec("[estimators]", "[run]\npartitions = 1000000000000\n[estimators]")),
+    # -- issue 33: confidential values never echoed (a planted value must not appear) ---------
+    C("PPMF without header as [areas] file", PPRIV + ["-o", "o"], "secret.csv", "'BLOCKID'", secret=SECRET, setup=both(write("secret.csv", HEADLESS), pspec('file = "places.txt"', 'file = "secret.csv"'))),
+    C("PPMF without header as block list", PPRIV + ["-o", "o"], "secret.csv", "header line", secret=SECRET, setup=both(write("secret.csv", HEADLESS), pspec('blocks = "blocks.csv"', 'blocks = "secret.csv"'))),
+    C("PPMF without header as --areas", PPRIV + ["-o", "o", "--areas", "secret.csv"], "secret.csv", secret=SECRET, setup=write("secret.csv", HEADLESS)),
+    C("PPMF without header as predict --areas", PRED + ["--out", "o", "--areas", "secret.csv"], "secret.csv", "'block'", secret=SECRET, setup=write("secret.csv", HEADLESS)),
+    C("PPMF without its header", PPRIV + ["-o", "o"], "ppmf.csv", "header line", secret=SECRET, setup=write("ppmf.csv", HEADLESS)),
+    C("PPMF as the [areas] file", PPRIV + ["-o", "o"], "ppmf.csv", "'BLOCKID'", setup=pspec('file = "places.txt"', 'file = "ppmf.csv"')),
+    C("PPMF as the block list", PPRIV + ["-o", "o"], "ppmf.csv", "block_column", setup=pspec('blocks = "blocks.csv"', 'blocks = "ppmf.csv"')),
+    C("PPMF code planted", PPRIV + ["-o", "o"], "data row 1", "'CENRACE'", secret=SECRET, setup=write("ppmf.csv", PPMF.replace(PPMF_FIRST, PPMF_FIRST.rsplit(",", 1)[0] + "," + SECRET))),
+    C("PPMF geocode planted", PPRIV + ["-o", "o"], "data row 1", "'TABBLKST'", secret=SECRET, setup=write("ppmf.csv", PPMF.replace(PPMF_FIRST, SECRET + "," + PPMF_FIRST.split(",", 1)[1]))),
+    C("PPMF CENRACE 64 not echoed", PPRIV + ["-o", "o"], "'CENRACE'", "outside", secret="'64'", setup=write("ppmf.csv", PPMF.replace(PPMF_FIRST, PPMF_FIRST.rsplit(",", 1)[0] + ",64"))),
+    C("data without header, planted", RUN + ["--out", "o"], "data.csv", "'pop'", secret=SECRET, setup=write("data.csv", f"01001,{SECRET}\n01003,20\n")),
+    C("nhgis without header, planted", PRIV + ["-o", "p.csv"], "nhgis.csv", "header line", secret=SECRET, setup=write("nhgis.csv", f"G0100010,{SECRET},Alabama,3,4,3,5\nG0100030,B,Alabama,6,2,7,1\n")),
+    C("nhgis count planted", PRIV + ["-o", "p.csv"], "row 2", "'H78003_sf'", secret=SECRET, setup=write("nhgis.csv", NHGIS.replace("B,Alabama,6,2,7,1", f"B,Alabama,6,2,{SECRET},1"))),
+    C("data count planted", RUN + ["--out", "o"], "row 2", "'pop'", secret=SECRET, setup=write("data.csv", DATA.replace("01003,20", f"01003,{SECRET}"))),
+    # -- PPMF route: files -------------------------------------------------------------------
+    C("ppmf empty", PPRIV + ["-o", "o"], "ppmf.csv", "empty", setup=write("ppmf.csv", "")),
+    C("ppmf header only", PPRIV + ["-o", "o"], "ppmf.csv", "no persons", setup=write("ppmf.csv", PPMF_HEADER + "\n")),
+    C("ppmf ragged row", PPRIV + ["-o", "o"], "ppmf.csv", "fields", setup=write("ppmf.csv", PPMF + "01,001\n")),
+    C("ppmf UTF-16", PPRIV + ["-o", "o"], "ppmf.csv", "UTF-8", setup=write("ppmf.csv", PPMF.encode("utf-16"))),
+    C("ppmf duplicate header", PPRIV + ["-o", "o"], "ppmf.csv", "columns 9 and 10", setup=write("ppmf.csv", PPMF.replace("CENRACE", "CENHISP", 1))),
+    C("ppmf no CENRACE", PPRIV + ["-o", "o"], "'CENRACE'", setup=write("ppmf.csv", PPMF.replace("CENRACE", "RACE", 1))),
+    C("ppmf block not in the list", PPRIV + ["-o", "o"], "ppmf.csv", "blocks.csv", setup=write("blocks.csv", BLOCKS.replace("010010001001000", "010010001001009"))),
+    C("ppmf block list missing a block", PPRIV + ["-o", "o"], "not in blocks.csv", setup=write("blocks.csv", "\n".join(BLOCKS.splitlines()[:-1]) + "\n")),
+    C("ppmf without a spec", ["privatize", "ppmf.csv", "-o", "o"], "--spec"),
+    C("ppmf --rho", PPRIV + ["-o", "o", "--rho", "1"], "--rho"),
+    C("ppmf --areas missing", PPRIV + ["-o", "o", "--areas", "nope.txt"], "nope.txt"),
+    C("ppmf --blocks a directory", PPRIV + ["-o", "o", "--blocks", "other"], "other"),
+    C("ppmf [areas] level = block", PPRIV + ["-o", "o"], "areas.level", setup=pspec('level = "place"', 'level = "block"')),
+    C("ppmf [areas] file missing", PPRIV + ["-o", "o"], "nope.txt", setup=pspec('file = "places.txt"', 'file = "nope.txt"')),
+    C("ppmf [areas] file a directory", PPRIV + ["-o", "o"], "other", setup=pspec('file = "places.txt"', 'file = "other"')),
+    C("ppmf [hierarchy] blocks missing", PPRIV + ["-o", "o"], "nope.csv", setup=pspec('blocks = "blocks.csv"', 'blocks = "nope.csv"')),
+    C("ppmf [hierarchy] blocks a directory", PPRIV + ["-o", "o"], "other", setup=pspec('blocks = "blocks.csv"', 'blocks = "other"')),
+    C("areas file empty", PPRIV + ["-o", "o"], "places.txt", "empty", setup=write("places.txt", "")),
+    C("areas file header only", PPRIV + ["-o", "o"], "places.txt", "no data rows", setup=write("places.txt", "BLOCKID|PLACEFP\n")),
+    C("areas file block twice", PPRIV + ["-o", "o"], "places.txt", "listed again", setup=write("places.txt", PLACES + PLACES.splitlines()[1] + "\n")),
+    C("areas file unknown block", PPRIV + ["-o", "o"], "places.txt", "'BLOCKID'", "not a block", setup=write("places.txt", PLACES + "019990001001000|00100\n")),
+    C("block list empty", PPRIV + ["-o", "o"], "blocks.csv", "empty", setup=write("blocks.csv", "")),
+    C("block list header only", PPRIV + ["-o", "o"], "blocks.csv", "no blocks", setup=write("blocks.csv", "GEOID20\n")),
+    C("block list short GEOID", PPRIV + ["-o", "o"], "blocks.csv", "15-digit", setup=write("blocks.csv", BLOCKS + "0100\n")),
+    C("block list block twice", PPRIV + ["-o", "o"], "blocks.csv", "twice", setup=write("blocks.csv", BLOCKS + BLOCKS.splitlines()[1] + "\n")),
+    C("nhgis --evaluate", PRIV + ["-o", "p.csv", "--evaluate"], "--evaluate", "PPMF"),
+    C("nhgis --repetitions", PRIV + ["-o", "p.csv", "--repetitions", "5"], "--repetitions"),
+    C("nhgis --rho without codebook", PRIV + ["-o", "p.csv", "--rho", "1"], "--rho"),
+    # -- predict ------------------------------------------------------------------------------
+    C("predict schema unknown", PRED + ["--out", "o"], "'nope'", setup=predspec('schema = "pl94"', 'schema = "nope"')),
+    C("predict schema missing", PRED + ["--out", "o"], "predict.schema", setup=predspec('schema = "pl94"\n', "")),
+    C("predict schema file missing", PRED + ["--out", "o"], "mine.toml", setup=predspec('schema = "pl94"', 'schema = "mine.toml"')),
+    C("predict unknown key", PRED + ["--out", "o"], "'extra'", setup=predspec('tables = ["total"]', 'tables = ["total"]\nextra = 1')),
+    C("predict unknown section", PRED + ["--out", "o"], "'extra'", setup=predspec("[hierarchy]", "[extra]\n[hierarchy]")),
+    C("predict quantiles 2", PRED + ["--out", "o"], "predict.quantiles", setup=predspec('tables = ["total"]', 'tables = ["total"]\nquantiles = [2.0]')),
+    C("predict quantiles nan", PRED + ["--out", "o"], "predict.quantiles", setup=predspec('tables = ["total"]', 'tables = ["total"]\nquantiles = [nan]')),
+    C("predict invariant unknown level", PRED + ["--out", "o"], "'moon'", setup=predspec('state = ["total"]', 'moon = ["total"]')),
+    C("predict invariant unknown query", PRED + ["--out", "o"], "'sex'", setup=predspec('state = ["total"]', 'state = ["sex * votingage"]')),
+    C("predict table unknown", PRED + ["--out", "o"], "'nope'", setup=predspec('tables = ["total"]', 'tables = ["nope"]')),
+    C("predict spec empty", PRED + ["--out", "o"], "predspec.toml", "empty", setup=write("predspec.toml", "")),
+    C("predict spec missing", ["predict", "nope.toml", "--out", "o"], "nope.toml"),
+    C("predict spec a directory", ["predict", "other", "--out", "o"], "other"),
+    C("predict hierarchy file missing", PRED + ["--out", "o"], "hierarchy.file", setup=predspec('synthetic = "state"', 'file = "h.npz"')),
+    C("predict hierarchy file corrupt", PRED + ["--out", "o"], "hierarchy.file", "'h.npz'", setup=both(write("h.npz", b"PK junk"), predspec('synthetic = "state"\nblocks = 60\nseed = 2', 'file = "h.npz"'))),
+    C("predict [allocation] without levels", PRED + ["--out", "o"], "allocation", setup=predspec("[hierarchy]", "[allocation]\nrho = -1\n[hierarchy]")),
+    C("predict --areas missing", PRED + ["--out", "o", "--areas", "nope.csv"], "nope.csv"),
+    C("predict --areas empty", PRED + ["--out", "o", "--areas", "a.csv"], "a.csv", "empty", setup=write("a.csv", "")),
+    C("predict --areas no block column", PRED + ["--out", "o", "--areas", "a.csv"], "a.csv", "'block'", setup=write("a.csv", "x,y\n1,2\n")),
+    C("predict --areas unknown block", PRED + ["--out", "o", "--areas", "a.csv"], "a.csv", "'999'", setup=write("a.csv", "block,area\n999,1\n")),
+    C("predict --areas is the spec", PRED + ["--out", "o", "--areas", "predspec.toml"], "predspec.toml"),
+    C("predict --area-list missing", PRED + ["--out", "o", "--areas", "a.csv", "--area-list", "nope.csv"], "nope.csv", setup=write("a.csv", AREAS)),
+    R("predict --out the spec", PRED + ["--out", "predspec.toml"], "is the input 'predspec.toml'"),
+    R("predict --out .", PRED + ["--out", "."], "--out '.'"),
+    R("predict --out foreign dir", PRED + ["--out", "other"], "'keep.txt'"),
+    C("predict --out ''", PRED + ["--out", ""], "--out", "empty"),
+    # -- run: more spec values ---------------------------------------------------------------
+    C("spec [run] seed a string", RUN + ["--out", "o"], "run.seed", "a string", setup=spec("[estimators]", '[run]\nseed = "7"\n[estimators]')),
+    C("spec [run] scheduler empty", RUN + ["--out", "o"], "run.scheduler", setup=spec("[estimators]", '[run]\nscheduler = ""\n[estimators]')),
+    C("spec [run] address http", RUN + ["--out", "o"], "run.address", setup=spec("[estimators]", '[run]\nscheduler = "distributed"\naddress = "http://x"\n[estimators]')),
+    C("spec [run] address off loopback", RUN + ["--out", "o"], "run.address", "plaintext", setup=spec("[estimators]", '[run]\nscheduler = "distributed"\naddress = "tcp://10.1.2.3:8786"\n[estimators]')),
+    C("spec epsilon a string", RUN + ["--out", "o"], "privacy.epsilon", "a string", setup=spec("epsilon = 1.0", 'epsilon = "1.0"')),
+    C("spec epsilon a boolean", RUN + ["--out", "o"], "privacy.epsilon", "a boolean", setup=spec("epsilon = 1.0", "epsilon = true")),
+    C("spec epsilon inf", RUN + ["--out", "o"], "privacy.epsilon", "finite", setup=spec("epsilon = 1.0", "epsilon = inf")),
+    C("spec levels empty", RUN + ["--out", "o"], "hierarchy.levels", setup=spec('levels = ["nation", "state", "county"]', "levels = []")),
+    C("spec levels twice", RUN + ["--out", "o"], "hierarchy.levels", "twice", setup=spec('levels = ["nation", "state", "county"]', 'levels = ["nation", "state", "state"]')),
+    C("spec cells empty", RUN + ["--out", "o"], "data.cells", setup=spec('cells = ["pop"]', "cells = []")),
+    C("spec cells twice", RUN + ["--out", "o"], "data.cells", "twice", setup=spec('cells = ["pop"]', 'cells = ["pop", "pop"]')),
+    C("spec code prefix 0", RUN + ["--out", "o"], "hierarchy.codes.state", setup=spec('state = "fips:2"', 'state = "fips:0"')),
+    C("spec code prefix -1", RUN + ["--out", "o"], "hierarchy.codes.state", setup=spec('state = "fips:2"', 'state = "fips:-1"')),
+    C("spec code prefix 99", RUN + ["--out", "o"], "data.csv", "'state'", setup=spec('state = "fips:2"', 'state = "fips:99"')),
+    C("spec data path a directory", RUN + ["--out", "o"], "other", "[data] path", setup=spec('path = "data.csv"', 'path = "other"')),
+    C("spec data path missing", RUN + ["--out", "o"], "gone.csv", setup=spec('path = "data.csv"', 'path = "gone.csv"')),
+    C("spec data path dangling link", RUN + ["--out", "o"], "dl.csv", setup=both(symlink("dl.csv", "nowhere.csv"), spec('path = "data.csv"', 'path = "dl.csv"'))),
+    C("--data /dev/null", RUN + ["--out", "o", "--data", "/dev/null"], "/dev/null"),
+    C("spec source unknown", RUN + ["--out", "o"], "data.source", "'excel'", setup=spec('source = "csv"', 'source = "excel"')),
+    C("spec key twice", RUN + ["--out", "o"], "spec.toml", "TOML", setup=spec("epsilon = 1.0", "epsilon = 1.0\nepsilon = 2.0")),
+    C("spec NUL byte", RUN + ["--out", "o"], "spec.toml", "TOML", setup=spec("epsilon = 1.0", "epsilon = 1.0\x00")),
+    C("spec latin-1", RUN + ["--out", "o"], "spec.toml", "UTF-8", setup=write("spec.toml", SPEC.replace("[data]", "# caf\xe9\n[data]").encode("latin-1"))),
+    C("spec UTF-16", RUN + ["--out", "o"], "spec.toml", "UTF-8", setup=write("spec.toml", SPEC.encode("utf-16"))),
+    C("spec queries unknown level", RUN + ["--out", "o"], "queries.moon", setup=spec('county = ["detailed"]\n[mechanism]', 'county = ["detailed"]\nmoon = ["detailed"]\n[mechanism]')),
+    C("spec shares unknown level", RUN + ["--out", "o"], "level_shares.moon", setup=spec("county = 0.5 }", "moon = 0.5 }")),
+    C("spec shares negative", RUN + ["--out", "o"], "level_shares.county", "positive", setup=spec("state = 0.5, county = 0.5", "state = 1.5, county = -0.5")),
+    C("spec noise of another accounting", RUN + ["--out", "o"], "mechanism.noise", "zcdp", setup=spec('"discrete_laplace"', '"discrete_gaussian"')),
+    C("spec no estimator", RUN + ["--out", "o"], "estimators.run", setup=spec('["gls"]', "[]")),
+    # -- run: more data files ----------------------------------------------------------------
+    C("data UTF-16", RUN + ["--out", "o"], "data.csv", "encoding", setup=write("data.csv", DATA.encode("utf-16"))),
+    C("data latin-1 code", RUN + ["--out", "o"], "data.csv", "encoding", setup=write("data.csv", DATA.replace("01001", "0100\xe9").encode("latin-1"))),
+    C("data count 10^30", RUN + ["--out", "o"], "row 2", "'pop'", "int64", setup=write("data.csv", DATA.replace("01003,20", "01003,1" + "0" * 30))),
+    C("data count 2^63", RUN + ["--out", "o"], "row 2", "'pop'", "int64", setup=write("data.csv", DATA.replace("01003,20", "01003,9223372036854775808"))),
+    C("data count nan", RUN + ["--out", "o"], "row 2", "'pop'", setup=write("data.csv", DATA.replace("01003,20", "01003,nan"))),
+    C("data count NaN", RUN + ["--out", "o"], "row 2", "'pop'", setup=write("data.csv", DATA.replace("01003,20", "01003,NaN"))),
+    C("data count -inf", RUN + ["--out", "o"], "row 2", "'pop'", setup=write("data.csv", DATA.replace("01003,20", "01003,-inf"))),
+    C("data count 0x14", RUN + ["--out", "o"], "row 2", "'pop'", setup=write("data.csv", DATA.replace("01003,20", "01003,0x14"))),
+    C("data count with a NUL", RUN + ["--out", "o"], "row 2", "'pop'", setup=write("data.csv", DATA.replace("01003,20", "01003,2\x000"))),
+    C("data code too long", RUN + ["--out", "o"], "row 2", "'fips'", setup=write("data.csv", DATA.replace("01003,20", "0100399,20"))),
+    C("data code blank", RUN + ["--out", "o"], "row 2", "'fips'", setup=write("data.csv", DATA.replace("01003,20", ",20"))),
+    C("data code a formula", RUN + ["--out", "o"], "row 2", "'fips'", setup=write("data.csv", DATA.replace("01003,20", "=1+1,20"))),
+    C("data header twice the same", RUN + ["--out", "o"], "'fips' occurs twice", setup=write("data.csv", DATA.replace("fips,pop", "fips,fips"))),
+    C("data quote never closed", RUN + ["--out", "o"], "data.csv", "quoting", setup=write("data.csv", DATA.replace("01003,20", '"01003,20'))),
+    # -- privatize (NHGIS): more ---------------------------------------------------------------
+    C("nhgis count nan", PRIV + ["-o", "p.csv"], "row 2", "'H78003_sf'", setup=write("nhgis.csv", NHGIS.replace("B,Alabama,6,2,7,1", "B,Alabama,6,2,nan,1"))),
+    C("nhgis count 10^30", PRIV + ["-o", "p.csv"], "row 2", "int64", setup=write("nhgis.csv", NHGIS.replace("B,Alabama,6,2,7,1", "B,Alabama,6,2,1" + "0" * 30 + ",1"))),
+    C("nhgis GISJOIN malformed", PRIV + ["-o", "p.csv"], "row 2", "'gisjoin'", setup=write("nhgis.csv", NHGIS.replace("G0100030", "X0100030"))),
+    C("nhgis GISJOIN a formula", PRIV + ["-o", "p.csv"], "row 2", "'gisjoin'", setup=write("nhgis.csv", NHGIS.replace("G0100030", "=G0100030"))),
+    C("codebook unknown", ["privatize", "nhgis.csv", "--codebook", "nope", "--rho", "1", "-o", "p.csv"], "'nope'"),
+    C("codebook --rho x", ["privatize", "nhgis.csv", "--codebook", "ppdd", "--rho", "x", "-o", "p.csv"], "--rho"),
+    C("codebook without --rho", ["privatize", "nhgis.csv", "--codebook", "ppdd", "-o", "p.csv"], "--rho"),
+    # -- accepted: hostile-looking but valid; outputs checked --------------------------------
+    A("spec with a UTF-8 BOM", RUN + ["--out", "o"], released("o"), setup=bom("spec.toml")),
+    A("data with a UTF-8 BOM", RUN + ["--out", "o"], released("o"), setup=bom("data.csv")),
+    A("data with CRLF line ends", RUN + ["--out", "o"], released("o"), setup=crlf("data.csv")),
+    A("data with blank lines", RUN + ["--out", "o"], released("o"), setup=write("data.csv", DATA.replace("\n", "\n\n"))),
+    A("data count 20.0", RUN + ["--out", "o"], released("o"), setup=write("data.csv", DATA.replace("01003,20", "01003,20.0"))),
+    A("nhgis with a UTF-8 BOM", PRIV + ["-o", "p.csv"], names_kept("p.csv", {}), setup=bom("nhgis.csv")),
+    A("nhgis names that are formulas", PRIV + ["-o", "p.csv"], names_kept("p.csv", FORMULA_NAMES), setup=write("nhgis.csv", formula_names(NHGIS))),
+    A("predict spec with a UTF-8 BOM", PRED + ["--out", "o"], predicted("o"), setup=bom("predspec.toml")),
+    A("predict --areas with a UTF-8 BOM", PRED + ["--out", "o", "--areas", "a.csv"], predicted("o", AREA_CODES), setup=both(write("a.csv", AREAS), bom("a.csv"))),
+    A("predict area codes that are formulas", PRED + ["--out", "o", "--areas", "a.csv"], predicted("o", FORMULA_AREAS), setup=write("a.csv", formula_areas(AREAS))),
 ]
 # fmt: on
 
@@ -301,9 +669,30 @@ def _params():
         yield pytest.param(c, id=c.id, marks=marks)
 
 
-def test_enough_cases():
-    assert len(CASES) >= 60
+def test_enough_cases_and_the_totals_in_the_docstring():
+    assert len(CASES) >= 150
     assert len({c.id for c in CASES}) == len(CASES)
+    plain = [(tuple(c.argv), repr(c.env)) for c in CASES if c.setup is None]
+    assert len(set(plain)) == len(plain)  # no two cases run one command on one workspace
+    kinds = {k: sum(c.kind == k for c in CASES) for k in ("clear", "refused", "accepted")}
+    assert sum(kinds.values()) == len(CASES)
+    totals = (
+        f"{len(CASES)} tried: {kinds['clear']} clear (exit 2, one line naming the problem), "
+        f"{kinds['refused']} refused (exit 2, an output path censusdp will not write), "
+        f"{kinds['accepted']} accepted (exit 0, checked)"
+    )
+    assert totals in " ".join(__doc__.split()), totals
+
+
+def _files_hold(root: Path, secret: str, skip: dict[str, str]) -> list[str]:
+    """Files under ``root`` (other than the unchanged ones in ``skip``) holding ``secret``."""
+    hits = []
+    for p in root.rglob("*"):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and not p.is_symlink() and rel not in skip:
+            if secret.encode() in p.read_bytes():
+                hits.append(rel)
+    return hits
 
 
 @pytest.mark.parametrize("case", list(_params()))
@@ -313,6 +702,8 @@ def test_hostile_input(case: Case, tmp_path, monkeypatch, capsys):
     if case.setup is not None:
         case.setup(ws)
     monkeypatch.chdir(ws)
+    for key, value in (case.env or {}).items():
+        monkeypatch.setenv(key, value.replace("{ws}", str(ws)))
     before = tree(tmp_path)
     argv = [a.replace("{ws}", str(ws)) for a in case.argv]
     code = main(argv)
@@ -321,6 +712,19 @@ def test_hostile_input(case: Case, tmp_path, monkeypatch, capsys):
         ln for ln in err.splitlines() if ln.strip() and not ln.startswith("censusdp: warning:")
     ]
     assert "Traceback" not in err + out
+    if case.secret is not None:
+        assert case.secret not in err + out, "a confidential value was printed"
+        after = tree(tmp_path)
+        unchanged = {k: v for k, v in before.items() if after.get(k) == v}
+        held = _files_hold(tmp_path, case.secret, unchanged)
+        assert not held, f"a confidential value was written to {held}"
+    if case.kind == "accepted":
+        assert code == 0, err
+        assert not lines, err
+        after = tree(tmp_path)
+        assert {k: after.get(k) for k in before} == before, "an input changed"
+        case.check(ws)
+        return
     assert code == 2, err
     assert len(lines) == 1 and lines[0].startswith("censusdp: error: "), err
     for fragment in case.expect:
@@ -489,8 +893,45 @@ def test_overwrite_replaces_only_censusdp_outputs(tmp_path, monkeypatch, capsys)
             "nspec.toml",
             "notes.txt",
             "other",
+            "ppmf.csv",
+            "blocks.csv",
+            "places.txt",
+            "pspec.toml",
+            "predspec.toml",
             "prev",
             "p.csv",
             "p.csv.censusdp.json",
         ]
     )
+
+
+@pytest.mark.slow  # about 35 s: each of the three tries waits for fresh worker processes
+def test_a_worker_killed_while_computing_is_one_line(tmp_path, monkeypatch, capsys):
+    """Every measurement task ends its worker process (as ``kill -9`` or the OOM killer
+    would): after the last resubmission the run is one exit-2 line saying a worker died and
+    how to retry, distributed's own error log stays off stderr, and nothing is written."""
+    import dask
+
+    import censusdp.pipelines.measure as measure
+
+    ws = tmp_path / "ws"
+    _workspace(ws)
+    (tmp_path / "killer").mkdir()
+    (tmp_path / "killer" / "hostile_killer.py").write_text(
+        "import os\n\n\ndef measure_task(*args, **kwargs):\n    os._exit(9)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "killer"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "killer"))  # the workers import it too
+    import hostile_killer
+
+    monkeypatch.setattr(measure, "_measure_task", hostile_killer.measure_task)
+    monkeypatch.chdir(ws)
+    before = tree(tmp_path)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        code = main(RUN + ["--out", "o", "--scheduler", "distributed"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and "worker process died while computing" in lines[0], err
+    assert "--scheduler threads" in lines[0]
+    assert tree(tmp_path) == before

@@ -70,7 +70,7 @@ def test_predict_from_a_saved_public_geography(tmp_path):
         ('synthetic = "moon"', "not 'state' or 'us'"),
         ('file = "missing.npz"', "no such file"),
         ('synthetic = "state"\nfile = "x.npz"', "either file"),
-        ('synthetic = "state"\nblocks = "many"', "must be integers"),
+        ('synthetic = "state"\nblocks = "many"', "hierarchy.blocks: must be an integer"),
     ],
 )
 def test_bad_hierarchies_name_the_key(tmp_path, hierarchy, message):

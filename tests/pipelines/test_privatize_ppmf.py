@@ -92,7 +92,7 @@ def _ppmf(tmp: Path, n: int = 1500) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
     """One privatize run (with --evaluate) that every test of the module reads, whichever
-    runs first: ``(data, out, argv, printed)``."""
+    runs first: ``(data, release folder, argv, printed)``."""
     tmp = tmp_path_factory.mktemp("ppmf")
     data, spec = _ppmf(tmp)
     out = tmp / "out"
@@ -100,7 +100,7 @@ def release(tmp_path_factory):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert main([*argv, "--evaluate"]) == 0
-    return data, out, argv, printed.getvalue()
+    return data, out / "release", argv, printed.getvalue()
 
 
 def test_privatize_writes_both_products_and_the_statement(release):
@@ -126,7 +126,21 @@ def test_privatize_writes_both_products_and_the_statement(release):
         assert (nn[columns].to_numpy() >= 0).all()
         assert len(unb) == len(nn)
     assert (out / "size_classes.md").exists() and (out / "size_classes.png").exists()
-    assert "CONFIDENTIAL" in (out / "evaluation" / "size_classes.md").read_text()
+    # --evaluate lays the output out as `run` does: the confidential comparison beside the
+    # release folder, never inside it
+    top = out.parent
+    assert sorted(p.name for p in top.iterdir()) == [
+        "censusdp-output.json",
+        "evaluation",
+        "release",
+    ]
+    assert not (out / "evaluation").exists()
+    assert "CONFIDENTIAL" in (top / "evaluation" / "size_classes.md").read_text()
+    assert (top / "evaluation" / "CONFIDENTIAL.txt").is_file()
+    assert manifest["products"] and "../evaluation/" in json.dumps(manifest)
+    assert (
+        f"wrote {top}/release/" in printed and f"wrote {top}/evaluation/ (CONFIDENTIAL" in printed
+    )
     assert "CONFIDENTIAL" not in (out / "size_classes.md").read_text()
 
 
