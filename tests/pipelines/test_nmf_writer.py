@@ -9,8 +9,11 @@ import pytest
 from stattests import chi2_pvalue
 
 from censusdp.errors import SpecError
+from censusdp.estimation.structured_gls import structured_gls
+from censusdp.hierarchy.core import Hierarchy
 from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
 from censusdp.mechanisms.discrete import DiscreteGaussian
+from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.io.nmf import (
     PRODUCTION_RHO,
     collect_nmf,
@@ -19,6 +22,7 @@ from censusdp.pipelines.io.nmf import (
     read_state_totals,
 )
 from censusdp.pipelines.io.nmf_writer import (
+    TABULATION_LEVELS,
     nmf_geocodes,
     production_laws,
     simulate_nmf,
@@ -222,3 +226,43 @@ def test_writer_needs_the_production_allocation():
     flat = Schema.load("sex_age5")
     with pytest.raises(SpecError, match="pl94 strategy"):
         production_laws(flat)
+
+
+def _regular_state(fan=(4, 2, 2, 3)) -> Hierarchy:
+    """One state, every parent with ≥ 2 children (so no node lacks measurements), in the
+    code layout of synthetic_us (county 3, tract 6, block group 1, block 3 digits)."""
+    names = list(TABULATION_LEVELS)
+    codes, parents, prev = [["US"], ["01"]], [None, [0]], ["01"]
+    for f, width in zip(fan, (3, 6, 1, 3), strict=True):
+        level = [(pc + str(j + 1).zfill(width), i) for i, pc in enumerate(prev) for j in range(f)]
+        codes.append([c for c, _ in level])
+        parents.append([p for _, p in level])
+        prev = codes[-1]
+    return Hierarchy.from_parents(names, codes, parents)
+
+
+def test_gls_from_a_written_nmf_equals_the_in_memory_structured_gls(tmp_path):
+    h = _regular_state()
+    pop = np.random.default_rng(0).poisson(30, h["block"].size)
+    block, cell, count = pl94_histogram(pop, seed=5)
+    aian = np.array([False, False, True, True])
+    subs = list(simulate_nmf(h, block, cell, count, aian_counties=aian,
+                             evaluation_rng=KeyedRNG.reproducible(2, warn=False)))  # fmt: skip
+    totals = {"01": int(count.sum())}
+    mem = collect_nmf(subs, totals)
+    disk = collect_nmf(read_nmf(write_nmf(tmp_path / "nmf", subs)), totals)
+    assert all(lvl.measured.all() for lvl in mem.levels.values())
+    releases = []
+    for m in (mem, disk):
+        meas = m.measurements()
+        releases.append(
+            structured_gls(m.spine.hierarchy, meas[0].query.schema, meas, m.invariants())
+        )
+    a, b = releases
+    for k in range(len(h.names) + 1):
+        assert np.array_equal(a.estimates[k], b.estimates[k])
+    total = ProductQuery.parse(releases[0].schema, "total")
+    est = b.query_estimates("state", total)
+    assert np.rint(est[0, 0]) == totals["01"] and abs(est[0, 0] - totals["01"]) < 1e-6
+    assert b.privacy.rho == pytest.approx(disk.derived_rho(), rel=1e-12)
+    assert "induced subspace" in b.privacy.text()
