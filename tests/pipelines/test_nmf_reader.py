@@ -13,6 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from censusdp.errors import DataError, HierarchyError
 from censusdp.hierarchy.nmf_spine import SPINE_LEVELS, nmf_spine
@@ -398,3 +400,100 @@ def test_spine_rejects_non_nesting_codes():
         nmf_spine({**ok, "block_group": [T2 + "01"], "block": [T2 + "01" + GEOID["c"]]})
     with pytest.raises(HierarchyError, match="wrong length"):
         nmf_spine({**ok, "block": [B1 + GEOID["a"][:-1]]})
+
+
+# -- the reader against a slow reference on random small files ------------------------------
+
+
+@st.composite
+def random_nmf(draw):
+    """A random spine (1–2 states, parts 0/1, 1–3 children per node), every row in shuffled
+    order over 1–3 part files per folder, random integer and float widths."""
+    tree = {}
+    states = draw(
+        st.lists(st.sampled_from(["01", "02", "56"]), min_size=1, max_size=2, unique=True)
+    )
+    for ss in states:
+        for p in draw(st.lists(st.sampled_from("01"), min_size=1, max_size=2, unique=True)):
+            tree[(p + ss, "State")] = [p + ss]
+    widths = {"County": 6, "Tract": 4, "Block_Group": 2, "Block": 16}
+    levels = ["State", "County", "Tract", "Block_Group", "Block"]
+    for up, lvl in zip(levels[:-1], levels[1:], strict=True):
+        for sub in {s for s, _ in tree}:
+            kids = []
+            for g in tree[(sub, up)]:
+                n = draw(st.integers(1, 3))
+                kids += [g + str(j + 1).zfill(widths[lvl]) for j in range(n)]
+            tree[(sub, lvl)] = kids
+    return tree, draw(st.integers(0, 2**31 - 1))
+
+
+def _write_random(root: Path, tree: dict, seed: int) -> dict:
+    gen = np.random.default_rng(seed)
+
+    def up(g: str) -> str:  # the parent's geocode: a prefix
+        return g[: {3: 0, 9: 3, 13: 9, 15: 13, 31: 15}[len(g)]]
+
+    n_children: dict[str, int] = {}
+    for codes in tree.values():
+        for g in codes:
+            n_children[up(g)] = n_children.get(up(g), 0) + 1
+    ref = {}
+    for (sub, lvl), codes in tree.items():
+        rows, con = [], []
+        for g in codes:
+            only = lvl != "State" and n_children[up(g)] == 1
+            if not only or gen.random() < 0.3:  # an only child may be measured anyway
+                for nm in QUERY_NAMES:
+                    v = gen.integers(-9, 99, int(np.prod(SHAPES[nm]))).tolist()
+                    var = float(gen.choice([0.5, 2.25, 7.0, 1234.5]))
+                    rows.append((g, nm, SHAPES[nm], v, var))
+                    ref[(g, nm)] = (v, var)
+            ub = gen.integers(0, 3, 8)
+            con += [
+                (g, "hhgq_total_lb_con", [0] * 8, "ge"),
+                (g, "hhgq_total_ub_con", ub.tolist(), "le"),
+            ]
+            ref[(g, "ub")] = ub.tolist()
+        for kind, items in (("DPQuery", rows), ("Constraint", con)):
+            folder = root / f"{lvl}.parquet" / kind / f"State={sub}"
+            folder.mkdir(parents=True, exist_ok=True)
+            items = [items[i] for i in gen.permutation(len(items))]
+            cuts = np.sort(gen.integers(0, len(items) + 1, gen.integers(0, 3)))
+            for k, chunk in enumerate(np.split(np.arange(len(items)), cuts)):
+                vt = pa.int32() if gen.random() < 0.5 else pa.int64()
+                ft = pa.float32() if gen.random() < 0.5 else pa.float64()
+                t = _table([items[i] for i in chunk], vt, ft, con=kind == "Constraint")
+                pq.write_table(t, folder / f"part-{k:05d}.parquet")
+    return ref
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@given(random_nmf())
+def test_reader_matches_a_slow_reference(tmp_path_factory, case):
+    tree, seed = case
+    root = tmp_path_factory.mktemp("nmf")
+    ref = _write_random(root, tree, seed)
+    m = collect_nmf(read_nmf(root))
+    h = m.spine.hierarchy
+    for nmf_level, spine_level in (("State", "state_part"), ("County", "county"), ("Tract", "tract"),
+                                   ("Block_Group", "block_group"), ("Block", "block")):  # fmt: skip
+        codes = h[spine_level].codes.tolist()
+        want = sorted((g for (_, lvl), gs in tree.items() if lvl == nmf_level for g in gs),
+                      key=lambda g: (g[1:3], g[0], g))  # fmt: skip
+        assert codes == want  # states, then parts, then geocodes
+        up = h[h.names[h.level_index(spine_level) - 1]].codes.tolist()
+        for g, p in zip(codes, h[spine_level].parent.tolist(), strict=True):
+            assert up[p] == (g[1:3] if spine_level == "state_part" else g[: len(up[p])])
+            assert g.startswith(up[p]) or spine_level == "state_part"
+        lvl = m.levels[nmf_level]
+        for nm, q in lvl.queries.items():
+            for i, g in enumerate(codes):
+                if (g, nm) in ref:
+                    v, var = ref[(g, nm)]
+                    assert q.values[i].tolist() == v and q.variance[i] == var
+                else:
+                    assert q.variance[i] == np.inf
+        for i, g in enumerate(codes):
+            assert lvl.upper[i].tolist() == ref[(g, "ub")]
+            assert lvl.hhgq_zero[i].tolist() == [u == 0 for u in ref[(g, "ub")]]
