@@ -150,8 +150,14 @@ QUERY_NAMES = (
 US_QUERY_NAMES = QUERY_NAMES[1:]
 LOWER_BOUND = "hhgq_total_lb_con"
 UPPER_BOUND = "hhgq_total_ub_con"
-#: Constraint names and the sign each must carry (normalised: ``le`` → ``<=``, ``ge`` → ``>=``).
-CONSTRAINT_NAMES = {LOWER_BOUND: ">=", UPPER_BOUND: "<=", "nurse_nva_0_con": "=", "total_con": "="}
+#: Constraint names and the sign each must carry (normalised: ``le`` → ``<=``, ``ge`` → ``>=``;
+#: None: any known sign — only the hhgq bounds are used, the nursing zero holds everywhere).
+CONSTRAINT_NAMES = {
+    LOWER_BOUND: ">=",
+    UPPER_BOUND: "<=",
+    "nurse_nva_0_con": None,
+    "total_con": None,
+}
 _SIGNS = {"=": "=", "==": "=", "le": "<=", "<=": "<=", "ge": ">=", ">=": ">="}
 #: hhgq 3 (nursing facilities) holds no one under 18 (votingage 0) at any node.
 NURSING, UNDER_18 = 3, 0
@@ -529,6 +535,8 @@ def _level_bounds(con: _Rows, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray
         norm[con.sign == raw] = canon
     _fail(con, np.flatnonzero(norm == ""), f"unknown sign; expected one of {list(_SIGNS)}")
     for nm, sign in CONSTRAINT_NAMES.items():
+        if sign is None:
+            continue
         _fail(con, np.flatnonzero((con.name == nm) & (norm != sign)),
               f"constraint {nm!r} must have sign {sign!r}")  # fmt: skip
     node = code_index(nodes, con.geocode)
