@@ -59,7 +59,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -69,7 +69,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from censusdp.budget import PrivacyStatement
-from censusdp.errors import DataError
+from censusdp.errors import DataError, SpecError
 from censusdp.hierarchy.core import STRING_DTYPE, as_codes
 from censusdp.hierarchy.nmf_spine import NMFSpine, code_index, nmf_spine
 from censusdp.mechanisms.discrete import MAX_DENOMINATOR, DiscreteGaussian
@@ -95,6 +95,7 @@ __all__ = [
     "NURSING",
     "UNDER_18",
     "PRODUCTION_RHO",
+    "BATCH_ROWS",
     "NMFQuery",
     "NMFLevel",
     "NMFSubtree",
@@ -308,7 +309,7 @@ class _Rows:
     shape: np.ndarray | None = None
     variance: np.ndarray | None = None
     sign: np.ndarray | None = None
-    extra: dict = field(default_factory=dict)
+    paths: list[Path] | None = None
 
     @property
     def n(self) -> int:
@@ -328,10 +329,10 @@ def _data_files(folder: Path) -> list[Path]:
 
 
 def _list_parts(
-    col: pa.ChunkedArray, where: str, column: str, *, integer: bool
+    col: pa.ChunkedArray | pa.Array, where: str, column: str, *, integer: bool
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """(lengths, flat values as int64, first bad row or -1) of a list column."""
-    arr = col.combine_chunks()
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
             or pa.types.is_fixed_size_list(arr.type)):  # fmt: skip
         raise DataError(f"{where}: column {column!r} is not a list column; give a list of integers")
@@ -372,80 +373,116 @@ def _strings(col: pa.ChunkedArray, where: str, column: str) -> tuple[np.ndarray,
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=STRING_DTYPE), bad
 
 
+def _open(path: Path, where: str, columns: Sequence[str], kind: str) -> pq.ParquetFile:
+    try:
+        pf = pq.ParquetFile(path)
+        names = set(pf.schema_arrow.names)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{where}: not a readable Parquet file ({type(e).__name__}); "
+                        "give the NMF's part files unchanged") from None  # fmt: skip
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataError(f"{where}: missing column {missing[0]!r}; a {kind} file has columns "
+                        f"{list(columns)}")  # fmt: skip
+    return pf
+
+
 def _read_folder(folder: Path, kind: str) -> _Rows:
-    """Parse every part file of a DPQuery (``kind='dpq'``) or Constraint folder."""
+    """Parse every part file of a Constraint folder (``kind='con'``), or the geocodes and
+    query names of a DPQuery folder (``kind='dpq'``; values, shapes and variances are read
+    afterwards in bounded batches by :func:`_dpq_batches`)."""
     columns = _DPQ_COLUMNS if kind == "dpq" else _CON_COLUMNS
-    files, parts = [], []
+    first = ["geocode", "query_name"] if kind == "dpq" else list(columns)
+    files, paths, parts = [], [], []
     for path in _data_files(folder):
         where = f"NMF folder {folder}, file {path.name}"
+        pf = _open(path, where, columns, kind)
         try:
-            pf = pq.ParquetFile(path)
-            names = set(pf.schema_arrow.names)
-        except (pa.ArrowException, OSError) as e:
-            raise DataError(f"{where}: not a readable Parquet file ({type(e).__name__}); "
-                            "give the NMF's part files unchanged") from None  # fmt: skip
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise DataError(f"{where}: missing column {missing[0]!r}; a {kind} file has columns "
-                            f"{list(columns)}")  # fmt: skip
-        try:
-            t = pf.read(columns=list(columns))
+            t = pf.read(columns=first)
         except (pa.ArrowException, OSError) as e:
             raise DataError(f"{where}: cannot be read ({type(e).__name__})") from None
         k = len(files)
         files.append(path.name)
+        paths.append(path)
         n = t.num_rows
         geo, bad_g = _strings(t.column("geocode"), where, "geocode")
         qn, bad_q = _strings(t.column("query_name"), where, "query_name")
-        lens, vals, bad_v = _list_parts(t.column("value"), where, "value", integer=True)
         part = {"file": np.full(n, k, np.int64), "row": np.arange(1, n + 1, dtype=np.int64),
-                "geocode": geo, "name": qn, "lens": lens, "values": vals}  # fmt: skip
-        for b, col in ((bad_g, "geocode"), (bad_q, "query_name"), (bad_v, "value")):
+                "geocode": geo, "name": qn}  # fmt: skip
+        bad = [(bad_g, "geocode"), (bad_q, "query_name")]
+        if kind == "con":
+            part["lens"], part["values"], bad_v = _list_parts(t.column("value"), where, "value",
+                                                              integer=True)  # fmt: skip
+            part["sign"], bad_s = _strings(t.column("sign"), where, "sign")
+            bad += [(bad_v, "value"), (bad_s, "sign")]
+        for b, col in bad:
             if b >= 0:
                 raise DataError(f"{where}, row {b + 1}: column {col!r} is null (or holds a null); "
                                 "every row needs it")  # fmt: skip
-        if kind == "dpq":
-            slens, svals, bad_s = _list_parts(t.column("query_shape"), where, "query_shape",
-                                              integer=True)  # fmt: skip
-            if bad_s >= 0:
-                raise DataError(f"{where}, row {bad_s + 1}: column 'query_shape' is null")
-            wrong = np.flatnonzero(slens != 4)
-            if wrong.size:
-                r = int(wrong[0])
-                raise DataError(f"{where}, row {r + 1}, geocode {str(geo[r])!r}: query_shape must "
-                                "have 4 entries (hhgq, votingage, hispanic, cenrace)")  # fmt: skip
-            part["shape"] = svals.reshape(n, 4)
-            var = t.column("variance").combine_chunks()
-            if not (pa.types.is_floating(var.type) or pa.types.is_integer(var.type)):
-                raise DataError(f"{where}: column 'variance' is {var.type}, not a number")
-            part["variance"] = var.cast(pa.float64()).fill_null(np.nan).to_numpy()
-        else:
-            sg, bad_s = _strings(t.column("sign"), where, "sign")
-            if bad_s >= 0:
-                raise DataError(f"{where}, row {bad_s + 1}: column 'sign' is null")
-            part["sign"] = sg
         parts.append(part)
     if not parts:
         empty = np.zeros(0, np.int64)
-        rows = _Rows(folder, [], empty, empty, as_codes([]), as_codes([]),
-                     np.zeros(1, np.int64), empty)  # fmt: skip
-        if kind == "dpq":
-            rows.shape, rows.variance = np.zeros((0, 4), np.int64), np.zeros(0)
-        else:
-            rows.sign = as_codes([])
+        rows = _Rows(
+            folder, [], empty, empty, as_codes([]), as_codes([]), np.zeros(1, np.int64), empty
+        )
+        rows.sign, rows.paths = as_codes([]), []
         return rows
 
     def cat(key: str) -> np.ndarray:
         return np.concatenate([p[key] for p in parts])
 
-    lens = cat("lens")
-    rows = _Rows(folder, files, cat("file"), cat("row"), cat("geocode"), cat("name"),
-                 np.concatenate(([0], np.cumsum(lens))), cat("values"))  # fmt: skip
     if kind == "dpq":
-        rows.shape, rows.variance = cat("shape"), cat("variance")
+        empty = np.zeros(0, np.int64)
+        rows = _Rows(
+            folder, files, cat("file"), cat("row"), cat("geocode"), cat("name"), empty, empty
+        )
     else:
+        lens = cat("lens")
+        rows = _Rows(folder, files, cat("file"), cat("row"), cat("geocode"), cat("name"),
+                     np.concatenate(([0], np.cumsum(lens))), cat("values"))  # fmt: skip
         rows.sign = cat("sign")
+    rows.paths = paths
     return rows
+
+
+#: Default rows per batch when DPQuery values are read (a block's detailed row has 2,016).
+BATCH_ROWS = 4096
+
+
+def _dpq_batches(
+    rows: _Rows, batch_rows: int
+) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(first row, value lengths, flat values, (n, 4) query shapes, variances) of every batch
+    of a DPQuery folder, in the order of :func:`_read_folder`'s rows."""
+    start = 0
+    for path in rows.paths:
+        where = f"NMF folder {rows.folder}, file {path.name}"
+        pf = _open(path, where, _DPQ_COLUMNS, "dpq")
+        try:
+            batches = pf.iter_batches(
+                batch_size=batch_rows, columns=["query_shape", "value", "variance"]
+            )
+            for batch in batches:
+                n = batch.num_rows
+                lens, vals, bad_v = _list_parts(batch.column("value"), where, "value", integer=True)
+                slens, svals, bad_s = _list_parts(batch.column("query_shape"), where, "query_shape",
+                                                  integer=True)  # fmt: skip
+                for b, col in ((bad_v, "value"), (bad_s, "query_shape")):
+                    if b >= 0:
+                        raise DataError(f"{rows.where(start + b)}: column {col!r} is null (or holds "
+                                        "a null); every row needs it")  # fmt: skip
+                wrong = np.flatnonzero(slens != 4)
+                if wrong.size:
+                    raise DataError(f"{rows.where(start + int(wrong[0]))}: query_shape must have 4 "
+                                    "entries (hhgq, votingage, hispanic, cenrace)")  # fmt: skip
+                var = batch.column("variance")
+                if not (pa.types.is_floating(var.type) or pa.types.is_integer(var.type)):
+                    raise DataError(f"{where}: column 'variance' is {var.type}, not a number")
+                var = var.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+                yield start, lens, vals, svals.reshape(n, 4), var
+                start += n
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{where}: cannot be read ({type(e).__name__})") from None
 
 
 def _fail(rows: _Rows, idx: np.ndarray, problem: str) -> None:
@@ -483,7 +520,11 @@ def _duplicates(rows: _Rows, key: np.ndarray, what: str) -> None:
 
 
 def _level_queries(
-    dpq: _Rows, level: str, nodes: np.ndarray, queries: Mapping[str, ProductQuery]
+    dpq: _Rows,
+    level: str,
+    nodes: np.ndarray,
+    queries: Mapping[str, ProductQuery],
+    batch_rows: int,
 ) -> tuple[dict[str, NMFQuery], np.ndarray]:
     names = US_QUERY_NAMES if level == "US" else QUERY_NAMES
     qidx = np.full(dpq.n, -1, np.int64)
@@ -495,39 +536,42 @@ def _level_queries(
     _duplicates(dpq, node * len(names) + qidx, "query row")
     has_row = np.zeros(nodes.size, bool)
     has_row[node] = True
+    qs = [queries[nm] for nm in names]
+    values = [np.zeros((nodes.size, q.n_rows), np.int64) for q in qs]
+    variance = [np.full(nodes.size, np.inf) for _ in qs]
+    for start, lens, flat, shape, var in _dpq_batches(dpq, batch_rows):
+        n = lens.size
+        qi, nd = qidx[start : start + n], node[start : start + n]
+        offsets = np.concatenate(([0], np.cumsum(lens)))
+        for i, (nm, q) in enumerate(zip(names, qs, strict=True)):
+            sel = np.flatnonzero(qi == i)
+            if sel.size == 0:
+                continue
+            _fail(dpq, start + sel[np.any(shape[sel] != np.asarray(q.row_shape), axis=1)],
+                  f"query_shape does not match the schema's query {nm!r} (expected "
+                  f"{list(q.row_shape)}; 1 = summed out)")  # fmt: skip
+            _fail(dpq, start + sel[lens[sel] != q.n_rows],
+                  f"the length of value does not match query_shape of {nm!r}")  # fmt: skip
+            v = var[sel]
+            _fail(dpq, start + sel[~(np.isfinite(v) & (v > 0))],
+                  "variance must be a finite positive number (σ² of the noise)")  # fmt: skip
+            values[i][nd[sel]] = flat[offsets[sel][:, None] + np.arange(q.n_rows)[None, :]]
+            variance[i][nd[sel]] = v
     out = {}
-    for i, nm in enumerate(names):
-        q = queries[nm]
-        sel = np.flatnonzero(qidx == i)
-        want = np.asarray(q.row_shape, np.int64)
-        _fail(dpq, sel[np.any(dpq.shape[sel] != want, axis=1)],
-              f"query_shape does not match the schema's query {nm!r} (expected {list(q.row_shape)}; "
-              "1 = summed out)")  # fmt: skip
-        lens = np.diff(dpq.offsets)[sel]
-        _fail(dpq, sel[lens != q.n_rows],
-              f"the length of value does not match query_shape of {nm!r}")  # fmt: skip
-        var = dpq.variance[sel]
-        _fail(dpq, sel[~(np.isfinite(var) & (var > 0))],
-              "variance must be a finite positive number (σ² of the noise)")  # fmt: skip
-        values = np.zeros((nodes.size, q.n_rows), np.int64)
-        variance = np.full(nodes.size, np.inf)
-        values[node[sel]] = _gather(dpq, sel, q.n_rows)
-        variance[node[sel]] = var
-        got = np.zeros(nodes.size, bool)
-        got[node[sel]] = True
-        lacking = np.flatnonzero(has_row & ~got)
+    for i, (nm, q) in enumerate(zip(names, qs, strict=True)):
+        lacking = np.flatnonzero(has_row & ~np.isfinite(variance[i]))
         if lacking.size:
             r = np.flatnonzero(node == lacking[0])
             raise DataError(
                 f"{dpq.where(int(r[0]))}: this node has DPQuery rows but none for {nm!r}; a measured "
                 "node has every query of its level"
             )
-        out[nm] = NMFQuery(nm, q, values, variance)
+        out[nm] = NMFQuery(nm, q, values[i], variance[i])
     return out, has_row
 
 
 def _level_bounds(con: _Rows, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    known = np.isin(con.name, np.asarray(list(CONSTRAINT_NAMES), dtype=STRING_DTYPE))
+    known = code_index(list(CONSTRAINT_NAMES), con.name) >= 0
     _fail(con, np.flatnonzero(~known),
           f"unknown constraint query_name; expected one of {list(CONSTRAINT_NAMES)}")  # fmt: skip
     norm = np.full(con.n, "", dtype=object)
@@ -591,6 +635,7 @@ def _read_level(
     subtree: str,
     parent_nodes: np.ndarray | None,
     queries: Mapping[str, ProductQuery],
+    batch_rows: int,
 ) -> NMFLevel:
     base = root / f"{level}.parquet"
     sub = () if level == "US" else (subtree_folder(subtree),)
@@ -614,7 +659,7 @@ def _read_level(
             raise _orphan([dpq, con], str(nodes[bad[0]]),
                           f"no {up} node has this geocode's prefix (the node has no parent in "
                           "the file); every node's parent must be in the level above")  # fmt: skip
-    qs, measured = _level_queries(dpq, level, nodes, queries)
+    qs, measured = _level_queries(dpq, level, nodes, queries, batch_rows)
     lower, upper, has = _level_bounds(con, nodes)
     if parent_nodes is None:
         parent = np.full(nodes.size, -1, np.int64)
@@ -678,8 +723,14 @@ def read_nmf(
     *,
     subtrees: Iterable[str] | None = None,
     schema: Schema | None = None,
+    batch_rows: int = BATCH_ROWS,
 ) -> Iterator[NMFSubtree]:
     """Read an NMF subtree by subtree (never the nation at once), validating every row.
+
+    A DPQuery folder is read in two passes: its geocodes and query names (which fix the
+    nodes and find duplicates), then its values, shapes and variances in batches of
+    ``batch_rows`` rows scattered straight into the level's arrays, so the peak memory is
+    the subtree's arrays plus one batch.
 
     Parameters
     ----------
@@ -690,6 +741,8 @@ def read_nmf(
         the US level if present, then every subtree found, by state then part.
     schema : Schema, optional
         The ``pl94`` schema (loaded when omitted).
+    batch_rows : int
+        DPQuery rows per batch (at least 1).
 
     Yields
     ------
@@ -706,6 +759,9 @@ def read_nmf(
         folder, or a requested subtree with no folder.
     """
     root = Path(root)
+    if int(batch_rows) < 1:
+        raise SpecError(f"read_nmf: batch_rows must be at least 1, got {batch_rows!r}")
+    batch_rows = int(batch_rows)
     found = nmf_subtree_ids(root)
     has_us = (root / "US.parquet").is_dir()
     if subtrees is None:
@@ -726,12 +782,12 @@ def read_nmf(
     queries = nmf_queries(schema)
     for s in wanted:
         if s == "US":
-            yield NMFSubtree("US", (_read_level(root, "US", "US", None, queries),))
+            yield NMFSubtree("US", (_read_level(root, "US", "US", None, queries, batch_rows),))
             continue
         levels: list[NMFLevel] = []
         for level in PART_NMF_LEVELS:
             up = levels[-1].geocodes if levels else None
-            levels.append(_read_level(root, level, s, up, queries))
+            levels.append(_read_level(root, level, s, up, queries, batch_rows))
         yield NMFSubtree(s, tuple(levels))
 
 

@@ -276,7 +276,8 @@ def test_query_shape_that_does_not_match_value(nmf_root):
     _assert_names(e, folder, f.name, row + 1, g)
 
 
-def test_value_length_that_does_not_match_query_shape(nmf_root):
+@pytest.mark.parametrize("batch_rows", [3, 4096])
+def test_value_length_that_does_not_match_query_shape(nmf_root, batch_rows):
     root, _ = nmf_root
     folder = root / "Block.parquet" / "DPQuery" / "State=001"
     f = folder / "part-00001-b.snappy.parquet"
@@ -286,7 +287,7 @@ def test_value_length_that_does_not_match_query_shape(nmf_root):
     n = int(np.prod(SHAPES[nm]))
     _rewrite(f, lambda t: _set(t, "value", row, [987654] * (n + 1)))
     with pytest.raises(DataError, match="length of value does not match") as e:
-        list(read_nmf(root))
+        list(read_nmf(root, batch_rows=batch_rows))
     _assert_names(e, folder, f.name, row + 1, g)
     assert "987654" not in str(e.value)
 
@@ -409,7 +410,8 @@ def test_spine_rejects_non_nesting_codes():
 @st.composite
 def random_nmf(draw):
     """A random spine (1–2 states, parts 0/1, 1–3 children per node), every row in shuffled
-    order over 1–3 part files per folder, random integer and float widths."""
+    order over 1–3 part files per folder, random integer and float widths, and a batch size
+    for the reader's second pass."""
     tree = {}
     states = draw(
         st.lists(st.sampled_from(["01", "02", "56"]), min_size=1, max_size=2, unique=True)
@@ -426,7 +428,7 @@ def random_nmf(draw):
                 n = draw(st.integers(1, 3))
                 kids += [g + str(j + 1).zfill(widths[lvl]) for j in range(n)]
             tree[(sub, lvl)] = kids
-    return tree, draw(st.integers(0, 2**31 - 1))
+    return tree, draw(st.integers(0, 2**31 - 1)), draw(st.sampled_from([2, 7, 4096]))
 
 
 def _write_random(root: Path, tree: dict, seed: int) -> dict:
@@ -472,10 +474,10 @@ def _write_random(root: Path, tree: dict, seed: int) -> dict:
 @settings(max_examples=12, deadline=None, derandomize=True, database=None)
 @given(random_nmf())
 def test_reader_matches_a_slow_reference(tmp_path_factory, case):
-    tree, seed = case
+    tree, seed, batch_rows = case
     root = tmp_path_factory.mktemp("nmf")
     ref = _write_random(root, tree, seed)
-    m = collect_nmf(read_nmf(root))
+    m = collect_nmf(read_nmf(root, batch_rows=batch_rows))  # batches across rows and files
     h = m.spine.hierarchy
     for nmf_level, spine_level in (("State", "state_part"), ("County", "county"), ("Tract", "tract"),
                                    ("Block_Group", "block_group"), ("Block", "block")):  # fmt: skip
