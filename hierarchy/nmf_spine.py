@@ -64,8 +64,9 @@ TABULATION_GEOID_LENGTH = 16
 def code_index(codes: object, queries: object) -> np.ndarray:
     """Index of each query code in ``codes`` (unique), -1 where absent: a hash lookup.
 
-    (``numpy.searchsorted`` on ``StringDType`` arrays gives wrong positions in numpy 2.4 for
-    some heap-allocated strings, so no sorted search is used on codes.)
+    (``numpy.searchsorted`` on ``StringDType`` arrays gives wrong positions in numpy 2.4.6
+    for strings of 16 or more characters — NMF geocodes have up to 31 — so no sorted search
+    is used on codes.)
     """
     index = pd.Index(np.asarray(as_codes(codes), dtype=object))
     return index.get_indexer(np.asarray(as_codes(queries), dtype=object)).astype(np.int64)

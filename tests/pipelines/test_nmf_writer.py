@@ -159,6 +159,11 @@ def test_production_variances_give_the_production_rho(synthetic):
     assert float(m.privacy().rho) == pytest.approx(rho, rel=1e-12)
     exact = sum(float(1 / (2 * law.sigma2)) for law in production_laws().values())
     assert rho == pytest.approx(exact, rel=1e-12)
+    note = m.release_note()
+    assert "Post-processing of the Census Bureau's published measurements" in note
+    assert f"ρ = {rho:.6g}" in note and "zero-concentrated" in note and "\n" not in note
+    with_totals = collect_nmf(subs, {"01": 1, "02": 2}).release_note()
+    assert "induced subspace differential privacy" in with_totals
 
 
 def test_evaluation_noise_has_the_discrete_gaussian_law(synthetic):
