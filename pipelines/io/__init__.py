@@ -1,0 +1,1 @@
+"""Readers and writers of external file formats (the 2020 Noisy Measurement File: :mod:`.nmf`)."""
