@@ -124,6 +124,7 @@ _BLOCK = 1 << 15  # draws per vectorised block: the block's arrays stay in L2 ca
 _SENTINEL = np.iinfo(np.int64).min
 _WORD_MASK = (1 << WORD_BITS) - 1
 _INT62 = 1 << 62
+_PREC_MAX = 1 << 16  # an entry 65,536 bits do not settle: fail loudly, never loop
 #: Arb's working precision is process-global: table builds and resolutions hold this lock so
 #: that threads (a threaded Dask worker) never change it under each other, which would make
 #: the number of words a resolution reads, hence the draws, depend on thread timing.
@@ -177,18 +178,22 @@ class CellTable:
         return (-(arb(d * d * self._q) / (2 * self._p))).exp()
 
     def _tail_direct(self, m: int) -> arb:
-        """T(m) = Σ_{c ≥ m} w_c (m ≥ 1) with the rigorous geometric remainder bound."""
+        """T(m) = Σ_{c ≥ m} w_c (m ≥ 1) with the rigorous geometric remainder bound.
+
+        The ball is ``[S, S + R]`` with S ≥ w_m > 0 the partial sum and R < 2^(−prec−8)·S
+        the bound on the rest: a *relative* enclosure however small T(m) is (Arb's exponents
+        do not underflow), so T(m)/Z is certified positive at any precision.
+        """
         total, c = arb(0), m
         eps = arb(2) ** (-ctx.prec - 8)
-        floor_abs = arb(2) ** (-4 * ctx.prec)
         cut = 2.0 ** (-ctx.prec - 8)
         while True:
             w = self._weight(c)
-            if float(w.mid()) <= cut * float(total.mid()) or w < floor_abs:
+            if float(w.mid()) <= cut * float(total.mid()):  # both 0.0 once floats underflow
                 d = self._distance(c)
                 step = arb((2 * d * self.width + self.width**2) * self._q) / (2 * self._p)
                 rest = w / (1 - (-step).exp())  # ≥ Σ_{j ≥ c} w_j
-                if rest < eps * (total + w) or rest < floor_abs:
+                if rest < eps * (total + w):  # never on the first term: rest ≥ w
                     return total + arb(0, rest.upper())  # [total, total + rest]
             total += w
             c += 1
@@ -245,20 +250,46 @@ class CellTable:
         return m
 
     def _bounds(self) -> np.ndarray:
-        cells = range(self.lowest, self.extent + 1)
-        out = np.empty(len(cells), dtype=np.uint32)
-        scale = 1 << WORD_BITS
-        for i, c in enumerate(cells):
+        """The entries ``⌊2³²F(c)⌋`` for c = lowest … extent, each certified exact.
+
+        The end entries follow from the certified extent M (``T(M + 1)/Z < 2⁻³²``):
+        ``F(lowest) = T(M + 1)/Z < 2⁻³²`` gives 0 and ``1 − 2⁻³² < F(M) < 1`` gives 2³² − 1.
+        Every other entry comes from the tail on its side, ``⌊2³²·T(−c)/Z⌋`` for c < 0 and
+        ``2³² − ⌈2³²·T(c + 1)/Z⌉`` for c ≥ 0 (``⌊N − x⌋ = N − ⌈x⌉``), a ball of relative
+        precision 2^(−prec) whose product and rounding are taken at that same precision, so
+        doubling the precision settles any entry that is not exactly an integer. (Rounding
+        ``2³²·(1 − T/Z)`` at a fixed precision instead cannot separate ``2³²F(c)`` from an
+        integer closer than that precision allows: at σ² = 155/4096, 2³²F(1) = 2³² − 5·10⁻¹⁴.)
+        """
+        out = np.empty(self.extent - self.lowest + 1, dtype=np.uint32)
+        out[0], out[-1] = 0, _WORD_MASK
+        for c in range(self.lowest + 1, self.extent):
             prec = 128
-            while True:
-                v = (self.cdf(c, prec) * scale).floor().unique_fmpz()
-                if v is not None:
-                    break
+            while (v := self._tail_word(c, prec)) is None:
+                if prec >= _PREC_MAX:
+                    raise ArithmeticError(
+                        f"table entry {c} of the discrete Gaussian with sigma² = {self.sigma2} "
+                        f"is not certified at {prec} bits"
+                    )
                 prec *= 2
-            out[i] = min(int(v), scale - 1)  # F < 1, so only the top entry can reach 2³² − 1
-        if out[0] != 0 or out[-1] != scale - 1:
-            raise AssertionError("the inversion table does not span every 32-bit word")
+            out[c - self.lowest] = v
         return out
+
+    def _tail_word(self, c: int, prec: int) -> int | None:
+        """``⌊2³²F(c)⌋`` for ``lowest < c < extent`` if a ``prec``-bit ball settles it."""
+        z, tails = self._state(prec)
+        m = -c if c < 0 else c + 1
+        old = ctx.prec
+        ctx.prec = prec
+        try:
+            x = (tails[m] if m < len(tails) else self._tail_direct(m)) * (1 << WORD_BITS) / z
+            if c < 0:
+                v = x.floor().unique_fmpz()
+                return None if v is None else int(v)
+            v = x.ceil().unique_fmpz()
+            return None if v is None else (1 << WORD_BITS) - int(v)
+        finally:
+            ctx.prec = old
 
     def _guide(self) -> np.ndarray:
         shift = WORD_BITS - GUIDE_BITS
