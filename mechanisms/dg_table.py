@@ -302,6 +302,34 @@ class CellTable:
         guide[pure] = self.lowest + first[pure]
         return guide
 
+    def acceptance_exponent(self, k: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, int]:
+        """The cell path's acceptance exponent γ = (k² − d_c²)/(2σ²) as ``(num, den)``.
+
+        A proposal k drawn uniformly in cell c (law ``Q(k) ∝ exp(−d_c²/(2σ²))``) is accepted
+        with probability exp(−γ) ≤ 1, which leaves ``P(k) ∝ exp(−k²/(2σ²))`` (Devroye 1986
+        §II.3; the Bernoulli is CKS 2020 Algorithm 1). With σ² = p/q,
+        ``γ = q·(|k| − d_c)(|k| + d_c)/(2p)`` exactly.
+
+        Parameters
+        ----------
+        k, cells : numpy.ndarray
+            int64 proposals and their cells (k in cell c: ``|k − c·L| ≤ h``).
+
+        Returns
+        -------
+        (num, den) : numpy.ndarray, int
+            ``den = 2p``; ``num`` int64 when every numerator and ``den`` stay below 2⁶², else
+            an object array of Python integers (exact, slower).
+        """
+        p, q, width, half = self._p, self._q, self.width, self.half
+        d = np.maximum(np.abs(cells) * width - half, 0)
+        ak = np.abs(k)
+        kmax = int(ak.max()) if ak.size else 0
+        if q * width * (2 * kmax + width) < _INT62 and 2 * p < _INT62:
+            return q * (ak - d) * (ak + d), 2 * p
+        num = [q * (int(a) - int(b)) * (int(a) + int(b)) for a, b in zip(ak, d, strict=True)]
+        return np.array(num, dtype=object), 2 * p
+
     # ---- inversion ------------------------------------------------------------------------
 
     def invert(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -416,19 +444,10 @@ def cell_table(sigma2: Fraction) -> CellTable:
 
 def _accept(gen: np.random.Generator, k: np.ndarray, cells: np.ndarray, table: CellTable):
     """Bernoulli(exp(−(k² − d_c²)/(2σ²))) elementwise, exactly (CKS Algorithm 1)."""
-    p, q, width, half = table._p, table._q, table.width, table.half
-    d = np.maximum(np.abs(cells) * width - half, 0)
-    ak = np.abs(k)
-    kmax = int(ak.max()) if ak.size else 0
-    if q * width * (2 * kmax + width) < _INT62 and 2 * p < _INT62:
-        return bernoulli_exp(gen, q * (ak - d) * (ak + d), 2 * p)
-    return np.array(
-        [
-            bernoulli_exp_reference(gen, Fraction(q * (int(a) - int(b)) * (int(a) + int(b)), 2 * p))
-            for a, b in zip(ak, d, strict=True)
-        ],
-        dtype=bool,
-    )
+    num, den = table.acceptance_exponent(k, cells)
+    if num.dtype != object:
+        return bernoulli_exp(gen, num, den)
+    return np.array([bernoulli_exp_reference(gen, Fraction(int(n), den)) for n in num], dtype=bool)
 
 
 def sample_discrete_gaussian_fast(
