@@ -22,10 +22,14 @@ Let U be a uniform real in [0, 1) whose binary digits are the stream's bits: its
 bits form the word W, later bits come from further words. Inversion returns the cell
 ``c(U) = min{c : U < F(c)}``, which has law ``P(c) = F(c) − F(c − 1)``, the cell law exactly.
 
-* Table entries are exact: each ``C_c = ⌊2³²F(c)⌋`` is the unique integer in the floor of an
-  Arb ball that contains 2³²F(c) (Arb's enclosures are rigorous); a ball whose floor is not
-  unique is recomputed at higher precision. The normaliser Z = 1 + 2·Σ_{c≥1} w_c is summed
-  with a rigorous geometric bound on the tail (below).
+* Table entries are exact: the end entries are 0 and 2³² − 1 because the extent M is
+  certified (``T(M + 1)/Z < 2⁻³²``); every other ``C_c = ⌊2³²F(c)⌋`` is the unique integer in
+  the floor of an Arb ball that contains ``2³²T(−c)/Z`` (c < 0), or ``2³²`` less the unique
+  ceiling of one that contains ``2³²T(c + 1)/Z`` (c ≥ 0), the ball's product and rounding taken
+  at its own precision (Arb's enclosures are rigorous); a ball whose floor is not unique is
+  recomputed at twice the precision, which settles any entry that is not exactly an integer
+  (the tail balls have *relative* radius, however far out). The normaliser
+  Z = 1 + 2·Σ_{c≥1} w_c is summed with a rigorous geometric bound on the tail (below).
 * Certified words: if ``C_{c−1} < W < C_c`` then ``U ≥ W/2³² ≥ (C_{c−1} + 1)/2³² > F(c − 1)``
   and ``U < (W + 1)/2³² ≤ C_c/2³² ≤ F(c)``, so ``c(U) = c``: the fast path returns exactly
   what inversion of U returns. The guide table only skips the search where a whole bucket of
