@@ -22,10 +22,14 @@ Let U be a uniform real in [0, 1) whose binary digits are the stream's bits: its
 bits form the word W, later bits come from further words. Inversion returns the cell
 ``c(U) = min{c : U < F(c)}``, which has law ``P(c) = F(c) − F(c − 1)``, the cell law exactly.
 
-* Table entries are exact: each ``C_c = ⌊2³²F(c)⌋`` is the unique integer in the floor of an
-  Arb ball that contains 2³²F(c) (Arb's enclosures are rigorous); a ball whose floor is not
-  unique is recomputed at higher precision. The normaliser Z = 1 + 2·Σ_{c≥1} w_c is summed
-  with a rigorous geometric bound on the tail (below).
+* Table entries are exact: the end entries are 0 and 2³² − 1 because the extent M is
+  certified (``T(M + 1)/Z < 2⁻³²``); every other ``C_c = ⌊2³²F(c)⌋`` is the unique integer in
+  the floor of an Arb ball that contains ``2³²T(−c)/Z`` (c < 0), or ``2³²`` less the unique
+  ceiling of one that contains ``2³²T(c + 1)/Z`` (c ≥ 0), the ball's product and rounding taken
+  at its own precision (Arb's enclosures are rigorous); a ball whose floor is not unique is
+  recomputed at twice the precision, which settles any entry that is not exactly an integer
+  (the tail balls have *relative* radius, however far out). The normaliser
+  Z = 1 + 2·Σ_{c≥1} w_c is summed with a rigorous geometric bound on the tail (below).
 * Certified words: if ``C_{c−1} < W < C_c`` then ``U ≥ W/2³² ≥ (C_{c−1} + 1)/2³² > F(c − 1)``
   and ``U < (W + 1)/2³² ≤ C_c/2³² ≤ F(c)``, so ``c(U) = c``: the fast path returns exactly
   what inversion of U returns. The guide table only skips the search where a whole bucket of
@@ -124,6 +128,7 @@ _BLOCK = 1 << 15  # draws per vectorised block: the block's arrays stay in L2 ca
 _SENTINEL = np.iinfo(np.int64).min
 _WORD_MASK = (1 << WORD_BITS) - 1
 _INT62 = 1 << 62
+_PREC_MAX = 1 << 16  # an entry 65,536 bits do not settle: fail loudly, never loop
 #: Arb's working precision is process-global: table builds and resolutions hold this lock so
 #: that threads (a threaded Dask worker) never change it under each other, which would make
 #: the number of words a resolution reads, hence the draws, depend on thread timing.
@@ -177,18 +182,22 @@ class CellTable:
         return (-(arb(d * d * self._q) / (2 * self._p))).exp()
 
     def _tail_direct(self, m: int) -> arb:
-        """T(m) = Σ_{c ≥ m} w_c (m ≥ 1) with the rigorous geometric remainder bound."""
+        """T(m) = Σ_{c ≥ m} w_c (m ≥ 1) with the rigorous geometric remainder bound.
+
+        The ball is ``[S, S + R]`` with S ≥ w_m > 0 the partial sum and R < 2^(−prec−8)·S
+        the bound on the rest: a *relative* enclosure however small T(m) is (Arb's exponents
+        do not underflow), so T(m)/Z is certified positive at any precision.
+        """
         total, c = arb(0), m
         eps = arb(2) ** (-ctx.prec - 8)
-        floor_abs = arb(2) ** (-4 * ctx.prec)
         cut = 2.0 ** (-ctx.prec - 8)
         while True:
             w = self._weight(c)
-            if float(w.mid()) <= cut * float(total.mid()) or w < floor_abs:
+            if float(w.mid()) <= cut * float(total.mid()):  # both 0.0 once floats underflow
                 d = self._distance(c)
                 step = arb((2 * d * self.width + self.width**2) * self._q) / (2 * self._p)
                 rest = w / (1 - (-step).exp())  # ≥ Σ_{j ≥ c} w_j
-                if rest < eps * (total + w) or rest < floor_abs:
+                if rest < eps * (total + w):  # never on the first term: rest ≥ w
                     return total + arb(0, rest.upper())  # [total, total + rest]
             total += w
             c += 1
@@ -245,20 +254,46 @@ class CellTable:
         return m
 
     def _bounds(self) -> np.ndarray:
-        cells = range(self.lowest, self.extent + 1)
-        out = np.empty(len(cells), dtype=np.uint32)
-        scale = 1 << WORD_BITS
-        for i, c in enumerate(cells):
+        """The entries ``⌊2³²F(c)⌋`` for c = lowest … extent, each certified exact.
+
+        The end entries follow from the certified extent M (``T(M + 1)/Z < 2⁻³²``):
+        ``F(lowest) = T(M + 1)/Z < 2⁻³²`` gives 0 and ``1 − 2⁻³² < F(M) < 1`` gives 2³² − 1.
+        Every other entry comes from the tail on its side, ``⌊2³²·T(−c)/Z⌋`` for c < 0 and
+        ``2³² − ⌈2³²·T(c + 1)/Z⌉`` for c ≥ 0 (``⌊N − x⌋ = N − ⌈x⌉``), a ball of relative
+        precision 2^(−prec) whose product and rounding are taken at that same precision, so
+        doubling the precision settles any entry that is not exactly an integer. (Rounding
+        ``2³²·(1 − T/Z)`` at a fixed precision instead cannot separate ``2³²F(c)`` from an
+        integer closer than that precision allows: at σ² = 155/4096, 2³²F(1) = 2³² − 5·10⁻¹⁴.)
+        """
+        out = np.empty(self.extent - self.lowest + 1, dtype=np.uint32)
+        out[0], out[-1] = 0, _WORD_MASK
+        for c in range(self.lowest + 1, self.extent):
             prec = 128
-            while True:
-                v = (self.cdf(c, prec) * scale).floor().unique_fmpz()
-                if v is not None:
-                    break
+            while (v := self._tail_word(c, prec)) is None:
+                if prec >= _PREC_MAX:
+                    raise ArithmeticError(
+                        f"table entry {c} of the discrete Gaussian with sigma² = {self.sigma2} "
+                        f"is not certified at {prec} bits"
+                    )
                 prec *= 2
-            out[i] = min(int(v), scale - 1)  # F < 1, so only the top entry can reach 2³² − 1
-        if out[0] != 0 or out[-1] != scale - 1:
-            raise AssertionError("the inversion table does not span every 32-bit word")
+            out[c - self.lowest] = v
         return out
+
+    def _tail_word(self, c: int, prec: int) -> int | None:
+        """``⌊2³²F(c)⌋`` for ``lowest < c < extent`` if a ``prec``-bit ball settles it."""
+        z, tails = self._state(prec)
+        m = -c if c < 0 else c + 1
+        old = ctx.prec
+        ctx.prec = prec
+        try:
+            x = (tails[m] if m < len(tails) else self._tail_direct(m)) * (1 << WORD_BITS) / z
+            if c < 0:
+                v = x.floor().unique_fmpz()
+                return None if v is None else int(v)
+            v = x.ceil().unique_fmpz()
+            return None if v is None else (1 << WORD_BITS) - int(v)
+        finally:
+            ctx.prec = old
 
     def _guide(self) -> np.ndarray:
         shift = WORD_BITS - GUIDE_BITS
@@ -270,6 +305,34 @@ class CellTable:
         guide = np.full(1 << GUIDE_BITS, _SENTINEL, dtype=np.int64)
         guide[pure] = self.lowest + first[pure]
         return guide
+
+    def acceptance_exponent(self, k: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, int]:
+        """The cell path's acceptance exponent γ = (k² − d_c²)/(2σ²) as ``(num, den)``.
+
+        A proposal k drawn uniformly in cell c (law ``Q(k) ∝ exp(−d_c²/(2σ²))``) is accepted
+        with probability exp(−γ) ≤ 1, which leaves ``P(k) ∝ exp(−k²/(2σ²))`` (Devroye 1986
+        §II.3; the Bernoulli is CKS 2020 Algorithm 1). With σ² = p/q,
+        ``γ = q·(|k| − d_c)(|k| + d_c)/(2p)`` exactly.
+
+        Parameters
+        ----------
+        k, cells : numpy.ndarray
+            int64 proposals and their cells (k in cell c: ``|k − c·L| ≤ h``).
+
+        Returns
+        -------
+        (num, den) : numpy.ndarray, int
+            ``den = 2p``; ``num`` int64 when every numerator and ``den`` stay below 2⁶², else
+            an object array of Python integers (exact, slower).
+        """
+        p, q, width, half = self._p, self._q, self.width, self.half
+        d = np.maximum(np.abs(cells) * width - half, 0)
+        ak = np.abs(k)
+        kmax = int(ak.max()) if ak.size else 0
+        if q * width * (2 * kmax + width) < _INT62 and 2 * p < _INT62:
+            return q * (ak - d) * (ak + d), 2 * p
+        num = [q * (int(a) - int(b)) * (int(a) + int(b)) for a, b in zip(ak, d, strict=True)]
+        return np.array(num, dtype=object), 2 * p
 
     # ---- inversion ------------------------------------------------------------------------
 
@@ -385,19 +448,10 @@ def cell_table(sigma2: Fraction) -> CellTable:
 
 def _accept(gen: np.random.Generator, k: np.ndarray, cells: np.ndarray, table: CellTable):
     """Bernoulli(exp(−(k² − d_c²)/(2σ²))) elementwise, exactly (CKS Algorithm 1)."""
-    p, q, width, half = table._p, table._q, table.width, table.half
-    d = np.maximum(np.abs(cells) * width - half, 0)
-    ak = np.abs(k)
-    kmax = int(ak.max()) if ak.size else 0
-    if q * width * (2 * kmax + width) < _INT62 and 2 * p < _INT62:
-        return bernoulli_exp(gen, q * (ak - d) * (ak + d), 2 * p)
-    return np.array(
-        [
-            bernoulli_exp_reference(gen, Fraction(q * (int(a) - int(b)) * (int(a) + int(b)), 2 * p))
-            for a, b in zip(ak, d, strict=True)
-        ],
-        dtype=bool,
-    )
+    num, den = table.acceptance_exponent(k, cells)
+    if num.dtype != object:
+        return bernoulli_exp(gen, num, den)
+    return np.array([bernoulli_exp_reference(gen, Fraction(int(n), den)) for n in num], dtype=bool)
 
 
 def sample_discrete_gaussian_fast(
