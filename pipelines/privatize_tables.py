@@ -365,6 +365,15 @@ class TableSpec:
         not tell it.
     level_column : str or None
         A column holding each row's level name or SUMLEV code.
+    levels : tuple of str
+        ``[hierarchy] levels`` (root first, the rows' level last): the hierarchy route
+        (:mod:`censusdp.pipelines.codebook_hierarchy`); empty: every row alone.
+    invariants : tuple of (level, "total")
+        ``[invariants]``: totals held exact (hierarchy route only).
+    evaluate : bool
+        ``[evaluate]``: write the size-class report and its confidential evaluation.
+    repetitions : int
+        ``[evaluate] repetitions``: simulated releases of the report.
     """
 
     codebook: str
@@ -377,6 +386,10 @@ class TableSpec:
     source: str = "<command line>"
     level: str | None = None
     level_column: str | None = None
+    levels: tuple[str, ...] = ()
+    invariants: tuple[tuple[str, str], ...] = ()
+    evaluate: bool = False
+    repetitions: int = 10
 
 
 def spec_uses_codebook(path: str | Path) -> bool:
@@ -423,7 +436,10 @@ def load_table_spec(path: str | Path) -> TableSpec:
     path = Path(path)
     doc = read_spec_toml(path)
     p = SpecParser(str(path), path.parent)
-    p.keys(doc, "", ("data", "privacy", "strategy", "mechanism", "run"))
+    p.keys(
+        doc, "", ("data", "privacy", "strategy", "mechanism", "run", "hierarchy", "invariants",
+                  "evaluate"),
+    )  # fmt: skip
     data = p.table(doc, "data", required=True)
     p.keys(
         data,
@@ -473,6 +489,7 @@ def load_table_spec(path: str | Path) -> TableSpec:
             f"{level!r} is no summary level; give one of {[x.level for x in LAYOUTS]} or a "
             'SUMLEV code such as "160"',
         )
+    levels, invariants, evaluate, repetitions = _hierarchy_keys(p, doc, level, level_column)
     return TableSpec(
         codebook=codebook,
         rho=rho,
@@ -484,7 +501,58 @@ def load_table_spec(path: str | Path) -> TableSpec:
         source=str(path),
         level=level,
         level_column=level_column,
+        levels=levels,
+        invariants=invariants,
+        evaluate=evaluate,
+        repetitions=repetitions,
     )
+
+
+def _hierarchy_keys(p, doc: Mapping, level: str | None, level_column: str | None):
+    """``[hierarchy] levels``, ``[invariants]`` and ``[evaluate]`` of a codebook spec, and the
+    combinations refused (each naming the key and the fix)."""
+    from censusdp.hierarchy.gisjoin import check_hierarchy_levels
+
+    hier = p.table(doc, "hierarchy", required=False)
+    p.keys(hier, "hierarchy", ("levels",))
+    levels: tuple[str, ...] = ()
+    if hier:
+        levels = tuple(p.str_list(p.get(hier, "hierarchy", "levels", list, required=True),
+                                  "hierarchy.levels"))  # fmt: skip
+        if len(levels) < 2:
+            raise p.fail("hierarchy.levels", 'give the root and the rows\' level at least, e.g. '
+                         '["nation", "state", "county"]')  # fmt: skip
+        try:
+            check_hierarchy_levels(levels[1:], "hierarchy.levels")
+        except SpecError as err:
+            raise p.fail("hierarchy.levels", str(err)) from None
+        if level is not None or level_column is not None:
+            raise p.fail("data.level", "with [hierarchy] the rows are its last level; drop "
+                         "data.level / data.level_column")  # fmt: skip
+    inv = p.table(doc, "invariants", required=False)
+    invariants = []
+    for lv, q in (inv or {}).items():
+        if not levels:
+            raise p.fail(f"invariants.{lv}", "invariants are held over a hierarchy: add "
+                         '[hierarchy] levels = ["nation", "state", "county"]')  # fmt: skip
+        if lv not in levels[:-1]:
+            raise p.fail(f"invariants.{lv}", f"name a level above the rows' of hierarchy.levels "
+                         f"{list(levels[:-1])}")  # fmt: skip
+        if q != "total":
+            raise p.fail(f"invariants.{lv}", 'the codebook route holds totals: give "total"')
+        invariants.append((lv, q))
+    ev = p.table(doc, "evaluate", required=False)
+    evaluate = "evaluate" in doc
+    repetitions = 10
+    if evaluate:
+        if not levels:
+            raise p.fail("evaluate", "the evaluation compares the hierarchy route's products: "
+                         "add [hierarchy] levels")  # fmt: skip
+        p.keys(ev, "evaluate", ("repetitions",))
+        repetitions = p.get(ev, "evaluate", "repetitions", int, default=10)
+        if repetitions < 2:
+            raise p.fail("evaluate.repetitions", "give at least 2 (the bias has a standard error)")
+    return levels, tuple(invariants), evaluate, repetitions
 
 
 # ---------------------------------------------------------------------------------- plan
@@ -744,6 +812,24 @@ class TablePlan:
             "every table column is written from one GLS estimate of the histogram's "
             "identified part, rounded to integers that keep every identity among the columns",
         )
+
+    @property
+    def total_column(self) -> int:
+        """The index of a column counting every person (P1), or -1 when none does."""
+        rows = self.codebook.rows
+        hit = [
+            j
+            for j in range(len(rows.names))
+            if rows.queries[rows.query_of_row[j]].n_rows == 1
+            and all((f.matrix == 1).all() for f in rows.queries[rows.query_of_row[j]].factors)
+        ]
+        return hit[0] if hit else -1
+
+    def totals(self, truth: np.ndarray) -> np.ndarray:
+        """Every area's exact total (int64), from its columns: the sum of the first strategy
+        query's answers (each query partitions every attribute)."""
+        a = self.measure_from_columns[0]
+        return np.rint(np.asarray(truth, dtype=np.float64) @ a.T).astype(np.int64).sum(axis=1)
 
     def measure(self, truth: np.ndarray, rng: KeyedRNG) -> list[np.ndarray]:
         """Noisy answers ``(areas, rows)`` of every query, computed from the columns.
@@ -1113,6 +1199,60 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def check_file_columns(cb: Codebook, batch, name: str, spec: TableSpec) -> None:
+    """Refuse a file the codebook does not describe (DataError, SpecError): another schema
+    than the spec's, a long layout, columns missing or undescribed."""
+    if spec.schema is not None and spec.schema != cb.schema.name:
+        raise SpecError(
+            f"{spec.source}: data.schema is {spec.schema!r} but codebook {cb.source} is over "
+            f"schema {cb.schema.name!r}; drop data.schema or name the codebook's"
+        )
+    if batch.layout != "wide":
+        raise DataError(
+            f"{name}: the codebook route reads wide files (<code>_sf columns); this one is long "
+            "(one row per version)"
+        )
+    missing = [c for c in cb.columns if c not in set(batch.cells)]
+    extra = [c for c in batch.cells if c not in set(cb.columns)]
+    if missing or extra:
+        what = (
+            f"lacks {len(missing)} of its columns (first {missing[:3]})"
+            if missing
+            else f"has {len(extra)} _sf columns it does not describe (first {extra[:3]})"
+        )
+        raise DataError(
+            f"{name}: the file does not match codebook {cb.source}: it {what}; the release "
+            "writes every column of the codebook from one estimate, so give a file with exactly "
+            "its columns, or a codebook TOML describing the file's columns"
+        )
+
+
+def input_digests(
+    path: str | Path,
+    spec: TableSpec,
+    spec_path: str | Path | None,
+    codebook_file: Path | None,
+    cb: Codebook,
+) -> dict[str, str]:
+    """SHA-256 of every input: the file, the spec, the codebook TOML, or the shipped codebook
+    and schema the release was made with."""
+    inputs = {str(path): _sha256(Path(path))}
+    for extra in (spec_path, codebook_file):
+        if extra is not None:
+            inputs[str(extra)] = _sha256(Path(extra))
+    if codebook_file is None:
+        from importlib import resources
+
+        for pkg, sub, name in (
+            ("censusdp.pipelines", "codebooks", spec.codebook),
+            ("censusdp", "schemas", cb.schema.name),
+        ):
+            f = resources.files(pkg) / sub / f"{name}.toml"
+            if f.is_file():
+                inputs[f"{pkg}/{sub}/{name}.toml"] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return inputs
+
+
 def privatize_tables(
     path: str | Path,
     spec: TableSpec,
@@ -1144,33 +1284,15 @@ def privatize_tables(
         "formats": tuple(formats),
         "option": "-o",
     }
+    if spec.levels:  # the hierarchy route: an output folder with both products
+        from censusdp.pipelines.codebook_hierarchy import privatize_hierarchy
+
+        return privatize_hierarchy(path, spec, out, spec_path=spec_path, overwrite=overwrite)
     check_output(out, kind="file", **policy)
     cb = Codebook.load(spec.codebook)
-    if spec.schema is not None and spec.schema != cb.schema.name:
-        raise SpecError(
-            f"{spec.source}: data.schema is {spec.schema!r} but codebook {cb.source} is over "
-            f"schema {cb.schema.name!r}; drop data.schema or name the codebook's"
-        )
     batch = read_batch(path, encoding=spec.encoding)
     name = Path(path).name
-    if batch.layout != "wide":
-        raise DataError(
-            f"{name}: the codebook route reads wide files (<code>_sf columns); this one is long "
-            "(one row per version)"
-        )
-    missing = [c for c in cb.columns if c not in set(batch.cells)]
-    extra = [c for c in batch.cells if c not in set(cb.columns)]
-    if missing or extra:
-        what = (
-            f"lacks {len(missing)} of its columns (first {missing[:3]})"
-            if missing
-            else f"has {len(extra)} _sf columns it does not describe (first {extra[:3]})"
-        )
-        raise DataError(
-            f"{name}: the file does not match codebook {cb.source}: it {what}; the release "
-            "writes every column of the codebook from one estimate, so give a file with exactly "
-            "its columns, or a codebook TOML describing the file's columns"
-        )
+    check_file_columns(cb, batch, name, spec)
     # each row's summary level, before any noise: rows of several levels share persons
     levels = row_geography(
         batch,
@@ -1194,20 +1316,7 @@ def privatize_tables(
         source=name,
         levels=levels,
     )
-    inputs = {str(path): _sha256(Path(path))}
-    for extra in (spec_path, codebook_file):
-        if extra is not None:
-            inputs[str(extra)] = _sha256(Path(extra))
-    if codebook_file is None:  # the shipped codebook and schema the release was made with
-        from importlib import resources
-
-        for pkg, sub, name in (
-            ("censusdp.pipelines", "codebooks", spec.codebook),
-            ("censusdp", "schemas", cb.schema.name),
-        ):
-            f = resources.files(pkg) / sub / f"{name}.toml"
-            if f.is_file():
-                inputs[f"{pkg}/{sub}/{name}.toml"] = hashlib.sha256(f.read_bytes()).hexdigest()
+    inputs = input_digests(path, spec, spec_path, codebook_file, cb)
     info = {
         "route": "codebook",
         "privacy": rel.privacy.text(),
