@@ -98,6 +98,7 @@ __all__ = [
     "codebook_products",
     "hierarchy_of_rows",
     "release_hierarchy",
+    "round_hierarchy",
     "round_totals",
     "write_hierarchy_release",
 ]
@@ -213,6 +214,51 @@ def round_totals(
     return ints, var
 
 
+def round_hierarchy(
+    plan: TablePlan,
+    gls: StructuredRelease,
+    fixed: int,
+    exact: Sequence[np.ndarray],
+    rng: KeyedRNG,
+    *,
+    nonnegative: bool = False,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """One integer product of a GLS estimate over the hierarchy, every level.
+
+    The totals down the tree (:func:`round_totals`; levels ``0..fixed`` exact), then every
+    leaf's strategy marginals down the chain from its total
+    (:meth:`~censusdp.pipelines.privatize_tables.TablePlan.round`); upper levels are the sums
+    of the leaves. Checked: every codebook identity and every node's total.
+
+    Returns
+    -------
+    (columns, variances)
+        Per level, int64 ``(n_nodes, columns)`` and the rounding's variance of every column
+        given the estimate (meaningful for the unbiased product): below the leaves' totals
+        (:meth:`~censusdp.pipelines.privatize_tables.TablePlan.rounding_variances`, summed
+        over the leaves of a node, which round independently given their totals) plus
+        ``w² · Var(node total's error)``.
+    """
+    h = gls.hierarchy
+    total_q = ProductQuery.parse(plan.codebook.schema, "total")
+    est_tot = [gls.query_estimates(k, total_q)[:, 0] for k in range(h.depth)]
+    strat, chain = plan.marginals(gls.level(h.depth - 1))
+    totals, tvar = round_totals(h, est_tot, fixed, exact, rng, nonnegative=nonnegative)
+    record: dict = {}
+    ints = plan.round(strat, chain, rng, totals=totals[-1], nonnegative=nonnegative,
+                      record=record)  # fmt: skip
+    cols = h.aggregate(plan.columns(ints))
+    for k, c in enumerate(cols):
+        if (plan.identities @ c.T).any():
+            raise ArithmeticError("internal: the rounded product breaks an identity")
+        if plan.total_column >= 0 and not np.array_equal(c[:, plan.total_column], totals[k]):
+            raise ArithmeticError("internal: the rounded product lost a total")
+    below, weight = plan.rounding_variances(record)
+    below_by_level = h.aggregate(below)
+    rvar = [below_by_level[k] + weight[None, :] ** 2 * tvar[k][:, None] for k in range(h.depth)]
+    return cols, rvar
+
+
 def _column_se(gls: StructuredRelease, plan: TablePlan, level: int) -> np.ndarray:
     """GLS standard error of every codebook column at every node of ``level``."""
     rows = plan.codebook.rows
@@ -233,6 +279,7 @@ def release_hierarchy(
     delta: float | None = None,
     row_levels: RowLevels | None = None,
     source: str = "input",
+    areas: Sequence[str] | None = None,
 ) -> HierarchyRelease:
     """Measure every leaf (row), estimate over ``h``, round into both products.
 
@@ -253,6 +300,8 @@ def release_hierarchy(
         The rows' summary levels, for the statement's per-person note.
     source : str
         File name in messages.
+    areas : sequence of str, optional
+        The leaves' codes, for messages.
 
     Raises
     ------
@@ -266,7 +315,7 @@ def release_hierarchy(
         raise ValueError(f"truth has {truth.shape[0]} rows, the hierarchy {h.sizes[-1]} leaves")
     bad = plan.identities @ truth.T
     if bad.any():  # the single-file route's refusal, naming the row
-        release_tables(plan, truth, rng, source=source)
+        release_tables(plan, truth, rng, source=source, areas=areas)
     schema, leaf = plan.codebook.schema, h.names[-1]
     answers = plan.measure(truth, rng)
     meas = [
@@ -280,28 +329,12 @@ def release_hierarchy(
     ]
     gls = structured_gls(h, schema, meas, invs, delta=delta)
     fixed = max((h.level_index(lv) for lv, _ in invariants), default=-1)
-    est_tot = [gls.query_estimates(k, total_q)[:, 0] for k in range(h.depth)]
-    strat, chain = plan.marginals(gls.level(leaf))
-
-    products = []
-    for name, nonneg in (("rounding", False), ("nonnegative", True)):
-        sub = rng.child(name)
-        totals, tvar = round_totals(h, est_tot, fixed, exact, sub, nonnegative=nonneg)
-        record: dict = {}
-        ints = plan.round(strat, chain, sub, totals=totals[-1], nonnegative=nonneg, record=record)
-        cols = h.aggregate(plan.columns(ints))
-        for k, c in enumerate(cols):
-            if (plan.identities @ c.T).any():
-                raise ArithmeticError(f"internal: the {name} product breaks an identity")
-            if not np.array_equal(c[:, plan.total_column], totals[k]):
-                raise ArithmeticError(f"internal: the {name} product lost a total")
-        products.append((cols, tvar, record))
-    (unbiased, tvar, record), (nonnegative, _, _) = products
+    unbiased, rvar = round_hierarchy(plan, gls, fixed, exact, rng.child("rounding"))
+    nonnegative, _ = round_hierarchy(
+        plan, gls, fixed, exact, rng.child("nonnegative"), nonnegative=True
+    )
     if min(int(c.min(initial=0)) for c in nonnegative) < 0:
         raise ArithmeticError("internal: the non-negative product has a negative cell")
-    below, weight = plan.rounding_variances(record)
-    below_by_level = h.aggregate(below)  # counties round independently given their totals
-    rvar = [below_by_level[k] + weight[None, :] ** 2 * tvar[k][:, None] for k in range(h.depth)]
     estimate = [plan.columns(plan.marginals(gls.level(k))[0]) for k in range(h.depth)]
     gls_se = [_column_se(gls, plan, k) for k in range(h.depth)]
     return HierarchyRelease(
@@ -509,7 +542,7 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
     rng = KeyedRNG.from_seed(spec.seed)
     rel = release_hierarchy(
         plan, h, truth, rng, invariants=spec.invariants, delta=spec.delta, row_levels=levels,
-        source=name,
+        source=name, areas=[str(c) for c in h.levels[-1].codes],
     )  # fmt: skip
     products = codebook_products(spec.levels, spec.invariants, spec.evaluate)
     privacy = with_products(rel.privacy, products)

@@ -425,6 +425,12 @@ def load_table_spec(path: str | Path) -> TableSpec:
         noise = "discrete_gaussian"
         [run]
         seed = 1                     # optional: reproducible mode, for tests only
+        [hierarchy]                  # optional: the hierarchy route (an output folder)
+        levels = ["nation", "state", "county"]   # root first, the rows' level last
+        [invariants]                 # optional, with [hierarchy]: totals held exact
+        state = "total"
+        [evaluate]                   # optional, with [hierarchy]: the size-class report
+        repetitions = 10             # and its confidential evaluation/ against the _sf
 
     Raises
     ------
