@@ -32,9 +32,9 @@ among the tables. This module releases them the way the 2020 Census did (Abowd e
 4. **Rounding that keeps every identity exact.** Rounding the 376 columns one by one would
    break the 73 identities, and rounding the 46,368 cells would add the rounding noise of
    thousands of cells to every total. What is rounded is the strategy's marginals, in the
-   order of their shared margins: the pairwise common coarsenings (meets) of the strategy
-   queries must form a chain (for PPDD: total ⊂ voting age ⊂ × Hispanic ⊂ × race 7); the
-   coarsest is rounded
+   order of their shared margins: the total and the pairwise common coarsenings (meets) of
+   the strategy queries must form a chain (for PPDD: total ⊂ voting age ⊂ × Hispanic ⊂
+   × race 7); the coarsest (the total) is rounded
    unbiasedly, each finer one *given* the one below it (its cells are shifted by the
    rounding error of their coarse cell spread evenly — zero mean — then rounded by
    dependent (pipage) rounding that keeps every coarse cell's integer sum; Ageev &
@@ -50,6 +50,10 @@ variance (exact) plus ``v``, the rounding's variance given the estimate — exac
 area's total and for a single cell of a step (``f(1 − f)``), and for sums a bound from the
 non-positive correlation of pipage rounding within a group (:meth:`TablePlan.rounding_variances`;
 its tightness against simulated roundings and the intervals' coverage are tested).
+
+With ``[hierarchy]`` (and ``[invariants]``, ``[evaluate]``) a file of counties is released over
+nation → state → county by :mod:`censusdp.pipelines.codebook_hierarchy` from the same plan:
+structured GLS over the tree, the totals rounded down it, both integer products.
 
 Columns that overlap without a codebook are refused (:func:`refuse_overlapping_columns`).
 

@@ -316,14 +316,14 @@ def test_evaluate_writes_the_size_class_report_apart(tmp_path, capsys):
 # ------------------------------------------------------------------------- real columns
 @pytest.mark.shared
 def test_real_aianhh_columns_as_a_state(tmp_path, shared_file, ppdd, capsys):
-    """The real AIANHH file's ``_sf`` columns (the first 15 areas) as the counties of one
+    """The real AIANHH file's ``_sf`` columns (the first 10 areas) as the counties of one
     state: the acceptance holds on real tables."""
     from censusdp.pipelines.nhgis import read_batch
 
     batch = read_batch(shared_file("nhgis_ppdd_20200527_aianhh.csv"))
     order = [batch.cells.index(c) for c in ppdd.columns]
-    truth = batch.truth[:15][:, order]
-    codes = county_codes(15, ("17",))
+    truth = batch.truth[:10][:, order]
+    codes = county_codes(10, ("17",))
     src = write_county_file(tmp_path / "c.csv", ppdd, truth, codes)
     spec = tmp_path / "spec.toml"
     spec.write_text(SPEC.format(codebook="ppdd", rho=1.0))
