@@ -607,6 +607,16 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
         wording = [f"- {p.wording()}" for p in products]
+        lines = [f"# censusdp release ({name}, codebook {cb.source})", "",
+                 f"Privacy: {privacy.text()}", ""]  # fmt: skip
+        lines += [f"- {text}" for text in manifest["products"].values()]
+        lines += [f"- {lv}.csv in both folders: every {lv}" for lv in h.names[:-1]]
+        lines += [f"- {h.names[-1]}.csv in both folders: the rows of {name}, in its layout"]
+        if spec.evaluate:
+            lines += ["- size_classes.md: errors by size class, simulated from the released "
+                      "non-negative tables; evaluation/: CONFIDENTIAL, against the _sf totals"]  # fmt: skip
+        lines += ["", "Privacy of each product (privacy.md says the same):", "", *wording, ""]
+        (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
         (tmp / "privacy.md").write_text(
             "# Privacy\n\n" + privacy.text() + "\n\nWhat each product is:\n\n"
             + "\n".join(wording) + "\n", encoding="utf-8",

@@ -147,7 +147,8 @@ def test_statement_and_manifest(state_release):
     assert man["rho_derived"] <= man["rho_requested"]
     assert "rounding" in man["products"]["unbiased"]
     assert sorted(p.name for p in out.iterdir()) == [
-        "censusdp-output.json", "manifest.json", "nonnegative", "privacy.md", "unbiased",
+        "README.md", "censusdp-output.json", "manifest.json", "nonnegative", "privacy.md",
+        "unbiased",
     ]  # fmt: skip
     for f in out.rglob("*.csv"):
         assert not any(c.endswith("_sf") for c in pd.read_csv(f, nrows=0).columns)
