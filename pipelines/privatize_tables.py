@@ -32,9 +32,9 @@ among the tables. This module releases them the way the 2020 Census did (Abowd e
 4. **Rounding that keeps every identity exact.** Rounding the 376 columns one by one would
    break the 73 identities, and rounding the 46,368 cells would add the rounding noise of
    thousands of cells to every total. What is rounded is the strategy's marginals, in the
-   order of their shared margins: the pairwise common coarsenings (meets) of the strategy
-   queries must form a chain (for PPDD: total ⊂ voting age ⊂ × Hispanic ⊂ × race 7); the
-   coarsest is rounded
+   order of their shared margins: the total and the pairwise common coarsenings (meets) of
+   the strategy queries must form a chain (for PPDD: total ⊂ voting age ⊂ × Hispanic ⊂
+   × race 7); the coarsest (the total) is rounded
    unbiasedly, each finer one *given* the one below it (its cells are shifted by the
    rounding error of their coarse cell spread evenly — zero mean — then rounded by
    dependent (pipage) rounding that keeps every coarse cell's integer sum; Ageev &
@@ -45,9 +45,15 @@ among the tables. This module releases them the way the 2020 Census did (Abowd e
    this is checked against the codebook's identity basis before anything is written.
    Rounding is post-processing: the privacy statement is unchanged.
 
-The published standard error ``<col>_se`` is the GLS one (``√(q F⁺ qᵀ)``, exact); the
-rounding adds a variance of at most a few quarters per column that it does not include
-(said in the manifest).
+The published standard error ``<col>_se`` covers both steps: ``√(q F⁺ qᵀ + v)``, the GLS
+variance (exact) plus ``v``, the rounding's variance given the estimate — exact for the
+area's total and for a single cell of a step (``f(1 − f)``), and for sums a bound from the
+non-positive correlation of pipage rounding within a group (:meth:`TablePlan.rounding_variances`;
+its tightness against simulated roundings and the intervals' coverage are tested).
+
+With ``[hierarchy]`` (and ``[invariants]``, ``[evaluate]``) a file of counties is released over
+nation → state → county by :mod:`censusdp.pipelines.codebook_hierarchy` from the same plan:
+structured GLS over the tree, the totals rounded down it, both integer products.
 
 Columns that overlap without a codebook are refused (:func:`refuse_overlapping_columns`).
 
@@ -83,7 +89,7 @@ import numpy as np
 from censusdp.budget import PrivacyLoss, PrivacyStatement, PureDP, compose, statement_for
 from censusdp.errors import BudgetError, DataError, SpecError
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
-from censusdp.estimation.rounding import pipage_round
+from censusdp.estimation.rounding import pipage_round, rounding_variance
 from censusdp.hierarchy.gisjoin import LAYOUTS, RowLevels, declared_layout
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.product_query import (
@@ -106,7 +112,18 @@ __all__ = [
     "release_tables",
     "privatize_tables",
     "refuse_overlapping_columns",
+    "round_given",
+    "shift_to_targets",
+    "project_to_targets",
+    "group_sum_variance",
 ]
+
+#: What the ``_se`` columns are (manifests of both codebook routes).
+STANDARD_ERRORS_NOTE = (
+    "standard errors of the integer release: the GLS variance (exact) plus the rounding's "
+    "variance given the estimate (exact for an area's total and single cells, a bound from "
+    "pipage rounding's negative correlation for sums of cells)"
+)
 
 #: Rows of areas estimated at once (each holds the 46,368 cells of a PPDD area in float64).
 CHUNK = 64
@@ -201,24 +218,78 @@ def _parent_index(fine: Partition, coarse: Partition) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ rounding
-def _round_given(
-    values: np.ndarray, parent: np.ndarray, target: np.ndarray, gen: np.random.Generator
-) -> np.ndarray:
+def shift_to_targets(values: np.ndarray, parent: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``values`` (n, r) shifted so that their sums over ``parent`` equal ``target`` (n, r_c).
+
+    Each value moves by its coarse cell's gap ``target − Σ values`` divided by the number of
+    cells the coarse cell holds (every coarse cell must hold one). With ``E[target]`` the
+    real coarse sums the shift has mean zero, so what is rounded next stays unbiased.
+    """
+    rc = target.shape[1]
+    count = np.bincount(parent, minlength=rc)
+    sums = np.zeros((values.shape[0], rc))
+    np.add.at(sums, (slice(None), parent), values)
+    return values + ((target - sums) / count)[:, parent]
+
+
+def project_to_targets(values: np.ndarray, parent: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Euclidean projection of every group (row, coarse cell) of ``values`` (n, r) onto
+    ``{v ≥ 0, Σ_group v = target}`` (``target`` (n, r_c) non-negative).
+
+    One simplex projection per group, by the sorting threshold
+    (:func:`censusdp.estimation.nonnegative.project_simplex`; Held, Wolfe & Crowder 1974;
+    Duchi et al. 2008): the groups are laid out as padded lanes ``(n, m, r_c)``.
+    """
+    from censusdp.estimation.nonnegative import project_simplex
+
+    n, r = values.shape
+    rc = target.shape[1]
+    order = np.argsort(parent, kind="stable")
+    count = np.bincount(parent, minlength=rc)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    pos = np.empty(r, dtype=np.int64)
+    pos[order] = np.arange(r) - start[parent[order]]
+    lanes = np.full((n, int(count.max()), rc), -np.inf)
+    lanes[:, pos, parent] = values
+    got = project_simplex(lanes, np.asarray(target, dtype=np.float64))
+    return got[:, pos, parent]
+
+
+def round_given(
+    values: np.ndarray,
+    parent: np.ndarray,
+    target: np.ndarray,
+    gen: np.random.Generator,
+    *,
+    nonnegative: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """Unbiased integers for ``values`` (n, r) whose sums over ``parent`` equal ``target``.
 
     ``target`` (n, r_c) are integers with ``E[target] = `` the real sums of ``values`` per
     coarse cell. Each value is shifted by its coarse cell's rounding error divided by the
-    number of cells it holds (zero mean, so still unbiased), making every coarse sum an
-    integer, then rounded by pipage rounding on the groups (area, coarse cell), which keeps
-    every group's integer sum and rounds each value to its floor or ceiling with the right
-    mean (:func:`censusdp.estimation.rounding.pipage_round`).
+    number of cells it holds (:func:`shift_to_targets`: zero mean, so still unbiased), making
+    every coarse sum an integer, then rounded by pipage rounding on the groups (area, coarse
+    cell), which keeps every group's integer sum and rounds each value to its floor or
+    ceiling with the right mean (:func:`censusdp.estimation.rounding.pipage_round`; Ageev &
+    Sviridenko 2004, Srinivasan 2001). With ``nonnegative`` (targets ≥ 0) each group is
+    instead projected onto its non-negative simplex (:func:`project_to_targets`; biased)
+    and rounded the same way, so no value is negative.
+
+    Returns
+    -------
+    (integers, variances)
+        int64 (n, r), and float (n, r) the variance ``f(1 − f)`` of each value's rounding
+        given what was rounded (``f`` the fractional part of the shifted or projected
+        value): exact for one value; pipage rounding makes any two values of a group
+        non-positively correlated (Srinivasan 2001, negative correlation) and keeps each
+        group's sum.
     """
     n, r = values.shape
     rc = target.shape[1]
-    count = np.bincount(parent, minlength=rc)
-    sums = np.zeros((n, rc))
-    np.add.at(sums, (slice(None), parent), values)
-    shifted = values + ((target - sums) / count)[:, parent]
+    if nonnegative:
+        shifted = project_to_targets(values, parent, target)
+    else:
+        shifted = shift_to_targets(values, parent, target)
     order = np.argsort(parent, kind="stable")
     group = (np.arange(n)[:, None] * rc + parent[order][None, :]).ravel()
     flat = pipage_round(shifted[:, order].ravel(), [group], gen)
@@ -228,7 +299,49 @@ def _round_given(
     np.add.at(check, (slice(None), parent), out)
     if not np.array_equal(check, target):
         raise ArithmeticError("internal: conditional rounding lost a coarse sum")
-    return out
+    return out, rounding_variance(shifted)
+
+
+def group_sum_variance(weights: np.ndarray, parent: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """A bound on ``Var(Σ_u w_ju ε_u)`` per row and weight vector, for rounding errors ``ε``
+    (n, r) made by :func:`round_given`: independent across groups (row, coarse cell), each
+    with variance ``var``, non-positively correlated within a group, summing to 0 over it.
+
+    Within a group ``Σ_u w_u ε_u = Σ_u (w_u − m) ε_u`` for any constant ``m``; with ``m`` the
+    group's smallest weight (or its largest, and signs flipped) every coefficient has one
+    sign, so non-positive covariances give ``Var ≤ Σ_u (w_u − m)² var_u``; the smaller of the
+    two choices is taken per group and the groups add. A weight vector that is constant on a
+    group (a column holding the whole coarse cell) gets 0 from it: its sum is exact.
+
+    Parameters
+    ----------
+    weights : (k, r) float
+        Non-negative coefficients of each of ``k`` sums.
+    parent : (r,) int
+        The group (coarse cell) of each value.
+    var : (n, r) float
+
+    Returns
+    -------
+    (n, k) float
+    """
+    rc = int(parent.max()) + 1
+    k = weights.shape[0]
+    lo = np.full((k, rc), np.inf)
+    hi = np.full((k, rc), -np.inf)
+    np.minimum.at(lo, (slice(None), parent), weights)
+    np.maximum.at(hi, (slice(None), parent), weights)
+    ind = np.zeros((weights.shape[1], rc))
+    ind[np.arange(weights.shape[1]), parent] = 1.0
+    out = []
+    for m in (lo, hi):
+        d2 = (weights - m[:, parent]) ** 2  # (k, r)
+        out.append(
+            (var @ (d2.T[:, :, None] * ind[:, None, :]).reshape(-1, k * rc)).reshape(
+                var.shape[0], k, rc
+            )
+        )
+    return np.minimum(out[0], out[1]).sum(axis=2)
 
 
 # ---------------------------------------------------------------------------------- spec
@@ -256,6 +369,15 @@ class TableSpec:
         not tell it.
     level_column : str or None
         A column holding each row's level name or SUMLEV code.
+    levels : tuple of str
+        ``[hierarchy] levels`` (root first, the rows' level last): the hierarchy route
+        (:mod:`censusdp.pipelines.codebook_hierarchy`); empty: every row alone.
+    invariants : tuple of (level, "total")
+        ``[invariants]``: totals held exact (hierarchy route only).
+    evaluate : bool
+        ``[evaluate]``: write the size-class report and its confidential evaluation.
+    repetitions : int
+        ``[evaluate] repetitions``: simulated releases of the report.
     """
 
     codebook: str
@@ -268,6 +390,10 @@ class TableSpec:
     source: str = "<command line>"
     level: str | None = None
     level_column: str | None = None
+    levels: tuple[str, ...] = ()
+    invariants: tuple[tuple[str, str], ...] = ()
+    evaluate: bool = False
+    repetitions: int = 10
 
 
 def spec_uses_codebook(path: str | Path) -> bool:
@@ -303,6 +429,12 @@ def load_table_spec(path: str | Path) -> TableSpec:
         noise = "discrete_gaussian"
         [run]
         seed = 1                     # optional: reproducible mode, for tests only
+        [hierarchy]                  # optional: the hierarchy route (an output folder)
+        levels = ["nation", "state", "county"]   # root first, the rows' level last
+        [invariants]                 # optional, with [hierarchy]: totals held exact
+        state = "total"
+        [evaluate]                   # optional, with [hierarchy]: the size-class report
+        repetitions = 10             # and its confidential evaluation/ against the _sf
 
     Raises
     ------
@@ -314,7 +446,10 @@ def load_table_spec(path: str | Path) -> TableSpec:
     path = Path(path)
     doc = read_spec_toml(path)
     p = SpecParser(str(path), path.parent)
-    p.keys(doc, "", ("data", "privacy", "strategy", "mechanism", "run"))
+    p.keys(
+        doc, "", ("data", "privacy", "strategy", "mechanism", "run", "hierarchy", "invariants",
+                  "evaluate"),
+    )  # fmt: skip
     data = p.table(doc, "data", required=True)
     p.keys(
         data,
@@ -364,6 +499,7 @@ def load_table_spec(path: str | Path) -> TableSpec:
             f"{level!r} is no summary level; give one of {[x.level for x in LAYOUTS]} or a "
             'SUMLEV code such as "160"',
         )
+    levels, invariants, evaluate, repetitions = _hierarchy_keys(p, doc, level, level_column)
     return TableSpec(
         codebook=codebook,
         rho=rho,
@@ -375,7 +511,58 @@ def load_table_spec(path: str | Path) -> TableSpec:
         source=str(path),
         level=level,
         level_column=level_column,
+        levels=levels,
+        invariants=invariants,
+        evaluate=evaluate,
+        repetitions=repetitions,
     )
+
+
+def _hierarchy_keys(p, doc: Mapping, level: str | None, level_column: str | None):
+    """``[hierarchy] levels``, ``[invariants]`` and ``[evaluate]`` of a codebook spec, and the
+    combinations refused (each naming the key and the fix)."""
+    from censusdp.hierarchy.gisjoin import check_hierarchy_levels
+
+    hier = p.table(doc, "hierarchy", required=False)
+    p.keys(hier, "hierarchy", ("levels",))
+    levels: tuple[str, ...] = ()
+    if hier:
+        levels = tuple(p.str_list(p.get(hier, "hierarchy", "levels", list, required=True),
+                                  "hierarchy.levels"))  # fmt: skip
+        if len(levels) < 2:
+            raise p.fail("hierarchy.levels", 'give the root and the rows\' level at least, e.g. '
+                         '["nation", "state", "county"]')  # fmt: skip
+        try:
+            check_hierarchy_levels(levels[1:], "hierarchy.levels")
+        except SpecError as err:
+            raise p.fail("hierarchy.levels", str(err)) from None
+        if level is not None or level_column is not None:
+            raise p.fail("data.level", "with [hierarchy] the rows are its last level; drop "
+                         "data.level / data.level_column")  # fmt: skip
+    inv = p.table(doc, "invariants", required=False)
+    invariants = []
+    for lv, q in (inv or {}).items():
+        if not levels:
+            raise p.fail(f"invariants.{lv}", "invariants are held over a hierarchy: add "
+                         '[hierarchy] levels = ["nation", "state", "county"]')  # fmt: skip
+        if lv not in levels[:-1]:
+            raise p.fail(f"invariants.{lv}", f"name a level above the rows' of hierarchy.levels "
+                         f"{list(levels[:-1])}")  # fmt: skip
+        if q != "total":
+            raise p.fail(f"invariants.{lv}", 'the codebook route holds totals: give "total"')
+        invariants.append((lv, q))
+    ev = p.table(doc, "evaluate", required=False)
+    evaluate = "evaluate" in doc
+    repetitions = 10
+    if evaluate:
+        if not levels:
+            raise p.fail("evaluate", "the evaluation compares the hierarchy route's products: "
+                         "add [hierarchy] levels")  # fmt: skip
+        p.keys(ev, "evaluate", ("repetitions",))
+        repetitions = p.get(ev, "evaluate", "repetitions", int, default=10)
+        if repetitions < 2:
+            raise p.fail("evaluate.repetitions", "give at least 2 (the bias has a standard error)")
+    return levels, tuple(invariants), evaluate, repetitions
 
 
 # ---------------------------------------------------------------------------------- plan
@@ -564,7 +751,10 @@ class TablePlan:
         )
 
         # rounding order: the shared margins must nest
-        meets = [_meet(parts[i], parts[j]) for i in range(len(parts)) for j in range(i)]
+        # the total first: every area's total is rounded before anything finer (and the
+        # hierarchy route holds it to its parent's), so every query descends from it
+        total = tuple(np.zeros(d, dtype=np.int64) for d in schema.shape)
+        meets = [total] + [_meet(parts[i], parts[j]) for i in range(len(parts)) for j in range(i)]
         chain: list[Partition] = []
         for m in sorted(meets, key=lambda p: int(np.prod(_shape(p)))):
             if chain and _same(chain[-1], m):
@@ -633,6 +823,24 @@ class TablePlan:
             "identified part, rounded to integers that keep every identity among the columns",
         )
 
+    @property
+    def total_column(self) -> int:
+        """The index of a column counting every person (P1), or -1 when none does."""
+        rows = self.codebook.rows
+        hit = [
+            j
+            for j in range(len(rows.names))
+            if rows.queries[rows.query_of_row[j]].n_rows == 1
+            and all((f.matrix == 1).all() for f in rows.queries[rows.query_of_row[j]].factors)
+        ]
+        return hit[0] if hit else -1
+
+    def totals(self, truth: np.ndarray) -> np.ndarray:
+        """Every area's exact total (int64), from its columns: the sum of the first strategy
+        query's answers (each query partitions every attribute)."""
+        a = self.measure_from_columns[0]
+        return np.rint(np.asarray(truth, dtype=np.float64) @ a.T).astype(np.int64).sum(axis=1)
+
     def measure(self, truth: np.ndarray, rng: KeyedRNG) -> list[np.ndarray]:
         """Noisy answers ``(areas, rows)`` of every query, computed from the columns.
 
@@ -653,6 +861,11 @@ class TablePlan:
             out.append(answers + noise)
         return out
 
+    def marginals(self, x: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The strategy's and the chain's marginals ``(n, rows)`` of cell tensors ``x``
+        ``(n, *schema.shape)``."""
+        return [q.apply(x) for q in self.queries], [_aggregate(x, c) for c in self.chain]
+
     def estimate(self, answers: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """GLS: the strategy's and the chain's marginals of ``F⁺h``, area by area (chunks)."""
         n = answers[0].shape[0]
@@ -665,35 +878,113 @@ class TablePlan:
                 for q, y, law in zip(self.queries, answers, self.laws, strict=True)
             )
             x = self.basis.from_basis(self.covariance.apply(self.basis.to_basis(h)))
-            for q, s in zip(self.queries, strat, strict=True):
-                s[lo:hi] = q.apply(x)
-            for c, s in zip(self.chain, chain, strict=True):
-                s[lo:hi] = _aggregate(x, c)
+            got_s, got_c = self.marginals(x)
+            for s, g in zip([*strat, *chain], [*got_s, *got_c], strict=True):
+                s[lo:hi] = g
         return strat, chain
 
     def round(
-        self, strat: Sequence[np.ndarray], chain: Sequence[np.ndarray], rng: KeyedRNG
+        self,
+        strat: Sequence[np.ndarray],
+        chain: Sequence[np.ndarray],
+        rng: KeyedRNG,
+        *,
+        totals: np.ndarray | None = None,
+        nonnegative: bool = False,
+        record: dict | None = None,
     ) -> list[np.ndarray]:
-        """Integer strategy marginals, unbiased, agreeing exactly on every shared margin."""
+        """Integer strategy marginals, unbiased, agreeing exactly on every shared margin.
+
+        Parameters
+        ----------
+        strat, chain : the real marginals (:meth:`estimate`, :meth:`marginals`).
+        rng : KeyedRNG
+        totals : numpy.ndarray, optional
+            int64 (n,): every area's integer total, already rounded (the hierarchy route
+            rounds them down the tree); None: the totals are rounded here, all areas as one
+            pipage group (their sum is the floor or ceiling of the real sum).
+        nonnegative : bool
+            Project each step onto its non-negative simplex before rounding (needs
+            ``totals`` ≥ 0): the non-negative product, biased.
+        record : dict, optional
+            Filled with each step's rounding variances given the coarser steps
+            (``"chain"``: one (n, r) array per chain element, ``"query"``: one per strategy
+            query, None where it is a copy of its chain element), for
+            :meth:`rounding_variances`.
+        """
+        if nonnegative and totals is None:
+            raise ValueError("the non-negative rounding needs the areas' integer totals")
+        rec_chain: list[np.ndarray] = []
         ints: list[np.ndarray] = []
         for i, vals in enumerate(chain):
             gen = rng.generator(f"round/chain/{i}")
-            if i == 0:
+            if i == 0 and totals is None:
                 ints.append(pipage_round(vals.ravel(), [], gen).reshape(vals.shape))
+                rec_chain.append(rounding_variance(vals))
+                continue
+            if i == 0:
+                par, target = np.zeros(vals.shape[1], np.int64), np.asarray(totals)[:, None]
             else:
-                par = _parent_index(self.chain[i], self.chain[i - 1])
-                ints.append(_round_given(vals, par, ints[i - 1], gen))
-        out = []
+                par, target = _parent_index(self.chain[i], self.chain[i - 1]), ints[i - 1]
+            got, var = round_given(vals, par, target, gen, nonnegative=nonnegative)
+            ints.append(got)
+            rec_chain.append(var)
+        out, rec_query = [], []
         parts = [_partition_of(q) for q in self.queries]
         for q, vals, part, pi in zip(self.queries, strat, parts, self.chain_parent, strict=True):
             gen = rng.generator(f"round/{q.name}")
-            if pi < 0:
-                out.append(pipage_round(vals.ravel(), [], gen).reshape(vals.shape))
-            elif _same(part, self.chain[pi]):
+            if _same(part, self.chain[pi]):
                 out.append(ints[pi].copy())
+                rec_query.append(None)
             else:
-                out.append(_round_given(vals, _parent_index(part, self.chain[pi]), ints[pi], gen))
+                par = _parent_index(part, self.chain[pi])
+                got, var = round_given(vals, par, ints[pi], gen, nonnegative=nonnegative)
+                out.append(got)
+                rec_query.append(var)
+        if record is not None:
+            record.update(chain=rec_chain, query=rec_query)
         return out
+
+    def rounding_variances(self, record: dict) -> tuple[np.ndarray, np.ndarray]:
+        """What :meth:`round`'s steps below the areas' totals add to every column's variance.
+
+        A column is a 0/1 sum of cells of one strategy query, rounded through the chain
+        ``total ⊂ … ⊂ chain element ⊂ query``. Each step's rounding error is its coarse
+        cell's error spread evenly (the shift) plus the step's own pipage error, which has
+        mean zero given the coarser steps: the steps' errors are uncorrelated (martingale
+        differences), and a column's error is ``Σ_steps Σ_u w_u ε_u`` with ``w`` the column's
+        weights carried up the chain (a coarse cell's weight is the mean of its cells').
+        Each step's term is bounded by :func:`group_sum_variance` at the recorded variances
+        (exact for one cell, 0 for a whole coarse cell), the bound of
+        non-positive correlation within a group.
+
+        Returns
+        -------
+        (variance, weight)
+            float (n, columns): the bound on the rounding variance of every column below
+            its area's total; float (columns,): the weight ``w`` of the column on its area's
+            total error, which the caller adds as ``w² · Var(total's error)``.
+        """
+        n = record["chain"][0].shape[0]
+        var = np.zeros((n, len(self.codebook.columns)))
+        weight = np.zeros(len(self.codebook.columns))
+        parts = [_partition_of(q) for q in self.queries]
+        for qi, (part, pi) in enumerate(zip(parts, self.chain_parent, strict=True)):
+            cols = np.flatnonzero(self.column_query == qi)
+            w = self.column_weights[qi].astype(np.float64)
+            steps = []
+            if record["query"][qi] is not None:
+                steps.append((_parent_index(part, self.chain[pi]), record["query"][qi]))
+            for i in range(pi, 0, -1):
+                steps.append((_parent_index(self.chain[i], self.chain[i - 1]), record["chain"][i]))
+            for par, v in steps:
+                var[:, cols] += group_sum_variance(w, par, v)
+                rc = int(par.max()) + 1
+                up = np.zeros((w.shape[0], rc))
+                np.add.at(up, (slice(None), par), w)
+                w = up / np.bincount(par, minlength=rc)
+            weight[cols] = w[:, 0]  # chain[0] is the total: one cell
+        return var, weight
 
     def columns(self, marginals: Sequence[np.ndarray]) -> np.ndarray:
         """Every column ``(areas, columns)`` as an integer (or real) sum of strategy cells."""
@@ -749,11 +1040,15 @@ def release_tables(
         )
     answers = plan.measure(truth, rng)
     strat, chain = plan.estimate(answers)
-    ints = plan.round(strat, chain, rng)
+    record: dict = {}
+    ints = plan.round(strat, chain, rng, record=record)
     values = plan.columns(ints)
     if (plan.identities @ values.T).any():
         raise ArithmeticError("internal: the rounded release breaks an identity")
-    se = np.broadcast_to(plan.column_se, values.shape)
+    # the rounding's variance: below the totals (bounded, TablePlan.rounding_variances) and
+    # the area's total, rounded alone: f(1 − f), exact
+    below, weight = plan.rounding_variances(record)
+    se = np.sqrt(plan.column_se**2 + below + weight**2 * record["chain"][0])
     if levels is not None and levels.level.shape[0] != truth.shape[0]:
         raise ValueError(f"levels has {levels.level.shape[0]} rows, truth {truth.shape[0]}")
     privacy = plan.statement(delta) if levels is None else levels_statement(plan, levels, delta)
@@ -914,6 +1209,60 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def check_file_columns(cb: Codebook, batch, name: str, spec: TableSpec) -> None:
+    """Refuse a file the codebook does not describe (DataError, SpecError): another schema
+    than the spec's, a long layout, columns missing or undescribed."""
+    if spec.schema is not None and spec.schema != cb.schema.name:
+        raise SpecError(
+            f"{spec.source}: data.schema is {spec.schema!r} but codebook {cb.source} is over "
+            f"schema {cb.schema.name!r}; drop data.schema or name the codebook's"
+        )
+    if batch.layout != "wide":
+        raise DataError(
+            f"{name}: the codebook route reads wide files (<code>_sf columns); this one is long "
+            "(one row per version)"
+        )
+    missing = [c for c in cb.columns if c not in set(batch.cells)]
+    extra = [c for c in batch.cells if c not in set(cb.columns)]
+    if missing or extra:
+        what = (
+            f"lacks {len(missing)} of its columns (first {missing[:3]})"
+            if missing
+            else f"has {len(extra)} _sf columns it does not describe (first {extra[:3]})"
+        )
+        raise DataError(
+            f"{name}: the file does not match codebook {cb.source}: it {what}; the release "
+            "writes every column of the codebook from one estimate, so give a file with exactly "
+            "its columns, or a codebook TOML describing the file's columns"
+        )
+
+
+def input_digests(
+    path: str | Path,
+    spec: TableSpec,
+    spec_path: str | Path | None,
+    codebook_file: Path | None,
+    cb: Codebook,
+) -> dict[str, str]:
+    """SHA-256 of every input: the file, the spec, the codebook TOML, or the shipped codebook
+    and schema the release was made with."""
+    inputs = {str(path): _sha256(Path(path))}
+    for extra in (spec_path, codebook_file):
+        if extra is not None:
+            inputs[str(extra)] = _sha256(Path(extra))
+    if codebook_file is None:
+        from importlib import resources
+
+        for pkg, sub, name in (
+            ("censusdp.pipelines", "codebooks", spec.codebook),
+            ("censusdp", "schemas", cb.schema.name),
+        ):
+            f = resources.files(pkg) / sub / f"{name}.toml"
+            if f.is_file():
+                inputs[f"{pkg}/{sub}/{name}.toml"] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return inputs
+
+
 def privatize_tables(
     path: str | Path,
     spec: TableSpec,
@@ -945,33 +1294,15 @@ def privatize_tables(
         "formats": tuple(formats),
         "option": "-o",
     }
+    if spec.levels:  # the hierarchy route: an output folder with both products
+        from censusdp.pipelines.codebook_hierarchy import privatize_hierarchy
+
+        return privatize_hierarchy(path, spec, out, spec_path=spec_path, overwrite=overwrite)
     check_output(out, kind="file", **policy)
     cb = Codebook.load(spec.codebook)
-    if spec.schema is not None and spec.schema != cb.schema.name:
-        raise SpecError(
-            f"{spec.source}: data.schema is {spec.schema!r} but codebook {cb.source} is over "
-            f"schema {cb.schema.name!r}; drop data.schema or name the codebook's"
-        )
     batch = read_batch(path, encoding=spec.encoding)
     name = Path(path).name
-    if batch.layout != "wide":
-        raise DataError(
-            f"{name}: the codebook route reads wide files (<code>_sf columns); this one is long "
-            "(one row per version)"
-        )
-    missing = [c for c in cb.columns if c not in set(batch.cells)]
-    extra = [c for c in batch.cells if c not in set(cb.columns)]
-    if missing or extra:
-        what = (
-            f"lacks {len(missing)} of its columns (first {missing[:3]})"
-            if missing
-            else f"has {len(extra)} _sf columns it does not describe (first {extra[:3]})"
-        )
-        raise DataError(
-            f"{name}: the file does not match codebook {cb.source}: it {what}; the release "
-            "writes every column of the codebook from one estimate, so give a file with exactly "
-            "its columns, or a codebook TOML describing the file's columns"
-        )
+    check_file_columns(cb, batch, name, spec)
     # each row's summary level, before any noise: rows of several levels share persons
     levels = row_geography(
         batch,
@@ -995,20 +1326,7 @@ def privatize_tables(
         source=name,
         levels=levels,
     )
-    inputs = {str(path): _sha256(Path(path))}
-    for extra in (spec_path, codebook_file):
-        if extra is not None:
-            inputs[str(extra)] = _sha256(Path(extra))
-    if codebook_file is None:  # the shipped codebook and schema the release was made with
-        from importlib import resources
-
-        for pkg, sub, name in (
-            ("censusdp.pipelines", "codebooks", spec.codebook),
-            ("censusdp", "schemas", cb.schema.name),
-        ):
-            f = resources.files(pkg) / sub / f"{name}.toml"
-            if f.is_file():
-                inputs[f"{pkg}/{sub}/{name}.toml"] = hashlib.sha256(f.read_bytes()).hexdigest()
+    inputs = input_digests(path, spec, spec_path, codebook_file, cb)
     info = {
         "route": "codebook",
         "privacy": rel.privacy.text(),
@@ -1041,8 +1359,7 @@ def privatize_tables(
         "estimator": "single-node GLS in the marginal basis (F⁺h); integer rounding of the "
         "strategy marginals in the order of their shared margins, columns summed in integers",
         "identities": int(plan.identities.shape[0]),
-        "standard_errors": "GLS standard errors of the real-valued estimate; the integer "
-        "rounding adds a variance that they do not include",
+        "standard_errors": STANDARD_ERRORS_NOTE,
         "inputs_sha256": inputs,
     }
     with output_file(out, command="privatize", info=info, **policy) as tmp:
