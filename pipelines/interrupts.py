@@ -91,6 +91,8 @@ def workers_ignore_interrupts(scheduler: str) -> Iterator[None]:
         yield
         return
     import dask
+    import dask.distributed  # noqa: F401  (loads distributed's config first: a config.set of a
+    # "distributed.*" key made before that would, on exit, remove the whole "distributed" section)
 
     preloads = list(dask.config.get("distributed.worker.preload", default=[]) or [])
     with (
