@@ -45,7 +45,8 @@ extracts) is released the way the PPMF route releases blocks
 6. **Evaluation** (``[evaluate]``): the size-class report of
    :mod:`censusdp.pipelines.size_class_report` — publishable errors simulated from the
    released non-negative tables (``repetitions`` replicates) and, labelled confidential in
-   ``evaluation/``, both products' errors against the ``_sf`` totals.
+   ``evaluation/``, both products' errors against the ``_sf`` totals; the output is then laid
+   out as ``run``'s: the release in ``OUT/release/``, ``OUT/evaluation/`` beside it.
 
 References
 ----------
@@ -418,6 +419,7 @@ def write_hierarchy_release(
     ``<leaf>.csv`` in the input's layout (the file's rows, in its order; ``_se`` in the
     unbiased one) and ``<level>.csv`` (gisjoin, ``_dp``, ``_se``) for every upper level."""
     from censusdp.pipelines.nhgis import write_batch
+    from censusdp.spreadsheet import write_csv
 
     h, cb = rel.hierarchy, plan.codebook
     order = np.array([batch.cells.index(c) for c in cb.columns])
@@ -437,8 +439,7 @@ def write_hierarchy_release(
                     ses[leaf_row[:, None], order[None, :]] = se
                 write_batch(batch, values, ses, path)
             else:
-                frame = _level_frame(h.levels[k].codes, cb.columns, levels[k], se)
-                frame.to_csv(path, index=False)
+                write_csv(_level_frame(h.levels[k].codes, cb.columns, levels[k], se), path)
             written.append(f"{folder}/{name}.csv")
     return written
 
@@ -456,7 +457,7 @@ def evaluate_release(
 ) -> None:
     """The size-class report of both products (:mod:`censusdp.pipelines.size_class_report`)
     into ``tmp``: simulated from the released non-negative tables (publishable), and against
-    the ``_sf`` totals in ``evaluation/`` (CONFIDENTIAL)."""
+    the ``_sf`` totals in ``evaluation/`` (CONFIDENTIAL; moved beside the release afterwards)."""
     from censusdp.pipelines.size_class_report import (
         evaluate_size_classes,
         simulate_size_classes,
@@ -509,7 +510,7 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
     from censusdp.pipelines.codebook import Codebook
     from censusdp.pipelines.nhgis import read_batch, row_geography, spine_rows
     from censusdp.pipelines.privatize_tables import check_file_columns, input_digests
-    from censusdp.pipelines.runner import package_versions
+    from censusdp.pipelines.runner import package_versions, separate_evaluation
 
     t0 = time.perf_counter()
     check_run_options(seed=spec.seed)
@@ -598,7 +599,7 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
             else {
                 "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
                 "repetitions": spec.repetitions,
-                "confidential_evaluation": "evaluation/ (CONFIDENTIAL)",
+                "confidential_evaluation": "../evaluation/ (CONFIDENTIAL, beside release/)",
             },  # fmt: skip
             "inputs_sha256": input_digests(path, spec, spec_path, codebook_file, cb),
             "reproducible_mode": spec.seed is not None,
@@ -614,11 +615,14 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
         lines += [f"- {h.names[-1]}.csv in both folders: the rows of {name}, in its layout"]
         if spec.evaluate:
             lines += ["- size_classes.md: errors by size class, simulated from the released "
-                      "non-negative tables; evaluation/: CONFIDENTIAL, against the _sf totals"]  # fmt: skip
+                      "non-negative tables; ../evaluation/ (beside this release/ folder): "
+                      "CONFIDENTIAL, against the _sf totals"]  # fmt: skip
         lines += ["", "Privacy of each product (privacy.md says the same):", "", *wording, ""]
         (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
         (tmp / "privacy.md").write_text(
             "# Privacy\n\n" + privacy.text() + "\n\nWhat each product is:\n\n"
             + "\n".join(wording) + "\n", encoding="utf-8",
         )  # fmt: skip
+        if spec.evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
+            separate_evaluation(tmp)
     return Path(out), rel

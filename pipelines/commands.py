@@ -145,7 +145,8 @@ def _table_spec(
     if not spec_uses_codebook(spec_path):
         raise SpecError(
             f"{spec_path}: --codebook needs a codebook spec ([data] codebook = ..., [privacy] "
-            "rho; no [hierarchy] or [queries]) or none; this spec describes disjoint cells"
+            "rho; [hierarchy], [invariants] and [evaluate] optional, no [queries]) or none; "
+            "this spec describes disjoint cells"
         )
     spec = load_table_spec(spec_path)
     for flag, given, stated in (
@@ -245,7 +246,8 @@ def _privatize(
     if evaluate or repetitions is not None or any((ppmf or {}).values()):
         raise SpecError(
             "--evaluate, --repetitions, --blocks, --blocks-from-data and --areas belong to the "
-            "PPMF route (a PPMF input)"
+            "PPMF route (a PPMF input); a codebook file over a hierarchy is evaluated by its "
+            "spec's [evaluate] section"
         )
     if codebook is not None or (spec_path is not None and spec_uses_codebook(spec_path)):
         tspec = _table_spec(spec_path, codebook, rho, delta, seed)
@@ -335,7 +337,9 @@ def _cmd_privatize(args: argparse.Namespace) -> int:
         compose_with=args.compose_with,
     )
     print(f"privacy: {privacy}")
+    from censusdp.pipelines.privatize_tables import spec_uses_codebook
     from censusdp.pipelines.privatize_units import units_route
+    from censusdp.pipelines.runner import EVALUATION_DIR
 
     if units_route(args.file, args.spec):
         what = (
@@ -343,6 +347,12 @@ def _cmd_privatize(args: argparse.Namespace) -> int:
             "manifest.json, privacy.md"
         )
         _print_written(out, what, args.evaluate)
+    elif out.is_dir() and (args.codebook or (args.spec and spec_uses_codebook(args.spec))):
+        what = (  # the codebook route over a hierarchy
+            "unbiased/ and nonnegative/ tables of every level, the file's rows in its layout, "
+            "manifest.json, privacy.md"
+        )
+        _print_written(out, what, (out / EVALUATION_DIR).is_dir())
     elif out.is_dir():  # the PPMF route writes a directory
         what = (
             "unbiased/ and nonnegative/ P1-P5 tables, nonnegative/microdata.csv, manifest.json, "

@@ -291,7 +291,7 @@ def codebook_toml(cb: Codebook, strategy) -> str:
 def test_evaluate_writes_the_size_class_report_apart(tmp_path, capsys):
     """``[evaluate]``: the publishable size-class report (simulated from the released
     non-negative tables) and the confidential errors against the ``_sf`` totals in
-    ``evaluation/``, labelled; the release folders are unchanged by it."""
+    ``evaluation/``, labelled, beside ``release/`` (never inside it), as ``run`` lays it out."""
     cb, h, truth = small_state(n=12)
     book = tmp_path / "small.toml"
     book.write_text(codebook_toml(cb, SMALL_STRATEGY))
@@ -300,18 +300,26 @@ def test_evaluate_writes_the_size_class_report_apart(tmp_path, capsys):
     src = write_county_file(tmp_path / "c.csv", cb, truth, codes)
     spec = tmp_path / "spec.toml"
     spec.write_text(SPEC.format(codebook="small.toml", rho=0.5) + "[evaluate]\nrepetitions = 3\n")
-    out = tmp_path / "o"
-    assert main(["privatize", str(src), "--spec", str(spec), "-o", str(out)]) == 0
+    top = tmp_path / "o"
+    assert main(["privatize", str(src), "--spec", str(spec), "-o", str(top)]) == 0
+    assert sorted(p.name for p in top.iterdir()) == [
+        "censusdp-output.json",
+        "evaluation",
+        "release",
+    ]
+    assert (top / "evaluation" / "CONFIDENTIAL.txt").is_file()
+    out = top / "release"
+    assert not (out / "evaluation").exists()
     assert (out / "size_classes.csv").is_file() and (out / "size_classes.md").is_file()
-    ev = pd.read_csv(out / "evaluation" / "size_classes.csv")
+    ev = pd.read_csv(top / "evaluation" / "size_classes.csv")
     assert set(ev["product"]) == {"unbiased", "nonnegative"}
     assert set(ev["level"]) == {"state", "county"}
     assert ev.groupby(["product", "level"])["n"].sum().to_dict() == {
         (p, lv): n for p in ("unbiased", "nonnegative") for lv, n in (("county", 12), ("state", 3))
     }
-    assert "CONFIDENTIAL" in (out / "evaluation" / "size_classes.md").read_text()
+    assert "CONFIDENTIAL" in (top / "evaluation" / "size_classes.md").read_text()
     man = json.loads((out / "manifest.json").read_text())
-    assert man["size_class_report"]["confidential_evaluation"].startswith("evaluation/")
+    assert man["size_class_report"]["confidential_evaluation"].startswith("../evaluation/")
     # the evaluation's state errors are those of the written state tables against the truth
     _, state, _ = read_level(out, "nonnegative", "state", cb)
     t = cb.columns.index("T1")
