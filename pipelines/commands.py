@@ -18,8 +18,6 @@ import argparse
 import warnings
 from pathlib import Path
 
-import numpy as np
-
 from censusdp.command_line import add_overwrite, count_arg, seed_arg, warn_seed
 from censusdp.errors import SpecError
 
@@ -31,10 +29,11 @@ PRIVATIZE_FORMATS = (".csv", ".parquet", ".pq")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from censusdp.pipelines.runner import run_spec
     from censusdp.pipelines.specs import load_spec
 
     spec = load_spec(args.spec)
+    from censusdp.pipelines.runner import run_spec  # after the spec's checks: errors come fast
+
     warn_seed(args.seed if args.seed is not None else spec.run.seed)
     result = run_spec(
         spec,
@@ -254,6 +253,8 @@ def _privatize(
     }
     check_output(out, kind="file", **policy)  # type: ignore[arg-type]
     spec = load_spec(spec_path)
+    import numpy as np
+
     from censusdp.pipelines.data import load_data
     from censusdp.pipelines.nhgis import read_batch, write_batch
     from censusdp.pipelines.runner import execute_spec
