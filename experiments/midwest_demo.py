@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from censusdp.experiments.reporting import Report
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BUDGETS", "CONDITIONING_REPETITIONS", "SPEC", "print_summary", "register", "run"]
 
@@ -106,6 +109,7 @@ def run(ctx: ExperimentContext) -> dict:
     from censusdp.pipelines.report import slope_table
     from censusdp.pipelines.runner import run_spec, with_budget
     from censusdp.pipelines.specs import load_spec
+    from censusdp.progress import show_progress
 
     spec = load_spec(SPEC)
     reps = 4 if ctx.quick else spec.run.repetitions
@@ -123,6 +127,7 @@ def run(ctx: ExperimentContext) -> dict:
         for suffix, estimators, n in (("", fast, reps), ("_conditioning", slow, cond_reps)):
             if not estimators:
                 continue
+            log.info("ρ = %g%s: %s, %d repetition(s)", rho, suffix, ", ".join(estimators), n)
             s = with_budget(spec, rho)
             s = dataclasses.replace(
                 s,
@@ -133,7 +138,7 @@ def run(ctx: ExperimentContext) -> dict:
                 s,
                 out=ctx.out / f"rho_{rho:g}{suffix}",
                 rng=ctx.rng.child(f"rho={rho!r}"),  # the same measurements in both runs
-                progress=False,
+                progress=show_progress(False),  # the command line's bar (-q: none)
                 title=f"Midwest demo at ρ = {rho:g}" + (" (conditioning)" if suffix else ""),
             )
             ctx.timings[f"rho_{rho:g}{suffix}"] = res.manifest["timings_seconds"]["total"]

@@ -258,6 +258,7 @@ def _privatize(
     from censusdp.pipelines.data import load_data
     from censusdp.pipelines.nhgis import read_batch, write_batch
     from censusdp.pipelines.runner import execute_spec
+    from censusdp.progress import show_progress
 
     if spec.data.source != "nhgis":
         raise SpecError(
@@ -275,7 +276,9 @@ def _privatize(
     run_data = load_data(spec, path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        releases, _, _, manifest = execute_spec(spec, run_data, seed=seed, progress=False)
+        releases, _, _, manifest = execute_spec(
+            spec, run_data, seed=seed, progress=show_progress(False)
+        )
     name = spec.estimators.run[0]
     release = releases[name]
     leaf = release.hierarchy.depth - 1
