@@ -14,7 +14,8 @@ measures it; a test checks that building the parser imports none of those).
 
 Global flags ``-q`` / ``-v`` (before or after the command) set what a command says on
 stderr while it works (:mod:`censusdp.progress`): ``-q`` warnings only and no progress bars,
-default progress bars, ``-v`` a line per stage too, ``-vv`` debug lines too.
+default progress bars on a terminal, ``-v`` bars wherever stderr goes and a line per stage,
+``-vv`` debug lines too.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def _add_verbosity(parser: argparse.ArgumentParser, *, default: object) -> None:
         dest="verbose",
         action="count",
         default=default,
-        help="say more on stderr while working: -v a line per stage, -vv debug lines",
+        help="say more on stderr while working: -v progress bars (also off a terminal) and "
+        "a line per stage, -vv debug lines too",
     )
     group.add_argument(
         "-q",

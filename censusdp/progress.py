@@ -3,8 +3,10 @@
 The command line's global flags set the verbosity for one command (:func:`verbosity`):
 
 - ``-q`` (quiet, level -1): warnings and errors only, no progress bars;
-- default (level 0): warnings, errors and progress bars for stages with several steps;
-- ``-v`` (level 1): also one ``censusdp: ...`` line per stage (``logging.INFO``);
+- default (level 0): warnings and errors, and progress bars when stderr is a terminal (a
+  script, a pipe or a log file sees only the one-line error of a failure);
+- ``-v`` (level 1): progress bars wherever stderr goes, and one ``censusdp: ...`` line per
+  stage (``logging.INFO``);
 - ``-vv`` (level 2 and above): also ``logging.DEBUG`` lines (e.g. the solvers' banners).
 
 A bar is closed (its last state and a newline written) before a command's error line, so an
@@ -77,11 +79,13 @@ def verbosity(level: int) -> Iterator[logging.Logger]:
 
 
 def show_progress(default: bool) -> bool:
-    """Whether to draw progress bars: off under ``-q``, on for a command otherwise, and
-    ``default`` (the caller's own choice) outside the command line."""
+    """Whether to draw progress bars: off under ``-q``, on a terminal by default, always
+    with ``-v``; ``default`` (the caller's own choice) outside the command line."""
     if _LEVEL is None:
         return default
-    return _LEVEL >= 0
+    if _LEVEL == 0:
+        return sys.stderr.isatty()
+    return _LEVEL > 0
 
 
 def bar(total: int | None, desc: str, unit: str = "step", *, enabled: bool | None = None) -> Any:

@@ -5,8 +5,9 @@
   same check sees the stack when it is imported.
 - ``censusdp spec list`` / ``spec show`` list and print exactly the TOML files shipped in the
   package; ``--out`` follows the output policy.
-- ``-q`` / ``-v``: progress bars and stage lines on stderr (off with ``-q``) for ``privatize``
-  and ``demo``; stdout has no solver banner (HiGHS prints one per process unless swallowed,
+- ``-q`` / ``-v``: progress bars and stage lines on stderr for ``privatize`` and ``demo``
+  (bars on a terminal by default, everywhere with ``-v``, never with ``-q``; a captured
+  stderr is not a terminal, so these tests pass ``-v``); stdout has no solver banner (HiGHS prints one per process unless swallowed,
   shown by a control run).
 """
 
@@ -198,19 +199,19 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_privatize_shows_progress_and_keeps_stdout_clean(tmp_path):
     (tmp_path / "in.csv").write_text(NHGIS)
     (tmp_path / "spec.toml").write_text(textwrap.dedent(NSPEC))
-    res = _cli(["privatize", "in.csv", "--spec", "spec.toml", "-o", "out.csv"], tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert "censusdp run: 100%" in res.stderr and "2/2" in res.stderr  # the bar, to its end
-    assert "repetition(s)" not in res.stderr  # stage lines only with -v
-    assert BANNER not in res.stdout and BANNER not in res.stderr
-    assert res.stdout.startswith("privacy: ")
-    verbose = _cli(["privatize", "in.csv", "--spec", "spec.toml", "-o", "v.csv", "-v"], tmp_path)
+    args = ["privatize", "in.csv", "--spec", "spec.toml", "-o"]
+    verbose = _cli([*args, "v.csv", "-v"], tmp_path)
     assert verbose.returncode == 0, verbose.stderr
-    assert "censusdp: 1 repetition(s): measure, then topdown" in verbose.stderr
-    quiet = _cli(["-q", "privatize", "in.csv", "--spec", "spec.toml", "-o", "q.csv"], tmp_path)
-    assert quiet.returncode == 0, quiet.stderr
-    assert quiet.stderr == ""
-    assert quiet.stdout.replace("q.csv", "out.csv") == res.stdout
+    assert "censusdp run: 100%" in verbose.stderr and "2/2" in verbose.stderr  # the bar
+    assert "censusdp: 1 repetition(s): measure, then topdown" in verbose.stderr  # a stage
+    assert BANNER not in verbose.stdout and BANNER not in verbose.stderr
+    assert verbose.stdout.startswith("privacy: ")
+    # stderr is not a terminal here: by default no bar (a script sees errors only), -q none
+    for flags, out in (([], "d.csv"), (["-q"], "q.csv")):
+        res = _cli([*flags, *args, out], tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert res.stderr == ""
+        assert res.stdout.replace(out, "v.csv") == verbose.stdout
 
 
 def test_an_error_during_a_bar_is_the_last_line(tmp_path):
@@ -223,7 +224,7 @@ def test_an_error_during_a_bar_is_the_last_line(tmp_path):
         .replace("nation = 0.2, state = 0.3", "state = 0.5")
     )
     (tmp_path / "spec.toml").write_text(spec)
-    res = _cli(["privatize", "in.csv", "--spec", "spec.toml", "-o", "out.csv"], tmp_path)
+    res = _cli(["privatize", "in.csv", "--spec", "spec.toml", "-o", "out.csv", "-v"], tmp_path)
     assert res.returncode == 2
     assert "censusdp run:" in res.stderr
     last = res.stderr.rstrip("\n").split("\n")[-1]
@@ -278,3 +279,47 @@ def test_highs_banner_is_kept_off_stdout(mode):
         assert int(res.stderr.split()[1]) > len(BANNER)
     else:  # without it HiGHS prints its banner on stdout: the test above can fail
         assert BANNER in res.stdout
+
+
+class _Stream:
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_verbosity_levels(monkeypatch, tty):
+    import logging
+
+    from censusdp import progress
+
+    stream = _Stream(tty)
+    monkeypatch.setattr(sys, "stderr", stream)
+    log = logging.getLogger("censusdp.pipelines.runner")
+    before = (logging.getLogger("censusdp").level, logging.getLogger("censusdp").handlers[:])
+    assert progress.show_progress(True) and not progress.show_progress(False)  # no command
+    expected = {-1: (False, False, False), 0: (tty, False, False), 1: (True, True, False)}
+    expected[2] = (True, True, True)
+    for level, (bars, info, debug) in expected.items():
+        stream.text = ""
+        with progress.verbosity(level):
+            assert progress.current_verbosity() == level
+            assert progress.show_progress(not bars) is bars
+            log.info("a stage")
+            log.debug("a detail")
+            log.warning("a warning")
+        assert ("censusdp: a stage\n" in stream.text) is info
+        assert ("censusdp: a detail\n" in stream.text) is debug
+        assert "censusdp: a warning\n" in stream.text
+    assert progress.current_verbosity() is None
+    after = (logging.getLogger("censusdp").level, logging.getLogger("censusdp").handlers[:])
+    assert after == before
