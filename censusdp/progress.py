@@ -14,9 +14,10 @@ error is always the last line on stderr.
 
 Stdout carries only a command's results (tables, ``wrote ...`` lines), so a pipeline can read
 it; everything here goes to stderr. Bars are ``tqdm.auto`` (a widget in a notebook, text in a
-terminal or a captured stderr). Library calls outside the command line keep their own
-defaults: :func:`show_progress` returns the caller's default unless a command set a
-verbosity.
+terminal or a captured stderr), drawn by the code that runs a stage when
+:func:`show_progress` says so (:func:`censusdp.pipelines.runner.execute_spec`). Library
+calls outside the command line keep their own defaults: :func:`show_progress` returns the
+caller's default unless a command set a verbosity.
 
 Modules log through ``logging.getLogger(__name__)`` (all under the ``censusdp`` logger);
 nothing here is imported at the command line's start but :mod:`logging` itself.
@@ -28,9 +29,8 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator
-from typing import Any
 
-__all__ = ["QUIET", "VERBOSE", "bar", "current_verbosity", "show_progress", "verbosity"]
+__all__ = ["QUIET", "VERBOSE", "current_verbosity", "show_progress", "verbosity"]
 
 #: ``-q``: warnings only, no bars.
 QUIET = -1
@@ -86,21 +86,3 @@ def show_progress(default: bool) -> bool:
     if _LEVEL == 0:
         return sys.stderr.isatty()
     return _LEVEL > 0
-
-
-def bar(total: int | None, desc: str, unit: str = "step", *, enabled: bool | None = None) -> Any:
-    """A ``tqdm.auto`` progress bar on stderr, drawn when :func:`show_progress` says so.
-
-    Parameters
-    ----------
-    total : int or None
-        Number of steps (None: unknown).
-    desc, unit : str
-        Its label and the name of a step.
-    enabled : bool, optional
-        The caller's default outside the command line (default: drawn).
-    """
-    from tqdm.auto import tqdm
-
-    show = show_progress(True if enabled is None else enabled)
-    return tqdm(total=total, desc=desc, unit=unit, disable=not show, file=sys.stderr)
