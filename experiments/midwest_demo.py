@@ -150,6 +150,7 @@ def run(ctx: ExperimentContext) -> dict:
         t["budget"] = f"ρ = {rho:g}"
         tables.append(t)
     table = pd.concat(tables, ignore_index=True)
+    log.info("writing the combined report (report.md, bias_slopes.png)")
     _figure(ctx, table)
     ctx.write_report(_report(ctx, metrics, table, reps, cond_reps, bool(slow)))
     return metrics
