@@ -29,8 +29,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scipy.optimize import brentq
-
 from censusdp.errors import BudgetError
 
 __all__ = [
@@ -219,6 +217,8 @@ def zcdp_to_dp_cks(rho: float, delta: float) -> float:
     def g(x: float) -> float:
         return rho * x * x + math.log1p(x) - log_inv_delta
 
+    from scipy.optimize import brentq  # here, not at import: the CLI's start stays light
+
     hi = math.sqrt(log_inv_delta / rho)
     x = brentq(g, 0.0, hi, xtol=1e-300, rtol=1e-15, maxiter=500)
     eps = rho * (1.0 + 2.0 * x) + math.log(x / (1.0 + x))
@@ -263,6 +263,8 @@ def dp_to_zcdp(eps: float, delta: float, *, tight: bool = False) -> float:
     rho = (eps / (math.sqrt(log_inv_delta + eps) + math.sqrt(log_inv_delta))) ** 2
     check_rho(rho, f"the rho that (ε = {eps:g}, δ = {delta:g}) converts to")
     if tight:
+        from scipy.optimize import brentq  # here, not at import: the CLI's start stays light
+
         lo, hi = rho, 2.0 * rho
         while forward(hi, delta) < eps:
             lo, hi = hi, 2.0 * hi

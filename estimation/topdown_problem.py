@@ -58,6 +58,7 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from censusdp.errors import SolverError
+from censusdp.estimation.quiet import quiet_options
 from censusdp.mechanisms.queries import Invariant, Measurement
 
 __all__ = [
@@ -224,9 +225,9 @@ class _L2Problem:
 
 
 def _l2_solve(problem: cp.Problem, solver: str, where: str, label: str) -> str:
-    opts: dict = {}
+    opts: dict = quiet_options(solver)
     if solver.upper() == "OSQP":
-        opts = {"polishing": True, "eps_abs": 1e-9, "eps_rel": 1e-9, "max_iter": 200_000}
+        opts |= {"polishing": True, "eps_abs": 1e-9, "eps_rel": 1e-9, "max_iter": 200_000}
     try:
         problem.solve(solver=solver, warm_start=False, **opts)
     except cp.error.SolverError as exc:
@@ -340,7 +341,7 @@ def _milp_round(
 
 def _lp_solve(problem: cp.Problem, solver: str) -> str:
     try:
-        problem.solve(solver=solver, warm_start=False)
+        problem.solve(solver=solver, warm_start=False, **quiet_options(solver))
     except cp.error.SolverError:
         return "solver_error"
     return str(problem.status)

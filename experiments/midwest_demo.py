@@ -19,24 +19,30 @@ References
 ----------
 Gao, Gong & Yu (2022), "Subspace Differential Privacy", AAAI, §1 and §5.1 (the per-state
 regression of county error on log population that reveals TopDown's small-area bias).
-``plotnine.data.midwest`` (ggplot2's midwest: 2000 U.S. census county demographics).
+ggplot2's ``midwest`` table (2000 U.S. census county demographics), packaged as
+``censusdp/data/midwest.csv`` (:meth:`censusdp.hierarchy.table.Table.from_midwest`).
+
+The module is light at import (the command line builds ``demo``'s parser from it): pandas,
+numpy and the pipeline are imported when the demo runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from censusdp.command_line import add_overwrite, seed_arg, warn_seed
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, run_experiment
-from censusdp.experiments.reporting import Report, pyplot
-from censusdp.pipelines.report import plot_slopes, slope_table
-from censusdp.pipelines.runner import run_spec, with_budget
-from censusdp.pipelines.specs import load_spec
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from censusdp.experiments.reporting import Report
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BUDGETS", "CONDITIONING_REPETITIONS", "SPEC", "print_summary", "register", "run"]
 
@@ -57,6 +63,8 @@ CONDITIONING_REPETITIONS = 0
 
 
 def _summary(regressions: pd.DataFrame, metrics: pd.DataFrame) -> dict:
+    from censusdp.pipelines.report import slope_table
+
     out = {}
     for est, g in regressions.groupby("estimator", sort=False):
         flags = g.assign(negative=g["slope"] < 0, sig=(g["slope"] < 0) & (g["p"] < 0.01))
@@ -96,6 +104,13 @@ _SUMMARY_COLUMNS = [
 
 def run(ctx: ExperimentContext) -> dict:
     """Run the demo spec at every budget; combine the reports."""
+    import pandas as pd
+
+    from censusdp.pipelines.report import slope_table
+    from censusdp.pipelines.runner import run_spec, with_budget
+    from censusdp.pipelines.specs import load_spec
+    from censusdp.progress import show_progress
+
     spec = load_spec(SPEC)
     reps = 4 if ctx.quick else spec.run.repetitions
     cond_reps = min(reps, CONDITIONING_REPETITIONS, 1 if ctx.quick else reps)
@@ -112,6 +127,7 @@ def run(ctx: ExperimentContext) -> dict:
         for suffix, estimators, n in (("", fast, reps), ("_conditioning", slow, cond_reps)):
             if not estimators:
                 continue
+            log.info("ρ = %g%s: %s, %d repetition(s)", rho, suffix, ", ".join(estimators), n)
             s = with_budget(spec, rho)
             s = dataclasses.replace(
                 s,
@@ -122,7 +138,7 @@ def run(ctx: ExperimentContext) -> dict:
                 s,
                 out=ctx.out / f"rho_{rho:g}{suffix}",
                 rng=ctx.rng.child(f"rho={rho!r}"),  # the same measurements in both runs
-                progress=False,
+                progress=show_progress(False),  # the command line's bar (-q: none)
                 title=f"Midwest demo at ρ = {rho:g}" + (" (conditioning)" if suffix else ""),
             )
             ctx.timings[f"rho_{rho:g}{suffix}"] = res.manifest["timings_seconds"]["total"]
@@ -134,12 +150,18 @@ def run(ctx: ExperimentContext) -> dict:
         t["budget"] = f"ρ = {rho:g}"
         tables.append(t)
     table = pd.concat(tables, ignore_index=True)
+    log.info("writing the combined report (report.md, bias_slopes.png)")
     _figure(ctx, table)
     ctx.write_report(_report(ctx, metrics, table, reps, cond_reps, bool(slow)))
     return metrics
 
 
 def _figure(ctx: ExperimentContext, table: pd.DataFrame) -> None:
+    import numpy as np
+
+    from censusdp.experiments.reporting import pyplot
+    from censusdp.pipelines.report import plot_slopes
+
     plt = pyplot()
     states = sorted(table["group"].unique())
     ests = list(dict.fromkeys(table["estimator"]))
@@ -165,6 +187,8 @@ def _report(
     cond_reps: int,
     slow: bool,
 ) -> Report:
+    from censusdp.experiments.reporting import Report
+
     rep = (
         Report(
             "midwest-demo",
@@ -172,7 +196,7 @@ def _report(
             title="Midwest demo: an unbiased estimator beside a TopDown-style baseline",
         )
         .text(
-            "Plotnine's `midwest` table (437 counties of Illinois, Indiana, Michigan, Ohio and "
+            "ggplot2's `midwest` table (2000 U.S. census; 437 counties of Illinois, Indiana, Michigan, Ohio and "
             "Wisconsin, population by race: white, black, American Indian, Asian, other) is "
             "treated as confidential. Every level's histogram is measured with exact discrete "
             "Gaussian noise (zCDP; integer sampling, so no floating-point attack applies), the "

@@ -11,6 +11,10 @@ temporary directory; the runner adds ``metrics.json`` (the returned dict) and re
 directory into place only when everything succeeded. The output path follows the policy of
 :mod:`censusdp.atomic` (new, or an earlier censusdp output with ``overwrite``), checked before
 the experiment starts.
+
+The module is light at import (the command line builds its parser from it, and every
+experiment module imports it for ``ExperimentInfo``): the random generators, the run options'
+check and the experiments themselves are imported when a command runs.
 """
 
 from __future__ import annotations
@@ -22,15 +26,14 @@ import pkgutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from censusdp.atomic import output_dir
 from censusdp.command_line import add_overwrite, seed_arg
-from censusdp.config import check_run_options
 from censusdp.errors import DataError, SpecError
-from censusdp.jsonable import to_jsonable
 from censusdp.paths import shared_data_file
-from censusdp.rng import KeyedRNG
+
+if TYPE_CHECKING:
+    from censusdp.rng import KeyedRNG
 
 __all__ = [
     "ExperimentContext",
@@ -70,6 +73,13 @@ class ExperimentInfo:
     all_units: str = ""
 
 
+def _secure_rng() -> KeyedRNG:
+    """:meth:`KeyedRNG.secure`, imported when a context is made (numpy stays out of the parser)."""
+    from censusdp.rng import KeyedRNG
+
+    return KeyedRNG.secure()
+
+
 @dataclass
 class ExperimentContext:
     """What an experiment gets: where to write, how big to run, its data and randomness.
@@ -97,7 +107,7 @@ class ExperimentContext:
     out: Path
     quick: bool = False
     data: Path | None = None
-    rng: KeyedRNG = field(default_factory=KeyedRNG.secure)
+    rng: KeyedRNG = field(default_factory=_secure_rng)
     timings: dict[str, float] = field(default_factory=dict)
     all_units: bool = False
     options: dict[str, str] = field(default_factory=dict)
@@ -246,6 +256,11 @@ def run_experiment(
     SpecError
         For an unknown experiment name, or an option or value it does not declare.
     """
+    from censusdp.atomic import output_dir
+    from censusdp.config import check_run_options
+    from censusdp.jsonable import to_jsonable
+    from censusdp.rng import KeyedRNG
+
     experiment_info(name)
     module = importlib.import_module(f"censusdp.experiments.{name.replace('-', '_')}")
     opts = _options(name, module, options)
@@ -280,6 +295,8 @@ def run_experiment(
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
+    from censusdp.jsonable import to_jsonable
+
     if args.list or not args.name:
         print(_listing())
         return 0

@@ -4,6 +4,9 @@ Fan-out of a level = number of children per node of that level (in the level bel
 Leaves have no level below, so their ``fanout`` is ``None`` (JSON ``null``), not zeros: a
 zero would read as "childless nodes", which :func:`~censusdp.hierarchy.validate.validate`
 refuses above the leaves.
+
+The module is light at import (the command line builds its parser from it): numpy, pandas
+and the builders are imported by the functions that use them.
 """
 
 from __future__ import annotations
@@ -11,15 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from censusdp.errors import DataError
-from censusdp.hierarchy.builders import LevelSpec, from_columns, parse_level_spec
-from censusdp.hierarchy.core import Hierarchy
-from censusdp.tabular import PARQUET_SUFFIXES, parquet_columns, read_csv_text, read_parquet_table
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from censusdp.hierarchy.builders import LevelSpec
+    from censusdp.hierarchy.core import Hierarchy
 
 __all__ = ["describe", "describe_file", "format_description", "register"]
 
@@ -30,6 +33,8 @@ def describe(h: Hierarchy) -> dict[str, Any]:
     The median of an even number of fan-outs is the mean of the middle two (a float);
     min and max are ints.
     """
+    import numpy as np
+
     levels = []
     for k, lv in enumerate(h.levels):
         fanout = None
@@ -46,6 +51,13 @@ def _num(x: float) -> int | float:
 
 def _read_code_columns(path: Path, columns: list[str]) -> pd.DataFrame:
     """Read only ``columns`` of a CSV or Parquet file, as strings (leading zeros kept)."""
+    from censusdp.tabular import (
+        PARQUET_SUFFIXES,
+        parquet_columns,
+        read_csv_text,
+        read_parquet_table,
+    )
+
     suffix = path.suffix.lower()
     if suffix in PARQUET_SUFFIXES:
         available = parquet_columns(path)
@@ -72,6 +84,8 @@ def describe_file(
     path: str | Path, levels: list[LevelSpec], *, duplicates: str = "error"
 ) -> dict[str, Any]:
     """Build the hierarchy of a CSV/Parquet file from ``levels`` and :func:`describe` it."""
+    from censusdp.hierarchy.builders import from_columns
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(2, "No such file", str(path))
@@ -102,6 +116,8 @@ def format_description(d: dict[str, Any]) -> str:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
+    from censusdp.hierarchy.builders import parse_level_spec
+
     specs = [parse_level_spec(s) for s in args.level]
     d = describe_file(args.file, specs, duplicates="first" if args.allow_duplicates else "error")
     print(json.dumps(d, indent=2) if args.json else format_description(d))

@@ -22,7 +22,7 @@ from censusdp.tabular import shown_columns
 
 __all__ = ["MIDWEST_CELLS", "Table", "resolve_cells"]
 
-#: Race cells of plotnine's ``midwest`` data (real 2000 census county populations).
+#: Race cells of ggplot2's ``midwest`` data (real 2000 census county populations).
 MIDWEST_CELLS = ("popwhite", "popblack", "popamerindian", "popasian", "popother")
 
 
@@ -138,25 +138,31 @@ class Table:
 
     @classmethod
     def from_midwest(cls) -> Table:
-        """The embedded demo: plotnine's ``midwest`` (IL, IN, MI, OH, WI; 437 counties).
+        """The embedded demo: ggplot2's ``midwest`` (IL, IN, MI, OH, WI; 437 counties).
 
+        Read from the CSV packaged with censusdp (``censusdp/data/midwest.csv``, its
+        provenance and checksum in ``censusdp/data/README.md``) with the standard library's
+        :mod:`csv`; counts are parsed by :meth:`from_frame` (exactly, never through float).
         State codes are postal abbreviations, county codes ``"IL-ADAMS"``; cells are
         :data:`MIDWEST_CELLS`.
 
         References
         ----------
-        ``plotnine.data.midwest`` (from ggplot2): 2000 U.S. census county demographics.
+        ggplot2's ``midwest`` (Wickham et al., MIT licence): 2000 U.S. census county
+        demographics.
         """
-        from plotnine.data import midwest
+        import csv
+        from importlib import resources
 
-        df = pd.DataFrame(
-            {
-                "state": midwest["state"].astype("str"),
-                "county": midwest["state"].astype("str") + "-" + midwest["county"].astype("str"),
-            }
-        )
+        with (
+            resources.files("censusdp").joinpath("data", "midwest.csv").open(encoding="utf-8") as f
+        ):
+            rows = list(csv.DictReader(f))
+        states = np.array([r["state"] for r in rows], dtype=object)
+        counties = np.array([r["state"] + "-" + r["county"] for r in rows], dtype=object)
+        df = pd.DataFrame({"state": states, "county": counties})
         for c in MIDWEST_CELLS:
-            df[c] = midwest[c].to_numpy()
+            df[c] = [r[c] for r in rows]
         return cls.from_frame(
             df, [("state", "state"), ("county", "county")], MIDWEST_CELLS, source="midwest"
         )

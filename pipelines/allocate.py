@@ -39,18 +39,14 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from censusdp.errors import SpecError
-from censusdp.estimation.allocate import (
-    AllocationResult,
-    Objective,
-    Target,
-    optimise_allocation,
-)
-from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.pipelines.predict import PredictSpec, load_predict_spec
-from censusdp.schema import Allocation
+
+if TYPE_CHECKING:  # the estimation stack is imported by the functions that run it
+    from censusdp.estimation.allocate import AllocationResult, Objective
+    from censusdp.pipelines.predict import PredictSpec
+    from censusdp.schema import Allocation
 
 __all__ = ["Targets", "load_targets", "register", "spec_text"]
 
@@ -88,6 +84,9 @@ def load_targets(path: str | Path, spec: PredictSpec) -> Targets:
         ones), unknown levels or tables (with the known ones), missing populations, bad
         numbers, an unknown objective kind.
     """
+    from censusdp.estimation.allocate import Objective, Target
+    from censusdp.mechanisms.product_query import ProductQuery
+
     p = Path(path)
     where = str(p)
     try:
@@ -152,9 +151,7 @@ def load_targets(path: str | Path, spec: PredictSpec) -> Targets:
                 "persons per node) to [population]"
             )
         weight = _number(t.get("weight", 1.0), f"{at}.weight")
-        share = (
-            _number(t["share"], f"{at}.share") if "share" in t else 1.0 / q.n_rows
-        )
+        share = _number(t["share"], f"{at}.share") if "share" in t else 1.0 / q.n_rows
         if share > 1:
             raise SpecError(f"{at}.share: {share} is above 1; give a fraction of the population")
         targets.append(Target(lvl, q.name, weight, float(pop[lvl]) * share))
@@ -234,6 +231,9 @@ def _report(result: AllocationResult) -> list[str]:
 
 def _cmd_allocate(args: argparse.Namespace) -> int:
     from censusdp.atomic import check_output, output_file
+    from censusdp.estimation.allocate import optimise_allocation
+    from censusdp.mechanisms.product_query import ProductQuery
+    from censusdp.pipelines.predict import load_predict_spec
 
     spec_path, target_path, out = Path(args.spec), Path(args.target), Path(args.out)
     inputs = [spec_path, target_path]
@@ -253,8 +253,7 @@ def _cmd_allocate(args: argparse.Namespace) -> int:
     )
     lines = _report(result)
     header = "\n".join(
-        [f"written by `censusdp allocate {spec_path.name} --target {target_path.name}`"]
-        + lines[:2]
+        [f"written by `censusdp allocate {spec_path.name} --target {target_path.name}`"] + lines[:2]
     )
     with output_file(out, command="allocate", **kw) as tmp:
         tmp.write_text(spec_text(spec_path, out, result.allocation, header), encoding="utf-8")

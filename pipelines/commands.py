@@ -18,8 +18,6 @@ import argparse
 import warnings
 from pathlib import Path
 
-import numpy as np
-
 from censusdp.command_line import add_overwrite, count_arg, seed_arg, warn_seed
 from censusdp.errors import SpecError
 
@@ -48,10 +46,11 @@ def repetitions_arg(text: str) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from censusdp.pipelines.runner import run_spec
     from censusdp.pipelines.specs import load_spec
 
     spec = load_spec(args.spec)
+    from censusdp.pipelines.runner import run_spec  # after the spec's checks: errors come fast
+
     warn_seed(args.seed if args.seed is not None else spec.run.seed)
     result = run_spec(
         spec,
@@ -273,9 +272,12 @@ def _privatize(
     }
     check_output(out, kind="file", **policy)  # type: ignore[arg-type]
     spec = load_spec(spec_path)
+    import numpy as np
+
     from censusdp.pipelines.data import load_data
     from censusdp.pipelines.nhgis import read_batch, write_batch
     from censusdp.pipelines.runner import execute_spec
+    from censusdp.progress import show_progress
 
     if spec.data.source != "nhgis":
         raise SpecError(
@@ -293,7 +295,9 @@ def _privatize(
     run_data = load_data(spec, path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        releases, _, _, manifest = execute_spec(spec, run_data, seed=seed, progress=False)
+        releases, _, _, manifest = execute_spec(
+            spec, run_data, seed=seed, progress=show_progress(False)
+        )
     name = spec.estimators.run[0]
     release = releases[name]
     leaf = release.hierarchy.depth - 1

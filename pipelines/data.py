@@ -1,6 +1,6 @@
 """Load the confidential input of a run into a :class:`~censusdp.hierarchy.table.Table`.
 
-Sources (``[data] source``): ``midwest`` (the embedded plotnine table), ``csv`` / ``parquet``
+Sources (``[data] source``): ``midwest`` (the packaged ggplot2 table, censusdp/data/midwest.csv), ``csv`` / ``parquet``
 (one row per leaf, code columns named in ``[hierarchy] codes``; long files are filtered to the
 ``truth`` version), ``nhgis`` (NHGIS-style batch files keyed by GISJOIN, see
 :mod:`censusdp.pipelines.nhgis`) and ``synthetic`` (the US-shaped synthetic hierarchy).

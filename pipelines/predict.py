@@ -43,19 +43,18 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from censusdp.config import read_spec_toml
 from censusdp.errors import SpecError
-from censusdp.estimation.predict import QUANTILES, Prediction, allocation_plan, predict_errors
-from censusdp.hierarchy import Hierarchy
-from censusdp.hierarchy.equivalency import Equivalency, read_equivalency
-from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.schema import Allocation, Schema
-from censusdp.spreadsheet import write_csv
+
+if TYPE_CHECKING:  # imported by the functions that use them: the CLI's parser stays light
+    import pandas as pd
+
+    from censusdp.estimation.predict import Prediction
+    from censusdp.hierarchy import Hierarchy
+    from censusdp.hierarchy.equivalency import Equivalency
+    from censusdp.schema import Allocation, Schema
 
 __all__ = ["PredictSpec", "load_predict_spec", "predict_spec", "register"]
 
@@ -142,6 +141,10 @@ def load_predict_spec(path: str | Path) -> PredictSpec:
         Unreadable file, unknown keys, unknown schema, levels, queries or allocation errors,
         each naming the file and key.
     """
+    from censusdp.estimation.predict import QUANTILES
+    from censusdp.mechanisms.product_query import ProductQuery
+    from censusdp.schema import Allocation, Schema
+
     p = Path(path)
     where = str(p)
     doc = read_spec_toml(p)
@@ -190,6 +193,9 @@ def predict_spec(
 ) -> tuple[Prediction, pd.DataFrame]:
     """The prediction and its summary for a parsed spec (no counts, no noise); with
     ``areas`` (read against ``spec.hierarchy``) the areas' SEs too, as one more level."""
+    from censusdp.estimation.predict import allocation_plan, predict_errors
+    from censusdp.mechanisms.product_query import ProductQuery
+
     plan = allocation_plan(spec.schema, spec.allocation, levels=spec.hierarchy.names)
     inv = [(lvl, ProductQuery.parse(spec.schema, t)) for lvl, t in spec.invariants]
     pred = predict_errors(spec.hierarchy, spec.schema, plan, inv, areas=areas)
@@ -199,6 +205,9 @@ def predict_spec(
 def area_table(pred: Prediction, tables: list[str]) -> pd.DataFrame:
     """One row per area: its code, leaves, and per table the RMS SE over the table's
     identified rows (``se_rms_TABLE``)."""
+    import numpy as np
+    import pandas as pd
+
     a = pred.areas
     assert a is not None
     cols: dict = {a.name: np.asarray(a.codes, dtype=object), "leaves": a.leaves}
@@ -267,6 +276,8 @@ def write_prediction(
     }
     if pred.areas is not None:
         info["areas"] = {"name": pred.areas.name, "count": pred.areas.n_areas}
+    from censusdp.spreadsheet import write_csv
+
     inputs = [spec.source, *([] if areas_path is None else [str(areas_path)])]
     with output_dir(out, overwrite=overwrite, inputs=inputs, command="predict") as tmp:
         write_csv(summary, tmp / "summary.csv", index=False)
@@ -279,6 +290,7 @@ def write_prediction(
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     from censusdp.atomic import check_output
+    from censusdp.hierarchy.equivalency import read_equivalency
 
     spec_path = Path(args.spec)
     out = args.out if args.out is not None else f"results/predict-{spec_path.stem}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import logging
 import platform
 import time
 import warnings
@@ -48,8 +49,11 @@ from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.plan import MeasurementPlan, build_plan
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL, write_figures, write_report
 from censusdp.pipelines.specs import check_spec
+from censusdp.progress import show_progress
 from censusdp.rng import KeyedRNG
 from censusdp.spreadsheet import write_csv
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "RunResult",
@@ -229,27 +233,38 @@ def execute_spec(
         n_parts = n_parts or max(1, 4 * executor.workers)
         parts = partition_units(h, cut, n_parts)
         steps = reps * (1 + len(spec.estimators.run))
-        show = progress if progress is not None else steps > 20
-        bar = tqdm(total=steps, disable=not show, desc="censusdp run", unit="step")
-        for rep in range(reps):
-            rep_rng = rng.child(f"repetition/{rep}")
-            t = time.perf_counter()
-            meas = measure_partitioned(
-                h.names, truth, plan.as_tuples(), rep_rng.child("measure"), parts, executor
-            )
-            timings["measure"] = timings.get("measure", 0.0) + time.perf_counter() - t
-            bar.update()
-            for name in spec.estimators.run:
+        # the command line's -q / default decide; a library call draws long runs only
+        show = progress if progress is not None else show_progress(steps > 20)
+        log.info(
+            "%d repetition(s): measure, then %s (%d units, %s scheduler, %d partitions)",
+            reps,
+            ", ".join(spec.estimators.run),
+            h.sizes[-1],
+            executor.name,
+            len(parts),
+        )
+        # closed (on an error too) before the error propagates: it stays the last line
+        with tqdm(total=steps, disable=not show, desc="censusdp run", unit="step") as bar:
+            for rep in range(reps):
+                rep_rng = rng.child(f"repetition/{rep}")
                 t = time.perf_counter()
-                release = _estimate(name, table, meas, inv, plan, rep_rng, spec, executor, parts)
-                timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
-                rows, reg = _score(release, truth, rep, group_level)
-                metric_rows.extend(rows)
-                regressions.append(reg)
-                if rep == 0:
-                    releases[name] = release
+                meas = measure_partitioned(
+                    h.names, truth, plan.as_tuples(), rep_rng.child("measure"), parts, executor
+                )
+                timings["measure"] = timings.get("measure", 0.0) + time.perf_counter() - t
                 bar.update()
-        bar.close()
+                for name in spec.estimators.run:
+                    t = time.perf_counter()
+                    release = _estimate(
+                        name, table, meas, inv, plan, rep_rng, spec, executor, parts
+                    )
+                    timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+                    rows, reg = _score(release, truth, rep, group_level)
+                    metric_rows.extend(rows)
+                    regressions.append(reg)
+                    if rep == 0:
+                        releases[name] = release
+                    bar.update()
         used_scheduler, used_workers = executor.name, executor.workers
     timings["total"] = time.perf_counter() - t0
     manifest = {
@@ -371,6 +386,7 @@ def run_spec(
     target, option = output_target(spec, out)
     inputs = run_inputs(spec, data)
     check_output(target, kind="dir", overwrite=overwrite, inputs=inputs, option=option)
+    log.info("reading the data (%s)", spec.data.source)
     run_data = load_data(spec, data)
     releases, metrics, regressions, manifest = execute_spec(
         spec,
@@ -384,6 +400,7 @@ def run_spec(
     sizes = pd.concat(
         [size_classes(r, run_data.table, name) for name, r in releases.items()], ignore_index=True
     )
+    log.info("writing release/ and the confidential evaluation/")
     with output_dir(
         target, overwrite=overwrite, inputs=inputs, command="run", option=option
     ) as tmp:

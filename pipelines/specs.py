@@ -19,10 +19,6 @@ from typing import Any
 from censusdp import config
 from censusdp.config import RunSpec
 from censusdp.errors import SpecError
-from censusdp.mechanisms.registry import law_info, noise_names
-from censusdp.pipelines.data import SOURCES
-from censusdp.pipelines.estimators import ESTIMATORS
-from censusdp.pipelines.execute import SCHEDULERS, scheduler_security
 
 __all__ = ["check_spec", "load_spec", "parse_spec"]
 
@@ -42,6 +38,13 @@ to the distributed one; a ``tcp://`` address is
     ------
     SpecError
     """
+    # the registries, here and not at import: a spec that core's parser refuses is refused
+    # before numpy, the estimators and Dask are loaded (the command line's start stays fast)
+    from censusdp.mechanisms.registry import law_info, noise_names
+    from censusdp.pipelines.data import SOURCES
+    from censusdp.pipelines.estimators import ESTIMATORS
+    from censusdp.pipelines.execute import SCHEDULERS, scheduler_security
+
     where = spec.source
     source = SOURCES.get(spec.data.source, f"{where}: data.source")
     missing = [lvl for lvl in spec.levels[1:] if lvl not in spec.hierarchy.codes]

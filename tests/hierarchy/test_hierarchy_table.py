@@ -73,18 +73,42 @@ def test_constructor_checks_shape_and_sign():
         Table(t.hierarchy, ("a",), np.array([[1], [-1], [2]]))
 
 
-def test_midwest():
-    from plotnine.data import midwest
+#: Totals by state (IL, IN, MI, OH, WI) of the five race columns of ggplot2's ``midwest``,
+#: as distributed by plotnine 0.15.9 (``plotnine.data.midwest``), the source of the packaged CSV.
+MIDWEST_STATE_TOTALS = [
+    [8952978, 1694273, 21836, 285311, 476204],
+    [5020700, 432092, 12720, 37617, 41030],
+    [7756086, 1291706, 55638, 104983, 86884],
+    [9521756, 1154826, 20358, 91179, 58996],
+    [4512523, 244539, 39387, 53583, 41737],
+]
 
+
+def test_midwest():
     t = Table.from_midwest()
     assert t.hierarchy.sizes == (1, 5, 437)
     assert t.cells == MIDWEST_CELLS
     assert t.hierarchy["state"].codes.tolist() == ["IL", "IN", "MI", "OH", "WI"]
     assert "IL-ADAMS" in t.hierarchy["county"].codes.tolist()
     validate(t.hierarchy, nesting="prefix")
-    by_state = midwest.groupby("state")[list(MIDWEST_CELLS)].sum()
-    assert (
-        t.level_counts("state").tolist()
-        == by_state.loc[["IL", "IN", "MI", "OH", "WI"]].to_numpy().tolist()
-    )
-    assert t.total == int(midwest[list(MIDWEST_CELLS)].to_numpy().sum())
+    assert t.level_counts("state").tolist() == MIDWEST_STATE_TOTALS
+    assert t.total == 42_008_942
+    # a county of the source: Adams, IL
+    adams = t.hierarchy["county"].codes.tolist().index("IL-ADAMS")
+    assert t.leaf_counts[adams].tolist() == [63917, 1702, 98, 249, 124]
+
+
+def test_midwest_csv_is_the_documented_file():
+    """The packaged CSV is byte for byte the file whose provenance and SHA-256 the README
+    beside it records."""
+    import hashlib
+    import re
+    from importlib import resources
+
+    data = resources.files("censusdp").joinpath("data")
+    digest = hashlib.sha256(data.joinpath("midwest.csv").read_bytes()).hexdigest()
+    note = data.joinpath("README.md").read_text(encoding="utf-8")
+    recorded = re.search(r"SHA-256: `([0-9a-f]{64})`", note)
+    assert recorded is not None
+    assert digest == recorded.group(1)
+    assert "MIT" in note and "2000 U.S. decennial census" in note

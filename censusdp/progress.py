@@ -1,0 +1,88 @@
+"""What a long run says while it works: ``logging`` and progress bars, both on stderr.
+
+The command line's global flags set the verbosity for one command (:func:`verbosity`):
+
+- ``-q`` (quiet, level -1): warnings and errors only, no progress bars;
+- default (level 0): warnings and errors, and progress bars when stderr is a terminal (a
+  script, a pipe or a log file sees only the one-line error of a failure);
+- ``-v`` (level 1): progress bars wherever stderr goes, and one ``censusdp: ...`` line per
+  stage (``logging.INFO``);
+- ``-vv`` (level 2 and above): also ``logging.DEBUG`` lines (e.g. the solvers' banners).
+
+A bar is closed (its last state and a newline written) before a command's error line, so an
+error is always the last line on stderr.
+
+Stdout carries only a command's results (tables, ``wrote ...`` lines), so a pipeline can read
+it; everything here goes to stderr. Bars are ``tqdm.auto`` (a widget in a notebook, text in a
+terminal or a captured stderr), drawn by the code that runs a stage when
+:func:`show_progress` says so (:func:`censusdp.pipelines.runner.execute_spec`). Library
+calls outside the command line keep their own defaults: :func:`show_progress` returns the
+caller's default unless a command set a verbosity.
+
+Modules log through ``logging.getLogger(__name__)`` (all under the ``censusdp`` logger);
+nothing here is imported at the command line's start but :mod:`logging` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+
+__all__ = ["QUIET", "VERBOSE", "current_verbosity", "show_progress", "verbosity"]
+
+#: ``-q``: warnings only, no bars.
+QUIET = -1
+#: ``-v``: a line per stage; ``-vv`` (2) debug lines too.
+VERBOSE = 1
+
+#: The verbosity a running command set; None outside the command line.
+_LEVEL: int | None = None
+
+
+def current_verbosity() -> int | None:
+    """The verbosity set by the running command (:func:`verbosity`), None when none is."""
+    return _LEVEL
+
+
+@contextlib.contextmanager
+def verbosity(level: int) -> Iterator[logging.Logger]:
+    """Route the ``censusdp`` logger to stderr at ``level`` for the duration of a command.
+
+    Parameters
+    ----------
+    level : int
+        :data:`QUIET` (-1), 0 (bars), :data:`VERBOSE` (1: stage lines) or 2+ (debug lines).
+
+    Yields
+    ------
+    logging.Logger
+        The ``censusdp`` logger; its handler and level are restored on exit, so a command run
+        in-process (tests, notebooks) leaves logging as it found it.
+    """
+    global _LEVEL
+    log = logging.getLogger("censusdp")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("censusdp: %(message)s"))
+    saved_level, saved_log_level, saved_propagate = _LEVEL, log.level, log.propagate
+    _LEVEL = level
+    log.setLevel(logging.WARNING if level < 1 else logging.INFO if level == 1 else logging.DEBUG)
+    log.propagate = False
+    log.addHandler(handler)
+    try:
+        yield log
+    finally:
+        log.removeHandler(handler)
+        _LEVEL, log.propagate = saved_level, saved_propagate
+        log.setLevel(saved_log_level)
+
+
+def show_progress(default: bool) -> bool:
+    """Whether to draw progress bars: off under ``-q``, on a terminal by default, always
+    with ``-v``; ``default`` (the caller's own choice) outside the command line."""
+    if _LEVEL is None:
+        return default
+    if _LEVEL == 0:
+        return sys.stderr.isatty()
+    return _LEVEL > 0
