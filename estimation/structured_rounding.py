@@ -117,6 +117,7 @@ from censusdp.errors import DataError, SpecError
 from censusdp.estimation.dependent_rounding import (
     aes_uniform_draws,
     dependent_round,
+    flow_round,
     keyed_uniforms,
 )
 from censusdp.estimation.gls import Forest, whole_forest
@@ -167,21 +168,21 @@ class RoundedLevels:
     counts : list of numpy.ndarray
         int64 ``(n_nodes, *schema.shape)`` per level.
     spread : list of numpy.ndarray, or None
-        Per level ``(n_nodes, 2, *schema.shape)`` (None when not asked for): for each cell
-        ``g = |a − 1/n| sd(e)`` and ``own = E[p(1 − p)]`` of the controlled rounding one
-        level down (module docstring); at the jointly rounded level and above, ``g = 0`` and
-        ``own = f(1 − f)``. For :func:`rounding_variance_bound`.
+        Per level ``(n_nodes,)``: a bound on the rounding variance of each node's *total*
+        (module docstring, "Rounding variances"; exact at the jointly rounded level). None
+        when not asked for.
     negative : bool
         Whether the jointly rounded level's bits are pairwise non-positively correlated
-        (controlled rounding of the children, or pipage of the root's cells as one group),
-        which tightens the bound there.
+        (controlled rounding of the children, or pipage of the root's cells as one group);
+        every level's cell errors below it are then too, which the bounds use.
     joint : int
         The jointly rounded level (0: the root by pipage; 1: its children by controlled
         rounding).
     total_cap : float
-        A bound on the rounding variance of a node's total at the joint level and above (1/4
-        for the root's pipage, whose groups include the total; 1/4 per invariant atom for
-        the children's controlled rounding, whose rows are controlled atom by atom).
+        A bound on the rounding variance of a node's total above the joint level (1/4 per
+        invariant atom).
+    flow : int or None
+        The level whose nodes' subtrees were rounded as one network each (None: none).
     """
 
     counts: list[np.ndarray]
@@ -189,6 +190,7 @@ class RoundedLevels:
     negative: bool = False
     joint: int = 0
     total_cap: float = np.inf
+    flow: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -335,10 +337,88 @@ def top_shape(
     return TopShape(groups, order, atoms, tuple(flat))
 
 
-def _own(x: np.ndarray, tol: float) -> np.ndarray:
-    """Spreads of a jointly rounded level: ``g = 0``, ``own = f(1 − f)`` per cell."""
-    own = rounding_variance(x, tol)
-    return np.stack([np.zeros_like(own), own], axis=1)
+def _frac_var(x: np.ndarray, tol: float) -> np.ndarray:
+    """``ψ(1 − ψ)`` of each value's fractional part ``ψ`` (0 within ``tol`` of an integer)."""
+    return rounding_variance(np.asarray(x, dtype=float), tol)
+
+
+def fresh_variance_bound(psi: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """A bound on ``E[r(1 − r)]``, ``r`` the fractional part of ``T + Y``, ``T`` a real with
+    fractional part ``ψ`` and ``Y`` a mean-zero shift of variance at most ``v``.
+
+    ``r(1 − r)`` is the variance of rounding ``T + Y`` unbiasedly to its floor or ceiling
+    (a node's total given its conditional value). On ``|Y| < m = min(ψ, 1 − ψ)`` it is the
+    parabola ``ψ(1 − ψ) + (1 − 2ψ)Y − Y²`` ≤ its tangent, elsewhere at most 1/4; with ``q =
+    min(1, v / m²)`` ≥ P(|Y| ≥ m) (Chebyshev) and ``|E[Y; |Y| ≥ m]| ≤ √(v q)``
+    (Cauchy–Schwarz):
+
+        E[r(1 − r)] ≤ min(1/4, ψ(1 − ψ) + (1/4 − ψ(1 − ψ)) q + |1 − 2ψ| √(v q)),
+
+    exactly ``ψ(1 − ψ)`` when ``v = 0``.
+    """
+    psi = np.asarray(psi, dtype=float)
+    v = np.maximum(np.asarray(v, dtype=float), 0.0)
+    m = np.minimum(psi, 1.0 - psi)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(v > 0.0, np.minimum(1.0, v / (m * m)), 0.0)
+    q = np.where(np.isfinite(q), q, 1.0)
+    pv = psi * (1.0 - psi)
+    return np.minimum(0.25, pv + (0.25 - pv) * q + np.abs(1.0 - 2.0 * psi) * np.sqrt(v * q))
+
+
+def total_variance_bound(
+    shares: np.ndarray,
+    v: np.ndarray,
+    sd_parent: np.ndarray,
+    psi: np.ndarray,
+    negative: bool,
+) -> np.ndarray:
+    """A bound on the rounding variance of each node's total (module docstring).
+
+    A node's total error is ``Y + η``: ``Y = Σ_c A_c e_c`` its share of an ancestor's cell
+    errors ``e`` (variances ``v``, pairwise non-positively correlated when ``negative``; their
+    sum has standard deviation at most ``sd_parent``) and ``η`` the rounding of the node's
+    conditional total to its floor or ceiling (mean zero given ``Y``). With ``Ā = Σ A v / Σ
+    v`` and non-negative shares ``A``,
+
+        Var Y ≤ min(Σ A² v,  (Ā sd_parent + √(2 Σ (A − Ā)² v))²)
+
+    (the first by the non-positive correlations; the second by Minkowski, the signed part
+    split into its positive and negative halves, each bounded by the first), else the
+    Minkowski bounds ``(Σ A √v)²`` and ``(Ā sd_parent + Σ |A − Ā| √v)²``; plus
+    :func:`fresh_variance_bound` of ``ψ`` (the node's real total's fractional part).
+
+    Parameters
+    ----------
+    shares, v : (n, K) arrays
+        ``A`` and the ancestor's per-cell error variances (broadcast to the nodes).
+    sd_parent : (n,) array
+        A bound on the standard deviation of the ancestor's total error.
+    psi : (n,) array
+        Fractional part of each node's real-valued total.
+    negative : bool
+        Whether the ancestor's cell errors are pairwise non-positively correlated.
+
+    Returns
+    -------
+    (n,) numpy.ndarray
+    """
+    A = np.asarray(shares, dtype=float)
+    S0 = v.sum(axis=1)
+    S1 = (A * v).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        abar = np.where(S0 > 0.0, S1 / np.where(S0 > 0.0, S0, 1.0), 0.0)
+    if negative:
+        S2 = (A * A * v).sum(axis=1)
+        signed = np.maximum(S2 - S1 * abar, 0.0)
+        vy = np.minimum(S2, (abar * sd_parent + np.sqrt(2.0 * signed)) ** 2)
+    else:
+        sd = np.sqrt(v)
+        vy = np.minimum(
+            ((A * sd).sum(axis=1)) ** 2,
+            (abar * sd_parent + (np.abs(A - abar[:, None]) * sd).sum(axis=1)) ** 2,
+        )
+    return vy + fresh_variance_bound(psi, vy)
 
 
 #: Children's cells worked on at a time (per chunk of whole parent groups): bounds the
@@ -555,9 +635,76 @@ def _conditional_marginals(x, N, starts, p, fl, miss, g_out, own_out, want):
                 q = f + e[c] * a
                 p[i, c] = 0.0 if q < 0.0 else (1.0 if q > 1.0 else q)
                 if want:
-                    vp = phi[c] * (1.0 - phi[c])
-                    g_out[i, c] = abs(a - 1.0 / n) * np.sqrt(vp)
-                    own_out[i, c] = max(f * (1.0 - f) - a * a * vp, 0.0)
+                    g_out[i, c] = a
+                    own_out[i, c] = phi[c] * (1.0 - phi[c])
+
+
+@njit(cache=True, nogil=True)
+def _shares(x, fl_par, p_par, starts, p, fl, a_out, phi_out, dev):
+    """Conditional fractions of the children given their parents' *conditional* values
+    ``fl_par + p_par`` (integers at the flow's root, ``p_par = 0``; real below): ``p = f +
+    d·a`` with ``d = (fl_par + p_par − Σ⌊x⌋) − S`` the parent's deviation, in ``[−φ, 1 − φ]``
+    (clipped there: float edges only), and ``a`` water-filled in the same box as
+    :func:`_conditional_marginals` (the box holds for every ``d`` in that interval, the ends
+    being its extreme points). Writes ``p``, ``fl = ⌊x⌋``, ``a``, the parents' ``φ`` and
+    ``dev``, how far the parent's value lies outside ``[m, m + 1]`` (inconsistent estimates)."""
+    n_c, K = x.shape
+    S = np.empty(K)
+    F = np.empty(K, np.int64)
+    e = np.empty(K)
+    phi = np.empty(K)
+    t = np.empty(K)
+    capped = np.empty(K)
+    free = np.empty(K, np.int64)
+    for g in range(starts.size - 1):
+        lo, hi = starts[g], starts[g + 1]
+        n = hi - lo
+        if n == 0:
+            continue
+        S[:] = 0.0
+        F[:] = 0
+        for i in range(lo, hi):
+            for c in range(K):
+                v = np.floor(x[i, c])
+                fl[i, c] = np.int64(v)
+                p[i, c] = x[i, c] - v
+                S[c] += p[i, c]
+                F[c] += np.int64(v)
+        for c in range(K):
+            m = np.floor(S[c])
+            phi[c] = S[c] - m
+            phi_out[g, c] = phi[c]
+            want = np.float64(fl_par[g, c] - F[c]) + p_par[g, c]
+            T = min(max(want, m), m + 1.0)
+            dev[g, c] = want - T
+            e[c] = T - S[c]
+            t[c] = 1.0 / n
+        for _ in range(n + 1):
+            capped[:] = 0.0
+            free[:] = 0
+            for i in range(lo, hi):
+                for c in range(K):
+                    u = _cap(p[i, c], phi[c])
+                    if u <= t[c]:
+                        capped[c] += u
+                    else:
+                        free[c] += 1
+            moved = False
+            for c in range(K):
+                if free[c] > 0:
+                    nt = (1.0 - capped[c]) / free[c]
+                    if nt > t[c]:
+                        t[c] = nt
+                        moved = True
+            if not moved:
+                break
+        for i in range(lo, hi):
+            for c in range(K):
+                f = p[i, c]
+                a = min(t[c], _cap(f, phi[c]))
+                q = f + e[c] * a
+                p[i, c] = 0.0 if q < 0.0 else (1.0 if q > 1.0 else q)
+                a_out[i, c] = a
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -669,12 +816,20 @@ def _settle(
             out[lo + int(np.argmax(mag)), c] += d
 
 
+def _psi(x: np.ndarray, tol: float) -> np.ndarray:
+    """Fractional part of each row's real total (0 within ``tol`` of an integer)."""
+    t = x.sum(axis=1)
+    psi = t - np.floor(t)
+    psi[(psi < tol) | (psi > 1.0 - tol)] = 0.0
+    return psi
+
+
 def _descend(
     forest: Forest,
     lo: Sequence[int],
     n_global: Sequence[int],
     counts: np.ndarray,
-    spreads: bool,
+    total_var: np.ndarray | None,
     estimates: Sequence[np.ndarray],
     rng: KeyedRNG,
     schema: Schema,
@@ -682,11 +837,13 @@ def _descend(
     tol: float,
     top: RoundedLevels,
 ) -> RoundedLevels:
-    """Levels ``1 ..`` of ``forest`` from the integers of its level 0 (``top`` lends its
-    ``negative``, ``joint`` and ``total_cap``)."""
+    """Levels ``1 ..`` of ``forest`` from the integers of its level 0, one level at a time
+    (the top's levels between the joint level and the cut); ``total_var`` the level-0 total
+    variance bounds (None: none computed)."""
     cells = schema.cells
     out, sp = [], []
     parent = counts
+    vt = total_var
     for j in range(1, forest.depth):
         name = forest.names[j]
         x = cell_matrix(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
@@ -700,13 +857,168 @@ def _descend(
             rng, f"{label}/{name}/controlled", n_global[j], lo[j], lo[j] + forest.sizes[j], K,
             aes_uniform_draws,
         )  # fmt: skip
+        cnt = forest.child_count[j - 1]
         parent, w = round_children_controlled(
-            parent, x, forest.child_count[j - 1], u, spreads, (name, forest, j - 1, cells), tol
+            parent, x, cnt, u, vt is not None, (name, forest, j - 1, cells), tol
         )
         out.append(parent.reshape(-1, *schema.shape))
-        if w is not None:
-            sp.append(w.reshape(-1, 2, *schema.shape))
-    return RoundedLevels(out, sp if spreads else None, top.negative, top.joint, top.total_cap)
+        if vt is not None:
+            par = np.repeat(np.arange(cnt.size), cnt)
+            vt = total_variance_bound(
+                w[:, 0], w[:, 1], np.sqrt(vt)[par], _psi(x, tol), top.negative
+            )
+            sp.append(vt)
+    return RoundedLevels(
+        out, sp if total_var is not None else None, top.negative, top.joint, top.total_cap
+    )
+
+
+def _flow(
+    forest: Forest,
+    lo: Sequence[int],
+    n_global: Sequence[int],
+    counts: np.ndarray,
+    total_var: np.ndarray | None,
+    estimates: Sequence[np.ndarray],
+    rng: KeyedRNG,
+    schema: Schema,
+    label: str,
+    tol: float,
+    top: RoundedLevels,
+) -> RoundedLevels:
+    """Levels ``1 ..`` of ``forest``, each level-0 node's subtree rounded as one network
+    (module docstring, "Below the cut"); ``total_var`` as for :func:`_descend`."""
+    cells = schema.cells
+    D = forest.depth - 1
+    K = len(cells)
+    N = np.ascontiguousarray(counts, np.int64)
+    xs, fls, ps, shares, par, root = [], [], [], [], [], []
+    fl_par, p_par = N, np.zeros(N.shape)
+    root_prev = np.arange(forest.sizes[0])
+    A_prev = None
+    phi0 = None
+    for j in range(1, D + 1):
+        name = forest.names[j]
+        x = cell_matrix(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
+        if x.shape[0] != forest.sizes[j]:
+            raise SpecError(
+                f"level {name!r}: {x.shape[0]} estimate rows for {forest.sizes[j]} nodes"
+            )
+        check_roundable(x, name, None, cells)
+        x = np.ascontiguousarray(x)
+        cnt = forest.child_count[j - 1]
+        starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
+        n = x.shape[0]
+        p = np.empty((n, K))
+        fl = np.empty((n, K), np.int64)
+        a = np.empty((n, K))
+        phi = np.empty((cnt.size, K))
+        dev = np.zeros((cnt.size, K))
+        _shares(x, fl_par, p_par, starts, p, fl, a, phi, dev)
+        if dev.size:
+            res = 1e-6 + int(cnt.max(initial=1)) * float(np.spacing(np.abs(x).max(initial=1.0)))
+            if np.abs(dev).max() > res:
+                g, c = np.argwhere(np.abs(dev) > res)[0]
+                raise DataError(
+                    f"cannot round the release: at level {name!r} the children of node "
+                    f"{forest.code(j - 1, int(g))!r}, cell {cells[c]!r}, do not sum to "
+                    "their parent's value within the rounding tolerance; the estimates are "
+                    "not consistent (parent = sum of children) — check the estimator"
+                )
+        pj = np.repeat(np.arange(cnt.size), cnt)
+        if j == 1:
+            phi0 = phi
+            A = a
+        else:
+            A = a * A_prev[pj] if total_var is not None else None
+        xs.append(x)
+        fls.append(fl)
+        ps.append(p)
+        shares.append(A)
+        par.append(pj)
+        root_prev = root_prev[pj]
+        root.append(root_prev)
+        fl_par, p_par, A_prev = fl, p, A
+    # the network: per node below level 0, its total arc (from its parent's total vertex)
+    # and its K cell arcs (into its parent's cell vertices; from its own total vertex at the
+    # leaves, from its own cell vertices above them)
+    n_lv = [forest.sizes[j] for j in range(D + 1)]
+    t_off = np.concatenate([[0], np.cumsum(n_lv)]).astype(np.int64)
+    c_off = t_off[-1] + np.concatenate([[0], np.cumsum([s * K for s in n_lv[:D]])])
+    tails, heads, fracs, bases, comps, us = [], [], [], [], [], []
+    cc = np.arange(K)
+    for j in range(1, D + 1):
+        name = forest.names[j]
+        n = n_lv[j]
+        me = np.arange(n)
+        Q = ps[j - 1].sum(axis=1)
+        fQ = np.floor(Q)
+        tail = np.empty((n, K + 1), np.int64)
+        head = np.empty((n, K + 1), np.int64)
+        frac = np.empty((n, K + 1))
+        base = np.empty((n, K + 1), np.int64)
+        tail[:, 0] = t_off[j - 1] + par[j - 1]
+        head[:, 0] = t_off[j] + me
+        frac[:, 0] = Q - fQ
+        base[:, 0] = fls[j - 1].sum(axis=1) + fQ.astype(np.int64)
+        tail[:, 1:] = (t_off[j] + me)[:, None] if j == D else c_off[j] + me[:, None] * K + cc
+        head[:, 1:] = c_off[j - 1] + par[j - 1][:, None] * K + cc
+        frac[:, 1:] = ps[j - 1]
+        base[:, 1:] = fls[j - 1]
+        tails.append(tail.reshape(-1))
+        heads.append(head.reshape(-1))
+        fracs.append(frac.reshape(-1))
+        bases.append(base)
+        comps.append(np.repeat(root[j - 1], K + 1))
+        us.append(
+            keyed_uniforms(
+                rng, f"{label}/{name}/controlled", n_global[j], lo[j], lo[j] + n, K,
+                aes_uniform_draws,
+            ).reshape(-1)
+        )  # fmt: skip
+    comp = np.concatenate(comps)
+    order = np.argsort(comp, kind="stable")
+    arc_start = np.searchsorted(comp[order], np.arange(n_lv[0] + 1)).astype(np.int64)
+    bits_sorted = flow_round(
+        np.concatenate(tails)[order],
+        np.concatenate(heads)[order],
+        np.concatenate(fracs)[order],
+        arc_start,
+        arc_start[:-1],
+        np.concatenate(us)[order],
+    )
+    bits = np.empty_like(bits_sorted)
+    bits[order] = bits_sorted
+    out, sp = [], []
+    parent = N
+    at = 0
+    vt = total_var
+    for j in range(1, D + 1):
+        n = n_lv[j]
+        b = bits[at : at + n * (K + 1)].reshape(n, K + 1)
+        at += n * (K + 1)
+        c = bases[j - 1][:, 1:] + b[:, 1:]
+        cnt = forest.child_count[j - 1]
+        starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
+        nz = np.flatnonzero(cnt > 0)
+        miss = parent - forest.sum_children(j - 1, c)
+        if miss.any():  # float edges only (values near 2^53), else a DataError naming them
+            _settle(c, xs[j - 1], starts[nz], cnt[nz], nz, miss[nz], tol,
+                    (forest.names[j], forest, j - 1, cells))  # fmt: skip
+        out.append(c.reshape(-1, *schema.shape))
+        if vt is not None:
+            v0 = phi0 * (1.0 - phi0)
+            r = root[j - 1]
+            sp.append(
+                total_variance_bound(
+                    shares[j - 1], v0[r], np.sqrt(total_var)[r], _psi(xs[j - 1], tol),
+                    top.negative,
+                )
+            )  # fmt: skip
+        parent = c
+    return RoundedLevels(
+        out, sp if total_var is not None else None, top.negative, top.joint, top.total_cap
+    )
 
 
 def partition_streams(
@@ -813,7 +1125,8 @@ def round_structured_top(
         lone = Forest(0, hierarchy.names[:1], [1], [], ())
         r = snap_invariants(lone, xs[0], r[None, :], snap_at, tol)
         counts = [r]
-        spread = [_own(xs[0], tol)]
+        # pipage's last group is every cell: the root total is its floor or ceiling
+        spread = [_psi(xs[0], tol) * (1.0 - _psi(xs[0], tol))]
         total_cap = 0.25
     else:
         x1 = xs[1]
@@ -828,8 +1141,13 @@ def round_structured_top(
         lone = Forest(1, hierarchy.names[1:2], [x1.shape[0]], [], ())
         c1 = snap_invariants(lone, x1, c1, snap_at, tol)
         counts = [c1.sum(axis=0, keepdims=True), c1]
-        spread = [_own(xs[0], tol), _own(x1, tol)]
         total_cap = 0.25 * (int(shape.atoms.max()) + 1)
+        # each child's row is rounded atom by atom, each atom's sum to its floor or ceiling,
+        # with independent generators: the total's variance is the sum over atoms, exact
+        n_atoms = int(shape.atoms.max()) + 1
+        atom_sums = np.stack([x1[:, shape.atoms == a].sum(axis=1) for a in range(n_atoms)], axis=1)
+        own0 = _frac_var(xs[0], tol).sum(axis=1)
+        spread = [np.minimum(own0, total_cap), _frac_var(atom_sums, tol).sum(axis=1)]
     for iv in shape.invariants:
         if not np.array_equal(iv.query.apply(counts[iv.level]), iv.values):
             raise DataError(
@@ -841,6 +1159,8 @@ def round_structured_top(
     # the joint level's bits are negatively correlated for controlled rounding (Gandhi et
     # al. 2006, property B3) and for pipage of one group (Srinivasan 2001)
     negative = shape.atoms is not None or int(shape.root_groups[0].max(initial=0)) == 0
+    if not negative:
+        spread[0] = np.minimum(np.sqrt(_frac_var(xs[0], tol)).sum(axis=1) ** 2, total_cap)
     head = RoundedLevels([], None, negative, shape.joint_level, total_cap)
     start = len(counts) - 1
     if cut > start:
@@ -850,7 +1170,7 @@ def round_structured_top(
             [0] * f.depth,
             f.sizes,
             counts[-1],
-            spreads,
+            spread[-1] if spreads else None,
             estimates[start + 1 :],
             rng,
             schema,
@@ -862,7 +1182,7 @@ def round_structured_top(
         spread += below.spread or []
     return RoundedLevels(
         [c.reshape(-1, *shp) for c in counts[: cut + 1]],
-        [s.reshape(-1, 2, *shp) for s in spread[: cut + 1]] if spreads else None,
+        spread[: cut + 1] if spreads else None,
         negative,
         shape.joint_level,
         total_cap,
@@ -897,9 +1217,9 @@ def round_structured_partition(
     schema : Schema
     cut_counts : array ``(n_cut, *schema.shape)``
         The partition's cut-level rows of :func:`round_structured_top`'s last level.
-    cut_spread : array or None
-        Their spreads (None: no spreads computed); only whether it is given matters, the
-        spreads of each level being computed from that level's own rounding.
+    cut_spread : array ``(n_cut,)`` or None
+        The top's total-variance bounds of the cut nodes (:attr:`RoundedLevels.spread`
+        rows; None: no bounds computed).
     estimates : sequence of arrays
         The partition's real cell tensors of levels ``cut + 1 .. leaf``.
     negative, joint, total_cap
@@ -925,12 +1245,12 @@ def round_structured_partition(
     c = cell_matrix(schema, cut_counts, "cut counts")
     if c.shape[0] != forest.sizes[0]:
         raise SpecError(f"cut counts have {c.shape[0]} rows for {forest.sizes[0]} cut nodes")
-    return _descend(
+    return _flow(
         forest,
         lo,
         n_global,
         np.asarray(c, np.int64),
-        cut_spread is not None,
+        None if cut_spread is None else np.asarray(cut_spread, dtype=float).reshape(-1),
         estimates,
         rng,
         schema,
@@ -1017,6 +1337,7 @@ def round_structured(
         top.negative,
         top.joint,
         top.total_cap,
+        cut if below else None,
     )
 
 
@@ -1030,15 +1351,13 @@ def rounding_variance_bound(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rounding variance of every row of ``query`` at every node of one level: a bound.
 
-    With ``D`` a node's rounding error on a row ``A`` (module docstring), from the jointly
-    rounded level down:
-
-    * at the joint level and above, ``Σ_A f(1 − f)`` when its bits are pairwise
-      non-positively correlated (``rounded.negative``), else ``(Σ_A sd)²``; for a row of
-      every cell at most ``rounded.total_cap``;
-    * one level down, ``Var D_i ≤ (sd D_parent / n + Σ_A g_i)² + Σ_A own_i``, the last sum at
-      most 1/4 for a row of every cell (the child's total is the floor or ceiling of its
-      conditional mean).
+    * a row of one cell: ``f(1 − f)``, exact (every cell is its floor or ceiling, unbiased);
+    * a row of every cell (the node's total): :attr:`RoundedLevels.spread`
+      (:func:`total_variance_bound`; exact at the joint level);
+    * any other row ``A``: ``Σ_A f(1 − f)`` where the node's cell errors are pairwise
+      non-positively correlated (``rounded.negative``, at the levels rounded one level at a
+      time and at the leaves of the networks: module docstring), else ``(Σ_A √(f(1 − f)))²``
+      (Minkowski, whatever their correlations).
 
     Parameters
     ----------
@@ -1046,7 +1365,7 @@ def rounding_variance_bound(
     estimates : sequence of arrays
         The real cell tensors of levels ``0 .. level`` (at least).
     rounded : RoundedLevels
-        With spreads, for the same levels.
+        With spreads (total-variance bounds), for the same levels.
     level : str or int
     query : ProductQuery
 
@@ -1071,20 +1390,15 @@ def rounding_variance_bound(
     dense = query.dense()
     width = dense.sum(axis=1)
     whole = width == dense.shape[1]
-    sp = rounded.spread
-    j0 = min(k, rounded.joint)
-    own = sp[j0][:, 1]
-    V = query.apply(own) if rounded.negative else query.apply(np.sqrt(own)) ** 2
-    V[:, whole] = np.minimum(V[:, whole], rounded.total_cap)
-    for j in range(j0 + 1, k + 1):
-        par = hierarchy.ancestor_index(j, j - 1)
-        n = np.bincount(par, minlength=hierarchy.levels[j - 1].size)[par]
-        inherited = np.sqrt(V)[par] / n[:, None] + query.apply(sp[j][:, 0])
-        fresh = query.apply(sp[j][:, 1])
-        fresh[:, whole] = np.minimum(fresh[:, whole], 0.25)
-        V = inherited * inherited + fresh
+    own = rounding_variance(np.asarray(estimates[k], float), tol)
+    inner_flow = rounded.flow is not None and rounded.flow < k < hierarchy.depth - 1
+    if rounded.negative and not inner_flow:
+        V = query.apply(own)
+    else:
+        V = query.apply(np.sqrt(own)) ** 2
+    V[:, whole] = np.asarray(rounded.spread[k], dtype=float).reshape(-1, 1)
     exact = width == 1
-    V[:, exact] = query.apply(rounding_variance(np.asarray(estimates[k], float), tol))[:, exact]
+    V[:, exact] = query.apply(own)[:, exact]
     return V, exact
 
 
