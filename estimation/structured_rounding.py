@@ -381,10 +381,10 @@ def total_variance_bound(
     conditional total to its floor or ceiling (mean zero given ``Y``). With ``Ā = Σ A v / Σ
     v`` and non-negative shares ``A``,
 
-        Var Y ≤ min(Σ A² v,  (Ā sd_parent + √(2 Σ (A − Ā)² v))²)
+        Var Y ≤ min(Σ A² v,  (Ā sd_parent + √P + √M)²),   P, M = Σ_{A ≷ Ā} (A − Ā)² v
 
-    (the first by the non-positive correlations; the second by Minkowski, the signed part
-    split into its positive and negative halves, each bounded by the first), else the
+    (the first by the non-positive correlations; the second by Minkowski on ``Y = Ā Σ e +
+    Σ (A − Ā)⁺ e − Σ (A − Ā)⁻ e``, each half bounded as the first), else the
     Minkowski bounds ``(Σ A √v)²`` and ``(Ā sd_parent + Σ |A − Ā| √v)²``; plus
     :func:`fresh_variance_bound` of ``ψ`` (the node's real total's fractional part).
 
@@ -410,8 +410,10 @@ def total_variance_bound(
         abar = np.where(S0 > 0.0, S1 / np.where(S0 > 0.0, S0, 1.0), 0.0)
     if negative:
         S2 = (A * A * v).sum(axis=1)
-        signed = np.maximum(S2 - S1 * abar, 0.0)
-        vy = np.minimum(S2, (abar * sd_parent + np.sqrt(2.0 * signed)) ** 2)
+        d = A - abar[:, None]
+        P = (np.maximum(d, 0.0) ** 2 * v).sum(axis=1)
+        M = (np.minimum(d, 0.0) ** 2 * v).sum(axis=1)
+        vy = np.minimum(S2, (abar * sd_parent + np.sqrt(P) + np.sqrt(M)) ** 2)
     else:
         sd = np.sqrt(v)
         vy = np.minimum(
@@ -572,8 +574,8 @@ def _conditional_marginals(x, N, starts, p, fl, miss, g_out, own_out, want):
     """The children's conditional marginals ``p = f + e·a`` (module docstring), group by group.
 
     ``x`` (n_c, K) children, ``N`` (n_p, K) their parents' integers, ``starts`` the groups'
-    row boundaries; writes ``p``, ``fl = ⌊x⌋`` and, when ``want``, the spreads ``g`` and
-    ``own``; ``miss`` (n_p, K) gets ``N − Σ⌊x⌋ − T``, nonzero only where the parent's
+    row boundaries; writes ``p``, ``fl = ⌊x⌋`` and, when ``want``, the shares ``a`` and the
+    parents' fractions ``φ``; ``miss`` (n_p, K) gets ``N − Σ⌊x⌋ − T``, nonzero only where the parent's
     integer is not ``m`` or ``m + 1`` children up (float edges, or inconsistent estimates).
     """
     n_c, K = x.shape
@@ -636,7 +638,7 @@ def _conditional_marginals(x, N, starts, p, fl, miss, g_out, own_out, want):
                 p[i, c] = 0.0 if q < 0.0 else (1.0 if q > 1.0 else q)
                 if want:
                     g_out[i, c] = a
-                    own_out[i, c] = phi[c] * (1.0 - phi[c])
+                    own_out[i, c] = phi[c]
 
 
 @njit(cache=True, nogil=True)
@@ -743,8 +745,8 @@ def round_children_controlled(
     -------
     counts : (n_c, K) numpy.ndarray of int64
     spread : (n_c, 2, K) numpy.ndarray or None
-        Per cell ``g = |a − 1/n| sd(e)`` and ``own = E[p(1 − p)]`` for
-        :func:`rounding_variance_bound` (None unless ``want_spread``).
+        Per cell the share ``a`` of the parent's cell error and the parent's fraction ``φ``,
+        for :func:`total_variance_bound` (None unless ``want_spread``).
 
     References
     ----------
@@ -816,6 +818,11 @@ def _settle(
             out[lo + int(np.argmax(mag)), c] += d
 
 
+def _snapped_var(phi: np.ndarray, tol: float) -> np.ndarray:
+    """``φ(1 − φ)``, 0 where ``φ`` is within ``tol`` of 0 or 1 (an integral parent)."""
+    return np.where((phi < tol) | (phi > 1.0 - tol), 0.0, phi * (1.0 - phi))
+
+
 def _psi(x: np.ndarray, tol: float) -> np.ndarray:
     """Fractional part of each row's real total (0 within ``tol`` of an integer)."""
     t = x.sum(axis=1)
@@ -865,7 +872,7 @@ def _descend(
         if vt is not None:
             par = np.repeat(np.arange(cnt.size), cnt)
             vt = total_variance_bound(
-                w[:, 0], w[:, 1], np.sqrt(vt)[par], _psi(x, tol), top.negative
+                w[:, 0], _snapped_var(w[:, 1], tol), np.sqrt(vt)[par], _psi(x, tol), top.negative
             )
             sp.append(vt)
     return RoundedLevels(
@@ -1007,7 +1014,7 @@ def _flow(
                     (forest.names[j], forest, j - 1, cells))  # fmt: skip
         out.append(c.reshape(-1, *schema.shape))
         if vt is not None:
-            v0 = phi0 * (1.0 - phi0)
+            v0 = _snapped_var(phi0, tol)
             r = root[j - 1]
             sp.append(
                 total_variance_bound(
@@ -1147,7 +1154,9 @@ def round_structured_top(
         n_atoms = int(shape.atoms.max()) + 1
         atom_sums = np.stack([x1[:, shape.atoms == a].sum(axis=1) for a in range(n_atoms)], axis=1)
         own0 = _frac_var(xs[0], tol).sum(axis=1)
-        spread = [np.minimum(own0, total_cap), _frac_var(atom_sums, tol).sum(axis=1)]
+        vt1 = _frac_var(atom_sums, tol).sum(axis=1)
+        # the root's total is the sum of the children's: Minkowski over them
+        spread = [np.minimum(np.minimum(own0, total_cap), np.sqrt(vt1).sum() ** 2), vt1]
     for iv in shape.invariants:
         if not np.array_equal(iv.query.apply(counts[iv.level]), iv.values):
             raise DataError(

@@ -167,6 +167,7 @@ __all__ = [
     "PPMFSpec",
     "PPMFResult",
     "REPORT_LEVELS",
+    "column_standard_errors",
     "is_ppmf",
     "load_ppmf_spec",
     "privatize_ppmf",
@@ -359,9 +360,7 @@ def read_release_spec(
     p.keys(data, "data", data_keys)
     given = p.get(data, "data", "source", str, default=source)
     if given != source:
-        raise p.fail(
-            "data.source", f"the input is {reads}, not {given!r}: set source = \"{source}\""
-        )
+        raise p.fail("data.source", f'the input is {reads}, not {given!r}: set source = "{source}"')
     return p, doc, parse_release_options(p, doc, path, strategy)
 
 
@@ -470,9 +469,10 @@ def _relative(spec: Path, name: str) -> Path:
 
 
 # -- the two products, streamed --------------------------------------------------------------
-#: ``on_levels(names, ranges, piece, unbiased, nonnegative)``: consecutive levels of some node
-#: ranges — the GLS piece (None in simulations), and both products' int64 cell tensors.
-_OnLevels = Callable[[tuple[str, ...], tuple[tuple[int, int], ...], object, list, list], None]
+#: ``on_levels(names, ranges, piece, unbiased, nonnegative, total_var)``: consecutive levels of
+#: some node ranges — the GLS piece (None in simulations), both products' int64 cell tensors
+#: and per level the rounding-variance bound of each node's total (None: not computed).
+_OnLevels = Callable[..., None]
 
 
 def _invariants(h: Hierarchy, schema: Schema, hist_block, hist_count) -> list[ProductInvariant]:
@@ -518,6 +518,7 @@ def _two_products(
             top.piece if with_pieces else None,
             list(top.counts),
             nn.counts,
+            top.rounded.spread,
         )
 
     def on_partition(pr: PartitionRelease) -> None:
@@ -539,6 +540,7 @@ def _two_products(
             pr.piece if with_pieces else None,
             list(pr.counts),
             nn.counts,
+            pr.total_var,
         )
 
     return stream_pl94(
@@ -554,12 +556,22 @@ def _two_products(
     )
 
 
-def _column_ses(piece, level: str) -> np.ndarray:
-    """GLS standard error of every P1–P5 column at every node of ``level`` in ``piece``."""
+def column_standard_errors(piece, level: str, total_var: np.ndarray | None = None) -> np.ndarray:
+    """Standard error of every P1–P5 column at every node of ``level`` in ``piece``: the
+    GLS one, and for the columns that are a node's whole population (``P1_001N``,
+    ``P2_001N``) with ``total_var`` (the rounding-variance bound of each node's total,
+    :attr:`~censusdp.estimation.structured_rounding.RoundedLevels.spread`) added: the rounding
+    error has mean zero given the estimate, so the variances add."""
     rows = pl94_codebook().rows
     out = None
     for qi, q in enumerate(rows.queries):
         se = piece.query_standard_errors(level, q)
+        if total_var is not None:
+            whole = q.dense().sum(axis=1) == q.dense().shape[1]
+            if whole.any():
+                tv = np.asarray(total_var, dtype=float).reshape(-1, 1)
+                se = se.copy()
+                se[:, whole] = np.sqrt(se[:, whole] ** 2 + tv)
         if out is None:
             out = np.empty((se.shape[0], len(rows.query_of_row)))
         sel = np.flatnonzero(rows.query_of_row == qi)
@@ -730,7 +742,9 @@ def _measured_products(
     )
     got = update_with_areas(rel, eq, ameas, stmt)
     upd = got.release
-    rounded = round_structured(upd, rng.child("rounding"), invariants=invariants)
+    rounded = round_structured(
+        upd, rng.child("rounding"), invariants=invariants, cut=h.level_index(CUT)
+    )
     nn = nonnegative_structured(upd, rng.child("nonnegative"), invariants=invariants)
     on_levels(
         tuple(h.names),
@@ -738,6 +752,7 @@ def _measured_products(
         upd if with_pieces else None,
         list(rounded.counts),
         list(nn.counts),
+        rounded.spread,
     )
     return stmt, got
 
@@ -774,7 +789,9 @@ class _AreaProducts:
         est = self.measured if self.measured is not None else self._summed()
         return {
             "unbiased": LevelTables(
-                self.eq.codes, self.sums["unbiased"].reshape(shape), _column_ses(est, self.eq.name)
+                self.eq.codes,
+                self.sums["unbiased"].reshape(shape),
+                column_standard_errors(est, self.eq.name),
             ),
             "nonnegative": LevelTables(self.eq.codes, self.sums["nonnegative"].reshape(shape)),
         }
@@ -893,10 +910,12 @@ def privatize_ppmf(
         micro = (tmp / "nonnegative" / "microdata.csv").open("wb")
         micro.write((",".join(MICRODATA_COLUMNS) + "\n").encode())
 
-        def on_levels(names, ranges, piece, unbiased, nonneg) -> None:
-            for name, (lo, hi), u, n in zip(names, ranges, unbiased, nonneg, strict=True):
+        def on_levels(names, ranges, piece, unbiased, nonneg, total_var=None) -> None:
+            tvs = [None] * len(names) if total_var is None else total_var
+            for name, (lo, hi), u, n, tv in zip(names, ranges, unbiased, nonneg, tvs, strict=True):
                 codes = h.levels[h.level_index(name)].codes[lo:hi]
-                writers["unbiased"].add(name, LevelTables(codes, u, _column_ses(piece, name)))
+                se = column_standard_errors(piece, name, tv)
+                writers["unbiased"].add(name, LevelTables(codes, u, se))
                 writers["nonnegative"].add(name, LevelTables(codes, n))
                 if name in released["unbiased"]:
                     released["unbiased"][name].append(u.reshape(u.shape[0], -1).sum(axis=1))
@@ -948,7 +967,7 @@ def privatize_ppmf(
             acc = {p: {lv: np.zeros(h.sizes[h.level_index(lv)], np.int64)
                        for lv in (*report_levels, h.names[leaf])} for p in PRODUCTS}  # fmt: skip
 
-            def collect(names, ranges, piece, unbiased, nonneg) -> None:
+            def collect(names, ranges, piece, unbiased, nonneg, total_var=None) -> None:
                 for name, (lo, hi), u, n in zip(names, ranges, unbiased, nonneg, strict=True):
                     if name in acc["unbiased"]:
                         acc["unbiased"][name][lo:hi] = u.reshape(hi - lo, -1).sum(axis=1)
