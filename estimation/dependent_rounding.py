@@ -299,14 +299,12 @@ def _round_groups(P, starts, U, tol, out):
 
 
 @njit(cache=True, nogil=True)
-def _cancel_flow(tail, head, w, arc_start, u_start, U, tol, n_vert, bits):
+def _cancel_flow(tail, head, w, arc_start, u_start, U, tol, n_vert, bits, nxt, prv):
     """Cycle-cancel the fractional arcs of each component (``arc_start`` boundaries) of a
     network into ``bits``; component ``g`` reads ``U[u_start[g]], …`` in order. Returns −1
     on success, else a vertex left with a single fractional arc (its balance not integral)."""
     E = tail.size
     vhead = np.full(n_vert, -1, np.int64)
-    nxt = np.empty(2 * E, np.int64)
-    prv = np.empty(2 * E, np.int64)
     # each vertex's list of fractional arcs, in increasing arc order (half-edge 2e at the
     # tail, 2e + 1 at the head)
     for e in range(E - 1, -1, -1):
@@ -449,8 +447,11 @@ def flow_round(
     ----------
     Cox, L. H. (1987). JASA 82(398). Gandhi, R. et al. (2006). J. ACM 53(3).
     """
-    t = np.ascontiguousarray(tail, np.int64)
-    hd = np.ascontiguousarray(head, np.int64)
+    # 32-bit vertex and link indices where they fit: the links are most of the memory
+    small = np.asarray(tail).size < 2**30
+    idx = np.int32 if small else np.int64
+    t = np.ascontiguousarray(tail, idx)
+    hd = np.ascontiguousarray(head, idx)
     w = np.array(frac, dtype=np.float64)  # a copy: the kernel moves it
     a = np.ascontiguousarray(arc_start, np.int64)
     us = np.ascontiguousarray(u_start, np.int64)
@@ -471,7 +472,9 @@ def flow_round(
         raise DataError("flow rounding: a component has fewer uniforms than arcs")
     n_vert = int(max(t.max(initial=-1), hd.max(initial=-1))) + 1
     bits = np.zeros(t.size, np.int8)
-    bad = _cancel_flow(t, hd, w, a, us, U, tol, n_vert, bits)
+    nxt = np.empty(2 * t.size, idx)
+    prv = np.empty(2 * t.size, idx)
+    bad = _cancel_flow(t, hd, w, a, us, U, tol, n_vert, bits, nxt, prv)
     if bad >= 0:
         raise DataError(
             f"flow rounding: vertex {bad} has a fractional balance that is not an integer; "

@@ -16,15 +16,17 @@ Written atomically into ``OUTDIR`` (:func:`censusdp.atomic.output_dir`: a tempor
 directory renamed into place when complete; never over the input, nothing half-written):
 
 * ``unbiased/pl94_<level>.csv`` and ``unbiased/pl94_long.csv`` — P1–P5 for every level, with
-  ``<column>_se``: the exact standard error of the GLS estimate of that column. It does not
-  include the rounding's error, which is mean zero and has variance ``f(1 − f) ≤ 1/4`` for a
-  detailed cell; each parent's children × cells are rounded by controlled rounding, so a
-  node's total moves by about its parent's total error shared out plus less than one person
-  (on a synthetic 4,000-block state: 0.4–0.5 persons RMS for tracts and blocks, 2.8–3.7 for block
-  groups, whose parents often have two children), not by the sum of its cells' errors
-  (13–19 persons before). A bound for any column is
-  :func:`~censusdp.estimation.structured_rounding.rounded_query_variances` (the engine rounds
-  without the spreads it needs). The size-class report's simulated errors include it;
+  ``<column>_se``: the exact standard error of the GLS estimate of that column, and in the
+  whole-population columns (``P1_001N``, ``P2_001N``) the GLS variance plus an upper bound on
+  the rounding's variance of the node's total
+  (:func:`~censusdp.estimation.structured_rounding.total_variance_bound`;
+  :func:`column_standard_errors`). Each county's subtree is rounded as one flow network, so a
+  node's total below the county is the floor or ceiling of its estimate plus its share of the
+  county's cell errors (on a synthetic 4,000-block state at the production budget: 0.36–0.45
+  persons RMS for tracts, block groups and blocks; block groups moved by 3.06 before). The
+  other columns' ``_se`` leave out the rounding's error, mean zero with variance ``f(1 − f) ≤
+  1/4`` for a detailed cell (:func:`~censusdp.estimation.structured_rounding.rounded_query_variances`
+  gives a bound for any column); the size-class report's simulated errors include it;
 * ``nonnegative/pl94_<level>.csv``, ``nonnegative/pl94_long.csv`` — the same tables from the
   non-negative product (biased; no standard errors);
 * ``nonnegative/microdata.csv`` — one row per person of the non-negative block histogram, in
@@ -1026,11 +1028,13 @@ def _write_manifest(
         "unbiased": (
             "unbiased/: GLS estimates of the measurements (unbiased), integer by unbiased "
             "rounding (every cell floor or ceil of its estimate, children summing to their "
-            "parent, invariants exact); <column>_se is the exact standard error of the GLS "
-            "estimate and does NOT include the rounding's error (mean zero, f(1-f) <= 1/4 of "
-            "variance per detailed cell; node totals are controlled: each moves by about its "
-            "parent's total error shared among the children plus less than one person; the "
-            "size-class report's simulated errors include it)"
+            "parent, invariants exact; below the county every node's total is the floor or "
+            "ceiling of its estimate plus its share of the county's cell errors); <column>_se "
+            "is the exact standard error of the GLS estimate, and in the whole-population "
+            "columns P1_001N and P2_001N the square root of that variance plus an upper bound "
+            "on the rounding's variance of the node's total (a bound, not exact); the other "
+            "columns' _se do NOT include the rounding's error (mean zero, f(1-f) <= 1/4 of "
+            "variance per detailed cell; the size-class report's simulated errors include it)"
         ),
         "nonnegative": f"nonnegative/: {BIASED_NOTE}; microdata.csv: one row per person",
     }

@@ -288,3 +288,18 @@ def test_conditioned_systematic_sampling_has_the_exact_conditional_law():
     phi = S - np.floor(S)
     mean = (1 - phi) * means[0] + phi * means[1]
     assert np.all(np.abs(mean - x) < 2.0 / G)
+
+
+def test_runs_of_subtrees_rounded_at_a_time_change_no_bit(monkeypatch):
+    """The networks are rounded a run of subtrees at a time (bounded temporaries); each
+    subtree is its own component with its own keyed draws, so the run length changes no
+    bit (a run of one subtree each against all at once)."""
+    C = 50
+    h, f, N, est, _ = _copies(C, integral_cut=False)
+    vt = np.full(C, 0.3)
+    args = (f, [0, 0, 0], h.sizes[1:], SCHEMA, N, vt, est, KeyedRNG.reproducible(9, warn=False))
+    whole = round_structured_partition(*args, negative=True)
+    monkeypatch.setattr(sr, "_FLOW_ARCS", 1)
+    runs = round_structured_partition(*args, negative=True)
+    for a, b in zip(whole.counts + whole.spread, runs.counts + runs.spread, strict=True):
+        assert np.array_equal(a, b)
