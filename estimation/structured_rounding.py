@@ -1055,69 +1055,68 @@ def _flow_chunk(
     n_lv = [forest.sizes[j] for j in range(D + 1)]
     t_off = np.concatenate([[0], np.cumsum(n_lv)]).astype(np.int64)
     c_off = t_off[-1] + np.concatenate([[0], np.cumsum([s * K for s in n_lv[:D]])])
-    tails, heads, fracs, bases, comps, us = [], [], [], [], [], []
-    vdt = np.int32 if c_off[-1] < 2**31 and sum(n_lv) * (K + 1) < 2**30 else np.int64
+    m = K + 1
+    E = sum(n_lv[1:]) * m
+    vdt = np.int32 if c_off[-1] < 2**31 and E < 2**30 else np.int64
+    # the arcs in subtree-major order (each subtree a component of the kernel), level by
+    # level within a subtree: a node's K + 1 arcs start at pos[j][i]
+    n0 = n_lv[0]
+    first = [np.arange(n0 + 1)]
+    for j in range(1, D + 1):
+        first.append(np.concatenate([[0], np.cumsum(forest.child_count[j - 1])])[first[-1]])
+    per = np.stack([np.diff(f) for f in first[1:]], axis=1) * m  # (n0, D) arcs per level
+    arc_start = np.concatenate([[0], np.cumsum(per.sum(axis=1))]).astype(np.int64)
+    lvl_off = arc_start[:-1, None] + np.concatenate([np.zeros((n0, 1), np.int64),
+                                                     np.cumsum(per, axis=1)[:, :-1]], axis=1)  # fmt: skip
+    pos = [lvl_off[root[j - 1], j - 1] + (np.arange(n_lv[j]) - first[j][root[j - 1]]) * m
+           for j in range(1, D + 1)]  # fmt: skip
+    tail_all = np.empty(E, vdt)
+    head_all = np.empty(E, vdt)
+    frac_all = np.empty(E)
+    u_all = np.empty(E)
     cc = np.arange(K)
+
+    def put(dst: np.ndarray, j: int, val: np.ndarray) -> None:
+        if n0 == 1:  # one subtree: each level's arcs are one slice
+            dst[pos[j - 1][0] : pos[j - 1][0] + val.size] = val.reshape(-1)
+        else:
+            dst[(pos[j - 1][:, None] + np.arange(m)).reshape(-1)] = val.reshape(-1)
+
     for j in range(1, D + 1):
         name = forest.names[j]
         n = n_lv[j]
         me = np.arange(n)
         Q = ps[j - 1].sum(axis=1)
-        fQ = np.floor(Q)
-        tail = np.empty((n, K + 1), np.int64)
-        head = np.empty((n, K + 1), np.int64)
-        frac = np.empty((n, K + 1))
-        base = np.empty((n, K + 1), np.int64)
+        tail = np.empty((n, m), vdt)
+        head = np.empty((n, m), vdt)
         tail[:, 0] = t_off[j - 1] + par[j - 1]
         head[:, 0] = t_off[j] + me
-        frac[:, 0] = Q - fQ
-        base[:, 0] = fls[j - 1].sum(axis=1) + fQ.astype(np.int64)
         tail[:, 1:] = (t_off[j] + me)[:, None] if j == D else c_off[j] + me[:, None] * K + cc
         head[:, 1:] = c_off[j - 1] + par[j - 1][:, None] * K + cc
+        put(tail_all, j, tail)
+        put(head_all, j, head)
+        del tail, head
+        frac = np.empty((n, m))
+        frac[:, 0] = Q - np.floor(Q)
         frac[:, 1:] = ps[j - 1]
-        base[:, 1:] = fls[j - 1]
-        tails.append(tail.reshape(-1).astype(vdt))
-        heads.append(head.reshape(-1).astype(vdt))
-        fracs.append(frac.reshape(-1))
-        bases.append(base)
-        comps.append(np.repeat(root[j - 1], K + 1))
-        us.append(
-            keyed_uniforms(
-                rng, f"{label}/{name}/controlled", n_global[j], lo[j], lo[j] + n, K,
-                aes_uniform_draws,
-            ).reshape(-1)
-        )  # fmt: skip
-    comp = np.concatenate(comps)
-    del comps
-    if n_lv[0] == 1:  # one subtree: its arcs are in order already
-        arc_start = np.array([0, comp.size], np.int64)
-        bits = flow_round(
-            np.concatenate(tails), np.concatenate(heads), np.concatenate(fracs), arc_start,
-            arc_start[:-1], np.concatenate(us),
-        )  # fmt: skip
-    else:
-        order = np.argsort(comp, kind="stable")
-        arc_start = np.searchsorted(comp[order], np.arange(n_lv[0] + 1)).astype(np.int64)
-        bits_sorted = flow_round(
-            np.concatenate(tails)[order],
-            np.concatenate(heads)[order],
-            np.concatenate(fracs)[order],
-            arc_start,
-            arc_start[:-1],
-            np.concatenate(us)[order],
-        )
-        bits = np.empty_like(bits_sorted)
-        bits[order] = bits_sorted
-    del tails, heads, fracs, us, comp
+        put(frac_all, j, frac)
+        del frac
+        put(u_all, j, keyed_uniforms(
+            rng, f"{label}/{name}/controlled", n_global[j], lo[j], lo[j] + n, K,
+            aes_uniform_draws,
+        ))  # fmt: skip
+    bits = flow_round(tail_all, head_all, frac_all, arc_start, arc_start[:-1], u_all)
+    del tail_all, head_all, frac_all, u_all
     out, sp = [], []
     parent = N
-    at = 0
     vt = total_var
     for j in range(1, D + 1):
         n = n_lv[j]
-        b = bits[at : at + n * (K + 1)].reshape(n, K + 1)
-        at += n * (K + 1)
-        c = bases[j - 1][:, 1:] + b[:, 1:]
+        if n0 == 1:
+            b = bits[pos[j - 1][0] : pos[j - 1][0] + n * m].reshape(n, m)
+        else:
+            b = bits[(pos[j - 1][:, None] + np.arange(m)).reshape(-1)].reshape(n, m)
+        c = fls[j - 1] + b[:, 1:]
         cnt = forest.child_count[j - 1]
         starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
         nz = np.flatnonzero(cnt > 0)
