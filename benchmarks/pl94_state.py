@@ -33,7 +33,10 @@ The pipeline is the library's streamed engine,
   (every cell ⌊x⌋ or ⌈x⌉, children = parent cell by cell, the invariants ``==``): the levels
   down to the cut when they are solved, then each partition in the callback from its county's
   integers; the JSON says whether every check held (each level's rounded total equals the
-  invariant, every cell within ⌊x⌋/⌈x⌉, children summing to their parent cell by cell);
+  invariant, every cell within ⌊x⌋/⌈x⌉, children summing to their parent cell by cell) and,
+  per level, ``rounding_of_node_totals``: the RMS movement of the nodes' totals by the
+  rounding (rounded − GLS estimate, persons), the RMS of its standard-error bound (the
+  rounding's ``spread``) and the RMS GLS standard error of the total;
 - ``dense_county``: :func:`~censusdp.pipelines.pl94_stream.slice_check` on the subtree of
   the county with the fewest blocks and its noisy measurements: the streamed structured GLS
   equals the in-memory one bit for bit, and the dense :func:`~censusdp.estimation.tree_gls`
