@@ -215,6 +215,9 @@ class RoundedLevels:
         invariant atom).
     flow : int or None
         The level whose nodes' subtrees were rounded as one network each (None: none).
+    top_network : bool
+        Whether the levels down to the cut were rounded as one network (the root's cells
+        free: every node's total there the floor or ceiling of its real total).
     """
 
     counts: list[np.ndarray]
@@ -223,6 +226,7 @@ class RoundedLevels:
     joint: int = 0
     total_cap: float = np.inf
     flow: int | None = None
+    top_network: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -1234,6 +1238,27 @@ def round_structured_top(
             )
         check_roundable(x, hierarchy.names[k], hierarchy.levels[k].codes, cells)
     K = len(cells)
+    totals_only = all(
+        iv.query.n_rows == 1 and bool(np.all(np.asarray(iv.query.matrix) == 1))
+        for iv in shape.invariants
+    )
+    if cut >= 1 and totals_only:
+        try:
+            counts = _top_network(hierarchy, xs, rng, label, tol)
+        except DataError:
+            counts = None  # float edges (values near 2^53): the level-by-level path below
+        if counts is not None:
+            _check_invariants(hierarchy, shape, counts)
+            shp = tuple(schema.shape)
+            return RoundedLevels(
+                [c.reshape(-1, *shp) for c in counts],
+                [_psi(x, tol) * (1.0 - _psi(x, tol)) for x in xs] if spreads else None,
+                True,
+                0,
+                0.25,
+                None,
+                True,
+            )
     snap_at = [iv for iv in shape.invariants if iv.level == shape.joint_level]
     if shape.atoms is None:
         x0 = xs[0][0]
@@ -1269,13 +1294,7 @@ def round_structured_top(
         vt1 = _frac_var(atom_sums, tol).sum(axis=1)
         # the root's total is the sum of the children's: Minkowski over them
         spread = [np.minimum(np.minimum(own0, total_cap), np.sqrt(vt1).sum() ** 2), vt1]
-    for iv in shape.invariants:
-        if not np.array_equal(iv.query.apply(counts[iv.level]), iv.values):
-            raise DataError(
-                f"invariant at level {hierarchy.names[iv.level]!r}, query {iv.query.name!r} "
-                "is not exact after rounding: the real-valued estimates do not meet it within "
-                "the rounding tolerance; check the estimator's invariant constraints"
-            )
+    _check_invariants(hierarchy, shape, counts)
     shp = tuple(schema.shape)
     # the joint level's bits are negatively correlated for controlled rounding (Gandhi et
     # al. 2006, property B3) and for pipage of one group (Srinivasan 2001)
@@ -1308,6 +1327,94 @@ def round_structured_top(
         shape.joint_level,
         total_cap,
     )
+
+
+def _check_invariants(hierarchy: Hierarchy, shape: TopShape, counts) -> None:
+    for iv in shape.invariants:
+        if not np.array_equal(iv.query.apply(counts[iv.level]), iv.values):
+            raise DataError(
+                f"invariant at level {hierarchy.names[iv.level]!r}, query {iv.query.name!r} "
+                "is not exact after rounding: the real-valued estimates do not meet it within "
+                "the rounding tolerance; check the estimator's invariant constraints"
+            )
+
+
+def _top_network(
+    hierarchy: Hierarchy, xs: Sequence[np.ndarray], rng: KeyedRNG, label: str, tol: float
+) -> list[np.ndarray]:
+    """Levels ``0 .. cut`` rounded as one network (module docstring, "The top"): the root's
+    total arc from a source, the root's cell arcs into a sink, a return arc from the sink to
+    the source, and every lower node's total and cell arcs as below the cut; every arc the
+    floor or ceiling of its real value, unbiased. Invariant totals are integral arcs, kept.
+
+    Raises
+    ------
+    DataError
+        Estimates that are not consistent (parent = Σ children, named), or a vertex whose
+        balance float resolution left fractional (the caller falls back).
+    """
+    D = len(xs) - 1
+    K = xs[0].shape[1]
+    m = K + 1
+    for j in range(1, D + 1):
+        par = hierarchy.ancestor_index(j, j - 1)
+        sums = np.zeros_like(xs[j - 1])
+        np.add.at(sums, par, xs[j])
+        bad = np.abs(sums - xs[j - 1]) > 1e-6 * np.maximum(1.0, np.abs(xs[j - 1]))
+        if bad.any():
+            g, c = np.argwhere(bad)[0]
+            raise DataError(
+                f"cannot round the release: at level {hierarchy.names[j]!r} the children of "
+                f"node {hierarchy.levels[j - 1].codes[g]!r}, cell {c}, do not sum to their "
+                "parent's value within the rounding tolerance; the estimates are not "
+                "consistent (parent = sum of children) — check the estimator"
+            )
+    n_lv = [x.shape[0] for x in xs]
+    t_off = 2 + np.concatenate([[0], np.cumsum(n_lv)]).astype(np.int64)
+    c_off = t_off[-1] + np.concatenate([[0], np.cumsum([n * K for n in n_lv[:D]])])
+    fl = [np.floor(x) for x in xs]
+    fr = [x - f for x, f in zip(xs, fl, strict=True)]
+    X0 = xs[0].sum()
+    psi0 = X0 - np.floor(X0)
+    cc = np.arange(K)
+    tails = [np.array([1, 0]), c_off[0] + cc]
+    heads = [np.array([0, t_off[0]]), np.full(K, 1)]
+    fracs = [np.array([psi0, psi0]), fr[0][0]]
+    us = [aes_uniform_draws(rng.generator(f"{label}/top-network"), K + 2)]
+    for j in range(1, D + 1):
+        n = n_lv[j]
+        me = np.arange(n)
+        par = hierarchy.ancestor_index(j, j - 1)
+        Q = xs[j].sum(axis=1)
+        tail = np.empty((n, m), np.int64)
+        head = np.empty((n, m), np.int64)
+        frac = np.empty((n, m))
+        tail[:, 0] = t_off[j - 1] + par
+        head[:, 0] = t_off[j] + me
+        frac[:, 0] = Q - np.floor(Q)
+        tail[:, 1:] = (t_off[j] + me)[:, None] if j == D else c_off[j] + me[:, None] * K + cc
+        head[:, 1:] = c_off[j - 1] + par[:, None] * K + cc
+        frac[:, 1:] = fr[j]
+        tails.append(tail.reshape(-1))
+        heads.append(head.reshape(-1))
+        fracs.append(frac.reshape(-1))
+        name = hierarchy.names[j]
+        us.append(
+            keyed_uniforms(rng, f"{label}/{name}/controlled", n, 0, n, K, aes_uniform_draws)
+            .reshape(-1)
+        )  # fmt: skip
+    tail_all = np.concatenate(tails)
+    bits = flow_round(
+        tail_all, np.concatenate(heads), np.concatenate(fracs),
+        np.array([0, tail_all.size]), np.array([0]), np.concatenate(us),
+    )  # fmt: skip
+    out = [fl[0].astype(np.int64) + bits[2 : 2 + K][None, :]]
+    at = 2 + K
+    for j in range(1, D + 1):
+        b = bits[at : at + n_lv[j] * m].reshape(n_lv[j], m)
+        at += n_lv[j] * m
+        out.append(fl[j].astype(np.int64) + b[:, 1:])
+    return out
 
 
 def round_structured_partition(
@@ -1459,6 +1566,7 @@ def round_structured(
         top.joint,
         top.total_cap,
         cut if below else None,
+        top.top_network,
     )
 
 
@@ -1512,7 +1620,11 @@ def rounding_variance_bound(
     width = dense.sum(axis=1)
     whole = width == dense.shape[1]
     own = rounding_variance(np.asarray(estimates[k], float), tol)
-    inner_flow = rounded.flow is not None and rounded.flow < k < hierarchy.depth - 1
+    # inner nodes of a network: their cell arcs share no vertex (no property B3)
+    top_leaf = rounded.flow if rounded.flow is not None else len(rounded.counts) - 1
+    inner_flow = (rounded.flow is not None and rounded.flow < k < hierarchy.depth - 1) or (
+        rounded.top_network and 0 < k < top_leaf
+    )
     if rounded.negative and not inner_flow:
         V = query.apply(own)
     else:

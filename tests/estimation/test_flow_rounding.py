@@ -303,3 +303,43 @@ def test_runs_of_subtrees_rounded_at_a_time_change_no_bit(monkeypatch):
     runs = round_structured_partition(*args, negative=True)
     for a, b in zip(whole.counts + whole.spread, runs.counts + runs.spread, strict=True):
         assert np.array_equal(a, b)
+
+
+def test_the_top_as_one_network_keeps_every_total_within_floor_and_ceiling():
+    """Down to the cut (total invariants only) the levels are one network with the root's
+    cells free: every node's total is the floor or ceiling of its real total (==), its
+    variance exactly ψ(1 − ψ) (==), the invariants ==, children = parent cell by cell."""
+    from types import SimpleNamespace
+
+    from censusdp.estimation.structured_rounding import round_structured
+    from censusdp.hierarchy.synthetic import random_hierarchy
+    from censusdp.mechanisms.product_measure import ProductInvariant
+    from censusdp.mechanisms.product_query import ProductQuery
+
+    gen = np.random.default_rng(21)
+    h = random_hierarchy(gen, [(3, 4), (2, 5), (2, 3)])
+    leaf = gen.uniform(-0.5, 4.0, (h.leaves.size, 3))
+    anc = h.ancestor_index(-1, 1)
+    first = np.r_[0, np.cumsum(np.bincount(anc))[:-1]]
+    s1 = np.bincount(anc, leaf.sum(axis=1))
+    leaf[first, 0] += np.ceil(s1) - s1  # the states' totals integral (invariant)
+    est = h.aggregate(leaf)
+    tot = ProductQuery.parse(SCHEMA, "total")
+    invs = [ProductInvariant(k, tot, np.rint(tot.apply(est[k]))) for k in (0, 1)]
+    rel = SimpleNamespace(hierarchy=h, schema=SCHEMA, estimates=[x.reshape(-1, 3) for x in est])
+    for seed in range(20):
+        out = round_structured(rel, KeyedRNG.reproducible(seed, warn=False), invariants=invs, cut=2)
+        assert out.top_network
+        for k in range(h.depth):
+            c, x = out.counts[k], est[k]
+            assert np.all((c == np.floor(x)) | (c == np.ceil(x)))
+            if k:
+                assert np.array_equal(h.aggregate_up(k, c), out.counts[k - 1])
+        for k in (0, 1, 2):
+            t, real = out.counts[k].sum(axis=1), est[k].sum(axis=1)
+            assert np.all((t == np.floor(real + 1e-9)) | (t == np.ceil(real - 1e-9))), k
+            psi = real - np.floor(real)
+            psi[(psi < 1e-9) | (psi > 1 - 1e-9)] = 0.0
+            assert np.array_equal(out.spread[k], psi * (1 - psi)), k
+        for iv in invs:
+            assert np.array_equal(iv.query.apply(out.counts[h.level_index(iv.level)]), iv.values)
