@@ -8,10 +8,12 @@ This module rounds them to int64 so that
 * children sum to their parent cell by cell, so every marginal table of every node is the
   integer sum of its children's and every table identity holds exactly;
 * every invariant (at the root and its children) holds ``==``;
-* below the cut level, every node's total is the floor or ceiling of its real total plus its
-  share ``Σ_c A_c e_c`` of its cut ancestor's cell errors (one network per cut node, below);
-  between the jointly rounded level and the cut, about its parent's total error shared out
-  plus less than one person (controlled rounding one level at a time);
+* down to the cut level, with total invariants only, every node's total is the floor or
+  ceiling of its real total (the top as one network, "The top" below); below the cut, the
+  floor or ceiling of its real total plus its share ``Σ_c A_c e_c`` of its cut ancestor's
+  cell errors (one network per cut node, below); with marginal invariants, between the
+  jointly rounded level and the cut, about its parent's total error shared out plus less than
+  one person (controlled rounding one level at a time);
 
 from the root down, so that below a cut level every partition rounds its own subtrees from
 its cut nodes' integers and nothing else (O(one partition's tensors)).
@@ -86,7 +88,18 @@ block, compiled with the kernel.
 sampling per (parent, cell) (Madow 1949; cells unbiased and consistent, totals not
 controlled), for the non-negative product (:mod:`censusdp.estimation.nonnegative`).
 
-**The top.** Invariants at the root (a laminar family of cell sets, e.g. the nation total)
+**The top.** When every invariant is a total (e.g. the nation's and the states') and the cut
+is below the root, the levels down to the cut are one network too (:func:`_top_network`): the
+root's total arc from a source, its cell arcs into a sink, a return arc from the sink to the
+source, every lower node's total and cell arcs as below the cut. Nothing is given from above,
+so every cell *and every node total* down to the cut is the floor or ceiling of its real
+value, unbiased, with the exact variance ``ψ(1 − ψ)``; invariant totals are integral arcs and
+stay. The cut nodes' cell arcs leave their own total vertex, so their errors are pairwise
+non-positively correlated (property B3), as the networks below need. (On a 16,000-block
+synthetic state with five counties, at the production budget, counties moved by 1.12 persons
+RMS when rounded one level at a time from the state, 0.31 in the network.) Otherwise:
+
+Invariants at the root (a laminar family of cell sets, e.g. the nation total)
 are kept by pipage rounding of the root's cells on that family
 (:func:`~censusdp.estimation.rounding.pipage_round`, Ageev & Sviridenko 2004). Invariants at
 the root's children (state totals, or marginals whose rows are laminar) make each state's
