@@ -362,7 +362,9 @@ def read_release_spec(
     p.keys(data, "data", data_keys)
     given = p.get(data, "data", "source", str, default=source)
     if given != source:
-        raise p.fail("data.source", f'the input is {reads}, not {given!r}: set source = "{source}"')
+        raise p.fail(
+            "data.source", f"the input is {reads}, not {given!r}: set source = \"{source}\""
+        )
     return p, doc, parse_release_options(p, doc, path, strategy)
 
 
