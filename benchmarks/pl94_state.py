@@ -33,7 +33,10 @@ The pipeline is the library's streamed engine,
   (every cell ⌊x⌋ or ⌈x⌉, children = parent cell by cell, the invariants ``==``): the levels
   down to the cut when they are solved, then each partition in the callback from its county's
   integers; the JSON says whether every check held (each level's rounded total equals the
-  invariant, every cell within ⌊x⌋/⌈x⌉, children summing to their parent cell by cell);
+  invariant, every cell within ⌊x⌋/⌈x⌉, children summing to their parent cell by cell) and,
+  per level, ``rounding_of_node_totals``: the RMS movement of the nodes' totals by the
+  rounding (rounded − GLS estimate, persons), the RMS of its standard-error bound (the
+  rounding's ``spread``) and the RMS GLS standard error of the total;
 - ``dense_county``: :func:`~censusdp.pipelines.pl94_stream.slice_check` on the subtree of
   the county with the fewest blocks and its noisy measurements: the streamed structured GLS
   equals the in-memory one bit for bit, and the dense :func:`~censusdp.estimation.tree_gls`
@@ -207,16 +210,19 @@ def run(
 
     ses = StandardErrorSummary(schema, SE_TABLES)
     checks = ReleaseChecks(h)
+    moved = TotalMovement(schema)
     t0, c0 = time.perf_counter(), time.process_time()
     if streaming:
 
         def on_top(top: TopRelease) -> None:
             ses.add(top.piece)
             checks.top(top)
+            moved.add(top.piece, top.counts, top.rounded.spread)
 
         def on_partition(out: PartitionRelease) -> None:
             ses.add(out.piece)
             checks.partition(out)
+            moved.add(out.piece, out.counts, getattr(out, "total_var", None))
 
         res = stream_pl94(
             h, schema, source, plan, rng, partitions=partitions, workers=workers,
@@ -298,6 +304,7 @@ def run(
         "gls_diagnostics": {k: v for k, v in diagnostics.items() if k != "blocks"},
         "standard_errors": ses.result(h.names),
         "rounding": checks.result(persons),
+        "rounding_of_node_totals": moved.result(h.names),
         "seconds_rounding_checks (not counted)": checks.seconds,
     }  # fmt: skip
     k = h.level_index("county")
@@ -317,6 +324,39 @@ def run(
     out["wall_seconds"] = time.perf_counter() - t_start
     out["peak_rss_mb"] = _peak_mb()
     return out
+
+
+class TotalMovement:
+    """Per level: the RMS of the rounding's movement of the nodes' totals (rounded total −
+    GLS estimate of the total, persons), the RMS of its standard-error bound (the
+    rounding's ``spread``, when given) and of the GLS standard error of the total."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.total = ProductQuery.parse(schema, "total")
+        self.acc: dict = {}
+
+    def add(self, piece, counts, spread) -> None:
+        for j, lvl in enumerate(piece.names):
+            c = np.asarray(counts[j]).reshape(len(counts[j]), -1).sum(axis=1)
+            d = c - piece.query_estimates(lvl, self.total)[:, 0]
+            gls = piece.query_standard_errors(lvl, self.total)[:, 0]
+            a = self.acc.setdefault(lvl, np.zeros(4))
+            a += (float(d @ d), d.size, float(np.nansum(gls * gls)), 0.0)
+            if spread is not None:
+                a[3] += float(np.sum(spread[j]))
+
+    def result(self, names) -> dict:
+        out = {}
+        for lvl in names:
+            if lvl not in self.acc:
+                continue
+            sq, n, g, b = self.acc[lvl]
+            out[lvl] = {
+                "rms_movement": float(np.sqrt(sq / n)),
+                "rms_bound": float(np.sqrt(b / n)),
+                "rms_gls_se": float(np.sqrt(g / n)),
+            }
+        return out
 
 
 def _whole(rel) -> StructuredPiece:

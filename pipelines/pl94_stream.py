@@ -547,6 +547,9 @@ class PartitionRelease:
         ``counts[0]``), from the top.
     forest : Forest
         The partition's levels ``cut .. leaf`` (local indices: its child counts).
+    total_var : list of numpy.ndarray or None
+        Per level ``cut + 1 .. leaf``, a bound on the rounding variance of each node's total
+        (:attr:`~censusdp.estimation.structured_rounding.RoundedLevels.spread`).
     """
 
     partition: Partition
@@ -554,6 +557,7 @@ class PartitionRelease:
     counts: list[np.ndarray]
     cut_counts: np.ndarray
     forest: Forest
+    total_var: list[np.ndarray] | None = None
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -585,6 +589,8 @@ class RoundingInput:
         :attr:`~censusdp.estimation.structured_rounding.RoundedLevels.negative` of the top.
     keys : SubKeys or KeyedRNG
         The rounding streams (a task gets only its partition's chunks: :meth:`of`).
+    cut_var : numpy.ndarray or None
+        The top's rounding-variance bounds of the cut nodes' totals (None: not computed).
     """
 
     forest: Forest
@@ -593,6 +599,7 @@ class RoundingInput:
     cut_counts: np.ndarray
     negative: bool
     keys: KeyedRNG | SubKeys
+    cut_var: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -611,15 +618,16 @@ class RoundingInput:
         return cls(
             forest, tuple(r[0] for r in part.ranges), tuple(int(n) for n in h.sizes[cut:]),
             top.counts[cut][slice(*part.units)], bool(top.negative), keys,
+            None if top.spread is None else top.spread[cut][slice(*part.units)],
         )  # fmt: skip
 
     def release(self, part: Partition, piece: StructuredPiece, schema: Schema) -> PartitionRelease:
         """The partition's piece rounded from its cut nodes' integers."""
         out = round_structured_partition(
-            self.forest, self.lo, self.n_global, schema, self.cut_counts, None,
+            self.forest, self.lo, self.n_global, schema, self.cut_counts, self.cut_var,
             list(piece.estimates), self.keys, negative=self.negative,
         )  # fmt: skip
-        return PartitionRelease(part, piece, out.counts, self.cut_counts, self.forest)
+        return PartitionRelease(part, piece, out.counts, self.cut_counts, self.forest, out.spread)
 
 
 #: ``sink(release, payload)`` on the worker (:func:`stream_pl94` with an executor): a
@@ -971,7 +979,7 @@ def stream_pl94(
     def top_callback(piece: StructuredPiece) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         rounded = round_structured_top(
-            h, schema, list(piece.estimates), round_rng, invariants=invs, spreads=False
+            h, schema, list(piece.estimates), round_rng, invariants=invs, spreads=True
         )
         clock("rounding", t0, c0, "rounding_top")
         holder["top"] = TopRelease(piece, rounded, tuple(invs))

@@ -17,15 +17,17 @@ Written atomically into ``OUTDIR`` (:func:`censusdp.atomic.output_dir`: a tempor
 directory renamed into place when complete; never over the input, nothing half-written):
 
 * ``unbiased/pl94_<level>.csv`` and ``unbiased/pl94_long.csv`` — P1–P5 for every level, with
-  ``<column>_se``: the exact standard error of the GLS estimate of that column. It does not
-  include the rounding's error, which is mean zero and has variance ``f(1 − f) ≤ 1/4`` for a
-  detailed cell; each parent's children × cells are rounded by controlled rounding, so a
-  node's total moves by about its parent's total error shared out plus less than one person
-  (on a synthetic 4,000-block state: 0.4–0.5 persons RMS for tracts and blocks, 2.8–3.7 for block
-  groups, whose parents often have two children), not by the sum of its cells' errors
-  (13–19 persons before). A bound for any column is
-  :func:`~censusdp.estimation.structured_rounding.rounded_query_variances` (the engine rounds
-  without the spreads it needs). The size-class report's simulated errors include it;
+  ``<column>_se``: the exact standard error of the GLS estimate of that column, and in the
+  whole-population columns (``P1_001N``, ``P2_001N``) the GLS variance plus an upper bound on
+  the rounding's variance of the node's total
+  (:func:`~censusdp.estimation.structured_rounding.total_variance_bound`;
+  :func:`column_standard_errors`). Each county's subtree is rounded as one flow network, so a
+  node's total below the county is the floor or ceiling of its estimate plus its share of the
+  county's cell errors (on a synthetic 4,000-block state at the production budget: 0.36–0.45
+  persons RMS for tracts, block groups and blocks; block groups moved by 3.06 before). The
+  other columns' ``_se`` leave out the rounding's error, mean zero with variance ``f(1 − f) ≤
+  1/4`` for a detailed cell (:func:`~censusdp.estimation.structured_rounding.rounded_query_variances`
+  gives a bound for any column); the size-class report's simulated errors include it;
 * ``nonnegative/pl94_<level>.csv``, ``nonnegative/pl94_long.csv`` — the same tables from the
   non-negative product (biased; no standard errors);
 * ``nonnegative/microdata.csv`` — one row per person of the non-negative block histogram, in
@@ -173,6 +175,7 @@ __all__ = [
     "PPMFSpec",
     "PPMFResult",
     "REPORT_LEVELS",
+    "column_standard_errors",
     "is_ppmf",
     "load_ppmf_spec",
     "ppmf_products",
@@ -478,9 +481,10 @@ def _relative(spec: Path, name: str) -> Path:
 
 
 # -- the two products, streamed --------------------------------------------------------------
-#: ``on_levels(names, ranges, piece, unbiased, nonnegative)``: consecutive levels of some node
-#: ranges — the GLS piece (None in simulations), and both products' int64 cell tensors.
-_OnLevels = Callable[[tuple[str, ...], tuple[tuple[int, int], ...], object, list, list], None]
+#: ``on_levels(names, ranges, piece, unbiased, nonnegative, total_var)``: consecutive levels of
+#: some node ranges — the GLS piece (None in simulations), both products' int64 cell tensors
+#: and per level the rounding-variance bound of each node's total (None: not computed).
+_OnLevels = Callable[..., None]
 
 
 def _invariants(h: Hierarchy, schema: Schema, hist_block, hist_count) -> list[ProductInvariant]:
@@ -526,6 +530,7 @@ def _two_products(
             top.piece if with_pieces else None,
             list(top.counts),
             nn.counts,
+            top.rounded.spread,
         )
 
     def on_partition(pr: PartitionRelease) -> None:
@@ -547,6 +552,7 @@ def _two_products(
             pr.piece if with_pieces else None,
             list(pr.counts),
             nn.counts,
+            pr.total_var,
         )
 
     return stream_pl94(
@@ -562,12 +568,22 @@ def _two_products(
     )
 
 
-def _column_ses(piece, level: str) -> np.ndarray:
-    """GLS standard error of every P1–P5 column at every node of ``level`` in ``piece``."""
+def column_standard_errors(piece, level: str, total_var: np.ndarray | None = None) -> np.ndarray:
+    """Standard error of every P1–P5 column at every node of ``level`` in ``piece``: the
+    GLS one, and for the columns that are a node's whole population (``P1_001N``,
+    ``P2_001N``) with ``total_var`` (the rounding-variance bound of each node's total,
+    :attr:`~censusdp.estimation.structured_rounding.RoundedLevels.spread`) added: the rounding
+    error has mean zero given the estimate, so the variances add."""
     rows = pl94_codebook().rows
     out = None
     for qi, q in enumerate(rows.queries):
         se = piece.query_standard_errors(level, q)
+        if total_var is not None:
+            whole = q.dense().sum(axis=1) == q.dense().shape[1]
+            if whole.any():
+                tv = np.asarray(total_var, dtype=float).reshape(-1, 1)
+                se = se.copy()
+                se[:, whole] = np.sqrt(se[:, whole] ** 2 + tv)
         if out is None:
             out = np.empty((se.shape[0], len(rows.query_of_row)))
         sel = np.flatnonzero(rows.query_of_row == qi)
@@ -799,7 +815,9 @@ def _measured_products(
     )
     got = update_with_areas(rel, eq, ameas, stmt)
     upd = got.release
-    rounded = round_structured(upd, rng.child("rounding"), invariants=invariants)
+    rounded = round_structured(
+        upd, rng.child("rounding"), invariants=invariants, cut=h.level_index(CUT)
+    )
     nn = nonnegative_structured(upd, rng.child("nonnegative"), invariants=invariants)
     on_levels(
         tuple(h.names),
@@ -807,6 +825,7 @@ def _measured_products(
         upd if with_pieces else None,
         list(rounded.counts),
         list(nn.counts),
+        rounded.spread,
     )
     return stmt, got
 
@@ -843,7 +862,9 @@ class _AreaProducts:
         est = self.measured if self.measured is not None else self._summed()
         return {
             "unbiased": LevelTables(
-                self.eq.codes, self.sums["unbiased"].reshape(shape), _column_ses(est, self.eq.name)
+                self.eq.codes,
+                self.sums["unbiased"].reshape(shape),
+                column_standard_errors(est, self.eq.name),
             ),
             "nonnegative": LevelTables(self.eq.codes, self.sums["nonnegative"].reshape(shape)),
         }
@@ -964,10 +985,12 @@ def privatize_ppmf(
         micro = (tmp / "nonnegative" / "microdata.csv").open("wb")
         micro.write((",".join(MICRODATA_COLUMNS) + "\n").encode())
 
-        def on_levels(names, ranges, piece, unbiased, nonneg) -> None:
-            for name, (lo, hi), u, n in zip(names, ranges, unbiased, nonneg, strict=True):
+        def on_levels(names, ranges, piece, unbiased, nonneg, total_var=None) -> None:
+            tvs = [None] * len(names) if total_var is None else total_var
+            for name, (lo, hi), u, n, tv in zip(names, ranges, unbiased, nonneg, tvs, strict=True):
                 codes = h.levels[h.level_index(name)].codes[lo:hi]
-                writers["unbiased"].add(name, LevelTables(codes, u, _column_ses(piece, name)))
+                se = column_standard_errors(piece, name, tv)
+                writers["unbiased"].add(name, LevelTables(codes, u, se))
                 writers["nonnegative"].add(name, LevelTables(codes, n))
                 if name in released["unbiased"]:
                     released["unbiased"][name].append(u.reshape(u.shape[0], -1).sum(axis=1))
@@ -1026,7 +1049,7 @@ def privatize_ppmf(
             acc = {p: {lv: np.zeros(h.sizes[h.level_index(lv)], np.int64)
                        for lv in (*report_levels, h.names[leaf])} for p in PRODUCTS}  # fmt: skip
 
-            def collect(names, ranges, piece, unbiased, nonneg) -> None:
+            def collect(names, ranges, piece, unbiased, nonneg, total_var=None) -> None:
                 for name, (lo, hi), u, n in zip(names, ranges, unbiased, nonneg, strict=True):
                     if name in acc["unbiased"]:
                         acc["unbiased"][name][lo:hi] = u.reshape(hi - lo, -1).sum(axis=1)
@@ -1091,11 +1114,13 @@ def _write_manifest(
         "unbiased": (
             "unbiased/: GLS estimates of the measurements (unbiased), integer by unbiased "
             "rounding (every cell floor or ceil of its estimate, children summing to their "
-            "parent, invariants exact); <column>_se is the exact standard error of the GLS "
-            "estimate and does NOT include the rounding's error (mean zero, f(1-f) <= 1/4 of "
-            "variance per detailed cell; node totals are controlled: each moves by about its "
-            "parent's total error shared among the children plus less than one person; the "
-            "size-class report's simulated errors include it)"
+            "parent, invariants exact; below the county every node's total is the floor or "
+            "ceiling of its estimate plus its share of the county's cell errors); <column>_se "
+            "is the exact standard error of the GLS estimate, and in the whole-population "
+            "columns P1_001N and P2_001N the square root of that variance plus an upper bound "
+            "on the rounding's variance of the node's total (a bound, not exact); the other "
+            "columns' _se do NOT include the rounding's error (mean zero, f(1-f) <= 1/4 of "
+            "variance per detailed cell; the size-class report's simulated errors include it)"
         ),
         "nonnegative": f"nonnegative/: {BIASED_NOTE}; microdata.csv: one row per person",
     }

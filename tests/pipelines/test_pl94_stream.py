@@ -65,7 +65,10 @@ def _reference(h, source, rng):
         ProductInvariant(lvl, TOTAL, TOTAL.apply(levels[k])) for k, lvl in enumerate(h.names[:2])
     ]
     rel = structured_gls(h, SCHEMA, meas, invs)
-    rounded = round_structured(rel, rng.child("rounding"), invariants=invs, spreads=False)
+    # the engine's cut (county): each county's subtree is rounded as one network
+    rounded = round_structured(
+        rel, rng.child("rounding"), invariants=invs, spreads=False, cut=h.level_index("county")
+    )
     return rel, rounded, levels
 
 
