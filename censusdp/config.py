@@ -215,7 +215,7 @@ class DataSpec:
     source : str
         Input format, a registered source (:data:`censusdp.pipelines.data.SOURCES`, checked
         by :func:`censusdp.pipelines.specs.check_spec`): ``midwest`` is the embedded demo
-        table (plotnine's ``midwest``), ``synthetic`` is generated, the others are files.
+        table (ggplot2's ``midwest``, packaged as a CSV), ``synthetic`` is generated, the others are files.
     path : pathlib.Path or None
         Input file (required for file sources). A relative path in a spec file is resolved
         against that file's directory by :func:`load_spec`.
