@@ -69,7 +69,6 @@ import scipy.sparse as sp
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.gls import Forest
 from censusdp.estimation.structured_gls import StructuredPiece
 from censusdp.estimation.structured_rounding import LABEL as ROUNDING_LABEL
 from censusdp.estimation.structured_rounding import (
@@ -79,6 +78,7 @@ from censusdp.estimation.structured_rounding import (
     round_structured_top,
 )
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.forest import Forest
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery, apply_queries
