@@ -68,8 +68,8 @@ import scipy.linalg
 
 from censusdp.budget import PrivacyStatement, compose
 from censusdp.errors import BudgetError, SpecError
-from censusdp.estimation.areas import AreaEstimates, area_sweep, covariance_levels, root_covariance
-from censusdp.estimation.gls_kernel import LevelInputs, general_down, general_up
+from censusdp.estimation.areas import AreaEstimates, area_sweep, covariance_levels
+from censusdp.estimation.gls_kernel import LevelInputs, general_down, general_up, root_start
 from censusdp.estimation.marginal_basis import BlockDiagonal
 from censusdp.estimation.structured_gls import (
     StructuredRelease,
@@ -355,7 +355,8 @@ def update_with_areas(
         zhat = [_identified(setup, mask, c) for c in coefs]
         try:
             X, P, ups = _columns(setup, mask, forest, leaf, area, nA, R)
-            cov_a = area_sweep(forest, ups, kS, leaf, area, nA, root_covariance(h, ups, kS))
+            P0 = root_start(ups, kS, h.names[0])[1]
+            cov_a = area_sweep(forest, ups, kS, leaf, area, nA, P0)
         except SpecError as err:
             raise block_error(setup.schema, mask, err) from None
         prior_area[mask] = _cells(setup, mask, cov_a)
@@ -456,7 +457,7 @@ def _columns(
                 f"do); measure the areas with queries the {h.names[-1]} level measures (e.g. "
                 "total)"
             )
-    P0 = root_covariance(h, ups, kS).copy()
+    P0 = root_start(ups, kS, h.names[0])[1]
     X, P = general_down(forest, ups, kS, ups[0].m, P0)
     return X, P, ups
 

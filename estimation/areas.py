@@ -83,7 +83,7 @@ from censusdp.estimation.gls_kernel import (
     family_inverse_bordered,
     family_inverse_plain,
     general_up,
-    not_identifiable,
+    root_start,
 )
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.structured_gls import (
@@ -292,7 +292,7 @@ def structured_area_covariance(setup: StructuredSetup, equivalency: Equivalency)
             continue
         try:
             ups = general_up(forest, covariance_levels(setup, mask, 0, forest.sizes), kS, None)
-            P0 = root_covariance(h, ups, kS)
+            P0 = root_start(ups, kS, h.names[0])[1]
             cov = area_sweep(
                 forest, ups, kS, equivalency.leaf, equivalency.area, nA, P0, pairs=pairs
             )
@@ -329,21 +329,6 @@ def covariance_levels(
         J, H, _, _ = block_matrices(setup, mask, first + j, rows)
         out.append(LevelInputs(J, np.zeros((n, kS)), H, np.zeros((n, H.shape[0])), J.shape[0] == 1))
     return out
-
-
-def root_covariance(h: Hierarchy, ups: Sequence[UpwardBelief], K: int) -> np.ndarray:
-    """The root's smoothed covariance ``(1, K, K)``: its upward ``P``, once it has no flat
-    direction (the start of :func:`~censusdp.estimation.gls_kernel.general_down`).
-
-    Raises
-    ------
-    SpecError
-        Some combination of cells is measured nowhere (the root has a flat direction).
-    """
-    root = ups[0]
-    if root.N is not None and np.any(root.r):
-        raise not_identifiable(h.names[0], "some combination of cells is measured nowhere")
-    return np.broadcast_to(root.P, (1, K, K))
 
 
 def _to_cells(setup: StructuredSetup, mask: int, cov: np.ndarray) -> np.ndarray:
@@ -421,9 +406,8 @@ def area_top(
         start = tuple(np.concatenate([p.pairs[mask][i] for p in partials]) for i in range(3))
         try:
             ups = general_up(forest, levels, kS, msg)
-            cov = area_sweep(
-                forest, ups, kS, start[0], start[1], nA, root_covariance(h, ups, kS), start=start
-            )
+            P0 = root_start(ups, kS, h.names[0])[1]
+            cov = area_sweep(forest, ups, kS, start[0], start[1], nA, P0, start=start)
         except SpecError as err:
             raise block_error(setup.schema, mask, err) from None
         cov = cov + sum(p.acc[mask] for p in partials)
@@ -570,6 +554,6 @@ def tree_area_covariance(
     ups = general_up(forest, level_inputs(forest, plan, meas, invs), K, None)
     cov = area_sweep(
         forest, ups, K, equivalency.leaf, equivalency.area, equivalency.n_areas,
-        root_covariance(hierarchy, ups, K),
+        root_start(ups, K, hierarchy.names[0])[1],
     )  # fmt: skip
     return cov * plan.vscale

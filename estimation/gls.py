@@ -105,6 +105,7 @@ from censusdp.estimation.gls_kernel import (
     general_down,
     general_up,
     not_identifiable,
+    root_start,
 )
 from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
@@ -952,13 +953,13 @@ def gls_top(
             raise not_identifiable(plan.names[0], "some cell is measured at no level")
         return _diagonal_down(forest, ups, ups[0].m, ups[0].P)
     ups = general_up(forest, lv, K, bottom)
-    root = ups[0]
-    if root.N is not None and np.any(root.r):
-        raise not_identifiable(
-            plan.names[0],
-            "some combination of cells is measured at no level and held invariant nowhere",
-        )
-    return general_down(forest, ups, K, root.m, np.broadcast_to(root.P, (1, K, K)).copy())
+    z0, P0 = root_start(
+        ups,
+        K,
+        plan.names[0],
+        "some combination of cells is measured at no level and held invariant nowhere",
+    )
+    return general_down(forest, ups, K, z0, P0)
 
 
 def gls_downward(

@@ -37,8 +37,8 @@ Means, information vectors and invariant values may carry a copy axis — ``h`` 
 marginal workload repeated over within-group contrasts); matrices stay per node, and with no
 copy axis every operation is the one of a single problem, bit for bit.
 
-The estimate is identifiable iff the root has no flat direction (the caller checks
-``UpwardBelief.r`` of the root) and no two siblings share one (:func:`general_up` and
+The estimate is identifiable iff the root has no flat direction (:func:`root_start`, where
+the downward pass starts) and no two siblings share one (:func:`general_up` and
 :func:`general_down` raise :func:`not_identifiable`).
 
 References
@@ -69,6 +69,7 @@ __all__ = [
     "general_down",
     "general_up",
     "not_identifiable",
+    "root_start",
 ]
 
 #: Eigenvalues below this fraction of a matrix's largest are treated as zero.
@@ -458,6 +459,36 @@ def family_inverse_bordered(
     Y[:, K:, K:] = pad[:, :, None] * np.eye(K)
     Yinv, _ = _pinv_psd(Y)
     return Yinv
+
+
+def root_start(
+    ups: Sequence[UpwardBelief],
+    K: int,
+    level: str,
+    what: str = "some combination of cells is measured nowhere",
+) -> tuple[np.ndarray, np.ndarray]:
+    """The smoothed root: its upward mean and covariance ``(1|n, K, K)`` copied to
+    ``(1, K, K)``, where :func:`general_down` starts from the root.
+
+    Parameters
+    ----------
+    ups : sequence of UpwardBelief
+        :func:`general_up` of a forest that starts at the root (level ``level``).
+    K : int
+        Number of cells of a node.
+    level, what : str
+        The root level's name, and why it would not be identifiable (for the message).
+
+    Raises
+    ------
+    SpecError
+        The root has a flat direction: some combination of cells is determined by no
+        measurement and no invariant.
+    """
+    root = ups[0]
+    if root.N is not None and np.any(root.r):
+        raise not_identifiable(level, what)
+    return root.m, np.broadcast_to(root.P, (1, K, K)).copy()
 
 
 def general_down(

@@ -55,6 +55,7 @@ from censusdp.estimation.gls_kernel import (
     general_down,
     general_up,
     not_identifiable,
+    root_start,
 )
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.structured_gls import (
@@ -405,11 +406,8 @@ def _covariance_passes(
     ]
     ups = general_up(forest, levels, K, None)
     _refuse_shared_flat(classes, ups, names)
-    root = ups[0]
-    if root.N is not None and np.any(root.r):
-        raise not_identifiable(names[0], "some combination of cells is measured nowhere")
-    P0 = np.broadcast_to(root.P, (1, K, K)).copy()
-    _, Phat = general_down(forest, ups, K, root.m, P0)
+    z0, P0 = root_start(ups, K, names[0])
+    _, Phat = general_down(forest, ups, K, z0, P0)
     return Phat, ups
 
 

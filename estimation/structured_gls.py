@@ -79,7 +79,7 @@ from censusdp.estimation.gls_kernel import (
     concat_messages,
     general_down,
     general_up,
-    not_identifiable,
+    root_start,
 )
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis, node_axis_product
 from censusdp.estimation.uncertainty import normal_intervals
@@ -872,12 +872,9 @@ def structured_top(setup: StructuredSetup, up: StructuredUpward) -> dict:
             out[mask] = None
             continue
         kS = setup.k(mask)
-        root = ups[0]
         try:
-            if root.N is not None and np.any(root.r):
-                raise not_identifiable(names[0], "some combination of cells is measured nowhere")
-            P0 = np.broadcast_to(root.P, (1, kS, kS)).copy()
-            out[mask] = general_down(up.forest, ups, kS, root.m, P0)
+            z0, P0 = root_start(ups, kS, names[0])
+            out[mask] = general_down(up.forest, ups, kS, z0, P0)
         except SpecError as err:
             raise block_error(setup.schema, mask, err) from None
     return out

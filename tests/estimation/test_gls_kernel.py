@@ -26,6 +26,7 @@ from censusdp.estimation.gls_kernel import (
     concat_messages,
     general_down,
     general_up,
+    root_start,
 )
 from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.hierarchy.synthetic import random_hierarchy
@@ -107,13 +108,9 @@ def _dense(h, levels, K, copy):
 
 
 def _solve(forest: Forest, levels: list, K: int):
-    """Upward, root check, downward: what every front end does from the root."""
+    """Upward, the root's start, downward: what every front end does from the root."""
     ups = general_up(forest, levels, K, None)
-    root = ups[0]
-    if root.N is not None and np.any(root.r):
-        raise SpecError("root has a flat direction")
-    P0 = np.broadcast_to(root.P, (1, K, K)).copy()
-    zhat, Phat = general_down(forest, ups, K, root.m, P0)
+    zhat, Phat = general_down(forest, ups, K, *root_start(ups, K, forest.names[0]))
     if any(u.rc is not None and np.any(u.rc) for u in ups):
         event("flat children: bordered relation")
     return zhat, Phat
@@ -242,8 +239,7 @@ def test_messages_concatenate_associatively_and_split_passes_are_bit_identical(
     # the levels above the cut see the same message: the same root, bit for bit
     top = general_up(whole_forest(h, 0, 1), [levels[0], None], K, msg)
     assert np.array_equal(top[0].m, ups_whole[0].m) and np.array_equal(top[0].P, ups_whole[0].P)
-    P0 = np.broadcast_to(top[0].P, (1, K, K)).copy()
-    zt, Pt = general_down(whole_forest(h, 0, 1), top, K, top[0].m, P0)
+    zt, Pt = general_down(whole_forest(h, 0, 1), top, K, *root_start(top, K, "L0"))
     assert np.array_equal(zt[1], whole[0][1]) and np.array_equal(Pt[1], whole[1][1])
     # each partition smoothed from its slice of the cut level: the whole pass's leaves
     for forest, ups, lo, hi, lo2, hi2 in states:
