@@ -20,8 +20,8 @@ measurement ``ỹ_α = R_S s_α + ε̃``, ``ε̃ ~ (0, I)``, with ``R_SᵀR_S = 
 (``r_S ≤ n_S`` rows, identical over the block's ``mult_S`` copies); the GLS depends on the
 rows only through ``BᵀD⁻¹B`` and ``BᵀD⁻¹y``, which the whitened rows reproduce. Per block:
 
-* ``Σ Bᵀ`` — one tree solve (:func:`~censusdp.estimation.gls._general_up` /
-  :func:`~censusdp.estimation.gls._general_down`, zero measurements and invariant values)
+* ``Σ Bᵀ`` — one tree solve (:func:`~censusdp.estimation.gls_kernel.general_up` /
+  :func:`~censusdp.estimation.gls_kernel.general_down`, zero measurements and invariant values)
   whose leaf information vectors are the columns of ``Bᵀ``, the ``n_areas · r_S`` columns
   carried as the solve's copy axis: ``X_v = Cov(e_v, B e)`` for *every* node ``v``;
 * ``K = E X_leaf Rᵀ + I`` (``n_areas r_S`` square), one Cholesky factor ``L``;
@@ -68,18 +68,19 @@ import scipy.linalg
 
 from censusdp.budget import PrivacyStatement, compose
 from censusdp.errors import BudgetError, SpecError
-from censusdp.estimation.areas import AreaEstimates, _covariance_levels, _root_P, area_sweep
-from censusdp.estimation.gls import _general_down, _general_up, _Level, whole_forest
+from censusdp.estimation.areas import AreaEstimates, area_sweep, covariance_levels
+from censusdp.estimation.gls_kernel import LevelInputs, general_down, general_up, root_start
 from censusdp.estimation.marginal_basis import BlockDiagonal
 from censusdp.estimation.structured_gls import (
     StructuredRelease,
     StructuredSetup,
-    _add_adjoint,
-    _block_error,
-    _gather,
+    add_adjoint,
+    block_error,
+    gather_block,
     structured_output,
 )
 from censusdp.hierarchy.equivalency import Equivalency
+from censusdp.hierarchy.forest import whole_forest
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.privacy import derive_statement
 from censusdp.mechanisms.product_measure import ProductMeasurement, measure_products
@@ -247,7 +248,7 @@ def _area_information(
                 f"area query {m.query.name!r}: values have shape {vals.shape}, expected "
                 f"({n_areas}, {m.query.n_rows})"
             )
-        _add_adjoint(basis, m.query, vals * (tau / var), vec)
+        add_adjoint(basis, m.query, vals * (tau / var), vec)
     return info, vec
 
 
@@ -278,7 +279,7 @@ def _whitening(setup: StructuredSetup, mask: int, info: np.ndarray) -> np.ndarra
 def _identified(setup: StructuredSetup, mask: int, coef: np.ndarray) -> np.ndarray:
     """Block ``mask`` of coefficient tensors ``(n, *shape)`` in scaled identified
     coordinates ``(n, mult_S, k_S)``."""
-    z = _gather(setup.basis, coef, mask)
+    z = gather_block(setup.basis, coef, mask)
     V = setup.V[mask]
     return (z if V is None else z @ V) / setup.tau
 
@@ -354,9 +355,10 @@ def update_with_areas(
         zhat = [_identified(setup, mask, c) for c in coefs]
         try:
             X, P, ups = _columns(setup, mask, forest, leaf, area, nA, R)
-            cov_a = area_sweep(forest, ups, kS, leaf, area, nA, _root_P(h, ups, kS))
+            P0 = root_start(ups, kS, h.names[0])[1]
+            cov_a = area_sweep(forest, ups, kS, leaf, area, nA, P0)
         except SpecError as err:
-            raise _block_error(setup.schema, mask, err) from None
+            raise block_error(setup.schema, mask, err) from None
         prior_area[mask] = _cells(setup, mask, cov_a)
         if r == 0:  # the areas measure nothing of this block: it is unchanged
             smoothed[mask] = (zhat, P)
@@ -431,7 +433,7 @@ def _columns(
     h = setup.hierarchy
     kS, r = setup.k(mask), R.shape[0]
     m = n_areas * r
-    levels = _covariance_levels(setup, mask, 0, h.sizes)
+    levels = covariance_levels(setup, mask, 0, h.sizes)
     rhs = []
     for j, lv in enumerate(levels if m else ()):
         n = lv.h.shape[0]
@@ -439,8 +441,8 @@ def _columns(
         if j == h.depth - 1:
             cols = area[:, None] * r + np.arange(r)[None, :]  # column of (α, i)
             hj[leaf[:, None], cols] = R[None, :, :]
-        rhs.append(_Level(lv.J, hj, lv.H, np.zeros((n, m, lv.H.shape[0])), lv.shared))
-    ups = _general_up(forest, rhs if m else levels, kS, None)
+        rhs.append(LevelInputs(lv.J, hj, lv.H, np.zeros((n, m, lv.H.shape[0])), lv.shared))
+    ups = general_up(forest, rhs if m else levels, kS, None)
     bottom = ups[-1]
     if m and bottom.N is not None and np.any(bottom.r):
         # the passes carry no information along a node's flat directions (measured only
@@ -455,8 +457,8 @@ def _columns(
                 f"do); measure the areas with queries the {h.names[-1]} level measures (e.g. "
                 "total)"
             )
-    P0 = _root_P(h, ups, kS).copy()
-    X, P = _general_down(forest, ups, kS, ups[0].m, P0)
+    P0 = root_start(ups, kS, h.names[0])[1]
+    X, P = general_down(forest, ups, kS, ups[0].m, P0)
     return X, P, ups
 
 

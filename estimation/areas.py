@@ -9,7 +9,8 @@ the tree from the Rauch–Tung–Striebel (backward) representation of the smoot
 
 **The algebra.** Let ``P_c`` be node c's upward covariance (its estimate from its own subtree,
 after its measurements and invariants), ``S_p = Σ_{c ∈ ch(p)} P_c`` and, per family, the
-smoother's family inverse ``A_p = S_p⁺`` (:func:`~censusdp.estimation.gls.family_inverse_plain`).
+smoother's family inverse ``A_p = S_p⁺``
+(:func:`~censusdp.estimation.gls_kernel.family_inverse_plain`).
 The downward pass is ``ẑ_c = m_c + G_c (ẑ_p − Σ m)`` with ``G_c = P_c A_p``, so the errors
 ``e = ẑ − z`` satisfy ``e_c = G_c e_p + η_c`` with innovations ``η`` independent of every
 error above the family and of other families, but *not* of their siblings': given the
@@ -25,7 +26,7 @@ Invariants make ``P`` singular on the held directions: ``A_p`` is a pseudo-inver
 ``P_c A_p S_p = P_c`` since ``range P_c ⊆ range S_p``, so the formula holds as written; the
 root term carries the root's smoothed covariance (zero on invariant directions). Children
 with *flat* directions (a combination measured above them only, e.g. an only child) use the
-bordered family inverse ``Y_p`` (:func:`~censusdp.estimation.gls.family_inverse_bordered`):
+bordered family inverse ``Y_p`` (:func:`~censusdp.estimation.gls_kernel.family_inverse_bordered`):
 with ``F_c = [P_c, Ñ_c]`` the gain is ``F_c Y_p[:, :K]``, the family covariance
 ``δ_cc' P_c − F_c Y_p F_c'ᵀ``, and ``Q_p = Σ_c M_c F_c`` in the last term — the limit of the
 plain formula as the flat directions' prior variance grows.
@@ -74,30 +75,27 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.gls import (
-    Forest,
-    Geometry,
-    _collect,
-    _concat_messages,
-    _general_up,
-    _Level,
-    _not_identifiable,
-    _Up,
+from censusdp.estimation.gls import Geometry, gls_plan, level_inputs
+from censusdp.estimation.gls_kernel import (
+    LevelInputs,
+    UpwardBelief,
+    concat_messages,
     family_inverse_bordered,
     family_inverse_plain,
-    gls_plan,
-    whole_forest,
+    general_up,
+    root_start,
 )
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.structured_gls import (
+    BlockEstimates,
     StructuredRelease,
     StructuredSetup,
-    _block_error,
-    _BlockEstimates,
+    block_error,
     block_matrices,
 )
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.equivalency import Equivalency
+from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import Invariant, Measurement
 from censusdp.schema import Schema
@@ -131,7 +129,7 @@ def _quad(M: np.ndarray, P: np.ndarray) -> np.ndarray:
     return (M @ P) @ M.swapaxes(-1, -2)
 
 
-def _packed_flat(u: _Up, ch: _Up, K: int) -> np.ndarray:
+def _packed_flat(u: UpwardBelief, ch: UpwardBelief, K: int) -> np.ndarray:
     """``Ñ_c`` of every child row: its flat directions in its packed columns of the parent."""
     n = ch.m.shape[0]
     out = np.zeros((n, K, K))
@@ -176,7 +174,7 @@ def area_pairs(
 
 def area_sweep(
     forest: Forest,
-    ups: Sequence[_Up],
+    ups: Sequence[UpwardBelief],
     K: int,
     leaf: np.ndarray,
     area: np.ndarray,
@@ -195,8 +193,8 @@ def area_sweep(
     ----------
     forest : Forest
         The tree (whole, from the root): its ``parent`` arrays move pairs up.
-    ups : sequence of _Up
-        The upward pass of one tree problem (:func:`~censusdp.estimation.gls._general_up`,
+    ups : sequence of UpwardBelief
+        The upward pass of one tree problem (:func:`~censusdp.estimation.gls_kernel.general_up`,
         scaled units), per level; rows indexed by ``rows`` (default: the forest's nodes).
     K : int
         The problem's dimension.
@@ -293,13 +291,13 @@ def structured_area_covariance(setup: StructuredSetup, equivalency: Equivalency)
             blocks[mask] = np.zeros((nA, nS, nS))
             continue
         try:
-            ups = _general_up(forest, _covariance_levels(setup, mask, 0, forest.sizes), kS, None)
+            ups = general_up(forest, covariance_levels(setup, mask, 0, forest.sizes), kS, None)
+            P0 = root_start(ups, kS, h.names[0])[1]
             cov = area_sweep(
-                forest, ups, kS, equivalency.leaf, equivalency.area, nA, _root_P(h, ups, kS),
-                pairs=pairs,
-            )  # fmt: skip
+                forest, ups, kS, equivalency.leaf, equivalency.area, nA, P0, pairs=pairs
+            )
         except SpecError as err:
-            raise _block_error(setup.schema, mask, err) from None
+            raise block_error(setup.schema, mask, err) from None
         blocks[mask] = _to_cells(setup, mask, cov)
     return BlockDiagonal(basis, blocks)
 
@@ -318,9 +316,9 @@ def _check(setup: StructuredSetup, equivalency: Equivalency) -> None:
         )
 
 
-def _covariance_levels(
+def covariance_levels(
     setup: StructuredSetup, mask: int, first: int, ranges: Sequence[tuple[int, int]] | Sequence[int]
-) -> list[_Level]:
+) -> list[LevelInputs]:
     """Block ``mask``'s levels ``first ..`` (node ranges, or whole levels of these sizes) with
     zero information vectors: what the covariance passes read."""
     kS = setup.k(mask)
@@ -329,15 +327,8 @@ def _covariance_levels(
         rows = (0, int(r)) if np.isscalar(r) else (int(r[0]), int(r[1]))
         n = rows[1] - rows[0]
         J, H, _, _ = block_matrices(setup, mask, first + j, rows)
-        out.append(_Level(J, np.zeros((n, kS)), H, np.zeros((n, H.shape[0])), J.shape[0] == 1))
+        out.append(LevelInputs(J, np.zeros((n, kS)), H, np.zeros((n, H.shape[0])), J.shape[0] == 1))
     return out
-
-
-def _root_P(h: Hierarchy, ups: Sequence[_Up], K: int) -> np.ndarray:
-    root = ups[0]
-    if root.N is not None and np.any(root.r):
-        raise _not_identifiable(h.names[0], "some combination of cells is measured nowhere")
-    return np.broadcast_to(root.P, (1, K, K))
 
 
 def _to_cells(setup: StructuredSetup, mask: int, cov: np.ndarray) -> np.ndarray:
@@ -383,13 +374,13 @@ def area_partition(
         if kS == 0:
             continue
         try:
-            ups = _general_up(forest, _covariance_levels(setup, mask, cut, ranges), kS, None)
+            ups = general_up(forest, covariance_levels(setup, mask, cut, ranges), kS, None)
             acc[mask], (node, ar, M) = area_sweep(
                 forest, ups, kS, leaf, area, equivalency.n_areas, np.zeros((1, kS, kS)),
                 to_root=False, pairs=shared,
             )  # fmt: skip
         except SpecError as err:
-            raise _block_error(setup.schema, mask, err) from None
+            raise block_error(setup.schema, mask, err) from None
         pairs[mask] = (node + ranges[0][0], ar, M)
         messages[mask] = ups[0].message()
     return AreaPartial(acc, pairs, messages)
@@ -410,23 +401,22 @@ def area_top(
         if kS == 0:
             blocks[mask] = np.zeros((nA, nS, nS))
             continue
-        msg = _concat_messages([p.messages[mask] for p in partials], kS)
-        levels: list = [*_covariance_levels(setup, mask, 0, h.sizes[:cut]), None]
+        msg = concat_messages([p.messages[mask] for p in partials], kS)
+        levels: list = [*covariance_levels(setup, mask, 0, h.sizes[:cut]), None]
         start = tuple(np.concatenate([p.pairs[mask][i] for p in partials]) for i in range(3))
         try:
-            ups = _general_up(forest, levels, kS, msg)
-            cov = area_sweep(
-                forest, ups, kS, start[0], start[1], nA, _root_P(h, ups, kS), start=start
-            )
+            ups = general_up(forest, levels, kS, msg)
+            P0 = root_start(ups, kS, h.names[0])[1]
+            cov = area_sweep(forest, ups, kS, start[0], start[1], nA, P0, start=start)
         except SpecError as err:
-            raise _block_error(setup.schema, mask, err) from None
+            raise block_error(setup.schema, mask, err) from None
         cov = cov + sum(p.acc[mask] for p in partials)
         blocks[mask] = _to_cells(setup, mask, 0.5 * (cov + cov.swapaxes(-1, -2)))
     return BlockDiagonal(setup.basis, blocks)
 
 
 @dataclass(frozen=True, eq=False)
-class AreaEstimates(_BlockEstimates):
+class AreaEstimates(BlockEstimates):
     """Estimates of off-spine areas (sums of leaves) with their exact error covariances.
 
     Query it as a level named ``name`` (or 0): ``query_estimates(name, q)``,
@@ -561,9 +551,9 @@ def tree_area_covariance(
         )
     forest = whole_forest(hierarchy)
     K = plan.K
-    ups = _general_up(forest, _collect(forest, plan, meas, invs), K, None)
+    ups = general_up(forest, level_inputs(forest, plan, meas, invs), K, None)
     cov = area_sweep(
         forest, ups, K, equivalency.leaf, equivalency.area, equivalency.n_areas,
-        _root_P(hierarchy, ups, K),
+        root_start(ups, K, hierarchy.names[0])[1],
     )  # fmt: skip
     return cov * plan.vscale

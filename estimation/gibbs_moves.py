@@ -42,7 +42,7 @@ from censusdp.estimation.mcmc import (
     Proposal,
     TreeLayout,
     TreePairs,
-    _uniform_index,
+    uniform_index,
 )
 
 __all__ = ["LineDraws", "GibbsGroupMoves", "GibbsTreeMoves", "GibbsBasisMoves"]
@@ -283,7 +283,7 @@ class GibbsTreeMoves(TreePairs):
         lay = self.layout
         pair_move = gen.random(n) < self.p_pair
         opt = (
-            self._options[_uniform_index(gen.random(n), max(len(self._options), 1))]
+            self._options[uniform_index(gen.random(n), max(len(self._options), 1))]
             if len(self._options)
             else np.zeros((n, 2), dtype=np.int64)
         )
@@ -295,8 +295,8 @@ class GibbsTreeMoves(TreePairs):
         ok = self._slot_ok[k] & ~pair_move[:, None]
         kk = np.broadcast_to(k[:, None], u.shape)
         nu, nv = self._n_leaf[kk, u], self._n_leaf[kk, v]
-        i = self._first_leaf[kk, u] + _uniform_index(gen.random(u.shape), np.maximum(nu, 1))
-        j = self._first_leaf[kk, v] + _uniform_index(gen.random(v.shape), np.maximum(nv, 1))
+        i = self._first_leaf[kk, u] + uniform_index(gen.random(u.shape), np.maximum(nu, 1))
+        j = self._first_leaf[kk, v] + uniform_index(gen.random(v.shape), np.maximum(nv, 1))
         single = np.broadcast_to((k == 0)[:, None], u.shape).copy()
         null = ~ok | (nu == 0) | ((nv == 0) & ~single)
         i, j = (
@@ -349,11 +349,11 @@ class GibbsBasisMoves(BasisMoves):
         self._set_basis(B, draws.integer)
 
     def propose(self, states, gen):
-        k = _uniform_index(gen.random(states.shape[0]), self.basis.shape[1])
+        k = uniform_index(gen.random(states.shape[0]), self.basis.shape[1])
         return self.draws.draw(states, self._nz_idx[k], self._nz_val[k], gen)
 
     def propose_coupled(self, x, y, gen):
         n = x.shape[0]
-        k = _uniform_index(gen.random(n), self.basis.shape[1])
+        k = uniform_index(gen.random(n), self.basis.shape[1])
         shift = self._coeffs(x - y)[np.arange(n), k]
         return self.draws.draw_coupled(x, y, self._nz_idx[k], self._nz_val[k], shift, gen)

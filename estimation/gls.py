@@ -36,6 +36,13 @@ them — the blocks of a marginal workload repeated over within-group contrasts,
 run in one pass with a copy axis on every mean and information vector (``(n, C, K)``) and
 one set of per-node matrices (:mod:`censusdp.estimation.structured_gls`).
 
+**Kernel.** The general path is the public kernel :mod:`censusdp.estimation.gls_kernel`
+(:func:`~censusdp.estimation.gls_kernel.general_up`,
+:func:`~censusdp.estimation.gls_kernel.general_down`); this module is its flat front end
+(:func:`level_inputs` turns measurements and invariants into the kernel's per-level inputs)
+and :mod:`censusdp.estimation.structured_gls` its structured one. The sub-forests the passes
+run on are :class:`~censusdp.hierarchy.forest.Forest` (re-exported here for one release).
+
 **Diagonal fast path.** When every query and invariant row selects a single cell (identity
 queries, one cell), the cells decouple and the passes are elementwise (Hay et al. 2010).
 
@@ -90,9 +97,20 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement, invariant_labels, with_invariants
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.gls_kernel import (
+    PSEUDO_INVERSE_RTOL,
+    LevelInputs,
+    UpwardBelief,
+    concat_messages,
+    general_down,
+    general_up,
+    not_identifiable,
+    root_start,
+)
 from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.core import exact_int64
+from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import (
     Invariant,
@@ -105,6 +123,8 @@ from censusdp.mechanisms.queries import (
 __all__ = [
     "tree_gls",
     "NodeVarianceMeasurement",
+    # Forest and whole_forest moved to censusdp.hierarchy.forest (a hierarchy concept);
+    # re-exported here for one release so that importers of this module keep working.
     "Forest",
     "GLSPlan",
     "UpwardState",
@@ -118,13 +138,12 @@ __all__ = [
     "gls_diagnostics",
     "forest_residuals",
     "merge_residuals",
+    "level_inputs",
     "restrict",
     "whole_forest",
 ]
 
 Geometry = Literal["weighted", "euclidean"]
-
-_RTOL = 1e-11
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,163 +159,7 @@ class NodeVarianceMeasurement(Measurement):
     node_variance: np.ndarray | None = None
 
 
-# ----------------------------------------------------------------------------- sub-forests
-class Forest:
-    """Levels ``first, first + 1, ...`` of a contiguous run of subtrees, with local indices.
-
-    Nodes are sorted by parent at every level, so the child counts of the levels above the
-    last one determine everything else (``child_start`` is their running sum, ``parent`` their
-    repeat); that is all a partition has to receive. ``codes`` (levels above the last) name
-    nodes in error messages.
-
-    Parameters
-    ----------
-    first : int
-        Hierarchy index of the top level of the forest.
-    names : sequence of str
-        Names of the forest's levels.
-    sizes : sequence of int
-        Number of nodes of each level in the forest.
-    child_count : sequence of int arrays
-        For every level but the last, the number of children of each node.
-    codes : sequence of arrays
-        For every level but the last, the codes of its nodes.
-    """
-
-    __slots__ = ("first", "names", "sizes", "child_count", "codes", "_cache")
-
-    def __init__(
-        self,
-        first: int,
-        names: Sequence[str],
-        sizes: Sequence[int],
-        child_count: Sequence[np.ndarray],
-        codes: Sequence[np.ndarray],
-    ) -> None:
-        self.first = int(first)
-        self.names = tuple(names)
-        self.sizes = tuple(int(s) for s in sizes)
-        self.child_count = tuple(np.asarray(c, dtype=np.int64) for c in child_count)
-        self.codes = tuple(codes)
-        self._cache: dict = {}
-
-    def __getstate__(self) -> tuple:
-        return (self.first, self.names, self.sizes, self.child_count, self.codes)
-
-    def __setstate__(self, state: tuple) -> None:
-        self.first, self.names, self.sizes, self.child_count, self.codes = state
-        self._cache = {}
-
-    @classmethod
-    def of(cls, hierarchy: Hierarchy, first: int, ranges: Sequence[tuple[int, int]]) -> Forest:
-        """The forest of node ranges ``ranges[j]`` at levels ``first + j`` (nested ranges)."""
-        lv = hierarchy.levels
-        return cls(
-            first,
-            hierarchy.names[first : first + len(ranges)],
-            [hi - lo for lo, hi in ranges],
-            [lv[first + j].child_count[lo:hi] for j, (lo, hi) in enumerate(ranges[:-1])],
-            [lv[first + j].codes[lo:hi] for j, (lo, hi) in enumerate(ranges[:-1])],
-        )
-
-    def without_codes(self) -> Forest:
-        """The same forest without node codes (smaller to send; messages then use indices)."""
-        return Forest(self.first, self.names, self.sizes, self.child_count, ())
-
-    @property
-    def depth(self) -> int:
-        return len(self.sizes)
-
-    def child_start(self, j: int) -> np.ndarray:
-        """Local index of the first child of every node of forest level ``j``."""
-        key = ("start", j)
-        if key not in self._cache:
-            c = self.child_count[j]
-            self._cache[key] = np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64)
-        return self._cache[key]
-
-    def parent(self, j: int) -> np.ndarray:
-        """Local parent index of every node of forest level ``j`` ≥ 1."""
-        key = ("parent", j)
-        if key not in self._cache:
-            self._cache[key] = np.repeat(
-                np.arange(self.sizes[j - 1], dtype=np.int64), self.child_count[j - 1]
-            )
-        return self._cache[key]
-
-    def sum_children(self, j: int, values: np.ndarray, shared: bool = False) -> np.ndarray:
-        """Σ over the children of every node of level ``j``; ``shared``: one row for all.
-
-        The same ``np.add.reduceat`` over each node's contiguous children as
-        :meth:`Hierarchy.aggregate_up`, so a node's sum depends on its children only.
-        """
-        count = self.child_count[j]
-        if shared:
-            return count.reshape((-1,) + (1,) * (values.ndim - 1)) * values
-        out = np.zeros((self.sizes[j],) + values.shape[1:], dtype=values.dtype)
-        nz = count > 0
-        if values.shape[0]:
-            out[nz] = np.add.reduceat(values, self.child_start(j)[nz], axis=0)
-        return out
-
-    def aggregate(self, leaf_values: np.ndarray) -> list[np.ndarray]:
-        """Sum the last level's values to every level of the forest, first level first
-        (per node the sums of :meth:`Hierarchy.aggregate`)."""
-        out = [np.asarray(leaf_values)]
-        for j in range(self.depth - 2, -1, -1):
-            out.append(self.sum_children(j, out[-1]))
-        return out[::-1]
-
-    def code(self, j: int, node: int) -> str:
-        return str(self.codes[j][node]) if self.codes else f"#{node}"
-
-
-def whole_forest(hierarchy: Hierarchy, first: int = 0, last: int | None = None) -> Forest:
-    """Every node of levels ``first .. last`` (default: to the leaves) as one forest."""
-    last = hierarchy.depth - 1 if last is None else last
-    return Forest.of(
-        hierarchy, first, [(0, hierarchy.levels[k].size) for k in range(first, last + 1)]
-    )
-
-
 # ----------------------------------------------------------------------------- helpers
-def _mv(A: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Batched matrix–vector product ``A[n] @ x[n]`` (``A`` may be one shared matrix).
-
-    ``x`` is (n, K), or (n, C, K) with C copies that each meet the node's one matrix (see
-    :func:`_general_up`).
-    """
-    if x.ndim > 2:
-        if A.shape[-1] == 1 and x.shape[-1] == 1:  # 1 × 1 blocks: the one product, no BLAS call
-            return x * A
-        return x @ A.swapaxes(-1, -2)
-    if A.shape[0] == 1:
-        return np.einsum("bij,nj->ni", A, x)
-    return np.einsum("nij,nj->ni", A, x)
-
-
-def _node_mv(spec: str, A: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """The per-node product ``einsum(spec, A, x)`` of (n, K) vectors; for (n, C, K) copies
-    the same product as one batched ``matmul`` per node."""
-    if x.ndim == 2:
-        return np.einsum(spec, A, x)
-    if A.shape[-1] == 1 and x.shape[-1] == 1 and A.shape[-2] == 1:
-        return x * A
-    return x @ A.swapaxes(-1, -2)
-
-
-def _solve_vec(X: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``X[n]⁻¹ b[n]`` for (n, K) ``b`` or (n, C, K) copies (one factorisation per node)."""
-    if b.ndim == 2:
-        return np.linalg.solve(X, b[..., None])[..., 0]
-    return np.linalg.solve(X, b.swapaxes(-1, -2)).swapaxes(-1, -2)
-
-
-def _node_max(x: np.ndarray) -> np.ndarray:
-    """Largest entry of every node's vector (over its copies too)."""
-    return x.reshape(x.shape[0], -1).max(axis=1)
-
-
 def _rowmul(X: np.ndarray, Q: np.ndarray) -> np.ndarray:
     """``X @ Q`` for (n, q) X and a small (q, K) Q, row by row in a fixed order.
 
@@ -311,46 +174,9 @@ def _rowmul(X: np.ndarray, Q: np.ndarray) -> np.ndarray:
     return out
 
 
-def _pinv_psd(M: np.ndarray, atol: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Batched pseudo-inverse of symmetric matrices; also the projector onto their kernel."""
-    ev, V = np.linalg.eigh(M)
-    scale = np.abs(ev).max(axis=-1, keepdims=True)
-    keep = np.abs(ev) > np.maximum(_RTOL * scale, np.reshape(atol, (-1, 1)))
-    inv = np.where(keep, 1.0 / np.where(keep, ev, 1.0), 0.0)
-    Vt = V.swapaxes(-1, -2)
-    return (V * inv[..., None, :]) @ Vt, (V * (~keep)[..., None, :]) @ Vt
-
-
-def _sym(M: np.ndarray) -> np.ndarray:
-    return 0.5 * (M + M.swapaxes(-1, -2))
-
-
 def _unit_rows(matrix: np.ndarray) -> bool:
     m = np.asarray(matrix)
     return bool(np.all((m == 0) | (m == 1)) and np.all(m.sum(axis=1) == 1))
-
-
-def _subset(mask: np.ndarray) -> slice | np.ndarray:
-    """Index of the True entries (a plain slice when all are: no copies)."""
-    return slice(None) if mask.all() else np.flatnonzero(mask)
-
-
-@dataclass
-class _Level:
-    """Per-level inputs, in scaled units (variances divided by τ²)."""
-
-    J: np.ndarray  # (1|n, K, K) information matrix of the node's own measurements
-    h: np.ndarray  # (n, K) information vector; general path: or (n, C, K), C copies
-    H: np.ndarray  # (n_H, K) invariant rows
-    t: np.ndarray  # (n, n_H) invariant values; general path: or (n, C, n_H)
-    shared: bool = True  # J is one matrix for every node (no per-node variances)
-    diag_J: np.ndarray | None = None  # (1|n, K) diagonal path
-    diag_h: np.ndarray | None = None
-
-    def rows(self, idx: slice | np.ndarray) -> _Level:
-        return _Level(
-            self.J if self.J.shape[0] == 1 else self.J[idx], self.h[idx], self.H, self.t[idx]
-        )
 
 
 @dataclass(frozen=True)
@@ -497,12 +323,33 @@ def _weights(forest: Forest, j: int, plan: GLSPlan, m: Measurement) -> np.ndarra
     return w
 
 
-def _collect(
+def level_inputs(
     forest: Forest,
     plan: GLSPlan,
     measurements: Sequence[Measurement],
     invariants: Sequence[Invariant],
-) -> list[_Level]:
+) -> list[LevelInputs]:
+    """The flat front end: every level's :class:`~censusdp.estimation.gls_kernel.LevelInputs`.
+
+    Per node, in scaled units (variances / τ², values / τ): ``J = Σ_q w_q Q_qᵀ Q_q``,
+    ``h = Σ_q w_q Q_qᵀ y_q`` (``w_q = τ²/σ²_q``, per node for a
+    :class:`NodeVarianceMeasurement`; 1 in the Euclidean geometry), the invariant rows ``H``
+    and values ``t`` of the level; on the diagonal path also their diagonals.
+
+    Parameters
+    ----------
+    forest : Forest
+        The levels to collect (``forest.first ..``).
+    plan : GLSPlan
+        From :func:`gls_plan`.
+    measurements, invariants : sequence
+        Integer levels, restricted to the forest's node ranges (:func:`restrict`).
+
+    Raises
+    ------
+    SpecError
+        Node variances of the wrong shape or not positive and finite.
+    """
     K, tau = plan.K, plan.tau
     levels = []
     for j in range(forest.depth):
@@ -522,7 +369,7 @@ def _collect(
         vals = [np.asarray(i.values, float) / tau for i in invariants if i.level == k]
         H = np.vstack(rows) if rows else np.zeros((0, K))
         t = np.hstack(vals) if vals else np.zeros((n, 0))
-        item = _Level(J, h, H, t, shared)
+        item = LevelInputs(J, h, H, t, shared)
         if plan.diagonal:
             item.diag_J = np.diagonal(J, axis1=1, axis2=2).copy()
             item.diag_h = h
@@ -674,13 +521,6 @@ def _violations(
     return int(node), int(vec)
 
 
-def _not_identifiable(level: str, what: str) -> SpecError:
-    return SpecError(
-        f"the GLS estimate is not identifiable at level {level!r}: {what}. Add a measurement "
-        "(e.g. the detailed query) or an invariant that determines these cells"
-    )
-
-
 # ----------------------------------------------------------------------------- diagonal path
 @dataclass
 class _DUp:
@@ -697,7 +537,7 @@ class _DUp:
         return _DUp(self.m, self.P, self.flat)
 
 
-def _diagonal_up(f: Forest, lv: list[_Level], bottom: _DUp | None) -> list[_DUp]:
+def _diagonal_up(f: Forest, lv: list[LevelInputs], bottom: _DUp | None) -> list[_DUp]:
     """Elementwise upward pass; ``bottom`` replaces the last level's own computation."""
     D = f.depth
     up: list = [None] * D
@@ -739,7 +579,7 @@ def _refuse_free_siblings(f: Forest, j: int, nf: np.ndarray, what: str) -> None:
     (``nf > 1``): the split between them is not identified."""
     if np.any(nf > 1):
         node = int(np.argwhere(nf > 1)[0, 0])
-        raise _not_identifiable(
+        raise not_identifiable(
             f.names[j + 1],
             f"two or more children of {f.names[j]} {f.code(j, node)!r} {what} that is "
             "measured neither at their level nor below",
@@ -955,7 +795,7 @@ def _tc_up(f: Forest, lv: list[_TCLevel], bottom: _DUp | None, K: int) -> list[_
             rc = nf[:, 0] + (K - 1) * nf[:, 1]
             if np.any(rc > K):
                 node = int(np.argmax(rc > K))
-                raise _not_identifiable(
+                raise not_identifiable(
                     f.names[j + 1],
                     f"the children of {f.names[j]} {f.code(j, node)!r} have more "
                     "undetermined directions than there are cells",
@@ -986,7 +826,7 @@ def _tc_down(
         _refuse_free_siblings(f, j, nf, "share a combination of cells")
         S = u.S
         trS = S[:, 0] + (K - 1) * S[:, 1]
-        keep = S > np.maximum(_RTOL * S.max(axis=1), 1e-13 * trS)[:, None]
+        keep = S > np.maximum(PSEUDO_INVERSE_RTOL * S.max(axis=1), 1e-13 * trS)[:, None]
         A = np.where(keep, 1.0 / np.where(keep, S, 1.0), 0.0)  # S⁺
         cf = (nf > 0)[par]
         Pc = ch.P
@@ -994,273 +834,6 @@ def _tc_down(
         Dc = np.where(cf, np.where(ch.flat, S[par], Pc), Pc - G * Pc)
         zhat.append(ch.m + _cm(G, (zhat[j] - u.M)[par]))
         Phat.append(Dc + G * G * Phat[j][par])
-    return zhat, Phat
-
-
-# ----------------------------------------------------------------------------- general path
-@dataclass
-class _Up:
-    m: np.ndarray  # (n, K), or (n, C, K): C copies sharing every matrix below
-    P: np.ndarray  # (1|n, K, K)
-    N: np.ndarray | None = None  # (n, K, K) flat basis (columns [0, r) valid, rest +0.0)
-    r: np.ndarray | None = None  # (n,) number of flat directions
-    shared: bool = False  # P is one (1, K, K) matrix for every node
-    # children summaries (internal levels)
-    M: np.ndarray | None = None
-    S: np.ndarray | None = None
-    Nc: np.ndarray | None = None  # packed flat directions of the children (n, K, K)
-    rc: np.ndarray | None = None  # (n,) number of packed columns (0: plain update)
-    off: np.ndarray | None = None  # per child: offset of its columns in the parent's pack
-
-    def message(self) -> _Up:
-        return _Up(self.m, self.P, self.N, self.r, self.shared)
-
-
-def _flat_basis(Pz: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """Orthonormal basis (columns first) of the range of a PSD projector-like matrix."""
-    ev, V = np.linalg.eigh(_sym(Pz))
-    keep = ev > 1e-8
-    order = np.argsort(~keep, axis=-1, kind="stable")
-    V = np.take_along_axis(V, order[..., None, :], axis=-1)
-    keep = np.take_along_axis(keep, order, axis=-1)
-    return np.where(keep[..., None, :], V, 0.0), keep.sum(axis=-1)
-
-
-def _solve_bordered(
-    Mat: np.ndarray, rhs: np.ndarray, K: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Pseudo-solve the node relation; z occupies the first K coordinates.
-
-    Returns m (n, K), P (b, K, K), the flat basis N (b, K, K) and its rank r (b,).
-    """
-    Minv, Null = _pinv_psd(Mat)
-    N, r = _flat_basis(Null[..., :K, :K], K)
-    Pi = np.eye(K) - N @ N.swapaxes(-1, -2)
-    x = _mv(Minv, rhs)
-    m = _mv(Pi, x[..., :K])
-    P = _sym(Pi @ Minv[..., :K, :K] @ Pi)
-    return m, P, N, r
-
-
-def _leaf_up(L: _Level, K: int) -> _Up:
-    nH = L.H.shape[0]
-    b = L.J.shape[0]
-    Mat = np.zeros((b, K + nH, K + nH))
-    Mat[:, :K, :K] = L.J
-    Mat[:, :K, K:] = L.H.T
-    Mat[:, K:, :K] = L.H
-    rhs = np.concatenate([L.h, L.t], axis=-1)
-    m, P, N, r = _solve_bordered(Mat, rhs, K)
-    if not np.any(r):
-        return _Up(m, P, shared=L.shared)
-    n = L.h.shape[0]
-    return _Up(
-        m,
-        P,
-        np.broadcast_to(N, (n, K, K)).copy(),
-        np.broadcast_to(r, (n,)).copy(),
-        shared=L.shared,
-    )
-
-
-def _pack_children(
-    f: Forest, j: int, child: _Up, K: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Concatenate the children's flat bases into one (K, K) block per parent."""
-    n_par = f.sizes[j]
-    par = f.parent(j + 1)
-    rc = np.bincount(par, weights=child.r, minlength=n_par).astype(np.int64)
-    if np.any(rc > K):
-        node = int(np.argmax(rc > K))
-        raise _not_identifiable(
-            f.names[j + 1],
-            f"the children of {f.names[j]} {f.code(j, node)!r} have more "
-            "undetermined directions than there are cells",
-        )
-    start = np.cumsum(child.r) - child.r
-    first = f.child_start(j)[par]
-    off = start - start[first]
-    ci, c = np.nonzero(np.arange(K)[None, :] < child.r[:, None])
-    packed = np.zeros((n_par, K, K))
-    packed[par[ci], :, off[ci] + c] = child.N[ci, :, c]
-    return packed, rc, off
-
-
-def _plain_update(
-    f: Forest, j: int, L: _Level, S: np.ndarray, M: np.ndarray, idx: slice | np.ndarray, K: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Information update with the node's measurements, then its invariants (no flat child)."""
-    X = np.eye(K) + S @ L.J
-    P0 = _sym(np.linalg.solve(X, S))
-    m0 = _solve_vec(X, M + _node_mv("nij,nj->ni", S, L.h))
-    if not L.H.shape[0]:
-        return m0, P0
-    HP = np.einsum("ak,nkl->nal", L.H, P0)
-    R = _sym(HP @ L.H.T)
-    atol = 1e-11 * (1.0 + np.trace(S, axis1=1, axis2=2)) * float((L.H**2).sum())
-    Rinv, Rnull = _pinv_psd(R, atol)
-    res = L.t - np.einsum("n...k,ak->n...a", m0, L.H)  # not m0 @ H.T (see _rowmul)
-    bad = _node_max(np.abs(_node_mv("nab,nb->na", Rnull, res)))
-    if np.any(bad > 1e-7 * (1.0 + _node_max(np.abs(L.t)))):
-        node = int(np.arange(f.sizes[j])[idx][int(np.argmax(bad))])
-        raise DataError(
-            f"the invariants at level {f.names[j]!r} (node {f.code(j, node)!r}) contradict "
-            "the invariants below it: parent totals must equal the sums of their children's"
-        )
-    Kg = HP.swapaxes(1, 2) @ Rinv
-    return m0 + _node_mv("nka,na->nk", Kg, res), _sym(P0 - Kg @ HP)
-
-
-def _bordered_update(
-    L: _Level, S: np.ndarray, M: np.ndarray, Nc: np.ndarray, rc: np.ndarray, K: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Relation of nodes with flat children: variables (z, λ, w, μ); see the module doc."""
-    n, nH = S.shape[0], L.H.shape[0]
-    Dm = 3 * K + nH
-    Mat = np.zeros((n, Dm, Dm))
-    I = np.eye(K)
-    Mat[:, :K, :K] = L.J
-    Mat[:, :K, K : 2 * K] = I
-    Mat[:, K : 2 * K, :K] = I
-    Mat[:, K : 2 * K, K : 2 * K] = -S
-    Mat[:, K : 2 * K, 2 * K : 3 * K] = -Nc
-    Mat[:, 2 * K : 3 * K, K : 2 * K] = -Nc.swapaxes(1, 2)
-    pad = np.arange(K)[None, :] >= rc[:, None]
-    Mat[:, 2 * K : 3 * K, 2 * K : 3 * K] = pad[:, :, None] * np.eye(K)
-    Mat[:, :K, 3 * K :] = L.H.T
-    Mat[:, 3 * K :, :K] = L.H
-    rhs = np.concatenate([L.h, M, np.zeros(M.shape), L.t], axis=-1)
-    return _solve_bordered(Mat, rhs, K)
-
-
-def _internal_up(f: Forest, j: int, L: _Level, ch: _Up, K: int) -> _Up:
-    """One internal level: the plain update where no child is flat, the relation elsewhere."""
-    n = f.sizes[j]
-    M = f.sum_children(j, ch.m)
-    S = _sym(f.sum_children(j, ch.P, shared=ch.shared))
-    u = _Up(np.empty(M.shape), np.empty((n, K, K)), M=M, S=S, rc=np.zeros(n, np.int64))
-    if ch.N is not None:
-        u.Nc, u.rc, u.off = _pack_children(f, j, ch, K)
-    bord = u.rc > 0
-    if not bord.all():
-        s = _subset(~bord)
-        u.m[s], u.P[s] = _plain_update(f, j, L.rows(s), S[s], M[s], s, K)
-    if bord.any():
-        b = np.flatnonzero(bord)
-        m, P, N, r = _bordered_update(L.rows(b), S[b], M[b], u.Nc[b], u.rc[b], K)
-        u.m[b], u.P[b] = m, P
-        if np.any(r):
-            u.N, u.r = np.zeros((n, K, K)), np.zeros(n, np.int64)
-            u.N[b], u.r[b] = N, r
-    return u
-
-
-def _general_up(f: Forest, lv: list[_Level], K: int, bottom: _Up | None) -> list[_Up]:
-    """Upward pass of the general path, leaves first.
-
-    Means, information vectors and invariant values may carry copy axes — ``h`` (n, C, K),
-    ``t`` (n, C, n_H) — for C problems on one tree that share every matrix (J, H, variances):
-    the blocks of a marginal workload repeated over within-group contrasts
-    (:mod:`censusdp.estimation.structured_gls`). Matrices (P, S, N, gains) stay per node;
-    with no copy axis every operation is the one of a single problem, bit for bit.
-    """
-    D = f.depth
-    up: list = [None] * D
-    up[D - 1] = bottom if bottom is not None else _leaf_up(lv[D - 1], K)
-    for j in range(D - 2, -1, -1):
-        up[j] = _internal_up(f, j, lv[j], up[j + 1], K)
-    return up
-
-
-def family_inverse_plain(S: np.ndarray) -> np.ndarray:
-    """``S⁺`` for the parents whose children have no flat direction: the smoother's family
-    inverse (``G_c = P_c S⁺``; the children's errors given the parent have covariance
-    ``δ_cc' P_c − P_c S⁺ P_c'``)."""
-    A, _ = _pinv_psd(S, 1e-13 * np.trace(S, axis1=1, axis2=2))
-    return A
-
-
-def family_inverse_bordered(f: Forest, j: int, u: _Up, pb: np.ndarray, K: int) -> np.ndarray:
-    """The bordered family inverse ``(2K, 2K)`` of parents ``pb`` (level ``j``) with flat
-    children: the pseudo-inverse of ``[[S, N], [Nᵀ, pad]]`` with ``N`` the children's packed
-    flat directions. With ``F_c = [P_c, Ñ_c]`` (``Ñ_c``: child c's flat directions in its
-    packed columns) the gain is ``F_c Y[:, :K]`` and the children's errors given the parent
-    have covariance ``δ_cc' P_c − F_c Y F_c'ᵀ``.
-
-    Raises
-    ------
-    SpecError
-        Two children share a flat direction (the split is not identifiable).
-    """
-    Nc, rc = u.Nc[pb], u.rc[pb]
-    pad = np.arange(K)[None, :] >= rc[:, None]
-    gram = Nc.swapaxes(1, 2) @ Nc + pad[:, :, None] * np.eye(K)
-    low = np.linalg.eigvalsh(gram)[:, 0]
-    if np.any(low < 1e-8):
-        node = int(pb[int(np.argmin(low))])
-        raise _not_identifiable(
-            f.names[j + 1],
-            f"two children of {f.names[j]} {f.code(j, node)!r} share "
-            "a combination of cells that is measured neither at their level nor below",
-        )
-    Y = np.zeros((pb.size, 2 * K, 2 * K))
-    Y[:, :K, :K] = u.S[pb]
-    Y[:, :K, K:] = Nc
-    Y[:, K:, :K] = Nc.swapaxes(1, 2)
-    Y[:, K:, K:] = pad[:, :, None] * np.eye(K)
-    Yinv, _ = _pinv_psd(Y)
-    return Yinv
-
-
-def _general_down(
-    f: Forest, up: list[_Up], K: int, z0: np.ndarray, P0: np.ndarray
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """RTS smoothing from the smoothed top level ``z0, P0`` (per node: plain or bordered)."""
-    zhat, Phat = [z0], [P0]
-    for j in range(f.depth - 1):
-        u, ch = up[j], up[j + 1]
-        par = f.parent(j + 1)
-        n_c = f.sizes[j + 1]
-        d = zhat[j] - u.M
-        Pc = np.broadcast_to(ch.P, (n_c, K, K))
-        G = np.empty((n_c, K, K))
-        Dc = np.empty((n_c, K, K))
-        bord = u.rc > 0
-        cb = bord[par]
-        if not cb.all():  # children of parents without flat children
-            ps, cs = _subset(~bord), _subset(~cb)
-            A = family_inverse_plain(u.S[ps])
-            pos = np.cumsum(~bord) - 1
-            Pcs = Pc[cs]
-            Gs = Pcs @ A[pos[par[cs]]]
-            G[cs], Dc[cs] = Gs, Pcs - Gs @ Pcs
-        if cb.any():
-            pb, cbi = np.flatnonzero(bord), np.flatnonzero(cb)
-            Yinv = family_inverse_bordered(f, j, u, pb, K)
-            A, B, Cw = Yinv[:, :K, :K], Yinv[:, K:, :K], Yinv[:, K:, K:]
-            pp = (np.cumsum(bord) - 1)[par[cbi]]
-            Ap = A[pp]
-            # child c's block of the packed w: rows off_c .. off_c + r_c of B, Cw.
-            Nch, rch = ch.N[cbi], ch.r[cbi]
-            sel = np.arange(K)[None, :] < rch[:, None]
-            idx = np.where(sel, u.off[cbi][:, None] + np.arange(K)[None, :], 0)
-            Bc = B[pp[:, None], idx] * sel[:, :, None]
-            Cc = Cw[pp[:, None, None], idx[:, :, None], idx[:, None, :]]
-            Cc = Cc * (sel[:, :, None] & sel[:, None, :])
-            Pcb = Pc[cbi]
-            Gb = Pcb @ Ap + Nch @ Bc
-            F = np.concatenate([Pcb, Nch], axis=2)
-            Yc = np.concatenate(
-                [
-                    np.concatenate([Ap, Bc.swapaxes(1, 2)], axis=2),
-                    np.concatenate([Bc, Cc], axis=2),
-                ],
-                axis=1,
-            )
-            G[cbi], Dc[cbi] = Gb, Pcb - F @ Yc @ F.swapaxes(1, 2)
-        zhat.append(ch.m + _node_mv("nij,nj->ni", G, d[par]))
-        Pk = Phat[j] if Phat[j].shape[0] > 1 else np.broadcast_to(Phat[j], (f.sizes[j], K, K))
-        Phat.append(_sym(Dc + G @ Pk[par] @ G.swapaxes(1, 2)))
     return zhat, Phat
 
 
@@ -1280,7 +853,7 @@ class UpwardState:
     ups: list
     diagonal: bool
 
-    def message(self) -> _Up | _DUp:
+    def message(self) -> UpwardBelief | _DUp:
         return self.ups[0].message()
 
 
@@ -1309,38 +882,19 @@ def gls_upward(
     if plan.two_channel:
         ups = _tc_up(forest, _collect_tc(forest, plan, measurements, invariants), None, plan.K)
         return UpwardState(forest, ups, plan.diagonal)
-    lv = _collect(forest, plan, measurements, invariants)
+    lv = level_inputs(forest, plan, measurements, invariants)
     if plan.diagonal:
         ups = _diagonal_up(forest, lv, None)
     else:
-        ups = _general_up(forest, lv, plan.K, None)
+        ups = general_up(forest, lv, plan.K, None)
     return UpwardState(forest, ups, plan.diagonal)
 
 
-def _concat_messages(parts: Sequence[_Up | _DUp], K: int) -> _Up | _DUp:
-    """The cut level's messages of all partitions, in partition order."""
+def _concat_any(parts: Sequence[UpwardBelief | _DUp], K: int) -> UpwardBelief | _DUp:
+    """The cut level's messages of all partitions, in partition order (any path)."""
     if isinstance(parts[0], _DUp):
         return _DUp(*(np.concatenate([getattr(p, a) for p in parts]) for a in ("m", "P", "flat")))
-    sizes = [p.m.shape[0] for p in parts]
-    m = np.concatenate([p.m for p in parts])
-    if parts[0].shared:  # the same (1, K, K) matrix in every partition
-        P = parts[0].P
-    else:
-        P = np.concatenate(
-            [np.broadcast_to(p.P, (s, K, K)) for p, s in zip(parts, sizes, strict=True)]
-        )
-    N = r = None
-    if any(p.N is not None for p in parts):
-        N = np.concatenate(
-            [np.zeros((s, K, K)) if p.N is None else p.N for p, s in zip(parts, sizes, strict=True)]
-        )
-        r = np.concatenate(
-            [
-                np.zeros(s, np.int64) if p.r is None else p.r
-                for p, s in zip(parts, sizes, strict=True)
-            ]
-        )
-    return _Up(m, P, N, r, parts[0].shared)
+    return concat_messages(parts, K)
 
 
 def gls_top(
@@ -1349,7 +903,7 @@ def gls_top(
     cut: int,
     measurements: Sequence[Measurement],
     invariants: Sequence[Invariant],
-    messages: Sequence[_Up | _DUp],
+    messages: Sequence[UpwardBelief | _DUp],
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Levels 0 .. cut: upward from the cut-level messages, then smoothing down to the cut.
 
@@ -1380,32 +934,32 @@ def gls_top(
     """
     K = plan.K
     forest = whole_forest(hierarchy, 0, cut)
-    bottom = _concat_messages(messages, K) if len(messages) > 1 else messages[0]
+    bottom = _concat_any(messages, K) if len(messages) > 1 else messages[0]
     top_m = [m for m in measurements if m.level < cut]
     top_i = [i for i in invariants if i.level < cut]
     if plan.two_channel:
         lv = _collect_tc(forest, plan, top_m, top_i) if cut else []
         ups = _tc_up(forest, lv, bottom, K)
         if ups[0].flat.any():
-            raise _not_identifiable(
+            raise not_identifiable(
                 plan.names[0],
                 "some combination of cells is measured at no level and held invariant nowhere",
             )
         return _tc_down(forest, ups, K, ups[0].m, ups[0].P)
-    lv = _collect(forest, plan, top_m, top_i) if cut else []
+    lv = level_inputs(forest, plan, top_m, top_i) if cut else []
     if plan.diagonal:
         ups = _diagonal_up(forest, lv, bottom)
         if ups[0].flat.any():
-            raise _not_identifiable(plan.names[0], "some cell is measured at no level")
+            raise not_identifiable(plan.names[0], "some cell is measured at no level")
         return _diagonal_down(forest, ups, ups[0].m, ups[0].P)
-    ups = _general_up(forest, lv, K, bottom)
-    root = ups[0]
-    if root.N is not None and np.any(root.r):
-        raise _not_identifiable(
-            plan.names[0],
-            "some combination of cells is measured at no level and held invariant nowhere",
-        )
-    return _general_down(forest, ups, K, root.m, np.broadcast_to(root.P, (1, K, K)).copy())
+    ups = general_up(forest, lv, K, bottom)
+    z0, P0 = root_start(
+        ups,
+        K,
+        plan.names[0],
+        "some combination of cells is measured at no level and held invariant nowhere",
+    )
+    return general_down(forest, ups, K, z0, P0)
 
 
 def gls_downward(
@@ -1424,7 +978,7 @@ def gls_downward(
         return _tc_down(state.forest, state.ups, plan.K, zhat_cut, Phat_cut)
     if plan.diagonal:
         return _diagonal_down(state.forest, state.ups, zhat_cut, Phat_cut)
-    return _general_down(state.forest, state.ups, plan.K, zhat_cut, Phat_cut)
+    return general_down(state.forest, state.ups, plan.K, zhat_cut, Phat_cut)
 
 
 def gls_finish(

@@ -91,6 +91,7 @@ __all__ = [
     "UniformStep",
     "DoubleGeometricStep",
     "maximal_coupling",
+    "uniform_index",
     "MoveSet",
     "BasisMoves",
     "TreeLayout",
@@ -368,7 +369,7 @@ class MoveSet(ABC):
         """Jointly drawn moves for two batches of chains (each marginally ``propose``)."""
 
 
-def _uniform_index(u: np.ndarray, n: np.ndarray | int) -> np.ndarray:
+def uniform_index(u: np.ndarray, n: np.ndarray | int) -> np.ndarray:
     """``floor(u * n)`` clipped into ``[0, n)`` (n ≥ 1)."""
     n = np.asarray(n)
     return np.minimum((u * n).astype(np.int64), np.maximum(n - 1, 0))
@@ -436,7 +437,7 @@ class BasisMoves(MoveSet):
     def propose(self, states, gen):
         n, m = states.shape[0], self.basis.shape[1]
         if self.mode == "single":
-            k = _uniform_index(gen.random(n), m)
+            k = uniform_index(gen.random(n), m)
             return self._single(k, self.step.sample(gen, n))
         return self._all(self.step.sample(gen, (n, m)))
 
@@ -444,7 +445,7 @@ class BasisMoves(MoveSet):
         n, m = x.shape[0], self.basis.shape[1]
         c = self._coeffs(x - y)
         if self.mode == "single":
-            k = _uniform_index(gen.random(n), m)
+            k = uniform_index(gen.random(n), m)
             dx, dy, _ = maximal_coupling(self.step, c[np.arange(n), k], gen)
             return self._single(k, dx), self._single(k, dy)
         dx, dy, _ = maximal_coupling(self.step, c, gen)
@@ -633,19 +634,19 @@ class TreePairs(MoveSet):
         """Pair choice from uniforms u (n, 5): (i, c, j, c2, null)."""
         lay = self.layout
         n_leaves, C, depth = lay.hierarchy.leaves.size, lay.n_cells, lay.hierarchy.depth
-        i = _uniform_index(u[:, 0], n_leaves)
-        c = _uniform_index(u[:, 1], C)
+        i = uniform_index(u[:, 0], n_leaves)
+        c = uniform_index(u[:, 1], C)
         nm = self._n_members[c]
         swap = (u[:, 2] < self.p_cell) & (nm > 1)
         c2 = self._members[
-            c, (self._pos[c] + 1 + _uniform_index(u[:, 4], np.maximum(nm - 1, 1))) % nm
+            c, (self._pos[c] + 1 + uniform_index(u[:, 4], np.maximum(nm - 1, 1))) % nm
         ]
         parent_level = max(depth - 2, 0)
         level = np.where(u[:, 3] < self.p_sibling, parent_level, self.block_level[c])
         level = np.maximum(level, self.block_level[c])
         lo, hi = self._lo[level, i], self._hi[level, i]
         size = hi - lo
-        j = lo + (i - lo + 1 + _uniform_index(u[:, 4], np.maximum(size - 1, 1))) % size
+        j = lo + (i - lo + 1 + uniform_index(u[:, 4], np.maximum(size - 1, 1))) % size
         null_pair = ~swap & ((size <= 1) | self.frozen[c])
         j = np.where(swap, i, np.where(null_pair, i, j))
         c2 = np.where(swap, c2, c)

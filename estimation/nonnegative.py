@@ -111,7 +111,6 @@ from censusdp.estimation.dependent_rounding import (
     keyed_uniforms,
     settle_margins,
 )
-from censusdp.estimation.gls import Forest, whole_forest
 from censusdp.estimation.rounding import TOL, uniform_draws
 from censusdp.estimation.structured_rounding import (
     RoundedLevels,
@@ -122,6 +121,7 @@ from censusdp.estimation.structured_rounding import (
     top_shape,
 )
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema

@@ -9,7 +9,8 @@ budget is spent, from public geography (child counts per node) alone.
 
 The computation is the structured GLS's own: the same per-axis marginal basis and, per block
 ``S``, the same upward and downward covariance recursions of the general path
-(:func:`~censusdp.estimation.gls._general_up` / :func:`~censusdp.estimation.gls._general_down`,
+(:func:`~censusdp.estimation.gls_kernel.general_up` /
+:func:`~censusdp.estimation.gls_kernel.general_down`,
 Rauch–Tung–Striebel smoothing on the tree), run with zero information vectors. What is new is
 the tree they run on: nodes of a level whose subtrees have the same shape carry the same
 upward information, and the same posterior once their parents are alike, so the passes run
@@ -49,23 +50,23 @@ import pandas as pd
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
 from censusdp.estimation.areas import AreaEstimates, AreaPairs, area_pairs, area_sweep
-from censusdp.estimation.gls import (
-    Forest,
-    _general_down,
-    _general_up,
-    _Level,
-    _not_identifiable,
-    whole_forest,
+from censusdp.estimation.gls_kernel import (
+    LevelInputs,
+    general_down,
+    general_up,
+    not_identifiable,
+    root_start,
 )
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.structured_gls import (
-    _axes_label,
-    _range_basis,
+    axes_label,
     identified_rows,
+    range_basis,
     schema_query,
 )
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.equivalency import Equivalency
+from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.hierarchy.shape_classes import ShapeClasses, shape_classes
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.laws import NoiseLaw
@@ -126,7 +127,7 @@ def _refuse_shared_flat(classes: ShapeClasses, ups: list, names: Sequence[str]) 
     for j in range(1, classes.depth):
         r = ups[j].r
         if r is not None and np.any((r > 0) & (classes.multiplicity[j] > 1)):
-            raise _not_identifiable(
+            raise not_identifiable(
                 names[j],
                 f"siblings of the same shape under one {names[j - 1]} share a combination of "
                 "cells that is measured neither at their level nor below",
@@ -400,16 +401,13 @@ def _covariance_passes(
     also the upward states (for sums of leaves, :func:`~censusdp.estimation.areas.area_sweep`)."""
     names, sizes = classes.names, classes.sizes
     levels = [
-        _Level(Jk, np.zeros((n, K)), H, np.zeros((n, H.shape[0])), True)
+        LevelInputs(Jk, np.zeros((n, K)), H, np.zeros((n, H.shape[0])), True)
         for Jk, H, n in zip(Js, Hs, sizes, strict=True)
     ]
-    ups = _general_up(forest, levels, K, None)
+    ups = general_up(forest, levels, K, None)
     _refuse_shared_flat(classes, ups, names)
-    root = ups[0]
-    if root.N is not None and np.any(root.r):
-        raise _not_identifiable(names[0], "some combination of cells is measured nowhere")
-    P0 = np.broadcast_to(root.P, (1, K, K)).copy()
-    _, Phat = _general_down(forest, ups, K, root.m, P0)
+    z0, P0 = root_start(ups, K, names[0])
+    _, Phat = general_down(forest, ups, K, z0, P0)
     return Phat, ups
 
 
@@ -546,7 +544,9 @@ def predict_errors(
     t0 = time.perf_counter()
     if areas is not None:
         if not isinstance(hierarchy, Hierarchy):
-            raise SpecError("predict: areas need the hierarchy itself (its parents), not its classes")
+            raise SpecError(
+                "predict: areas need the hierarchy itself (its parents), not its classes"
+            )
         if areas.n_leaves != hierarchy.leaves.size:
             raise SpecError(
                 f"{areas.source}: the equivalency was read for {areas.n_leaves} leaves, the "
@@ -627,7 +627,7 @@ def predict_errors(
     n_problems = 0
     for mask in basis.subsets:
         nS = basis.block_size(mask)
-        V, _ = _range_basis(sum([measured[mask]] + [g[mask] for g in GH if g is not None]))
+        V, _ = range_basis(sum([measured[mask]] + [g[mask] for g in GH if g is not None]))
         kS = V.shape[1]
         ident[mask] = V @ V.T
         for k in range(D):
@@ -638,7 +638,7 @@ def predict_errors(
         Hs = [None] * D
         for k in range(D):
             if GH[k] is not None:
-                U, _ = _range_basis(GH[k][mask])
+                U, _ = range_basis(GH[k][mask])
                 Hs[k] = U.T @ V
         groups = _decouple(Js, [None if H is None else H.T @ H for H in Hs], kS)
         for G in groups:
@@ -658,7 +658,7 @@ def predict_errors(
                                                       areas, tree_pairs, g)  # fmt: skip
                 except SpecError as err:
                     raise SpecError(
-                        f"{err} (block of the group parts of attributes {_axes_label(schema, mask)})"
+                        f"{err} (block of the group parts of attributes {axes_label(schema, mask)})"
                     ) from None
             W = V @ G
             if areas is not None:

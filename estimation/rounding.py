@@ -82,9 +82,9 @@ import numpy as np
 
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.dependent_rounding import dependent_round
-from censusdp.estimation.gls import Forest, whole_forest
 from censusdp.estimation.release import Release, SumVariances
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.queries import Invariant, Query
 from censusdp.rng import KeyedRNG
 

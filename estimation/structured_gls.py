@@ -73,19 +73,18 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.gls import (
-    Forest,
-    _concat_messages,
-    _general_down,
-    _general_up,
-    _Level,
-    _not_identifiable,
-    check_invariants,
-    whole_forest,
+from censusdp.estimation.gls import check_invariants
+from censusdp.estimation.gls_kernel import (
+    LevelInputs,
+    concat_messages,
+    general_down,
+    general_up,
+    root_start,
 )
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis, node_axis_product
 from censusdp.estimation.uncertainty import normal_intervals
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.laws import floating_point_note
 from censusdp.mechanisms.privacy import check_statement
 from censusdp.mechanisms.product_measure import (
@@ -110,6 +109,12 @@ __all__ = [
     "structured_downward",
     "structured_output",
     "structured_residuals",
+    "BlockEstimates",
+    "add_adjoint",
+    "axes_label",
+    "block_error",
+    "gather_block",
+    "range_basis",
 ]
 
 Geometry = Literal["weighted", "euclidean"]
@@ -118,7 +123,7 @@ Geometry = Literal["weighted", "euclidean"]
 _RANGE_RTOL = 1e-10
 
 
-class _BlockEstimates:
+class BlockEstimates:
     """What a structured estimate offers per level: marginal estimates, identified rows and
     standard errors from the nodes' blocks. Subclasses hold ``schema``, ``basis``,
     ``estimates``, ``covariances``, ``identified``, ``_rows`` and map a level to an index of
@@ -241,7 +246,7 @@ class _BlockEstimates:
 
 
 @dataclass(frozen=True, eq=False)
-class StructuredRelease(_BlockEstimates):
+class StructuredRelease(BlockEstimates):
     """The structured GLS estimate of a schema histogram on a hierarchy.
 
     Attributes
@@ -296,7 +301,7 @@ class StructuredRelease(_BlockEstimates):
 
 
 @dataclass(frozen=True, eq=False)
-class StructuredPiece(_BlockEstimates):
+class StructuredPiece(BlockEstimates):
     """Some levels of a structured estimate over node ranges: a partition's levels below the
     cut, or the levels down to the cut (:mod:`censusdp.pipelines.structured_stream`).
 
@@ -354,7 +359,7 @@ def _block_index(basis: MarginalBasis, mask: int) -> tuple[tuple, list[int]]:
     return (slice(None), *basis._index(mask)), [0, *outside, *inside]
 
 
-def _gather(basis: MarginalBasis, y: np.ndarray, mask: int) -> np.ndarray:
+def gather_block(basis: MarginalBasis, y: np.ndarray, mask: int) -> np.ndarray:
     """Block ``S`` of coefficient tensors ``(n, *shape)`` as ``(n, mult_S, n_S)``."""
     idx, perm = _block_index(basis, mask)
     sub = np.transpose(y[idx], perm)
@@ -362,20 +367,22 @@ def _gather(basis: MarginalBasis, y: np.ndarray, mask: int) -> np.ndarray:
 
 
 def _scatter(basis: MarginalBasis, out: np.ndarray, mask: int, vals: np.ndarray) -> None:
-    """Write ``(n, mult_S, n_S)`` values into block ``S`` of ``out`` (inverse of _gather)."""
+    """Write ``(n, mult_S, n_S)`` values into block ``S`` of ``out`` (inverse of
+    :func:`gather_block`)."""
     idx, perm = _block_index(basis, mask)
     shape = [out[idx].shape[p] for p in perm]
     out[idx] = np.transpose(vals.reshape(shape), np.argsort(perm))
 
 
-def _range_basis(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def range_basis(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Orthonormal basis of the range of a symmetric PSD matrix, and its eigenvalues."""
     ev, v = np.linalg.eigh(0.5 * (m + m.T))
     keep = ev > _RANGE_RTOL * max(float(ev.max(initial=0.0)), 1e-300)
     return v[:, keep], ev[keep]
 
 
-def _axes_label(schema: Schema, mask: int) -> str:
+def axes_label(schema: Schema, mask: int) -> str:
+    """The attributes of block ``mask`` (bit i: attribute i) as ``{name, ...}``."""
     names = [a.name for i, a in enumerate(schema.attributes) if mask >> i & 1]
     return "{" + ", ".join(names) + "}"
 
@@ -439,7 +446,7 @@ class StructuredSetup:
         return self.basis.block_size(mask) if v is None else v.shape[1]
 
 
-def _add_adjoint(
+def add_adjoint(
     basis: MarginalBasis, query: ProductQuery, answers: np.ndarray, out: np.ndarray
 ) -> None:
     """``out += (⊗_a B_a)ᵀ Qᵀ answers``: a query's adjoint straight into basis coordinates.
@@ -570,7 +577,7 @@ def _exact_release_levels(
             continue
         proj = {}
         for mask in basis.subsets:
-            u, _ = _range_basis(sum(g[mask] for g in below))
+            u, _ = range_basis(sum(g[mask] for g in below))
             proj[mask] = u @ u.T
         ok = True
         for lvl, q, _ in heads:
@@ -661,13 +668,13 @@ def structured_setup(
     dropped: dict[str, int] = {}
     for mask in basis.subsets:
         nS, C = basis.block_size(mask), basis.multiplicity(mask)
-        v, _ = _range_basis(sum([measured[mask]] + [g[mask] for g in GH if g is not None]))
+        v, _ = range_basis(sum([measured[mask]] + [g[mask] for g in GH if g is not None]))
         kS = v.shape[1]
         # a fully identified block is solved in its own coordinates (no rotation)
         V[mask] = None if kS == nS else v
         ident[mask] = np.eye(nS) if kS == nS else v @ v.T
         if kS < nS:
-            dropped[_axes_label(schema, mask)] = (nS - kS) * C
+            dropped[axes_label(schema, mask)] = (nS - kS) * C
     labels = tuple(dict.fromkeys(f"{names[k]}: {q.name}" for k, q in inv_heads))
     # the derived statement names every invariant the computation holds
     statement = dataclasses.replace(
@@ -701,14 +708,14 @@ def _vectors(
         scale = np.broadcast_to(scale, (hi - lo,))
         for s in _node_chunks(hi - lo, q.n_rows):
             answers = np.asarray(vals[s], np.float64) * scale[s, None]
-            _add_adjoint(basis, q, answers, h[s])
+            add_adjoint(basis, q, answers, h[s])
     for (lvl, q), vals in zip(setup.inv_heads, inv_values, strict=True):
         if lvl != k:
             continue
         if b is None:
             b = np.zeros((hi - lo, *basis.shape))
         for s in _node_chunks(hi - lo, q.n_rows):
-            _add_adjoint(basis, q, np.asarray(vals[s], np.float64) / tau, b[s])
+            add_adjoint(basis, q, np.asarray(vals[s], np.float64) / tau, b[s])
     return h, b
 
 
@@ -719,7 +726,7 @@ def _block_level(
     rows: tuple[int, int],
     h: np.ndarray | None,
     b: np.ndarray | None,
-) -> _Level:
+) -> LevelInputs:
     """Level ``k`` (nodes ``rows``) of block ``mask``'s tree problem."""
     basis, V, kS = setup.basis, setup.V[mask], setup.k(mask)
     n = rows[1] - rows[0]
@@ -728,12 +735,12 @@ def _block_level(
     if h is None:
         hk = np.zeros((n, C, kS))
     else:
-        hk = _gather(basis, h, mask)
+        hk = gather_block(basis, h, mask)
         hk = hk if V is None else hk @ V
     t = np.zeros((n, C, 0))
     if H.shape[0]:
-        t = (_gather(basis, b, mask) @ U) / ev
-    return _Level(Jk, hk, H, t, Jk.shape[0] == 1)
+        t = (gather_block(basis, b, mask) @ U) / ev
+    return LevelInputs(Jk, hk, H, t, Jk.shape[0] == 1)
 
 
 def block_matrices(
@@ -753,21 +760,22 @@ def block_matrices(
     H = np.zeros((0, kS))
     U, ev = np.zeros((setup.basis.block_size(mask), 0)), np.zeros(0)
     if setup.GH[k] is not None:
-        U, ev = _range_basis(setup.GH[k][mask])
+        U, ev = range_basis(setup.GH[k][mask])
         if U.shape[1]:
             H = U.T if V is None else U.T @ V
     return Jk, H, U, ev
 
 
-def _block_error(schema: Schema, mask: int, err: SpecError) -> SpecError:
-    return SpecError(f"{err} (block of the group parts of attributes {_axes_label(schema, mask)})")
+def block_error(schema: Schema, mask: int, err: SpecError) -> SpecError:
+    """``err`` of block ``mask``'s tree problem, naming the block by its attributes."""
+    return SpecError(f"{err} (block of the group parts of attributes {axes_label(schema, mask)})")
 
 
 @dataclass(eq=False)
 class StructuredUpward:
     """The upward pass of the structured GLS over one forest, block by block.
 
-    ``ups[mask]`` is :func:`~censusdp.estimation.gls._general_up`'s per-level state of block
+    ``ups[mask]`` is :func:`~censusdp.estimation.gls_kernel.general_up`'s per-level state of block
     ``mask`` (None for unidentified blocks); :meth:`messages` is what the forest's top
     level sends to the levels above (per block: mean, covariance, flat directions).
     """
@@ -838,11 +846,11 @@ def structured_upward(
         if bottom is not None:
             levels.append(None)
             parts = [b[mask] for b in bottom]
-            msg = _concat_messages(parts, kS) if len(parts) > 1 else parts[0]
+            msg = concat_messages(parts, kS) if len(parts) > 1 else parts[0]
         try:
-            ups[mask] = _general_up(forest, levels, kS, msg)
+            ups[mask] = general_up(forest, levels, kS, msg)
         except SpecError as err:
-            raise _block_error(setup.schema, mask, err) from None
+            raise block_error(setup.schema, mask, err) from None
     return StructuredUpward(forest, tuple(rows), ups)
 
 
@@ -864,14 +872,11 @@ def structured_top(setup: StructuredSetup, up: StructuredUpward) -> dict:
             out[mask] = None
             continue
         kS = setup.k(mask)
-        root = ups[0]
         try:
-            if root.N is not None and np.any(root.r):
-                raise _not_identifiable(names[0], "some combination of cells is measured nowhere")
-            P0 = np.broadcast_to(root.P, (1, kS, kS)).copy()
-            out[mask] = _general_down(up.forest, ups, kS, root.m, P0)
+            z0, P0 = root_start(ups, kS, names[0])
+            out[mask] = general_down(up.forest, ups, kS, z0, P0)
         except SpecError as err:
-            raise _block_error(setup.schema, mask, err) from None
+            raise block_error(setup.schema, mask, err) from None
     return out
 
 
@@ -889,9 +894,9 @@ def structured_downward(setup: StructuredSetup, up: StructuredUpward, cut: dict)
             continue
         z, P = cut[mask]
         try:
-            out[mask] = _general_down(up.forest, ups, setup.k(mask), z, P)
+            out[mask] = general_down(up.forest, ups, setup.k(mask), z, P)
         except SpecError as err:
-            raise _block_error(setup.schema, mask, err) from None
+            raise block_error(setup.schema, mask, err) from None
     return out
 
 
@@ -1061,7 +1066,7 @@ def structured_gls(
     diagnostics = {
         "estimator": "structured_gls",
         "geometry": geometry,
-        "blocks": {_axes_label(schema, m): setup.basis.block_size(m) for m in setup.basis.subsets},
+        "blocks": {axes_label(schema, m): setup.basis.block_size(m) for m in setup.basis.subsets},
         "unidentified": setup.dropped,
         "max_consistency_residual": cons,
         "max_invariant_residual": inv_res,

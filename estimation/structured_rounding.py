@@ -165,7 +165,6 @@ from censusdp.estimation.dependent_rounding import (
     flow_round,
     keyed_uniforms,
 )
-from censusdp.estimation.gls import Forest, whole_forest
 from censusdp.estimation.rounding import (
     INT_LIMIT,
     TOL,
@@ -181,6 +180,7 @@ from censusdp.estimation.rounding import (
     snap_invariants,
 )
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import Invariant

@@ -67,6 +67,8 @@ __all__ = [
     "solve_children",
     "solve_children_report",
     "clear_problem_cache",
+    "repair_round_off",
+    "solver_unit",
 ]
 
 #: Default relative tolerance of the pass-2 band around the pass-1 primary answers.
@@ -498,7 +500,7 @@ def solve_children_report(
     )
     # Work in units of the typical count so the solver sees numbers of order one (a nation
     # histogram of 3e8 people otherwise defeats the interior-point tolerances).
-    scale = _scale(parent, n, [mm.values for mm in meas] + [v for _, v in inv_pairs])
+    scale = solver_unit(parent, n, [mm.values for mm in meas] + [v for _, v in inv_pairs])
     if parent is not None:
         prob.parent.value = parent.astype(np.float64) / scale
     for p, (_, v) in zip(prob.inv, inv_pairs, strict=True):
@@ -522,13 +524,13 @@ def solve_children_report(
         xt = prob.x.value
     xt = np.asarray(xt, dtype=np.float64) * scale
     t1 = time.perf_counter()
-    xt = _repair(np.asarray(xt, dtype=np.float64), parent)
+    xt = repair_round_off(np.asarray(xt, dtype=np.float64), parent)
     counts, l1_status, fallback = _round(xt, parent, inv_pairs, solver_l1, where)
     t2 = time.perf_counter()
     return ChildrenSolution(counts, l2_status, l1_status, fallback, t1 - t0, t2 - t1)
 
 
-def _scale(parent: np.ndarray | None, n: int, arrays: Sequence[np.ndarray]) -> float:
+def solver_unit(parent: np.ndarray | None, n: int, arrays: Sequence[np.ndarray]) -> float:
     """The solver's unit: the mean absolute entry of the data (a child's share of the parent
     for the parent histogram), at least 1."""
     parts = [np.abs(np.asarray(a, dtype=np.float64)).ravel() for a in arrays]
@@ -538,7 +540,7 @@ def _scale(parent: np.ndarray | None, n: int, arrays: Sequence[np.ndarray]) -> f
     return float(max(1.0, allv.mean())) if allv.size else 1.0
 
 
-def _repair(xt: np.ndarray, parent: np.ndarray | None) -> np.ndarray:
+def repair_round_off(xt: np.ndarray, parent: np.ndarray | None) -> np.ndarray:
     """Clip solver round-off: negatives to 0, near-integers to the integer, and rescale each
     cell so the children sum to the parent (a change of the order of the solver tolerance)."""
     xt = np.maximum(xt, 0.0)

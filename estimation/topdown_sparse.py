@@ -84,7 +84,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from censusdp.errors import ConvergenceError, SolverError, SpecError
-from censusdp.estimation.topdown_problem import _repair, _scale
+from censusdp.estimation.topdown_problem import repair_round_off, solver_unit
 from censusdp.mechanisms.product_query import ProductQuery
 
 __all__ = [
@@ -737,7 +737,7 @@ def l2_multipass(
         raise SpecError(f"l2 method {method!r}: use 'auto', 'structured' or 'clarabel'")
     n, na = layout.n_children, layout.n_active
     inv = _check_invariants(layout, invariants, where)
-    scale = _scale(
+    scale = solver_unit(
         layout.parent, n, [np.asarray(v) for _, v, _ in measurements] + [v for _, v in inv]
     )
     parent = None
@@ -842,7 +842,7 @@ def l2_multipass(
             )
         )
     xt = layout.expand(x.reshape(n, na) * scale)
-    return _repair(xt, None if layout.parent is None else np.asarray(layout.parent)), done
+    return repair_round_off(xt, None if layout.parent is None else np.asarray(layout.parent)), done
 
 
 def l1_multipass(

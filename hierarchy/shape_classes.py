@@ -42,7 +42,7 @@ class ShapeClasses:
     """The quotient forest of a hierarchy's downward shape classes.
 
     Classes of a level are sorted by parent class, so the children of a class are a
-    contiguous range of the level below (the layout of :class:`~censusdp.estimation.gls.Forest`).
+    contiguous range of the level below (the layout of :class:`~censusdp.hierarchy.forest.Forest`).
 
     Attributes
     ----------

@@ -30,6 +30,9 @@ from censusdp.schema import omb_race_combinations
 
 __all__ = [
     "PL94_SHAPE",
+    "block_populations",
+    "histogram_range",
+    "person_offsets",
     "pl94_cell_shares",
     "pl94_histogram",
     "pl94_partitions",
@@ -323,7 +326,14 @@ def _persons_cdf() -> np.ndarray:
     return cdf
 
 
-def _block_populations(populations: np.ndarray | Table) -> np.ndarray:
+def block_populations(populations: np.ndarray | Table) -> np.ndarray:
+    """Persons per block as int64 from a one-cell table or an array of counts.
+
+    Raises
+    ------
+    DataError
+        Not one non-negative integer per block.
+    """
     pop = populations.leaf_counts if isinstance(populations, Table) else populations
     pop = np.asarray(pop)
     if pop.ndim == 2 and pop.shape[1] == 1:
@@ -370,21 +380,28 @@ def pl94_histogram(
         indexes the geography's blocks, ``cell`` the flat ``pl94`` cell (C order of
         :data:`PL94_SHAPE`); the counts of a block sum to its population.
     """
-    pop = _block_populations(populations)
+    pop = block_populations(populations)
     stop = pop.size if stop is None else stop
     if not 0 <= start <= stop <= pop.size:
         raise ValueError(f"block range [{start}, {stop}) is outside [0, {pop.size})")
-    return _histogram_range(pop, _person_offsets(pop), seed, start, stop)
+    return histogram_range(pop, person_offsets(pop), seed, start, stop)
 
 
-def _person_offsets(pop: np.ndarray) -> np.ndarray:
-    """Number of the first person of each block, and the total last."""
+def person_offsets(pop: np.ndarray) -> np.ndarray:
+    """Number of the first person of each block, and the total last: ``[0, cumsum(pop)]``.
+
+    Computed once for a whole geography, it is what :func:`histogram_range` needs to draw
+    any block range alone (the person numbering of :func:`pl94_histogram`).
+    """
     return np.concatenate(([0], np.cumsum(pop)))
 
 
-def _histogram_range(
+def histogram_range(
     pop: np.ndarray, offset: np.ndarray, seed: int, start: int, stop: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`pl94_histogram` of blocks ``[start, stop)`` from :func:`block_populations`
+    ``pop`` and :func:`person_offsets` ``offset`` (unchecked: reads ``pop[start:stop]``,
+    ``offset[start]``, ``offset[stop]`` and the total ``offset[-1]``)."""
     cdf = _persons_cdf()
     rng = KeyedRNG.reproducible(seed, warn=False).child("synthetic_pl94")
     cells = rng.draw(
@@ -411,12 +428,12 @@ def pl94_partitions(
     increasing ``bounds`` (per county: ``Hierarchy.descendant_range``; or fixed-size runs of
     blocks) give the same histogram.
     """
-    pop = _block_populations(populations)
+    pop = block_populations(populations)
     b = np.asarray(bounds, dtype=np.int64)
     if b.ndim != 1 or b.size < 2 or b[0] < 0 or b[-1] > pop.size or np.any(np.diff(b) < 0):
         raise ValueError(
             f"partition bounds must increase from ≥ 0 to ≤ {pop.size} (the number of blocks)"
         )
-    offset = _person_offsets(pop)  # once: a partition costs its own blocks only
+    offset = person_offsets(pop)  # once: a partition costs its own blocks only
     for i in range(b.size - 1):
-        yield (i, *_histogram_range(pop, offset, seed, int(b[i]), int(b[i + 1])))
+        yield (i, *histogram_range(pop, offset, seed, int(b[i]), int(b[i + 1])))

@@ -42,7 +42,6 @@ import numpy as np
 from censusdp.budget import PrivacyStatement, invariant_labels, with_invariants
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls import (
-    Forest,
     Geometry,
     GLSPlan,
     UpwardState,
@@ -55,7 +54,6 @@ from censusdp.estimation.gls import (
     gls_upward,
     merge_residuals,
     restrict,
-    whole_forest,
 )
 from censusdp.estimation.release import Release, SumVariances
 from censusdp.estimation.rounding import (
@@ -76,6 +74,7 @@ from censusdp.estimation.rounding import (
     tracked_sums,
 )
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement, Query
 from censusdp.pipelines.execute import Executor

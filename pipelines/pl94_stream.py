@@ -69,7 +69,6 @@ import scipy.sparse as sp
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.gls import Forest
 from censusdp.estimation.structured_gls import StructuredPiece
 from censusdp.estimation.structured_rounding import LABEL as ROUNDING_LABEL
 from censusdp.estimation.structured_rounding import (
@@ -79,6 +78,7 @@ from censusdp.estimation.structured_rounding import (
     round_structured_top,
 )
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.forest import Forest
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery, apply_queries
@@ -156,18 +156,18 @@ class SyntheticHistogram:
     _offsets: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from censusdp.hierarchy.synthetic import _block_populations, _person_offsets
+        from censusdp.hierarchy.synthetic import block_populations, person_offsets
 
-        pop = _block_populations(self.populations)
+        pop = block_populations(self.populations)
         object.__setattr__(self, "populations", pop)
-        object.__setattr__(self, "_offsets", _person_offsets(pop))
+        object.__setattr__(self, "_offsets", person_offsets(pop))
 
     def __call__(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from censusdp.hierarchy.synthetic import _histogram_range
+        from censusdp.hierarchy.synthetic import histogram_range
 
         if not 0 <= lo <= hi <= self.populations.size:
             raise ValueError(f"leaf range [{lo}, {hi}) is outside [0, {self.populations.size})")
-        return _histogram_range(self.populations, self._offsets, self.seed, int(lo), int(hi))
+        return histogram_range(self.populations, self._offsets, self.seed, int(lo), int(hi))
 
     def restrict(self, lo: int, hi: int) -> SyntheticRange:
         """Leaves ``[lo, hi)`` only (what a partition's task is sent)."""
@@ -202,7 +202,7 @@ class SyntheticRange:
     seed: int
 
     def __call__(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from censusdp.hierarchy.synthetic import _histogram_range
+        from censusdp.hierarchy.synthetic import histogram_range
 
         a, b = lo - self.lo, hi - self.lo
         if not 0 <= a <= b <= self.populations.size:
@@ -210,9 +210,9 @@ class SyntheticRange:
                 f"leaf range [{lo}, {hi}) is outside the restricted range "
                 f"[{self.lo}, {self.lo + self.populations.size})"
             )
-        # _histogram_range reads offsets[start], offsets[stop] and the total offsets[-1]
+        # histogram_range reads offsets[start], offsets[stop] and the total offsets[-1]
         offsets = np.append(self.offsets, self.persons)
-        leaf, cell, count = _histogram_range(self.populations, offsets, self.seed, a, b)
+        leaf, cell, count = histogram_range(self.populations, offsets, self.seed, a, b)
         return leaf + self.lo, cell, count
 
 

@@ -124,7 +124,6 @@ from censusdp.estimation.area_measurements import (
     update_with_areas,
 )
 from censusdp.estimation.areas import AreaEstimates, AreaPartial, area_partition, area_top
-from censusdp.estimation.gls import Forest
 from censusdp.estimation.marginal_basis import BlockDiagonal
 from censusdp.estimation.nonnegative import (
     BIASED_NOTE,
@@ -137,6 +136,7 @@ from censusdp.estimation.structured_gls import structured_gls, structured_setup
 from censusdp.estimation.structured_rounding import round_structured
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.equivalency import Equivalency, read_equivalency
+from censusdp.hierarchy.forest import Forest
 from censusdp.mechanisms.product_measure import (
     ProductInvariant,
     ProductMeasurement,

@@ -108,11 +108,12 @@ from censusdp.atomic import check_output, output_dir
 from censusdp.budget import PrivacyStatement, Product, Step, with_products
 from censusdp.errors import SpecError
 from censusdp.estimation.capped_simplex import project_capped_simplex
-from censusdp.estimation.gls import tree_gls, whole_forest
+from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.rounding import TOL, round_tree, uniform_draws
 from censusdp.estimation.structured_rounding import round_children
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.forest import whole_forest
 from censusdp.mechanisms.queries import Query, invariant, measure
 from censusdp.pipelines.ppmf import PPMFHistogram, read_block_list, read_ppmf_units
 from censusdp.pipelines.privatize_ppmf import (

@@ -65,7 +65,6 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.gls import Forest, whole_forest
 from censusdp.estimation.marginal_basis import BlockDiagonal
 from censusdp.estimation.structured_gls import (
     EUCLIDEAN_NOTE,
@@ -83,6 +82,7 @@ from censusdp.estimation.structured_gls import (
     structured_upward,
 )
 from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.laws import floating_point_note
 from censusdp.mechanisms.product_measure import (
     ProductInvariant,
