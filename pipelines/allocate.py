@@ -2,7 +2,14 @@
 
 ``SPEC`` is a predict spec (:mod:`censusdp.pipelines.predict`: schema, hierarchy *shape*,
 invariants, optional ``[allocation]``, else the schema's — for ``pl94`` the 2020 production
-one). ``TARGETS.toml`` declares the objective::
+one) or any zCDP spec of a file route, read as ``predict`` reads it
+(:func:`~censusdp.pipelines.predict.load_any_spec`; ``--data FILE`` for a run spec whose data
+file gives the hierarchy): a ``run`` spec, a PPMF persons or units spec, a codebook spec.
+``NEW_SPEC`` is a spec of the same family holding the optimised shares where that family
+keeps them (:func:`family_spec_text`): a run spec's ``[privacy] level_shares`` and
+``query_shares``, a PPMF spec's ``[allocation]``, a codebook spec's ``[strategy] shares``, so
+its own route runs it. A pure-DP spec is refused (the optimiser works in zCDP, where ρ is
+linear in the precisions). ``TARGETS.toml`` declares the objective::
 
     [objective]
     kind = "sum"            # "sum" (weighted sum) or "max" (weighted maximum)
@@ -24,7 +31,7 @@ one). ``TARGETS.toml`` declares the objective::
 Each target's relative variance is the mean over the level's nodes and the table's rows of
 ``Var / (population · share)²``, predicted from the tree's shape alone
 (:func:`~censusdp.estimation.allocate.optimise_allocation`). The command writes ``NEW_SPEC``
-— ``SPEC`` with the optimised ``[allocation]`` (exact fractions, the same ρ) — atomically
+— ``SPEC`` with the optimised shares (exact fractions of 2³², the same ρ) — atomically
 under the output policy of :mod:`censusdp.atomic` (a new path, or an earlier output with
 ``--overwrite``; never an input), and prints the objective before and after, each target's
 relative change and the solver's certificate. No count is read and no noise is drawn.

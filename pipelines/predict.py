@@ -1,5 +1,15 @@
 """``censusdp predict SPEC``: the exact standard errors of a release before any noise is drawn.
 
+``SPEC`` is a predict spec (below) or any spec a file route runs (:func:`load_any_spec`,
+one function per family, each reading the spec with its route's own loader): a ``run``
+spec (its cells, marginals, queries, invariants and the laws ``run`` calibrates; the
+hierarchy from the code columns of its data file — ``[data] path`` or ``--data FILE`` —
+never its counts, or the embedded / synthetic source's), a PPMF persons or units spec of
+``privatize`` (the ``pl94`` / ``h1`` production strategy, or the spec's ``[allocation]``, on
+its public block list ``[hierarchy] blocks``), or a codebook spec (one area: every area of
+the file has the same single-node GLS errors). What the prediction does not read is printed
+in one line; a data file the hierarchy needs but that is not there is one exit-2 line.
+
 A predict spec (TOML) names a schema, a hierarchy *shape* — a saved hierarchy of public
 geography (``file``, :func:`~censusdp.hierarchy.storage.save_hierarchy` format) or a synthetic
 one (``synthetic = "state"`` or ``"us"``) — the invariants' queries per level and an
@@ -511,7 +521,7 @@ def _codebook_model(path: Path, data: Path | None) -> PredictSpec:
     from fractions import Fraction
 
     from censusdp.pipelines.codebook import Codebook
-    from censusdp.pipelines.privatize_tables import TablePlan, load_table_spec
+    from censusdp.pipelines.privatize_tables import load_table_spec
 
     spec = load_table_spec(path)
     cb = Codebook.load(spec.codebook)
@@ -520,7 +530,7 @@ def _codebook_model(path: Path, data: Path | None) -> PredictSpec:
             f"{spec.source}: data.schema is {spec.schema!r} but codebook {cb.source} is over "
             f"schema {cb.schema.name!r}; drop data.schema or name the codebook's"
         )
-    table_plan = TablePlan.build(cb, spec.rho, spec.strategy)
+    table_plan = _table_plan(spec.codebook, spec.rho, spec.strategy)
     strategy = spec.strategy or cb.strategy
     texts = tuple(t for t, _ in strategy)
     schema = dataclasses.replace(cb.schema, strategy=texts)  # the strategy allocate varies
@@ -552,6 +562,30 @@ def _codebook_model(path: Path, data: Path | None) -> PredictSpec:
             "the rows of [data] (every area has the same standard errors: one is predicted)",
         ),
     )
+
+
+#: Codebook plans built in this process, by (codebook, ρ, strategy): at most a few.
+_TABLE_PLANS: dict[tuple, Any] = {}
+
+
+def _table_plan(codebook: str, rho: float, strategy: tuple) -> Any:
+    """The codebook route's plan (:meth:`~censusdp.pipelines.privatize_tables.TablePlan.build`:
+    its checks and calibrated laws), kept for the process: repeated predictions of one spec
+    build it once (seconds for ``ppdd``'s 376 columns); a codebook file is known by its
+    name, size and modification time, so an edited file is built again."""
+    from censusdp.pipelines.codebook import Codebook
+    from censusdp.pipelines.privatize_tables import TablePlan
+
+    f = Path(codebook)
+    stamp = (
+        (f.stat().st_size, f.stat().st_mtime_ns) if f.suffix == ".toml" and f.is_file() else None
+    )
+    key = (codebook, stamp, rho, strategy)
+    if key not in _TABLE_PLANS:
+        if len(_TABLE_PLANS) >= 4:
+            _TABLE_PLANS.clear()
+        _TABLE_PLANS[key] = TablePlan.build(Codebook.load(codebook), rho, strategy)
+    return _TABLE_PLANS[key]
 
 
 _FAMILY_MODELS = {
