@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from censusdp.app.cli import main
 from censusdp.config import read_spec_toml
@@ -313,6 +315,18 @@ def test_the_ppmf_persons_spec_predicts_and_allocates(route_specs, capsys):
     # the written spec predicts as a spec of its family, with its own shares
     model = load_any_spec(new)
     assert model.family == "ppmf" and model.allocation.levels == written.allocation.levels
+    # and the persons route runs it with those shares
+    from ppmf_fixtures import ppmf_persons
+
+    occupied = [(b[:2], b[2:5], b[5:11], b[11], b[11:]) for b in _blocks()[::2]]
+    ppmf_persons(np.random.default_rng(2), 300, occupied, 0.9).to_csv(tmp / "p.csv", index=False)
+    argv = ["privatize", str(tmp / "p.csv"), "--spec", str(new), "-o", str(tmp / "rel")]
+    assert main([*argv, "--seed", "3"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    manifest = json.loads((tmp / "rel" / "manifest.json").read_text())
+    assert "the spec's [allocation]" in manifest["strategy"]
+    shares = manifest["spec"]["allocation"]["levels"]
+    assert {k: Fraction(v) for k, v in shares.items()} == written.allocation.levels
 
 
 def test_the_ppmf_units_spec_predicts_and_allocates(route_specs, capsys):
@@ -506,3 +520,55 @@ def test_the_units_spec_allocate_writes_runs_and_publishes_the_predicted_errors(
         base.query_standard_errors("block", "detailed"),
         pred.query_standard_errors("block", "detailed"),
     )
+
+
+@st.composite
+def _marginal_groups(draw):
+    """Cells and one marginal of disjoint groups: a partition, a part of the cells, single
+    cells — every shape a run spec's marginal can take."""
+    n = draw(st.integers(2, 7))
+    cells = [f"c{i}" for i in range(n)]
+    label = draw(st.lists(st.integers(-1, 3), min_size=n, max_size=n))  # -1: in no group
+    groups: dict[str, list[str]] = {}
+    for c, g in zip(cells, label, strict=True):
+        if g >= 0:
+            groups.setdefault(f"g{g}", []).append(c)
+    return cells, groups
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(case=_marginal_groups())
+def test_every_disjoint_marginal_is_modelled_as_the_run_query(tmp_path, case):
+    """Against the run's own query (:meth:`Query.marginal`): the model's product query has the
+    same matrix, or the model refuses with the marginal named (the one marginal a recode
+    cannot hold: a relabelling of every cell, which is ``detailed``)."""
+    from censusdp.mechanisms.queries import Query
+
+    cells, groups = case
+    assume(groups)
+    pd.DataFrame({"fips": ["01001", "01003"]} | {c: [1, 2] for c in cells}).to_csv(
+        tmp_path / "data.csv", index=False
+    )
+    inline = ", ".join(f"{g} = {json.dumps(m)}" for g, m in groups.items())
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        '[data]\nsource = "csv"\npath = "data.csv"\n'
+        f"cells = {json.dumps(cells)}\n"
+        '[hierarchy]\nlevels = ["nation", "state", "county"]\n'
+        'codes = { state = "fips:2", county = "fips" }\n'
+        '[privacy]\naccounting = "zcdp"\nrho = 1.0\n'
+        '[queries]\ncounty = ["m"]\n'
+        f"[marginals.m]\ngroups = {{ {inline} }}\n"
+        '[mechanism]\nnoise = "discrete_gaussian"\n'
+    )
+    want = Query.marginal("m", cells, groups).matrix
+    every_cell_alone = all(len(m) == 1 for m in groups.values()) and len(groups) == len(cells)
+    if every_cell_alone:
+        with pytest.raises(SpecError, match="marginals"):
+            load_any_spec(spec)
+        return
+    model = load_any_spec(spec)
+    ((level, query, _),) = model.plan
+    assert level == "county" and np.array_equal(query.dense(), want)
