@@ -297,10 +297,10 @@ def family_spec_text(
     return toml_text(doc, header)
 
 
-def _report(result: AllocationResult) -> list[str]:
+def _report(result: AllocationResult, start: str = "production") -> list[str]:
     kind = result.objective.kind
     lines = [
-        f"objective ({kind} of relative variances): production {result.before:.6g} → "
+        f"objective ({kind} of relative variances): {start} {result.before:.6g} → "
         f"optimised {result.after:.6g} ({-100 * result.improvement:+.1f}%)",
         f"solver: {result.iterations} iterations, {result.evaluations} predictions, "
         + (
@@ -345,7 +345,12 @@ def _cmd_allocate(args: argparse.Namespace) -> int:
         floor=targets.floor,
         tolerance=targets.tolerance,
     )
-    lines = _report(result)
+    production = spec.schema.allocation
+    same = production is not None and (production.levels, production.queries) == (
+        spec.allocation.levels,
+        spec.allocation.queries,
+    )
+    lines = _report(result, "production" if same else "the spec's")
     header = "\n".join(
         [f"written by `censusdp allocate {spec_path.name} --target {target_path.name}`"] + lines[:2]
     )

@@ -285,8 +285,7 @@ def load_any_spec(path: str | Path, *, data: str | Path | None = None) -> Predic
     """
     p = Path(path)
     family = spec_family(p)
-    model = _FAMILY_MODELS[family](p, None if data is None else Path(data))
-    return model
+    return _FAMILY_MODELS[family](p, None if data is None else Path(data))
 
 
 def add_data_option(p: argparse.ArgumentParser) -> None:
@@ -456,7 +455,7 @@ def _ppmf_model(path: Path, data: Path | None) -> PredictSpec:
     spec = load_ppmf_spec(path)
     schema = Schema.load("pl94")
     h = _block_list(spec.blocks, spec.block_column, str(path))
-    alloc = getattr(spec, "allocation", None) or schema.allocation
+    alloc = schema.allocation if spec.allocation is None else spec.allocation
     total = Fraction(alloc.rho) if spec.rho is None else spec.rho
     share = None if spec.areas is None else spec.areas.share
     rho = total if share is None else total * (1 - share)  # the tree's part, as the route
@@ -491,7 +490,7 @@ def _units_model(path: Path, data: Path | None) -> PredictSpec:
     spec = load_units_spec(path)
     schema = Schema.load("h1")
     h = _block_list(spec.blocks, spec.block_column, str(path))
-    alloc = getattr(spec, "allocation", None) or schema.allocation
+    alloc = schema.allocation if spec.allocation is None else spec.allocation
     rho = Fraction(alloc.rho) if spec.rho is None else spec.rho
     doc = read_spec_toml(path)
     return PredictSpec(

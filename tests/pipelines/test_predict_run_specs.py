@@ -572,3 +572,20 @@ def test_every_disjoint_marginal_is_modelled_as_the_run_query(tmp_path, case):
     model = load_any_spec(spec)
     ((level, query, _),) = model.plan
     assert level == "county" and np.array_equal(query.dense(), want)
+
+
+def test_a_ppmf_spec_measuring_its_areas_keeps_the_total_rho(route_specs, capsys):
+    """With ``[areas] share`` the tree gets ρ·(1 − share): the prediction and the optimiser
+    work on that part, and the written ``[allocation]`` states the spec's total again."""
+    from censusdp.pipelines.privatize_ppmf import load_ppmf_spec
+
+    tmp, specs = route_specs
+    spec = specs["ppmf"]
+    spec.write_text(spec.read_text().replace("skip_blank = true", "skip_blank = true\nshare = 0.1"))
+    model = load_any_spec(spec)
+    assert model.allocation.rho == Fraction(2) * Fraction(9, 10)
+    new = tmp / "new.toml"
+    _allocate(spec, _targets(tmp, "tract", "total", 4000), new, capsys)
+    written = load_ppmf_spec(new)
+    assert written.allocation.rho == Fraction(2) and written.areas.share == Fraction(1, 10)
+    assert load_any_spec(new).allocation.rho == Fraction(9, 5)
