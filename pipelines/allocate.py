@@ -2,7 +2,14 @@
 
 ``SPEC`` is a predict spec (:mod:`censusdp.pipelines.predict`: schema, hierarchy *shape*,
 invariants, optional ``[allocation]``, else the schema's — for ``pl94`` the 2020 production
-one). ``TARGETS.toml`` declares the objective::
+one) or any zCDP spec of a file route, read as ``predict`` reads it
+(:func:`~censusdp.pipelines.predict.load_any_spec`; ``--data FILE`` for a run spec whose data
+file gives the hierarchy): a ``run`` spec, a PPMF persons or units spec, a codebook spec.
+``NEW_SPEC`` is a spec of the same family holding the optimised shares where that family
+keeps them (:func:`family_spec_text`): a run spec's ``[privacy] level_shares`` and
+``query_shares``, a PPMF spec's ``[allocation]``, a codebook spec's ``[strategy] shares``, so
+its own route runs it. A pure-DP spec is refused (the optimiser works in zCDP, where ρ is
+linear in the precisions). ``TARGETS.toml`` declares the objective::
 
     [objective]
     kind = "sum"            # "sum" (weighted sum) or "max" (weighted maximum)
@@ -24,7 +31,7 @@ one). ``TARGETS.toml`` declares the objective::
 Each target's relative variance is the mean over the level's nodes and the table's rows of
 ``Var / (population · share)²``, predicted from the tree's shape alone
 (:func:`~censusdp.estimation.allocate.optimise_allocation`). The command writes ``NEW_SPEC``
-— ``SPEC`` with the optimised ``[allocation]`` (exact fractions, the same ρ) — atomically
+— ``SPEC`` with the optimised shares (exact fractions of 2³², the same ρ) — atomically
 under the output policy of :mod:`censusdp.atomic` (a new path, or an earlier output with
 ``--overwrite``; never an input), and prints the objective before and after, each target's
 relative change and the solver's certificate. No count is read and no noise is drawn.
@@ -48,7 +55,7 @@ if TYPE_CHECKING:  # the estimation stack is imported by the functions that run 
     from censusdp.pipelines.predict import PredictSpec
     from censusdp.schema import Allocation
 
-__all__ = ["Targets", "load_targets", "register", "spec_text"]
+__all__ = ["Targets", "family_spec_text", "load_targets", "register", "spec_text", "toml_text"]
 
 _SECTIONS = {"objective", "population", "target"}
 _OBJECTIVE_KEYS = {"kind", "floor", "tolerance"}
@@ -208,10 +215,91 @@ def spec_text(spec_path: Path, out: Path, allocation: Allocation, header: str) -
     return "\n".join(lines) + "\n"
 
 
-def _report(result: AllocationResult) -> list[str]:
+def toml_text(doc: Mapping[str, Any], header: str) -> str:
+    """A TOML document: ``header`` as comments, top-level values, then one ``[section]`` per
+    table with its keys (nested tables inline)."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    tops = [(k, v) for k, v in doc.items() if not isinstance(v, Mapping)]
+    if tops:
+        lines += [""] + [f"{_key(k)} = {_value(v)}" for k, v in tops]
+    for section, body in doc.items():
+        if isinstance(body, Mapping):
+            lines += ["", f"[{_key(section)}]"]
+            lines += [f"{_key(k)} = {_value(v)}" for k, v in body.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _rebased(doc: dict, keys: tuple[str, ...], spec_path: Path, out: Path, only: str = "") -> None:
+    """Re-express the relative file names at ``keys`` (``"data.path"``) of a spec read from
+    ``spec_path`` relative to ``out``'s folder (``only``: just names ending so)."""
+    for dotted in keys:
+        section, key = dotted.split(".")
+        table = doc.get(section)
+        if not isinstance(table, Mapping) or not isinstance(table.get(key), str):
+            continue
+        name = table[key]
+        if Path(name).is_absolute() or not name.endswith(only):
+            continue
+        target = (spec_path.parent / name).resolve()
+        doc[section] = {**table, key: os.path.relpath(target, out.resolve().parent)}
+
+
+def family_spec_text(
+    spec: PredictSpec, spec_path: Path, out: Path, allocation: Allocation, header: str
+) -> str:
+    """The spec at ``spec_path`` — of ``spec.family`` — with ``allocation``'s shares in that
+    family's own keys, for writing at ``out`` so that its route runs it: a predict spec's
+    ``[allocation]``; a run spec's ``[privacy] level_shares`` and ``query_shares``; a PPMF
+    persons or units spec's ``[allocation]`` (of the ``pl94`` or ``h1`` strategy); a
+    codebook spec's ``[strategy] shares``. The total ρ is the spec's; relative file names
+    are re-expressed relative to ``out``'s folder.
+
+    Raises
+    ------
+    SpecError
+        A family whose spec cannot hold the allocation.
+    """
+    if spec.family == "predict":
+        return spec_text(spec_path, out, allocation, header)
+    import dataclasses
+
+    from censusdp.config import exact_fraction, read_spec_toml
+
+    doc = dict(read_spec_toml(spec_path))
+    strategy = spec.schema.strategy
+    if spec.family == "run":
+        privacy = dict(doc["privacy"])
+        privacy["level_shares"] = {lvl: float(s) for lvl, s in allocation.levels.items()}
+        privacy["query_shares"] = {
+            lvl: {t: float(s) for t, s in zip(strategy, shares, strict=True) if s != 0}
+            for lvl, shares in allocation.queries.items()
+        }
+        doc["privacy"] = privacy
+        _rebased(doc, ("data.path",), spec_path, out)
+    elif spec.family in ("ppmf", "ppmf_units"):
+        rho = allocation.rho
+        if spec.family == "ppmf" and isinstance(doc.get("areas"), Mapping):
+            share = doc["areas"].get("share")
+            if share is not None:  # the tree's part was optimised; the spec states the total
+                rho = rho / (1 - exact_fraction(share, f"{spec.source}: areas.share"))
+        doc["allocation"] = _allocation_table(dataclasses.replace(allocation, rho=rho))
+        _rebased(doc, ("hierarchy.blocks", "areas.file", "areas.list", "data.path"), spec_path, out)
+    elif spec.family == "codebook":
+        doc["strategy"] = {
+            "queries": list(strategy),
+            "shares": [float(s) for s in allocation.queries["area"]],
+        }
+        _rebased(doc, ("data.path",), spec_path, out)
+        _rebased(doc, ("data.codebook",), spec_path, out, only=".toml")
+    else:
+        raise SpecError(f"{spec.source}: allocate cannot write a {spec.family!r} spec")
+    return toml_text(doc, header)
+
+
+def _report(result: AllocationResult, start: str = "production") -> list[str]:
     kind = result.objective.kind
     lines = [
-        f"objective ({kind} of relative variances): production {result.before:.6g} → "
+        f"objective ({kind} of relative variances): {start} {result.before:.6g} → "
         f"optimised {result.after:.6g} ({-100 * result.improvement:+.1f}%)",
         f"solver: {result.iterations} iterations, {result.evaluations} predictions, "
         + (
@@ -233,13 +321,21 @@ def _cmd_allocate(args: argparse.Namespace) -> int:
     from censusdp.atomic import check_output, output_file
     from censusdp.estimation.allocate import optimise_allocation
     from censusdp.mechanisms.product_query import ProductQuery
-    from censusdp.pipelines.predict import load_predict_spec
+    from censusdp.pipelines.predict import load_any_spec
 
     spec_path, target_path, out = Path(args.spec), Path(args.target), Path(args.out)
-    inputs = [spec_path, target_path]
+    inputs = [spec_path, target_path, *([] if args.data is None else [Path(args.data)])]
     kw = {"overwrite": args.overwrite, "inputs": inputs, "formats": (".toml",), "option": "-o"}
     check_output(out, kind="file", **kw)  # before any work
-    spec = load_predict_spec(spec_path)
+    spec = load_any_spec(spec_path, data=args.data)
+    if spec.allocation is None:
+        raise SpecError(
+            f"{spec.source}: privacy.accounting: allocate optimises ρ shares under zCDP (the "
+            "GLS variances are convex in them); this spec is pure ε-DP: set accounting = "
+            '"zcdp" and a zCDP noise law (e.g. "discrete_gaussian") to optimise it'
+        )
+    if spec.ignored:
+        print(spec.ignored)
     targets = load_targets(target_path, spec)
     inv = [(lvl, ProductQuery.parse(spec.schema, t)) for lvl, t in spec.invariants]
     result = optimise_allocation(
@@ -251,14 +347,23 @@ def _cmd_allocate(args: argparse.Namespace) -> int:
         floor=targets.floor,
         tolerance=targets.tolerance,
     )
-    lines = _report(result)
+    production = spec.schema.allocation
+    same = production is not None and (production.levels, production.queries) == (
+        spec.allocation.levels,
+        spec.allocation.queries,
+    )
+    lines = _report(result, "production" if same else "the spec's")
     header = "\n".join(
         [f"written by `censusdp allocate {spec_path.name} --target {target_path.name}`"] + lines[:2]
     )
     with output_file(out, command="allocate", **kw) as tmp:
-        tmp.write_text(spec_text(spec_path, out, result.allocation, header), encoding="utf-8")
+        text = family_spec_text(spec, spec_path, out, result.allocation, header)
+        tmp.write_text(text, encoding="utf-8")
     print("\n".join(lines))
-    print(f"wrote {out} (the spec with the optimised [allocation], ρ = {result.allocation.rho})")
+    what = "[allocation]" if spec.family == "predict" else "shares"
+    print(
+        f"wrote {out} (the {spec.family} spec with the optimised {what}, ρ = {result.allocation.rho})"
+    )
     return 0
 
 
@@ -270,8 +375,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "allocate",
         help="optimise level and query shares for declared targets (predicted, no data read)",
     )
-    p.add_argument("spec", help="the predict spec (TOML) whose allocation is the start")
+    p.add_argument(
+        "spec",
+        help="a predict spec or any zCDP run spec (run, PPMF, units, codebook route) whose "
+        "allocation is the start",
+    )
     p.add_argument("--target", required=True, help="the targets file (TOML)")
-    p.add_argument("-o", "--out", required=True, help="the new spec to write (.toml)")
+    p.add_argument("-o", "--out", required=True, help="the new spec to write (.toml): same family")
+    from censusdp.pipelines.predict import add_data_option  # light: its heavy imports are lazy
+
+    add_data_option(p)
     add_overwrite(p)
     p.set_defaults(func=_cmd_allocate)

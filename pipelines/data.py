@@ -8,20 +8,25 @@ Sources (``[data] source``): ``midwest`` (the packaged ggplot2 table, censusdp/d
 
 from __future__ import annotations
 
+import csv
 import fnmatch
+import io
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from censusdp.config import CodeSpec, RunSpec
 from censusdp.errors import DataError, SpecError
 from censusdp.hierarchy import gisjoin
-from censusdp.hierarchy.builders import LevelSpec, from_gisjoin
-from censusdp.hierarchy.core import STRING_DTYPE
-from censusdp.hierarchy.table import MIDWEST_CELLS, Table
+from censusdp.hierarchy.builders import LevelSpec, from_columns, from_gisjoin
+from censusdp.hierarchy.core import STRING_DTYPE, Hierarchy
+from censusdp.hierarchy.table import MIDWEST_CELLS, Table, resolve_cells
 from censusdp.pipelines.nhgis import (
     CONTEXT_COLUMNS,
     BatchFile,
@@ -30,9 +35,9 @@ from censusdp.pipelines.nhgis import (
     upper_rows,
 )
 from censusdp.registry import Registry
-from censusdp.tabular import read_csv_text, read_parquet_table, shown_columns
+from censusdp.tabular import parquet_columns, read_csv_text, read_parquet_table, shown_columns
 
-__all__ = ["SOURCES", "Source", "RunData", "load_data"]
+__all__ = ["SOURCES", "Source", "RunData", "load_data", "read_geography"]
 
 
 @dataclass(frozen=True)
@@ -78,34 +83,65 @@ class RunData:
     upper_rows: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # level → (rows, nodes)
 
 
-def _read_table_file(path: Path, source: str, encoding: str | None) -> pd.DataFrame:
+def _read_table_file(
+    path: Path, source: str, encoding: str | None, columns: Sequence[str] | None = None
+) -> pd.DataFrame:
     if not path.is_file():
         raise DataError(f"{path}: no such file; check [data] path or --data")
     if source == "parquet":
-        return read_parquet_table(path)
+        return read_parquet_table(path, columns=columns)
+    return read_csv_text(_file_text(path, encoding), path, usecols=columns)
+
+
+def _file_text(path: Path, encoding: str | None) -> str:
     try:
-        text = path.read_text(encoding=encoding or "utf-8")
+        return path.read_text(encoding=encoding or "utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(
             f"{path.name}: cannot decode as {encoding or 'utf-8'!r} at byte {exc.start}; set [data] encoding "
             "(e.g. 'latin-1')"
         ) from None
-    return read_csv_text(text, path)
+
+
+def _header(path: Path, source: str, encoding: str | None) -> list[str]:
+    """The column names of a CSV or Parquet data file (no row is read)."""
+    if source == "parquet" or path.suffix.lower() in (".parquet", ".pq"):
+        return parquet_columns(path)
+    text = _file_text(path, encoding).removeprefix("\ufeff")
+    header = next(csv.reader(io.StringIO(text)), None)
+    if not header or not any(h.strip() for h in header):
+        raise DataError(f"{path.name}: empty file (no header row); give a CSV with a header line")
+    return header
+
+
+def _truth_rows(spec: RunSpec, df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """A long file's rows of the ``truth`` version (a wide file as is)."""
+    if not spec.data.version_column:
+        return df
+    col = spec.data.version_column
+    if col not in df.columns:
+        raise DataError(f"{path.name}: no column {col!r} ([data] version_column)")
+    if not spec.data.truth:
+        raise SpecError(f"{spec.source}: [data] truth must name the version holding the input")
+    df = df[df[col].astype(str) == spec.data.truth].reset_index(drop=True)
+    if df.empty:
+        raise DataError(f"{path.name}: no rows of version {spec.data.truth!r} in column {col!r}")
+    return df
 
 
 def _file_table(spec: RunSpec, path: Path) -> Table:
-    df = _read_table_file(path, spec.data.source, spec.data.encoding)
-    if spec.data.version_column:
-        col = spec.data.version_column
-        if col not in df.columns:
-            raise DataError(f"{path.name}: no column {col!r} ([data] version_column)")
-        if not spec.data.truth:
-            raise SpecError(f"{spec.source}: [data] truth must name the version holding the input")
-        df = df[df[col].astype(str) == spec.data.truth].reset_index(drop=True)
-        if df.empty:
-            raise DataError(
-                f"{path.name}: no rows of version {spec.data.truth!r} in column {col!r}"
-            )
+    df = _truth_rows(spec, _read_table_file(path, spec.data.source, spec.data.encoding), path)
+    levels, identifiers = _code_levels(spec, df, path)
+    cells = list(spec.data.cells) or [c for c in df.columns if c not in identifiers]
+    return Table.from_frame(
+        df, levels, cells, source=path.name, root_name=spec.hierarchy.levels[0], root_code="root"
+    )
+
+
+def _code_levels(spec: RunSpec, df: pd.DataFrame, path: Path) -> tuple[list[LevelSpec], list[str]]:
+    """The levels below the root as code columns of ``df`` (joined codes added to it) and
+    every identifier column (codes, their sources, context, version), checked: joined codes
+    nest, prefixed codes have one width, no cell pattern names a code column."""
     levels = []
     sources: list[str] = []
     for name in spec.hierarchy.levels[1:]:
@@ -130,10 +166,7 @@ def _file_table(spec: RunSpec, path: Path) -> Table:
         identifiers.append(spec.data.version_column)
     _refuse_code_cells(spec.data.cells, identifiers, path)
     _check_code_widths(df, levels, path)
-    cells = list(spec.data.cells) or [c for c in df.columns if c not in identifiers]
-    return Table.from_frame(
-        df, levels, cells, source=path.name, root_name=spec.hierarchy.levels[0], root_code="root"
-    )
+    return levels, identifiers
 
 
 def _joined_codes(df: pd.DataFrame, code: CodeSpec, level: str, path: Path) -> pd.Series:
@@ -359,3 +392,145 @@ def _renamed(table: Table, levels: tuple[str, ...]) -> Table:
         ]
     )
     return Table(renamed, table.cells, table.leaf_counts)
+
+
+#: An NHGIS wide file's confidential column of a cell: ``<code>_sf``.
+_SF_COLUMN = re.compile(r"^(?P<code>.+)_sf$", re.IGNORECASE)
+
+
+def read_geography(
+    spec: RunSpec, data: str | Path | None = None
+) -> tuple[Hierarchy, tuple[str, ...]]:
+    """The run's hierarchy and cell names from its public geography alone: the header and
+    the code columns of the data file (``data`` overrides ``[data] path``), never a count;
+    the embedded (``midwest``) and generated (``synthetic``) sources' own. What
+    ``censusdp predict`` and ``allocate`` need to choose a budget before spending it.
+
+    Raises
+    ------
+    SpecError
+        No data file named, or a source whose geography is not in code columns (``ppmf``:
+        its spec route reads a public block list).
+    DataError, HierarchyError
+        No such file, missing or malformed code columns, levels that do not nest (file,
+        data row and column named, as :func:`load_data`).
+    """
+    source = spec.data.source
+    if source in ("midwest", "synthetic"):  # no confidential file: the table is public
+        table = load_data(spec).table
+        return table.hierarchy, table.cells
+    path = Path(data) if data is not None else spec.data.path
+    if path is None:
+        raise SpecError(
+            f"{spec.source}: data.path: missing; the hierarchy is read from the code columns "
+            "of the data file (never its counts): give [data] path or --data FILE"
+        )
+    if not path.is_file():
+        raise DataError(
+            f"{path}: no such file; the hierarchy is read from its code columns (never its "
+            "counts): check [data] path or --data"
+        )
+    if source == "ppmf":
+        raise SpecError(
+            f"{spec.source}: data.source: a PPMF's geography comes from a public block list; "
+            'write the spec for the PPMF route (its [hierarchy] blocks = "FILE")'
+        )
+    header = _header(path, source, spec.data.encoding)
+    if source == "nhgis":
+        return _gisjoin_geography(spec, path, header)
+    wanted = {c for code in spec.hierarchy.codes.values() for c in code.columns or (code.column,)}
+    wanted |= {spec.data.version_column} if spec.data.version_column else set()
+    wanted |= {c for c in header if c.lower() in CONTEXT_COLUMNS}
+    df = _read_table_file(path, source, spec.data.encoding, [c for c in header if c in wanted])
+    df = _truth_rows(spec, df, path)
+    levels, identifiers = _code_levels(spec, df, path)
+    available = [c for c in header if c not in identifiers]
+    cells = (
+        resolve_cells(spec.data.cells, available, source=path.name)
+        if spec.data.cells
+        else available
+    )
+
+    h, _ = from_columns(
+        df, levels, root_name=spec.hierarchy.levels[0], root_code="root", source=path.name
+    )
+    return h, tuple(cells)
+
+
+def _gisjoin_geography(
+    spec: RunSpec, path: Path, header: list[str]
+) -> tuple[Hierarchy, tuple[str, ...]]:
+    """An NHGIS batch file's hierarchy from its ``gisjoin`` column (the leaf rows: rows of
+    upper levels are not leaves) and its cells from the header (``<code>_sf`` of a wide
+    file, the non-key columns of a long one)."""
+    column, version = "gisjoin", spec.data.version_column or "version"
+    if column not in header:
+        raise DataError(
+            f"{path.name}: no {column!r} column (columns: {shown_columns(header)}); NHGIS "
+            "files key units by GISJOIN"
+        )
+    long = version in header
+    keys = [c for c in header if c.lower() in CONTEXT_COLUMNS or c == column]
+    if path.suffix.lower() in (".parquet", ".pq"):
+        df = read_parquet_table(path, columns=[column, *([version] if long else [])])
+    else:
+        raw = path.read_bytes()
+        try:
+            text = raw.decode(spec.data.encoding or "utf-8-sig")
+        except (UnicodeDecodeError, LookupError):
+            if spec.data.encoding is not None:
+                raise DataError(
+                    f"{path.name}: cannot decode as {spec.data.encoding!r}; set [data] encoding "
+                    "to the file's real encoding"
+                ) from None
+            text = raw.decode("latin-1")
+        df = read_csv_text(text, path, usecols=[column, *([version] if long else [])])
+    if long:
+        versions = df[version].astype(str).to_numpy(dtype=object)
+        truth = spec.data.truth
+        if truth is None:
+            sf = sorted({v for v in versions if v.startswith("sf")})
+            if len(sf) != 1:
+                raise DataError(
+                    f"{path.name}: cannot tell which version is the input among "
+                    f"{sorted(set(versions))[:10]}; set [data] truth"
+                )
+            truth = sf[0]
+        df = df[versions == truth].reset_index(drop=True)
+        if df.empty:
+            raise DataError(f"{path.name}: no rows of version {truth!r} in column {version!r}")
+        available = [c for c in header if c not in keys and c != version]
+    else:
+        available = [m["code"] for c in header if (m := _SF_COLUMN.match(c))]
+    cells = (
+        resolve_cells(spec.data.cells, available, source=path.name)
+        if spec.data.cells
+        else available
+    )
+    codes = df[column]
+    blank = np.flatnonzero(codes.isna().to_numpy() | (codes.astype(str).str.strip() == ""))
+    if blank.size:
+        raise DataError(
+            f"{path.name}, data row {int(blank[0]) + 1}, column {column!r}: missing GISJOIN; "
+            "every row needs its unit's code"
+        )
+    codes = codes.astype(str).to_numpy(dtype=object)
+    below = spec.hierarchy.levels[1:]
+    layouts = gisjoin.check_hierarchy_levels(below, f"{spec.source}: hierarchy.levels")
+    arr = pa.array(codes.tolist(), type=pa.string())
+    upper = np.zeros(codes.size, dtype=bool)  # rows of upper levels (states beside counties)
+    for lay in layouts[:-1]:
+        hit = pc.fill_null(pc.match_substring_regex(arr, lay.pattern), False)
+        upper |= hit.to_numpy(zero_copy_only=False)
+    leaf = np.flatnonzero(~upper)
+    if leaf.size == 0:
+        raise DataError(f"{path.name}: no row is a {below[-1]} (the hierarchy's leaf level)")
+    gisjoin.parse(codes[leaf], below[-1], source=path.name, rows=leaf, column=column)
+    h, _ = from_gisjoin(
+        codes[leaf],
+        [(lv, lay.length) for lv, lay in zip(below, layouts, strict=True)],
+        root_name=spec.hierarchy.levels[0],
+        root_code="root",
+        source=path.name,
+    )
+    return h, tuple(cells)

@@ -167,7 +167,7 @@ from censusdp.pipelines.size_class_report import (
     write_size_class_report,
 )
 from censusdp.rng import KeyedRNG
-from censusdp.schema import Schema
+from censusdp.schema import Allocation, Schema
 from censusdp.spreadsheet import write_csv
 
 __all__ = [
@@ -224,6 +224,7 @@ class PPMFSpec:
     blocks: Path | None = None
     block_column: str | None = None
     areas: AreasSpec | None = None
+    allocation: Allocation | None = None
 
     def to_dict(self) -> dict:
         """The spec for the manifest, never the seed."""
@@ -235,6 +236,7 @@ class PPMFSpec:
             "reproducible_mode": self.seed is not None,
             "blocks": None if self.blocks is None else self.blocks.name,
             "areas": None if self.areas is None else self.areas.to_dict(),
+            "allocation": allocation_dict(self.allocation),
         }
 
 
@@ -324,7 +326,9 @@ def is_ppmf(path: str | Path) -> bool:
 
 @dataclass(frozen=True)
 class ReleaseOptions:
-    """The spec keys every PPMF route reads (:func:`parse_release_options`)."""
+    """The spec keys every PPMF route reads (:func:`parse_release_options`); ``allocation``:
+    the spec's ``[allocation]`` of the route's strategy (e.g. written by ``censusdp
+    allocate``), None for the schema's production one."""
 
     rho: Fraction | None
     delta: float | None
@@ -332,6 +336,18 @@ class ReleaseOptions:
     blocks: Path | None
     block_column: str | None
     repetitions: int
+    allocation: Allocation | None = None
+
+
+def allocation_dict(allocation: Allocation | None) -> dict | None:
+    """An allocation's exact shares as text, for manifests (None: the schema's own)."""
+    if allocation is None:
+        return None
+    return {
+        "rho": str(allocation.rho),
+        "levels": {lvl: str(s) for lvl, s in allocation.levels.items()},
+        "queries": {lvl: [str(s) for s in v] for lvl, v in allocation.queries.items()},
+    }
 
 
 def read_release_spec(
@@ -364,7 +380,11 @@ def read_release_spec(
     path = Path(path)
     doc = read_spec_toml(path)
     p = SpecParser(str(path), path.parent)
-    p.keys(doc, "", ("data", "privacy", "mechanism", "hierarchy", *more_tables, "report", "run"))
+    p.keys(
+        doc,
+        "",
+        ("data", "privacy", "mechanism", "hierarchy", *more_tables, "report", "run", "allocation"),
+    )
     data = p.table(doc, "data", required=False)
     p.keys(data, "data", data_keys)
     given = p.get(data, "data", "source", str, default=source)
@@ -416,6 +436,15 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
             "report.repetitions",
             f"give 2 to {MAX_REPETITIONS} (the bias has a standard error; each is a release)",
         )
+    allocation = None
+    if "allocation" in doc:  # the strategy's shares (censusdp allocate writes them)
+        schema = Schema.load(strategy)
+        allocation = Allocation.from_dict(doc["allocation"], len(schema.strategy), str(path))
+        unknown = [lvl for lvl in allocation.levels if lvl not in LEVELS]
+        if unknown:
+            raise p.fail(
+                "allocation.levels", f"unknown level(s) {unknown}; levels are {list(LEVELS)}"
+            )
     return ReleaseOptions(
         rho=rho,
         delta=delta,
@@ -423,6 +452,7 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
         blocks=None if blocks is None else _relative(path, blocks),
         block_column=p.get(hier, "hierarchy", "block_column", str),
         repetitions=repetitions,
+        allocation=allocation,
     )
 
 
@@ -472,6 +502,7 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
         blocks=opts.blocks,
         block_column=opts.block_column,
         areas=areas,
+        allocation=opts.allocation,
     )
 
 
@@ -668,14 +699,15 @@ class PPMFResult:
 
 
 def _total_rho(schema: Schema, spec: PPMFSpec) -> Fraction:
-    """The total ρ the plan aims at: the spec's, else the schema allocation's."""
-    return Fraction(schema.allocation.rho) if spec.rho is None else spec.rho
+    """The total ρ the plan aims at: the spec's, else its allocation's (the schema's)."""
+    alloc = schema.allocation if spec.allocation is None else spec.allocation
+    return Fraction(alloc.rho) if spec.rho is None else spec.rho
 
 
 def _plan(schema: Schema, spec: PPMFSpec, levels):
     """The tree's (level, query, law) plan and the areas' (query, law) plan (empty unless
     ``[areas] share``): the total ρ split, the tree's allocation scaled to its part."""
-    alloc = schema.allocation
+    alloc = schema.allocation if spec.allocation is None else spec.allocation
     if alloc is None:  # pragma: no cover - pl94 ships one
         raise SpecError("the pl94 schema has no [allocation]")
     total = _total_rho(schema, spec)
@@ -1129,7 +1161,12 @@ def _write_manifest(
         "route": "ppmf",
         "input": Path(path).name,
         "spec": spec.to_dict(),
-        "strategy": "pl94 2020 production strategy and allocation (censusdp/schemas/pl94.toml)",
+        "strategy": "pl94 2020 production strategy and "
+        + (
+            "allocation (censusdp/schemas/pl94.toml)"
+            if spec.allocation is None
+            else "the spec's [allocation] (spec.allocation)"
+        ),
         "invariants": [f"{lvl}: {q}" for lvl, q in INVARIANTS],
         "exact_through_invariants": list(privacy.exact),
         "privacy": privacy.to_dict(),

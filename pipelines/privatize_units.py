@@ -118,6 +118,7 @@ from censusdp.mechanisms.queries import Query, invariant, measure
 from censusdp.pipelines.ppmf import PPMFHistogram, read_block_list, read_ppmf_units
 from censusdp.pipelines.privatize_ppmf import (
     REPORT_LEVELS,
+    allocation_dict,
     csv_header,
     read_release_spec,
     spec_reads_ppmf,
@@ -137,7 +138,7 @@ from censusdp.pipelines.size_class_report import (
     write_size_class_report,
 )
 from censusdp.rng import KeyedRNG
-from censusdp.schema import Schema
+from censusdp.schema import Allocation, Schema
 from censusdp.spreadsheet import write_csv
 
 __all__ = [
@@ -183,6 +184,7 @@ class UnitsSpec:
     blocks: Path | None = None
     block_column: str | None = None
     repetitions: int = 10
+    allocation: Allocation | None = None
 
     def to_dict(self) -> dict:
         """The spec for the manifest, never the seed."""
@@ -193,6 +195,7 @@ class UnitsSpec:
             "repetitions": self.repetitions,
             "reproducible_mode": self.seed is not None,
             "blocks": None if self.blocks is None else self.blocks.name,
+            "allocation": allocation_dict(self.allocation),
         }
 
 
@@ -217,7 +220,8 @@ def load_units_spec(path: str | Path) -> UnitsSpec:
     _, _, opts = read_release_spec(
         path, source="ppmf_units", reads="a PPMF units file (RTYPE, HH_STATUS)", strategy="h1"
     )
-    return UnitsSpec(**dataclasses.asdict(opts), source=str(path))
+    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    return UnitsSpec(**fields, source=str(path))
 
 
 # -- the release ---------------------------------------------------------------------------------
@@ -316,7 +320,13 @@ def nonnegative_occupied(
     return out
 
 
-def release_h1(hist: PPMFHistogram, rng: KeyedRNG, *, rho: Fraction | None = None) -> H1Release:
+def release_h1(
+    hist: PPMFHistogram,
+    rng: KeyedRNG,
+    *,
+    rho: Fraction | None = None,
+    allocation: Allocation | None = None,
+) -> H1Release:
     """Measure, estimate and round H1 on ``hist``'s hierarchy: both products (module
     docstring).
 
@@ -328,7 +338,10 @@ def release_h1(hist: PPMFHistogram, rng: KeyedRNG, *, rho: Fraction | None = Non
         Noise from its ``measure/<level>/detailed`` streams, rounding from ``rounding/h1``
         and ``nonnegative/h1/<level>``.
     rho : Fraction, optional
-        Total ρ (default: the production units run's, :file:`censusdp/schemas/h1.toml`).
+        Total ρ (default: the allocation's).
+    allocation : Allocation, optional
+        Level shares of the ``h1`` strategy (default: the production units run's,
+        :file:`censusdp/schemas/h1.toml`).
 
     Raises
     ------
@@ -351,15 +364,20 @@ def release_h1(hist: PPMFHistogram, rng: KeyedRNG, *, rho: Fraction | None = Non
             f"the hierarchy {list(h.names)} has no level {INVARIANT_LEVEL!r}; the H1 total is "
             "held at every block"
         )
-    return _release(h, schema, hist.dense().reshape(-1, schema.n_cells), rng, rho)
+    return _release(h, schema, hist.dense().reshape(-1, schema.n_cells), rng, rho, allocation)
 
 
 def _release(
-    h: Hierarchy, schema: Schema, leaf: np.ndarray, rng: KeyedRNG, rho: Fraction | None
+    h: Hierarchy,
+    schema: Schema,
+    leaf: np.ndarray,
+    rng: KeyedRNG,
+    rho: Fraction | None,
+    allocation: Allocation | None = None,
 ) -> H1Release:
     """Both products from the leaf (occupied, vacant) counts ``leaf``: the release itself,
     and each replicate of the size-class simulation (from the released counts)."""
-    alloc = schema.allocation
+    alloc = schema.allocation if allocation is None else allocation
     if alloc is None:  # pragma: no cover - h1 ships one
         raise SpecError("the h1 schema has no [allocation]")
     if rho is not None:
@@ -436,6 +454,7 @@ def size_class_report(
     *,
     rho: Fraction | None = None,
     truth: np.ndarray | None = None,
+    allocation: Allocation | None = None,
 ):
     """Both products' occupied-count errors by size class (housing units), simulated from
     the released non-negative block counts as the persons route does
@@ -460,7 +479,7 @@ def size_class_report(
     pseudo = {lv: release.nonnegative[h.level_index(lv)][:, 1] for lv in levels}
 
     def replicate(r: int) -> dict[str, dict[str, np.ndarray]]:
-        rel = _release(h, schema, pseudo_leaf, rng.child(f"simulation/{r}"), rho)
+        rel = _release(h, schema, pseudo_leaf, rng.child(f"simulation/{r}"), rho, allocation)
         return _occupied(rel, levels)
 
     sim = simulate_size_classes(pseudo, replicate, repetitions, size=size)
@@ -668,7 +687,7 @@ def privatize_units(
     timings = {"read": time.perf_counter() - t0}
     t1 = time.perf_counter()
     rng = KeyedRNG.from_seed(spec.seed).child("units")
-    rel = release_h1(hist, rng, rho=spec.rho)
+    rel = release_h1(hist, rng, rho=spec.rho, allocation=spec.allocation)
     timings["release"] = time.perf_counter() - t1
     products = units_products(spec.blocks is not None)
     privacy = dataclasses.replace(
@@ -676,7 +695,9 @@ def privatize_units(
         delta=spec.delta,
         unit="housing unit",
         change_factor=change_factor(rel.privacy.mechanism),
-        target=float(spec.rho if spec.rho is not None else hist.schema.allocation.rho),
+        target=float(
+            spec.rho if spec.rho is not None else (spec.allocation or hist.schema.allocation).rho
+        ),
         exact=tuple(exact_through_invariants(hist.hierarchy, [(INVARIANT_LEVEL, "total")])),
     )
     privacy = with_products(privacy, products)
@@ -695,7 +716,7 @@ def privatize_units(
             write_csv(long, folder / "h1_long.csv", index=False)
         t1 = time.perf_counter()
         sim, evaluation = size_class_report(
-            rel, hist.schema, rng, spec.repetitions, rho=spec.rho,
+            rel, hist.schema, rng, spec.repetitions, rho=spec.rho, allocation=spec.allocation,
             truth=hist.dense().reshape(-1, hist.schema.n_cells) if evaluate else None,
         )  # fmt: skip
         write_size_class_report(
@@ -739,8 +760,12 @@ def _write_manifest(
         "route": "ppmf_units",
         "input": Path(path).name,
         "spec": spec.to_dict(),
-        "strategy": "h1 2020 production units strategy DetailedOnly and allocation "
-        "(censusdp/schemas/h1.toml)",
+        "strategy": "h1 2020 production units strategy DetailedOnly and "
+        + (
+            "allocation (censusdp/schemas/h1.toml)"
+            if spec.allocation is None
+            else "the spec's [allocation] (spec.allocation)"
+        ),
         "invariants": [f"{INVARIANT_LEVEL}: total"],
         "exact_through_invariants": list(units_privacy.exact),
         "privacy": privacy.to_dict(),
