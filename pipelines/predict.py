@@ -335,6 +335,7 @@ def _flat_schema(spec: Any, cells: tuple[str, ...], strategy: tuple[str, ...]) -
     import numpy as np
 
     from censusdp.mechanisms.queries import Query
+    from censusdp.schema import Schema
 
     attribute = "cell" if "cell" not in spec.marginals else "cells_of_the_spec"
     recodes: list[dict] = []
@@ -402,6 +403,7 @@ def _run_model(path: Path, data: Path | None) -> PredictSpec:
     from censusdp.pipelines.data import read_geography
     from censusdp.pipelines.runner import make_plan
     from censusdp.pipelines.specs import load_spec
+    from censusdp.schema import Allocation
 
     spec = load_spec(path)
     h, cells = read_geography(spec, data)
@@ -463,6 +465,7 @@ def _ppmf_model(path: Path, data: Path | None) -> PredictSpec:
 
     from censusdp.estimation.predict import QUANTILES
     from censusdp.pipelines.privatize_ppmf import INVARIANTS, load_ppmf_spec
+    from censusdp.schema import Schema
 
     spec = load_ppmf_spec(path)
     schema = Schema.load("pl94")
@@ -499,6 +502,7 @@ def _units_model(path: Path, data: Path | None) -> PredictSpec:
 
     from censusdp.estimation.predict import QUANTILES
     from censusdp.pipelines.privatize_units import INVARIANT_LEVEL, load_units_spec
+    from censusdp.schema import Schema
 
     spec = load_units_spec(path)
     schema = Schema.load("h1")
@@ -533,9 +537,11 @@ def _codebook_model(path: Path, data: Path | None) -> PredictSpec:
     from fractions import Fraction
 
     from censusdp.estimation.predict import QUANTILES
+    from censusdp.hierarchy import Hierarchy
     from censusdp.mechanisms.product_query import ProductQuery
     from censusdp.pipelines.codebook import Codebook
     from censusdp.pipelines.privatize_tables import load_table_spec
+    from censusdp.schema import Allocation
 
     spec = load_table_spec(path)
     cb = Codebook.load(spec.codebook)
