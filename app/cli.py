@@ -34,6 +34,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_allocate,
     register_experiment,
     register_hierarchy,
+    __import__("censusdp.pipelines.nmf_command", fromlist=["register"]).register,
 )
 
 
