@@ -13,6 +13,8 @@ import pandas as pd
 import pytest
 import scipy.linalg
 
+from censusdp.app.cli import main
+from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls_sparse import level_aggregator
 from censusdp.estimation.structured_gls import structured_gls
 from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
@@ -304,3 +306,94 @@ def test_90_percent_intervals_cover_89_to_91_percent_over_2000_releases(one_stat
     assert all(0.89 <= c <= 0.91 for c in per_col)
     assert _coverage(z, 0.9) < 0.89 and _coverage(z, 1.1) > 0.91  # power: ±10% SE
     _unbiased(z)
+
+
+# ----------------------------------------------------------------------------- the command
+@pytest.fixture(scope="module")
+def two_states(tmp_path_factory):
+    """Two states with the US level; state 02 has no AIAN part (a single part)."""
+    d = tmp_path_factory.mktemp("nmf_two")
+    st = synthetic_us(5, states=2, counties=5, tracts=9, block_groups=14, blocks=50,
+                      population=2000)  # fmt: skip
+    h = st.hierarchy
+    block, cell, count = pl94_histogram(st, seed=5)
+    aian = np.zeros(h["county"].size, bool)
+    aian[1] = True  # state 01's second county
+    subs = list(simulate_nmf(h, block, cell, count, aian_counties=aian,
+                             evaluation_rng=KeyedRNG.reproducible(8, warn=False)))  # fmt: skip
+    root = write_nmf(d / "nmf", subs)
+    state = h.ancestor_index("block", "state")[block]
+    totals = {str(s): int(count[state == i].sum()) for i, s in enumerate(h["state"].codes)}
+    write_state_totals(d / "p1.csv", totals)
+    return d, root, totals, subs
+
+
+def test_the_command_releases_every_state_of_a_file(two_states, capsys):
+    d, root, totals, subs = two_states
+    out = d / "out"
+    assert main(["nmf", str(root), "--state-totals", str(d / "p1.csv"), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "states: 01, 02" in text and "Post-processing of the Census Bureau's" in text
+    st = _read(out / "pl94_state.csv", "GEOID")
+    assert st["GEOID"].tolist() == ["01", "02"]
+    assert np.rint(st["P1_001N"]).astype(int).tolist() == [totals["01"], totals["02"]]
+    parts = _read(out / "pl94_spine_state_part.csv", "geocode")
+    assert parts["geocode"].tolist() == ["001", "101", "002"]
+    man = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    m = collect_nmf(subs, totals)  # the US level too: the file's ρ
+    assert man["us_level_read"] and man["privacy"]["rho_derived"] == m.derived_rho()
+    assert man["statement"] == m.release_note()
+    # each state is its own GLS: state 02 (one part) alone gives the same numbers
+    alone = d / "alone"
+    args = ["nmf", str(root), "--state-totals", str(d / "p1.csv"), "--out", str(alone)]
+    assert main([*args, "--state", "02"]) == 0
+    a = _read(alone / "pl94_block.csv", "GEOID")
+    b = _read(out / "pl94_block.csv", "GEOID")
+    b = b[b["GEOID"].str.startswith("02")].reset_index(drop=True)
+    assert a.equals(b)
+
+
+def _refused(capsys, argv, *words):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def test_bad_input_is_one_line_and_exit_2(two_states, tmp_path, capsys):
+    d, root, totals, _ = two_states
+    base = ["nmf", str(root), "--out", str(tmp_path / "o")]
+    p1 = tmp_path / "p1.csv"
+    write_state_totals(p1, {"01": totals["01"]})
+    _refused(capsys, [*base, "--state-totals", str(p1)], "no total for state 02")
+    ok = str(d / "p1.csv")
+    _refused(capsys, [*base, "--state-totals", ok, "--state", "07"], "state '07'")
+    baf = tmp_path / "baf.csv"
+    pd.DataFrame({"BLOCKID": ["010010001001001"], "DISTRICT": ["1"]}).to_csv(baf, index=False)
+    _refused(capsys, [*base, "--state-totals", ok, "--areas", str(baf)], "--state SS")
+    pd.DataFrame({"BLOCKID": ["019990001001001"], "DISTRICT": ["1"]}).to_csv(baf, index=False)
+    _refused(capsys, [*base, "--state-totals", ok, "--state", "01", "--areas", str(baf)],
+             "baf.csv", "data row 1", "'BLOCKID'", "019990001001001")  # fmt: skip
+    _refused(capsys, [*base, "--state-totals", ok, "--state", "01", "--areas", str(baf),
+                      "--area-column", "NOPE"], "NOPE")  # fmt: skip
+    _refused(capsys, [*base, "--state-totals", ok, "--state", "01", "--areas", str(baf),
+                      "--area-name", "../x"], "area name")  # fmt: skip
+    assert not (tmp_path / "o").exists()  # nothing half-written
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    _refused(capsys, ["nmf", str(root), "--out", str(mine), "--state-totals", ok], str(mine))
+    assert (mine / "notes.txt").read_text() == "keep" and len(list(mine.iterdir())) == 1
+    _refused(capsys, ["nmf", str(tmp_path), "--out", str(tmp_path / "o"), "--state-totals", ok],
+             "Block.parquet")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
+def test_estimate_state_refuses_two_states_or_no_total(two_states):
+    _, _, totals, subs = two_states
+    with pytest.raises(SpecError, match="one state"):
+        estimate_state(collect_nmf(subs[1:], totals))
+    with pytest.raises(DataError, match="no published total"):
+        estimate_state(collect_nmf(subs[1:3]))
