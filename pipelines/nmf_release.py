@@ -90,6 +90,7 @@ __all__ = [
     "TABULATION_PREFIX",
     "NMFStateRelease",
     "NMFRelease",
+    "area_total_covariance",
     "census_block_geoids",
     "estimate_state",
     "pl94_columns",
@@ -196,26 +197,30 @@ class NMFStateRelease:
 
 
 def _pairs(eq: Equivalency) -> Equivalency:
-    """One area per pair ``α < β`` of ``eq``'s areas: their union (for covariances)."""
+    """One area per pair ``α < β`` of ``eq``'s (disjoint) areas: their union, for the
+    covariances. Its incidence has ``(n_areas − 1)`` × (assigned leaves) entries."""
     n = eq.n_areas
     a, b = np.triu_indices(n, 1)
     order = np.argsort(eq.area, kind="stable")
+    leaf = eq.leaf[order]  # grouped by area
     start = np.searchsorted(eq.area[order], np.arange(n + 1))
     sizes = np.diff(start)
-    pair = np.arange(a.size)
-    # leaves of α then β for every pair, without a Python loop over pairs
-    leaf_a = np.repeat(pair, sizes[a])
-    leaf_b = np.repeat(pair, sizes[b])
-    offs_a = np.arange(leaf_a.size) - np.repeat(np.cumsum(sizes[a]) - sizes[a], sizes[a])
-    offs_b = np.arange(leaf_b.size) - np.repeat(np.cumsum(sizes[b]) - sizes[b], sizes[b])
-    la = eq.leaf[order][np.repeat(start[a], sizes[a]) + offs_a]
-    lb = eq.leaf[order][np.repeat(start[b], sizes[b]) + offs_b]
-    codes = as_codes([f"{i}|{j}" for i, j in zip(a.tolist(), b.tolist(), strict=True)])
+
+    def members(side: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(leaf, pair) of every leaf of area ``side[p]`` for every pair ``p``, vectorised."""
+        k = sizes[side]
+        pair = np.repeat(np.arange(side.size), k)
+        within = np.arange(pair.size) - np.repeat(np.cumsum(k) - k, k)
+        return leaf[np.repeat(start[side], k) + within], pair
+
+    leaf_a, pair_a = members(a)
+    leaf_b, pair_b = members(b)
+    codes = np.strings.add(np.strings.add(a.astype(str), "|"), b.astype(str))
     return Equivalency(
         name=f"{eq.name} pairs",
-        codes=codes,
-        leaf=np.concatenate([la, lb]),
-        area=np.concatenate([leaf_a, leaf_b]),
+        codes=as_codes(codes),
+        leaf=np.concatenate([leaf_a, leaf_b]),
+        area=np.concatenate([pair_a, pair_b]),
         n_leaves=eq.n_leaves,
         source=eq.source,
     )
@@ -224,9 +229,14 @@ def _pairs(eq: Equivalency) -> Equivalency:
 def area_total_covariance(
     release: StructuredRelease, eq: Equivalency, areas: AreaEstimates
 ) -> np.ndarray:
-    """``(n_areas, n_areas)`` error covariance of the areas' total populations:
-    ``Cov(α, β) = (Var(α ∪ β) − Var α − Var β) / 2``, each variance exact
-    (:func:`~censusdp.estimation.areas.area_release` on the unions of disjoint areas)."""
+    """``(n_areas, n_areas)`` error covariance of the areas' total populations.
+
+    ``Cov(α, β) = (Var(α ∪ β) − Var α − Var β) / 2`` for disjoint areas, each variance exact
+    (:func:`~censusdp.estimation.areas.area_release` of the unions as areas of their own: the
+    area sweep gives one area's variance, not a pair's covariance). ``areas`` is
+    ``area_release(release, eq)``. Cost: the sweep over ``(n_areas − 1)`` × (assigned
+    blocks) leaf entries — fine for districts, heavy for hundreds of areas.
+    """
     var = areas.query_variances(eq.name, "total")[:, 0]
     cov = np.diag(var).astype(np.float64)
     if eq.n_areas > 1:
