@@ -33,6 +33,7 @@ from censusdp.hierarchy.describe import register as register_hierarchy
 from censusdp.pipelines.allocate import register as register_allocate
 from censusdp.pipelines.commands import register as register_pipelines
 from censusdp.pipelines.interrupts import terminate_as_interrupt
+from censusdp.pipelines.nmf_command import register as register_nmf
 from censusdp.pipelines.predict import register as register_predict
 from censusdp.progress import verbosity
 
@@ -47,6 +48,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_allocate,
     register_experiment,
     register_hierarchy,
+    register_nmf,
     register_spec,
 )
 

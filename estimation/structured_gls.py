@@ -546,10 +546,12 @@ def resolve_products(
         nv = getattr(it, "node_variance", None)
         if nv is not None:
             nv = np.asarray(nv, dtype=np.float64).reshape(-1)
-            if nv.shape != (hierarchy.levels[k].size,) or not np.all(np.isfinite(nv) & (nv > 0)):
+            # +inf: the node is not measured by this query (weight 0, no information)
+            if nv.shape != (hierarchy.levels[k].size,) or not np.all(nv > 0):
                 raise SpecError(
                     f"level {name!r}, query {it.query.name!r}: node_variance must be "
-                    f"({hierarchy.levels[k].size},) positive finite values"
+                    f"({hierarchy.levels[k].size},) positive values (+inf where a node is "
+                    "not measured)"
                 )
             changes["node_variance"] = nv
         out.append(dataclasses.replace(it, **changes))
@@ -622,10 +624,20 @@ def structured_setup(
 
     variances = [np.atleast_1d(np.asarray(m.variance, dtype=np.float64)) for m in meas]
     var_all = np.concatenate(variances)
+    # a node variance of +inf is a node the query does not measure: weight 0 in either
+    # geometry (the same estimate as leaving its answers out); scales come from the rest
+    var_all = var_all[np.isfinite(var_all)]
+    if var_all.size == 0:
+        raise SpecError("no measurement has a finite variance at any node: nothing is measured")
     equal = bool(np.all(var_all == var_all[0]))
     tau2 = float(np.median(var_all)) if geometry == "weighted" else 1.0
     vscale = tau2 if geometry == "weighted" else (float(var_all[0]) if equal else None)
-    weights = [(tau2 / v if geometry == "weighted" else np.ones(1)) for v in variances]
+    weights = [
+        tau2 / v
+        if geometry == "weighted"
+        else (np.ones(1) if np.isfinite(v).all() else np.isfinite(v).astype(np.float64))
+        for v in variances
+    ]
     heads = tuple((m.level, m.query, w) for m, w in zip(meas, weights, strict=True))
     inv_heads = tuple((i.level, i.query) for i in invs)
 
@@ -641,7 +653,8 @@ def structured_setup(
     for k, q, w in heads:
         g = grams[_key(q)]
         for mask, blk in g.blocks.items():
-            measured[mask] = measured[mask] + blk
+            if np.any(w > 0):  # a query measured at no node identifies nothing
+                measured[mask] = measured[mask] + blk
         wg = g * w if w.shape[0] > 1 else g * float(w[0])
         blocks = {mask: (b if b.ndim == 3 else b[None]) for mask, b in wg.blocks.items()}
         J[k] = blocks if J[k] is None else {mask: J[k][mask] + blocks[mask] for mask in blocks}
@@ -998,7 +1011,8 @@ def structured_gls(
     schema : Schema
     measurements : sequence of ProductMeasurement
         Noisy answers ``(n_nodes, n_rows)`` of a product query at every node of a level,
-        with their noise law (and optional per-node variances).
+        with their noise law (and optional per-node variances; ``+inf`` marks a node the
+        query does not measure: weight 0, the same estimate as without its answers).
     invariants : sequence of ProductInvariant
         Exact answers of product queries at every node of a level.
     geometry : {"weighted", "euclidean"}

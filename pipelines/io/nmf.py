@@ -30,9 +30,10 @@ is *unmeasured*, carried as values 0 and **variance +inf** (weight 0 in any GLS)
 :mod:`censusdp.hierarchy.nmf_spine` (nation → virtual state → state part → …) and gives
 :class:`~censusdp.mechanisms.product_measure.ProductMeasurement` objects with per-node
 variances, the state-total invariants from a user's file of published P1 totals (tying the
-two parts of a state), and the derived privacy statement. Note:
-:func:`~censusdp.estimation.structured_gls.structured_gls` today requires finite positive
-node variances, so unmeasured nodes must be resolved (weight 0) before it accepts them.
+two parts of a state), and the derived privacy statement.
+:func:`~censusdp.estimation.structured_gls.structured_gls` reads a node variance of +inf as
+weight 0 (the node's answers carry no information), and
+:mod:`censusdp.pipelines.nmf_release` makes the release.
 
 Privacy: a release made from the file is post-processing of the Census Bureau's published
 measurements; ρ is *derived* from the file's own variances and queries (Δ₂² = 1 for each

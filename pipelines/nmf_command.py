@@ -1,0 +1,81 @@
+"""``censusdp nmf ROOT``: a release from the 2020 Noisy Measurement File in one command.
+
+::
+
+    censusdp nmf ROOT --state-totals P1.csv --out DIR [--state SS ...]
+                 [--areas BAF --block-column BLOCKID --area-column DISTRICT]
+
+runs :func:`censusdp.pipelines.nmf_release.release_nmf`: the file is read state by state,
+each state's spine estimated by the structured GLS with its published total invariant, and
+P1–P5 (real-valued, with exact ``_se``) written for the spine levels, the tabulation state,
+county, tract, block group and block, and the areas of a block assignment file (with the
+covariance matrix of their totals). Bad input is one line naming file, row and column (exit
+2, :func:`censusdp.command_line.run_cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["register"]
+
+
+def _cmd_nmf(args: argparse.Namespace) -> int:
+    from censusdp.pipelines.nmf_release import release_nmf
+
+    result = release_nmf(
+        args.root,
+        args.state_totals,
+        args.out,
+        states=args.state,
+        areas=args.areas,
+        block_column=args.block_column,
+        area_column=args.area_column,
+        area_name=args.area_name,
+        skip_blank_areas=args.skip_blank_areas,
+        overwrite=args.overwrite,
+    )
+    print(f"states: {', '.join(result.states)}")
+    print(f"privacy: {result.statement}")
+    print(f"wrote {result.out}/ ({', '.join(result.files)})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``nmf`` to the CLI."""
+    from censusdp.command_line import add_overwrite
+
+    p = sub.add_parser(
+        "nmf",
+        help="P1-P5 with exact standard errors from the 2020 Noisy Measurement File (GLS)",
+    )
+    p.add_argument("root", help="the NMF folder (State.parquet ... Block.parquet, US optional)")
+    p.add_argument(
+        "--state-totals",
+        required=True,
+        metavar="FILE",
+        help="published P1 state totals (CSV or Parquet: columns state, total)",
+    )
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument(
+        "--state",
+        action="append",
+        metavar="SS",
+        help="release this state only (2-digit FIPS; repeat for several; default: all)",
+    )
+    p.add_argument(
+        "--areas",
+        metavar="BAF",
+        help="block assignment file (15-character block GEOID → area): the areas' tables, "
+        "SEs and the covariance matrix of their totals (one state per run)",
+    )
+    p.add_argument("--block-column", default="BLOCKID", help="its block column (BLOCKID)")
+    p.add_argument("--area-column", default="DISTRICT", help="its area column (DISTRICT)")
+    p.add_argument("--area-name", help="what the areas are, e.g. district (default: the column)")
+    p.add_argument(
+        "--skip-blank-areas",
+        action="store_true",
+        help="leave out blocks whose area code is blank (in no area) instead of refusing",
+    )
+    add_overwrite(p)
+    p.set_defaults(func=_cmd_nmf)

@@ -1,0 +1,596 @@
+"""A release from the 2020 Noisy Measurement File: unbiased GLS tables P1–P5 with exact SEs.
+
+:func:`release_nmf` reads an NMF (:mod:`censusdp.pipelines.io.nmf`) one state at a time —
+the state's subtrees ``0ss`` and ``1ss`` (either or both), never the nation at once — and
+runs the structured GLS (:func:`~censusdp.estimation.structured_gls.structured_gls`) on the
+state's spine (DESIGN §11: virtual state → state parts → spine county → tract → block group
+→ block), with the published state total held invariant (tying the two parts). A node that
+is its parent's only child has no measurements; the reader carries it with variance +inf
+(weight 0: its estimate is determined by its parent's). Then it writes, per state:
+
+* the spine levels ``pl94_spine_<level>.csv`` (state part, spine county, tract, block
+  group; the file's ``geocode``),
+* the tabulation geographies ``pl94_<level>.csv``: state (the virtual state, whose total is
+  the published one), county, tract and block group (by prefixes of the blocks'
+  16-character tabulation GEOIDs, released as sums of blocks through
+  :func:`~censusdp.estimation.areas.area_release`) and block (``GEOID`` of 15 characters
+  and the spine ``geocode``),
+* with a block-assignment file (BAF: block GEOID → area, e.g. districts): the areas'
+  ``pl94_area_<name>.csv`` and the covariance matrix of their total populations
+  ``area_<name>_P1_001N_covariance.csv`` (what plan-level inference needs),
+
+every table with the Bureau's column names ``P1_001N`` … ``P5_010N`` (the codebook of
+:mod:`censusdp.pipelines.pl94_tables`) and beside each its exact GLS standard error
+``<column>_se``. Values are the *real-valued* GLS estimates (no rounding, no
+non-negativity): unbiased, and with the SE they are what a user carries into a model. The
+non-negative integer product is a later part.
+
+**Standard errors.** The estimate is linear in the measurements; its error (estimate − the
+confidential truth) has mean 0 and the standard deviation ``_se`` exactly (the GLS
+covariance of the node, or of the area's sum of blocks: one pass up the tree,
+:mod:`censusdp.estimation.areas`). There is no rounding in this release, so the SE covers
+everything between the truth and the number written. Errors of different states are
+independent (the US level is not used, see below). The covariance between two areas is
+``(Var(α ∪ β) − Var α − Var β) / 2`` with ``α ∪ β`` released as one more area.
+
+**What is not yet done.** The structural zeros (DESIGN §11's hhgq bounds of 0 and the
+nursing-facility under-18 zero) are *not* imposed; the US level's measurements are not used
+(each state is estimated from its own subtrees and total; they are read for the privacy
+statement only); a state's whole spine is held in memory (its estimates are ``2,016``
+floats per node); areas (``--areas``) need a run of one state (a BAF is per state).
+
+**Privacy.** A release made from the file is post-processing of the Census Bureau's
+published measurements: no further privacy loss. The ρ restated is derived from the file's
+own variances and queries (Δ₂² = 1 per query, the least noisy node of each level bounding
+its loss, levels composed), set beside the production ρ = 293764/114921; with the state
+totals held invariant the guarantee is induced subspace DP (Gao, Gong & Yu 2022).
+
+References
+----------
+U.S. Census Bureau (2023). 2020 Census Redistricting Data (P.L. 94-171) Noisy Measurement
+    File; (2021) 2020 Census Block Assignment Files; P.L. 94-171 Summary File table shells.
+Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown Algorithm.
+    Harvard Data Science Review, Special Issue 2 (spine, queries, off-spine geographies).
+Hay, Rastogi, Miklau & Suciu (2010); Rauch, Tung & Striebel (1965) — the tree GLS.
+Gao, Gong & Yu (2022). Subspace Differential Privacy — induced subspace DP.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from censusdp.atomic import output_dir
+from censusdp.errors import DataError, SpecError
+from censusdp.estimation.areas import AreaEstimates, area_release
+from censusdp.estimation.structured_gls import StructuredRelease, structured_gls
+from censusdp.hierarchy.core import Hierarchy, as_codes
+from censusdp.hierarchy.equivalency import Equivalency, equivalency_from_arrays, read_equivalency
+from censusdp.pipelines.io.nmf import (
+    PRODUCTION_RHO,
+    NMFLevel,
+    NMFMeasurements,
+    collect_nmf,
+    nmf_subtree_ids,
+    read_nmf,
+    read_state_totals,
+)
+from censusdp.pipelines.pl94_tables import pl94_codebook
+from censusdp.spreadsheet import write_csv
+
+__all__ = [
+    "SPINE_OUTPUT_LEVELS",
+    "TABULATION_PREFIX",
+    "NMFStateRelease",
+    "NMFRelease",
+    "area_total_covariance",
+    "census_block_geoids",
+    "estimate_state",
+    "pl94_columns",
+    "release_nmf",
+    "release_statement",
+]
+
+#: Spine levels written as ``pl94_spine_<level>.csv`` (not tabulation units).
+SPINE_OUTPUT_LEVELS = ("state_part", "county", "tract", "block_group")
+#: Tabulation level → length of its GEOID, a prefix of a block's 16-character tabulation
+#: GEOID (state 2, county 3, tract 6, block group 1, block 4).
+TABULATION_PREFIX = {"county": 5, "tract": 11, "block_group": 12}
+#: What the release does not (yet) impose, stated in the manifest and the README.
+NOT_IMPOSED = (
+    "structural zeros (hhgq upper bounds of 0, no one under 18 in nursing facilities) are not "
+    "imposed; the US level's measurements are not used (each state is estimated from its own "
+    "subtrees and its published total)"
+)
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def census_block_geoids(tabulation_geoids: object) -> np.ndarray:
+    """15-character Census block GEOIDs (state 2, county 3, tract 6, block 4, as in block
+    assignment files) of 16-character NMF tabulation GEOIDs (… block group 1, block 4): the
+    block group digit is the block number's first digit, so it is dropped."""
+    g = as_codes(tabulation_geoids)
+    return np.strings.add(np.strings.slice(g, 0, 11), np.strings.slice(g, 12, None))
+
+
+def pl94_columns(estimates: object, level: str | int) -> tuple[np.ndarray, np.ndarray]:
+    """Every P1–P5 column (``pl94_codebook()``'s rows) of every node of ``level``: the
+    real-valued estimates and their exact standard errors, ``(n_nodes, 298)`` each.
+
+    ``estimates`` is a :class:`~censusdp.estimation.structured_gls.StructuredRelease` or an
+    :class:`~censusdp.estimation.areas.AreaEstimates` (anything with ``query_estimates`` and
+    ``query_standard_errors``); a column is the row of one product query, so its SE is the
+    quadratic form of that row with the node's covariance blocks (DESIGN §10).
+    """
+    rows = pl94_codebook().rows
+    est = se = None
+    for qi, q in enumerate(rows.queries):
+        e = estimates.query_estimates(level, q)  # type: ignore[attr-defined]
+        s = estimates.query_standard_errors(level, q)  # type: ignore[attr-defined]
+        if est is None:
+            est = np.empty((e.shape[0], len(rows)))
+            se = np.empty((e.shape[0], len(rows)))
+        sel = np.flatnonzero(rows.query_of_row == qi)
+        est[:, sel] = e[:, rows.row_of_row[sel]]
+        se[:, sel] = s[:, rows.row_of_row[sel]]  # type: ignore[index]
+    assert est is not None and se is not None
+    return est, se
+
+
+def _frame(codes: Mapping[str, np.ndarray], est: np.ndarray, se: np.ndarray) -> pd.DataFrame:
+    cols: dict[str, np.ndarray] = {k: np.asarray(v, dtype=object) for k, v in codes.items()}
+    for j, name in enumerate(pl94_codebook().columns):
+        cols[name] = est[:, j]
+        cols[f"{name}_se"] = se[:, j]
+    return pd.DataFrame(cols)
+
+
+@dataclass(frozen=True, eq=False)
+class NMFStateRelease:
+    """One state's GLS release from the NMF, in memory.
+
+    Attributes
+    ----------
+    state : str
+        Two FIPS digits.
+    measurements : NMFMeasurements
+        The state's subtrees joined over its spine, with its total.
+    release : StructuredRelease
+        The structured GLS on the spine (levels nation, state, state_part, county, tract,
+        block_group, block).
+    tabulation : dict of str → AreaEstimates
+        County, tract and block group as sums of blocks (by GEOID prefix).
+    areas : AreaEstimates or None
+        The user's areas (BAF), sums of blocks.
+    area_covariance : numpy.ndarray or None
+        ``(n_areas, n_areas)`` error covariance of the areas' total populations.
+    equivalencies : dict of str → Equivalency
+        The blocks of every tabulation unit and user area (by their names).
+    seconds : dict
+        Timings of the steps.
+    """
+
+    state: str
+    measurements: NMFMeasurements
+    release: StructuredRelease
+    tabulation: dict[str, AreaEstimates]
+    areas: AreaEstimates | None
+    area_covariance: np.ndarray | None
+    equivalencies: dict[str, Equivalency]
+    seconds: dict
+
+    @property
+    def hierarchy(self) -> Hierarchy:
+        return self.release.hierarchy
+
+    @property
+    def tabulation_geoids(self) -> np.ndarray:
+        """16-character tabulation GEOID of every spine block."""
+        return self.measurements.spine.tabulation_geoids
+
+
+def _pairs(eq: Equivalency) -> Equivalency:
+    """One area per pair ``α < β`` of ``eq``'s (disjoint) areas: their union, for the
+    covariances. Its incidence has ``(n_areas − 1)`` × (assigned leaves) entries."""
+    n = eq.n_areas
+    a, b = np.triu_indices(n, 1)
+    order = np.argsort(eq.area, kind="stable")
+    leaf = eq.leaf[order]  # grouped by area
+    start = np.searchsorted(eq.area[order], np.arange(n + 1))
+    sizes = np.diff(start)
+
+    def members(side: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(leaf, pair) of every leaf of area ``side[p]`` for every pair ``p``, vectorised."""
+        k = sizes[side]
+        pair = np.repeat(np.arange(side.size), k)
+        within = np.arange(pair.size) - np.repeat(np.cumsum(k) - k, k)
+        return leaf[np.repeat(start[side], k) + within], pair
+
+    leaf_a, pair_a = members(a)
+    leaf_b, pair_b = members(b)
+    codes = np.strings.add(np.strings.add(a.astype(str), "|"), b.astype(str))
+    return Equivalency(
+        name=f"{eq.name} pairs",
+        codes=as_codes(codes),
+        leaf=np.concatenate([leaf_a, leaf_b]),
+        area=np.concatenate([pair_a, pair_b]),
+        n_leaves=eq.n_leaves,
+        source=eq.source,
+    )
+
+
+def area_total_covariance(
+    release: StructuredRelease, eq: Equivalency, areas: AreaEstimates
+) -> np.ndarray:
+    """``(n_areas, n_areas)`` error covariance of the areas' total populations.
+
+    ``Cov(α, β) = (Var(α ∪ β) − Var α − Var β) / 2`` for disjoint areas, each variance exact
+    (:func:`~censusdp.estimation.areas.area_release` of the unions as areas of their own: the
+    area sweep gives one area's variance, not a pair's covariance). ``areas`` is
+    ``area_release(release, eq)``. Cost: the sweep over ``(n_areas − 1)`` × (assigned
+    blocks) leaf entries — fine for districts, heavy for hundreds of areas.
+    """
+    var = areas.query_variances(eq.name, "total")[:, 0]
+    cov = np.diag(var).astype(np.float64)
+    if eq.n_areas > 1:
+        pairs = area_release(release, _pairs(eq))
+        union = pairs.query_variances(pairs.name, "total")[:, 0]
+        a, b = np.triu_indices(eq.n_areas, 1)
+        c = 0.5 * (union - var[a] - var[b])
+        cov[a, b] = c
+        cov[b, a] = c
+    return cov
+
+
+def _block_equivalency(
+    path: Path,
+    hierarchy: Hierarchy,
+    census_geoids: np.ndarray,
+    *,
+    block_column: str,
+    area_column: str,
+    name: str,
+    skip_blank_areas: bool,
+) -> Equivalency:
+    """A BAF (15-character block GEOIDs) mapped onto the spine's blocks."""
+    if pd.Index(np.asarray(census_geoids, dtype=object)).has_duplicates:
+        raise DataError(
+            "NMF blocks: two blocks have the same 15-character GEOID (a block number whose "
+            "first digit is not its block group); the file's geocodes are not standard"
+        )
+    n = census_geoids.size
+    flat, order = Hierarchy.from_parents(
+        ["state", "block"], [["state"], census_geoids], [None, np.zeros(n, np.int64)],
+        return_order=True,
+    )  # fmt: skip
+    eq = read_equivalency(path, flat, block_column=block_column, area_column=area_column,
+                          name=name, skip_blank_areas=skip_blank_areas)  # fmt: skip
+    leaf = order[1][eq.leaf]  # flat canonical → spine block index (census_geoids' order)
+    o = np.argsort(leaf, kind="stable")
+    return Equivalency(eq.name, eq.codes, leaf[o], eq.area[o], hierarchy.leaves.size, eq.source)
+
+
+def estimate_state(
+    measurements: NMFMeasurements,
+    *,
+    areas: str | Path | None = None,
+    block_column: str = "BLOCKID",
+    area_column: str = "DISTRICT",
+    area_name: str | None = None,
+    skip_blank_areas: bool = False,
+) -> NMFStateRelease:
+    """The GLS of one state's measurements, its tabulation geographies and its areas.
+
+    Parameters
+    ----------
+    measurements : NMFMeasurements
+        One state's subtrees (one or both parts, without the US level) with its published
+        total (:func:`~censusdp.pipelines.io.nmf.collect_nmf`).
+    areas : path, optional
+        Block assignment file: a block GEOID column (15 characters) and an area column.
+    block_column, area_column, area_name, skip_blank_areas
+        As :func:`~censusdp.hierarchy.equivalency.read_equivalency`.
+
+    Raises
+    ------
+    DataError, SpecError
+        Several states or a US level, no state total, an unreadable or mismatched BAF.
+    """
+    t0 = time.perf_counter()
+    h = measurements.spine.hierarchy
+    if h["state"].size != 1 or "US" in measurements.levels:
+        raise SpecError(
+            "estimate_state: give one state's subtrees (0ss and/or 1ss) without the US level"
+        )
+    if not measurements.state_totals:
+        raise DataError(
+            f"state {h['state'].codes[0]}: no published total given; the state total is "
+            "invariant in the 2020 run and ties the state's two parts (--state-totals)"
+        )
+    meas = measurements.measurements()
+    rel = structured_gls(h, meas[0].query.schema, meas, measurements.invariants())
+    t1 = time.perf_counter()
+    geo = measurements.spine.tabulation_geoids
+    tab, eqs = {}, {}
+    for level, width in TABULATION_PREFIX.items():
+        eqs[level] = equivalency_from_arrays(h, h["block"].codes, np.strings.slice(geo, 0, width),
+                                             name=level, source="the NMF's block GEOIDs")  # fmt: skip
+        tab[level] = area_release(rel, eqs[level])
+    t2 = time.perf_counter()
+    user = cov = None
+    if areas is not None:
+        name = area_name or area_column.lower()
+        if not _SAFE_NAME.match(name):
+            raise SpecError(
+                f"area name {name!r}: use letters, digits, '_' or '-' (it names output files)"
+            )
+        eq = _block_equivalency(
+            Path(areas), h, census_block_geoids(geo), block_column=block_column,
+            area_column=area_column, name=name, skip_blank_areas=skip_blank_areas,
+        )  # fmt: skip
+        user = area_release(rel, eq)
+        cov = area_total_covariance(rel, eq, user)
+        eqs[name] = eq
+    t3 = time.perf_counter()
+    secs = {"gls": t1 - t0, "tabulation": t2 - t1, "areas": t3 - t2}
+    state = str(h["state"].codes[0])
+    return NMFStateRelease(state, measurements, rel, tab, user, cov, eqs, secs)
+
+
+def release_statement(rho: float, *, invariant_totals: bool, levels: int) -> str:
+    """The one-line privacy statement of a release made from the file (the wording of
+    :meth:`~censusdp.pipelines.io.nmf.NMFMeasurements.release_note`)."""
+    guarantee = (
+        "induced subspace differential privacy (the published state totals are invariant)"
+        if invariant_totals
+        else "zero-concentrated differential privacy"
+    )
+    return (
+        "Post-processing of the Census Bureau's published measurements (2020 PL94 Noisy "
+        f"Measurement File, {levels} levels read): {guarantee}, ρ = {rho:.6g} derived "
+        "from the file's own variances and queries (Δ₂² = 1 per query; production ρ = "
+        f"293764/114921 ≈ {float(PRODUCTION_RHO):.6g}); no further privacy loss."
+    )
+
+
+class _LeastNoise:
+    """Per (level, query): the least σ² over every node read, and Δ₂² (for the file's ρ)."""
+
+    def __init__(self) -> None:
+        self.min: dict[tuple[str, str], float] = {}
+        self.sens2: dict[tuple[str, str], float] = {}
+        self.read: set[str] = set()
+
+    def add(self, levels: Iterable[NMFLevel]) -> None:
+        for lvl in levels:
+            self.read.add(lvl.name)
+            for q in lvl.queries.values():
+                if not q.measured.any():
+                    continue
+                key = (lvl.name, q.name)
+                v = float(q.variance[q.measured].min())
+                self.min[key] = min(self.min.get(key, np.inf), v)
+                self.sens2[key] = q.query.l2_sensitivity**2
+
+    def rho(self) -> float:
+        return float(sum(self.sens2[k] / (2.0 * v) for k, v in self.min.items()))
+
+    def levels(self) -> int:
+        return len(self.read)
+
+
+@dataclass(frozen=True)
+class NMFRelease:
+    """What :func:`release_nmf` wrote.
+
+    Attributes
+    ----------
+    out : Path
+        The output folder.
+    states : tuple of str
+    rho : float
+        ρ derived from the file's variances and queries (every level read).
+    statement : str
+        The one-line privacy statement.
+    files : tuple of str
+        The files written (besides the ownership manifest).
+    seconds : dict
+        Per state, timings.
+    """
+
+    out: Path
+    states: tuple[str, ...]
+    rho: float
+    statement: str
+    files: tuple[str, ...]
+    seconds: dict
+
+
+def _state_groups(root: Path, states: Sequence[str] | None) -> dict[str, list[str]]:
+    found = nmf_subtree_ids(root)
+    groups: dict[str, list[str]] = {}
+    for s in found:
+        groups.setdefault(s[1:], []).append(s)
+    if not groups:
+        raise DataError(f"NMF root {root}: no State=<fff> subtree at any level; nothing to release")
+    if states is None:
+        return groups
+    out = {}
+    for s in dict.fromkeys(states):
+        if s not in groups:
+            raise DataError(
+                f"NMF root {root}: no subtree of state {s!r} (states found: {sorted(groups)[:8]})"
+            )
+        out[s] = groups[s]
+    return out
+
+
+class _Writer:
+    """Appends frames to CSVs in the output folder, state after state."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.started: list[str] = []
+
+    def add(self, name: str, frame: pd.DataFrame) -> None:
+        first = name not in self.started
+        write_csv(frame, self.folder / name, index=False, header=first, mode="w" if first else "a")
+        if first:
+            self.started.append(name)
+
+
+def _write_state(w: _Writer, r: NMFStateRelease) -> None:
+    h = r.hierarchy
+    est, se = pl94_columns(r.release, "state")
+    w.add("pl94_state.csv", _frame({"GEOID": h["state"].codes}, est, se))
+    for level in SPINE_OUTPUT_LEVELS:
+        est, se = pl94_columns(r.release, level)
+        w.add(f"pl94_spine_{level}.csv", _frame({"geocode": h[level].codes}, est, se))
+    for level, a in r.tabulation.items():
+        est, se = pl94_columns(a, level)
+        w.add(f"pl94_{level}.csv", _frame({"GEOID": a.codes}, est, se))
+    est, se = pl94_columns(r.release, "block")
+    geo = census_block_geoids(r.tabulation_geoids)
+    w.add("pl94_block.csv", _frame({"GEOID": geo, "geocode": h["block"].codes}, est, se))
+    if r.areas is not None:
+        a = r.areas
+        est, se = pl94_columns(a, a.name)
+        frame = _frame({"area": a.codes}, est, se)
+        frame.insert(1, "blocks", a.leaves)
+        w.add(f"pl94_area_{a.name}.csv", frame)
+        assert r.area_covariance is not None
+        cov = pd.DataFrame(r.area_covariance, columns=[str(c) for c in a.codes])
+        cov.insert(0, "area", np.asarray(a.codes, dtype=object))
+        w.add(f"area_{a.name}_P1_001N_covariance.csv", cov)
+
+
+def release_nmf(
+    root: str | Path,
+    state_totals: str | Path | Mapping[str, int],
+    out: str | Path,
+    *,
+    states: Sequence[str] | None = None,
+    areas: str | Path | None = None,
+    block_column: str = "BLOCKID",
+    area_column: str = "DISTRICT",
+    area_name: str | None = None,
+    skip_blank_areas: bool = False,
+    overwrite: bool = False,
+    on_state: object = None,
+) -> NMFRelease:
+    """Read an NMF state by state and write its GLS release (see the module docstring).
+
+    Parameters
+    ----------
+    root : path
+        The NMF folder (``State.parquet`` … ``Block.parquet``, ``US.parquet`` optional).
+    state_totals : path or mapping
+        The published P1 state totals (:func:`~censusdp.pipelines.io.nmf.read_state_totals`).
+    out : path
+        The output folder (written whole or not at all; an existing one is replaced only
+        when it is an earlier censusdp output and ``overwrite``).
+    states : sequence of str, optional
+        Two-digit states to release (default: every state in the file).
+    areas : path, optional
+        Block assignment file (15-character block GEOIDs → area code); needs one state.
+    block_column, area_column, area_name, skip_blank_areas
+        The BAF's columns, the areas' name (default the area column in lower case), and
+        whether blocks with a blank area code are left out instead of refused.
+    overwrite : bool
+    on_state : callable, optional
+        Called with each :class:`NMFStateRelease` before it is dropped (tests, reports).
+
+    Returns
+    -------
+    NMFRelease
+
+    Raises
+    ------
+    DataError
+        Every malformed row of the file, a missing state total, a bad BAF (naming file, row
+        and column), a state or subtree not in the file.
+    SpecError
+        An output the policy refuses; areas with more than one state.
+    """
+    root = Path(root)
+    totals_path = None if isinstance(state_totals, Mapping) else Path(state_totals)
+    totals = dict(state_totals) if totals_path is None else read_state_totals(totals_path)
+    groups = _state_groups(root, states)
+    if areas is not None and len(groups) != 1:
+        raise SpecError(
+            f"--areas needs a release of one state (a block assignment file is per state); "
+            f"the file has states {sorted(groups)[:8]}: pass --state SS"
+        )
+    noise = _LeastNoise()
+    has_us = (root / "US.parquet").is_dir()
+    inputs = [root, totals_path, None if areas is None else Path(areas)]
+    seconds: dict = {}
+    with output_dir(out, overwrite=overwrite, inputs=inputs, command="nmf") as tmp:
+        if has_us:  # one node: read for the statement (its measurements are not estimated on)
+            (us,) = read_nmf(root, subtrees=["US"])
+            noise.add(us.levels)
+        w = _Writer(tmp)
+        for state, subtrees in groups.items():
+            t0 = time.perf_counter()
+            m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
+            noise.add(m.levels.values())
+            t1 = time.perf_counter()
+            r = estimate_state(m, areas=areas, block_column=block_column, area_column=area_column,
+                               area_name=area_name, skip_blank_areas=skip_blank_areas)  # fmt: skip
+            t2 = time.perf_counter()
+            _write_state(w, r)
+            seconds[state] = {"read": t1 - t0, **r.seconds, "write": time.perf_counter() - t2}
+            if callable(on_state):
+                on_state(r)
+            del r, m
+        rho = noise.rho()
+        statement = release_statement(rho, invariant_totals=True, levels=noise.levels())
+        manifest = {
+            "route": "nmf",
+            "statement": statement,
+            "privacy": {
+                "basis": "post-processing of the Census Bureau's published measurements",
+                "rho_derived": rho,
+                "rho_production": "293764/114921",
+                "rho_production_value": float(PRODUCTION_RHO),
+                "guarantee": "induced subspace differential privacy (state totals invariant)",
+                "derivation": "Δ₂² = 1 per query; per level and query the least noisy node "
+                "bounds the loss; levels and queries compose",
+            },
+            "estimator": "structured GLS (weighted, exact discrete Gaussian variances), one "
+            "state at a time, state total invariant; real-valued estimates, exact SEs",
+            "not_imposed": NOT_IMPOSED,
+            "states": sorted(groups),
+            "state_parts": {s: groups[s] for s in sorted(groups)},
+            "us_level_read": has_us,
+            "areas": None
+            if areas is None
+            else {
+                "file": Path(areas).name,
+                "block_column": block_column,
+                "area_column": area_column,
+            },  # fmt: skip
+            "files": sorted(w.started),
+            "seconds": seconds,
+        }
+        (tmp / "manifest.json").write_text(
+            json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
+    return NMFRelease(Path(out), tuple(sorted(groups)), rho, statement,
+                      tuple(sorted(w.started)) + ("manifest.json",), seconds)  # fmt: skip
+
+
+def _total(totals: Mapping[str, int], state: str) -> int:
+    if state not in totals:
+        raise DataError(
+            f"state totals: no total for state {state} (read from the NMF); give the published "
+            "P1 total of every state released"
+        )
+    return int(totals[state])

@@ -1,0 +1,399 @@
+"""The NMF release: spine levels equal the structured GLS bit for bit; state totals held
+across the two parts; area SEs and the districts' covariance equal a dense covariance;
+90% intervals cover 90% over simulated releases; ``censusdp nmf`` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.linalg
+
+from censusdp.app.cli import main
+from censusdp.errors import DataError, SpecError
+from censusdp.estimation.gls_sparse import level_aggregator
+from censusdp.estimation.structured_gls import structured_gls
+from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
+from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.io.nmf import collect_nmf, read_nmf
+from censusdp.pipelines.io.nmf_writer import simulate_nmf, write_nmf, write_state_totals
+from censusdp.pipelines.nmf_release import (
+    census_block_geoids,
+    estimate_state,
+    pl94_columns,
+    release_nmf,
+)
+from censusdp.pipelines.pl94_tables import pl94_codebook
+from censusdp.rng import KeyedRNG
+
+COLUMNS = list(pl94_codebook().columns)
+
+
+def _state(seed=3, blocks=30):
+    """One synthetic state with an AIAN part (its second county) and only children."""
+    st = synthetic_us(seed, states=1, counties=3, tracts=5, block_groups=8, blocks=blocks,
+                      population=1500)  # fmt: skip
+    h = st.hierarchy
+    block, cell, count = pl94_histogram(st, seed=seed)
+    aian = np.zeros(h["county"].size, bool)
+    aian[1] = True
+    return h, block, cell, count, aian
+
+
+def _census_block_ids(h):
+    """The 15-character Census GEOID of each synthetic block: synthetic block codes are
+    state 2, county 3, tract 6, block group 1 and block 3 digits, i.e. the Census layout
+    (the 4-digit block number starts with its block group's digit)."""
+    return h["block"].codes.tolist()
+
+
+def _truth_blocks(h, block, cell, count):
+    leaves = np.zeros((h["block"].size, 2016), np.int64)
+    np.add.at(leaves, (block, cell), count)
+    return leaves
+
+
+@pytest.fixture(scope="module")
+def one_state(tmp_path_factory):
+    d = tmp_path_factory.mktemp("nmf_state")
+    h, block, cell, count, aian = _state()
+    subs = list(simulate_nmf(h, block, cell, count, aian_counties=aian, with_us=False,
+                             evaluation_rng=KeyedRNG.reproducible(7, warn=False)))  # fmt: skip
+    root = write_nmf(d / "nmf", subs)
+    totals = {"01": int(count.sum())}
+    write_state_totals(d / "p1.csv", totals)
+    # districts: 4 areas of blocks in a scattered pattern, two blocks in no district
+    ids = _census_block_ids(h)
+    district = [str(1 + (i * 7) % 4) for i in range(len(ids))]
+    district[3] = district[11] = ""
+    pd.DataFrame({"BLOCKID": ids, "DISTRICT": district}).to_csv(d / "baf.csv", index=False)
+    got = []
+    res = release_nmf(root, d / "p1.csv", d / "out", areas=d / "baf.csv",
+                      skip_blank_areas=True, on_state=got.append)  # fmt: skip
+    return d, h, (block, cell, count), totals, res, got[0]
+
+
+def _read(path, code):
+    return pd.read_csv(path, dtype={code: str})
+
+
+def test_synthetic_block_codes_are_census_geoids(one_state):
+    d, h, _, _, _, r = one_state
+    # the writer's tabulation GEOID repeats the block group digit; the Census GEOID drops it
+    geo = r.tabulation_geoids.tolist()
+    assert sorted(census_block_geoids(r.tabulation_geoids).tolist()) == sorted(
+        h["block"].codes.tolist()
+    )
+    assert census_block_geoids(["0100100010011234"]).tolist() == ["010010001001234"]
+    assert all(len(g) == 16 for g in geo)
+
+
+def test_spine_levels_equal_the_structured_gls_bit_for_bit(one_state):
+    d, h, _, totals, res, r = one_state
+    m = collect_nmf(read_nmf(d / "nmf", subtrees=["001", "101"]), totals)
+    meas = m.measurements()
+    assert any(not np.isfinite(x.node_variance).all() for x in meas)  # only children present
+    ref = structured_gls(m.spine.hierarchy, meas[0].query.schema, meas, m.invariants())
+    for k in range(ref.hierarchy.depth):
+        assert np.array_equal(ref.estimates[k], r.release.estimates[k])
+    sh = ref.hierarchy
+    book = pl94_codebook()
+    for level in ("state_part", "county", "tract", "block_group", "block"):
+        name = f"pl94_spine_{level}.csv" if level != "block" else "pl94_block.csv"
+        f = _read(d / "out" / name, "geocode")
+        assert f["geocode"].tolist() == sh[level].codes.tolist()
+        want = book.rows.apply(ref.level(level))
+        assert np.array_equal(f[COLUMNS].to_numpy(), want)  # CSV floats round-trip exactly
+        _, se = pl94_columns(ref, level)
+        assert np.array_equal(f[[c + "_se" for c in COLUMNS]].to_numpy(), se)
+        assert np.isfinite(se).all() and (se > 0).any()
+    # the Bureau's identities hold between the real-valued columns
+    f = _read(d / "out" / "pl94_block.csv", "GEOID")
+    assert np.array_equal(f["P1_001N"], f["P2_001N"])
+    close = np.abs(f["P2_001N"] - f["P2_002N"] - f["P2_003N"]) <= 1e-9 * (1 + np.abs(f["P2_001N"]))
+    assert close.all()
+
+
+def test_state_total_is_held_across_the_two_parts(one_state):
+    d, _, _, totals, _, r = one_state
+    total = totals["01"]
+    st = _read(d / "out" / "pl94_state.csv", "GEOID")
+    assert st["GEOID"].tolist() == ["01"]
+    assert np.rint(st["P1_001N"][0]) == total and abs(st["P1_001N"][0] - total) < 1e-6
+    assert st["P1_001N_se"][0] < 1e-6  # invariant: no error (floating point only)
+    parts = _read(d / "out" / "pl94_spine_state_part.csv", "geocode")
+    assert parts["geocode"].tolist() == ["001", "101"]
+    s = parts["P1_001N"].sum()
+    assert np.rint(s) == total and abs(s - total) < 1e-6
+    for level in ("county", "tract", "block_group", "block"):
+        f = _read(d / "out" / f"pl94_{level}.csv", "GEOID")
+        assert np.rint(f["P1_001N"].sum()) == total
+        assert abs(f["P1_001N"].sum() - total) < 1e-6
+    # a part's total is estimated, not held: its SE is positive
+    assert (parts["P1_001N_se"] > 0.1).all()
+
+
+def _dense_total_covariance(r):
+    """Covariance (leaves × leaves) of the blocks' total populations by a dense constrained
+    GLS of the block of the marginal basis that carries the total, from the measurements'
+    Gram blocks and the file's variances (no tree pass, no area sweep)."""
+    rel, m = r.release, r.measurements
+    h, basis = rel.hierarchy, rel.basis
+    total = ProductQuery.parse(rel.schema, "total")
+    g = basis.gram(total).blocks
+    (mask,) = [k for k, b in g.items() if np.abs(b).max() > 0]
+    assert basis.multiplicity(mask) == 1
+    n_s = basis.block_size(mask)
+    ev, vec = np.linalg.eigh(g[mask])
+    t = vec[:, -1] * np.sqrt(ev[-1])  # total = tᵀ z_S
+    L = h.leaves.size
+    F = np.zeros((L * n_s, L * n_s))
+    for x in m.measurements():
+        k = h.level_index(x.level)
+        A = level_aggregator(h, k).toarray()
+        G = basis.gram(x.query).blocks[mask]
+        w = np.where(np.isfinite(x.variance), 1.0 / x.variance, 0.0)
+        Ak = np.kron(A, np.eye(n_s))
+        F += Ak.T @ np.kron(np.diag(w), G) @ Ak
+    A_state = level_aggregator(h, h.level_index("state")).toarray()
+    C = np.kron(A_state, t[None, :])
+    N = scipy.linalg.null_space(C)
+    cov = N @ np.linalg.solve(N.T @ F @ N, N.T)
+    T = np.kron(np.eye(L), t[None, :])  # leaf totals
+    return T @ cov @ T.T
+
+
+def test_area_ses_and_district_covariance_equal_the_dense_covariance(one_state):
+    d, h, _, _, _, r = one_state
+    cov = _dense_total_covariance(r)
+    geo = r.tabulation_geoids
+    scale = float(np.abs(cov).max())
+    for level, width in (("county", 5), ("tract", 11), ("block_group", 12)):
+        f = _read(d / "out" / f"pl94_{level}.csv", "GEOID")
+        prefix = np.asarray(geo, dtype=object).astype(str)
+        inc = np.array([[p[:width] == c for p in prefix] for c in f["GEOID"]], float)
+        ref = np.sqrt(np.einsum("al,lm,am->a", inc, cov, inc))
+        assert np.abs(f["P1_001N_se"].to_numpy() - ref).max() <= 1e-9 * max(1.0, ref.max())
+    baf = pd.read_csv(d / "baf.csv", dtype=str, keep_default_na=False)
+    spine_of = {g: i for i, g in enumerate(census_block_geoids(geo).tolist())}
+    areas = _read(d / "out" / "pl94_area_district.csv", "area")
+    assert areas["area"].tolist() == ["1", "2", "3", "4"]
+    inc = np.zeros((4, h.leaves.size))
+    for b, a in zip(baf["BLOCKID"], baf["DISTRICT"], strict=True):
+        if a:
+            inc[int(a) - 1, spine_of[b]] = 1.0
+    assert areas["blocks"].tolist() == inc.sum(axis=1).astype(int).tolist()
+    ref = inc @ cov @ inc.T
+    got = _read(d / "out" / "area_district_P1_001N_covariance.csv", "area")
+    assert got["area"].tolist() == ["1", "2", "3", "4"] and list(got.columns[1:]) == [
+        "1",
+        "2",
+        "3",
+        "4",
+    ]
+    got = got[["1", "2", "3", "4"]].to_numpy()
+    assert np.abs(got - ref).max() <= 1e-9 * scale
+    assert np.array_equal(got, got.T)
+    se = areas["P1_001N_se"].to_numpy()
+    assert np.abs(se - np.sqrt(np.diag(ref))).max() <= 1e-9 * max(1.0, se.max())
+    # the districts' estimates are the sums of their blocks' estimates
+    blk = _read(d / "out" / "pl94_block.csv", "GEOID")
+    sums = inc[:, [spine_of[g] for g in blk["GEOID"]]] @ blk[COLUMNS].to_numpy()
+    assert np.abs(areas[COLUMNS].to_numpy() - sums).max() <= 1e-9 * max(1.0, np.abs(sums).max())
+
+
+def test_manifest_states_the_derived_privacy(one_state):
+    d, _, _, totals, res, _ = one_state
+    man = json.loads((d / "out" / "manifest.json").read_text(encoding="utf-8"))
+    m = collect_nmf(read_nmf(d / "nmf"), totals)
+    assert man["statement"] == m.release_note() == res.statement
+    assert man["privacy"]["rho_derived"] == m.derived_rho() == res.rho
+    assert man["privacy"]["rho_production"] == "293764/114921"
+    assert (
+        "post-processing of the Census Bureau's published measurements" in man["privacy"]["basis"]
+    )
+    assert "induced subspace" in man["statement"] and "structural zeros" in man["not_imposed"]
+    assert man["states"] == ["01"] and man["state_parts"] == {"01": ["001", "101"]}
+    assert sorted(man["files"]) == sorted(f for f in res.files if f != "manifest.json")
+
+
+# ----------------------------------------------------------------------------- coverage
+COVERAGE_COLUMNS = ("P1_001N", "P3_001N", "P5_001N")
+
+
+def _z_scores(args) -> np.ndarray:
+    """Per simulated release (one evaluation seed each), the standardised errors
+    (estimate − truth) / SE of P1_001N, P3_001N and P5_001N of every district, tabulation
+    county, tract and block group and every block: ``(n_seeds, n_units, 3)``."""
+    seeds, baf = args
+    h, block, cell, count, aian = _state()
+    leaves = _truth_blocks(h, block, cell, count)
+    cols = [COLUMNS.index(c) for c in COVERAGE_COLUMNS]
+    out = []
+    for seed in seeds:
+        subs = simulate_nmf(h, block, cell, count, aian_counties=aian, with_us=False,
+                            evaluation_rng=KeyedRNG.reproducible(int(seed), warn=False))  # fmt: skip
+        r = estimate_state(collect_nmf(subs, {"01": int(count.sum())}), areas=baf,
+                           skip_blank_areas=True)  # fmt: skip
+        pos = {g: i for i, g in enumerate(h["block"].codes.tolist())}
+        idx = [pos[g] for g in census_block_geoids(r.tabulation_geoids).tolist()]
+        truth = pl94_codebook().rows.apply(leaves[idx].reshape(-1, 8, 2, 2, 63))[:, cols]
+        z = [(_columns(r.release, "block") - truth) / _columns(r.release, "block", se=True)]
+        for name, est in [*r.tabulation.items(), ("district", r.areas)]:
+            t = r.equivalencies[name].sum_leaves(truth)
+            z.append((_columns(est, name) - t) / _columns(est, name, se=True))
+        out.append(np.concatenate(z))
+    return np.stack(out)
+
+
+def _columns(est, level, se=False) -> np.ndarray:
+    """The coverage columns alone (what :func:`pl94_columns` gives for them, cheaper)."""
+    rows = pl94_codebook().rows
+    out = []
+    for c in COVERAGE_COLUMNS:
+        j = COLUMNS.index(c)
+        q, i = rows.queries[rows.query_of_row[j]], rows.row_of_row[j]
+        f = est.query_standard_errors if se else est.query_estimates
+        out.append(f(level, q)[:, i])
+    return np.stack(out, axis=1)
+
+
+def _coverage(z: np.ndarray, factor: float = 1.0) -> float:
+    """Share of 90% normal intervals (estimate ± 1.645 · factor · SE) covering the truth."""
+    return float((np.abs(z) <= 1.6448536269514722 * factor).mean())
+
+
+def test_90_percent_intervals_cover_about_90_percent(one_state):
+    """20 simulated releases × 50 units × 3 columns: coverage within 0.86–0.94 (about 7
+    binomial SEs of 3,000 intervals, fewer effective ones as a release's units share
+    noise); power: intervals 20% too narrow (81% nominal) or too wide (96%) fall outside."""
+    d = one_state[0]
+    z = _z_scores((np.arange(100, 120), d / "baf.csv"))
+    assert z.shape == (20, 30 + 3 + 5 + 8 + 4, 3) and np.isfinite(z).all()
+    assert 0.86 <= _coverage(z) <= 0.94, _coverage(z)
+    assert _coverage(z, 0.8) < 0.86 and _coverage(z, 1.25) > 0.94
+    _unbiased(z)
+
+
+def _unbiased(z: np.ndarray) -> None:
+    """Per column, the mean standardised error over releases and units is within 4 SEs of 0
+    (the SE from the spread of the releases' means: units of one release share noise)."""
+    per_release = z.mean(axis=1)  # (n_releases, n_columns)
+    se = per_release.std(axis=0, ddof=1) / np.sqrt(z.shape[0])
+    assert (np.abs(per_release.mean(axis=0)) <= 4 * se).all(), (per_release.mean(axis=0), se)
+
+
+@pytest.mark.slow
+def test_90_percent_intervals_cover_89_to_91_percent_over_2000_releases(one_state):
+    """The acceptance figure: 2,000 simulated releases (one evaluation seed each) of the
+    synthetic state, 90% intervals of districts, tabulation units and blocks cover 89–91%."""
+    d = one_state[0]
+    seeds = np.arange(10_000, 12_000)
+    workers = int(os.environ.get("CENSUSDP_TEST_WORKERS", min(16, os.cpu_count() or 1)))
+    chunks = [(c, d / "baf.csv") for c in np.array_split(seeds, workers * 4)]
+    with ProcessPoolExecutor(workers) as pool:
+        z = np.concatenate(list(pool.map(_z_scores, chunks)))
+    assert z.shape[0] == 2000
+    cov = _coverage(z)
+    per_col = [_coverage(z[..., j : j + 1]) for j in range(z.shape[2])]
+    print(f"coverage over {z.shape[0]} releases x {z.shape[1]} units: {cov:.4f}; by column "
+          f"{dict(zip(COVERAGE_COLUMNS, np.round(per_col, 4).tolist(), strict=True))}")  # fmt: skip
+    assert 0.89 <= cov <= 0.91
+    assert all(0.89 <= c <= 0.91 for c in per_col)
+    assert _coverage(z, 0.9) < 0.89 and _coverage(z, 1.1) > 0.91  # power: ±10% SE
+    _unbiased(z)
+
+
+# ----------------------------------------------------------------------------- the command
+@pytest.fixture(scope="module")
+def two_states(tmp_path_factory):
+    """Two states with the US level; state 02 has no AIAN part (a single part)."""
+    d = tmp_path_factory.mktemp("nmf_two")
+    st = synthetic_us(5, states=2, counties=5, tracts=9, block_groups=14, blocks=50,
+                      population=2000)  # fmt: skip
+    h = st.hierarchy
+    block, cell, count = pl94_histogram(st, seed=5)
+    aian = np.zeros(h["county"].size, bool)
+    aian[1] = True  # state 01's second county
+    subs = list(simulate_nmf(h, block, cell, count, aian_counties=aian,
+                             evaluation_rng=KeyedRNG.reproducible(8, warn=False)))  # fmt: skip
+    root = write_nmf(d / "nmf", subs)
+    state = h.ancestor_index("block", "state")[block]
+    totals = {str(s): int(count[state == i].sum()) for i, s in enumerate(h["state"].codes)}
+    write_state_totals(d / "p1.csv", totals)
+    return d, root, totals, subs
+
+
+def test_the_command_releases_every_state_of_a_file(two_states, capsys):
+    d, root, totals, subs = two_states
+    out = d / "out"
+    assert main(["nmf", str(root), "--state-totals", str(d / "p1.csv"), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "states: 01, 02" in text and "Post-processing of the Census Bureau's" in text
+    st = _read(out / "pl94_state.csv", "GEOID")
+    assert st["GEOID"].tolist() == ["01", "02"]
+    assert np.rint(st["P1_001N"]).astype(int).tolist() == [totals["01"], totals["02"]]
+    parts = _read(out / "pl94_spine_state_part.csv", "geocode")
+    assert parts["geocode"].tolist() == ["001", "101", "002"]
+    man = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    m = collect_nmf(subs, totals)  # the US level too: the file's ρ
+    assert man["us_level_read"] and man["privacy"]["rho_derived"] == m.derived_rho()
+    assert man["statement"] == m.release_note()
+    # each state is its own GLS: state 02 (one part) alone gives the same numbers
+    alone = d / "alone"
+    args = ["nmf", str(root), "--state-totals", str(d / "p1.csv"), "--out", str(alone)]
+    assert main([*args, "--state", "02"]) == 0
+    a = _read(alone / "pl94_block.csv", "GEOID")
+    b = _read(out / "pl94_block.csv", "GEOID")
+    b = b[b["GEOID"].str.startswith("02")].reset_index(drop=True)
+    assert a.equals(b)
+
+
+def _refused(capsys, argv, *words):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def test_bad_input_is_one_line_and_exit_2(two_states, tmp_path, capsys):
+    d, root, totals, _ = two_states
+    base = ["nmf", str(root), "--out", str(tmp_path / "o")]
+    p1 = tmp_path / "p1.csv"
+    write_state_totals(p1, {"01": totals["01"]})
+    _refused(capsys, [*base, "--state-totals", str(p1)], "no total for state 02")
+    ok = str(d / "p1.csv")
+    _refused(capsys, [*base, "--state-totals", ok, "--state", "07"], "state '07'")
+    baf = tmp_path / "baf.csv"
+    pd.DataFrame({"BLOCKID": ["010010001001001"], "DISTRICT": ["1"]}).to_csv(baf, index=False)
+    _refused(capsys, [*base, "--state-totals", ok, "--areas", str(baf)], "--state SS")
+    pd.DataFrame({"BLOCKID": ["019990001001001"], "DISTRICT": ["1"]}).to_csv(baf, index=False)
+    _refused(capsys, [*base, "--state-totals", ok, "--state", "01", "--areas", str(baf)],
+             "baf.csv", "data row 1", "'BLOCKID'", "019990001001001")  # fmt: skip
+    _refused(capsys, [*base, "--state-totals", ok, "--state", "01", "--areas", str(baf),
+                      "--area-column", "NOPE"], "NOPE")  # fmt: skip
+    _refused(capsys, [*base, "--state-totals", ok, "--state", "01", "--areas", str(baf),
+                      "--area-name", "../x"], "area name")  # fmt: skip
+    assert not (tmp_path / "o").exists()  # nothing half-written
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    _refused(capsys, ["nmf", str(root), "--out", str(mine), "--state-totals", ok], str(mine))
+    assert (mine / "notes.txt").read_text() == "keep" and len(list(mine.iterdir())) == 1
+    _refused(capsys, ["nmf", str(tmp_path), "--out", str(tmp_path / "o"), "--state-totals", ok],
+             "Block.parquet")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
+def test_estimate_state_refuses_two_states_or_no_total(two_states):
+    _, _, totals, subs = two_states
+    with pytest.raises(SpecError, match="one state"):
+        estimate_state(collect_nmf(subs[1:], totals))
+    with pytest.raises(DataError, match="no published total"):
+        estimate_state(collect_nmf(subs[1:3]))
