@@ -41,6 +41,11 @@ def test_stage_counts_only_the_calling_threads_cpu():
     with stage(seconds, "spin"):
         _spin(0.05)
     assert seconds["cpu_spin"] >= 0.05
+    other = threading.Thread(target=_spin, args=(0.2,))
+    with stage(seconds, "process", cpu=time.process_time):
+        other.start()
+        other.join()
+    assert seconds["cpu_process"] >= 0.19  # the process clock counts the other thread
 
 
 def test_stage_records_when_the_body_raises():
