@@ -89,7 +89,11 @@ from censusdp.mechanisms.product_measure import (  # noqa: E402
 from censusdp.mechanisms.product_query import ProductQuery  # noqa: E402
 from censusdp.pipelines.execute import SyncExecutor, open_executor  # noqa: E402
 from censusdp.pipelines.partition import Partition, partition_units  # noqa: E402
-from censusdp.pipelines.structured_stream import given_values, structured_stream  # noqa: E402
+from censusdp.pipelines.structured_stream import (  # noqa: E402
+    StreamOptions,
+    given_values,
+    structured_stream,
+)
 from censusdp.rng import KeyedRNG  # noqa: E402
 from censusdp.schema import Schema  # noqa: E402
 
@@ -201,9 +205,10 @@ def one_run(ex, h, schema, meas, invs, parts, cache_bytes: int) -> dict:
         for m in meas
     ]  # fmt: skip
     res, out = _timed(ex, lambda: structured_stream(
-        h, schema, heads, given_values(meas, h, cut), parts, invs, executor=ex,
-        sink=DigestSink(), cache_bytes=cache_bytes,
-        order=np.argsort([-p.leaves for p in parts], kind="stable"),
+        h, schema, heads, given_values(meas, h, cut), parts, invs, options=StreamOptions(
+            executor=ex, sink=DigestSink(), cache_bytes=cache_bytes,
+            order=np.argsort([-p.leaves for p in parts], kind="stable"),
+        ),
     ))  # fmt: skip
     d = hashlib.sha256(piece_digest(res.top).encode())
     for s in res.sunk:

@@ -25,7 +25,7 @@ from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import measure_range, stream_label
 from censusdp.pipelines.execute import DaskExecutor, SyncExecutor, ThreadExecutor, open_executor
 from censusdp.pipelines.partition import Partition, partition_units
-from censusdp.pipelines.structured_stream import given_values, structured_stream
+from censusdp.pipelines.structured_stream import StreamOptions, given_values, structured_stream
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 
 CUT, N_PARTS = 2, 5
@@ -213,8 +213,9 @@ def test_sink_runs_where_the_piece_is(cluster):
         assert (os.getpid() not in pids) if remote else pids == {os.getpid()}
     # without on_partition no piece is sent back, and the sink still runs
     res = structured_stream(
-        h, s, meas, given_values(meas, h, CUT), parts, invs, executor=ex, sink=PieceDigest()
-    )
+        h, s, meas, given_values(meas, h, CUT), parts, invs,
+        options=StreamOptions(executor=ex, sink=PieceDigest()),
+    )  # fmt: skip
     assert [d for d, _, _ in res.sunk] == expect
 
 
@@ -300,8 +301,10 @@ def test_refusals():
     parts = partition_units(h, CUT, N_PARTS)
     measure = given_values(meas, h, CUT)
     with pytest.raises(SpecError, match="not both"):
-        structured_stream(h, s, meas, measure, parts, invs, executor=SyncExecutor(), workers=2)
+        structured_stream(h, s, meas, measure, parts, invs,
+                          options=StreamOptions(executor=SyncExecutor(), workers=2))  # fmt: skip
     with pytest.raises(SpecError, match="without a sink"):
-        structured_stream(h, s, meas, measure, parts, invs, sink_payload=lambda p: 0)
+        structured_stream(h, s, meas, measure, parts, invs,
+                          options=StreamOptions(sink_payload=lambda p: 0))  # fmt: skip
     with pytest.raises(SpecError, match="were asked for partition"):
         measure.for_partition(parts[0])(parts[1])
