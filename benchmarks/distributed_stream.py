@@ -80,7 +80,11 @@ from pl94_state import PL94_SHAPE, measure_state, measurements, strategy  # noqa
 from topdown_scale import NURSE_NVA_0  # noqa: E402
 
 from censusdp.estimation.structured_gls import StructuredPiece  # noqa: E402
-from censusdp.estimation.topdown_schema import structural_zero_mask, topdown_schema  # noqa: E402
+from censusdp.estimation.topdown_schema import (  # noqa: E402
+    TopDownOptions,
+    structural_zero_mask,
+    topdown_schema,
+)
 from censusdp.hierarchy.synthetic import synthetic_state  # noqa: E402
 from censusdp.mechanisms.product_measure import (  # noqa: E402
     ProductInvariant,
@@ -179,8 +183,9 @@ def _timed(ex, fn) -> tuple[object, dict]:
 def topdown_run(ex, h, schema, meas, invs, parts, cache_bytes: int) -> dict:
     """One timed TopDown-style run on executor ``ex``: digest of every level, seconds."""
     zeros = structural_zero_mask(schema, NURSE_NVA_0)
-    rel, out = _timed(ex, lambda: topdown_schema(h, schema, meas, invs, structural_zeros=zeros,
-                                                 executor=ex))  # fmt: skip
+    rel, out = _timed(ex, lambda: topdown_schema(
+        h, schema, meas, invs, TopDownOptions(structural_zeros=zeros, executor=ex),
+    ))  # fmt: skip
     d = hashlib.sha256()
     for est in rel.estimates:
         d.update(np.ascontiguousarray(est).tobytes())

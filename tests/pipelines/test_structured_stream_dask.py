@@ -18,7 +18,7 @@ from stream_fixtures import assert_same, problem, problem_with_counts, stream
 
 from censusdp.errors import SpecError
 from censusdp.estimation.structured_gls import StructuredPiece, structured_gls
-from censusdp.estimation.topdown_schema import topdown_schema
+from censusdp.estimation.topdown_schema import TopDownOptions, topdown_schema
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.mechanisms.product_query import ProductQuery
@@ -263,11 +263,11 @@ def test_topdown_per_parent_solves_on_every_executor(cluster):
     base = topdown_schema(h, s, meas, invs)
     assert base.diagnostics["levels"][h.names[-1]]["parents_solved"] > 2
     for ex, chunks in ((ex_dask, None), (SyncExecutor(), 2)):
-        rel = topdown_schema(h, s, meas, invs, executor=ex, chunks=chunks)
+        rel = topdown_schema(h, s, meas, invs, options=TopDownOptions(executor=ex, chunks=chunks))
         for a, b in zip(base.estimates, rel.estimates, strict=True):
             assert np.array_equal(a, b)
     with pytest.raises(SpecError, match="not both"):
-        topdown_schema(h, s, meas, invs, executor=ex_dask, mapper=map)
+        topdown_schema(h, s, meas, invs, options=TopDownOptions(executor=ex_dask, mapper=map))
 
 
 def test_key_guard_looks_inside_callables_and_records():
