@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -84,6 +83,7 @@ from censusdp.pipelines.measure import PartitionedMeasurements
 from censusdp.pipelines.partition import Partition
 from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece, piece_head
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
+from censusdp.timing import stage
 
 __all__ = ["partitioned_gls", "partitioned_round"]
 
@@ -180,66 +180,37 @@ def partitioned_gls(
     ----------
     Hay et al. (2010); Rauch, Tung & Striebel (1965).
     """
-    t0 = time.perf_counter()
-    privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
-    ex = executor
-    cut = partitions[0].cut
-    pm = measurements if isinstance(measurements, PartitionedMeasurements) else None
-    if pm is not None and (pm.executor is not ex or pm.partitions != tuple(partitions)):
-        measurements, pm = pm.gather(), None
-    if pm is None:
-        plan, meas, invs = gls_plan(
-            hierarchy, cells, measurements, invariants, geometry, privacy=privacy
+    ex, cut = executor, partitions[0].cut
+    clock: dict[str, float] = {}
+    with stage(clock, "setup"):
+        privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
+        plan, meas, invs, part_invs, tasks = _gls_tasks(
+            hierarchy, cells, measurements, invariants, privacy, partitions, ex, geometry
         )
-        part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
-        tasks: list = [
-            _UpTask(Forest.of(hierarchy, cut, p.ranges), tuple(restrict(meas, cut, p.ranges)), iv)
-            for p, iv in zip(partitions, part_invs, strict=True)
+    with stage(clock, "upward"):
+        states = ex.submit(_upward_task, tasks, plan)
+        del tasks
+        msg = ex.submit(_message_task, states, plan)
+        messages = ex.gather(msg)
+        ex.release(msg)
+    with stage(clock, "top"):
+        zhat, Phat = gls_top(plan, hierarchy, cut, meas, invs, messages)
+        del messages
+    with stage(clock, "downward"):
+        items = [
+            (s, zhat[-1][slice(*p.units)], Phat[-1][slice(*p.units)], iv)
+            for s, p, iv in zip(states, partitions, part_invs, strict=True)
         ]
-    else:
-        # levels at or below the cut are validated by shape here and for finiteness in
-        # their tasks: their values stay with the executor
-        stubs = [
-            pm.top[i]
-            if i in pm.top
-            else Measurement(k, q, np.broadcast_to(np.zeros(()), (pm.sizes[k], q.n_rows)), law)
-            for i, (k, q, law) in enumerate(pm.plan)
-        ]
-        plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry, privacy=privacy)
-        part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
-        entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
-        tasks = [
-            (Forest.of(hierarchy, cut, p.ranges), h, entries, iv)
-            for p, h, iv in zip(partitions, pm.handles, part_invs, strict=True)
-        ]
-    t1 = time.perf_counter()
-    states = ex.submit(_upward_task, tasks, plan)
-    del tasks
-    msg = ex.submit(_message_task, states, plan)
-    messages = ex.gather(msg)
-    ex.release(msg)
-    t2 = time.perf_counter()
-    zhat, Phat = gls_top(plan, hierarchy, cut, meas, invs, messages)
-    del messages
-    t3 = time.perf_counter()
-    items = [
-        (s, zhat[-1][slice(*p.units)], Phat[-1][slice(*p.units)], iv)
-        for s, p, iv in zip(states, partitions, part_invs, strict=True)
-    ]
-    pieces = ex.submit(_downward_task, items, plan, covariance)
-    ex.release(states)  # the downward tasks hold them
-    del states, items
-    summaries = [summary for _, summary in _heads(ex, pieces)]
-    t4 = time.perf_counter()
+        pieces = ex.submit(_downward_task, items, plan, covariance)
+        ex.release(states)  # the downward tasks hold them
+        del states, items
+        summaries = [summary for _, summary in _heads(ex, pieces)]
     est, var, cov = gls_finish(plan, zhat, Phat, covariance)
     top = forest_residuals(whole_forest(hierarchy, 0, cut), est, invs)
     timings = {
         "partitions": len(partitions),
         "cut": hierarchy.names[cut],
-        "seconds_setup": t1 - t0,
-        "seconds_upward": t2 - t1,
-        "seconds_top": t3 - t2,
-        "seconds_downward": t4 - t3,
+        **{f"seconds_{k}": clock[k] for k in ("setup", "upward", "top", "downward")},
     }
     kept = PartitionedRelease(
         estimator="gls",
@@ -263,6 +234,50 @@ def partitioned_gls(
     return _gathered(kept, "seconds_gather")
 
 
+def _gls_tasks(
+    hierarchy: Hierarchy,
+    cells: Sequence[str],
+    measurements: Sequence[Measurement] | PartitionedMeasurements,
+    invariants: Sequence[Invariant],
+    privacy: PrivacyStatement,
+    partitions: Sequence[Partition],
+    ex: Executor,
+    geometry: Geometry,
+) -> tuple[GLSPlan, list, list, list[tuple[Invariant, ...]], list]:
+    """The GLS plan, the resolved measurements and invariants, and per partition its
+    invariants and upward task: an :class:`_UpTask` with its slices, or, for measurements
+    kept with this executor and these partitions, the handle of its measurements there
+    (levels at or below the cut validated by shape here, for finiteness in their tasks)."""
+    cut = partitions[0].cut
+    pm = measurements if isinstance(measurements, PartitionedMeasurements) else None
+    if pm is not None and (pm.executor is not ex or pm.partitions != tuple(partitions)):
+        measurements, pm = pm.gather(), None
+    if pm is None:
+        plan, meas, invs = gls_plan(
+            hierarchy, cells, measurements, invariants, geometry, privacy=privacy
+        )
+        part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
+        tasks: list = [
+            _UpTask(Forest.of(hierarchy, cut, p.ranges), tuple(restrict(meas, cut, p.ranges)), iv)
+            for p, iv in zip(partitions, part_invs, strict=True)
+        ]
+        return plan, meas, invs, part_invs, tasks
+    stubs = [
+        pm.top[i]
+        if i in pm.top
+        else Measurement(k, q, np.broadcast_to(np.zeros(()), (pm.sizes[k], q.n_rows)), law)
+        for i, (k, q, law) in enumerate(pm.plan)
+    ]
+    plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry, privacy=privacy)
+    part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
+    entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
+    tasks = [
+        (Forest.of(hierarchy, cut, p.ranges), h, entries, iv)
+        for p, h, iv in zip(partitions, pm.handles, part_invs, strict=True)
+    ]
+    return plan, meas, invs, part_invs, tasks
+
+
 def _heads(ex: Executor, pieces: list) -> list[tuple[np.ndarray | None, dict]]:
     """The small part of every piece (:func:`piece_head`); the pieces stay where they are."""
     handles = ex.submit(piece_head, pieces)
@@ -274,12 +289,13 @@ def _heads(ex: Executor, pieces: list) -> list[tuple[np.ndarray | None, dict]]:
 
 def _gathered(kept: PartitionedRelease, timing: str) -> Release:
     """``kept`` gathered into this process (its pieces freed), with the seconds it took."""
-    t = time.perf_counter()
-    try:
-        release = kept.gather()
-    finally:
-        kept.drop()
-    release.diagnostics[timing] = time.perf_counter() - t
+    clock: dict[str, float] = {}
+    with stage(clock, "gather"):
+        try:
+            release = kept.gather()
+        finally:
+            kept.drop()
+    release.diagnostics[timing] = clock["gather"]
     return release
 
 
