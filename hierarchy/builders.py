@@ -805,6 +805,41 @@ def add_level(
         under another node.
     """
     k = hierarchy.depth - 1 if below is None else hierarchy.level_index(below)
+    new, pidx = _new_nodes(hierarchy, k, name, parent_codes, new_codes)
+    names = list(hierarchy.names)
+    codes: list[np.ndarray] = [lv.codes for lv in hierarchy.levels]
+    parents: list[np.ndarray | None] = [lv.parent for lv in hierarchy.levels]
+    if k == hierarchy.depth - 1:
+        if children is not None:
+            raise HierarchyError("children= is only for a level inserted above existing levels")
+        names.append(name)
+        codes.append(new)
+        parents.append(pidx)
+    else:
+        if children is None:
+            raise HierarchyError(
+                f"inserting {name!r} between {names[k]!r} and {names[k + 1]!r} needs "
+                f"children=: the new parent of every {names[k + 1]!r} node"
+            )
+        new_parent = _new_parents(hierarchy, k, name, new, pidx, children)
+        names.insert(k + 1, name)
+        codes.insert(k + 1, new)
+        parents.insert(k + 1, pidx)
+        parents[k + 2] = new_parent
+    h, order = Hierarchy.from_parents(names, codes, parents, return_order=True)
+    return LevelAdded(h, order)
+
+
+def _new_nodes(
+    hierarchy: Hierarchy,
+    k: int,
+    name: str,
+    parent_codes: Sequence[str] | np.ndarray,
+    new_codes: Sequence[str] | np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The new level's codes and each one's parent (index in level ``k``), checked: a new
+    name, as many parents as codes, unique codes, known parents, every level-``k`` node
+    given a child."""
     up = hierarchy.levels[k]
     if name in hierarchy.names:
         raise HierarchyError(f"there is already a level named {name!r}")
@@ -834,70 +869,63 @@ def add_level(
             f"new level {name!r}; every node above the leaves needs a child (give it one, "
             "e.g. a single unit with its own code)"
         )
+    return new, pidx
 
-    names = list(hierarchy.names)
-    codes: list[np.ndarray] = [lv.codes for lv in hierarchy.levels]
-    parents: list[np.ndarray | None] = [lv.parent for lv in hierarchy.levels]
-    if k == hierarchy.depth - 1:
-        if children is not None:
-            raise HierarchyError("children= is only for a level inserted above existing levels")
-        names.append(name)
-        codes.append(new)
-        parents.append(pidx)
-    else:
-        if children is None:
-            raise HierarchyError(
-                f"inserting {name!r} between {up.name!r} and {names[k + 1]!r} needs "
-                f"children=: the new parent of every {names[k + 1]!r} node"
-            )
-        low = hierarchy.levels[k + 1]
-        ccodes, cnew = _mapping_arrays(children)
-        cidx = _lookup(low.codes, ccodes)
-        if (cidx < 0).any():
-            j = int(np.flatnonzero(cidx < 0)[0])
-            raise HierarchyError(
-                f"children= maps {str(ccodes[j])!r}, which is not a node of level {low.name!r}"
-            )
-        seen = np.bincount(cidx, minlength=low.size)
-        if (seen > 1).any():
-            raise HierarchyError(
-                f"node {str(low.codes[np.flatnonzero(seen > 1)[0]])!r} of level {low.name!r} "
-                "is mapped twice in children= (a node must have exactly one parent)"
-            )
-        if (seen == 0).any():
-            raise HierarchyError(
-                f"node {str(low.codes[np.flatnonzero(seen == 0)[0]])!r} of level {low.name!r} "
-                f"has no parent in the new level {name!r} (orphan); map every node"
-            )
-        new_parent = np.empty(low.size, dtype=np.int64)
-        new_parent[cidx] = _lookup(new, cnew)
-        if (new_parent < 0).any():
-            j = int(np.flatnonzero(new_parent < 0)[0])
-            raise HierarchyError(
-                f"node {str(low.codes[j])!r} of level {low.name!r} is mapped to an unknown "
-                f"{name!r} code (orphan); every target must be in new_codes"
-            )
-        moved = np.flatnonzero(pidx[new_parent] != low.parent)
-        if moved.size:
-            j = int(moved[0])
-            raise HierarchyError(
-                f"node {str(low.codes[j])!r} of level {low.name!r} lies under "
-                f"{str(up.codes[low.parent[j]])!r} but its new parent "
-                f"{str(new[new_parent[j]])!r} lies under {str(up.codes[pidx[new_parent[j]]])!r}; "
-                "the codes do not nest"
-            )
-        childless_new = np.flatnonzero(np.bincount(new_parent, minlength=new.size) == 0)
-        if childless_new.size:
-            raise HierarchyError(
-                f"new node {str(new[childless_new[0]])!r} of level {name!r} has no child in "
-                f"level {low.name!r}; drop it or map a child to it"
-            )
-        names.insert(k + 1, name)
-        codes.insert(k + 1, new)
-        parents.insert(k + 1, pidx)
-        parents[k + 2] = new_parent
-    h, order = Hierarchy.from_parents(names, codes, parents, return_order=True)
-    return LevelAdded(h, order)
+
+def _new_parents(
+    hierarchy: Hierarchy,
+    k: int,
+    name: str,
+    new: np.ndarray,
+    pidx: np.ndarray,
+    children: Mapping[str, str] | tuple[Sequence[str], Sequence[str]] | pd.Series,
+) -> np.ndarray:
+    """For a level inserted under level ``k``: each node of level ``k + 1``'s new parent
+    (index in ``new``) from ``children``, checked: every node mapped once to a known code,
+    under its old parent, and every new node given a child."""
+    up, low = hierarchy.levels[k], hierarchy.levels[k + 1]
+    ccodes, cnew = _mapping_arrays(children)
+    cidx = _lookup(low.codes, ccodes)
+    if (cidx < 0).any():
+        j = int(np.flatnonzero(cidx < 0)[0])
+        raise HierarchyError(
+            f"children= maps {str(ccodes[j])!r}, which is not a node of level {low.name!r}"
+        )
+    seen = np.bincount(cidx, minlength=low.size)
+    if (seen > 1).any():
+        raise HierarchyError(
+            f"node {str(low.codes[np.flatnonzero(seen > 1)[0]])!r} of level {low.name!r} "
+            "is mapped twice in children= (a node must have exactly one parent)"
+        )
+    if (seen == 0).any():
+        raise HierarchyError(
+            f"node {str(low.codes[np.flatnonzero(seen == 0)[0]])!r} of level {low.name!r} "
+            f"has no parent in the new level {name!r} (orphan); map every node"
+        )
+    new_parent = np.empty(low.size, dtype=np.int64)
+    new_parent[cidx] = _lookup(new, cnew)
+    if (new_parent < 0).any():
+        j = int(np.flatnonzero(new_parent < 0)[0])
+        raise HierarchyError(
+            f"node {str(low.codes[j])!r} of level {low.name!r} is mapped to an unknown "
+            f"{name!r} code (orphan); every target must be in new_codes"
+        )
+    moved = np.flatnonzero(pidx[new_parent] != low.parent)
+    if moved.size:
+        j = int(moved[0])
+        raise HierarchyError(
+            f"node {str(low.codes[j])!r} of level {low.name!r} lies under "
+            f"{str(up.codes[low.parent[j]])!r} but its new parent "
+            f"{str(new[new_parent[j]])!r} lies under {str(up.codes[pidx[new_parent[j]]])!r}; "
+            "the codes do not nest"
+        )
+    childless_new = np.flatnonzero(np.bincount(new_parent, minlength=new.size) == 0)
+    if childless_new.size:
+        raise HierarchyError(
+            f"new node {str(new[childless_new[0]])!r} of level {name!r} has no child in "
+            f"level {low.name!r}; drop it or map a child to it"
+        )
+    return new_parent
 
 
 _LEVEL_RE = re.compile(r"^(?P<name>[^=]+)=(?P<column>[^:]+)(?::(?P<prefix>\d+))?$")
