@@ -297,7 +297,7 @@ class TopDown(_AnyLaw):
     integer = True
 
     def run(self, problem, rng, options, executor, partitions) -> Release:
-        from censusdp.estimation.topdown import topdown
+        from censusdp.estimation.topdown import TopDownSolveOptions, topdown
 
         p = problem
         mapper = None if executor is None or executor.name == "sync" else executor.map
@@ -308,8 +308,7 @@ class TopDown(_AnyLaw):
             p.measurements,
             p.invariants,
             p.privacy,
-            mapper=mapper,
-            chunks=chunks,
+            TopDownSolveOptions(mapper=mapper, chunks=chunks),
         )
 
 
