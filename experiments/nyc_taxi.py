@@ -86,7 +86,7 @@ import pandas as pd
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
 from censusdp.estimation.conditioned_mechanism import conditioned_releases
-from censusdp.estimation.conditioning import certificate, condition
+from censusdp.estimation.conditioning import ConditioningOptions, certificate, condition
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.topdown import topdown
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
@@ -340,9 +340,7 @@ def _conditioning_job(job: tuple) -> tuple[list[list[np.ndarray]], dict]:
             [],
             _privacy(eps, nonneg, nodes),
             rng,
-            tv_bound=TV_TARGET,
-            lag=lag,
-            nonnegative=nonneg,
+            ConditioningOptions(tv_bound=TV_TARGET, lag=lag, nonnegative=nonneg),
         )
         rels = [rel]
     cert = {**certificate(rels[0]), "seconds": time.perf_counter() - t0, "releases": len(rels)}
