@@ -85,7 +85,7 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
-from censusdp.estimation.conditioned_mechanism import conditioned_releases
+from censusdp.estimation.conditioned_mechanism import ChainOptions, conditioned_releases
 from censusdp.estimation.conditioning import ConditioningOptions, certificate, condition
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.topdown import topdown
@@ -328,8 +328,7 @@ def _conditioning_job(job: tuple) -> tuple[list[list[np.ndarray]], dict]:
             _privacy(eps, nodes=nodes),
             rng,
             n_releases=n,
-            tv_bound=TV_TARGET,
-            lag=lag,
+            options=ChainOptions(tv_bound=TV_TARGET, lag=lag),
         )
     else:
         nonneg = dict(CONDITIONING)[name]
