@@ -126,5 +126,7 @@ def test_options_given_one_by_one_as_before_equal_stream_options():
     assert_same(h, rel, res, got, parts, 1)
     assert res.diagnostics["workers"] == 2 and res.diagnostics["partitions_cached"] == 3
     assert len(top) == 1 and np.array_equal(top[0].estimates[0], rel.estimates[0])
-    with pytest.raises(TypeError, match="'cache_byte'; its options are the fields of StreamOptions"):
+    with pytest.raises(
+        TypeError, match="'cache_byte'; its options are the fields of StreamOptions"
+    ):
         structured_stream(h, s, meas, given_values(meas, h, 1), parts, invs, cache_byte=1)
