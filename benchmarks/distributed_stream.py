@@ -80,7 +80,11 @@ from pl94_state import PL94_SHAPE, measure_state, measurements, strategy  # noqa
 from topdown_scale import NURSE_NVA_0  # noqa: E402
 
 from censusdp.estimation.structured_gls import StructuredPiece  # noqa: E402
-from censusdp.estimation.topdown_schema import structural_zero_mask, topdown_schema  # noqa: E402
+from censusdp.estimation.topdown_schema import (  # noqa: E402
+    TopDownOptions,
+    structural_zero_mask,
+    topdown_schema,
+)
 from censusdp.hierarchy.synthetic import synthetic_state  # noqa: E402
 from censusdp.mechanisms.product_measure import (  # noqa: E402
     ProductInvariant,
@@ -89,7 +93,11 @@ from censusdp.mechanisms.product_measure import (  # noqa: E402
 from censusdp.mechanisms.product_query import ProductQuery  # noqa: E402
 from censusdp.pipelines.execute import SyncExecutor, open_executor  # noqa: E402
 from censusdp.pipelines.partition import Partition, partition_units  # noqa: E402
-from censusdp.pipelines.structured_stream import given_values, structured_stream  # noqa: E402
+from censusdp.pipelines.structured_stream import (  # noqa: E402
+    StreamOptions,
+    given_values,
+    structured_stream,
+)
 from censusdp.rng import KeyedRNG  # noqa: E402
 from censusdp.schema import Schema  # noqa: E402
 
@@ -175,8 +183,9 @@ def _timed(ex, fn) -> tuple[object, dict]:
 def topdown_run(ex, h, schema, meas, invs, parts, cache_bytes: int) -> dict:
     """One timed TopDown-style run on executor ``ex``: digest of every level, seconds."""
     zeros = structural_zero_mask(schema, NURSE_NVA_0)
-    rel, out = _timed(ex, lambda: topdown_schema(h, schema, meas, invs, structural_zeros=zeros,
-                                                 executor=ex))  # fmt: skip
+    rel, out = _timed(ex, lambda: topdown_schema(
+        h, schema, meas, invs, TopDownOptions(structural_zeros=zeros, executor=ex),
+    ))  # fmt: skip
     d = hashlib.sha256()
     for est in rel.estimates:
         d.update(np.ascontiguousarray(est).tobytes())
@@ -201,9 +210,10 @@ def one_run(ex, h, schema, meas, invs, parts, cache_bytes: int) -> dict:
         for m in meas
     ]  # fmt: skip
     res, out = _timed(ex, lambda: structured_stream(
-        h, schema, heads, given_values(meas, h, cut), parts, invs, executor=ex,
-        sink=DigestSink(), cache_bytes=cache_bytes,
-        order=np.argsort([-p.leaves for p in parts], kind="stable"),
+        h, schema, heads, given_values(meas, h, cut), parts, invs, options=StreamOptions(
+            executor=ex, sink=DigestSink(), cache_bytes=cache_bytes,
+            order=np.argsort([-p.leaves for p in parts], kind="stable"),
+        ),
     ))  # fmt: skip
     d = hashlib.sha256(piece_digest(res.top).encode())
     for s in res.sunk:

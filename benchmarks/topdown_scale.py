@@ -68,6 +68,7 @@ import censusdp.estimation.topdown_sparse as topdown_sparse  # noqa: E402
 from censusdp.budget import PrivacyStatement  # noqa: E402
 from censusdp.estimation.structured_gls import structured_gls  # noqa: E402
 from censusdp.estimation.topdown_schema import (  # noqa: E402
+    TopDownOptions,
     _solve_parent,
     bureau_pl94_ordering,
     structural_zero_mask,
@@ -157,8 +158,9 @@ def run(blocks: int, seed: int, gls: bool, sample: int = 0) -> dict:
 
     t0, c0 = time.perf_counter(), _cpu()
     rel = topdown_schema(
-        h, schema, meas, invs, structural_zeros=zeros, privacy=claimed,
-        progress=lambda s: _log(t_start, s),
+        h, schema, meas, invs, TopDownOptions(
+            structural_zeros=zeros, privacy=claimed, progress=lambda s: _log(t_start, s),
+        ),
     )  # fmt: skip
     t_td, c_td = time.perf_counter() - t0, _cpu() - c0
     peak_td = _stage_peak_mb()

@@ -45,6 +45,7 @@ Biswas, Jacob & Vanetti (2019), L-lag couplings.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -64,9 +65,15 @@ from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement, Query, measure
 from censusdp.mechanisms.registry import gaussian_conditionable
+from censusdp.options import with_keywords
 from censusdp.rng import KeyedRNG
 
-__all__ = ["conditioned_mechanism", "conditioned_noise", "conditioned_releases"]
+__all__ = [
+    "ChainOptions",
+    "conditioned_mechanism",
+    "conditioned_noise",
+    "conditioned_releases",
+]
 
 _CURATOR = (
     "curator-side ℳ_MH: x + e with e drawn from the noise law conditioned on consistency "
@@ -103,6 +110,36 @@ def _check_table(
     return levels
 
 
+@dataclass(frozen=True, eq=False)
+class ChainOptions:
+    """The chains' certificate and moves, as for
+    :func:`~censusdp.estimation.conditioning.condition`.
+
+    Attributes
+    ----------
+    tv_bound : float
+        Required L-lag coupling bound on d_TV(π_T, π) at the burn-in T used.
+    lag : int, optional
+        L; default: the median meeting time of a 1-lag pilot.
+    max_iterations : int
+        Cap on coupled iterations and on the burn-in.
+    n_coupled_pairs : int
+        Independent coupled pairs for the meeting times.
+    n_rhat_chains : int
+        :func:`conditioned_releases` runs at least this many chains (for split-R̂);
+        :func:`conditioned_noise` runs one per table.
+    kernel : {"auto", "gibbs", "metropolis"}
+        MCMC moves.
+    """
+
+    tv_bound: float = 0.01
+    lag: int | None = None
+    max_iterations: int = 200_000
+    n_coupled_pairs: int = 200
+    n_rhat_chains: int = 4
+    kernel: str = "auto"
+
+
 def conditioned_noise(
     hierarchy: Hierarchy,
     cells: Sequence[str],
@@ -111,11 +148,8 @@ def conditioned_noise(
     rng: KeyedRNG,
     *,
     n_tables: int = 1,
-    tv_bound: float = 0.01,
-    lag: int | None = None,
-    max_iterations: int = 200_000,
-    n_coupled_pairs: int = 200,
-    kernel: str = "auto",
+    options: ChainOptions | None = None,
+    **legacy: Any,
 ) -> tuple[np.ndarray, CertifiedDraws]:
     """Independent leaf tables of the conditioned noise law, by MCMC over the noise alone.
 
@@ -125,24 +159,29 @@ def conditioned_noise(
     their levels and queries are used). Each table is the state of its own chain at an
     iteration past the certified burn-in.
 
+    ``options`` (:class:`ChainOptions`) sets the certificate and the moves; its fields as
+    keyword arguments (``**legacy``, as before it existed) are applied over it for one
+    release.
+
     Returns
     -------
     (numpy.ndarray, CertifiedDraws)
         ``(n_tables, n_leaves, n_cells)`` noise tables, and the chains with their
         certificate (``diagnostics["integer"]``: whether the tables are integers).
     """
+    o = with_keywords(ChainOptions, options, legacy, "conditioned_noise")
     zero = [
         Measurement(k, q, np.zeros((hierarchy.levels[k].size, q.n_rows)), law) for k, q, law in plan
     ]
     zero_invariants = [Invariant(i.level, i.query, np.zeros_like(i.values)) for i in invariants]
-    prob = ConditioningProblem(hierarchy, len(cells), zero, zero_invariants, kernel=kernel)
+    prob = ConditioningProblem(hierarchy, len(cells), zero, zero_invariants, kernel=o.kernel)
     draws = certified_draws(
         prob,
         rng,
-        tv_bound=tv_bound,
-        lag=lag,
-        max_iterations=max_iterations,
-        n_coupled_pairs=n_coupled_pairs,
+        tv_bound=o.tv_bound,
+        lag=o.lag,
+        max_iterations=o.max_iterations,
+        n_coupled_pairs=o.n_coupled_pairs,
         n_chains=max(int(n_tables), 1),
     )
     draws.diagnostics["integer"] = bool(prob.integer)
@@ -181,10 +220,9 @@ def conditioned_mechanism(
         All randomness (the Gaussian path measures with it; the chains use
         ``conditioning/mcmc``).
     **options
-        ``tv_bound`` (0.01), ``lag``, ``max_iterations`` (200,000), ``n_coupled_pairs``
-        (200), ``n_rhat_chains`` (4), ``kernel`` ("auto"): the certificate and the moves, as
-        for :func:`~censusdp.estimation.conditioning.condition` (see
-        :func:`conditioned_releases`).
+        ``options=`` a :class:`ChainOptions` (the certificate and the moves, as for
+        :func:`~censusdp.estimation.conditioning.condition`), or its fields as keyword
+        arguments (see :func:`conditioned_releases`).
 
     Returns
     -------
@@ -215,53 +253,32 @@ def conditioned_releases(
     rng: KeyedRNG,
     *,
     n_releases: int,
-    tv_bound: float = 0.01,
-    lag: int | None = None,
-    max_iterations: int = 200_000,
-    n_coupled_pairs: int = 200,
-    n_rhat_chains: int = 4,
-    kernel: str = "auto",
+    options: ChainOptions | None = None,
+    **legacy: Any,
 ) -> list[Release]:
     """``n_releases`` independent releases of :func:`conditioned_mechanism` from one
     certificate: the chains never see the data, so one burn-in T serves every chain, and
     release ``i`` is chain ``i``'s state past T (its own noise, independent of the others').
     Repeated runs of a study (or several releases of one table, each charged to the budget)
     cost about one certification. Release ``i`` of Gaussian laws measures with
-    ``rng.child(f"release/{i}")``. Parameters as for :func:`conditioned_mechanism`.
+    ``rng.child(f"release/{i}")``. Parameters as for :func:`conditioned_mechanism`;
+    ``options`` (:class:`ChainOptions`) sets the certificate and the moves, and its fields as
+    keyword arguments (``**legacy``, as before it existed) are applied over it for one
+    release.
     """
+    o = with_keywords(ChainOptions, options, legacy, "conditioned_releases")
     if n_releases < 1:
         raise SpecError(f"conditioned mechanism: n_releases must be at least 1, not {n_releases}")
     levels = _check_table(hierarchy, counts, invariants)
     privacy = checked_statement(hierarchy.names, plan, invariants, privacy)
     if all(gaussian_conditionable(law) for _, _, law in plan):
-        out = []
-        for i in range(n_releases):
-            meas = measure(hierarchy.names, levels, plan, rng.child(f"release/{i}"))
-            rel = tree_gls(hierarchy, cells, meas, invariants, privacy)
-            rel = rel.replace(
-                estimator="conditioned_mechanism",
-                privacy=rel.privacy.with_notes(
-                    _CURATOR,
-                    "Gaussian noise: the conditioned law is that of the projected noise, drawn "
-                    "exactly as the GLS projection of one measurement of x",
-                ),
-                diagnostics=dict(rel.diagnostics, conditioned_mechanism="exact: GLS of x + ε"),
-            )
-            out.append(rel)
-        return out
+        return _gaussian_releases(
+            hierarchy, cells, levels, plan, invariants, privacy, rng, n_releases
+        )
     noise, draws = conditioned_noise(
-        hierarchy,
-        cells,
-        plan,
-        invariants,
-        rng,
-        n_tables=max(n_releases, n_rhat_chains),
-        tv_bound=tv_bound,
-        lag=lag,
-        max_iterations=max_iterations,
-        n_coupled_pairs=n_coupled_pairs,
-        kernel=kernel,
-    )
+        hierarchy, cells, plan, invariants, rng, n_tables=max(n_releases, o.n_rhat_chains),
+        options=o,
+    )  # fmt: skip
     integer = draws.diagnostics["integer"]
     dtype = np.int64 if integer else np.float64
     leaf_var = draws.tail.astype(np.float64).var(axis=(0, 1)).reshape(noise.shape[1:])
@@ -294,3 +311,32 @@ def conditioned_releases(
         )
         for i in range(n_releases)
     ]
+
+
+def _gaussian_releases(
+    hierarchy: Hierarchy,
+    cells: Sequence[str],
+    levels: list[np.ndarray],
+    plan: Sequence[tuple[int, Query, NoiseLaw]],
+    invariants: Sequence[Invariant],
+    privacy: PrivacyStatement,
+    rng: KeyedRNG,
+    n_releases: int,
+) -> list[Release]:
+    """Gaussian laws: the conditioned noise is the projected noise, so release ``i`` is
+    exactly the GLS of one measurement of x with ``rng.child(f"release/{i}")``."""
+    out = []
+    for i in range(n_releases):
+        meas = measure(hierarchy.names, levels, plan, rng.child(f"release/{i}"))
+        rel = tree_gls(hierarchy, cells, meas, invariants, privacy)
+        rel = rel.replace(
+            estimator="conditioned_mechanism",
+            privacy=rel.privacy.with_notes(
+                _CURATOR,
+                "Gaussian noise: the conditioned law is that of the projected noise, drawn "
+                "exactly as the GLS projection of one measurement of x",
+            ),
+            diagnostics=dict(rel.diagnostics, conditioned_mechanism="exact: GLS of x + ε"),
+        )
+        out.append(rel)
+    return out

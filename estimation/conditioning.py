@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -68,10 +69,12 @@ from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement
 from censusdp.mechanisms.registry import gaussian_conditionable
+from censusdp.options import with_keywords
 from censusdp.rng import KeyedRNG
 
 __all__ = [
     "condition",
+    "ConditioningOptions",
     "certificate",
     "certified_draws",
     "chain_level_variances",
@@ -337,35 +340,12 @@ def _gaussian_release(hierarchy, cells, measurements, invariants, privacy, rng, 
     )
 
 
-def condition(
-    hierarchy: Hierarchy,
-    cells: Sequence[str],
-    measurements: Sequence[Measurement],
-    invariants: Sequence[Invariant],
-    privacy: PrivacyStatement | None,
-    rng: KeyedRNG,
-    *,
-    tv_bound: float = 0.01,
-    lag: int | None = None,
-    max_iterations: int = 200_000,
-    n_draws: int = 1,
-    n_coupled_pairs: int = 200,
-    n_rhat_chains: int = 4,
-    nonnegative: bool = False,
-    step_scale: float | None = None,
-    start: np.ndarray | None = None,
-    kernel: str = "auto",
-) -> Release:
-    """Release a table drawn from the noise law conditioned on consistency and invariants.
+@dataclass(frozen=True, eq=False)
+class ConditioningOptions:
+    """How :func:`condition` samples and certifies its draws.
 
-    Parameters
+    Attributes
     ----------
-    hierarchy, cells, measurements, invariants, privacy
-        As for every estimator (see :mod:`censusdp.estimation`); ``privacy`` None derives
-        the statement from the measurements, and a statement that claims less than they
-        spend is refused (BudgetError).
-    rng : KeyedRNG
-        Source of all sampling randomness (streams ``conditioning/...``).
     tv_bound : float
         Required L-lag coupling bound on d_TV(π_T, π) at the burn-in T used.
     lag : int, optional
@@ -386,6 +366,47 @@ def condition(
         Consistent leaf table satisfying the invariants to start the chains from.
     kernel : {"auto", "gibbs", "metropolis"}
         MCMC moves (see :class:`ConditioningProblem`).
+    """
+
+    tv_bound: float = 0.01
+    lag: int | None = None
+    max_iterations: int = 200_000
+    n_draws: int = 1
+    n_coupled_pairs: int = 200
+    n_rhat_chains: int = 4
+    nonnegative: bool = False
+    step_scale: float | None = None
+    start: np.ndarray | None = None
+    kernel: str = "auto"
+
+
+def condition(
+    hierarchy: Hierarchy,
+    cells: Sequence[str],
+    measurements: Sequence[Measurement],
+    invariants: Sequence[Invariant],
+    privacy: PrivacyStatement | None,
+    rng: KeyedRNG,
+    options: ConditioningOptions | None = None,
+    **legacy: Any,
+) -> Release:
+    """Release a table drawn from the noise law conditioned on consistency and invariants.
+
+    Parameters
+    ----------
+    hierarchy, cells, measurements, invariants, privacy
+        As for every estimator (see :mod:`censusdp.estimation`); ``privacy`` None derives
+        the statement from the measurements, and a statement that claims less than they
+        spend is refused (BudgetError).
+    rng : KeyedRNG
+        Source of all sampling randomness (streams ``conditioning/...``).
+    options : ConditioningOptions, optional
+        The certificate's bound, lag and budgets, the number of draws, non-negativity and
+        the chains' start, step and kernel (:class:`ConditioningOptions`; defaults when
+        omitted).
+    **legacy
+        The fields of :class:`ConditioningOptions` as keyword arguments, as before it
+        existed (applied over ``options``; accepted for one release).
 
     Returns
     -------
@@ -398,31 +419,69 @@ def condition(
     ConvergenceError
         When coupled pairs do not meet within ``max_iterations`` or the requested bound is
         not reached: the message names the bound reached; raise ``max_iterations``.
+    TypeError
+        A keyword that is no field of :class:`ConditioningOptions`.
     """
+    o = with_keywords(ConditioningOptions, options, legacy, "condition")
+    n_draws = o.n_draws
     if n_draws < 1:
         raise SpecError("n_draws must be at least 1")
     privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
-    if not nonnegative and all(gaussian_conditionable(m.law) for m in measurements):
+    if not o.nonnegative and all(gaussian_conditionable(m.law) for m in measurements):
         return _gaussian_release(hierarchy, cells, measurements, invariants, privacy, rng, n_draws)
     prob = ConditioningProblem(
         hierarchy,
         len(cells),
         measurements,
         invariants,
-        nonnegative=nonnegative,
-        step_scale=step_scale,
-        start=start,
-        kernel=kernel,
+        nonnegative=o.nonnegative,
+        step_scale=o.step_scale,
+        start=o.start,
+        kernel=o.kernel,
     )
     draws = certified_draws(
         prob,
         rng,
-        tv_bound=tv_bound,
-        lag=lag,
-        max_iterations=max_iterations,
-        n_coupled_pairs=n_coupled_pairs,
-        n_chains=max(n_draws, n_rhat_chains),
+        tv_bound=o.tv_bound,
+        lag=o.lag,
+        max_iterations=o.max_iterations,
+        n_coupled_pairs=o.n_coupled_pairs,
+        n_chains=max(n_draws, o.n_rhat_chains),
     )
+    estimates, variances, integer, mcse = _released_draws(hierarchy, prob, draws, n_draws)
+    notes = [
+        draws.certificate_note(),
+        "the sampler uses only the noisy measurements and public laws (post-processing)",
+    ]
+    if n_draws > 1:
+        notes.append(f"released value: the average of {n_draws} independent draws")
+    if o.nonnegative:
+        notes.append(
+            "non-negativity imposed on the released table; flagged data-dependent because in "
+            "the conditioned-mechanism view the indicator 𝕀(x + e ≥ 0) involves the data"
+        )
+    statement = with_invariants(privacy, invariant_labels(hierarchy.names, invariants))
+    statement = statement.with_notes(*notes, data_dependent=True if o.nonnegative else None)
+    diagnostics = {**draws.diagnostics, "n_draws": int(n_draws), "mcse_leaf": mcse}
+    return Release(
+        estimator="conditioning",
+        hierarchy=hierarchy,
+        cells=tuple(cells),
+        estimates=estimates,
+        variances=variances,
+        privacy=statement,
+        integer=integer,
+        diagnostics=diagnostics,
+    )
+
+
+def _released_draws(
+    hierarchy: Hierarchy, prob: ConditioningProblem, draws: CertifiedDraws, n_draws: int
+) -> tuple[list[np.ndarray], list[np.ndarray], bool, np.ndarray | None]:
+    """The released table from certified ``draws``: one draw (its variance twice the
+    chains' posterior variance, truth to release) or the mean of ``n_draws`` (posterior
+    variance × (1 + 1/n), and the Monte Carlo standard error per leaf); per level its
+    estimates, variances, whether they are integers, and the leaf MCSE (None for one)."""
     finals, tail = draws.finals, draws.tail
     leaf_post_var = tail.astype(np.float64).var(axis=(0, 1)).reshape(finals.shape[1:])
     if n_draws == 1:
@@ -439,32 +498,7 @@ def condition(
         estimates = [np.asarray(e, dtype=np.int64) for e in estimates]
     else:
         estimates = [np.asarray(e, dtype=np.float64) for e in estimates]
-    variances = chain_level_variances(hierarchy, leaf_var, tail)
-
-    notes = [
-        draws.certificate_note(),
-        "the sampler uses only the noisy measurements and public laws (post-processing)",
-    ]
-    if n_draws > 1:
-        notes.append(f"released value: the average of {n_draws} independent draws")
-    if nonnegative:
-        notes.append(
-            "non-negativity imposed on the released table; flagged data-dependent because in "
-            "the conditioned-mechanism view the indicator 𝕀(x + e ≥ 0) involves the data"
-        )
-    statement = with_invariants(privacy, invariant_labels(hierarchy.names, invariants))
-    statement = statement.with_notes(*notes, data_dependent=True if nonnegative else None)
-    diagnostics = {**draws.diagnostics, "n_draws": int(n_draws), "mcse_leaf": mcse}
-    return Release(
-        estimator="conditioning",
-        hierarchy=hierarchy,
-        cells=tuple(cells),
-        estimates=estimates,
-        variances=variances,
-        privacy=statement,
-        integer=integer,
-        diagnostics=diagnostics,
-    )
+    return estimates, chain_level_variances(hierarchy, leaf_var, tail), integer, mcse
 
 
 @dataclass(frozen=True)

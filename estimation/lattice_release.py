@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +83,7 @@ from censusdp.mechanisms.lattice import (
     LatticeLaplace,
     LatticeTarget,
 )
+from censusdp.options import with_keywords
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -91,6 +93,7 @@ __all__ = [
     "tune_scale",
     "ConvergenceReport",
     "LatticeRelease",
+    "CertifyOptions",
     "certify",
     "release_lattice_noise",
 ]
@@ -440,29 +443,13 @@ def _overdispersed_starts(
     return cs.states
 
 
-def certify(
-    lattice: Lattice,
-    law: LatticeTarget,
-    rng: KeyedRNG,
-    *,
-    tv: float = 0.01,
-    lag: int | None = None,
-    n_coupled: int = 200,
-    rhat_chains: int = 16,
-    rhat_max: float = 1.01,
-    rhat_sweeps: int = 8000,
-    a: float | None = None,
-    mode: str | None = None,
-    max_iterations: int = 200_000,
-) -> ConvergenceReport:
-    """Run the diagnostics of the release policy; raise unless both criteria hold.
+@dataclass(frozen=True, eq=False)
+class CertifyOptions:
+    """The release policy's diagnostics (:func:`certify`): the coupling bound, R̂ and the
+    moves.
 
-    Parameters
+    Attributes
     ----------
-    lattice, law
-        The lattice and the noise law (target).
-    rng : KeyedRNG
-        Streams ``lattice/pilot``, ``lattice/coupling``, ``lattice/rhat``.
     tv : float
         Requested TV level η (default 0.01).
     lag : int, optional
@@ -479,6 +466,40 @@ def certify(
         Moves (see :func:`lattice_engine`); default :func:`default_mode` of the law.
     max_iterations : int
         Cap on coupling iterations (engine steps).
+    """
+
+    tv: float = 0.01
+    lag: int | None = None
+    n_coupled: int = 200
+    rhat_chains: int = 16
+    rhat_max: float = 1.01
+    rhat_sweeps: int = 8000
+    a: float | None = None
+    mode: str | None = None
+    max_iterations: int = 200_000
+
+
+def certify(
+    lattice: Lattice,
+    law: LatticeTarget,
+    rng: KeyedRNG,
+    options: CertifyOptions | None = None,
+    **legacy: Any,
+) -> ConvergenceReport:
+    """Run the diagnostics of the release policy; raise unless both criteria hold.
+
+    Parameters
+    ----------
+    lattice, law
+        The lattice and the noise law (target).
+    rng : KeyedRNG
+        Streams ``lattice/pilot``, ``lattice/coupling``, ``lattice/rhat``.
+    options : CertifyOptions, optional
+        The TV level, lag, coupled pairs, R̂ policy, proposal, moves and iteration cap
+        (:class:`CertifyOptions`; defaults when omitted).
+    **legacy
+        The fields of :class:`CertifyOptions` as keyword arguments, as before it existed
+        (applied over ``options``; accepted for one release).
 
     Raises
     ------
@@ -487,79 +508,100 @@ def certify(
         fall below ``tv``, or when R̂ ≥ ``rhat_max``; the message names the bound reached and
         the fix.
     """
-    if n_coupled < 200:
+    o = with_keywords(CertifyOptions, options, legacy, "certify")
+    if o.n_coupled < 200:
         raise ValueError("the release policy needs at least 200 coupled chains")
-    if rhat_chains < 4:
+    if o.rhat_chains < 4:
         raise ValueError("the release policy needs at least 4 over-dispersed chains for R-hat")
-    if not 0.0 < tv < 1.0:
+    if not 0.0 < o.tv < 1.0:
         raise ValueError("the requested TV level must lie in (0, 1)")
-    mode = default_mode(law) if mode is None else mode
+    mode = default_mode(law) if o.mode is None else o.mode
     k = steps_per_sweep(lattice, mode)
     if mode == "gibbs":  # exact conditional draws: nothing to tune, every move accepted
         a, acc = float("nan"), 1.0
-    elif a is None:
+    elif o.a is None:
         a, acc = tune_scale(lattice, law, rng.generator("lattice/pilot"), mode=mode)
     else:
-        acc = float("nan")
-    lag = 25 * k if lag is None else int(lag)
+        a, acc = o.a, float("nan")
+    lag = 25 * k if o.lag is None else int(o.lag)
     eng = lattice_engine(lattice, law, a, mode=mode)
-    zeros = np.zeros((n_coupled, lattice.dim), dtype=np.int64)
-    res = meeting_times(
-        eng, zeros, zeros, lag, rng.generator("lattice/coupling"), max_iterations=max_iterations
-    )
-    if not res.all_met:
-        finite = res.meeting_times[np.isfinite(res.meeting_times)]
-        raise ConvergenceError(
-            f"lattice MCMC: {res.meeting_times.size - finite.size} of {n_coupled} coupled "
-            f"pairs had not met after {max_iterations} iterations, so the TV upper bound is "
-            f"not below {tv} (it is at least "
-            f"{(res.meeting_times.size - finite.size) / n_coupled:.3g}); "
-            "fix: raise max_iterations (or tune the proposal scale)"
-        )
-    t_star = iterations_for_tv(res.meeting_times, lag, tv)
-    if t_star is None:  # pragma: no cover - all met implies the bound reaches 0
-        raise ConvergenceError(
-            f"lattice MCMC: the TV upper bound never fell below {tv}; fix: more iterations"
-        )
-    t_star = max(int(t_star), 1)
-    bound = float(tv_upper_bound(res.meeting_times, lag, t_star))
-    # R-hat over over-dispersed chains, after a burn-in of t_star steps
+    meeting, t_star, bound = _coupled_burn_in(eng, lattice.dim, lag, rng, o)
     g = rng.generator("lattice/rhat")
-    starts = _overdispersed_starts(lattice, law, a, mode, rhat_chains, t_star, g)
-    cs = eng.init(starts)
-    for _ in range(t_star):
-        eng.step(cs, g)
-    thin = max(1, k)
-    block = max(rhat_sweeps // 8, 25) * k
-    cap = max(rhat_sweeps * k, block)
-    draws, n_steps, rh_max = [], 0, math.inf
-    while n_steps < cap:
-        draws.append(eng.run(cs, block, g, thin=thin))
-        n_steps += block
-        rh_max = float(np.max(split_rhat(np.concatenate(draws))))
-        if rh_max < rhat_max:
-            break
-    if not rh_max < rhat_max:
-        raise ConvergenceError(
-            f"lattice MCMC: split R-hat reached {rh_max:.4f} over {rhat_chains} over-dispersed "
-            f"chains after {n_steps} iterations, not below {rhat_max}; fix: more iterations "
-            "(raise rhat_sweeps)"
-        )
+    starts = _overdispersed_starts(lattice, law, a, mode, o.rhat_chains, t_star, g)
+    rh_max, n_steps = _rhat_after_burn_in(eng, starts, t_star, k, g, o)
     return ConvergenceReport(
         iterations=t_star,
         sweeps=t_star / k,
-        tv_requested=float(tv),
+        tv_requested=float(o.tv),
         tv_bound=bound,
         lag=lag,
-        n_coupled=n_coupled,
-        meeting_times=res.meeting_times,
+        n_coupled=o.n_coupled,
+        meeting_times=meeting,
         rhat_max=rh_max,
-        rhat_chains=rhat_chains,
+        rhat_chains=o.rhat_chains,
         rhat_iterations=n_steps,
         a=float(a),
         acceptance=acc,
         mode=mode,
     )
+
+
+def _coupled_burn_in(
+    eng: Any, dim: int, lag: int, rng: KeyedRNG, o: CertifyOptions
+) -> tuple[np.ndarray, int, float]:
+    """The L-lag coupling criterion (Biswas, Jacob & Vanetti 2019): ``n_coupled`` pairs
+    from 0 (stream ``lattice/coupling``), their meeting times, the first iteration T whose
+    TV upper bound is below ``tv`` and that bound; a pair that has not met by
+    ``max_iterations`` is a ConvergenceError naming how many and the bound's floor."""
+    zeros = np.zeros((o.n_coupled, dim), dtype=np.int64)
+    res = meeting_times(
+        eng, zeros, zeros, lag, rng.generator("lattice/coupling"), max_iterations=o.max_iterations
+    )
+    if not res.all_met:
+        finite = res.meeting_times[np.isfinite(res.meeting_times)]
+        raise ConvergenceError(
+            f"lattice MCMC: {res.meeting_times.size - finite.size} of {o.n_coupled} coupled "
+            f"pairs had not met after {o.max_iterations} iterations, so the TV upper bound is "
+            f"not below {o.tv} (it is at least "
+            f"{(res.meeting_times.size - finite.size) / o.n_coupled:.3g}); "
+            "fix: raise max_iterations (or tune the proposal scale)"
+        )
+    t_star = iterations_for_tv(res.meeting_times, lag, o.tv)
+    if t_star is None:  # pragma: no cover - all met implies the bound reaches 0
+        raise ConvergenceError(
+            f"lattice MCMC: the TV upper bound never fell below {o.tv}; fix: more iterations"
+        )
+    t_star = max(int(t_star), 1)
+    return res.meeting_times, t_star, float(tv_upper_bound(res.meeting_times, lag, t_star))
+
+
+def _rhat_after_burn_in(
+    eng: Any, starts: np.ndarray, t_star: int, k: int, g: np.random.Generator, o: CertifyOptions
+) -> tuple[float, int]:
+    """Split-R̂ (Vehtari et al. 2021) over the over-dispersed chains ``starts`` after a
+    burn-in of ``t_star`` steps, checked after every eighth of ``rhat_sweeps`` sweeps
+    (thinned to one draw per sweep) until below ``rhat_max``; the value reached and the
+    steps run, or a ConvergenceError."""
+    cs = eng.init(starts)
+    for _ in range(t_star):
+        eng.step(cs, g)
+    thin = max(1, k)
+    block = max(o.rhat_sweeps // 8, 25) * k
+    cap = max(o.rhat_sweeps * k, block)
+    draws, n_steps, rh_max = [], 0, math.inf
+    while n_steps < cap:
+        draws.append(eng.run(cs, block, g, thin=thin))
+        n_steps += block
+        rh_max = float(np.max(split_rhat(np.concatenate(draws))))
+        if rh_max < o.rhat_max:
+            break
+    if not rh_max < o.rhat_max:
+        raise ConvergenceError(
+            f"lattice MCMC: split R-hat reached {rh_max:.4f} over {o.rhat_chains} "
+            f"over-dispersed chains after {n_steps} iterations, not below {o.rhat_max}; fix: "
+            "more iterations (raise rhat_sweeps)"
+        )
+    return rh_max, n_steps
 
 
 def release_lattice_noise(

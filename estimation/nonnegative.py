@@ -346,15 +346,7 @@ def project_transport(
     start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
     total = cols.sum(axis=1)
     bound = tol * np.maximum(1.0, total)
-    if rows.min(initial=0.0) < 0 or cols.min(initial=0.0) < 0:
-        raise DataError(f"transportation projection ({where}): negative targets")
-    off = np.abs(np.bincount(par, weights=rows, minlength=n_p) - total) > bound
-    if off.any():
-        raise DataError(
-            f"transportation projection ({where}): the children's targets of parent "
-            f"#{int(np.flatnonzero(off)[0])} do not sum to the parent's total; the row and "
-            "column targets must describe the same number of persons"
-        )
+    _check_transport_targets(rows, cols, par, total, bound, where)
     out = np.zeros_like(z)
     act_r, act_c = rows > 0, cols > 0
     nr = np.bincount(par[act_r], minlength=n_p)
@@ -370,21 +362,8 @@ def project_transport(
         step = max(1, chunk // (n * k))
         for a0 in range(0, ps.size, step):
             p = ps[a0 : a0 + step]
-            B = p.size
-            ch = _ranges(start[p], count[p])
-            ch = ch[act_r[ch]]
-            pb = np.repeat(np.arange(B), nr[p])
-            ri = np.arange(ch.size) - np.repeat(np.cumsum(nr[p]) - nr[p], nr[p])
-            R = np.zeros((B, n), np.int64)
-            R[pb, ri] = ch
-            vr = np.zeros((B, n), bool)
-            vr[pb, ri] = True
-            cb, cc = np.nonzero(act_c[p])
-            ci = np.arange(cc.size) - np.repeat(np.cumsum(kc[p]) - kc[p], kc[p])
-            C = np.zeros((B, k), np.int64)
-            C[cb, ci] = cc
-            vc = np.zeros((B, k), bool)
-            vc[cb, ci] = True
+            R, vr = _padded_rows(_ranges(start[p], count[p]), act_r, nr[p], n)
+            C, vc = _padded_cols(act_c[p], kc[p], k)
             valid = vr[:, :, None] & vc[:, None, :]
             zb = np.where(valid, z[R[:, :, None], C[:, None, :]], -np.inf)
             x, sweeps = _transport_chunk(
@@ -405,6 +384,57 @@ def project_transport(
             rr = np.broadcast_to(R[:, :, None], valid.shape)[valid]
             out[rr, np.broadcast_to(C[:, None, :], valid.shape)[valid]] = x[valid]
     return out, most
+
+
+def _check_transport_targets(
+    rows: np.ndarray,
+    cols: np.ndarray,
+    par: np.ndarray,
+    total: np.ndarray,
+    bound: np.ndarray,
+    where: str,
+) -> None:
+    """Refuse negative targets, or a parent whose children's targets (``rows``, children
+    of parent ``par``) are not within ``bound`` of its total."""
+    if rows.min(initial=0.0) < 0 or cols.min(initial=0.0) < 0:
+        raise DataError(f"transportation projection ({where}): negative targets")
+    off = np.abs(np.bincount(par, weights=rows, minlength=total.size) - total) > bound
+    if off.any():
+        raise DataError(
+            f"transportation projection ({where}): the children's targets of parent "
+            f"#{int(np.flatnonzero(off)[0])} do not sum to the parent's total; the row and "
+            "column targets must describe the same number of persons"
+        )
+
+
+def _padded_rows(
+    children: np.ndarray, active: np.ndarray, n_active: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's active rows padded to ``n`` per parent: ``(B, n)`` child indices and
+    validity, from the parents' ``children`` (concatenated, in order), the children's
+    ``active`` flags and each parent's number of active children ``n_active``."""
+    B = n_active.size
+    ch = children[active[children]]
+    pb = np.repeat(np.arange(B), n_active)
+    ri = np.arange(ch.size) - np.repeat(np.cumsum(n_active) - n_active, n_active)
+    R = np.zeros((B, n), np.int64)
+    R[pb, ri] = ch
+    vr = np.zeros((B, n), bool)
+    vr[pb, ri] = True
+    return R, vr
+
+
+def _padded_cols(active: np.ndarray, n_active: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's active columns padded to ``k`` per parent: ``(B, k)`` cell indices and
+    validity, from the parents' ``(B, K)`` active flags and their counts ``n_active``."""
+    B = n_active.size
+    cb, cc = np.nonzero(active)
+    ci = np.arange(cc.size) - np.repeat(np.cumsum(n_active) - n_active, n_active)
+    C = np.zeros((B, k), np.int64)
+    C[cb, ci] = cc
+    vc = np.zeros((B, k), bool)
+    vc[cb, ci] = True
+    return C, vc
 
 
 def _atoms(shape, level: int, K: int) -> tuple[np.ndarray, np.ndarray]:

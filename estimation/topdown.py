@@ -43,9 +43,9 @@ TopDown and the unbiased alternative).
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,8 +62,16 @@ from censusdp.estimation.topdown_problem import (
 from censusdp.hierarchy import Hierarchy, Level
 from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.options import with_keywords
+from censusdp.timing import stage
 
-__all__ = ["topdown", "solve_children", "propagate_invariants", "DEFAULT_TOL"]
+__all__ = [
+    "topdown",
+    "TopDownSolveOptions",
+    "solve_children",
+    "propagate_invariants",
+    "DEFAULT_TOL",
+]
 
 _POST_PROCESSING = (
     "TopDown-style estimates (non-negative integers, consistent, invariants exact) are "
@@ -187,19 +195,45 @@ def _measurements_by_level(
     return out
 
 
+@dataclass(frozen=True, eq=False)
+class TopDownSolveOptions:
+    """How :func:`topdown` solves each parent's children: the L2 passes, the solvers and
+    where the parents' problems run.
+
+    Attributes
+    ----------
+    tol : float
+        Relative width of the L2 pass-2 band around the pass-1 primary answers.
+    primary : collection of str
+        Query names optimised in L2 pass 1 (default ``("total",)``).
+    solver_l2, solver_l1 : str
+        cvxpy solvers of the L2 step (``"CLARABEL"`` or ``"OSQP"``) and of the rounding LP
+        (``"HIGHS"``).
+    mapper : callable, optional
+        ``mapper(fn, items, *shared) -> [fn(item, *shared) for item in items]`` in order, e.g.
+        the ``map`` of a :mod:`censusdp.pipelines` executor (threads, Dask). Each level's
+        non-trivial parents are cut into ``chunks`` runs and mapped; every parent's problem is
+        a pure function of its inputs, so the result does not depend on the mapper or chunks.
+    chunks : int
+        Number of runs of parents per level handed to ``mapper``.
+    """
+
+    tol: float = DEFAULT_TOL
+    primary: Collection[str] = ("total",)
+    solver_l2: str = "CLARABEL"
+    solver_l1: str = "HIGHS"
+    mapper: Callable[..., list[Any]] | None = None
+    chunks: int = 1
+
+
 def topdown(
     hierarchy: Hierarchy,
     cells: Sequence[str],
     measurements: Sequence[Measurement],
     invariants: Sequence[Invariant],
     privacy: PrivacyStatement | None,
-    *,
-    tol: float = DEFAULT_TOL,
-    primary: Collection[str] = ("total",),
-    solver_l2: str = "CLARABEL",
-    solver_l1: str = "HIGHS",
-    mapper: Callable[..., list[Any]] | None = None,
-    chunks: int = 1,
+    options: TopDownSolveOptions | None = None,
+    **legacy: Any,
 ) -> Release:
     """TopDown-style estimates: non-negative integers, consistent, invariants exact.
 
@@ -217,20 +251,12 @@ def topdown(
         The statement of the measurements (None: derived from them); checked against what
         they spend (:func:`~censusdp.mechanisms.privacy.checked_statement`, BudgetError
         when it claims less); the release notes that it is post-processing.
-    tol : float
-        Relative width of the L2 pass-2 band around the pass-1 primary answers.
-    primary : collection of str
-        Query names optimised in L2 pass 1 (default ``("total",)``).
-    solver_l2, solver_l1 : str
-        cvxpy solvers of the L2 step (``"CLARABEL"`` or ``"OSQP"``) and of the rounding LP
-        (``"HIGHS"``).
-    mapper : callable, optional
-        ``mapper(fn, items, *shared) -> [fn(item, *shared) for item in items]`` in order, e.g.
-        the ``map`` of a :mod:`censusdp.pipelines` executor (threads, Dask). Each level's
-        non-trivial parents are cut into ``chunks`` runs and mapped; every parent's problem is
-        a pure function of its inputs, so the result does not depend on the mapper or chunks.
-    chunks : int
-        Number of runs of parents per level handed to ``mapper``.
+    options : TopDownSolveOptions, optional
+        The band, primary queries, solvers, mapper and chunks
+        (:class:`TopDownSolveOptions`; defaults when omitted).
+    **legacy
+        The fields of :class:`TopDownSolveOptions` as keyword arguments, as before it
+        existed (applied over ``options``; accepted for one release).
 
     Returns
     -------
@@ -245,6 +271,8 @@ def topdown(
         A sub-problem failed; the message names the level and parent code.
     DataError
         Malformed measurements or invariants.
+    TypeError
+        A keyword that is no field of :class:`TopDownSolveOptions`.
 
     References
     ----------
@@ -252,6 +280,7 @@ def topdown(
     Harvard Data Science Review, Special Issue 2; U.S. Census Bureau, DAS 2020 production
     code.
     """
+    o = with_keywords(TopDownSolveOptions, options, legacy, "topdown")
     privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
     cells = tuple(cells)
     m = len(cells)
@@ -263,57 +292,30 @@ def topdown(
                 f"invariant {iv.query.name!r} is over {iv.query.n_cells} cells, the table has {m}"
             )
     _check_identified(hierarchy, meas, invs, m)
-    opts = dict(primary=tuple(primary), tol=tol, solver_l2=solver_l2, solver_l1=solver_l1)
+    opts = dict(primary=tuple(o.primary), tol=o.tol, solver_l2=o.solver_l2, solver_l1=o.solver_l1)
     root = hierarchy.levels[0]
-    t0 = time.perf_counter()
-    sol = solve_children_report(
-        None,
-        meas[0],
-        invs[0],
-        n_children=1,
-        where=f"level {root.name!r}, root {str(root.codes[0])!r}",
-        **opts,
-    )
+    clock: dict[str, float] = {}
+    with stage(clock, "root"):
+        sol = solve_children_report(
+            None, meas[0], invs[0], n_children=1,
+            where=f"level {root.name!r}, root {str(root.codes[0])!r}", **opts,
+        )  # fmt: skip
     estimates = [sol.counts]
-    levels_diag = {root.name: _level_diag([sol], 0, 0, time.perf_counter() - t0)}
-
+    levels_diag = {root.name: _level_diag([sol], 0, 0, clock["root"])}
     for k in range(1, hierarchy.depth):
-        t0 = time.perf_counter()
-        up, lv = hierarchy.levels[k - 1], hierarchy.levels[k]
-        parent_est = estimates[k - 1]
-        out, single, zero, todo = trivial_children(up, lv.size, parent_est)
-        tasks = []
-        for p in todo:
-            lo = int(up.child_start[p])
-            hi = lo + int(up.child_count[p])
-            sub_m = [Measurement(k, mm.query, mm.values[lo:hi], mm.law) for mm in meas[k]]
-            sub_i = [Invariant(k, iv.query, iv.values[lo:hi]) for iv in invs[k]]
-            where = f"level {lv.name!r}, parent {str(up.codes[p])!r} (level {up.name!r})"
-            tasks.append((lo, hi, parent_est[p], sub_m, sub_i, where))
-        runs = [r for r in np.array_split(np.arange(len(tasks)), max(1, chunks)) if r.size]
-        items = [[tasks[i] for i in r] for r in runs]
-        results = (
-            mapper(_solve_run, items, opts) if mapper else [_solve_run(it, opts) for it in items]
+        out, levels_diag[hierarchy.names[k]] = _solve_level(
+            hierarchy, k, estimates[k - 1], meas[k], invs[k], o, opts
         )
-        sols: list[ChildrenSolution] = [sol for run in results for sol in run]
-        for (lo, hi, *_), sol in zip(tasks, sols, strict=True):
-            out[lo:hi] = sol.counts
-        _check_level(hierarchy, k, out, parent_est, invs[k])
         estimates.append(out)
-        levels_diag[lv.name] = _level_diag(
-            sols, int(single.size), int(zero.sum()), time.perf_counter() - t0
-        )
-
     statement = with_invariants(privacy, invariant_labels(hierarchy.names, invariants))
-    statement = statement.with_notes(_POST_PROCESSING)
     diagnostics = {
         "levels": levels_diag,
         "seconds": float(sum(d["seconds"] for d in levels_diag.values())),
         "milp_fallbacks": int(sum(d["milp_fallbacks"] for d in levels_diag.values())),
-        "tol": tol,
-        "primary": list(primary),
-        "solver_l2": solver_l2,
-        "solver_l1": solver_l1,
+        "tol": o.tol,
+        "primary": list(o.primary),
+        "solver_l2": o.solver_l2,
+        "solver_l1": o.solver_l1,
         "strategy": "per-parent cvxpy DPP problems cached by shape",
     }
     return Release(
@@ -322,10 +324,47 @@ def topdown(
         cells=cells,
         estimates=estimates,
         variances=None,
-        privacy=statement,
+        privacy=statement.with_notes(_POST_PROCESSING),
         integer=True,
         diagnostics=diagnostics,
     )
+
+
+def _solve_level(
+    hierarchy: Hierarchy,
+    k: int,
+    parent_est: np.ndarray,
+    meas: Sequence[Measurement],
+    invs: Sequence[Invariant],
+    o: TopDownSolveOptions,
+    opts: dict,
+) -> tuple[np.ndarray, dict]:
+    """Level ``k`` given its parents' integers: trivial parents handed down, the others'
+    children solved (in ``chunks`` runs, mapped), the level checked exactly; its counts and
+    diagnostics."""
+    clock: dict[str, float] = {}
+    with stage(clock, "level"):
+        up, lv = hierarchy.levels[k - 1], hierarchy.levels[k]
+        out, single, zero, todo = trivial_children(up, lv.size, parent_est)
+        tasks = []
+        for p in todo:
+            lo = int(up.child_start[p])
+            hi = lo + int(up.child_count[p])
+            sub_m = [Measurement(k, mm.query, mm.values[lo:hi], mm.law) for mm in meas]
+            sub_i = [Invariant(k, iv.query, iv.values[lo:hi]) for iv in invs]
+            where = f"level {lv.name!r}, parent {str(up.codes[p])!r} (level {up.name!r})"
+            tasks.append((lo, hi, parent_est[p], sub_m, sub_i, where))
+        runs = [r for r in np.array_split(np.arange(len(tasks)), max(1, o.chunks)) if r.size]
+        items = [[tasks[i] for i in r] for r in runs]
+        mapper = o.mapper
+        results = (
+            mapper(_solve_run, items, opts) if mapper else [_solve_run(it, opts) for it in items]
+        )
+        sols: list[ChildrenSolution] = [sol for run in results for sol in run]
+        for (lo, hi, *_), sol in zip(tasks, sols, strict=True):
+            out[lo:hi] = sol.counts
+        _check_level(hierarchy, k, out, parent_est, invs)
+    return out, _level_diag(sols, int(single.size), int(zero.sum()), clock["level"])
 
 
 def _solve_run(run: list[tuple], opts: dict) -> list[ChildrenSolution]:

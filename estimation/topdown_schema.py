@@ -33,7 +33,8 @@ U.S. Census Bureau (2021), DAS_2020_Redistricting_Production_Code,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,9 +60,17 @@ from censusdp.mechanisms.product_measure import (
     product_privacy,
 )
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.options import with_keywords
 from censusdp.schema import Schema
+from censusdp.timing import stage
 
-__all__ = ["LevelOrdering", "bureau_pl94_ordering", "structural_zero_mask", "topdown_schema"]
+__all__ = [
+    "LevelOrdering",
+    "TopDownOptions",
+    "bureau_pl94_ordering",
+    "structural_zero_mask",
+    "topdown_schema",
+]
 
 #: Per level: (L2 passes of query names, rounder passes of query texts).
 LevelOrdering = tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]
@@ -181,17 +190,18 @@ def _propagate(
 def _solve_parent(task: tuple, opts: dict) -> tuple[np.ndarray, dict]:
     """L2 then L1 for one parent (a pure function of its inputs)."""
     parent, meas, invs, n, where = task
-    t0, c0 = time.perf_counter(), time.process_time()
-    layout = ChildrenLayout(n, opts["n_cells"], parent, opts["zero"])
-    xt, l2 = l2_multipass(layout, meas, invs, opts["l2"], slack=opts["slack"], where=where)
-    t1 = time.perf_counter()
-    counts, l1 = l1_multipass(layout, xt, invs, opts["l1"], where=where)
-    t2 = time.perf_counter()
+    clock: dict[str, float] = {}
+    with stage(clock, "seconds", cpu=time.process_time):
+        with stage(clock, "l2"):
+            layout = ChildrenLayout(n, opts["n_cells"], parent, opts["zero"])
+            xt, l2 = l2_multipass(layout, meas, invs, opts["l2"], slack=opts["slack"], where=where)
+        with stage(clock, "l1"):
+            counts, l1 = l1_multipass(layout, xt, invs, opts["l1"], where=where)
     return counts, {
         "active": layout.n_active,
-        "l2_seconds": t1 - t0,
-        "l1_seconds": t2 - t1,
-        "cpu_seconds": time.process_time() - c0,
+        "l2_seconds": clock["l2"],
+        "l1_seconds": clock["l1"],
+        "cpu_seconds": clock["cpu_seconds"],
         "l2_status": [p.status for p in l2],
         "l1_passes": len(l1),
     }
@@ -213,33 +223,13 @@ def _runs(children: np.ndarray, chunks: int) -> list[np.ndarray]:
     return [np.arange(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
 
 
-def topdown_schema(
-    hierarchy: Hierarchy,
-    schema: Schema,
-    measurements: Sequence[ProductMeasurement],
-    invariants: Sequence[ProductInvariant] = (),
-    *,
-    ordering: Mapping[str, LevelOrdering] | None = None,
-    structural_zeros: np.ndarray | None = None,
-    slack: float = DEFAULT_SLACK,
-    privacy: PrivacyStatement | None = None,
-    mapper: Callable[..., list[Any]] | None = None,
-    chunks: int | None = None,
-    progress: Callable[[str], None] | None = None,
-    executor: Executor | None = None,
-) -> Release:
-    """TopDown-style estimates of a schema histogram: non-negative integers, consistent.
+@dataclass(frozen=True, eq=False)
+class TopDownOptions:
+    """How :func:`topdown_schema` solves, beyond its data: the passes, the held cells, the
+    band, the claimed statement and where the parents' problems run.
 
-    Parameters
+    Attributes
     ----------
-    hierarchy : Hierarchy
-    schema : Schema
-    measurements : sequence of ProductMeasurement
-        Noisy answers of product queries, every level measured (the root included); any
-        noise law, weighted by the inverse of its variance (per node with
-        ``node_variance``).
-    invariants : sequence of ProductInvariant
-        Exact integer answers, met with ``==``; propagated to the levels above.
     ordering : mapping level name → (L2 passes, rounder passes), optional
         Query names per pass (see :func:`bureau_pl94_ordering`, the default for ``pl94``).
         Default for other schemas: at every level one L2 pass over its measured queries and
@@ -265,6 +255,44 @@ def topdown_schema(
         threads, a Dask cluster), the largest first; instead of ``mapper``. Every parent's
         problem is a pure function of its inputs, so the release is the same for any
         executor, number of workers and ``chunks``.
+    """
+
+    ordering: Mapping[str, LevelOrdering] | None = None
+    structural_zeros: np.ndarray | None = None
+    slack: float = DEFAULT_SLACK
+    privacy: PrivacyStatement | None = None
+    mapper: Callable[..., list[Any]] | None = None
+    chunks: int | None = None
+    progress: Callable[[str], None] | None = None
+    executor: Executor | None = None
+
+
+def topdown_schema(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    measurements: Sequence[ProductMeasurement],
+    invariants: Sequence[ProductInvariant] = (),
+    options: TopDownOptions | None = None,
+    **legacy: Any,
+) -> Release:
+    """TopDown-style estimates of a schema histogram: non-negative integers, consistent.
+
+    Parameters
+    ----------
+    hierarchy : Hierarchy
+    schema : Schema
+    measurements : sequence of ProductMeasurement
+        Noisy answers of product queries, every level measured (the root included); any
+        noise law, weighted by the inverse of its variance (per node with
+        ``node_variance``).
+    invariants : sequence of ProductInvariant
+        Exact integer answers, met with ``==``; propagated to the levels above.
+    options : TopDownOptions, optional
+        The ordering, structural zeros, slack, claimed statement and the mapper or executor
+        (:class:`TopDownOptions`; defaults when omitted).
+    **legacy
+        The fields of :class:`TopDownOptions` as keyword arguments, as before it existed
+        (applied over ``options``; accepted for one release).
 
     Returns
     -------
@@ -280,24 +308,104 @@ def topdown_schema(
         Malformed measurements or invariants, or structural zeros an invariant contradicts.
     SolverError
         A sub-problem failed; the message names the level and parent.
+    TypeError
+        A keyword that is no field of :class:`TopDownOptions`.
     """
-    if executor is not None and mapper is not None:
+    opts = with_keywords(TopDownOptions, options, legacy, "topdown_schema")
+    plan = _plan(hierarchy, schema, measurements, invariants, opts)
+    diag: dict[str, dict] = {}
+    estimates = [_solve_root(plan, diag)]
+    for k in range(1, hierarchy.depth):
+        estimates.append(_solve_level(plan, k, estimates[k - 1], diag))
+    names = hierarchy.names
+    labels = [f"{names[hierarchy.level_index(i.level)]}: {i.query.name}" for i in invariants]
+    statement = with_invariants(plan.statement, list(dict.fromkeys(labels)))
+    return Release(
+        estimator="topdown",
+        hierarchy=hierarchy,
+        cells=schema.cells,
+        estimates=estimates,
+        variances=None,
+        privacy=statement.with_notes(_POST_PROCESSING),
+        integer=True,
+        diagnostics={
+            "levels": diag,
+            "seconds": float(sum(d["seconds"] for d in diag.values())),
+            "cpu_seconds": float(sum(d["cpu_seconds"] for d in diag.values())),
+            "slack": opts.slack,
+            "ordering": {
+                lvl: [list(map(list, o[0])), list(map(list, o[1]))]
+                for lvl, o in plan.ordering.items()
+            },
+            "structural_zeros": int(plan.zero.sum()) if plan.zero is not None else 0,
+            "strategy": "per-parent sparse problems: Clarabel (L2 passes), HiGHS MILP (L1)",
+        },
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """A checked TopDown-style problem: measurements and invariants per level (invariants
+    with the sums of those below), the structural zeros, the passes per level, the derived
+    statement and how the parents are mapped."""
+
+    hierarchy: Hierarchy
+    n_cells: int
+    meas: list[list[ProductMeasurement]]
+    invs: list[dict[str, tuple[ProductQuery, np.ndarray]]]
+    zero: np.ndarray | None
+    ordering: Mapping[str, LevelOrdering]
+    rounder: dict[str, tuple[tuple[ProductQuery, ...], ...]]
+    statement: PrivacyStatement
+    chunks: int
+    opts: TopDownOptions
+
+    def level_meas(self, k: int, lo: int, hi: int) -> list[tuple]:
+        """Level ``k``'s ``(query, values, variance)`` at nodes ``lo .. hi-1``."""
+        out = []
+        for mm in self.meas[k]:
+            var = mm.variance
+            if np.ndim(var):
+                var = np.asarray(var)[lo:hi]
+            out.append((mm.query, np.asarray(mm.values)[lo:hi], var))
+        return out
+
+    def solve_opts(self, k: int) -> dict:
+        """What every parent's problem at level ``k`` shares (:func:`_solve_parent`)."""
+        lv = self.hierarchy.names[k]
+        return dict(
+            n_cells=self.n_cells, zero=self.zero, l2=self.ordering[lv][0],
+            l1=self.rounder[lv], slack=self.opts.slack,
+        )  # fmt: skip
+
+
+def _plan(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    measurements: Sequence[ProductMeasurement],
+    invariants: Sequence[ProductInvariant],
+    opts: TopDownOptions,
+) -> _Plan:
+    """Check the inputs and the options and set the problem up (:class:`_Plan`)."""
+    if opts.executor is not None and opts.mapper is not None:
         raise SpecError("topdown_schema: give a mapper or an executor, not both")
+    chunks = opts.chunks
     if chunks is None:
-        chunks = 1 if executor is None else 4 * max(1, int(executor.workers))
+        chunks = 1 if opts.executor is None else 4 * max(1, int(opts.executor.workers))
     names = hierarchy.names
     meas = _by_level(hierarchy, schema, measurements)
     invs = _propagate(hierarchy, schema, invariants)
     derived = product_privacy(list(measurements), level_names=names)
-    statement = check_statement(privacy, derived) if privacy is not None else derived
+    statement = check_statement(opts.privacy, derived) if opts.privacy is not None else derived
     m = schema.n_cells
     zero = None
-    if structural_zeros is not None:
-        zero = np.asarray(structural_zeros, bool).reshape(-1)
+    if opts.structural_zeros is not None:
+        zero = np.asarray(opts.structural_zeros, bool).reshape(-1)
         if zero.size != m:
             raise SpecError(
                 f"structural_zeros has {zero.size} cells; schema {schema.name!r} has {m}"
             )
+    ordering = opts.ordering
     if ordering is None:
         ordering = (
             bureau_pl94_ordering(names)
@@ -305,6 +413,20 @@ def topdown_schema(
             else {n: ((tuple(q.query.name for q in meas[k]),), (("total",), ("detailed",)))
                   for k, n in enumerate(names)}
         )  # fmt: skip
+    _check_ordering(hierarchy, meas, ordering)
+    rounder = {
+        lvl: tuple(tuple(ProductQuery.parse(schema, t) for t in p) for p in passes)
+        for lvl, (_, passes) in ordering.items()
+    }
+    return _Plan(hierarchy, m, meas, invs, zero, ordering, rounder, statement, chunks, opts)
+
+
+def _check_ordering(
+    hierarchy: Hierarchy,
+    meas: list[list[ProductMeasurement]],
+    ordering: Mapping[str, LevelOrdering],
+) -> None:
+    """Every level has an ordering and a measurement, and every measured query a pass."""
     for k, lv in enumerate(hierarchy.levels):
         if lv.name not in ordering:
             raise SpecError(f"ordering has no entry for level {lv.name!r}")
@@ -319,104 +441,79 @@ def topdown_schema(
             raise SpecError(
                 f"TopDown-style needs every level measured; level {lv.name!r} has no measurement"
             )
-    rounder = {
-        lvl: tuple(tuple(ProductQuery.parse(schema, t) for t in p) for p in passes)
-        for lvl, (_, passes) in ordering.items()
-    }
 
-    def level_meas(k: int, lo: int, hi: int) -> list[tuple]:
-        out = []
-        for mm in meas[k]:
-            var = mm.variance
-            if np.ndim(var):
-                var = np.asarray(var)[lo:hi]
-            out.append((mm.query, np.asarray(mm.values)[lo:hi], var))
-        return out
 
-    def opts(k: int) -> dict:
-        lv = names[k]
-        return dict(n_cells=m, zero=zero, l2=ordering[lv][0], l1=rounder[lv], slack=slack)
+def _solve_root(plan: _Plan, diag: dict[str, dict]) -> np.ndarray:
+    """The root's histogram alone (no parent), its diagnostics into ``diag``."""
+    root = plan.hierarchy.levels[0]
+    clock: dict[str, float] = {}
+    with stage(clock, "seconds", cpu=time.process_time):
+        task = (
+            None, plan.level_meas(0, 0, 1), [(q, v) for q, v in plan.invs[0].values()], 1,
+            f"level {root.name!r}, root {str(root.codes[0])!r}",
+        )  # fmt: skip
+        counts, info = _solve_parent(task, plan.solve_opts(0))
+    diag[root.name] = _level_diag([info], 0, 0, clock)
+    if plan.opts.progress:
+        plan.opts.progress(f"{root.name}: {diag[root.name]['seconds']:.1f} s")
+    return counts
 
-    diag: dict[str, dict] = {}
-    t0, c0 = time.perf_counter(), time.process_time()
-    root = hierarchy.levels[0]
-    counts, info = _solve_parent(
-        (None, level_meas(0, 0, 1), [(q, v) for q, v in invs[0].values()], 1,
-         f"level {root.name!r}, root {str(root.codes[0])!r}"),
-        opts(0),
-    )  # fmt: skip
-    estimates = [counts]
-    diag[root.name] = _level_diag([info], 0, 0, t0, c0)
-    if progress:
-        progress(f"{root.name}: {diag[root.name]['seconds']:.1f} s")
 
-    for k in range(1, hierarchy.depth):
-        t0, c0 = time.perf_counter(), time.process_time()
-        up, lv = hierarchy.levels[k - 1], hierarchy.levels[k]
-        par = estimates[k - 1]
+def _solve_level(plan: _Plan, k: int, par: np.ndarray, diag: dict[str, dict]) -> np.ndarray:
+    """Level ``k`` given its parents' integer histograms ``par``: trivial parents handed
+    down, the others' problems solved (mapped in runs), the level checked exactly; its
+    diagnostics into ``diag``."""
+    h = plan.hierarchy
+    up, lv = h.levels[k - 1], h.levels[k]
+    clock: dict[str, float] = {}
+    with stage(clock, "seconds", cpu=time.process_time):
         out, single, empty, todo = trivial_children(up, lv.size, par)
         tasks = []
         for p in todo:
             lo = int(up.child_start[p])
             hi = lo + int(up.child_count[p])
-            sub_i = [(q, v[lo:hi]) for q, v in invs[k].values()]
+            sub_i = [(q, v[lo:hi]) for q, v in plan.invs[k].values()]
             where = f"level {lv.name!r}, parent {str(up.codes[p])!r} (level {up.name!r})"
-            tasks.append((par[p], level_meas(k, lo, hi), sub_i, hi - lo, where))
-        runs = _runs(np.asarray([t[3] for t in tasks], np.int64), chunks)
-        items = [[tasks[i] for i in r] for r in runs]
-        o = opts(k)
-        if executor is not None:
-            handles = executor.submit(_solve_run, items, o, cost=[len(r) for r in runs])
-            try:
-                results = executor.gather(handles)
-            finally:
-                executor.release(handles)
-        elif mapper is not None:
-            results = mapper(_solve_run, items, o)
-        else:
-            results = [_solve_run(it, o) for it in items]
+            tasks.append((par[p], plan.level_meas(k, lo, hi), sub_i, hi - lo, where))
         infos = []
-        for p, (cnt, info) in zip(todo, (r for run in results for r in run), strict=True):
+        for p, (cnt, info) in zip(todo, _solve_tasks(plan, k, tasks), strict=True):
             lo = int(up.child_start[p])
             out[lo : lo + cnt.shape[0]] = cnt
             infos.append(info)
-        _check_level(hierarchy, k, out, par, invs[k], zero)
-        estimates.append(out)
-        diag[lv.name] = _level_diag(infos, int(single.size), int(empty.sum()), t0, c0)
-        if progress:
-            d = diag[lv.name]
-            progress(
-                f"{lv.name}: {d['parents_solved']} parents, {d['seconds']:.1f} s "
-                f"({d['cpu_seconds']:.1f} CPU s; L2 {d['l2_seconds']:.1f} s, L1 "
-                f"{d['l1_seconds']:.1f} s; {d['mean_active_cells']:.0f} active cells)"
-            )
-
-    labels = [f"{names[hierarchy.level_index(i.level)]}: {i.query.name}" for i in invariants]
-    statement = with_invariants(statement, list(dict.fromkeys(labels)))
-    statement = statement.with_notes(_POST_PROCESSING)
-    return Release(
-        estimator="topdown",
-        hierarchy=hierarchy,
-        cells=schema.cells,
-        estimates=estimates,
-        variances=None,
-        privacy=statement,
-        integer=True,
-        diagnostics={
-            "levels": diag,
-            "seconds": float(sum(d["seconds"] for d in diag.values())),
-            "cpu_seconds": float(sum(d["cpu_seconds"] for d in diag.values())),
-            "slack": slack,
-            "ordering": {
-                lvl: [list(map(list, o[0])), list(map(list, o[1]))] for lvl, o in ordering.items()
-            },  # fmt: skip
-            "structural_zeros": int(zero.sum()) if zero is not None else 0,
-            "strategy": "per-parent sparse problems: Clarabel (L2 passes), HiGHS MILP (L1)",
-        },
-    )
+        _check_level(h, k, out, par, plan.invs[k], plan.zero)
+    d = diag[lv.name] = _level_diag(infos, int(single.size), int(empty.sum()), clock)
+    if plan.opts.progress:
+        plan.opts.progress(
+            f"{lv.name}: {d['parents_solved']} parents, {d['seconds']:.1f} s "
+            f"({d['cpu_seconds']:.1f} CPU s; L2 {d['l2_seconds']:.1f} s, L1 "
+            f"{d['l1_seconds']:.1f} s; {d['mean_active_cells']:.0f} active cells)"
+        )
+    return out
 
 
-def _level_diag(infos: list[dict], single: int, empty: int, t0: float, c0: float) -> dict:
+def _solve_tasks(plan: _Plan, k: int, tasks: list[tuple]) -> Iterator[tuple[np.ndarray, dict]]:
+    """The parents' problems of level ``k`` solved in contiguous runs, on the executor, the
+    mapper or here; results in the tasks' order."""
+    runs = _runs(np.asarray([t[3] for t in tasks], np.int64), plan.chunks)
+    items = [[tasks[i] for i in r] for r in runs]
+    o = plan.solve_opts(k)
+    executor, mapper = plan.opts.executor, plan.opts.mapper
+    if executor is not None:
+        handles = executor.submit(_solve_run, items, o, cost=[len(r) for r in runs])
+        try:
+            results = executor.gather(handles)
+        finally:
+            executor.release(handles)
+    elif mapper is not None:
+        results = mapper(_solve_run, items, o)
+    else:
+        results = [_solve_run(it, o) for it in items]
+    return (r for run in results for r in run)
+
+
+def _level_diag(infos: list[dict], single: int, empty: int, clock: dict[str, float]) -> dict:
+    """A level's diagnostics from its solved parents' and its ``clock`` (``seconds``,
+    ``cpu_seconds``)."""
     return {
         "parents_solved": len(infos),
         "parents_single_child": single,
@@ -424,8 +521,8 @@ def _level_diag(infos: list[dict], single: int, empty: int, t0: float, c0: float
         "mean_active_cells": float(np.mean([i["active"] for i in infos])) if infos else 0.0,
         "l2_seconds": float(sum(i["l2_seconds"] for i in infos)),
         "l1_seconds": float(sum(i["l1_seconds"] for i in infos)),
-        "seconds": time.perf_counter() - t0,
-        "cpu_seconds": time.process_time() - c0,
+        "seconds": clock["seconds"],
+        "cpu_seconds": clock["cpu_seconds"],
     }
 
 

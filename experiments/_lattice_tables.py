@@ -10,8 +10,9 @@ Appendix E.2–E.3 (Figs. 1, 4–7, Tables 1 and 3).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,8 +27,9 @@ from censusdp.estimation.lattice_release import (
 from censusdp.experiments.registry import ExperimentContext
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.mechanisms.lattice import IntegerLattice, LatticeLaplace
+from censusdp.timing import stage
 
-__all__ = ["MOVES", "run_table_experiment", "unbiasedness_z"]
+__all__ = ["MOVES", "LatticeTable", "run_table_experiment", "unbiasedness_z"]
 
 #: What each engine mode of :func:`censusdp.estimation.lattice_release.lattice_engine` does
 #: on an SNF lattice basis (for the reports).
@@ -60,102 +62,86 @@ def _with_totals(z: np.ndarray, rows: Sequence[str], cols: Sequence[str]) -> pd.
     return pd.DataFrame(full, index=[*rows, "Total"], columns=[*cols, "Total"])
 
 
-def run_table_experiment(
-    ctx: ExperimentContext,
-    *,
-    name: str,
-    title: str,
-    incidence: np.ndarray,
-    data: np.ndarray,
-    epsilon: float,
-    cell_labels: Sequence[str],
-    table_shape: tuple[int, int] | None = None,
-    row_names: Sequence[str] = (),
-    col_names: Sequence[str] = (),
-    invariant_names: Sequence[str] = (),
-    n_draws: int = 1000,
-    description: str = "",
-) -> dict:
-    """Run both targets, write figures and the report, return the metrics.
+@dataclass(frozen=True, eq=False)
+class LatticeTable:
+    """One table experiment: the data, its invariants and how the report shows them.
 
-    ``name`` is the experiment's registered name (its report's header comes from its
-    ``INFO``), ``title`` the report's heading.
+    Attributes
+    ----------
+    name : str
+        The experiment's registered name (its report's header comes from its ``INFO``).
+    title : str
+        The report's heading.
+    incidence : numpy.ndarray
+        A, one row per counting invariant over the cells.
+    data : numpy.ndarray
+        The confidential cell counts.
+    epsilon : float
+        ε of the generalized Laplace targets.
+    cell_labels : sequence of str
+        One label per cell.
+    table_shape : (int, int), optional
+        Show the example noise as a rows × columns table with totals.
+    row_names, col_names : sequence of str
+        The table's row and column names.
+    invariant_names : sequence of str
+        The invariants named in the privacy statement.
+    n_draws : int
+        Independent released draws per target.
+    description : str
+        The report's first paragraph.
     """
-    t0 = time.perf_counter()
-    lattice = IntegerLattice.from_incidence(incidence)
-    ctx.timings["lattice_seconds"] = time.perf_counter() - t0
+
+    name: str
+    title: str
+    incidence: np.ndarray
+    data: np.ndarray
+    epsilon: float
+    cell_labels: Sequence[str]
+    table_shape: tuple[int, int] | None = None
+    row_names: Sequence[str] = ()
+    col_names: Sequence[str] = ()
+    invariant_names: Sequence[str] = ()
+    n_draws: int = 1000
+    description: str = ""
+
+
+def run_table_experiment(ctx: ExperimentContext, spec: LatticeTable) -> dict:
+    """Run both targets (ℓ₁ and ℓ₂ generalized Laplace) of ``spec``, write figures and
+    the report, return the metrics."""
+    clock: dict[str, float] = {}
+    with stage(clock, "lattice"):
+        lattice = IntegerLattice.from_incidence(spec.incidence)
+    ctx.timings["lattice_seconds"] = clock["lattice"]
     k = lattice.n_directions
-    lag_sweeps = (1, 25) if ctx.quick else (1, 10, 25, 50)
     targets: dict[str, dict] = {}
     draws_by_norm: dict[str, np.ndarray] = {}
     curves: dict[str, dict[int, np.ndarray]] = {}
     all_exact = True
     privacy = None
     for norm in ("l1", "l2"):
-        t1 = time.perf_counter()
-        law = LatticeLaplace(epsilon, norm)
-        rng = ctx.rng.child(f"{norm}")
-        report = certify(lattice, law, rng)
-        rel = release_lattice_noise(
-            lattice,
-            law,
-            rng,
-            data=data,
-            n_draws=n_draws,
-            invariants=invariant_names,
-            report=report,
-        )
-        released = rel.released
-        exact = bool(
-            np.issubdtype(released.dtype, np.integer)
-            and np.all(released @ incidence.T == incidence @ data)
-        )
-        all_exact &= exact
-        z = unbiasedness_z(rel.noise)
-        # TV curves for several lags (the default-lag curve is the certificate's)
-        eng = lattice_engine(lattice, law, report.a, mode=report.mode)
-        t_max = int(1.5 * report.iterations) + 1
-        ts = np.linspace(0, t_max, 200).astype(np.int64)
-        curves[norm] = {report.lag: report.tv_curve(ts)}
-        g = rng.generator("experiment/extra-lags")
-        zeros = np.zeros((report.n_coupled, lattice.dim), dtype=np.int64)
-        for ls in lag_sweeps:
-            lag = ls * k
-            if lag == report.lag:
-                continue
-            res = meeting_times(eng, zeros, zeros, lag, g, max_iterations=20 * t_max + lag)
-            curves[norm][lag] = tv_upper_bound(res.meeting_times, lag, ts)
-        curves[norm]["t"] = ts
+        with stage(clock, norm):
+            target, curves[norm], rel = _run_target(ctx, lattice, spec, norm)
+        targets[norm] = target | {"seconds": clock[norm]}
+        ctx.timings[f"{norm}_seconds"] = clock[norm]
+        all_exact &= target["margins_exact"]
         draws_by_norm[norm] = rel.noise
-        targets[norm] = {
-            **report.to_dict(),
-            "moves": MOVES[report.mode],
-            "tv_bound_final": report.tv_bound,
-            "iteration_tv_below_0.01": report.iterations,
-            "margins_exact": exact,
-            "max_abs_mean_z": float(np.max(np.abs(z))),
-            "mean_abs_noise": float(np.abs(rel.noise).mean()),
-            "noise_sd_per_cell": rel.noise.std(axis=0).tolist(),
-            "privacy": rel.privacy.to_dict(),
-            "seconds": time.perf_counter() - t1,
-        }
-        ctx.timings[f"{norm}_seconds"] = time.perf_counter() - t1
         if norm == "l1":
             privacy = rel.privacy
 
     example = draws_by_norm["l1"][0]
     table = (
         None
-        if table_shape is None
-        else _with_totals(example.reshape(table_shape), row_names, col_names)
+        if spec.table_shape is None
+        else _with_totals(example.reshape(spec.table_shape), spec.row_names, spec.col_names)
     )
-    _figures(ctx, curves, targets, draws_by_norm, cell_labels, k, n_draws, table)
+    _figures(ctx, curves, targets, draws_by_norm, spec.cell_labels, k, spec.n_draws, table)
 
     metrics = {
-        "epsilon": epsilon,
+        "epsilon": spec.epsilon,
         "lattice_rank": k,
         "incidence_rank": lattice.rank,
-        "n_draws": n_draws,
+        "n_draws": spec.n_draws,
         "margins_exact": all_exact,
         "all_integer": all(np.issubdtype(d.dtype, np.integer) for d in draws_by_norm.values()),
         "tv_bound_final": max(t["tv_bound_final"] for t in targets.values()),
@@ -166,26 +152,61 @@ def run_table_experiment(
         "moves": {norm: t["mode"] for norm, t in targets.items()},
         "targets": targets,
     }
-
-    ctx.write_report(
-        _report(
-            ctx,
-            name,
-            title,
-            description,
-            lattice,
-            epsilon,
-            targets,
-            incidence,
-            all_exact,
-            n_draws,
-            example,
-            cell_labels,
-            table,
-            privacy,
-        )
-    )
+    ctx.write_report(_report(ctx, spec, lattice, targets, all_exact, example, table, privacy))
     return metrics
+
+
+def _run_target(
+    ctx: ExperimentContext, lattice: IntegerLattice, spec: LatticeTable, norm: str
+) -> tuple[dict, dict, Any]:
+    """One target: its certificate and release (keyed stream ``norm``), whether every draw
+    keeps the margins exactly, the unbiasedness z-scores, and TV curves for several lags
+    (the default lag's is the certificate's); its metrics (without seconds), curves and
+    release."""
+    k = lattice.n_directions
+    law = LatticeLaplace(spec.epsilon, norm)
+    rng = ctx.rng.child(f"{norm}")
+    report = certify(lattice, law, rng)
+    rel = release_lattice_noise(
+        lattice,
+        law,
+        rng,
+        data=spec.data,
+        n_draws=spec.n_draws,
+        invariants=spec.invariant_names,
+        report=report,
+    )
+    released = rel.released
+    exact = bool(
+        np.issubdtype(released.dtype, np.integer)
+        and np.all(released @ spec.incidence.T == spec.incidence @ spec.data)
+    )
+    z = unbiasedness_z(rel.noise)
+    eng = lattice_engine(lattice, law, report.a, mode=report.mode)
+    t_max = int(1.5 * report.iterations) + 1
+    ts = np.linspace(0, t_max, 200).astype(np.int64)
+    curves: dict = {report.lag: report.tv_curve(ts)}
+    g = rng.generator("experiment/extra-lags")
+    zeros = np.zeros((report.n_coupled, lattice.dim), dtype=np.int64)
+    for ls in (1, 25) if ctx.quick else (1, 10, 25, 50):
+        lag = ls * k
+        if lag == report.lag:
+            continue
+        res = meeting_times(eng, zeros, zeros, lag, g, max_iterations=20 * t_max + lag)
+        curves[lag] = tv_upper_bound(res.meeting_times, lag, ts)
+    curves["t"] = ts
+    target = {
+        **report.to_dict(),
+        "moves": MOVES[report.mode],
+        "tv_bound_final": report.tv_bound,
+        "iteration_tv_below_0.01": report.iterations,
+        "margins_exact": exact,
+        "max_abs_mean_z": float(np.max(np.abs(z))),
+        "mean_abs_noise": float(np.abs(rel.noise).mean()),
+        "noise_sd_per_cell": rel.noise.std(axis=0).tolist(),
+        "privacy": rel.privacy.to_dict(),
+    }
+    return target, curves, rel
 
 
 def _figures(
@@ -245,20 +266,18 @@ def _figures(
 
 def _report(
     ctx: ExperimentContext,
-    name: str,
-    title: str,
-    description: str,
+    spec: LatticeTable,
     lattice: IntegerLattice,
-    epsilon: float,
     targets: dict,
-    incidence: np.ndarray,
     all_exact: bool,
-    n_draws: int,
     example: np.ndarray,
-    cell_labels: Sequence[str],
     table: pd.DataFrame | None,
     privacy: PrivacyStatement,
 ) -> Report:
+    """The report: the mechanism and its moves, A, the certificates per target, one
+    released noise vector (as a table with totals, or with its invariant sums), the figures
+    and the privacy statement."""
+    incidence, n_draws, epsilon = spec.incidence, spec.n_draws, spec.epsilon
     k = lattice.n_directions
     rows = [
         {
@@ -279,9 +298,9 @@ def _report(
            "max abs mean/SE": ".2f", "mean abs noise": ".2f"}  # fmt: skip
     incidence_text = "\n".join(" ".join(str(int(v)) for v in row) for row in incidence)
     rep = (
-        Report(name, ctx, title=title)
+        Report(spec.name, ctx, title=spec.title)
         .text(
-            description,
+            spec.description,
             f"Generalized Laplace mechanism on the lattice ker(A) ∩ Z^{lattice.dim} "
             f"(rank {k}; A has rank {lattice.rank}), ε = {epsilon:g}, ℓ₁ and ℓ₂ targets, "
             "sampled with the shared MCMC engine along the lattice basis (LLL-reduced from the "
@@ -316,7 +335,7 @@ def _report(
     if table is not None:
         rep.table(table.reset_index(names=""))
     else:
-        rep.table([example.tolist()], list(cell_labels))
+        rep.table([example.tolist()], list(spec.cell_labels))
         rep.text(f"Invariant sums of this noise vector (A z): {(incidence @ example).tolist()}")
     figures = {
         "tv_bound.png": "L-lag TV upper bound against iteration for several L",

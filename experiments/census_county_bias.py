@@ -65,7 +65,7 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
-from censusdp.estimation.conditioning import certificate, condition
+from censusdp.estimation.conditioning import ConditioningOptions, certificate, condition
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.lattice_release import certify, release_lattice_noise
 from censusdp.estimation.rounding import round_release
@@ -250,8 +250,7 @@ def _condition_by_state(
             inv,
             _privacy("laplace"),
             rng.child(f"cond/{s}"),
-            tv_bound=TV_TARGET,
-            lag=lags.get(s),
+            ConditioningOptions(tv_bound=TV_TARGET, lag=lags.get(s)),
         )
         cert = certificate(rel)
         lags.setdefault(s, cert["lag"])

@@ -51,6 +51,7 @@ from scipy import stats
 
 from censusdp.errors import DataError
 from censusdp.estimation.lattice_release import (
+    CertifyOptions,
     ConvergenceReport,
     certify,
     release_lattice_noise,
@@ -368,8 +369,7 @@ def run(ctx) -> dict:
             GroupSumLattice(np.zeros(n, dtype=np.int64)),
             law,
             ctx.rng.child(f"certify/{n}"),
-            tv=TV,
-            mode="gibbs",
+            CertifyOptions(tv=TV, mode="gibbs"),
         )
         cert_info[n] = _certificate_dict(certs[n], time.perf_counter() - t1)
     ctx.timings["certify_seconds"] = time.perf_counter() - t0

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from censusdp.experiments._lattice_tables import run_table_experiment
+from censusdp.experiments._lattice_tables import LatticeTable, run_table_experiment
 from censusdp.experiments.registry import ExperimentInfo
 from censusdp.mechanisms.lattice import table_margins_incidence
 
@@ -45,19 +45,21 @@ def run(ctx) -> dict:
     labels = [f"{c[:2]}/{e}" for c in COUNTIES for e in EDUCATION]
     return run_table_experiment(
         ctx,
-        name="delinquent-children",
-        title="Delinquent children: 4 × 4 table with invariant margins",
-        incidence=a,
-        data=TABLE.reshape(-1),
-        epsilon=EPSILON,
-        cell_labels=labels,
-        table_shape=(4, 4),
-        row_names=COUNTIES,
-        col_names=EDUCATION,
-        invariant_names=("row totals (county)", "column totals (education)"),
-        description=(
-            "The FCSM (2005) delinquent-children table (Gamma's row total is 25; the seed's "
-            "35 is a typo). Both margins are held invariant. ε = 0.2 per unit ℓ distance "
-            "(the paper's value is not recoverable from the seed text)."
+        LatticeTable(
+            name="delinquent-children",
+            title="Delinquent children: 4 × 4 table with invariant margins",
+            incidence=a,
+            data=TABLE.reshape(-1),
+            epsilon=EPSILON,
+            cell_labels=labels,
+            table_shape=(4, 4),
+            row_names=COUNTIES,
+            col_names=EDUCATION,
+            invariant_names=("row totals (county)", "column totals (education)"),
+            description=(
+                "The FCSM (2005) delinquent-children table (Gamma's row total is 25; the seed's "
+                "35 is a typo). Both margins are held invariant. ε = 0.2 per unit ℓ distance "
+                "(the paper's value is not recoverable from the seed text)."
+            ),
         ),
     )

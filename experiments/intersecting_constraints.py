@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from censusdp.experiments._lattice_tables import run_table_experiment
+from censusdp.experiments._lattice_tables import LatticeTable, run_table_experiment
 from censusdp.experiments.registry import ExperimentInfo
 from censusdp.mechanisms.lattice import incidence_matrix
 
@@ -46,17 +46,19 @@ def run(ctx) -> dict:
     a = incidence_matrix(SUBSETS, 14)
     return run_table_experiment(
         ctx,
-        name="intersecting-constraints",
-        title="Intersecting counting constraints: 14 records, 3 constraints",
-        incidence=a,
-        data=DATA,
-        epsilon=EPSILON,
-        cell_labels=[f"r{i}" for i in range(14)],
-        invariant_names=("count of set A", "count of set B", "count of set C"),
-        description=(
-            "Records by Venn region: ABC = {0, 1}, AB only = {2, 3}, AC only = {4, 5}, "
-            "BC only = {6, 7}, A only = {8, 9}, B only = {10, 11}, C only = {12}, none = "
-            "{13}; every pairwise and the triple intersection is non-empty. ε = 0.5 (the "
-            "paper's value is not recoverable from the seed text)."
+        LatticeTable(
+            name="intersecting-constraints",
+            title="Intersecting counting constraints: 14 records, 3 constraints",
+            incidence=a,
+            data=DATA,
+            epsilon=EPSILON,
+            cell_labels=[f"r{i}" for i in range(14)],
+            invariant_names=("count of set A", "count of set B", "count of set C"),
+            description=(
+                "Records by Venn region: ABC = {0, 1}, AB only = {2, 3}, AC only = {4, 5}, "
+                "BC only = {6, 7}, A only = {8, 9}, B only = {10, 11}, C only = {12}, none = "
+                "{13}; every pairwise and the triple intersection is non-empty. ε = 0.5 (the "
+                "paper's value is not recoverable from the seed text)."
+            ),
         ),
     )

@@ -85,8 +85,8 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
-from censusdp.estimation.conditioned_mechanism import conditioned_releases
-from censusdp.estimation.conditioning import certificate, condition
+from censusdp.estimation.conditioned_mechanism import ChainOptions, conditioned_releases
+from censusdp.estimation.conditioning import ConditioningOptions, certificate, condition
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.topdown import topdown
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
@@ -328,8 +328,7 @@ def _conditioning_job(job: tuple) -> tuple[list[list[np.ndarray]], dict]:
             _privacy(eps, nodes=nodes),
             rng,
             n_releases=n,
-            tv_bound=TV_TARGET,
-            lag=lag,
+            options=ChainOptions(tv_bound=TV_TARGET, lag=lag),
         )
     else:
         nonneg = dict(CONDITIONING)[name]
@@ -340,9 +339,7 @@ def _conditioning_job(job: tuple) -> tuple[list[list[np.ndarray]], dict]:
             [],
             _privacy(eps, nonneg, nodes),
             rng,
-            tv_bound=TV_TARGET,
-            lag=lag,
-            nonnegative=nonneg,
+            ConditioningOptions(tv_bound=TV_TARGET, lag=lag, nonnegative=nonneg),
         )
         rels = [rel]
     cert = {**certificate(rels[0]), "seconds": time.perf_counter() - t0, "releases": len(rels)}
@@ -703,9 +700,17 @@ _DIAG_FORMATS = {"TV bound (max)": ".4f", "meeting time (max)": ".0f", "split-R�
 
 
 def _report(ctx: ExperimentContext, metrics: dict, datasets: dict) -> Report:
+    """The experiment's report: what was run, the error tables, the conditioning
+    certificates, consistency and privacy."""
+    rep = _report_what_was_run(Report("nyc-taxi", ctx), metrics, datasets)
+    _report_errors(rep, metrics)
+    _report_certificates(rep, metrics)
+    return _report_consistency_and_privacy(rep, metrics)
+
+
+def _report_what_was_run(rep: Report, metrics: dict, datasets: dict) -> Report:
+    """The reference, the hierarchy, noise, runs, metric, data sets and estimators."""
     runs, cond_runs = metrics["runs"], metrics["conditioning_runs"]
-    diag = metrics["conditioning_diagnostics"]
-    res = metrics["consistency_max_residual"]
     dim = metrics["l1_denominator"]
     data_sets = [
         f"**synthetic_month** (headline): {metrics['trips']['synthetic_month']:,} trips "
@@ -720,9 +725,8 @@ def _report(ctx: ExperimentContext, metrics: dict, datasets: dict) -> Report:
             f"the {metrics['zones']} zones ({metrics['zero_zones']['sample']} zones empty): "
             "small counts, where non-negativity matters."
         )
-    rep = (
-        Report("nyc-taxi", ctx)
-        .reference(
+    return (
+        rep.reference(
             "Liu, Sun, Zhou & Feng, *Two Views of Constrained Differential Privacy: Belief "
             "Revision and Update* (AAAI 2023), §4 and Table 2. Data: NYC TLC taxi zone lookup "
             "and yellow-taxi trip records (public)."
@@ -766,7 +770,14 @@ def _report(ctx: ExperimentContext, metrics: dict, datasets: dict) -> Report:
             "on the confidential counts instead of releasing measurements; conditioning can be "
             "run by anyone holding the measurements.",
         )
-        .section("Normalised L1 error, synthetic month")
+    )
+
+
+def _report_errors(rep: Report, metrics: dict) -> None:
+    """The normalised L1 error tables: the synthetic month beside the paper's, the sample."""
+    diag = metrics["conditioning_diagnostics"]
+    (
+        rep.section("Normalised L1 error, synthetic month")
         .text(
             "Columns: our estimators ([runs averaged]); the largest TV bound of that ε's "
             "conditioning releases (each certified below "
@@ -788,7 +799,13 @@ def _report(ctx: ExperimentContext, metrics: dict, datasets: dict) -> Report:
                 "zero trips); `--all` adds it."
             )
         rep.table(_error_table(metrics["tables"]["sample"], diag["sample"], with_paper=False))
-    return (
+
+
+def _report_certificates(rep: Report, metrics: dict) -> None:
+    """The estimates file, the figure and the conditioning certificates."""
+    runs, cond_runs = metrics["runs"], metrics["conditioning_runs"]
+    diag = metrics["conditioning_diagnostics"]
+    (
         rep.figures(
             {
                 "error_by_level.png": "error per level per estimator vs ε, with the paper's "
@@ -817,7 +834,15 @@ def _report(ctx: ExperimentContext, metrics: dict, datasets: dict) -> Report:
             "the burn-in (independent draws)."
         )
         .table(_diag_table(diag), formats=_DIAG_FORMATS)
-        .section("Consistency")
+    )
+
+
+def _report_consistency_and_privacy(rep: Report, metrics: dict) -> Report:
+    """The largest consistency residuals and each estimator's privacy statement."""
+    res = metrics["consistency_max_residual"]
+    dim = metrics["l1_denominator"]
+    return (
+        rep.section("Consistency")
         .text(
             "Largest |parent − Σ children| over all released tables (zones → boroughs → city): "
             + "; ".join(

@@ -100,7 +100,7 @@ from censusdp.errors import DataError
 from censusdp.estimation.nonnegative import nonnegative_structured
 from censusdp.estimation.structured_gls import structured_gls
 from censusdp.estimation.structured_rounding import round_structured
-from censusdp.estimation.topdown_schema import LevelOrdering, topdown_schema
+from censusdp.estimation.topdown_schema import LevelOrdering, TopDownOptions, topdown_schema
 from censusdp.experiments.census_county_bias import STATE_ABBR
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot
@@ -475,12 +475,16 @@ def _tensors(hist: Histogram) -> list[np.ndarray]:
 
 
 def _topdown(hist: Histogram, meas, invs, rng, shared) -> np.ndarray:
-    rel = topdown_schema(hist.hierarchy, hist.schema, meas, invs, ordering=hist.ordering)
+    rel = topdown_schema(
+        hist.hierarchy, hist.schema, meas, invs, TopDownOptions(ordering=hist.ordering)
+    )
     return np.asarray(rel.estimates[-1]).reshape(-1, hist.schema.n_cells)
 
 
 def _topdown_one(hist: Histogram, meas, invs, rng, shared) -> np.ndarray:
-    rel = topdown_schema(hist.hierarchy, hist.schema, meas, invs, ordering=hist.ordering_one)
+    rel = topdown_schema(
+        hist.hierarchy, hist.schema, meas, invs, TopDownOptions(ordering=hist.ordering_one)
+    )
     return np.asarray(rel.estimates[-1]).reshape(-1, hist.schema.n_cells)
 
 

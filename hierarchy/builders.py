@@ -540,85 +540,142 @@ def from_edges(
         edge, a level that is not at one consistent depth; each names the code and level.
     """
     df = _edge_frame(edges)
-    parent = df["parent"].to_numpy(dtype=object)
-    child = df["child"].to_numpy(dtype=object)
-    level = df["level"].to_numpy(dtype=object)
-    n = len(df)
-    if levels is not None:
-        levels = list(levels)
-        pos_of = {name: i for i, name in enumerate(levels)}
-        unknown = [lv for lv in pd.unique(level) if lv not in pos_of or pos_of[lv] == 0]
-        if unknown:
-            r = int(np.flatnonzero(level == unknown[0])[0])
-            raise HierarchyError(
-                f"edge {r + 1}: level {unknown[0]!r} is not a level below the root of {levels}"
-            )
-        pos = np.array([pos_of[lv] for lv in level], dtype=np.int64)
-        child_key = pd.Series(pos.astype(str), dtype=object) + "\x1f" + child
-        parent_key = pd.Series((pos - 1).astype(str), dtype=object) + "\x1f" + parent
-    else:
-        child_key = pd.Series(child, dtype=object)
-        parent_key = pd.Series(parent, dtype=object)
-
-    dup = child_key.duplicated(keep=False).to_numpy()
-    if dup.any():
-        rows = np.flatnonzero(child_key.to_numpy() == child_key.iloc[np.flatnonzero(dup)[0]])
-        r1, r2 = int(rows[0]), int(rows[1])
-        if parent[r1] == parent[r2]:
-            raise HierarchyError(
-                f"edge {r2 + 1} repeats edge {r1 + 1} (node {child[r1]!r} of level "
-                f"{level[r1]!r} under {parent[r1]!r}); list each node once"
-            )
-        raise HierarchyError(
-            f"node {child[r1]!r} of level {level[r1]!r} has two parents, {parent[r1]!r} "
-            f"(edge {r1 + 1}) and {parent[r2]!r} (edge {r2 + 1}); a node must have exactly "
-            "one parent"
-        )
-
+    e = _Edges(
+        df["parent"].to_numpy(dtype=object),
+        df["child"].to_numpy(dtype=object),
+        df["level"].to_numpy(dtype=object),
+    )
+    levels = None if levels is None else list(levels)
+    pos = None if levels is None else _level_positions(e, levels)
+    child_key, parent_key = _edge_keys(e, pos)
+    _check_one_parent(e, child_key)
     par = pd.Index(child_key).get_indexer(parent_key)
     dangling = par < 0
     if levels is not None:
-        at_root = pos == 1
-        bad = np.flatnonzero(dangling & ~at_root)
-        if bad.size:
-            r = int(bad[0])
-            raise HierarchyError(
-                f"node {child[r]!r} of level {level[r]!r} names parent {parent[r]!r}, which "
-                f"is not a node of level {levels[pos[r] - 1]!r} (orphan); add its edge or "
-                "fix the code"
-            )
-        candidates = pd.unique(parent[at_root])
-        if candidates.size == 0:
-            raise HierarchyError(f"no edge has a node of level {levels[1]!r} under the root")
-        if candidates.size > 1:
-            raise HierarchyError(
-                f"level {levels[0]!r} must have one node, but level {levels[1]!r} nodes hang "
-                f"from {candidates[0]!r} and {candidates[1]!r}; give every top node one root"
-            )
-        root_code = str(candidates[0])
-        root_level = levels[0]
+        root_code, root_level = _root_of_levels(e, levels, pos, dangling), levels[0]
     else:
-        counts = pd.Series(parent[dangling]).value_counts()
-        if counts.empty:
-            r = _find_cycle(par, 0)
-            raise HierarchyError(_cycle_message(r, child, level))
-        if root is None:
-            if counts.size > 1 and counts.iloc[0] == counts.iloc[1]:
-                raise HierarchyError(
-                    f"the root is ambiguous: {counts.index[0]!r} and {counts.index[1]!r} are "
-                    "parents but not nodes; pass root=... (the others are orphans' parents)"
-                )
-            root = str(counts.index[0])
-        bad = np.flatnonzero(dangling & (parent != root))
-        if bad.size:
-            r = int(bad[0])
-            raise HierarchyError(
-                f"node {child[r]!r} of level {level[r]!r} names parent {parent[r]!r}, which "
-                f"is not a node of the hierarchy (orphan); add its edge or fix the code"
-            )
-        root_code, root_level = root, root_name
+        root_code, root_level = _inferred_root(e, par, dangling, root), root_name
+    depth = _depths(e, par, dangling)
+    names = _level_names(e, depth, root_level, levels)
 
-    depth = np.zeros(n, dtype=np.int64)
+    node_rows = [np.flatnonzero(depth == dd) for dd in range(1, len(names))]
+    local = np.empty(len(df), dtype=np.int64)
+    for rows in node_rows:
+        local[rows] = np.arange(rows.size)
+    codes: list[object] = [as_codes([root_code])]
+    parents: list[np.ndarray | None] = [None]
+    for dd, rows in enumerate(node_rows, start=1):
+        codes.append(as_codes(e.child[rows]))
+        parents.append(np.zeros(rows.size, np.int64) if dd == 1 else local[par[rows]])
+    h, orders = Hierarchy.from_parents(names, codes, parents, return_order=True)
+    edge_row = [np.full(1, -1, np.int64)] + [
+        rows[o] for rows, o in zip(node_rows, orders[1:], strict=True)
+    ]
+    return h, edge_row
+
+
+class _Edges(NamedTuple):
+    """The edge list's columns as object arrays, one entry per edge (row)."""
+
+    parent: np.ndarray
+    child: np.ndarray
+    level: np.ndarray
+
+
+def _level_positions(e: _Edges, levels: list[str]) -> np.ndarray:
+    """Each edge's child level as its position in ``levels``; a level that is not one below
+    the root is refused, naming the edge."""
+    pos_of = {name: i for i, name in enumerate(levels)}
+    unknown = [lv for lv in pd.unique(e.level) if lv not in pos_of or pos_of[lv] == 0]
+    if unknown:
+        r = int(np.flatnonzero(e.level == unknown[0])[0])
+        raise HierarchyError(
+            f"edge {r + 1}: level {unknown[0]!r} is not a level below the root of {levels}"
+        )
+    return np.array([pos_of[lv] for lv in e.level], dtype=np.int64)
+
+
+def _edge_keys(e: _Edges, pos: np.ndarray | None) -> tuple[pd.Series, pd.Series]:
+    """The keys a node is known by as a child and its parent is looked up by: the code, or
+    with levels given, the level position and the code (codes unique within a level)."""
+    if pos is None:
+        return pd.Series(e.child, dtype=object), pd.Series(e.parent, dtype=object)
+    child_key = pd.Series(pos.astype(str), dtype=object) + "\x1f" + e.child
+    parent_key = pd.Series((pos - 1).astype(str), dtype=object) + "\x1f" + e.parent
+    return child_key, parent_key
+
+
+def _check_one_parent(e: _Edges, child_key: pd.Series) -> None:
+    """Each node listed once: a repeated edge or a node with two parents is refused, naming
+    both edges."""
+    dup = child_key.duplicated(keep=False).to_numpy()
+    if not dup.any():
+        return
+    rows = np.flatnonzero(child_key.to_numpy() == child_key.iloc[np.flatnonzero(dup)[0]])
+    r1, r2 = int(rows[0]), int(rows[1])
+    parent, child, level = e.parent, e.child, e.level
+    if parent[r1] == parent[r2]:
+        raise HierarchyError(
+            f"edge {r2 + 1} repeats edge {r1 + 1} (node {child[r1]!r} of level "
+            f"{level[r1]!r} under {parent[r1]!r}); list each node once"
+        )
+    raise HierarchyError(
+        f"node {child[r1]!r} of level {level[r1]!r} has two parents, {parent[r1]!r} "
+        f"(edge {r1 + 1}) and {parent[r2]!r} (edge {r2 + 1}); a node must have exactly "
+        "one parent"
+    )
+
+
+def _root_of_levels(e: _Edges, levels: list[str], pos: np.ndarray, dangling: np.ndarray) -> str:
+    """With levels given: the one code the top level's nodes hang from; a node below them
+    whose parent is not a node (an orphan) is refused."""
+    at_root = pos == 1
+    bad = np.flatnonzero(dangling & ~at_root)
+    if bad.size:
+        r = int(bad[0])
+        raise HierarchyError(
+            f"node {e.child[r]!r} of level {e.level[r]!r} names parent {e.parent[r]!r}, which "
+            f"is not a node of level {levels[pos[r] - 1]!r} (orphan); add its edge or "
+            "fix the code"
+        )
+    candidates = pd.unique(e.parent[at_root])
+    if candidates.size == 0:
+        raise HierarchyError(f"no edge has a node of level {levels[1]!r} under the root")
+    if candidates.size > 1:
+        raise HierarchyError(
+            f"level {levels[0]!r} must have one node, but level {levels[1]!r} nodes hang "
+            f"from {candidates[0]!r} and {candidates[1]!r}; give every top node one root"
+        )
+    return str(candidates[0])
+
+
+def _inferred_root(e: _Edges, par: np.ndarray, dangling: np.ndarray, root: str | None) -> str:
+    """Without levels: ``root`` or the parent most edges name that is not a node (ambiguous
+    ties refused); no such parent means a cycle; other such parents are orphans'."""
+    counts = pd.Series(e.parent[dangling]).value_counts()
+    if counts.empty:
+        raise HierarchyError(_cycle_message(_find_cycle(par, 0), e.child, e.level))
+    if root is None:
+        if counts.size > 1 and counts.iloc[0] == counts.iloc[1]:
+            raise HierarchyError(
+                f"the root is ambiguous: {counts.index[0]!r} and {counts.index[1]!r} are "
+                "parents but not nodes; pass root=... (the others are orphans' parents)"
+            )
+        root = str(counts.index[0])
+    bad = np.flatnonzero(dangling & (e.parent != root))
+    if bad.size:
+        r = int(bad[0])
+        raise HierarchyError(
+            f"node {e.child[r]!r} of level {e.level[r]!r} names parent {e.parent[r]!r}, which "
+            f"is not a node of the hierarchy (orphan); add its edge or fix the code"
+        )
+    return root
+
+
+def _depths(e: _Edges, par: np.ndarray, dangling: np.ndarray) -> np.ndarray:
+    """Each edge's child depth (1: under the root), a frontier per depth; a node the root
+    does not reach sits on a cycle, which is named."""
+    depth = np.zeros(par.size, dtype=np.int64)
     depth[dangling] = 1
     d = 1
     while True:
@@ -630,49 +687,41 @@ def from_edges(
         depth[new] = d
     unreached = np.flatnonzero(depth == 0)
     if unreached.size:
-        raise HierarchyError(_cycle_message(_find_cycle(par, int(unreached[0])), child, level))
+        raise HierarchyError(_cycle_message(_find_cycle(par, int(unreached[0])), e.child, e.level))
+    return depth
 
+
+def _level_names(
+    e: _Edges, depth: np.ndarray, root_level: str, levels: list[str] | None
+) -> list[str]:
+    """The level names root first: ``levels`` (each must have a node), or read off the
+    depths (each level at one depth, each depth one level)."""
     n_levels = int(depth.max())
-    if levels is None:
-        names = [root_level]
-        for dd in range(1, n_levels + 1):
-            at = np.flatnonzero(depth == dd)
-            lv = pd.unique(level[at])
-            if lv.size > 1:
-                r = int(at[np.flatnonzero(level[at] == lv[1])[0]])
-                raise HierarchyError(
-                    f"node {child[r]!r} has level {level[r]!r} but sits at depth {dd} with "
-                    f"nodes of level {lv[0]!r}; every level must sit at one depth"
-                )
-            names.append(str(lv[0]))
-        if len(set(names)) != len(names):
-            name = next(x for x in names if names.count(x) > 1)
-            r = int(np.flatnonzero(level == name)[-1])
-            raise HierarchyError(
-                f"level {name!r} appears at two depths (e.g. node {child[r]!r}); every level "
-                "must sit at one depth"
-            )
-    else:
-        names = levels
+    if levels is not None:
         if n_levels != len(levels) - 1:
             raise HierarchyError(
                 f"level {levels[n_levels + 1]!r} is empty: no edge has a node of that level"
             )
-
-    node_rows = [np.flatnonzero(depth == dd) for dd in range(1, n_levels + 1)]
-    local = np.empty(n, dtype=np.int64)
-    for rows in node_rows:
-        local[rows] = np.arange(rows.size)
-    codes: list[object] = [as_codes([root_code])]
-    parents: list[np.ndarray | None] = [None]
-    for dd, rows in enumerate(node_rows, start=1):
-        codes.append(as_codes(child[rows]))
-        parents.append(np.zeros(rows.size, np.int64) if dd == 1 else local[par[rows]])
-    h, orders = Hierarchy.from_parents(names, codes, parents, return_order=True)
-    edge_row = [np.full(1, -1, np.int64)] + [
-        rows[o] for rows, o in zip(node_rows, orders[1:], strict=True)
-    ]
-    return h, edge_row
+        return levels
+    names = [root_level]
+    for dd in range(1, n_levels + 1):
+        at = np.flatnonzero(depth == dd)
+        lv = pd.unique(e.level[at])
+        if lv.size > 1:
+            r = int(at[np.flatnonzero(e.level[at] == lv[1])[0]])
+            raise HierarchyError(
+                f"node {e.child[r]!r} has level {e.level[r]!r} but sits at depth {dd} with "
+                f"nodes of level {lv[0]!r}; every level must sit at one depth"
+            )
+        names.append(str(lv[0]))
+    if len(set(names)) != len(names):
+        name = next(x for x in names if names.count(x) > 1)
+        r = int(np.flatnonzero(e.level == name)[-1])
+        raise HierarchyError(
+            f"level {name!r} appears at two depths (e.g. node {e.child[r]!r}); every level "
+            "must sit at one depth"
+        )
+    return names
 
 
 def _cycle_message(cycle: list[int], child: np.ndarray, level: np.ndarray) -> str:
@@ -756,6 +805,41 @@ def add_level(
         under another node.
     """
     k = hierarchy.depth - 1 if below is None else hierarchy.level_index(below)
+    new, pidx = _new_nodes(hierarchy, k, name, parent_codes, new_codes)
+    names = list(hierarchy.names)
+    codes: list[np.ndarray] = [lv.codes for lv in hierarchy.levels]
+    parents: list[np.ndarray | None] = [lv.parent for lv in hierarchy.levels]
+    if k == hierarchy.depth - 1:
+        if children is not None:
+            raise HierarchyError("children= is only for a level inserted above existing levels")
+        names.append(name)
+        codes.append(new)
+        parents.append(pidx)
+    else:
+        if children is None:
+            raise HierarchyError(
+                f"inserting {name!r} between {names[k]!r} and {names[k + 1]!r} needs "
+                f"children=: the new parent of every {names[k + 1]!r} node"
+            )
+        new_parent = _new_parents(hierarchy, k, name, new, pidx, children)
+        names.insert(k + 1, name)
+        codes.insert(k + 1, new)
+        parents.insert(k + 1, pidx)
+        parents[k + 2] = new_parent
+    h, order = Hierarchy.from_parents(names, codes, parents, return_order=True)
+    return LevelAdded(h, order)
+
+
+def _new_nodes(
+    hierarchy: Hierarchy,
+    k: int,
+    name: str,
+    parent_codes: Sequence[str] | np.ndarray,
+    new_codes: Sequence[str] | np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The new level's codes and each one's parent (index in level ``k``), checked: a new
+    name, as many parents as codes, unique codes, known parents, every level-``k`` node
+    given a child."""
     up = hierarchy.levels[k]
     if name in hierarchy.names:
         raise HierarchyError(f"there is already a level named {name!r}")
@@ -785,70 +869,63 @@ def add_level(
             f"new level {name!r}; every node above the leaves needs a child (give it one, "
             "e.g. a single unit with its own code)"
         )
+    return new, pidx
 
-    names = list(hierarchy.names)
-    codes: list[np.ndarray] = [lv.codes for lv in hierarchy.levels]
-    parents: list[np.ndarray | None] = [lv.parent for lv in hierarchy.levels]
-    if k == hierarchy.depth - 1:
-        if children is not None:
-            raise HierarchyError("children= is only for a level inserted above existing levels")
-        names.append(name)
-        codes.append(new)
-        parents.append(pidx)
-    else:
-        if children is None:
-            raise HierarchyError(
-                f"inserting {name!r} between {up.name!r} and {names[k + 1]!r} needs "
-                f"children=: the new parent of every {names[k + 1]!r} node"
-            )
-        low = hierarchy.levels[k + 1]
-        ccodes, cnew = _mapping_arrays(children)
-        cidx = _lookup(low.codes, ccodes)
-        if (cidx < 0).any():
-            j = int(np.flatnonzero(cidx < 0)[0])
-            raise HierarchyError(
-                f"children= maps {str(ccodes[j])!r}, which is not a node of level {low.name!r}"
-            )
-        seen = np.bincount(cidx, minlength=low.size)
-        if (seen > 1).any():
-            raise HierarchyError(
-                f"node {str(low.codes[np.flatnonzero(seen > 1)[0]])!r} of level {low.name!r} "
-                "is mapped twice in children= (a node must have exactly one parent)"
-            )
-        if (seen == 0).any():
-            raise HierarchyError(
-                f"node {str(low.codes[np.flatnonzero(seen == 0)[0]])!r} of level {low.name!r} "
-                f"has no parent in the new level {name!r} (orphan); map every node"
-            )
-        new_parent = np.empty(low.size, dtype=np.int64)
-        new_parent[cidx] = _lookup(new, cnew)
-        if (new_parent < 0).any():
-            j = int(np.flatnonzero(new_parent < 0)[0])
-            raise HierarchyError(
-                f"node {str(low.codes[j])!r} of level {low.name!r} is mapped to an unknown "
-                f"{name!r} code (orphan); every target must be in new_codes"
-            )
-        moved = np.flatnonzero(pidx[new_parent] != low.parent)
-        if moved.size:
-            j = int(moved[0])
-            raise HierarchyError(
-                f"node {str(low.codes[j])!r} of level {low.name!r} lies under "
-                f"{str(up.codes[low.parent[j]])!r} but its new parent "
-                f"{str(new[new_parent[j]])!r} lies under {str(up.codes[pidx[new_parent[j]]])!r}; "
-                "the codes do not nest"
-            )
-        childless_new = np.flatnonzero(np.bincount(new_parent, minlength=new.size) == 0)
-        if childless_new.size:
-            raise HierarchyError(
-                f"new node {str(new[childless_new[0]])!r} of level {name!r} has no child in "
-                f"level {low.name!r}; drop it or map a child to it"
-            )
-        names.insert(k + 1, name)
-        codes.insert(k + 1, new)
-        parents.insert(k + 1, pidx)
-        parents[k + 2] = new_parent
-    h, order = Hierarchy.from_parents(names, codes, parents, return_order=True)
-    return LevelAdded(h, order)
+
+def _new_parents(
+    hierarchy: Hierarchy,
+    k: int,
+    name: str,
+    new: np.ndarray,
+    pidx: np.ndarray,
+    children: Mapping[str, str] | tuple[Sequence[str], Sequence[str]] | pd.Series,
+) -> np.ndarray:
+    """For a level inserted under level ``k``: each node of level ``k + 1``'s new parent
+    (index in ``new``) from ``children``, checked: every node mapped once to a known code,
+    under its old parent, and every new node given a child."""
+    up, low = hierarchy.levels[k], hierarchy.levels[k + 1]
+    ccodes, cnew = _mapping_arrays(children)
+    cidx = _lookup(low.codes, ccodes)
+    if (cidx < 0).any():
+        j = int(np.flatnonzero(cidx < 0)[0])
+        raise HierarchyError(
+            f"children= maps {str(ccodes[j])!r}, which is not a node of level {low.name!r}"
+        )
+    seen = np.bincount(cidx, minlength=low.size)
+    if (seen > 1).any():
+        raise HierarchyError(
+            f"node {str(low.codes[np.flatnonzero(seen > 1)[0]])!r} of level {low.name!r} "
+            "is mapped twice in children= (a node must have exactly one parent)"
+        )
+    if (seen == 0).any():
+        raise HierarchyError(
+            f"node {str(low.codes[np.flatnonzero(seen == 0)[0]])!r} of level {low.name!r} "
+            f"has no parent in the new level {name!r} (orphan); map every node"
+        )
+    new_parent = np.empty(low.size, dtype=np.int64)
+    new_parent[cidx] = _lookup(new, cnew)
+    if (new_parent < 0).any():
+        j = int(np.flatnonzero(new_parent < 0)[0])
+        raise HierarchyError(
+            f"node {str(low.codes[j])!r} of level {low.name!r} is mapped to an unknown "
+            f"{name!r} code (orphan); every target must be in new_codes"
+        )
+    moved = np.flatnonzero(pidx[new_parent] != low.parent)
+    if moved.size:
+        j = int(moved[0])
+        raise HierarchyError(
+            f"node {str(low.codes[j])!r} of level {low.name!r} lies under "
+            f"{str(up.codes[low.parent[j]])!r} but its new parent "
+            f"{str(new[new_parent[j]])!r} lies under {str(up.codes[pidx[new_parent[j]]])!r}; "
+            "the codes do not nest"
+        )
+    childless_new = np.flatnonzero(np.bincount(new_parent, minlength=new.size) == 0)
+    if childless_new.size:
+        raise HierarchyError(
+            f"new node {str(new[childless_new[0]])!r} of level {name!r} has no child in "
+            f"level {low.name!r}; drop it or map a child to it"
+        )
+    return new_parent
 
 
 _LEVEL_RE = re.compile(r"^(?P<name>[^=]+)=(?P<column>[^:]+)(?::(?P<prefix>\d+))?$")

@@ -154,7 +154,36 @@ def equivalency_from_arrays(
         Blank codes, a block listed twice, a block the hierarchy does not have, an area
         with no block, an area not listed — naming the file, data row and column.
     """
-    b, a = _text(blocks), _text(areas)
+    cols = _Columns(name, source, block_column, area_column)
+    b, a, rows = _nonblank_pairs(cols, _text(blocks), _text(areas), skip_blank_areas)
+    leaf, order = _leaf_rows(cols, hierarchy, b, rows)
+    codes, area = _area_index(cols, a, rows, listed, listed_source)
+    return Equivalency(
+        name=name,
+        codes=as_codes(codes),
+        leaf=leaf[order],
+        area=area[order],
+        n_leaves=hierarchy.leaves.size,
+        source=source,
+    )
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """What the areas are and the file and columns an equivalency's messages name."""
+
+    name: str
+    source: str
+    block_column: str
+    area_column: str
+
+
+def _nonblank_pairs(
+    cols: _Columns, b: pa.Array, a: pa.Array, skip_blank_areas: bool
+) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    """The block and area codes trimmed, and each pair's 0-based data row: a blank block is
+    refused, a blank area refused or (``skip_blank_areas``) its row dropped."""
+    source, name = cols.source, cols.name
     if len(b) != len(a):
         raise SpecError(f"{source}: {len(b)} block codes but {len(a)} area codes")
     b, a = pc.utf8_trim_whitespace(b), pc.utf8_trim_whitespace(a)
@@ -162,8 +191,8 @@ def equivalency_from_arrays(
     if blank_b.any():
         i = int(np.flatnonzero(blank_b)[0])
         raise DataError(
-            f"{_where(source, i, block_column)}: blank block code ({int(blank_b.sum())} such "
-            "rows); every row needs the block's code: fill it in or delete the row"
+            f"{_where(source, i, cols.block_column)}: blank block code ({int(blank_b.sum())} "
+            "such rows); every row needs the block's code: fill it in or delete the row"
         )
     blank_a = pc.fill_null(pc.equal(a, ""), True).to_numpy(zero_copy_only=False)
     rows = np.arange(len(b), dtype=np.int64)
@@ -171,13 +200,21 @@ def equivalency_from_arrays(
         if not skip_blank_areas:
             i = int(np.flatnonzero(blank_a)[0])
             raise DataError(
-                f"{_where(source, i, area_column)}: blank {name} code ({int(blank_a.sum())} "
-                f"such rows); delete the rows of blocks in no {name}, or pass "
-                "skip_blank_areas (CLI: the file's blocks in no area are then left out)"
+                f"{_where(source, i, cols.area_column)}: blank {name} code "
+                f"({int(blank_a.sum())} such rows); delete the rows of blocks in no {name}, or "
+                "pass skip_blank_areas (CLI: the file's blocks in no area are then left out)"
             )
         keep = ~blank_a
         b, a, rows = b.filter(pa.array(keep)), a.filter(pa.array(keep)), rows[keep]
-    # leaf index of every row: one hash join against the leaf codes
+    return b, a, rows
+
+
+def _leaf_rows(
+    cols: _Columns, hierarchy: Hierarchy, b: pa.Array, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair's leaf index (one hash join against the leaf codes) and the pairs' order by
+    leaf; a block the hierarchy lacks, or listed twice, is refused."""
+    source = cols.source
     leaf = pc.index_in(b, value_set=_text(hierarchy.leaves.codes))
     leaf = leaf.to_numpy(zero_copy_only=False)
     unknown = np.isnan(leaf) if leaf.dtype.kind == "f" else leaf < 0
@@ -187,7 +224,7 @@ def equivalency_from_arrays(
         leaf_name = hierarchy.names[-1]
         example = str(hierarchy.leaves.codes[0]) if hierarchy.leaves.size else ""
         raise DataError(
-            f"{_where(source, int(rows[i]), block_column)}: block {code!r} is not a "
+            f"{_where(source, int(rows[i]), cols.block_column)}: block {code!r} is not a "
             f"{leaf_name} of the hierarchy ({int(unknown.sum())} unknown blocks; the "
             f"hierarchy's {leaf_name} codes look like {example!r}); check that the file is of "
             "the same state and vintage as the hierarchy and that its codes are in the same "
@@ -201,11 +238,25 @@ def equivalency_from_arrays(
         first, second = sorted((int(rows[order[dup[0]]]), int(rows[order[dup[0] + 1]])))
         code = b[int(order[dup[0]])].as_py()
         raise DataError(
-            f"{_where(source, second, block_column)}: block {code!r} is listed again (first "
-            f"at data row {first + 1}; {dup.size} repeated blocks); a block lies in at most "
-            f"one {name} of a file: keep one row per block (one file per kind of area)"
+            f"{_where(source, second, cols.block_column)}: block {code!r} is listed again "
+            f"(first at data row {first + 1}; {dup.size} repeated blocks); a block lies in at "
+            f"most one {cols.name} of a file: keep one row per block (one file per kind of "
+            "area)"
         )
-    # area codes: a dictionary encoding (hashing), then the small dictionary sorted
+    return leaf, order
+
+
+def _area_index(
+    cols: _Columns,
+    a: pa.Array,
+    rows: np.ndarray,
+    listed: Sequence[str] | np.ndarray | None,
+    listed_source: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The area codes, sorted (the ``listed`` ones, each with a block and naming every
+    assigned area), and each pair's area index: a dictionary encoding (hashing), then the
+    small dictionary sorted."""
+    source, name = cols.source, cols.name
     enc = a.dictionary_encode()
     words = np.asarray(enc.dictionary.to_numpy(zero_copy_only=False), dtype=object).astype(str)
     index = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -213,39 +264,28 @@ def equivalency_from_arrays(
         by_code = np.argsort(words, kind="stable")
         rank = np.empty_like(by_code)
         rank[by_code] = np.arange(by_code.size)
-        codes, area = words[by_code], rank[index]
-    else:
-        lst = pd.Index(np.asarray(listed, dtype=object).astype(str))
-        if lst.has_duplicates:
-            raise DataError(
-                f"{source}: the list of {name}s names {lst[lst.duplicated()][0]!r} twice"
-            )
-        codes = np.sort(lst.to_numpy(dtype=str))
-        area = pd.Index(codes).get_indexer(words)[index]
-        if np.any(area < 0):
-            i = int(np.flatnonzero(area < 0)[0])
-            raise DataError(
-                f"{_where(source, int(rows[i]), area_column)}: {name} {a[i].as_py()!r} is not "
-                f"in the list of {name}s; add it to the list or correct the code"
-            )
-        empty = np.flatnonzero(np.bincount(area, minlength=codes.size) == 0)
-        if empty.size:
-            row = int(lst.get_loc(str(codes[empty[0]])))
-            raise DataError(
-                f"{_where(listed_source, row, area_column)}: {name} "
-                f"{str(codes[empty[0]])!r} is listed but contains no block of {source} "
-                f"({empty.size} such {name}s); an area is released as the sum of its blocks: "
-                "assign its blocks in the file or drop it from the list"
-            )
-    area = np.asarray(area, dtype=np.int64).reshape(-1)
-    return Equivalency(
-        name=name,
-        codes=as_codes(codes),
-        leaf=sl,
-        area=area[order],
-        n_leaves=hierarchy.leaves.size,
-        source=source,
-    )
+        return words[by_code], np.asarray(rank[index], dtype=np.int64).reshape(-1)
+    lst = pd.Index(np.asarray(listed, dtype=object).astype(str))
+    if lst.has_duplicates:
+        raise DataError(f"{source}: the list of {name}s names {lst[lst.duplicated()][0]!r} twice")
+    codes = np.sort(lst.to_numpy(dtype=str))
+    area = pd.Index(codes).get_indexer(words)[index]
+    if np.any(area < 0):
+        i = int(np.flatnonzero(area < 0)[0])
+        raise DataError(
+            f"{_where(source, int(rows[i]), cols.area_column)}: {name} {a[i].as_py()!r} is "
+            f"not in the list of {name}s; add it to the list or correct the code"
+        )
+    empty = np.flatnonzero(np.bincount(area, minlength=codes.size) == 0)
+    if empty.size:
+        row = int(lst.get_loc(str(codes[empty[0]])))
+        raise DataError(
+            f"{_where(listed_source, row, cols.area_column)}: {name} "
+            f"{str(codes[empty[0]])!r} is listed but contains no block of {source} "
+            f"({empty.size} such {name}s); an area is released as the sum of its blocks: "
+            "assign its blocks in the file or drop it from the list"
+        )
+    return codes, np.asarray(area, dtype=np.int64).reshape(-1)
 
 
 def _gisjoin_blocks(codes: pa.Array, source: str, column: str) -> pa.Array:

@@ -618,111 +618,22 @@ def row_levels(
     """
     arr = _arrow(np.asarray(codes, dtype=object).tolist())
     n = len(arr)
-    rows = np.arange(n) if rows is None else np.asarray(rows)
-    fits = _fits(arr)
-    where = f"{source}, " if source else ""
-    level_idx = np.full(n, -1, dtype=np.int64)
-    index = {lay.level: j for j, lay in enumerate(LAYOUTS)}
-
-    def refuse_unfit(i: int, lay: GisjoinLayout, why: str) -> DataError:
-        return DataError(
-            f"{where}data row {int(rows[i]) + 1}, column {column!r}: {arr[i].as_py()!r} is not "
-            f"a GISJOIN of level {lay.level!r} ({lay.describe()}), the level {why} gives the row; "
-            "check the file or the declaration"
-        )
-
+    t = _Rows(
+        arr, np.arange(n) if rows is None else np.asarray(rows), _fits(arr),
+        f"{source}, " if source else "", column,
+    )  # fmt: skip
     if declared is not None:
-        labels = np.full(n, declared, dtype=object) if isinstance(declared, str) else declared
-        labels = np.asarray(_arrow(np.asarray(labels, dtype=object)).fill_null(""), dtype=object)
-        uniq, inv = np.unique(labels.astype(str), return_inverse=True)
-        lays = [declared_layout(u) for u in uniq.tolist()]
-        for k, lay in enumerate(lays):
-            if lay is None:
-                i = int(np.flatnonzero(inv == k)[0])
-                what = f"column {declared_column!r}" if declared_column else "the declared level"
-                raise DataError(
-                    f"{where}data row {int(rows[i]) + 1}: {what} holds {str(uniq[k])!r}, which is no "
-                    f"summary level; give a level name ({[x.level for x in LAYOUTS]}) or a "
-                    f"SUMLEV code ({sorted(_SUMLEV)})"
-                )
-        level_idx = np.array([index[lay.level] for lay in lays], dtype=np.int64)[inv]
-        basis = f"declared in column {declared_column!r}" if declared_column else "declared"
-        bad = np.flatnonzero(~fits[np.arange(n), level_idx])
-        if bad.size:
-            i = int(bad[0])
-            who = f"column {declared_column!r}" if declared_column else "the declaration"
-            raise refuse_unfit(i, LAYOUTS[level_idx[i]], who)
+        level_idx, basis = _declared_levels(t, declared, declared_column)
     else:
+        level_idx = np.full(n, -1, dtype=np.int64)
         basis = "GISJOIN layout"
-        if geoid is not None:
-            gname, gvals = geoid
-            g = _arrow(np.asarray(gvals, dtype=object).tolist())
-            present = pc.fill_null(pc.not_equal(g, ""), False).to_numpy(zero_copy_only=False)
-            sumlev = pc.extract_regex(g, _GEO_ID)
-            ok = pc.is_valid(sumlev).to_numpy(zero_copy_only=False)
-            if present.any() and (ok | ~present).all():
-                prefix = np.asarray(
-                    pc.struct_field(sumlev, "sumlev").to_numpy(zero_copy_only=False), dtype=object
-                )
-                for code in sorted(set(prefix[ok].tolist())):
-                    lay = _SUMLEV.get(code)
-                    sel = np.flatnonzero(ok & (prefix == code))
-                    if lay is None:
-                        raise DataError(
-                            f"{where}data row {int(rows[sel[0]]) + 1}, column {gname!r}: summary "
-                            f"level {code} ({g[int(sel[0])].as_py()!r}) is none of "
-                            f"{sorted(_SUMLEV)}, so the areas it may share persons with cannot "
-                            f"be told; drop those rows or {fix}"
-                        )
-                    level_idx[sel] = index[lay.level]
-                    bad = sel[~fits[sel, index[lay.level]]]
-                    if bad.size:
-                        raise refuse_unfit(int(bad[0]), lay, f"{gname}'s summary level {code}")
-                basis = f"{gname} summary levels"
-        open_ = np.flatnonzero(level_idx < 0)
-        one = fits[open_].sum(axis=1) == 1
-        level_idx[open_[one]] = np.argmax(fits[open_[one]], axis=1)
-        several = open_[fits[open_].sum(axis=1) > 1]
+        if geoid is not None and _geoid_levels(t, level_idx, geoid, fix):
+            basis = f"{geoid[0]} summary levels"
+        several = _layout_levels(t, level_idx)
         if several.size and identifiers:
-            claims = np.zeros((several.size, len(LAYOUTS)), dtype=bool)
-            for j, lay in enumerate(LAYOUTS):
-                if lay.identifier not in identifiers:
-                    continue
-                vals = _arrow(np.asarray(identifiers[lay.identifier][1], dtype=object)[several])
-                vals = pc.utf8_trim_whitespace(vals)
-                width = lay.parts[-1 if lay.parts[-1].name != "pad" else -2].width
-                padded = pc.utf8_lpad(vals, width=width, padding="0")
-                own = pa.array(_own_field(arr.take(pa.array(several)), lay).tolist(), pa.string())
-                filled = pc.fill_null(pc.not_equal(vals, ""), False)
-                same = pc.fill_null(pc.equal(padded, own), False)
-                filled = filled.to_numpy(zero_copy_only=False)
-                same = same.to_numpy(zero_copy_only=False)
-                claims[:, j] = fits[several, j] & filled & same
-            told = claims.sum(axis=1) == 1
-            level_idx[several[told]] = np.argmax(claims[told], axis=1)
+            _identifier_levels(t, level_idx, several, identifiers)
             basis += " and NHGIS identifier columns"
-        unknown = np.flatnonzero(level_idx < 0)
-        if unknown.size:
-            i = int(unknown[0])
-            code = arr[i].as_py()
-            fit = [LAYOUTS[j] for j in np.flatnonzero(fits[i])]
-            if not fit:
-                why = "it is no GISJOIN of any NHGIS summary level"
-            else:
-                cols = [lay.identifier.upper() for lay in fit]
-                why = (
-                    f"it has the layout of {', '.join(lay.level for lay in fit)} "
-                    f"({fit[0].describe()}) and no filled identifier column ({', '.join(cols)}) "
-                    "or GEO_ID tells which"
-                )
-            known = level_idx[level_idx >= 0]
-            others = ", ".join(LAYOUTS[j].level for j in np.unique(known))
-            also = f" (the file's other rows include {others})" if known.size else ""
-            raise DataError(
-                f"{where}data row {int(rows[i]) + 1}, column {column!r}: the summary level of "
-                f"{code!r} cannot be told: {why}{also}; rows of different levels can count the "
-                f"same person, so the privacy loss cannot be derived; {fix}"
-            )
+        _refuse_untold(t, level_idx, fix)
     level = np.array([LAYOUTS[j].level for j in range(len(LAYOUTS))], dtype=object)[level_idx]
     has_state = np.array(["state" in lay.fields for lay in LAYOUTS], dtype=bool)[level_idx]
     state = np.full(n, None, dtype=object)
@@ -730,3 +641,157 @@ def row_levels(
         st = pc.utf8_slice_codeunits(arr, 1, 3).to_numpy(zero_copy_only=False)
         state[has_state] = np.asarray(st, dtype=object)[has_state]
     return RowLevels(level, state, basis)
+
+
+#: Position of each level's layout in :data:`LAYOUTS`.
+_INDEX = {lay.level: j for j, lay in enumerate(LAYOUTS)}
+
+
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """The codes :func:`row_levels` reads: as Arrow strings, their 0-based data rows, which
+    layouts each fits (:func:`_fits`), and the file (``where``, a prefix) and column named
+    in messages."""
+
+    arr: pa.Array
+    rows: np.ndarray
+    fits: np.ndarray
+    where: str
+    column: str
+
+    def unfit(self, i: int, lay: GisjoinLayout, why: str) -> DataError:
+        """The refusal of code ``i``, which does not fit ``lay``, the level ``why`` gives."""
+        return DataError(
+            f"{self.where}data row {int(self.rows[i]) + 1}, column {self.column!r}: "
+            f"{self.arr[i].as_py()!r} is not a GISJOIN of level {lay.level!r} "
+            f"({lay.describe()}), the level {why} gives the row; check the file or the "
+            "declaration"
+        )
+
+
+def _declared_levels(
+    t: _Rows, declared: str | Sequence[object] | np.ndarray, declared_column: str | None
+) -> tuple[np.ndarray, str]:
+    """Levels as declared (one for every row, or per row: names, aliases or SUMLEV codes),
+    each code checked against its level's layout; the layouts' positions and the basis."""
+    n = len(t.arr)
+    labels = np.full(n, declared, dtype=object) if isinstance(declared, str) else declared
+    labels = np.asarray(_arrow(np.asarray(labels, dtype=object)).fill_null(""), dtype=object)
+    uniq, inv = np.unique(labels.astype(str), return_inverse=True)
+    lays = [declared_layout(u) for u in uniq.tolist()]
+    for k, lay in enumerate(lays):
+        if lay is None:
+            i = int(np.flatnonzero(inv == k)[0])
+            what = f"column {declared_column!r}" if declared_column else "the declared level"
+            raise DataError(
+                f"{t.where}data row {int(t.rows[i]) + 1}: {what} holds {str(uniq[k])!r}, which "
+                f"is no summary level; give a level name ({[x.level for x in LAYOUTS]}) or a "
+                f"SUMLEV code ({sorted(_SUMLEV)})"
+            )
+    level_idx = np.array([_INDEX[lay.level] for lay in lays], dtype=np.int64)[inv]
+    bad = np.flatnonzero(~t.fits[np.arange(n), level_idx])
+    if bad.size:
+        i = int(bad[0])
+        who = f"column {declared_column!r}" if declared_column else "the declaration"
+        raise t.unfit(i, LAYOUTS[level_idx[i]], who)
+    basis = f"declared in column {declared_column!r}" if declared_column else "declared"
+    return level_idx, basis
+
+
+def _geoid_levels(
+    t: _Rows,
+    level_idx: np.ndarray,
+    geoid: tuple[str, Sequence[object] | np.ndarray],
+    fix: str,
+) -> bool:
+    """Levels from a ``GEO_ID`` column's summary levels into ``level_idx``, when every
+    non-empty value has one (else nothing: a bare FIPS GEOID); whether it was used. A
+    summary level of no known layout, or a code that does not fit it, is refused."""
+    gname, gvals = geoid
+    g = _arrow(np.asarray(gvals, dtype=object).tolist())
+    present = pc.fill_null(pc.not_equal(g, ""), False).to_numpy(zero_copy_only=False)
+    sumlev = pc.extract_regex(g, _GEO_ID)
+    ok = pc.is_valid(sumlev).to_numpy(zero_copy_only=False)
+    if not (present.any() and (ok | ~present).all()):
+        return False
+    prefix = np.asarray(
+        pc.struct_field(sumlev, "sumlev").to_numpy(zero_copy_only=False), dtype=object
+    )
+    for code in sorted(set(prefix[ok].tolist())):
+        lay = _SUMLEV.get(code)
+        sel = np.flatnonzero(ok & (prefix == code))
+        if lay is None:
+            raise DataError(
+                f"{t.where}data row {int(t.rows[sel[0]]) + 1}, column {gname!r}: summary "
+                f"level {code} ({g[int(sel[0])].as_py()!r}) is none of "
+                f"{sorted(_SUMLEV)}, so the areas it may share persons with cannot "
+                f"be told; drop those rows or {fix}"
+            )
+        level_idx[sel] = _INDEX[lay.level]
+        bad = sel[~t.fits[sel, _INDEX[lay.level]]]
+        if bad.size:
+            raise t.unfit(int(bad[0]), lay, f"{gname}'s summary level {code}")
+    return True
+
+
+def _layout_levels(t: _Rows, level_idx: np.ndarray) -> np.ndarray:
+    """Rows still open whose code fits one layout take its level (in ``level_idx``); the
+    open rows it fits several of."""
+    open_ = np.flatnonzero(level_idx < 0)
+    one = t.fits[open_].sum(axis=1) == 1
+    level_idx[open_[one]] = np.argmax(t.fits[open_[one]], axis=1)
+    return open_[t.fits[open_].sum(axis=1) > 1]
+
+
+def _identifier_levels(
+    t: _Rows,
+    level_idx: np.ndarray,
+    several: np.ndarray,
+    identifiers: dict[str, tuple[str, Sequence[object] | np.ndarray]],
+) -> None:
+    """Rows ``several`` (fitting several layouts) whose code's own field one layout's
+    NHGIS identifier column holds (zero-padded back) take that level (in ``level_idx``)."""
+    claims = np.zeros((several.size, len(LAYOUTS)), dtype=bool)
+    for j, lay in enumerate(LAYOUTS):
+        if lay.identifier not in identifiers:
+            continue
+        vals = _arrow(np.asarray(identifiers[lay.identifier][1], dtype=object)[several])
+        vals = pc.utf8_trim_whitespace(vals)
+        width = lay.parts[-1 if lay.parts[-1].name != "pad" else -2].width
+        padded = pc.utf8_lpad(vals, width=width, padding="0")
+        own = pa.array(_own_field(t.arr.take(pa.array(several)), lay).tolist(), pa.string())
+        filled = pc.fill_null(pc.not_equal(vals, ""), False)
+        same = pc.fill_null(pc.equal(padded, own), False)
+        filled = filled.to_numpy(zero_copy_only=False)
+        same = same.to_numpy(zero_copy_only=False)
+        claims[:, j] = t.fits[several, j] & filled & same
+    told = claims.sum(axis=1) == 1
+    level_idx[several[told]] = np.argmax(claims[told], axis=1)
+
+
+def _refuse_untold(t: _Rows, level_idx: np.ndarray, fix: str) -> None:
+    """Refuse the first row whose level nothing told, saying which layouts it fits, which
+    columns could tell, and the levels of the file's other rows."""
+    unknown = np.flatnonzero(level_idx < 0)
+    if not unknown.size:
+        return
+    i = int(unknown[0])
+    code = t.arr[i].as_py()
+    fit = [LAYOUTS[j] for j in np.flatnonzero(t.fits[i])]
+    if not fit:
+        why = "it is no GISJOIN of any NHGIS summary level"
+    else:
+        cols = [lay.identifier.upper() for lay in fit]
+        why = (
+            f"it has the layout of {', '.join(lay.level for lay in fit)} "
+            f"({fit[0].describe()}) and no filled identifier column ({', '.join(cols)}) "
+            "or GEO_ID tells which"
+        )
+    known = level_idx[level_idx >= 0]
+    others = ", ".join(LAYOUTS[j].level for j in np.unique(known))
+    also = f" (the file's other rows include {others})" if known.size else ""
+    raise DataError(
+        f"{t.where}data row {int(t.rows[i]) + 1}, column {t.column!r}: the summary level of "
+        f"{code!r} cannot be told: {why}{also}; rows of different levels can count the "
+        f"same person, so the privacy loss cannot be derived; {fix}"
+    )

@@ -10,7 +10,8 @@ built from parent arrays cannot express them, and :func:`validate` re-checks the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -275,47 +276,57 @@ def parse_counts(
         The first (in row order) missing, non-numeric, non-integer, negative or out-of-range
         count, naming the 1-based data row and the column, never the value.
     """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     s = values if isinstance(values, pd.Series) else pd.Series(np.asarray(values, dtype=object))
-    where = f"{source}, " if source else ""
-
-    def fail(mask: np.ndarray, why: str) -> DataError:
-        i = int(np.flatnonzero(mask)[0])
-        r = i if rows is None else int(rows[i])
-        return DataError(
-            f"{where}data row {r + 1}, column {column!r}: {why}; counts must be non-negative "
-            "integers"
-        )
-
-    def first(problems: list[tuple[np.ndarray, str]]) -> None:
-        hits = [(int(np.flatnonzero(m)[0]), m, why) for m, why in problems if m.any()]
-        if hits:
-            _, m, why = min(hits, key=lambda h: h[0])
-            raise fail(m, why)
-
-    n = len(s)
+    report = _CountProblems(f"{source}, " if source else "", column, rows)
     dtype = s.dtype
     if pd.api.types.is_bool_dtype(dtype):
-        raise DataError(f"{where}column {column!r} is boolean, not a count")
+        raise DataError(f"{report.where}column {column!r} is boolean, not a count")
     missing = s.isna().to_numpy(dtype=bool)
     if pd.api.types.is_integer_dtype(dtype):
-        first([(missing, "missing count (empty or NaN)")])
+        report.first([(missing, "missing count (empty or NaN)")])
         if pd.api.types.is_unsigned_integer_dtype(dtype):
             u = s.to_numpy(dtype=np.uint64)
-            first([(u > np.uint64(np.iinfo(np.int64).max), "count exceeds the int64 range")])
+            report.first([(u > np.uint64(np.iinfo(np.int64).max), "count exceeds the int64 range")])
             return u.astype(np.int64)
         v = s.to_numpy(dtype=np.int64)
-        first([(v < 0, "count is negative")])
+        report.first([(v < 0, "count is negative")])
         return v
     if pd.api.types.is_float_dtype(dtype):
         f = s.to_numpy(dtype=np.float64, na_value=np.nan)
         values, problems = _float_counts(f)
-        first(problems)
+        report.first(problems)
         return values
-    # text (or mixed objects): digits are cast exactly, anything else goes through float
-    obj = s.to_numpy(dtype=object)
+    return _text_counts(s.to_numpy(dtype=object), missing, report)
+
+
+@dataclass(frozen=True)
+class _CountProblems:
+    """Where :func:`parse_counts` reads (file prefix, column, 0-based data rows or None for
+    positions) and its refusal of the first problem in row order."""
+
+    where: str
+    column: str
+    rows: np.ndarray | None
+
+    def first(self, problems: list[tuple[np.ndarray, str]]) -> None:
+        """Raise for the problem ``(mask, reason)`` whose first row comes first, if any."""
+        hits = [(int(np.flatnonzero(m)[0]), why) for m, why in problems if m.any()]
+        if hits:
+            i, why = min(hits, key=lambda h: h[0])
+            r = i if self.rows is None else int(self.rows[i])
+            raise DataError(
+                f"{self.where}data row {r + 1}, column {self.column!r}: {why}; counts must be "
+                "non-negative integers"
+            )
+
+
+def _text_counts(obj: np.ndarray, missing: np.ndarray, report: _CountProblems) -> np.ndarray:
+    """Text (or mixed objects) as counts: digits cast exactly (:func:`_digit_counts`),
+    anything else through float (:func:`_float_counts`); the first problem refused."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = obj.size
     text = np.where(missing, None, obj)
     try:
         arr = pa.array(text, type=pa.large_string(), from_pandas=True)
@@ -327,8 +338,36 @@ def parse_counts(
     arr = pc.utf8_trim_whitespace(arr)
     empty = pc.fill_null(pc.equal(pc.utf8_length(arr), 0), True).to_numpy(zero_copy_only=False)
     missing = missing | empty
+    out, plain, too_big = _digit_counts(arr, missing)
+    other = ~plain & ~missing
+    problems = [
+        (missing, "missing count (empty or NaN)"),
+        (too_big, "count exceeds the int64 range (2^63 - 1)"),
+    ]
+    if other.any():
+        f = pd.to_numeric(pd.Series(obj[other]), errors="coerce").to_numpy(
+            dtype=np.float64, na_value=np.nan
+        )
+        values, float_problems = _float_counts(f)
+        for mask, why in [(np.isnan(f), "count is not a number"), *float_problems[1:]]:
+            full = np.zeros(n, dtype=bool)
+            full[other] = mask
+            problems.append((full, why))
+        out[other] = values
+    report.first(problems)
+    return out
+
+
+def _digit_counts(arr: Any, missing: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The counts written as plain digits (:data:`_PLAIN_COUNT`), cast exactly: up to 18
+    ASCII digits directly (they always fit in int64), the rest after stripping sign, leading
+    zeros and a zero fraction, compared with int64's largest as text. Returns the counts
+    (0 elsewhere), which values are plain digits, and which of those exceed int64."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(arr)
     length = pc.utf8_length(arr)
-    # up to 18 ASCII digits always fit in int64: cast directly; the rest by the slow path
     simple = pc.fill_null(
         pc.and_(pc.ascii_is_decimal(arr), pc.less_equal(length, 18)), False
     ).to_numpy(zero_copy_only=False)
@@ -361,23 +400,7 @@ def parse_counts(
         out[idx[ok]] = pc.cast(digits.filter(pa.array(ok)), pa.int64()).to_numpy(
             zero_copy_only=False
         )
-    other = ~plain & ~missing
-    problems = [
-        (missing, "missing count (empty or NaN)"),
-        (too_big, "count exceeds the int64 range (2^63 - 1)"),
-    ]
-    if other.any():
-        f = pd.to_numeric(pd.Series(obj[other]), errors="coerce").to_numpy(
-            dtype=np.float64, na_value=np.nan
-        )
-        values, float_problems = _float_counts(f)
-        for mask, why in [(np.isnan(f), "count is not a number"), *float_problems[1:]]:
-            full = np.zeros(n, dtype=bool)
-            full[other] = mask
-            problems.append((full, why))
-        out[other] = values
-    first(problems)
-    return out
+    return out, plain, too_big
 
 
 def _float_counts(f: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, str]]]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -50,10 +51,12 @@ from censusdp.mechanisms.projection import (
     row_space_basis,
 )
 from censusdp.mechanisms.queries import LinearQuery, matrix_sensitivity, query_matrix
+from censusdp.options import with_keywords
 from censusdp.rng import KeyedRNG
 
 __all__ = [
     "DistributedRelease",
+    "ProjectionOptions",
     "SubspaceRelease",
     "agent_release",
     "correlated_gaussian",
@@ -362,6 +365,28 @@ def projected_laplace(
     )
 
 
+@dataclass(frozen=True, eq=False)
+class ProjectionOptions:
+    """What a projected mechanism draws and names, beyond its query, data and budget.
+
+    Attributes
+    ----------
+    groups : numpy.ndarray, optional
+        Group index of each answer: the invariants are the groups' sums (instead of ``C``).
+    label : str, optional
+        The keyed noise stream; None: the mechanism's own (``subspace/<mechanism>``).
+    invariant_names : sequence of str, optional
+        The invariants' names in the statement (default: numbered).
+    repeats : int, optional
+        Independent releases drawn at once (a leading axis), for tests and simulations.
+    """
+
+    groups: np.ndarray | None = None
+    label: str | None = None
+    invariant_names: Sequence[str] | None = None
+    repeats: int | None = None
+
+
 def projected_gaussian(
     A: np.ndarray | LinearQuery | None,
     h: np.ndarray,
@@ -371,25 +396,28 @@ def projected_gaussian(
     rng: KeyedRNG,
     *,
     calibration: str = "analytic",
-    groups: np.ndarray | None = None,
-    label: str = "subspace/projected_gaussian",
-    invariant_names: Sequence[str] | None = None,
-    repeats: int | None = None,
+    options: ProjectionOptions | None = None,
+    **legacy: Any,
 ) -> SubspaceRelease:
     """Projected Gaussian mechanism: A h + Π_N e, e ~ N(0, σ²)ⁿ, σ = c(ε, δ)·Δ₂(A).
 
     (ε, δ)-induced subspace DP. Covariance σ²Π_N, MSE (n − n_c)σ². ``calibration`` picks σ
     (see :func:`~censusdp.mechanisms.calibration.gaussian_sigma_for`; default the analytic
     Gaussian, the seeds' ``"classical"`` c(ε, δ) for reproducing them). The statement also reports ρ = Δ₂²/(2σ²).
+    ``options`` (:class:`ProjectionOptions`) gives the groups, the noise stream's label, the
+    invariants' names and repeats; the same names as keyword arguments (``**legacy``, as
+    before the options existed) are applied over it for one release.
 
     References
     ----------
     Gao, Gong & Yu (2022), Lemma 13 and Corollary 14.
     """
+    o = with_keywords(ProjectionOptions, options, legacy, "projected_gaussian")
+    label = "subspace/projected_gaussian" if o.label is None else o.label
     sens = l2_sensitivity(A)
     law = Gaussian(gaussian_sigma_for(epsilon, delta, sens, calibration))
-    release, _, cov, diag, n_c = _projected(A, h, C, groups, law, rng, label, repeats)
-    names = _names(invariant_names, C, groups, n_c)
+    release, _, cov, diag, n_c = _projected(A, h, C, o.groups, law, rng, label, o.repeats)
+    names = _names(o.invariant_names, C, o.groups, n_c)
     mse = law.variance * (release.shape[-1] - n_c)
     budget = (epsilon, delta, calibration)
     return _gaussian_result("projected_gaussian", release, cov, diag, mse, names, law, sens, budget)

@@ -17,6 +17,7 @@ estimator runs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -267,13 +268,13 @@ class Conditioning(_AnyLaw):
     integer = False
 
     def run(self, problem, rng, options, executor, partitions) -> Release:
-        from censusdp.estimation.conditioning import condition
+        from censusdp.estimation.conditioning import ConditioningOptions, condition
 
         p = problem
         mc = options.mcmc
-        kwargs: dict[str, Any] = {"tv_bound": mc.tv_bound, "n_rhat_chains": max(4, mc.chains)}
+        opts = ConditioningOptions(tv_bound=mc.tv_bound, n_rhat_chains=max(4, mc.chains))
         if mc.max_iterations is not None:
-            kwargs["max_iterations"] = mc.max_iterations
+            opts = dataclasses.replace(opts, max_iterations=mc.max_iterations)
         return condition(
             p.hierarchy,
             p.cells,
@@ -281,7 +282,7 @@ class Conditioning(_AnyLaw):
             p.invariants,
             p.privacy,
             rng.child("conditioning"),
-            **kwargs,
+            opts,
         )
 
 
@@ -297,7 +298,7 @@ class TopDown(_AnyLaw):
     integer = True
 
     def run(self, problem, rng, options, executor, partitions) -> Release:
-        from censusdp.estimation.topdown import topdown
+        from censusdp.estimation.topdown import TopDownSolveOptions, topdown
 
         p = problem
         mapper = None if executor is None or executor.name == "sync" else executor.map
@@ -308,8 +309,7 @@ class TopDown(_AnyLaw):
             p.measurements,
             p.invariants,
             p.privacy,
-            mapper=mapper,
-            chunks=chunks,
+            TopDownSolveOptions(mapper=mapper, chunks=chunks),
         )
 
 

@@ -32,7 +32,7 @@ J. ACM 53(3), 2006 (dependent rounding).
 from __future__ import annotations
 
 import dataclasses
-import time
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -82,6 +82,7 @@ from censusdp.pipelines.measure import PartitionedMeasurements
 from censusdp.pipelines.partition import Partition
 from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece, piece_head
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
+from censusdp.timing import stage
 
 __all__ = ["partitioned_gls", "partitioned_round"]
 
@@ -178,66 +179,37 @@ def partitioned_gls(
     ----------
     Hay et al. (2010); Rauch, Tung & Striebel (1965).
     """
-    t0 = time.perf_counter()
-    privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
-    ex = executor
-    cut = partitions[0].cut
-    pm = measurements if isinstance(measurements, PartitionedMeasurements) else None
-    if pm is not None and (pm.executor is not ex or pm.partitions != tuple(partitions)):
-        measurements, pm = pm.gather(), None
-    if pm is None:
-        plan, meas, invs = gls_plan(
-            hierarchy, cells, measurements, invariants, geometry, privacy=privacy
+    ex, cut = executor, partitions[0].cut
+    clock: dict[str, float] = {}
+    with stage(clock, "setup"):
+        privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
+        plan, meas, invs, part_invs, tasks = _gls_tasks(
+            hierarchy, cells, measurements, invariants, privacy, partitions, ex, geometry
         )
-        part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
-        tasks: list = [
-            _UpTask(Forest.of(hierarchy, cut, p.ranges), tuple(restrict(meas, cut, p.ranges)), iv)
-            for p, iv in zip(partitions, part_invs, strict=True)
+    with stage(clock, "upward"):
+        states = ex.submit(_upward_task, tasks, plan)
+        del tasks
+        msg = ex.submit(_message_task, states, plan)
+        messages = ex.gather(msg)
+        ex.release(msg)
+    with stage(clock, "top"):
+        zhat, Phat = gls_top(plan, hierarchy, cut, meas, invs, messages)
+        del messages
+    with stage(clock, "downward"):
+        items = [
+            (s, zhat[-1][slice(*p.units)], Phat[-1][slice(*p.units)], iv)
+            for s, p, iv in zip(states, partitions, part_invs, strict=True)
         ]
-    else:
-        # levels at or below the cut are validated by shape here and for finiteness in
-        # their tasks: their values stay with the executor
-        stubs = [
-            pm.top[i]
-            if i in pm.top
-            else Measurement(k, q, np.broadcast_to(np.zeros(()), (pm.sizes[k], q.n_rows)), law)
-            for i, (k, q, law) in enumerate(pm.plan)
-        ]
-        plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry, privacy=privacy)
-        part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
-        entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
-        tasks = [
-            (Forest.of(hierarchy, cut, p.ranges), h, entries, iv)
-            for p, h, iv in zip(partitions, pm.handles, part_invs, strict=True)
-        ]
-    t1 = time.perf_counter()
-    states = ex.submit(_upward_task, tasks, plan)
-    del tasks
-    msg = ex.submit(_message_task, states, plan)
-    messages = ex.gather(msg)
-    ex.release(msg)
-    t2 = time.perf_counter()
-    zhat, Phat = gls_top(plan, hierarchy, cut, meas, invs, messages)
-    del messages
-    t3 = time.perf_counter()
-    items = [
-        (s, zhat[-1][slice(*p.units)], Phat[-1][slice(*p.units)], iv)
-        for s, p, iv in zip(states, partitions, part_invs, strict=True)
-    ]
-    pieces = ex.submit(_downward_task, items, plan, covariance)
-    ex.release(states)  # the downward tasks hold them
-    del states, items
-    summaries = [summary for _, summary in _heads(ex, pieces)]
-    t4 = time.perf_counter()
+        pieces = ex.submit(_downward_task, items, plan, covariance)
+        ex.release(states)  # the downward tasks hold them
+        del states, items
+        summaries = [summary for _, summary in _heads(ex, pieces)]
     est, var, cov = gls_finish(plan, zhat, Phat, covariance)
     top = forest_residuals(whole_forest(hierarchy, 0, cut), est, invs)
     timings = {
         "partitions": len(partitions),
         "cut": hierarchy.names[cut],
-        "seconds_setup": t1 - t0,
-        "seconds_upward": t2 - t1,
-        "seconds_top": t3 - t2,
-        "seconds_downward": t4 - t3,
+        **{f"seconds_{k}": clock[k] for k in ("setup", "upward", "top", "downward")},
     }
     kept = PartitionedRelease(
         estimator="gls",
@@ -261,6 +233,50 @@ def partitioned_gls(
     return _gathered(kept, "seconds_gather")
 
 
+def _gls_tasks(
+    hierarchy: Hierarchy,
+    cells: Sequence[str],
+    measurements: Sequence[Measurement] | PartitionedMeasurements,
+    invariants: Sequence[Invariant],
+    privacy: PrivacyStatement,
+    partitions: Sequence[Partition],
+    ex: Executor,
+    geometry: Geometry,
+) -> tuple[GLSPlan, list, list, list[tuple[Invariant, ...]], list]:
+    """The GLS plan, the resolved measurements and invariants, and per partition its
+    invariants and upward task: an :class:`_UpTask` with its slices, or, for measurements
+    kept with this executor and these partitions, the handle of its measurements there
+    (levels at or below the cut validated by shape here, for finiteness in their tasks)."""
+    cut = partitions[0].cut
+    pm = measurements if isinstance(measurements, PartitionedMeasurements) else None
+    if pm is not None and (pm.executor is not ex or pm.partitions != tuple(partitions)):
+        measurements, pm = pm.gather(), None
+    if pm is None:
+        plan, meas, invs = gls_plan(
+            hierarchy, cells, measurements, invariants, geometry, privacy=privacy
+        )
+        part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
+        tasks: list = [
+            _UpTask(Forest.of(hierarchy, cut, p.ranges), tuple(restrict(meas, cut, p.ranges)), iv)
+            for p, iv in zip(partitions, part_invs, strict=True)
+        ]
+        return plan, meas, invs, part_invs, tasks
+    stubs = [
+        pm.top[i]
+        if i in pm.top
+        else Measurement(k, q, np.broadcast_to(np.zeros(()), (pm.sizes[k], q.n_rows)), law)
+        for i, (k, q, law) in enumerate(pm.plan)
+    ]
+    plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry, privacy=privacy)
+    part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
+    entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
+    tasks = [
+        (Forest.of(hierarchy, cut, p.ranges), h, entries, iv)
+        for p, h, iv in zip(partitions, pm.handles, part_invs, strict=True)
+    ]
+    return plan, meas, invs, part_invs, tasks
+
+
 def _heads(ex: Executor, pieces: list) -> list[tuple[np.ndarray | None, dict]]:
     """The small part of every piece (:func:`piece_head`); the pieces stay where they are."""
     handles = ex.submit(piece_head, pieces)
@@ -272,12 +288,13 @@ def _heads(ex: Executor, pieces: list) -> list[tuple[np.ndarray | None, dict]]:
 
 def _gathered(kept: PartitionedRelease, timing: str) -> Release:
     """``kept`` gathered into this process (its pieces freed), with the seconds it took."""
-    t = time.perf_counter()
-    try:
-        release = kept.gather()
-    finally:
-        kept.drop()
-    release.diagnostics[timing] = time.perf_counter() - t
+    clock: dict[str, float] = {}
+    with stage(clock, "gather"):
+        try:
+            release = kept.gather()
+        finally:
+            kept.drop()
+    release.diagnostics[timing] = clock["gather"]
     return release
 
 
@@ -455,78 +472,154 @@ def partitioned_round(
         kept = PartitionedRelease.of(release, partitions, ex)
     else:
         ex.wait(ex.submit(_finite_task, kept.pieces, h, kept.cells))
-    cells = tuple(release.cells)
-    # the rounding tasks need the shape of their subtrees, not the node codes
-    forests = [Forest.of(h, cut, p.ranges).without_codes() for p in partitions]
-    # a task gets the sub-keys of its own streams and chunks, never the key
-    los = [tuple(r[0] for r in p.ranges) for p in partitions]
+    job = _RoundJob(
+        ex, h, tuple(release.cells), kept, tuple(partitions), rng, lab, tol,
+        tuple(invariants), tuple(queries),
+    )  # fmt: skip
+    start = _start_bipartite(job) if method == "bipartite" else _start_family(job, method)
+    pieces = _settle(job, start)
+    rounded = _rounded(job, start, pieces, method)
+    if isinstance(release, PartitionedRelease):
+        return rounded
+    ex.release(kept.pieces)
+    return _gathered(rounded, "seconds_gather")
+
+
+@dataclass(frozen=True, eq=False)
+class _RoundJob:
+    """One partitioned rounding's inputs as its steps share them: the release kept per
+    partition (``kept``), the cells, the rounding streams' key and label, the invariants
+    and tracked queries. ``forests`` are the partitions' subtrees without their codes (what
+    the rounding tasks need) and ``los`` their first global node per level."""
+
+    ex: Executor
+    hierarchy: Hierarchy
+    cells: tuple[str, ...]
+    kept: PartitionedRelease
+    partitions: tuple[Partition, ...]
+    rng: KeyedRNG
+    label: str
+    tol: float
+    invariants: tuple[Invariant, ...]
+    queries: tuple[Query, ...]
+
+    @property
+    def cut(self) -> int:
+        return self.partitions[0].cut
+
+    @functools.cached_property
+    def forests(self) -> list[Forest]:
+        h, cut = self.hierarchy, self.cut
+        return [Forest.of(h, cut, p.ranges).without_codes() for p in self.partitions]
+
+    @functools.cached_property
+    def los(self) -> list[tuple[int, ...]]:
+        return [tuple(r[0] for r in p.ranges) for p in self.partitions]
+
+
+@dataclass(frozen=True, eq=False)
+class _RoundStart:
+    """The rounding's first map and what the settling needs: per partition the handle of
+    its rounded part and its ``settle`` tuple ``(leaf, cell, add, bits)`` (the increments
+    the levels above the cut give its leftovers, its cut nodes' bit covariances or, for
+    bipartite, the parents' rows); the plan (None for bipartite), tracked sums' masks and
+    labels, the family's description and the rounding variances of the levels down to the
+    cut (None for bipartite: summed from the pieces)."""
+
+    parts: list
+    settle: list[tuple]
+    plan: RoundingPlan | None
+    masks: np.ndarray
+    labels: Sequence[str]
+    family: tuple
+    top_rounding: list[np.ndarray] | None
+
+
+def _start_bipartite(job: _RoundJob) -> _RoundStart:
+    """Bipartite: each partition rounds the leaves of its leaf parents, each parent with
+    its own keyed generator (sub-keys of its parents only)."""
+    h, cut, ex = job.hierarchy, job.cut, job.ex
+    D = h.depth
+    check_bipartite(h.names, job.cells, job.invariants)
+    masks, labels = tracked_sums(job.cells, job.invariants, job.queries)
+    up = h.levels[D - 2]
+    tasks = [
+        (
+            piece,
+            up.child_count[slice(*p.range(D - 2))],
+            p.range(D - 2)[0],
+            job.rng.restrict({job.label: range(*p.range(D - 2))}),
+        )
+        for p, piece in zip(job.partitions, job.kept.pieces, strict=True)
+    ]
+    parts = ex.submit(_bipartite_task, tasks, job.label, job.tol)
+    none = np.zeros(0, np.int64)
+    if D - 2 == cut:
+        rows = [job.kept.estimates[cut][slice(*p.range(cut))] for p in job.partitions]
+    else:
+        rows = [None] * len(job.partitions)  # the pieces hold the parents' level
+    return _RoundStart(parts, [(none, none, none, r) for r in rows], None, masks, labels, (), None)
+
+
+def _start_family(job: _RoundJob, method: str) -> _RoundStart:
+    """``"cells"``/``"totals"``: each partition runs the family's steps up to its cut nodes,
+    the levels above are rounded here from their leftovers (:func:`round_top`), and each
+    partition is told the increments its leftovers get."""
+    h, cut, ex, lab, tol = job.hierarchy, job.cut, job.ex, job.label, job.tol
+    plan = RoundingPlan.build(h.names, job.cells, method, job.invariants, job.queries)
+    tasks = [
+        (f, lo, piece, _round_keys(job.rng, f, lo, plan, lab))
+        for f, lo, piece in zip(job.forests, job.los, job.kept.pieces, strict=True)
+    ]
+    parts = ex.submit(_round_task, tasks, tuple(h.sizes[cut:]), plan, lab, tol)
+    small = ex.submit(_leftovers, parts)
+    top = round_top(h, cut, ex.gather(small), job.rng, plan, label=lab, tol=tol)
+    ex.release(small)
+    settle = []
+    for p in job.partitions:
+        lo, hi = p.range(h.depth - 1)
+        mine = (top.leaf >= lo) & (top.leaf < hi)
+        settle.append(
+            (top.leaf[mine], top.cell[mine], top.add[mine], top.bits[slice(*p.range(cut))])
+        )
+    return _RoundStart(parts, settle, plan, plan.masks, plan.labels, plan.describe(), top.variances)
+
+
+def _settle(job: _RoundJob, start: _RoundStart) -> list:
+    """The partitions' integer pieces (:func:`_settle_task`, where the pieces are); the
+    first map's parts are released."""
+    h, cut = job.hierarchy, job.cut
     part_invs = [
         tuple(
             (iv, f"{h.names[iv.level]}: {iv.query.name}")
-            for iv in restrict(invariants, cut, p.ranges)
+            for iv in restrict(job.invariants, cut, p.ranges)
         )
-        for p in partitions
+        for p in job.partitions
     ]
-    top_invs = [iv for iv in invariants if iv.level <= cut]
-    if method == "bipartite":
-        check_bipartite(h.names, cells, invariants)
-        masks, labels = tracked_sums(cells, invariants, queries)
-        plan, family = None, ()
-        up = h.levels[D - 2]
-        tasks = [
-            (
-                piece,
-                up.child_count[slice(*p.range(D - 2))],
-                p.range(D - 2)[0],
-                rng.restrict({lab: range(*p.range(D - 2))}),
-            )
-            for p, piece in zip(partitions, kept.pieces, strict=True)
-        ]
-        parts = ex.submit(_bipartite_task, tasks, lab, tol)
-        none = np.zeros(0, np.int64)
-        if D - 2 == cut:
-            rows = [kept.estimates[cut][slice(*p.range(cut))] for p in partitions]
-        else:
-            rows = [None] * len(partitions)  # the pieces hold the parents' level
-        settle = [(none, none, none, r) for r in rows]
-        top_rounding = None
-    else:
-        plan = RoundingPlan.build(h.names, cells, method, invariants, queries)
-        masks, labels, family = plan.masks, plan.labels, plan.describe()
-        tasks = [
-            (f, lo, piece, _round_keys(rng, f, lo, plan, lab))
-            for f, lo, piece in zip(forests, los, kept.pieces, strict=True)
-        ]
-        parts = ex.submit(_round_task, tasks, tuple(h.sizes[cut:]), plan, lab, tol)
-        small = ex.submit(_leftovers, parts)
-        top = round_top(h, cut, ex.gather(small), rng, plan, label=lab, tol=tol)
-        ex.release(small)
-        top_rounding = top.variances
-        settle = []
-        for p in partitions:
-            lo, hi = p.range(D - 1)
-            mine = (top.leaf >= lo) & (top.leaf < hi)
-            settle.append(
-                (top.leaf[mine], top.cell[mine], top.add[mine], top.bits[slice(*p.range(cut))])
-            )
-    del tasks
     items = [
-        (part, piece, f, lo, *st, iv, masks)
+        (part, piece, f, lo, *st, iv, start.masks)
         for part, piece, f, lo, st, iv in zip(
-            parts, kept.pieces, forests, los, settle, part_invs, strict=True
+            start.parts, job.kept.pieces, job.forests, job.los, start.settle, part_invs,
+            strict=True,
         )
-    ]
-    pieces = ex.submit(_settle_task, items, plan, tol)
-    ex.release(parts)
-    del items, parts
-    got = _heads(ex, pieces)
-    head = np.concatenate([c for c, _ in got])
-    estimates = whole_forest(h, 0, cut).aggregate(head)
+    ]  # fmt: skip
+    pieces = job.ex.submit(_settle_task, items, start.plan, job.tol)
+    job.ex.release(start.parts)
+    return pieces
+
+
+def _rounded(job: _RoundJob, start: _RoundStart, pieces: list, method: str) -> PartitionedRelease:
+    """The rounded release kept per partition: the levels down to the cut summed from the
+    pieces' heads, variances with the rounding's added, the tracked sums, and every
+    invariant checked exact (DataError naming those that are not; the pieces released)."""
+    h, cut, kept = job.hierarchy, job.cut, job.kept
+    got = _heads(job.ex, pieces)
+    top = whole_forest(h, 0, cut)
+    estimates = top.aggregate(np.concatenate([c for c, _ in got]))
+    top_rounding = start.top_rounding
     if top_rounding is None:  # bipartite: the parents are independent, variances add
-        top_rounding = whole_forest(h, 0, cut).aggregate(
-            np.concatenate([s["head_rounding"] for _, s in got])
-        )
-    K = len(cells)
+        top_rounding = top.aggregate(np.concatenate([s["head_rounding"] for _, s in got]))
+    K = len(job.cells)
     variances = (
         None
         if kept.variances is None
@@ -539,33 +632,26 @@ def partitioned_round(
         ]
     )
     sums = SumVariances(
-        masks, tuple(labels), sum_estimator_variances(kept, masks, range(cut + 1)), top_rounding
+        start.masks,
+        tuple(start.labels),
+        sum_estimator_variances(kept, start.masks, range(cut + 1)),
+        top_rounding,
     )
     diag = dict(kept.diagnostics)
     diag.update(rounding=method, rounding_variance_max=largest)
-    if family:
-        diag["rounding_family"] = list(family)
-    exact = {}
-    for iv in top_invs:
-        key = f"{h.names[iv.level]}: {iv.query.name}"
-        ok = bool(np.array_equal(iv.query.apply(estimates[iv.level]), iv.values))
-        exact[key] = exact.get(key, True) and ok
-    for iv in invariants:
-        if iv.level > cut:
-            key = f"{h.names[iv.level]}: {iv.query.name}"
-            exact[key] = exact.get(key, True) and not any(
-                key in s["invariants_missed"] for _, s in got
-            )
+    if start.family:
+        diag["rounding_family"] = list(start.family)
+    exact = _invariants_exact(job, estimates, [s for _, s in got])
     missed = [k for k, ok in exact.items() if not ok]
     if missed:
-        ex.release(pieces)
+        job.ex.release(pieces)
         raise DataError(
             f"invariants {missed} are not exact after rounding: the real-valued release does "
             "not meet them within the rounding tolerance; check the estimator's invariant "
             "constraints"
         )
     diag["invariants_exact"] = exact
-    rounded = dataclasses.replace(
+    return dataclasses.replace(
         kept,
         integer=True,
         diagnostics=diag,
@@ -575,7 +661,24 @@ def partitioned_round(
         pieces=pieces,
         sums=sums,
     )
-    if isinstance(release, PartitionedRelease):
-        return rounded
-    ex.release(kept.pieces)
-    return _gathered(rounded, "seconds_gather")
+
+
+def _invariants_exact(
+    job: _RoundJob, estimates: Sequence[np.ndarray], summaries: Sequence[dict]
+) -> dict[str, bool]:
+    """Per invariant label, whether it holds exactly (``==``): checked here on the levels
+    down to the cut, by the pieces (their ``invariants_missed``) below it."""
+    names, cut = job.hierarchy.names, job.cut
+    exact: dict[str, bool] = {}
+    for iv in job.invariants:
+        if iv.level <= cut:
+            key = f"{names[iv.level]}: {iv.query.name}"
+            ok = bool(np.array_equal(iv.query.apply(estimates[iv.level]), iv.values))
+            exact[key] = exact.get(key, True) and ok
+    for iv in job.invariants:
+        if iv.level > cut:
+            key = f"{names[iv.level]}: {iv.query.name}"
+            exact[key] = exact.get(key, True) and not any(
+                key in s["invariants_missed"] for s in summaries
+            )
+    return exact

@@ -191,16 +191,42 @@ def write_report(
 ) -> Path:
     """Write ``report.md``: what ran, the privacy statements, errors per level and the bias
     study, under :data:`CONFIDENTIAL_LABEL`; its length does not grow with the data."""
-    data = manifest["data"]
-    spec = manifest["spec"]
-    reps = manifest["repetitions"]
     lines = [f"# {title or 'censusdp run'}: evaluation", "", f"**{CONFIDENTIAL_LABEL}**", ""]
     lines += [
         "The release itself (estimates, standard errors, privacy statement) is in `../release/`; "
         "this folder compares it with the truth.",
         "",
     ]
-    lines += [
+    lines += _what_was_run(manifest)
+    lines += _errors_per_level(metrics)
+    if not regressions.empty:
+        lines += _small_area_bias(regressions)
+    if sizes is not None and not sizes.empty:
+        lines += [
+            "## Errors by size class",
+            "",
+            "Leaf-total errors of repetition 0 grouped by the true leaf total. A mean signed "
+            "error that falls as size grows is small-area bias.",
+            "",
+            markdown_table(sizes),
+            "",
+        ]
+    for fig in figures:
+        lines += [f"![{fig}]({fig})", ""]
+    t = manifest["timings_seconds"]
+    lines += ["## Timings", "", ", ".join(f"{k}: {v:.2f} s" for k, v in t.items()), ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def _what_was_run(manifest: dict) -> list[str]:
+    """The report's sections on what ran (data, budget, estimators, repetitions, the
+    measurements) and the release's privacy statements."""
+    data = manifest["data"]
+    spec = manifest["spec"]
+    reps = manifest["repetitions"]
+    lines = [
         "## What was run",
         "",
         f"- Data: `{data['source']}`; levels {' → '.join(data['levels'])} with "
@@ -229,7 +255,12 @@ def write_report(
         "These statements are of the release. The comparisons below use the confidential truth "
         "and carry no privacy guarantee.",
     ]
-    lines += [
+    return lines
+
+
+def _errors_per_level(metrics: pd.DataFrame) -> list[str]:
+    """The section of errors per level and estimator, averaged over repetitions."""
+    lines = [
         "",
         "## Errors per level",
         "",
@@ -244,80 +275,62 @@ def write_report(
         .mean()
         .reset_index()
     )
-    lines += [markdown_table(agg), ""]
-    if not regressions.empty:
-        lines += [
-            "## Small-area bias",
-            "",
-            "Within each group (the level above the leaves), the leaf-total error (released − true) is "
-            "regressed on log(true size) by ordinary least squares. A negative slope means small areas "
-            "come out too large and large areas too small — the bias that non-negativity and fixed "
-            "parent totals give the TopDown-style baseline. For an unbiased estimator the slopes scatter "
-            "around zero: at level 0.01 about 0.5% of groups show a significant negative slope by chance.",
-            "",
-        ]
-        summary = []
-        for (est, rep), g in regressions.groupby(["estimator", "repetition"], sort=False):
-            summary.append(
-                {
-                    "estimator": est,
-                    "repetition": rep,
-                    "groups": len(g),
-                    "negative": int((g["slope"] < 0).sum()),
-                    "significant_negative_001": int(((g["slope"] < 0) & (g["p"] < 0.01)).sum()),
-                }
-            )
-        s = (
-            pd.DataFrame(summary)
-            .groupby("estimator", sort=False)
-            .mean(numeric_only=True)
-            .reset_index()
+    return lines + [markdown_table(agg), ""]
+
+
+def _small_area_bias(regressions: pd.DataFrame) -> list[str]:
+    """The small-area bias section: per estimator the groups with a negative and a
+    significantly negative slope (with the number chance gives), then every group's slope,
+    or their quantiles beyond :data:`MAX_GROUPS` groups."""
+    lines = [
+        "## Small-area bias",
+        "",
+        "Within each group (the level above the leaves), the leaf-total error (released − true) is "
+        "regressed on log(true size) by ordinary least squares. A negative slope means small areas "
+        "come out too large and large areas too small — the bias that non-negativity and fixed "
+        "parent totals give the TopDown-style baseline. For an unbiased estimator the slopes scatter "
+        "around zero: at level 0.01 about 0.5% of groups show a significant negative slope by chance.",
+        "",
+    ]
+    summary = []
+    for (est, rep), g in regressions.groupby(["estimator", "repetition"], sort=False):
+        summary.append(
+            {
+                "estimator": est,
+                "repetition": rep,
+                "groups": len(g),
+                "negative": int((g["slope"] < 0).sum()),
+                "significant_negative_001": int(((g["slope"] < 0) & (g["p"] < 0.01)).sum()),
+            }
         )
-        s["chance_expected_significant_negative"] = s["groups"] * 0.005
-        slopes = slope_table(regressions)
-        n_groups = slopes["group"].nunique()
-        lines += ["Per repetition, averaged:", "", markdown_table(s.drop(columns="repetition")), ""]
-        if n_groups <= MAX_GROUPS:
-            lines += [
-                "Slope per group (mean over repetitions, 95% interval):",
-                "",
-                markdown_table(slopes),
-                "",
-            ]
-        else:
-            q = (
-                slopes.groupby("estimator", sort=False)["slope"]
-                .quantile([0.05, 0.25, 0.5, 0.75, 0.95])
-                .unstack()
-            )
-            q.columns = [f"q{int(c * 100):02d}" for c in q.columns]
-            q.insert(0, "groups", slopes.groupby("estimator", sort=False).size())
-            q.insert(
-                1,
-                "interval_below_0",
-                (slopes["high"] < 0).groupby(slopes["estimator"], sort=False).sum(),
-            )
-            lines += [
-                f"Slopes of the {n_groups:,} groups (mean over repetitions), as quantiles; every "
-                "group's slope and interval is in `regressions.parquet`:",
-                "",
-                markdown_table(q.reset_index()),
-                "",
-            ]
-    if sizes is not None and not sizes.empty:
-        lines += [
-            "## Errors by size class",
+    s = pd.DataFrame(summary).groupby("estimator", sort=False).mean(numeric_only=True).reset_index()
+    s["chance_expected_significant_negative"] = s["groups"] * 0.005
+    slopes = slope_table(regressions)
+    n_groups = slopes["group"].nunique()
+    lines += ["Per repetition, averaged:", "", markdown_table(s.drop(columns="repetition")), ""]
+    if n_groups <= MAX_GROUPS:
+        return lines + [
+            "Slope per group (mean over repetitions, 95% interval):",
             "",
-            "Leaf-total errors of repetition 0 grouped by the true leaf total. A mean signed "
-            "error that falls as size grows is small-area bias.",
-            "",
-            markdown_table(sizes),
+            markdown_table(slopes),
             "",
         ]
-    for fig in figures:
-        lines += [f"![{fig}]({fig})", ""]
-    t = manifest["timings_seconds"]
-    lines += ["## Timings", "", ", ".join(f"{k}: {v:.2f} s" for k, v in t.items()), ""]
-    path = out / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    q = (
+        slopes.groupby("estimator", sort=False)["slope"]
+        .quantile([0.05, 0.25, 0.5, 0.75, 0.95])
+        .unstack()
+    )
+    q.columns = [f"q{int(c * 100):02d}" for c in q.columns]
+    q.insert(0, "groups", slopes.groupby("estimator", sort=False).size())
+    q.insert(
+        1,
+        "interval_below_0",
+        (slopes["high"] < 0).groupby(slopes["estimator"], sort=False).sum(),
+    )
+    return lines + [
+        f"Slopes of the {n_groups:,} groups (mean over repetitions), as quantiles; every "
+        "group's slope and interval is in `regressions.parquet`:",
+        "",
+        markdown_table(q.reset_index()),
+        "",
+    ]

@@ -56,7 +56,6 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -90,13 +89,16 @@ from censusdp.mechanisms.product_measure import (
     checked_values,
 )
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.options import with_keywords
 from censusdp.pipelines.execute import DaskExecutor, Executor, ThreadExecutor, ordered_ahead
 from censusdp.pipelines.partition import Partition
 from censusdp.schema import Schema
+from censusdp.timing import CPU_PREFIX, stage
 
 __all__ = [
     "GivenValues",
     "PartitionSink",
+    "StreamOptions",
     "StreamResult",
     "given_values",
     "structured_stream",
@@ -148,6 +150,67 @@ class StreamResult:
     privacy: PrivacyStatement
     diagnostics: dict
     sunk: tuple = ()
+
+
+@dataclass(frozen=True, eq=False)
+class StreamOptions:
+    """How :func:`structured_stream` runs, beyond its data: the estimator's settings, the
+    callbacks beside ``on_partition``, the memory budget and where the passes run.
+
+    Attributes
+    ----------
+    on_top : callable, optional
+        Receives the levels ``0 .. cut`` (every node) once, after they are solved and before
+        the first partition's downward pass (e.g. to round them top-down, so each partition
+        can then be rounded from its cut nodes' integers in ``on_partition``).
+    geometry, privacy, delta, acknowledge_exact_release
+        As for :func:`~censusdp.estimation.structured_gls.structured_gls`.
+    cache_bytes : int
+        Memory the cached upward states may take; partitions beyond it are recomputed in the
+        downward pass instead of held (0: recompute all). On Dask, which partitions fit can
+        depend on the order their upward passes complete; the output does not.
+    order : sequence of int, optional
+        Order in which partitions are processed (positions in ``partitions``); the result
+        does not depend on it. On an executor, largest partitions first (by leaves) keeps
+        the workers busy to the end.
+    workers : int
+        Threads running partitions' passes at once (numpy releases the GIL in the large
+        products); at most ``workers`` partitions are computed ahead of the one being
+        consumed, results are taken in ``order`` and callbacks run one at a time in this
+        thread, so the output is the same bit for bit for any number of workers. Per-stage
+        seconds are then summed over threads. Give either ``workers`` or ``executor``.
+    executor : Executor, optional
+        Runs the partitions' upward and downward passes as tasks
+        (:mod:`censusdp.pipelines.execute`); the levels above the cut and the callbacks run
+        here. The output is the same bit for bit as without it, for any executor and number
+        of workers. On Dask the cache (``cache_bytes``) holds upward states on the workers
+        that computed them.
+    sink : PartitionSink, optional
+        Called with each partition's piece where it is computed (in this process without an
+        executor or with an in-process one; on a worker with Dask), before ``on_partition``
+        sees it; its return values are :attr:`StreamResult.sunk`.
+    sink_payload : callable, optional
+        ``sink_payload(partition)`` → the third argument of ``sink`` for that partition,
+        called in this process after ``on_top``.
+    ahead : int, optional
+        On Dask, partitions submitted and not yet taken back (default ``2 ×`` the workers):
+        bounds the data waiting on the scheduler and workers. Their results are taken as
+        they complete (the pieces for ``on_partition`` in ``order``). In-process executors
+        run one group of ``executor.workers`` partitions at a time.
+    """
+
+    on_top: Callable[[StructuredPiece], None] | None = None
+    geometry: Geometry = "weighted"
+    privacy: PrivacyStatement | None = None
+    delta: float | None = None
+    acknowledge_exact_release: bool = False
+    cache_bytes: int = 0
+    order: Sequence[int] | None = None
+    workers: int = 1
+    executor: Executor | None = None
+    sink: PartitionSink | None = None
+    sink_payload: Callable[[Partition], Any] | None = None
+    ahead: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -249,31 +312,31 @@ def _upward(
     seconds."""
     setup, cut, levels, low = ctx.setup, ctx.cut, ctx.levels, ctx.low
     names, depth = setup.hierarchy.names, setup.hierarchy.depth
-    t0, c0 = time.perf_counter(), time.thread_time()
-    vals = list(measure(p))
-    t1, c1 = time.perf_counter(), time.thread_time()
-    if len(vals) != len(low):
-        raise SpecError(
-            f"partition {p.index}: measure returned {len(vals)} arrays for the "
-            f"{len(low)} measurements at or below level {names[cut]!r}"
-        )
-    full: list = [None] * len(levels)
-    for i, v in zip(low, vals, strict=True):
-        k, q = levels[i], ctx.queries[i]
-        lo, hi = p.range(k)
-        full[i] = checked_values(v, hi - lo, q, f"partition {p.index}: measurement", names[k])
-    meas_values = [
-        [full[i] if levels[i] == cut + j else None for i in range(len(levels))]
-        for j in range(depth - cut)
-    ]
-    inv_values = [
-        [inv.values[slice(*p.range(inv.level))] if inv.level == cut + j else None
-         for inv in ctx.invariants]
-        for j in range(depth - cut)
-    ]  # fmt: skip
-    up = structured_upward(setup, forest, p.ranges, meas_values, inv_values)
-    seconds = {"measure": t1 - t0, "up": time.perf_counter() - t1}
-    return up, seconds | {"cpu_measure": c1 - c0, "cpu_up": time.thread_time() - c1}
+    seconds: dict[str, float] = {}
+    with stage(seconds, "measure"):
+        vals = list(measure(p))
+    with stage(seconds, "up"):
+        if len(vals) != len(low):
+            raise SpecError(
+                f"partition {p.index}: measure returned {len(vals)} arrays for the "
+                f"{len(low)} measurements at or below level {names[cut]!r}"
+            )
+        full: list = [None] * len(levels)
+        for i, v in zip(low, vals, strict=True):
+            k, q = levels[i], ctx.queries[i]
+            lo, hi = p.range(k)
+            full[i] = checked_values(v, hi - lo, q, f"partition {p.index}: measurement", names[k])
+        meas_values = [
+            [full[i] if levels[i] == cut + j else None for i in range(len(levels))]
+            for j in range(depth - cut)
+        ]
+        inv_values = [
+            [inv.values[slice(*p.range(inv.level))] if inv.level == cut + j else None
+             for inv in ctx.invariants]
+            for j in range(depth - cut)
+        ]  # fmt: skip
+        up = structured_upward(setup, forest, p.ranges, meas_values, inv_values)
+    return up, seconds
 
 
 def _up_task(
@@ -312,30 +375,30 @@ def _downward(
     seconds = dict.fromkeys(("measure", "up", "cpu_measure", "cpu_up"), 0.0) | (
         seconds if fresh else {}
     )
-    t0, c0 = time.perf_counter(), time.thread_time()
-    smoothed = structured_downward(setup, up, cut_blocks)
-    forest = up.forest
-    del up
-    t1, c1 = time.perf_counter(), time.thread_time()
-    est, cov = structured_output(setup, smoothed, range(1, forest.depth), forest.sizes[1:])
-    del smoothed
-    residuals = structured_residuals(setup, forest, p.ranges, [cut_estimates, *est], ctx.invariants)
-    piece = StructuredPiece(
-        names=tuple(names[cut + 1 :]),
-        first=cut + 1,
-        ranges=tuple(p.ranges[1:]),
-        schema=setup.schema,
-        basis=setup.basis,
-        estimates=tuple(est),
-        covariances=None if cov is None else tuple(cov),
-        identified=ctx.identified,
-        _rows=ctx.rows,
-        partition=p.index,
-    )
-    t2, c2 = time.perf_counter(), time.thread_time()
-    sunk = None if sink is None else sink(piece, p, payload)
-    seconds |= {"down": t1 - t0, "output": t2 - t1, "sink": time.perf_counter() - t2}
-    seconds |= {"cpu_down": c1 - c0, "cpu_output": c2 - c1, "cpu_sink": time.thread_time() - c2}
+    with stage(seconds, "down"):
+        smoothed = structured_downward(setup, up, cut_blocks)
+        forest = up.forest
+        del up
+    with stage(seconds, "output"):
+        est, cov = structured_output(setup, smoothed, range(1, forest.depth), forest.sizes[1:])
+        del smoothed
+        residuals = structured_residuals(
+            setup, forest, p.ranges, [cut_estimates, *est], ctx.invariants
+        )
+        piece = StructuredPiece(
+            names=tuple(names[cut + 1 :]),
+            first=cut + 1,
+            ranges=tuple(p.ranges[1:]),
+            schema=setup.schema,
+            basis=setup.basis,
+            estimates=tuple(est),
+            covariances=None if cov is None else tuple(cov),
+            identified=ctx.identified,
+            _rows=ctx.rows,
+            partition=p.index,
+        )
+    with stage(seconds, "sink"):
+        sunk = None if sink is None else sink(piece, p, payload)
     return (piece if keep_piece else None), residuals, fresh, sunk, seconds
 
 
@@ -409,26 +472,15 @@ def structured_stream(
     partitions: Sequence[Partition],
     invariants: Sequence[ProductInvariant] = (),
     on_partition: Callable[[StructuredPiece], None] | None = None,
-    *,
-    on_top: Callable[[StructuredPiece], None] | None = None,
-    geometry: Geometry = "weighted",
-    privacy: PrivacyStatement | None = None,
-    delta: float | None = None,
-    acknowledge_exact_release: bool = False,
-    cache_bytes: int = 0,
-    order: Sequence[int] | None = None,
-    workers: int = 1,
-    executor: Executor | None = None,
-    sink: PartitionSink | None = None,
-    sink_payload: Callable[[Partition], Any] | None = None,
-    ahead: int | None = None,
+    options: StreamOptions | None = None,
+    **legacy: Any,
 ) -> StreamResult:
     """The structured GLS of :func:`~censusdp.estimation.structured_gls.structured_gls`,
     partition by partition.
 
     Parameters
     ----------
-    hierarchy, schema, invariants, geometry, privacy, delta, acknowledge_exact_release
+    hierarchy, schema, invariants
         As for ``structured_gls`` (invariants are given whole: they are small).
     measurements : sequence of ProductMeasurement
         Every measurement, in the order ``structured_gls`` would get them (the order of the
@@ -450,42 +502,12 @@ def structured_stream(
         :class:`~censusdp.estimation.structured_gls.StructuredPiece`, in this process, in
         ``order``; dropped afterwards. With an ``executor`` the piece is sent back for it;
         without ``on_partition`` it is not.
-    on_top : callable, optional
-        Receives the levels ``0 .. cut`` (every node) once, after they are solved and before
-        the first partition's downward pass (e.g. to round them top-down, so each partition
-        can then be rounded from its cut nodes' integers in ``on_partition``).
-    cache_bytes : int
-        Memory the cached upward states may take; partitions beyond it are recomputed in the
-        downward pass instead of held (0: recompute all). On Dask, which partitions fit can
-        depend on the order their upward passes complete; the output does not.
-    order : sequence of int, optional
-        Order in which partitions are processed (positions in ``partitions``); the result
-        does not depend on it. On an executor, largest partitions first (by leaves) keeps
-        the workers busy to the end.
-    workers : int
-        Threads running partitions' passes at once (numpy releases the GIL in the large
-        products); at most ``workers`` partitions are computed ahead of the one being
-        consumed, results are taken in ``order`` and callbacks run one at a time in this
-        thread, so the output is the same bit for bit for any number of workers. Per-stage
-        seconds are then summed over threads. Give either ``workers`` or ``executor``.
-    executor : Executor, optional
-        Runs the partitions' upward and downward passes as tasks
-        (:mod:`censusdp.pipelines.execute`); the levels above the cut and the callbacks run
-        here. The output is the same bit for bit as without it, for any executor and number
-        of workers. On Dask the cache (``cache_bytes``) holds upward states on the workers
-        that computed them.
-    sink : PartitionSink, optional
-        Called with each partition's piece where it is computed (in this process without an
-        executor or with an in-process one; on a worker with Dask), before ``on_partition``
-        sees it; its return values are :attr:`StreamResult.sunk`.
-    sink_payload : callable, optional
-        ``sink_payload(partition)`` → the third argument of ``sink`` for that partition,
-        called in this process after ``on_top``.
-    ahead : int, optional
-        On Dask, partitions submitted and not yet taken back (default ``2 ×`` the workers):
-        bounds the data waiting on the scheduler and workers. Their results are taken as
-        they complete (the pieces for ``on_partition`` in ``order``). In-process executors
-        run one group of ``executor.workers`` partitions at a time.
+    options : StreamOptions, optional
+        The estimator's settings, ``on_top``, the cache, the order, the workers or executor
+        and the sink (:class:`StreamOptions`; defaults when omitted).
+    **legacy
+        The fields of :class:`StreamOptions` as keyword arguments, as before it existed
+        (applied over ``options``; accepted for one release).
 
     Returns
     -------
@@ -498,247 +520,366 @@ def structured_stream(
         ``measure`` of the wrong shape or non-finite (naming the partition), and both
         ``workers > 1`` and an ``executor``.
     TypeError
-        On Dask, a task that would carry a :class:`~censusdp.rng.KeyedRNG`.
+        On Dask, a task that would carry a :class:`~censusdp.rng.KeyedRNG`; a keyword that
+        is no field of :class:`StreamOptions`.
     """
-    t_start, c_start = time.perf_counter(), time.thread_time()
-    cut = _check_partitions(hierarchy, partitions)
-    names = hierarchy.names
-    levels = [hierarchy.level_index(m.level) for m in measurements]
-    for m, k in zip(measurements, levels, strict=True):
-        if k < cut:
-            checked_values(m.values, hierarchy.sizes[k], m.query, "measurement", names[k])
-        elif m.node_variance is not None:
-            raise SpecError(
-                f"measurement {m.query.name!r} at level {names[k]!r}: per-node variances "
-                "below the cut are not streamed; use structured_gls"
-            )
-    setup = structured_setup(
-        hierarchy, schema, measurements, invariants, geometry=geometry, privacy=privacy,
-        delta=delta, acknowledge_exact_release=acknowledge_exact_release, check_values=False,
+    opts = with_keywords(StreamOptions, options, legacy, "structured_stream")
+    clock: dict[str, float] = {}
+    with stage(clock, "run"):
+        run = _start(hierarchy, schema, measurements, measure, partitions, invariants, opts)
+        try:
+            top, smoothed_top, top_est = run.solve_top(run.upward_pass())
+            if opts.on_top is not None:
+                with stage(run.seconds, "callback"):
+                    opts.on_top(top)
+            sunk = run.downward_pass(smoothed_top, top_est, on_partition)
+        finally:  # on Dask: the workers drop what this run left there (also after an error)
+            run.release()
+        check_residuals(*run.residuals[1:])
+    diagnostics = run.diagnostics() | {"seconds": clock["run"]}
+    if run.setup.vscale is None:
+        diagnostics["note"] = EUCLIDEAN_NOTE
+    return StreamResult(
+        top, floating_point_note(run.setup.statement), diagnostics,
+        tuple(sunk) if opts.sink is not None else (),
     )  # fmt: skip
-    invs = check_structured_invariants(hierarchy, schema, invariants)
-    low = [i for i, k in enumerate(levels) if k >= cut]
-    order = list(range(len(partitions))) if order is None else [int(i) for i in order]
-    if sorted(order) != list(range(len(partitions))):
+
+
+#: The stages of a streamed run's diagnostics (``seconds_*`` and ``cpu_seconds_*``):
+#: ``measure`` is the time spent in the caller's function, ``callback`` in ``on_top`` and
+#: ``on_partition``, ``sink`` in the sink; the per-partition stages are summed over tasks.
+_STAGES = ("setup", "measure", "up", "top", "down", "output", "sink", "callback")
+
+
+def _start(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    measurements: Sequence[ProductMeasurement],
+    measure: MeasureFn,
+    partitions: Sequence[Partition],
+    invariants: Sequence[ProductInvariant],
+    opts: StreamOptions,
+) -> _Run:
+    """Check the inputs and set a run up: the estimator's setup (measurements above the cut
+    checked here, those below per partition), the context every partition's passes share
+    and where they run."""
+    seconds = dict.fromkeys(_STAGES, 0.0) | dict.fromkeys((CPU_PREFIX + s for s in _STAGES), 0.0)
+    with stage(seconds, "setup"):
+        cut = _check_partitions(hierarchy, partitions)
+        names = hierarchy.names
+        levels = [hierarchy.level_index(m.level) for m in measurements]
+        for m, k in zip(measurements, levels, strict=True):
+            if k < cut:
+                checked_values(m.values, hierarchy.sizes[k], m.query, "measurement", names[k])
+            elif m.node_variance is not None:
+                raise SpecError(
+                    f"measurement {m.query.name!r} at level {names[k]!r}: per-node variances "
+                    "below the cut are not streamed; use structured_gls"
+                )
+        setup = structured_setup(
+            hierarchy, schema, measurements, invariants, geometry=opts.geometry,
+            privacy=opts.privacy, delta=opts.delta,
+            acknowledge_exact_release=opts.acknowledge_exact_release, check_values=False,
+        )  # fmt: skip
+        invs = check_structured_invariants(hierarchy, schema, invariants)
+        order = _checked_order(opts, len(partitions))
+    ctx = _Context(
+        dataclasses.replace(setup, hierarchy=_names_only(hierarchy)), tuple(invs),
+        tuple(levels), tuple(m.query for m in measurements),
+        tuple(i for i, k in enumerate(levels) if k >= cut), cut,
+        BlockDiagonal(setup.basis, setup.ident), {},
+    )  # fmt: skip
+    workers, ex = opts.workers, opts.executor
+    executor_name = "in-process threads" if ex is None else ex.name
+    if isinstance(ex, ThreadExecutor):
+        # this process's threads: pipelined in order, a partition started as soon as a thread
+        # is free, not in groups of ``workers`` that each wait for their slowest
+        workers, ex = ex.workers, None
+    return _Run(
+        hierarchy, partitions, measurements, measure, opts, setup, ctx, order, workers, ex,
+        executor_name, seconds, ctx_h=None if ex is None else ex.submit(_same, [ctx])[0],
+    )  # fmt: skip
+
+
+def _checked_order(opts: StreamOptions, n: int) -> list[int]:
+    """The order of the ``n`` partitions (positions), after the checks of the options that
+    go together."""
+    order = list(range(n)) if opts.order is None else [int(i) for i in opts.order]
+    if sorted(order) != list(range(n)):
         raise SpecError("order must list every partition position once")
-    if executor is not None and workers != 1:
+    if opts.executor is not None and opts.workers != 1:
         raise SpecError(
             "structured_stream: give workers (threads in this process) or an executor, not both"
         )
-    if sink_payload is not None and sink is None:
+    if opts.sink_payload is not None and opts.sink is None:
         raise SpecError("structured_stream: sink_payload without a sink")
-    executor_name = "in-process threads" if executor is None else executor.name
-    if isinstance(executor, ThreadExecutor):
-        # this process's threads: pipelined in order, a partition started as soon as a thread
-        # is free, not in groups of ``workers`` that each wait for their slowest
-        workers, executor = executor.workers, None
-    # wall seconds per stage, and CPU (``cpu_*``: thread time, of the tasks' threads for the
-    # per-partition stages wherever they ran, of this thread for the others)
-    t = dict(setup=time.perf_counter() - t_start, measure=0.0, up=0.0, top=0.0, down=0.0,
-             output=0.0, sink=0.0, callback=0.0)  # fmt: skip
-    t |= {f"cpu_{k}": 0.0 for k in t}
-    t["cpu_setup"] = time.thread_time() - c_start
-    ctx = _Context(
-        dataclasses.replace(setup, hierarchy=_names_only(hierarchy)), tuple(invs),
-        tuple(levels), tuple(m.query for m in measurements), tuple(low), cut,
-        BlockDiagonal(setup.basis, setup.ident), {},
-    )  # fmt: skip
+    return order
 
-    def forest_of(p: Partition) -> Forest:
-        return Forest.of(hierarchy, cut, p.ranges)
 
-    def add(seconds: dict) -> None:
-        for k, v in seconds.items():
-            t[k] += v
+def _add_seconds(total: dict[str, float], seconds: dict[str, float]) -> None:
+    """Add a task's per-stage seconds to the run's."""
+    for k, v in seconds.items():
+        total[k] += v
 
-    ex = executor
-    dask = isinstance(ex, DaskExecutor)
-    group = 1 if ex is None or dask else max(1, int(ex.workers))
-    window = max(1, int(ahead) if ahead is not None else 2 * (ex.workers if ex else 1))
-    window = window if dask else 1
-    ctx_h = None if ex is None else ex.submit(_same, [ctx])[0]
-    cached: dict[int, Any] = {}  # position → upward state (on Dask: its handle)
-    sent: dict[int, Any] = {}  # Dask: cached states given to downward tasks not yet gathered
-    try:
-        # per position of ``order``: (position, (upward state or its handle, ...), message)
-        if ex is None:
 
-            def up_in_process(pos: int) -> tuple:
-                p = partitions[pos]
-                state = _upward(ctx, p, measure, forest_of(p))
+def _worst(residuals: tuple, more: tuple) -> tuple[float, float, float, str]:
+    """The larger residuals of two ``(consistency, invariant, invariant value, level of the
+    worst invariant)`` (:func:`~censusdp.estimation.structured_gls.structured_residuals`)."""
+    cons, inv_res, inv_val, worst = residuals
+    c, r, v, w = more
+    if r >= inv_res:
+        inv_res, worst = r, w
+    return max(cons, c), inv_res, max(inv_val, v), worst
+
+
+@dataclass(eq=False)
+class _Run:
+    """One streamed run between its passes: the inputs, where the per-partition passes run,
+    the cached upward states, and what the diagnostics count.
+
+    ``ex`` is None for this process's threads (``workers`` of them); ``ctx_h`` is the
+    context's handle on an executor. ``cached`` maps a partition position to its upward state
+    (on Dask its handle), ``sent`` the cached states handed to downward tasks not yet
+    gathered (Dask); :meth:`release` drops both there.
+    """
+
+    hierarchy: Hierarchy
+    partitions: Sequence[Partition]
+    measurements: Sequence[ProductMeasurement]
+    measure: MeasureFn
+    opts: StreamOptions
+    setup: StructuredSetup
+    ctx: _Context
+    order: list[int]
+    workers: int
+    ex: Executor | None
+    executor_name: str
+    seconds: dict[str, float]
+    ctx_h: Any = None
+    cached: dict[int, Any] = dataclasses.field(default_factory=dict)
+    sent: dict[int, Any] = dataclasses.field(default_factory=dict)
+    used: int = 0
+    largest: int = 0
+    message_bytes: int = 0
+    regenerated: int = 0
+    residuals: tuple = ()
+
+    @property
+    def dask(self) -> bool:
+        return isinstance(self.ex, DaskExecutor)
+
+    @property
+    def group(self) -> int:
+        """Partitions submitted at once: one on Dask, the workers of an in-process executor."""
+        return 1 if self.ex is None or self.dask else max(1, int(self.ex.workers))
+
+    @property
+    def window(self) -> int:
+        """Groups in flight at once (``ahead`` on Dask, else one)."""
+        if not self.dask:
+            return 1
+        ahead = self.opts.ahead
+        return max(1, int(ahead) if ahead is not None else 2 * self.ex.workers)
+
+    def forest_of(self, p: Partition) -> Forest:
+        return Forest.of(self.hierarchy, self.ctx.cut, p.ranges)
+
+    def _upward_states(self) -> Iterator[tuple[int, tuple, Any]]:
+        """Per position ``i`` of ``order``: ``(i, (upward state or its handle, ...),
+        message)``, in order in this process, as they complete on Dask."""
+        if self.ex is None:
+
+            def up(pos: int) -> tuple:
+                p = self.partitions[pos]
+                state = _upward(self.ctx, p, self.measure, self.forest_of(p))
                 return (state,), _message_task(state)
 
-            ups: Iterator = (
-                (i, *out) for i, out in enumerate(ordered_ahead(up_in_process, order, workers))
-            )
-        else:
+            return ((i, *out) for i, out in enumerate(ordered_ahead(up, self.order, self.workers)))
+        ex = self.ex
 
-            def submit_up(r: range) -> list:
-                parts = [partitions[order[i]] for i in r]
-                items = [(ctx_h, p, _task_measure(measure, p), forest_of(p)) for p in parts]
-                states = ex.submit(_up_task, items)
-                return list(zip(states, ex.submit(_message_task, states), strict=True))
+        def submit(r: range) -> list:
+            parts = [self.partitions[self.order[i]] for i in r]
+            measures = [_task_measure(self.measure, p) for p in parts]
+            items = [
+                (self.ctx_h, p, m, self.forest_of(p)) for p, m in zip(parts, measures, strict=True)
+            ]
+            states = ex.submit(_up_task, items)
+            return list(zip(states, ex.submit(_message_task, states), strict=True))
 
-            ups = _results(ex, len(order), submit_up, group, window, in_order=not dask)
+        return _results(ex, len(self.order), submit, self.group, self.window, not self.dask)
 
+    def upward_pass(self) -> dict[int, dict]:
+        """Pass 1: every partition's upward pass; its messages by partition position, its
+        state cached while ``cache_bytes`` allows (else dropped, recomputed in pass 3)."""
         messages: dict[int, dict] = {}
-        used = largest = 0
-        for i, handles, msg in ups:
-            pos, state = order[i], handles[0]
-            if ex is not None:
-                ex.release(handles[1:])
+        for i, handles, msg in self._upward_states():
+            pos, state = self.order[i], handles[0]
+            if self.ex is not None:
+                self.ex.release(handles[1:])
             messages[pos], size, seconds = msg
-            add(seconds)
-            if used + size <= cache_bytes:
-                cached[pos] = state
-                used += size
-                largest = max(largest, size)
-            elif ex is not None:
-                ex.release([state])
+            _add_seconds(self.seconds, seconds)
+            if self.used + size <= self.opts.cache_bytes:
+                self.cached[pos] = state
+                self.used += size
+                self.largest = max(self.largest, size)
+            elif self.ex is not None:
+                self.ex.release([state])
             del state, handles, msg
+        return messages
 
-        t0, c0 = time.perf_counter(), time.thread_time()
-        top_rows = [(0, n) for n in hierarchy.sizes[: cut + 1]]
-        top_meas = [
-            [m.values if levels[i] == j and j < cut else None for i, m in enumerate(measurements)]
-            for j in range(cut + 1)
-        ]
-        top_invs = [
-            [inv.values if inv.level == j else None for inv in invs] for j in range(cut + 1)
-        ]
-        top_forest = whole_forest(hierarchy, 0, cut)
-        top_up = structured_upward(
-            setup, top_forest, top_rows, top_meas, top_invs,
-            bottom=[messages[pos] for pos in range(len(partitions))],
-        )  # fmt: skip
-        message_bytes = sum(
-            a.nbytes
-            for msg in messages.values()
-            for u in msg.values()
-            if u is not None
-            for a in (u.m, u.P, u.N)
-            if a is not None
-        )
-        del messages
-        smoothed_top = structured_top(setup, top_up)
-        del top_up
-        t["top"] += time.perf_counter() - t0
-        t["cpu_top"] += time.thread_time() - c0
-        t0, c0 = time.perf_counter(), time.thread_time()
-        top_est, top_cov = structured_output(
-            setup, smoothed_top, range(cut + 1), hierarchy.sizes[: cut + 1]
-        )
-        cons, inv_res, inv_val, worst = structured_residuals(
-            setup, top_forest, top_rows, top_est, invs
-        )
-        t["output"] += time.perf_counter() - t0
-        t["cpu_output"] += time.thread_time() - c0
-
+    def solve_top(self, messages: dict[int, dict]) -> tuple[StructuredPiece, dict, list]:
+        """Pass 2: the levels down to the cut from their measurements, invariants and the
+        partitions' ``messages`` (dropped once used); the top piece, its smoothed state (the
+        cut nodes' blocks for pass 3) and its estimates. Sets the top's residuals."""
+        setup, cut, levels = self.setup, self.ctx.cut, self.ctx.levels
+        invs = self.ctx.invariants
+        with stage(self.seconds, "top"):
+            top_rows = [(0, n) for n in self.hierarchy.sizes[: cut + 1]]
+            top_meas = [
+                [m.values if levels[i] == j and j < cut else None
+                 for i, m in enumerate(self.measurements)]
+                for j in range(cut + 1)
+            ]  # fmt: skip
+            top_invs = [
+                [inv.values if inv.level == j else None for inv in invs] for j in range(cut + 1)
+            ]
+            top_forest = whole_forest(self.hierarchy, 0, cut)
+            top_up = structured_upward(
+                setup, top_forest, top_rows, top_meas, top_invs,
+                bottom=[messages[pos] for pos in range(len(self.partitions))],
+            )  # fmt: skip
+            self.message_bytes = _message_bytes(messages)
+            del messages
+            smoothed_top = structured_top(setup, top_up)
+            del top_up
+        with stage(self.seconds, "output"):
+            top_est, top_cov = structured_output(
+                setup, smoothed_top, range(cut + 1), self.hierarchy.sizes[: cut + 1]
+            )
+            self.residuals = structured_residuals(setup, top_forest, top_rows, top_est, invs)
         top = StructuredPiece(
-            names=tuple(names[: cut + 1]),
+            names=tuple(self.hierarchy.names[: cut + 1]),
             first=0,
             ranges=tuple(top_rows),
-            schema=schema,
+            schema=setup.schema,
             basis=setup.basis,
             estimates=tuple(top_est),
             covariances=None if top_cov is None else tuple(top_cov),
-            identified=ctx.identified,
-            _rows=ctx.rows,
+            identified=self.ctx.identified,
+            _rows=self.ctx.rows,
         )
-        if on_top is not None:
-            t0 = time.perf_counter()
-            on_top(top)
-            t["callback"] += time.perf_counter() - t0
+        return top, smoothed_top, top_est
 
-        def down_item(pos: int, context: Any) -> _DownItem:
-            p = partitions[pos]
-            lo, hi = p.units
-            cut_blocks = {
-                mask: None if sm is None else (sm[0][cut][lo:hi], _rows_of(sm[1][cut], lo, hi))
-                for mask, sm in smoothed_top.items()
-            }
-            state = cached.pop(pos, None)
-            if dask and state is not None:
-                sent[pos] = state  # its handle, released once its downward task is gathered
-            if state is not None:  # a cached state needs no measurements: nothing to send
-                task_measure = forest = None
-            else:
-                task_measure = measure if ex is None else _task_measure(measure, p)
-                forest = forest_of(p)
-            return [
-                context, p, state, task_measure, forest, cut_blocks,
-                top_est[cut][lo:hi], None if sink_payload is None else sink_payload(p),
-            ]  # fmt: skip
-
-        keep_piece = on_partition is not None
-        if ex is None:
-            downs: Iterator = (
-                (i, (), out)
-                for i, out in enumerate(
-                    ordered_ahead(
-                        lambda pos: _downward(down_item(pos, ctx), sink, keep_piece), order, workers
-                    )
-                )
-            )
+    def _down_item(self, pos: int, context: Any, smoothed_top: dict, top_est: list) -> _DownItem:
+        """Partition ``pos``'s downward task: its cut nodes' smoothed blocks and estimates,
+        its cached state or what recomputes it, and its sink's payload."""
+        p, cut = self.partitions[pos], self.ctx.cut
+        lo, hi = p.units
+        cut_blocks = {
+            mask: None if sm is None else (sm[0][cut][lo:hi], _rows_of(sm[1][cut], lo, hi))
+            for mask, sm in smoothed_top.items()
+        }
+        state = self.cached.pop(pos, None)
+        if self.dask and state is not None:
+            self.sent[pos] = state  # its handle, released once its downward task is gathered
+        if state is not None:  # a cached state needs no measurements: nothing to send
+            task_measure = forest = None
         else:
+            task_measure = self.measure if self.ex is None else _task_measure(self.measure, p)
+            forest = self.forest_of(p)
+        payload = None if self.opts.sink_payload is None else self.opts.sink_payload(p)
+        return [context, p, state, task_measure, forest, cut_blocks, top_est[cut][lo:hi], payload]
 
-            def submit_down(r: range) -> list:
-                items = [down_item(order[i], ctx_h) for i in r]
-                return [(h,) for h in ex.submit(_downward, items, sink, keep_piece)]
+    def _downward_results(
+        self, smoothed_top: dict, top_est: list, keep_piece: bool
+    ) -> Iterator[tuple[int, tuple, Any]]:
+        """Per position ``i`` of ``order``: ``(i, handles, downward result)``; in order when
+        the pieces go to ``on_partition`` or run here, as ready on Dask for a sink only."""
+        sink = self.opts.sink
+        if self.ex is None:
 
-            # the callbacks see the pieces in ``order``; a sink's results may come as ready
-            in_order = not dask or on_partition is not None
-            downs = _results(ex, len(order), submit_down, group, window, in_order)
+            def down(pos: int) -> tuple:
+                item = self._down_item(pos, self.ctx, smoothed_top, top_est)
+                return _downward(item, sink, keep_piece)
 
-        regenerated = 0
-        sunk: list = [None] * len(partitions)
-        for i, handles, out in downs:
-            if ex is not None:
-                ex.release([*handles, *([sent.pop(order[i])] if order[i] in sent else [])])
-            piece, (c, r, v, w), fresh, sunk[order[i]], seconds = out
+            return (
+                (i, (), out) for i, out in enumerate(ordered_ahead(down, self.order, self.workers))
+            )
+        ex = self.ex
+
+        def submit(r: range) -> list:
+            items = [self._down_item(self.order[i], self.ctx_h, smoothed_top, top_est) for i in r]
+            return [(h,) for h in ex.submit(_downward, items, sink, keep_piece)]
+
+        in_order = not self.dask or keep_piece
+        return _results(ex, len(self.order), submit, self.group, self.window, in_order)
+
+    def downward_pass(
+        self,
+        smoothed_top: dict,
+        top_est: list,
+        on_partition: Callable[[StructuredPiece], None] | None,
+    ) -> list:
+        """Pass 3: every partition's levels below the cut, handed to the sink where computed
+        and to ``on_partition`` here in ``order``; the sink's values by partition position.
+        Adds the partitions' residuals to the top's."""
+        sunk: list = [None] * len(self.partitions)
+        results = self._downward_results(smoothed_top, top_est, on_partition is not None)
+        for i, handles, out in results:
+            pos = self.order[i]
+            if self.ex is not None:
+                self.ex.release([*handles, *([self.sent.pop(pos)] if pos in self.sent else [])])
+            piece, residuals, fresh, sunk[pos], seconds = out
             del out, handles
-            add(seconds)
-            regenerated += fresh
-            cons = max(cons, c)
-            inv_val = max(inv_val, v)
-            if r >= inv_res:
-                inv_res, worst = r, w
+            _add_seconds(self.seconds, seconds)
+            self.regenerated += fresh
+            self.residuals = _worst(self.residuals, residuals)
             if on_partition is not None:
-                t0 = time.perf_counter()
-                on_partition(piece)
-                t["callback"] += time.perf_counter() - t0
+                with stage(self.seconds, "callback"):
+                    on_partition(piece)
             del piece
-    finally:  # on Dask: the workers drop what this run left there (also after an error)
-        if ex is not None:
-            ex.release([ctx_h, *cached.values(), *sent.values()])
-    check_residuals(inv_res, inv_val, worst)
+        return sunk
 
-    diagnostics = {
-        "estimator": "structured_gls (streamed)",
-        "geometry": geometry,
-        "cut_level": names[cut],
-        "partitions": len(partitions),
-        "partitions_cached": len(partitions) - regenerated,
-        "partitions_regenerated": regenerated,
-        "cache_bytes_used": used,
-        "largest_cached_state_bytes": largest,
-        "message_bytes": message_bytes,
-        "executor": executor_name,
-        "workers": workers if ex is None else ex.workers,
-        "unidentified": setup.dropped,
-        "max_consistency_residual": cons,
-        "max_invariant_residual": inv_res,
-        "max_invariant_value": inv_val,
-        **{f"seconds_{k}": v for k, v in t.items() if not k.startswith("cpu_")},
-        **{f"cpu_seconds_{k[4:]}": v for k, v in t.items() if k.startswith("cpu_")},
-        "seconds": time.perf_counter() - t_start,
-    }
-    if setup.vscale is None:
-        diagnostics["note"] = EUCLIDEAN_NOTE
-    return StreamResult(
-        top, floating_point_note(setup.statement), diagnostics,
-        tuple(sunk) if sink is not None else (),
-    )  # fmt: skip
+    def release(self) -> None:
+        """On an executor: drop the context and the states still held there."""
+        if self.ex is not None:
+            self.ex.release([self.ctx_h, *self.cached.values(), *self.sent.values()])
+
+    def diagnostics(self) -> dict:
+        """The run's diagnostics (:attr:`StreamResult.diagnostics`), but its total seconds."""
+        n, t = len(self.partitions), self.seconds
+        cons, inv_res, inv_val, _ = self.residuals
+        return {
+            "estimator": "structured_gls (streamed)",
+            "geometry": self.opts.geometry,
+            "cut_level": self.hierarchy.names[self.ctx.cut],
+            "partitions": n,
+            "partitions_cached": n - self.regenerated,
+            "partitions_regenerated": self.regenerated,
+            "cache_bytes_used": self.used,
+            "largest_cached_state_bytes": self.largest,
+            "message_bytes": self.message_bytes,
+            "executor": self.executor_name,
+            "workers": self.workers if self.ex is None else self.ex.workers,
+            "unidentified": self.setup.dropped,
+            "max_consistency_residual": cons,
+            "max_invariant_residual": inv_res,
+            "max_invariant_value": inv_val,
+            **{f"seconds_{k}": v for k, v in t.items() if not k.startswith(CPU_PREFIX)},
+            **{f"cpu_seconds_{k[4:]}": v for k, v in t.items() if k.startswith(CPU_PREFIX)},
+        }
+
+
+def _message_bytes(messages: dict[int, dict]) -> int:
+    """Bytes of the partitions' upward messages (means, covariances, flat directions)."""
+    return sum(
+        a.nbytes
+        for msg in messages.values()
+        for u in msg.values()
+        if u is not None
+        for a in (u.m, u.P, u.N)
+        if a is not None
+    )
 
 
 def _rows_of(P: np.ndarray, lo: int, hi: int) -> np.ndarray:

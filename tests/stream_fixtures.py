@@ -15,7 +15,7 @@ from censusdp.mechanisms.product_measure import (
 )
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.partition import partition_units
-from censusdp.pipelines.structured_stream import given_values, structured_stream
+from censusdp.pipelines.structured_stream import StreamOptions, given_values, structured_stream
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 
@@ -49,7 +49,8 @@ def problem_with_counts(schema_name="sex_age5", fan=((2, 3), (2, 4), (1, 3)), se
 
 def stream(h: Hierarchy, s, meas, invs, cut: int, n_parts: int, measure=None, **kw):
     """The streamed run with placeholders below the cut (their values from ``measure``,
-    default :func:`given_values`); pieces collected per partition."""
+    default :func:`given_values`) and ``kw`` its :class:`StreamOptions`; pieces collected per
+    partition."""
     parts = partition_units(h, cut, n_parts)
     heads = [
         m
@@ -60,7 +61,7 @@ def stream(h: Hierarchy, s, meas, invs, cut: int, n_parts: int, measure=None, **
     pieces = {}
     res = structured_stream(
         h, s, heads, measure or given_values(meas, h, cut), parts, invs,
-        lambda p: pieces.__setitem__(p.partition, p), **kw,
+        lambda p: pieces.__setitem__(p.partition, p), StreamOptions(**kw),
     )  # fmt: skip
     return res, pieces, parts
 

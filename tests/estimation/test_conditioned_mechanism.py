@@ -12,6 +12,7 @@ from stattests import chi2_pvalue
 
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.conditioned_mechanism import (
+    ChainOptions,
     conditioned_mechanism,
     conditioned_noise,
     conditioned_releases,
@@ -65,9 +66,8 @@ def test_integer_noise_has_the_conditioned_law():
     h = _tree()
     plan = [(1, Q, DiscreteLaplace(3)), (2, Q, DiscreteLaplace(2))]
     inv = [invariant(_table(h, [5, 1, 0, 7]), 0, Q)]
-    noise, draws = conditioned_noise(
-        h, CELLS, plan, inv, _rng(3), n_tables=4000, n_coupled_pairs=100
-    )
+    opts = ChainOptions(n_coupled_pairs=100)
+    noise, draws = conditioned_noise(h, CELLS, plan, inv, _rng(3), n_tables=4000, options=opts)
     assert draws.diagnostics["tv_bound"] < 0.01 and draws.diagnostics["integer"]
     assert noise.shape == (4000, 4, 1) and np.array_equal(noise, np.round(noise))
     assert np.all(noise.sum(axis=(1, 2)) == 0)  # the invariant: zero noise at the root
@@ -175,3 +175,20 @@ def test_releases_from_one_certificate_are_independent_draws():
         assert rel.diagnostics["burn_in"] == one.diagnostics["burn_in"]  # one certificate
     leaves = [rel.estimates[2] for rel in many]
     assert not any(np.array_equal(a, b) for a, b in itertools.combinations(leaves, 2))
+
+
+def test_chain_options_given_one_by_one_as_before_equal_chain_options():
+    """The pre-ChainOptions keyword arguments still run (one release), over ``options``,
+    through conditioned_mechanism too; an unknown keyword is refused."""
+    h = _tree()
+    x = _table(h, [5, 1, 0, 7])
+    plan = [(1, Q, DiscreteLaplace(2)), (2, Q, DiscreteLaplace(2))]
+    inv = [invariant(x, 0, Q)]
+    opts = ChainOptions(n_coupled_pairs=100, tv_bound=0.02)
+    a = conditioned_mechanism(h, CELLS, x, plan, inv, None, _rng(6), options=opts)
+    b = conditioned_mechanism(h, CELLS, x, plan, inv, None, _rng(6), n_coupled_pairs=100,
+                              tv_bound=0.02)  # fmt: skip
+    assert all(np.array_equal(p, q) for p, q in zip(a.estimates, b.estimates, strict=True))
+    assert a.diagnostics["burn_in"] == b.diagnostics["burn_in"]
+    with pytest.raises(TypeError, match="'n_draws'; its options are the fields of ChainOptions"):
+        conditioned_releases(h, CELLS, x, plan, inv, None, _rng(6), n_releases=1, n_draws=2)

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from censusdp.errors import ConvergenceError
-from censusdp.estimation.conditioning import certificate, condition
+from censusdp.estimation.conditioning import ConditioningOptions, certificate, condition
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.discrete import DiscreteLaplace
 from censusdp.mechanisms.laws import Gaussian, Laplace
 from censusdp.mechanisms.queries import Query, invariant, measure
+from censusdp.rng import KeyedRNG
 
 CELLS = ["n"]
 
@@ -29,7 +30,7 @@ def _setup(rng, law):
 @pytest.mark.parametrize("law", [Laplace(1.0), DiscreteLaplace(1)])
 def test_release_is_consistent_and_certified(rng, law):
     h, lv, ms, inv, priv = _setup(rng, law)
-    rel = condition(h, CELLS, ms, inv, priv, rng, n_coupled_pairs=100)
+    rel = condition(h, CELLS, ms, inv, priv, rng, ConditioningOptions(n_coupled_pairs=100))
     assert rel.estimator == "conditioning"
     assert rel.diagnostics["tv_bound"] < 0.01
     assert rel.diagnostics["burn_in"] >= 0 and rel.diagnostics["lag"] >= 1
@@ -57,10 +58,12 @@ def test_average_of_draws_and_nonnegativity_flag(rng):
         inv,
         priv,
         rng,
-        n_draws=8,
-        nonnegative=True,
-        n_coupled_pairs=100,
-        start=np.array([[4.0], [1.0], [8.0], [2.0]]),
+        ConditioningOptions(
+            n_draws=8,
+            nonnegative=True,
+            n_coupled_pairs=100,
+            start=np.array([[4.0], [1.0], [8.0], [2.0]]),
+        ),
     )
     assert np.all(rel.estimates[1] >= 0)
     assert rel.privacy.data_dependent
@@ -70,14 +73,15 @@ def test_average_of_draws_and_nonnegativity_flag(rng):
 
 def test_unreachable_bound_raises_convergence_error(rng):
     h, lv, ms, inv, priv = _setup(rng, Laplace(1.0))
+    opts = ConditioningOptions(lag=1, max_iterations=3, n_coupled_pairs=100)
     with pytest.raises(ConvergenceError, match="max_iterations"):
-        condition(h, CELLS, ms, inv, priv, rng, lag=1, max_iterations=3, n_coupled_pairs=100)
+        condition(h, CELLS, ms, inv, priv, rng, opts)
 
 
 def test_gaussian_path_reuses_gls(rng):
     gls = pytest.importorskip("censusdp.estimation.gls")
     h, lv, ms, inv, priv = _setup(rng, Gaussian(1.0))
-    mean = condition(h, CELLS, ms, inv, priv, rng, n_draws=2)
+    mean = condition(h, CELLS, ms, inv, priv, rng, ConditioningOptions(n_draws=2))
     ref = gls.tree_gls(h, CELLS, ms, inv, priv)
     np.testing.assert_allclose(mean.estimates[1], ref.estimates[1])
     draw = condition(h, CELLS, ms, inv, priv, rng)
@@ -118,7 +122,7 @@ def test_conditioning_accepts_a_schema_histogram_through_its_product_queries(rng
     ]
     ms = measure(h.names, lv, plan, rng)
     inv = [invariant(lv, 0, ProductQuery.parse(s, "total").to_query())]
-    rel = condition(h, s.cells, ms, inv, None, rng, n_coupled_pairs=50)
+    rel = condition(h, s.cells, ms, inv, None, rng, ConditioningOptions(n_coupled_pairs=50))
     assert rel.integer and rel.diagnostics["tv_bound"] < 0.01
     assert rel.level(0).sum() == lv[0].sum()
     for text in ("sex * adult", "adult", "sex", "detailed"):
@@ -127,3 +131,17 @@ def test_conditioning_accepts_a_schema_histogram_through_its_product_queries(rng
         root = q.apply(rel.level(0).reshape(-1, *s.shape))
         assert units.dtype.kind == "i"
         np.testing.assert_array_equal(units.sum(axis=0), root[0])
+
+
+def test_options_given_one_by_one_as_before_equal_conditioning_options():
+    """The pre-ConditioningOptions keyword arguments still run (one release), over
+    ``options``, and give the same release from the same key; an unknown one is refused."""
+    h, lv, ms, inv, priv = _setup(KeyedRNG.reproducible(5, warn=False), Laplace(1.0))
+    opts = ConditioningOptions(n_coupled_pairs=100, n_draws=2)
+    a = condition(h, CELLS, ms, inv, priv, KeyedRNG.reproducible(6, warn=False), opts)
+    b = condition(h, CELLS, ms, inv, priv, KeyedRNG.reproducible(6, warn=False),
+                  ConditioningOptions(n_draws=2), n_coupled_pairs=100)  # fmt: skip
+    assert all(np.array_equal(x, y) for x, y in zip(a.estimates, b.estimates, strict=True))
+    assert a.diagnostics["n_draws"] == b.diagnostics["n_draws"] == 2
+    with pytest.raises(TypeError, match="'n_chains'; its options are the fields of Conditioning"):
+        condition(h, CELLS, ms, inv, priv, KeyedRNG.reproducible(6, warn=False), n_chains=4)

@@ -9,7 +9,12 @@ import pytest
 import scipy.linalg as sl
 from stattests import covariance_z, z_bound
 
-from censusdp.estimation.conditioning import ConditioningProblem, certificate, condition
+from censusdp.estimation.conditioning import (
+    ConditioningOptions,
+    ConditioningProblem,
+    certificate,
+    condition,
+)
 from censusdp.estimation.gibbs_moves import GibbsGroupMoves, LineDraws
 from censusdp.estimation.mcmc import MetropolisHastings, ProductTarget
 from censusdp.hierarchy import Hierarchy
@@ -131,7 +136,8 @@ def test_nonnegative_continuous_gaussian_conditioning_uses_gibbs_and_certifies()
     rng = KeyedRNG.reproducible(8, warn=False)
     ms = measure(h.names, lv, [(1, Query.detailed(["n"]), Gaussian(1.5))], rng)
     inv = [invariant(lv, 0, Query.total(["n"]))]
-    rel = condition(h, ["n"], ms, inv, None, rng, nonnegative=True, start=x, n_coupled_pairs=100)
+    opts = ConditioningOptions(nonnegative=True, start=x, n_coupled_pairs=100)
+    rel = condition(h, ["n"], ms, inv, None, rng, opts)
     assert certificate(rel)["kernel"] == "gibbs" and rel.diagnostics["tv_bound"] < 0.01
     assert np.all(rel.estimates[1] >= 0)
     assert abs(rel.estimates[0][0, 0] - lv[0][0, 0]) < 1e-9

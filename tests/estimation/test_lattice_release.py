@@ -12,6 +12,7 @@ from scipy import stats
 from censusdp.errors import ConvergenceError
 from censusdp.estimation.diagnostics import meeting_times
 from censusdp.estimation.lattice_release import (
+    CertifyOptions,
     GroupPairMoves,
     certify,
     lattice_engine,
@@ -127,10 +128,16 @@ def test_release_policy_records_and_certifies(rng):
 
 def test_release_policy_refuses_without_convergence(rng):
     lat = IntegerLattice.from_incidence(table_margins_incidence(3, 3))
+    short = CertifyOptions(a=0.2, max_iterations=30)
     with pytest.raises(ConvergenceError, match="more iterations|max_iterations"):
-        certify(lat, LatticeLaplace(0.05, "l1"), rng, a=0.2, max_iterations=30)
+        certify(lat, LatticeLaplace(0.05, "l1"), rng, short)
     with pytest.raises(ValueError):
+        certify(lat, LatticeLaplace(0.5), rng, CertifyOptions(n_coupled=50))
+    # the same options one by one, as before CertifyOptions (accepted for one release)
+    with pytest.raises(ValueError, match="at least 200 coupled"):
         certify(lat, LatticeLaplace(0.5), rng, n_coupled=50)
+    with pytest.raises(TypeError, match="'n_pairs'; its options are the fields of CertifyOptions"):
+        certify(lat, LatticeLaplace(0.5), rng, n_pairs=300)
 
 
 def test_tuning_rule_lands_in_band(rng):

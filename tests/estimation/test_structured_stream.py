@@ -13,7 +13,7 @@ from censusdp.errors import BudgetError, SpecError
 from censusdp.estimation.marginal_basis import node_axis_product, workload_basis
 from censusdp.estimation.structured_gls import structured_gls
 from censusdp.pipelines.partition import partition_units
-from censusdp.pipelines.structured_stream import given_values, structured_stream
+from censusdp.pipelines.structured_stream import StreamOptions, given_values, structured_stream
 from censusdp.schema import Schema
 
 
@@ -105,4 +105,28 @@ def test_refusals():
         structured_stream(h, s, meas, lambda p: [], parts, invs)
     bad = PrivacyStatement("zcdp", rho=1e-6, mechanism="gaussian")
     with pytest.raises(BudgetError):
-        structured_stream(h, s, meas, given_values(meas, h, 1), parts, invs, privacy=bad)
+        structured_stream(h, s, meas, given_values(meas, h, 1), parts, invs,
+                          options=StreamOptions(privacy=bad))  # fmt: skip
+
+
+def test_options_given_one_by_one_as_before_equal_stream_options():
+    """The pre-StreamOptions keyword arguments still run (one release), over ``options``, and
+    give the same output bit for bit; a keyword that is no option is refused."""
+    s, h, meas, invs = problem(seed=4)
+    rel = structured_gls(h, s, meas, invs)
+    parts = partition_units(h, 1, 3)
+    got: dict = {}
+    top: list = []
+    res = structured_stream(
+        h, s, meas, given_values(meas, h, 1), parts, invs,
+        lambda p: got.__setitem__(p.partition, p),
+        options=StreamOptions(workers=2), cache_bytes=1 << 30, on_top=top.append,
+        order=[2, 0, 1],
+    )  # fmt: skip
+    assert_same(h, rel, res, got, parts, 1)
+    assert res.diagnostics["workers"] == 2 and res.diagnostics["partitions_cached"] == 3
+    assert len(top) == 1 and np.array_equal(top[0].estimates[0], rel.estimates[0])
+    with pytest.raises(
+        TypeError, match="'cache_byte'; its options are the fields of StreamOptions"
+    ):
+        structured_stream(h, s, meas, given_values(meas, h, 1), parts, invs, cache_byte=1)

@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 
 import censusdp.estimation.topdown_problem as tp
 from censusdp.errors import DataError, SolverError
-from censusdp.estimation.topdown import propagate_invariants, solve_children, topdown
+from censusdp.estimation.topdown import (
+    TopDownSolveOptions,
+    propagate_invariants,
+    solve_children,
+    topdown,
+)
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Gaussian, Laplace, Query, invariant, measure
 from censusdp.mechanisms.queries import Invariant, Measurement
@@ -196,7 +201,7 @@ def test_solver_error_names_level_and_parent(rng):
     plan = [(k, Query.detailed(cells), Gaussian(1.0)) for k in range(h.depth)]
     meas = measure(h.names, counts, plan, rng)
     with pytest.raises(SolverError, match=r"level 'L0', root 'R'"):
-        topdown(h, cells, meas, [], None, solver_l2="NO_SUCH_SOLVER")
+        topdown(h, cells, meas, [], None, TopDownSolveOptions(solver_l2="NO_SUCH_SOLVER"))
     # A failure below the root names the parent's code.
     calls = {"n": 0}
     real = tp._l2_solve
@@ -245,3 +250,26 @@ def test_solution_does_not_depend_on_earlier_solves_of_the_same_shape():
     first = topdown(h, cells, meas, invs, None)
     again = topdown(h, cells, meas, invs, None)
     assert all(np.array_equal(a, b) for a, b in zip(first.estimates, again.estimates, strict=True))
+
+
+def test_options_given_one_by_one_as_before_equal_topdown_solve_options(rng):
+    """The pre-TopDownSolveOptions keyword arguments still run (one release), over
+    ``options``, and give the same release; a keyword that is no option is refused."""
+    h, cells, counts = small_table(seed=4)
+    plan = [(k, q, Gaussian(2.0)) for k in range(h.depth) for q in (Query.total(cells), Query.detailed(cells))]  # fmt: skip
+    meas = measure(h.names, counts, plan, rng)
+    seen: list[int] = []
+
+    def mapper(fn, items, *shared):
+        seen.append(len(items))
+        return [fn(it, *shared) for it in items]
+
+    base = topdown(h, cells, meas, [], None, TopDownSolveOptions(tol=1e-4, chunks=2, mapper=mapper))
+    legacy = topdown(h, cells, meas, [], None, TopDownSolveOptions(tol=1e-4), chunks=2,
+                     mapper=mapper)  # fmt: skip
+    assert all(np.array_equal(a, b) for a, b in zip(base.estimates, legacy.estimates, strict=True))
+    assert legacy.diagnostics["tol"] == 1e-4 and seen and max(seen) <= 2
+    with pytest.raises(
+        TypeError, match="'chunk'; its options are the fields of TopDownSolveOptions"
+    ):
+        topdown(h, cells, meas, [], None, chunk=2)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from censusdp.errors import SpecError
 from censusdp.estimation.topdown_schema import (
+    TopDownOptions,
     bureau_pl94_ordering,
     structural_zero_mask,
     topdown_schema,
@@ -212,7 +213,7 @@ def _tree_problem(seed: int, noise: float, invariant: bool = True):
 
 def test_topdown_schema_integer_consistent_invariants_exact():
     h, schema, counts, meas, invs, ordering = _tree_problem(5, 4.0)
-    rel = topdown_schema(h, schema, meas, invs, ordering=ordering)
+    rel = topdown_schema(h, schema, meas, invs, options=TopDownOptions(ordering=ordering))
     assert rel.integer and rel.estimator == "topdown"
     for k, est in enumerate(rel.estimates):
         assert est.dtype == np.int64 and est.min() >= 0
@@ -228,7 +229,7 @@ def test_topdown_schema_exact_answers_give_the_truth():
     exact = [ProductMeasurement(mm.level, mm.query,
                                 mm.query.apply(counts[h.level_index(mm.level)]), mm.law)
              for mm in meas]  # fmt: skip
-    rel = topdown_schema(h, schema, exact, invs, ordering=ordering)
+    rel = topdown_schema(h, schema, exact, invs, options=TopDownOptions(ordering=ordering))
     for k, est in enumerate(rel.estimates):
         assert np.array_equal(est, counts[k].reshape(est.shape)), h.names[k]
 
@@ -237,7 +238,9 @@ def test_structural_zeros_are_held():
     h, schema, counts, meas, invs, ordering = _tree_problem(7, 4.0)
     zero = structural_zero_mask(schema, [("sex * ageband", ("F", "65+"))])
     assert zero.sum() == 5
-    rel = topdown_schema(h, schema, meas, [], ordering=ordering, structural_zeros=zero)
+    rel = topdown_schema(
+        h, schema, meas, [], options=TopDownOptions(ordering=ordering, structural_zeros=zero)
+    )
     for est in rel.estimates:
         assert not est[:, zero].any()
 
@@ -246,9 +249,10 @@ def test_unordered_measured_query_is_refused():
     h, schema, counts, meas, invs, ordering = _tree_problem(8, 4.0)
     bad = {lv: ((("total",), ("sex",)), o[1]) for lv, o in ordering.items()}
     with pytest.raises(SpecError, match="in no L2 pass"):
-        topdown_schema(h, schema, meas, invs, ordering=bad)
+        topdown_schema(h, schema, meas, invs, options=TopDownOptions(ordering=bad))
     with pytest.raises(SpecError, match="structural_zeros has 3 cells"):
-        topdown_schema(h, schema, meas, invs, ordering=ordering, structural_zeros=np.ones(3, bool))
+        topdown_schema(h, schema, meas, invs,
+                       options=TopDownOptions(ordering=ordering, structural_zeros=np.ones(3, bool)))  # fmt: skip
 
 
 def test_bureau_pl94_ordering():
@@ -270,13 +274,30 @@ def test_mapper_and_chunks_do_not_change_the_result():
     """Per-parent problems are pure: mapping runs of parents in any order gives the same
     release as solving them in turn."""
     h, schema, counts, meas, invs, ordering = _tree_problem(9, 4.0)
-    base = topdown_schema(h, schema, meas, invs, ordering=ordering)
+    base = topdown_schema(h, schema, meas, invs, options=TopDownOptions(ordering=ordering))
 
     def reversed_mapper(fn, items, *shared):
         out = [fn(it, *shared) for it in reversed(items)]
         return out[::-1]
 
-    rel = topdown_schema(h, schema, meas, invs, ordering=ordering, mapper=reversed_mapper,
-                         chunks=3)  # fmt: skip
+    opts = TopDownOptions(ordering=ordering, mapper=reversed_mapper, chunks=3)
+    rel = topdown_schema(h, schema, meas, invs, opts)
     for a, b in zip(base.estimates, rel.estimates, strict=True):
         assert np.array_equal(a, b)
+
+
+def test_options_given_one_by_one_as_before_equal_topdown_options():
+    """The pre-TopDownOptions keyword arguments still run (one release), over ``options``,
+    and give the same release; progress reports one line per level; a keyword that is no
+    option is refused."""
+    h, schema, counts, meas, invs, ordering = _tree_problem(10, 4.0)
+    base = topdown_schema(h, schema, meas, invs, TopDownOptions(ordering=ordering, chunks=2))
+    lines: list[str] = []
+    rel = topdown_schema(h, schema, meas, invs, TopDownOptions(chunks=2), ordering=ordering,
+                         progress=lines.append)  # fmt: skip
+    for a, b in zip(base.estimates, rel.estimates, strict=True):
+        assert np.array_equal(a, b)
+    assert [ln.split(":")[0] for ln in lines] == list(h.names)
+    assert base.diagnostics["levels"].keys() == rel.diagnostics["levels"].keys()
+    with pytest.raises(TypeError, match="'slak'; its options are the fields of TopDownOptions"):
+        topdown_schema(h, schema, meas, invs, slak=0.1)

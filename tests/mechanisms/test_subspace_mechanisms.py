@@ -13,6 +13,7 @@ from censusdp.errors import SpecError
 from censusdp.mechanisms.laws import Gaussian, Laplace
 from censusdp.mechanisms.projection import group_indicator_matrix
 from censusdp.mechanisms.subspace import (
+    ProjectionOptions,
     correlated_gaussian,
     distributed_projected,
     extended_gaussian,
@@ -173,8 +174,15 @@ def test_distributed_algorithm4_bit_for_bit(rng, route):
 def test_groups_route_equals_dense_route(rng):
     groups = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2])
     h = np.arange(9.0)
-    a = projected_gaussian(None, h, None, 0.5, 1e-6, rng, groups=groups, label="g")
-    b = projected_gaussian(None, h, group_indicator_matrix(groups), 0.5, 1e-6, rng, label="g")
+    g = ProjectionOptions(groups=groups, label="g")
+    a = projected_gaussian(None, h, None, 0.5, 1e-6, rng, options=g)
+    C = group_indicator_matrix(groups)
+    b = projected_gaussian(None, h, C, 0.5, 1e-6, rng, options=ProjectionOptions(label="g"))
+    # the same names given one by one, as before ProjectionOptions (accepted for one release)
+    legacy = projected_gaussian(None, h, None, 0.5, 1e-6, rng, groups=groups, label="g")
+    assert np.array_equal(legacy.release, a.release)
+    with pytest.raises(TypeError, match="'group'; its options are the fields of Projection"):
+        projected_gaussian(None, h, None, 0.5, 1e-6, rng, group=groups)
     np.testing.assert_allclose(a.release, b.release, atol=1e-10)
     np.testing.assert_allclose(a.covariance, b.covariance, atol=1e-10)
     assert a.mse == pytest.approx(b.mse)

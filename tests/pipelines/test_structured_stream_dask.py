@@ -18,14 +18,14 @@ from stream_fixtures import assert_same, problem, problem_with_counts, stream
 
 from censusdp.errors import SpecError
 from censusdp.estimation.structured_gls import StructuredPiece, structured_gls
-from censusdp.estimation.topdown_schema import topdown_schema
+from censusdp.estimation.topdown_schema import TopDownOptions, topdown_schema
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import measure_range, stream_label
 from censusdp.pipelines.execute import DaskExecutor, SyncExecutor, ThreadExecutor, open_executor
 from censusdp.pipelines.partition import Partition, partition_units
-from censusdp.pipelines.structured_stream import given_values, structured_stream
+from censusdp.pipelines.structured_stream import StreamOptions, given_values, structured_stream
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 
 CUT, N_PARTS = 2, 5
@@ -213,8 +213,9 @@ def test_sink_runs_where_the_piece_is(cluster):
         assert (os.getpid() not in pids) if remote else pids == {os.getpid()}
     # without on_partition no piece is sent back, and the sink still runs
     res = structured_stream(
-        h, s, meas, given_values(meas, h, CUT), parts, invs, executor=ex, sink=PieceDigest()
-    )
+        h, s, meas, given_values(meas, h, CUT), parts, invs,
+        options=StreamOptions(executor=ex, sink=PieceDigest()),
+    )  # fmt: skip
     assert [d for d, _, _ in res.sunk] == expect
 
 
@@ -262,11 +263,11 @@ def test_topdown_per_parent_solves_on_every_executor(cluster):
     base = topdown_schema(h, s, meas, invs)
     assert base.diagnostics["levels"][h.names[-1]]["parents_solved"] > 2
     for ex, chunks in ((ex_dask, None), (SyncExecutor(), 2)):
-        rel = topdown_schema(h, s, meas, invs, executor=ex, chunks=chunks)
+        rel = topdown_schema(h, s, meas, invs, options=TopDownOptions(executor=ex, chunks=chunks))
         for a, b in zip(base.estimates, rel.estimates, strict=True):
             assert np.array_equal(a, b)
     with pytest.raises(SpecError, match="not both"):
-        topdown_schema(h, s, meas, invs, executor=ex_dask, mapper=map)
+        topdown_schema(h, s, meas, invs, options=TopDownOptions(executor=ex_dask, mapper=map))
 
 
 def test_key_guard_looks_inside_callables_and_records():
@@ -300,8 +301,10 @@ def test_refusals():
     parts = partition_units(h, CUT, N_PARTS)
     measure = given_values(meas, h, CUT)
     with pytest.raises(SpecError, match="not both"):
-        structured_stream(h, s, meas, measure, parts, invs, executor=SyncExecutor(), workers=2)
+        structured_stream(h, s, meas, measure, parts, invs,
+                          options=StreamOptions(executor=SyncExecutor(), workers=2))  # fmt: skip
     with pytest.raises(SpecError, match="without a sink"):
-        structured_stream(h, s, meas, measure, parts, invs, sink_payload=lambda p: 0)
+        structured_stream(h, s, meas, measure, parts, invs,
+                          options=StreamOptions(sink_payload=lambda p: 0))  # fmt: skip
     with pytest.raises(SpecError, match="were asked for partition"):
         measure.for_partition(parts[0])(parts[1])
