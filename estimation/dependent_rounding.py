@@ -298,12 +298,145 @@ def _round_groups(P, starts, U, tol, out):
     return -1, 0
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _frac(x, tol):
+    return x > tol and x < 1.0 - tol
+
+
 @njit(cache=True, nogil=True)
-def _cancel_flow(tail, head, w, arc_start, u_start, U, tol, n_vert, bits, nxt, prv):
+def _matrix_of_arcs(tail, head, base, n, m, sgn):
+    """Check that arcs ``base + r·m + s`` (rows ``r < n``, slots ``s < m``, ``m ≥ 2``) form a
+    matrix: every arc of row ``r`` touches one row vertex (the endpoint shared by its first
+    two arcs), every arc of slot ``s`` joins it to one column vertex, pointing the same way
+    in every row. Writes ``sgn[s]`` (+1: row → column, −1: column → row); returns −1, or
+    the first arc that breaks the pattern."""
+    for r in range(n):
+        e0 = base + r * m
+        t0, h0, t1, h1 = tail[e0], head[e0], tail[e0 + 1], head[e0 + 1]
+        R = t0 if (t0 == t1 or t0 == h1) else h0
+        for s in range(m):
+            e = e0 + s
+            if tail[e] == R:
+                d, C = 1, head[e]
+            elif head[e] == R:
+                d, C = -1, tail[e]
+            else:
+                return e
+            if r == 0:
+                sgn[s] = d
+                sgn[m + s] = C
+            elif sgn[s] != d or sgn[m + s] != C:
+                return e
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _sweep_arcs(w, base, n, m, sgn, U, k, tol, cols):
+    """:func:`_sweep` on a matrix of arcs (:func:`_matrix_of_arcs`): row ``a`` meets rows
+    ``b > a`` in turn and each column where both are fractional closes the 4-cycle ``(a, c),
+    (b, c), (b, j), (a, j)`` with the pending column ``c``, walked row → column → row: an
+    arc moves by ``+δ`` along its direction (``sgn``), ``−δ`` against it. Returns the next
+    uniform's index."""
+    for a in range(n):
+        ra = base + a * m
+        cnt = 0
+        for j in range(m):
+            if _frac(w[ra + j], tol):
+                cols[cnt] = j
+                cnt += 1
+        for b in range(a + 1, n):
+            if cnt <= 4:
+                break
+            rb = base + b * m
+            c = -1
+            for idx in range(cnt):
+                j = cols[idx]
+                wa = w[ra + j]
+                wb = w[rb + j]
+                if not (_frac(wa, tol) and _frac(wb, tol)):
+                    continue
+                if c < 0:
+                    c = j
+                    continue
+                # along the walk a → c → b → j → a: (a, c) and (b, j) out of a row, (b, c)
+                # and (a, j) into one; times the arcs' directions
+                ac = w[ra + c]
+                bc = w[rb + c]
+                sc = sgn[c]
+                sj = sgn[j]
+                alpha = 1.0
+                beta = 1.0
+                if sc > 0:
+                    alpha = min(alpha, min(1.0 - ac, bc))
+                    beta = min(beta, min(ac, 1.0 - bc))
+                else:
+                    alpha = min(alpha, min(ac, 1.0 - bc))
+                    beta = min(beta, min(1.0 - ac, bc))
+                if sj > 0:
+                    alpha = min(alpha, min(1.0 - wb, wa))
+                    beta = min(beta, min(wb, 1.0 - wa))
+                else:
+                    alpha = min(alpha, min(wb, 1.0 - wa))
+                    beta = min(beta, min(1.0 - wb, wa))
+                step = alpha if U[k] * (alpha + beta) < beta else -beta
+                k += 1
+                ac += sc * step
+                bc -= sc * step
+                wb += sj * step
+                wa -= sj * step
+                ac = 0.0 if ac <= tol else (1.0 if ac >= 1.0 - tol else ac)
+                bc = 0.0 if bc <= tol else (1.0 if bc >= 1.0 - tol else bc)
+                wa = 0.0 if wa <= tol else (1.0 if wa >= 1.0 - tol else wa)
+                wb = 0.0 if wb <= tol else (1.0 if wb >= 1.0 - tol else wb)
+                w[ra + c] = ac
+                w[rb + c] = bc
+                w[ra + j] = wa
+                w[rb + j] = wb
+                if not (0.0 < ac < 1.0 and 0.0 < bc < 1.0):
+                    c = j if (0.0 < wa < 1.0 and 0.0 < wb < 1.0) else -1
+            kept = 0
+            for idx in range(cnt):
+                j = cols[idx]
+                if _frac(w[ra + j], tol):
+                    cols[kept] = j
+                    kept += 1
+            cnt = kept
+    return k
+
+
+@njit(cache=True, nogil=True)
+def _cancel_flow(
+    tail, head, w, arc_start, u_start, U, tol, n_vert, bits, nxt, prv, row_arc, col_slot,
+    mat_start, mat_rows, mat_cols,
+):  # fmt: skip
     """Cycle-cancel the fractional arcs of each component (``arc_start`` boundaries) of a
     network into ``bits``; component ``g`` reads ``U[u_start[g]], …`` in order. Returns −1
-    on success, else a vertex left with a single fractional arc (its balance not integral)."""
+    on success, else a vertex left with a single fractional arc (its balance not integral).
+
+    ``row_arc`` and ``col_slot`` (per vertex, or empty) are a 4-cycle oracle: at vertex
+    ``v`` three steps from ``u`` on the walk, arc ``row_arc[v] + col_slot[u]`` (or with
+    ``v`` and ``u`` swapped) is tried first, and taken when it joins ``v`` and ``u`` and is
+    fractional (as :func:`_round_group` closes 4-cycles of a matrix).
+
+    ``mat_start`` (increasing) and ``mat_rows`` name matrices of arcs (``mat_cols`` slots a
+    row, :func:`_matrix_of_arcs`), each within one component: they are swept first
+    (:func:`_sweep_arcs`), in order, each component from its first uniform; returns
+    ``−2 − e`` when arc ``e`` breaks a matrix's pattern."""
     E = tail.size
+    hint = row_arc.size == n_vert and col_slot.size == n_vert
+    k_at = u_start.copy()  # each component's next uniform
+    if mat_start.size:
+        sgn = np.empty(2 * mat_cols, np.int64)
+        cols = np.empty(mat_cols, np.int64)
+        g = 0
+        for q in range(mat_start.size):
+            b0 = mat_start[q]
+            while arc_start[g + 1] <= b0:
+                g += 1
+            bad = _matrix_of_arcs(tail, head, b0, mat_rows[q], mat_cols, sgn)
+            if bad >= 0 or b0 + mat_rows[q] * mat_cols > arc_start[g + 1]:
+                return -2 - (bad if bad >= 0 else b0)
+            k_at[g] = _sweep_arcs(w, b0, mat_rows[q], mat_cols, sgn, U, k_at[g], tol, cols)
     vhead = np.full(n_vert, -1, np.int64)
     # each vertex's list of fractional arcs, in increasing arc order (half-edge 2e at the
     # tail, 2e + 1 at the head)
@@ -325,7 +458,7 @@ def _cancel_flow(tail, head, w, arc_start, u_start, U, tol, n_vert, bits, nxt, p
     sv = np.empty(n_vert + 1, np.int64)  # the walk's vertices
     se = np.empty(n_vert + 1, np.int64)  # the arc each was entered by
     for g in range(arc_start.size - 1):
-        k = u_start[g]
+        k = k_at[g]
         for e0 in range(arc_start[g], arc_start[g + 1]):
             if bits[e0] != 0 or not (w[e0] > tol and w[e0] < 1.0 - tol):
                 continue
@@ -346,6 +479,25 @@ def _cancel_flow(tail, head, w, arc_start, u_start, U, tol, n_vert, bits, nxt, p
                     continue
                 e = h >> 1
                 u = head[e] if (h & 1) == 0 else tail[e]
+                if hint and sp >= 3:
+                    # a 4-cycle through the vertex three steps back, when the oracle names a
+                    # fractional arc joining them (never the arc just used: it joins v and
+                    # sv[sp − 1])
+                    u3 = sv[sp - 3]
+                    a = -1
+                    if row_arc[v] >= 0 and col_slot[u3] >= 0:
+                        a = row_arc[v] + col_slot[u3]
+                    elif row_arc[u3] >= 0 and col_slot[v] >= 0:
+                        a = row_arc[u3] + col_slot[v]
+                    if (
+                        a >= 0
+                        and a < E
+                        and ((tail[a] == v and head[a] == u3) or (tail[a] == u3 and head[a] == v))
+                        and w[a] > tol
+                        and w[a] < 1.0 - tol
+                    ):
+                        e = a
+                        u = u3
                 if pos[u] < 0:
                     sp += 1
                     sv[sp] = u
@@ -399,6 +551,10 @@ def flow_round(
     u_start: np.ndarray,
     uniforms: np.ndarray,
     *,
+    row_arc: np.ndarray | None = None,
+    col_slot: np.ndarray | None = None,
+    matrices: tuple[np.ndarray, np.ndarray, int] | None = None,
+    overwrite: bool = False,
     tol: float = DR_TOL,
 ) -> np.ndarray:
     """Unbiased dependent rounding of a network flow's fractional parts, component by component.
@@ -432,6 +588,29 @@ def flow_round(
         per fractional arc, in order).
     uniforms : 1-d array of float
         Independent U[0, 1) draws.
+    row_arc, col_slot : (n_vertices,) arrays of int, optional
+        A 4-cycle oracle for networks holding matrices (a node's arcs to its parent's
+        vertices, as below the cut): ``row_arc[v]`` the first of a run of arcs at ``v``
+        (−1: none), ``col_slot[u]`` the place in such runs of the arc reaching ``u`` (−1:
+        none). When the walk stands three steps from ``u``, arc ``row_arc[v] + col_slot[u]``
+        (or ``v``, ``u`` swapped) closes a 4-cycle if it joins them and is fractional; it is
+        then taken first, as :func:`dependent_round`'s walk does in a matrix. Any oracle
+        (wrong entries are checked and ignored) gives the same law's guarantees: every
+        cycle cancelled is a martingale step, whichever cycle the walk closes. It changes
+        which cycles are cancelled, hence the bits drawn from given uniforms (not their
+        law's marginals or balances); in dense matrices short cycles are most of the work
+        and keep the walk within one parent's arcs (cache-resident).
+    matrices : (starts, rows, cols), optional
+        Runs of arcs forming matrices, swept by 4-cycles before the walk (as
+        :func:`dependent_round`'s row-pair sweeps), row by row through memory: matrix ``q``
+        is arcs ``starts[q] + r·cols + s`` (``r < rows[q]``), each row's arcs sharing one
+        vertex and each slot's arcs one other vertex, one way round in every row (e.g. a
+        parent's children × (total, cells) below the cut); ``starts`` increasing, each
+        matrix within one component. Like the oracle, it changes which cycles are cancelled
+        and nothing else.
+    overwrite : bool
+        Move ``frac`` itself (float64, contiguous) instead of a copy: saves 8 bytes an arc
+        when the caller has no further use for it.
 
     Returns
     -------
@@ -452,7 +631,10 @@ def flow_round(
     idx = np.int32 if small else np.int64
     t = np.ascontiguousarray(tail, idx)
     hd = np.ascontiguousarray(head, idx)
-    w = np.array(frac, dtype=np.float64)  # a copy: the kernel moves it
+    if overwrite and isinstance(frac, np.ndarray) and frac.dtype == np.float64 and frac.ndim == 1:
+        w = np.ascontiguousarray(frac)  # moved in place: the caller's scratch
+    else:
+        w = np.array(frac, dtype=np.float64)  # a copy: the kernel moves it
     a = np.ascontiguousarray(arc_start, np.int64)
     us = np.ascontiguousarray(u_start, np.int64)
     U = np.ascontiguousarray(uniforms, np.float64).reshape(-1)
@@ -474,7 +656,43 @@ def flow_round(
     bits = np.zeros(t.size, np.int8)
     nxt = np.empty(2 * t.size, idx)
     prv = np.empty(2 * t.size, idx)
-    bad = _cancel_flow(t, hd, w, a, us, U, tol, n_vert, bits, nxt, prv)
+    if (row_arc is None) != (col_slot is None):
+        raise DataError("flow rounding: give both row_arc and col_slot, or neither")
+    if row_arc is None:
+        ra = cs = np.empty(0, idx)
+    else:
+        ra = np.ascontiguousarray(row_arc, idx)
+        cs = np.ascontiguousarray(col_slot, idx)
+        if ra.ndim != 1 or ra.shape != cs.shape or ra.size < n_vert:
+            raise DataError(
+                f"flow rounding: row_arc and col_slot need one entry per vertex (at least {n_vert})"
+            )
+        n_vert = ra.size
+    if matrices is None:
+        ms, mr, mc = np.empty(0, np.int64), np.empty(0, np.int64), 0
+    else:
+        ms = np.ascontiguousarray(matrices[0], np.int64).reshape(-1)
+        mr = np.ascontiguousarray(matrices[1], np.int64).reshape(-1)
+        mc = int(matrices[2])
+        if ms.size and (
+            ms.shape != mr.shape
+            or mc < 2
+            or np.any(mr < 1)
+            or np.any(np.diff(ms) <= 0)
+            or ms[0] < 0
+            or ms[-1] + mr[-1] * mc > t.size
+        ):
+            raise DataError(
+                "flow rounding: matrices need increasing starts, at least one row and two "
+                "columns each, within the arcs"
+            )
+    bad = _cancel_flow(t, hd, w, a, us, U, tol, n_vert, bits, nxt, prv, ra, cs, ms, mr, mc)
+    if bad <= -2:
+        raise DataError(
+            f"flow rounding: arc {-2 - bad} breaks its matrix (a row's arcs must share one "
+            "vertex and a column's another, one way round, within one component); give "
+            "matrices of that shape"
+        )
     if bad >= 0:
         raise DataError(
             f"flow rounding: vertex {bad} has a fractional balance that is not an integer; "

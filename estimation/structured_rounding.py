@@ -1076,17 +1076,28 @@ def _flow_chunk(
     E = sum(n_lv[1:]) * m
     vdt = np.int32 if c_off[-1] < 2**31 and E < 2**30 else np.int64
     # the arcs in subtree-major order (each subtree a component of the kernel), level by
-    # level within a subtree: a node's K + 1 arcs start at pos[j][i]
+    # level within a subtree from the leaves up: a node's K + 1 arcs start at pos[j][i].
+    # Leaves first, so that each vertex lists its lower arcs first and the walk stays within
+    # one parent's (children × cells) matrix while it holds cycles
     n0 = n_lv[0]
     first = [np.arange(n0 + 1)]
     for j in range(1, D + 1):
         first.append(np.concatenate([[0], np.cumsum(forest.child_count[j - 1])])[first[-1]])
     per = np.stack([np.diff(f) for f in first[1:]], axis=1) * m  # (n0, D) arcs per level
     arc_start = np.concatenate([[0], np.cumsum(per.sum(axis=1))]).astype(np.int64)
-    lvl_off = arc_start[:-1, None] + np.concatenate([np.zeros((n0, 1), np.int64),
-                                                     np.cumsum(per, axis=1)[:, :-1]], axis=1)  # fmt: skip
+    below = np.cumsum(per[:, ::-1], axis=1)[:, ::-1] - per  # arcs of the deeper levels
+    lvl_off = arc_start[:-1, None] + below
     pos = [lvl_off[root[j - 1], j - 1] + (np.arange(n_lv[j]) - first[j][root[j - 1]]) * m
            for j in range(1, D + 1)]  # fmt: skip
+    # the 4-cycle oracle of the leaves' matrices: a leaf's total vertex heads a run of its
+    # K + 1 arcs (the total arc, then cell c at 1 + c), its parent's total and
+    # cell vertices are their places in that run
+    n_vert = int(c_off[-1])
+    row_arc = np.full(n_vert, -1, vdt)
+    col_slot = np.full(n_vert, -1, vdt)
+    row_arc[t_off[D] : t_off[D] + n_lv[D]] = pos[D - 1]
+    col_slot[t_off[D - 1] : t_off[D - 1] + n_lv[D - 1]] = 0
+    col_slot[c_off[D - 1] : c_off[D - 1] + n_lv[D - 1] * K] = np.tile(np.arange(1, m), n_lv[D - 1])
     tail_all = np.empty(E, vdt)
     head_all = np.empty(E, vdt)
     frac_all = np.empty(E)
@@ -1122,7 +1133,16 @@ def _flow_chunk(
             rng, f"{label}/{name}/controlled", n_global[j], lo[j], lo[j] + n, K,
             aes_uniform_draws,
         ))  # fmt: skip
-    bits = flow_round(tail_all, head_all, frac_all, arc_start, arc_start[:-1], u_all)
+    # each leaf parent's (children × (total, cells)) matrix, swept by 4-cycles first
+    cnt = forest.child_count[D - 1]
+    kids = np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int64)
+    two = np.flatnonzero(cnt >= 2)
+    bits = flow_round(
+        tail_all, head_all, frac_all, arc_start, arc_start[:-1], u_all,
+        row_arc=row_arc, col_slot=col_slot, matrices=(pos[D - 1][kids[two]], cnt[two], m),
+        overwrite=True,
+    )  # fmt: skip
+    del row_arc, col_slot
     del tail_all, head_all, frac_all, u_all
     out, sp = [], []
     parent = N
