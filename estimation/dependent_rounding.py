@@ -406,24 +406,19 @@ def _sweep_arcs(w, base, n, m, sgn, U, k, tol, cols):
 
 @njit(cache=True, nogil=True)
 def _cancel_flow(
-    tail, head, w, arc_start, u_start, U, tol, n_vert, bits, nxt, prv, row_arc, col_slot,
-    mat_start, mat_rows, mat_cols,
-):  # fmt: skip
+    tail, head, w, arc_start, u_start, U, tol, n_vert, bits, mat_start, mat_rows, mat_cols
+):
     """Cycle-cancel the fractional arcs of each component (``arc_start`` boundaries) of a
     network into ``bits``; component ``g`` reads ``U[u_start[g]], …`` in order. Returns −1
-    on success, else a vertex left with a single fractional arc (its balance not integral).
-
-    ``row_arc`` and ``col_slot`` (per vertex, or empty) are a 4-cycle oracle: at vertex
-    ``v`` three steps from ``u`` on the walk, arc ``row_arc[v] + col_slot[u]`` (or with
-    ``v`` and ``u`` swapped) is tried first, and taken when it joins ``v`` and ``u`` and is
-    fractional (as :func:`_round_group` closes 4-cycles of a matrix).
+    on success, ``−2 − e`` when arc ``e`` breaks a matrix's pattern, else a vertex left with
+    a single fractional arc (its balance not integral).
 
     ``mat_start`` (increasing) and ``mat_rows`` name matrices of arcs (``mat_cols`` slots a
     row, :func:`_matrix_of_arcs`), each within one component: they are swept first
-    (:func:`_sweep_arcs`), in order, each component from its first uniform; returns
-    ``−2 − e`` when arc ``e`` breaks a matrix's pattern."""
+    (:func:`_sweep_arcs`), in order, each component from its first uniform. The arcs still
+    fractional then (a few per cent below the cut) are copied out, in order, and walked there
+    (compact, cache-resident lists: 16 bytes per such arc instead of per arc)."""
     E = tail.size
-    hint = row_arc.size == n_vert and col_slot.size == n_vert
     k_at = u_start.copy()  # each component's next uniform
     if mat_start.size:
         sgn = np.empty(2 * mat_cols, np.int64)
@@ -437,35 +432,57 @@ def _cancel_flow(
             if bad >= 0 or b0 + mat_rows[q] * mat_cols > arc_start[g + 1]:
                 return -2 - (bad if bad >= 0 else b0)
             k_at[g] = _sweep_arcs(w, b0, mat_rows[q], mat_cols, sgn, U, k_at[g], tol, cols)
-    vhead = np.full(n_vert, -1, np.int64)
-    # each vertex's list of fractional arcs, in increasing arc order (half-edge 2e at the
-    # tail, 2e + 1 at the head)
-    for e in range(E - 1, -1, -1):
+    # the fractional arcs, compacted in arc order; each component's run of them
+    F = 0
+    for e in range(E):
         x = w[e]
-        if x > tol and x < 1.0 - tol:
-            bits[e] = 0
-            for side in range(2):
-                v = tail[e] if side == 0 else head[e]
-                h = 2 * e + side
-                nxt[h] = vhead[v]
-                prv[h] = -1
-                if vhead[v] >= 0:
-                    prv[vhead[v]] = h
-                vhead[v] = h
+        if _frac(x, tol):
+            F += 1
         else:
             bits[e] = 1 if x > 0.5 else 0
+    arc = np.empty(F, tail.dtype)
+    ct = np.empty(F, tail.dtype)
+    ch = np.empty(F, tail.dtype)
+    cw = np.empty(F)
+    c_start = np.empty(arc_start.size, np.int64)
+    f = 0
+    for g in range(arc_start.size - 1):
+        c_start[g] = f
+        for e in range(arc_start[g], arc_start[g + 1]):
+            if _frac(w[e], tol):
+                arc[f] = e
+                ct[f] = tail[e]
+                ch[f] = head[e]
+                cw[f] = w[e]
+                f += 1
+    c_start[arc_start.size - 1] = f
+    # each vertex's list of fractional arcs, in increasing arc order (half-edge 2f at the
+    # tail, 2f + 1 at the head)
+    vhead = np.full(n_vert, -1, tail.dtype)
+    nxt = np.empty(2 * F, tail.dtype)
+    prv = np.empty(2 * F, tail.dtype)
+    for e in range(F - 1, -1, -1):
+        for side in range(2):
+            v = ct[e] if side == 0 else ch[e]
+            h = 2 * e + side
+            nxt[h] = vhead[v]
+            prv[h] = -1
+            if vhead[v] >= 0:
+                prv[vhead[v]] = h
+            vhead[v] = h
+    live = np.ones(F, np.bool_)
     pos = np.full(n_vert, -1, np.int64)
     sv = np.empty(n_vert + 1, np.int64)  # the walk's vertices
     se = np.empty(n_vert + 1, np.int64)  # the arc each was entered by
     for g in range(arc_start.size - 1):
         k = k_at[g]
-        for e0 in range(arc_start[g], arc_start[g + 1]):
-            if bits[e0] != 0 or not (w[e0] > tol and w[e0] < 1.0 - tol):
+        for e0 in range(c_start[g], c_start[g + 1]):
+            if not live[e0]:
                 continue
             sp = 0
-            sv[0] = tail[e0]
+            sv[0] = ct[e0]
             se[0] = -1
-            pos[tail[e0]] = 0
+            pos[ct[e0]] = 0
             while sp >= 0:
                 v = sv[sp]
                 h = vhead[v]
@@ -478,26 +495,7 @@ def _cancel_flow(
                     sp -= 1
                     continue
                 e = h >> 1
-                u = head[e] if (h & 1) == 0 else tail[e]
-                if hint and sp >= 3:
-                    # a 4-cycle through the vertex three steps back, when the oracle names a
-                    # fractional arc joining them (never the arc just used: it joins v and
-                    # sv[sp − 1])
-                    u3 = sv[sp - 3]
-                    a = -1
-                    if row_arc[v] >= 0 and col_slot[u3] >= 0:
-                        a = row_arc[v] + col_slot[u3]
-                    elif row_arc[u3] >= 0 and col_slot[v] >= 0:
-                        a = row_arc[u3] + col_slot[v]
-                    if (
-                        a >= 0
-                        and a < E
-                        and ((tail[a] == v and head[a] == u3) or (tail[a] == u3 and head[a] == v))
-                        and w[a] > tol
-                        and w[a] < 1.0 - tol
-                    ):
-                        e = a
-                        u = u3
+                u = ch[e] if (h & 1) == 0 else ct[e]
                 if pos[u] < 0:
                     sp += 1
                     sv[sp] = u
@@ -511,8 +509,8 @@ def _cancel_flow(
                 beta = 1.0
                 for t in range(p0 + 1, sp + 2):
                     a = se[t] if t <= sp else e
-                    fwd = tail[a] == sv[t - 1] if t <= sp else tail[a] == sv[sp]
-                    x = w[a]
+                    fwd = ct[a] == sv[t - 1] if t <= sp else ct[a] == sv[sp]
+                    x = cw[a]
                     if fwd:
                         alpha = min(alpha, 1.0 - x)
                         beta = min(beta, x)
@@ -523,14 +521,15 @@ def _cancel_flow(
                 k += 1
                 for t in range(p0 + 1, sp + 2):
                     a = se[t] if t <= sp else e
-                    fwd = tail[a] == sv[t - 1] if t <= sp else tail[a] == sv[sp]
-                    x = w[a] + (step if fwd else -step)
-                    w[a] = x
+                    fwd = ct[a] == sv[t - 1] if t <= sp else ct[a] == sv[sp]
+                    x = cw[a] + (step if fwd else -step)
+                    cw[a] = x
                     if x <= tol or x >= 1.0 - tol:
-                        bits[a] = 1 if x > 0.5 else 0
+                        bits[arc[a]] = 1 if x > 0.5 else 0
+                        live[a] = False
                         for side in range(2):
                             hh = 2 * a + side
-                            vv = tail[a] if side == 0 else head[a]
+                            vv = ct[a] if side == 0 else ch[a]
                             if prv[hh] >= 0:
                                 nxt[prv[hh]] = nxt[hh]
                             else:
@@ -551,8 +550,6 @@ def flow_round(
     u_start: np.ndarray,
     uniforms: np.ndarray,
     *,
-    row_arc: np.ndarray | None = None,
-    col_slot: np.ndarray | None = None,
     matrices: tuple[np.ndarray, np.ndarray, int] | None = None,
     overwrite: bool = False,
     tol: float = DR_TOL,
@@ -588,26 +585,15 @@ def flow_round(
         per fractional arc, in order).
     uniforms : 1-d array of float
         Independent U[0, 1) draws.
-    row_arc, col_slot : (n_vertices,) arrays of int, optional
-        A 4-cycle oracle for networks holding matrices (a node's arcs to its parent's
-        vertices, as below the cut): ``row_arc[v]`` the first of a run of arcs at ``v``
-        (−1: none), ``col_slot[u]`` the place in such runs of the arc reaching ``u`` (−1:
-        none). When the walk stands three steps from ``u``, arc ``row_arc[v] + col_slot[u]``
-        (or ``v``, ``u`` swapped) closes a 4-cycle if it joins them and is fractional; it is
-        then taken first, as :func:`dependent_round`'s walk does in a matrix. Any oracle
-        (wrong entries are checked and ignored) gives the same law's guarantees: every
-        cycle cancelled is a martingale step, whichever cycle the walk closes. It changes
-        which cycles are cancelled, hence the bits drawn from given uniforms (not their
-        law's marginals or balances); in dense matrices short cycles are most of the work
-        and keep the walk within one parent's arcs (cache-resident).
     matrices : (starts, rows, cols), optional
         Runs of arcs forming matrices, swept by 4-cycles before the walk (as
         :func:`dependent_round`'s row-pair sweeps), row by row through memory: matrix ``q``
         is arcs ``starts[q] + r·cols + s`` (``r < rows[q]``), each row's arcs sharing one
         vertex and each slot's arcs one other vertex, one way round in every row (e.g. a
         parent's children × (total, cells) below the cut); ``starts`` increasing, each
-        matrix within one component. Like the oracle, it changes which cycles are cancelled
-        and nothing else.
+        matrix within one component. It changes which cycles are cancelled (hence the bits
+        drawn from given uniforms), not the guarantees: every step is a martingale shift of
+        a cycle, whichever cycle it is.
     overwrite : bool
         Move ``frac`` itself (float64, contiguous) instead of a copy: saves 8 bytes an arc
         when the caller has no further use for it.
@@ -654,20 +640,6 @@ def flow_round(
         raise DataError("flow rounding: a component has fewer uniforms than arcs")
     n_vert = int(max(t.max(initial=-1), hd.max(initial=-1))) + 1
     bits = np.zeros(t.size, np.int8)
-    nxt = np.empty(2 * t.size, idx)
-    prv = np.empty(2 * t.size, idx)
-    if (row_arc is None) != (col_slot is None):
-        raise DataError("flow rounding: give both row_arc and col_slot, or neither")
-    if row_arc is None:
-        ra = cs = np.empty(0, idx)
-    else:
-        ra = np.ascontiguousarray(row_arc, idx)
-        cs = np.ascontiguousarray(col_slot, idx)
-        if ra.ndim != 1 or ra.shape != cs.shape or ra.size < n_vert:
-            raise DataError(
-                f"flow rounding: row_arc and col_slot need one entry per vertex (at least {n_vert})"
-            )
-        n_vert = ra.size
     if matrices is None:
         ms, mr, mc = np.empty(0, np.int64), np.empty(0, np.int64), 0
     else:
@@ -686,7 +658,7 @@ def flow_round(
                 "flow rounding: matrices need increasing starts, at least one row and two "
                 "columns each, within the arcs"
             )
-    bad = _cancel_flow(t, hd, w, a, us, U, tol, n_vert, bits, nxt, prv, ra, cs, ms, mr, mc)
+    bad = _cancel_flow(t, hd, w, a, us, U, tol, n_vert, bits, ms, mr, mc)
     if bad <= -2:
         raise DataError(
             f"flow rounding: arc {-2 - bad} breaks its matrix (a row's arcs must share one "

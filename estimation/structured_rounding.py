@@ -1089,15 +1089,6 @@ def _flow_chunk(
     lvl_off = arc_start[:-1, None] + below
     pos = [lvl_off[root[j - 1], j - 1] + (np.arange(n_lv[j]) - first[j][root[j - 1]]) * m
            for j in range(1, D + 1)]  # fmt: skip
-    # the 4-cycle oracle of the leaves' matrices: a leaf's total vertex heads a run of its
-    # K + 1 arcs (the total arc, then cell c at 1 + c), its parent's total and
-    # cell vertices are their places in that run
-    n_vert = int(c_off[-1])
-    row_arc = np.full(n_vert, -1, vdt)
-    col_slot = np.full(n_vert, -1, vdt)
-    row_arc[t_off[D] : t_off[D] + n_lv[D]] = pos[D - 1]
-    col_slot[t_off[D - 1] : t_off[D - 1] + n_lv[D - 1]] = 0
-    col_slot[c_off[D - 1] : c_off[D - 1] + n_lv[D - 1] * K] = np.tile(np.arange(1, m), n_lv[D - 1])
     tail_all = np.empty(E, vdt)
     head_all = np.empty(E, vdt)
     frac_all = np.empty(E)
@@ -1139,10 +1130,8 @@ def _flow_chunk(
     two = np.flatnonzero(cnt >= 2)
     bits = flow_round(
         tail_all, head_all, frac_all, arc_start, arc_start[:-1], u_all,
-        row_arc=row_arc, col_slot=col_slot, matrices=(pos[D - 1][kids[two]], cnt[two], m),
-        overwrite=True,
+        matrices=(pos[D - 1][kids[two]], cnt[two], m), overwrite=True,
     )  # fmt: skip
-    del row_arc, col_slot
     del tail_all, head_all, frac_all, u_all
     out, sp = [], []
     parent = N
