@@ -31,10 +31,14 @@ the first level, then the parent's ``p − f``, both in ``[−φ, 1 − φ]``, s
 every arc's conditional value is unbiased and the values are consistent at every vertex. The
 network's fractional parts are then rounded by randomised cycle cancelling
 (:func:`~censusdp.estimation.dependent_rounding.flow_round`; Gandhi, Khuller, Parthasarathy &
-Srinivasan 2006 on the network's undirected graph): every arc ends at the floor or ceiling of
-its conditional value with that value as its mean, so every cell is unbiased, children sum to
-their parent cell by cell, and every node's total is the floor or ceiling of its real total
-plus ``Y = Σ_c A_c e_c`` (``A`` the product of the shares ``a`` down the path). The cut node's
+Srinivasan 2006 on the network's undirected graph; each leaf parent's (children × (total,
+cells)) arcs, one matrix, are first swept by 4-cycles row pair by row pair as the matrix
+kernel does, and the walk closes the cycles left, through the parents: the order of the
+cancellations decides which integers given draws give, not the law's guarantees, since every
+step is a mean-zero shift of a cycle whichever cycle it is): every arc ends at the floor or
+ceiling of its conditional value with that value as its mean, so every cell is unbiased,
+children sum to their parent cell by cell, and every node's total is the floor or ceiling of
+its real total plus ``Y = Σ_c A_c e_c`` (``A`` the product of the shares ``a`` down the path). The cut node's
 errors cannot be shared more evenly by any rounding that sees only ``N``: with two children
 and a cell whose fraction lies in one child only, every unbiased conditional law given the
 parent's cells routes that cell's error to that child (the box pins ``a``), so the partition
