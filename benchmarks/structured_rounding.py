@@ -29,6 +29,12 @@ blocks; and, per level, the RMS movement of the nodes' *totals* by the rounding 
 total − real total, persons), the defect the controlled rounding fixes (each cell's own
 rounding error is at most one person whatever the scheme). Prints one JSON object.
 
+Measured (``--blocks 16000``, shared 2-core machine): rounding CPU 14.3 s and peak RSS
+1,682 MB with issue 33's flow kernel (each cycle walked from the cut node), 5.8 s and
+1,387 MB with the leaf matrices swept by 4-cycles first, the walk on the ~5% of arcs left
+(compact) and the network's arrays filled in place (issue 36); the totals' RMS movements
+stay 0.55–0.59 / 0.49–0.50 / 0.41 persons (tract / block group / block).
+
 Usage: ``python benchmarks/structured_rounding.py [--blocks N] [--cut county|tract]
 [--partition-blocks B] [--sigma S] [--seed S] [--no-spreads]``.
 """

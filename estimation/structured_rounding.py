@@ -31,10 +31,14 @@ the first level, then the parent's ``p − f``, both in ``[−φ, 1 − φ]``, s
 every arc's conditional value is unbiased and the values are consistent at every vertex. The
 network's fractional parts are then rounded by randomised cycle cancelling
 (:func:`~censusdp.estimation.dependent_rounding.flow_round`; Gandhi, Khuller, Parthasarathy &
-Srinivasan 2006 on the network's undirected graph): every arc ends at the floor or ceiling of
-its conditional value with that value as its mean, so every cell is unbiased, children sum to
-their parent cell by cell, and every node's total is the floor or ceiling of its real total
-plus ``Y = Σ_c A_c e_c`` (``A`` the product of the shares ``a`` down the path). The cut node's
+Srinivasan 2006 on the network's undirected graph; each leaf parent's (children × (total,
+cells)) arcs, one matrix, are first swept by 4-cycles row pair by row pair as the matrix
+kernel does, and the walk closes the cycles left, through the parents: the order of the
+cancellations decides which integers given draws give, not the law's guarantees, since every
+step is a mean-zero shift of a cycle whichever cycle it is): every arc ends at the floor or
+ceiling of its conditional value with that value as its mean, so every cell is unbiased,
+children sum to their parent cell by cell, and every node's total is the floor or ceiling of
+its real total plus ``Y = Σ_c A_c e_c`` (``A`` the product of the shares ``a`` down the path). The cut node's
 errors cannot be shared more evenly by any rounding that sees only ``N``: with two children
 and a cell whose fraction lies in one child only, every unbiased conditional law given the
 parent's cells routes that cell's error to that child (the box pins ``a``), so the partition
@@ -1019,11 +1023,45 @@ def _flow_chunk(
     D = forest.depth - 1
     K = len(cells)
     N = np.ascontiguousarray(counts, np.int64)
-    xs, fls, ps, shares, par, root = [], [], [], [], [], []
+    # the network: per node below level 0, its total arc (from its parent's total vertex)
+    # and its K cell arcs (into its parent's cell vertices; from its own total vertex at the
+    # leaves, from its own cell vertices above them)
+    n_lv = [forest.sizes[j] for j in range(D + 1)]
+    t_off = np.concatenate([[0], np.cumsum(n_lv)]).astype(np.int64)
+    c_off = t_off[-1] + np.concatenate([[0], np.cumsum([s * K for s in n_lv[:D]])])
+    m = K + 1
+    E = sum(n_lv[1:]) * m
+    vdt = np.int32 if c_off[-1] < 2**31 and E < 2**30 else np.int64
+    # the arcs in subtree-major order (each subtree a component of the kernel), level by
+    # level within a subtree from the leaves up: a node's K + 1 arcs start at pos[j][i], and
+    # each leaf parent's (children × (total, cells)) arcs are one matrix, swept by 4-cycles
+    # before the walk (flow_round's ``matrices``)
+    n0 = n_lv[0]
+    first = [np.arange(n0 + 1)]
+    for j in range(1, D + 1):
+        first.append(np.concatenate([[0], np.cumsum(forest.child_count[j - 1])])[first[-1]])
+    per = np.stack([np.diff(f) for f in first[1:]], axis=1) * m  # (n0, D) arcs per level
+    arc_start = np.concatenate([[0], np.cumsum(per.sum(axis=1))]).astype(np.int64)
+    below = np.cumsum(per[:, ::-1], axis=1)[:, ::-1] - per  # arcs of the deeper levels
+    lvl_off = arc_start[:-1, None] + below
+    cc = np.arange(K)
+
+    def rows(dst: np.ndarray, at: np.ndarray, n: int, dt) -> np.ndarray:
+        """A level's (n, K + 1) arcs of ``dst``: a view with one subtree, else scratch
+        that :func:`put` scatters."""
+        if n0 == 1:  # one subtree: each level's arcs are one slice
+            return dst[at[0] : at[0] + n * m].reshape(n, m)
+        return np.empty((n, m), dt)
+
+    def put(dst: np.ndarray, at: np.ndarray, val: np.ndarray) -> None:
+        if n0 != 1:
+            dst[(at[:, None] + np.arange(m)).reshape(-1)] = val.reshape(-1)
+
+    xs, fls, ps, pos, par, sp = [], [], [], [], [], []
     fl_par, p_par = N, np.zeros(N.shape)
-    root_prev = np.arange(forest.sizes[0])
-    A_prev = None
-    phi0 = None
+    root_prev = np.arange(n0)
+    A_prev = A = None
+    v0 = sd0 = None
     for j in range(1, D + 1):
         name = forest.names[j]
         x = cell_matrix(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
@@ -1053,87 +1091,82 @@ def _flow_chunk(
                     "not consistent (parent = sum of children) — check the estimator"
                 )
         pj = np.repeat(np.arange(cnt.size), cnt)
-        if j == 1:
-            phi0 = phi
-            A = a
-        else:
-            A = a * A_prev[pj] if total_var is not None else None
+        root_prev = root_prev[pj]
+        at = lvl_off[root_prev, j - 1] + (np.arange(n) - first[j][root_prev]) * m
+        pos.append(at)
+        par.append(pj)
+        # the totals' variance bounds need the shares only, not the bits: computed now (their
+        # temporaries before the network's arrays exist), so no level's shares are kept
+        if total_var is not None:
+            if j == 1:
+                v0, sd0 = _snapped_var(phi, tol), np.sqrt(total_var)
+                A = a
+            else:
+                A = a * A_prev[pj]
+            sp.append(
+                total_variance_bound(A, v0[root_prev], sd0[root_prev], _psi(x, tol), top.negative)
+            )
+            A_prev = A
+        del a, phi, dev
         xs.append(x)
         fls.append(fl)
         ps.append(p)
-        shares.append(A)
-        par.append(pj)
-        root_prev = root_prev[pj]
-        root.append(root_prev)
-        fl_par, p_par, A_prev = fl, p, A
-    # the network: per node below level 0, its total arc (from its parent's total vertex)
-    # and its K cell arcs (into its parent's cell vertices; from its own total vertex at the
-    # leaves, from its own cell vertices above them)
-    n_lv = [forest.sizes[j] for j in range(D + 1)]
-    t_off = np.concatenate([[0], np.cumsum(n_lv)]).astype(np.int64)
-    c_off = t_off[-1] + np.concatenate([[0], np.cumsum([s * K for s in n_lv[:D]])])
-    m = K + 1
-    E = sum(n_lv[1:]) * m
-    vdt = np.int32 if c_off[-1] < 2**31 and E < 2**30 else np.int64
-    # the arcs in subtree-major order (each subtree a component of the kernel), level by
-    # level within a subtree: a node's K + 1 arcs start at pos[j][i]
-    n0 = n_lv[0]
-    first = [np.arange(n0 + 1)]
-    for j in range(1, D + 1):
-        first.append(np.concatenate([[0], np.cumsum(forest.child_count[j - 1])])[first[-1]])
-    per = np.stack([np.diff(f) for f in first[1:]], axis=1) * m  # (n0, D) arcs per level
-    arc_start = np.concatenate([[0], np.cumsum(per.sum(axis=1))]).astype(np.int64)
-    lvl_off = arc_start[:-1, None] + np.concatenate([np.zeros((n0, 1), np.int64),
-                                                     np.cumsum(per, axis=1)[:, :-1]], axis=1)  # fmt: skip
-    pos = [lvl_off[root[j - 1], j - 1] + (np.arange(n_lv[j]) - first[j][root[j - 1]]) * m
-           for j in range(1, D + 1)]  # fmt: skip
+        fl_par, p_par = fl, p
+    del p, p_par, A_prev, A
     tail_all = np.empty(E, vdt)
     head_all = np.empty(E, vdt)
     frac_all = np.empty(E)
     u_all = np.empty(E)
-    cc = np.arange(K)
-
-    def put(dst: np.ndarray, j: int, val: np.ndarray) -> None:
-        if n0 == 1:  # one subtree: each level's arcs are one slice
-            dst[pos[j - 1][0] : pos[j - 1][0] + val.size] = val.reshape(-1)
-        else:
-            dst[(pos[j - 1][:, None] + np.arange(m)).reshape(-1)] = val.reshape(-1)
-
     for j in range(1, D + 1):
         name = forest.names[j]
-        n = n_lv[j]
+        n, at, pj = n_lv[j], pos[j - 1], par[j - 1]
+        p = ps[j - 1]
+        ps[j - 1] = None  # each level's conditional fractions freed once written
+        # the level's arcs, written where they go (no level-sized copies kept)
         me = np.arange(n)
-        Q = ps[j - 1].sum(axis=1)
-        tail = np.empty((n, m), vdt)
-        head = np.empty((n, m), vdt)
-        tail[:, 0] = t_off[j - 1] + par[j - 1]
-        head[:, 0] = t_off[j] + me
+        tail = rows(tail_all, at, n, vdt)
+        tail[:, 0] = t_off[j - 1] + pj
         tail[:, 1:] = (t_off[j] + me)[:, None] if j == D else c_off[j] + me[:, None] * K + cc
-        head[:, 1:] = c_off[j - 1] + par[j - 1][:, None] * K + cc
-        put(tail_all, j, tail)
-        put(head_all, j, head)
+        put(tail_all, at, tail)
+        head = rows(head_all, at, n, vdt)
+        head[:, 0] = t_off[j] + me
+        head[:, 1:] = c_off[j - 1] + pj[:, None] * K + cc
+        put(head_all, at, head)
         del tail, head
-        frac = np.empty((n, m))
+        frac = rows(frac_all, at, n, np.float64)
+        Q = p.sum(axis=1)
         frac[:, 0] = Q - np.floor(Q)
-        frac[:, 1:] = ps[j - 1]
-        put(frac_all, j, frac)
-        del frac
-        put(u_all, j, keyed_uniforms(
+        frac[:, 1:] = p
+        put(frac_all, at, frac)
+        del frac, Q
+        u = keyed_uniforms(
             rng, f"{label}/{name}/controlled", n_global[j], lo[j], lo[j] + n, K,
             aes_uniform_draws,
-        ))  # fmt: skip
-    bits = flow_round(tail_all, head_all, frac_all, arc_start, arc_start[:-1], u_all)
+        )  # fmt: skip
+        if n0 == 1:
+            rows(u_all, at, n, np.float64)[:] = u
+        put(u_all, at, u)
+        del u, p
+    cnt = forest.child_count[D - 1]
+    kids = np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int64)
+    two = np.flatnonzero(cnt >= 2)
+    bits = flow_round(
+        tail_all, head_all, frac_all, arc_start, arc_start[:-1], u_all,
+        matrices=(pos[D - 1][kids[two]], cnt[two], m), overwrite=True,
+    )  # fmt: skip
     del tail_all, head_all, frac_all, u_all
-    out, sp = [], []
+    out = []
     parent = N
-    vt = total_var
     for j in range(1, D + 1):
         n = n_lv[j]
+        at = pos[j - 1]
         if n0 == 1:
-            b = bits[pos[j - 1][0] : pos[j - 1][0] + n * m].reshape(n, m)
+            b = bits[at[0] : at[0] + n * m].reshape(n, m)
         else:
-            b = bits[(pos[j - 1][:, None] + np.arange(m)).reshape(-1)].reshape(n, m)
-        c = fls[j - 1] + b[:, 1:]
+            b = bits[(at[:, None] + np.arange(m)).reshape(-1)].reshape(n, m)
+        c = fls[j - 1]
+        c += b[:, 1:]  # the floors become the counts, in place
+        fls[j - 1] = None
         cnt = forest.child_count[j - 1]
         starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
         nz = np.flatnonzero(cnt > 0)
@@ -1142,15 +1175,6 @@ def _flow_chunk(
             _settle(c, xs[j - 1], starts[nz], cnt[nz], nz + offset[j - 1], miss[nz], tol,
                     (forest.names[j], whole, j - 1, cells))  # fmt: skip
         out.append(c.reshape(-1, *schema.shape))
-        if vt is not None:
-            v0 = _snapped_var(phi0, tol)
-            r = root[j - 1]
-            sp.append(
-                total_variance_bound(
-                    shares[j - 1], v0[r], np.sqrt(total_var)[r], _psi(xs[j - 1], tol),
-                    top.negative,
-                )
-            )  # fmt: skip
         parent = c
     return RoundedLevels(
         out, sp if total_var is not None else None, top.negative, top.joint, top.total_cap

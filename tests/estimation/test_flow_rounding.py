@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import norm
 
 import censusdp.estimation.structured_rounding as sr
@@ -81,6 +83,137 @@ def test_flow_kernel_test_has_power_against_skewed_uniforms():
 def test_flow_kernel_refuses_a_fractional_balance():
     with pytest.raises(DataError, match="vertex .* not an integer"):
         flow_round([0, 0], [1, 2], [0.5, 0.3], [0, 2], [0], np.zeros(2))
+
+
+def _matrix_network(C: int, n: int, K: int, gen):
+    """C components, each a parent's (n children × (total, K cells)) matrix as below the cut:
+    per child its total arc P → R_i and cell arcs R_i → C_c (one matrix row), then the cells'
+    arcs C_c → S and a return arc S → P, every balance integral. Returns the arcs, the
+    matrices' starts and the fractions."""
+    m = K + 1
+    V = 2 + n + K
+    p = gen.uniform(0.02, 0.98, (C, n, K))
+    t = p.sum(axis=2) % 1.0  # the children's totals' fractions
+    q = p.sum(axis=1) % 1.0  # the cells'
+    r = q.sum(axis=1) % 1.0  # the return arc's
+    rows_t = np.empty((n, m), np.int64)
+    rows_h = np.empty((n, m), np.int64)
+    rows_t[:, 0], rows_h[:, 0] = 0, 2 + np.arange(n)
+    rows_t[:, 1:], rows_h[:, 1:] = (2 + np.arange(n))[:, None], 2 + n + np.arange(K)
+    tail1 = np.concatenate([rows_t.reshape(-1), 2 + n + np.arange(K), [1]])
+    head1 = np.concatenate([rows_h.reshape(-1), np.ones(K, np.int64), [0]])
+    A = tail1.size
+    tail = (np.arange(C)[:, None] * V + tail1).reshape(-1)
+    head = (np.arange(C)[:, None] * V + head1).reshape(-1)
+    frac = np.concatenate(
+        [np.concatenate([t[:, :, None], p], axis=2).reshape(C, -1), q, r[:, None]], axis=1
+    ).reshape(-1)
+    starts = np.arange(C + 1) * A
+    return tail, head, frac, starts, starts[:-1]
+
+
+def _balances(tail, head, x, n_vert):
+    return np.bincount(head, x, n_vert) - np.bincount(tail, x, n_vert)
+
+
+def _matrix_kernel_z(uniforms) -> float:
+    gen = np.random.default_rng(11)
+    C, n, K = 20_000, 3, 4
+    tail, head, frac, starts, mats = _matrix_network(C, n, K, gen)
+    bits = flow_round(
+        tail,
+        head,
+        frac,
+        starts,
+        starts[:-1],
+        uniforms(frac.size),
+        matrices=(mats, np.full(C, n), K + 1),
+    )
+    V = C * (2 + n + K)
+    # every vertex's balance exactly its fractional parts' (an integer)
+    want = np.rint(_balances(tail, head, frac, V))
+    assert np.array_equal(_balances(tail, head, bits.astype(float), V), want)
+    A = frac.size // C
+    b = bits.reshape(C, A).astype(float)
+    f = frac.reshape(C, A)
+    # the copies are independent: the mean bit's SD is √(Σ f(1 − f)) / C
+    sd = np.sqrt((f * (1 - f)).sum(axis=0)) / C
+    return float((np.abs(b.mean(axis=0) - f.mean(axis=0)) / sd).max())
+
+
+def test_matrix_sweeps_keep_every_balance_and_are_unbiased():
+    """The 4-cycle sweeps of the matrices then the walk: every balance == and every arc's
+    mean its fraction within Bonferroni bounds (α = 1e-6; the fractions differ by copy, so
+    the copies' mean fraction is compared with the bits' mean)."""
+    gen = np.random.default_rng(12)
+    assert _matrix_kernel_z(lambda k: gen.random(k)) < _z(3 * 5 + 4 + 1)
+
+
+def test_matrix_sweeps_test_has_power_against_skewed_uniforms():
+    gen = np.random.default_rng(12)
+    assert _matrix_kernel_z(lambda k: gen.random(k) ** 1.5) > _z(3 * 5 + 4 + 1)
+
+
+def test_matrix_sweeps_depend_on_each_components_own_draws_only():
+    """Components rounded apart (each with its uniforms) or together give the same bits, with
+    or without the matrices: the partitioning changes no bit."""
+    gen = np.random.default_rng(13)
+    C, n, K = 40, 5, 6
+    tail, head, frac, starts, mats = _matrix_network(C, n, K, gen)
+    U = gen.random(frac.size)
+    A = frac.size // C
+    whole = flow_round(tail, head, frac, starts, starts[:-1], U,
+                       matrices=(mats, np.full(C, n), K + 1))  # fmt: skip
+    for c in range(C):
+        sl = slice(c * A, (c + 1) * A)
+        part = flow_round(tail[sl] - tail[sl].min(), head[sl] - tail[sl].min(), frac[sl],
+                          np.array([0, A]), np.array([0]), U[sl],
+                          matrices=(np.array([0]), np.array([n]), K + 1))  # fmt: skip
+        assert np.array_equal(part, whole[sl])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 6), K=st.integers(1, 7), C=st.integers(1, 4), seed=st.integers(0, 2**32 - 1)
+)
+def test_matrix_sweeps_keep_balances_and_integral_arcs_on_random_shapes(n, K, C, seed):
+    """Random shapes, some fractions already integral: every balance ==, every integral
+    arc unmoved, with the matrices as without them."""
+    gen = np.random.default_rng(seed)
+    tail, head, frac, starts, mats = _matrix_network(C, n, K, gen)
+    # make some cell arcs integral (0 or 1), keeping the balances integral by recomputing
+    # the totals', cells' and return arcs' fractions
+    m, A = K + 1, frac.size // C
+    f = frac.reshape(C, A).copy()
+    rows = f[:, : n * m].reshape(C, n, m)  # a copy of the matrix part, written back below
+    hit = gen.random((C, n, K)) < 0.3
+    rows[:, :, 1:][hit] = gen.integers(0, 2, int(hit.sum()))
+    rows[:, :, 0] = rows[:, :, 1:].sum(axis=2) % 1.0
+    f[:, : n * m] = rows.reshape(C, n * m)
+    f[:, n * m : n * m + K] = rows[:, :, 1:].sum(axis=1) % 1.0
+    f[:, -1] = f[:, n * m : n * m + K].sum(axis=1) % 1.0
+    assert np.all(rows[:, :, 1:][hit] == np.rint(rows[:, :, 1:][hit]))
+    frac = f.reshape(-1)
+    V = C * (2 + n + K)
+    want = np.rint(_balances(tail, head, frac, V))
+    U = gen.random(frac.size)
+    for mat in (None, (mats, np.full(C, n), m)):
+        bits = flow_round(tail, head, frac, starts, starts[:-1], U, matrices=mat)
+        assert np.array_equal(_balances(tail, head, bits.astype(float), V), want)
+        fixed = (frac < 1e-9) | (frac > 1 - 1e-9)
+        assert np.array_equal(bits[fixed], np.rint(frac[fixed]).astype(np.int8))
+
+
+def test_flow_kernel_refuses_a_matrix_that_is_not_one():
+    gen = np.random.default_rng(14)
+    tail, head, frac, starts, mats = _matrix_network(2, 3, 2, gen)
+    with pytest.raises(DataError, match="arc .* breaks its matrix"):
+        # rows of 4 slots over rows of 3: a row's arcs do not share a vertex
+        flow_round(tail, head, frac, starts, starts[:-1], gen.random(frac.size),
+                   matrices=(mats, np.full(2, 2), 4))  # fmt: skip
+    with pytest.raises(DataError, match="increasing starts"):
+        flow_round(tail, head, frac, starts, starts[:-1], gen.random(frac.size),
+                   matrices=(mats[::-1], np.full(2, 3), 3))  # fmt: skip
 
 
 # -- the partition scheme on many copies ------------------------------------------------------
