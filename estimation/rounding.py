@@ -114,6 +114,11 @@ __all__ = [
     "invariant_chain",
     "uniform_draws",
     "settle_row_sums",
+    "split_fraction",
+    "invariant_rows",
+    "check_laminar",
+    "cancel_cycles",
+    "bordered",
 ]
 
 TOL = 1e-7
@@ -125,7 +130,7 @@ INT_LIMIT = float(2**62)
 VAR_FLOOR = 1e-15
 
 
-def _split(values: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
+def split_fraction(values: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
     """Integer part and fractional part in [0, 1), fractions within ``tol`` of 0/1 snapped."""
     v = np.asarray(values, dtype=float)
     base = np.floor(v)
@@ -143,7 +148,7 @@ def rounding_variance(values: np.ndarray, tol: float = TOL) -> np.ndarray:
     other sums have the variances of :func:`rounding_variances`.
     """
     v = np.asarray(values, dtype=float)
-    p = v - np.floor(v)  # the fractional part of _split, without the integer part
+    p = v - np.floor(v)  # the fractional part of split_fraction, without the integer part
     p[(p < tol) | (p > 1.0 - tol)] = 0.0
     np.multiply(p, 1.0 - p, out=p)
     return p
@@ -256,7 +261,7 @@ def pipage_round(
     ----------
     Ageev & Sviridenko (2004); Srinivasan (2001).
     """
-    out, frac = _split(values, tol)
+    out, frac = split_fraction(values, tol)
     item = np.flatnonzero(frac > 0)
     val = frac[item]
     grp = np.asarray(groups[0])[item] if len(groups) else np.zeros(item.size, np.int64)
@@ -396,8 +401,8 @@ class RoundingPlan:
             raise SpecError(f"laminar rounding mode must be 'cells' or 'totals', got {mode!r}")
         names, cells = tuple(names), tuple(cells)
         K, D = len(cells), len(names)
-        rows = _invariant_rows(names, cells, invariants)
-        _check_laminar(names, rows)
+        rows = invariant_rows(names, cells, invariants)
+        check_laminar(names, rows)
         masks, labels = tracked_sums(cells, invariants, queries)
         chains: list[tuple[np.ndarray, ...]] = [()] * D
         top = np.arange(K, dtype=np.int64)  # the leaves' cells
@@ -446,7 +451,7 @@ def invariant_chain(
 
     Rows are merged into ``P``'s blocks by increasing size, one coarser partition per size
     that changes anything (finest first); ``mine`` are (row mask, invariant) pairs of one
-    level, laminar with each other and with ``P`` (:func:`_check_laminar`).
+    level, laminar with each other and with ``P`` (:func:`check_laminar`).
     """
     out = []
     for size in sorted({int(s.sum()) for s, _ in mine}):
@@ -455,7 +460,7 @@ def invariant_chain(
             if int(s.sum()) != size:
                 continue
             touched = np.unique(P[s])
-            if not np.all(s[np.isin(P, touched)]):  # pragma: no cover - _check_laminar
+            if not np.all(s[np.isin(P, touched)]):  # pragma: no cover - check_laminar
                 raise SpecError(
                     f"invariant at {_describe(names, iv)} splits a set the rounding "
                     "family keeps below it"
@@ -468,9 +473,18 @@ def invariant_chain(
     return out
 
 
-def _invariant_rows(
+def invariant_rows(
     names: Sequence[str], cells: Sequence[str], invariants: Sequence[Invariant]
 ) -> list[tuple[int, np.ndarray, Invariant]]:
+    """Every row of every invariant as ``(level, cell set, invariant)``, the cell set a
+    boolean mask over ``cells``: what the laminar rounding keeps exact.
+
+    Raises
+    ------
+    SpecError
+        A level outside the hierarchy, or a query that is not 0/1 over the cells with no
+        empty row (naming the invariant).
+    """
     rows = []
     K, D = len(cells), len(names)
     for iv in invariants:
@@ -494,7 +508,7 @@ def _invariant_rows(
     return rows
 
 
-def _check_laminar(names: Sequence[str], rows: list[tuple[int, np.ndarray, Invariant]]) -> None:
+def check_laminar(names: Sequence[str], rows: list[tuple[int, np.ndarray, Invariant]]) -> None:
     """Every pair of invariant sets nested or disjoint (a deeper set inside a shallower one)."""
     for i, (li, si, ivi) in enumerate(rows):
         for lj, sj, ivj in rows[i + 1 :]:
@@ -989,7 +1003,7 @@ def round_part(
     """
     x = np.asarray(leaf_values, dtype=float)
     n, K = x.shape
-    base, frac = _split(x.reshape(-1), tol)
+    base, frac = split_fraction(x.reshape(-1), tol)
     items = np.flatnonzero(frac > 0)
     one = np.broadcast_to(_Z[None, :, None].astype(float), (items.size, 2, 1)).copy()
     el = _Elems((lo[-1] + items // K) * K + items % K, items, frac[items], one, 0.0 * one)
@@ -1215,7 +1229,7 @@ def controlled_round(values: np.ndarray, gen: np.random.Generator, tol: float = 
 
     **Law.** The kernel is unbiased for the grid probabilities it is given, so
     ``E[rounded] − x`` is only what the preparation moved: at most ``tol`` for an entry
-    snapped to an integer (:func:`_split`), half a grid unit (4.5e-13), and a held line's
+    snapped to an integer (:func:`split_fraction`), half a grid unit (4.5e-13), and a held line's
     residual (at most ``max(tol, ρ)``) on one entry of that line.
 
     Parameters
@@ -1238,7 +1252,7 @@ def controlled_round(values: np.ndarray, gen: np.random.Generator, tol: float = 
         A matrix too large for the grid (``K`` above 2⁴⁵ or sums beyond int64).
     """
     x = np.asarray(values, dtype=float)
-    base, F = _split(x, tol)
+    base, F = split_fraction(x, tol)
     n, K = F.shape
     bits = _grid_bits(K)
     if bits < 8 or (n + 1) * (K + 1) >= 2 ** (62 - bits):
@@ -1285,7 +1299,7 @@ def controlled_round(values: np.ndarray, gen: np.random.Generator, tol: float = 
     return base + out[:n, :K]
 
 
-def _cancel_cycles(X: np.ndarray, gen: np.random.Generator, tol: float) -> np.ndarray:
+def cancel_cycles(X: np.ndarray, gen: np.random.Generator, tol: float) -> np.ndarray:
     """Round a matrix whose row and column sums are all integers, keeping them exactly.
 
     For fractional parts whose line sums are integers to float resolution (small values);
@@ -1297,7 +1311,7 @@ def _cancel_cycles(X: np.ndarray, gen: np.random.Generator, tol: float) -> np.nd
     :func:`~censusdp.estimation.dependent_rounding.dependent_round` (one group, uniforms from
     ``gen``).
     """
-    base, F = _split(X, tol)
+    base, F = split_fraction(X, tol)
     n, m = F.shape
     bits = dependent_round(F, np.array([0, n]), gen.random((n, m + 1)))
     return base + bits
@@ -1342,7 +1356,7 @@ def check_bipartite(
         Naming the invariant (level, query) that is not among them.
     """
     D = len(names)
-    rows = _invariant_rows(names, cells, invariants)
+    rows = invariant_rows(names, cells, invariants)
     up = max(D - 2, 0)
     kept_up = [s for lv, s, _ in rows if lv == up]
     for lv, s, iv in rows:
@@ -1465,7 +1479,7 @@ def settle_row_sums(frac: np.ndarray, values: np.ndarray) -> np.ndarray:
     return f
 
 
-def _bordered(X: np.ndarray, tol: float) -> np.ndarray:
+def bordered(X: np.ndarray, tol: float) -> np.ndarray:
     """X with a slack column and row making every row and column sum an integer."""
     r = X.sum(axis=1)
     c = X.sum(axis=0)

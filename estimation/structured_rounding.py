@@ -172,16 +172,16 @@ from censusdp.estimation.dependent_rounding import (
 from censusdp.estimation.rounding import (
     INT_LIMIT,
     TOL,
-    _bordered,
-    _cancel_cycles,
-    _check_laminar,
-    _invariant_rows,
-    _split,
+    bordered,
+    cancel_cycles,
+    check_laminar,
     invariant_chain,
+    invariant_rows,
     pipage_round,
     rounding_variance,
     settle_row_sums,
     snap_invariants,
+    split_fraction,
 )
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
@@ -352,8 +352,8 @@ def top_shape(
                 f"is not a product query over schema {schema.name!r}"
             )
         flat.append(Invariant(k, iv.query.to_query(), np.asarray(iv.values)))
-    rows = _invariant_rows(names[:2], cells, flat)
-    _check_laminar(names, rows)
+    rows = invariant_rows(names[:2], cells, flat)
+    check_laminar(names, rows)
     K = len(cells)
     atoms = None
     groups: list[np.ndarray] = []
@@ -1313,12 +1313,12 @@ def round_structured_top(
         x1 = xs[1]
         # the fractional parts alone are rounded: their line sums stay small numbers that
         # float64 holds well even where the values themselves are near 2^53
-        c1, f1 = _split(x1, tol)
+        c1, f1 = split_fraction(x1, tol)
         for a in np.unique(shape.atoms):
             cols = np.flatnonzero(shape.atoms == a)
             gen = rng.generator(f"{label}/top", int(a))
             fa = settle_row_sums(f1[:, cols], x1[:, cols])
-            c1[:, cols] += _cancel_cycles(_bordered(fa, tol), gen, tol)[:-1, :-1]
+            c1[:, cols] += cancel_cycles(bordered(fa, tol), gen, tol)[:-1, :-1]
         lone = Forest(1, hierarchy.names[1:2], [x1.shape[0]], [], ())
         c1 = snap_invariants(lone, x1, c1, snap_at, tol)
         counts = [c1.sum(axis=0, keepdims=True), c1]

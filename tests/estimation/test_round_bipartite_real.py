@@ -21,8 +21,8 @@ from censusdp.errors import DataError
 from censusdp.estimation import round_bipartite, round_release, tree_gls
 from censusdp.estimation.rounding import (
     TOL,
-    _bordered,
-    _cancel_cycles,
+    bordered,
+    cancel_cycles,
     controlled_round,
     rounding_variance,
 )
@@ -104,7 +104,7 @@ def test_raw_value_bordering_fails_on_the_same_tables(hold):
     for seed in range(8):
         x, _ = _county_like(seed, 40, 36, 2.0, hold)
         try:
-            _cancel_cycles(_bordered(x, TOL), np.random.default_rng(seed), TOL)
+            cancel_cycles(bordered(x, TOL), np.random.default_rng(seed), TOL)
         except DataError as e:
             assert "not integers within float resolution" in str(e)
             failed += 1

@@ -5,7 +5,7 @@ the full national pl94 run stopped on it)."""
 import numpy as np
 import pytest
 
-from censusdp.estimation.rounding import TOL, _bordered, _cancel_cycles, settle_row_sums
+from censusdp.estimation.rounding import TOL, bordered, cancel_cycles, settle_row_sums
 
 
 def _drifted(seed: int, drift: float, n: int = 12, k: int = 200) -> tuple[np.ndarray, np.ndarray]:
@@ -28,7 +28,7 @@ def test_settled_rows_round_and_hold(drift):
         assert np.abs(r - np.rint(r)).max() < 1e-12
         assert (s >= 0).all() and (s < 1).all()
         assert np.abs(s - f).max() <= drift
-        out = _cancel_cycles(_bordered(s, TOL), np.random.default_rng(seed), TOL)[:-1, :-1]
+        out = cancel_cycles(bordered(s, TOL), np.random.default_rng(seed), TOL)[:-1, :-1]
         assert np.array_equal(out.sum(axis=1), np.rint(r).astype(np.int64))
         assert set(np.unique(out)) <= {0, 1}
         r0 = f.sum(axis=1)
