@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.errors import SolverError, SpecError
 from censusdp.mechanisms.calibration import (
     analytic_gaussian_delta,
@@ -276,7 +276,7 @@ def _gaussian_result(
         variances=diag,
         mse=mse,
         privacy=_statement(
-            "zcdp",
+            Accounting.ZCDP,
             names,
             mechanism,
             **_gaussian_budget(law.sigma, sens, epsilon, delta, calibration),
@@ -355,7 +355,7 @@ def projected_laplace(
         covariance=cov,
         variances=diag,
         mse=law.variance * (release.shape[-1] - n_c),
-        privacy=_statement("pure", names, "projected_laplace", epsilon=float(epsilon)),
+        privacy=_statement(Accounting.PURE, names, "projected_laplace", epsilon=float(epsilon)),
         mechanism="projected_laplace",
         sensitivity=sens,
         noise_scale=law.scale,
@@ -446,7 +446,7 @@ def extended_laplace(
         covariance=cov,
         variances=diag,
         mse=law.variance * (n - n_c),
-        privacy=_statement("pure", names, "extended_laplace", epsilon=float(epsilon)),
+        privacy=_statement(Accounting.PURE, names, "extended_laplace", epsilon=float(epsilon)),
         mechanism="extended_laplace",
         sensitivity=sens,
         noise_scale=law.scale,
@@ -604,7 +604,7 @@ def correlated_gaussian(
         variances=np.diag(cov_full).copy(),
         mse=mse,
         privacy=_statement(
-            "zcdp",
+            Accounting.ZCDP,
             names,
             "correlated_gaussian",
             rho=1.0 / (2.0 * c * c),
