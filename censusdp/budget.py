@@ -5,11 +5,12 @@ Two accountants: pure ε (Laplace, discrete Laplace; sequential composition adds
 subspace DP* (Gao, Gong & Yu 2022, Def. 6), equivalently DP over databases that share the
 invariants (Dharangutte et al., integer subspace DP, Def. 2): never plain ε-DP.
 
-Contents: conversions between pure DP, zCDP and (ε, δ)-DP (:func:`zcdp_to_dp`,
-:func:`zcdp_to_dp_cks`, :func:`dp_to_zcdp`, :func:`pure_to_zcdp`, :func:`gaussian_rho`,
-:func:`gaussian_sigma`); typed losses (:class:`PureDP`, :class:`ZCDP`: ``+`` composes,
-``split`` divides, ``covers`` checks a claim; :func:`compose`); accountants
-(:class:`PureAccountant`, :class:`ZCDPAccountant`);
+Contents: the typed accounting :class:`Accounting` (``PURE``/``ZCDP``, each its wire
+string; the library compares members, strings are parsed once at the edge); conversions
+between pure DP, zCDP and (ε, δ)-DP (:func:`zcdp_to_dp`, :func:`zcdp_to_dp_cks`,
+:func:`dp_to_zcdp`, :func:`pure_to_zcdp`, :func:`gaussian_rho`, :func:`gaussian_sigma`);
+typed losses (:class:`PureDP`, :class:`ZCDP`: ``+`` composes, ``split`` divides, ``covers``
+checks a claim; :func:`compose`); accountants (:class:`PureAccountant`, :class:`ZCDPAccountant`);
 the split of a total budget per level and query (:func:`allocate`); and
 :class:`PrivacyStatement` with its builder :func:`statement_for`.
 
