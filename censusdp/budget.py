@@ -5,11 +5,12 @@ Two accountants: pure ε (Laplace, discrete Laplace; sequential composition adds
 subspace DP* (Gao, Gong & Yu 2022, Def. 6), equivalently DP over databases that share the
 invariants (Dharangutte et al., integer subspace DP, Def. 2): never plain ε-DP.
 
-Contents: conversions between pure DP, zCDP and (ε, δ)-DP (:func:`zcdp_to_dp`,
-:func:`zcdp_to_dp_cks`, :func:`dp_to_zcdp`, :func:`pure_to_zcdp`, :func:`gaussian_rho`,
-:func:`gaussian_sigma`); typed losses (:class:`PureDP`, :class:`ZCDP`: ``+`` composes,
-``split`` divides, ``covers`` checks a claim; :func:`compose`); accountants
-(:class:`PureAccountant`, :class:`ZCDPAccountant`);
+Contents: the typed accounting :class:`Accounting` (``PURE``/``ZCDP``, each its wire
+string; the library compares members, strings are parsed once at the edge); conversions
+between pure DP, zCDP and (ε, δ)-DP (:func:`zcdp_to_dp`, :func:`zcdp_to_dp_cks`,
+:func:`dp_to_zcdp`, :func:`pure_to_zcdp`, :func:`gaussian_rho`, :func:`gaussian_sigma`);
+typed losses (:class:`PureDP`, :class:`ZCDP`: ``+`` composes, ``split`` divides, ``covers``
+checks a claim; :func:`compose`); accountants (:class:`PureAccountant`, :class:`ZCDPAccountant`);
 the split of a total budget per level and query (:func:`allocate`); and
 :class:`PrivacyStatement` with its builder :func:`statement_for`.
 
@@ -28,11 +29,13 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from censusdp.errors import BudgetError
 
 __all__ = [
     "ACCOUNTINGS",
+    "Accounting",
     "EPSILON_RANGE",
     "RHO_RANGE",
     "SCALE_RANGE",
@@ -70,6 +73,53 @@ __all__ = [
     "zcdp_to_dp",
     "zcdp_to_dp_cks",
 ]
+
+
+class Accounting(StrEnum):
+    """The two accountants, typed: every library comparison and every law's
+    ``accounting`` uses these members; the strings exist only at the edge (specs, CLI,
+    JSON), where :meth:`parse` reads them once.
+
+    A member *is* its wire string (``Accounting.ZCDP == "zcdp"``, ``str``, ``format`` and
+    JSON give ``"zcdp"``, and it hashes as the string), so manifests written from a member
+    are byte-identical to those written from the old strings, and a mapping keyed by the
+    strings (:data:`ACCOUNTINGS`) is read with a member. ``repr`` is the string's too, so
+    a message that quotes an accounting reads as before.
+
+    ``PURE``: pure ε-DP, ε adds (Dwork & Roth 2014, Thm. 3.16); ``ZCDP``: ρ-zCDP, ρ adds
+    (Bun & Steinke 2016, Lemma 2.3).
+    """
+
+    PURE = "pure"
+    ZCDP = "zcdp"
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    @property
+    def unit(self) -> str:
+        """The unit of this accounting's budget: ``"epsilon"`` or ``"rho"``."""
+        return ACCOUNTINGS[self]
+
+    @classmethod
+    def parse(cls, value: object, where: str = "accounting") -> Accounting:
+        """The member named by ``value`` (a member or its string), read once at the edge.
+
+        Raises
+        ------
+        BudgetError
+            One line naming ``where`` and the accepted names, when ``value`` names neither.
+        """
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        names = " or ".join(repr(m.value) for m in cls)
+        raise BudgetError(f"{where} must be {names}, got {value!r}")
+
 
 #: The two accounting modes and the unit of their budget.
 ACCOUNTINGS = {"pure": "epsilon", "zcdp": "rho"}
@@ -333,7 +383,7 @@ class PureDP:
 
     epsilon: float
 
-    accounting = "pure"
+    accounting = Accounting.PURE
     unit = "epsilon"
     symbol = "ε"
 
@@ -389,7 +439,7 @@ class ZCDP:
 
     rho: float
 
-    accounting = "zcdp"
+    accounting = Accounting.ZCDP
     unit = "rho"
     symbol = "ρ"
 
@@ -484,8 +534,8 @@ class PrivacyStatement:
 
     Parameters
     ----------
-    accounting : {"pure", "zcdp"}
-        Pure ε-DP composition or ρ-zCDP composition.
+    accounting : Accounting (or its string, ``"pure"``/``"zcdp"``, read once here)
+        Pure ε-DP composition or ρ-zCDP composition; held as an :class:`Accounting`.
     epsilon : float or None
         Total ε for pure accounting: what the measurements spend.
     rho : float or None
@@ -530,7 +580,7 @@ class PrivacyStatement:
         holds for any mechanism (:meth:`change_loss`).
     """
 
-    accounting: str
+    accounting: Accounting
     epsilon: float | None = None
     rho: float | None = None
     delta: float | None = None
@@ -554,6 +604,7 @@ class PrivacyStatement:
             raise ValueError("pure accounting needs epsilon")
         if self.accounting == "zcdp" and self.rho is None:
             raise ValueError("zcdp accounting needs rho")
+        object.__setattr__(self, "accounting", Accounting(self.accounting))
         if self.neighbour not in NEIGHBOURS:
             raise ValueError(
                 f"neighbour must be one of {sorted(NEIGHBOURS)}, got {self.neighbour!r}"
@@ -706,7 +757,7 @@ class PrivacyStatement:
         eps = self.epsilons()
         return {
             "guarantee": self.guarantee,
-            "accounting": self.accounting,
+            "accounting": self.accounting.value,
             "epsilon": self.epsilon,
             "rho": self.rho,
             "delta": self.delta,
@@ -989,7 +1040,7 @@ class PureAccountant(Accountant):
     Dwork & Roth, "The Algorithmic Foundations of Differential Privacy" (2014), Thm. 3.16.
     """
 
-    accounting = "pure"
+    accounting = Accounting.PURE
     unit = "epsilon"
 
     def __init__(self, total_epsilon: float) -> None:
@@ -1011,7 +1062,7 @@ class ZCDPAccountant(Accountant):
     Bun & Steinke (2016), Lemma 2.3 (composition).
     """
 
-    accounting = "zcdp"
+    accounting = Accounting.ZCDP
     unit = "rho"
 
     def __init__(self, total_rho: float, delta: float | None = None) -> None:
@@ -1151,6 +1202,7 @@ class Budget:
     def __post_init__(self) -> None:
         if self.accounting not in ACCOUNTINGS:
             raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {self.accounting!r}")
+        object.__setattr__(self, "accounting", Accounting(self.accounting))
         if self.delta is not None:
             check_delta(self.delta)
         self.allocation()  # validate now

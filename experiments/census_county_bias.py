@@ -63,7 +63,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.errors import DataError
 from censusdp.estimation.conditioning import ConditioningOptions, certificate, condition
 from censusdp.estimation.gls import tree_gls
@@ -154,7 +154,7 @@ def load_counties(ctx: ExperimentContext) -> tuple[Table, pd.DataFrame]:
 
 def _privacy(mechanism: str) -> PrivacyStatement:
     return PrivacyStatement(
-        "pure", epsilon=EPSILON, invariants=("state: total",), mechanism=mechanism
+        Accounting.PURE, epsilon=EPSILON, invariants=("state: total",), mechanism=mechanism
     )
 
 

@@ -25,7 +25,7 @@ import time
 import numpy as np
 from scipy import stats
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.topdown import topdown
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
@@ -92,7 +92,7 @@ def run(ctx: ExperimentContext) -> dict:
     invs = [invariant(counts, 0, Query.total(cells))]
     rho = sum(law.privacy(1.0) for _ in plan)
     privacy = PrivacyStatement(
-        "zcdp", rho=rho, delta=1e-10, invariants=("state: total",), mechanism=law.name
+        Accounting.ZCDP, rho=rho, delta=1e-10, invariants=("state: total",), mechanism=law.name
     )
 
     errors = {"topdown": np.empty((runs, N_COUNTIES)), "gls": np.empty((runs, N_COUNTIES))}

@@ -38,6 +38,7 @@ from scipy.special import log_ndtr
 
 from censusdp.budget import (
     EPSILON_RANGE,
+    Accounting,
     check_delta,
     check_epsilon,
     check_positive,
@@ -64,8 +65,10 @@ __all__ = [
     "zcdp_gaussian_sigma",
 ]
 
-#: Names accepted by :func:`gaussian_sigma_for`.
-GAUSSIAN_CALIBRATIONS = ("classical", "analytic", "zcdp", "zcdp_cks")
+#: Names accepted by :func:`gaussian_sigma_for`. The zCDP calibration is named after its
+#: accountant (σ from the largest ρ whose conversion gives (ε, δ)), so its name is the
+#: accountant's; ``"zcdp_cks"`` is the same through the tight conversion.
+GAUSSIAN_CALIBRATIONS = ("classical", "analytic", Accounting.ZCDP.value, "zcdp_cks")
 
 
 def laplace_scale(epsilon: float, sensitivity: float = 1.0) -> float:
@@ -261,7 +264,7 @@ def gaussian_sigma_for(
         return classical_gaussian_sigma(epsilon, delta, sensitivity)
     if method == "analytic":
         return analytic_gaussian_sigma(epsilon, delta, sensitivity)
-    if method in ("zcdp", "zcdp_cks"):
+    if method in (Accounting.ZCDP, "zcdp_cks"):
         return zcdp_gaussian_sigma(epsilon, delta, sensitivity, tight=method == "zcdp_cks")
     raise BudgetError(
         f"unknown Gaussian calibration {method!r}; choose one of {GAUSSIAN_CALIBRATIONS}"

@@ -30,7 +30,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from censusdp.budget import SCALE_RANGE, check_epsilon, check_rho, check_scale
+from censusdp.budget import SCALE_RANGE, Accounting, check_epsilon, check_rho, check_scale
 from censusdp.errors import BudgetError
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.registry import register_law
@@ -457,7 +457,7 @@ class DiscreteLaplace(NoiseLaw):
 
     name = "discrete_laplace"
     is_integer = True
-    accounting = "pure"
+    accounting = Accounting.PURE
 
     def __init__(self, scale: float | int | Fraction) -> None:
         if isinstance(scale, float | np.floating) and math.isfinite(scale) and scale > 0:
@@ -532,7 +532,7 @@ class DiscreteGaussian(NoiseLaw):
 
     name = "discrete_gaussian"
     is_integer = True
-    accounting = "zcdp"
+    accounting = Accounting.ZCDP
 
     def __init__(self, sigma: float | int | Fraction) -> None:
         exact = _exact(sigma)

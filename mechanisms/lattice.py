@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import flint
 import numpy as np
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.errors import DataError
 
 __all__ = [
@@ -533,7 +533,7 @@ class LatticeLaplace(LatticeTarget):
 
     def privacy_statement(self, invariants: Sequence[str]) -> PrivacyStatement:
         return PrivacyStatement(
-            accounting="pure",
+            accounting=Accounting.PURE,
             epsilon=self.epsilon,
             invariants=tuple(invariants),
             mechanism=self.name,
@@ -589,7 +589,7 @@ class LatticeGaussian(LatticeTarget):
 
     def privacy_statement(self, invariants: Sequence[str]) -> PrivacyStatement:
         return PrivacyStatement(
-            accounting="zcdp",
+            accounting=Accounting.ZCDP,
             rho=1.0 / (2.0 * self.sigma**2),
             invariants=tuple(invariants),
             mechanism=self.name,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from censusdp.budget import Accounting
 from censusdp.mechanisms.registry import NOISE_LAWS, register_law
 
 if TYPE_CHECKING:
@@ -82,13 +83,13 @@ class NoiseLaw(ABC):
         Short identifier used in specs and manifests (``"laplace"``, ``"discrete_gaussian"``).
     is_integer : bool
         True when draws are integers (and :meth:`log_density` is a log-mass).
-    accounting : {"pure", "zcdp"}
+    accounting : Accounting
         Which accountant composes this law's privacy loss.
     """
 
     name: str = ""
     is_integer: bool = False
-    accounting: str = "pure"
+    accounting: Accounting = Accounting.PURE
 
     @abstractmethod
     def sample(self, stream: np.random.Generator, size: int) -> np.ndarray:
@@ -153,7 +154,7 @@ class Laplace(NoiseLaw):
 
     name = "laplace"
     is_integer = False
-    accounting = "pure"
+    accounting = Accounting.PURE
 
     def __init__(self, scale: float) -> None:
         if not (scale > 0 and math.isfinite(scale)):
@@ -207,7 +208,7 @@ class Gaussian(NoiseLaw):
 
     name = "gaussian"
     is_integer = False
-    accounting = "zcdp"
+    accounting = Accounting.ZCDP
 
     def __init__(self, sigma: float) -> None:
         if not (sigma > 0 and math.isfinite(sigma)):

@@ -29,6 +29,7 @@ from typing import Any
 
 from censusdp.budget import (
     ZCDP,
+    Accounting,
     PrivacyLoss,
     PrivacyStatement,
     PureDP,
@@ -61,7 +62,7 @@ class Spend:
         ``"level/query"``.
     noise : str
         The registered name of its law.
-    accounting : {"pure", "zcdp"}
+    accounting : Accounting
     sensitivity : float
         The query's computed ℓ₁ (pure) or ℓ₂ (zCDP) sensitivity.
     amount : float
@@ -70,7 +71,7 @@ class Spend:
 
     label: str
     noise: str
-    accounting: str
+    accounting: Accounting
     sensitivity: float
     amount: float
 
@@ -157,16 +158,16 @@ def derive_statement(
     total_loss = compose([s.loss for s in items])
     accounting, total = total_loss.accounting, total_loss.amount
     names = list(dict.fromkeys(s.noise for s in items))
-    unit = "ε" if accounting == "pure" else "ρ"
+    unit = total_loss.symbol
     detail = "; ".join(
-        f"{s.label} {s.noise} {'ε' if s.accounting == 'pure' else 'ρ'} = {s.amount:.6g} "
-        f"(Δ{'₁' if s.accounting == 'pure' else '₂'} = {s.sensitivity:g})"
+        f"{s.label} {s.noise} {s.loss.symbol} = {s.amount:.6g} "
+        f"(Δ{'₁' if s.accounting == Accounting.PURE else '₂'} = {s.sensitivity:g})"
         for s in items
     )
     statement = statement_for(
         total_loss,
         None,
-        delta if accounting == "zcdp" else None,
+        delta if accounting == Accounting.ZCDP else None,
         invariant_labels(level_names, invariants),
         mechanism=", ".join(names),
     ).with_notes(f"derived from the measurements: {unit} = {total:.6g} composed over {detail}")

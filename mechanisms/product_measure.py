@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.errors import BudgetError, DataError, SpecError
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.privacy import derive_statement
@@ -90,7 +90,7 @@ class ProductMeasurement:
     def sensitivity(self) -> float:
         """The query's sensitivity in the law's norm (ℓ₂ for zCDP, ℓ₁ for pure laws)."""
         q = self.query
-        return q.sensitivity(2 if self.law.accounting == "zcdp" else 1)
+        return q.sensitivity(2 if self.law.accounting == Accounting.ZCDP else 1)
 
 
 @dataclass(frozen=True, eq=False)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from censusdp.budget import ACCOUNTINGS
+from censusdp.budget import ACCOUNTINGS, Accounting
 from censusdp.errors import SpecError
 from censusdp.registry import Registry
 
@@ -45,10 +45,10 @@ __all__ = [
 ]
 
 #: The sensitivity norm each accounting's privacy function and calibration read.
-SENSITIVITY_NORM = {"pure": 1, "zcdp": 2}
+SENSITIVITY_NORM = {Accounting.PURE: 1, Accounting.ZCDP: 2}
 
 #: The calibration classmethod each accounting requires: budget, sensitivity → law.
-CALIBRATION = {"pure": "from_epsilon", "zcdp": "from_rho"}
+CALIBRATION = {Accounting.PURE: "from_epsilon", Accounting.ZCDP: "from_rho"}
 
 #: Optional law properties that, when not None, give a sampler exact line conditionals:
 #: ``l1_rate`` (Laplace-type, log-density −β|x|) and ``l2_precision`` (Gaussian-type,
@@ -69,7 +69,7 @@ class LawInfo:
         The name used in specs, manifests and statements.
     law : type
         The :class:`~censusdp.mechanisms.laws.NoiseLaw` subclass.
-    accounting : {"pure", "zcdp"}
+    accounting : Accounting
         The accountant that composes its privacy loss.
     integer : bool
         True when its draws are integers (exact sampling, no floating-point weakness).
@@ -79,7 +79,7 @@ class LawInfo:
 
     name: str
     law: type
-    accounting: str
+    accounting: Accounting
     integer: bool
     capabilities: frozenset[str]
 
@@ -126,6 +126,9 @@ def register_law(cls: type) -> type:
             f"noise law {cls.name!r} declares accounting {accounting!r}; it must be one of "
             f"{list(SENSITIVITY_NORM)}"
         )
+    # The law's declaration is read once here: a third-party law may still declare the
+    # string; the registry and the class hold the member from now on.
+    accounting = cls.accounting = Accounting(accounting)
     method = CALIBRATION[accounting]
     if not callable(getattr(cls, method, None)):
         raise SpecError(
@@ -153,11 +156,15 @@ def calibrate(noise: str, budget: float, sensitivity: float, where: str = "") ->
     return law_info(noise, where).calibrate(budget, sensitivity)
 
 
-def noise_names(*, integer: bool | None = None, accounting: str | None = None) -> tuple[str, ...]:
+def noise_names(
+    *, integer: bool | None = None, accounting: Accounting | str | None = None
+) -> tuple[str, ...]:
     """Registered law names, optionally only integer (or continuous) ones or one accounting."""
     return NOISE_LAWS.select(
-        lambda e: (integer is None or e.integer == integer)
-        and (accounting is None or e.accounting == accounting)
+        lambda e: (
+            (integer is None or e.integer == integer)
+            and (accounting is None or e.accounting == accounting)
+        )
     )
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.errors import SolverError, SpecError
 from censusdp.mechanisms.calibration import (
     analytic_gaussian_delta,
@@ -279,7 +279,7 @@ def _gaussian_result(
         variances=diag,
         mse=mse,
         privacy=_statement(
-            "zcdp",
+            Accounting.ZCDP,
             names,
             mechanism,
             **_gaussian_budget(law.sigma, sens, epsilon, delta, calibration),
@@ -358,7 +358,7 @@ def projected_laplace(
         covariance=cov,
         variances=diag,
         mse=law.variance * (release.shape[-1] - n_c),
-        privacy=_statement("pure", names, "projected_laplace", epsilon=float(epsilon)),
+        privacy=_statement(Accounting.PURE, names, "projected_laplace", epsilon=float(epsilon)),
         mechanism="projected_laplace",
         sensitivity=sens,
         noise_scale=law.scale,
@@ -474,7 +474,7 @@ def extended_laplace(
         covariance=cov,
         variances=diag,
         mse=law.variance * (n - n_c),
-        privacy=_statement("pure", names, "extended_laplace", epsilon=float(epsilon)),
+        privacy=_statement(Accounting.PURE, names, "extended_laplace", epsilon=float(epsilon)),
         mechanism="extended_laplace",
         sensitivity=sens,
         noise_scale=law.scale,
@@ -632,7 +632,7 @@ def correlated_gaussian(
         variances=np.diag(cov_full).copy(),
         mse=mse,
         privacy=_statement(
-            "zcdp",
+            Accounting.ZCDP,
             names,
             "correlated_gaussian",
             rho=1.0 / (2.0 * c * c),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.errors import BudgetError, SpecError
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.queries import Query, guard_exact_release
@@ -71,7 +71,7 @@ def build_plan(
     invariants: Mapping[str, Sequence[Query]],
     allocation: Mapping[tuple[str, str], float],
     *,
-    accounting: str,
+    accounting: Accounting | str,
     noise: str,
     delta: float | None = None,
     acknowledge_exact_release: bool = False,
@@ -87,7 +87,7 @@ def build_plan(
     allocation : mapping (level, query name) → budget (ε or ρ)
         From :func:`censusdp.budget.allocate` (e.g. ``RunSpec.allocation()``), which checks
         that the shares add up; every measured query needs a positive entry.
-    accounting : {"pure", "zcdp"}
+    accounting : Accounting (or its string, read once here)
     noise : str
         A registered noise law (:mod:`censusdp.mechanisms.registry`) of ``accounting``.
     delta : float, optional
@@ -106,6 +106,7 @@ def build_plan(
     BudgetError
         A measured query without budget, or budget for a query that is not measured.
     """
+    accounting = Accounting.parse(accounting)
     if law_info(noise).accounting != accounting:
         raise SpecError(
             f"noise {noise!r} composes under {law_info(noise).accounting!r} accounting, "
@@ -142,8 +143,8 @@ def build_plan(
     inv_names = tuple(f"{level_names[k]}: {q.name}" for k, q in inv_list)
     privacy = PrivacyStatement(
         accounting=accounting,
-        epsilon=total if accounting == "pure" else None,
-        rho=total if accounting == "zcdp" else None,
+        epsilon=total if accounting is Accounting.PURE else None,
+        rho=total if accounting is Accounting.ZCDP else None,
         delta=delta,
         invariants=inv_names,
         mechanism=noise,

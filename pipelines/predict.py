@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from censusdp.budget import Accounting
 from censusdp.config import read_spec_toml
 from censusdp.errors import SpecError
 
@@ -419,7 +420,7 @@ def _run_model(path: Path, data: Path | None) -> PredictSpec:
     )
     invariants = tuple((h.names[k], _product(schema, q, where).name) for k, q in plan.invariants)
     allocation = None
-    if spec.privacy.accounting == "zcdp":
+    if spec.privacy.accounting == Accounting.ZCDP:
         allocation = Allocation(
             rho=exact_fraction(spec.privacy.total, f"{where}: privacy.rho"),
             levels={lvl: Fraction(s) for lvl, s in spec.privacy.level_shares.items()},

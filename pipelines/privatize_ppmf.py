@@ -113,7 +113,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from censusdp.atomic import check_output, output_dir
-from censusdp.budget import PrivacyStatement, Product, Step, with_products
+from censusdp.budget import Accounting, PrivacyStatement, Product, Step, with_products
 from censusdp.config import MAX_REPETITIONS, MAX_RHO, exact_fraction
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.area_measurements import (
@@ -406,7 +406,7 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
     """
     priv = p.table(doc, "privacy", required=True)
     p.keys(priv, "privacy", ("accounting", "rho", "delta"))
-    if p.get(priv, "privacy", "accounting", str, required=True) != "zcdp":
+    if p.get(priv, "privacy", "accounting", str, required=True) != Accounting.ZCDP:
         raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
     rho = p.get(priv, "privacy", "rho", float)
     if rho is not None:

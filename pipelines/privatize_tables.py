@@ -86,7 +86,14 @@ from typing import Any
 
 import numpy as np
 
-from censusdp.budget import PrivacyLoss, PrivacyStatement, PureDP, compose, statement_for
+from censusdp.budget import (
+    Accounting,
+    PrivacyLoss,
+    PrivacyStatement,
+    PureDP,
+    compose,
+    statement_for,
+)
 from censusdp.errors import BudgetError, DataError, SpecError
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.rounding import pipage_round, rounding_variance
@@ -464,7 +471,7 @@ def load_table_spec(path: str | Path) -> TableSpec:
         codebook = str(path.parent / codebook)
     priv = p.table(doc, "privacy", required=True)
     p.keys(priv, "privacy", ("accounting", "rho", "delta"))
-    if p.get(priv, "privacy", "accounting", str, required=True) != "zcdp":
+    if p.get(priv, "privacy", "accounting", str, required=True) != Accounting.ZCDP:
         raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
     rho = p.get(priv, "privacy", "rho", float, required=True)
     delta = p.get(priv, "privacy", "delta", float)
@@ -809,7 +816,7 @@ class TablePlan:
             )
         )
         base = dataclasses.replace(
-            statement_for("zcdp", self.rho, delta, mechanism="discrete_gaussian"),
+            statement_for(Accounting.ZCDP, self.rho, delta, mechanism="discrete_gaussian"),
             unit=unit_of_universes([t.universe for t in self.codebook.tables.values()]),
             change_factor=change_factor("discrete_gaussian"),
         )

@@ -105,7 +105,7 @@ import numpy as np
 import pandas as pd
 
 from censusdp.atomic import check_output, output_dir
-from censusdp.budget import PrivacyStatement, Product, Step, with_products
+from censusdp.budget import Accounting, PrivacyStatement, Product, Step, with_products
 from censusdp.errors import SpecError
 from censusdp.estimation.capped_simplex import project_capped_simplex
 from censusdp.estimation.gls import tree_gls
@@ -513,14 +513,14 @@ def compose_statements(
         A statement that is not ρ-zCDP (pure ε would have to be converted; refused).
     """
     for which, s in (("persons", persons), ("units", units)):
-        if s.accounting != "zcdp" or s.rho is None:
+        if s.accounting != Accounting.ZCDP or s.rho is None:
             raise SpecError(
                 f"the {which} release's statement is not rho-zCDP; the persons and units "
                 "releases compose here only in zCDP"
             )
     assert persons.rho is not None and units.rho is not None
     return PrivacyStatement(
-        accounting="zcdp",
+        accounting=Accounting.ZCDP,
         rho=persons.rho + units.rho,
         delta=units.delta if units.delta is not None else persons.delta,
         invariants=tuple(f"persons {i}" for i in persons.invariants)
