@@ -83,7 +83,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from censusdp.budget import PrivacyStatement
+from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.errors import DataError
 from censusdp.estimation.conditioned_mechanism import ChainOptions, conditioned_releases
 from censusdp.estimation.conditioning import ConditioningOptions, certificate, condition
@@ -266,7 +266,7 @@ def _privacy(eps: float, nonneg: bool = False, nodes: int = L1_DENOMINATOR) -> P
         f"sensitivity 3), total ε = {eps:g}",
     )
     return PrivacyStatement(
-        "pure", epsilon=eps, mechanism="laplace", notes=notes, data_dependent=nonneg
+        Accounting.PURE, epsilon=eps, mechanism="laplace", notes=notes, data_dependent=nonneg
     )
 
 

@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from censusdp.budget import Accounting
+
 __all__ = [
     "CONFIDENTIAL_LABEL",
     "MAX_GROUPS",
@@ -147,7 +149,7 @@ def write_figures(
 
 
 def _total(privacy: dict) -> str:
-    key = "epsilon" if privacy["accounting"] == "pure" else "rho"
+    key = "epsilon" if privacy["accounting"] == Accounting.PURE else "rho"
     return f"{key.replace('epsilon', 'ε').replace('rho', 'ρ')} = {privacy[key]:g}"
 
 
