@@ -42,6 +42,13 @@ in-memory one bit for bit, and on its smallest block group the dense tree GLS to
 
 Timings under load (a shared machine) should be read with their CPU seconds beside them.
 
+Since 2026-11-28 the partitions are rounded as one flow network each (node totals within a
+person at every level; :mod:`censusdp.estimation.structured_rounding`): a new law, so new digests,
+and more work. ``--fraction 1/64`` on the shared 2-core machine (load 4.5–5): 84.0 CPU s, peak
+7.1 GB, rounding 47.2 CPU s, digest ``41ee6188…``; the commit before the change, in the same
+session (load 6–8): 68.3 CPU s, 4.7 GB, rounding 16.6 CPU s, digest ``f1e22567…``. The figures
+below are of the earlier law and have not been re-measured.
+
 Measured (2026-11-24, the 2-core machine, quiet; threads, ``--workers 2``, the process keeping
 the memory it frees — one malloc arena, no trimming:
 :func:`~censusdp.pipelines.execute.keep_freed_memory`):
