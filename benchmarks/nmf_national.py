@@ -4,7 +4,8 @@ state by state; prints one JSON object (issue 35).
 Write (not counted): the synthetic U.S. of :mod:`pl94_national` (``--fraction F`` of every
 level below the states, :func:`~censusdp.hierarchy.synthetic.synthetic_us` with block
 groups), an AIAN part ``1ss`` in 34 states (their last county, states with at least two
-counties; 52 + 34 = 86 state parts at full scale), the ``pl94`` histogram state by state
+counties; 52 + 34 = 86 state parts at full scale, 52 at 1/64 where every state has one
+county), the ``pl94`` histogram state by state
 (:func:`~censusdp.hierarchy.synthetic.histogram_range`), measured with the 2020 production
 strategy and variances and *evaluation* noise (:func:`~censusdp.pipelines.io.nmf_writer.
 simulate_nmf`), one NMF folder per state plus one for the US level
@@ -69,11 +70,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from censusdp.atomic import output_dir, verify_output_dir
+from censusdp.atomic import output_dir, output_file, verify_output_dir
 from censusdp.errors import SpecError
 from censusdp.hierarchy.core import Hierarchy, as_codes
 from censusdp.hierarchy.synthetic import histogram_range, person_offsets
-from censusdp.pipelines.io.nmf import collect_nmf, nmf_subtree_ids, read_nmf
+from censusdp.pipelines.io.nmf import collect_nmf, nmf_subtree_ids, read_nmf, read_state_totals
 from censusdp.pipelines.io.nmf_writer import (
     TABULATION_LEVELS,
     simulate_nmf,
@@ -194,12 +195,12 @@ def write_stage(args: argparse.Namespace, out: Path) -> dict:
     n_states = h["state"].size
     state_pop = np.add.reduceat(pop, _state_block_starts(h))
     seats = apportion(state_pop, args.districts)
-    nmf, baf = out / "nmf", out / "baf"
+    nmf, inputs = out / "nmf", out / "inputs"
     nmf.mkdir(parents=True, exist_ok=True)
     us_cells = np.zeros(2016, np.int64)
     totals: dict[str, int] = {}
     parts = 0
-    with output_dir(baf, overwrite=True, command="nmf_national", option="--out") as baf_tmp:
+    with output_dir(inputs, overwrite=True, command="nmf_national", option="--out") as tmp:
         for s in range(n_states):
             sh, lo = state_hierarchy(h, s)
             code = str(h["state"].codes[s])
@@ -216,14 +217,14 @@ def write_stage(args: argparse.Namespace, out: Path) -> dict:
                 "BLOCKID": np.asarray(sh["block"].codes, dtype=object),
                 "DISTRICT": np.char.zfill((d + 1).astype(str), 3).astype(object),
             })  # fmt: skip
-            write_csv(frame, baf_tmp / f"baf_{code}.csv", index=False)
+            write_csv(frame, tmp / f"baf_{code}.csv", index=False)
             del subs, block, cell, count
+        write_state_totals(tmp / "state_totals.csv", totals)  # the published P1 totals
     # the US level: one node, every query but the total, from the national histogram
     one = np.flatnonzero(us_cells)
     us = next(simulate_nmf(state_hierarchy(h, 0)[0], np.zeros(one.size, np.int64), one,
                            us_cells[one], evaluation_rng=rng, with_us=True))  # fmt: skip
     write_nmf(nmf / "US", [us], overwrite=True)
-    write_state_totals(out / "state_totals.csv", totals)
     return {
         "blocks": int(h["block"].size),
         "tabulation_nodes": int(sum(h.sizes)),
@@ -231,9 +232,8 @@ def write_stage(args: argparse.Namespace, out: Path) -> dict:
         "persons": int(pop.sum()),
         "state_parts": parts,
         "districts": int(seats.sum()),
-        "totals": totals,
         "bytes_written_nmf": _bytes(nmf),
-        "bytes_written_baf": _bytes(baf),
+        "bytes_written_inputs": _bytes(inputs),
         "seconds": time.perf_counter() - t0,
         "cpu_seconds": time.process_time() - c0,
         "peak_rss_mb": _process()["peak_mb"],
@@ -253,15 +253,16 @@ def _remove_own(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def estimate_stage(args: argparse.Namespace, out: Path, totals: dict[str, int]) -> dict:
+def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
     """Read, GLS + SEs, tables and districts state by state (counted)."""
-    nmf, baf = out / "nmf", out / "baf"
+    nmf, inputs = out / "nmf", out / "inputs"
     wall = dict.fromkeys(STAGES, 0.0)
     cpu = dict.fromkeys(STAGES, 0.0)
     peak = dict.fromkeys(STAGES, 0.0)
     noise = FileNoise()
     bytes_read = 0
     spine_nodes = 0
+    districts = 0
     seconds_removing = 0.0
     reset = _reset_peak()
 
@@ -279,6 +280,7 @@ def estimate_stage(args: argparse.Namespace, out: Path, totals: dict[str, int]) 
     us_root = nmf / "US"
     bytes_read += _bytes(us_root)
     timed("read", lambda: [noise.add(s.levels) for s in read_nmf(us_root, subtrees=["US"])])
+    totals = timed("read", lambda: read_state_totals(inputs / "state_totals.csv"))
     states = sorted(totals)
     with output_dir(out / "release", overwrite=True, command="nmf_national") as tmp:
         tables = StateTableWriter(tmp)
@@ -296,7 +298,9 @@ def estimate_stage(args: argparse.Namespace, out: Path, totals: dict[str, int]) 
                 seconds_removing += time.perf_counter() - t
             r = timed("gls", lambda m=m: estimate_state(m))
             r = timed("districts", lambda r=r, s=state: add_areas(
-                r, baf / f"baf_{s}.csv", area_name="district"))  # fmt: skip
+                r, inputs / f"baf_{s}.csv", area_name="district"))  # fmt: skip
+            districts += int(r.areas.codes.size)
+            _log(t_all, f"state {state}: {m.spine.hierarchy['block'].size} blocks estimated")
             timed("tables", lambda r=r: tables.add_state(r))
             del m, r
         files = tables.files
@@ -304,6 +308,7 @@ def estimate_stage(args: argparse.Namespace, out: Path, totals: dict[str, int]) 
     return {
         "states": len(states),
         "spine_nodes": spine_nodes,
+        "districts_released": districts,
         "wall": wall,
         "cpu": cpu,
         "peak": peak,
@@ -327,7 +332,7 @@ def benchmark(args: argparse.Namespace) -> dict:
     w = write_stage(args, out)
     _log(t0, f"wrote the synthetic NMF: {w['blocks']} blocks, {w['state_parts']} state parts, "
              f"{w['bytes_written_nmf'] / 1e6:.1f} MB")  # fmt: skip
-    e = estimate_stage(args, out, w["totals"])
+    e = estimate_stage(args, out)
     _log(t0, f"read + estimated {e['states']} states in {e['seconds']:.1f} s")
     counted = {k: e["wall"][k] for k in STAGES}
     result = {
@@ -341,6 +346,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         "states": e["states"],
         "state_parts": w["state_parts"],
         "districts": w["districts"],
+        "districts_released (non-empty)": e["districts_released"],
         "seconds_per_stage": counted,
         "cpu_seconds_per_stage": {k: e["cpu"][k] for k in STAGES},
         "peak_rss_mb_per_stage": {k: e["peak"][k] for k in STAGES},
@@ -357,7 +363,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         else "per stage: not reset (clear_refs unavailable); the process peak includes the write",
         "bytes_written": {
             "nmf": w["bytes_written_nmf"],
-            "baf": w["bytes_written_baf"],
+            "state_totals_and_bafs": w["bytes_written_inputs"],
             "tables": e["bytes_written_tables"],
         },
         "bytes_read": e["bytes_read"],
@@ -379,7 +385,9 @@ def benchmark(args: argparse.Namespace) -> dict:
         "wall_seconds_total": time.perf_counter() - t0,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    with output_file(out / "result.json", overwrite=True, formats=[".json"],
+                     command="nmf_national") as tmp:  # fmt: skip
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

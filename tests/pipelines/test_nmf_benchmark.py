@@ -34,7 +34,7 @@ def test_main_tiny_national_run(tmp_path):
     out = tmp_path / "run"
     argv = ["--fraction", "1/8192", "--states", "1", "--districts", "5", "--out", str(out)]
     r = bench.main(argv)
-    assert r["states"] == 1 and r["districts"] == 5
+    assert r["states"] == 1 and r["districts"] == 5 == r["districts_released (non-empty)"]
     assert r["blocks"] == r["nodes_per_level"]["block"] > 0
     assert r["state_parts"] == 1  # one county: no AIAN part (see the flags' test)
     assert set(r["seconds_per_stage"]) == {"read", "gls", "districts", "tables"}
@@ -46,7 +46,7 @@ def test_main_tiny_national_run(tmp_path):
     # each state's NMF folder was removed once read; the US level and the BAFs stay
     assert sorted(p.name for p in (out / "nmf").iterdir()) == ["US"]
     rel = out / "release"
-    totals = pd.read_csv(out / "state_totals.csv", dtype={"state": str})
+    totals = pd.read_csv(out / "inputs" / "state_totals.csv", dtype={"state": str})
     assert int(totals["total"].sum()) == r["persons"]
     state = pd.read_csv(rel / "pl94_state.csv", dtype={"GEOID": str})
     assert np.allclose(state["P1_001N"], totals["total"], rtol=0, atol=1e-6)  # invariant
