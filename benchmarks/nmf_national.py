@@ -42,7 +42,25 @@ stages through ``/proc/self/clear_refs``) and of the process, bytes written (NMF
 tables) and read (the NMF's Parquet files), the derived ρ and the privacy statement, the
 load averages before and after (the machine is shared).
 
-Measured (PENDING)
+Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 4–5.7
+throughout, so wall ≈ 3–4 × CPU; read the CPU seconds; one process, states in turn):
+
+* ``--fraction 1/1024`` (8,008 blocks, 8,432 tabulation and 8,535 spine nodes, 52 state
+  parts — one county per state, so no AIAN part and no measured county —, 435 districts):
+  counted 111.1 s wall / 36.1 CPU s: read 4.0 / 1.5, GLS 13.3 / 4.5, districts 6.1 / 2.0,
+  tables 83.3 / 27.6; peak 483 MB; NMF 25.0 MB written and read, tables 103.5 MB; write
+  (not counted) 4.3 s. ρ derived 2.27593 (production 2.55623: the county level has no
+  measured node). Load 4.1 → 5.0.
+* ``--fraction 1/64`` (128,125 blocks, 133,339 tabulation and 133,442 spine nodes, 52 state
+  parts, 435 districts): counted **626.5 s wall / 171.0 CPU s**: read 48.2 / 13.8, GLS
+  96.1 / 26.4, districts 69.0 / 17.9, tables 402.9 / 111.3; peak **2.93 GB** (the GLS of
+  the largest state; read 2.18, districts 2.08, tables 2.00 GB); NMF 389.2 MB written and
+  read (removed state by state), tables 1.55 GB; write (not counted) 60.2 s wall / 17.7
+  CPU s, 2.26 GB. ρ derived 2.27593. Load 4.8 → 5.7.
+* 1.33 CPU ms per block at 1/64 (tables 65 %: per-column query estimates and SEs and the
+  CSV's spreadsheet-safety pass, much of it a fixed cost per state and level), so the full
+  8.2 M blocks would need ≈ 11,000 CPU s in one process — about 3 × the 1 h goal, before
+  any use of the second core (states are independent). Not yet measured at full scale.
 
 Usage: ``python benchmarks/nmf_national.py [--fraction F] [--out DIR] [--keep]
 [--districts N] [--seed S] [--states K]`` (``--fraction`` accepts ``1/64``; ``--states``
