@@ -57,10 +57,21 @@ throughout, so wall ≈ 3–4 × CPU; read the CPU seconds; one process, states 
   the largest state; read 2.18, districts 2.08, tables 2.00 GB); NMF 389.2 MB written and
   read (removed state by state), tables 1.55 GB; write (not counted) 60.2 s wall / 17.7
   CPU s, 2.26 GB. ρ derived 2.27593. Load 4.8 → 5.7.
-* 1.33 CPU ms per block at 1/64 (tables 65 %: per-column query estimates and SEs and the
-  CSV's spreadsheet-safety pass, much of it a fixed cost per state and level), so the full
-  8.2 M blocks would need ≈ 11,000 CPU s in one process — about 3 × the 1 h goal, before
-  any use of the second core (states are independent). Not yet measured at full scale.
+* ``--fraction 1/16`` (512,500 blocks, 533,191 tabulation and 533,328 spine nodes, 201
+  counties, **86 state parts**, 435 districts): counted **916.1 s wall / 573.2 CPU s**:
+  read 94.7 / 59.3, GLS 164.3 / 95.7, districts 72.8 / 47.6, tables 572.2 / 365.1; peak
+  **8.13 GB** (the GLS of the largest state, 85,237 blocks; read 5.55, districts 5.57,
+  tables 5.47 GB); NMF 1.60 GB written and read, tables 6.17 GB; write (not counted) 296.0 s
+  wall / 73.3 CPU s, 6.28 GB. ρ derived 2.55462 (every level measured somewhere; production
+  2.55623, the file's σ² being rounded up onto the sampler's grid). Load 4.8 → 1.8.
+* Cost per block: 4.5 (1/1024), 1.33 (1/64), 1.12 (1/16) CPU ms — tables take 64–77 %
+  (per-column query estimates and SEs and the CSV's spreadsheet-safety pass, partly a fixed
+  cost per state and level). Full scale (8.2 M blocks) by extrapolation, not measured:
+  ≈ 9,000 CPU s in one process — about 2.5 × the 1 h goal before any use of the second core
+  (states are independent) — and **memory over the 8 GB goal**: the peak follows the
+  largest state (≈ 95 kB per block of it: 2.9 GB at 1/64, 8.1 GB at 1/16), whose whole spine
+  :func:`~censusdp.pipelines.nmf_release.estimate_state` holds; the full tables would be
+  ≈ 100 GB of CSV and the writer holds a state's NMF in memory too.
 
 Usage: ``python benchmarks/nmf_national.py [--fraction F] [--out DIR] [--keep]
 [--districts N] [--seed S] [--states K]`` (``--fraction`` accepts ``1/64``; ``--states``
