@@ -50,11 +50,11 @@ throughout, so wall ≈ 3–4 × CPU; read the CPU seconds; one process, states 
   counted 111.1 s wall / 36.1 CPU s: read 4.0 / 1.5, GLS 13.3 / 4.5, districts 6.1 / 2.0,
   tables 83.3 / 27.6; peak 483 MB; NMF 25.0 MB written and read, tables 103.5 MB; write
   (not counted) 4.3 s. ρ derived 2.27593 (production 2.55623: the county level has no
-  measured node). Load 4.1 → 5.0.
+  measured node). Load 4.1 → 5.0. (Commit a68b017: the totals not yet read back.)
 * ``--fraction 1/64`` (128,125 blocks, 133,339 tabulation and 133,442 spine nodes, 52 state
   parts, 435 districts): counted **626.5 s wall / 171.0 CPU s**: read 48.2 / 13.8, GLS
-  96.1 / 26.4, districts 69.0 / 17.9, tables 402.9 / 111.3; peak **2.93 GB** (the GLS of
-  the largest state; read 2.18, districts 2.08, tables 2.00 GB); NMF 389.2 MB written and
+  96.1 / 26.4, districts 69.0 / 17.9, tables 402.9 / 111.3; peak **2.93 GB** (the GLS
+  stage; read 2.18, districts 2.08, tables 2.00 GB); NMF 389.2 MB written and
   read (removed state by state), tables 1.55 GB; write (not counted) 60.2 s wall / 17.7
   CPU s, 2.26 GB. ρ derived 2.27593. Load 4.8 → 5.7.
 * ``--fraction 1/16`` (512,500 blocks, 533,191 tabulation and 533,328 spine nodes, 201
@@ -63,13 +63,14 @@ throughout, so wall ≈ 3–4 × CPU; read the CPU seconds; one process, states 
   **8.13 GB** (the GLS of the largest state, 85,237 blocks; read 5.55, districts 5.57,
   tables 5.47 GB); NMF 1.60 GB written and read, tables 6.17 GB; write (not counted) 296.0 s
   wall / 73.3 CPU s, 6.28 GB. ρ derived 2.55462 (every level measured somewhere; production
-  2.55623, the file's σ² being rounded up onto the sampler's grid). Load 4.8 → 1.8.
+  2.55623, the file's σ² being rounded up onto the sampler's grid). Load 4.8 → 1.8 (its
+  write and first 10 states ran beside the 1/64 run).
 * Cost per block: 4.5 (1/1024), 1.33 (1/64), 1.12 (1/16) CPU ms — tables take 64–77 %
   (per-column query estimates and SEs and the CSV's spreadsheet-safety pass, partly a fixed
   cost per state and level). Full scale (8.2 M blocks) by extrapolation, not measured:
   ≈ 9,000 CPU s in one process — about 2.5 × the 1 h goal before any use of the second core
   (states are independent) — and **memory over the 8 GB goal**: the peak follows the
-  largest state (≈ 95 kB per block of it: 2.9 GB at 1/64, 8.1 GB at 1/16), whose whole spine
+  largest state (8.1 GB at 1/16 for its 85,237 blocks: ≈ 95 kB per block), whose whole spine
   :func:`~censusdp.pipelines.nmf_release.estimate_state` holds; the full tables would be
   ≈ 100 GB of CSV and the writer holds a state's NMF in memory too.
 
