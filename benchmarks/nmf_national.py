@@ -42,8 +42,8 @@ stages through ``/proc/self/clear_refs``) and of the process, bytes written (NMF
 tables) and read (the NMF's Parquet files), the derived ρ and the privacy statement, the
 load averages before and after (the machine is shared).
 
-Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 4–5.7
-throughout, so wall ≈ 3–4 × CPU; read the CPU seconds; one process, states in turn):
+Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 1.8–5.7,
+wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
 
 * ``--fraction 1/1024`` (8,008 blocks, 8,432 tabulation and 8,535 spine nodes, 52 state
   parts — one county per state, so no AIAN part and no measured county —, 435 districts):
