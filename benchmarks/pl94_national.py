@@ -134,12 +134,12 @@ def _log(t0: float, msg: str) -> None:
           file=sys.stderr, flush=True)  # fmt: skip
 
 
-def geography(fraction: float, seed: int):
+def geography(fraction: float, seed: int, states: int = US["states"]):
     """The synthetic U.S. with ``fraction`` of its counties (at least one per state), tracts,
-    block groups, blocks and persons."""
+    block groups, blocks and persons (``states`` of them: fewer for smoke tests)."""
     if not 0 < fraction <= 1:
         raise SystemExit("--fraction must be in (0, 1]")
-    n = {k: (v if k == "states" else max(1, round(v * fraction))) for k, v in US.items()}
+    n = {k: (states if k == "states" else max(1, round(v * fraction))) for k, v in US.items()}
     n["counties"] = max(n["counties"], n["states"])
     n["tracts"] = max(n["tracts"], n["counties"])
     n["block_groups"] = max(n["block_groups"], n["tracts"])

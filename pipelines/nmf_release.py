@@ -90,6 +90,9 @@ __all__ = [
     "TABULATION_PREFIX",
     "NMFStateRelease",
     "NMFRelease",
+    "FileNoise",
+    "StateTableWriter",
+    "add_areas",
     "area_total_covariance",
     "census_block_geoids",
     "estimate_state",
@@ -344,6 +347,45 @@ def estimate_state(
     return NMFStateRelease(state, measurements, rel, tab, user, cov, eqs, secs)
 
 
+def add_areas(
+    state: NMFStateRelease,
+    areas: str | Path,
+    *,
+    block_column: str = "BLOCKID",
+    area_column: str = "DISTRICT",
+    area_name: str | None = None,
+    skip_blank_areas: bool = False,
+) -> NMFStateRelease:
+    """``state`` with the areas of a block assignment file: what :func:`estimate_state`
+    does with ``areas=``, as a step of its own (benchmarks time it apart from the GLS).
+
+    The areas are sums of blocks (:func:`~censusdp.estimation.areas.area_release`) with
+    exact SEs, and the covariance of their totals (:func:`area_total_covariance`).
+
+    Raises
+    ------
+    DataError, SpecError
+        An unreadable or mismatched BAF, an area name unfit for a file name.
+    """
+    t0 = time.perf_counter()
+    name = area_name or area_column.lower()
+    if not _SAFE_NAME.match(name):
+        raise SpecError(
+            f"area name {name!r}: use letters, digits, '_' or '-' (it names output files)"
+        )
+    rel = state.release
+    eq = _block_equivalency(
+        Path(areas), rel.hierarchy, census_block_geoids(state.tabulation_geoids),
+        block_column=block_column, area_column=area_column, name=name,
+        skip_blank_areas=skip_blank_areas,
+    )  # fmt: skip
+    user = area_release(rel, eq)
+    cov = area_total_covariance(rel, eq, user)
+    secs = {**state.seconds, "areas": time.perf_counter() - t0}
+    return NMFStateRelease(state.state, state.measurements, rel, state.tabulation, user, cov,
+                           {**state.equivalencies, name: eq}, secs)  # fmt: skip
+
+
 def release_statement(rho: float, *, invariant_totals: bool, levels: int) -> str:
     """The one-line privacy statement of a release made from the file (the wording of
     :meth:`~censusdp.pipelines.io.nmf.NMFMeasurements.release_note`)."""
@@ -384,6 +426,14 @@ class _LeastNoise:
 
     def levels(self) -> int:
         return len(self.read)
+
+
+class FileNoise(_LeastNoise):
+    """The ρ a file's own variances and queries imply, accumulated level by level as
+    subtrees are read (what :func:`release_nmf` states): ``add(levels)`` per subtree, then
+    ``rho()`` = Σ_(level, query) Δ₂² / (2 min σ²) — the least noisy node of each level bounds
+    its loss (parallel over nodes, sequential over levels and queries) — and ``levels()``,
+    the number of levels read."""
 
 
 @dataclass(frozen=True)
@@ -469,6 +519,21 @@ def _write_state(w: _Writer, r: NMFStateRelease) -> None:
         cov = pd.DataFrame(r.area_covariance, columns=[str(c) for c in a.codes])
         cov.insert(0, "area", np.asarray(a.codes, dtype=object))
         w.add(f"area_{a.name}_P1_001N_covariance.csv", cov)
+
+
+class StateTableWriter(_Writer):
+    """Writes states' tables into ``folder`` exactly as :func:`release_nmf` does, one state
+    after another (CSV appended): for callers that run the steps themselves (benchmarks).
+    ``folder`` should be an output the caller owns (:func:`censusdp.atomic.output_dir`)."""
+
+    def add_state(self, state: NMFStateRelease) -> None:
+        """Append ``state``'s P1–P5 tables with their SEs (spine, tabulation, areas)."""
+        _write_state(self, state)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The files written so far."""
+        return tuple(sorted(self.started))
 
 
 def release_nmf(
