@@ -442,7 +442,8 @@ CASES = [
     C("hierarchy describe level twice", ["hierarchy", "describe", "data.csv", "--level", "state=fips:2", "--level", "state=fips:2"], "unique"),
     C("allocate without its options", ["allocate", "nope.toml"], "--target"),
     # -- issue 33: a Dask worker that dies ---------------------------------------------------
-    C("run distributed: every worker dies starting", RUN + ["--out", "o", "--scheduler", "distributed"], "worker process died", "--scheduler threads", setup=write("die/sitecustomize.py", DIE_IN_SPAWNED_CHILD), env={"PYTHONPATH": "{ws}/die"}),
+    # the workers must not leave sitecustomize's bytecode behind in the workspace
+    C("run distributed: every worker dies starting", RUN + ["--out", "o", "--scheduler", "distributed"], "worker process died", "--scheduler threads", setup=write("die/sitecustomize.py", DIE_IN_SPAWNED_CHILD), env={"PYTHONPATH": "{ws}/die", "PYTHONDONTWRITEBYTECODE": "1"}),
     # -- issue 33: bare-CR (old Mac OS) line ends ------------------------------------------------
     C("spec CR-only line ends", RUN + ["--out", "o"], "spec.toml", "carriage return", setup=cr_only("spec.toml")),
     A("data with CR-only line ends", RUN + ["--out", "o"], released("o"), setup=cr_only("data.csv")),
