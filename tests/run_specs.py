@@ -25,3 +25,30 @@ noise = "discrete_laplace"
 [estimators]
 run = ["gls"]
 """
+
+
+#: A small NHGIS file (two states, two counties each; `_dp` and `_sf` columns) and its spec:
+#: the input of the hostile and SIGTERM tests' workspaces.
+SMALL_NHGIS = (
+    "gisjoin,name,state,H78003_dp,H78024_dp,H78003_sf,H78024_sf\n"
+    "G0100010,A,Alabama,3,4,3,5\nG0100030,B,Alabama,6,2,7,1\n"
+    "G0200010,C,Alaska,1,1,2,0\nG0200020,D,Alaska,8,9,8,9\n"
+)
+SMALL_NHGIS_SPEC = """
+[data]
+source = "nhgis"
+cells = ["H78003", "H78024"]
+[hierarchy]
+levels = ["nation", "state", "county"]
+[privacy]
+accounting = "zcdp"
+rho = 0.5
+[queries]
+county = ["detailed"]
+[invariants]
+state = "detailed"
+[mechanism]
+noise = "discrete_gaussian"
+[estimators]
+run = ["gls"]
+"""

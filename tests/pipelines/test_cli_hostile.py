@@ -42,36 +42,15 @@ import numpy as np
 import pandas as pd
 import pytest
 from ppmf_fixtures import ppmf_persons
-from run_specs import SMALL_DATA, SMALL_SPEC
+from run_specs import SMALL_DATA, SMALL_NHGIS, SMALL_NHGIS_SPEC, SMALL_SPEC
 
 from censusdp.app.cli import main
 from censusdp.hierarchy.synthetic import synthetic_state
 
 DATA = SMALL_DATA
 SPEC = SMALL_SPEC
-NHGIS = (
-    "gisjoin,name,state,H78003_dp,H78024_dp,H78003_sf,H78024_sf\n"
-    "G0100010,A,Alabama,3,4,3,5\nG0100030,B,Alabama,6,2,7,1\n"
-    "G0200010,C,Alaska,1,1,2,0\nG0200020,D,Alaska,8,9,8,9\n"
-)
-NSPEC = """
-[data]
-source = "nhgis"
-cells = ["H78003", "H78024"]
-[hierarchy]
-levels = ["nation", "state", "county"]
-[privacy]
-accounting = "zcdp"
-rho = 0.5
-[queries]
-county = ["detailed"]
-[invariants]
-state = "detailed"
-[mechanism]
-noise = "discrete_gaussian"
-[estimators]
-run = ["gls"]
-"""
+NHGIS = SMALL_NHGIS
+NSPEC = SMALL_NHGIS_SPEC
 RUN = ["run", "spec.toml"]
 PRIV = ["privatize", "nhgis.csv", "--spec", "nspec.toml"]
 

@@ -20,36 +20,15 @@ import time
 from pathlib import Path
 
 import pytest
-from run_specs import SMALL_DATA, SMALL_SPEC
+from run_specs import SMALL_DATA, SMALL_NHGIS, SMALL_NHGIS_SPEC, SMALL_SPEC
 
 from censusdp.app.cli import main
 from censusdp.pipelines.interrupts import EXIT_TERMINATED, Terminated, terminate_as_interrupt
 
 LINE = "censusdp: terminated (SIGTERM); nothing was written"
 
-NHGIS = (
-    "gisjoin,name,state,H78003_dp,H78024_dp,H78003_sf,H78024_sf\n"
-    "G0100010,A,Alabama,3,4,3,5\nG0100030,B,Alabama,6,2,7,1\n"
-    "G0200010,C,Alaska,1,1,2,0\nG0200020,D,Alaska,8,9,8,9\n"
-)
-NSPEC = """
-[data]
-source = "nhgis"
-cells = ["H78003", "H78024"]
-[hierarchy]
-levels = ["nation", "state", "county"]
-[privacy]
-accounting = "zcdp"
-rho = 0.5
-[queries]
-county = ["detailed"]
-[invariants]
-state = "detailed"
-[mechanism]
-noise = "discrete_gaussian"
-[estimators]
-run = ["gls"]
-"""
+NHGIS = SMALL_NHGIS
+NSPEC = SMALL_NHGIS_SPEC
 PSPEC = """
 [predict]
 schema = "pl94"
