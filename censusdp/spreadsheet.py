@@ -60,10 +60,13 @@ def spreadsheet_safe(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """
     escaped = 0
     out = frame
-    for j in range(frame.shape[1]):
+    text = [
+        j
+        for j, dtype in enumerate(frame.dtypes)
+        if pd.api.types.is_object_dtype(dtype) or pd.api.types.is_string_dtype(dtype)
+    ]  # the dtypes first: a wide numeric table costs no column extraction
+    for j in text:
         col = frame.iloc[:, j]
-        if not (col.dtype == object or pd.api.types.is_string_dtype(col.dtype)):
-            continue
         s = col.astype("string")
         hit = s.str.match(_TRIGGER.pattern) & ~s.str.fullmatch(_NUMBER.pattern)
         hit = hit.fillna(False).to_numpy(dtype=bool)
