@@ -166,3 +166,33 @@ def test_a_truth_that_does_not_match_is_refused(noisy, tmp_path):
     with pytest.raises(DataError, match="entry 3 has a negative count") as e:
         block_truth_totals(geo, neg)
     assert "-2" not in str(e.value)
+
+
+def test_truth_of_states_not_released_is_left_out(noisy):
+    d, _, geo, persons = noisy
+    rel = released_totals(d / "release")
+    want = nmf_size_class_metrics(rel, block_truth_totals(geo, persons))
+    other = np.strings.add("02", np.strings.slice(geo, 2, None))  # a state not in the release
+    both = block_truth_totals(np.concatenate([geo, other]), np.concatenate([persons, persons]))
+    assert both["state"][0].tolist() == ["01", "02"]
+    got = nmf_size_class_metrics(rel, both)
+    pd.testing.assert_frame_equal(got, want)
+
+
+def test_a_release_table_with_a_bad_geoid_is_refused_naming_file_row_and_column(noisy, tmp_path):
+    d, _, _, _ = noisy
+    for p in (d / "release").glob("pl94_*.csv"):
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    f = pd.read_csv(tmp_path / "pl94_county.csv", dtype={"GEOID": str})
+    f.loc[2, "GEOID"] = "0100"
+    f.to_csv(tmp_path / "pl94_county.csv", index=False)
+    with pytest.raises(DataError, match=r"pl94_county.csv: row 4, column GEOID: not 5 char"):
+        released_totals(tmp_path)
+    f.loc[2, "GEOID"] = f.loc[1, "GEOID"]
+    f.to_csv(tmp_path / "pl94_county.csv", index=False)
+    with pytest.raises(DataError, match=r"pl94_county.csv: GEOID \d{5} appears twice"):
+        released_totals(tmp_path)
+    (tmp_path / "pl94_county.csv").write_bytes((d / "release" / "pl94_county.csv").read_bytes())
+    (tmp_path / "pl94_tract.csv").unlink()
+    with pytest.raises(DataError, match="pl94_tract.csv: not found"):
+        released_totals(tmp_path)
