@@ -11,6 +11,7 @@ so the bars and the logger write to the captured stderr.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from ppmf_fixtures import ppmf_persons
 
@@ -130,3 +131,42 @@ def test_predict_refused_after_a_stage_line_ends_with_one_error(tmp_path, monkey
     assert err.count("error") == 1
     assert err.rstrip("\n").split("\n")[-1].startswith("censusdp: error: ")
     assert not (tmp_path / "o").exists()
+
+
+UNITS_COLUMNS = ("TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLKGRPCE", "TABBLK")
+
+
+def _units_file(path, gen: np.random.Generator, n: int) -> None:
+    """``n`` housing units (occupied with probability 0.7) over the blocks of :data:`BLOCKS`
+    in the DAS MDF unit layout (the units route's input)."""
+    b = gen.integers(0, len(BLOCKS), n)
+    frame = pd.DataFrame(
+        {
+            "SCHEMA_TYPE_CODE": "MUD",
+            "SCHEMA_BUILD_ID": "1.1.0",
+            **{col: [BLOCKS[i][j] for i in b] for j, col in enumerate(UNITS_COLUMNS)},
+            "RTYPE": "2",
+            "HH_STATUS": np.where(gen.random(n) < 0.7, "1", "2"),
+        }
+    )
+    frame.to_csv(path, sep="|", index=False)
+
+
+def test_units_route_shows_its_stages_and_bar(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _units_file(tmp_path / "units.csv", np.random.default_rng(7), 200)
+    argv = ["privatize", "units.csv", "--blocks-from-data", "--repetitions", "2"]
+    code, out, err = _run(capsys, [*argv, "-o", "out-v", "-v"])
+    assert code == 0, err
+    stages = [line for line in err.splitlines() if line.startswith("censusdp: ")]
+    assert stages[0] == "censusdp: reading the units file (units.csv)"
+    assert stages[1].startswith("censusdp: read in ") and "block 9" in stages[1]
+    assert stages[2].startswith("censusdp: released in ")
+    assert stages[3] == "censusdp: size-class report: 2 simulated release(s)"
+    assert stages[4].startswith("censusdp: size-class report in ")
+    assert len(stages) == 5
+    assert "censusdp size classes: 100%" in err and "2/2" in err
+    for flags, name in (([], "out-d"), (["-q"], "out-q")):
+        code, other, err = _run(capsys, [*flags, *argv, "-o", name])
+        assert code == 0 and err == ""
+        assert other.replace(name, "out-v") == out
