@@ -170,3 +170,30 @@ def test_units_route_shows_its_stages_and_bar(tmp_path, monkeypatch, capsys):
         code, other, err = _run(capsys, [*flags, *argv, "-o", name])
         assert code == 0 and err == ""
         assert other.replace(name, "out-v") == out
+
+
+@pytest.mark.parametrize("route", ["flat", "hierarchy"])
+def test_codebook_routes_show_their_stages(route, tmp_path, monkeypatch, capsys):
+    from censusdp.pipelines.codebook import Codebook
+    from tests.pipelines.test_codebook_hierarchy import SPEC, county_codes, write_county_file
+    from tests.pipelines.test_privatize_codebook import synthetic_truth
+
+    monkeypatch.chdir(tmp_path)
+    ppdd = Codebook.load("ppdd")
+    write_county_file(tmp_path / "c.csv", ppdd, synthetic_truth(ppdd, n=6, seed=3), county_codes(6))
+    spec = SPEC.format(codebook="ppdd", rho=1.0).replace("[run]\nseed = 5\n", "")
+    if route == "flat":  # one level of rows, no hierarchy: a file out
+        spec = spec.split("[hierarchy]")[0].replace("[privacy]", 'level = "county"\n[privacy]')
+    (tmp_path / "spec.toml").write_text(spec)
+    suffix = ".csv" if route == "flat" else ""
+    argv = ["privatize", "c.csv", "--spec", "spec.toml"]
+    code, out, err = _run(capsys, [*argv, "-o", f"out-v{suffix}", "-v"])
+    assert code == 0, err
+    stages = err.splitlines()
+    assert stages[0] == f"censusdp: reading c.csv (codebook {ppdd.source})"
+    assert stages[1].startswith("censusdp: read in ")
+    assert stages[2].startswith("censusdp: re") and "writing" in stages[2]
+    assert len(stages) == (3 if route == "flat" else 4)
+    code, other, err = _run(capsys, ["-q", *argv, "-o", f"out-q{suffix}"])
+    assert code == 0 and err == ""
+    assert other.replace("out-q", "out-v") == out
