@@ -15,7 +15,9 @@ error is always the last line on stderr.
 Stdout carries only a command's results (tables, ``wrote ...`` lines), so a pipeline can read
 it; everything here goes to stderr. Bars are ``tqdm.auto`` (a widget in a notebook, text in a
 terminal or a captured stderr), drawn by the code that runs a stage when
-:func:`show_progress` says so (:func:`censusdp.pipelines.runner.execute_spec`). Library
+:func:`show_progress` says so (:func:`censusdp.pipelines.runner.execute_spec`; the
+``privatize`` routes of PPMF persons, units and codebook files through :func:`progress_bar`,
+with their stage lines beside the stage timings, as ``predict``'s). Library
 calls outside the command line keep their own defaults: :func:`show_progress` returns the
 caller's default unless a command set a verbosity.
 

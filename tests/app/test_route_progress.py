@@ -1,10 +1,11 @@
-"""Progress on stderr of the PPMF route of ``privatize`` and of ``predict`` (issue 37).
+"""Progress on stderr of the PPMF, units and codebook routes of ``privatize`` and of
+``predict`` (issue 37).
 
 With ``-v`` each route writes its stage lines (``censusdp: ...``, :mod:`censusdp.progress`)
-and, for the PPMF route, its bars (the release over the blocks, the size-class simulation
-over its releases) run to the end; with ``-q``, and by default when stderr is not a terminal
-(as here, captured), stderr stays empty and stdout is the same; an input refused after a
-stage line still ends stderr with exactly one error line. Commands run in-process (``main``),
+and its bars run to the end (PPMF: the release over the blocks; PPMF and units: the
+size-class simulation over its releases); with ``-q``, and by default when stderr is not
+a terminal (as here, captured), stderr stays empty and stdout is the same; an input
+refused after a stage line still ends stderr with exactly one error line. Commands run in-process (``main``),
 so the bars and the logger write to the captured stderr.
 """
 
