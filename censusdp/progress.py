@@ -15,7 +15,9 @@ error is always the last line on stderr.
 Stdout carries only a command's results (tables, ``wrote ...`` lines), so a pipeline can read
 it; everything here goes to stderr. Bars are ``tqdm.auto`` (a widget in a notebook, text in a
 terminal or a captured stderr), drawn by the code that runs a stage when
-:func:`show_progress` says so (:func:`censusdp.pipelines.runner.execute_spec`). Library
+:func:`show_progress` says so (:func:`censusdp.pipelines.runner.execute_spec`; the
+``privatize`` routes of PPMF persons, units and codebook files through :func:`progress_bar`,
+with their stage lines beside the stage timings, as ``predict``'s). Library
 calls outside the command line keep their own defaults: :func:`show_progress` returns the
 caller's default unless a command set a verbosity.
 
@@ -29,8 +31,16 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["QUIET", "VERBOSE", "current_verbosity", "show_progress", "verbosity"]
+__all__ = [
+    "QUIET",
+    "VERBOSE",
+    "current_verbosity",
+    "progress_bar",
+    "show_progress",
+    "verbosity",
+]
 
 #: ``-q``: warnings only, no bars.
 QUIET = -1
@@ -86,3 +96,25 @@ def show_progress(default: bool) -> bool:
     if _LEVEL == 0:
         return sys.stderr.isatty()
     return _LEVEL > 0
+
+
+def progress_bar(total: int | None, desc: str, unit: str, *, default: bool = False) -> Any:
+    """A ``tqdm.auto`` bar drawn when :func:`show_progress` says so (``default`` outside the
+    command line), for a route's stage loop; use it as a context manager, so that it is
+    closed (its last state and a newline written) before an error propagates and the error
+    stays the last line on stderr.
+
+    Parameters
+    ----------
+    total : int or None
+        The steps the bar counts (None: a counter without an end).
+    desc : str
+        Its label, ``censusdp <stage>`` by convention.
+    unit : str
+        What one step is (``block``, ``release``, ...).
+    default : bool
+        Whether a library call (no command's verbosity set) draws it.
+    """
+    from tqdm.auto import tqdm  # not at the command line's start (a light parser)
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not show_progress(default))

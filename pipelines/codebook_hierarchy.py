@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -92,7 +93,10 @@ from censusdp.pipelines.privatize_tables import (
     round_given,
 )
 from censusdp.pipelines.release_statement import exact_through_invariants
+from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "HierarchyRelease",
@@ -477,14 +481,18 @@ def evaluate_release(
     pseudo_cols = rel.nonnegative[-1]
     pseudo = {h.names[k]: rel.nonnegative[k][:, t] for k in levels}
 
-    def replicate(r: int) -> dict[str, dict[str, np.ndarray]]:
-        return totals(
-            release_hierarchy(
-                plan, h, pseudo_cols, rng.child(f"simulation/{r}"), invariants=invariants
-            )  # fmt: skip
-        )
+    # closed (on an error too) before the error propagates: it stays the last line
+    bar = progress_bar(repetitions, "censusdp size classes", "release")
 
-    sim = simulate_size_classes(pseudo, replicate, repetitions)
+    def replicate(r: int) -> dict[str, dict[str, np.ndarray]]:
+        sim_rel = release_hierarchy(
+            plan, h, pseudo_cols, rng.child(f"simulation/{r}"), invariants=invariants
+        )  # fmt: skip
+        bar.update()
+        return totals(sim_rel)
+
+    with bar:
+        sim = simulate_size_classes(pseudo, replicate, repetitions)
     truth_totals = {h.names[k]: c[:, t] for k, c in enumerate(h.aggregate(truth)) if k in levels}
     evaluation = evaluate_size_classes(truth_totals, totals(rel))
     write_size_class_report(
@@ -518,6 +526,7 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
     inputs = [x for x in (path, spec_path, codebook_file) if x is not None]
     check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
     cb = Codebook.load(spec.codebook)
+    log.info("reading %s (codebook %s)", Path(path).name, cb.source)
     batch = read_batch(path, encoding=spec.encoding)
     name = Path(path).name
     check_file_columns(cb, batch, name, spec)
@@ -541,6 +550,11 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
     truth = batch.truth[leaf_row][:, order]
     plan = TablePlan.build(cb, spec.rho, spec.strategy)
     rng = KeyedRNG.from_seed(spec.seed)
+    log.info(
+        "read in %.1f s; nodes per level: %s; measure, GLS and rounding of both products",
+        time.perf_counter() - t0,
+        ", ".join(f"{lv} {n}" for lv, n in zip(h.names, h.sizes, strict=True)),
+    )
     rel = release_hierarchy(
         plan, h, truth, rng, invariants=spec.invariants, delta=spec.delta, row_levels=levels,
         source=name, areas=[str(c) for c in h.levels[-1].codes],
@@ -549,17 +563,20 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
     privacy = with_products(rel.privacy, products)
     rel = dataclasses.replace(rel, privacy=privacy)
     timings = {"release": time.perf_counter() - t0}
+    log.info("read and released in %.1f s; writing the tables", timings["release"])
     with output_dir(out, overwrite=overwrite, inputs=inputs, command="privatize", option="-o",
                     info={"route": "codebook-hierarchy"}) as tmp:  # fmt: skip
         files = write_hierarchy_release(tmp, batch, leaf_row, rel, plan)
         if spec.evaluate:
             t1 = time.perf_counter()
+            log.info("size-class report: %d simulated release(s)", spec.repetitions)
             evaluate_release(
                 tmp, plan, rel, truth, rng.child("report"), invariants=spec.invariants,
                 repetitions=spec.repetitions, privacy=products[-1].wording(),
             )  # fmt: skip
             timings["size_class_report"] = time.perf_counter() - t1
         timings["seconds"] = time.perf_counter() - t0
+        log.info("writing the manifest (%.1f s in all)", timings["seconds"])
         manifest = {
             "command": "privatize",
             "route": "codebook-hierarchy",

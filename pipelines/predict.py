@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import time
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,6 +69,8 @@ if TYPE_CHECKING:  # imported by the functions that use them: the CLI's parser s
     from censusdp.hierarchy.equivalency import Equivalency
     from censusdp.mechanisms.product_query import ProductQuery
     from censusdp.schema import Allocation, Schema
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "SPEC_FAMILIES",
@@ -734,11 +738,22 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.data is not None:
         inputs.append(Path(args.data))
     check_output(out, kind="dir", overwrite=args.overwrite, inputs=inputs)  # before work
+    t0 = time.perf_counter()
+    log.info("reading the spec (%s) and its public geography", spec_path.name)
     spec = load_any_spec(spec_path, data=args.data)
+    log.info(
+        "a %s spec, %s schema; nodes per level: %s",
+        spec.family,
+        spec.schema.name,
+        ", ".join(
+            f"{n} {k}" for n, k in zip(spec.hierarchy.names, spec.hierarchy.sizes, strict=True)
+        ),
+    )
     if spec.ignored:
         print(spec.ignored)
     areas = None
     if args.areas is not None:
+        log.info("reading the areas (%s)", Path(args.areas).name)
         areas = read_equivalency(
             args.areas,
             spec.hierarchy,
@@ -749,7 +764,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             areas_path=args.area_list,
             skip_blank_areas=args.skip_blank_areas,
         )
+    log.info("predicting the standard errors (%.1f s so far)", time.perf_counter() - t0)
     pred, summary = predict_spec(spec, areas)
+    log.info("writing %s/ (%.1f s so far)", out, time.perf_counter() - t0)
     write_prediction(spec, pred, summary, out, overwrite=args.overwrite, areas_path=args.areas)
     loss = (
         f"ε = {pred.privacy.epsilon:.6g} (pure DP)"

@@ -103,6 +103,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -166,9 +167,12 @@ from censusdp.pipelines.size_class_report import (
     simulate_size_classes,
     write_size_class_report,
 )
+from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Allocation, Schema
 from censusdp.spreadsheet import write_csv
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AreasSpec",
@@ -986,6 +990,7 @@ def privatize_ppmf(
             "block, empty ones included; give the public block list ([hierarchy] blocks or "
             "--blocks) rather than --blocks-from-data"
         )
+    log.info("reading the PPMF (%s)", Path(path).name)
     hist: PPMFHistogram = read_ppmf(path)
     if spec.blocks is not None:
         hist = hist.on_blocks(
@@ -996,6 +1001,11 @@ def privatize_ppmf(
     plan, aplan = _plan(schema, spec, h.names)
     rng = KeyedRNG.from_seed(spec.seed)
     timings: dict[str, float] = {"read": time.perf_counter() - t0}
+    log.info(
+        "read in %.1f s; nodes per level: %s",
+        timings["read"],
+        ", ".join(f"{name} {n}" for name, n in zip(h.names, h.sizes, strict=True)),
+    )
     report_levels = [lvl for lvl in REPORT_LEVELS if lvl in h.names]
     released: dict[str, dict[str, list]] = {p: {lv: [] for lv in report_levels} for p in PRODUCTS}
     leaf = h.depth - 1
@@ -1031,11 +1041,18 @@ def privatize_ppmf(
                     b, c = np.nonzero(n.reshape(n.shape[0], -1))
                     cnt = n.reshape(n.shape[0], -1)[b, c]
                     nn_leaf.append((b + lo, c, cnt))
+                    bar.update(hi - lo)
                     write_microdata(micro, h, b + lo, c, cnt)
                     if area_products is not None:
                         area_products.leaves(lo, hi, u, n)
 
         t1 = time.perf_counter()
+        log.info(
+            "measure, GLS, rounding and tables of both products%s, a partition at a time",
+            "" if eq is None else f" (and {eq.name}s measured)" if aplan else f" (and {eq.name}s)",
+        )
+        # closed (on an error too) before the error propagates: it stays the last line
+        bar = progress_bar(h.sizes[leaf], "censusdp release", h.names[leaf])
         try:
             if aplan:  # the areas measured too: the tree GLS updated with them, in memory
                 privacy, measured = _measured_products(
@@ -1051,8 +1068,10 @@ def privatize_ppmf(
                 )  # fmt: skip
                 privacy = dataclasses.replace(res.privacy, delta=spec.delta)
         finally:
+            bar.close()
             micro.close()
         timings["release"] = time.perf_counter() - t1
+        log.info("released in %.1f s", timings["release"])
         privacy = dataclasses.replace(
             privacy,
             unit="person",
@@ -1072,6 +1091,11 @@ def privatize_ppmf(
 
         # the size-class report, simulated from the released non-negative histogram
         t1 = time.perf_counter()
+        log.info(
+            "size-class report: %d simulated release(s) from the released histogram",
+            spec.repetitions,
+        )
+        sim_bar = progress_bar(spec.repetitions, "censusdp size classes", "release")
         pb, pc, pn = (np.concatenate(a) for a in zip(*nn_leaf, strict=True))
         pseudo_source = SparseHistogram(pb, pc, pn)
         pseudo = _report_totals(h, eq, pb, pn, report_levels)
@@ -1100,9 +1124,11 @@ def privatize_ppmf(
             if eq is not None:
                 for p in PRODUCTS:
                     acc[p][eq.name] = eq.sum_leaves(acc[p][h.names[leaf]])
+            sim_bar.update()
             return acc
 
-        sim = simulate_size_classes(pseudo, replicate, spec.repetitions)
+        with sim_bar:
+            sim = simulate_size_classes(pseudo, replicate, spec.repetitions)
         evaluation = None
         if evaluate:
             truth = _report_totals(h, eq, hist.block, hist.count, report_levels)
@@ -1113,6 +1139,11 @@ def privatize_ppmf(
         )  # fmt: skip
         timings["size_class_report"] = time.perf_counter() - t1
         timings["seconds"] = time.perf_counter() - t0
+        log.info(
+            "size-class report in %.1f s; writing the manifest (%.1f s in all)",
+            timings["size_class_report"],
+            timings["seconds"],
+        )
         timings["cpu_seconds"] = time.process_time() - c0
         _write_manifest(tmp, path, spec, privacy, products, timings, evaluate)
         if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart

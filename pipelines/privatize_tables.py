@@ -78,7 +78,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -108,6 +110,8 @@ from censusdp.mechanisms.product_query import (
 from censusdp.pipelines.codebook import Codebook, available_codebooks
 from censusdp.pipelines.release_statement import change_factor, unit_of_universes
 from censusdp.rng import KeyedRNG
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "TableSpec",
@@ -1306,7 +1310,9 @@ def privatize_tables(
 
         return privatize_hierarchy(path, spec, out, spec_path=spec_path, overwrite=overwrite)
     check_output(out, kind="file", **policy)
+    t0 = time.perf_counter()
     cb = Codebook.load(spec.codebook)
+    log.info("reading %s (codebook %s)", Path(path).name, cb.source)
     batch = read_batch(path, encoding=spec.encoding)
     name = Path(path).name
     check_file_columns(cb, batch, name, spec)
@@ -1324,6 +1330,12 @@ def privatize_tables(
     order = np.array([batch.cells.index(c) for c in cb.columns])
     plan = TablePlan.build(cb, spec.rho, spec.strategy)
     rng = KeyedRNG.from_seed(spec.seed)
+    log.info(
+        "read in %.1f s: %d rows; measure, GLS and rounding of %d queries per row",
+        time.perf_counter() - t0,
+        batch.truth.shape[0],
+        len(plan.queries),
+    )
     rel = release_tables(
         plan,
         batch.truth[:, order],
@@ -1369,6 +1381,7 @@ def privatize_tables(
         "standard_errors": STANDARD_ERRORS_NOTE,
         "inputs_sha256": inputs,
     }
+    log.info("released in %.1f s; writing %s", time.perf_counter() - t0, Path(out).name)
     with output_file(out, command="privatize", info=info, **policy) as tmp:
         values = np.empty_like(rel.values)
         ses = np.empty(rel.values.shape)

@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -137,9 +138,12 @@ from censusdp.pipelines.size_class_report import (
     simulate_size_classes,
     write_size_class_report,
 )
+from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Allocation, Schema
 from censusdp.spreadsheet import write_csv
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "H1_COLUMNS",
@@ -478,11 +482,16 @@ def size_class_report(
     size = {lv: release.counts[h.level_index(lv)][:, 0] for lv in levels}
     pseudo = {lv: release.nonnegative[h.level_index(lv)][:, 1] for lv in levels}
 
+    # closed (on an error too) before the error propagates: it stays the last line
+    bar = progress_bar(repetitions, "censusdp size classes", "release")
+
     def replicate(r: int) -> dict[str, dict[str, np.ndarray]]:
         rel = _release(h, schema, pseudo_leaf, rng.child(f"simulation/{r}"), rho, allocation)
+        bar.update()
         return _occupied(rel, levels)
 
-    sim = simulate_size_classes(pseudo, replicate, repetitions, size=size)
+    with bar:
+        sim = simulate_size_classes(pseudo, replicate, repetitions, size=size)
     evaluation = None
     if truth is not None:
         occ = h.aggregate(truth)
@@ -679,16 +688,24 @@ def privatize_units(
             "that set. Give the list of every block ([hierarchy] blocks = FILE, or --blocks "
             "FILE), or pass --blocks-from-data to accept that disclosure"
         )
+    log.info("reading the units file (%s)", Path(path).name)
     hist = read_ppmf_units(path)
     if spec.blocks is not None:
         hist = hist.on_blocks(
             read_block_list(spec.blocks, column=spec.block_column), spec.blocks.name
         )
     timings = {"read": time.perf_counter() - t0}
+    h = hist.hierarchy
+    log.info(
+        "read in %.1f s; nodes per level: %s; measure, GLS and rounding of both products",
+        timings["read"],
+        ", ".join(f"{name} {n}" for name, n in zip(h.names, h.sizes, strict=True)),
+    )
     t1 = time.perf_counter()
     rng = KeyedRNG.from_seed(spec.seed).child("units")
     rel = release_h1(hist, rng, rho=spec.rho, allocation=spec.allocation)
     timings["release"] = time.perf_counter() - t1
+    log.info("released in %.1f s; writing the tables", timings["release"])
     products = units_products(spec.blocks is not None)
     privacy = dataclasses.replace(
         rel.privacy,
@@ -715,6 +732,7 @@ def privatize_units(
                 write_csv(frame, folder / f"h1_{name}.csv", index=False)
             write_csv(long, folder / "h1_long.csv", index=False)
         t1 = time.perf_counter()
+        log.info("size-class report: %d simulated release(s)", spec.repetitions)
         sim, evaluation = size_class_report(
             rel, hist.schema, rng, spec.repetitions, rho=spec.rho, allocation=spec.allocation,
             truth=hist.dense().reshape(-1, hist.schema.n_cells) if evaluate else None,
@@ -727,6 +745,11 @@ def privatize_units(
         timings["size_class_report"] = time.perf_counter() - t1
         timings["seconds"] = time.perf_counter() - t0
         timings["cpu_seconds"] = time.process_time() - c0
+        log.info(
+            "size-class report in %.1f s; writing the manifest (%.1f s in all)",
+            timings["size_class_report"],
+            timings["seconds"],
+        )
         _write_manifest(tmp, path, spec, privacy, units_privacy, persons, products, timings,
                         evaluate)  # fmt: skip
         if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
