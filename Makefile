@@ -29,6 +29,7 @@ demo: install
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # One pytest worker per core (`make test WORKERS=1` for one); a test file stays on one worker,
 # so its module-scoped fixtures run once.

@@ -340,7 +340,7 @@ def allocation_from_shares(
         if rest >= 0:
             n[order[:rest]] += 1
         else:
-            for i in np.argsort(-n, kind="stable")[: -rest]:
+            for i in np.argsort(-n, kind="stable")[:-rest]:
                 n[i] -= 1
         return [Fraction(int(k), denominator) for k in n]
 
@@ -375,7 +375,9 @@ def evaluate_allocation(
     return objective.combine(values), values, pred
 
 
-def _lp_weights(h: np.ndarray, G: np.ndarray, x: np.ndarray, lo: np.ndarray) -> tuple[float, np.ndarray]:
+def _lp_weights(
+    h: np.ndarray, G: np.ndarray, x: np.ndarray, lo: np.ndarray
+) -> tuple[float, np.ndarray]:
     """(bound, λ) of :func:`_bound`'s linear program (λ: the dual weights of the targets)."""
     free = 1.0 - lo.sum()
     c = h - G @ x + G @ lo

@@ -26,17 +26,17 @@ __all__ = ["check_spec", "load_spec", "parse_spec"]
 def check_spec(spec: RunSpec) -> RunSpec:
     """``spec`` when every name it uses is registered and fits the rest of the spec.
 
-    Checks, naming the spec file and key: the data source is registered (a file source lists
-    its cells, a source read by code columns has one per level); the noise law is registered and of the spec's
-    accounting; a continuous law is acknowledged (``allow_floating_point``, Mironov 2012)
-    and an integer law is not; ``integer = "lattice"`` has an integer law; every estimator
-    is registered and accepts the law; the scheduler is registered, and an address is given only
-to the distributed one; a ``tcp://`` address is
-    refused off the loopback unless allowed (before any data is read).
+        Checks, naming the spec file and key: the data source is registered (a file source lists
+        its cells, a source read by code columns has one per level); the noise law is registered and of the spec's
+        accounting; a continuous law is acknowledged (``allow_floating_point``, Mironov 2012)
+        and an integer law is not; ``integer = "lattice"`` has an integer law; every estimator
+        is registered and accepts the law; the scheduler is registered, and an address is given only
+    to the distributed one; a ``tcp://`` address is
+        refused off the loopback unless allowed (before any data is read).
 
-    Raises
-    ------
-    SpecError
+        Raises
+        ------
+        SpecError
     """
     # the registries, here and not at import: a spec that core's parser refuses is refused
     # before numpy, the estimators and Dask are loaded (the command line's start stays fast)
@@ -96,8 +96,7 @@ to the distributed one; a ``tcp://`` address is
     SCHEDULERS.get(run.scheduler, f"{where}: run.scheduler")
     if run.address is not None and run.scheduler != "distributed":
         raise SpecError(
-            f"{where}: run.address: only used with scheduler = 'distributed', "
-            f"not {run.scheduler!r}"
+            f"{where}: run.address: only used with scheduler = 'distributed', not {run.scheduler!r}"
         )
     if run.address is not None and run.address.lower().startswith("tcp://"):
         try:

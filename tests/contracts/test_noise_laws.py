@@ -55,6 +55,8 @@ def test_every_exported_law_is_registered():
         and not inspect.isabstract(obj)
     }
     assert exported <= set(LAWS)
+
+
 #: Standard scales (Laplace b, Gaussian σ, discrete t or σ) each law is tested at.
 SCALES = (0.8, 3.0, 10.0)
 

@@ -99,9 +99,7 @@ def test_optimum_and_certificate_against_a_brute_force_grid(tiny, kind):
     and the optimiser's objective is below the grid's best (a 1/18 grid of the floored
     simplex; continuous Gaussian calibration for both, as the solver uses)."""
     schema, h, inv = tiny
-    obj = Objective(
-        (Target("L2", "sex", 1.0, 5.0), Target("L1", "total", 3.0, 20.0)), kind=kind
-    )
+    obj = Objective((Target("L2", "sex", 1.0, 5.0), Target("L1", "total", 3.0, 20.0)), kind=kind)
     res = optimise_allocation(h, schema, obj, inv, floor=0.05, tolerance=1e-4)
     assert res.certified and res.gap <= 1e-4 and res.iterations >= 2
     variables = _queries(schema, schema.allocation)

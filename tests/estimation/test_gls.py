@@ -40,8 +40,6 @@ def exact_invariant(level: int, query: Query, counts: list[np.ndarray]) -> Invar
     return Invariant(level, query, query.apply(counts[level]).astype(float))
 
 
-
-
 def acknowledged(h, meas, invs):
     """The derived statement, acknowledging random invariants that may determine every
     measured value (these tests check the arithmetic, not the privacy guard)."""

@@ -97,4 +97,6 @@ def test_structured_release_shares_the_release_protocol():
     assert list(s.columns) == list(plain.summary().columns)
     assert s.loc["L0", "max_se"] < 1e-6 < s.loc["L2", "mean_se"]
     text = repr(rel)
-    assert text.startswith("<StructuredRelease sex_age5: 36 cells, levels L0=1,") and len(text) < 200
+    assert (
+        text.startswith("<StructuredRelease sex_age5: 36 cells, levels L0=1,") and len(text) < 200
+    )

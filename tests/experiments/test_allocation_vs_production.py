@@ -21,7 +21,9 @@ def _check(out, metrics, releases):
         assert m["simulated_improvement"] - m["simulated_improvement_ci95"] >= avp.GOAL
         # the simulated objective agrees with the exact prediction (z within 4)
         for who in ("production", "optimised"):
-            z = (m[f"simulated_{who}"] - m[f"predicted_{who}"]) / (m[f"simulated_{who}_ci95"] / 1.96)
+            z = (m[f"simulated_{who}"] - m[f"predicted_{who}"]) / (
+                m[f"simulated_{who}_ci95"] / 1.96
+            )
             assert abs(z) < 4, (name, who, z)
         verdicts = {t["verdict"] for t in m["targets"]}
         assert verdicts <= {"better", "worse", "held exactly", "same"} and "better" in verdicts
