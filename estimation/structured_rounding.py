@@ -622,6 +622,34 @@ def _chunk(
         _settle(out, x, heads, count[nz], nz + first_parent, miss, tol, where)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _water_fill(p, lo, hi, phi, t, capped, free):
+    """Water-filling of each column's weight ``a_ic = min(t_c, u_ic)`` of the children
+    ``lo..hi`` (``u`` the box of ``a``, :func:`_cap`): ``t_c`` rises from ``1/n`` until
+    ``Σ_i min(t_c, u_ic) = 1`` (the Euclidean projection of ``1/n`` on the box); ``t`` holds
+    the start and receives the levels, ``capped`` and ``free`` are scratch."""
+    K = t.size
+    for _ in range(hi - lo + 1):
+        capped[:] = 0.0
+        free[:] = 0
+        for i in range(lo, hi):
+            for c in range(K):
+                u = _cap(p[i, c], phi[c])
+                if u <= t[c]:
+                    capped[c] += u
+                else:
+                    free[c] += 1
+        moved = False
+        for c in range(K):
+            if free[c] > 0:
+                nt = (1.0 - capped[c]) / free[c]
+                if nt > t[c]:
+                    t[c] = nt
+                    moved = True
+        if not moved:
+            break
+
+
 @njit(cache=True, nogil=True)
 def _conditional_marginals(x, N, starts, p, fl, miss, g_out, own_out, want):
     """The children's conditional marginals ``p = f + e·a`` (module docstring), group by group.
@@ -663,26 +691,7 @@ def _conditional_marginals(x, N, starts, p, fl, miss, g_out, own_out, want):
             miss[g, c] = want_up - T
             e[c] = T - S[c]
             t[c] = 1.0 / n
-        # water-filling: t_c with Σ_i min(t_c, u_ic) = 1, u the box of a (rises to it)
-        for _ in range(n + 1):
-            capped[:] = 0.0
-            free[:] = 0
-            for i in range(lo, hi):
-                for c in range(K):
-                    u = _cap(p[i, c], phi[c])
-                    if u <= t[c]:
-                        capped[c] += u
-                    else:
-                        free[c] += 1
-            moved = False
-            for c in range(K):
-                if free[c] > 0:
-                    nt = (1.0 - capped[c]) / free[c]
-                    if nt > t[c]:
-                        t[c] = nt
-                        moved = True
-            if not moved:
-                break
+        _water_fill(p, lo, hi, phi, t, capped, free)
         for i in range(lo, hi):
             for c in range(K):
                 f = p[i, c]
@@ -734,25 +743,7 @@ def _shares(x, fl_par, p_par, starts, p, fl, a_out, phi_out, dev):
             dev[g, c] = want - T
             e[c] = T - S[c]
             t[c] = 1.0 / n
-        for _ in range(n + 1):
-            capped[:] = 0.0
-            free[:] = 0
-            for i in range(lo, hi):
-                for c in range(K):
-                    u = _cap(p[i, c], phi[c])
-                    if u <= t[c]:
-                        capped[c] += u
-                    else:
-                        free[c] += 1
-            moved = False
-            for c in range(K):
-                if free[c] > 0:
-                    nt = (1.0 - capped[c]) / free[c]
-                    if nt > t[c]:
-                        t[c] = nt
-                        moved = True
-            if not moved:
-                break
+        _water_fill(p, lo, hi, phi, t, capped, free)
         for i in range(lo, hi):
             for c in range(K):
                 f = p[i, c]
