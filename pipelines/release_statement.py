@@ -186,16 +186,24 @@ def verify_release(folder: str | os.PathLike, *, route: str, option: str) -> Ver
        record ``route`` (a units release given as the persons one is refused).
     3. **Schema**: ``manifest.json`` holds a privacy statement with the keys of
        :data:`_PRIVACY_KEYS`, readable by :meth:`PrivacyStatement.from_dict`, whose
-       recorded text ``privacy.md`` carries.
+       recorded text ``privacy.md`` carries. A release written with ``--evaluate`` is read
+       from its ``release/`` folder (the confidential ``evaluation/`` beside it is never read).
 
     Raises
     ------
     SpecError
         One line naming the folder, the option and the first problem.
     """
+    from censusdp.pipelines.runner import RELEASE_DIR
+
     want = RELEASE_KINDS[route]
     path = Path(folder)
     marker = verify_output_dir(path, what=f"{want} {option} names")
+    # ``privatize --evaluate`` lays the release out in ``release/`` beside the confidential
+    # ``evaluation/``; the checksums above cover both, the statement is the release's
+    base = path
+    if not (path / "manifest.json").exists() and (path / RELEASE_DIR / "manifest.json").is_file():
+        base = path / RELEASE_DIR
     got = marker.get("route")
     if marker.get("command") != "privatize" or got != route:
         kind = RELEASE_KINDS.get(str(got), f"{marker.get('command') or 'unknown'} output")
@@ -203,9 +211,9 @@ def verify_release(folder: str | os.PathLike, *, route: str, option: str) -> Ver
             f"{path}: {option} needs a {want} of privatize (route {route}), but this is a "
             f"{kind} (route {got}); give the folder the {want} was written to"
         )
-    where = f"{path / 'manifest.json'}"
+    where = f"{base / 'manifest.json'}"
     try:
-        doc = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+        doc = json.loads((base / "manifest.json").read_text(encoding="utf-8"))
         priv = doc["privacy"]
         if doc.get("command") != "privatize" or doc.get("route") != route:
             raise ValueError(f"command/route {doc.get('command')}/{doc.get('route')}")
@@ -220,10 +228,11 @@ def verify_release(folder: str | os.PathLike, *, route: str, option: str) -> Ver
             f"{where}: not a {want}'s manifest ({reason.splitlines()[0][:120]}); give the "
             f"folder privatize wrote"
         ) from None
-    md = path / "privacy.md"
+    md = base / "privacy.md"
     if not md.is_file() or priv["text"] not in md.read_text(encoding="utf-8"):
         raise SpecError(
             f"{md}: does not carry the statement manifest.json records; give the folder "
             "privatize wrote"
         )
-    return VerifiedRelease(path, route, statement, marker["files"]["manifest.json"])
+    listed = (base / "manifest.json").relative_to(path).as_posix()
+    return VerifiedRelease(path, route, statement, marker["files"][listed])

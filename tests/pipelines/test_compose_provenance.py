@@ -124,6 +124,25 @@ def test_composed_statement_adds_rho_and_names_both_parts(inputs, capsys):
     assert "composed of: persons release 'persons'" in (out / "privacy.md").read_text()
 
 
+def test_an_evaluated_persons_release_is_composed_from_its_release_folder(inputs, capsys):
+    """``privatize --evaluate`` writes ``release/`` beside the confidential ``evaluation/``:
+    the folder it wrote is accepted as it stands, its statement read from ``release/``."""
+    tmp, _, units = inputs
+    data, spec = tmp / "ppmf.csv", tmp / "spec.toml"
+    evaluated = tmp / "persons_evaluated"
+    argv = ["privatize", str(data), "--spec", str(spec), "-o", str(evaluated), "--evaluate"]
+    assert main([*argv, "--seed", "3", "--blocks-from-data"]) == 0
+    assert (evaluated / "release" / "manifest.json").is_file()
+    out = tmp / "both_evaluated"
+    assert main(_units_argv(units, out, "--compose-with", str(evaluated))) == 0
+    capsys.readouterr()
+    m = json.loads((out / "manifest.json").read_text())
+    p = json.loads((evaluated / "release" / "manifest.json").read_text())["privacy"]
+    assert m["privacy"]["rho"] == p["rho"] + m["privacy_units_alone"]["rho"]
+    sha = hashlib.sha256((evaluated / "release" / "manifest.json").read_bytes()).hexdigest()
+    assert m["composed_with"]["manifest_sha256"] == sha
+
+
 def test_a_tampered_persons_manifest_is_refused(inputs, capsys):
     """The audit's case: rho = 1e-9 written into the persons manifest: exit 2, nothing written."""
     tmp, persons, units = inputs
