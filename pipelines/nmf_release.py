@@ -327,24 +327,13 @@ def estimate_state(
                                              name=level, source="the NMF's block GEOIDs")  # fmt: skip
         tab[level] = area_release(rel, eqs[level])
     t2 = time.perf_counter()
-    user = cov = None
-    if areas is not None:
-        name = area_name or area_column.lower()
-        if not _SAFE_NAME.match(name):
-            raise SpecError(
-                f"area name {name!r}: use letters, digits, '_' or '-' (it names output files)"
-            )
-        eq = _block_equivalency(
-            Path(areas), h, census_block_geoids(geo), block_column=block_column,
-            area_column=area_column, name=name, skip_blank_areas=skip_blank_areas,
-        )  # fmt: skip
-        user = area_release(rel, eq)
-        cov = area_total_covariance(rel, eq, user)
-        eqs[name] = eq
-    t3 = time.perf_counter()
-    secs = {"gls": t1 - t0, "tabulation": t2 - t1, "areas": t3 - t2}
-    state = str(h["state"].codes[0])
-    return NMFStateRelease(state, measurements, rel, tab, user, cov, eqs, secs)
+    secs = {"gls": t1 - t0, "tabulation": t2 - t1, "areas": 0.0}
+    state = NMFStateRelease(str(h["state"].codes[0]), measurements, rel, tab, None, None, eqs,
+                            secs)  # fmt: skip
+    if areas is None:
+        return state
+    return add_areas(state, areas, block_column=block_column, area_column=area_column,
+                     area_name=area_name, skip_blank_areas=skip_blank_areas)  # fmt: skip
 
 
 def add_areas(
