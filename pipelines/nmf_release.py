@@ -82,7 +82,7 @@ from censusdp.pipelines.io.nmf import (
     read_nmf,
     read_state_totals,
 )
-from censusdp.pipelines.pl94_tables import pl94_codebook
+from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values
 from censusdp.spreadsheet import write_csv
 
 __all__ = [
@@ -132,18 +132,8 @@ def pl94_columns(estimates: object, level: str | int) -> tuple[np.ndarray, np.nd
     ``query_standard_errors``); a column is the row of one product query, so its SE is the
     quadratic form of that row with the node's covariance blocks (DESIGN §10).
     """
-    rows = pl94_codebook().rows
-    est = se = None
-    for qi, q in enumerate(rows.queries):
-        e = estimates.query_estimates(level, q)  # type: ignore[attr-defined]
-        s = estimates.query_standard_errors(level, q)  # type: ignore[attr-defined]
-        if est is None:
-            est = np.empty((e.shape[0], len(rows)))
-            se = np.empty((e.shape[0], len(rows)))
-        sel = np.flatnonzero(rows.query_of_row == qi)
-        est[:, sel] = e[:, rows.row_of_row[sel]]
-        se[:, sel] = s[:, rows.row_of_row[sel]]  # type: ignore[index]
-    assert est is not None and se is not None
+    est = pl94_column_values(lambda q: estimates.query_estimates(level, q))  # type: ignore[attr-defined]
+    se = pl94_column_values(lambda q: estimates.query_standard_errors(level, q))  # type: ignore[attr-defined]
     return est, se
 
 

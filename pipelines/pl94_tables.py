@@ -37,7 +37,7 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -57,6 +57,7 @@ __all__ = [
     "LevelTables",
     "level_tables",
     "pl94_codebook",
+    "pl94_column_values",
     "pl94_frames",
     "pl94_labels",
     "tabulate",
@@ -171,6 +172,22 @@ def pl94_codebook() -> Codebook:
     """P1–P5 as a codebook over the ``pl94`` schema (built once): column ``P1_001N`` … →
     (table, product-query row)."""
     return _tables()[0]
+
+
+def pl94_column_values(value_of: Callable[[object], np.ndarray]) -> np.ndarray:
+    """Every P1–P5 column, ``(n_nodes, 298)``, from per-query arrays: ``value_of(q)`` gives
+    the ``(n_nodes, q.n_rows)`` values of one product query of :func:`pl94_codebook`'s rows
+    (estimates, standard errors, ...), and each column is the row of its query."""
+    rows = pl94_codebook().rows
+    out = None
+    for qi, q in enumerate(rows.queries):
+        v = value_of(q)
+        if out is None:
+            out = np.empty((v.shape[0], len(rows.query_of_row)))
+        sel = np.flatnonzero(rows.query_of_row == qi)
+        out[:, sel] = v[:, rows.row_of_row[sel]]
+    assert out is not None
+    return out
 
 
 def pl94_labels() -> tuple[str, ...]:

@@ -150,7 +150,11 @@ from censusdp.pipelines.pl94_stream import (
     TopRelease,
     stream_pl94,
 )
-from censusdp.pipelines.pl94_tables import LevelTables, pl94_codebook, pl94_frames
+from censusdp.pipelines.pl94_tables import (
+    LevelTables,
+    pl94_column_values,
+    pl94_frames,
+)
 from censusdp.pipelines.ppmf import (
     GEOGRAPHY,
     LEVELS,
@@ -609,9 +613,8 @@ def column_standard_errors(piece, level: str, total_var: np.ndarray | None = Non
     ``P2_001N``) with ``total_var`` (the rounding-variance bound of each node's total,
     :attr:`~censusdp.estimation.structured_rounding.RoundedLevels.spread`) added: the rounding
     error has mean zero given the estimate, so the variances add."""
-    rows = pl94_codebook().rows
-    out = None
-    for qi, q in enumerate(rows.queries):
+
+    def column_se(q) -> np.ndarray:
         se = piece.query_standard_errors(level, q)
         if total_var is not None:
             whole = q.dense().sum(axis=1) == q.dense().shape[1]
@@ -619,11 +622,9 @@ def column_standard_errors(piece, level: str, total_var: np.ndarray | None = Non
                 tv = np.asarray(total_var, dtype=float).reshape(-1, 1)
                 se = se.copy()
                 se[:, whole] = np.sqrt(se[:, whole] ** 2 + tv)
-        if out is None:
-            out = np.empty((se.shape[0], len(rows.query_of_row)))
-        sel = np.flatnonzero(rows.query_of_row == qi)
-        out[:, sel] = se[:, rows.row_of_row[sel]]
-    return out
+        return se
+
+    return pl94_column_values(column_se)
 
 
 # -- writers -------------------------------------------------------------------------------------

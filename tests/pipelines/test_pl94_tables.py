@@ -299,3 +299,21 @@ def test_tables_of_every_level_from_a_ppmf_agree_with_a_group_by(tmp_path: Path)
         summed = np.zeros((h[upper].size, low.shape[1]), np.int64)
         np.add.at(summed, parent, low)
         assert (summed == tabulate(tables[upper].histograms)).all()
+
+
+def test_pl94_column_values_takes_each_column_from_its_query_row():
+    """Column j is row ``row_of_row[j]`` of query ``query_of_row[j]``: values made to name
+    their (query, row, node) come back in exactly that place."""
+    from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values
+
+    rows = pl94_codebook().rows
+    index = {id(q): i for i, q in enumerate(rows.queries)}
+    nodes = np.arange(3)[:, None]
+
+    def value_of(q):
+        return 1e6 * index[id(q)] + 1e3 * np.arange(q.n_rows)[None, :] + nodes
+
+    out = pl94_column_values(value_of)
+    want = 1e6 * rows.query_of_row[None, :] + 1e3 * rows.row_of_row[None, :] + nodes
+    assert out.shape == (3, len(pl94_codebook().columns))
+    assert np.array_equal(out, want)
