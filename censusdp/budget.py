@@ -692,6 +692,7 @@ class PrivacyStatement:
             .replace("one record's record", "one record")
         )
         text = f"privacy unit: one {who}; neighbouring databases differ by {step}"
+        one_record = "one record" if unit == "record" else f"one {unit}'s record"
         if not self.invariants or self.neighbour == "change":
             return text
         change = self.change_loss()
@@ -703,7 +704,7 @@ class PrivacyStatement:
             f"{text}. Under the invariants such neighbours differ in an invariant, which is "
             f"released exactly, so the stated loss bounds what the release says beyond the "
             f"invariants (induced subspace DP); two databases that share the invariants differ "
-            f"at least by changing one {unit}'s record (a removal and an addition), which costs "
+            f"at least by changing {one_record} (a removal and an addition), which costs "
             f"at most {factor:g}{self.budget.symbol}: {change}{conv} — the loss in the "
             "subspace-DP paper's own relation (Gao, Gong & Yu 2022, Def. 1: databases "
             "differing in one row)"

@@ -91,8 +91,11 @@ def test_the_statement_names_unit_and_relation_and_the_change_cost():
     assert change_factor("discrete_gaussian, laplace") is None
     mixed = dataclasses.replace(held, mechanism="discrete_gaussian, laplace", change_factor=None)
     assert mixed.change_loss().rho == 2.0 and "at most 4ρ" in mixed.text()
-    # no unit given: says one input record
+    # no unit given: says one input record, and "changing one record" (not "one record's record")
     assert "one input record" in PrivacyStatement("zcdp", rho=1.0).text()
+    anon = dataclasses.replace(held, unit=None).text()
+    assert "differ at least by changing one record (a removal" in anon
+    assert "record's record" not in anon
 
 
 counting = st.integers(1, 4).flatmap(
