@@ -149,7 +149,9 @@ def _hierarchy(h: Mapping[str, Any], where: str, base: Path) -> Hierarchy:
 
     known = {"file", "synthetic", "blocks", "seed"}
     if set(h) - known:
-        raise SpecError(f"{where}: hierarchy: unknown keys {sorted(set(h) - known)}")
+        raise SpecError(
+            f"{where}: hierarchy: unknown keys {sorted(set(h) - known)}; use {sorted(known)}"
+        )
     if ("file" in h) == ("synthetic" in h):
         raise SpecError(
             f"{where}: hierarchy: give either file = PATH (a saved hierarchy of public "
@@ -208,11 +210,16 @@ def load_predict_spec(path: str | Path) -> PredictSpec:
     doc = read_spec_toml(p)
     unknown = set(doc) - {"predict", "hierarchy", "allocation"}
     if unknown:
-        raise SpecError(f"{where}: unknown sections {sorted(unknown)}")
+        raise SpecError(
+            f"{where}: unknown sections {sorted(unknown)}; use ['allocation', 'hierarchy', "
+            "'predict']"
+        )
     pr = _table(doc, "predict", where)
     known = {"schema", "invariants", "tables", "quantiles"}
     if set(pr) - known:
-        raise SpecError(f"{where}: predict: unknown keys {sorted(set(pr) - known)}")
+        raise SpecError(
+            f"{where}: predict: unknown keys {sorted(set(pr) - known)}; use {sorted(known)}"
+        )
     if "schema" not in pr:
         raise SpecError(f'{where}: predict.schema: missing; name a schema (e.g. "pl94")')
     name = str(pr["schema"])
