@@ -217,7 +217,7 @@ rho = 1.0                       # the per-person ρ of the whole file
 delta = 1e-10                   # also state (ε, δ) at this δ
 
 [strategy]                      # default: the codebook's own strategy
-queries = ["total", "votingage * hispanic * cenrace", "sex * age", "hhgq"]
+queries = ["total", "votingage * hispanic * cenrace", "sex * age", "hhgq"]   # product queries
 shares = [0.1, 0.5, 0.3, 0.1]   # one share per query
 
 [mechanism]
@@ -380,7 +380,7 @@ tolerance = 0.001               # stop on this certified duality gap (relative)
 [population]                    # a typical population per level (the relative variances' size)
 tract = 4000
 
-[[target]]
+[[target]]                      # one per table whose relative variance counts (at least one)
 level = "tract"                 # a level of the spec's hierarchy
 table = "total"                 # a product query text of the spec's schema
 weight = 1.0                    # its weight in the objective
@@ -620,8 +620,10 @@ def family_markdown(family: Family) -> str:
         for key in s.accepted:
             dotted = f"{path}.{key}" if path else key
             value, note = notes.get(dotted, ("", ""))
-            if not value and f"[{dotted}]" in notes or dotted in {p for p in sections}:
-                value, note = "(a table)", notes.get(f"[{dotted}]", ("", note))[1] or note
+            for table in (dotted, f"{dotted}[]"):
+                if table in sections:  # a table: its own section below says what it holds
+                    note = notes.get(f"[{table}]", ("", ""))[1] or note or "a table: see below"
+                    value = "(an array of tables)" if table.endswith("[]") else "(a table)"
             lines.append(f"| `{key}` | `{_cell(value)}` | {_cell(note)} |" if value else
                          f"| `{key}` | | {_cell(note)} |")  # fmt: skip
         lines.append("")

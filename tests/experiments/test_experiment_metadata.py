@@ -1,7 +1,8 @@
-"""Experiments declare their metadata once; ``--list`` and the README table are made from it."""
+"""Experiments declare their metadata once; ``--list`` and the docs' table are made from it."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from censusdp.experiments.registry import (
     readme_table,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_experiment_declares_its_metadata():
@@ -27,12 +28,18 @@ def test_every_experiment_declares_its_metadata():
         assert info.reproduces and info.full_run, name
 
 
-def test_the_readme_table_is_the_one_made_from_the_metadata():
-    assert readme_table() in README.read_text(encoding="utf-8"), (
-        "the README's table of experiments differs from the experiments' INFO: paste "
-        "`python -c 'from censusdp.experiments.registry import readme_table; "
-        "print(readme_table())'` over it"
+def test_the_docs_table_is_the_one_made_from_the_metadata():
+    """The site's experiments page (docs/gen/experiments_page.py, generated at build) holds
+    the table made from INFO, one row per experiment."""
+    spec = importlib.util.spec_from_file_location(
+        "experiments_page", ROOT / "docs" / "gen" / "experiments_page.py"
     )
+    page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(page)
+    text = page.experiments_markdown()
+    assert readme_table() in text
+    rows = [ln for ln in text.splitlines() if ln.startswith("| `")]
+    assert len(rows) == len(available())
 
 
 def test_list_prints_every_experiment_with_its_run_time(capsys):
