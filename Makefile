@@ -58,7 +58,7 @@ docs: install
 	$(MKDOCS) build --strict --site-dir site
 
 docs-check: install
-	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && $(MKDOCS) build --strict --quiet --site-dir "$$tmp"
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && $(MKDOCS) build --strict --site-dir "$$tmp"
 
 bench: install
 	for f in benchmarks/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
