@@ -4,8 +4,8 @@ A synthetic state of ``--blocks`` blocks (nation → state → county → tract 
 block, :func:`~censusdp.hierarchy.synthetic.synthetic_state`) whose persons are spread over
 the 2,016 cells of the ``pl94`` schema (hhgq × votingage × hispanic × cenrace,
 :func:`~censusdp.hierarchy.synthetic.pl94_histogram`, generated partition by partition and
-held sparse). The production strategy and allocation of the Bureau's 2020 run (``DESIGN.md``
-§10): 11 product queries per geounit (no ``total`` at the nation), total ρ = 293764/114921
+held sparse). The production strategy and allocation of the Bureau's 2020 run (docs/design.md
+§ Census histograms): 11 product queries per geounit (no ``total`` at the nation), total ρ = 293764/114921
 split over levels and queries, exact discrete Gaussian noise, the nation and state totals
 invariant. Stages:
 

@@ -3,7 +3,7 @@
 A random state → county → tract → block group → block tree (``--blocks`` blocks, default
 about 5,000), random counts in the ``pl94`` histogram (hhgq 8 × votingage 2 × hispanic 2 ×
 cenrace 63 = 2,016 cells, most of them zero as in real blocks), the 2020 production strategy
-of DESIGN §10 (11 marginal queries per geounit; the state, county, tract, block-group and
+of docs/design.md § Census histograms (11 marginal queries per geounit; the state, county, tract, block-group and
 block level shares and per-level query shares of ``ProductionCandidate20210527US``, ρ
 rescaled so the five levels keep their share of ρ = 293764/114921), Gaussian noise with
 σ² = 1/(2ρ_q), the state total invariant.
@@ -225,7 +225,7 @@ def main() -> None:
     county_nodes = 1 + 10 + 30 + 1000
     out = {
         "schema": "pl94",
-        "strategy": "ProductionCandidate20210527US (DESIGN §10), state total invariant",
+        "strategy": "ProductionCandidate20210527US (docs/design.md § Census histograms), state total invariant",
         "structured": structured,
         "dense_subtree": dense,
         "dense_county_nodes_assumed": county_nodes,

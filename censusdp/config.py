@@ -2,7 +2,7 @@
 
 A spec names the data, the hierarchy, the privacy budget and its split, the queries measured
 and the invariants held exact at each level, the noise law, the estimators and how to run
-them (DESIGN §7)::
+them (docs/design.md § Specs and runs)::
 
     [data]
     source = "csv"                        # "csv" | "parquet" | "nhgis" | "midwest" | "synthetic"
@@ -470,7 +470,7 @@ class OutputSpec:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """A validated run specification (DESIGN §7).
+    """A validated run specification (docs/design.md § Specs and runs).
 
     Attributes
     ----------

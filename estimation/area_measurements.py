@@ -15,7 +15,7 @@ children holds exactly after it, and areas stay sums of released leaves. The tre
 is unbiased and ``E[y − B x̂] = 0``, so the update is too (it is the GLS of all the rows).
 
 **Per block.** Every Gram ``Q_qᵀQ_q`` is block-diagonal in the structured GLS's marginal
-basis (DESIGN §10), so per block ``S`` the area rows reduce to an equivalent whitened
+basis (docs/design.md § The structured algebra), so per block ``S`` the area rows reduce to an equivalent whitened
 measurement ``ỹ_α = R_S s_α + ε̃``, ``ε̃ ~ (0, I)``, with ``R_SᵀR_S = Σ_q G_{q,S}/σ_q²``
 (``r_S ≤ n_S`` rows, identical over the block's ``mult_S`` copies); the GLS depends on the
 rows only through ``BᵀD⁻¹B`` and ``BᵀD⁻¹y``, which the whitened rows reproduce. Per block:

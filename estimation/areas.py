@@ -31,7 +31,7 @@ with ``F_c = [P_c, Ñ_c]`` the gain is ``F_c Y_p[:, :K]``, the family covariance
 ``δ_cc' P_c − F_c Y_p F_c'ᵀ``, and ``Q_p = Σ_c M_c F_c`` in the last term — the limit of the
 plain formula as the flat directions' prior variance grows.
 
-Everything is per block of the marginal basis (DESIGN §10: every covariance is
+Everything is per block of the marginal basis (docs/design.md § The structured algebra: every covariance is
 block-diagonal, identical over a block's copies), on ``(node, area)`` pairs: a level holds
 one ``K × K`` matrix ``M`` per pair of a node and an area meeting its subtree, pairs go up by
 one ``numpy.unique`` of (parent, area) keys and entry-wise ``bincount`` sums; the work is

@@ -32,7 +32,7 @@ identifiable iff the root has no flat direction and no two siblings share one; o
 :class:`~censusdp.errors.SpecError` names the level.
 
 **Copies.** The general path's matrices do not depend on the data, so problems that share
-them — the blocks of a marginal workload repeated over within-group contrasts, DESIGN §10 —
+them — the blocks of a marginal workload repeated over within-group contrasts, docs/design.md § The structured algebra —
 run in one pass with a copy axis on every mean and information vector (``(n, C, K)``) and
 one set of per-node matrices (:mod:`censusdp.estimation.structured_gls`).
 

@@ -33,7 +33,7 @@ and its error covariance (exact when ``Cov(hᵥ) = Jᵥ``), level by level, no l
   for bit.
 
 Means, information vectors and invariant values may carry a copy axis — ``h`` (n, C, K),
-``t`` (n, C, n_H) — for C problems that share every matrix (DESIGN §10: the blocks of a
+``t`` (n, C, n_H) — for C problems that share every matrix (docs/design.md § The structured algebra: the blocks of a
 marginal workload repeated over within-group contrasts); matrices stay per node, and with no
 copy axis every operation is the one of a single problem, bit for bit.
 

@@ -16,7 +16,7 @@ and on each such set the matrix is one block ``∏_{a∉S} α_a · ⊗_{a∈S} K
 Sums, products and inverses of such matrices act block by block, so a node's information and
 covariance matrices are ``2^k`` small blocks (for ``pl94``: sizes 1 and 3), and moving a
 node tensor in or out of the basis is one ``d_a × d_a`` product per axis —
-``O(cells · Σ_a d_a)``; no cells × cells matrix appears (``DESIGN.md`` §10).
+``O(cells · Σ_a d_a)``; no cells × cells matrix appears (docs/design.md § The structured algebra).
 
 This module is the algebra the structured GLS stands on; it has no notion of a tree.
 

@@ -539,7 +539,7 @@ def predict_errors(
 
     References
     ----------
-    Hay et al. (2010); Rauch, Tung & Striebel (1965); DESIGN §10 (the block algebra).
+    Hay et al. (2010); Rauch, Tung & Striebel (1965); docs/design.md § The structured algebra (the block algebra).
     """
     t0 = time.perf_counter()
     if areas is not None:

@@ -7,7 +7,7 @@ invariants ``H z_v = t_v`` held exactly. In the per-axis basis ``⊗_a B_a`` of
 :class:`~censusdp.estimation.marginal_basis.MarginalBasis` (built from every measured and
 invariant query) every Gram ``Q_qᵀQ_q`` and ``HᵀH`` is block-diagonal: one ``n_S × n_S`` block
 per axis subset ``S``, repeated identically over ``mult_S`` within-group contrast indices
-(DESIGN §10). Consistency is coordinate-wise and an invariant is equivalent to
+(docs/design.md § The structured algebra). Consistency is coordinate-wise and an invariant is equivalent to
 ``Π_H z = H⁺ t`` with ``Π_H = G_H⁺ G_H`` block-diagonal, i.e. per block the rows ``U_Sᵀ``
 (an orthonormal basis of the range of ``G_H``'s block) with values ``U_Sᵀ (H⁺t)_S``. So the
 tree problem splits into one independent tree problem per (block S, copy c) whose matrices
@@ -1050,7 +1050,7 @@ def structured_gls(
 
     References
     ----------
-    Hay et al. (2010); Rauch, Tung & Striebel (1965); DESIGN §10 (the block algebra); Gao,
+    Hay et al. (2010); Rauch, Tung & Striebel (1965); docs/design.md § The structured algebra (the block algebra); Gao,
     Gong & Yu (2022), Def. 6 and Thm. 22.
     """
     t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 
 The ``pl94`` schema, a synthetic state (nation → state → county → tract → block group →
 block; :func:`~censusdp.hierarchy.synthetic.synthetic_state`), the nation and state totals
-invariant, the 2020 production allocation of ρ = 293764/114921 (DESIGN §10). The objective
+invariant, the 2020 production allocation of ρ = 293764/114921 (docs/design.md § Census histograms). The objective
 is the Bureau's stated priorities as a sum of relative variances (mean over nodes and rows of
 ``Var / size²``): total population of counties and tracts, Hispanic × race at tract and block
 group, voting-age population (``adult``) at block group. Sizes are *declared* typical

@@ -348,7 +348,7 @@ SPLIT_CONCENTRATION = 10
 #: The split's product queries and their shares of a level's ρ (the nation omits ``total``).
 #: The total keeps the 36-cell study's share, so at the same ρ the county totals get the same
 #: noise in both histograms; the rest follows the Bureau's production strategy in spirit
-#: (DESIGN §10: total first, ``detailed`` the next largest, small shares for marginals).
+#: (docs/design.md § Census histograms: total first, ``detailed`` the next largest, small shares for marginals).
 SPLIT_SHARES = {"total": Fraction(3, 10), "sex * age5": Fraction(2, 10),
                 "hispanic * race": Fraction(1, 10), "detailed": Fraction(4, 10)}  # fmt: skip
 SPLIT_ORDERING, SPLIT_ORDERING_ONE = _orderings(

@@ -4,7 +4,7 @@ A :class:`Forest` is what one partition of a level-by-level computation receives
 passes of :mod:`censusdp.estimation.gls` and :mod:`censusdp.estimation.structured_gls`, the
 roundings of :mod:`censusdp.estimation.rounding`, the streamed pipelines): the child counts
 of its levels, from which the CSR layout of :class:`~censusdp.hierarchy.core.Hierarchy`
-(DESIGN §2: nodes sorted by parent, children contiguous) follows, and the codes that name
+(docs/design.md § Data model: nodes sorted by parent, children contiguous) follows, and the codes that name
 nodes in error messages. Per node, its sums are those of :meth:`Hierarchy.aggregate_up`
 (``np.add.reduceat`` over the node's contiguous children), so a partitioned computation
 adds exactly as the whole one.

@@ -4,7 +4,7 @@ The Census Bureau's 2020 TopDown run did not measure tabulation geography. Its t
 *spine*: the nation; each state split in two parts, ``0ss`` (state ``ss`` outside American
 Indian / Alaska Native areas) and ``1ss`` (its AIAN part); spine counties, tracts and block
 groups (which are *not* tabulation counties, tracts or block groups); and tabulation blocks.
-A geocode's parent is its prefix (DESIGN §11): state part 3 characters, county 9, tract 13,
+A geocode's parent is its prefix (docs/design.md § The Noisy Measurement File): state part 3 characters, county 9, tract 13,
 block group 15, block 31, of which the last 16 are the block's tabulation GEOID (state 2,
 county 3, tract 6, block group 1, block 4).
 

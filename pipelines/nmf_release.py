@@ -3,7 +3,7 @@
 :func:`release_nmf` reads an NMF (:mod:`censusdp.pipelines.io.nmf`) one state at a time —
 the state's subtrees ``0ss`` and ``1ss`` (either or both), never the nation at once — and
 runs the structured GLS (:func:`~censusdp.estimation.structured_gls.structured_gls`) on the
-state's spine (DESIGN §11: virtual state → state parts → spine county → tract → block group
+state's spine (docs/design.md § The Noisy Measurement File: virtual state → state parts → spine county → tract → block group
 → block), with the published state total held invariant (tying the two parts). A node that
 is its parent's only child has no measurements; the reader carries it with variance +inf
 (weight 0: its estimate is determined by its parent's). Then it writes, per state:
@@ -33,7 +33,7 @@ everything between the truth and the number written. Errors of different states 
 independent (the US level is not used, see below). The covariance between two areas is
 ``(Var(α ∪ β) − Var α − Var β) / 2`` with ``α ∪ β`` released as one more area.
 
-**What is not yet done.** The structural zeros (DESIGN §11's hhgq bounds of 0 and the
+**What is not yet done.** The structural zeros (docs/design.md § The Noisy Measurement File's hhgq bounds of 0 and the
 nursing-facility under-18 zero) are *not* imposed; the US level's measurements are not used
 (each state is estimated from its own subtrees and total; they are read for the privacy
 statement only); a state's whole spine is held in memory (its estimates are ``2,016``
@@ -130,7 +130,7 @@ def pl94_columns(estimates: object, level: str | int) -> tuple[np.ndarray, np.nd
     ``estimates`` is a :class:`~censusdp.estimation.structured_gls.StructuredRelease` or an
     :class:`~censusdp.estimation.areas.AreaEstimates` (anything with ``query_estimates`` and
     ``query_standard_errors``); a column is the row of one product query, so its SE is the
-    quadratic form of that row with the node's covariance blocks (DESIGN §10).
+    quadratic form of that row with the node's covariance blocks (docs/design.md § The structured algebra).
     """
     est = pl94_column_values(lambda q: estimates.query_estimates(level, q))  # type: ignore[attr-defined]
     se = pl94_column_values(lambda q: estimates.query_standard_errors(level, q))  # type: ignore[attr-defined]

@@ -1,6 +1,6 @@
 """The streamed ``pl94`` release engine: measure → structured GLS → unbiased rounding, per partition.
 
-The 2020 redistricting workload (DESIGN §10) on a geography of any size, never holding a level
+The 2020 redistricting workload (docs/design.md § Census histograms) on a geography of any size, never holding a level
 below the cut whole. The hierarchy is cut at a level (county by default; the partitions of
 :func:`~censusdp.pipelines.partition.partition_units`) and the person histogram comes from a
 *source* that gives any leaf range's sparse ``(leaf, cell, count)`` triples

@@ -1,7 +1,7 @@
 """Reader of the Census Bureau's 2020 PL94 Noisy Measurement File (NMF), with validation.
 
 The Bureau published the measurements of its 2020 redistricting (PL 94-171) persons run as
-Parquet (2023-06-15, public domain). Layout (DESIGN §11; as the open readers of the real
+Parquet (2023-06-15, public domain). Layout (docs/design.md § The Noisy Measurement File; as the open readers of the real
 release read it, e.g. google-research/census-bluedown)::
 
     <root>/US.parquet/{DPQuery,Constraint}/<file>
@@ -163,7 +163,7 @@ CONSTRAINT_NAMES = {
 _SIGNS = {"=": "=", "==": "=", "le": "<=", "<=": "<=", "ge": ">=", ">=": ">="}
 #: hhgq 3 (nursing facilities) holds no one under 18 (votingage 0) at any node.
 NURSING, UNDER_18 = 3, 0
-#: ρ (zCDP) of the 2020 production persons run (DESIGN §10).
+#: ρ (zCDP) of the 2020 production persons run (docs/design.md § Census histograms).
 PRODUCTION_RHO = Fraction(293764, 114921)
 _N_HHGQ = 8
 _DPQ_COLUMNS = ("geocode", "query_name", "query_shape", "value", "variance")
@@ -257,7 +257,7 @@ class NMFLevel:
     def structural_zeros(self) -> np.ndarray:
         """(n_nodes, 8, 2, 2) bool over hhgq × votingage × hispanic: cells held at 0.
 
-        hhgq type t is zero where its upper bound is 0 (DESIGN §11); nursing facilities
+        hhgq type t is zero where its upper bound is 0 (docs/design.md § The Noisy Measurement File); nursing facilities
         (hhgq 3) hold no one under 18 at every node. Broadcast over cenrace.
         """
         z = np.repeat(self.hhgq_zero[:, :, None, None], 2, axis=2).repeat(2, axis=3)

@@ -1,7 +1,7 @@
 """Synthetic Noisy Measurement Files: a known truth written in the layout of the 2020 NMF.
 
 The truth behind the real file is confidential, so accuracy is measured on synthetic NMFs
-(DESIGN §11, Evaluation): a synthetic ``pl94`` histogram (:func:`censusdp.hierarchy.synthetic.
+(docs/design.md § The Noisy Measurement File, Evaluation): a synthetic ``pl94`` histogram (:func:`censusdp.hierarchy.synthetic.
 pl94_histogram` on :func:`~censusdp.hierarchy.synthetic.synthetic_state`) is measured with the
 2020 production strategy and variances (the ``pl94`` schema's ``[allocation]``: σ²_{ℓ,q} =
 Δ₂²/(2ρ_{ℓ,q}), Δ₂ = 1, each rounded *up* onto the exact sampler's rational grid and written
@@ -159,7 +159,7 @@ def production_laws(schema: Schema | None = None) -> dict[tuple[str, str], Discr
     """(NMF level, NMF query name) → the production run's discrete Gaussian.
 
     σ² = Δ₂²/(2ρ_{ℓ,q}) with ρ_{ℓ,q} = ρ · level share · query share of the schema's
-    ``[allocation]`` (DESIGN §10) and Δ₂ = 1, rounded up onto the sampler's grid (more
+    ``[allocation]`` (docs/design.md § Census histograms) and Δ₂ = 1, rounded up onto the sampler's grid (more
     noise, never less); queries with a zero share (the US total) are left out.
     """
     schema = Schema.load("pl94") if schema is None else schema

@@ -1,4 +1,4 @@
-"""The per-axis basis of DESIGN §10 against dense Kronecker products."""
+"""The per-axis basis of docs/design.md § The structured algebra against dense Kronecker products."""
 
 from __future__ import annotations
 

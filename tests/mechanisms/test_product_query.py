@@ -71,7 +71,7 @@ def test_lattice_answers_equal_each_querys_own(data):
 def test_pl94_production_queries():
     s = Schema.load("pl94")
     qs = [ProductQuery.parse(s, t) for t in PL94_QUERIES]
-    assert sum(q.n_rows for q in qs) == 2603  # noisy counts per geounit (DESIGN §10)
+    assert sum(q.n_rows for q in qs) == 2603  # per geounit: docs/design.md § Census histograms
     assert all(q.l1_sensitivity == 1 and q.l2_sensitivity == 1.0 for q in qs)
     # each person counts once in each of the 11 queries
     assert max_weighted_column(qs, [1.0] * 11) == 11.0
@@ -179,7 +179,7 @@ def test_dense_query_feeds_the_existing_estimators(rng):
     assert np.allclose(est.sum(axis=0), q.apply(rel.level(0).reshape(-1, *s.shape))[0])
 
 
-# DESIGN §10: the 2020 redistricting persons allocation (levels US … Block, query shares in
+# docs/design.md § Census histograms: the 2020 redistricting persons allocation (levels US … Block, query shares in
 # the order of PL94_QUERIES; the US level has no total), as the schema ships it
 PL94_ALLOCATION = Schema.load("pl94").allocation
 PL94_RHO = PL94_ALLOCATION.rho

@@ -98,7 +98,7 @@ def test_identities_from_the_codebook(ppdd):
 
 
 def test_codebook_workload_refinements(ppdd):
-    """DESIGN §10: hhgq 3 (hhinstlevels), age 2 (voting age), cenrace 11 (race7 ∧ numraces)."""
+    """docs/design.md § Census histograms: hhgq 3 (hhinstlevels), age 2 (voting age), cenrace 11 (race7 ∧ numraces)."""
     from censusdp.estimation.marginal_basis import MarginalBasis
 
     cb, _ = ppdd
