@@ -163,3 +163,32 @@ def test_every_public_name_of_the_prelude_is_in_the_api_reference():
 def test_an_api_page_missing_a_name_is_caught():
     text = API.read_text(encoding="utf-8").replace("::: censusdp.prelude.tree_gls\n", "")
     assert _undocumented(text) == {"tree_gls"}
+
+
+# ------------------------------------------------------------------------- design citations
+def _cited_sections(paths) -> set[str]:
+    found = set()
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        found |= set(re.findall(r"docs/design\.md\s+§ ([A-Z][\w ]*?)(?=[):,.;'\n]| \()", text))
+    return found
+
+
+def _headings() -> set[str]:
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    return set(re.findall(r"^## (.+)$", text, re.M))
+
+
+def test_every_design_citation_names_a_section_of_the_design_page():
+    folders = ("censusdp", "hierarchy", "mechanisms", "estimation", "pipelines", "experiments")
+    sources = [p for f in folders for p in (ROOT / f).rglob("*.py")]
+    cited = _cited_sections(sources)
+    assert len(cited) >= 4  # the scan finds the citations
+    assert cited <= _headings(), cited - _headings()
+    assert not [p for p in sources if "DESIGN §" in p.read_text(encoding="utf-8")]
+
+
+def test_a_citation_of_a_missing_section_is_caught(tmp_path):
+    bad = tmp_path / "m.py"
+    bad.write_text('"""See docs/design.md § Layoutz (the folders)."""\n', encoding="utf-8")
+    assert _cited_sections([bad]) - _headings() == {"Layoutz"}
