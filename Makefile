@@ -55,9 +55,11 @@ test-all: install lint
 # (the two variables silence a banner about MkDocs 2 that a dependency prints on every build)
 MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
 docs: install
+	$(BIN)/python docs/gen/hooks.py
 	$(MKDOCS) build --strict --site-dir site
 
 docs-check: install
+	$(BIN)/python docs/gen/hooks.py
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && $(MKDOCS) build --strict --site-dir "$$tmp"
 
 bench: install

@@ -50,3 +50,9 @@ def package_tree() -> Path:
 def on_config(config):  # noqa: ANN001, ANN201 (the MkDocs hook signature)
     package_tree()
     return config
+
+
+if __name__ == "__main__":
+    # `make docs` lays the tree out before MkDocs starts: mkdocstrings drops a `paths` entry
+    # that does not exist yet when its configuration is read, before any hook runs
+    package_tree()
