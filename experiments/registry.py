@@ -38,12 +38,40 @@ if TYPE_CHECKING:
 __all__ = [
     "ExperimentContext",
     "ExperimentInfo",
+    "PUBLIC_SOURCES",
     "available",
     "experiment_info",
     "readme_table",
     "register",
     "run_experiment",
 ]
+
+
+_NHGIS = (
+    "from IPUMS NHGIS (Van Riper, Kugler & Schroeder, IPUMS NHGIS Privacy-Protected 2010 "
+    "Census Demonstration Data, v20200527, https://www.nhgis.org)"
+)
+#: Where each experiment's public input file comes from (named when it is missing).
+PUBLIC_SOURCES = {
+    "county_totalpop_2010.csv": (
+        "the total population of every county in the 2010 Census (Summary File 1) and the "
+        f"Census Bureau's 2020 DAS demonstration runs, {_NHGIS}; columns gisjoin, fips, "
+        "state_fips, county_fips, pop_sf2010, pop_ddp_20191029, pop_ppdd_20200527"
+    ),
+    "county_sex_age5_2010.csv": (
+        "every county's sex by 5-year age group counts in the 2010 Census and the Census "
+        f"Bureau's DAS demonstration runs, {_NHGIS}; one row per county and version"
+    ),
+    "taxi_zone_lookup.csv": (
+        "the NYC Taxi & Limousine Commission's public taxi zone lookup "
+        "(https://www.nyc.gov/site/tlc/about/tlc-trip-record-data.page)"
+    ),
+    "taxi_pickups_2019-02_sample_by_zone.csv": (
+        "yellow-taxi pickups per zone counted from a sample of the NYC Taxi & Limousine "
+        "Commission's public February 2019 trip records "
+        "(https://www.nyc.gov/site/tlc/about/tlc-trip-record-data.page)"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -58,8 +86,8 @@ class ExperimentInfo:
         The paper (authors, year, short title) and the figure or table reproduced; empty for
         the project's own studies.
     data : tuple of str
-        Files of ``../shared/data`` it reads by default (``--data`` overrides); empty when
-        its data are embedded or synthetic.
+        Public files it reads (``--data`` gives one; :data:`PUBLIC_SOURCES` says where each
+        comes from); empty when its data are embedded or synthetic.
     full_run : str
         Measured wall time of the full run on the 2-core development machine.
     all_units : str
@@ -113,12 +141,15 @@ class ExperimentContext:
     options: dict[str, str] = field(default_factory=dict)
 
     def input_file(self, default_name: str, *, required: bool = True) -> Path | None:
-        """``--data`` if given, else ``../shared/data/<default_name>``.
+        """``--data`` if given, else the development copy of ``default_name``
+        (:func:`censusdp.paths.shared_data_file`: ``$CENSUSDP_SHARED_DATA`` or a checkout's
+        shared data folder).
 
         Raises
         ------
         DataError
-            When the file is required and neither exists.
+            When the file is required and neither exists: the message says where the public
+            file comes from (:data:`PUBLIC_SOURCES`) and to pass it with ``--data``.
         """
         if self.data is not None:
             if not self.data.is_file():
@@ -126,9 +157,10 @@ class ExperimentContext:
             return self.data
         p = shared_data_file(default_name)
         if p is None and required:
+            source = PUBLIC_SOURCES.get(default_name, "a public file")
             raise DataError(
-                f"input {default_name!r} not found: pass --data PATH or place the shared "
-                "data folder beside the repository (../shared/data)"
+                f"this experiment reads {default_name!r}, {source}: download it and pass "
+                "--data PATH"
             )
         return p
 
@@ -322,7 +354,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("name", nargs="?", help="experiment name, e.g. laplace-conditioning")
     exp.add_argument("--list", action="store_true", help="list the experiments")
     exp.add_argument("--quick", action="store_true", help="small settings (≤ 60 s)")
-    exp.add_argument("--data", help="input file overriding the default in ../shared/data")
+    exp.add_argument(
+        "--data", help="the experiment's public input file (--list names it; IPUMS NHGIS, Census)"
+    )
     exp.add_argument("--out", help="output directory (default results/NAME)")
     exp.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
     add_overwrite(exp)

@@ -5,6 +5,11 @@ Sensitivities are computed from the query matrices, never asserted: one person c
 cell of one leaf by one (add/remove), so a query's ℓ₁ sensitivity is its largest column ℓ₁
 norm and its ℓ₂ sensitivity its largest column ℓ₂ norm (Dwork & Roth 2014, Def. 3.1; Bun &
 Steinke 2016 for zCDP). A query implied by an invariant at the same level gets no budget.
+
+The statement also carries the loss of *changing* one record, derived from the same
+matrices (:func:`plan_change_factor`): 2× the add/remove loss when every measured query is a
+counting query (non-negative entries), as the ``privatize`` routes state; otherwise the
+group-privacy bound (4ρ under zCDP) that holds for any mechanism.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from censusdp.errors import BudgetError, SpecError
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.queries import Query, guard_exact_release
 from censusdp.mechanisms.registry import law_info
+from censusdp.pipelines.release_statement import change_factor
 
-__all__ = ["MeasurementPlan", "PlannedQuery", "build_plan", "make_law"]
+__all__ = ["MeasurementPlan", "PlannedQuery", "build_plan", "make_law", "plan_change_factor"]
 
 
 def make_law(noise: str, budget: float, query: Query) -> NoiseLaw:
@@ -31,6 +37,37 @@ def make_law(noise: str, budget: float, query: Query) -> NoiseLaw:
     if not budget > 0:
         raise BudgetError(f"query {query.name!r}: its budget share must be positive")
     return info.calibrate(budget, query.sensitivity(info.norm))
+
+
+def plan_change_factor(noise: str, queries: Sequence[Query]) -> float | None:
+    """The loss of changing one record as a multiple of the add/remove loss, for a plan that
+    measures ``queries`` with the law ``noise``.
+
+    A change moves one record from leaf cell c of node u to cell c' of node v; at every
+    level the shift of the measured answers is Q e_c at one node minus Q e_c' at another
+    (or the same) node. With non-negative Q (counting queries: every census table and
+    marginal) ‖Q e_c − Q e_c'‖₂² ≤ ‖Q e_c‖² + ‖Q e_c'‖² ≤ 2Δ₂² (the cross term is ≥ 0), so
+    a law with ρ = Δ₂²/(2σ²) loses at most 2ρ per measurement and 2ρ in total (Bun &
+    Steinke 2016, Prop. 1.6 and Lemma 2.3); ‖·‖₁ ≤ 2Δ₁ gives 2ε for pure laws
+    (:func:`censusdp.pipelines.release_statement.change_factor`). A query with a negative
+    entry can reach ‖Q(e_c − e_c')‖₂² = 4Δ₂² within one node, so the factor is then None:
+    the statement falls back to group privacy
+    (:meth:`censusdp.budget.PrivacyStatement.change_loss`).
+
+    Parameters
+    ----------
+    noise : str
+        The registered law the plan calibrates.
+    queries : sequence of Query
+        Every measured query (invariants add no noise and need no factor).
+
+    Returns
+    -------
+    float or None
+    """
+    if not all(bool((np.asarray(q.matrix) >= 0).all()) for q in queries):
+        return None
+    return change_factor(noise)
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,6 +185,7 @@ def build_plan(
         delta=delta,
         invariants=inv_names,
         mechanism=noise,
+        change_factor=plan_change_factor(noise, [p.query for p in measured]),
     )
     privacy = guard_exact_release(
         level_names,

@@ -6,6 +6,13 @@ evaluation compares releases with the confidential truth, so the report carries
 :data:`CONFIDENTIAL_LABEL`. Its size does not grow with the data: per-group results are shown
 in full only up to :data:`MAX_GROUPS` groups, beyond that as quantiles and by size class (the
 full detail stays in ``regressions.parquet``), and every figure has a bounded size.
+
+Figures are drawn as a statistician would publish them: PNG with an SVG beside it; value
+axes linear unless the values span more than a decade (:func:`axis_scale`); levels held
+exactly by an invariant drawn and labelled "exact", never left blank; errors by size class
+as the Census Bureau's detailed summary metrics report them (mean signed error, mean
+absolute error, RMSE and mean absolute percent error per total-population size class, one
+panel per metric).
 """
 
 from __future__ import annotations
@@ -21,8 +28,13 @@ from censusdp.budget import Accounting
 
 __all__ = [
     "CONFIDENTIAL_LABEL",
+    "EXACT_LABEL",
     "MAX_GROUPS",
+    "SIZE_METRICS",
+    "axis_scale",
     "markdown_table",
+    "plot_errors_by_level",
+    "plot_errors_by_size",
     "plot_slopes",
     "slope_table",
     "write_figures",
@@ -83,6 +95,124 @@ def plot_slopes(ax, table: pd.DataFrame, groups: list, estimators: list) -> None
         )
 
 
+#: The per-size-class metrics drawn, one panel each, as the Census Bureau's detailed summary
+#: metrics report them by total-population size class: (column, axis label).
+SIZE_METRICS = (
+    ("mean_error", "mean signed error (persons)"),
+    ("mae", "mean absolute error (persons)"),
+    ("rmse", "RMSE (persons)"),
+    ("mape", "mean absolute percent error (%)"),
+)
+#: What an exact (invariant) level is labelled in a figure.
+EXACT_LABEL = "exact"
+
+
+def axis_scale(values) -> str:
+    """The value axis a figure of ``values`` uses: ``"log"`` only when the positive finite
+    values span more than one decade (largest / smallest > 10) and none is negative, else
+    ``"linear"``.
+
+    Close values on a log axis look several-fold apart (57 vs 60 drawn as bars on a log axis
+    spanning 57–60); zeros (exact levels) are left out of the span and drawn apart, labelled
+    :data:`EXACT_LABEL`.
+
+    Parameters
+    ----------
+    values : array-like of float
+
+    Returns
+    -------
+    {"log", "linear"}
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    v = v[np.isfinite(v)]
+    if (v < 0).any():
+        return "linear"
+    pos = v[v > 0]
+    if pos.size < 2:
+        return "linear"
+    return "log" if pos.max() > 10 * pos.min() else "linear"
+
+
+def _save(fig, out: Path, stem: str) -> str:
+    """Save ``stem``.png and, beside it, ``stem``.svg (text kept as text); the PNG's name."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(out / f"{stem}.png", dpi=110, bbox_inches="tight")
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": stem}):
+        fig.savefig(out / f"{stem}.svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return f"{stem}.png"
+
+
+def plot_errors_by_level(ax, mean: pd.DataFrame) -> str:
+    """Grouped bars of the error per level (rows) and estimator (columns), each bar labelled
+    with its value; a level whose error is exactly 0 (held by an invariant) is drawn as a
+    marker on the baseline labelled :data:`EXACT_LABEL` rather than left blank. The value
+    axis follows :func:`axis_scale`; returns the scale used."""
+    import matplotlib.pyplot as plt
+
+    levels, ests = list(mean.index), list(mean.columns)
+    values = mean.to_numpy(dtype=np.float64)
+    scale = axis_scale(values)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    width = 0.8 / max(len(ests), 1)
+    x = np.arange(len(levels))
+    pos = values[np.isfinite(values) & (values > 0)]
+    # on a log axis the baseline of an exact level is half the smallest error shown
+    base = float(pos.min() / 2) if scale == "log" and pos.size else 0.0
+    for i, est in enumerate(ests):
+        color = colors[i % len(colors)]
+        xi = x + (i - (len(ests) - 1) / 2) * width
+        v = values[:, i]
+        shown = np.isfinite(v) & (v > 0)
+        bars = ax.bar(xi[shown], v[shown], width, label=est, color=color)
+        ax.bar_label(bars, fmt="%.3g", fontsize=7)
+        exact = np.isfinite(v) & (v == 0)
+        ax.plot(xi[exact], np.full(int(exact.sum()), base), "_", color=color, ms=12, mew=2)
+        for xe in xi[exact]:
+            ax.annotate(
+                EXACT_LABEL,
+                (xe, base),
+                xytext=(0, 4),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                rotation=90,
+            )
+    ax.set_yscale(scale)
+    if scale == "linear":
+        ax.set_ylim(bottom=0)
+    ax.set_xticks(x, levels)
+    return scale
+
+
+def plot_errors_by_size(axes, sizes: pd.DataFrame, metrics) -> None:
+    """One panel per metric (:data:`SIZE_METRICS`), the size classes in their order along x,
+    one series of points per estimator; signed errors get a zero line. Each panel's value
+    axis follows :func:`axis_scale`."""
+    classes = list(dict.fromkeys(sizes["size_class"].astype(str)))
+    x = np.arange(len(classes))
+    ests = list(dict.fromkeys(sizes["estimator"]))
+    for ax, (col, label) in zip(axes, metrics, strict=True):
+        for j, est in enumerate(ests):
+            sub = sizes[sizes["estimator"] == est]
+            g = sub.set_index(sub["size_class"].astype(str))
+            v = g[col].reindex(classes).to_numpy(dtype=np.float64)
+            off = (j - (len(ests) - 1) / 2) * 0.1
+            ax.plot(x + off, v, "o", label=est)
+        scale = axis_scale(sizes[col])
+        ax.set_yscale(scale)
+        if col == "mean_error":
+            ax.axhline(0, color="black", lw=0.8)
+        elif scale == "linear":
+            ax.set_ylim(bottom=0)
+        ax.set_xticks(x, classes, rotation=30)
+        ax.set_xlabel("true leaf total (size class)")
+        ax.set_title(label, fontsize=9)
+
+
 def write_figures(
     out: Path,
     metrics: pd.DataFrame,
@@ -91,9 +221,12 @@ def write_figures(
     *,
     sizes: pd.DataFrame | None = None,
 ) -> list[str]:
-    """Bounded figures: ``bias_slopes.png`` (per-group slopes with intervals up to
-    :data:`MAX_GROUPS` groups, else their distribution per estimator), ``errors_by_level.png``
-    and, with ``sizes``, ``errors_by_size.png`` (mean signed leaf error by size class)."""
+    """Bounded figures, each as PNG with an SVG beside it: ``bias_slopes`` (per-group slopes
+    with intervals up to :data:`MAX_GROUPS` groups, else their distribution per estimator),
+    ``errors_by_level`` (:func:`plot_errors_by_level`: exact levels drawn and labelled) and,
+    with ``sizes``, ``errors_by_size`` (:func:`plot_errors_by_size`: one panel per metric by
+    size class). Value axes are linear unless the values span more than a decade
+    (:func:`axis_scale`). Returns the PNG names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,33 +251,29 @@ def write_figures(
             ax.set_title(f"Small-area bias: distribution of the {len(groups):,} group slopes")
         ax.axhline(0, color="black", lw=0.8)
         ax.set_ylabel("slope of leaf-total error on log(true size)")
-        fig.savefig(out / "bias_slopes.png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        names.append("bias_slopes.png")
+        names.append(_save(fig, out, "bias_slopes"))
     if not metrics.empty:
         mean = metrics.groupby(["level", "estimator"], sort=False)["total_rmse"].mean().unstack()
         mean = mean.reindex(manifest["data"]["levels"])
         fig, ax = plt.subplots(figsize=(6, 4))
-        # every level exact (all invariant) leaves nothing to show on a log scale
-        mean.plot.bar(ax=ax, logy=bool(np.nanmax(mean.to_numpy(), initial=0.0) > 0))
-        ax.set_ylabel("RMSE of node totals (mean over repetitions)")
-        ax.set_title("Error per level")
-        fig.savefig(out / "errors_by_level.png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        names.append("errors_by_level.png")
-    if sizes is not None and not sizes.empty:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for est, g in sizes.groupby("estimator", sort=False):
-            ax.plot(g["size_class"].astype(str), g["mean_error"], "o-", label=est)
-        ax.axhline(0, color="black", lw=0.8)
-        ax.set_xlabel("true leaf total")
-        ax.set_ylabel("mean signed error of leaf totals")
-        ax.set_title("Bias by size class (repetition 0)")
-        ax.tick_params(axis="x", rotation=30)
+        scale = plot_errors_by_level(ax, mean)
+        ax.set_ylabel(
+            "RMSE of node totals (mean over repetitions)"
+            + (", log scale" if scale == "log" else "")
+        )
+        ax.set_title("Error per level (a level held by an invariant is marked as exact)")
         ax.legend()
-        fig.savefig(out / "errors_by_size.png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        names.append("errors_by_size.png")
+        names.append(_save(fig, out, "errors_by_level"))
+    if sizes is not None and not sizes.empty:
+        panels = [(c, lab) for c, lab in SIZE_METRICS if c in sizes.columns]
+        fig, axes = plt.subplots(
+            1, len(panels), figsize=(min(3.2 * len(panels), 14), 3.6), squeeze=False
+        )
+        plot_errors_by_size(axes[0], sizes, panels)
+        axes[0][0].legend()
+        fig.suptitle("Errors of leaf totals by size class (repetition 0)", fontsize=10)
+        fig.tight_layout()
+        names.append(_save(fig, out, "errors_by_size"))
     return names
 
 
@@ -214,7 +343,8 @@ def write_report(
             "",
         ]
     for fig in figures:
-        lines += [f"![{fig}]({fig})", ""]
+        svg = fig.removesuffix(".png") + ".svg"
+        lines += [f"![{fig}]({fig})", "", f"(vector: [{svg}]({svg}))", ""]
     t = manifest["timings_seconds"]
     lines += ["## Timings", "", ", ".join(f"{k}: {v:.2f} s" for k, v in t.items()), ""]
     path = out / "report.md"

@@ -33,7 +33,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from censusdp import __version__
-from censusdp.atomic import check_output, output_dir
+from censusdp.atomic import CLAIM, check_output, output_dir
 from censusdp.config import RunSpec, check_run_options
 from censusdp.errors import SpecError
 from censusdp.estimation.release import Release
@@ -503,7 +503,9 @@ def separate_evaluation(out: Path) -> Path:
     release = out / RELEASE_DIR
     if release.exists():
         raise SpecError(f"{out.name}: holds {RELEASE_DIR}/ already; cannot separate it")
-    published = sorted(p for p in out.iterdir() if p.name != EVALUATION_DIR)
+    # the temporary's claim stays where output_dir removes it on commit (moved into release/
+    # it was published: its pid, host and token listed among the release's files)
+    published = sorted(p for p in out.iterdir() if p.name not in (EVALUATION_DIR, CLAIM))
     release.mkdir()
     for p in published:
         p.rename(release / p.name)

@@ -14,8 +14,19 @@ with its public blocks and places, a predict spec); nothing needs ../shared, and
 runs in this process (the one with a dying Dask worker starts a real local cluster).
 
 Totals (kept true by ``test_enough_cases_and_the_totals_in_the_docstring``):
-281 tried: 230 clear (exit 2, one line naming the problem), 40 refused (exit 2, an output path
-censusdp will not write), 11 accepted (exit 0, checked)
+294 tried: 236 clear (exit 2, one line naming the problem), 42 refused (exit 2, an output path
+censusdp will not write), 16 accepted (exit 0, checked)
+
+Every reproduction of issue 33's audit that goes through the command line is a case here
+(the block "issue 33: every reproduction of the audit" and the blocks marked issue 33): rows
+of two summary levels (composed by hand, or refused naming the row), ``--compose-with`` an
+edited, foreign or bare folder or as the output, a persons release's statement (unit,
+neighbour relation, exact counties, spend, one wording per product, ``--evaluate`` apart),
+a user's look-alike temporaries, a σ where the sampler hung, CR-only line ends, budgets and
+sizes at the limits, confidential values planted where a message could echo them, a dying
+Dask worker; SIGTERM and Ctrl-C are the subprocess test ``test_ctrl_c_one_line_exit_130_
+nothing_left``. The pl94 release store has no command that reads it: its forgeries are
+tested through its API in ``test_pl94_store_integrity.py``.
 
 Not covered: an unreadable file (chmod 000) — the suite runs as root in CI, where reading
 always succeeds, so such a case could not fail; a worker killed in mid-computation is the
@@ -27,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -41,11 +53,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from ppdd_fixtures import IL_COUNTIES_AND_PLACES, IL_PLACEA, SHARES, hand_rho, ppdd_file
 from ppmf_fixtures import ppmf_persons
 from run_specs import SMALL_DATA, SMALL_NHGIS, SMALL_NHGIS_SPEC, SMALL_SPEC
 
 from censusdp.app.cli import main
+from censusdp.atomic import MARKER
 from censusdp.hierarchy.synthetic import synthetic_state
+from censusdp.pipelines.codebook import Codebook
 
 DATA = SMALL_DATA
 SPEC = SMALL_SPEC
@@ -81,6 +96,16 @@ skip_blank = true
 repetitions = 2
 """
 PPRIV = ["privatize", "ppmf.csv", "--spec", "pspec.toml"]
+#: A housing-unit file (MUD layout) over the PPMF's blocks: the units route's input, and the
+#: release that ``--compose-with`` composes a persons release with.
+UNITS = (
+    "SCHEMA_TYPE_CODE|SCHEMA_BUILD_ID|TABBLKST|TABBLKCOU|TABTRACTCE|TABBLKGRPCE|TABBLK|RTYPE|HH_STATUS\n"
+    + "".join(
+        f"MUD|1.1.0|{st}|{cou}|{tr}|{bg}|{blk}|2|{1 + i % 2}\n"
+        for i, (st, cou, tr, bg, blk) in enumerate(_BLOCKS * 4)
+    )
+)
+UPRIV = ["privatize", "units.csv", "--blocks", "blocks.csv", "--repetitions", "2"]
 PREDSPEC = """
 [predict]
 schema = "pl94"
@@ -175,11 +200,12 @@ def symlink(name: str, to: str) -> Callable[[Path], None]:
 
 
 def own(kind: str, name: str) -> Callable[[Path], None]:
-    """An earlier output censusdp wrote (``run`` folder or ``privatize`` file + sidecar)."""
+    """An earlier output censusdp wrote (``run`` folder, ``privatize`` file + sidecar, or a
+    PPMF ``persons`` or ``units`` release folder)."""
 
     def go(ws: Path) -> None:
         built = BUILT[kind]
-        if kind == "run":
+        if kind in ("run", "persons", "units"):
             shutil.copytree(built, ws / name)
         else:
             shutil.copy2(built, ws / name)
@@ -265,6 +291,87 @@ def predicted(out: str, areas: dict[str, str] | None = None) -> Callable[[Path],
             assert got.leaves.dtype.kind == "i" and got.leaves.sum() == len(PRED_BLOCKS)
             for cell in got.area:
                 assert cell[0] != "=" and cell[0] != "@" and cell[0] != "+"
+
+    return check
+
+
+# -- issue 33: the audit's reproductions -------------------------------------------------------
+
+
+def ppdd_rows(name: str, codes: list[str], **extra: list[str]) -> Callable[[Path], None]:
+    """An NHGIS file in the PPDD layout (the shipped ``ppdd`` codebook's columns) with these
+    GISJOINs and identifier columns (:func:`ppdd_fixtures.ppdd_file`)."""
+    return lambda ws: ppdd_file(ws / name, Codebook.load("ppdd"), codes, **extra)
+
+
+def tamper(name: str, **privacy: object) -> Callable[[Path], None]:
+    """Edit the privacy statement of a release's ``manifest.json`` in place."""
+
+    def go(ws: Path) -> None:
+        doc = json.loads((ws / name).read_text())
+        doc["privacy"].update(privacy)
+        (ws / name).write_text(json.dumps(doc, indent=2))
+
+    return go
+
+
+def composed(out: str, rho: float, levels: int) -> Callable[[Path], None]:
+    """The rows of ``levels`` summary levels overlap: the statement's ρ is the hand
+    composition, ``levels`` × one row's ρ (:func:`ppdd_fixtures.hand_rho`)."""
+
+    def check(ws: Path) -> None:
+        side = json.loads((ws / f"{out}.censusdp.json").read_text())
+        one = hand_rho(SHARES, rho)
+        assert math.isclose(side["rho_per_row"], one, rel_tol=1e-12)
+        assert math.isclose(side["rho_derived"], levels * one, rel_tol=1e-12)
+        assert side["privacy_statement"]["rho"] == side["rho_derived"]
+        parts = " + ".join([f"{one:.6g}"] * levels)
+        assert f"ρ = {parts} = {levels * one:.6g}" in side["privacy_statement"]["text"]
+
+    return check
+
+
+def persons_release(out: str) -> Callable[[Path], None]:
+    """A PPMF persons release written with ``--evaluate``: the confidential evaluation beside
+    the release, never inside it, and nothing of the temporary published; the statement names
+    the privacy unit, the neighbour relation, the change's 2ρ, the counties released exactly
+    through their state's invariant (both states have one county, as DC) and the spend beside
+    its target; each product is described once, the same way in privacy.md and README.md."""
+
+    def check(ws: Path) -> None:
+        root, rel = ws / out, ws / out / "release"
+        assert sorted(p.name for p in root.iterdir()) == [MARKER, "evaluation", "release"]
+        assert (root / "evaluation" / "CONFIDENTIAL.txt").is_file()
+        assert not [p.name for p in rel.rglob(".*")], "a hidden file was published"
+        m = json.loads((rel / "manifest.json").read_text())
+        priv, text = m["privacy"], (rel / "privacy.md").read_text()
+        readme = (rel / "README.md").read_text()
+        assert priv["unit"] == "person" and priv["neighbour"] == "add/remove"
+        assert (
+            "privacy unit: one person" in text and "adding or removing one person's record" in text
+        )
+        assert "changing one person's record" in text and "at most 2ρ" in text
+        for st, cou in (("01", "001"), ("02", "005")):
+            exact = f"county {st}{cou} (the only child of state {st}): total"
+            assert (
+                exact in priv["exact"] and exact in m["exact_through_invariants"] and exact in text
+            )
+        county = pd.read_csv(rel / "unbiased" / "pl94_county.csv", dtype={"GEOID": str})
+        assert list(county["P1_001N_se"]) == [0, 0]  # exact, and the statement says so
+        assert f"exactly ρ = {priv['rho']:.7g}" in text and "target was ρ = 2)" in text
+        for step in m["product_steps"]:
+            assert step["wording"] in text and step["wording"] in readme
+
+    return check
+
+
+def small_sigma(out: str) -> Callable[[Path], None]:
+    """The run ended with σ² = 39/1024 (σ ≈ 0.195, where the exact sampler had hung)."""
+
+    def check(ws: Path) -> None:
+        released(out)(ws)
+        m = json.loads((ws / out / "release" / "manifest.json").read_text())
+        assert {x["law"] for x in m["measurements"]} == {"DiscreteGaussian(sigma2=39/1024)"}
 
     return check
 
@@ -600,6 +707,20 @@ CASES = [
     A("predict spec with a UTF-8 BOM", PRED + ["--out", "o"], predicted("o"), setup=bom("predspec.toml")),
     A("predict --areas with a UTF-8 BOM", PRED + ["--out", "o", "--areas", "a.csv"], predicted("o", AREA_CODES), setup=both(write("a.csv", AREAS), bom("a.csv"))),
     A("predict area codes that are formulas", PRED + ["--out", "o", "--areas", "a.csv"], predicted("o", FORMULA_AREAS), setup=write("a.csv", formula_areas(AREAS))),
+    # -- issue 33: every reproduction of the audit, through the CLI --------------------------
+    A("nhgis counties and places of one state: rho composed", ["privatize", "il.csv", "--codebook", "ppdd", "--rho", "0.2048", "-o", "rel.csv"], composed("rel.csv", 0.2048, 2), setup=ppdd_rows("il.csv", IL_COUNTIES_AND_PLACES, PLACEA=IL_PLACEA)),
+    A("nhgis states and counties: rho composed", ["privatize", "sc.csv", "--codebook", "ppdd", "--rho", "1", "-o", "rel.csv"], composed("rel.csv", 1.0, 2), setup=ppdd_rows("sc.csv", ["G170", "G060", "G1700310", "G1700430"])),
+    C("nhgis counties and places, levels untold", ["privatize", "il.csv", "--codebook", "ppdd", "--rho", "0.5", "-o", "rel.csv"], "il.csv", "data row 4", "'gisjoin'", "cannot be told", "level_column", setup=ppdd_rows("il.csv", IL_COUNTIES_AND_PLACES)),
+    C("nhgis spec route: a place among counties", PRIV + ["-o", "p.csv"], "nhgis.csv", "data row 5", "'gisjoin'", "one row of each", setup=write("nhgis.csv", NHGIS + "G01014000,E,Alabama,2,1,2,1\n")),
+    C("--compose-with a manifest edited to rho = 1e-9", UPRIV + ["-o", "u", "--compose-with", "po"], "manifest.json' changed since censusdp wrote it", secret=SECRET, setup=both(write("units.csv", UNITS), own("persons", "po"), tamper("po/manifest.json", rho=1e-9, note=SECRET))),
+    C("--compose-with a units release as the persons one", UPRIV + ["-o", "u", "--compose-with", "uo"], "needs a persons release", "route ppmf_units", setup=both(write("units.csv", UNITS), own("units", "uo"))),
+    C("--compose-with a run output", UPRIV + ["-o", "u", "--compose-with", "prev"], "needs a persons release", setup=both(write("units.csv", UNITS), own("run", "prev"))),
+    C("--compose-with a bare manifest", UPRIV + ["-o", "u", "--compose-with", "fake"], "fake", f"no {MARKER}", secret=SECRET, setup=both(write("units.csv", UNITS), write("fake/manifest.json", json.dumps({"privacy": {"rho": 1e-9, "note": SECRET}})))),
+    R("--compose-with po -o po --overwrite", UPRIV + ["-o", "po", "--overwrite", "--compose-with", "po"], "--compose-with 'po'", "an input is never written", setup=both(write("units.csv", UNITS), own("persons", "po"))),
+    R("--compose-with po -o po/sub", UPRIV + ["-o", "po/sub", "--compose-with", "po"], "inside the folder", setup=both(write("units.csv", UNITS), own("persons", "po"))),
+    A("ppmf --evaluate: unit, relation, exact counties, one wording", PPRIV + ["-o", "po", "--evaluate"], persons_release("po")),
+    A("run beside a user's lookalike temporaries", RUN + ["--out", "o"], released("o"), secret=SECRET, setup=both(write("o.censusdp-partial-99999-abcdef/thesis.tex", f"\\begin{{document}}{SECRET}\n"), write(".o.backup01.tmp", "backup\n"))),
+    A("run sigma^2 = 39/1024 ends", RUN + ["--out", "o"], small_sigma("o"), setup=both(spec('accounting = "pure"\nepsilon = 1.0', 'accounting = "zcdp"\nrho = 26.425806451612903'), spec('"discrete_laplace"', '"discrete_gaussian"'))),
 ]
 # fmt: on
 
@@ -628,8 +749,8 @@ BUILT: dict[str, Path] = {}
 
 @pytest.fixture(scope="module", autouse=True)
 def built(tmp_path_factory):
-    """One real ``run`` output and one ``privatize`` output, copied into cases that need an
-    earlier censusdp output."""
+    """One real ``run`` output, one ``privatize`` output and a PPMF persons and units release,
+    copied into cases that need an earlier censusdp output."""
     d = tmp_path_factory.mktemp("built")
     _workspace(d / "ws")
     cwd = os.getcwd()
@@ -637,9 +758,12 @@ def built(tmp_path_factory):
     try:
         assert main(["run", "spec.toml", "--out", str(d / "run"), "--seed", "1"]) == 0
         assert main(PRIV + ["-o", str(d / "p.csv"), "--seed", "1"]) == 0
+        assert main(PPRIV + ["-o", str(d / "persons"), "--seed", "1"]) == 0
+        (d / "ws" / "units.csv").write_text(UNITS)
+        assert main(UPRIV + ["-o", str(d / "units"), "--seed", "1"]) == 0
     finally:
         os.chdir(cwd)
-    BUILT.update(run=d / "run", privatize=d / "p.csv")
+    BUILT.update(run=d / "run", privatize=d / "p.csv", persons=d / "persons", units=d / "units")
     return BUILT
 
 
@@ -756,15 +880,27 @@ def _group_alive(pgid: int) -> list[int]:
     return alive
 
 
+#: What each stopping signal must give: exit status and the one line on stderr.
+STOPPED = {
+    "SIGINT": (130, "censusdp: interrupted; nothing was written"),
+    "SIGTERM": (143, "censusdp: terminated (SIGTERM); nothing was written"),  # kill, timeout
+}
+
+
 @pytest.mark.parametrize(
-    "stage, scheduler",
+    "stage, scheduler, sig",
     [
-        ("write", "sync"),
-        pytest.param("compute", "threads", marks=pytest.mark.slow),
-        pytest.param("compute", "distributed", marks=pytest.mark.slow),  # ~30 s: a cluster
+        ("write", "sync", "SIGINT"),
+        ("write", "sync", "SIGTERM"),  # issue 33: a half-written output and no message
+        pytest.param("compute", "threads", "SIGINT", marks=pytest.mark.slow),
+        pytest.param("compute", "threads", "SIGTERM", marks=pytest.mark.slow),
+        pytest.param("compute", "distributed", "SIGINT", marks=pytest.mark.slow),  # ~30 s
     ],
 )
-def test_ctrl_c_one_line_exit_130_nothing_left(stage, scheduler, tmp_path):
+def test_ctrl_c_one_line_exit_130_nothing_left(stage, scheduler, sig, tmp_path):
+    """Ctrl-C (SIGINT to the foreground group) and SIGTERM (``kill``, ``timeout``, a batch
+    scheduler) at a stage: one line, exit 130 / 143, no traceback, the workspace as it was,
+    no output, no temporary, no worker left."""
     ws = tmp_path / "ws"
     _workspace(ws)
     before = tree(tmp_path)
@@ -784,16 +920,17 @@ def test_ctrl_c_one_line_exit_130_nothing_left(stage, scheduler, tmp_path):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() - t0 < 90, "the run never reached the stage"
             time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+        # what Ctrl-C (or kill -TERM -PGID) does: the whole foreground group
+        os.killpg(proc.pid, getattr(signal, sig))
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     ready.unlink()
-    assert proc.returncode == 130, err
-    assert [ln for ln in err.splitlines() if ln.strip()] == [
-        "censusdp: interrupted; nothing was written"
-    ], err
+    code, line = STOPPED[sig]
+    assert proc.returncode == code, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [line], err
+    assert "Traceback" not in out + err
     assert tree(tmp_path) == before  # no output, no temporary
     deadline = time.monotonic() + 10
     while _group_alive(proc.pid) and time.monotonic() < deadline:

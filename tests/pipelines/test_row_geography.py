@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ppdd_fixtures import IL_COUNTIES_AND_PLACES, IL_PLACEA, SHARES, hand_rho, ppdd_file
 
 from censusdp.app.cli import main
 from censusdp.budget import ZCDP, PureDP
@@ -29,8 +30,6 @@ from censusdp.hierarchy.gisjoin import LAYOUTS, RowLevels, row_levels
 from censusdp.pipelines.codebook import Codebook
 from censusdp.pipelines.nhgis import read_batch, row_geography
 from censusdp.pipelines.privatize_tables import compose_over_levels
-
-SHARES = [0.1, 0.1, 0.2, 0.3, 0.2, 0.1]  # the ppdd codebook's default strategy
 
 
 # ------------------------------------------------------------------------- the layouts
@@ -306,34 +305,9 @@ def test_composition_equals_the_worst_person(rows, amounts):
 
 
 # ------------------------------------------------------------------- the codebook route
-def hand_rho(shares: list[float], rho: float) -> float:
-    """One row's ρ by hand: each default query partitions every attribute (Δ₂² = 1); σ² =
-    1/(2·share·ρ) rounded up onto the sampler's grid, ρ = Σ_q 1/(2σ_q²)."""
-    from censusdp.mechanisms.discrete import rational_up
-
-    return math.fsum(1 / (2 * float(rational_up(1 / (2 * s * rho)))) for s in shares)
-
-
 @pytest.fixture(scope="module")
 def ppdd() -> Codebook:
     return Codebook.load("ppdd")
-
-
-def ppdd_file(path: Path, cb: Codebook, codes: list[str], **extra: list[str]) -> Path:
-    """A PPDD-layout file (``_sf`` columns of random person histograms) with these GISJOINs
-    and extra identifier columns."""
-    n = len(codes)
-    x = np.random.default_rng(5).poisson(0.01, (n, cb.schema.n_cells))
-    truth = cb.rows.apply(x.reshape(n, *cb.schema.shape))
-    cols: dict[str, object] = {"gisjoin": codes, "name": [f"Area {i}" for i in range(n)], **extra}
-    for j, c in enumerate(cb.columns):
-        cols[f"{c}_sf"] = truth[:, j]
-    pd.DataFrame(cols).to_csv(path, index=False)
-    return path
-
-
-IL_COUNTIES_AND_PLACES = ["G1700310", "G1700430", "G1700890", "G17014000", "G17003012"]
-IL_PLACEA = ["", "", "", "14000", "03012"]
 
 
 def _privatize(src: Path, out: Path, rho: float, *extra: str) -> int:
