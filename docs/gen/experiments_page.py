@@ -15,9 +15,10 @@ every unit a study covers instead of its default one (said in the table). Wall t
 full runs were measured on the 2-core development machine while other jobs were running.
 
 This table is generated when the site is built from each experiment's `INFO` metadata
-(`censusdp experiment --list` prints the same). Studies that read `../shared/data` (or
-`--data PATH`; the *data* column names the file) stop with a clear message when it is absent;
-everything else, the demo and the test suite run without it.
+(`censusdp experiment --list` prints the same). Studies that read a public file (IPUMS NHGIS
+county tables, NYC TLC trips; the *data* column names it) take it with `--data PATH`; without
+it they stop with one line naming the file and where it comes from. Everything else, the demo
+and the test suite run without any data.
 
 """
 
