@@ -144,6 +144,7 @@ from censusdp.mechanisms.product_measure import (
     measure_products,
 )
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.io.outputs import parent_codes, write_data_dictionary
 from censusdp.pipelines.pl94_stream import (
     PartitionRelease,
     SparseHistogram,
@@ -153,6 +154,7 @@ from censusdp.pipelines.pl94_stream import (
 from censusdp.pipelines.pl94_tables import (
     LevelTables,
     pl94_column_values,
+    pl94_dictionary,
     pl94_frames,
 )
 from censusdp.pipelines.ppmf import (
@@ -629,21 +631,39 @@ def column_standard_errors(piece, level: str, total_var: np.ndarray | None = Non
 
 # -- writers -------------------------------------------------------------------------------------
 class _TableWriter:
-    """P1–P5 of one product, appended level chunk by level chunk (wide per level, long)."""
+    """P1–P5 of one product, appended level chunk by level chunk (wide per level, long),
+    and its ``data_dictionary.csv`` (:func:`~censusdp.pipelines.pl94_tables.pl94_dictionary`).
 
-    def __init__(self, folder: Path) -> None:
+    The long file holds rows of levels with different ancestors (a county has a
+    ``state_GEOID``, a block all four), so its columns are every ancestor column of the
+    hierarchy, blank where a level has no such ancestor.
+    """
+
+    def __init__(self, folder: Path, h: Hierarchy, *, with_se: bool) -> None:
         self.folder = folder
         folder.mkdir()
         self.started: set[str] = set()
+        self.h = h
+        self.parents = list(parent_codes(h, h.depth - 1, 0, 0))
+        write_data_dictionary(folder, pl94_dictionary(parents=self.parents, with_se=with_se))
 
     def add(self, level: str, tables: LevelTables) -> None:
         wide, long = pl94_frames({level: tables})
+        rest = [c for c in long.columns[2:] if c not in (tables.parents or {})]
+        long = long.reindex(columns=[*long.columns[:2], *self.parents, *rest])
         for name, frame in (((f"pl94_{level}.csv"), wide[level]), ("pl94_long.csv", long)):
             first = name not in self.started
             write_csv(
                 frame, self.folder / name, index=False, header=first, mode="w" if first else "a"
             )
             self.started.add(name)
+
+    def add_nodes(self, level: str, lo: int, hi: int, counts: np.ndarray, se=None) -> None:
+        """Nodes ``lo:hi`` of a level of the hierarchy, with their ancestors' codes."""
+        k = self.h.level_index(level)
+        codes = self.h.levels[k].codes[lo:hi]
+        parents = parent_codes(self.h, k, lo, hi)
+        self.add(level, LevelTables(codes, counts, se, parents))
 
 
 def _microdata_lines(h: Hierarchy, block: np.ndarray, cell: np.ndarray) -> np.ndarray:
@@ -1022,8 +1042,8 @@ def privatize_ppmf(
         info={"route": "ppmf"},
     ) as tmp:
         writers = {
-            "unbiased": _TableWriter(tmp / "unbiased"),
-            "nonnegative": _TableWriter(tmp / "nonnegative"),
+            "unbiased": _TableWriter(tmp / "unbiased", h, with_se=True),
+            "nonnegative": _TableWriter(tmp / "nonnegative", h, with_se=False),
         }
         micro = (tmp / "nonnegative" / "microdata.csv").open("wb")
         micro.write((",".join(MICRODATA_COLUMNS) + "\n").encode())
@@ -1031,10 +1051,9 @@ def privatize_ppmf(
         def on_levels(names, ranges, piece, unbiased, nonneg, total_var=None) -> None:
             tvs = [None] * len(names) if total_var is None else total_var
             for name, (lo, hi), u, n, tv in zip(names, ranges, unbiased, nonneg, tvs, strict=True):
-                codes = h.levels[h.level_index(name)].codes[lo:hi]
                 se = column_standard_errors(piece, name, tv)
-                writers["unbiased"].add(name, LevelTables(codes, u, se))
-                writers["nonnegative"].add(name, LevelTables(codes, n))
+                writers["unbiased"].add_nodes(name, lo, hi, u, se)
+                writers["nonnegative"].add_nodes(name, lo, hi, n)
                 if name in released["unbiased"]:
                     released["unbiased"][name].append(u.reshape(u.shape[0], -1).sum(axis=1))
                     released["nonnegative"][name].append(n.reshape(n.shape[0], -1).sum(axis=1))
@@ -1212,7 +1231,9 @@ def _write_manifest(
         "versions": package_versions(),
         "timings": timings,
     }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    (tmp / "manifest.json").write_text(
+        json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
     wording = [f"- {p.wording()}" for p in products]
     (tmp / "privacy.md").write_text(
         "# Privacy\n\n" + privacy.text() + "\n\nWhat each product is:\n\n"
