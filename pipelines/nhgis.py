@@ -392,6 +392,7 @@ def write_batch(
     version_label: str = "censusdp",
     margins_of_error: np.ndarray | None = None,
     metadata: Mapping[str, object] | None = None,
+    geography: Mapping[str, np.ndarray] | None = None,
 ) -> Path:
     """Write the release in the input's layout (atomically).
 
@@ -400,8 +401,9 @@ def write_batch(
     version column = ``version_label``, cell columns = release, ``<cell>_se``. With
     ``margins_of_error`` (same shape) a ``<cell>_moe`` follows each ``<cell>_se``; with
     ``metadata`` a Parquet output carries it in its key-value metadata
-    (:func:`censusdp.pipelines.io.outputs.write_parquet`). Nothing else is written; the
-    input columns left out are named in a :class:`ColumnsNotWritten` warning.
+    (:func:`censusdp.pipelines.io.outputs.write_parquet`); ``geography`` (column → one code
+    per unit, e.g. the ancestors' GISJOINs) is written after the key columns. Nothing else is
+    written; the input columns left out are named in a :class:`ColumnsNotWritten` warning.
     """
     out = Path(out)
     if batch.dropped:
@@ -416,6 +418,8 @@ def write_batch(
     if values.shape != (n, k):
         raise ValueError(f"values must be ({n}, {k}), got {values.shape}")
     keys = batch.frame[batch.key_columns].iloc[batch.unit_rows].reset_index(drop=True)
+    for name, codes in (geography or {}).items():
+        keys[name] = np.asarray(codes, dtype=object)
     cols: dict[str, np.ndarray] = {}
     for j, c in enumerate(batch.cells):
         name = f"{c}_dp" if batch.layout == "wide" else c

@@ -83,29 +83,33 @@ DICTIONARY_COLUMNS = ("column", "table", "label", "type", "unit")
 
 
 def significant(x: np.ndarray, digits: int = SE_DIGITS) -> np.ndarray:
-    """``x`` rounded to ``digits`` significant digits (float64; 0, inf, nan and magnitudes
-    below 1e-290 unchanged).
+    """``x`` rounded to ``digits`` significant digits (float64; 0, inf and nan unchanged):
+    the float of its ``%.{digits}g`` decimal, so it prints (CSV, ``repr``) with at most
+    ``digits`` digits.
 
-    Vectorised: ``round(x · 10^d) / 10^d`` with ``d = digits − 1 − ⌊log10 |x|⌋``. The
-    integer ``round(x · 10^d)`` and ``10^d`` are exact for ``|d| ≤ 22``, so the quotient is
-    the float nearest the decimal, and it prints (CSV, ``repr``) with at most ``digits``
-    digits.
+    Vectorised: ``round(x · 10^d) / 10^d`` with ``d = digits − 1 − ⌊log10 |x|⌋``. Where
+    ``|d| ≤ 22`` (for six digits, ``|x|`` from about 1e-17 to 1e27) the integer
+    ``round(x · 10^d)`` and ``10^d`` are exact floats, so the quotient is the float nearest
+    the decimal; the rare values outside are formatted one by one.
     """
-    x = np.asarray(x, dtype=np.float64)
-    out = x.copy()
     if digits < 1:
         raise ValueError(f"significant: digits must be at least 1, not {digits}")
-    ok = np.isfinite(x) & (np.abs(x) > 1e-290)  # 10^d stays finite
+    x = np.asarray(x, dtype=np.float64)
+    out = x.copy()
+    ok = np.isfinite(x) & (x != 0)
     if not ok.any():
         return out
     v = x[ok]
     d = (digits - 1 - np.floor(np.log10(np.abs(v)))).astype(np.int64)
-    up = d >= 0
     res = np.empty_like(v)
+    up = (d >= 0) & (d <= 22)
+    down = (d < 0) & (d >= -22)
     p = 10.0 ** d[up]
     res[up] = np.round(v[up] * p) / p
-    q = 10.0 ** (-d[~up])
-    res[~up] = np.round(v[~up] / q) * q
+    q = 10.0 ** (-d[down])
+    res[down] = np.round(v[down] / q) * q
+    rare = ~(up | down)
+    res[rare] = [float(f"{t:.{digits}g}") for t in v[rare]]  # beyond exact powers of ten
     out[ok] = res
     return out
 
