@@ -390,19 +390,27 @@ def pl94_frames(
 
 
 def pl94_dictionary(
-    *, code_column: str = "GEOID", parents: Sequence[str] = (), with_se: bool = True
+    *,
+    code_column: str = "GEOID",
+    parents: Sequence[str] = (),
+    with_se: bool = True,
+    integer: bool = True,
+    long: bool = True,
 ) -> list[DictionaryEntry]:
     """What every column of :func:`pl94_frames`' wide and long tables is (the rows of
     ``data_dictionary.csv``): the geography codes, each P1–P5 column with its table and the
-    Bureau's label (persons, integer), its ``_se`` and ``_moe`` (with ``with_se``), and the
-    long table's columns."""
+    Bureau's label (persons; integer, or float for a real-valued release with ``integer``
+    False), its ``_se`` and ``_moe`` (with ``with_se``), and with ``long`` the long table's
+    columns."""
     book = pl94_codebook()
     names = list(book.columns)
     out = code_entries(code_column, parents)
     out += estimate_entries(
-        names, list(book.table_of), list(pl94_labels()), unit="persons", integer=True,
+        names, list(book.table_of), list(pl94_labels()), unit="persons", integer=integer,
         with_se=with_se,
     )  # fmt: skip
+    if not long:
+        return out
     out += [
         DictionaryEntry("level", "", "pl94_long.csv: the geographic level", "text", "level"),
         DictionaryEntry("table", "", "pl94_long.csv: the table (P1 ... P5)", "text", "table"),
