@@ -88,6 +88,7 @@ from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasure
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.io.outputs import (
     DICTIONARY_FILE,
+    OUTPUT_COLUMNS_NOTE,
     lattice_moe,
     parent_codes,
     significant,
@@ -640,6 +641,7 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
                 "and invariants exact",
             },
             "product_steps": [p.to_dict() for p in products],
+            "columns": OUTPUT_COLUMNS_NOTE,
             "files": files,
             "size_class_report": None
             if not spec.evaluate
@@ -660,6 +662,7 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
         lines = [f"# censusdp release ({name}, codebook {cb.source})", "",
                  f"Privacy: {privacy.text()}", ""]  # fmt: skip
         lines += [f"- {text}" for text in manifest["products"].values()]
+        lines += [f"- columns: {OUTPUT_COLUMNS_NOTE}"]
         lines += [f"- {lv}.csv in both folders: every {lv}" for lv in h.names[:-1]]
         lines += [f"- {h.names[-1]}.csv in both folders: the rows of {name}, in its layout"]
         if spec.evaluate:

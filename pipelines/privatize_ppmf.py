@@ -16,8 +16,10 @@ list is public (:func:`ppmf_products` derives what each product is from its step
 Written atomically into ``OUTDIR`` (:func:`censusdp.atomic.output_dir`: a temporary
 directory renamed into place when complete; never over the input, nothing half-written):
 
-* ``unbiased/pl94_<level>.csv`` and ``unbiased/pl94_long.csv`` — P1–P5 for every level, with
-  ``<column>_se``: the exact standard error of the GLS estimate of that column, and in the
+* ``unbiased/pl94_<level>.csv`` and ``unbiased/pl94_long.csv`` — P1–P5 for every level (each
+  row with its GEOID and its ancestors' ``state_GEOID`` … ``block_group_GEOID``; a
+  ``data_dictionary.csv`` beside), with ``<column>_moe`` (the integer 90% margin of error of
+  ``<column>_se``, :func:`~censusdp.pipelines.io.outputs.lattice_moe`) and ``<column>_se``: the exact standard error of the GLS estimate of that column, and in the
   whole-population columns (``P1_001N``, ``P2_001N``) the GLS variance plus an upper bound on
   the rounding's variance of the node's total
   (:func:`~censusdp.estimation.structured_rounding.total_variance_bound`;
@@ -144,7 +146,11 @@ from censusdp.mechanisms.product_measure import (
     measure_products,
 )
 from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.pipelines.io.outputs import parent_codes, write_data_dictionary
+from censusdp.pipelines.io.outputs import (
+    OUTPUT_COLUMNS_NOTE,
+    parent_codes,
+    write_data_dictionary,
+)
 from censusdp.pipelines.pl94_stream import (
     PartitionRelease,
     SparseHistogram,
@@ -1222,6 +1228,7 @@ def _write_manifest(
         "exact_through_invariants": list(privacy.exact),
         "privacy": privacy.to_dict(),
         "products": labels,
+        "columns": OUTPUT_COLUMNS_NOTE,
         "product_steps": [p.to_dict() for p in products],
         "size_class_report": {
             "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
@@ -1259,6 +1266,7 @@ def _write_manifest(
         else "- blocks: taken from the PPMF's rows (--blocks-from-data): the set of occupied "
         "blocks is disclosed"
     ]
-    lines += ["- size_classes.md: errors by size class, simulated from the released numbers", ""]
+    lines += ["- size_classes.md: errors by size class, simulated from the released numbers"]
+    lines += [f"- columns: {OUTPUT_COLUMNS_NOTE}", ""]
     lines += ["Privacy of each product (privacy.md says the same):", "", *wording, ""]
     (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")

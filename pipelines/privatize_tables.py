@@ -109,6 +109,7 @@ from censusdp.mechanisms.product_query import (
 )
 from censusdp.pipelines.codebook import Codebook, available_codebooks
 from censusdp.pipelines.io.outputs import (
+    OUTPUT_COLUMNS_NOTE,
     DictionaryEntry,
     estimate_entries,
     lattice_moe,
@@ -1425,6 +1426,7 @@ def privatize_tables(
     }
     keys = [*batch.key_columns, *([batch.version_column] if batch.layout == "long" else [])]
     dictionary = codebook_dictionary(cb, key_columns=keys)
+    info["columns"] = OUTPUT_COLUMNS_NOTE.replace("data_dictionary.csv", "data_dictionary")
     info["data_dictionary"] = [dataclasses.asdict(e) for e in dictionary]
     log.info("released in %.1f s; writing %s", time.perf_counter() - t0, Path(out).name)
     with output_file(out, command="privatize", info=info, **policy) as tmp:

@@ -118,6 +118,7 @@ from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import whole_forest
 from censusdp.mechanisms.queries import Query, invariant, measure
 from censusdp.pipelines.io.outputs import (
+    OUTPUT_COLUMNS_NOTE,
     DictionaryEntry,
     code_entries,
     estimate_entries,
@@ -848,6 +849,7 @@ def _write_manifest(
         },
         "products": {"unbiased": product, "nonnegative": f"nonnegative/: {NONNEGATIVE_NOTE}"},
         "product_steps": [p.to_dict() for p in products],
+        "columns": OUTPUT_COLUMNS_NOTE,
         "size_class_report": {
             "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
             "quantity": "occupied housing units (H1_002N); areas classed by housing units",

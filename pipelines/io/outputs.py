@@ -59,6 +59,7 @@ __all__ = [
     "DICTIONARY_FILE",
     "SE_DIGITS",
     "Z90",
+    "OUTPUT_COLUMNS_NOTE",
     "DictionaryEntry",
     "code_entries",
     "estimate_entries",
@@ -77,6 +78,15 @@ ACS_Z = 1.645
 Z90 = float(norm.ppf(0.95))
 #: Significant digits of written standard errors and real-valued margins of error.
 SE_DIGITS = 6
+#: What the ``_moe`` columns and the dictionary are (manifests and READMEs of the routes).
+OUTPUT_COLUMNS_NOTE = (
+    "<column>_moe beside every <column>_se: the 90% margin of error; for an integer release "
+    "the smallest integer k with P(|N(0, se^2)| <= k + 1/2) >= 0.90 (the interval [r - k, "
+    "r + k] on the integer lattice; conservative: at least 90% nominal), for a real-valued "
+    "one 1.645 x se (as the ACS publishes); _se written to 6 significant digits; every row "
+    "carries its area's code and its ancestors' codes; data_dictionary.csv says what every "
+    "column is (table, label, type, unit)"
+)
 #: The data dictionary's file name and columns.
 DICTIONARY_FILE = "data_dictionary.csv"
 DICTIONARY_COLUMNS = ("column", "table", "label", "type", "unit")
