@@ -439,7 +439,7 @@ def _marker(kind: str, files: Mapping[str, str], command: str, info: Mapping | N
         **dict(info or {}),
         "files": dict(files),
     }
-    return json.dumps(doc, indent=1) + "\n"
+    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"  # written as UTF-8
 
 
 def _walk(root: Path) -> Iterator[tuple[str, bool]]:

@@ -6,7 +6,9 @@ Geography (:class:`Hierarchy`, :class:`Table`, the builders), the attribute sche
 the estimators (:func:`tree_gls`, :func:`structured_gls` for schema histograms,
 :func:`condition`, :func:`topdown`), rounding and
 intervals, privacy statements derived from the measurements (:func:`derive_statement`), the
-release and its store, and whole runs from a spec (:func:`load_spec`, :func:`run_spec`).
+release and its store, whole runs from a spec (:func:`load_spec`, :func:`run_spec`), and a
+table of areas in pandas released in one call (:func:`privatize`: ``privatize(df, spec) ->
+DataFrame``).
 
 Where this module sits: it re-exports every layer, pipelines included, so it belongs to the
 application layer above them (with :mod:`censusdp.app`), although it lives in the
@@ -63,6 +65,7 @@ from censusdp.mechanisms import (
     measure_products,
     product_invariant,
 )
+from censusdp.pipelines.dataframe import privatize
 from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.pipelines.runner import run_spec
 from censusdp.pipelines.specs import load_spec
@@ -114,6 +117,7 @@ __all__ = [
     "write_release",
     "load_spec",
     "run_spec",
+    "privatize",
     # errors
     "CensusDPError",
     "SpecError",

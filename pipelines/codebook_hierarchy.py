@@ -69,7 +69,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +86,14 @@ from censusdp.hierarchy.builders import from_gisjoin
 from censusdp.hierarchy.gisjoin import RowLevels
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.io.outputs import (
+    DICTIONARY_FILE,
+    OUTPUT_COLUMNS_NOTE,
+    lattice_moe,
+    parent_codes,
+    significant,
+    write_data_dictionary,
+)
 from censusdp.pipelines.privatize_tables import (
     STANDARD_ERRORS_NOTE,
     TablePlan,
@@ -403,12 +411,16 @@ def codebook_products(levels: Sequence[str], invariants: Sequence[tuple[str, str
 
 
 def _level_frame(codes: np.ndarray, columns: Sequence[str], values: np.ndarray,
-                 se: np.ndarray | None) -> pd.DataFrame:  # fmt: skip
+                 se: np.ndarray | None, parents: Mapping[str, np.ndarray]) -> pd.DataFrame:  # fmt: skip
     cols: dict[str, object] = {"gisjoin": [str(c) for c in codes]}
+    cols |= {p: np.asarray(v).astype(str) for p, v in parents.items()}
+    moe = None if se is None else lattice_moe(se)
+    se = None if se is None else significant(se)
     for j, c in enumerate(columns):
         cols[f"{c}_dp"] = values[:, j]
-        if se is not None:
+        if se is not None and moe is not None:
             cols[f"{c}_se"] = se[:, j]
+            cols[f"{c}_moe"] = moe[:, j]
     return pd.DataFrame(cols)
 
 
@@ -420,9 +432,14 @@ def write_hierarchy_release(
     plan: TablePlan,
 ) -> list[str]:
     """Write ``unbiased/`` and ``nonnegative/`` into the (temporary) output folder ``tmp``:
-    ``<leaf>.csv`` in the input's layout (the file's rows, in its order; ``_se`` in the
-    unbiased one) and ``<level>.csv`` (gisjoin, ``_dp``, ``_se``) for every upper level."""
+    ``<leaf>.csv`` in the input's layout (the file's rows, in its order; ``_se`` and
+    ``_moe`` in the unbiased one) and ``<level>.csv`` (gisjoin, the ancestors' GISJOINs
+    ``state_GISJOIN`` ..., ``_dp``, ``_se``, ``_moe``) for every upper level, and a
+    ``data_dictionary.csv`` in each folder. ``_se`` is written to six significant digits;
+    ``_moe`` is the integer 90% margin of error of an integer release
+    (:func:`~censusdp.pipelines.io.outputs.lattice_moe`)."""
     from censusdp.pipelines.nhgis import write_batch
+    from censusdp.pipelines.privatize_tables import codebook_dictionary
     from censusdp.spreadsheet import write_csv
 
     h, cb = rel.hierarchy, plan.codebook
@@ -437,14 +454,28 @@ def write_hierarchy_release(
             if k == h.depth - 1:  # the file's rows, in the input's layout and order
                 values = np.empty((leaf_row.size, len(order)), dtype=np.int64)
                 values[leaf_row[:, None], order[None, :]] = levels[k]
-                ses = None
+                ses = moes = None
                 if se is not None:
                     ses = np.empty(values.shape)
-                    ses[leaf_row[:, None], order[None, :]] = se
-                write_batch(batch, values, ses, path)
+                    ses[leaf_row[:, None], order[None, :]] = significant(se)
+                    moes = np.empty(values.shape, dtype=np.int64)
+                    moes[leaf_row[:, None], order[None, :]] = lattice_moe(se)
+                geo = {}
+                for p, codes in parent_codes(h, k, code_column="GISJOIN").items():
+                    geo[p] = np.empty(leaf_row.size, dtype=object)
+                    geo[p][leaf_row] = np.asarray(codes).astype(str)
+                write_batch(batch, values, ses, path, margins_of_error=moes, geography=geo)
             else:
-                write_csv(_level_frame(h.levels[k].codes, cb.columns, levels[k], se), path)
+                parents = parent_codes(h, k, code_column="GISJOIN")
+                write_csv(_level_frame(h.levels[k].codes, cb.columns, levels[k], se, parents),
+                          path)  # fmt: skip
             written.append(f"{folder}/{name}.csv")
+        parents = list(parent_codes(h, h.depth - 1, 0, 0, code_column="GISJOIN"))
+        keys = list(dict.fromkeys(["gisjoin", *parents, *batch.key_columns]))
+        write_data_dictionary(
+            tmp / folder, codebook_dictionary(cb, key_columns=keys, with_se=with_se)
+        )
+        written.append(f"{folder}/{DICTIONARY_FILE}")
     return written
 
 
@@ -610,6 +641,7 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
                 "and invariants exact",
             },
             "product_steps": [p.to_dict() for p in products],
+            "columns": OUTPUT_COLUMNS_NOTE,
             "files": files,
             "size_class_report": None
             if not spec.evaluate
@@ -623,11 +655,14 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
             "versions": package_versions(),
             "timings": timings,
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        (tmp / "manifest.json").write_text(
+            json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
+        )
         wording = [f"- {p.wording()}" for p in products]
         lines = [f"# censusdp release ({name}, codebook {cb.source})", "",
                  f"Privacy: {privacy.text()}", ""]  # fmt: skip
         lines += [f"- {text}" for text in manifest["products"].values()]
+        lines += [f"- columns: {OUTPUT_COLUMNS_NOTE}"]
         lines += [f"- {lv}.csv in both folders: every {lv}" for lv in h.names[:-1]]
         lines += [f"- {h.names[-1]}.csv in both folders: the rows of {name}, in its layout"]
         if spec.evaluate:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -390,14 +390,20 @@ def write_batch(
     out: str | Path,
     *,
     version_label: str = "censusdp",
+    margins_of_error: np.ndarray | None = None,
+    metadata: Mapping[str, object] | None = None,
+    geography: Mapping[str, np.ndarray] | None = None,
 ) -> Path:
     """Write the release in the input's layout (atomically).
 
     ``values`` and ``standard_errors`` are (n_units, n_cells) in the batch's unit order.
     Wide: key columns, ``<cell>_dp`` = release, ``<cell>_se``. Long: key columns, the
-    version column = ``version_label``, cell columns = release, ``<cell>_se``. Nothing else
-    is written; the input columns left out are named in a :class:`ColumnsNotWritten`
-    warning.
+    version column = ``version_label``, cell columns = release, ``<cell>_se``. With
+    ``margins_of_error`` (same shape) a ``<cell>_moe`` follows each ``<cell>_se``; with
+    ``metadata`` a Parquet output carries it in its key-value metadata
+    (:func:`censusdp.pipelines.io.outputs.write_parquet`); ``geography`` (column → one code
+    per unit, e.g. the ancestors' GISJOINs) is written after the key columns. Nothing else is
+    written; the input columns left out are named in a :class:`ColumnsNotWritten` warning.
     """
     out = Path(out)
     if batch.dropped:
@@ -412,18 +418,26 @@ def write_batch(
     if values.shape != (n, k):
         raise ValueError(f"values must be ({n}, {k}), got {values.shape}")
     keys = batch.frame[batch.key_columns].iloc[batch.unit_rows].reset_index(drop=True)
+    for name, codes in (geography or {}).items():
+        keys[name] = np.asarray(codes, dtype=object)
     cols: dict[str, np.ndarray] = {}
     for j, c in enumerate(batch.cells):
         name = f"{c}_dp" if batch.layout == "wide" else c
         cols[name] = values[:, j]
         if standard_errors is not None:
             cols[f"{c}_se"] = np.asarray(standard_errors)[:, j]
+        if margins_of_error is not None:
+            cols[f"{c}_moe"] = np.asarray(margins_of_error)[:, j]
     body = pd.DataFrame(cols)
     if batch.layout == "long":
         keys.insert(len(keys.columns), batch.version_column, version_label)
     table = pd.concat([keys, body], axis=1)
     with atomic_file(out) as tmp:
-        if out.suffix.lower() in (".parquet", ".pq"):
+        if out.suffix.lower() in (".parquet", ".pq") and metadata is not None:
+            from censusdp.pipelines.io.outputs import write_parquet
+
+            write_parquet(table, tmp, metadata)
+        elif out.suffix.lower() in (".parquet", ".pq"):
             table.to_parquet(tmp, index=False)
         else:
             enc = "utf-8" if batch.encoding == "parquet" else batch.encoding

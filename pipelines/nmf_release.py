@@ -82,7 +82,15 @@ from censusdp.pipelines.io.nmf import (
     read_nmf,
     read_state_totals,
 )
-from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values
+from censusdp.pipelines.io.outputs import (
+    DICTIONARY_FILE,
+    DictionaryEntry,
+    parent_codes,
+    real_moe,
+    significant,
+    write_data_dictionary,
+)
+from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values, pl94_dictionary
 from censusdp.spreadsheet import write_csv
 
 __all__ = [
@@ -138,11 +146,63 @@ def pl94_columns(estimates: object, level: str | int) -> tuple[np.ndarray, np.nd
 
 
 def _frame(codes: Mapping[str, np.ndarray], est: np.ndarray, se: np.ndarray) -> pd.DataFrame:
+    """Codes, then per column the real-valued estimate (float64, as computed), its SE (six
+    significant digits) and its 90% MOE ``1.645 · SE`` (:func:`~censusdp.pipelines.io.outputs.real_moe`:
+    the estimates are not integers, so the ACS's normal interval applies)."""
     cols: dict[str, np.ndarray] = {k: np.asarray(v, dtype=object) for k, v in codes.items()}
+    moe, se = real_moe(se), significant(se)
     for j, name in enumerate(pl94_codebook().columns):
         cols[name] = est[:, j]
         cols[f"{name}_se"] = se[:, j]
+        cols[f"{name}_moe"] = moe[:, j]
     return pd.DataFrame(cols)
+
+
+#: A tabulation GEOID's ancestors: level → length of its prefix (a block GEOID's block
+#: group is its first 12 characters: the block number's first digit is the group).
+_PREFIX = {"state": 2, **TABULATION_PREFIX}
+
+
+def _tabulation_parents(level: str, geoids: np.ndarray) -> dict[str, np.ndarray]:
+    """``state_GEOID``, ``county_GEOID``, ... of tabulation GEOIDs (their prefixes), the
+    levels above ``level``, vectorised."""
+    g = as_codes(geoids)
+    above = list(_PREFIX)[: list(_PREFIX).index(level)] if level in _PREFIX else list(_PREFIX)
+    return {f"{lv}_GEOID": np.strings.slice(g, 0, _PREFIX[lv]) for lv in above}
+
+
+def _nmf_dictionary(files: Mapping[str, Sequence[str]]) -> list[DictionaryEntry]:
+    """What every column of the NMF release's tables is (``data_dictionary.csv``)."""
+    spine = [f"{lv}_geocode" for lv in ("state", "state_part", *SPINE_OUTPUT_LEVELS)]
+    known = {
+        e.column: e
+        for e in pl94_dictionary(
+            parents=[f"{lv}_GEOID" for lv in _PREFIX], integer=False, long=False
+        )  # fmt: skip
+    }
+    known["geocode"] = DictionaryEntry(
+        "geocode", "", "the node's geocode on the NMF spine", "text", "code"
+    )
+    for c in spine:
+        known[c] = DictionaryEntry(
+            c, "", f"the spine geocode of the node's {c[: -len('_geocode')]}", "text", "code"
+        )
+    known["area"] = DictionaryEntry("area", "", "the area's code (block assignment file)",
+                                    "text", "code")  # fmt: skip
+    known["blocks"] = DictionaryEntry("blocks", "", "blocks in the area", "integer", "blocks")
+    out: dict[str, DictionaryEntry] = {}
+    for name, columns in files.items():
+        for c in columns:
+            if c in known:
+                out.setdefault(c, known[c])
+            elif name.endswith("_P1_001N_covariance.csv"):
+                out.setdefault(c, DictionaryEntry(
+                    c, "P1", f"{name}: covariance of the P1_001N errors with area {c}", "float",
+                    "persons squared",
+                ))  # fmt: skip
+            else:  # pragma: no cover - every written column is described above
+                raise AssertionError(f"internal: no dictionary entry for {name} column {c}")
+    return list(out.values())
 
 
 @dataclass(frozen=True, eq=False)
@@ -462,17 +522,24 @@ def _state_groups(root: Path, states: Sequence[str] | None) -> dict[str, list[st
 
 
 class _Writer:
-    """Appends frames to CSVs in the output folder, state after state."""
+    """Appends frames to CSVs in the output folder, state after state; :meth:`dictionary`
+    writes ``data_dictionary.csv`` of every column written."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.started: list[str] = []
+        self.columns: dict[str, list[str]] = {}
 
     def add(self, name: str, frame: pd.DataFrame) -> None:
         first = name not in self.started
         write_csv(frame, self.folder / name, index=False, header=first, mode="w" if first else "a")
         if first:
             self.started.append(name)
+            self.columns[name] = [str(c) for c in frame.columns]
+
+    def dictionary(self) -> Path:
+        """Write ``data_dictionary.csv`` (every column of every file written so far)."""
+        return write_data_dictionary(self.folder, _nmf_dictionary(self.columns))
 
 
 def _write_state(w: _Writer, r: NMFStateRelease) -> None:
@@ -481,13 +548,16 @@ def _write_state(w: _Writer, r: NMFStateRelease) -> None:
     w.add("pl94_state.csv", _frame({"GEOID": h["state"].codes}, est, se))
     for level in SPINE_OUTPUT_LEVELS:
         est, se = pl94_columns(r.release, level)
-        w.add(f"pl94_spine_{level}.csv", _frame({"geocode": h[level].codes}, est, se))
+        up = parent_codes(h, level, code_column="geocode")
+        w.add(f"pl94_spine_{level}.csv", _frame({"geocode": h[level].codes, **up}, est, se))
     for level, a in r.tabulation.items():
         est, se = pl94_columns(a, level)
-        w.add(f"pl94_{level}.csv", _frame({"GEOID": a.codes}, est, se))
+        up = _tabulation_parents(level, a.codes)
+        w.add(f"pl94_{level}.csv", _frame({"GEOID": a.codes, **up}, est, se))
     est, se = pl94_columns(r.release, "block")
     geo = census_block_geoids(r.tabulation_geoids)
-    w.add("pl94_block.csv", _frame({"GEOID": geo, "geocode": h["block"].codes}, est, se))
+    up = _tabulation_parents("block", geo)
+    w.add("pl94_block.csv", _frame({"GEOID": geo, **up, "geocode": h["block"].codes}, est, se))
     if r.areas is not None:
         a = r.areas
         est, se = pl94_columns(a, a.name)
@@ -594,6 +664,7 @@ def release_nmf(
             if callable(on_state):
                 on_state(r)
             del r, m
+        w.dictionary()
         rho = noise.rho()
         statement = release_statement(rho, invariant_totals=True, levels=noise.levels())
         manifest = {
@@ -621,14 +692,15 @@ def release_nmf(
                 "block_column": block_column,
                 "area_column": area_column,
             },  # fmt: skip
-            "files": sorted(w.started),
+            "files": sorted([*w.started, DICTIONARY_FILE]),
             "seconds": seconds,
         }
         (tmp / "manifest.json").write_text(
             json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
     return NMFRelease(Path(out), tuple(sorted(groups)), rho, statement,
-                      tuple(sorted(w.started)) + ("manifest.json",), seconds)  # fmt: skip
+                      tuple(sorted([*w.started, DICTIONARY_FILE])) + ("manifest.json",),
+                      seconds)  # fmt: skip
 
 
 def _total(totals: Mapping[str, int], state: str) -> int:

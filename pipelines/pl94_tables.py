@@ -23,9 +23,13 @@ every table is computed from the histogram by per-axis sums (never by hand-writt
 cells) and every identity among the columns (P1_001N = P2_001N, P1_009N = P1_010N + P1_026N
 + … , P5_001N = P5_002N + P5_007N, ...) holds exactly for any integer histogram.
 
-:func:`pl94_frames` builds the wide tables (one row per node, ``<column>`` and
-``<column>_se``) and the long one (one row per node and column); :func:`write_pl94_tables`
-writes them atomically (:func:`censusdp.atomic.output_dir`: all files or none).
+:func:`pl94_frames` builds the wide tables (one row per node: its code and its ancestors'
+codes, then ``<column>`` as int64, and with standard errors ``<column>_se`` to six significant
+digits and ``<column>_moe``, the integer 90% margin of error of an integer release,
+:func:`~censusdp.pipelines.io.outputs.lattice_moe`) and the long one (one row per node and
+column); :func:`pl94_dictionary` says what every column is; :func:`write_pl94_tables` writes
+them and ``data_dictionary.csv`` atomically (:func:`censusdp.atomic.output_dir`: all files or
+none).
 
 References
 ----------
@@ -49,6 +53,14 @@ from censusdp.atomic import PathLike, output_dir
 from censusdp.errors import DataError
 from censusdp.hierarchy.core import Hierarchy
 from censusdp.pipelines.codebook import Codebook
+from censusdp.pipelines.io.outputs import (
+    DictionaryEntry,
+    code_entries,
+    estimate_entries,
+    lattice_moe,
+    significant,
+    write_data_dictionary,
+)
 from censusdp.schema import Schema
 from censusdp.spreadsheet import write_csv
 
@@ -58,6 +70,7 @@ __all__ = [
     "level_tables",
     "pl94_codebook",
     "pl94_column_values",
+    "pl94_dictionary",
     "pl94_frames",
     "pl94_labels",
     "tabulate",
@@ -234,11 +247,15 @@ class LevelTables:
     standard_errors : numpy.ndarray or None
         ``(n_nodes, 298)``: the standard error of every column of every node (computed by
         the estimator, e.g. from the GLS covariance of each query row), or None.
+    parents : mapping of str to array of str, optional
+        The codes of each node's ancestors, one column each (``state_GEOID`` → codes, ...;
+        :func:`~censusdp.pipelines.io.outputs.parent_codes`), written after the node's code.
     """
 
     codes: np.ndarray | Sequence[str]
     histograms: np.ndarray
     standard_errors: np.ndarray | None = None
+    parents: Mapping[str, np.ndarray | Sequence[str]] | None = None
 
 
 def _checked(level: str, t: LevelTables) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -262,6 +279,11 @@ def _checked(level: str, t: LevelTables) -> tuple[np.ndarray, np.ndarray, np.nda
             raise DataError(
                 f"pl94 tables, level {level!r}, node {codes[i]!r}, column "
                 f"{pl94_codebook().columns[j]}: standard errors must be finite and non-negative"
+            )
+    for name, col in (t.parents or {}).items():
+        if np.shape(col) != codes.shape:
+            raise DataError(
+                f"pl94 tables, level {level!r}: {np.size(col)} {name} codes for {codes.size} nodes"
             )
     return codes, values, se
 
@@ -318,8 +340,16 @@ def level_tables(
 def pl94_frames(
     levels: Mapping[str, LevelTables], *, code_column: str = "GEOID"
 ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
-    """The wide tables (one frame per level: code, then ``P1_001N``, ``P1_001N_se``, ...)
-    and the long table (level, code, table, column, label, value, se) of every level."""
+    """The wide tables and the long table of every level.
+
+    Wide (one frame per level): the code, the ancestors' codes (:attr:`LevelTables.parents`),
+    then ``P1_001N`` (int64) and, with standard errors, ``P1_001N_se`` (six significant
+    digits, :func:`~censusdp.pipelines.io.outputs.significant`) and ``P1_001N_moe`` (the
+    integer 90% margin of error of an integer release,
+    :func:`~censusdp.pipelines.io.outputs.lattice_moe`), ... Long: level, code, the
+    ancestors' codes, table, column, label, value, se, moe (se and moe empty without
+    standard errors).
+    """
     book = pl94_codebook()
     names = list(book.columns)
     labels = pl94_labels()
@@ -327,11 +357,17 @@ def pl94_frames(
     longs = []
     for level, t in levels.items():
         codes, values, se = _checked(level, t)
-        cols: dict[str, np.ndarray] = {code_column: codes}
+        parents = {p: np.asarray(c, dtype=object) for p, c in (t.parents or {}).items()}
+        cols: dict[str, np.ndarray] = {code_column: codes, **parents}
+        moe = None
+        if se is not None:
+            moe = lattice_moe(se)
+            se = significant(se)
         for j, name in enumerate(names):
             cols[name] = values[:, j]
-            if se is not None:
+            if se is not None and moe is not None:
                 cols[f"{name}_se"] = se[:, j]
+                cols[f"{name}_moe"] = moe[:, j]
         wide[level] = pd.DataFrame(cols)
         n, k = values.shape
         longs.append(
@@ -339,16 +375,59 @@ def pl94_frames(
                 {
                     "level": level,
                     code_column: np.repeat(codes, k),
+                    **{p: np.repeat(c, k) for p, c in parents.items()},
                     "table": np.tile(np.asarray(book.table_of, dtype=object), n),
                     "column": np.tile(np.asarray(names, dtype=object), n),
                     "label": np.tile(np.asarray(labels, dtype=object), n),
                     "value": values.ravel(),
                     "se": se.ravel() if se is not None else np.full(n * k, np.nan),
+                    "moe": moe.ravel() if moe is not None else np.full(n * k, np.nan),
                 }
             )
         )
     long = pd.concat(longs, ignore_index=True) if longs else pd.DataFrame()
     return wide, long
+
+
+def pl94_dictionary(
+    *,
+    code_column: str = "GEOID",
+    parents: Sequence[str] = (),
+    with_se: bool = True,
+    integer: bool = True,
+    long: bool = True,
+) -> list[DictionaryEntry]:
+    """What every column of :func:`pl94_frames`' wide and long tables is (the rows of
+    ``data_dictionary.csv``): the geography codes, each P1–P5 column with its table and the
+    Bureau's label (persons; integer, or float for a real-valued release with ``integer``
+    False), its ``_se`` and ``_moe`` (with ``with_se``), and with ``long`` the long table's
+    columns."""
+    book = pl94_codebook()
+    names = list(book.columns)
+    out = code_entries(code_column, parents)
+    out += estimate_entries(
+        names, list(book.table_of), list(pl94_labels()), unit="persons", integer=integer,
+        with_se=with_se,
+    )  # fmt: skip
+    if not long:
+        return out
+    out += [
+        DictionaryEntry("level", "", "pl94_long.csv: the geographic level", "text", "level"),
+        DictionaryEntry("table", "", "pl94_long.csv: the table (P1 ... P5)", "text", "table"),
+        DictionaryEntry("column", "", "pl94_long.csv: the column (P1_001N ...)", "text", "column"),
+        DictionaryEntry("label", "", "pl94_long.csv: the column's label", "text", "label"),
+        DictionaryEntry("value", "", "pl94_long.csv: the released count", "integer", "persons"),
+    ]
+    out += [
+        DictionaryEntry(
+            "se", "", "pl94_long.csv: its standard error (blank without)", "float", "persons"
+        ),
+        DictionaryEntry(
+            "moe", "", "pl94_long.csv: its integer 90% margin of error, as the _moe columns "
+            "(blank without a standard error)", "integer", "persons",
+        ),
+    ]  # fmt: skip
+    return out
 
 
 def write_pl94_tables(
@@ -359,8 +438,9 @@ def write_pl94_tables(
     inputs: Iterable[PathLike | None] = (),
     code_column: str = "GEOID",
 ) -> Path:
-    """Write ``pl94_<level>.csv`` (wide) for every level and ``pl94_long.csv`` into the
-    directory ``out``, all or nothing (:func:`censusdp.atomic.output_dir`).
+    """Write ``pl94_<level>.csv`` (wide) for every level, ``pl94_long.csv`` and
+    ``data_dictionary.csv`` (:func:`pl94_dictionary`) into the directory ``out``, all or
+    nothing (:func:`censusdp.atomic.output_dir`).
 
     Returns
     -------
@@ -379,4 +459,9 @@ def write_pl94_tables(
         for level, frame in wide.items():
             write_csv(frame, tmp / f"pl94_{level}.csv", index=False)
         write_csv(long, tmp / "pl94_long.csv", index=False)
+        parents = dict.fromkeys(p for t in levels.values() for p in (t.parents or {}))
+        with_se = any(t.standard_errors is not None for t in levels.values())
+        write_data_dictionary(
+            tmp, pl94_dictionary(code_column=code_column, parents=list(parents), with_se=with_se)
+        )
     return Path(out)

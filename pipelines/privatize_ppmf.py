@@ -16,8 +16,10 @@ list is public (:func:`ppmf_products` derives what each product is from its step
 Written atomically into ``OUTDIR`` (:func:`censusdp.atomic.output_dir`: a temporary
 directory renamed into place when complete; never over the input, nothing half-written):
 
-* ``unbiased/pl94_<level>.csv`` and ``unbiased/pl94_long.csv`` — P1–P5 for every level, with
-  ``<column>_se``: the exact standard error of the GLS estimate of that column, and in the
+* ``unbiased/pl94_<level>.csv`` and ``unbiased/pl94_long.csv`` — P1–P5 for every level (each
+  row with its GEOID and its ancestors' ``state_GEOID`` … ``block_group_GEOID``; a
+  ``data_dictionary.csv`` beside), with ``<column>_moe`` (the integer 90% margin of error of
+  ``<column>_se``, :func:`~censusdp.pipelines.io.outputs.lattice_moe`) and ``<column>_se``: the exact standard error of the GLS estimate of that column, and in the
   whole-population columns (``P1_001N``, ``P2_001N``) the GLS variance plus an upper bound on
   the rounding's variance of the node's total
   (:func:`~censusdp.estimation.structured_rounding.total_variance_bound`;
@@ -144,6 +146,11 @@ from censusdp.mechanisms.product_measure import (
     measure_products,
 )
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.io.outputs import (
+    OUTPUT_COLUMNS_NOTE,
+    parent_codes,
+    write_data_dictionary,
+)
 from censusdp.pipelines.pl94_stream import (
     PartitionRelease,
     SparseHistogram,
@@ -153,6 +160,7 @@ from censusdp.pipelines.pl94_stream import (
 from censusdp.pipelines.pl94_tables import (
     LevelTables,
     pl94_column_values,
+    pl94_dictionary,
     pl94_frames,
 )
 from censusdp.pipelines.ppmf import (
@@ -629,21 +637,39 @@ def column_standard_errors(piece, level: str, total_var: np.ndarray | None = Non
 
 # -- writers -------------------------------------------------------------------------------------
 class _TableWriter:
-    """P1–P5 of one product, appended level chunk by level chunk (wide per level, long)."""
+    """P1–P5 of one product, appended level chunk by level chunk (wide per level, long),
+    and its ``data_dictionary.csv`` (:func:`~censusdp.pipelines.pl94_tables.pl94_dictionary`).
 
-    def __init__(self, folder: Path) -> None:
+    The long file holds rows of levels with different ancestors (a county has a
+    ``state_GEOID``, a block all four), so its columns are every ancestor column of the
+    hierarchy, blank where a level has no such ancestor.
+    """
+
+    def __init__(self, folder: Path, h: Hierarchy, *, with_se: bool) -> None:
         self.folder = folder
         folder.mkdir()
         self.started: set[str] = set()
+        self.h = h
+        self.parents = list(parent_codes(h, h.depth - 1, 0, 0))
+        write_data_dictionary(folder, pl94_dictionary(parents=self.parents, with_se=with_se))
 
     def add(self, level: str, tables: LevelTables) -> None:
         wide, long = pl94_frames({level: tables})
+        rest = [c for c in long.columns[2:] if c not in (tables.parents or {})]
+        long = long.reindex(columns=[*long.columns[:2], *self.parents, *rest])
         for name, frame in (((f"pl94_{level}.csv"), wide[level]), ("pl94_long.csv", long)):
             first = name not in self.started
             write_csv(
                 frame, self.folder / name, index=False, header=first, mode="w" if first else "a"
             )
             self.started.add(name)
+
+    def add_nodes(self, level: str, lo: int, hi: int, counts: np.ndarray, se=None) -> None:
+        """Nodes ``lo:hi`` of a level of the hierarchy, with their ancestors' codes."""
+        k = self.h.level_index(level)
+        codes = self.h.levels[k].codes[lo:hi]
+        parents = parent_codes(self.h, k, lo, hi)
+        self.add(level, LevelTables(codes, counts, se, parents))
 
 
 def _microdata_lines(h: Hierarchy, block: np.ndarray, cell: np.ndarray) -> np.ndarray:
@@ -1022,8 +1048,8 @@ def privatize_ppmf(
         info={"route": "ppmf"},
     ) as tmp:
         writers = {
-            "unbiased": _TableWriter(tmp / "unbiased"),
-            "nonnegative": _TableWriter(tmp / "nonnegative"),
+            "unbiased": _TableWriter(tmp / "unbiased", h, with_se=True),
+            "nonnegative": _TableWriter(tmp / "nonnegative", h, with_se=False),
         }
         micro = (tmp / "nonnegative" / "microdata.csv").open("wb")
         micro.write((",".join(MICRODATA_COLUMNS) + "\n").encode())
@@ -1031,10 +1057,9 @@ def privatize_ppmf(
         def on_levels(names, ranges, piece, unbiased, nonneg, total_var=None) -> None:
             tvs = [None] * len(names) if total_var is None else total_var
             for name, (lo, hi), u, n, tv in zip(names, ranges, unbiased, nonneg, tvs, strict=True):
-                codes = h.levels[h.level_index(name)].codes[lo:hi]
                 se = column_standard_errors(piece, name, tv)
-                writers["unbiased"].add(name, LevelTables(codes, u, se))
-                writers["nonnegative"].add(name, LevelTables(codes, n))
+                writers["unbiased"].add_nodes(name, lo, hi, u, se)
+                writers["nonnegative"].add_nodes(name, lo, hi, n)
                 if name in released["unbiased"]:
                     released["unbiased"][name].append(u.reshape(u.shape[0], -1).sum(axis=1))
                     released["nonnegative"][name].append(n.reshape(n.shape[0], -1).sum(axis=1))
@@ -1203,6 +1228,7 @@ def _write_manifest(
         "exact_through_invariants": list(privacy.exact),
         "privacy": privacy.to_dict(),
         "products": labels,
+        "columns": OUTPUT_COLUMNS_NOTE,
         "product_steps": [p.to_dict() for p in products],
         "size_class_report": {
             "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
@@ -1212,7 +1238,9 @@ def _write_manifest(
         "versions": package_versions(),
         "timings": timings,
     }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    (tmp / "manifest.json").write_text(
+        json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
     wording = [f"- {p.wording()}" for p in products]
     (tmp / "privacy.md").write_text(
         "# Privacy\n\n" + privacy.text() + "\n\nWhat each product is:\n\n"
@@ -1238,6 +1266,7 @@ def _write_manifest(
         else "- blocks: taken from the PPMF's rows (--blocks-from-data): the set of occupied "
         "blocks is disclosed"
     ]
-    lines += ["- size_classes.md: errors by size class, simulated from the released numbers", ""]
+    lines += ["- size_classes.md: errors by size class, simulated from the released numbers"]
+    lines += [f"- columns: {OUTPUT_COLUMNS_NOTE}", ""]
     lines += ["Privacy of each product (privacy.md says the same):", "", *wording, ""]
     (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")

@@ -108,6 +108,13 @@ from censusdp.mechanisms.product_query import (
     max_weighted_column,
 )
 from censusdp.pipelines.codebook import Codebook, available_codebooks
+from censusdp.pipelines.io.outputs import (
+    OUTPUT_COLUMNS_NOTE,
+    DictionaryEntry,
+    estimate_entries,
+    lattice_moe,
+    significant,
+)
 from censusdp.pipelines.release_statement import change_factor, unit_of_universes
 from censusdp.rng import KeyedRNG
 
@@ -127,6 +134,7 @@ __all__ = [
     "shift_to_targets",
     "project_to_targets",
     "group_sum_variance",
+    "codebook_dictionary",
 ]
 
 #: What the ``_se`` columns are (manifests of both codebook routes).
@@ -1274,6 +1282,41 @@ def input_digests(
     return inputs
 
 
+def codebook_dictionary(
+    cb: Codebook,
+    *,
+    key_columns: Sequence[str] = ("gisjoin",),
+    with_se: bool = True,
+    suffix: str = "_dp",
+) -> list[DictionaryEntry]:
+    """What every column of a codebook release is (``data_dictionary.csv``, and the codebook
+    route's sidecar): the geography keys, each ``<column>_dp`` (integer) with its table (the
+    codebook's table and its NHGIS code) and the row's label (``Male × 65+``, ``Total``),
+    its ``_se`` and ``_moe`` (the integer 90% margin of error,
+    :func:`~censusdp.pipelines.io.outputs.lattice_moe`); the unit from the table's universe
+    (:func:`~censusdp.pipelines.release_statement.unit_of_universes`). ``key_columns``: the
+    identifier columns written first (the input's, or the hierarchy's codes)."""
+    rows = cb.rows
+    labels = [
+        cb.rows.queries[q].labels[r].replace("total", "Total", 1)
+        for q, r in zip(rows.query_of_row, rows.row_of_row, strict=True)
+    ]
+    tables = [f"{t} ({cb.tables[t].nhgis})" if t in cb.tables else t for t in cb.table_of]
+    universe = {t: info.universe for t, info in cb.tables.items()}
+    out = [
+        DictionaryEntry(k, "", "identifier carried from the input, as read", "text", "code")
+        for k in key_columns
+    ]
+    for c, t, table, lab in zip(cb.columns, cb.table_of, tables, labels, strict=True):
+        unit = unit_of_universes([universe.get(t, "")])
+        unit = f"{unit}s" if unit else "count"
+        out += estimate_entries(
+            [c], [table], [f"{lab} ({universe.get(t, '')})"], unit=unit, integer=True,
+            suffix=suffix, with_se=with_se,
+        )  # fmt: skip
+    return out
+
+
 def privatize_tables(
     path: str | Path,
     spec: TableSpec,
@@ -1381,10 +1424,19 @@ def privatize_tables(
         "standard_errors": STANDARD_ERRORS_NOTE,
         "inputs_sha256": inputs,
     }
+    keys = [*batch.key_columns, *([batch.version_column] if batch.layout == "long" else [])]
+    dictionary = codebook_dictionary(cb, key_columns=keys)
+    info["columns"] = OUTPUT_COLUMNS_NOTE.replace("data_dictionary.csv", "data_dictionary")
+    info["data_dictionary"] = [dataclasses.asdict(e) for e in dictionary]
     log.info("released in %.1f s; writing %s", time.perf_counter() - t0, Path(out).name)
     with output_file(out, command="privatize", info=info, **policy) as tmp:
         values = np.empty_like(rel.values)
         ses = np.empty(rel.values.shape)
         values[:, order], ses[:, order] = rel.values, rel.standard_errors
-        write_batch(batch, values, ses, tmp)
+        # integers as integers; SEs to 6 significant digits; the integer (lattice) 90% MOE
+        meta = {"privacy": info["privacy"], "schema": cb.schema.name, "codebook": cb.source}
+        write_batch(
+            batch, values, significant(ses), tmp, margins_of_error=lattice_moe(ses),
+            metadata={**meta, "data_dictionary": info["data_dictionary"]},
+        )  # fmt: skip
     return Path(out), rel

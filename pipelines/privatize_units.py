@@ -98,6 +98,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -116,6 +117,16 @@ from censusdp.estimation.structured_rounding import round_children
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import whole_forest
 from censusdp.mechanisms.queries import Query, invariant, measure
+from censusdp.pipelines.io.outputs import (
+    OUTPUT_COLUMNS_NOTE,
+    DictionaryEntry,
+    code_entries,
+    estimate_entries,
+    lattice_moe,
+    parent_codes,
+    significant,
+    write_data_dictionary,
+)
 from censusdp.pipelines.ppmf import PPMFHistogram, read_block_list, read_ppmf_units
 from censusdp.pipelines.privatize_ppmf import (
     REPORT_LEVELS,
@@ -410,28 +421,37 @@ def _release(
 def h1_frames(
     release: H1Release, product: str = "unbiased"
 ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
-    """The wide tables (per level: ``GEOID``, ``H1_001N``, ``H1_001N_se``, ...) and the long
-    table (level, GEOID, table, column, label, value, se) of every level, of one product:
-    ``"unbiased"`` (with ``_se``) or ``"nonnegative"`` (no standard errors: no ``_se``
-    columns, no ``se`` column)."""
+    """The wide tables (per level: ``GEOID``, the ancestors' codes ``state_GEOID`` ...,
+    ``H1_001N``, ``H1_001N_se``, ``H1_001N_moe``, ...) and the long table (level, GEOID, the
+    ancestors' codes, table, column, label, value, se, moe) of every level, of one product:
+    ``"unbiased"`` (with ``_se`` to six significant digits and ``_moe``, the integer 90%
+    margin of error of an integer release, :func:`~censusdp.pipelines.io.outputs.lattice_moe`)
+    or ``"nonnegative"`` (no standard errors: no ``_se``/``_moe`` columns, no ``se``/``moe``).
+    """
     h = release.hierarchy
     unbiased = product == "unbiased"
     counts = release.counts if unbiased else release.nonnegative
+    every_parent = list(parent_codes(h, h.depth - 1, 0, 0))
     wide: dict[str, pd.DataFrame] = {}
     longs = []
     for k, name in enumerate(h.names):
         codes = np.asarray(h.levels[k].codes, dtype=object)
-        values, se = counts[k], release.standard_errors[k]
-        cols: dict[str, np.ndarray] = {"GEOID": codes}
+        parents = parent_codes(h, k)
+        values = counts[k]
+        se = significant(release.standard_errors[k])
+        moe = lattice_moe(release.standard_errors[k])
+        cols: dict[str, np.ndarray] = {"GEOID": codes, **parents}
         for j, col in enumerate(H1_COLUMNS):
             cols[col] = values[:, j]
             if unbiased:
                 cols[f"{col}_se"] = se[:, j]
+                cols[f"{col}_moe"] = moe[:, j]
         wide[name] = pd.DataFrame(cols)
         n, m = values.shape
         long = {
             "level": name,
             "GEOID": np.repeat(codes, m),
+            **{p: np.repeat(parents[p], m) if p in parents else None for p in every_parent},
             "table": "H1",
             "column": np.tile(np.asarray(H1_COLUMNS, dtype=object), n),
             "label": np.tile(np.asarray(H1_LABELS, dtype=object), n),
@@ -439,8 +459,32 @@ def h1_frames(
         }
         if unbiased:
             long["se"] = se.ravel()
+            long["moe"] = moe.ravel()
         longs.append(pd.DataFrame(long))
     return wide, pd.concat(longs, ignore_index=True)
+
+
+def h1_dictionary(parents: Sequence[str], *, with_se: bool) -> list[DictionaryEntry]:
+    """What every column of :func:`h1_frames`' tables is (``data_dictionary.csv``)."""
+    out = code_entries("GEOID", parents)
+    out += estimate_entries(
+        H1_COLUMNS, ["H1"] * len(H1_COLUMNS), H1_LABELS, unit="housing units", integer=True,
+        with_se=with_se,
+    )  # fmt: skip
+    out += [
+        DictionaryEntry("level", "", "h1_long.csv: the geographic level", "text", "level"),
+        DictionaryEntry("table", "", "h1_long.csv: the table (H1)", "text", "table"),
+        DictionaryEntry("column", "", "h1_long.csv: the column (H1_001N ...)", "text", "column"),
+        DictionaryEntry("label", "", "h1_long.csv: the column's label", "text", "label"),
+        DictionaryEntry("value", "", "h1_long.csv: the released count", "integer", "housing units"),
+    ]  # fmt: skip
+    if with_se:
+        out += [
+            DictionaryEntry("se", "", "h1_long.csv: its standard error", "float", "housing units"),
+            DictionaryEntry("moe", "", "h1_long.csv: its integer 90% margin of error",
+                            "integer", "housing units"),
+        ]  # fmt: skip
+    return out
 
 
 def _occupied(release: H1Release, levels) -> dict[str, dict[str, np.ndarray]]:
@@ -731,6 +775,8 @@ def privatize_units(
             for name, frame in wide.items():
                 write_csv(frame, folder / f"h1_{name}.csv", index=False)
             write_csv(long, folder / "h1_long.csv", index=False)
+            parents = list(parent_codes(rel.hierarchy, rel.hierarchy.depth - 1, 0, 0))
+            write_data_dictionary(folder, h1_dictionary(parents, with_se=product == "unbiased"))
         t1 = time.perf_counter()
         log.info("size-class report: %d simulated release(s)", spec.repetitions)
         sim, evaluation = size_class_report(
@@ -803,6 +849,7 @@ def _write_manifest(
         },
         "products": {"unbiased": product, "nonnegative": f"nonnegative/: {NONNEGATIVE_NOTE}"},
         "product_steps": [p.to_dict() for p in products],
+        "columns": OUTPUT_COLUMNS_NOTE,
         "size_class_report": {
             "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
             "quantity": "occupied housing units (H1_002N); areas classed by housing units",
@@ -812,7 +859,9 @@ def _write_manifest(
         "versions": package_versions(),
         "timings": timings,
     }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    (tmp / "manifest.json").write_text(
+        json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
     scope = (
         f"This statement covers the {persons.label()} ({persons.privacy.budget}) and this "
         "housing-unit release together."

@@ -28,6 +28,7 @@ from censusdp.pipelines.codebook_hierarchy import (
     release_hierarchy,
     round_hierarchy,
 )
+from censusdp.pipelines.io.outputs import lattice_moe
 from censusdp.pipelines.privatize_tables import (
     TablePlan,
     group_sum_variance,
@@ -78,7 +79,7 @@ seed = 5
 
 
 def read_level(out: Path, product: str, level: str, cb: Codebook):
-    df = pd.read_csv(out / product / f"{level}.csv", dtype={"gisjoin": str})
+    df = pd.read_csv(out / product / f"{level}.csv", dtype={"gisjoin": str, "state_GISJOIN": str})
     values = df[[f"{c}_dp" for c in cb.columns]].to_numpy()
     se = df[[f"{c}_se" for c in cb.columns]].to_numpy() if product == "unbiased" else None
     return df, values, se
@@ -125,6 +126,19 @@ def test_state_totals_identities_and_no_negative_cell(state_release, ppdd):
             assert np.array_equal(state[i], county[cdf["gisjoin"].str[:4] == g].sum(axis=0))
     _, nonneg, _ = read_level(out, "nonnegative", "county", ppdd)
     assert nonneg.min() >= 0
+    # every row carries its state's GISJOIN; the unbiased product an integer MOE per _se;
+    # a data dictionary of every column in each folder
+    for product in ("unbiased", "nonnegative"):
+        cdf, _, se = read_level(out, product, "county", ppdd)
+        assert (cdf["state_GISJOIN"] == cdf["gisjoin"].str[:4]).all()
+        if se is not None:
+            moe = cdf[[f"{c}_moe" for c in ppdd.columns]]
+            assert (moe.dtypes == np.int64).all()
+            assert np.array_equal(moe.to_numpy(), lattice_moe(se))
+        dic = pd.read_csv(out / product / "data_dictionary.csv", keep_default_na=False)
+        cols = set().union(*(pd.read_csv(f, nrows=0).columns for f in (out / product).glob("*.csv")
+                             if f.name != "data_dictionary.csv"))  # fmt: skip
+        assert set(dic["column"]) == cols and dic["column"].is_unique, product
     _, unb, se = read_level(out, "unbiased", "county", ppdd)
     assert (unb < 0).any()  # small counties: the unbiased product does go negative
     assert np.isfinite(se).all() and (se > 0).all()

@@ -21,6 +21,7 @@ from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.io.nmf import collect_nmf, read_nmf
 from censusdp.pipelines.io.nmf_writer import simulate_nmf, write_nmf, write_state_totals
+from censusdp.pipelines.io.outputs import real_moe, significant
 from censusdp.pipelines.nmf_release import (
     census_block_geoids,
     estimate_state,
@@ -78,7 +79,10 @@ def one_state(tmp_path_factory):
 
 
 def _read(path, code):
-    return pd.read_csv(path, dtype={code: str})
+    """A written table, its code and its ancestors' codes as text."""
+    head = pd.read_csv(path, nrows=0).columns
+    codes = [c for c in head if c == code or c.endswith(("_GEOID", "_geocode"))]
+    return pd.read_csv(path, dtype=dict.fromkeys(codes, str))
 
 
 def test_synthetic_block_codes_are_census_geoids(one_state):
@@ -109,8 +113,20 @@ def test_spine_levels_equal_the_structured_gls_bit_for_bit(one_state):
         want = book.rows.apply(ref.level(level))
         assert np.array_equal(f[COLUMNS].to_numpy(), want)  # CSV floats round-trip exactly
         _, se = pl94_columns(ref, level)
-        assert np.array_equal(f[[c + "_se" for c in COLUMNS]].to_numpy(), se)
+        # written to 6 significant digits, the 90% MOE 1.645·SE beside (real-valued release)
+        assert np.array_equal(f[[c + "_se" for c in COLUMNS]].to_numpy(), significant(se))
+        assert np.array_equal(f[[c + "_moe" for c in COLUMNS]].to_numpy(), real_moe(se))
         assert np.isfinite(se).all() and (se > 0).any()
+        # the ancestors' spine geocodes on every spine row (blocks: tabulation GEOIDs)
+        for up in (
+            ("state", "state_part", "county", "tract")[
+                : ("state_part", "county", "tract", "block_group", "block").index(level) + 1
+            ]
+            if level != "block"
+            else ()
+        ):
+            anc = sh[up].codes[sh.ancestor_index(level, up)]
+            assert f[f"{up}_geocode"].tolist() == anc.tolist(), (level, up)
     # the Bureau's identities hold between the real-valued columns
     f = _read(d / "out" / "pl94_block.csv", "GEOID")
     assert np.array_equal(f["P1_001N"], f["P2_001N"])
@@ -177,7 +193,15 @@ def test_area_ses_and_district_covariance_equal_the_dense_covariance(one_state):
         prefix = np.asarray(geo, dtype=object).astype(str)
         inc = np.array([[p[:width] == c for p in prefix] for c in f["GEOID"]], float)
         ref = np.sqrt(np.einsum("al,lm,am->a", inc, cov, inc))
-        assert np.abs(f["P1_001N_se"].to_numpy() - ref).max() <= 1e-9 * max(1.0, ref.max())
+        # the release's SE to 1e-9; the file holds it to 6 significant digits
+        assert f["GEOID"].tolist() == r.tabulation[level].codes.tolist()
+        mem = pl94_columns(r.tabulation[level], level)[1][:, 0]
+        assert np.abs(mem - ref).max() <= 1e-9 * max(1.0, ref.max())
+        assert np.array_equal(f["P1_001N_se"].to_numpy(), significant(mem))
+        # the ancestors' GEOIDs are the GEOID's prefixes
+        for up, w in (("state", 2), ("county", 5), ("tract", 11)):
+            if w < width:
+                assert (f[f"{up}_GEOID"] == f["GEOID"].str[:w]).all()
     baf = pd.read_csv(d / "baf.csv", dtype=str, keep_default_na=False)
     spine_of = {g: i for i, g in enumerate(census_block_geoids(geo).tolist())}
     areas = _read(d / "out" / "pl94_area_district.csv", "area")
@@ -198,10 +222,19 @@ def test_area_ses_and_district_covariance_equal_the_dense_covariance(one_state):
     got = got[["1", "2", "3", "4"]].to_numpy()
     assert np.abs(got - ref).max() <= 1e-9 * scale
     assert np.array_equal(got, got.T)
-    se = areas["P1_001N_se"].to_numpy()
+    se = pl94_columns(r.areas, r.areas.name)[1][:, 0]
     assert np.abs(se - np.sqrt(np.diag(ref))).max() <= 1e-9 * max(1.0, se.max())
+    assert np.array_equal(areas["P1_001N_se"].to_numpy(), significant(se))
+    # a data dictionary of every column of every table written
+    dic = pd.read_csv(d / "out" / "data_dictionary.csv", keep_default_na=False)
+    cols = set().union(*(pd.read_csv(x, nrows=0).columns for x in (d / "out").glob("*.csv")
+                         if x.name != "data_dictionary.csv"))  # fmt: skip
+    assert set(dic["column"]) == cols and dic["column"].is_unique
+    assert dic.set_index("column").loc["P1_001N", "type"] == "float"
     # the districts' estimates are the sums of their blocks' estimates
     blk = _read(d / "out" / "pl94_block.csv", "GEOID")
+    for up, w in (("state", 2), ("county", 5), ("tract", 11), ("block_group", 12)):
+        assert (blk[f"{up}_GEOID"] == blk["GEOID"].str[:w]).all()
     sums = inc[:, [spine_of[g] for g in blk["GEOID"]]] @ blk[COLUMNS].to_numpy()
     assert np.abs(areas[COLUMNS].to_numpy() - sums).max() <= 1e-9 * max(1.0, np.abs(sums).max())
 

@@ -15,6 +15,7 @@ from hypothesis.extra.numpy import arrays
 from ppmf_fixtures import ppmf_persons
 
 from censusdp.errors import DataError, SpecError
+from censusdp.pipelines.io.outputs import lattice_moe
 from censusdp.pipelines.pl94_tables import (
     LevelTables,
     pl94_codebook,
@@ -225,8 +226,19 @@ def test_written_wide_and_long_tables(tmp_path: Path) -> None:
     out = write_pl94_tables(tmp_path / "tables", levels)
     county = pd.read_csv(out / "pl94_county.csv", dtype={"GEOID": str})
     block = pd.read_csv(out / "pl94_block.csv", dtype={"GEOID": str})
-    assert list(county.columns[:3]) == ["GEOID", "P1_001N", "P1_001N_se"]
-    assert len(county.columns) == 1 + 2 * len(COLUMNS)
+    assert list(county.columns[:4]) == ["GEOID", "P1_001N", "P1_001N_se", "P1_001N_moe"]
+    assert len(county.columns) == 1 + 3 * len(COLUMNS)
+    # integers as integers (no ".0"), the integer lattice MOE of the written SE
+    assert (county[COLUMNS].dtypes == np.int64).all()
+    assert (county[[f"{c}_moe" for c in COLUMNS]].dtypes == np.int64).all()
+    se_written = county[[f"{c}_se" for c in COLUMNS]].to_numpy()
+    assert np.array_equal(
+        county[[f"{c}_moe" for c in COLUMNS]].to_numpy(),
+        lattice_moe(levels["county"].standard_errors),
+    )
+    text = (out / "pl94_county.csv").read_text().splitlines()[1].split(",")
+    assert all("." not in v for v in text[1:2]) and len(text[2].replace(".", "")) <= 7
+    assert np.allclose(se_written, levels["county"].standard_errors, rtol=5e-6, atol=0)
     assert county[COLUMNS].to_numpy().tolist() == tabulate(levels["county"].histograms).tolist()
     # the county row is the sum of its blocks' rows, column by column
     assert county[COLUMNS].to_numpy()[0].tolist() == block[COLUMNS].to_numpy().sum(axis=0).tolist()
@@ -236,12 +248,26 @@ def test_written_wide_and_long_tables(tmp_path: Path) -> None:
     row = long[(long.GEOID == "01001") & (long.column == "P2_003N")].iloc[0]
     assert (row.table, row.label, row.level) == ("P2", "Not Hispanic or Latino", "county")
     assert row.value == county.loc[0, "P2_003N"]
+    assert row.moe == county.loc[0, "P2_003N_moe"] and long["value"].dtype == np.int64
     assert (out / "censusdp-output.json").exists()
+    # the data dictionary names every column of every file once, with its table and label
+    dic = pd.read_csv(out / "data_dictionary.csv", keep_default_na=False)
+    assert list(dic.columns) == ["column", "table", "label", "type", "unit"]
+    assert dic["column"].is_unique
+    assert set(county.columns) | set(long.columns) == set(dic["column"])
+    p2 = dic.set_index("column").loc["P2_003N"]
+    assert (p2.table, p2.label, p2.type, p2.unit) == (
+        "P2", "Not Hispanic or Latino", "integer", "persons",
+    )  # fmt: skip
+    assert dic.set_index("column").loc["P2_003N_moe", "type"] == "integer"
 
 
 def test_without_standard_errors_no_se_columns(tmp_path: Path) -> None:
     out = write_pl94_tables(tmp_path / "t", _levels(se=False))
-    assert not any(c.endswith("_se") for c in pd.read_csv(out / "pl94_block.csv").columns)
+    cols = pd.read_csv(out / "pl94_block.csv").columns
+    assert not any(c.endswith(("_se", "_moe")) for c in cols)
+    dic = pd.read_csv(out / "data_dictionary.csv")
+    assert set(dic["column"]) == set(cols) | set(pd.read_csv(out / "pl94_long.csv").columns)
 
 
 def test_nothing_is_written_on_bad_input_or_a_foreign_directory(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from scipy import stats
 from censusdp.app.cli import main
 from censusdp.errors import DataError, SpecError
 from censusdp.pipelines.codebook import Codebook
+from censusdp.pipelines.io.outputs import lattice_moe, significant
 from censusdp.pipelines.privatize_tables import TablePlan, release_tables
 from censusdp.rng import KeyedRNG
 
@@ -200,7 +201,23 @@ def test_cli_codebook_route_writes_exact_tables_and_statement(tmp_path, ppdd, ca
     assert values.dtype.kind == "i" and not (ppdd.identities() @ values.T).any()
     assert not any(c.endswith("_sf") for c in df.columns)  # the confidential input stays out
     assert (se > 0).all() and np.isfinite(se).all()
-    side = json.loads((tmp_path / "rel.csv.censusdp.json").read_text())
+    # each _se followed by its integer (lattice) 90% MOE; SEs to 6 significant digits
+    cols = list(df.columns)
+    assert cols[cols.index("H7V001_se") + 1] == "H7V001_moe"
+    moe = df[[f"{c}_moe" for c in ppdd.columns]]
+    assert (moe.dtypes == np.int64).all() and np.array_equal(moe.to_numpy(), lattice_moe(se))
+    assert np.array_equal(se, significant(se))
+    text = out.read_text(encoding="latin-1")
+    assert "ρ" not in text  # (nothing Greek in the table itself)
+    side_text = (tmp_path / "rel.csv.censusdp.json").read_text(encoding="utf-8")
+    assert "ρ" in side_text and "\\u03c1" not in side_text  # ensure_ascii=False
+    side = json.loads(side_text)
+    dic = {e["column"]: e for e in side["data_dictionary"]}
+    assert set(dic) == set(df.columns)
+    assert dic["H7V001_dp"] == {
+        "column": "H7V001_dp", "table": "P1 (H7V)", "label": "Total (Total population)",
+        "type": "integer", "unit": "persons",
+    }  # fmt: skip
     assert side["route"] == "codebook" and side["schema"] == "ppdd"
     assert math.isclose(side["rho_derived"], rho, rel_tol=1e-12)
     assert [q["sigma2"] for q in side["strategy"]] == sigma2
@@ -273,6 +290,14 @@ def test_cli_spec_route(tmp_path, ppdd, capsys):
     assert f"ρ = {rho:g}" in capsys.readouterr().out
     values = pd.read_parquet(out)[[f"{c}_dp" for c in ppdd.columns]].to_numpy()
     assert not (ppdd.identities() @ values.T).any()
+    # Parquet: int64 releases, the statement and schema in the file's metadata
+    import pyarrow.parquet as pq
+
+    pf = pq.read_schema(out)
+    assert pf.field("H7V001_dp").type == "int64" and pf.field("H7V001_moe").type == "int64"
+    meta = {k.decode(): v.decode("utf-8") for k, v in pf.metadata.items()}
+    assert meta["censusdp.schema"] == "ppdd" and f"ρ = {rho:g}" in meta["censusdp.privacy"]
+    assert len(json.loads(meta["censusdp.data_dictionary"])) == len(pf.names)
     # a --rho that contradicts the spec is refused, not silently preferred
     assert (
         main(

@@ -21,6 +21,7 @@ import pytest
 from ppmf_fixtures import ppmf_persons
 
 from censusdp.app.cli import main
+from censusdp.pipelines.io.outputs import lattice_moe
 from censusdp.pipelines.pl94_tables import level_tables, pl94_codebook, tabulate
 from censusdp.pipelines.ppmf import read_ppmf
 
@@ -118,13 +119,32 @@ def test_privatize_writes_both_products_and_the_statement(release):
     n_blocks = len(pd.read_csv(out / "unbiased" / "pl94_block.csv", dtype={"GEOID": str}))
     assert n_blocks == len(_public_blocks())  # the empty blocks are released too
     for level in (*levels, "place"):
-        unb = pd.read_csv(out / "unbiased" / f"pl94_{level}.csv", dtype={"GEOID": str})
-        nn = pd.read_csv(out / "nonnegative" / f"pl94_{level}.csv", dtype={"GEOID": str})
-        assert list(nn.columns) == ["GEOID", *columns]  # no standard errors: biased
-        assert {f"{c}_se" for c in columns} <= set(unb.columns)
+        codes = {c: str for c in ("GEOID", *(f"{lv}_GEOID" for lv in levels))}
+        unb = pd.read_csv(out / "unbiased" / f"pl94_{level}.csv", dtype=codes)
+        nn = pd.read_csv(out / "nonnegative" / f"pl94_{level}.csv", dtype=codes)
+        # every row carries its ancestors' codes (below the nation): a GEOID's prefixes
+        k = levels.index(level) if level in levels else 1
+        parents = [f"{lv}_GEOID" for lv in levels[1:k]]
+        assert list(nn.columns) == ["GEOID", *parents, *columns]  # no standard errors: biased
+        for p in parents:
+            width = {"state": 2, "county": 5, "tract": 11, "block_group": 12}[p[:-6]]
+            assert (unb[p] == unb["GEOID"].str[:width]).all() and (nn[p] == unb[p]).all()
+        assert list(unb.columns[len(parents) + 1 : len(parents) + 4]) == [
+            "P1_001N", "P1_001N_se", "P1_001N_moe",
+        ]  # fmt: skip
+        assert {f"{c}_se" for c in columns} | {f"{c}_moe" for c in columns} <= set(unb.columns)
         assert (unb[[f"{c}_se" for c in columns]].to_numpy() >= 0).all()
+        moe = unb[[f"{c}_moe" for c in columns]]
+        assert (moe.dtypes == np.int64).all() and (unb[columns].dtypes == np.int64).all()
+        assert np.array_equal(moe.to_numpy(), lattice_moe(unb[[f"{c}_se" for c in columns]]))
         assert (nn[columns].to_numpy() >= 0).all()
         assert len(unb) == len(nn)
+    for product in ("unbiased", "nonnegative"):  # a dictionary of every table column
+        dic = pd.read_csv(out / product / "data_dictionary.csv", keep_default_na=False)
+        cols = set(pd.read_csv(out / product / "pl94_long.csv", nrows=0).columns)
+        for level in (*levels, "place"):
+            cols |= set(pd.read_csv(out / product / f"pl94_{level}.csv", nrows=0).columns)
+        assert set(dic["column"]) == cols, product
     assert (out / "size_classes.md").exists() and (out / "size_classes.png").exists()
     # --evaluate lays the output out as `run` does: the confidential comparison beside the
     # release folder, never inside it

@@ -18,6 +18,7 @@ from censusdp.errors import DataError, SpecError
 from censusdp.estimation.capped_simplex import project_capped_simplex
 from censusdp.estimation.predict import allocation_plan
 from censusdp.mechanisms.queries import Query, measure
+from censusdp.pipelines.io.outputs import lattice_moe
 from censusdp.pipelines.ppmf import read_ppmf, read_ppmf_units
 from censusdp.pipelines.privatize_units import (
     CELLS,
@@ -356,11 +357,22 @@ def test_privatize_writes_h1_for_every_level(small: Path, tmp_path: Path, capsys
         assert (t.H1_001N == t.H1_002N + t.H1_003N).all()
         assert (t.H1_001N.to_numpy() == truth[k].sum(axis=1)).all()
         assert (t.H1_001N_se == 0).all() and (t.H1_002N_se > 0).all()
+        # the integer MOE (0 where the total is exact), the ancestors' codes on every row
+        assert (t.H1_001N_moe == 0).all() and t.H1_002N_moe.dtype == np.int64
+        assert np.array_equal(t.H1_003N_moe.to_numpy(), lattice_moe(t.H1_003N_se.to_numpy()))
+        parents = [f"{lv}_GEOID" for lv in h.names[1:k]]
+        for p in parents:
+            up = h.level_index(p[:-6])
+            assert t[p].astype(str).tolist() == list(h.levels[up].codes[h.ancestor_index(k, up)])
         nn = pd.read_csv(out / "nonnegative" / f"h1_{name}.csv", dtype={"GEOID": str})
-        assert nn.columns.tolist() == ["GEOID", *H1_COLUMNS]  # biased: no standard errors
+        assert nn.columns.tolist() == ["GEOID", *parents, *H1_COLUMNS]  # biased: no SEs
         assert (nn.GEOID == t.GEOID).all() and (nn.H1_001N == t.H1_001N).all()
         assert (nn.H1_002N >= 0).all() and (nn.H1_003N >= 0).all()
         assert (nn.H1_001N == nn.H1_002N + nn.H1_003N).all()
+    for folder in (out, out / "nonnegative"):  # a dictionary of every table column
+        dic = pd.read_csv(folder / "data_dictionary.csv", keep_default_na=False)
+        cols = set().union(*(pd.read_csv(f, nrows=0).columns for f in folder.glob("h1_*.csv")))
+        assert set(dic["column"]) == cols and dic["column"].is_unique
     # the size-class report: both products, by housing units, every report level
     sim = pd.read_csv(out / "size_classes.csv")
     assert set(sim["product"]) == {"unbiased", "nonnegative"}
