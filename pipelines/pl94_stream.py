@@ -76,6 +76,7 @@ from censusdp.estimation.structured_rounding import (
     partition_streams,
     replicate_errors,
     replicate_keys,
+    replicate_variance,
     round_structured_partition,
     round_structured_top,
 )
@@ -83,7 +84,7 @@ from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
-from censusdp.mechanisms.product_query import ProductQuery, apply_queries
+from censusdp.mechanisms.product_query import ProductQuery, QueryRows, apply_queries
 from censusdp.mechanisms.queries import measure_range, stream_label
 from censusdp.pipelines.execute import Executor, ordered_ahead
 from censusdp.pipelines.partition import Partition, partition_units
@@ -1269,34 +1270,80 @@ class PartitionChecks(ReleaseChecks):
 
 
 class StandardErrorSummary:
-    """Per level and table: the mean and largest GLS standard error over its rows and nodes,
-    accumulated piece by piece (``add(piece)`` for the top and every partition)."""
+    """Per level and table: the mean and largest standard error over its rows and nodes,
+    accumulated piece by piece (``add(piece)`` for the top and every partition).
+
+    Without replicate errors these are the GLS standard errors alone and the result says so
+    (``"rounding": "not included (GLS only)"``): the released integers' error also holds the
+    rounding's. Run :func:`stream_pl94` with ``rounding_replicates = R`` and
+    ``replicate_rows = summary.rows`` and pass each release's ``replicate_errors[j]`` to
+    :meth:`add`: the standard errors are then ``sqrt(GLS variance + replicate rounding
+    variance)`` (:func:`~censusdp.estimation.structured_rounding.replicate_variance`), and the
+    result names ``R``. A summary mixes the two only if the caller does; it records both.
+    """
 
     def __init__(self, schema: Schema, tables: Sequence[str]) -> None:
         self.queries = [ProductQuery.parse(schema, t) for t in tables]
         self.acc: dict = {}
+        self.replicates: set[int] = set()
         self.seconds = self.cpu_seconds = 0.0
 
-    def add(self, piece: StructuredPiece) -> None:
+    @property
+    def rows(self) -> QueryRows:
+        """Every row of every table, in order: the ``replicate_rows`` whose replicate errors
+        :meth:`add` takes."""
+        qi = np.concatenate([np.full(q.n_rows, i, np.int64) for i, q in enumerate(self.queries)])
+        ri = np.concatenate([np.arange(q.n_rows, dtype=np.int64) for q in self.queries])
+        names = tuple(f"{q.name}[{r}]" for q in self.queries for r in range(q.n_rows))
+        return QueryRows(self.queries[0].schema, tuple(self.queries), qi, ri, names)
+
+    def add(
+        self, piece: StructuredPiece, replicate_errors: Sequence[np.ndarray] | None = None
+    ) -> None:
+        """Accumulate ``piece``'s levels; ``replicate_errors`` per level ``(R, n, rows)``
+        (of :attr:`rows`) adds the replicate rounding variance."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        for lvl in piece.names:
+        for j, lvl in enumerate(piece.names):
+            var = None
+            if replicate_errors is not None:
+                z = replicate_errors[j]
+                var = replicate_variance(z)
+                self.replicates.add(int(z.shape[0]))
+            at = 0
             for q in self.queries:
                 se = piece.query_standard_errors(lvl, q)
+                if var is not None:
+                    se = np.sqrt(se**2 + var[:, at : at + q.n_rows])
+                at += q.n_rows
                 ok = ~np.isnan(se)
                 a = self.acc.setdefault((lvl, q.name), [0.0, 0, -np.inf])
                 a[0] += float(se[ok].sum())
                 a[1] += int(ok.sum())
                 a[2] = max(a[2], float(se[ok].max(initial=-np.inf)))
+        if replicate_errors is None:
+            self.replicates.add(0)
         self.seconds += time.perf_counter() - t0
         self.cpu_seconds += time.thread_time() - c0
 
     def result(self, names: Sequence[str]) -> dict:
+        reps = sorted(self.replicates)
+        if reps == [0] or not reps:
+            note = "not included (GLS only): the rounding's error is left out"
+        elif 0 in reps:
+            note = f"included for some pieces only (replicates {reps[1:]}, 0 elsewhere)"
+        else:
+            shown = reps[0] if len(reps) == 1 else reps
+            note = f"included: GLS variance + replicate rounding variance (R = {shown})"
         out: dict = {}
         for lvl in names:
             out[lvl] = {}
             for q in self.queries:
                 total, count, top = self.acc.get((lvl, q.name), (0.0, 0, float("nan")))
-                out[lvl][q.name] = {"mean": total / count if count else float("nan"), "max": top}
+                out[lvl][q.name] = {
+                    "mean": total / count if count else float("nan"),
+                    "max": top,
+                    "rounding": note,
+                }
         return out
 
 

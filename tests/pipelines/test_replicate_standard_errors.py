@@ -23,7 +23,7 @@ from ppmf_fixtures import ppmf_persons
 from censusdp.errors import SpecError
 from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.structured_rounding import replicate_variance, rounding_replicates
-from censusdp.pipelines.pl94_stream import SparseHistogram, stream_pl94
+from censusdp.pipelines.pl94_stream import SparseHistogram, StandardErrorSummary, stream_pl94
 from censusdp.pipelines.pl94_tables import pl94_codebook
 from censusdp.pipelines.ppmf import read_ppmf
 from censusdp.pipelines.privatize_ppmf import CUT, INVARIANTS, column_standard_errors
@@ -142,3 +142,40 @@ def test_replicate_count_and_rows_are_checked(county_pair):
     with pytest.raises(SpecError, match="rounding replicates"):
         stream_pl94(h, schema, source, plan, KeyedRNG.reproducible(5, warn=False),
                     invariants=INVARIANTS, cut=CUT, rounding_replicates=-1)  # fmt: skip
+
+
+def test_standard_error_summary_says_gls_only_or_adds_the_replicates(county_pair):
+    h, schema, source, plan = county_pair
+    tables = ("total", "votingage * hispanic")
+    plain, with_reps = StandardErrorSummary(schema, tables), StandardErrorSummary(schema, tables)
+    got: dict = {"parts": []}
+    stream_pl94(
+        h, schema, source, plan, KeyedRNG.reproducible(5, warn=False), invariants=INVARIANTS,
+        cut=CUT, rounding_replicates=R, replicate_rows=with_reps.rows,
+        on_top=lambda t: got.__setitem__("top", t),
+        on_partition=lambda p: got["parts"].append(p),
+    )  # fmt: skip
+    releases = [got["top"], *got["parts"]]
+    for rel in releases:
+        plain.add(rel.piece)
+        with_reps.add(rel.piece, rel.replicate_errors)
+    a, b = plain.result(h.names), with_reps.result(h.names)
+    assert a["tract"]["total"]["rounding"].startswith("not included (GLS only)")
+    assert b["tract"]["total"]["rounding"].endswith(f"(R = {R})")
+    for lvl in ("tract", "block_group", "block"):
+        for t in tables:
+            assert b[lvl][t]["mean"] > a[lvl][t]["mean"], (lvl, t)
+    # the same replicate roundings seen through other rows: the total row is P1_001N
+    _, _, _, _, errs = _run(h, schema, source, plan, R)
+    parts = sorted(got["parts"], key=lambda p: p.partition.units)
+    j = list(parts[0].names).index("tract")
+    mine = np.concatenate([p.replicate_errors[j] for p in parts], axis=1)
+    p1 = list(pl94_codebook().columns).index("P1_001N")
+    np.testing.assert_allclose(mine[:, :, 0], errs[h.level_index("tract")][:, :, p1], atol=1e-9)
+    # the direct mean over the tract nodes of sqrt(GLS² + mean of squared errors)
+    se = []
+    for p in got["parts"]:
+        j = list(p.names).index("tract")
+        gls = p.piece.query_standard_errors("tract", with_reps.queries[0])[:, 0]
+        se.append(np.sqrt(gls**2 + np.mean(p.replicate_errors[j][:, :, 0] ** 2, axis=0)))
+    assert np.isclose(b["tract"]["total"]["mean"], np.concatenate(se).mean(), rtol=1e-12)
