@@ -23,6 +23,7 @@ from ppmf_fixtures import ppmf_persons
 from censusdp.errors import SpecError
 from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.structured_rounding import replicate_variance, rounding_replicates
+from censusdp.pipelines.execute import SyncExecutor
 from censusdp.pipelines.pl94_stream import SparseHistogram, StandardErrorSummary, stream_pl94
 from censusdp.pipelines.pl94_tables import pl94_codebook
 from censusdp.pipelines.ppmf import read_ppmf
@@ -179,3 +180,21 @@ def test_standard_error_summary_says_gls_only_or_adds_the_replicates(county_pair
         gls = p.piece.query_standard_errors("tract", with_reps.queries[0])[:, 0]
         se.append(np.sqrt(gls**2 + np.mean(p.replicate_errors[j][:, :, 0] ** 2, axis=0)))
     assert np.isclose(b["tract"]["total"]["mean"], np.concatenate(se).mean(), rtol=1e-12)
+
+
+def test_replicates_in_tasks_with_restricted_keys_equal_the_in_process_ones(county_pair):
+    """With an executor each partition is rounded in its task from sub-keys of its own
+    chunks (never a key): the replicates too, and they give the same errors."""
+    h, schema, source, plan = county_pair
+    _, parts, _, _, _ = _run(h, schema, source, plan, R)
+    want = {p.partition.units: p.replicate_errors for p in parts}
+    res = stream_pl94(
+        h, schema, source, plan, KeyedRNG.reproducible(5, warn=False), invariants=INVARIANTS,
+        cut=CUT, rounding_replicates=R, executor=SyncExecutor(),
+        sink=lambda rel, payload: (rel.partition.units, rel.replicate_errors),
+        sink_payload=lambda p: None,
+    )  # fmt: skip
+    assert len(res.sunk) == len(want) == 2
+    for units, errs in res.sunk:
+        for a, b in zip(errs, want[units], strict=True):
+            assert np.array_equal(a, b)
