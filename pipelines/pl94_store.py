@@ -870,7 +870,11 @@ class Pl94Store:
         return np.where(ok[None, :], np.sqrt(var[cls]), np.nan)
 
     def column_standard_errors(self, level: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        """GLS standard errors of every P1–P5 column at nodes ``[lo, hi)``: ``(n, 298)``."""
+        """GLS standard errors of every P1–P5 column at nodes ``[lo, hi)``: ``(n, 298)``.
+
+        GLS only: the stored integers' error also holds the rounding's (the national stream
+        rounds no replicates, :func:`~censusdp.pipelines.pl94_stream.stream_pl94`
+        ``rounding_replicates``), which these leave out."""
         rows = pl94_codebook().rows
         cls = self._gather("classes", level, lo, hi).astype(np.int64)
         cov = BlockDiagonal(self.basis, self._class_blocks(level))

@@ -74,6 +74,9 @@ from censusdp.estimation.structured_rounding import LABEL as ROUNDING_LABEL
 from censusdp.estimation.structured_rounding import (
     RoundedLevels,
     partition_streams,
+    replicate_errors,
+    replicate_keys,
+    replicate_variance,
     round_structured_partition,
     round_structured_top,
 )
@@ -81,7 +84,7 @@ from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
-from censusdp.mechanisms.product_query import ProductQuery, apply_queries
+from censusdp.mechanisms.product_query import ProductQuery, QueryRows, apply_queries
 from censusdp.mechanisms.queries import measure_range, stream_label
 from censusdp.pipelines.execute import Executor, ordered_ahead
 from censusdp.pipelines.partition import Partition, partition_units
@@ -512,11 +515,18 @@ class TopRelease:
         the invariants ``==``.
     invariants : tuple of ProductInvariant
         The invariants held (public: released exactly).
+    replicate_errors : list of numpy.ndarray or None
+        With ``rounding_replicates = R`` (:func:`stream_pl94`), per level ``(R, n_nodes, m)``:
+        each replicate rounding's error in every row of ``replicate_rows`` (P1–P5 by default;
+        :func:`~censusdp.estimation.structured_rounding.replicate_errors`); their
+        :func:`~censusdp.estimation.structured_rounding.replicate_variance` is the
+        replicate estimate of the rounding's variance. None without replicates.
     """
 
     piece: StructuredPiece
     rounded: RoundedLevels
     invariants: tuple[ProductInvariant, ...] = ()
+    replicate_errors: list[np.ndarray] | None = None
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -550,6 +560,10 @@ class PartitionRelease:
     total_var : list of numpy.ndarray or None
         Per level ``cut + 1 .. leaf``, a bound on the rounding variance of each node's total
         (:attr:`~censusdp.estimation.structured_rounding.RoundedLevels.spread`).
+    replicate_errors : list of numpy.ndarray or None
+        Per level ``cut + 1 .. leaf``, ``(R, n_nodes, m)``: as
+        :attr:`TopRelease.replicate_errors`, each replicate rounded from its own replicate
+        of the cut nodes' integers (None without replicates).
     """
 
     partition: Partition
@@ -558,6 +572,7 @@ class PartitionRelease:
     cut_counts: np.ndarray
     forest: Forest
     total_var: list[np.ndarray] | None = None
+    replicate_errors: list[np.ndarray] | None = None
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -591,6 +606,10 @@ class RoundingInput:
         The rounding streams (a task gets only its partition's chunks: :meth:`of`).
     cut_var : numpy.ndarray or None
         The top's rounding-variance bounds of the cut nodes' totals (None: not computed).
+    replicates : tuple of (numpy.ndarray, KeyedRNG or SubKeys)
+        Per replicate rounding, its cut nodes' integers and its keys (restricted as ``keys``).
+    rows : QueryRows or None
+        The rows whose replicate errors are kept (with ``replicates``).
     """
 
     forest: Forest
@@ -600,34 +619,58 @@ class RoundingInput:
     negative: bool
     keys: KeyedRNG | SubKeys
     cut_var: np.ndarray | None = None
+    replicates: tuple[tuple[np.ndarray, KeyedRNG | SubKeys], ...] = ()
+    rows: object = None
 
     @classmethod
     def of(
         cls, h: Hierarchy, schema: Schema, part: Partition, top: RoundedLevels, rng: KeyedRNG,
-        *, restrict: bool,
+        *, restrict: bool, replicates: Sequence[tuple[np.ndarray, KeyedRNG]] = (),
+        rows: object = None,
     ) -> RoundingInput:  # fmt: skip
         """Partition ``part``'s input from the rounded top; with ``restrict`` the sub-keys of
-        its own chunks of the rounding streams (``rng.child(ROUNDING)``) instead of the key."""
+        its own chunks of the rounding streams (``rng.child(ROUNDING)``) instead of the key.
+        ``replicates``: per replicate rounding its cut level's integers (every cut node) and
+        its key (:func:`~censusdp.estimation.structured_rounding.replicate_keys` of the
+        stream's key), restricted alike."""
         cut, K = part.cut, schema.n_cells
         forest = Forest.of(h, cut, part.ranges)
-        keys: KeyedRNG | SubKeys = rng
-        if restrict:
-            keys = rng.restrict(partition_streams(
-                h.names[cut + 1 : cut + len(part.ranges)], part.ranges[1:], K, ROUNDING_LABEL
-            ))  # fmt: skip
+        streams = partition_streams(
+            h.names[cut + 1 : cut + len(part.ranges)], part.ranges[1:], K, ROUNDING_LABEL
+        )
+
+        def held(key: KeyedRNG) -> KeyedRNG | SubKeys:
+            return key.restrict(streams) if restrict else key
+
         return cls(
             forest, tuple(r[0] for r in part.ranges), tuple(int(n) for n in h.sizes[cut:]),
-            top.counts[cut][slice(*part.units)], bool(top.negative), keys,
+            top.counts[cut][slice(*part.units)], bool(top.negative), held(rng),
             None if top.spread is None else top.spread[cut][slice(*part.units)],
+            tuple((c[slice(*part.units)], held(key)) for c, key in replicates), rows,
         )  # fmt: skip
 
     def release(self, part: Partition, piece: StructuredPiece, schema: Schema) -> PartitionRelease:
-        """The partition's piece rounded from its cut nodes' integers."""
+        """The partition's piece rounded from its cut nodes' integers (and each replicate
+        from its own, its errors in ``rows`` kept per level)."""
+        est = list(piece.estimates)
         out = round_structured_partition(
             self.forest, self.lo, self.n_global, schema, self.cut_counts, self.cut_var,
-            list(piece.estimates), self.keys, negative=self.negative,
+            est, self.keys, negative=self.negative,
         )  # fmt: skip
-        return PartitionRelease(part, piece, out.counts, self.cut_counts, self.forest, out.spread)
+        errs = None
+        if self.replicates:
+            per: list[list[np.ndarray]] = [[] for _ in est]
+            for cut_r, keys_r in self.replicates:  # a loop over replicates, not nodes
+                rep = round_structured_partition(
+                    self.forest, self.lo, self.n_global, schema, cut_r, None, est, keys_r,
+                    negative=self.negative,
+                )  # fmt: skip
+                for j, c in enumerate(rep.counts):  # only the rows are kept, not the cells
+                    per[j].append(replicate_errors(self.rows, est[j], [c])[0])
+            errs = [np.stack(z) for z in per]
+        return PartitionRelease(
+            part, piece, out.counts, self.cut_counts, self.forest, out.spread, errs
+        )
 
 
 #: ``sink(release, payload)`` on the worker (:func:`stream_pl94` with an executor): a
@@ -829,6 +872,8 @@ def stream_pl94(
     executor: Executor | None = None,
     sink: ReleaseSink | None = None,
     sink_payload: Callable[[Partition], object] | None = None,
+    rounding_replicates: int = 0,
+    replicate_rows: object = None,
 ) -> Pl94StreamResult:
     """Measure, estimate (structured GLS) and round a schema histogram partition by partition.
 
@@ -889,6 +934,21 @@ def stream_pl94(
     sink_payload : callable, optional
         ``sink_payload(partition)`` → the ``payload`` of ``sink`` (called here after
         ``on_top``).
+    rounding_replicates : int
+        ``R`` replicate roundings of the same estimates with independent keys
+        (:func:`~censusdp.estimation.structured_rounding.replicate_keys` of ``rng``, a key
+        domain of their own): the top and every partition again, each partition from its
+        replicate's cut integers, so ``R + 1`` roundings in all. Their errors in
+        ``replicate_rows`` are handed on (:attr:`TopRelease.replicate_errors`,
+        :attr:`PartitionRelease.replicate_errors`) for the replicate estimate of the
+        rounding's variance (:mod:`~censusdp.estimation.structured_rounding`, "Replicate
+        rounding variances"). 0 (default): none, the release's standard errors then leave
+        the rounding out except where a consumer adds the totals' ``spread``. The
+        release's own integers do not depend on it.
+    replicate_rows : QueryRows, optional
+        The rows whose replicate errors are kept (default: the P1–P5 columns,
+        :func:`~censusdp.pipelines.pl94_tables.pl94_codebook`'s rows, for the ``pl94``
+        schema).
 
     Returns
     -------
@@ -905,6 +965,17 @@ def stream_pl94(
     t_start = time.perf_counter()
     h = hierarchy
     k_cut = h.level_index(cut)
+    rep_keys = replicate_keys(rng, rounding_replicates)  # SpecError naming a bad count
+    rows = replicate_rows
+    if rep_keys and rows is None:
+        from censusdp.pipelines.pl94_tables import pl94_codebook
+
+        rows = pl94_codebook().rows
+        if tuple(rows.schema.shape) != tuple(schema.shape):
+            raise SpecError(
+                f"stream_pl94: rounding replicates keep the P1–P5 columns by default, which "
+                f"need the pl94 schema, not {schema.name!r}; give replicate_rows"
+            )
     if sink is not None and on_partition is not None:
         raise SpecError("stream_pl94: give on_partition (rounded here) or a sink, not both")
     if sink_payload is not None and sink is None:
@@ -978,11 +1049,19 @@ def stream_pl94(
 
     def top_callback(piece: StructuredPiece) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
-        rounded = round_structured_top(
-            h, schema, list(piece.estimates), round_rng, invariants=invs, spreads=True
-        )
+        est = list(piece.estimates)
+        rounded = round_structured_top(h, schema, est, round_rng, invariants=invs, spreads=True)
+        errs = None
+        if rep_keys:  # the replicates' tops: their cut integers seed their partitions
+            reps = [
+                round_structured_top(h, schema, est, key, invariants=invs, spreads=False).counts
+                for key in rep_keys
+            ]
+            holder["replicates"] = [(c[k_cut], key) for c, key in zip(reps, rep_keys, strict=True)]
+            errs = [replicate_errors(rows, est[k], [c[k] for c in reps]) for k in range(len(est))]
+            del reps
         clock("rounding", t0, c0, "rounding_top")
-        holder["top"] = TopRelease(piece, rounded, tuple(invs))
+        holder["top"] = TopRelease(piece, rounded, tuple(invs), errs)
         if on_top is not None:
             t0, c0 = time.perf_counter(), time.thread_time()
             on_top(holder["top"])
@@ -990,7 +1069,10 @@ def stream_pl94(
 
     def rounding_input(part: Partition, *, restrict: bool) -> RoundingInput:
         top = holder["top"].rounded
-        return RoundingInput.of(h, schema, part, top, round_rng, restrict=restrict)
+        return RoundingInput.of(
+            h, schema, part, top, round_rng, restrict=restrict,
+            replicates=holder.get("replicates", ()), rows=rows,
+        )  # fmt: skip
 
     def partition_callback(piece: StructuredPiece) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -1188,34 +1270,80 @@ class PartitionChecks(ReleaseChecks):
 
 
 class StandardErrorSummary:
-    """Per level and table: the mean and largest GLS standard error over its rows and nodes,
-    accumulated piece by piece (``add(piece)`` for the top and every partition)."""
+    """Per level and table: the mean and largest standard error over its rows and nodes,
+    accumulated piece by piece (``add(piece)`` for the top and every partition).
+
+    Without replicate errors these are the GLS standard errors alone and the result says so
+    (``"rounding": "not included (GLS only)"``): the released integers' error also holds the
+    rounding's. Run :func:`stream_pl94` with ``rounding_replicates = R`` and
+    ``replicate_rows = summary.rows`` and pass each release's ``replicate_errors[j]`` to
+    :meth:`add`: the standard errors are then ``sqrt(GLS variance + replicate rounding
+    variance)`` (:func:`~censusdp.estimation.structured_rounding.replicate_variance`), and the
+    result names ``R``. A summary mixes the two only if the caller does; it records both.
+    """
 
     def __init__(self, schema: Schema, tables: Sequence[str]) -> None:
         self.queries = [ProductQuery.parse(schema, t) for t in tables]
         self.acc: dict = {}
+        self.replicates: set[int] = set()
         self.seconds = self.cpu_seconds = 0.0
 
-    def add(self, piece: StructuredPiece) -> None:
+    @property
+    def rows(self) -> QueryRows:
+        """Every row of every table, in order: the ``replicate_rows`` whose replicate errors
+        :meth:`add` takes."""
+        qi = np.concatenate([np.full(q.n_rows, i, np.int64) for i, q in enumerate(self.queries)])
+        ri = np.concatenate([np.arange(q.n_rows, dtype=np.int64) for q in self.queries])
+        names = tuple(f"{q.name}[{r}]" for q in self.queries for r in range(q.n_rows))
+        return QueryRows(self.queries[0].schema, tuple(self.queries), qi, ri, names)
+
+    def add(
+        self, piece: StructuredPiece, replicate_errors: Sequence[np.ndarray] | None = None
+    ) -> None:
+        """Accumulate ``piece``'s levels; ``replicate_errors`` per level ``(R, n, rows)``
+        (of :attr:`rows`) adds the replicate rounding variance."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        for lvl in piece.names:
+        for j, lvl in enumerate(piece.names):
+            var = None
+            if replicate_errors is not None:
+                z = replicate_errors[j]
+                var = replicate_variance(z)
+                self.replicates.add(int(z.shape[0]))
+            at = 0
             for q in self.queries:
                 se = piece.query_standard_errors(lvl, q)
+                if var is not None:
+                    se = np.sqrt(se**2 + var[:, at : at + q.n_rows])
+                at += q.n_rows
                 ok = ~np.isnan(se)
                 a = self.acc.setdefault((lvl, q.name), [0.0, 0, -np.inf])
                 a[0] += float(se[ok].sum())
                 a[1] += int(ok.sum())
                 a[2] = max(a[2], float(se[ok].max(initial=-np.inf)))
+        if replicate_errors is None:
+            self.replicates.add(0)
         self.seconds += time.perf_counter() - t0
         self.cpu_seconds += time.thread_time() - c0
 
     def result(self, names: Sequence[str]) -> dict:
+        reps = sorted(self.replicates)
+        if reps == [0] or not reps:
+            note = "not included (GLS only): the rounding's error is left out"
+        elif 0 in reps:
+            note = f"included for some pieces only (replicates {reps[1:]}, 0 elsewhere)"
+        else:
+            shown = reps[0] if len(reps) == 1 else reps
+            note = f"included: GLS variance + replicate rounding variance (R = {shown})"
         out: dict = {}
         for lvl in names:
             out[lvl] = {}
             for q in self.queries:
                 total, count, top = self.acc.get((lvl, q.name), (0.0, 0, float("nan")))
-                out[lvl][q.name] = {"mean": total / count if count else float("nan"), "max": top}
+                out[lvl][q.name] = {
+                    "mean": total / count if count else float("nan"),
+                    "max": top,
+                    "rounding": note,
+                }
         return out
 
 
