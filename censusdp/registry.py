@@ -61,6 +61,7 @@ class Registry(Generic[T]):
         self._register = register
         self._entries: dict[str, T] = {}
         self._plugins_loaded = entry_points is None
+        self._plugin_error: str | None = None
         #: Entry-point name → ``"distribution version"`` of each plug-in loaded.
         self.plugins: dict[str, str] = {}
 
@@ -70,12 +71,22 @@ class Registry(Generic[T]):
         Raises
         ------
         SpecError
-            An entry point that fails to import, or after which no entry of its name is
-            registered: the message names it, its distribution and how to fix it.
+            An entry point that fails to import, takes a registered name, or after which no
+            entry of its name is registered: the message names it, its distribution and how
+            to fix it (and every later lookup raises it again).
         """
+        if self._plugin_error is not None:
+            raise SpecError(self._plugin_error)
         if self._plugins_loaded:
             return
         self._plugins_loaded = True  # first: a plug-in's import may look this registry up
+        try:
+            self._load_entry_points()
+        except SpecError as exc:  # every later lookup says the same, none half-succeeds
+            self._plugin_error = str(exc)
+            raise
+
+    def _load_entry_points(self) -> None:
         from importlib.metadata import entry_points
 
         for ep in entry_points(group=self.group):
@@ -84,8 +95,11 @@ class Registry(Generic[T]):
                 f"{self.kind} plug-in {ep.name!r} (entry point {ep.value!r} in group "
                 f"{self.group!r} of the installed package {dist})"
             )
-            if ep.name in self._entries and ep.name in self.plugins:
-                continue  # the same distribution found twice on the path
+            if ep.name in self._entries:
+                raise SpecError(
+                    f"{where} takes the name of a {self.kind} registered already; rename it "
+                    "in that package's entry points"
+                )
             try:
                 obj = ep.load()
             except Exception as exc:  # a third party's import: any error is its package's
@@ -94,7 +108,10 @@ class Registry(Generic[T]):
                     "that package"
                 ) from None
             if ep.name not in self._entries:
-                (self._register or self.add)(ep.name, obj)
+                try:
+                    (self._register or self.add)(ep.name, obj)
+                except SpecError as exc:  # the family refused it (not a noise law, ...)
+                    raise SpecError(f"{where}: {exc}") from None
             if ep.name not in self._entries:
                 raise SpecError(
                     f"{where} registered no {self.kind} named {ep.name!r}; the entry point's "
