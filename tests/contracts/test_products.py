@@ -431,3 +431,66 @@ def test_each_product_claims_its_own_fixture_only(runs):
         }
         assert [n for n, a in answers.items() if a is True] == [name]
         assert all(isinstance(a, str) and a for n, a in answers.items() if n != name)
+
+
+TOY_PRODUCT = """
+from pathlib import Path
+
+from censusdp.pipelines.products import CAPABILITIES, Written
+
+NO = "a toy: it copies the file's line count"
+
+
+class LineCount:
+    name = "toy_lines"
+    reads = "a .lines file"
+    capabilities = {c: NO for c in CAPABILITIES}
+
+    def claims(self, path, spec, options):
+        return True if path.suffix == ".lines" else "not a .lines file"
+
+    def load_spec(self, spec, options):
+        return None
+
+    def run(self, path, spec, out, options):
+        out.write_text(str(len(path.read_text().splitlines())))
+        return Written(self.name, out, "no privacy: a toy (nothing is released)")
+"""
+
+
+def test_a_product_of_another_package_is_dispatched_to_through_its_entry_point(tmp_path):
+    """A toy product (``censusdp.products`` entry point) on a fresh interpreter's path: it
+    joins the registry on the first lookup, claims its own files, and the contract matrix
+    would list it (and fail until it has a fixture)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "toy_censusdp_product.py").write_text(TOY_PRODUCT)
+    info = site / "toy_censusdp_product-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: toy_censusdp_product\nVersion: 0.1\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[censusdp.products]\ntoy_lines = toy_censusdp_product:LineCount\n"
+    )
+    (tmp_path / "a.lines").write_text("x\ny\nz\n")
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(site)!r})
+        from pathlib import Path
+        from censusdp.pipelines.products import PRODUCTS, PrivatizeOptions, privatize
+        assert "toy_lines" in PRODUCTS.names(), PRODUCTS.names()
+        w = privatize(Path("a.lines"), None, Path("a.out"), PrivatizeOptions())
+        print(w.product, Path("a.out").read_text())
+        """
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["toy_lines", "3"]
