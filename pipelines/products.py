@@ -173,8 +173,11 @@ class Product(Protocol):
     def load_spec(self, spec: Path | None, options: PrivatizeOptions) -> Any:
         """The product's typed spec (its route's own loader; errors name file and key)."""
 
-    def run(self, path: Path, spec: Path | None, out: Path, options: PrivatizeOptions) -> Written:
-        """Release ``path`` into ``out`` (atomically) and return what was written."""
+    def run(
+        self, path: Path, spec: Path | None, out: str | Path, options: PrivatizeOptions
+    ) -> Written:
+        """Release ``path`` into ``out`` (as given on the command line; atomically) and
+        return what was written."""
 
 
 def register_product(product: Any) -> Any:
@@ -272,6 +275,10 @@ def choose_product(path: str | Path, spec: str | Path | None, options: Privatize
         No product claims it, or more than one: one line naming every product and why.
     """
     p, s = Path(path), None if spec is None else Path(spec)
+    if s is not None:  # a spec that cannot be read decides nothing: its own error, file named
+        from censusdp.config import read_spec_toml
+
+        read_spec_toml(s)
     answers = {name: PRODUCTS.get(name).claims(p, s, options) for name in PRODUCTS}
     claimed = [name for name, a in answers.items() if a is True]
     if len(claimed) == 1:
@@ -300,9 +307,12 @@ def privatize(
 
     check_run_options(seed=options.seed)
     product = choose_product(path, spec, options)
+    where = Path(path).name
     for capability in requested_capabilities(None if spec is None else Path(spec), options):
-        require(product, capability, Path(path).name)
-    return product.run(Path(path), None if spec is None else Path(spec), Path(out), options)
+        flag = {"evaluate": "--evaluate" if options.evaluate else "[evaluate]"}.get(capability)
+        require(product, capability, f"{where}: {flag}" if flag else where)
+    # ``out`` as given: an empty -o is refused as empty, not read as the current folder
+    return product.run(Path(path), None if spec is None else Path(spec), out, options)
 
 
 # -- the adapters ---------------------------------------------------------------------------------
@@ -336,8 +346,9 @@ class CellsProduct:
         "invariants": True,
         "unbiased": True,  # [estimators] run = ["gls"]
         "nonnegative": True,  # [estimators] run = ["topdown"]: non-negative integers
-        "evaluate": "it writes one file in the input's layout; `censusdp run SPEC` evaluates "
-        "a run spec (release/ beside evaluation/)",
+        "evaluate": "it writes one file in the input's layout; the PPMF, units and codebook "
+        "products over a hierarchy evaluate against the truth, and `censusdp run SPEC` "
+        "evaluates a run spec (release/ beside evaluation/)",
         "predict": True,
     }
 
@@ -366,7 +377,9 @@ class CellsProduct:
             raise SpecError("the cells product needs a run spec (--spec SPEC)")
         return load_spec(spec)
 
-    def run(self, path: Path, spec: Path | None, out: Path, options: PrivatizeOptions) -> Written:
+    def run(
+        self, path: Path, spec: Path | None, out: str | Path, options: PrivatizeOptions
+    ) -> Written:
         import numpy as np
 
         from censusdp.atomic import check_output, output_file
@@ -428,7 +441,7 @@ class CellsProduct:
         info = {"estimator": name, "privacy": text}
         with output_file(out, command="privatize", info=info, **policy) as tmp:  # type: ignore[arg-type]
             write_batch(run_data.batch, values, ses, tmp)
-        return Written(self.name, out, text)
+        return Written(self.name, Path(out), text)
 
 
 class CodebookProduct:
@@ -499,7 +512,9 @@ class CodebookProduct:
             seed=tspec.seed if options.seed is None else options.seed,
         )
 
-    def run(self, path: Path, spec: Path | None, out: Path, options: PrivatizeOptions) -> Written:
+    def run(
+        self, path: Path, spec: Path | None, out: str | Path, options: PrivatizeOptions
+    ) -> Written:
         from dataclasses import replace
 
         from censusdp.pipelines.privatize_tables import privatize_tables
@@ -572,7 +587,9 @@ class PPMFProduct:
             )
         return load_ppmf_spec(spec)
 
-    def run(self, path: Path, spec: Path | None, out: Path, options: PrivatizeOptions) -> Written:
+    def run(
+        self, path: Path, spec: Path | None, out: str | Path, options: PrivatizeOptions
+    ) -> Written:
         from censusdp.pipelines.privatize_ppmf import privatize_ppmf
 
         _refuse(path.name, options.given("compose_with"), "--compose-with belongs to the "
@@ -634,7 +651,9 @@ class UnitsProduct:
 
         return None if spec is None else load_units_spec(spec)
 
-    def run(self, path: Path, spec: Path | None, out: Path, options: PrivatizeOptions) -> Written:
+    def run(
+        self, path: Path, spec: Path | None, out: str | Path, options: PrivatizeOptions
+    ) -> Written:
         from censusdp.pipelines.privatize_units import privatize_units
 
         given = options.given("codebook", "rho", "delta", "areas")
@@ -704,7 +723,9 @@ class NMFProduct:
             )
         return options.state_totals
 
-    def run(self, path: Path, spec: Path | None, out: Path, options: PrivatizeOptions) -> Written:
+    def run(
+        self, path: Path, spec: Path | None, out: str | Path, options: PrivatizeOptions
+    ) -> Written:
         from censusdp.pipelines.nmf_release import release_nmf
 
         flags = [

@@ -494,3 +494,26 @@ def test_a_product_of_another_package_is_dispatched_to_through_its_entry_point(t
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["toy_lines", "3"]
+
+
+def test_evaluate_on_a_codebook_file_without_a_hierarchy_is_refused_before_any_work(
+    tmp_path, capsys
+):
+    path = tmp_path / "areas.csv"
+    path.write_text(run_specs.SMALL_NHGIS)
+    out = tmp_path / "o.csv"
+    argv = [
+        "privatize",
+        str(path),
+        "--codebook",
+        "ppdd",
+        "--rho",
+        "1",
+        "--evaluate",
+        "-o",
+        str(out),
+    ]
+    assert main(argv) == 2
+    line = capsys.readouterr().err.strip()
+    assert "--evaluate and --repetitions need a codebook spec with [hierarchy] levels" in line
+    assert "\n" not in line and not out.exists()
