@@ -5,8 +5,9 @@ reproduces, the paper, the data files, the measured run times); ``censusdp exper
 and the README's table of experiments (:func:`readme_table`, checked by a test) are made from
 it, so there is no second list to keep in step.
 
-``censusdp experiment NAME`` imports ``censusdp.experiments.<NAME with - replaced by _>`` and
-calls its ``run(ctx)``. The experiment writes figures and ``report.md`` through ``ctx`` into a
+``censusdp experiment NAME`` imports ``censusdp.experiments.<NAME with - replaced by _>`` (or,
+for another package's experiment, the module its ``censusdp.experiments`` entry point names)
+and calls its ``run(ctx)``. The experiment writes figures and ``report.md`` through ``ctx`` into a
 temporary directory; the runner adds ``metrics.json`` (the returned dict) and renames the
 directory into place only when everything succeeded. The output path follows the policy of
 :mod:`censusdp.atomic` (new, or an earlier censusdp output with ``overwrite``), checked before
@@ -185,9 +186,36 @@ class ExperimentContext:
 SUPPORT_MODULES = frozenset({"registry", "reporting"})
 
 
-def available() -> list[str]:
-    """Names of all experiments shipped in this package: every module but the support
-    modules and private helpers (each declares ``INFO``; a test checks)."""
+#: The entry-point group of other packages' experiments: ``NAME = "package.module"``, a
+#: module with ``INFO`` and ``run(ctx)`` like a shipped one (read when experiments are listed
+#: or looked up, never when the parser is built).
+ENTRY_POINTS = "censusdp.experiments"
+
+
+def plugin_experiments() -> dict[str, str]:
+    """Other packages' experiments: name → module, from the :data:`ENTRY_POINTS` group.
+
+    Raises
+    ------
+    SpecError
+        A plug-in that takes a shipped experiment's name.
+    """
+    from importlib.metadata import entry_points
+
+    shipped = set(_shipped())
+    found = {}
+    for ep in entry_points(group=ENTRY_POINTS):
+        if ep.name in shipped:
+            dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown"
+            raise SpecError(
+                f"experiment plug-in {ep.name!r} (entry point {ep.value!r} of the installed "
+                f"package {dist}) takes the name of a shipped experiment; rename it"
+            )
+        found[ep.name] = ep.value
+    return found
+
+
+def _shipped() -> list[str]:
     import censusdp.experiments as pkg
 
     names = []
@@ -195,7 +223,20 @@ def available() -> list[str]:
         if mod.name.startswith("_") or mod.name in SUPPORT_MODULES:
             continue
         names.append(mod.name.replace("_", "-"))
-    return sorted(names)
+    return names
+
+
+def available() -> list[str]:
+    """Names of all experiments: every module of this package but the support modules and
+    private helpers (each declares ``INFO``; a test checks), and other packages' through
+    their entry points (:func:`plugin_experiments`)."""
+    return sorted([*_shipped(), *plugin_experiments()])
+
+
+def _module(name: str) -> Any:
+    """The module of experiment ``name`` (known to :func:`available`)."""
+    plugin = plugin_experiments().get(name)
+    return importlib.import_module(plugin or f"censusdp.experiments.{name.replace('-', '_')}")
 
 
 def experiment_info(name: str) -> ExperimentInfo:
@@ -208,7 +249,7 @@ def experiment_info(name: str) -> ExperimentInfo:
     """
     if name not in available():
         raise SpecError(f"unknown experiment {name!r}; available: {', '.join(available())}")
-    module = importlib.import_module(f"censusdp.experiments.{name.replace('-', '_')}")
+    module = _module(name)
     info = getattr(module, "INFO", None)
     if not isinstance(info, ExperimentInfo):
         raise SpecError(
@@ -294,7 +335,7 @@ def run_experiment(
     from censusdp.rng import KeyedRNG
 
     experiment_info(name)
-    module = importlib.import_module(f"censusdp.experiments.{name.replace('-', '_')}")
+    module = _module(name)
     opts = _options(name, module, options)
     target = Path(out) if out is not None else Path("results") / name
     check_run_options(seed=seed)

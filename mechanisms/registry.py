@@ -13,7 +13,15 @@ reads ε as ρ: the registry refuses to register a law whose calibration is miss
 Adding a law: define its class (a :class:`~censusdp.mechanisms.laws.NoiseLaw` with ``name``,
 ``accounting``, ``is_integer``, ``sample``, ``log_density``, ``variance``, ``privacy`` and the
 calibration classmethod of its accounting) decorated with ``@register_law``; specs, plans,
-statements and the contract tests pick it up from here.
+statements and the contract tests pick it up from here. A law in another package is
+declared in its ``pyproject.toml``::
+
+    [project.entry-points."censusdp.noise_laws"]
+    staircase = "my_laws:Staircase"     # the law's name = its class's ``name``
+
+and is loaded on the registry's first lookup (:class:`censusdp.registry.Registry`), checked
+by :func:`register_law` like a built-in law: its privacy is still derived from its own
+``privacy(sensitivity)``, never stated by the package.
 
 References
 ----------
@@ -55,8 +63,13 @@ CALIBRATION = {Accounting.PURE: "from_epsilon", Accounting.ZCDP: "from_rho"}
 #: −½px²).
 CAPABILITIES = ("l1_rate", "l2_precision")
 
-#: Every registered noise law, by name.
-NOISE_LAWS: Registry[LawInfo] = Registry("noise law")
+#: Every registered noise law, by name (built-in laws register on import; other packages'
+#: through the ``censusdp.noise_laws`` entry points, loaded on the first lookup).
+NOISE_LAWS: Registry[LawInfo] = Registry(
+    "noise law",
+    entry_points="censusdp.noise_laws",
+    register=lambda name, cls: register_law(cls),
+)
 
 
 @dataclass(frozen=True)

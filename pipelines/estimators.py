@@ -204,7 +204,11 @@ class Estimator(Protocol):
 
 
 #: Every estimator a spec can name, in registration order.
-ESTIMATORS: Registry[Estimator] = Registry("estimator")
+ESTIMATORS: Registry[Estimator] = Registry(
+    "estimator",
+    entry_points="censusdp.estimators",  # other packages' estimator classes, loaded lazily
+    register=lambda name, cls: register_estimator(cls),
+)
 
 
 def register_estimator(cls: type) -> type:
