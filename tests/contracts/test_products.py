@@ -92,9 +92,12 @@ def _no_negative(folder: Path) -> None:
     files = sorted(folder.glob("*.csv"))
     assert files
     for f in files:
-        frame = pd.read_csv(f, dtype={"GEOID": str, "gisjoin": str})
+        head = pd.read_csv(f, nrows=0).columns
+        codes = [c for c in head if c.lower().endswith(("geoid", "gisjoin"))]
+        frame = pd.read_csv(f, dtype=dict.fromkeys(codes, str))
         values = frame.select_dtypes("number").drop(
-            columns=[c for c in frame.columns if c == "se" or c.endswith("_se")], errors="ignore"
+            columns=[c for c in frame.columns if c in ("se", "moe") or c.endswith(("_se", "_moe"))],
+            errors="ignore",
         )
         assert (values.to_numpy() >= 0).all(), f.name
 
@@ -165,6 +168,7 @@ def _codebook_checks(run: Run, capability: str, tmp: Path) -> None:
     if capability == "hierarchy_from_codes":
         assert sorted(p.name for p in (rel / "unbiased").glob("*.csv")) == [
             "county.csv",
+            "data_dictionary.csv",
             "nation.csv",
             "state.csv",
         ]
