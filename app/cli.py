@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from censusdp import __version__
+from censusdp.app.notebooks import register as register_notebooks
 from censusdp.app.specs import register as register_spec
 from censusdp.command_line import CommandParser, run_cli
 from censusdp.experiments.midwest_demo import register as register_demo
@@ -50,6 +51,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_hierarchy,
     register_nmf,
     register_spec,
+    register_notebooks,
 )
 
 

@@ -9,6 +9,12 @@ intervals, privacy statements derived from the measurements (:func:`derive_state
 release and its store, whole runs from a spec (:func:`load_spec`, :func:`run_spec`), and a
 table of areas in pandas released in one call (:func:`privatize`: ``privatize(df, spec) ->
 DataFrame``).
+Beside them: integer noise on a lattice that keeps invariants exactly (:class:`IntegerLattice`,
+:class:`LatticeLaplace`, :func:`certify`, :func:`release_lattice_noise`) with its MCMC
+diagnostics (:func:`split_rhat`, :func:`meeting_times`, :func:`tv_upper_bound`), the
+per-group bias regressions of the studies (:func:`group_regressions`, :func:`slope_summary`)
+and the optional shared data folder (:func:`shared_data_file`); the notebooks import from
+here only.
 
 Where this module sits: it re-exports every layer, pipelines included, so it belongs to the
 application layer above them (with :mod:`censusdp.app`), although it lives in the
@@ -37,14 +43,18 @@ from censusdp.estimation import (
     condition,
     lattice_intervals,
     round_release,
+    standard_errors,
     structured_gls,
     topdown,
     tree_gls,
 )
+from censusdp.estimation.diagnostics import meeting_times, split_rhat, tv_upper_bound
+from censusdp.estimation.lattice_release import certify, lattice_engine, release_lattice_noise
 from censusdp.hierarchy import (
     Hierarchy,
     Table,
     add_level,
+    describe,
     from_columns,
     from_edges,
     from_gisjoin,
@@ -52,6 +62,7 @@ from censusdp.hierarchy import (
     synthetic_state,
     synthetic_us,
 )
+from censusdp.hierarchy.describe import format_description
 from censusdp.mechanisms import (
     DiscreteGaussian,
     DiscreteLaplace,
@@ -65,7 +76,16 @@ from censusdp.mechanisms import (
     measure_products,
     product_invariant,
 )
+from censusdp.mechanisms.lattice import (
+    GroupSumLattice,
+    IntegerLattice,
+    LatticeLaplace,
+    sample_group_laplace_l1,
+    table_margins_incidence,
+)
+from censusdp.paths import shared_data_file
 from censusdp.pipelines.dataframe import privatize
+from censusdp.pipelines.metrics import group_regressions, slope_summary
 from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.pipelines.runner import run_spec
 from censusdp.pipelines.specs import load_spec
@@ -83,6 +103,8 @@ __all__ = [
     "synthetic_us",
     "synthetic_state",
     "pl94_histogram",
+    "describe",
+    "format_description",
     # attributes and queries
     "Schema",
     "ProductQuery",
@@ -103,9 +125,22 @@ __all__ = [
     "topdown",
     "round_release",
     "lattice_intervals",
+    "standard_errors",
     "Release",
     "structured_gls",
     "StructuredRelease",
+    # integer noise on a lattice, and its MCMC diagnostics
+    "IntegerLattice",
+    "GroupSumLattice",
+    "table_margins_incidence",
+    "LatticeLaplace",
+    "sample_group_laplace_l1",
+    "certify",
+    "release_lattice_noise",
+    "lattice_engine",
+    "split_rhat",
+    "meeting_times",
+    "tv_upper_bound",
     # privacy
     "Budget",
     "PrivacyStatement",
@@ -118,6 +153,10 @@ __all__ = [
     "load_spec",
     "run_spec",
     "privatize",
+    # studies and data
+    "group_regressions",
+    "slope_summary",
+    "shared_data_file",
     # errors
     "CensusDPError",
     "SpecError",

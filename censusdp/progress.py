@@ -13,8 +13,9 @@ A bar is closed (its last state and a newline written) before a command's error 
 error is always the last line on stderr.
 
 Stdout carries only a command's results (tables, ``wrote ...`` lines), so a pipeline can read
-it; everything here goes to stderr. Bars are ``tqdm.auto`` (a widget in a notebook, text in a
-terminal or a captured stderr), drawn by the code that runs a stage when
+it; everything here goes to stderr. Bars are :func:`tqdm_bar`'s (a widget in a Jupyter kernel
+that has ``ipywidgets``, text elsewhere: a terminal, a captured stderr, or a kernel without
+``ipywidgets``, whose stderr the notebook shows), drawn by the code that runs a stage when
 :func:`show_progress` says so (:func:`censusdp.pipelines.runner.execute_spec`; the
 ``privatize`` routes of PPMF persons, units and codebook files through :func:`progress_bar`,
 with their stage lines beside the stage timings, as ``predict``'s). Library
@@ -39,6 +40,8 @@ __all__ = [
     "current_verbosity",
     "progress_bar",
     "show_progress",
+    "tqdm_bar",
+    "tqdm_class",
     "verbosity",
 ]
 
@@ -98,8 +101,54 @@ def show_progress(default: bool) -> bool:
     return _LEVEL > 0
 
 
+def tqdm_class() -> type:
+    """The ``tqdm`` class that draws a bar where this process runs.
+
+    ``tqdm.notebook.tqdm`` (a widget) in a Jupyter kernel that can import ``ipywidgets``;
+    ``tqdm.std.tqdm`` (text on stderr) everywhere else, a kernel without ``ipywidgets``
+    included. This replaces ``tqdm.auto``, which in such a kernel picks the widget class all
+    the same and warns (``TqdmWarning: IProgress not found``) on import: the first output of
+    a notebook that imported censusdp. Nothing is imported but ``tqdm`` itself (and, in a
+    kernel, the check for ``ipywidgets``).
+
+    Returns
+    -------
+    type
+        A ``tqdm`` subclass, called like ``tqdm``.
+    """
+    if _in_jupyter_kernel():
+        import importlib.util
+
+        if importlib.util.find_spec("ipywidgets") is not None:
+            from tqdm.notebook import tqdm as notebook_tqdm
+
+            return notebook_tqdm
+    from tqdm.std import tqdm as std_tqdm
+
+    return std_tqdm
+
+
+def _in_jupyter_kernel() -> bool:
+    """Whether this process is an IPython kernel (Jupyter, VS Code, nbclient), as tqdm's own
+    ``autonotebook`` tells it: an ``IPKernelApp`` in the running shell's configuration."""
+    ipython = sys.modules.get("IPython")  # never imported here: a kernel has it loaded
+    if ipython is None:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except Exception:  # an IPython too old or half-initialised: not a kernel we can use
+        return False
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+def tqdm_bar(*args: Any, **kwargs: Any) -> Any:
+    """A bar of :func:`tqdm_class`, with ``tqdm``'s own arguments (``total``, ``desc``,
+    ``unit``, ``disable``, ...); what every censusdp module draws its bars with."""
+    return tqdm_class()(*args, **kwargs)
+
+
 def progress_bar(total: int | None, desc: str, unit: str, *, default: bool = False) -> Any:
-    """A ``tqdm.auto`` bar drawn when :func:`show_progress` says so (``default`` outside the
+    """A :func:`tqdm_bar` drawn when :func:`show_progress` says so (``default`` outside the
     command line), for a route's stage loop; use it as a context manager, so that it is
     closed (its last state and a newline written) before an error propagates and the error
     stays the last line on stderr.
@@ -115,6 +164,5 @@ def progress_bar(total: int | None, desc: str, unit: str, *, default: bool = Fal
     default : bool
         Whether a library call (no command's verbosity set) draws it.
     """
-    from tqdm.auto import tqdm  # not at the command line's start (a light parser)
-
-    return tqdm(total=total, desc=desc, unit=unit, disable=not show_progress(default))
+    # tqdm is imported by the call, not at the command line's start (a light parser)
+    return tqdm_bar(total=total, desc=desc, unit=unit, disable=not show_progress(default))

@@ -94,7 +94,6 @@ from importlib import resources
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from censusdp.errors import DataError
 from censusdp.estimation.nonnegative import nonnegative_structured
@@ -114,6 +113,7 @@ from censusdp.mechanisms.product_measure import (
 )
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.metrics import error_metrics, group_regressions, slope_summary
+from censusdp.progress import tqdm_bar as tqdm
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 from censusdp.spreadsheet import write_csv

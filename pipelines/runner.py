@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from censusdp import __version__
 from censusdp.atomic import CLAIM, check_output, output_dir
@@ -50,6 +49,7 @@ from censusdp.pipelines.plan import MeasurementPlan, build_plan
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL, write_figures, write_report
 from censusdp.pipelines.specs import check_spec
 from censusdp.progress import show_progress
+from censusdp.progress import tqdm_bar as tqdm
 from censusdp.rng import KeyedRNG
 from censusdp.spreadsheet import write_csv
 

@@ -4,10 +4,10 @@ the repository, and run from there (issue 37).
 The tracked files are copied into ``tmp_path`` first, so the build leaves nothing in the
 checkout; the venv gets the wheel and its dependencies by ``uv`` (the one the Makefile puts
 into ``.venv``) from its local cache, falling back to the registry. From a directory outside
-the repository, ``censusdp --help``, ``censusdp spec list`` and ``censusdp spec show`` must
-work from the installed package alone (the packaged specs, schemas, codebooks and the demo
-CSV are package data), and the wheel must carry ``LICENSE`` and ``py.typed`` and no
-``plotnine``/``sympy`` requirement. A data experiment (``census-county-integer --quick``)
+the repository, ``censusdp --help``, ``censusdp spec list``, ``censusdp spec show`` and
+``censusdp notebooks copy`` must work from the installed package alone (the packaged specs,
+schemas, codebooks, notebooks and the demo CSV are package data), and the wheel must carry
+``LICENSE`` and ``py.typed`` and no ``plotnine``/``sympy`` requirement. A data experiment (``census-county-integer --quick``)
 runs with ``--data`` on a small county file the test writes in the NHGIS column layout, and
 without it says where the public file comes from (IPUMS NHGIS), never a folder beside a
 checkout the user does not have. ``censusdp demo --quick`` in that venv is marked slow.
@@ -85,6 +85,9 @@ def test_wheel_contents(installed):
     assert {"censusdp/py.typed", "censusdp/data/midwest.csv", "censusdp/data/README.md"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "censusdp/experiments/midwest_demo.toml" in names
+    # the notebooks, with their outputs, for `censusdp notebooks copy DIR`
+    notebooks = {f"censusdp/notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert len(notebooks) == 4 and notebooks <= names
     runtime = [
         line.split(":", 1)[1].strip()
         for line in metadata.splitlines()
@@ -106,6 +109,10 @@ def test_installed_command_runs_outside_the_repository(installed):
     res = _run(installed, "spec", "show", "schema/h1")
     assert res.returncode == 0, res.stderr
     assert res.stdout == (ROOT / "censusdp" / "schemas" / "h1.toml").read_text(encoding="utf-8")
+    res = _run(installed, "notebooks", "copy", "nb", "--only", "quickstart")
+    assert res.returncode == 0, res.stderr
+    copied = installed["cwd"] / "nb" / "quickstart.ipynb"
+    assert copied.read_bytes() == (ROOT / "notebooks" / "quickstart.ipynb").read_bytes()
     # the package imported is the installed one, not this checkout
     where = subprocess.run(
         [str(installed["bin"] / "python"), "-c", "import censusdp; print(censusdp.__file__)"],
