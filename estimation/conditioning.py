@@ -67,7 +67,7 @@ from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.privacy import checked_statement
-from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.mechanisms.queries import Invariant, Measurement, at_level_indices
 from censusdp.mechanisms.registry import gaussian_conditionable
 from censusdp.options import with_keywords
 from censusdp.rng import KeyedRNG
@@ -122,6 +122,8 @@ class ConditioningProblem:
             )
         if not measurements:
             raise SpecError("conditioning needs at least one noisy measurement")
+        measurements = at_level_indices(hierarchy.names, measurements)
+        invariants = at_level_indices(hierarchy.names, invariants)
         self.hierarchy, self.n_cells = hierarchy, int(n_cells)
         self.measurements, self.invariants = tuple(measurements), tuple(invariants)
         self.nonnegative = bool(nonnegative)
@@ -326,6 +328,7 @@ def _gaussian_release(hierarchy, cells, measurements, invariants, privacy, rng, 
             m.query,
             m.values + m.law.sample(gen, m.values.size).reshape(m.values.shape),
             m.law,
+            level_name=m.level_name,
         )
         for m in measurements
     ]
@@ -426,6 +429,8 @@ def condition(
     n_draws = o.n_draws
     if n_draws < 1:
         raise SpecError("n_draws must be at least 1")
+    measurements = at_level_indices(hierarchy.names, measurements)
+    invariants = at_level_indices(hierarchy.names, invariants)
     privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
     if not o.nonnegative and all(gaussian_conditionable(m.law) for m in measurements):
         return _gaussian_release(hierarchy, cells, measurements, invariants, privacy, rng, n_draws)

@@ -115,6 +115,7 @@ from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import (
     Invariant,
     Measurement,
+    at_level_indices,
     check_float_exact,
     exact_matrix,
     guard_exact_release,
@@ -227,7 +228,9 @@ def gls_plan(
 ) -> tuple[GLSPlan, list[Measurement], list[Invariant]]:
     """Validate the inputs and fix the global choices of a GLS run.
 
-    Returns the plan and the measurements and invariants with integer levels. The
+    Returns the plan and the measurements and invariants with integer levels (and their
+    names in ``level_name``; levels may be given by name or index,
+    :func:`~censusdp.mechanisms.queries.at_level_indices`). The
     invariants are checked against each other exactly (:func:`check_invariants`) before
     anything is estimated; with ``privacy``, invariants that determine every measured value
     of a level are refused unless the statement acknowledges it
@@ -244,8 +247,8 @@ def gls_plan(
     if geometry not in ("weighted", "euclidean"):
         raise SpecError(f"geometry must be 'weighted' or 'euclidean', got {geometry!r}")
     cells = tuple(cells)
-    meas = [dataclasses.replace(m, level=hierarchy.level_index(m.level)) for m in measurements]
-    invs = [dataclasses.replace(i, level=hierarchy.level_index(i.level)) for i in invariants]
+    meas = at_level_indices(hierarchy.names, measurements)
+    invs = at_level_indices(hierarchy.names, invariants)
     _validate(hierarchy, cells, meas, invs)
     check_invariants(hierarchy, invs)
     if privacy is not None:
@@ -1094,9 +1097,9 @@ def tree_gls(
     cells : sequence of str
         Cell names (K of them).
     measurements : sequence of Measurement
-        Noisy answers ``values`` (n_nodes, k) of ``query`` at every node of ``level``; the
-        noise variance is ``law.variance`` (or ``node_variance`` of a
-        :class:`NodeVarianceMeasurement`).
+        Noisy answers ``values`` (n_nodes, k) of ``query`` at every node of ``level`` (a
+        name, or an index: the same release bit for bit); the noise variance is
+        ``law.variance`` (or ``node_variance`` of a :class:`NodeVarianceMeasurement`).
     invariants : sequence of Invariant
         Exact answers at every node of a level (totals, histograms, marginals).
     privacy : PrivacyStatement, optional
@@ -1121,8 +1124,8 @@ def tree_gls(
     Raises
     ------
     SpecError
-        Shapes that do not match the hierarchy, or an estimate that is not identifiable
-        (the message names the level).
+        Shapes that do not match the hierarchy, an unknown level name, or an estimate that
+        is not identifiable (the message names the level).
     DataError
         Invariants that contradict each other (checked exactly before estimating) or lie
         beyond 2⁵³.
@@ -1138,6 +1141,8 @@ def tree_gls(
     (1965); Gao, Gong & Yu (2022), Thm. 22; Bun & Steinke (2016), Lemma 2.3 (composition).
     """
     t0 = time.perf_counter()
+    measurements = at_level_indices(hierarchy.names, measurements)
+    invariants = at_level_indices(hierarchy.names, invariants)
     privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
     plan, meas, invs = gls_plan(
         hierarchy, cells, measurements, invariants, geometry, privacy=privacy

@@ -19,6 +19,7 @@ import pandas as pd
 from censusdp.budget import PrivacyStatement
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import floating_point_note
+from censusdp.mechanisms.queries import level_position
 
 __all__ = ["Release", "ReleaseProtocol", "SumVariances"]
 
@@ -133,9 +134,21 @@ class Release:
             f"{se}; {self.privacy.guarantee}>"
         )
 
+    def level_index(self, level: str | int) -> int:
+        """The index of a level given by name (``"county"``) or index (negative from the
+        leaves), as every method here takes it.
+
+        Raises
+        ------
+        SpecError
+            An unknown name or an index out of range, naming the release's levels
+            (:func:`~censusdp.mechanisms.queries.level_position`).
+        """
+        return level_position(self.hierarchy.names, level, f"{self.estimator} release")
+
     def level(self, level: str | int) -> np.ndarray:
         """Estimates at one level, (n_nodes, n_cells)."""
-        return self.estimates[self.hierarchy.level_index(level)]
+        return self.estimates[self.level_index(level)]
 
     def conf_int(
         self, level: str | int, alpha: float = 0.1, *, include_rounding: bool = False
@@ -184,7 +197,7 @@ class Release:
         """Standard errors at one level, or None when the estimator has none."""
         if self.variances is None:
             return None
-        return np.sqrt(self.variances[self.hierarchy.level_index(level)])
+        return np.sqrt(self.variances[self.level_index(level)])
 
     def sum_variances(self, level: str | int, query, *, rounding_only: bool = False) -> np.ndarray:
         """Variance of each row of ``query`` (a sum of cells) at every node of a level.
@@ -204,7 +217,7 @@ class Release:
         """
         from censusdp.errors import SpecError
 
-        k = self.hierarchy.level_index(level)
+        k = self.level_index(level)
         M = np.asarray(query.matrix)
         name = getattr(query, "name", "query")
         if self.sums is not None:

@@ -85,7 +85,7 @@ from censusdp.estimation.dependent_rounding import dependent_round
 from censusdp.estimation.release import Release, SumVariances
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
-from censusdp.mechanisms.queries import Invariant, Query
+from censusdp.mechanisms.queries import Invariant, Query, at_level_indices
 from censusdp.rng import KeyedRNG
 
 __all__ = [
@@ -1502,9 +1502,8 @@ def check_invariants(release: Release, invariants: Sequence[Invariant]) -> dict[
     released numbers, never assumed.
     """
     out: dict[str, bool] = {}
-    h = release.hierarchy
-    for iv in invariants:
-        key = f"{h.names[iv.level]}: {iv.query.name}"
+    for iv in at_level_indices(release.hierarchy.names, invariants):
+        key = iv.label
         got = iv.query.apply(release.estimates[iv.level])
         ok = got.shape == np.shape(iv.values) and bool(np.all(got == iv.values))
         out[key] = out.get(key, True) and ok
@@ -1697,7 +1696,8 @@ def round_release(
         The family kept within floor/ceil besides the invariants (module docstring).
     invariants : sequence of Invariant
         Held exactly: their sets join the family, and they are checked ``==`` afterwards
-        (``diagnostics["invariants_exact"]``).
+        (``diagnostics["invariants_exact"]``). Levels by name or index (the same release bit
+        for bit).
     queries : sequence of Query
         Marginals whose sums get exact rounding variances besides cells and totals
         (:meth:`Release.sum_variances`; invariant rows are tracked too).
@@ -1714,9 +1714,10 @@ def round_release(
         A NaN, infinite or out-of-range leaf estimate (naming level, node and cell), or an
         invariant not exact after rounding.
     SpecError
-        An unknown method, or invariants the method cannot keep (named).
+        An unknown method, an unknown level, or invariants the method cannot keep (named).
     """
     h = release.hierarchy
+    invariants = at_level_indices(h.names, invariants)
     leaves = release.estimates[-1]
     lab = label or f"rounding/{method}"
     if method not in ("cells", "totals", "bipartite"):

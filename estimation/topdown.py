@@ -61,7 +61,7 @@ from censusdp.estimation.topdown_problem import (
 )
 from censusdp.hierarchy import Hierarchy, Level
 from censusdp.mechanisms.privacy import checked_statement
-from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.mechanisms.queries import Invariant, Measurement, at_level_indices
 from censusdp.options import with_keywords
 from censusdp.timing import stage
 
@@ -119,7 +119,7 @@ def propagate_invariants(
         if key in by_level[k]:
             _check_same(by_level[k][key], ivals, lv.name, inv.query.name, hierarchy, k)
         else:
-            by_level[k][key] = Invariant(k, inv.query, ivals)
+            by_level[k][key] = Invariant(k, inv.query, ivals, level_name=lv.name)
     for k in range(hierarchy.depth - 1, 0, -1):
         for key, inv in list(by_level[k].items()):
             up = hierarchy.aggregate_up(k, inv.values)
@@ -133,7 +133,9 @@ def propagate_invariants(
                     k - 1,
                 )
             else:
-                by_level[k - 1][key] = Invariant(k - 1, inv.query, up)
+                by_level[k - 1][key] = Invariant(
+                    k - 1, inv.query, up, level_name=hierarchy.names[k - 1]
+                )
     return [list(d.values()) for d in by_level]
 
 
@@ -244,6 +246,7 @@ def topdown(
         Cell names (columns of every histogram).
     measurements : sequence of Measurement
         Noisy answers; every level should be measured (the root included), any noise law.
+        Levels by name, or by index (the same release bit for bit).
     invariants : sequence of Invariant
         Exact, integer answers; they are propagated to the levels above
         (:func:`propagate_invariants`) and met with ``==``.
@@ -281,6 +284,8 @@ def topdown(
     code.
     """
     o = with_keywords(TopDownSolveOptions, options, legacy, "topdown")
+    measurements = at_level_indices(hierarchy.names, measurements)
+    invariants = at_level_indices(hierarchy.names, invariants)
     privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
     cells = tuple(cells)
     m = len(cells)

@@ -6,13 +6,19 @@ noise at every node of one level; an :class:`Invariant` is one query released ex
 node of one level. :func:`measure` draws the noise from the keyed streams of
 :mod:`censusdp.rng`, so any node range can be measured on its own (Dask partitions) and the
 union equals the single-process result bit for bit.
+
+Levels are named: ``measure(h.names, counts, [("county", q, law)], rng)``,
+``invariant(counts, "state", q, level_names=h.names)``. Every public function resolves a
+level once, at the edge (:func:`level_position`, :func:`at_level_indices`); an integer index
+is still accepted, for one release, and gives the same result bit for bit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -31,6 +37,8 @@ __all__ = [
     "query_matrix",
     "Measurement",
     "Invariant",
+    "level_position",
+    "at_level_indices",
     "measure",
     "measure_range",
     "invariant",
@@ -232,38 +240,161 @@ class Query:
         return counts @ matrix.T
 
 
+def level_position(level_names: Sequence[str], level: str | int, what: str = "level") -> int:
+    """The index of a level given by name (what the docs teach) or by index.
+
+    Every public function of the flat API resolves its levels here, once, at the edge: a
+    name is looked up in the hierarchy's ``level_names``; an integer index (accepted for one
+    release) may be negative, counted from the leaves as in Python.
+
+    Parameters
+    ----------
+    level_names : sequence of str
+        The hierarchy's level names, root first (``Hierarchy.names``).
+    level : str or int
+    what : str
+        What the level is for, named in the error (e.g. ``"invariant 'total'"``).
+
+    Raises
+    ------
+    SpecError
+        An unknown name or an index out of range: one line naming the level and the known
+        levels.
+    """
+    names = [str(n) for n in level_names]
+    if isinstance(level, str):
+        if level in names:
+            return names.index(level)
+        raise SpecError(
+            f"{what}: unknown level {level!r}; the levels are {names} (use one of these names)"
+        )
+    if isinstance(level, bool) or not isinstance(level, (int, np.integer)):
+        raise SpecError(
+            f"{what}: a level is a name (one of {names}) or an index, not {type(level).__name__}"
+        )
+    k = int(level)
+    if not -len(names) <= k < len(names):
+        raise SpecError(
+            f"{what}: level index {k} is out of range for the {len(names)} levels {names} "
+            "(name the level instead)"
+        )
+    return k % len(names)
+
+
 @dataclass(frozen=True, eq=False)
 class Measurement:
     """A noisy answer to ``query`` at every node of level ``level``.
 
     Attributes
     ----------
-    level : int
-        Level index in the hierarchy.
+    level : str or int
+        The level's name (``"county"``), or its index in the hierarchy; the estimators
+        resolve it once against the hierarchy (:func:`at_level_indices`) and work with the
+        index, keeping the name in ``level_name``.
     query : Query
     values : numpy.ndarray
         (n_nodes, k) noisy answers.
     law : NoiseLaw
         The noise law of every entry (its variance is the measurement variance).
+    level_name : str, optional
+        The level's name (keyword only): set by :func:`measure` and by
+        :func:`at_level_indices`, and from ``level`` when that is a name.
+
+    Raises
+    ------
+    SpecError
+        ``level`` a name that disagrees with ``level_name``.
     """
 
-    level: int
+    level: str | int
     query: Query
     values: np.ndarray
     law: NoiseLaw
+    level_name: str | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        _name_from_level(self)
 
     @property
     def variance(self) -> float:
         return float(self.law.variance)
 
+    @property
+    def label(self) -> str:
+        """``"level: query"``, e.g. ``"county: detailed"`` (the level's name when known)."""
+        return f"{self.level_name or self.level}: {self.query.name}"
+
 
 @dataclass(frozen=True, eq=False)
 class Invariant:
-    """An exact answer to ``query`` at every node of level ``level``."""
+    """An exact answer to ``query`` at every node of level ``level``.
 
-    level: int
+    Attributes
+    ----------
+    level : str or int
+        The level's name or index, as for :class:`Measurement`.
+    query : Query
+    values : numpy.ndarray
+        (n_nodes, k) exact answers.
+    level_name : str, optional
+        The level's name (keyword only), as for :class:`Measurement`.
+    """
+
+    level: str | int
     query: Query
     values: np.ndarray
+    level_name: str | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        _name_from_level(self)
+
+    @property
+    def label(self) -> str:
+        """``"level: query"``, e.g. ``"state: total"`` (the level's name when known)."""
+        return f"{self.level_name or self.level}: {self.query.name}"
+
+
+def _name_from_level(item: Measurement | Invariant) -> None:
+    """A name given as ``level`` is the ``level_name``; the two may not disagree."""
+    if not isinstance(item.level, str):
+        return
+    if item.level_name is None:
+        object.__setattr__(item, "level_name", item.level)
+    elif item.level_name != item.level:
+        raise SpecError(
+            f"{type(item).__name__.lower()} {item.query.name!r}: level {item.level!r} but "
+            f"level_name {item.level_name!r}; give the level once"
+        )
+
+
+def at_level_indices(level_names: Sequence[str], items: Sequence) -> list:
+    """Measurements or invariants with ``level`` the index and ``level_name`` the name.
+
+    The one resolution of levels at the edge of every estimator (:func:`level_position`):
+    a level given by name or by index gives the same item, so the releases are identical bit
+    for bit. Values are not copied.
+
+    Raises
+    ------
+    SpecError
+        An unknown level name, an index out of range, or a ``level_name`` that is not the
+        name of the level's index.
+    """
+    names = [str(n) for n in level_names]
+    out = []
+    for it in items:
+        what = f"{type(it).__name__} {it.query.name!r}"
+        k = level_position(names, it.level, what)
+        if it.level_name is not None and it.level_name != names[k]:
+            raise SpecError(
+                f"{what}: level {it.level!r} is {names[k]!r}, but its level_name says "
+                f"{it.level_name!r}; give the level once"
+            )
+        if type(it.level) is int and it.level == k and it.level_name == names[k]:
+            out.append(it)
+        else:
+            out.append(dataclasses.replace(it, level=k, level_name=names[k]))
+    return out
 
 
 def stream_label(level_name: str, query_name: str) -> str:
@@ -314,7 +445,7 @@ def measure_range(
 def measure(
     level_names: Sequence[str],
     level_counts: Sequence[np.ndarray],
-    plan: Sequence[tuple[int, Query, NoiseLaw]],
+    plan: Sequence[tuple[str | int, Query, NoiseLaw]],
     rng: KeyedRNG,
 ) -> list[Measurement]:
     """Measure every (level, query, law) of ``plan`` at every node of its level.
@@ -322,32 +453,87 @@ def measure(
     Parameters
     ----------
     level_names : sequence of str
-        The hierarchy's level names (stream labels).
+        The hierarchy's level names (stream labels), root first.
     level_counts : sequence of arrays
         Exact counts per level, (n_nodes, n_cells), e.g. ``Hierarchy.aggregate(leaf_counts)``.
-    plan : sequence of (level index, Query, NoiseLaw)
+    plan : sequence of (level name, Query, NoiseLaw)
+        E.g. ``[("county", Query.detailed(cells), DiscreteGaussian(20))]``; a level index is
+        accepted for one release and measures the same (:func:`level_position`).
     rng : KeyedRNG
-    """
-    out = []
-    for k, q, law in plan:
-        counts = level_counts[k]
-        truth = q.apply(counts)
-        vals = measure_range(truth, level_names[k], counts.shape[0], 0, q, law, rng)
-        out.append(Measurement(k, q, vals, law))
-    return out
 
-
-def invariant(level_counts: Sequence[np.ndarray], level: int, query: Query) -> Invariant:
-    """The exact answers of ``query`` at level ``level``.
+    Returns
+    -------
+    list of Measurement
+        In plan order, ``level`` the index and ``level_name`` the name.
 
     Raises
     ------
+    SpecError
+        An unknown level name or an index out of range (naming the known levels).
+    """
+    out = []
+    for level, q, law in plan:
+        k = level_position(level_names, level, f"measurement {q.name!r}")
+        counts = level_counts[k]
+        truth = q.apply(counts)
+        name = str(level_names[k])
+        vals = measure_range(truth, name, counts.shape[0], 0, q, law, rng)
+        out.append(Measurement(k, q, vals, law, level_name=name))
+    return out
+
+
+def invariant(
+    level_counts: Mapping[str, np.ndarray] | Sequence[np.ndarray],
+    level: str | int,
+    query: Query,
+    *,
+    level_names: Sequence[str] | None = None,
+) -> Invariant:
+    """The exact answers of ``query`` at level ``level``.
+
+    Parameters
+    ----------
+    level_counts : mapping of level name → array, or sequence of arrays
+        Exact counts per level, root first (e.g. ``Table.all_levels()``).
+    level : str or int
+        The level's name (``"state"``; needs ``level_names`` or a mapping), or its index
+        (accepted for one release).
+    query : Query
+    level_names : sequence of str, optional
+        The hierarchy's level names (``h.names``), as for
+        :func:`~censusdp.mechanisms.product_measure.product_invariant`.
+
+    Raises
+    ------
+    SpecError
+        An unknown level name or index, or a name without ``level_names``.
     DataError
         Answers beyond the int64 range, or beyond 2⁵³ (:func:`check_float_exact`).
     """
-    values = query.apply(level_counts[level])
-    check_float_exact(values, f"invariant {query.name!r} at level {level}")
-    return Invariant(level, query, values)
+    what = f"invariant {query.name!r}"
+    if isinstance(level_counts, Mapping):
+        level_names, level_counts = list(level_counts), list(level_counts.values())
+    if level_names is None:
+        if isinstance(level, str):
+            raise SpecError(
+                f"{what} at level {level!r}: a level name needs the hierarchy's level names; "
+                f"call invariant(counts, {level!r}, query, level_names=h.names)"
+            )
+        k = level_position([str(j) for j in range(len(level_counts))], level, what)
+        name = None
+    else:
+        if len(level_names) != len(level_counts):
+            raise SpecError(
+                f"{what}: {len(level_names)} level names for {len(level_counts)} levels of "
+                "counts; give one name per level, root first (h.names)"
+            )
+        k = level_position(level_names, level, what)
+        name = str(level_names[k])
+    values = query.apply(level_counts[k])
+    check_float_exact(
+        values, f"{what} at level {k}" if name is None else f"{what} at level {name!r}"
+    )
+    return Invariant(k, query, values, level_name=name)
 
 
 def check_float_exact(values: np.ndarray, what: str) -> None:
@@ -415,7 +601,7 @@ def exactly_released(
     Parameters
     ----------
     level_names : sequence of str
-    measured, invariants : sequence of (level index, Query)
+    measured, invariants : sequence of (level name or index, Query)
 
     Returns
     -------
@@ -428,6 +614,8 @@ def exactly_released(
     databases sharing the invariants, which is none other than the data itself when the
     invariants span the measured queries.
     """
+    measured = _indexed_pairs(level_names, measured, "measured query")
+    invariants = _indexed_pairs(level_names, invariants, "invariant")
     out: dict[str, tuple[str, ...]] = {}
     for k in sorted({k for k, _ in measured}):
         below = [q.matrix for j, q in invariants if j >= k]
@@ -438,6 +626,12 @@ def exactly_released(
         if exact_rank(np.vstack([inv, *(q.matrix for q in meas)])) == exact_rank(inv):
             out[level_names[k]] = tuple(q.name for q in meas)
     return out
+
+
+def _indexed_pairs(
+    level_names: Sequence[str], pairs: Sequence[tuple[str | int, Query]], what: str
+) -> list[tuple[int, Query]]:
+    return [(level_position(level_names, j, f"{what} {q.name!r}"), q) for j, q in pairs]
 
 
 def exact_release_note(determined: Mapping[str, Sequence[str]]) -> str:
@@ -470,7 +664,7 @@ def guard_exact_release(
     Parameters
     ----------
     level_names : sequence of str
-    measured, invariants : sequence of (level index, Query)
+    measured, invariants : sequence of (level name or index, Query)
     privacy : PrivacyStatement
         The statement of the measurements. A statement that already carries the
         :func:`exact_release_note` of these levels counts as acknowledged.
@@ -488,6 +682,8 @@ def guard_exact_release(
         Every measured level released exactly, without acknowledgement (naming the levels
         and the invariants).
     """
+    measured = _indexed_pairs(level_names, measured, "measured query")
+    invariants = _indexed_pairs(level_names, invariants, "invariant")
     determined = exactly_released(level_names, measured, invariants)
     if len(determined) < len({k for k, _ in measured}):
         return privacy  # some level keeps protected values; the rest the invariants declare
