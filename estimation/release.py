@@ -169,7 +169,8 @@ class Release:
         """
         from censusdp.estimation.uncertainty import intervals
 
-        return intervals(self, level, alpha, include_rounding=include_rounding)
+        k = self.level_index(level)
+        return intervals(self, k, alpha, include_rounding=include_rounding)
 
     def summary(self) -> pd.DataFrame:
         """One row per level: nodes, the sum of the estimates, the smallest estimate, the share

@@ -95,13 +95,15 @@ def propagate_invariants(
 
     Raises
     ------
+    SpecError
+        An unknown level name (naming the known levels).
     DataError
         When an invariant is not integer-valued, has the wrong shape, or disagrees with the
         sum of the same invariant one level below.
     """
     by_level: list[dict[tuple, Invariant]] = [{} for _ in range(hierarchy.depth)]
-    for inv in invariants:
-        k = hierarchy.level_index(inv.level)
+    for inv in at_level_indices(hierarchy.names, invariants):
+        k = inv.level
         lv = hierarchy.levels[k]
         vals = np.asarray(inv.values)
         if vals.shape != (lv.size, inv.query.n_rows):

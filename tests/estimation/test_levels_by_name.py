@@ -18,7 +18,7 @@ from censusdp.errors import CensusDPError, SpecError
 from censusdp.estimation.conditioning import condition
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.rounding import round_release
-from censusdp.estimation.topdown import topdown
+from censusdp.estimation.topdown import propagate_invariants, topdown
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.laws import Gaussian
@@ -205,6 +205,9 @@ def test_unknown_level_is_one_spec_error_everywhere():
         lambda: topdown(h, cells, bad_m, inv, None),
         lambda: rel.level("tract"),
         lambda: rel.standard_errors("tract"),
+        lambda: rel.totals("tract"),
+        lambda: rel.conf_int("tract"),
+        lambda: propagate_invariants(h, bad_i),
         lambda: level_position(h.names, "tract"),
     ]
     for call in calls:
