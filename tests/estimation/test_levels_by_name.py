@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from censusdp.errors import CensusDPError, SpecError
-from censusdp.estimation.conditioning import condition
+from censusdp.estimation.conditioning import ConditioningOptions, condition
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.rounding import round_release
 from censusdp.estimation.topdown import propagate_invariants, topdown
 from censusdp.hierarchy import Hierarchy
-from censusdp.mechanisms.discrete import DiscreteGaussian
+from censusdp.mechanisms.discrete import DiscreteGaussian, DiscreteLaplace
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.queries import (
     Invariant,
@@ -108,7 +108,7 @@ def test_name_and_index_give_identical_releases(problem):
         assert _same(r1.level(name), r1.level(k))
         assert _same(r1.level(name), r1.level(k - h.depth))
         assert _same(r1.standard_errors(name), r1.standard_errors(k))
-        assert _same(z1.sum_standard_errors(name, Query.total(cells)), z1.sum_standard_errors(k, Query.total(cells)))  # fmt: skip
+        assert _same(z1.sum_variances(name, Query.total(cells)), z1.sum_variances(k, Query.total(cells)))  # fmt: skip
 
 
 def test_a_different_level_gives_a_different_release():
@@ -164,6 +164,22 @@ def test_condition_by_name_equals_by_index():
         condition(*_estimator_inputs(b, Gaussian(2.0)), None, KeyedRNG.reproducible(9, warn=False))
         for b in (True, False)
     ]
+    assert _same_release(r[0], r[1])
+
+
+def test_condition_mcmc_by_name_equals_by_index():
+    """The sampler path (discrete Laplace: certified Gibbs chains), not only the exact one."""
+    opts = ConditioningOptions(n_coupled_pairs=20, n_rhat_chains=4, max_iterations=20_000)
+    r = [
+        condition(
+            *_estimator_inputs(b, DiscreteLaplace(2.0)),
+            None,
+            KeyedRNG.reproducible(9, warn=False),
+            opts,
+        )
+        for b in (True, False)
+    ]
+    assert r[0].estimator == "conditioning" and "tv_bound" in r[0].diagnostics
     assert _same_release(r[0], r[1])
 
 
