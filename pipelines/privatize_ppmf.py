@@ -164,6 +164,7 @@ from censusdp.pipelines.io.outputs import (
 )
 from censusdp.pipelines.pl94_stream import (
     PartitionRelease,
+    Pl94StreamOptions,
     SparseHistogram,
     TopRelease,
     stream_pl94,
@@ -641,11 +642,13 @@ def _two_products(
         source,
         plan,
         rng,
-        invariants=INVARIANTS,
-        cut=CUT,
         on_top=on_top,
         on_partition=on_partition,
-        rounding_replicates=ROUNDING_REPLICATES if with_pieces else 0,
+        options=Pl94StreamOptions(
+            invariants=INVARIANTS,
+            cut=CUT,
+            rounding_replicates=ROUNDING_REPLICATES if with_pieces else 0,
+        ),
     )
 
 
