@@ -104,6 +104,7 @@ from censusdp.pipelines.execute import KEEP_FREED_MEMORY, keep_freed_memory, ope
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
 from censusdp.pipelines.pl94_stream import (
+    Pl94StreamOptions,
     ReleaseChecks,
     Sinks,
     SyntheticHistogram,
@@ -191,10 +192,12 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
             _log(t_start, "top solved and rounded")
 
         res = stream_pl94(
-            h, schema, source, plan, rng, partitions=parts, executor=ex, order=largest_first,
-            cache_bytes=int(args.cache_mb * 2**20), on_top=on_top,
-            sink=Sinks((checks.for_partition(), store.piece_sink())),
-            sink_payload=lambda p: (None, store.payload(p)),
+            h, schema, source, plan, rng, on_top=on_top, options=Pl94StreamOptions(
+                partitions=parts, executor=ex, order=largest_first,
+                cache_bytes=int(args.cache_mb * 2**20),
+                sink=Sinks((checks.for_partition(), store.piece_sink())),
+                sink_payload=lambda p: (None, store.payload(p)),
+            ),
         )  # fmt: skip
         _log(t_start, f"{len(parts)} partitions written")
         t1, c1 = time.perf_counter(), time.process_time()

@@ -94,6 +94,7 @@ from censusdp.mechanisms.product_measure import ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.pl94_stream import (
     PartitionRelease,
+    Pl94StreamOptions,
     ReleaseChecks,
     StandardErrorSummary,
     SyntheticHistogram,
@@ -231,9 +232,9 @@ def run(
             moved.add(out.piece, out.counts, getattr(out, "total_var", None))
 
         res = stream_pl94(
-            h, schema, source, plan, rng, partitions=partitions, workers=workers,
-            cache_bytes=int(cache_mb * 2**20), on_top=on_top, on_partition=on_partition,
-            privacy=claimed,
+            h, schema, source, plan, rng, on_top=on_top, on_partition=on_partition,
+            options=Pl94StreamOptions(partitions=partitions, workers=workers,
+                                      cache_bytes=int(cache_mb * 2**20), privacy=claimed),
         )  # fmt: skip
         d = res.diagnostics
         privacy, diagnostics = res.privacy, d["stream"]

@@ -43,7 +43,7 @@ import numpy as np
 from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.structured_rounding import replicate_variance
 from censusdp.hierarchy.synthetic import synthetic_state
-from censusdp.pipelines.pl94_stream import SyntheticHistogram, stream_pl94
+from censusdp.pipelines.pl94_stream import Pl94StreamOptions, SyntheticHistogram, stream_pl94
 from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
@@ -68,7 +68,7 @@ def _run(h, schema, source, plan, seed: int, replicates: int) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     res = stream_pl94(
         h, schema, source, plan, KeyedRNG.reproducible(seed, warn=False),
-        rounding_replicates=replicates,
+        options=Pl94StreamOptions(rounding_replicates=replicates),
         on_top=lambda t: take(t.piece, t.counts, t.replicate_errors),
         on_partition=lambda p: take(p.piece, p.counts, p.replicate_errors),
     )  # fmt: skip

@@ -68,10 +68,11 @@ import dataclasses
 import json
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -86,6 +87,7 @@ from censusdp.hierarchy.builders import from_gisjoin
 from censusdp.hierarchy.gisjoin import RowLevels
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.codebook import Codebook
 from censusdp.pipelines.io.outputs import (
     DICTIONARY_FILE,
     OUTPUT_COLUMNS_NOTE,
@@ -103,6 +105,7 @@ from censusdp.pipelines.privatize_tables import (
 from censusdp.pipelines.release_statement import exact_through_invariants
 from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
+from censusdp.timing import stage
 
 log = logging.getLogger(__name__)
 
@@ -546,16 +549,98 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
     """
     from censusdp.atomic import check_output, output_dir
     from censusdp.config import check_run_options
-    from censusdp.pipelines.codebook import Codebook
-    from censusdp.pipelines.nhgis import read_batch, row_geography, spine_rows
-    from censusdp.pipelines.privatize_tables import check_file_columns, input_digests
-    from censusdp.pipelines.runner import package_versions, separate_evaluation
+    from censusdp.pipelines.privatize_tables import input_digests
+    from censusdp.pipelines.runner import separate_evaluation
 
-    t0 = time.perf_counter()
-    check_run_options(seed=spec.seed)
-    codebook_file = Path(spec.codebook) if spec.codebook.endswith(".toml") else None
-    inputs = [x for x in (path, spec_path, codebook_file) if x is not None]
-    check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
+    steps: dict[str, float] = {}  # each step's wall (and thread CPU) seconds
+    total: dict[str, float] = {}  # the run's, to the manifest
+    with ExitStack() as stack:
+        with stage(total, "seconds"):
+            with stage(steps, "release"):  # read and released
+                check_run_options(seed=spec.seed)
+                codebook_file = Path(spec.codebook) if spec.codebook.endswith(".toml") else None
+                inputs = [x for x in (path, spec_path, codebook_file) if x is not None]
+                check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
+                with stage(steps, "read"):
+                    rows = _county_rows(path, spec)
+                    plan = TablePlan.build(rows.codebook, spec.rho, spec.strategy)
+                    rng = KeyedRNG.from_seed(spec.seed)
+                h = rows.hierarchy
+                log.info(
+                    "read in %.1f s; nodes per level: %s; measure, GLS and rounding of both "
+                    "products", steps["read"],
+                    ", ".join(f"{lv} {n}" for lv, n in zip(h.names, h.sizes, strict=True)),
+                )  # fmt: skip
+                rel = release_hierarchy(
+                    plan, h, rows.truth, rng, invariants=spec.invariants, delta=spec.delta,
+                    row_levels=rows.levels, source=rows.name,
+                    areas=[str(c) for c in h.levels[-1].codes],
+                )  # fmt: skip
+                products = codebook_products(spec.levels, spec.invariants, spec.evaluate)
+                rel = dataclasses.replace(rel, privacy=with_products(rel.privacy, products))
+            log.info("read and released in %.1f s; writing the tables", steps["release"])
+            tmp = stack.enter_context(output_dir(out, overwrite=overwrite, inputs=inputs,
+                                                 command="privatize", option="-o",
+                                                 info={"route": "codebook-hierarchy"}))  # fmt: skip
+            files = write_hierarchy_release(tmp, rows.batch, rows.leaf_row, rel, plan)
+            if spec.evaluate:
+                with stage(steps, "size_class_report"):
+                    log.info("size-class report: %d simulated release(s)", spec.repetitions)
+                    evaluate_release(
+                        tmp, plan, rel, rows.truth, rng.child("report"),
+                        invariants=spec.invariants, repetitions=spec.repetitions,
+                        privacy=products[-1].wording(),
+                    )  # fmt: skip
+        timings = {k: steps[k] for k in ("release", "size_class_report") if k in steps}
+        timings["seconds"] = total["seconds"]
+        log.info("writing the manifest (%.1f s in all)", timings["seconds"])
+        digests = input_digests(path, spec, spec_path, codebook_file, rows.codebook)
+        manifest = _hierarchy_manifest(spec, rows, plan, rel.privacy, products, files, digests)
+        manifest["timings"] = timings
+        _write_hierarchy_texts(tmp, manifest, rows, rel.privacy, products, spec.evaluate)
+        if spec.evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
+            separate_evaluation(tmp)
+    return Path(out), rel
+
+
+@dataclass(frozen=True, eq=False)
+class _CountyRows:
+    """A codebook file read as the leaves of its hierarchy (:func:`privatize_hierarchy`).
+
+    Attributes
+    ----------
+    codebook : Codebook
+    batch : NHGIS batch
+        The file as read (:func:`~censusdp.pipelines.nhgis.read_batch`).
+    name : str
+        The file's name, for messages.
+    hierarchy : Hierarchy
+        From the rows' GISJOINs (:func:`hierarchy_of_rows`); its leaves are the rows.
+    leaf_row : numpy.ndarray
+        Per leaf, its row of the file.
+    levels : RowLevels
+        The rows' summary levels (for the statement's per-person note).
+    truth : numpy.ndarray
+        int64 ``(leaves, columns)``: the ``_sf`` columns in the codebook's order, per leaf
+        (confidential).
+    """
+
+    codebook: Codebook
+    batch: Any
+    name: str
+    hierarchy: Hierarchy
+    leaf_row: np.ndarray
+    levels: RowLevels
+    truth: np.ndarray
+
+
+def _county_rows(path: str | Path, spec) -> _CountyRows:
+    """Read the file, check it against the codebook and the hierarchy's levels (every row
+    of the leaf level: a row of a level above is refused, naming file, row, column and
+    code), and build the hierarchy from its rows."""
+    from censusdp.pipelines.nhgis import read_batch, row_geography, spine_rows
+    from censusdp.pipelines.privatize_tables import check_file_columns
+
     cb = Codebook.load(spec.codebook)
     log.info("reading %s (codebook %s)", Path(path).name, cb.source)
     batch = read_batch(path, encoding=spec.encoding)
@@ -576,105 +661,99 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
         batch.gisjoin, spec.levels, source=name, rows=batch.unit_rows,
         column=batch.gisjoin_column,
     )  # fmt: skip
-    levels = row_geography(batch)
     order = np.array([batch.cells.index(c) for c in cb.columns])
     truth = batch.truth[leaf_row][:, order]
-    plan = TablePlan.build(cb, spec.rho, spec.strategy)
-    rng = KeyedRNG.from_seed(spec.seed)
-    log.info(
-        "read in %.1f s; nodes per level: %s; measure, GLS and rounding of both products",
-        time.perf_counter() - t0,
-        ", ".join(f"{lv} {n}" for lv, n in zip(h.names, h.sizes, strict=True)),
+    return _CountyRows(cb, batch, name, h, leaf_row, row_geography(batch), truth)
+
+
+def _hierarchy_manifest(
+    spec,
+    rows: _CountyRows,
+    plan: TablePlan,
+    privacy: PrivacyStatement,
+    products: Sequence[Product],
+    files: object,
+    digests: dict[str, str],
+) -> dict:
+    """``manifest.json`` of a codebook hierarchy release, but its timings."""
+    from censusdp.pipelines.runner import package_versions
+
+    cb, h = rows.codebook, rows.hierarchy
+    return {
+        "command": "privatize",
+        "route": "codebook-hierarchy",
+        "input": rows.name,
+        "codebook": cb.source,
+        "schema": cb.schema.name,
+        "hierarchy": {"levels": list(h.names), "sizes": list(h.sizes)},
+        "invariants": [f"{lv}: {q}" for lv, q in spec.invariants],
+        "exact_through_invariants": list(privacy.exact),
+        "strategy": [
+            {
+                "query": q.name,
+                "rows": q.n_rows,
+                "l2_sensitivity": d,
+                "sigma2": float(law.sigma2),
+                "rho": r,
+            }
+            for q, d, law, r in zip(
+                plan.queries, plan.sensitivities, plan.laws, plan.rho_per_query, strict=True
+            )
+        ],  # fmt: skip
+        "rho_requested": spec.rho,
+        "rho_derived": privacy.rho,
+        "privacy": privacy.to_dict(),
+        "privacy_text": privacy.text(),
+        "products": {
+            "unbiased": "unbiased/: GLS estimates rounded without bias; every codebook "
+            "identity exact at every level, each level the sum of the one below, the "
+            f"invariants exact; <column>_se: {STANDARD_ERRORS_NOTE}",
+            "nonnegative": f"nonnegative/: {BIASED_NOTE}; no negative cell, identities "
+            "and invariants exact",
+        },
+        "product_steps": [p.to_dict() for p in products],
+        "columns": OUTPUT_COLUMNS_NOTE,
+        "files": files,
+        "size_class_report": None
+        if not spec.evaluate
+        else {
+            "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
+            "repetitions": spec.repetitions,
+            "confidential_evaluation": "../evaluation/ (CONFIDENTIAL, beside release/)",
+        },  # fmt: skip
+        "inputs_sha256": digests,
+        "reproducible_mode": spec.seed is not None,
+        "versions": package_versions(),
+    }
+
+
+def _write_hierarchy_texts(
+    tmp: Path,
+    manifest: dict,
+    rows: _CountyRows,
+    privacy: PrivacyStatement,
+    products: Sequence[Product],
+    evaluate: bool,
+) -> None:
+    """``manifest.json``, ``README.md`` and ``privacy.md`` of a codebook hierarchy release."""
+    h, name = rows.hierarchy, rows.name
+    (tmp / "manifest.json").write_text(
+        json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
     )
-    rel = release_hierarchy(
-        plan, h, truth, rng, invariants=spec.invariants, delta=spec.delta, row_levels=levels,
-        source=name, areas=[str(c) for c in h.levels[-1].codes],
+    wording = [f"- {p.wording()}" for p in products]
+    lines = [f"# censusdp release ({name}, codebook {rows.codebook.source})", "",
+             f"Privacy: {privacy.text()}", ""]  # fmt: skip
+    lines += [f"- {text}" for text in manifest["products"].values()]
+    lines += [f"- columns: {OUTPUT_COLUMNS_NOTE}"]
+    lines += [f"- {lv}.csv in both folders: every {lv}" for lv in h.names[:-1]]
+    lines += [f"- {h.names[-1]}.csv in both folders: the rows of {name}, in its layout"]
+    if evaluate:
+        lines += ["- size_classes.md: errors by size class, simulated from the released "
+                  "non-negative tables; ../evaluation/ (beside this release/ folder): "
+                  "CONFIDENTIAL, against the _sf totals"]  # fmt: skip
+    lines += ["", "Privacy of each product (privacy.md says the same):", "", *wording, ""]
+    (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    (tmp / "privacy.md").write_text(
+        "# Privacy\n\n" + privacy.text() + "\n\nWhat each product is:\n\n"
+        + "\n".join(wording) + "\n", encoding="utf-8",
     )  # fmt: skip
-    products = codebook_products(spec.levels, spec.invariants, spec.evaluate)
-    privacy = with_products(rel.privacy, products)
-    rel = dataclasses.replace(rel, privacy=privacy)
-    timings = {"release": time.perf_counter() - t0}
-    log.info("read and released in %.1f s; writing the tables", timings["release"])
-    with output_dir(out, overwrite=overwrite, inputs=inputs, command="privatize", option="-o",
-                    info={"route": "codebook-hierarchy"}) as tmp:  # fmt: skip
-        files = write_hierarchy_release(tmp, batch, leaf_row, rel, plan)
-        if spec.evaluate:
-            t1 = time.perf_counter()
-            log.info("size-class report: %d simulated release(s)", spec.repetitions)
-            evaluate_release(
-                tmp, plan, rel, truth, rng.child("report"), invariants=spec.invariants,
-                repetitions=spec.repetitions, privacy=products[-1].wording(),
-            )  # fmt: skip
-            timings["size_class_report"] = time.perf_counter() - t1
-        timings["seconds"] = time.perf_counter() - t0
-        log.info("writing the manifest (%.1f s in all)", timings["seconds"])
-        manifest = {
-            "command": "privatize",
-            "route": "codebook-hierarchy",
-            "input": name,
-            "codebook": cb.source,
-            "schema": cb.schema.name,
-            "hierarchy": {"levels": list(h.names), "sizes": list(h.sizes)},
-            "invariants": [f"{lv}: {q}" for lv, q in spec.invariants],
-            "exact_through_invariants": list(privacy.exact),
-            "strategy": [
-                {
-                    "query": q.name,
-                    "rows": q.n_rows,
-                    "l2_sensitivity": d,
-                    "sigma2": float(law.sigma2),
-                    "rho": r,
-                }
-                for q, d, law, r in zip(
-                    plan.queries, plan.sensitivities, plan.laws, plan.rho_per_query, strict=True
-                )
-            ],  # fmt: skip
-            "rho_requested": spec.rho,
-            "rho_derived": privacy.rho,
-            "privacy": privacy.to_dict(),
-            "privacy_text": privacy.text(),
-            "products": {
-                "unbiased": "unbiased/: GLS estimates rounded without bias; every codebook "
-                "identity exact at every level, each level the sum of the one below, the "
-                f"invariants exact; <column>_se: {STANDARD_ERRORS_NOTE}",
-                "nonnegative": f"nonnegative/: {BIASED_NOTE}; no negative cell, identities "
-                "and invariants exact",
-            },
-            "product_steps": [p.to_dict() for p in products],
-            "columns": OUTPUT_COLUMNS_NOTE,
-            "files": files,
-            "size_class_report": None
-            if not spec.evaluate
-            else {
-                "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
-                "repetitions": spec.repetitions,
-                "confidential_evaluation": "../evaluation/ (CONFIDENTIAL, beside release/)",
-            },  # fmt: skip
-            "inputs_sha256": input_digests(path, spec, spec_path, codebook_file, cb),
-            "reproducible_mode": spec.seed is not None,
-            "versions": package_versions(),
-            "timings": timings,
-        }
-        (tmp / "manifest.json").write_text(
-            json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
-        )
-        wording = [f"- {p.wording()}" for p in products]
-        lines = [f"# censusdp release ({name}, codebook {cb.source})", "",
-                 f"Privacy: {privacy.text()}", ""]  # fmt: skip
-        lines += [f"- {text}" for text in manifest["products"].values()]
-        lines += [f"- columns: {OUTPUT_COLUMNS_NOTE}"]
-        lines += [f"- {lv}.csv in both folders: every {lv}" for lv in h.names[:-1]]
-        lines += [f"- {h.names[-1]}.csv in both folders: the rows of {name}, in its layout"]
-        if spec.evaluate:
-            lines += ["- size_classes.md: errors by size class, simulated from the released "
-                      "non-negative tables; ../evaluation/ (beside this release/ folder): "
-                      "CONFIDENTIAL, against the _sf totals"]  # fmt: skip
-        lines += ["", "Privacy of each product (privacy.md says the same):", "", *wording, ""]
-        (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
-        (tmp / "privacy.md").write_text(
-            "# Privacy\n\n" + privacy.text() + "\n\nWhat each product is:\n\n"
-            + "\n".join(wording) + "\n", encoding="utf-8",
-        )  # fmt: skip
-        if spec.evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
-            separate_evaluation(tmp)
-    return Path(out), rel

@@ -62,7 +62,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import scipy.sparse as sp
@@ -86,11 +86,13 @@ from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery, QueryRows, apply_queries
 from censusdp.mechanisms.queries import measure_range, stream_label
+from censusdp.options import with_keywords
 from censusdp.pipelines.execute import Executor, ordered_ahead
 from censusdp.pipelines.partition import Partition, partition_units
-from censusdp.pipelines.structured_stream import structured_stream
+from censusdp.pipelines.structured_stream import StreamOptions, StreamResult, structured_stream
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 from censusdp.schema import Schema
+from censusdp.timing import CPU_PREFIX, stage
 
 __all__ = [
     "HistogramSource",
@@ -98,6 +100,7 @@ __all__ = [
     "PartitionChecks",
     "PartitionMeasure",
     "PartitionRelease",
+    "Pl94StreamOptions",
     "Pl94StreamResult",
     "ReleaseChecks",
     "ReleaseSink",
@@ -693,19 +696,19 @@ class Sinks:
 @dataclass(frozen=True, eq=False)
 class _RoundingSink:
     """The structured stream's sink of :func:`stream_pl94`: rounds the piece where it is and
-    hands the release to the caller's sink; returns the sink's value and seconds."""
+    hands the release to the caller's sink; returns the sink's value and the wall and thread
+    CPU seconds of the two (:func:`~censusdp.timing.stage`: ``rounding``, ``sink``)."""
 
     sink: ReleaseSink
     schema: Schema
 
     def __call__(self, piece: StructuredPiece, part: Partition, payload: tuple) -> tuple:
         rounding, theirs = payload
-        t0, c0 = time.perf_counter(), time.thread_time()
-        release = rounding.release(part, piece, self.schema)
-        t1, c1 = time.perf_counter(), time.thread_time()
-        value = self.sink(release, theirs)
-        seconds = {"rounding": (t1 - t0, c1 - c0),
-                   "sink": (time.perf_counter() - t1, time.thread_time() - c1)}  # fmt: skip
+        seconds: dict[str, float] = {}
+        with stage(seconds, "rounding"):
+            release = rounding.release(part, piece, self.schema)
+        with stage(seconds, "sink"):
+            value = self.sink(release, theirs)
         return value, seconds
 
 
@@ -850,49 +853,13 @@ def measure_whole(
     return meas, invs
 
 
-def stream_pl94(
-    hierarchy: Hierarchy,
-    schema: Schema,
-    source: HistogramSource,
-    plan: Plan,
-    rng: KeyedRNG,
-    *,
-    invariants: Sequence[tuple[str, ProductQuery | str]] = (
-        ("nation", "total"),
-        ("state", "total"),
-    ),
-    cut: str | int = "county",
-    partitions: int | Sequence[Partition] = 0,
-    workers: int = 1,
-    cache_bytes: int = 0,
-    order: Sequence[int] | None = None,
-    on_top: Callable[[TopRelease], None] | None = None,
-    on_partition: Callable[[PartitionRelease], None] | None = None,
-    privacy: PrivacyStatement | None = None,
-    executor: Executor | None = None,
-    sink: ReleaseSink | None = None,
-    sink_payload: Callable[[Partition], object] | None = None,
-    rounding_replicates: int = 0,
-    replicate_rows: object = None,
-) -> Pl94StreamResult:
-    """Measure, estimate (structured GLS) and round a schema histogram partition by partition.
+@dataclass(frozen=True, eq=False)
+class Pl94StreamOptions:
+    """How :func:`stream_pl94` runs, beyond its data and its two callbacks: the invariants,
+    the partitioning, where the passes run, the sink and the rounding replicates.
 
-    Parameters
+    Attributes
     ----------
-    hierarchy : Hierarchy
-        Root first; ``source``'s leaf indices index its last level.
-    schema : Schema
-        The histogram's schema (``pl94``; any schema whose queries the plan names works).
-    source : HistogramSource
-        ``source(lo, hi)`` → sparse ``(leaf, cell, count)`` of leaves ``[lo, hi)``
-        (:class:`SyntheticHistogram`, :class:`SparseHistogram`). Called once per partition
-        in pass 1 and again in the upward and (uncached) downward passes.
-    plan : sequence of (level name, ProductQuery, NoiseLaw)
-        Every measurement, e.g. :func:`~censusdp.estimation.predict.allocation_plan`
-        (the schema's ``[allocation]``).
-    rng : KeyedRNG
-        The noise is drawn from its streams ``measure/<level>/<query>`` (keyed by node); the
-        rounding from ``rng.child("rounding")``.
     invariants : sequence of (level name, query)
         Held exactly, computed from the histogram: at the root and its children only (the
         top-down rounding holds them there), e.g. nation and state totals.
@@ -911,11 +878,6 @@ def stream_pl94(
         regenerates every partition: its histogram and noise again, the same values).
     order : sequence of int, optional
         Order of the partitions (the output does not depend on it).
-    on_top : callable, optional
-        ``on_top(TopRelease)``: the levels down to the cut, once, before any partition.
-    on_partition : callable, optional
-        ``on_partition(PartitionRelease)``: each partition's levels below the cut, rounded,
-        in ``order``, one at a time in the calling thread.
     privacy : PrivacyStatement, optional
         A claimed statement, checked against the one derived from the measurements.
     executor : Executor, optional
@@ -929,8 +891,8 @@ def stream_pl94(
         computed (a worker, on Dask) and its :class:`PartitionRelease` handed to ``sink``
         there (e.g. :meth:`~censusdp.pipelines.pl94_store.Pl94StoreWriter.piece_sink`, which
         writes the partition's store files and returns their checksums); its small,
-        picklable return values are ``diagnostics["sunk"]`` in partition order. Without it,
-        pieces come back and are rounded here for ``on_partition``.
+        picklable return values are :attr:`Pl94StreamResult.sunk` in partition order.
+        Without it, pieces come back and are rounded here for ``on_partition``.
     sink_payload : callable, optional
         ``sink_payload(partition)`` → the ``payload`` of ``sink`` (called here after
         ``on_top``).
@@ -949,6 +911,69 @@ def stream_pl94(
         The rows whose replicate errors are kept (default: the P1–P5 columns,
         :func:`~censusdp.pipelines.pl94_tables.pl94_codebook`'s rows, for the ``pl94``
         schema).
+    """
+
+    invariants: Sequence[tuple[str, ProductQuery | str]] = (("nation", "total"), ("state", "total"))
+    cut: str | int = "county"
+    partitions: int | Sequence[Partition] = 0
+    workers: int = 1
+    cache_bytes: int = 0
+    order: Sequence[int] | None = None
+    privacy: PrivacyStatement | None = None
+    executor: Executor | None = None
+    sink: ReleaseSink | None = None
+    sink_payload: Callable[[Partition], object] | None = None
+    rounding_replicates: int = 0
+    replicate_rows: object = None
+
+
+def stream_pl94(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    source: HistogramSource,
+    plan: Plan,
+    rng: KeyedRNG,
+    *,
+    on_top: Callable[[TopRelease], None] | None = None,
+    on_partition: Callable[[PartitionRelease], None] | None = None,
+    options: Pl94StreamOptions | None = None,
+    **legacy: Any,
+) -> Pl94StreamResult:
+    """Measure, estimate (structured GLS) and round a schema histogram partition by partition.
+
+    The four passes of the module's docstring, as named steps: the checks, pass 1 (the
+    truth down to the cut, the measurements above it), the structured stream with the top
+    rounded top-down in its ``on_top`` and each partition from its cut nodes' integers in
+    its ``on_partition`` (or in the sink, where the piece was computed), the diagnostics.
+
+    Parameters
+    ----------
+    hierarchy : Hierarchy
+        Root first; ``source``'s leaf indices index its last level.
+    schema : Schema
+        The histogram's schema (``pl94``; any schema whose queries the plan names works).
+    source : HistogramSource
+        ``source(lo, hi)`` → sparse ``(leaf, cell, count)`` of leaves ``[lo, hi)``
+        (:class:`SyntheticHistogram`, :class:`SparseHistogram`). Called once per partition
+        in pass 1 and again in the upward and (uncached) downward passes.
+    plan : sequence of (level name, ProductQuery, NoiseLaw)
+        Every measurement, e.g. :func:`~censusdp.estimation.predict.allocation_plan`
+        (the schema's ``[allocation]``).
+    rng : KeyedRNG
+        The noise is drawn from its streams ``measure/<level>/<query>`` (keyed by node); the
+        rounding from ``rng.child("rounding")``.
+    on_top : callable, optional
+        ``on_top(TopRelease)``: the levels down to the cut, once, before any partition.
+    on_partition : callable, optional
+        ``on_partition(PartitionRelease)``: each partition's levels below the cut, rounded,
+        in ``order``, one at a time in the calling thread.
+    options : Pl94StreamOptions, optional
+        The invariants, the cut and partitions, the workers or executor, the cache, the
+        order, a claimed statement, the sink and the rounding replicates
+        (:class:`Pl94StreamOptions`; defaults when omitted).
+    **legacy
+        The fields of :class:`Pl94StreamOptions` as keyword arguments, as before it existed
+        (applied over ``options``; accepted for one release).
 
     Returns
     -------
@@ -961,181 +986,273 @@ def stream_pl94(
         of another cut; as :func:`~censusdp.pipelines.structured_stream.structured_stream`.
     DataError
         A source returning entries outside its range, negative counts, unknown cells.
+    TypeError
+        A keyword that is no field of :class:`Pl94StreamOptions`.
     """
-    t_start = time.perf_counter()
-    h = hierarchy
-    k_cut = h.level_index(cut)
-    rep_keys = replicate_keys(rng, rounding_replicates)  # SpecError naming a bad count
-    rows = replicate_rows
-    if rep_keys and rows is None:
-        from censusdp.pipelines.pl94_tables import pl94_codebook
+    opts = with_keywords(Pl94StreamOptions, options, legacy, "stream_pl94")
+    clock: dict[str, float] = {}
+    with stage(clock, "run"):
+        run = _Pl94Run.start(hierarchy, schema, source, plan, rng, opts, on_top, on_partition)
+        persons, invs, meas, top_draws = run.measure_top()
+        res = run.stream(meas, invs)
+        sunk = run.collect_sunk(res.sunk)
+    return Pl94StreamResult(
+        run.top, res.privacy, run.parts, persons, run.noisy_counts(),
+        run.diagnostics(res.diagnostics, top_draws, clock["run"]), tuple(sunk),
+    )  # fmt: skip
 
-        rows = pl94_codebook().rows
-        if tuple(rows.schema.shape) != tuple(schema.shape):
-            raise SpecError(
-                f"stream_pl94: rounding replicates keep the P1–P5 columns by default, which "
-                f"need the pl94 schema, not {schema.name!r}; give replicate_rows"
-            )
-    if sink is not None and on_partition is not None:
-        raise SpecError("stream_pl94: give on_partition (rounded here) or a sink, not both")
-    if sink_payload is not None and sink is None:
-        raise SpecError("stream_pl94: sink_payload without a sink")
-    for lvl, _, _ in plan:
-        h.level_index(lvl)  # HierarchyError naming an unknown level
+
+#: The stages of :attr:`Pl94StreamResult.diagnostics` (``seconds_*``, ``cpu_seconds_*``),
+#: in the order they are reported.
+_PL94_STAGES = ("truth", "measure_top", "gls", "rounding_top", "rounding", "callbacks_top",
+                "callbacks", "payloads", "measure")  # fmt: skip
+
+#: The structured stream's stages that are the GLS (``seconds_gls``).
+_GLS_STAGES = ("setup", "up", "top", "down", "output")
+
+
+def _checked_partitions(h: Hierarchy, k_cut: int, partitions: int | Sequence[Partition]) -> list:
+    """The partitions of level ``k_cut``: ``partitions`` leaf-balanced ones (0: one per
+    node, small neighbours grouped), or those given, refused when they cut another level."""
     if isinstance(partitions, int):
-        parts = partition_units(h, k_cut, partitions or h.sizes[k_cut])
-    else:
-        parts = list(partitions)
-        if parts and parts[0].cut != k_cut:
-            raise SpecError(
-                f"the partitions cut level {h.names[parts[0].cut]!r}, not {h.names[k_cut]!r}"
-            )
-    inv_specs = [(h.level_index(lvl), ProductQuery.parse(schema, q) if isinstance(q, str) else q)
-                 for lvl, q in invariants]  # fmt: skip
-    for k, q in inv_specs:
+        return partition_units(h, k_cut, partitions or h.sizes[k_cut])
+    parts = list(partitions)
+    if parts and parts[0].cut != k_cut:
+        raise SpecError(
+            f"the partitions cut level {h.names[parts[0].cut]!r}, not {h.names[k_cut]!r}"
+        )
+    return parts
+
+
+def _checked_invariants(
+    h: Hierarchy, schema: Schema, invariants: Sequence[tuple[str, ProductQuery | str]], k_cut: int
+) -> list[tuple[int, ProductQuery]]:
+    """``(level index, query)`` of each invariant, refused below the root's children or
+    below the cut (the top-down rounding holds them ``==`` only there)."""
+    specs = [(h.level_index(lvl), ProductQuery.parse(schema, q) if isinstance(q, str) else q)
+             for lvl, q in invariants]  # fmt: skip
+    for k, q in specs:
         if k > min(1, k_cut):
             raise SpecError(
                 f"invariant {q.name!r} at level {h.names[k]!r}: invariants are held at the root "
                 "and its children only (the top-down rounding keeps them ==); cut at or below "
                 "the level of the invariants"
             )
-    shape = tuple(schema.shape)
-    # wall and CPU seconds per stage (CPU: of the process for the passes, of the calling
-    # thread for the rounding and the callbacks, which run there)
-    t = dict(truth=0.0, measure_top=0.0, gls=0.0, rounding_top=0.0, rounding=0.0,
-             callbacks_top=0.0, callbacks=0.0)  # fmt: skip
-    cpu = dict(t)
+    return specs
 
-    # pass 1: the exact histograms down to the cut, then the measurements above it
-    t0, c0 = time.perf_counter(), time.process_time()
-    top_truth = _cut_truth(h, schema, source, parts, workers, executor)
-    persons = int(top_truth[0].sum())
-    invs = [ProductInvariant(h.names[k], q, q.apply(top_truth[k].reshape(-1, *shape)))
-            for k, q in inv_specs]  # fmt: skip
-    t["truth"], cpu["truth"] = time.perf_counter() - t0, time.process_time() - c0
-    t0, c0 = time.perf_counter(), time.process_time()
-    meas: list[ProductMeasurement] = []
-    answers = {
-        k: apply_queries(
-            [q for lvl, q, _ in plan if h.level_index(lvl) == k],
-            top_truth[k].reshape(-1, *shape),
+
+def _replicate_rows(schema: Schema, rows: object, replicates: bool) -> object:
+    """The rows whose replicate errors are kept: ``rows``, or by default the P1–P5 columns
+    (which need the ``pl94`` schema) when there are replicates."""
+    if not replicates or rows is not None:
+        return rows
+    from censusdp.pipelines.pl94_tables import pl94_codebook
+
+    rows = pl94_codebook().rows
+    if tuple(rows.schema.shape) != tuple(schema.shape):
+        raise SpecError(
+            f"stream_pl94: rounding replicates keep the P1–P5 columns by default, which "
+            f"need the pl94 schema, not {schema.name!r}; give replicate_rows"
         )
-        for k in range(k_cut)
-    }
-    del top_truth
-    top_draws = 0
-    for lvl, q, law in plan:
-        k = h.level_index(lvl)
-        if k < k_cut:
-            truth = answers[k].pop(q.name)
-            vals = measure_range(truth, lvl, h.sizes[k], 0, q, law, rng)
-            top_draws += truth.size
-        else:
-            vals = np.empty((0, q.n_rows))
-        meas.append(ProductMeasurement(lvl, q, vals, law))
-    del answers
-    t["measure_top"], cpu["measure_top"] = time.perf_counter() - t0, time.process_time() - c0
-    measure = PartitionMeasure(h, schema, source, plan, rng, k_cut)
+    return rows
 
-    # the stream: upward, top, downward; rounding in its callbacks
-    round_rng = rng.child(ROUNDING)
-    holder: dict = {}
 
-    def clock(stage: str, t0: float, c0: float, *also: str) -> None:
-        wall, thread = time.perf_counter() - t0, time.thread_time() - c0
-        for k in (stage, *also):
-            t[k] += wall
-            cpu[k] += thread
+@dataclass(eq=False)
+class _Pl94Run:
+    """One :func:`stream_pl94` run between its steps: the checked inputs, the rounded top
+    (once solved) and the seconds per stage (:data:`_PL94_STAGES`; CPU under ``cpu_``:
+    of the process for pass 1, of the calling thread for the rounding and the callbacks,
+    which run there)."""
 
-    def top_callback(piece: StructuredPiece) -> None:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        est = list(piece.estimates)
-        rounded = round_structured_top(h, schema, est, round_rng, invariants=invs, spreads=True)
-        errs = None
-        if rep_keys:  # the replicates' tops: their cut integers seed their partitions
-            reps = [
-                round_structured_top(h, schema, est, key, invariants=invs, spreads=False).counts
-                for key in rep_keys
-            ]
-            holder["replicates"] = [(c[k_cut], key) for c, key in zip(reps, rep_keys, strict=True)]
-            errs = [replicate_errors(rows, est[k], [c[k] for c in reps]) for k in range(len(est))]
-            del reps
-        clock("rounding", t0, c0, "rounding_top")
-        holder["top"] = TopRelease(piece, rounded, tuple(invs), errs)
-        if on_top is not None:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            on_top(holder["top"])
-            clock("callbacks", t0, c0, "callbacks_top")
+    h: Hierarchy
+    schema: Schema
+    source: HistogramSource
+    plan: Plan
+    rng: KeyedRNG
+    opts: Pl94StreamOptions
+    on_top: Callable[[TopRelease], None] | None
+    on_partition: Callable[[PartitionRelease], None] | None
+    k_cut: int
+    parts: list[Partition]
+    inv_specs: list[tuple[int, ProductQuery]]
+    rep_keys: list
+    rows: object
+    seconds: dict[str, float]
+    round_rng: KeyedRNG
+    measure: PartitionMeasure | None = None
+    invariants: list[ProductInvariant] = field(default_factory=list)
+    top: TopRelease | None = None
+    replicates: list = field(default_factory=list)
 
-    def rounding_input(part: Partition, *, restrict: bool) -> RoundingInput:
-        top = holder["top"].rounded
-        return RoundingInput.of(
-            h, schema, part, top, round_rng, restrict=restrict,
-            replicates=holder.get("replicates", ()), rows=rows,
+    @classmethod
+    def start(
+        cls, h: Hierarchy, schema: Schema, source: HistogramSource, plan: Plan, rng: KeyedRNG,
+        opts: Pl94StreamOptions, on_top: Callable | None, on_partition: Callable | None,
+    ) -> _Pl94Run:  # fmt: skip
+        """Check the inputs (before any data is read) and set the run up."""
+        k_cut = h.level_index(opts.cut)
+        rep_keys = replicate_keys(rng, opts.rounding_replicates)  # SpecError naming a bad count
+        rows = _replicate_rows(schema, opts.replicate_rows, bool(rep_keys))
+        if opts.sink is not None and on_partition is not None:
+            raise SpecError("stream_pl94: give on_partition (rounded here) or a sink, not both")
+        if opts.sink_payload is not None and opts.sink is None:
+            raise SpecError("stream_pl94: sink_payload without a sink")
+        for lvl, _, _ in plan:
+            h.level_index(lvl)  # HierarchyError naming an unknown level
+        parts = _checked_partitions(h, k_cut, opts.partitions)
+        inv_specs = _checked_invariants(h, schema, opts.invariants, k_cut)
+        seconds = dict.fromkeys(_PL94_STAGES, 0.0) | dict.fromkeys(
+            (CPU_PREFIX + s for s in _PL94_STAGES), 0.0
+        )
+        return cls(h, schema, source, plan, rng, opts, on_top, on_partition, k_cut, parts,
+                   inv_specs, rep_keys, rows, seconds, rng.child(ROUNDING))  # fmt: skip
+
+    def measure_top(self) -> tuple[int, list[ProductInvariant], list[ProductMeasurement], int]:
+        """Pass 1: the exact histograms down to the cut (``persons``, the invariants), then
+        the measurements above it (those at and below the cut empty: measured per
+        partition). Returns ``(persons, invariants, measurements, draws above the cut)``."""
+        h, shape, k_cut = self.h, tuple(self.schema.shape), self.k_cut
+        with stage(self.seconds, "truth", cpu=time.process_time):
+            top_truth = _cut_truth(
+                h, self.schema, self.source, self.parts, self.opts.workers, self.opts.executor
+            )
+            persons = int(top_truth[0].sum())
+            invs = [ProductInvariant(h.names[k], q, q.apply(top_truth[k].reshape(-1, *shape)))
+                    for k, q in self.inv_specs]  # fmt: skip
+        with stage(self.seconds, "measure_top", cpu=time.process_time):
+            answers = {
+                k: apply_queries(
+                    [q for lvl, q, _ in self.plan if h.level_index(lvl) == k],
+                    top_truth[k].reshape(-1, *shape),
+                )
+                for k in range(k_cut)
+            }
+            del top_truth
+            meas: list[ProductMeasurement] = []
+            top_draws = 0
+            for lvl, q, law in self.plan:  # a loop over the plan's measurements, not nodes
+                k = h.level_index(lvl)
+                if k < k_cut:
+                    truth = answers[k].pop(q.name)
+                    vals = measure_range(truth, lvl, h.sizes[k], 0, q, law, self.rng)
+                    top_draws += truth.size
+                else:
+                    vals = np.empty((0, q.n_rows))
+                meas.append(ProductMeasurement(lvl, q, vals, law))
+            del answers
+        self.measure = PartitionMeasure(h, self.schema, self.source, self.plan, self.rng, k_cut)
+        return persons, invs, meas, top_draws
+
+    def stream(self, meas: list[ProductMeasurement], invs: list[ProductInvariant]) -> StreamResult:
+        """Passes 2–4: the structured stream, rounding in its callbacks (here) or its sink
+        (where each piece is computed)."""
+        opts, sink = self.opts, self.opts.sink
+        self.invariants = invs
+        return structured_stream(
+            self.h, self.schema, meas, self.measure, self.parts, invs,
+            None if sink else self.round_partition,
+            StreamOptions(
+                on_top=self.round_top, privacy=opts.privacy, cache_bytes=opts.cache_bytes,
+                order=opts.order, workers=opts.workers, executor=opts.executor,
+                sink=None if sink is None else _RoundingSink(sink, self.schema),
+                sink_payload=None if sink is None else self.payload,
+            ),
         )  # fmt: skip
 
-    def partition_callback(piece: StructuredPiece) -> None:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        part = parts[piece.partition]
-        release = rounding_input(part, restrict=False).release(part, piece, schema)
-        clock("rounding", t0, c0)
-        if on_partition is not None:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            on_partition(release)
-            clock("callbacks", t0, c0)
+    def round_top(self, piece: StructuredPiece) -> None:
+        """The levels down to the cut rounded top-down (the invariants ``==``), and each
+        replicate's; handed to ``on_top``."""
+        h, schema, invs, k_cut = self.h, self.schema, self.invariants, self.k_cut
+        with stage(self.seconds, "rounding"), stage(self.seconds, "rounding_top"):
+            est = list(piece.estimates)
+            rounded = round_structured_top(
+                h, schema, est, self.round_rng, invariants=invs, spreads=True
+            )
+            errs = None
+            if self.rep_keys:  # the replicates' tops: their cut integers seed their partitions
+                reps = [
+                    round_structured_top(h, schema, est, key, invariants=invs, spreads=False).counts
+                    for key in self.rep_keys
+                ]
+                self.replicates = [
+                    (c[k_cut], key) for c, key in zip(reps, self.rep_keys, strict=True)
+                ]
+                errs = [
+                    replicate_errors(self.rows, est[k], [c[k] for c in reps])
+                    for k in range(len(est))
+                ]
+                del reps
+        self.top = TopRelease(piece, rounded, tuple(invs), errs)
+        if self.on_top is not None:
+            with stage(self.seconds, "callbacks"), stage(self.seconds, "callbacks_top"):
+                self.on_top(self.top)
 
-    def payload(part: Partition) -> tuple:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        out = (rounding_input(part, restrict=executor is not None),
-               None if sink_payload is None else sink_payload(part))  # fmt: skip
-        clock("payloads", t0, c0)
+    def rounding_input(self, part: Partition, *, restrict: bool) -> RoundingInput:
+        """What partition ``part``'s rounding needs from the rounded top."""
+        return RoundingInput.of(
+            self.h, self.schema, part, self.top.rounded, self.round_rng,
+            restrict=restrict, replicates=self.replicates, rows=self.rows,
+        )  # fmt: skip
+
+    def round_partition(self, piece: StructuredPiece) -> None:
+        """A partition's piece rounded here, handed to ``on_partition``."""
+        part = self.parts[piece.partition]
+        with stage(self.seconds, "rounding"):
+            release = self.rounding_input(part, restrict=False).release(part, piece, self.schema)
+        if self.on_partition is not None:
+            with stage(self.seconds, "callbacks"):
+                self.on_partition(release)
+
+    def payload(self, part: Partition) -> tuple:
+        """The sink's payload of partition ``part``: its rounding input (its own sub-keys
+        with an executor) and the caller's payload."""
+        with stage(self.seconds, "payloads"):
+            sink_payload = self.opts.sink_payload
+            return (self.rounding_input(part, restrict=self.opts.executor is not None),
+                    None if sink_payload is None else sink_payload(part))  # fmt: skip
+
+    def collect_sunk(self, sunk: tuple) -> list:
+        """The sink's values in partition order; the rounding and sink seconds it measured
+        in the tasks added to ``rounding`` and ``callbacks``."""
+        if self.opts.sink is None:
+            return []
+        for _, seconds in sunk:
+            for theirs, ours in (("rounding", "rounding"), ("sink", "callbacks")):
+                self.seconds[ours] += seconds[theirs]
+                self.seconds[CPU_PREFIX + ours] += seconds[CPU_PREFIX + theirs]
+        return [value for value, _ in sunk]
+
+    def noisy_counts(self) -> int:
+        """Noisy counts the plan measures: Σ over its measurements of nodes × query rows."""
+        return sum(self.h.sizes[self.h.level_index(lvl)] * q.n_rows for lvl, q, _ in self.plan)
+
+    def diagnostics(self, d: dict, top_draws: int, total: float) -> dict:
+        """:attr:`Pl94StreamResult.diagnostics` from the stream's ``d``: the partitions'
+        GLS and measure seconds are summed over the threads or tasks that ran them."""
+        s, stats = self.seconds, self.measure.stats
+        s["gls"] = sum(d[f"seconds_{k}"] for k in _GLS_STAGES)
+        s[CPU_PREFIX + "gls"] = sum(d[f"cpu_seconds_{k}"] for k in _GLS_STAGES)
+        s["measure"], s[CPU_PREFIX + "measure"] = d["seconds_measure"], d["cpu_seconds_measure"]
+        out = {
+            "seconds": total,
+            **{f"seconds_{k}": s[k] for k in _PL94_STAGES},
+            **{f"cpu_seconds_{k}": s[CPU_PREFIX + k] for k in _PL94_STAGES},
+            "measure_inside_partitions": {
+                "calls": stats["calls"],
+                "draws": stats["draws"],
+                "seconds_generate": stats["generate"],
+                "seconds_apply_queries": stats["apply"],
+                "seconds_noise": stats["noise"],
+            },
+            "draws": top_draws + stats["draws"],
+            "stream": d,
+        }
+        if self.opts.executor is not None:
+            out["note"] = (
+                "per-stage seconds are summed over the partitions' tasks (CPU: their threads' "
+                "time, wherever they ran); measure_inside_partitions counts calls in this process"
+            )
         return out
-
-    t["payloads"] = cpu["payloads"] = 0.0
-    t0, c0 = time.perf_counter(), time.process_time()
-    res = structured_stream(
-        h, schema, meas, measure, parts, invs, None if sink else partition_callback,
-        on_top=top_callback, privacy=privacy, cache_bytes=cache_bytes, order=order,
-        workers=workers, executor=executor,
-        sink=None if sink is None else _RoundingSink(sink, schema),
-        sink_payload=None if sink is None else payload,
-    )  # fmt: skip
-    d = res.diagnostics
-    sunk: list = []
-    if sink is not None:  # the rounding ran in the sink, in the tasks: its seconds summed
-        for value, seconds in res.sunk:
-            sunk.append(value)
-            for stage, (wall, cpu_s) in seconds.items():
-                stage = "rounding" if stage == "rounding" else "callbacks"
-                t[stage] += wall
-                cpu[stage] += cpu_s
-    # the partitions' measure runs in worker threads (its seconds are summed over them)
-    gls = ("setup", "up", "top", "down", "output")
-    t["gls"] = sum(d[f"seconds_{k}"] for k in gls)
-    cpu["gls"] = sum(d[f"cpu_seconds_{k}"] for k in gls)
-    t["measure"], cpu["measure"] = d["seconds_measure"], d["cpu_seconds_measure"]
-    noisy = sum(h.sizes[h.level_index(lvl)] * q.n_rows for lvl, q, _ in plan)
-    diagnostics = {
-        "seconds": time.perf_counter() - t_start,
-        **{f"seconds_{k}": v for k, v in t.items()},
-        **{f"cpu_seconds_{k}": v for k, v in cpu.items()},
-        "measure_inside_partitions": {
-            "calls": measure.stats["calls"],
-            "draws": measure.stats["draws"],
-            "seconds_generate": measure.stats["generate"],
-            "seconds_apply_queries": measure.stats["apply"],
-            "seconds_noise": measure.stats["noise"],
-        },
-        "draws": top_draws + measure.stats["draws"],
-        "stream": d,
-    }
-    if executor is not None:
-        diagnostics["note"] = (
-            "per-stage seconds are summed over the partitions' tasks (CPU: their threads' "
-            "time, wherever they ran); measure_inside_partitions counts calls in this process"
-        )
-    return Pl94StreamResult(holder["top"], res.privacy, parts, persons, noisy, diagnostics,
-                            tuple(sunk))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- consumers

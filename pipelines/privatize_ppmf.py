@@ -115,9 +115,11 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -164,6 +166,7 @@ from censusdp.pipelines.io.outputs import (
 )
 from censusdp.pipelines.pl94_stream import (
     PartitionRelease,
+    Pl94StreamOptions,
     SparseHistogram,
     TopRelease,
     stream_pl94,
@@ -195,6 +198,7 @@ from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Allocation, Schema
 from censusdp.spreadsheet import write_csv
+from censusdp.timing import CPU_PREFIX, stage
 
 log = logging.getLogger(__name__)
 
@@ -641,11 +645,13 @@ def _two_products(
         source,
         plan,
         rng,
-        invariants=INVARIANTS,
-        cut=CUT,
         on_top=on_top,
         on_partition=on_partition,
-        rounding_replicates=ROUNDING_REPLICATES if with_pieces else 0,
+        options=Pl94StreamOptions(
+            invariants=INVARIANTS,
+            cut=CUT,
+            rounding_replicates=ROUNDING_REPLICATES if with_pieces else 0,
+        ),
     )
 
 
@@ -1076,10 +1082,54 @@ def privatize_ppmf(
         A malformed PPMF, block list or equivalency file (file, data row and column named);
         nothing is written.
     """
-    t0 = time.perf_counter()
-    c0 = time.process_time()
+    steps: dict[str, float] = {}  # each step's wall (and thread CPU) seconds
+    total: dict[str, float] = {}  # the run's wall and process CPU seconds, to the manifest
+    with ExitStack() as stack:
+        with stage(total, "seconds", cpu=time.process_time):
+            with stage(steps, "read"):
+                spec, inputs = _checked_ppmf_inputs(
+                    path, spec_path, out, overwrite, blocks_from_data,
+                    cli=dict(blocks=blocks, areas=areas, repetitions=repetitions, seed=seed),
+                )  # fmt: skip
+                run = _PPMFRun.read(path, spec)
+            sizes = zip(run.h.names, run.h.sizes, strict=True)
+            log.info("read in %.1f s; nodes per level: %s", steps["read"],
+                     ", ".join(f"{name} {n}" for name, n in sizes))  # fmt: skip
+            tmp = stack.enter_context(output_dir(out, overwrite=overwrite, inputs=inputs,
+                                                 command="privatize", option="-o",
+                                                 info={"route": "ppmf"}))  # fmt: skip
+            with stage(steps, "release"):
+                privacy, written = run.release(tmp)
+            log.info("released in %.1f s", steps["release"])
+            privacy, products = run.statement(privacy)
+            rel = written.totals()
+            if run.area_products is not None:
+                with stage(steps, "areas"):
+                    run.write_areas(written, rel)
+            with stage(steps, "size_class_report"):
+                run.size_class_report(tmp, written.nn_leaf, rel, evaluate, products)
+        timings = {k: v for k, v in steps.items() if not k.startswith(CPU_PREFIX)} | total
+        log.info("size-class report in %.1f s; writing the manifest (%.1f s in all)",
+                 timings["size_class_report"], timings["seconds"])  # fmt: skip
+        _write_manifest(tmp, path, spec, privacy, products, timings, evaluate)
+        if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
+            separate_evaluation(tmp)
+    return PPMFResult(Path(out), privacy, run.hist.persons, timings["seconds"])
+
+
+def _checked_ppmf_inputs(
+    path: str | Path,
+    spec_path: str | Path | None,
+    out: str | Path,
+    overwrite: bool,
+    blocks_from_data: bool,
+    cli: dict,
+) -> tuple[PPMFSpec, list]:
+    """The spec (its file's, the command line's ``cli`` over it) and the inputs the output
+    must not overwrite, after the checks made before any data is read: the output policy,
+    a public block list or its disclosure acknowledged, areas only over a block list."""
     spec = load_ppmf_spec(spec_path) if spec_path is not None else PPMFSpec()
-    spec = _with_cli(spec, blocks, areas, repetitions, seed)
+    spec = _with_cli(spec, cli["blocks"], cli["areas"], cli["repetitions"], cli["seed"])
     ar = spec.areas
     inputs = [path, spec_path, spec.blocks, *(() if ar is None else (ar.file, ar.areas))]
     inputs = [x for x in inputs if x is not None]
@@ -1098,110 +1148,157 @@ def privatize_ppmf(
             "block, empty ones included; give the public block list ([hierarchy] blocks or "
             "--blocks) rather than --blocks-from-data"
         )
-    log.info("reading the PPMF (%s)", Path(path).name)
-    hist: PPMFHistogram = read_ppmf(path)
-    if spec.blocks is not None:
-        hist = hist.on_blocks(
-            read_block_list(spec.blocks, column=spec.block_column), spec.blocks.name
-        )
-    h, schema = hist.hierarchy, hist.schema
-    eq = None if spec.areas is None else spec.areas.read(h)
-    plan, aplan = _plan(schema, spec, h.names)
-    rng = KeyedRNG.from_seed(spec.seed)
-    timings: dict[str, float] = {"read": time.perf_counter() - t0}
-    log.info(
-        "read in %.1f s; nodes per level: %s",
-        timings["read"],
-        ", ".join(f"{name} {n}" for name, n in zip(h.names, h.sizes, strict=True)),
+    return spec, inputs
+
+
+@dataclass(eq=False)
+class _LevelWriter:
+    """The ``on_levels`` of the release: writes each level range's rows of both products'
+    tables (the unbiased ones with ``_se``, :func:`column_standard_errors`), keeps the
+    report levels' released totals, writes the non-negative leaves' microdata, and hands
+    the leaves to the areas."""
+
+    h: Hierarchy
+    writers: dict[str, _TableWriter]
+    micro: Any
+    bar: Any
+    area_products: _AreaProducts | None
+    released: dict[str, dict[str, list]]
+    nn_leaf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = dataclasses.field(
+        default_factory=list
     )
-    report_levels = [lvl for lvl in REPORT_LEVELS if lvl in h.names]
-    released: dict[str, dict[str, list]] = {p: {lv: [] for lv in report_levels} for p in PRODUCTS}
-    leaf = h.depth - 1
-    nn_leaf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    invs = _invariants(h, schema, hist.block, hist.count)
-    area_products = None if eq is None else _AreaProducts(h, schema, plan, invs, eq)
-    with output_dir(
-        out,
-        overwrite=overwrite,
-        inputs=inputs,
-        command="privatize",
-        option="-o",
-        info={"route": "ppmf"},
-    ) as tmp:
+
+    def __call__(self, names, ranges, piece, unbiased, nonneg, total_var=None, reps=None) -> None:
+        leaf, released = self.h.depth - 1, self.released
+        tvs = [None] * len(names) if total_var is None else total_var
+        zs = [None] * len(names) if reps is None else reps
+        for name, (lo, hi), u, n, tv, z in zip(
+            names, ranges, unbiased, nonneg, tvs, zs, strict=True
+        ):  # a loop over levels, not nodes
+            rv = None if z is None else replicate_variance(z)
+            se = column_standard_errors(piece, name, tv, rv)
+            self.writers["unbiased"].add_nodes(name, lo, hi, u, se)
+            self.writers["nonnegative"].add_nodes(name, lo, hi, n)
+            if name in released["unbiased"]:
+                released["unbiased"][name].append(u.reshape(u.shape[0], -1).sum(axis=1))
+                released["nonnegative"][name].append(n.reshape(n.shape[0], -1).sum(axis=1))
+            if self.h.level_index(name) == leaf:
+                b, c = np.nonzero(n.reshape(n.shape[0], -1))
+                cnt = n.reshape(n.shape[0], -1)[b, c]
+                self.nn_leaf.append((b + lo, c, cnt))
+                self.bar.update(hi - lo)
+                write_microdata(self.micro, self.h, b + lo, c, cnt)
+                if self.area_products is not None:
+                    self.area_products.leaves(lo, hi, u, n, z)
+
+    def totals(self) -> dict[str, dict[str, np.ndarray]]:
+        """Per product and report level, every node's released total."""
+        return {p: {lv: np.concatenate(v) for lv, v in d.items()} for p, d in self.released.items()}
+
+
+@dataclass(eq=False)
+class _PPMFRun:
+    """One :func:`privatize_ppmf` run between its steps: the spec, the histogram on its
+    hierarchy, the plans, the key, the invariants and the areas' accumulator."""
+
+    path: str | Path
+    spec: PPMFSpec
+    hist: PPMFHistogram
+    eq: Equivalency | None
+    plan: Any
+    aplan: Any
+    rng: KeyedRNG
+    invs: list[ProductInvariant]
+    report_levels: list[str]
+    area_products: _AreaProducts | None
+
+    @property
+    def h(self) -> Hierarchy:
+        return self.hist.hierarchy
+
+    @classmethod
+    def read(cls, path: str | Path, spec: PPMFSpec) -> _PPMFRun:
+        """Read the PPMF onto the public blocks (or its own), the areas, the plans."""
+        log.info("reading the PPMF (%s)", Path(path).name)
+        hist: PPMFHistogram = read_ppmf(path)
+        if spec.blocks is not None:
+            hist = hist.on_blocks(
+                read_block_list(spec.blocks, column=spec.block_column), spec.blocks.name
+            )
+        h, schema = hist.hierarchy, hist.schema
+        eq = None if spec.areas is None else spec.areas.read(h)
+        plan, aplan = _plan(schema, spec, h.names)
+        rng = KeyedRNG.from_seed(spec.seed)
+        report_levels = [lvl for lvl in REPORT_LEVELS if lvl in h.names]
+        invs = _invariants(h, schema, hist.block, hist.count)
+        areas = None if eq is None else _AreaProducts(h, schema, plan, invs, eq)
+        return cls(path, spec, hist, eq, plan, aplan, rng, invs, report_levels, areas)
+
+    def release(self, tmp: Path) -> tuple[PrivacyStatement, _LevelWriter]:
+        """Both products, written a partition at a time (in memory with measured areas);
+        the engine's privacy statement (with the spec's δ)."""
+        h, eq, leaf = self.h, self.eq, self.h.depth - 1
+        released = {p: {lv: [] for lv in self.report_levels} for p in PRODUCTS}
         writers = {
             "unbiased": _TableWriter(tmp / "unbiased", h, with_se=True),
             "nonnegative": _TableWriter(tmp / "nonnegative", h, with_se=False),
         }
         micro = (tmp / "nonnegative" / "microdata.csv").open("wb")
         micro.write((",".join(MICRODATA_COLUMNS) + "\n").encode())
-
-        def on_levels(names, ranges, piece, unbiased, nonneg, total_var=None, reps=None) -> None:
-            tvs = [None] * len(names) if total_var is None else total_var
-            zs = [None] * len(names) if reps is None else reps
-            for name, (lo, hi), u, n, tv, z in zip(
-                names, ranges, unbiased, nonneg, tvs, zs, strict=True
-            ):
-                rv = None if z is None else replicate_variance(z)
-                se = column_standard_errors(piece, name, tv, rv)
-                writers["unbiased"].add_nodes(name, lo, hi, u, se)
-                writers["nonnegative"].add_nodes(name, lo, hi, n)
-                if name in released["unbiased"]:
-                    released["unbiased"][name].append(u.reshape(u.shape[0], -1).sum(axis=1))
-                    released["nonnegative"][name].append(n.reshape(n.shape[0], -1).sum(axis=1))
-                if h.level_index(name) == leaf:
-                    b, c = np.nonzero(n.reshape(n.shape[0], -1))
-                    cnt = n.reshape(n.shape[0], -1)[b, c]
-                    nn_leaf.append((b + lo, c, cnt))
-                    bar.update(hi - lo)
-                    write_microdata(micro, h, b + lo, c, cnt)
-                    if area_products is not None:
-                        area_products.leaves(lo, hi, u, n, z)
-
-        t1 = time.perf_counter()
         log.info(
             "measure, GLS, rounding and tables of both products%s, a partition at a time",
-            "" if eq is None else f" (and {eq.name}s measured)" if aplan else f" (and {eq.name}s)",
-        )
+            "" if eq is None else f" (and {eq.name}s measured)" if self.aplan else f" (and {eq.name}s)",
+        )  # fmt: skip
         # closed (on an error too) before the error propagates: it stays the last line
         bar = progress_bar(h.sizes[leaf], "censusdp release", h.names[leaf])
+        on_levels = _LevelWriter(h, writers, micro, bar, self.area_products, released)
+        source = SparseHistogram.of(self.hist)
         try:
-            if aplan:  # the areas measured too: the tree GLS updated with them, in memory
+            if self.aplan:  # the areas measured too: the tree GLS updated with them, in memory
                 privacy, measured = _measured_products(
-                    h, schema, SparseHistogram.of(hist), plan, aplan, rng, on_levels,
-                    with_pieces=True, invariants=invs, eq=eq, delta=spec.delta,
+                    h, self.hist.schema, source, self.plan, self.aplan, self.rng, on_levels,
+                    with_pieces=True, invariants=self.invs, eq=eq, delta=self.spec.delta,
                 )  # fmt: skip
-                area_products.measured = measured.areas
+                self.area_products.measured = measured.areas
             else:
                 res = _two_products(
-                    h, schema, SparseHistogram.of(hist), plan, rng, on_levels, with_pieces=True,
-                    invariants=invs,
-                    on_partition=None if area_products is None else area_products.partition,
+                    h, self.hist.schema, source, self.plan, self.rng, on_levels,
+                    with_pieces=True, invariants=self.invs,
+                    on_partition=None if self.area_products is None else self.area_products.partition,
                 )  # fmt: skip
-                privacy = dataclasses.replace(res.privacy, delta=spec.delta)
+                privacy = dataclasses.replace(res.privacy, delta=self.spec.delta)
         finally:
             bar.close()
             micro.close()
-        timings["release"] = time.perf_counter() - t1
-        log.info("released in %.1f s", timings["release"])
+        return privacy, on_levels
+
+    def statement(self, privacy: PrivacyStatement) -> tuple[PrivacyStatement, tuple[Product, ...]]:
+        """The engine's statement completed (unit, change factor, target ρ, what the
+        invariants make exact) with what each product is."""
+        spec, h = self.spec, self.h
         privacy = dataclasses.replace(
             privacy,
             unit="person",
             change_factor=change_factor(privacy.mechanism),
-            target=float(_total_rho(schema, spec)),
+            target=float(_total_rho(self.hist.schema, spec)),
             exact=tuple(exact_through_invariants(h, INVARIANTS)),
         )
-        products = ppmf_products(spec.blocks is not None, None if eq is None else eq.name)
-        privacy = with_products(privacy, products)
-        rel = {p: {lv: np.concatenate(v) for lv, v in d.items()} for p, d in released.items()}
-        if area_products is not None:
-            t1 = time.perf_counter()
-            for product, tables in area_products.tables().items():
-                writers[product].add(eq.name, tables)
-                rel[product][eq.name] = area_products.sums[product].sum(axis=1)
-            timings["areas"] = time.perf_counter() - t1
+        products = ppmf_products(spec.blocks is not None, None if self.eq is None else self.eq.name)
+        return with_products(privacy, products), products
 
-        # the size-class report, simulated from the released non-negative histogram
-        t1 = time.perf_counter()
+    def write_areas(self, written: _LevelWriter, rel: dict) -> None:
+        """Both products' tables of the areas, and their totals into ``rel``."""
+        area_products, name = self.area_products, self.eq.name
+        for product, tables in area_products.tables().items():
+            written.writers[product].add(name, tables)
+            rel[product][name] = area_products.sums[product].sum(axis=1)
+
+    def size_class_report(
+        self, tmp: Path, nn_leaf: list, rel: dict, evaluate: bool, products: tuple[Product, ...]
+    ) -> None:
+        """The size-class report, simulated from the released non-negative histogram (and
+        with ``evaluate`` the confidential errors of ``rel`` against the truth)."""
+        spec, h, eq = self.spec, self.h, self.eq
         log.info(
             "size-class report: %d simulated release(s) from the released histogram",
             spec.repetitions,
@@ -1209,32 +1306,11 @@ def privatize_ppmf(
         sim_bar = progress_bar(spec.repetitions, "censusdp size classes", "release")
         pb, pc, pn = (np.concatenate(a) for a in zip(*nn_leaf, strict=True))
         pseudo_source = SparseHistogram(pb, pc, pn)
-        pseudo = _report_totals(h, eq, pb, pn, report_levels)
-        sim_invs = _invariants(h, schema, pb, pn)
+        pseudo = _report_totals(h, eq, pb, pn, self.report_levels)
+        sim_invs = _invariants(h, self.hist.schema, pb, pn)
 
         def replicate(r: int) -> dict[str, dict[str, np.ndarray]]:
-            acc = {p: {lv: np.zeros(h.sizes[h.level_index(lv)], np.int64)
-                       for lv in (*report_levels, h.names[leaf])} for p in PRODUCTS}  # fmt: skip
-
-            def collect(names, ranges, piece, unbiased, nonneg, total_var=None, reps=None) -> None:
-                for name, (lo, hi), u, n in zip(names, ranges, unbiased, nonneg, strict=True):
-                    if name in acc["unbiased"]:
-                        acc["unbiased"][name][lo:hi] = u.reshape(hi - lo, -1).sum(axis=1)
-                        acc["nonnegative"][name][lo:hi] = n.reshape(hi - lo, -1).sum(axis=1)
-
-            if aplan:
-                _measured_products(
-                    h, schema, pseudo_source, plan, aplan, rng.child(f"simulation/{r}"), collect,
-                    with_pieces=False, invariants=sim_invs, eq=eq, delta=spec.delta,
-                )  # fmt: skip
-            else:
-                _two_products(
-                    h, schema, pseudo_source, plan, rng.child(f"simulation/{r}"), collect,
-                    with_pieces=False, invariants=sim_invs,
-                )  # fmt: skip
-            if eq is not None:
-                for p in PRODUCTS:
-                    acc[p][eq.name] = eq.sum_leaves(acc[p][h.names[leaf]])
+            acc = self.simulated(pseudo_source, sim_invs, r)
             sim_bar.update()
             return acc
 
@@ -1242,24 +1318,44 @@ def privatize_ppmf(
             sim = simulate_size_classes(pseudo, replicate, spec.repetitions)
         evaluation = None
         if evaluate:
-            truth = _report_totals(h, eq, hist.block, hist.count, report_levels)
+            hist = self.hist
+            truth = _report_totals(h, eq, hist.block, hist.count, self.report_levels)
             evaluation = evaluate_size_classes(truth, rel)
         write_size_class_report(
             tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
             privacy=products[-1].wording(),
         )  # fmt: skip
-        timings["size_class_report"] = time.perf_counter() - t1
-        timings["seconds"] = time.perf_counter() - t0
-        log.info(
-            "size-class report in %.1f s; writing the manifest (%.1f s in all)",
-            timings["size_class_report"],
-            timings["seconds"],
-        )
-        timings["cpu_seconds"] = time.process_time() - c0
-        _write_manifest(tmp, path, spec, privacy, products, timings, evaluate)
-        if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
-            separate_evaluation(tmp)
-    return PPMFResult(Path(out), privacy, hist.persons, timings["seconds"])
+
+    def simulated(
+        self, source: SparseHistogram, invariants: list[ProductInvariant], r: int
+    ) -> dict[str, dict[str, np.ndarray]]:
+        """Simulated release ``r`` of ``source`` (keys ``rng.child("simulation/<r>")``): per
+        product, the totals of the report levels, the leaves and the areas."""
+        h, eq, spec, leaf = self.h, self.eq, self.spec, self.h.depth - 1
+        acc = {p: {lv: np.zeros(h.sizes[h.level_index(lv)], np.int64)
+                   for lv in (*self.report_levels, h.names[leaf])} for p in PRODUCTS}  # fmt: skip
+
+        def collect(names, ranges, piece, unbiased, nonneg, total_var=None, reps=None) -> None:
+            for name, (lo, hi), u, n in zip(names, ranges, unbiased, nonneg, strict=True):
+                if name in acc["unbiased"]:
+                    acc["unbiased"][name][lo:hi] = u.reshape(hi - lo, -1).sum(axis=1)
+                    acc["nonnegative"][name][lo:hi] = n.reshape(hi - lo, -1).sum(axis=1)
+
+        rng = self.rng.child(f"simulation/{r}")
+        if self.aplan:
+            _measured_products(
+                h, self.hist.schema, source, self.plan, self.aplan, rng, collect,
+                with_pieces=False, invariants=invariants, eq=eq, delta=spec.delta,
+            )  # fmt: skip
+        else:
+            _two_products(
+                h, self.hist.schema, source, self.plan, rng, collect,
+                with_pieces=False, invariants=invariants,
+            )  # fmt: skip
+        if eq is not None:
+            for p in PRODUCTS:
+                acc[p][eq.name] = eq.sum_leaves(acc[p][h.names[leaf]])
+        return acc
 
 
 def _report_totals(

@@ -80,7 +80,6 @@ import dataclasses
 import hashlib
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -117,6 +116,8 @@ from censusdp.pipelines.io.outputs import (
 )
 from censusdp.pipelines.release_statement import change_factor, unit_of_universes
 from censusdp.rng import KeyedRNG
+from censusdp.schema import Schema
+from censusdp.timing import stage
 
 log = logging.getLogger(__name__)
 
@@ -616,6 +617,148 @@ def _rows_of(query: ProductQuery) -> QueryRows:
     )
 
 
+def _calibrated_laws(
+    queries: Sequence[ProductQuery], shares: np.ndarray, rho: float
+) -> tuple[tuple[float, ...], tuple[DiscreteGaussian, ...], tuple[float, ...], float]:
+    """σ_q from ρ_q = share·ρ (rounded up), and ρ derived back from the matrices (Bun &
+    Steinke 2016: ``max_c Σ_q (rows of q counting cell c)/(2σ_q²)``).
+
+    Returns ``(Δ₂ per query, law per query, ρ per query, derived ρ)``.
+
+    Raises
+    ------
+    BudgetError
+        The derived ρ above ``rho`` (a bug in the calibration).
+    """
+    sens = tuple(q.l2_sensitivity for q in queries)
+    laws = tuple(
+        DiscreteGaussian.from_rho(float(s) * rho, sensitivity=d)
+        for s, d in zip(shares, sens, strict=True)
+    )
+    per_q = tuple(law.privacy(d) for law, d in zip(laws, sens, strict=True))
+    derived = max_weighted_column(queries, [1.0 / (2.0 * float(w.sigma2)) for w in laws])
+    if derived > rho * (1 + 1e-12):
+        raise BudgetError(
+            f"the strategy spends ρ = {derived:.6g} per person, more than the ρ = {rho:g} "
+            "stated; this is a bug in the calibration"
+        )
+    return sens, laws, per_q, derived
+
+
+def _measures_from_columns(
+    codebook: Codebook, cols: list[np.ndarray], queries: Sequence[ProductQuery], where: str
+) -> tuple[np.ndarray, ...]:
+    """Per query, ``A_q = G_qc G_cc⁺`` (its answers from the columns ``cols``, the
+    codebook's rows per axis), refused unless exact: the residual
+    ``‖A_q M − Q_q‖²`` of every row vanishes (from Grams, never the cells)."""
+    g_cc = _cross_gram(cols, cols)
+    pinv_cc = np.linalg.pinv(g_cc, rcond=1e-10, hermitian=True)
+    measure = []
+    for q in queries:  # a loop over the strategy's queries, not areas or cells
+        srows = _axis_rows(_rows_of(q))
+        g_qc = _cross_gram(srows, cols)
+        a = g_qc @ pinv_cc
+        resid = (
+            ((a @ g_cc) * a).sum(axis=1)
+            - 2 * (a * g_qc).sum(axis=1)
+            + np.prod([(s * s).sum(axis=1) for s in srows], axis=0)
+        )
+        bad = np.flatnonzero(resid > 1e-6)
+        if bad.size:
+            raise SpecError(
+                f"{where}: query {q.name!r}, row {q.labels[bad[0]]!r} is not determined by "
+                f"the columns of {codebook.source} (no combination of them counts exactly "
+                "those persons); measure marginals the published tables determine"
+            )
+        measure.append(a)
+    return tuple(measure)
+
+
+def _columns_from_queries(
+    codebook: Codebook,
+    cols: list[np.ndarray],
+    queries: Sequence[ProductQuery],
+    parts: Sequence[Partition],
+    where: str,
+) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Each column as a 0/1 sum of cells of the first strategy query that refines it.
+
+    Returns ``(column_query, column_weights)`` as :class:`TablePlan`'s; a column no query
+    refines is refused (the release could not write it from the rounded marginals)."""
+    column_query = np.full(len(codebook.columns), -1, dtype=np.int64)
+    weights: list[list[tuple[int, np.ndarray]]] = [[] for _ in queries]
+    for j in range(len(codebook.columns)):  # a loop over the codebook's columns, not areas
+        for qi, part in enumerate(parts):
+            coef = []
+            for m, lab in zip((c[j] for c in cols), part, strict=True):
+                c = np.zeros(int(lab.max()) + 1, dtype=np.int64)
+                c[lab] = m
+                if not np.array_equal(c[lab], m):
+                    break
+                coef.append(c)
+            else:
+                w = coef[0]
+                for c in coef[1:]:
+                    w = np.multiply.outer(w, c)
+                weights[qi].append((j, w.ravel()))
+                column_query[j] = qi
+                break
+        else:
+            raise SpecError(
+                f"{where}: column {codebook.columns[j]!r} is not a sum of cells of any "
+                "strategy query; add a query that refines it (so the release can write it "
+                "from the rounded marginals)"
+            )
+    column_weights = tuple(
+        np.array([w for _, w in ws], dtype=np.int64).reshape(len(ws), q.n_rows)
+        for ws, q in zip(weights, queries, strict=True)
+    )
+    return column_query, column_weights
+
+
+def _rounding_chain(
+    schema: Schema, parts: Sequence[Partition], where: str
+) -> tuple[tuple[Partition, ...], tuple[int, ...]]:
+    """The rounding order: the total and the queries' pairwise common margins (meets),
+    coarsest first, which must nest; and per query the finest chain element it refines.
+
+    The total comes first: every area's total is rounded before anything finer (and the
+    hierarchy route holds it to its parent's), so every query descends from it."""
+    total = tuple(np.zeros(d, dtype=np.int64) for d in schema.shape)
+    meets = [total] + [_meet(parts[i], parts[j]) for i in range(len(parts)) for j in range(i)]
+    chain: list[Partition] = []
+    for m in sorted(meets, key=lambda p: int(np.prod(_shape(p)))):
+        if chain and _same(chain[-1], m):
+            continue
+        if chain and _coarse_map(m, chain[-1]) is None:
+            raise SpecError(
+                f"{where}: the margins the queries share do not nest, so no rounding keeps "
+                "them all consistent; choose queries whose pairwise common margins form a "
+                "chain (e.g. each a refinement of total and voting age)"
+            )
+        chain.append(m)
+    parent = []
+    for part in parts:
+        fits = [i for i, c in enumerate(chain) if _coarse_map(part, c) is not None]
+        parent.append(fits[-1] if fits else -1)
+    return tuple(chain), tuple(parent)
+
+
+def _gls_covariance(
+    codebook: Codebook, queries: Sequence[ProductQuery], laws: Sequence[DiscreteGaussian]
+) -> tuple[MarginalBasis, BlockDiagonal, np.ndarray]:
+    """The marginal basis, the GLS covariance ``F⁺`` with ``F = Σ_q Q_qᵀQ_q/σ_q²``, and
+    every column's GLS standard error ``√(q F⁺ qᵀ)``."""
+    basis = MarginalBasis.for_queries(codebook.schema, [*queries, codebook.rows])
+    info = sum(basis.gram(q, 1.0 / float(law.sigma2)) for q, law in zip(queries, laws, strict=True))
+    cov = info.pinv()
+    se = np.empty(len(codebook.columns))
+    for qi, q in enumerate(codebook.rows.queries):
+        sel = np.flatnonzero(codebook.rows.query_of_row == qi)
+        se[sel] = np.sqrt(np.maximum(cov.query_variances(q)[codebook.rows.row_of_row[sel]], 0))
+    return basis, cov, se
+
+
 @dataclass(frozen=True, eq=False)
 class TablePlan:
     """Everything a codebook release needs that does not depend on the data.
@@ -675,6 +818,12 @@ class TablePlan:
     ) -> TablePlan:
         """Check the strategy against the codebook and calibrate it to ``rho``.
 
+        The steps: the privacy calibration (:func:`_calibrated_laws`), each query's answers
+        from the columns (:func:`_measures_from_columns`), each column from one query's
+        cells (:func:`_columns_from_queries`), the rounding order of the shared margins
+        (:func:`_rounding_chain`), the GLS covariance ``F⁺`` and the columns' standard
+        errors (:func:`_gls_covariance`).
+
         Raises
         ------
         SpecError
@@ -701,122 +850,16 @@ class TablePlan:
         if len({q.name for q in queries}) != len(queries):
             raise SpecError(f"{where}: a query is listed twice")
         parts = tuple(_partition_of(q) for q in queries)
-
-        # privacy: σ_q from ρ_q = share·ρ (rounded up); ρ derived back from the matrices
-        sens = tuple(q.l2_sensitivity for q in queries)
-        laws = tuple(
-            DiscreteGaussian.from_rho(float(s) * rho, sensitivity=d)
-            for s, d in zip(shares, sens, strict=True)
-        )
-        per_q = tuple(law.privacy(d) for law, d in zip(laws, sens, strict=True))
-        derived = max_weighted_column(queries, [1.0 / (2.0 * float(w.sigma2)) for w in laws])
-        if derived > rho * (1 + 1e-12):
-            raise BudgetError(
-                f"the strategy spends ρ = {derived:.6g} per person, more than the ρ = {rho:g} "
-                "stated; this is a bug in the calibration"
-            )
-
-        # measurements from the columns: A_q = G_qc G_cc⁺, exact iff the residual vanishes
+        sens, laws, per_q, derived = _calibrated_laws(queries, shares, rho)
         cols = _axis_rows(codebook.rows)
-        g_cc = _cross_gram(cols, cols)
-        pinv_cc = np.linalg.pinv(g_cc, rcond=1e-10, hermitian=True)
-        measure = []
-        for q in queries:
-            srows = _axis_rows(_rows_of(q))
-            g_qc = _cross_gram(srows, cols)
-            a = g_qc @ pinv_cc
-            resid = (
-                ((a @ g_cc) * a).sum(axis=1)
-                - 2 * (a * g_qc).sum(axis=1)
-                + np.prod([(s * s).sum(axis=1) for s in srows], axis=0)
-            )
-            bad = np.flatnonzero(resid > 1e-6)
-            if bad.size:
-                raise SpecError(
-                    f"{where}: query {q.name!r}, row {q.labels[bad[0]]!r} is not determined by "
-                    f"the columns of {codebook.source} (no combination of them counts exactly "
-                    "those persons); measure marginals the published tables determine"
-                )
-            measure.append(a)
-
-        # columns from the strategy: each column a sum of cells of one query
-        column_query = np.full(len(codebook.columns), -1, dtype=np.int64)
-        weights: list[list[tuple[int, np.ndarray]]] = [[] for _ in queries]
-        for j in range(len(codebook.columns)):
-            for qi, part in enumerate(parts):
-                coef = []
-                for m, lab in zip((c[j] for c in cols), part, strict=True):
-                    c = np.zeros(int(lab.max()) + 1, dtype=np.int64)
-                    c[lab] = m
-                    if not np.array_equal(c[lab], m):
-                        break
-                    coef.append(c)
-                else:
-                    w = coef[0]
-                    for c in coef[1:]:
-                        w = np.multiply.outer(w, c)
-                    weights[qi].append((j, w.ravel()))
-                    column_query[j] = qi
-                    break
-            else:
-                raise SpecError(
-                    f"{where}: column {codebook.columns[j]!r} is not a sum of cells of any "
-                    "strategy query; add a query that refines it (so the release can write it "
-                    "from the rounded marginals)"
-                )
-        column_weights = tuple(
-            np.array([w for _, w in ws], dtype=np.int64).reshape(len(ws), q.n_rows)
-            for ws, q in zip(weights, queries, strict=True)
-        )
-
-        # rounding order: the shared margins must nest
-        # the total first: every area's total is rounded before anything finer (and the
-        # hierarchy route holds it to its parent's), so every query descends from it
-        total = tuple(np.zeros(d, dtype=np.int64) for d in schema.shape)
-        meets = [total] + [_meet(parts[i], parts[j]) for i in range(len(parts)) for j in range(i)]
-        chain: list[Partition] = []
-        for m in sorted(meets, key=lambda p: int(np.prod(_shape(p)))):
-            if chain and _same(chain[-1], m):
-                continue
-            if chain and _coarse_map(m, chain[-1]) is None:
-                raise SpecError(
-                    f"{where}: the margins the queries share do not nest, so no rounding keeps "
-                    "them all consistent; choose queries whose pairwise common margins form a "
-                    "chain (e.g. each a refinement of total and voting age)"
-                )
-            chain.append(m)
-        parent = []
-        for part in parts:
-            fits = [i for i, c in enumerate(chain) if _coarse_map(part, c) is not None]
-            parent.append(fits[-1] if fits else -1)
-
-        # GLS covariance F⁺ and the columns' standard errors
-        basis = MarginalBasis.for_queries(schema, [*queries, codebook.rows])
-        info = sum(
-            basis.gram(q, 1.0 / float(law.sigma2)) for q, law in zip(queries, laws, strict=True)
-        )
-        cov = info.pinv()
-        se = np.empty(len(codebook.columns))
-        for qi, q in enumerate(codebook.rows.queries):
-            sel = np.flatnonzero(codebook.rows.query_of_row == qi)
-            se[sel] = np.sqrt(np.maximum(cov.query_variances(q)[codebook.rows.row_of_row[sel]], 0))
+        measure = _measures_from_columns(codebook, cols, queries, where)
+        column_query, column_weights = _columns_from_queries(codebook, cols, queries, parts, where)
+        chain, parent = _rounding_chain(schema, parts, where)
+        basis, cov, se = _gls_covariance(codebook, queries, laws)
         return cls(
-            codebook,
-            queries,
-            laws,
-            sens,
-            float(derived),
-            per_q,
-            tuple(measure),
-            basis,
-            cov,
-            tuple(chain),
-            tuple(parent),
-            column_query,
-            column_weights,
-            se,
-            codebook.identities(),
-        )
+            codebook, queries, laws, sens, float(derived), per_q, measure, basis, cov, chain,
+            parent, column_query, column_weights, se, codebook.identities(),
+        )  # fmt: skip
 
     # ---------------------------------------------------------------------------------
     def statement(self, delta: float | None = None) -> PrivacyStatement:
@@ -1336,9 +1379,8 @@ def privatize_tables(
     ------
     SpecError, DataError, BudgetError
     """
-    from censusdp.atomic import check_output, output_file
+    from censusdp.atomic import check_output
     from censusdp.config import check_run_options
-    from censusdp.pipelines.nhgis import read_batch, row_geography, write_batch
 
     check_run_options(seed=spec.seed)
     codebook_file = Path(spec.codebook) if spec.codebook.endswith(".toml") else None
@@ -1353,13 +1395,44 @@ def privatize_tables(
 
         return privatize_hierarchy(path, spec, out, spec_path=spec_path, overwrite=overwrite)
     check_output(out, kind="file", **policy)
-    t0 = time.perf_counter()
+    clock: dict[str, float] = {}
+    with stage(clock, "read"):
+        cb, batch, levels, order = _read_codebook_file(path, spec)
+        plan = TablePlan.build(cb, spec.rho, spec.strategy)
+        rng = KeyedRNG.from_seed(spec.seed)
+    log.info(
+        "read in %.1f s: %d rows; measure, GLS and rounding of %d queries per row",
+        clock["read"],
+        batch.truth.shape[0],
+        len(plan.queries),
+    )
+    with stage(clock, "release"):
+        rel = release_tables(
+            plan,
+            batch.truth[:, order],
+            rng,
+            delta=spec.delta,
+            areas=list(batch.gisjoin),
+            source=Path(path).name,
+            levels=levels,
+        )
+        inputs = input_digests(path, spec, spec_path, codebook_file, cb)
+        info = _codebook_info(plan, rel, batch, levels, spec.rho, inputs)
+    log.info("released in %.1f s; writing %s", clock["read"] + clock["release"], Path(out).name)
+    _write_codebook_release(out, batch, rel, order, info, policy)
+    return Path(out), rel
+
+
+def _read_codebook_file(path: str | Path, spec: TableSpec) -> tuple[Codebook, Any, Any, np.ndarray]:
+    """The codebook, the file (checked against it), each row's summary level (told before
+    any noise: rows of several levels share persons) and the codebook's columns' positions
+    among the file's."""
+    from censusdp.pipelines.nhgis import read_batch, row_geography
+
     cb = Codebook.load(spec.codebook)
     log.info("reading %s (codebook %s)", Path(path).name, cb.source)
     batch = read_batch(path, encoding=spec.encoding)
-    name = Path(path).name
-    check_file_columns(cb, batch, name, spec)
-    # each row's summary level, before any noise: rows of several levels share persons
+    check_file_columns(cb, batch, Path(path).name, spec)
     levels = row_geography(
         batch,
         level=spec.level,
@@ -1371,24 +1444,21 @@ def privatize_tables(
         ),
     )
     order = np.array([batch.cells.index(c) for c in cb.columns])
-    plan = TablePlan.build(cb, spec.rho, spec.strategy)
-    rng = KeyedRNG.from_seed(spec.seed)
-    log.info(
-        "read in %.1f s: %d rows; measure, GLS and rounding of %d queries per row",
-        time.perf_counter() - t0,
-        batch.truth.shape[0],
-        len(plan.queries),
-    )
-    rel = release_tables(
-        plan,
-        batch.truth[:, order],
-        rng,
-        delta=spec.delta,
-        areas=list(batch.gisjoin),
-        source=name,
-        levels=levels,
-    )
-    inputs = input_digests(path, spec, spec_path, codebook_file, cb)
+    return cb, batch, levels, order
+
+
+def _codebook_info(
+    plan: TablePlan,
+    rel: TableRelease,
+    batch,
+    levels: RowLevels,
+    rho_requested: float,
+    inputs: dict[str, str],
+) -> dict[str, Any]:
+    """The sidecar's manifest of a codebook release: the statement, the strategy's σ² and
+    ρ per query, the rows' geography, the estimator, the inputs' digests and the data
+    dictionary."""
+    cb = plan.codebook
     info = {
         "route": "codebook",
         "privacy": rel.privacy.text(),
@@ -1408,7 +1478,7 @@ def privatize_tables(
                 plan.queries, plan.sensitivities, plan.laws, plan.rho_per_query, strict=True
             )
         ],
-        "rho_requested": spec.rho,
+        "rho_requested": rho_requested,
         "rho_derived": rel.privacy.rho,
         "rho_per_row": plan.rho,
         "geography": {
@@ -1428,15 +1498,23 @@ def privatize_tables(
     dictionary = codebook_dictionary(cb, key_columns=keys)
     info["columns"] = OUTPUT_COLUMNS_NOTE.replace("data_dictionary.csv", "data_dictionary")
     info["data_dictionary"] = [dataclasses.asdict(e) for e in dictionary]
-    log.info("released in %.1f s; writing %s", time.perf_counter() - t0, Path(out).name)
+    return info
+
+
+def _write_codebook_release(
+    out: str | Path, batch, rel: TableRelease, order: np.ndarray, info: dict, policy: dict
+) -> None:
+    """Write the release in the input's layout (atomically, with the sidecar ``info``):
+    integers as integers, SEs to 6 significant digits, the integer (lattice) 90% MOE."""
+    from censusdp.atomic import output_file
+    from censusdp.pipelines.nhgis import write_batch
+
     with output_file(out, command="privatize", info=info, **policy) as tmp:
         values = np.empty_like(rel.values)
         ses = np.empty(rel.values.shape)
         values[:, order], ses[:, order] = rel.values, rel.standard_errors
-        # integers as integers; SEs to 6 significant digits; the integer (lattice) 90% MOE
-        meta = {"privacy": info["privacy"], "schema": cb.schema.name, "codebook": cb.source}
+        meta = {"privacy": info["privacy"], "schema": info["schema"], "codebook": info["codebook"]}
         write_batch(
             batch, values, significant(ses), tmp, margins_of_error=lattice_moe(ses),
             metadata={**meta, "data_dictionary": info["data_dictionary"]},
         )  # fmt: skip
-    return Path(out), rel

@@ -32,7 +32,7 @@ from pl94_fixtures import PLAN, QUERIES, SCHEMA, small_us
 
 from censusdp.errors import DataError, SpecError
 from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
-from censusdp.pipelines.pl94_stream import stream_pl94
+from censusdp.pipelines.pl94_stream import Pl94StreamOptions, stream_pl94
 from censusdp.pipelines.release_store import check_array, store_file
 from censusdp.rng import KeyedRNG
 
@@ -61,7 +61,8 @@ def original(tmp_path_factory):
             w.partition(p)
 
         res = stream_pl94(h, SCHEMA, source, PLAN, KeyedRNG.reproducible(11, warn=False),
-                          partitions=2, on_top=on_top, on_partition=on_partition)  # fmt: skip
+                          on_top=on_top, on_partition=on_partition,
+                          options=Pl94StreamOptions(partitions=2))  # fmt: skip
         summary = w.finish(res, QUERIES)
     whole = {lvl: np.concatenate([t for _, t in sorted(v, key=lambda x: x[0])])
              for lvl, v in tables.items()}  # fmt: skip

@@ -30,6 +30,7 @@ from censusdp.mechanisms.queries import measure_range
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
 from censusdp.pipelines.pl94_stream import (
+    Pl94StreamOptions,
     ReleaseChecks,
     SparseHistogram,
     answers_from_entries,
@@ -85,7 +86,8 @@ def _run(h, source, rng, **kw):
         checks.partition(p)
         got[p.partition.units] = p
 
-    res = stream_pl94(h, SCHEMA, source, PLAN, rng, on_top=on_top, on_partition=on_partition, **kw)
+    res = stream_pl94(h, SCHEMA, source, PLAN, rng, on_top=on_top, on_partition=on_partition,
+                      options=Pl94StreamOptions(**kw))  # fmt: skip
     cut = res.partitions[0].cut
     pieces = [got[u] for u in sorted(k for k in got if k != "top")]
     est = list(got["top"].piece.estimates[: cut + 1])
@@ -130,20 +132,22 @@ def test_checks_see_a_broken_release(state) -> None:
             seen.append(1)
         checks.partition(p)
 
-    stream_pl94(h, SCHEMA, source, PLAN, rng, partitions=2, on_top=checks.top,
-                on_partition=on_partition)  # fmt: skip
+    stream_pl94(h, SCHEMA, source, PLAN, rng, on_top=checks.top, on_partition=on_partition,
+                options=Pl94StreamOptions(partitions=2))  # fmt: skip
     out = checks.result(0)
     assert not out["children_sum_to_parent_cell_by_cell"]
     assert not out["every_cell_floor_or_ceil"]
 
 
-def _store(h, source, rng, path: Path, **kw) -> dict:
+def _store(h, source, rng, path: Path, legacy: bool = False, **kw) -> dict:
+    """One run written to a store at ``path``; ``kw`` are its :class:`Pl94StreamOptions`,
+    given as the options object or (``legacy``) as the keywords of before it existed."""
     if path.exists():
         shutil.rmtree(path)
     with Pl94StoreWriter(path, h, SCHEMA) as w:
-        res = stream_pl94(
-            h, SCHEMA, source, PLAN, rng, on_top=w.top, on_partition=w.partition, **kw
-        )
+        opts = kw if legacy else {"options": Pl94StreamOptions(**kw)}
+        res = stream_pl94(h, SCHEMA, source, PLAN, rng, on_top=w.top, on_partition=w.partition,
+                          **opts)  # fmt: skip
         return {**w.finish(res, QUERIES), "n_files": len(list(path.parent.glob("**/*.npy*")))}
 
 
@@ -168,6 +172,25 @@ def test_digest_is_independent_of_partitions_order_workers_and_cache(state, tmp_
     assert len({r["n_files"] for r in runs}) == 3  # the files differ, the content does not
     other = _store(h, source, KeyedRNG.reproducible(13, warn=False), tmp_path / "d" / "s")
     assert other["digest"] != runs[0]["digest"]  # the digest sees the noise
+
+
+def test_old_keywords_still_run_and_an_unknown_one_is_refused(state, tmp_path) -> None:
+    """The settings given one by one as keywords, as before :class:`Pl94StreamOptions`
+    (accepted for one release), write the same store as the options object, and win over
+    it; a misspelt one is refused naming the options' fields."""
+    h, source = state
+    rng = KeyedRNG.reproducible(12, warn=False)
+    new = _store(h, source, rng, tmp_path / "a" / "s", partitions=3, cache_bytes=1 << 30)
+    old = _store(h, source, rng, tmp_path / "b" / "s", legacy=True, partitions=3,
+                 cache_bytes=1 << 30)  # fmt: skip
+    assert old["digest"] == new["digest"] and old["n_files"] == new["n_files"]
+    mixed = _store(h, source, rng, tmp_path / "c" / "s", legacy=True,
+                   options=Pl94StreamOptions(partitions=1), partitions=3)  # fmt: skip
+    assert mixed["n_files"] == new["n_files"]  # the keyword won: three partitions' files
+    with pytest.raises(TypeError, match="'partition'; its options are the fields of Pl94"):
+        stream_pl94(h, SCHEMA, source, PLAN, rng, partition=3)
+    with pytest.raises(TypeError, match="options must be a Pl94StreamOptions"):
+        stream_pl94(h, SCHEMA, source, PLAN, rng, options={"partitions": 3})
 
 
 def test_noise_of_a_range_inside_a_level_equals_the_whole_level_draw() -> None:
@@ -239,7 +262,7 @@ def test_a_ppmf_histogram_is_a_source(tmp_path) -> None:
     plan = allocation_plan(SCHEMA, levels=h.names)
     checks = ReleaseChecks(h, tables=True)
     res = stream_pl94(h, SCHEMA, SparseHistogram.of(hist), plan, rng, on_top=checks.top,
-                      on_partition=checks.partition)  # fmt: skip
+                      on_partition=checks.partition, options=Pl94StreamOptions())  # fmt: skip
     assert res.persons == hist.persons == 400
     out = checks.result(res.persons)
     assert out["every_level_total_equals_the_persons"] and out["invariants_exact"]
@@ -267,8 +290,9 @@ def test_overwrite_replaces_only_a_pl94_store(state, tmp_path) -> None:
 
     def write_again() -> dict:
         with Pl94StoreWriter(path, h, SCHEMA, overwrite=True) as w:
-            res = stream_pl94(h, SCHEMA, source, PLAN, rng, partitions=3,
-                              on_top=w.top, on_partition=w.partition)  # fmt: skip
+            res = stream_pl94(h, SCHEMA, source, PLAN, rng, on_top=w.top,
+                              on_partition=w.partition,
+                              options=Pl94StreamOptions(partitions=3))  # fmt: skip
             return w.finish(res, QUERIES)
 
     assert write_again()["digest"] == first["digest"] == Pl94Store(path).verify()

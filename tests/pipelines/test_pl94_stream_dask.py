@@ -19,6 +19,7 @@ from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
 from censusdp.pipelines.pl94_stream import (
     PartitionMeasure,
+    Pl94StreamOptions,
     ReleaseChecks,
     Sinks,
     SparseHistogram,
@@ -62,12 +63,14 @@ def run(h, source, path: Path, seed: int = 12, **kw) -> dict:
                 w.partition(out)
 
             res = stream_pl94(h, SCHEMA, source, PLAN, rng, on_top=on_top,
-                              on_partition=on_partition, **kw)  # fmt: skip
+                              on_partition=on_partition,
+                              options=Pl94StreamOptions(**kw))  # fmt: skip
         else:
             res = stream_pl94(
-                h, SCHEMA, source, PLAN, rng, on_top=on_top,
-                sink=Sinks((checks.for_partition(), w.piece_sink())),
-                sink_payload=lambda p: (None, w.payload(p)), **kw,
+                h, SCHEMA, source, PLAN, rng, on_top=on_top, options=Pl94StreamOptions(
+                    sink=Sinks((checks.for_partition(), w.piece_sink())),
+                    sink_payload=lambda p: (None, w.payload(p)), **kw,
+                ),
             )  # fmt: skip
             for checked, written in res.sunk:
                 checks.add(checked)

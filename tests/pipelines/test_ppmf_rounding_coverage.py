@@ -38,7 +38,7 @@ from ppmf_fixtures import ppmf_persons
 
 from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.structured_rounding import replicate_variance
-from censusdp.pipelines.pl94_stream import SparseHistogram, stream_pl94
+from censusdp.pipelines.pl94_stream import Pl94StreamOptions, SparseHistogram, stream_pl94
 from censusdp.pipelines.pl94_tables import pl94_codebook
 from censusdp.pipelines.ppmf import read_ppmf
 from censusdp.pipelines.privatize_ppmf import (
@@ -112,7 +112,8 @@ def test_intervals_cover_at_every_level(tmp_path):
 
         stream_pl94(
             h, schema, source, plan, KeyedRNG.reproducible(1000 + r, warn=False),
-            invariants=INVARIANTS, cut=CUT, rounding_replicates=ROUNDING_REPLICATES,
+            options=Pl94StreamOptions(invariants=INVARIANTS, cut=CUT,
+                                      rounding_replicates=ROUNDING_REPLICATES),
             on_top=on_top,
             on_partition=lambda pr: keep(pr.piece, pr.counts, [None] * len(pr.counts),
                                          pr.replicate_errors, pr.total_var),

@@ -24,7 +24,12 @@ from censusdp.errors import SpecError
 from censusdp.estimation.predict import allocation_plan
 from censusdp.estimation.structured_rounding import replicate_variance, rounding_replicates
 from censusdp.pipelines.execute import SyncExecutor
-from censusdp.pipelines.pl94_stream import SparseHistogram, StandardErrorSummary, stream_pl94
+from censusdp.pipelines.pl94_stream import (
+    Pl94StreamOptions,
+    SparseHistogram,
+    StandardErrorSummary,
+    stream_pl94,
+)
 from censusdp.pipelines.pl94_tables import pl94_codebook
 from censusdp.pipelines.ppmf import read_ppmf
 from censusdp.pipelines.privatize_ppmf import CUT, INVARIANTS, column_standard_errors
@@ -59,10 +64,11 @@ def county_pair(tmp_path_factory):
 def _run(h, schema, source, plan, replicates, partitions=0):
     got: dict = {"parts": []}
     stream_pl94(
-        h, schema, source, plan, KeyedRNG.reproducible(5, warn=False), invariants=INVARIANTS,
-        cut=CUT, partitions=partitions, rounding_replicates=replicates,
+        h, schema, source, plan, KeyedRNG.reproducible(5, warn=False),
         on_top=lambda t: got.__setitem__("top", t),
         on_partition=lambda p: got["parts"].append(p),
+        options=Pl94StreamOptions(invariants=INVARIANTS, cut=CUT, partitions=partitions,
+                                  rounding_replicates=replicates),
     )  # fmt: skip
     top, parts = got["top"], sorted(got["parts"], key=lambda p: p.partition.units)
     k = h.level_index(CUT)
@@ -142,7 +148,8 @@ def test_replicate_count_and_rows_are_checked(county_pair):
     h, schema, source, plan = county_pair
     with pytest.raises(SpecError, match="rounding replicates"):
         stream_pl94(h, schema, source, plan, KeyedRNG.reproducible(5, warn=False),
-                    invariants=INVARIANTS, cut=CUT, rounding_replicates=-1)  # fmt: skip
+                    options=Pl94StreamOptions(invariants=INVARIANTS, cut=CUT,
+                                              rounding_replicates=-1))  # fmt: skip
 
 
 def test_standard_error_summary_says_gls_only_or_adds_the_replicates(county_pair):
@@ -151,10 +158,11 @@ def test_standard_error_summary_says_gls_only_or_adds_the_replicates(county_pair
     plain, with_reps = StandardErrorSummary(schema, tables), StandardErrorSummary(schema, tables)
     got: dict = {"parts": []}
     stream_pl94(
-        h, schema, source, plan, KeyedRNG.reproducible(5, warn=False), invariants=INVARIANTS,
-        cut=CUT, rounding_replicates=R, replicate_rows=with_reps.rows,
+        h, schema, source, plan, KeyedRNG.reproducible(5, warn=False),
         on_top=lambda t: got.__setitem__("top", t),
         on_partition=lambda p: got["parts"].append(p),
+        options=Pl94StreamOptions(invariants=INVARIANTS, cut=CUT, rounding_replicates=R,
+                                  replicate_rows=with_reps.rows),
     )  # fmt: skip
     releases = [got["top"], *got["parts"]]
     for rel in releases:
@@ -189,10 +197,12 @@ def test_replicates_in_tasks_with_restricted_keys_equal_the_in_process_ones(coun
     _, parts, _, _, _ = _run(h, schema, source, plan, R)
     want = {p.partition.units: p.replicate_errors for p in parts}
     res = stream_pl94(
-        h, schema, source, plan, KeyedRNG.reproducible(5, warn=False), invariants=INVARIANTS,
-        cut=CUT, rounding_replicates=R, executor=SyncExecutor(),
-        sink=lambda rel, payload: (rel.partition.units, rel.replicate_errors),
-        sink_payload=lambda p: None,
+        h, schema, source, plan, KeyedRNG.reproducible(5, warn=False),
+        options=Pl94StreamOptions(
+            invariants=INVARIANTS, cut=CUT, rounding_replicates=R, executor=SyncExecutor(),
+            sink=lambda rel, payload: (rel.partition.units, rel.replicate_errors),
+            sink_payload=lambda p: None,
+        ),
     )  # fmt: skip
     assert len(res.sunk) == len(want) == 2
     for units, errs in res.sunk:
