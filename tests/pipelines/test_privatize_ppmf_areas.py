@@ -70,7 +70,11 @@ def test_measured_places_are_in_the_derived_statement(runs):
 
 def test_measured_places_stay_sums_of_blocks_and_shrink_their_ses(runs):
     """Both products' places are sums of their blocks; the state totals are the input's
-    (invariants ==); every place's total SE shrinks against the summed run."""
+    (invariants ==); the places' total SEs shrink against the summed run. The written ``_se``
+    adds to the exact GLS variance the replicate estimate of the rounding's (32 replicates,
+    each run its own), so a place may move up by that estimate's noise: each within 5%, and the
+    mean variance strictly down (the exact GLS shrink, place by place, is
+    tests/estimation/test_area_measurements.py's)."""
     data, out = runs
     columns = list(pl94_codebook().columns)
     for product in ("unbiased", "nonnegative"):
@@ -85,5 +89,6 @@ def test_measured_places_stay_sums_of_blocks_and_shrink_their_ses(runs):
     se = {
         k: _table(v, "unbiased", "place").set_index("GEOID")["P1_001N_se"] for k, v in out.items()
     }
-    assert np.all(se["measured"] < se["summed"]), se
+    assert np.all(se["measured"] <= 1.05 * se["summed"]), se
+    assert (se["measured"] ** 2).mean() < (se["summed"] ** 2).mean(), se
     print("place P1_001N_se summed:", se["summed"].to_dict(), "measured:", se["measured"].to_dict())
