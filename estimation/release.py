@@ -254,7 +254,8 @@ class Release:
                 "its covariances (e.g. tree_gls(..., covariance=True)), and 'bipartite' "
                 "rounding has none for marginals"
             )
-        return out
+        # a variance is never negative: below 0 is the float error of a held (exact) sum
+        return np.maximum(out, 0.0)
 
     def sum_standard_errors(self, level: str | int, query) -> np.ndarray:
         """Standard errors of each row of ``query`` at every node (:meth:`sum_variances`)."""
