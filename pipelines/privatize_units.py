@@ -34,9 +34,17 @@ cell): every node's occupied count is ``⌊ô_v⌋`` or ``⌈ô_v⌉``, children
 because both ``t`` and the rounded occupied are. So ``H1_001N = H1_002N + H1_003N`` and the
 invariant hold with ``==`` at every node. This product is unbiased, not non-negative: a node
 with few units (even none: the total fixes occupied + vacant, not each) can show a negative
-occupied or vacant count, as the persons route's unbiased product can. The ``_se`` columns
-are the GLS standard errors; the rounding adds at most 1/4 of variance to a node's occupied
-(and vacant) count.
+occupied or vacant count, as the persons route's unbiased product can.
+
+**Standard errors** cover everything between the truth and the released count. Given the
+estimate ``ô_v``, the rounded count is ``⌊ô_v⌋ + B`` with ``B`` Bernoulli of mean ``ψ_v = ô_v −
+⌊ô_v⌋``, so the rounding error has mean zero and the exact variance ``ψ_v(1 − ψ_v)`` (at most
+1/4; :func:`~censusdp.estimation.rounding.round_tree`'s own variances of each node's sum).
+Mean zero given ``ô`` makes it uncorrelated with the GLS error ``ô − o``, so the two add:
+``H1_002N_se = H1_003N_se = sqrt(Var_GLS(ô_v) + ψ_v(1 − ψ_v))``, both terms exact (no replicates
+are needed here, unlike the persons route's flow rounding). ``H1_001N`` is held by the block
+invariant (summed up the tree), so its value is the exact count and its ``_se`` and ``_moe``
+are exactly 0.
 
 **The non-negative product** (``nonnegative/h1_<level>.csv``; :func:`nonnegative_occupied`)
 is made from the same GLS estimates (post-processing when the blocks are public: see
@@ -253,12 +261,16 @@ class H1Release:
     estimates : list of numpy.ndarray
         Per level, float ``(n_nodes, 2)``: the GLS estimates of occupied and vacant.
     standard_errors : list of numpy.ndarray
-        Per level, float ``(n_nodes, 3)``: the GLS standard error of each column (0 for the
-        invariant total; occupied and vacant share one).
+        Per level, float ``(n_nodes, 3)``: the standard error of each released column,
+        ``sqrt(GLS variance + rounding variance)``, both exact (module docstring,
+        "Standard errors"); exactly 0 for the invariant total; occupied and vacant share one.
     privacy : PrivacyStatement
     nonnegative : list of numpy.ndarray
         Per level, int64 ``(n_nodes, 3)``: the non-negative product
         (:func:`nonnegative_occupied`), same columns; biased, no standard errors.
+    gls_standard_errors : list of numpy.ndarray
+        Per level, float ``(n_nodes,)``: the GLS standard error of occupied (and vacant)
+        alone, the error of the real-valued estimate before rounding.
     """
 
     hierarchy: Hierarchy
@@ -267,6 +279,7 @@ class H1Release:
     standard_errors: list[np.ndarray]
     privacy: PrivacyStatement
     nonnegative: list[np.ndarray]
+    gls_standard_errors: list[np.ndarray]
 
 
 def nonnegative_occupied(
@@ -405,17 +418,23 @@ def _release(
     meas = measure(h.names, level_counts, plan, rng)
     inv = invariant(level_counts, h.level_index(INVARIANT_LEVEL), Query.total(CELLS))
     gls = tree_gls(h, CELLS, meas, [inv])
-    occupied = round_tree(h, gls.estimates[-1][:, :1], rng, mode="cells", label="rounding/h1")
+    occupied, rounding_var = round_tree(
+        h, gls.estimates[-1][:, :1], rng, mode="cells", label="rounding/h1", with_variances=True
+    )
     totals = [c.sum(axis=1) for c in level_counts]
     nonneg = nonnegative_occupied(h, [e[:, 0] for e in gls.estimates], totals, rng)
-    counts, ses, nn = [], [], []
+    counts, ses, gls_ses, nn = [], [], [], []
     for k, total in enumerate(totals):
         occ = occupied[k][:, 0]
         counts.append(np.stack([total, occ, total - occ], axis=1))
         nn.append(np.stack([total, nonneg[k], total - nonneg[k]], axis=1))
-        se = np.sqrt(np.maximum(gls.variances[k][:, 0], 0.0))
+        gls_var = np.maximum(gls.variances[k][:, 0], 0.0)
+        gls_ses.append(np.sqrt(gls_var))
+        # the rounding's exact variance ψ(1 − ψ) of the node's occupied count (its only
+        # tracked sum); vacant = total − occupied has the same; the total is the invariant's
+        se = np.sqrt(gls_var + rounding_var[k][:, 0])
         ses.append(np.stack([np.zeros_like(se), se, se], axis=1))
-    return H1Release(h, counts, list(gls.estimates), ses, gls.privacy, nn)
+    return H1Release(h, counts, list(gls.estimates), ses, gls.privacy, nn, gls_ses)
 
 
 def h1_frames(
@@ -821,8 +840,9 @@ def _write_manifest(
         "invariant at every block, so exact at every level (_se 0); H1_002N (occupied) is "
         "the GLS estimate of the measurements, integer by unbiased rounding (floor or ceil "
         "of the estimate, children summing to their parent); H1_003N (vacant) = H1_001N - "
-        "H1_002N. _se is the exact GLS standard error and does NOT include the rounding's "
-        "error (mean zero, at most 1/4 of variance)"
+        "H1_002N. _se = sqrt(exact GLS variance + the rounding's exact variance psi(1-psi), "
+        "psi the fractional part of the node's estimate): every error between the truth and "
+        "the released count; H1_001N_se and H1_001N_moe are exactly 0 (the invariant)"
     )
     manifest = {
         "command": "privatize",
