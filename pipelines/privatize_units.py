@@ -732,31 +732,11 @@ def privatize_units(
         A malformed units file or block list (file, data row and column named).
     """
     t0, c0 = time.perf_counter(), time.process_time()
-    spec = load_units_spec(spec_path) if spec_path is not None else UnitsSpec()
-    if seed is not None:
-        spec = dataclasses.replace(spec, seed=seed)
-    if repetitions is not None:
-        if repetitions < 2:
-            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
-        spec = dataclasses.replace(spec, repetitions=repetitions)
-    if blocks is not None:
-        spec = dataclasses.replace(spec, blocks=Path(blocks))
+    spec = _units_spec(spec_path, seed, repetitions, blocks)
     inputs = [x for x in (path, spec_path, spec.blocks, compose_with) if x is not None]
     persons = None if compose_with is None else _persons_release(compose_with, out)
     check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
-    if spec.blocks is None and not blocks_from_data:
-        raise SpecError(
-            f"{Path(path).name}: no public block list. A units file holds only the blocks with "
-            "housing units or facilities, so a hierarchy built from its rows would release "
-            "that set. Give the list of every block ([hierarchy] blocks = FILE, or --blocks "
-            "FILE), or pass --blocks-from-data to accept that disclosure"
-        )
-    log.info("reading the units file (%s)", Path(path).name)
-    hist = read_ppmf_units(path)
-    if spec.blocks is not None:
-        hist = hist.on_blocks(
-            read_block_list(spec.blocks, column=spec.block_column), spec.blocks.name
-        )
+    hist = _read_units(path, spec, blocks_from_data)
     timings = {"read": time.perf_counter() - t0}
     h = hist.hierarchy
     log.info(
@@ -770,32 +750,14 @@ def privatize_units(
     timings["release"] = time.perf_counter() - t1
     log.info("released in %.1f s; writing the tables", timings["release"])
     products = units_products(spec.blocks is not None)
-    privacy = dataclasses.replace(
-        rel.privacy,
-        delta=spec.delta,
-        unit="housing unit",
-        change_factor=change_factor(rel.privacy.mechanism),
-        target=float(
-            spec.rho if spec.rho is not None else (spec.allocation or hist.schema.allocation).rho
-        ),
-        exact=tuple(exact_through_invariants(hist.hierarchy, [(INVARIANT_LEVEL, "total")])),
-    )
-    privacy = with_products(privacy, products)
-    units_privacy = privacy
+    privacy = units_privacy = _units_statement(rel, spec, hist, products)
     if persons is not None:
         privacy = compose_statements(persons.privacy, privacy, persons_label=persons.label())
     with output_dir(
         out, overwrite=overwrite, inputs=inputs, command="privatize", option="-o",
         info={"route": "ppmf_units"},
     ) as tmp:  # fmt: skip
-        for product, folder in (("unbiased", tmp), ("nonnegative", tmp / "nonnegative")):
-            folder.mkdir(exist_ok=True)
-            wide, long = h1_frames(rel, product)
-            for name, frame in wide.items():
-                write_csv(frame, folder / f"h1_{name}.csv", index=False)
-            write_csv(long, folder / "h1_long.csv", index=False)
-            parents = list(parent_codes(rel.hierarchy, rel.hierarchy.depth - 1, 0, 0))
-            write_data_dictionary(folder, h1_dictionary(parents, with_se=product == "unbiased"))
+        _write_h1_tables(tmp, rel)
         t1 = time.perf_counter()
         log.info("size-class report: %d simulated release(s)", spec.repetitions)
         sim, evaluation = size_class_report(
@@ -820,6 +782,90 @@ def privatize_units(
         if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
             separate_evaluation(tmp)
     return UnitsResult(Path(out), privacy, hist.persons, timings["seconds"])
+
+
+def _units_spec(
+    spec_path: str | Path | None,
+    seed: int | None,
+    repetitions: int | None,
+    blocks: str | Path | None,
+) -> UnitsSpec:
+    """The spec (:func:`load_units_spec`, or the production allocation's) with the command
+    line's overrides.
+
+    Raises
+    ------
+    SpecError
+        A bad spec, fewer than 2 repetitions.
+    """
+    spec = load_units_spec(spec_path) if spec_path is not None else UnitsSpec()
+    if seed is not None:
+        spec = dataclasses.replace(spec, seed=seed)
+    if repetitions is not None:
+        if repetitions < 2:
+            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
+        spec = dataclasses.replace(spec, repetitions=repetitions)
+    if blocks is not None:
+        spec = dataclasses.replace(spec, blocks=Path(blocks))
+    return spec
+
+
+def _read_units(path: str | Path, spec: UnitsSpec, blocks_from_data: bool) -> PPMFHistogram:
+    """The units file on the public block list (or, acknowledged, on its own rows' blocks).
+
+    Raises
+    ------
+    SpecError
+        No block list and no acknowledgement.
+    DataError
+        A malformed units file or block list.
+    """
+    if spec.blocks is None and not blocks_from_data:
+        raise SpecError(
+            f"{Path(path).name}: no public block list. A units file holds only the blocks with "
+            "housing units or facilities, so a hierarchy built from its rows would release "
+            "that set. Give the list of every block ([hierarchy] blocks = FILE, or --blocks "
+            "FILE), or pass --blocks-from-data to accept that disclosure"
+        )
+    log.info("reading the units file (%s)", Path(path).name)
+    hist = read_ppmf_units(path)
+    if spec.blocks is not None:
+        hist = hist.on_blocks(
+            read_block_list(spec.blocks, column=spec.block_column), spec.blocks.name
+        )
+    return hist
+
+
+def _units_statement(
+    rel: H1Release, spec: UnitsSpec, hist: PPMFHistogram, products: tuple[Product, ...]
+) -> PrivacyStatement:
+    """The units release's own statement: derived from its measurements, with the spec's δ,
+    the privacy unit, the change factor, the target ρ, the areas exact through the block
+    invariant and what each product is."""
+    privacy = dataclasses.replace(
+        rel.privacy,
+        delta=spec.delta,
+        unit="housing unit",
+        change_factor=change_factor(rel.privacy.mechanism),
+        target=float(
+            spec.rho if spec.rho is not None else (spec.allocation or hist.schema.allocation).rho
+        ),
+        exact=tuple(exact_through_invariants(hist.hierarchy, [(INVARIANT_LEVEL, "total")])),
+    )
+    return with_products(privacy, products)
+
+
+def _write_h1_tables(tmp: Path, rel: H1Release) -> None:
+    """Both products' wide and long H1 tables and their data dictionaries: the unbiased one
+    in ``tmp``, the non-negative one in ``tmp/nonnegative``."""
+    for product, folder in (("unbiased", tmp), ("nonnegative", tmp / "nonnegative")):
+        folder.mkdir(exist_ok=True)
+        wide, long = h1_frames(rel, product)
+        for name, frame in wide.items():
+            write_csv(frame, folder / f"h1_{name}.csv", index=False)
+        write_csv(long, folder / "h1_long.csv", index=False)
+        parents = list(parent_codes(rel.hierarchy, rel.hierarchy.depth - 1, 0, 0))
+        write_data_dictionary(folder, h1_dictionary(parents, with_se=product == "unbiased"))
 
 
 def _write_manifest(
