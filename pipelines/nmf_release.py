@@ -29,7 +29,10 @@ non-negative integer product is a later part.
 confidential truth) has mean 0 and the standard deviation ``_se`` exactly (the GLS
 covariance of the node, or of the area's sum of blocks: one pass up the tree,
 :mod:`censusdp.estimation.areas`). There is no rounding in this release, so the SE covers
-everything between the truth and the number written. Errors of different states are
+everything between the truth and the number written. A figure the published state total
+holds (``P1_001N``, ``P2_001N`` of the state and of any only child of it) is written as that
+total with ``_se`` exactly 0 (:func:`held_values`), not as the GLS's float approximation of
+it. Errors of different states are
 independent (the US level is not used, see below). The covariance between two areas is
 ``(Var(α ∪ β) − Var α − Var β) / 2`` with ``α ∪ β`` released as one more area.
 
