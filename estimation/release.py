@@ -266,7 +266,12 @@ class Release:
         return self.level(level).sum(axis=1)
 
     def to_frame(self, levels: Sequence[str | int] | None = None) -> pd.DataFrame:
-        """Long table: level, code, cell, estimator, value, se (se NaN where undefined)."""
+        """Long table: level, code, cell, estimator, value, se (se NaN where undefined).
+
+        ``value`` is int64 for an integer release (:attr:`integer`: the released counts, as
+        pandas and R users expect them), float64 otherwise; ``se`` float64 at full precision
+        (the written tables round it, :func:`censusdp.pipelines.runner.release_frame`).
+        """
         ks = (
             range(self.hierarchy.depth)
             if levels is None
@@ -285,7 +290,7 @@ class Release:
                         "code": np.repeat(lv.codes.astype(object), n_cells),
                         "cell": np.tile(np.asarray(self.cells, dtype=object), lv.size),
                         "estimator": self.estimator,
-                        "value": est.reshape(-1).astype(np.float64),
+                        "value": est.reshape(-1).astype(np.int64 if self.integer else np.float64),
                         "se": np.full(est.size, np.nan) if se is None else se.reshape(-1),
                     }
                 )

@@ -29,7 +29,10 @@ non-negative integer product is a later part.
 confidential truth) has mean 0 and the standard deviation ``_se`` exactly (the GLS
 covariance of the node, or of the area's sum of blocks: one pass up the tree,
 :mod:`censusdp.estimation.areas`). There is no rounding in this release, so the SE covers
-everything between the truth and the number written. Errors of different states are
+everything between the truth and the number written. A figure the published state total
+holds (``P1_001N``, ``P2_001N`` of the state and of any only child of it) is written as that
+total with ``_se`` exactly 0 (:func:`held_values`), not as the GLS's float approximation of
+it. Errors of different states are
 independent (the US level is not used, see below). The covariance between two areas is
 ``(Var(α ∪ β) − Var α − Var β) / 2`` with ``α ∪ β`` released as one more area.
 
@@ -104,6 +107,7 @@ __all__ = [
     "area_total_covariance",
     "census_block_geoids",
     "estimate_state",
+    "held_values",
     "pl94_columns",
     "release_nmf",
     "release_statement",
@@ -542,25 +546,77 @@ class _Writer:
         return write_data_dictionary(self.folder, _nmf_dictionary(self.columns))
 
 
+def held_values(
+    r: NMFStateRelease,
+    level: str,
+    est: np.ndarray,
+    se: np.ndarray,
+    leaves: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(est, se)`` of :func:`pl94_columns` with every figure held by the state-total
+    invariant set to the invariant's exact value and a standard error of exactly 0.
+
+    The GLS holds the published total only up to its float error (a state's ``P1_001N``
+    came out as 276.99999999999966, its SE as 1e-7); nothing lies between the published
+    total and the truth. Which figures are held is derived from the invariants
+    (:meth:`~censusdp.pipelines.io.nmf.NMFMeasurements.invariants`), never from an SE: the
+    columns in the row space of the invariant's query
+    (:func:`~censusdp.pipelines.privatize_ppmf.held_pl94_columns`: ``P1_001N``, ``P2_001N``)
+    at the spine nodes :func:`~censusdp.pipelines.release_statement.held_nodes` gives (the
+    state, and a state part, county ... that is its parent's only child), or, for an area
+    (``leaves`` its blocks per area; a state's areas are disjoint sets of its blocks), an
+    area holding every block of the state.
+
+    Returns
+    -------
+    (est, se) : new (n, 298) arrays
+    """
+    from censusdp.pipelines.privatize_ppmf import held_pl94_columns
+    from censusdp.pipelines.release_statement import held_nodes
+
+    h = r.hierarchy
+    est, se = np.array(est, dtype=float), np.array(se, dtype=float)
+    for inv in r.measurements.invariants():
+        if inv.query.n_rows != 1:  # pragma: no cover - the NMF holds the total only
+            raise SpecError(f"invariant {inv.query.name!r}: only one-row invariants are held")
+        up = h.level_index(inv.level)
+        if leaves is None:
+            k = h.level_index(level)
+            nodes = held_nodes(h, [inv.level], level)
+            t = inv.values[:, 0]
+            value = t[h.ancestor_index(k, up)] if k >= up else np.bincount(
+                h.ancestor_index(up, k), weights=t, minlength=h.sizes[k]
+            )  # fmt: skip
+        else:
+            # one held node (the state) and an area of all its blocks: the same sum
+            nodes = (np.asarray(leaves) == h.sizes[-1]) & (h.sizes[up] == 1)
+            value = np.full(nodes.size, inv.values[0, 0])
+        cols = held_pl94_columns(inv.query.name)
+        mask = nodes[:, None] & cols[None, :]
+        est[mask] = np.broadcast_to(np.asarray(value, dtype=float)[:, None], est.shape)[mask]
+        se[mask] = 0.0
+    return est, se
+
+
 def _write_state(w: _Writer, r: NMFStateRelease) -> None:
     h = r.hierarchy
-    est, se = pl94_columns(r.release, "state")
+    est, se = held_values(r, "state", *pl94_columns(r.release, "state"))
     w.add("pl94_state.csv", _frame({"GEOID": h["state"].codes}, est, se))
     for level in SPINE_OUTPUT_LEVELS:
-        est, se = pl94_columns(r.release, level)
+        est, se = held_values(r, level, *pl94_columns(r.release, level))
         up = parent_codes(h, level, code_column="geocode")
         w.add(f"pl94_spine_{level}.csv", _frame({"geocode": h[level].codes, **up}, est, se))
     for level, a in r.tabulation.items():
-        est, se = pl94_columns(a, level)
+        est, se = held_values(r, level, *pl94_columns(a, level), leaves=a.leaves)
         up = _tabulation_parents(level, a.codes)
         w.add(f"pl94_{level}.csv", _frame({"GEOID": a.codes, **up}, est, se))
-    est, se = pl94_columns(r.release, "block")
+    est, se = held_values(r, "block", *pl94_columns(r.release, "block"))
     geo = census_block_geoids(r.tabulation_geoids)
     up = _tabulation_parents("block", geo)
     w.add("pl94_block.csv", _frame({"GEOID": geo, **up, "geocode": h["block"].codes}, est, se))
     if r.areas is not None:
         a = r.areas
-        est, se = pl94_columns(a, a.name)
+        est, se = held_values(r, a.name, *pl94_columns(a, a.name), leaves=a.leaves)
         frame = _frame({"area": a.codes}, est, se)
         frame.insert(1, "blocks", a.leaves)
         w.add(f"pl94_area_{a.name}.csv", frame)

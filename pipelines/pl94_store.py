@@ -34,8 +34,10 @@ Layout::
     identified/<mask>.npy                          the projector onto the identified subspace
     histograms/<level>/top.npy.gz | part-…npy.gz   (optional) int64 (3, nnz): node, cell, count
     manifest.json                                  levels, sizes, cut, partitions, basis
-                                                   queries, columns, privacy, content digest,
-                                                   files_digest, checks
+                                                   queries, columns, privacy, what the
+                                                   standard errors cover (SE_NOTE: GLS
+                                                   only), content digest, files_digest,
+                                                   checks
     checksums.json                                 SHA-256 of every file above; written last
 
 The pieces are ``.npy`` files compressed with gzip (``gzip -d`` gives the ``.npy``): the
@@ -113,9 +115,19 @@ from censusdp.pipelines.release_store import (
 )
 from censusdp.schema import Schema, available_schemas
 
-__all__ = ["FORMAT", "Pl94Store", "Pl94StoreWriter", "StorePieceWriter"]
+__all__ = ["FORMAT", "SE_NOTE", "Pl94Store", "Pl94StoreWriter", "StorePieceWriter"]
 
 FORMAT = "censusdp-pl94-store/3"  # 3: the manifest binds its pieces (files_digest)
+#: What the store's standard errors cover (``manifest["standard_errors"]``): the national
+#: stream rounds no replicates, so the stored tables' rounding error has no estimate here.
+SE_NOTE = (
+    "GLS only: the standard errors the store gives (standard_errors, column_standard_errors, "
+    "from the class blocks) are those of the real-valued GLS estimates. The stored tables "
+    "are integers by unbiased controlled rounding, whose own error (mean zero, adding its "
+    "variance) they leave out: this national stream ran without rounding replicates, so they "
+    "understate the error of the stored integers, most above the block (the privatize PPMF "
+    "route's _se include it)"
+)
 #: Formats read, and the suffix of their pieces.
 _SUFFIX = {"censusdp-pl94-store/1": ".npy", "censusdp-pl94-store/2": ".npy.gz", FORMAT: ".npy.gz"}
 _TOP = "top"
@@ -365,6 +377,7 @@ class Pl94StoreWriter:
             "class_blocks_max_relative_difference": self.class_diff,
             "histograms": self.histograms,
             "privacy": result.privacy.to_dict(),
+            "standard_errors": SE_NOTE,
             "persons": int(result.persons),
             "digest": digest,
             "files_digest": _files_digest(self.digests),
@@ -442,7 +455,8 @@ class StorePieceWriter:
             for mask in sorted(piece.covariances[j].blocks):
                 b = piece.covariances[j].blocks[mask]
                 b = np.broadcast_to(b, (n, *b.shape[-2:]))
-                flat_blocks.append(b[owned_local].reshape(owned.size, -1))
+                # (the width named: a piece owning no class has 0 rows, which -1 cannot size)
+                flat_blocks.append(b[owned_local].reshape(owned.size, b.shape[-2] * b.shape[-1]))
                 if here.any():
                     d = np.abs(b[here] - b[rep[here]]).max(initial=0.0)
                     scale = max(float(np.abs(b).max(initial=0.0)), 1e-300)

@@ -35,7 +35,10 @@ directory renamed into place when complete; never over the input, nothing half-w
   the simulated rounding SD there and is not used for ``_se``. On 200 releases of a
   synthetic county the 90% intervals covered 89.3–91.3% for total population, White alone
   and Hispanic at tract and block group and 89.4–90.3% at block (GLS-only ``_se``: 62–81% at
-  tract and block group; tests/pipelines/test_ppmf_rounding_coverage.py);
+  tract and block group; tests/pipelines/test_ppmf_rounding_coverage.py). A figure held by
+  an invariant (``P1_001N`` and ``P2_001N`` of the nation, every state and any only child of
+  one, as DC's county: :func:`invariant_columns`, derived from the invariants) is the exact
+  count with ``_se`` and ``_moe`` exactly 0;
 * ``nonnegative/pl94_<level>.csv``, ``nonnegative/pl94_long.csv`` — the same tables from the
   non-negative product (biased; no standard errors);
 * ``nonnegative/microdata.csv`` — one row per person of the non-negative block histogram, in
@@ -111,10 +114,11 @@ U.S. Census Bureau (2021). 2010 Demonstration Privacy-Protected Microdata File, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
@@ -185,7 +189,11 @@ from censusdp.pipelines.ppmf import (
     read_block_list,
     read_ppmf,
 )
-from censusdp.pipelines.release_statement import change_factor, exact_through_invariants
+from censusdp.pipelines.release_statement import (
+    change_factor,
+    exact_through_invariants,
+    held_nodes,
+)
 from censusdp.pipelines.runner import separate_evaluation
 from censusdp.pipelines.size_class_report import (
     PRODUCTS,
@@ -208,6 +216,8 @@ __all__ = [
     "PPMFResult",
     "REPORT_LEVELS",
     "column_standard_errors",
+    "held_pl94_columns",
+    "invariant_columns",
     "is_ppmf",
     "load_ppmf_spec",
     "ppmf_products",
@@ -660,12 +670,18 @@ def column_standard_errors(
     level: str,
     total_var: np.ndarray | None = None,
     rounding_var: np.ndarray | None = None,
+    *,
+    held: np.ndarray | None = None,
 ) -> np.ndarray:
     """Standard error of every P1–P5 column at every node of ``level`` in ``piece``.
 
     ``sqrt(GLS variance + rounding variance)``: the rounding error has mean zero given the
     estimate, so the two add (:mod:`~censusdp.estimation.structured_rounding`, "Replicate
-    rounding variances").
+    rounding variances"). Entries held by an invariant (``held``, from
+    :func:`invariant_columns`) are exactly 0: their released value is the invariant's exact
+    value (the rounding holds the invariants ``==``), so nothing lies between it and the truth
+    — the float error of the GLS there (e.g. 2.4e-07 for a state total) is not an error of the
+    released figure.
 
     Parameters
     ----------
@@ -681,11 +697,13 @@ def column_standard_errors(
         The rounding variance of every column
         (:func:`~censusdp.estimation.structured_rounding.replicate_variance` of the replicate
         errors), used for every column ``total_var`` does not give.
+    held : (n, 298) bool array, optional
+        The entries an invariant holds (:func:`invariant_columns`); their SE is exactly 0.
 
     Returns
     -------
     (n, 298) numpy.ndarray
-        Without either: the GLS standard errors alone.
+        Without ``total_var`` and ``rounding_var``: the GLS standard errors alone.
     """
     se = pl94_column_values(lambda q: piece.query_standard_errors(level, q))
     var = se**2
@@ -697,7 +715,62 @@ def column_standard_errors(
         ).astype(float))[0] > 0  # fmt: skip
         tv = np.asarray(total_var, dtype=float).reshape(-1, 1)
         var[:, whole] = se[:, whole] ** 2 + tv
-    return np.sqrt(var)
+    out = np.sqrt(var)
+    if held is not None:
+        out[np.asarray(held, dtype=bool)] = 0.0
+    return out
+
+
+@functools.cache
+def held_pl94_columns(query: str) -> np.ndarray:
+    """Which P1–P5 columns an invariant on ``query`` (a ``pl94`` product query, e.g.
+    ``"total"``) holds: those whose row lies in the row space of the query's rows (a linear
+    combination of held statistics is held). For ``"total"``: ``P1_001N`` and ``P2_001N``.
+
+    Exact linear algebra on 0/1 rows: the residual of each column's row after projection onto
+    the query's row space is 0 up to float resolution, or at least ``1/cells`` away from it
+    (the test uses ``1e-9`` of the row's norm). Cached per query.
+
+    Returns
+    -------
+    (298,) bool numpy.ndarray, read-only
+    """
+    book = pl94_codebook()
+    H = ProductQuery.parse(book.schema, query).dense().astype(float)
+    C = pl94_column_values(lambda q: q.dense().T.astype(float))  # (cells, 298): column rows
+    resid = C - np.linalg.pinv(H) @ (H @ C)
+    out = np.linalg.norm(resid, axis=0) <= 1e-9 * np.linalg.norm(C, axis=0)
+    out.setflags(write=False)
+    return out
+
+
+def invariant_columns(
+    h: Hierarchy,
+    level: str,
+    lo: int = 0,
+    hi: int | None = None,
+    invariants: Sequence[tuple[str, str]] = INVARIANTS,
+) -> np.ndarray:
+    """Which P1–P5 entries of nodes ``lo:hi`` of ``level`` the invariants hold exactly.
+
+    Derived from the invariants alone (never from a standard error): a column held by a
+    query (:func:`held_pl94_columns`) at a node held for it
+    (:func:`~censusdp.pipelines.release_statement.held_nodes`: the invariant's levels, the
+    levels above them, only children of held nodes). For the route's nation and state totals:
+    ``P1_001N`` and ``P2_001N`` of the nation, every state, and every only child of one (DC's
+    county, and its only tract, ...).
+
+    Returns
+    -------
+    (hi - lo, 298) bool numpy.ndarray
+        The ``held`` of :func:`column_standard_errors`.
+    """
+    hi = h.sizes[h.level_index(level)] if hi is None else hi
+    out = np.zeros((hi - lo, len(pl94_codebook().columns)), dtype=bool)
+    for query in dict.fromkeys(q for _, q in invariants):
+        nodes = held_nodes(h, [lvl for lvl, q in invariants if q == query], level, lo, hi)
+        out |= nodes[:, None] & held_pl94_columns(query)[None, :]
+    return out
 
 
 # -- writers -------------------------------------------------------------------------------------
@@ -1176,7 +1249,8 @@ class _LevelWriter:
             names, ranges, unbiased, nonneg, tvs, zs, strict=True
         ):  # a loop over levels, not nodes
             rv = None if z is None else replicate_variance(z)
-            se = column_standard_errors(piece, name, tv, rv)
+            held = invariant_columns(self.h, name, lo, hi)
+            se = column_standard_errors(piece, name, tv, rv, held=held)
             self.writers["unbiased"].add_nodes(name, lo, hi, u, se)
             self.writers["nonnegative"].add_nodes(name, lo, hi, n)
             if name in released["unbiased"]:

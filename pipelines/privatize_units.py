@@ -34,9 +34,17 @@ cell): every node's occupied count is ``⌊ô_v⌋`` or ``⌈ô_v⌉``, children
 because both ``t`` and the rounded occupied are. So ``H1_001N = H1_002N + H1_003N`` and the
 invariant hold with ``==`` at every node. This product is unbiased, not non-negative: a node
 with few units (even none: the total fixes occupied + vacant, not each) can show a negative
-occupied or vacant count, as the persons route's unbiased product can. The ``_se`` columns
-are the GLS standard errors; the rounding adds at most 1/4 of variance to a node's occupied
-(and vacant) count.
+occupied or vacant count, as the persons route's unbiased product can.
+
+**Standard errors** cover everything between the truth and the released count. Given the
+estimate ``ô_v``, the rounded count is ``⌊ô_v⌋ + B`` with ``B`` Bernoulli of mean ``ψ_v = ô_v −
+⌊ô_v⌋``, so the rounding error has mean zero and the exact variance ``ψ_v(1 − ψ_v)`` (at most
+1/4; :func:`~censusdp.estimation.rounding.round_tree`'s own variances of each node's sum).
+Mean zero given ``ô`` makes it uncorrelated with the GLS error ``ô − o``, so the two add:
+``H1_002N_se = H1_003N_se = sqrt(Var_GLS(ô_v) + ψ_v(1 − ψ_v))``, both terms exact (no replicates
+are needed here, unlike the persons route's flow rounding). ``H1_001N`` is held by the block
+invariant (summed up the tree), so its value is the exact count and its ``_se`` and ``_moe``
+are exactly 0.
 
 **The non-negative product** (``nonnegative/h1_<level>.csv``; :func:`nonnegative_occupied`)
 is made from the same GLS estimates (post-processing when the blocks are public: see
@@ -253,12 +261,16 @@ class H1Release:
     estimates : list of numpy.ndarray
         Per level, float ``(n_nodes, 2)``: the GLS estimates of occupied and vacant.
     standard_errors : list of numpy.ndarray
-        Per level, float ``(n_nodes, 3)``: the GLS standard error of each column (0 for the
-        invariant total; occupied and vacant share one).
+        Per level, float ``(n_nodes, 3)``: the standard error of each released column,
+        ``sqrt(GLS variance + rounding variance)``, both exact (module docstring,
+        "Standard errors"); exactly 0 for the invariant total; occupied and vacant share one.
     privacy : PrivacyStatement
     nonnegative : list of numpy.ndarray
         Per level, int64 ``(n_nodes, 3)``: the non-negative product
         (:func:`nonnegative_occupied`), same columns; biased, no standard errors.
+    gls_standard_errors : list of numpy.ndarray
+        Per level, float ``(n_nodes,)``: the GLS standard error of occupied (and vacant)
+        alone, the error of the real-valued estimate before rounding.
     """
 
     hierarchy: Hierarchy
@@ -267,6 +279,7 @@ class H1Release:
     standard_errors: list[np.ndarray]
     privacy: PrivacyStatement
     nonnegative: list[np.ndarray]
+    gls_standard_errors: list[np.ndarray]
 
 
 def nonnegative_occupied(
@@ -405,17 +418,23 @@ def _release(
     meas = measure(h.names, level_counts, plan, rng)
     inv = invariant(level_counts, h.level_index(INVARIANT_LEVEL), Query.total(CELLS))
     gls = tree_gls(h, CELLS, meas, [inv])
-    occupied = round_tree(h, gls.estimates[-1][:, :1], rng, mode="cells", label="rounding/h1")
+    occupied, rounding_var = round_tree(
+        h, gls.estimates[-1][:, :1], rng, mode="cells", label="rounding/h1", with_variances=True
+    )
     totals = [c.sum(axis=1) for c in level_counts]
     nonneg = nonnegative_occupied(h, [e[:, 0] for e in gls.estimates], totals, rng)
-    counts, ses, nn = [], [], []
+    counts, ses, gls_ses, nn = [], [], [], []
     for k, total in enumerate(totals):
         occ = occupied[k][:, 0]
         counts.append(np.stack([total, occ, total - occ], axis=1))
         nn.append(np.stack([total, nonneg[k], total - nonneg[k]], axis=1))
-        se = np.sqrt(np.maximum(gls.variances[k][:, 0], 0.0))
+        gls_var = np.maximum(gls.variances[k][:, 0], 0.0)
+        gls_ses.append(np.sqrt(gls_var))
+        # the rounding's exact variance ψ(1 − ψ) of the node's occupied count (its only
+        # tracked sum); vacant = total − occupied has the same; the total is the invariant's
+        se = np.sqrt(gls_var + rounding_var[k][:, 0])
         ses.append(np.stack([np.zeros_like(se), se, se], axis=1))
-    return H1Release(h, counts, list(gls.estimates), ses, gls.privacy, nn)
+    return H1Release(h, counts, list(gls.estimates), ses, gls.privacy, nn, gls_ses)
 
 
 def h1_frames(
@@ -713,31 +732,11 @@ def privatize_units(
         A malformed units file or block list (file, data row and column named).
     """
     t0, c0 = time.perf_counter(), time.process_time()
-    spec = load_units_spec(spec_path) if spec_path is not None else UnitsSpec()
-    if seed is not None:
-        spec = dataclasses.replace(spec, seed=seed)
-    if repetitions is not None:
-        if repetitions < 2:
-            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
-        spec = dataclasses.replace(spec, repetitions=repetitions)
-    if blocks is not None:
-        spec = dataclasses.replace(spec, blocks=Path(blocks))
+    spec = _units_spec(spec_path, seed, repetitions, blocks)
     inputs = [x for x in (path, spec_path, spec.blocks, compose_with) if x is not None]
     persons = None if compose_with is None else _persons_release(compose_with, out)
     check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
-    if spec.blocks is None and not blocks_from_data:
-        raise SpecError(
-            f"{Path(path).name}: no public block list. A units file holds only the blocks with "
-            "housing units or facilities, so a hierarchy built from its rows would release "
-            "that set. Give the list of every block ([hierarchy] blocks = FILE, or --blocks "
-            "FILE), or pass --blocks-from-data to accept that disclosure"
-        )
-    log.info("reading the units file (%s)", Path(path).name)
-    hist = read_ppmf_units(path)
-    if spec.blocks is not None:
-        hist = hist.on_blocks(
-            read_block_list(spec.blocks, column=spec.block_column), spec.blocks.name
-        )
+    hist = _read_units(path, spec, blocks_from_data)
     timings = {"read": time.perf_counter() - t0}
     h = hist.hierarchy
     log.info(
@@ -751,32 +750,14 @@ def privatize_units(
     timings["release"] = time.perf_counter() - t1
     log.info("released in %.1f s; writing the tables", timings["release"])
     products = units_products(spec.blocks is not None)
-    privacy = dataclasses.replace(
-        rel.privacy,
-        delta=spec.delta,
-        unit="housing unit",
-        change_factor=change_factor(rel.privacy.mechanism),
-        target=float(
-            spec.rho if spec.rho is not None else (spec.allocation or hist.schema.allocation).rho
-        ),
-        exact=tuple(exact_through_invariants(hist.hierarchy, [(INVARIANT_LEVEL, "total")])),
-    )
-    privacy = with_products(privacy, products)
-    units_privacy = privacy
+    privacy = units_privacy = _units_statement(rel, spec, hist, products)
     if persons is not None:
         privacy = compose_statements(persons.privacy, privacy, persons_label=persons.label())
     with output_dir(
         out, overwrite=overwrite, inputs=inputs, command="privatize", option="-o",
         info={"route": "ppmf_units"},
     ) as tmp:  # fmt: skip
-        for product, folder in (("unbiased", tmp), ("nonnegative", tmp / "nonnegative")):
-            folder.mkdir(exist_ok=True)
-            wide, long = h1_frames(rel, product)
-            for name, frame in wide.items():
-                write_csv(frame, folder / f"h1_{name}.csv", index=False)
-            write_csv(long, folder / "h1_long.csv", index=False)
-            parents = list(parent_codes(rel.hierarchy, rel.hierarchy.depth - 1, 0, 0))
-            write_data_dictionary(folder, h1_dictionary(parents, with_se=product == "unbiased"))
+        _write_h1_tables(tmp, rel)
         t1 = time.perf_counter()
         log.info("size-class report: %d simulated release(s)", spec.repetitions)
         sim, evaluation = size_class_report(
@@ -803,6 +784,90 @@ def privatize_units(
     return UnitsResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 
+def _units_spec(
+    spec_path: str | Path | None,
+    seed: int | None,
+    repetitions: int | None,
+    blocks: str | Path | None,
+) -> UnitsSpec:
+    """The spec (:func:`load_units_spec`, or the production allocation's) with the command
+    line's overrides.
+
+    Raises
+    ------
+    SpecError
+        A bad spec, fewer than 2 repetitions.
+    """
+    spec = load_units_spec(spec_path) if spec_path is not None else UnitsSpec()
+    if seed is not None:
+        spec = dataclasses.replace(spec, seed=seed)
+    if repetitions is not None:
+        if repetitions < 2:
+            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
+        spec = dataclasses.replace(spec, repetitions=repetitions)
+    if blocks is not None:
+        spec = dataclasses.replace(spec, blocks=Path(blocks))
+    return spec
+
+
+def _read_units(path: str | Path, spec: UnitsSpec, blocks_from_data: bool) -> PPMFHistogram:
+    """The units file on the public block list (or, acknowledged, on its own rows' blocks).
+
+    Raises
+    ------
+    SpecError
+        No block list and no acknowledgement.
+    DataError
+        A malformed units file or block list.
+    """
+    if spec.blocks is None and not blocks_from_data:
+        raise SpecError(
+            f"{Path(path).name}: no public block list. A units file holds only the blocks with "
+            "housing units or facilities, so a hierarchy built from its rows would release "
+            "that set. Give the list of every block ([hierarchy] blocks = FILE, or --blocks "
+            "FILE), or pass --blocks-from-data to accept that disclosure"
+        )
+    log.info("reading the units file (%s)", Path(path).name)
+    hist = read_ppmf_units(path)
+    if spec.blocks is not None:
+        hist = hist.on_blocks(
+            read_block_list(spec.blocks, column=spec.block_column), spec.blocks.name
+        )
+    return hist
+
+
+def _units_statement(
+    rel: H1Release, spec: UnitsSpec, hist: PPMFHistogram, products: tuple[Product, ...]
+) -> PrivacyStatement:
+    """The units release's own statement: derived from its measurements, with the spec's δ,
+    the privacy unit, the change factor, the target ρ, the areas exact through the block
+    invariant and what each product is."""
+    privacy = dataclasses.replace(
+        rel.privacy,
+        delta=spec.delta,
+        unit="housing unit",
+        change_factor=change_factor(rel.privacy.mechanism),
+        target=float(
+            spec.rho if spec.rho is not None else (spec.allocation or hist.schema.allocation).rho
+        ),
+        exact=tuple(exact_through_invariants(hist.hierarchy, [(INVARIANT_LEVEL, "total")])),
+    )
+    return with_products(privacy, products)
+
+
+def _write_h1_tables(tmp: Path, rel: H1Release) -> None:
+    """Both products' wide and long H1 tables and their data dictionaries: the unbiased one
+    in ``tmp``, the non-negative one in ``tmp/nonnegative``."""
+    for product, folder in (("unbiased", tmp), ("nonnegative", tmp / "nonnegative")):
+        folder.mkdir(exist_ok=True)
+        wide, long = h1_frames(rel, product)
+        for name, frame in wide.items():
+            write_csv(frame, folder / f"h1_{name}.csv", index=False)
+        write_csv(long, folder / "h1_long.csv", index=False)
+        parents = list(parent_codes(rel.hierarchy, rel.hierarchy.depth - 1, 0, 0))
+        write_data_dictionary(folder, h1_dictionary(parents, with_se=product == "unbiased"))
+
+
 def _write_manifest(
     tmp: Path,
     path,
@@ -821,8 +886,9 @@ def _write_manifest(
         "invariant at every block, so exact at every level (_se 0); H1_002N (occupied) is "
         "the GLS estimate of the measurements, integer by unbiased rounding (floor or ceil "
         "of the estimate, children summing to their parent); H1_003N (vacant) = H1_001N - "
-        "H1_002N. _se is the exact GLS standard error and does NOT include the rounding's "
-        "error (mean zero, at most 1/4 of variance)"
+        "H1_002N. _se = sqrt(exact GLS variance + the rounding's exact variance psi(1-psi), "
+        "psi the fractional part of the node's estimate): every error between the truth and "
+        "the released count; H1_001N_se and H1_001N_moe are exactly 0 (the invariant)"
     )
     manifest = {
         "command": "privatize",

@@ -5,7 +5,8 @@ Three pieces the ``privatize`` routes share:
 * :func:`exact_through_invariants` — areas released exactly *through* an invariant without
   being named by it: a node that is the only child of a node whose invariant statistic is
   exact has the same value (DC as the only county of its state, at standard error 0). The
-  statement and the manifest name them.
+  statement and the manifest name them; :func:`held_nodes` gives the same nodes (and those
+  the invariants name) as masks, for the tables' ``_se`` of exactly 0.
 * :func:`verify_release` — the one provenance check for a release a statement is composed
   with (``--compose-with``): its checksums (:func:`censusdp.atomic.verify_output_dir`, the
   output policy's own verifier), its kind (the ``route`` its ownership manifest and
@@ -40,6 +41,7 @@ __all__ = [
     "VerifiedRelease",
     "change_factor",
     "exact_through_invariants",
+    "held_nodes",
     "refuse_output_in",
     "unit_of_universes",
     "verify_release",
@@ -90,6 +92,51 @@ def exact_through_invariants(
             if k in held:
                 exact = np.ones(h.sizes[k], dtype=bool)
     return out
+
+
+def held_nodes(
+    h: Hierarchy,
+    held_levels: Sequence[str | int],
+    level: str | int,
+    lo: int = 0,
+    hi: int | None = None,
+) -> np.ndarray:
+    """Which nodes ``lo:hi`` of ``level`` have a statistic held exactly by an invariant that
+    holds it at every node of ``held_levels``.
+
+    A node is held when (a) its level is at or above a held level (every node of a held
+    level is exact, so is every sum of them: the levels above), or (b) it is the only child
+    of a held node (its value is its parent's; :func:`exact_through_invariants` names these).
+    The test is structural, from the hierarchy and the invariants alone: never from a
+    standard error. Vectorised: one parent lookup per level between ``level`` and the
+    deepest held level above it.
+
+    Parameters
+    ----------
+    h : Hierarchy
+    held_levels : sequence of level names or indices
+        The levels an invariant holds (e.g. ``("nation", "state")`` for the state totals).
+    level : str or int
+    lo, hi : int
+        The node range (default: the whole level).
+
+    Returns
+    -------
+    (hi - lo,) bool numpy.ndarray
+    """
+    k = h.level_index(level)
+    hi = h.sizes[k] if hi is None else hi
+    held = sorted({h.level_index(x) for x in held_levels})
+    if not held:
+        return np.zeros(hi - lo, dtype=bool)
+    if k <= held[-1]:  # a held level or a sum of one's nodes
+        return np.ones(hi - lo, dtype=bool)
+    ok = np.ones(hi - lo, dtype=bool)
+    node = np.arange(lo, hi, dtype=np.int64)
+    for j in range(k, held[-1], -1):  # only children all the way up to the held level
+        node = h.levels[j].parent[node]
+        ok &= h.levels[j - 1].child_count[node] == 1
+    return ok
 
 
 def change_factor(mechanism: str | Sequence[str]) -> float | None:

@@ -3,7 +3,8 @@ same measurements, score them against the truth, and write the results atomicall
 
 Outputs (in ``--out``, written to a temporary directory renamed into place when complete, under
 the output policy of :mod:`censusdp.atomic`): ``release/`` — what may be published —
-``estimates.parquet`` (repetition 0: level, code, cell, estimator, value, se), ``privacy.md``
+``estimates.parquet`` (repetition 0: level, code, cell, estimator, value, se, moe:
+:func:`release_frame`), ``privacy.md``
 and ``manifest.json`` (the spec without its seed, package versions, timings, privacy
 statements, diagnostics); ``evaluation/`` — the comparison with the confidential truth,
 labelled "contains confidential comparisons; not for publication" — ``metrics.csv`` (per
@@ -42,6 +43,7 @@ from censusdp.mechanisms.queries import Invariant, Query, invariant
 from censusdp.pipelines.data import RunData, load_data
 from censusdp.pipelines.execute import open_executor
 from censusdp.pipelines.interrupts import workers_ignore_interrupts
+from censusdp.pipelines.io.outputs import lattice_moe, real_moe, significant
 from censusdp.pipelines.measure import measure_partitioned
 from censusdp.pipelines.metrics import error_metrics, group_regressions, size_class_metrics
 from censusdp.pipelines.partition import partition_units
@@ -63,6 +65,7 @@ __all__ = [
     "cut_level",
     "output_target",
     "package_versions",
+    "release_frame",
     "run_inputs",
     "size_classes",
     "write_release",
@@ -430,16 +433,44 @@ def size_classes(release: Release, table: Table, estimator: str) -> pd.DataFrame
     return m
 
 
+def release_frame(releases: dict[str, Release]) -> pd.DataFrame:
+    """The table ``estimates.parquet`` holds: every release's :meth:`Release.to_frame`
+    (level, code, cell, estimator, value, se) with ``moe``, the 90% margin of error, beside
+    ``se``.
+
+    For an integer release the MOE is the integer half-width of the lattice interval
+    (:func:`~censusdp.pipelines.io.outputs.lattice_moe`), for a real-valued one ``1.645 ·
+    se`` (:func:`~censusdp.pipelines.io.outputs.real_moe`); NaN where the estimator has no
+    standard error (TopDown-style). ``se`` is written to six significant digits
+    (:func:`~censusdp.pipelines.io.outputs.significant`). ``value`` is int64 when every
+    release is integer; one real-valued estimator among them makes the column float64 (one
+    column holds one dtype; every integer release's values are still whole numbers there).
+    """
+    frames = []
+    for r in releases.values():
+        f = r.to_frame()
+        se = f["se"].to_numpy(dtype=np.float64)
+        ok = np.isfinite(se)
+        moe = np.full(se.shape, np.nan)
+        moe[ok] = lattice_moe(se[ok]) if r.integer else real_moe(se[ok])
+        f["se"] = significant(se)
+        f["moe"] = moe
+        frames.append(f)
+    return pd.concat(frames, ignore_index=True)
+
+
 def write_release(out: Path, releases: dict[str, Release], manifest: dict) -> None:
-    """The publishable part of a run: estimates with standard errors, privacy, manifest."""
+    """The publishable part of a run: estimates with standard errors and margins of error
+    (:func:`release_frame`), privacy, manifest."""
     out.mkdir()
-    frames = [r.to_frame() for r in releases.values()]
-    pd.concat(frames, ignore_index=True).to_parquet(out / "estimates.parquet", index=False)
+    release_frame(releases).to_parquet(out / "estimates.parquet", index=False)
     lines = [
         "# censusdp release",
         "",
-        "Estimates and standard errors: `estimates.parquet` "
-        "(level, code, cell, estimator, value, se).",
+        "Estimates, standard errors and 90% margins of error: `estimates.parquet` "
+        "(level, code, cell, estimator, value, se, moe; value int64 when every estimator "
+        "releases integers; se to 6 significant digits; moe the integer lattice margin for "
+        "integer releases, 1.645 x se for real-valued ones, empty without a standard error).",
         "",
         "## Privacy",
         "",

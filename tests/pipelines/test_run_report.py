@@ -119,7 +119,7 @@ def test_release_folder_holds_only_the_release(tmp_path, monkeypatch):
         "privacy.md",
     ]
     est = pd.read_parquet(release / "estimates.parquet")
-    assert list(est.columns) == ["level", "code", "cell", "estimator", "value", "se"]
+    assert list(est.columns) == ["level", "code", "cell", "estimator", "value", "se", "moe"]
     manifest = json.loads((release / "manifest.json").read_text())
     assert manifest["confidential"] is False
     assert "metrics" not in json.dumps(manifest) and "error" not in json.dumps(manifest).lower()

@@ -269,7 +269,7 @@ def test_estimates_and_standard_errors_equal_a_dense_gls(small: Path) -> None:
     dense = _dense_gls(h, level_counts, meas, [law.variance for _, _, law in plan])
     for k, (est, se) in enumerate(dense):
         assert np.allclose(rel.estimates[k], est, rtol=0, atol=1e-9)
-        assert np.allclose(rel.standard_errors[k][:, 1], se, rtol=1e-9, atol=0)
+        assert np.allclose(rel.gls_standard_errors[k], se, rtol=1e-9, atol=0)
 
 
 def _replicates(path: Path, R: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -283,7 +283,7 @@ def _replicates(path: Path, R: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
         rel = release_h1(hist, KeyedRNG.reproducible(1000 + r, warn=False))
         est[r] = np.concatenate([e[:, 0] for e in rel.estimates])
         rounded[r] = np.concatenate([c[:, 1] for c in rel.counts])
-    se = np.concatenate([s[:, 1] for s in rel.standard_errors])
+    se = np.concatenate(rel.gls_standard_errors)
     return truth, est, rounded, se
 
 
