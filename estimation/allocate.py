@@ -56,7 +56,6 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -72,6 +71,7 @@ from censusdp.hierarchy.shape_classes import ShapeClasses, shape_classes
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Allocation, Schema
+from censusdp.timing import stage
 
 __all__ = [
     "AllocationResult",
@@ -463,61 +463,62 @@ def optimise_allocation(
     Yu, Y. (2010). Monotonic convergence of a general algorithm for computing optimal designs.
         Ann. Statist. 38(3).
     """
-    t0 = time.perf_counter()
-    if not 0 < floor < 1:
-        raise SpecError(f"floor = {floor}: give a fraction of each starting share in (0, 1)")
-    if not 0 < tolerance < 1:
-        raise SpecError(f"tolerance = {tolerance}: give a relative duality gap in (0, 1)")
-    start = schema.allocation if start is None else start
-    if start is None:
-        raise SpecError(f"schema {schema.name!r} has no allocation; give a starting one")
-    classes = hierarchy if isinstance(hierarchy, ShapeClasses) else shape_classes(hierarchy)
-    allocation_plan(schema, start, levels=classes.names)  # the start's levels are the tree's
-    before, tb, pred = evaluate_allocation(classes, schema, start, objective, invariants)
-    variables = _queries(schema, start)
-    s0 = np.array([float(s) for _, _, s in variables])
-    ev = _Evaluator(classes, schema, variables, invariants, objective, float(start.rho))
-    weights = ev.weights
-    lo = floor * s0
-    free = 1.0 - lo.sum()
-    w = (s0 - lo) / free
-    dirs = weights[None, :] if objective.kind == "sum" else np.diag(weights)
-    best_x, best_F, bound, gap = s0, np.inf, -np.inf, np.inf
-    history: list[tuple[float, float]] = []
-    iterations, power, lam_avg, stall = 0, 1.0, None, 0
-    prev: tuple[np.ndarray, float, np.ndarray, np.ndarray] | None = None
-    for it in range(1, max_iterations + 1):
-        iterations = it
-        x = lo + free * w
-        f, G = ev(x, dirs)
-        h = np.array([weights @ f]) if objective.kind == "sum" else weights * f
-        F = float(h.max())
-        lb, lam = _lp_weights(h, G, x, lo)
-        bound = max(bound, lb)
-        stall = 0 if F < best_F * (1 - 1e-9) else stall + 1
-        if F < best_F:
-            best_x, best_F = x, F
-        gap = (best_F - bound) / best_F
-        history.append((F, bound))
-        if gap <= tolerance or stall >= _STALL:
-            break
-        if prev is not None and F > prev[1] and power > 0.5:
-            w, F, lam_avg, G = prev  # the bolder step went up: back, and halve the power
-            power = 0.5
-        else:
-            # dual weights for max: the running average of the LP's (fictitious play)
-            lam_avg = lam if lam_avg is None else lam_avg + (lam - lam_avg) * 2.0 / (it + 1)
-        prev = (w, F, lam_avg, G)
-        d = np.maximum(-(lam_avg @ G), 0.0)
-        step = w * d**power
-        if not step.sum() > 0:
-            break
-        w = step / step.sum()
+    clock: dict[str, float] = {}
+    with stage(clock, "allocate"):
+        if not 0 < floor < 1:
+            raise SpecError(f"floor = {floor}: give a fraction of each starting share in (0, 1)")
+        if not 0 < tolerance < 1:
+            raise SpecError(f"tolerance = {tolerance}: give a relative duality gap in (0, 1)")
+        start = schema.allocation if start is None else start
+        if start is None:
+            raise SpecError(f"schema {schema.name!r} has no allocation; give a starting one")
+        classes = hierarchy if isinstance(hierarchy, ShapeClasses) else shape_classes(hierarchy)
+        allocation_plan(schema, start, levels=classes.names)  # the start's levels are the tree's
+        before, tb, pred = evaluate_allocation(classes, schema, start, objective, invariants)
+        variables = _queries(schema, start)
+        s0 = np.array([float(s) for _, _, s in variables])
+        ev = _Evaluator(classes, schema, variables, invariants, objective, float(start.rho))
+        weights = ev.weights
+        lo = floor * s0
+        free = 1.0 - lo.sum()
+        w = (s0 - lo) / free
+        dirs = weights[None, :] if objective.kind == "sum" else np.diag(weights)
+        best_x, best_F, bound, gap = s0, np.inf, -np.inf, np.inf
+        history: list[tuple[float, float]] = []
+        iterations, power, lam_avg, stall = 0, 1.0, None, 0
+        prev: tuple[np.ndarray, float, np.ndarray, np.ndarray] | None = None
+        for it in range(1, max_iterations + 1):
+            iterations = it
+            x = lo + free * w
+            f, G = ev(x, dirs)
+            h = np.array([weights @ f]) if objective.kind == "sum" else weights * f
+            F = float(h.max())
+            lb, lam = _lp_weights(h, G, x, lo)
+            bound = max(bound, lb)
+            stall = 0 if F < best_F * (1 - 1e-9) else stall + 1
+            if F < best_F:
+                best_x, best_F = x, F
+            gap = (best_F - bound) / best_F
+            history.append((F, bound))
+            if gap <= tolerance or stall >= _STALL:
+                break
+            if prev is not None and F > prev[1] and power > 0.5:
+                w, F, lam_avg, G = prev  # the bolder step went up: back, and halve the power
+                power = 0.5
+            else:
+                # dual weights for max: the running average of the LP's (fictitious play)
+                lam_avg = lam if lam_avg is None else lam_avg + (lam - lam_avg) * 2.0 / (it + 1)
+            prev = (w, F, lam_avg, G)
+            d = np.maximum(-(lam_avg @ G), 0.0)
+            step = w * d**power
+            if not step.sum() > 0:
+                break
+            w = step / step.sum()
 
-    after_alloc = allocation_from_shares(schema, start, best_x)
-    after, ta, _ = evaluate_allocation(classes, schema, after_alloc, objective, invariants)
-    if after >= before:  # never worse than the start
-        after_alloc, after, ta = start, before, tb
+        after_alloc = allocation_from_shares(schema, start, best_x)
+        after, ta, _ = evaluate_allocation(classes, schema, after_alloc, objective, invariants)
+        if after >= before:  # never worse than the start
+            after_alloc, after, ta = start, before, tb
     return AllocationResult(
         allocation=after_alloc,
         start=start,
@@ -533,6 +534,6 @@ def optimise_allocation(
         evaluations=ev.predictions,
         floor=floor,
         tolerance=tolerance,
-        seconds=time.perf_counter() - t0,
+        seconds=clock["allocate"],
         history=history,
     )

@@ -88,7 +88,6 @@ Gao, Gong & Yu, "Subspace Differential Privacy", AAAI 2022 — Π_N, Def. 6, Thm
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -120,6 +119,7 @@ from censusdp.mechanisms.queries import (
     exact_matrix,
     guard_exact_release,
 )
+from censusdp.timing import stage
 
 __all__ = [
     "tree_gls",
@@ -1140,20 +1140,20 @@ def tree_gls(
     Hay, Rastogi, Miklau & Suciu (2010), §4 (the one-cell algorithm); Rauch, Tung & Striebel
     (1965); Gao, Gong & Yu (2022), Thm. 22; Bun & Steinke (2016), Lemma 2.3 (composition).
     """
-    t0 = time.perf_counter()
-    measurements = at_level_indices(hierarchy.names, measurements)
-    invariants = at_level_indices(hierarchy.names, invariants)
-    privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
-    plan, meas, invs = gls_plan(
-        hierarchy, cells, measurements, invariants, geometry, privacy=privacy
-    )
-    t1 = time.perf_counter()
-    state = gls_upward(plan, whole_forest(hierarchy), meas, invs)
-    zhat, Phat = gls_top(plan, hierarchy, 0, meas, invs, [state.message()])
-    zhat, Phat = gls_downward(plan, state, zhat[-1], Phat[-1])
-    t2 = time.perf_counter()
+    clock: dict[str, float] = {}
+    with stage(clock, "setup"):
+        measurements = at_level_indices(hierarchy.names, measurements)
+        invariants = at_level_indices(hierarchy.names, invariants)
+        privacy = checked_statement(hierarchy.names, measurements, invariants, privacy)
+        plan, meas, invs = gls_plan(
+            hierarchy, cells, measurements, invariants, geometry, privacy=privacy
+        )
+    with stage(clock, "solve"):
+        state = gls_upward(plan, whole_forest(hierarchy), meas, invs)
+        zhat, Phat = gls_top(plan, hierarchy, 0, meas, invs, [state.message()])
+        zhat, Phat = gls_downward(plan, state, zhat[-1], Phat[-1])
     est, var, cov = gls_finish(plan, zhat, Phat, covariance)
-    timings = {"seconds_setup": t1 - t0, "seconds_solve": t2 - t1}
+    timings = {"seconds_setup": clock["setup"], "seconds_solve": clock["solve"]}
     return gls_release(plan, hierarchy, invs, privacy, est, var, cov, timings)
 
 

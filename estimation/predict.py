@@ -39,7 +39,6 @@ Aho, Hopcroft & Ullman (1974), §3.2 — tree shapes by canonical labels.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -73,6 +72,7 @@ from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.privacy import derive_statement
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Allocation, Schema
+from censusdp.timing import stage
 
 __all__ = ["Prediction", "allocation_plan", "predict_errors", "weighted_quantiles"]
 
@@ -541,159 +541,171 @@ def predict_errors(
     ----------
     Hay et al. (2010); Rauch, Tung & Striebel (1965); docs/design.md § The structured algebra (the block algebra).
     """
-    t0 = time.perf_counter()
-    if areas is not None:
-        if not isinstance(hierarchy, Hierarchy):
+    clock: dict[str, float] = {}
+    with stage(clock, "classes"):
+        if areas is not None:
+            if not isinstance(hierarchy, Hierarchy):
+                raise SpecError(
+                    "predict: areas need the hierarchy itself (its parents), not its classes"
+                )
+            if areas.n_leaves != hierarchy.leaves.size:
+                raise SpecError(
+                    f"{areas.source}: the equivalency was read for {areas.n_leaves} leaves, the "
+                    f"hierarchy has {hierarchy.leaves.size}; read it against this hierarchy"
+                )
+            tree = whole_forest(hierarchy)
+            tree_pairs = (tree, area_pairs(tree, areas.leaf, areas.area, areas.n_areas))
+        classes = hierarchy if isinstance(hierarchy, ShapeClasses) else shape_classes(hierarchy)
+    with stage(clock, "passes"):
+        names = classes.names
+        D = classes.depth
+        if not plan:
             raise SpecError(
-                "predict: areas need the hierarchy itself (its parents), not its classes"
+                "predict: the plan has no measurement; give (level, query, law) entries"
             )
-        if areas.n_leaves != hierarchy.leaves.size:
-            raise SpecError(
-                f"{areas.source}: the equivalency was read for {areas.n_leaves} leaves, the "
-                f"hierarchy has {hierarchy.leaves.size}; read it against this hierarchy"
-            )
-        tree = whole_forest(hierarchy)
-        tree_pairs = (tree, area_pairs(tree, areas.leaf, areas.area, areas.n_areas))
-    classes = hierarchy if isinstance(hierarchy, ShapeClasses) else shape_classes(hierarchy)
-    t1 = time.perf_counter()
-    names = classes.names
-    D = classes.depth
-    if not plan:
-        raise SpecError("predict: the plan has no measurement; give (level, query, law) entries")
-    meas: list[tuple[int, ProductQuery, NoiseLaw]] = []
-    seen: set[tuple[int, str]] = set()
-    for level, q, law in plan:
-        k = _level_of(names, level, f"measurement of {q.name!r}")
-        if q.schema is not schema:
-            raise SpecError(
-                f"measurement {q.name!r} at level {names[k]!r} is over schema {q.schema.name!r}, "
-                f"not {schema.name!r}"
-            )
-        if (k, q.name) in seen:
-            raise SpecError(
-                f"level {names[k]!r}: query {q.name!r} is planned twice; measure each (level, "
-                "query) once"
-            )
-        seen.add((k, q.name))
-        meas.append((k, q, law))
-    extra = []
-    for level, q, p in information:
-        k = _level_of(names, level, f"information of {q.name!r}")
-        if q.schema is not schema:
-            raise SpecError(f"information {q.name!r} at level {names[k]!r} is over another schema")
-        extra.append((k, q, float(p)))
-    invs = []
-    for level, q in invariants:
-        k = _level_of(names, level, f"invariant {q.name!r}")
-        if q.schema is not schema:
-            raise SpecError(f"invariant {q.name!r} at level {names[k]!r} is over another schema")
-        invs.append((k, q))
-    derived = derive_statement(names, meas, delta=delta)
-    labels = tuple(dict.fromkeys(f"{names[k]}: {q.name}" for k, q in invs))
-    privacy = dataclasses.replace(derived, invariants=labels, geometry="weighted")
+        meas: list[tuple[int, ProductQuery, NoiseLaw]] = []
+        seen: set[tuple[int, str]] = set()
+        for level, q, law in plan:
+            k = _level_of(names, level, f"measurement of {q.name!r}")
+            if q.schema is not schema:
+                raise SpecError(
+                    f"measurement {q.name!r} at level {names[k]!r} is over schema "
+                    f"{q.schema.name!r}, not {schema.name!r}"
+                )
+            if (k, q.name) in seen:
+                raise SpecError(
+                    f"level {names[k]!r}: query {q.name!r} is planned twice; measure each (level, "
+                    "query) once"
+                )
+            seen.add((k, q.name))
+            meas.append((k, q, law))
+        extra = []
+        for level, q, p in information:
+            k = _level_of(names, level, f"information of {q.name!r}")
+            if q.schema is not schema:
+                raise SpecError(
+                    f"information {q.name!r} at level {names[k]!r} is over another schema"
+                )
+            extra.append((k, q, float(p)))
+        invs = []
+        for level, q in invariants:
+            k = _level_of(names, level, f"invariant {q.name!r}")
+            if q.schema is not schema:
+                raise SpecError(
+                    f"invariant {q.name!r} at level {names[k]!r} is over another schema"
+                )
+            invs.append((k, q))
+        derived = derive_statement(names, meas, delta=delta)
+        labels = tuple(dict.fromkeys(f"{names[k]}: {q.name}" for k, q in invs))
+        privacy = dataclasses.replace(derived, invariants=labels, geometry="weighted")
 
-    variances = np.array([float(law.variance) for _, _, law in meas])
-    tau2 = float(np.median(variances))  # the scaling of structured_gls, for equal rounding
-    queries = [q for _, q, _ in meas] + [q for _, q in invs] + [q for _, q, _ in extra]
-    basis = MarginalBasis.for_queries(schema, queries)
-    grams: dict[tuple, BlockDiagonal] = {}
-    for q in queries:
-        key = tuple(id(f) for f in q.factors)
-        if key not in grams:
-            grams[key] = basis.gram(q)
-    J: list[dict[int, np.ndarray] | None] = [None] * D
-    GH: list[dict[int, np.ndarray] | None] = [None] * D
-    measured = {m: np.zeros((basis.block_size(m),) * 2) for m in basis.subsets}
-    for (k, q, _), v in zip(meas, variances, strict=True):
-        g = grams[tuple(id(f) for f in q.factors)].blocks
-        for mask, blk in g.items():
-            measured[mask] = measured[mask] + blk
-        w = tau2 / v
-        J[k] = {m: (0.0 if J[k] is None else J[k][m]) + blk * w for m, blk in g.items()}
-    for k, q, p in extra:
-        g = grams[tuple(id(f) for f in q.factors)].blocks
-        J[k] = {m: (0.0 if J[k] is None else J[k][m]) + blk * (tau2 * p) for m, blk in g.items()}
-    for k, q in invs:
-        g = grams[tuple(id(f) for f in q.factors)].blocks
-        GH[k] = g if GH[k] is None else {m: GH[k][m] + g[m] for m in g}
+        variances = np.array([float(law.variance) for _, _, law in meas])
+        tau2 = float(np.median(variances))  # the scaling of structured_gls, for equal rounding
+        queries = [q for _, q, _ in meas] + [q for _, q in invs] + [q for _, q, _ in extra]
+        basis = MarginalBasis.for_queries(schema, queries)
+        grams: dict[tuple, BlockDiagonal] = {}
+        for q in queries:
+            key = tuple(id(f) for f in q.factors)
+            if key not in grams:
+                grams[key] = basis.gram(q)
+        J: list[dict[int, np.ndarray] | None] = [None] * D
+        GH: list[dict[int, np.ndarray] | None] = [None] * D
+        measured = {m: np.zeros((basis.block_size(m),) * 2) for m in basis.subsets}
+        for (k, q, _), v in zip(meas, variances, strict=True):
+            g = grams[tuple(id(f) for f in q.factors)].blocks
+            for mask, blk in g.items():
+                measured[mask] = measured[mask] + blk
+            w = tau2 / v
+            J[k] = {m: (0.0 if J[k] is None else J[k][m]) + blk * w for m, blk in g.items()}
+        for k, q, p in extra:
+            g = grams[tuple(id(f) for f in q.factors)].blocks
+            J[k] = {
+                m: (0.0 if J[k] is None else J[k][m]) + blk * (tau2 * p) for m, blk in g.items()
+            }
+        for k, q in invs:
+            g = grams[tuple(id(f) for f in q.factors)].blocks
+            GH[k] = g if GH[k] is None else {m: GH[k][m] + g[m] for m in g}
 
-    forest = _ClassForest(classes)
-    sizes = classes.sizes
-    cov_blocks: list[dict[int, np.ndarray]] = [{} for _ in range(D)]
-    ident: dict[int, np.ndarray] = {}
-    solved: dict[tuple, list[np.ndarray]] = {}  # one tree pass per distinct small problem
-    area_cov: dict[int, np.ndarray] = {}
-    area_solved: dict[tuple, np.ndarray] = {}
-    n_problems = 0
-    for mask in basis.subsets:
-        nS = basis.block_size(mask)
-        V, _ = range_basis(sum([measured[mask]] + [g[mask] for g in GH if g is not None]))
-        kS = V.shape[1]
-        ident[mask] = V @ V.T
-        for k in range(D):
-            cov_blocks[k][mask] = np.zeros((1, nS, nS))
-        if kS == 0:
-            continue
-        Js = [None if J[k] is None else V.T @ J[k][mask] @ V for k in range(D)]
-        Hs = [None] * D
-        for k in range(D):
-            if GH[k] is not None:
-                U, _ = range_basis(GH[k][mask])
-                Hs[k] = U.T @ V
-        groups = _decouple(Js, [None if H is None else H.T @ H for H in Hs], kS)
-        for G in groups:
-            g = G.shape[1]
-            Jg = [np.zeros((1, g, g)) if Jk is None else (G.T @ Jk @ G)[None] for Jk in Js]
-            Hg = [
-                np.zeros((0, g)) if H is None else (H if len(groups) == 1 else _rows(H @ G))
-                for H in Hs
-            ]
-            key = (g, *(_rounded(x) for x in Jg), *(_rounded(x) for x in Hg))
-            if key not in solved:
-                n_problems += 1
-                try:
-                    solved[key], ups = _covariance_passes(forest, classes, Jg, Hg, g)
-                    if areas is not None:
-                        area_solved[key] = _area_pass(hierarchy, classes, forest, ups, solved[key],
-                                                      areas, tree_pairs, g)  # fmt: skip
-                except SpecError as err:
-                    raise SpecError(
-                        f"{err} (block of the group parts of attributes {axes_label(schema, mask)})"
-                    ) from None
-            W = V @ G
-            if areas is not None:
-                add = W @ area_solved[key] @ W.T * tau2
-                area_cov[mask] = area_cov[mask] + add if mask in area_cov else add
-            for k, P in enumerate(solved[key]):
-                if g == 1:  # a scalar per class times one outer product
-                    block = (P.reshape(-1, 1, 1) * tau2) * np.outer(W[:, 0], W[:, 0])
-                else:
-                    block = W @ P @ W.T * tau2
-                cov_blocks[k][mask] = cov_blocks[k][mask] + block
-    area_estimates = None
-    if areas is not None:
-        blocks = {
-            m: area_cov.get(m, np.zeros((areas.n_areas, basis.block_size(m), basis.block_size(m))))
-            for m in basis.subsets
-        }
-        area_estimates = AreaEstimates(
-            name=areas.name,
-            codes=areas.codes,
-            leaves=areas.leaves_per_area(),
-            schema=schema,
-            basis=basis,
-            estimates=(),
-            covariances=(BlockDiagonal(basis, blocks),),
-            identified=BlockDiagonal(basis, ident),
-            privacy=privacy,
-        )
-    t2 = time.perf_counter()
+        forest = _ClassForest(classes)
+        sizes = classes.sizes
+        cov_blocks: list[dict[int, np.ndarray]] = [{} for _ in range(D)]
+        ident: dict[int, np.ndarray] = {}
+        solved: dict[tuple, list[np.ndarray]] = {}  # one tree pass per distinct small problem
+        area_cov: dict[int, np.ndarray] = {}
+        area_solved: dict[tuple, np.ndarray] = {}
+        n_problems = 0
+        for mask in basis.subsets:
+            nS = basis.block_size(mask)
+            V, _ = range_basis(sum([measured[mask]] + [g[mask] for g in GH if g is not None]))
+            kS = V.shape[1]
+            ident[mask] = V @ V.T
+            for k in range(D):
+                cov_blocks[k][mask] = np.zeros((1, nS, nS))
+            if kS == 0:
+                continue
+            Js = [None if J[k] is None else V.T @ J[k][mask] @ V for k in range(D)]
+            Hs = [None] * D
+            for k in range(D):
+                if GH[k] is not None:
+                    U, _ = range_basis(GH[k][mask])
+                    Hs[k] = U.T @ V
+            groups = _decouple(Js, [None if H is None else H.T @ H for H in Hs], kS)
+            for G in groups:
+                g = G.shape[1]
+                Jg = [np.zeros((1, g, g)) if Jk is None else (G.T @ Jk @ G)[None] for Jk in Js]
+                Hg = [
+                    np.zeros((0, g)) if H is None else (H if len(groups) == 1 else _rows(H @ G))
+                    for H in Hs
+                ]
+                key = (g, *(_rounded(x) for x in Jg), *(_rounded(x) for x in Hg))
+                if key not in solved:
+                    n_problems += 1
+                    try:
+                        solved[key], ups = _covariance_passes(forest, classes, Jg, Hg, g)
+                        if areas is not None:
+                            area_solved[key] = _area_pass(
+                                hierarchy, classes, forest, ups, solved[key], areas, tree_pairs, g
+                            )
+                    except SpecError as err:
+                        raise SpecError(
+                            f"{err} (block of the group parts of attributes "
+                            f"{axes_label(schema, mask)})"
+                        ) from None
+                W = V @ G
+                if areas is not None:
+                    add = W @ area_solved[key] @ W.T * tau2
+                    area_cov[mask] = area_cov[mask] + add if mask in area_cov else add
+                for k, P in enumerate(solved[key]):
+                    if g == 1:  # a scalar per class times one outer product
+                        block = (P.reshape(-1, 1, 1) * tau2) * np.outer(W[:, 0], W[:, 0])
+                    else:
+                        block = W @ P @ W.T * tau2
+                    cov_blocks[k][mask] = cov_blocks[k][mask] + block
+        area_estimates = None
+        if areas is not None:
+            blocks = {
+                m: area_cov.get(
+                    m, np.zeros((areas.n_areas, basis.block_size(m), basis.block_size(m)))
+                )
+                for m in basis.subsets
+            }
+            area_estimates = AreaEstimates(
+                name=areas.name,
+                codes=areas.codes,
+                leaves=areas.leaves_per_area(),
+                schema=schema,
+                basis=basis,
+                estimates=(),
+                covariances=(BlockDiagonal(basis, blocks),),
+                identified=BlockDiagonal(basis, ident),
+                privacy=privacy,
+            )
     diagnostics = {
         "classes": dict(zip(names, (int(s) for s in sizes), strict=True)),
         "nodes": dict(zip(names, classes.n_nodes(), strict=True)),
         "tree_problems": n_problems,
-        "seconds_classes": t1 - t0,
-        "seconds_passes": t2 - t1,
+        "seconds_classes": clock["classes"],
+        "seconds_passes": clock["passes"],
     }
     return Prediction(
         schema=schema,

@@ -47,7 +47,6 @@ totally unimodular).
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from censusdp.errors import SolverError
 from censusdp.estimation.quiet import quiet_options
 from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.timing import stage
 
 __all__ = [
     "DEFAULT_TOL",
@@ -486,48 +486,48 @@ def solve_children_report(
         tuple(_qkey(mm.query.matrix) for mm in sec),
         tuple(_qkey(q) for q, _ in inv_pairs),
     )
-    t0 = time.perf_counter()
-    prob: _L2Problem = _CACHE.get(
-        key,
-        lambda: _L2Problem(
-            n,
-            m,
-            parent is not None,
-            [np.asarray(mm.query.matrix) for mm in prim],
-            [np.asarray(mm.query.matrix) for mm in sec],
-            [q for q, _ in inv_pairs],
-        ),
-    )
-    # Work in units of the typical count so the solver sees numbers of order one (a nation
-    # histogram of 3e8 people otherwise defeats the interior-point tolerances).
-    scale = solver_unit(parent, n, [mm.values for mm in meas] + [v for _, v in inv_pairs])
-    if parent is not None:
-        prob.parent.value = parent.astype(np.float64) / scale
-    for p, (_, v) in zip(prob.inv, inv_pairs, strict=True):
-        p.value = v.astype(np.float64) / scale
-    for ws, ys, ms in ((prob.w1, prob.y1, prim), (prob.w2, prob.y2, sec)):
-        for w, y, mm in zip(ws, ys, ms, strict=True):
-            sd = 1.0 / np.sqrt(mm.variance)
-            w.value = sd
-            y.value = np.asarray(mm.values, dtype=np.float64) * (sd / scale)
-    l2_status = []
-    if prob.pass1 is not None:
-        l2_status.append(_l2_solve(prob.pass1, solver_l2, where, "pass 1 (primary queries)"))
-        x1 = np.maximum(prob.x.value, 0.0)
-        for c, h, q in zip(prob.centre, prob.halfwidth, prob.primary, strict=True):
-            ans = x1 @ q.T
-            c.value = ans
-            h.value = tol * np.maximum(1.0 / scale, np.abs(ans))
-        xt = x1
-    if prob.pass2 is not None:
-        l2_status.append(_l2_solve(prob.pass2, solver_l2, where, "pass 2 (other queries)"))
-        xt = prob.x.value
-    xt = np.asarray(xt, dtype=np.float64) * scale
-    t1 = time.perf_counter()
-    xt = repair_round_off(np.asarray(xt, dtype=np.float64), parent)
-    counts, l1_status, fallback = _round(xt, parent, inv_pairs, solver_l1, where)
-    t2 = time.perf_counter()
-    return ChildrenSolution(counts, l2_status, l1_status, fallback, t1 - t0, t2 - t1)
+    clock: dict[str, float] = {}
+    with stage(clock, "l2"):
+        prob: _L2Problem = _CACHE.get(
+            key,
+            lambda: _L2Problem(
+                n,
+                m,
+                parent is not None,
+                [np.asarray(mm.query.matrix) for mm in prim],
+                [np.asarray(mm.query.matrix) for mm in sec],
+                [q for q, _ in inv_pairs],
+            ),
+        )
+        # Work in units of the typical count so the solver sees numbers of order one (a nation
+        # histogram of 3e8 people otherwise defeats the interior-point tolerances).
+        scale = solver_unit(parent, n, [mm.values for mm in meas] + [v for _, v in inv_pairs])
+        if parent is not None:
+            prob.parent.value = parent.astype(np.float64) / scale
+        for p, (_, v) in zip(prob.inv, inv_pairs, strict=True):
+            p.value = v.astype(np.float64) / scale
+        for ws, ys, ms in ((prob.w1, prob.y1, prim), (prob.w2, prob.y2, sec)):
+            for w, y, mm in zip(ws, ys, ms, strict=True):
+                sd = 1.0 / np.sqrt(mm.variance)
+                w.value = sd
+                y.value = np.asarray(mm.values, dtype=np.float64) * (sd / scale)
+        l2_status = []
+        if prob.pass1 is not None:
+            l2_status.append(_l2_solve(prob.pass1, solver_l2, where, "pass 1 (primary queries)"))
+            x1 = np.maximum(prob.x.value, 0.0)
+            for c, h, q in zip(prob.centre, prob.halfwidth, prob.primary, strict=True):
+                ans = x1 @ q.T
+                c.value = ans
+                h.value = tol * np.maximum(1.0 / scale, np.abs(ans))
+            xt = x1
+        if prob.pass2 is not None:
+            l2_status.append(_l2_solve(prob.pass2, solver_l2, where, "pass 2 (other queries)"))
+            xt = prob.x.value
+        xt = np.asarray(xt, dtype=np.float64) * scale
+    with stage(clock, "l1"):
+        xt = repair_round_off(np.asarray(xt, dtype=np.float64), parent)
+        counts, l1_status, fallback = _round(xt, parent, inv_pairs, solver_l1, where)
+    return ChildrenSolution(counts, l2_status, l1_status, fallback, clock["l2"], clock["l1"])
 
 
 def solver_unit(parent: np.ndarray | None, n: int, arrays: Sequence[np.ndarray]) -> float:

@@ -58,8 +58,6 @@ Dharangutte, Gao, Gong & Yu, "Integer Subspace Differential Privacy", AAAI 2023 
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pandas as pd
 
@@ -79,6 +77,7 @@ from censusdp.mechanisms.queries import Invariant, Measurement, Query, invariant
 from censusdp.mechanisms.subspace import projected_laplace
 from censusdp.pipelines.metrics import group_regressions, slope_summary
 from censusdp.rng import KeyedRNG
+from censusdp.timing import stage
 
 __all__ = ["DAS_RUNS", "EPSILON", "STATE_ABBR", "load_counties", "run"]
 
@@ -173,28 +172,26 @@ def _run_estimators(
     invs = [invariant(counts, 1, total)]
     names = ["projected_laplace", "gls", "topdown"]
     errors = {k: np.empty((runs, truth.size)) for k in names}
-    seconds = dict.fromkeys(names, 0.0)
+    clock: dict[str, float] = {}
     all_meas = []
     for r in range(runs):
         rr = rng.child(f"run/{r}")
-        t0 = time.perf_counter()
-        pl = projected_laplace(
-            None, truth, None, EPSILON, rr, groups=state, invariant_names=("state totals",)
-        )
-        errors["projected_laplace"][r] = pl.release - truth
-        seconds["projected_laplace"] += time.perf_counter() - t0
+        with stage(clock, "projected_laplace"):
+            pl = projected_laplace(
+                None, truth, None, EPSILON, rr, groups=state, invariant_names=("state totals",)
+            )
+            errors["projected_laplace"][r] = pl.release - truth
         meas = measure(h.names, counts, [(2, total, law)], rr.child("measure"))
         all_meas.append(meas)
-        t0 = time.perf_counter()
-        gls = round_release(
-            tree_gls(h, cells, meas, invs, _privacy("laplace")), rr, invariants=invs
-        )
-        errors["gls"][r] = gls.totals("county") - truth
-        seconds["gls"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        td = topdown(h, cells, meas, invs, _privacy("laplace"))
-        errors["topdown"][r] = td.totals("county") - truth
-        seconds["topdown"] += time.perf_counter() - t0
+        with stage(clock, "gls"):
+            gls = round_release(
+                tree_gls(h, cells, meas, invs, _privacy("laplace")), rr, invariants=invs
+            )
+            errors["gls"][r] = gls.totals("county") - truth
+        with stage(clock, "topdown"):
+            td = topdown(h, cells, meas, invs, _privacy("laplace"))
+            errors["topdown"][r] = td.totals("county") - truth
+    seconds = {k: clock.get(k, 0.0) for k in names}
     return errors, seconds, all_meas
 
 
@@ -242,16 +239,17 @@ def _condition_by_state(
         sub = h.subtree("state", s)
         m = [Measurement(1, meas[0].query, meas[0].values[lo : lo + n], meas[0].law)]
         inv = [Invariant(0, Query.total(cells), counts[1][s : s + 1])]
-        t0 = time.perf_counter()
-        rel = condition(
-            sub,
-            cells,
-            m,
-            inv,
-            _privacy("laplace"),
-            rng.child(f"cond/{s}"),
-            ConditioningOptions(tv_bound=TV_TARGET, lag=lags.get(s)),
-        )
+        clock: dict[str, float] = {}
+        with stage(clock, "condition"):
+            rel = condition(
+                sub,
+                cells,
+                m,
+                inv,
+                _privacy("laplace"),
+                rng.child(f"cond/{s}"),
+                ConditioningOptions(tv_bound=TV_TARGET, lag=lags.get(s)),
+            )
         cert = certificate(rel)
         lags.setdefault(s, cert["lag"])
         out[lo : lo + n] = rel.totals("county")
@@ -260,7 +258,7 @@ def _condition_by_state(
                 "state": str(st.codes[s]),
                 "counties": n,
                 **cert,
-                "seconds": time.perf_counter() - t0,
+                "seconds": clock["condition"],
             }
         )
     return out, diags
@@ -334,15 +332,16 @@ def _lattice_errors(
     law = LatticeLaplace(EPSILON, "l1")
     err = np.full((runs, table.hierarchy.leaves.size), np.nan)
     reports, seconds = {}, {}
+    clock: dict[str, float] = {}
     privacy = None
     for s in states:
         s = int(s)
         lo, n = int(st.child_start[s]), int(st.child_count[s])
         lattice = GroupSumLattice(np.zeros(n, dtype=np.int64))
         if n not in reports:
-            t0 = time.perf_counter()
-            reports[n] = certify(lattice, law, rng.child(f"lattice/certify/{n}"))
-            seconds[n] = time.perf_counter() - t0
+            with stage(clock, f"certify n={n}"):
+                reports[n] = certify(lattice, law, rng.child(f"lattice/certify/{n}"))
+            seconds[n] = clock[f"certify n={n}"]
         rel = release_lattice_noise(
             lattice,
             law,
@@ -448,14 +447,15 @@ def run(ctx: ExperimentContext) -> dict:
     }
     ours, seconds, all_meas = _run_estimators(table, runs, ctx.rng)
     errors.update(ours)
-    t0 = time.perf_counter()
-    errors["conditioning"], cond_info = _conditioning_errors(
-        table, all_meas[:cond_runs], ctx.rng, sampled
-    )
-    seconds["conditioning"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    errors["lattice"], lattice_info = _lattice_errors(table, runs, ctx.rng, sampled)
-    seconds["lattice"] = time.perf_counter() - t0
+    clock: dict[str, float] = {}
+    with stage(clock, "conditioning"):
+        errors["conditioning"], cond_info = _conditioning_errors(
+            table, all_meas[:cond_runs], ctx.rng, sampled
+        )
+    seconds["conditioning"] = clock["conditioning"]
+    with stage(clock, "lattice"):
+        errors["lattice"], lattice_info = _lattice_errors(table, runs, ctx.rng, sampled)
+    seconds["lattice"] = clock["lattice"]
     ctx.timings.update({f"{k}_seconds": v for k, v in seconds.items()})
 
     codes = table.hierarchy["state"].codes

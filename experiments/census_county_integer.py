@@ -43,8 +43,6 @@ Data, version 20200527, Minneapolis, MN: IPUMS, 2020.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pandas as pd
 from scipy import stats
@@ -64,6 +62,7 @@ from censusdp.mechanisms.lattice import (
     LatticeLaplace,
     sample_group_laplace_l1,
 )
+from censusdp.timing import stage
 
 __all__ = ["EPSILON", "STATE", "TV", "projected_double_geometric", "two_sample", "run"]
 
@@ -362,47 +361,48 @@ def run(ctx) -> dict:
     # certificates: one per distinct county count (they depend on nothing else)
     certs: dict[int, ConvergenceReport] = {}
     cert_info: dict[int, dict] = {}
-    t0 = time.perf_counter()
-    for n in sorted(set(sizes.tolist()) - {1}):
-        t1 = time.perf_counter()
-        certs[n] = certify(
-            GroupSumLattice(np.zeros(n, dtype=np.int64)),
-            law,
-            ctx.rng.child(f"certify/{n}"),
-            CertifyOptions(tv=TV, mode="gibbs"),
-        )
-        cert_info[n] = _certificate_dict(certs[n], time.perf_counter() - t1)
-    ctx.timings["certify_seconds"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    per_state: dict[str, dict] = {}
-    arrays: dict[str, dict] = {}
-    for fips, st in df.groupby("state", sort=True):
-        nd = n_main if fips == STATE else n_other
-        rep = certs.get(len(st))
-        per_state[f"{fips:02d}"], arrays[f"{fips:02d}"] = _state(ctx, st, law, rep, nd)
-    ctx.timings["release_and_exact_seconds"] = time.perf_counter() - t0
+    clock: dict[str, float] = {}
+    with stage(clock, "certify"):
+        for n in sorted(set(sizes.tolist()) - {1}):
+            with stage(clock, f"certify n={n}"):
+                certs[n] = certify(
+                    GroupSumLattice(np.zeros(n, dtype=np.int64)),
+                    law,
+                    ctx.rng.child(f"certify/{n}"),
+                    CertifyOptions(tv=TV, mode="gibbs"),
+                )
+            cert_info[n] = _certificate_dict(certs[n], clock[f"certify n={n}"])
+    ctx.timings["certify_seconds"] = clock["certify"]
+    with stage(clock, "release_and_exact"):
+        per_state: dict[str, dict] = {}
+        arrays: dict[str, dict] = {}
+        for fips, st in df.groupby("state", sort=True):
+            nd = n_main if fips == STATE else n_other
+            rep = certs.get(len(st))
+            per_state[f"{fips:02d}"], arrays[f"{fips:02d}"] = _state(ctx, st, law, rep, nd)
+    ctx.timings["release_and_exact_seconds"] = clock["release_and_exact"]
 
-    t0 = time.perf_counter()
-    il = per_state.get(f"{STATE:02d}")
-    if il is not None:
-        st = df[df["state"] == STATE].reset_index(drop=True)
-        arr = arrays[f"{STATE:02d}"]
-        _illinois_figures(ctx, st, arr, certs[len(st)])
-        x = arr["x"]
-        logp = np.log(x)
-        il["slope_error_on_log_pop"] = {
-            name: float(np.polyfit(logp, err, 1)[0])
-            for name, err in (
-                ("ppdd_20200527", st["pop_ppdd_20200527"].to_numpy(np.int64) - x),
-                ("ddp_20191029", st["pop_ddp_20191029"].to_numpy(np.int64) - x),
-                ("lattice_mean", arr["noise"].mean(0)),
-                ("baseline_mean", arr["baseline"].mean(0)),
-            )
-        }
-        il["share_draws_within_30"] = float(np.mean(np.abs(arr["noise"]) <= 30))
-    if ctx.all_units:
-        _all_states_figure(ctx, df, arrays, cert_info)
-    ctx.timings["figures_seconds"] = time.perf_counter() - t0
+    with stage(clock, "figures"):
+        il = per_state.get(f"{STATE:02d}")
+        if il is not None:
+            st = df[df["state"] == STATE].reset_index(drop=True)
+            arr = arrays[f"{STATE:02d}"]
+            _illinois_figures(ctx, st, arr, certs[len(st)])
+            x = arr["x"]
+            logp = np.log(x)
+            il["slope_error_on_log_pop"] = {
+                name: float(np.polyfit(logp, err, 1)[0])
+                for name, err in (
+                    ("ppdd_20200527", st["pop_ppdd_20200527"].to_numpy(np.int64) - x),
+                    ("ddp_20191029", st["pop_ddp_20191029"].to_numpy(np.int64) - x),
+                    ("lattice_mean", arr["noise"].mean(0)),
+                    ("baseline_mean", arr["baseline"].mean(0)),
+                )
+            }
+            il["share_draws_within_30"] = float(np.mean(np.abs(arr["noise"]) <= 30))
+        if ctx.all_units:
+            _all_states_figure(ctx, df, arrays, cert_info)
+    ctx.timings["figures_seconds"] = clock["figures"]
 
     moved = [s for s in per_state.values() if s["certificate_counties"] is not None]
     checks = [s["cross_check"] for s in moved]

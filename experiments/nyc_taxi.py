@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -98,6 +97,7 @@ from censusdp.mechanisms.laws import Laplace
 from censusdp.mechanisms.queries import Measurement
 from censusdp.pipelines.metrics import error_metrics
 from censusdp.spreadsheet import write_csv
+from censusdp.timing import stage
 
 __all__ = [
     "PAPER_TABLE2",
@@ -316,33 +316,34 @@ def _conditioning_job(job: tuple) -> tuple[list[list[np.ndarray]], dict]:
     level, so a process pool can run it."""
     name, h, eps, meas, counts, n, rng, lag = job
     nodes = sum(lv.size for lv in h.levels)
-    t0 = time.perf_counter()
-    if name == "mh":
-        plan = [(m.level, m.query, m.law) for m in meas]
-        rels = conditioned_releases(
-            h,
-            list(CELLS),
-            counts,
-            plan,
-            [],
-            _privacy(eps, nodes=nodes),
-            rng,
-            n_releases=n,
-            options=ChainOptions(tv_bound=TV_TARGET, lag=lag),
-        )
-    else:
-        nonneg = dict(CONDITIONING)[name]
-        rel = condition(
-            h,
-            list(CELLS),
-            meas,
-            [],
-            _privacy(eps, nonneg, nodes),
-            rng,
-            ConditioningOptions(tv_bound=TV_TARGET, lag=lag, nonnegative=nonneg),
-        )
-        rels = [rel]
-    cert = {**certificate(rels[0]), "seconds": time.perf_counter() - t0, "releases": len(rels)}
+    clock: dict[str, float] = {}
+    with stage(clock, "release"):
+        if name == "mh":
+            plan = [(m.level, m.query, m.law) for m in meas]
+            rels = conditioned_releases(
+                h,
+                list(CELLS),
+                counts,
+                plan,
+                [],
+                _privacy(eps, nodes=nodes),
+                rng,
+                n_releases=n,
+                options=ChainOptions(tv_bound=TV_TARGET, lag=lag),
+            )
+        else:
+            nonneg = dict(CONDITIONING)[name]
+            rel = condition(
+                h,
+                list(CELLS),
+                meas,
+                [],
+                _privacy(eps, nonneg, nodes),
+                rng,
+                ConditioningOptions(tv_bound=TV_TARGET, lag=lag, nonnegative=nonneg),
+            )
+            rels = [rel]
+    cert = {**certificate(rels[0]), "seconds": clock["release"], "releases": len(rels)}
     return [r.estimates for r in rels], {**cert, "privacy": rels[0].privacy.text()}
 
 
@@ -449,6 +450,7 @@ def _study(
     first_run: dict = {}
     released: dict[float, dict[str, list[list[np.ndarray]]]] = {}
     measured: dict[float, list[list[Measurement]]] = {}
+    clock: dict[str, float] = {}
     for eps in EPSILONS:
         law = Laplace.from_epsilon(eps / 3.0)
         plan = [(k, Query.total(cells), law) for k in range(h.depth)]
@@ -459,17 +461,20 @@ def _study(
         ]
         released[eps] = {}
         for name, fn in (("gls", tree_gls), ("topdown", topdown)):
-            t0 = time.perf_counter()
-            released[eps][name] = [fn(h, cells, m, [], privacy).estimates for m in measured[eps]]
-            ctx.timings[f"{label}/{name}/eps={eps:g}"] = time.perf_counter() - t0
+            key = f"{label}/{name}/eps={eps:g}"
+            with stage(clock, key):
+                released[eps][name] = [
+                    fn(h, cells, m, [], privacy).estimates for m in measured[eps]
+                ]
+            ctx.timings[key] = clock[key]
     if cond_runs:
-        t0 = time.perf_counter()
-        cond, diagnostics = _condition_runs(
-            ctx, label, h, counts, {e: m[:cond_runs] for e, m in measured.items()}, runs, lags
-        )
-        for eps in EPSILONS:
-            released[eps].update(cond[eps])
-        ctx.timings[f"{label}/mcmc releases"] = time.perf_counter() - t0
+        with stage(clock, f"{label}/mcmc releases"):
+            cond, diagnostics = _condition_runs(
+                ctx, label, h, counts, {e: m[:cond_runs] for e, m in measured.items()}, runs, lags
+            )
+            for eps in EPSILONS:
+                released[eps].update(cond[eps])
+        ctx.timings[f"{label}/mcmc releases"] = clock[f"{label}/mcmc releases"]
     for eps in EPSILONS:
         for name in names:
             est = released[eps][name]

@@ -24,7 +24,6 @@ import argparse
 import importlib
 import json
 import pkgutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from censusdp.command_line import add_overwrite, seed_arg
 from censusdp.errors import DataError, SpecError
 from censusdp.paths import shared_data_file
+from censusdp.timing import stage
 
 if TYPE_CHECKING:
     from censusdp.rng import KeyedRNG
@@ -355,9 +355,10 @@ def run_experiment(
             all_units=all_units,
             options=opts,
         )
-        t0 = time.perf_counter()
-        metrics = module.run(ctx)
-        ctx.timings["total_seconds"] = time.perf_counter() - t0
+        clock: dict[str, float] = {}
+        with stage(clock, "total"):
+            metrics = module.run(ctx)
+        ctx.timings["total_seconds"] = clock["total"]
         metrics = dict(metrics)
         metrics.setdefault("quick", quick)
         metrics.setdefault("timings", ctx.timings)

@@ -117,6 +117,7 @@ from censusdp.progress import tqdm_bar as tqdm
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 from censusdp.spreadsheet import write_csv
+from censusdp.timing import CPU_PREFIX, stage
 
 __all__ = [
     "ESTIMATORS",
@@ -648,8 +649,7 @@ def _run_rho(
     zeros_h = {k: dict.fromkeys(_ZERO_KEYS, 0) for k in names}
     cell_abs = dict.fromkeys(names, 0.0)
     checks: dict[str, dict] = {k: {} for k in names}
-    seconds = dict.fromkeys(names, 0.0)
-    cpu = dict.fromkeys(names, 0.0)
+    clock: dict[str, float] = {}  # wall and process CPU seconds per estimator
     bar = tqdm(total=runs * len(names), desc=f"{hist.name} ρ={float(rho):.4g}", unit="estimate")
     for r in range(runs):
         rr = rng.child(f"run/{r}")
@@ -659,10 +659,8 @@ def _run_rho(
         shared: dict = {}
         for name in names:
             fn = ESTIMATORS[name]
-            t0, c0 = time.perf_counter(), time.process_time()
-            county = fn(hist, meas, invs, rr.child(name), shared)
-            seconds[name] += time.perf_counter() - t0
-            cpu[name] += time.process_time() - c0
+            with stage(clock, name, cpu=time.process_time):
+                county = fn(hist, meas, invs, rr.child(name), shared)
             for k, ok in _checks(hist, county).items():
                 checks[name][k] = checks[name].get(k, True) and ok
             err = county.sum(axis=1) - total
@@ -692,9 +690,9 @@ def _run_rho(
             **_shares(zeros[name]),
             "histogram_cells": {**zeros_h[name], **_shares(zeros_h[name])},
             "checks": checks[name],
-            "seconds": seconds[name],
-            "cpu_seconds": cpu[name],
-            "cpu_seconds_per_run": cpu[name] / runs,
+            "seconds": clock.get(name, 0.0),
+            "cpu_seconds": clock.get(CPU_PREFIX + name, 0.0),
+            "cpu_seconds_per_run": clock.get(CPU_PREFIX + name, 0.0) / runs,
             "size_classes": size_class_table(errors[name], total).to_dict("records"),
             "per_state": _per_state(regs[name]).to_dict("records"),
         }
@@ -743,80 +741,85 @@ def _split_facts(hist: Histogram) -> dict:
 
 
 def run(ctx: ExperimentContext) -> dict:
-    t_start = time.perf_counter()
-    path = ctx.input_file("county_sex_age5_2010.csv")
-    data = load_county_table(path, QUICK_STATES if ctx.quick else None)
-    h = data.hierarchy
-    truth_total = data.truth.sum(axis=1)
-    hists = histograms(ctx, data)
-    ctx.timings["load_seconds"] = time.perf_counter() - t_start
+    clock: dict[str, float] = {}
+    with stage(clock, "run"):
+        with stage(clock, "load"):
+            path = ctx.input_file("county_sex_age5_2010.csv")
+            data = load_county_table(path, QUICK_STATES if ctx.quick else None)
+            h = data.hierarchy
+            truth_total = data.truth.sum(axis=1)
+            hists = histograms(ctx, data)
+        ctx.timings["load_seconds"] = clock["load"]
 
-    bureau_regs = bureau_slopes(data)
-    metrics: dict = {
-        "quick": ctx.quick,
-        "counties": int(h.leaves.size),
-        "states_in_hierarchy": int(h["state"].size),
-        "persons": int(truth_total.sum()),
-        "rho_bureau": float(RHO_BUREAU),
-        "alpha": ALPHA,
-        "min_counties": MIN_COUNTIES,
-        "histograms": {},
-    }
-    for key, arr in data.bureau.items():
-        s = slope_summary(bureau_regs[key], alpha=ALPHA)
-        metrics[key] = {
-            **s,
-            "mean_abs_county_error": float(np.abs(arr.sum(axis=1) - truth_total).mean()),
-            "mean_abs_cell_error": float(np.abs(arr - data.truth).mean()),
-            **_zero_cells(data.truth, arr),
-            **_shares(_zero_cells(data.truth, arr)),
-            "checks": _checks(data, arr),
-            "size_classes": size_class_table(arr.sum(axis=1) - truth_total, truth_total).to_dict(
-                "records"
-            ),
+        bureau_regs = bureau_slopes(data)
+        metrics: dict = {
+            "quick": ctx.quick,
+            "counties": int(h.leaves.size),
+            "states_in_hierarchy": int(h["state"].size),
+            "persons": int(truth_total.sum()),
+            "rho_bureau": float(RHO_BUREAU),
+            "alpha": ALPHA,
+            "min_counties": MIN_COUNTIES,
+            "histograms": {},
         }
+        for key, arr in data.bureau.items():
+            s = slope_summary(bureau_regs[key], alpha=ALPHA)
+            metrics[key] = {
+                **s,
+                "mean_abs_county_error": float(np.abs(arr.sum(axis=1) - truth_total).mean()),
+                "mean_abs_cell_error": float(np.abs(arr - data.truth).mean()),
+                **_zero_cells(data.truth, arr),
+                **_shares(_zero_cells(data.truth, arr)),
+                "checks": _checks(data, arr),
+                "size_classes": size_class_table(
+                    arr.sum(axis=1) - truth_total, truth_total
+                ).to_dict("records"),
+            }
 
-    factors = rho_factors(ctx)
-    ref_factor = min(factors, key=lambda f: abs(f - 1))
-    runs = RUNS_QUICK if ctx.quick else RUNS
-    names = estimators(ctx)
-    metrics["estimators"] = list(names)
-    metrics["options"] = dict(ctx.options)
-    metrics["runs"] = runs
-    metrics["rho_levels"] = [float(RHO_BUREAU * f) for f in factors]
-    metrics["reference_factor"] = float(ref_factor)
-    metrics["by_rho"] = []
-    ref_errors: dict[str, dict[str, np.ndarray]] = {}
-    table = _slopes_table(data, bureau_regs)
-    for hist in hists:
-        t0, c0 = time.perf_counter(), time.process_time()
-        tensors = _tensors(hist)
-        total_q = ProductQuery.parse(hist.schema, "total")
-        invs = [product_invariant(tensors, "state", total_q, level_names=h.names)]
-        metrics["histograms"][hist.name] = {
-            "cells": int(hist.schema.n_cells),
-            "shares": {k: float(v) for k, v in hist.shares.items()},
-            "ordering": {
-                lv: [list(map(list, o[0])), list(map(list, o[1]))]
-                for lv, o in hist.ordering.items()
-            },  # fmt: skip
-            **(_split_facts(hist) if hist.name == "split" else {}),
-        }
-        # the 36-cell study keeps its streams (rho/i) so earlier seeds reproduce
-        base = ctx.rng if hist.name == "sex_age" else ctx.rng.child(hist.name)
-        for i, f in enumerate(factors):
-            rho = RHO_BUREAU * f
-            res, errors = _run_rho(hist, tensors, invs, rho, runs, base.child(f"rho/{i}"), names)
-            metrics["by_rho"].append({
-                "histogram": hist.name, "rho_level": float(rho), "factor": float(f),
-                "rho_total": float(rho * (3 - hist.shares["total"])), **res,
-            })  # fmt: skip
-            if f == ref_factor:
-                ref_errors[hist.name] = errors
-                _add_slopes(table, res, names, PREFIX[hist.name])
-        metrics["histograms"][hist.name]["seconds"] = time.perf_counter() - t0
-        metrics["histograms"][hist.name]["cpu_seconds"] = time.process_time() - c0
-    ctx.timings["seconds"] = time.perf_counter() - t_start
+        factors = rho_factors(ctx)
+        ref_factor = min(factors, key=lambda f: abs(f - 1))
+        runs = RUNS_QUICK if ctx.quick else RUNS
+        names = estimators(ctx)
+        metrics["estimators"] = list(names)
+        metrics["options"] = dict(ctx.options)
+        metrics["runs"] = runs
+        metrics["rho_levels"] = [float(RHO_BUREAU * f) for f in factors]
+        metrics["reference_factor"] = float(ref_factor)
+        metrics["by_rho"] = []
+        ref_errors: dict[str, dict[str, np.ndarray]] = {}
+        table = _slopes_table(data, bureau_regs)
+        per_hist: dict[str, float] = {}  # wall and process CPU seconds per histogram
+        for hist in hists:
+            with stage(per_hist, hist.name, cpu=time.process_time):
+                tensors = _tensors(hist)
+                total_q = ProductQuery.parse(hist.schema, "total")
+                invs = [product_invariant(tensors, "state", total_q, level_names=h.names)]
+                metrics["histograms"][hist.name] = {
+                    "cells": int(hist.schema.n_cells),
+                    "shares": {k: float(v) for k, v in hist.shares.items()},
+                    "ordering": {
+                        lv: [list(map(list, o[0])), list(map(list, o[1]))]
+                        for lv, o in hist.ordering.items()
+                    },  # fmt: skip
+                    **(_split_facts(hist) if hist.name == "split" else {}),
+                }
+                # the 36-cell study keeps its streams (rho/i) so earlier seeds reproduce
+                base = ctx.rng if hist.name == "sex_age" else ctx.rng.child(hist.name)
+                for i, f in enumerate(factors):
+                    rho = RHO_BUREAU * f
+                    res, errors = _run_rho(
+                        hist, tensors, invs, rho, runs, base.child(f"rho/{i}"), names
+                    )
+                    metrics["by_rho"].append({
+                        "histogram": hist.name, "rho_level": float(rho), "factor": float(f),
+                        "rho_total": float(rho * (3 - hist.shares["total"])), **res,
+                    })  # fmt: skip
+                    if f == ref_factor:
+                        ref_errors[hist.name] = errors
+                        _add_slopes(table, res, names, PREFIX[hist.name])
+            metrics["histograms"][hist.name]["seconds"] = per_hist[hist.name]
+            metrics["histograms"][hist.name]["cpu_seconds"] = per_hist[CPU_PREFIX + hist.name]
+    ctx.timings["seconds"] = clock["run"]
     metrics["slopes_table_rows"] = int(len(table))
     write_csv(table, ctx.out / "state_slopes.csv", index=False)
     _figure(ctx, metrics, data, ref_errors)

@@ -20,8 +20,6 @@ slope of county error on log population in the Bureau's demonstration runs).
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from scipy import stats
 
@@ -33,6 +31,7 @@ from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Query, invariant, measure
 from censusdp.mechanisms.discrete import DiscreteGaussian
+from censusdp.timing import stage
 
 #: What this study reproduces, for ``censusdp experiment --list`` and the README.
 INFO = ExperimentInfo(
@@ -96,15 +95,14 @@ def run(ctx: ExperimentContext) -> dict:
     )
 
     errors = {"topdown": np.empty((runs, N_COUNTIES)), "gls": np.empty((runs, N_COUNTIES))}
-    seconds = {"topdown": 0.0, "gls": 0.0}
+    clock: dict[str, float] = {}
     for r in range(runs):
         meas = measure(h.names, counts, plan, ctx.rng.child(f"run/{r}"))
         for name, estimator in (("topdown", topdown), ("gls", tree_gls)):
-            t0 = time.perf_counter()
-            rel = estimator(h, cells, meas, invs, privacy)
-            seconds[name] += time.perf_counter() - t0
+            with stage(clock, name):
+                rel = estimator(h, cells, meas, invs, privacy)
             errors[name][r] = rel.totals("county") - true_total
-    ctx.timings.update({f"{k}_seconds": v for k, v in seconds.items()})
+    ctx.timings.update({f"{k}_seconds": clock.get(k, 0.0) for k in ("topdown", "gls")})
 
     logsize = np.log(np.maximum(true_total, 1))
     metrics: dict = {

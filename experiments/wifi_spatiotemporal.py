@@ -43,6 +43,7 @@ from censusdp.mechanisms.projection import (
     row_column_projection_variance,
     row_column_rank,
 )
+from censusdp.timing import stage
 
 __all__ = [
     "BUILDING_TYPES",
@@ -136,24 +137,23 @@ def _margins(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def run(ctx: ExperimentContext) -> dict:
     """Projected Gaussian (σ = 1) releases of the synthetic table; error variance per cell."""
-    import time
-
     runs = RUNS_QUICK if ctx.quick else RUNS
     truth = synthetic_counts(ctx.rng.generator("wifi/truth"))
     n = truth.size
-    t0 = time.perf_counter()
-    rank = invariant_rank()
-    ctx.timings["rank_seconds"] = time.perf_counter() - t0
+    clock: dict[str, float] = {}
+    with stage(clock, "rank"):
+        rank = invariant_rank()
+    ctx.timings["rank_seconds"] = clock["rank"]
 
     law = Gaussian(SIGMA)
-    t0 = time.perf_counter()
-    errors = np.empty((runs, *truth.shape))
-    releases = np.empty((runs, *truth.shape))
-    for r in range(runs):
-        e = ctx.rng.child(f"run/{r}").draw("wifi/noise", n, 0, n, law.sample)[:, 0]
-        releases[r] = truth + project_row_column_totals(e.reshape(truth.shape))
-        errors[r] = releases[r] - truth
-    ctx.timings["release_seconds"] = time.perf_counter() - t0
+    with stage(clock, "release"):
+        errors = np.empty((runs, *truth.shape))
+        releases = np.empty((runs, *truth.shape))
+        for r in range(runs):
+            e = ctx.rng.child(f"run/{r}").draw("wifi/noise", n, 0, n, law.sample)[:, 0]
+            releases[r] = truth + project_row_column_totals(e.reshape(truth.shape))
+            errors[r] = releases[r] - truth
+    ctx.timings["release_seconds"] = clock["release"]
 
     tg, th = _margins(truth.astype(np.float64))
     rg, rh = _margins(releases)

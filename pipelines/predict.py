@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import time
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 from censusdp.budget import Accounting
 from censusdp.config import read_spec_toml
 from censusdp.errors import SpecError
+from censusdp.timing import stage
 
 if TYPE_CHECKING:  # imported by the functions that use them: the CLI's parser stays light
     import pandas as pd
@@ -745,35 +745,37 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.data is not None:
         inputs.append(Path(args.data))
     check_output(out, kind="dir", overwrite=args.overwrite, inputs=inputs)  # before work
-    t0 = time.perf_counter()
-    log.info("reading the spec (%s) and its public geography", spec_path.name)
-    spec = load_any_spec(spec_path, data=args.data)
-    log.info(
-        "a %s spec, %s schema; nodes per level: %s",
-        spec.family,
-        spec.schema.name,
-        ", ".join(
-            f"{n} {k}" for n, k in zip(spec.hierarchy.names, spec.hierarchy.sizes, strict=True)
-        ),
-    )
-    if spec.ignored:
-        print(spec.ignored)
-    areas = None
-    if args.areas is not None:
-        log.info("reading the areas (%s)", Path(args.areas).name)
-        areas = read_equivalency(
-            args.areas,
-            spec.hierarchy,
-            block_column=args.block_column,
-            area_column=args.area_column,
-            name=args.area_name,
-            gisjoin=args.gisjoin_blocks,
-            areas_path=args.area_list,
-            skip_blank_areas=args.skip_blank_areas,
+    clock: dict[str, float] = {}
+    with stage(clock, "read"):
+        log.info("reading the spec (%s) and its public geography", spec_path.name)
+        spec = load_any_spec(spec_path, data=args.data)
+        log.info(
+            "a %s spec, %s schema; nodes per level: %s",
+            spec.family,
+            spec.schema.name,
+            ", ".join(
+                f"{n} {k}" for n, k in zip(spec.hierarchy.names, spec.hierarchy.sizes, strict=True)
+            ),
         )
-    log.info("predicting the standard errors (%.1f s so far)", time.perf_counter() - t0)
-    pred, summary = predict_spec(spec, areas)
-    log.info("writing %s/ (%.1f s so far)", out, time.perf_counter() - t0)
+        if spec.ignored:
+            print(spec.ignored)
+        areas = None
+        if args.areas is not None:
+            log.info("reading the areas (%s)", Path(args.areas).name)
+            areas = read_equivalency(
+                args.areas,
+                spec.hierarchy,
+                block_column=args.block_column,
+                area_column=args.area_column,
+                name=args.area_name,
+                gisjoin=args.gisjoin_blocks,
+                areas_path=args.area_list,
+                skip_blank_areas=args.skip_blank_areas,
+            )
+    log.info("predicting the standard errors (%.1f s so far)", clock["read"])
+    with stage(clock, "predict"):
+        pred, summary = predict_spec(spec, areas)
+    log.info("writing %s/ (%.1f s so far)", out, clock["read"] + clock["predict"])
     write_prediction(spec, pred, summary, out, overwrite=args.overwrite, areas_path=args.areas)
     loss = (
         f"ε = {pred.privacy.epsilon:.6g} (pure DP)"

@@ -23,7 +23,6 @@ import importlib.metadata
 import json
 import logging
 import platform
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from censusdp.progress import show_progress
 from censusdp.progress import tqdm_bar as tqdm
 from censusdp.rng import KeyedRNG
 from censusdp.spreadsheet import write_csv
+from censusdp.timing import stage
 
 log = logging.getLogger(__name__)
 
@@ -209,27 +209,29 @@ def execute_spec(
     check_spec(spec)
     table = run_data.table
     h = table.hierarchy
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    plan = make_plan(spec, table)
-    seed = spec.run.seed if seed is None else seed
-    if rng is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the CLI prints its own reproducible-mode warning
-            rng = KeyedRNG.from_seed(seed)
-    truth = table.all_levels()
-    inv = [invariant(truth, k, q) for k, q in plan.invariants]
-    cut = cut_level(plan, h.depth)
-    sched = scheduler or spec.run.address or spec.run.scheduler
-    check_run_options(seed=seed, partitions=partitions)
-    n_parts = partitions if partitions is not None else spec.run.partitions
-    group_level = max(h.depth - 2, 0)
-    metric_rows: list[dict] = []
-    regressions: list[pd.DataFrame] = []
-    releases: dict[str, Release] = {}
-    timings["plan"] = time.perf_counter() - t0
+    clock: dict[str, float] = {}  # plan, runs
+    work: dict[str, float] = {}  # measure and each estimator, summed over repetitions
+    with stage(clock, "plan"):
+        plan = make_plan(spec, table)
+        seed = spec.run.seed if seed is None else seed
+        if rng is None:
+            with warnings.catch_warnings():
+                # the CLI prints its own reproducible-mode warning
+                warnings.simplefilter("ignore")
+                rng = KeyedRNG.from_seed(seed)
+        truth = table.all_levels()
+        inv = [invariant(truth, k, q) for k, q in plan.invariants]
+        cut = cut_level(plan, h.depth)
+        sched = scheduler or spec.run.address or spec.run.scheduler
+        check_run_options(seed=seed, partitions=partitions)
+        n_parts = partitions if partitions is not None else spec.run.partitions
+        group_level = max(h.depth - 2, 0)
+        metric_rows: list[dict] = []
+        regressions: list[pd.DataFrame] = []
+        releases: dict[str, Release] = {}
     reps = spec.run.repetitions
     with (
+        stage(clock, "runs"),  # opening and closing the executor included
         workers_ignore_interrupts(sched),
         open_executor(sched, address=spec.run.address, **spec.run.network()) as executor,
     ):
@@ -250,18 +252,16 @@ def execute_spec(
         with tqdm(total=steps, disable=not show, desc="censusdp run", unit="step") as bar:
             for rep in range(reps):
                 rep_rng = rng.child(f"repetition/{rep}")
-                t = time.perf_counter()
-                meas = measure_partitioned(
-                    h.names, truth, plan.as_tuples(), rep_rng.child("measure"), parts, executor
-                )
-                timings["measure"] = timings.get("measure", 0.0) + time.perf_counter() - t
+                with stage(work, "measure"):
+                    meas = measure_partitioned(
+                        h.names, truth, plan.as_tuples(), rep_rng.child("measure"), parts, executor
+                    )
                 bar.update()
                 for name in spec.estimators.run:
-                    t = time.perf_counter()
-                    release = _estimate(
-                        name, table, meas, inv, plan, rep_rng, spec, executor, parts
-                    )
-                    timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+                    with stage(work, name):
+                        release = _estimate(
+                            name, table, meas, inv, plan, rep_rng, spec, executor, parts
+                        )
                     rows, reg = _score(release, truth, rep, group_level)
                     metric_rows.extend(rows)
                     regressions.append(reg)
@@ -269,7 +269,10 @@ def execute_spec(
                         releases[name] = release
                     bar.update()
         used_scheduler, used_workers = executor.name, executor.workers
-    timings["total"] = time.perf_counter() - t0
+    # the manifest's fields: wall seconds only, in the order the stages first ran
+    timings = {"plan": clock["plan"]}
+    timings.update((k, work[k]) for k in ("measure", *spec.estimators.run) if k in work)
+    timings["total"] = clock["plan"] + clock["runs"]
     manifest = {
         "censusdp": __version__,
         "spec": spec.to_dict(redact_seed=True),
