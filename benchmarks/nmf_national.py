@@ -182,11 +182,13 @@ def aian_flags(h: Hierarchy, n_states: int = AIAN_STATES) -> np.ndarray:
 
 
 def apportion(pop: np.ndarray, seats: int) -> np.ndarray:
-    """Seats per state by largest remainders, at least one each."""
+    """Seats per state by largest remainders, at least one each (equal shares when no state
+    has people, so every seat is given)."""
     n = pop.size
     if seats < n:
         raise SpecError(f"--districts {seats}: give at least one per state ({n})")
-    quota = (seats - n) * pop / max(pop.sum(), 1)
+    weights = pop if pop.sum() > 0 else np.ones_like(pop)
+    quota = (seats - n) * weights / weights.sum()
     base = np.floor(quota).astype(np.int64)
     left = seats - n - int(base.sum())
     base[np.argsort(-(quota - base), kind="stable")[:left]] += 1

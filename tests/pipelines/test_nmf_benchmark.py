@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from censusdp.errors import SpecError
@@ -82,8 +82,8 @@ def test_remove_refuses_a_folder_it_did_not_write(tmp_path):
 def _apportion_slow(pop, seats):
     """Largest remainders by hand, one seat at a time, after one seat each."""
     n = len(pop)
-    total = sum(pop) or 1
-    quota = [(seats - n) * p / total for p in pop]
+    weights = pop if sum(pop) > 0 else [1] * n  # no people anywhere: equal shares
+    quota = [(seats - n) * w / sum(weights) for w in weights]
     got = [int(np.floor(q)) for q in quota]
     left = seats - n - sum(got)
     order = sorted(range(n), key=lambda i: (-(quota[i] - got[i]), i))
@@ -93,6 +93,7 @@ def _apportion_slow(pop, seats):
 
 
 @settings(max_examples=60, deadline=None)
+@example(pop=[0], extra=2)  # every seat given when no state has people (hypothesis found it)
 @given(
     st.lists(st.integers(0, 10_000), min_size=1, max_size=12),
     st.integers(0, 40),
