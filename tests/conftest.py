@@ -1,14 +1,25 @@
 """Shared fixtures: optional shared data (skip when absent), a reproducible RNG and one Dask
-local cluster per test process."""
+local cluster per test process; hypothesis profiles.
+
+Hypothesis runs derandomized by default (the ``repeatable`` profile: the same cases on every
+run, so the suite that CI runs cannot fail by the draw of a new case); ``pytest
+--hypothesis-profile=explore`` draws fresh cases to look for new failures, and a case found
+that way is pinned with ``@example`` beside the test.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from censusdp.paths import shared_data_file
 from censusdp.rng import KeyedRNG
+
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile("repeatable")
 
 
 @pytest.fixture
