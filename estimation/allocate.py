@@ -56,7 +56,6 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -72,6 +71,7 @@ from censusdp.hierarchy.shape_classes import ShapeClasses, shape_classes
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Allocation, Schema
+from censusdp.timing import stage
 
 __all__ = [
     "AllocationResult",
@@ -463,22 +463,69 @@ def optimise_allocation(
     Yu, Y. (2010). Monotonic convergence of a general algorithm for computing optimal designs.
         Ann. Statist. 38(3).
     """
-    t0 = time.perf_counter()
-    if not 0 < floor < 1:
-        raise SpecError(f"floor = {floor}: give a fraction of each starting share in (0, 1)")
-    if not 0 < tolerance < 1:
-        raise SpecError(f"tolerance = {tolerance}: give a relative duality gap in (0, 1)")
-    start = schema.allocation if start is None else start
-    if start is None:
-        raise SpecError(f"schema {schema.name!r} has no allocation; give a starting one")
-    classes = hierarchy if isinstance(hierarchy, ShapeClasses) else shape_classes(hierarchy)
-    allocation_plan(schema, start, levels=classes.names)  # the start's levels are the tree's
-    before, tb, pred = evaluate_allocation(classes, schema, start, objective, invariants)
-    variables = _queries(schema, start)
-    s0 = np.array([float(s) for _, _, s in variables])
-    ev = _Evaluator(classes, schema, variables, invariants, objective, float(start.rho))
+    clock: dict[str, float] = {}
+    with stage(clock, "seconds"):
+        if not 0 < floor < 1:
+            raise SpecError(f"floor = {floor}: give a fraction of each starting share in (0, 1)")
+        if not 0 < tolerance < 1:
+            raise SpecError(f"tolerance = {tolerance}: give a relative duality gap in (0, 1)")
+        start = schema.allocation if start is None else start
+        if start is None:
+            raise SpecError(f"schema {schema.name!r} has no allocation; give a starting one")
+        classes = hierarchy if isinstance(hierarchy, ShapeClasses) else shape_classes(hierarchy)
+        allocation_plan(schema, start, levels=classes.names)  # the start's levels are the tree's
+        before, tb, pred = evaluate_allocation(classes, schema, start, objective, invariants)
+        variables = _queries(schema, start)
+        s0 = np.array([float(s) for _, _, s in variables])
+        ev = _Evaluator(classes, schema, variables, invariants, objective, float(start.rho))
+        run = _multiplicative_updates(ev, s0, floor * s0, objective, tolerance, max_iterations)
+        after_alloc = allocation_from_shares(schema, start, run.best_x)
+        after, ta, _ = evaluate_allocation(classes, schema, after_alloc, objective, invariants)
+        if after >= before:  # never worse than the start
+            after_alloc, after, ta = start, before, tb
+    return AllocationResult(
+        allocation=after_alloc,
+        start=start,
+        objective=objective,
+        before=before,
+        after=after,
+        targets_before=tb,
+        targets_after=ta,
+        bound=run.bound,
+        gap=float(run.gap),
+        certified=bool(run.gap <= tolerance),
+        iterations=run.iterations,
+        evaluations=ev.predictions,
+        floor=floor,
+        tolerance=tolerance,
+        seconds=clock["seconds"],
+        history=run.history,
+    )
+
+
+@dataclass
+class _Run:
+    """Where the multiplicative updates stopped: the best shares, the best Lagrangian
+    bound, the relative gap between them, the iterations and (objective, bound) of each."""
+
+    best_x: np.ndarray
+    bound: float
+    gap: float
+    iterations: int
+    history: list[tuple[float, float]]
+
+
+def _multiplicative_updates(
+    ev: _Evaluator,
+    s0: np.ndarray,
+    lo: np.ndarray,
+    objective: Objective,
+    tolerance: float,
+    max_iterations: int,
+) -> _Run:
+    """The iterations of :func:`optimise_allocation` from the starting shares ``s0`` with
+    floors ``lo``: ``p = 1`` until a step raises the objective, then ``p = 1/2``."""
     weights = ev.weights
-    lo = floor * s0
     free = 1.0 - lo.sum()
     w = (s0 - lo) / free
     dirs = weights[None, :] if objective.kind == "sum" else np.diag(weights)
@@ -513,26 +560,4 @@ def optimise_allocation(
         if not step.sum() > 0:
             break
         w = step / step.sum()
-
-    after_alloc = allocation_from_shares(schema, start, best_x)
-    after, ta, _ = evaluate_allocation(classes, schema, after_alloc, objective, invariants)
-    if after >= before:  # never worse than the start
-        after_alloc, after, ta = start, before, tb
-    return AllocationResult(
-        allocation=after_alloc,
-        start=start,
-        objective=objective,
-        before=before,
-        after=after,
-        targets_before=tb,
-        targets_after=ta,
-        bound=bound,
-        gap=float(gap),
-        certified=bool(gap <= tolerance),
-        iterations=iterations,
-        evaluations=ev.predictions,
-        floor=floor,
-        tolerance=tolerance,
-        seconds=time.perf_counter() - t0,
-        history=history,
-    )
+    return _Run(best_x, bound, gap, iterations, history)
