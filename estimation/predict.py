@@ -48,7 +48,13 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.areas import AreaEstimates, AreaPairs, area_pairs, area_sweep
+from censusdp.estimation.areas import (
+    AreaEstimates,
+    AreaPairs,
+    SweepOptions,
+    area_pairs,
+    area_sweep,
+)
 from censusdp.estimation.gls_kernel import (
     LevelInputs,
     general_down,
@@ -427,7 +433,7 @@ def _area_pass(
     tree, shared = pairs
     return area_sweep(
         tree, ups, K, areas.leaf, areas.area, areas.n_areas, Phat[0][:1],
-        rows=classes.node_class, up_forest=forest, pairs=shared,
+        options=SweepOptions(rows=classes.node_class, up_forest=forest, pairs=shared),
     )  # fmt: skip
 
 
