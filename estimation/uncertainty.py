@@ -337,12 +337,17 @@ def lattice_intervals(
 ) -> Intervals:
     """Intervals that cover at the nominal rate when the noise is integer-valued and small.
 
-    The error of a released number is modelled as E = X + R, X the lattice part of the
-    node's own integer noise (its law exact) and R the normal remainder; where the law has
-    atoms the boundary atoms are included at random (Stevens 1950), after rounding the
-    integer error's law is used, and ``method="auto"`` takes the normal interval
-    ``ẑ ∓ z·se`` where the law is provably close to normal. The derivation, step by step,
-    is in this module's docstring (§ Lattice intervals).
+    The error of a released number c·ẑ_v is linear in the noise and modelled as E = X + R:
+    X = h·S, S the sum of the m own answers of largest weight h under one integer law (its
+    law exact: convolution powers of the pmf, tails cut below 1e-16), and R the rest,
+    normal with variance t² = Var(E) − h² m Var(e) (the one approximation). Where R stays
+    within half a lattice gap (P(|R| ≥ h/2) ≤ 1e-6) the interval is X's randomized
+    equal-tailed region widened by h/2 (Stevens 1950: coverage exactly 1 − α, no normal
+    approximation); otherwise the quantiles of Σ_j P(S = j) N(h j, t²). After unbiased
+    rounding the integer error D has P(D = k) = E[Λ(E − k)], Λ(u) = max(0, 1 − |u|): the
+    randomized rule again. ``method="auto"`` takes the normal interval ``ẑ ∓ z·se`` where
+    the lattice ripple (h / (π s √(2π)))·exp(−2π² t²/h²) is at most ``tolerance``. The
+    derivation, step by step, is in this module's docstring (§ Lattice intervals).
 
     Parameters
     ----------
