@@ -464,7 +464,7 @@ def optimise_allocation(
         Ann. Statist. 38(3).
     """
     clock: dict[str, float] = {}
-    with stage(clock, "allocate"):
+    with stage(clock, "seconds"):
         if not 0 < floor < 1:
             raise SpecError(f"floor = {floor}: give a fraction of each starting share in (0, 1)")
         if not 0 < tolerance < 1:
@@ -478,44 +478,8 @@ def optimise_allocation(
         variables = _queries(schema, start)
         s0 = np.array([float(s) for _, _, s in variables])
         ev = _Evaluator(classes, schema, variables, invariants, objective, float(start.rho))
-        weights = ev.weights
-        lo = floor * s0
-        free = 1.0 - lo.sum()
-        w = (s0 - lo) / free
-        dirs = weights[None, :] if objective.kind == "sum" else np.diag(weights)
-        best_x, best_F, bound, gap = s0, np.inf, -np.inf, np.inf
-        history: list[tuple[float, float]] = []
-        iterations, power, lam_avg, stall = 0, 1.0, None, 0
-        prev: tuple[np.ndarray, float, np.ndarray, np.ndarray] | None = None
-        for it in range(1, max_iterations + 1):
-            iterations = it
-            x = lo + free * w
-            f, G = ev(x, dirs)
-            h = np.array([weights @ f]) if objective.kind == "sum" else weights * f
-            F = float(h.max())
-            lb, lam = _lp_weights(h, G, x, lo)
-            bound = max(bound, lb)
-            stall = 0 if F < best_F * (1 - 1e-9) else stall + 1
-            if F < best_F:
-                best_x, best_F = x, F
-            gap = (best_F - bound) / best_F
-            history.append((F, bound))
-            if gap <= tolerance or stall >= _STALL:
-                break
-            if prev is not None and F > prev[1] and power > 0.5:
-                w, F, lam_avg, G = prev  # the bolder step went up: back, and halve the power
-                power = 0.5
-            else:
-                # dual weights for max: the running average of the LP's (fictitious play)
-                lam_avg = lam if lam_avg is None else lam_avg + (lam - lam_avg) * 2.0 / (it + 1)
-            prev = (w, F, lam_avg, G)
-            d = np.maximum(-(lam_avg @ G), 0.0)
-            step = w * d**power
-            if not step.sum() > 0:
-                break
-            w = step / step.sum()
-
-        after_alloc = allocation_from_shares(schema, start, best_x)
+        run = _multiplicative_updates(ev, s0, floor * s0, objective, tolerance, max_iterations)
+        after_alloc = allocation_from_shares(schema, start, run.best_x)
         after, ta, _ = evaluate_allocation(classes, schema, after_alloc, objective, invariants)
         if after >= before:  # never worse than the start
             after_alloc, after, ta = start, before, tb
@@ -527,13 +491,73 @@ def optimise_allocation(
         after=after,
         targets_before=tb,
         targets_after=ta,
-        bound=bound,
-        gap=float(gap),
-        certified=bool(gap <= tolerance),
-        iterations=iterations,
+        bound=run.bound,
+        gap=float(run.gap),
+        certified=bool(run.gap <= tolerance),
+        iterations=run.iterations,
         evaluations=ev.predictions,
         floor=floor,
         tolerance=tolerance,
-        seconds=clock["allocate"],
-        history=history,
+        seconds=clock["seconds"],
+        history=run.history,
     )
+
+
+@dataclass
+class _Run:
+    """Where the multiplicative updates stopped: the best shares, the best Lagrangian
+    bound, the relative gap between them, the iterations and (objective, bound) of each."""
+
+    best_x: np.ndarray
+    bound: float
+    gap: float
+    iterations: int
+    history: list[tuple[float, float]]
+
+
+def _multiplicative_updates(
+    ev: _Evaluator,
+    s0: np.ndarray,
+    lo: np.ndarray,
+    objective: Objective,
+    tolerance: float,
+    max_iterations: int,
+) -> _Run:
+    """The iterations of :func:`optimise_allocation` from the starting shares ``s0`` with
+    floors ``lo``: ``p = 1`` until a step raises the objective, then ``p = 1/2``."""
+    weights = ev.weights
+    free = 1.0 - lo.sum()
+    w = (s0 - lo) / free
+    dirs = weights[None, :] if objective.kind == "sum" else np.diag(weights)
+    best_x, best_F, bound, gap = s0, np.inf, -np.inf, np.inf
+    history: list[tuple[float, float]] = []
+    iterations, power, lam_avg, stall = 0, 1.0, None, 0
+    prev: tuple[np.ndarray, float, np.ndarray, np.ndarray] | None = None
+    for it in range(1, max_iterations + 1):
+        iterations = it
+        x = lo + free * w
+        f, G = ev(x, dirs)
+        h = np.array([weights @ f]) if objective.kind == "sum" else weights * f
+        F = float(h.max())
+        lb, lam = _lp_weights(h, G, x, lo)
+        bound = max(bound, lb)
+        stall = 0 if F < best_F * (1 - 1e-9) else stall + 1
+        if F < best_F:
+            best_x, best_F = x, F
+        gap = (best_F - bound) / best_F
+        history.append((F, bound))
+        if gap <= tolerance or stall >= _STALL:
+            break
+        if prev is not None and F > prev[1] and power > 0.5:
+            w, F, lam_avg, G = prev  # the bolder step went up: back, and halve the power
+            power = 0.5
+        else:
+            # dual weights for max: the running average of the LP's (fictitious play)
+            lam_avg = lam if lam_avg is None else lam_avg + (lam - lam_avg) * 2.0 / (it + 1)
+        prev = (w, F, lam_avg, G)
+        d = np.maximum(-(lam_avg @ G), 0.0)
+        step = w * d**power
+        if not step.sum() > 0:
+            break
+        w = step / step.sum()
+    return _Run(best_x, bound, gap, iterations, history)

@@ -70,7 +70,7 @@ from censusdp.budget import PrivacyStatement, compose
 from censusdp.errors import BudgetError, SpecError
 from censusdp.estimation.areas import AreaEstimates, area_sweep, covariance_levels
 from censusdp.estimation.gls_kernel import LevelInputs, general_down, general_up, root_start
-from censusdp.estimation.marginal_basis import BlockDiagonal
+from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.structured_gls import (
     StructuredRelease,
     StructuredSetup,
@@ -80,7 +80,7 @@ from censusdp.estimation.structured_gls import (
     structured_output,
 )
 from censusdp.hierarchy.equivalency import Equivalency
-from censusdp.hierarchy.forest import whole_forest
+from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.privacy import derive_statement
 from censusdp.mechanisms.product_measure import ProductMeasurement, measure_products
@@ -320,6 +320,57 @@ def update_with_areas(
         cells that only levels above the leaves measure (not supported: the passes carry no
         information along such flat directions).
     """
+    setup = _weighted_setup(release, equivalency, measurements)
+    h = release.hierarchy
+    basis, nA = setup.basis, equivalency.n_areas
+    info, avec = _area_information(setup, measurements, nA)
+    ctx = _UpdateContext(
+        setup=setup,
+        equivalency=equivalency,
+        forest=whole_forest(h),
+        leaf=np.asarray(equivalency.leaf),
+        area=np.asarray(equivalency.area),
+        coefs=[basis.to_basis(e) for e in release.estimates],
+        avec=avec,
+        root=h.names[0],
+        depth=h.depth,
+    )
+    smoothed: dict = {}
+    prior_area: dict[int, np.ndarray] = {}
+    post_area: dict[int, np.ndarray] = {}
+    ranks: dict[str, int] = {}
+    for mask in basis.subsets:
+        smoothed[mask], prior_area[mask], post_area[mask], rank = _update_block(ctx, mask, info)
+        if rank is not None:
+            ranks[_label(setup, mask)] = rank
+    estimates, covariances = structured_output(setup, smoothed, range(h.depth), h.sizes)
+    stmt = _check_privacy(release, equivalency.name, measurements, privacy)
+    updated = dataclasses.replace(
+        release,
+        estimates=tuple(estimates),
+        covariances=tuple(covariances),
+        privacy=stmt,
+        diagnostics={**release.diagnostics, "area_update_rank": ranks},
+        _rows={},
+        setup=None,  # its covariance passes are the tree's alone: not this release's
+    )
+    post = equivalency.sum_leaves(estimates[-1])
+    prior = equivalency.sum_leaves(release.estimates[-1])
+    return MeasuredAreas(
+        release=updated,
+        areas=_area_estimates(release, equivalency, basis, stmt, post, post_area),
+        prior_areas=_area_estimates(release, equivalency, basis, stmt, prior, prior_area),
+        diagnostics={"update_rank": ranks},
+    )
+
+
+def _weighted_setup(
+    release: StructuredRelease,
+    equivalency: Equivalency,
+    measurements: Sequence[ProductMeasurement],
+) -> StructuredSetup:
+    """The release's weighted setup, once the areas are checked to be of its hierarchy,
+    measured and disjoint."""
     setup = release.setup
     if setup is None or setup.vscale is None or setup.geometry != "weighted":
         raise SpecError(
@@ -335,85 +386,88 @@ def update_with_areas(
     if not measurements:
         raise SpecError("no area measurements to update the release with")
     check_disjoint(equivalency)
-    basis, nA, D = setup.basis, equivalency.n_areas, h.depth
-    leaf, area = np.asarray(equivalency.leaf), np.asarray(equivalency.area)
-    info, avec = _area_information(setup, measurements, nA)
-    forest = whole_forest(h)
-    coefs = [basis.to_basis(e) for e in release.estimates]
-    smoothed: dict = {}
-    prior_area: dict[int, np.ndarray] = {}
-    post_area: dict[int, np.ndarray] = {}
-    ranks: dict[str, int] = {}
-    for mask in basis.subsets:
-        kS, nS = setup.k(mask), basis.block_size(mask)
-        if kS == 0:
-            smoothed[mask] = None
-            prior_area[mask] = post_area[mask] = np.zeros((nA, nS, nS))
-            continue
-        R = _whitening(setup, mask, info[mask])
-        r, m = R.shape[0], nA * R.shape[0]
-        zhat = [_identified(setup, mask, c) for c in coefs]
-        try:
-            X, P, ups = _columns(setup, mask, forest, leaf, area, nA, R)
-            P0 = root_start(ups, kS, h.names[0])[1]
-            cov_a = area_sweep(forest, ups, kS, leaf, area, nA, P0)
-        except SpecError as err:
-            raise block_error(setup.schema, mask, err) from None
-        prior_area[mask] = _cells(setup, mask, cov_a)
-        if r == 0:  # the areas measure nothing of this block: it is unchanged
-            smoothed[mask] = (zhat, P)
-            post_area[mask] = prior_area[mask]
-            continue
-        ranks[_label(setup, mask)] = m
-        Xa = equivalency.sum_leaves(X[-1])  # (nA, m, k): Cov(s_α, B e)ᵀ
-        K = np.einsum("amk,ik->aim", Xa, R).reshape(m, m) + np.eye(m)
-        L = np.linalg.cholesky(0.5 * (K + K.T))
-        # the whitened answers ỹ = (R⁺)ᵀ h (Rᵀỹ = h, Cov ỹ = I), per copy, and residuals
-        ytil = _identified(setup, mask, avec) * setup.tau @ np.linalg.pinv(R)
-        s_hat = equivalency.sum_leaves(zhat[-1])  # (nA, C, k)
-        resid = (ytil - s_hat @ R.T).transpose(0, 2, 1).reshape(m, -1)  # (m, C)
-        w = scipy.linalg.cho_solve((L, True), resid)
-        new_z, new_P = [], []
-        for j in range(D):
-            Z = scipy.linalg.solve_triangular(L, X[j].transpose(1, 0, 2).reshape(m, -1), lower=True)
-            Z = Z.reshape(m, -1, kS)
-            new_z.append(zhat[j] + np.einsum("nmk,mc->nck", X[j], w))
-            new_P.append(P[j] - np.einsum("mnk,mnl->nkl", Z, Z))
-        smoothed[mask] = (new_z, new_P)
-        Za = scipy.linalg.solve_triangular(L, Xa.transpose(1, 0, 2).reshape(m, -1), lower=True)
-        Za = Za.reshape(m, nA, kS)
-        post = cov_a - np.einsum("mak,mal->akl", Za, Za)
-        post_area[mask] = _cells(setup, mask, post)
-    estimates, covariances = structured_output(setup, smoothed, range(D), h.sizes)
-    stmt = _check_privacy(release, equivalency.name, measurements, privacy)
-    updated = dataclasses.replace(
-        release,
-        estimates=tuple(estimates),
-        covariances=tuple(covariances),
+    return setup
+
+
+@dataclass(frozen=True, eq=False)
+class _UpdateContext:
+    """What every block's update reads: the tree's setup and forest, the areas (leaf →
+    area pairs), the tree estimates' basis coefficients and the areas' answers."""
+
+    setup: StructuredSetup
+    equivalency: Equivalency
+    forest: Forest
+    leaf: np.ndarray
+    area: np.ndarray
+    coefs: list[np.ndarray]
+    avec: np.ndarray
+    root: str
+    depth: int
+
+
+def _update_block(
+    ctx: _UpdateContext, mask: int, info: dict[int, np.ndarray]
+) -> tuple[tuple | None, np.ndarray, np.ndarray, int | None]:
+    """Block ``mask`` conditioned on the areas' answers (a rank-``m`` update of the tree
+    GLS): its smoothed (estimates, covariances) per level, the areas' covariances before
+    and after, and ``m`` (None when the areas measure nothing of the block)."""
+    setup, equivalency = ctx.setup, ctx.equivalency
+    nA, D = equivalency.n_areas, ctx.depth
+    kS, nS = setup.k(mask), setup.basis.block_size(mask)
+    if kS == 0:
+        empty = np.zeros((nA, nS, nS))
+        return None, empty, empty, None
+    R = _whitening(setup, mask, info[mask])
+    r, m = R.shape[0], nA * R.shape[0]
+    zhat = [_identified(setup, mask, c) for c in ctx.coefs]
+    try:
+        X, P, ups = _columns(setup, mask, ctx.forest, ctx.leaf, ctx.area, nA, R)
+        P0 = root_start(ups, kS, ctx.root)[1]
+        cov_a = area_sweep(ctx.forest, ups, kS, ctx.leaf, ctx.area, nA, P0)
+    except SpecError as err:
+        raise block_error(setup.schema, mask, err) from None
+    prior = _cells(setup, mask, cov_a)
+    if r == 0:  # the areas measure nothing of this block: it is unchanged
+        return (zhat, P), prior, prior, None
+    Xa = equivalency.sum_leaves(X[-1])  # (nA, m, k): Cov(s_α, B e)ᵀ
+    K = np.einsum("amk,ik->aim", Xa, R).reshape(m, m) + np.eye(m)
+    L = np.linalg.cholesky(0.5 * (K + K.T))
+    # the whitened answers ỹ = (R⁺)ᵀ h (Rᵀỹ = h, Cov ỹ = I), per copy, and residuals
+    ytil = _identified(setup, mask, ctx.avec) * setup.tau @ np.linalg.pinv(R)
+    s_hat = equivalency.sum_leaves(zhat[-1])  # (nA, C, k)
+    resid = (ytil - s_hat @ R.T).transpose(0, 2, 1).reshape(m, -1)  # (m, C)
+    w = scipy.linalg.cho_solve((L, True), resid)
+    new_z, new_P = [], []
+    for j in range(D):
+        Z = scipy.linalg.solve_triangular(L, X[j].transpose(1, 0, 2).reshape(m, -1), lower=True)
+        Z = Z.reshape(m, -1, kS)
+        new_z.append(zhat[j] + np.einsum("nmk,mc->nck", X[j], w))
+        new_P.append(P[j] - np.einsum("mnk,mnl->nkl", Z, Z))
+    Za = scipy.linalg.solve_triangular(L, Xa.transpose(1, 0, 2).reshape(m, -1), lower=True)
+    Za = Za.reshape(m, nA, kS)
+    post = cov_a - np.einsum("mak,mal->akl", Za, Za)
+    return (new_z, new_P), prior, _cells(setup, mask, post), m
+
+
+def _area_estimates(
+    release: StructuredRelease,
+    equivalency: Equivalency,
+    basis: MarginalBasis,
+    stmt: PrivacyStatement,
+    est: np.ndarray,
+    cov: dict[int, np.ndarray],
+) -> AreaEstimates:
+    """The areas' estimates ``est`` with their covariance blocks ``cov``."""
+    return AreaEstimates(
+        name=equivalency.name,
+        codes=equivalency.codes,
+        leaves=equivalency.leaves_per_area(),
+        schema=release.schema,
+        basis=basis,
+        estimates=(est,),
+        covariances=(BlockDiagonal(basis, cov),),
+        identified=release.identified,
         privacy=stmt,
-        diagnostics={**release.diagnostics, "area_update_rank": ranks},
-        _rows={},
-        setup=None,  # its covariance passes are the tree's alone: not this release's
-    )
-
-    def areas(est: np.ndarray, cov: dict[int, np.ndarray]) -> AreaEstimates:
-        return AreaEstimates(
-            name=equivalency.name,
-            codes=equivalency.codes,
-            leaves=equivalency.leaves_per_area(),
-            schema=release.schema,
-            basis=basis,
-            estimates=(est,),
-            covariances=(BlockDiagonal(basis, cov),),
-            identified=release.identified,
-            privacy=stmt,
-        )
-
-    return MeasuredAreas(
-        release=updated,
-        areas=areas(equivalency.sum_leaves(estimates[-1]), post_area),
-        prior_areas=areas(equivalency.sum_leaves(release.estimates[-1]), prior_area),
-        diagnostics={"update_rank": ranks},
     )
 
 

@@ -70,6 +70,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -98,6 +99,7 @@ from censusdp.hierarchy.equivalency import Equivalency
 from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.options import with_keywords
 from censusdp.schema import Schema
 
 __all__ = [
@@ -109,6 +111,7 @@ __all__ = [
     "area_release",
     "area_sweep",
     "area_top",
+    "SweepOptions",
     "structured_area_covariance",
     "tree_area_covariance",
 ]
@@ -172,6 +175,33 @@ def area_pairs(
     return AreaPairs(tuple(nodes), tuple(areas), tuple(ups))
 
 
+@dataclass(frozen=True, eq=False)
+class SweepOptions:
+    """How :func:`area_sweep` reads its tree problem and where it starts and stops.
+
+    Attributes
+    ----------
+    rows : sequence of numpy.ndarray, optional
+        Per level, the row of ``ups`` of every node (shape classes: ``node_class``).
+    up_forest : Forest, optional
+        The forest ``ups`` ran on (for the bordered family inverse and its messages).
+    start : (node, area, M), optional
+        Pairs at the forest's last level to start from instead of ``leaf, area`` (the cut
+        level's pairs that partitions send up); ``leaf`` and ``area`` are then ignored.
+    to_root : bool
+        False for a partition's forest (its top level is a cut, not the root): stop at the
+        top level and return the partial sums with its pairs (``P_root`` is not read).
+    pairs : AreaPairs, optional
+        :func:`area_pairs` of the same forest and areas, computed once for several problems.
+    """
+
+    rows: Sequence[np.ndarray] | None = None
+    up_forest: Forest | None = None
+    start: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    to_root: bool = True
+    pairs: AreaPairs | None = None
+
+
 def area_sweep(
     forest: Forest,
     ups: Sequence[UpwardBelief],
@@ -181,11 +211,8 @@ def area_sweep(
     n_areas: int,
     P_root: np.ndarray,
     *,
-    rows: Sequence[np.ndarray] | None = None,
-    up_forest: Forest | None = None,
-    start: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-    to_root: bool = True,
-    pairs: AreaPairs | None = None,
+    options: SweepOptions | None = None,
+    **legacy: Any,
 ) -> np.ndarray | tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Error covariances ``(n_areas, K, K)`` of sums of leaves, in one pass up the tree.
 
@@ -203,18 +230,11 @@ def area_sweep(
     n_areas : int
     P_root : numpy.ndarray
         The root's smoothed covariance ``(1, K, K)``.
-    rows : sequence of numpy.ndarray, optional
-        Per level, the row of ``ups`` of every node (shape classes: ``node_class``).
-    up_forest : Forest, optional
-        The forest ``ups`` ran on (for the bordered family inverse and its messages).
-    start : (node, area, M), optional
-        Pairs at the forest's last level to start from instead of ``leaf, area`` (the cut
-        level's pairs that partitions send up); ``leaf`` and ``area`` are then ignored.
-    to_root : bool
-        False for a partition's forest (its top level is a cut, not the root): stop at the
-        top level and return the partial sums with its pairs (``P_root`` is not read).
-    pairs : AreaPairs, optional
-        :func:`area_pairs` of the same forest and areas, computed once for several problems.
+    options : SweepOptions, optional
+        Class rows, the forest ``ups`` ran on, a start from the cut, a partial sweep and
+        shared pairs (:class:`SweepOptions`; default: none of them). The same names given
+        as keyword arguments (``**legacy``, as before the options existed) are applied over
+        it for one release.
 
     Returns
     -------
@@ -222,7 +242,9 @@ def area_sweep(
         ``Var(Σ_{l∈α} ẑ_l − z_l)`` per area (see the module docstring), scaled units; with
         ``to_root=False`` the terms of the levels below the forest's top and its pairs.
     """
-    uf = forest if up_forest is None else up_forest
+    o = with_keywords(SweepOptions, options, legacy, "area_sweep")
+    rows, start, pairs = o.rows, o.start, o.pairs
+    uf = forest if o.up_forest is None else o.up_forest
     D = forest.depth
     acc = np.zeros((n_areas, K, K))
     if pairs is None:
@@ -259,7 +281,7 @@ def area_sweep(
             acc -= _scatter_sum(parea, _quad(Q, Yp), n_areas)
         M = Mp
     node, ar = pairs.node[-1], pairs.area[-1]
-    if not to_root:
+    if not o.to_root:
         return acc, (node, ar, M)
     acc += _scatter_sum(ar, _quad(M, P_root), n_areas)
     return 0.5 * (acc + acc.swapaxes(-1, -2))
@@ -294,7 +316,14 @@ def structured_area_covariance(setup: StructuredSetup, equivalency: Equivalency)
             ups = general_up(forest, covariance_levels(setup, mask, 0, forest.sizes), kS, None)
             P0 = root_start(ups, kS, h.names[0])[1]
             cov = area_sweep(
-                forest, ups, kS, equivalency.leaf, equivalency.area, nA, P0, pairs=pairs
+                forest,
+                ups,
+                kS,
+                equivalency.leaf,
+                equivalency.area,
+                nA,
+                P0,
+                options=SweepOptions(pairs=pairs),
             )
         except SpecError as err:
             raise block_error(setup.schema, mask, err) from None
@@ -377,7 +406,7 @@ def area_partition(
             ups = general_up(forest, covariance_levels(setup, mask, cut, ranges), kS, None)
             acc[mask], (node, ar, M) = area_sweep(
                 forest, ups, kS, leaf, area, equivalency.n_areas, np.zeros((1, kS, kS)),
-                to_root=False, pairs=shared,
+                options=SweepOptions(to_root=False, pairs=shared),
             )  # fmt: skip
         except SpecError as err:
             raise block_error(setup.schema, mask, err) from None
@@ -407,7 +436,9 @@ def area_top(
         try:
             ups = general_up(forest, levels, kS, msg)
             P0 = root_start(ups, kS, h.names[0])[1]
-            cov = area_sweep(forest, ups, kS, start[0], start[1], nA, P0, start=start)
+            cov = area_sweep(
+                forest, ups, kS, start[0], start[1], nA, P0, options=SweepOptions(start=start)
+            )
         except SpecError as err:
             raise block_error(setup.schema, mask, err) from None
         cov = cov + sum(p.acc[mask] for p in partials)

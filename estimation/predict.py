@@ -48,7 +48,13 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.areas import AreaEstimates, AreaPairs, area_pairs, area_sweep
+from censusdp.estimation.areas import (
+    AreaEstimates,
+    AreaPairs,
+    SweepOptions,
+    area_pairs,
+    area_sweep,
+)
 from censusdp.estimation.gls_kernel import (
     LevelInputs,
     general_down,
@@ -427,7 +433,7 @@ def _area_pass(
     tree, shared = pairs
     return area_sweep(
         tree, ups, K, areas.leaf, areas.area, areas.n_areas, Phat[0][:1],
-        rows=classes.node_class, up_forest=forest, pairs=shared,
+        options=SweepOptions(rows=classes.node_class, up_forest=forest, pairs=shared),
     )  # fmt: skip
 
 
@@ -543,62 +549,121 @@ def predict_errors(
     """
     clock: dict[str, float] = {}
     with stage(clock, "classes"):
-        if areas is not None:
-            if not isinstance(hierarchy, Hierarchy):
-                raise SpecError(
-                    "predict: areas need the hierarchy itself (its parents), not its classes"
-                )
-            if areas.n_leaves != hierarchy.leaves.size:
-                raise SpecError(
-                    f"{areas.source}: the equivalency was read for {areas.n_leaves} leaves, the "
-                    f"hierarchy has {hierarchy.leaves.size}; read it against this hierarchy"
-                )
-            tree = whole_forest(hierarchy)
-            tree_pairs = (tree, area_pairs(tree, areas.leaf, areas.area, areas.n_areas))
+        tree_pairs = _area_tree(hierarchy, areas)
         classes = hierarchy if isinstance(hierarchy, ShapeClasses) else shape_classes(hierarchy)
     with stage(clock, "passes"):
         names = classes.names
-        D = classes.depth
-        if not plan:
-            raise SpecError(
-                "predict: the plan has no measurement; give (level, query, law) entries"
-            )
-        meas: list[tuple[int, ProductQuery, NoiseLaw]] = []
-        seen: set[tuple[int, str]] = set()
-        for level, q, law in plan:
-            k = _level_of(names, level, f"measurement of {q.name!r}")
-            if q.schema is not schema:
-                raise SpecError(
-                    f"measurement {q.name!r} at level {names[k]!r} is over schema "
-                    f"{q.schema.name!r}, not {schema.name!r}"
-                )
-            if (k, q.name) in seen:
-                raise SpecError(
-                    f"level {names[k]!r}: query {q.name!r} is planned twice; measure each (level, "
-                    "query) once"
-                )
-            seen.add((k, q.name))
-            meas.append((k, q, law))
-        extra = []
-        for level, q, p in information:
-            k = _level_of(names, level, f"information of {q.name!r}")
-            if q.schema is not schema:
-                raise SpecError(
-                    f"information {q.name!r} at level {names[k]!r} is over another schema"
-                )
-            extra.append((k, q, float(p)))
-        invs = []
-        for level, q in invariants:
-            k = _level_of(names, level, f"invariant {q.name!r}")
-            if q.schema is not schema:
-                raise SpecError(
-                    f"invariant {q.name!r} at level {names[k]!r} is over another schema"
-                )
-            invs.append((k, q))
+        meas, extra, invs = _checked_plan(names, schema, plan, information, invariants)
         derived = derive_statement(names, meas, delta=delta)
         labels = tuple(dict.fromkeys(f"{names[k]}: {q.name}" for k, q in invs))
         privacy = dataclasses.replace(derived, invariants=labels, geometry="weighted")
+        info = _Information.of(schema, meas, extra, invs, classes.depth)
+        solver = _ProblemSolver(classes, schema, hierarchy, areas, tree_pairs)
+        cov_blocks: list[dict[int, np.ndarray]] = [{} for _ in range(classes.depth)]
+        ident: dict[int, np.ndarray] = {}
+        area_cov: dict[int, np.ndarray] = {}
+        for mask in info.basis.subsets:
+            ident[mask] = _block_covariance(mask, info, solver, cov_blocks, area_cov)
+        area_estimates = None
+        if areas is not None:
+            area_estimates = _area_estimates(areas, schema, info.basis, area_cov, ident, privacy)
+    diagnostics = {
+        "classes": dict(zip(names, (int(s) for s in classes.sizes), strict=True)),
+        "nodes": dict(zip(names, classes.n_nodes(), strict=True)),
+        "tree_problems": solver.n_problems,
+        "seconds_classes": clock["classes"],
+        "seconds_passes": clock["passes"],
+    }
+    basis = info.basis
+    return Prediction(
+        schema=schema,
+        classes=classes,
+        basis=basis,
+        covariances=tuple(BlockDiagonal(basis, b) for b in cov_blocks),
+        identified=BlockDiagonal(basis, ident),
+        privacy=privacy,
+        plan=tuple(
+            (names[k], q.name, float(v)) for (k, q, _), v in zip(meas, info.variances, strict=True)
+        ),
+        diagnostics=diagnostics,
+        tau2=info.tau2,
+        areas=area_estimates,
+    )
 
+
+def _area_tree(
+    hierarchy: Hierarchy | ShapeClasses, areas: Equivalency | None
+) -> tuple[Forest, AreaPairs] | None:
+    """The hierarchy's forest and the areas' pairs on it (None without areas)."""
+    if areas is None:
+        return None
+    if not isinstance(hierarchy, Hierarchy):
+        raise SpecError("predict: areas need the hierarchy itself (its parents), not its classes")
+    if areas.n_leaves != hierarchy.leaves.size:
+        raise SpecError(
+            f"{areas.source}: the equivalency was read for {areas.n_leaves} leaves, the "
+            f"hierarchy has {hierarchy.leaves.size}; read it against this hierarchy"
+        )
+    tree = whole_forest(hierarchy)
+    return tree, area_pairs(tree, areas.leaf, areas.area, areas.n_areas)
+
+
+def _checked_plan(
+    names: Sequence[str],
+    schema: Schema,
+    plan: Sequence[tuple[str | int, ProductQuery, NoiseLaw]],
+    information: Sequence[tuple[str | int, ProductQuery, float]],
+    invariants: Sequence[tuple[str | int, ProductQuery]],
+) -> tuple[list, list, list]:
+    """Measurements, extra information and invariants with levels as indices, each over
+    ``schema`` and each (level, query) measured once."""
+    if not plan:
+        raise SpecError("predict: the plan has no measurement; give (level, query, law) entries")
+    meas: list[tuple[int, ProductQuery, NoiseLaw]] = []
+    seen: set[tuple[int, str]] = set()
+    for level, q, law in plan:
+        k = _level_of(names, level, f"measurement of {q.name!r}")
+        if q.schema is not schema:
+            raise SpecError(
+                f"measurement {q.name!r} at level {names[k]!r} is over schema {q.schema.name!r}, "
+                f"not {schema.name!r}"
+            )
+        if (k, q.name) in seen:
+            raise SpecError(
+                f"level {names[k]!r}: query {q.name!r} is planned twice; measure each (level, "
+                "query) once"
+            )
+        seen.add((k, q.name))
+        meas.append((k, q, law))
+    extra = []
+    for level, q, p in information:
+        k = _level_of(names, level, f"information of {q.name!r}")
+        if q.schema is not schema:
+            raise SpecError(f"information {q.name!r} at level {names[k]!r} is over another schema")
+        extra.append((k, q, float(p)))
+    invs = []
+    for level, q in invariants:
+        k = _level_of(names, level, f"invariant {q.name!r}")
+        if q.schema is not schema:
+            raise SpecError(f"invariant {q.name!r} at level {names[k]!r} is over another schema")
+        invs.append((k, q))
+    return meas, extra, invs
+
+
+@dataclass(frozen=True)
+class _Information:
+    """Per level the information ``J_k`` (scaled by ``tau2``) and invariant Grams ``GH_k``
+    in the marginal basis, per block; ``measured`` sums every measured Gram."""
+
+    basis: MarginalBasis
+    variances: np.ndarray
+    tau2: float
+    J: list
+    GH: list
+    measured: dict
+
+    @classmethod
+    def of(cls, schema: Schema, meas: list, extra: list, invs: list, D: int) -> _Information:
         variances = np.array([float(law.variance) for _, _, law in meas])
         tau2 = float(np.median(variances))  # the scaling of structured_gls, for equal rounding
         queries = [q for _, q, _ in meas] + [q for _, q in invs] + [q for _, q, _ in extra]
@@ -625,99 +690,114 @@ def predict_errors(
         for k, q in invs:
             g = grams[tuple(id(f) for f in q.factors)].blocks
             GH[k] = g if GH[k] is None else {m: GH[k][m] + g[m] for m in g}
+        return cls(basis, variances, tau2, J, GH, measured)
 
-        forest = _ClassForest(classes)
-        sizes = classes.sizes
-        cov_blocks: list[dict[int, np.ndarray]] = [{} for _ in range(D)]
-        ident: dict[int, np.ndarray] = {}
-        solved: dict[tuple, list[np.ndarray]] = {}  # one tree pass per distinct small problem
-        area_cov: dict[int, np.ndarray] = {}
-        area_solved: dict[tuple, np.ndarray] = {}
-        n_problems = 0
-        for mask in basis.subsets:
-            nS = basis.block_size(mask)
-            V, _ = range_basis(sum([measured[mask]] + [g[mask] for g in GH if g is not None]))
-            kS = V.shape[1]
-            ident[mask] = V @ V.T
-            for k in range(D):
-                cov_blocks[k][mask] = np.zeros((1, nS, nS))
-            if kS == 0:
-                continue
-            Js = [None if J[k] is None else V.T @ J[k][mask] @ V for k in range(D)]
-            Hs = [None] * D
-            for k in range(D):
-                if GH[k] is not None:
-                    U, _ = range_basis(GH[k][mask])
-                    Hs[k] = U.T @ V
-            groups = _decouple(Js, [None if H is None else H.T @ H for H in Hs], kS)
-            for G in groups:
-                g = G.shape[1]
-                Jg = [np.zeros((1, g, g)) if Jk is None else (G.T @ Jk @ G)[None] for Jk in Js]
-                Hg = [
-                    np.zeros((0, g)) if H is None else (H if len(groups) == 1 else _rows(H @ G))
-                    for H in Hs
-                ]
-                key = (g, *(_rounded(x) for x in Jg), *(_rounded(x) for x in Hg))
-                if key not in solved:
-                    n_problems += 1
-                    try:
-                        solved[key], ups = _covariance_passes(forest, classes, Jg, Hg, g)
-                        if areas is not None:
-                            area_solved[key] = _area_pass(
-                                hierarchy, classes, forest, ups, solved[key], areas, tree_pairs, g
-                            )
-                    except SpecError as err:
-                        raise SpecError(
-                            f"{err} (block of the group parts of attributes "
-                            f"{axes_label(schema, mask)})"
-                        ) from None
-                W = V @ G
-                if areas is not None:
-                    add = W @ area_solved[key] @ W.T * tau2
-                    area_cov[mask] = area_cov[mask] + add if mask in area_cov else add
-                for k, P in enumerate(solved[key]):
-                    if g == 1:  # a scalar per class times one outer product
-                        block = (P.reshape(-1, 1, 1) * tau2) * np.outer(W[:, 0], W[:, 0])
-                    else:
-                        block = W @ P @ W.T * tau2
-                    cov_blocks[k][mask] = cov_blocks[k][mask] + block
-        area_estimates = None
-        if areas is not None:
-            blocks = {
-                m: area_cov.get(
-                    m, np.zeros((areas.n_areas, basis.block_size(m), basis.block_size(m)))
-                )
-                for m in basis.subsets
-            }
-            area_estimates = AreaEstimates(
-                name=areas.name,
-                codes=areas.codes,
-                leaves=areas.leaves_per_area(),
-                schema=schema,
-                basis=basis,
-                estimates=(),
-                covariances=(BlockDiagonal(basis, blocks),),
-                identified=BlockDiagonal(basis, ident),
-                privacy=privacy,
-            )
-    diagnostics = {
-        "classes": dict(zip(names, (int(s) for s in sizes), strict=True)),
-        "nodes": dict(zip(names, classes.n_nodes(), strict=True)),
-        "tree_problems": n_problems,
-        "seconds_classes": clock["classes"],
-        "seconds_passes": clock["passes"],
+
+class _ProblemSolver:
+    """The class passes of each distinct small tree problem, run once (keyed by its
+    rounded matrices) and counted, with the areas' sweep when there are areas."""
+
+    def __init__(
+        self,
+        classes: ShapeClasses,
+        schema: Schema,
+        hierarchy: Hierarchy | ShapeClasses,
+        areas: Equivalency | None,
+        tree_pairs: tuple[Forest, AreaPairs] | None,
+    ) -> None:
+        self.classes, self.schema, self.hierarchy = classes, schema, hierarchy
+        self.areas, self.tree_pairs = areas, tree_pairs
+        self.forest = _ClassForest(classes)
+        self.solved: dict[tuple, list[np.ndarray]] = {}
+        self.area_solved: dict[tuple, np.ndarray] = {}
+        self.n_problems = 0
+
+    def solve(self, Jg: list, Hg: list, g: int, mask: int) -> tuple:
+        """The problem's key (for :attr:`solved` and :attr:`area_solved`), solved if new."""
+        key = (g, *(_rounded(x) for x in Jg), *(_rounded(x) for x in Hg))
+        if key not in self.solved:
+            self.n_problems += 1
+            try:
+                self.solved[key], ups = _covariance_passes(self.forest, self.classes, Jg, Hg, g)
+                if self.areas is not None:
+                    self.area_solved[key] = _area_pass(
+                        self.hierarchy, self.classes, self.forest, ups, self.solved[key],
+                        self.areas, self.tree_pairs, g,
+                    )  # fmt: skip
+            except SpecError as err:
+                raise SpecError(
+                    f"{err} (block of the group parts of attributes "
+                    f"{axes_label(self.schema, mask)})"
+                ) from None
+        return key
+
+
+def _block_covariance(
+    mask: int,
+    info: _Information,
+    solver: _ProblemSolver,
+    cov_blocks: list[dict[int, np.ndarray]],
+    area_cov: dict[int, np.ndarray],
+) -> np.ndarray:
+    """Add block ``mask``'s covariances to ``cov_blocks`` (every level) and ``area_cov``;
+    return the projector onto its identified subspace."""
+    D, tau2 = len(info.J), info.tau2
+    J, GH = info.J, info.GH
+    nS = info.basis.block_size(mask)
+    V, _ = range_basis(sum([info.measured[mask]] + [g[mask] for g in GH if g is not None]))
+    kS = V.shape[1]
+    for k in range(D):
+        cov_blocks[k][mask] = np.zeros((1, nS, nS))
+    if kS == 0:
+        return V @ V.T
+    Js = [None if J[k] is None else V.T @ J[k][mask] @ V for k in range(D)]
+    Hs = [None] * D
+    for k in range(D):
+        if GH[k] is not None:
+            U, _ = range_basis(GH[k][mask])
+            Hs[k] = U.T @ V
+    groups = _decouple(Js, [None if H is None else H.T @ H for H in Hs], kS)
+    for G in groups:
+        g = G.shape[1]
+        Jg = [np.zeros((1, g, g)) if Jk is None else (G.T @ Jk @ G)[None] for Jk in Js]
+        Hg = [
+            np.zeros((0, g)) if H is None else (H if len(groups) == 1 else _rows(H @ G)) for H in Hs
+        ]
+        key = solver.solve(Jg, Hg, g, mask)
+        W = V @ G
+        if solver.areas is not None:
+            add = W @ solver.area_solved[key] @ W.T * tau2
+            area_cov[mask] = area_cov[mask] + add if mask in area_cov else add
+        for k, P in enumerate(solver.solved[key]):
+            if g == 1:  # a scalar per class times one outer product
+                block = (P.reshape(-1, 1, 1) * tau2) * np.outer(W[:, 0], W[:, 0])
+            else:
+                block = W @ P @ W.T * tau2
+            cov_blocks[k][mask] = cov_blocks[k][mask] + block
+    return V @ V.T
+
+
+def _area_estimates(
+    areas: Equivalency,
+    schema: Schema,
+    basis: MarginalBasis,
+    area_cov: dict[int, np.ndarray],
+    ident: dict[int, np.ndarray],
+    privacy: PrivacyStatement,
+) -> AreaEstimates:
+    """The areas' predicted covariances (no estimates: there are no counts)."""
+    blocks = {
+        m: area_cov.get(m, np.zeros((areas.n_areas, basis.block_size(m), basis.block_size(m))))
+        for m in basis.subsets
     }
-    return Prediction(
+    return AreaEstimates(
+        name=areas.name,
+        codes=areas.codes,
+        leaves=areas.leaves_per_area(),
         schema=schema,
-        classes=classes,
         basis=basis,
-        covariances=tuple(BlockDiagonal(basis, b) for b in cov_blocks),
+        estimates=(),
+        covariances=(BlockDiagonal(basis, blocks),),
         identified=BlockDiagonal(basis, ident),
         privacy=privacy,
-        plan=tuple(
-            (names[k], q.name, float(v)) for (k, q, _), v in zip(meas, variances, strict=True)
-        ),
-        diagnostics=diagnostics,
-        tau2=tau2,
-        areas=area_estimates,
     )

@@ -697,10 +697,71 @@ def _run_step(
     tol: float,
 ) -> tuple[_Elems, _Record]:
     """Merge the elements of every group of one step, in element-id order (see module)."""
-    nbp = step.prev.nb
     new = step.new
     assert new is not None
     nbg, Fg = new.nb, new.F
+    el, gid, gnode_all, ginv, starts, rank, blk = _grouped(el, step, node_map, nbg)
+    n, G = el.eid.size, starts.size
+    li = step.lift[blk]
+    take = np.broadcast_to(np.maximum(li, 0)[:, None, :], (n, 2, Fg))
+    on = (li >= 0)[:, None, :]
+    mu = np.where(on, np.take_along_axis(el.mu, take, 2), 0.0)
+    m2 = np.where(on, np.take_along_axis(el.m2, take, 2), 0.0)
+    u_all = U(el.eid)
+    val = el.val
+    c = _Carry.zeros(G, n, Fg)
+    by_rank = np.argsort(rank, kind="stable")
+    bounds = np.searchsorted(rank[by_rank], np.arange(int(rank.max(initial=-1)) + 2))
+    for k in range(bounds.size - 1):
+        sel = by_rank[bounds[k] : bounds[k + 1]]
+        g = ginv[sel]
+        c.segx[sel] = c.seg[g]
+        c.lamx[sel] = c.lam[g]
+        c.lamp[sel] = c.lam[g]
+        dead = val[sel] == 0.0
+        if dead.any():  # finished below: independent of everything from here on
+            e, gg = sel[dead], g[dead]
+            c.f_m2[gg] += m2[e, 0]
+            c.f_mu[gg] += mu[e, 0]
+        start = ~dead & ~c.live[g]
+        if start.any():
+            e, gg = sel[start], g[start]
+            c.live[gg] = True
+            c.val[gg], c.item[gg] = val[e], el.item[e]
+            c.mu[gg], c.m2[gg] = mu[e], m2[e]
+            c.slope[e] = 1.0
+        mg = ~dead & ~start
+        if mg.any():
+            _merge_into(c, sel[mg], g[mg], val, el.item, mu, m2, u_all, add, tol)
+    out_mu, out_m2 = _indep(c.mu, c.m2, c.f_mu, c.f_m2)
+    out_val = np.where(c.live, c.val, 0.0)
+    g_last = c.live[ginv] & (c.segx == c.seg[ginv]) & (val > 0)
+    B = np.where(g_last, c.slope * np.exp(np.minimum(c.lam[ginv] - c.lamx, 0.0)), 0.0)
+    kept = step.top_of is not None
+    rec = _Record(
+        el.eid,
+        gnode_all,
+        rank,
+        c.segx,
+        c.slope,
+        c.lamx,
+        c.lamp,
+        c.cov,
+        val,
+        B,
+        el.mu if kept else None,
+        el.m2 if kept else None,
+    )
+    return _Elems(gid[starts], c.item, out_val, out_mu, out_m2), rec
+
+
+def _grouped(
+    el: _Elems, step: _Step, node_map: Callable[[np.ndarray], np.ndarray], nbg: int
+) -> tuple[_Elems, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The step's elements sorted by (group, element id), ``nbg`` blocks per node of the
+    step's groups: the elements, their group ids, global nodes, group index, the groups'
+    first positions, the rank in the group and the previous step's block."""
+    nbp = step.prev.nb
     node = el.eid // nbp
     blk = el.eid % nbp
     gnode_all = node_map(node)
@@ -713,105 +774,98 @@ def _run_step(
     starts = np.flatnonzero(first)
     ginv = np.cumsum(first) - 1
     rank = np.arange(n) - starts[ginv] if n else np.zeros(0, np.int64)
-    G = starts.size
-    li = step.lift[blk]
-    take = np.broadcast_to(np.maximum(li, 0)[:, None, :], (n, 2, Fg))
-    on = (li >= 0)[:, None, :]
-    mu = np.where(on, np.take_along_axis(el.mu, take, 2), 0.0)
-    m2 = np.where(on, np.take_along_axis(el.m2, take, 2), 0.0)
-    u_all = U(el.eid)
-    val = el.val
-    c_live = np.zeros(G, bool)
-    c_val = np.zeros(G)
-    c_item = np.full(G, -1, np.int64)
-    c_mu = np.zeros((G, 2, Fg))
-    c_m2 = np.zeros((G, 2, Fg))
-    f_mu = np.zeros((G, Fg))
-    f_m2 = np.zeros((G, Fg))
-    lam = np.zeros(G)
-    seg = np.zeros(G, np.int64)
-    slope = np.zeros(n)
-    lamx = np.zeros(n)
-    lamp = np.zeros(n)
-    cov = np.zeros(n)
-    segx = np.zeros(n, np.int64)
-    by_rank = np.argsort(rank, kind="stable")
-    bounds = np.searchsorted(rank[by_rank], np.arange(int(rank.max(initial=-1)) + 2))
-    for k in range(bounds.size - 1):
-        sel = by_rank[bounds[k] : bounds[k + 1]]
-        g = ginv[sel]
-        segx[sel] = seg[g]
-        lamx[sel] = lam[g]
-        lamp[sel] = lam[g]
-        dead = val[sel] == 0.0
-        if dead.any():  # finished below: independent of everything from here on
-            e, gg = sel[dead], g[dead]
-            f_m2[gg] += m2[e, 0]
-            f_mu[gg] += mu[e, 0]
-        start = ~dead & ~c_live[g]
-        if start.any():
-            e, gg = sel[start], g[start]
-            c_live[gg] = True
-            c_val[gg], c_item[gg] = val[e], el.item[e]
-            c_mu[gg], c_m2[gg] = mu[e], m2[e]
-            slope[e] = 1.0
-        mg = ~dead & ~start
-        if not mg.any():
-            continue
-        e, gg = sel[mg], g[mg]
-        a, b = c_val[gg], val[e]
-        s = a + b
-        reset = np.abs(s - 1.0) <= tol
-        high = (s > 1.0) & ~reset
-        kind = np.where(reset, 1, np.where(high, 2, 0))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            p1 = np.where(kind == 0, a / s, np.where(reset, a, (1.0 - b) / (2.0 - s)))
-            beta_l = np.where(kind == 0, a / s, np.where(reset, 0.0, (1.0 - a) / (2.0 - s)))
-            beta_r = np.where(kind == 0, b / s, np.where(reset, 0.0, (1.0 - b) / (2.0 - s)))
-        cov[e] = np.where(high, -(1.0 - a) * (1.0 - b), -a * b)
-        slope[e] = beta_r
-        pick = u_all[e] < p1
-        Li, Ri = c_item[gg], el.item[e]
-        # outcome 1: low -> R's part 0, L carries; reset -> L gets 1; high -> L gets 1, R carries
-        one = np.where(pick, np.where(kind == 0, -1, Li), np.where(kind == 0, -1, Ri))
-        hit = one >= 0
-        add[one[hit]] += 1
-        carrier = np.where(pick, np.where(kind == 2, Ri, Li), np.where(kind == 2, Li, Ri))
-        nmu, nm2 = _combine(c_mu[gg], c_m2[gg], mu[e], m2[e], p1, kind)
-        live = ~reset
-        c_item[gg] = np.where(live, carrier, -1)
-        c_val[gg] = np.where(live, np.where(high, s - 1.0, s), 0.0)
-        with np.errstate(divide="ignore"):
-            lam[gg] = np.where(live, lam[gg] + np.log(np.where(live, beta_l, 1.0)), lam[gg])
-        lamx[e] = lam[gg]
-        if reset.any():
-            rg = gg[reset]
-            f_m2[rg] += nm2[reset, 0]
-            f_mu[rg] += nmu[reset, 0]
-            seg[rg] += 1
-            c_live[rg] = False
-            nmu[reset] = 0.0
-            nm2[reset] = 0.0
-        c_mu[gg], c_m2[gg] = nmu, nm2
-    out_mu, out_m2 = _indep(c_mu, c_m2, f_mu, f_m2)
-    out_val = np.where(c_live, c_val, 0.0)
-    g_last = c_live[ginv] & (segx == seg[ginv]) & (val > 0)
-    B = np.where(g_last, slope * np.exp(np.minimum(lam[ginv] - lamx, 0.0)), 0.0)
-    rec = _Record(
-        el.eid,
-        gnode_all,
-        rank,
-        segx,
-        slope,
-        lamx,
-        lamp,
-        cov,
-        val,
-        B,
-        el.mu if step.top_of is not None else None,
-        el.m2 if step.top_of is not None else None,
-    )
-    return _Elems(gid[starts], c_item, out_val, out_mu, out_m2), rec
+    return el, gid, gnode_all, ginv, starts, rank, blk
+
+
+@dataclass(eq=False)
+class _Carry:
+    """The merge state of one step: per group its carried set (live, value, item, state),
+    the finished part's state (``f_mu``, ``f_m2``), Σ log slope ``lam`` and segment
+    ``seg``; per element what :class:`_Record` keeps."""
+
+    live: np.ndarray
+    val: np.ndarray
+    item: np.ndarray
+    mu: np.ndarray
+    m2: np.ndarray
+    f_mu: np.ndarray
+    f_m2: np.ndarray
+    lam: np.ndarray
+    seg: np.ndarray
+    slope: np.ndarray
+    lamx: np.ndarray
+    lamp: np.ndarray
+    cov: np.ndarray
+    segx: np.ndarray
+
+    @classmethod
+    def zeros(cls, G: int, n: int, Fg: int) -> _Carry:
+        return cls(
+            live=np.zeros(G, bool),
+            val=np.zeros(G),
+            item=np.full(G, -1, np.int64),
+            mu=np.zeros((G, 2, Fg)),
+            m2=np.zeros((G, 2, Fg)),
+            f_mu=np.zeros((G, Fg)),
+            f_m2=np.zeros((G, Fg)),
+            lam=np.zeros(G),
+            seg=np.zeros(G, np.int64),
+            slope=np.zeros(n),
+            lamx=np.zeros(n),
+            lamp=np.zeros(n),
+            cov=np.zeros(n),
+            segx=np.zeros(n, np.int64),
+        )
+
+
+def _merge_into(
+    c: _Carry,
+    e: np.ndarray,
+    gg: np.ndarray,
+    val: np.ndarray,
+    item: np.ndarray,
+    mu: np.ndarray,
+    m2: np.ndarray,
+    u_all: np.ndarray,
+    add: np.ndarray,
+    tol: float,
+) -> None:
+    """Merge elements ``e`` into their groups' (``gg``) carried sets: the pipage step
+    of the two values, its integer part added to ``add``, the carry updated."""
+    a, b = c.val[gg], val[e]
+    s = a + b
+    reset = np.abs(s - 1.0) <= tol
+    high = (s > 1.0) & ~reset
+    kind = np.where(reset, 1, np.where(high, 2, 0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p1 = np.where(kind == 0, a / s, np.where(reset, a, (1.0 - b) / (2.0 - s)))
+        beta_l = np.where(kind == 0, a / s, np.where(reset, 0.0, (1.0 - a) / (2.0 - s)))
+        beta_r = np.where(kind == 0, b / s, np.where(reset, 0.0, (1.0 - b) / (2.0 - s)))
+    c.cov[e] = np.where(high, -(1.0 - a) * (1.0 - b), -a * b)
+    c.slope[e] = beta_r
+    pick = u_all[e] < p1
+    Li, Ri = c.item[gg], item[e]
+    # outcome 1: low -> R's part 0, L carries; reset -> L gets 1; high -> L gets 1, R carries
+    one = np.where(pick, np.where(kind == 0, -1, Li), np.where(kind == 0, -1, Ri))
+    hit = one >= 0
+    add[one[hit]] += 1
+    carrier = np.where(pick, np.where(kind == 2, Ri, Li), np.where(kind == 2, Li, Ri))
+    nmu, nm2 = _combine(c.mu[gg], c.m2[gg], mu[e], m2[e], p1, kind)
+    live = ~reset
+    c.item[gg] = np.where(live, carrier, -1)
+    c.val[gg] = np.where(live, np.where(high, s - 1.0, s), 0.0)
+    with np.errstate(divide="ignore"):
+        c.lam[gg] = np.where(live, c.lam[gg] + np.log(np.where(live, beta_l, 1.0)), c.lam[gg])
+    c.lamx[e] = c.lam[gg]
+    if reset.any():
+        rg = gg[reset]
+        c.f_m2[rg] += nm2[reset, 0]
+        c.f_mu[rg] += nmu[reset, 0]
+        c.seg[rg] += 1
+        c.live[rg] = False
+        nmu[reset] = 0.0
+        nm2[reset] = 0.0
+    c.mu[gg], c.m2[gg] = nmu, nm2
 
 
 def _final_step(el: _Elems, step: _Step, rng: KeyedRNG, label: str, add: np.ndarray) -> _Record:

@@ -735,39 +735,14 @@ def l2_multipass(
     """
     if method not in ("auto", "structured", "clarabel"):
         raise SpecError(f"l2 method {method!r}: use 'auto', 'structured' or 'clarabel'")
-    n, na = layout.n_children, layout.n_active
-    inv = _check_invariants(layout, invariants, where)
-    scale = solver_unit(
-        layout.parent, n, [np.asarray(v) for _, v, _ in measurements] + [v for _, v in inv]
-    )
-    parent = None
-    if layout.parent is not None:
-        parent = np.asarray(layout.parent, np.float64)[layout.active] / scale
-    terms: dict[str, _Term] = {}
-    qkeys: dict[str, tuple] = {}
-    for q, vals, var in measurements:
-        b = layout.block(q)
-        r = b.rows.size
-        if r == 0:
-            continue  # every row counts only zero cells: a constant
-        w = 1.0 / np.broadcast_to(np.asarray(var, np.float64).reshape(-1, 1), (n, 1))
-        y = np.asarray(vals, np.float64)[:, b.rows].reshape(-1) / scale
-        K = None if b.identity else layout.kron(q)
-        terms[q.name] = _Term(q.name, K, y, np.repeat(w, r, axis=1).reshape(-1))
-        qkeys[q.name] = _query_key(q)
-    wmax = max(float(t.w.max()) for t in terms.values()) if terms else 1.0
-    for t in terms.values():
-        t.w = t.w / wmax  # the minimiser does not depend on a common factor
-    inv_cons = []
-    for b, v in inv:
-        rhs = v.reshape(-1).astype(np.float64) / scale
-        inv_cons.append((layout.kron(b.query), rhs, rhs))
+    prob = _L2Problem.of(layout, measurements, invariants, method, where)
+    n, na, parent = prob.n, prob.na, prob.parent
     bands: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]] = []
     done: list[L2Pass] = []
     x = np.zeros(n * na)
     if parent is not None:
         x = np.tile(parent / n, n)
-    live = [[nm for nm in dict.fromkeys(p) if nm in terms] for p in passes]
+    live = [[nm for nm in dict.fromkeys(p) if nm in prob.terms] for p in passes]
     live = [p for p in live if p]
     if not live:
         raise SolverError(
@@ -775,9 +750,7 @@ def l2_multipass(
             "measured queries"
         )
     for i, names in enumerate(live):
-        pt = [terms[nm] for nm in names]
-        cons = inv_cons + bands
-        label = f"pass {i} ({', '.join(names)})"
+        cons = prob.inv_cons + bands
         if (
             method != "clarabel"
             and names == ["total"]
@@ -785,64 +758,167 @@ def l2_multipass(
             and parent is not None
             and i < len(live) - 1
         ):
-            t = pt[0]
-            tot = _simplex_totals(t.y, t.w, float(parent.sum()))
-            resid, status, steps = 0.0, "closed-form", 0
-            answers = {"total": tot}
-            # A start meeting the parent sums and these totals: x_ic = p_c · t_i / Σ t.
-            x = (np.outer(tot, parent) / float(parent.sum())).reshape(-1)
+            x, answers, status, steps = _totals_pass(prob.terms["total"], parent)
+            resid = 0.0
         else:
-            status = ""
-            # Bands or invariants make the structured path an augmented Lagrangian, slow when
-            # the problem is small (children of a few persons, tight active bands): there the
-            # interior point is faster; above the size the structured path is (pl94 tract
-            # parent 20 × 349 cells: 5 s against 15-25 s).
-            small = method == "auto" and bool(cons) and n * na <= _SMALL_CONSTRAINED
-            if method != "clarabel" and any(t.K is None for t in pt) and not small:
-                try:
-                    x, steps = _structured_pass(pt, cons, (n, na), parent, x, where)
-                    status = "structured"
-                except ConvergenceError:
-                    status = "fallback "  # slow (tiny children under tight bands): Clarabel
-            if not status.startswith("structured"):
-                key = (
-                    "l2",
-                    layout.pattern,
-                    parent is None,
-                    tuple(_query_key(b.query) for b, _ in inv),
-                    tuple(tuple(qkeys[nm] for nm in p) for p in live[: i + 1]),
-                )
-                x, st = _clarabel_pass(pt, cons, (n, na), parent, where, label, key)
-                status, steps = status + st, 0
-            resid = float(np.max(-x, initial=0.0))
-            if parent is not None:
-                resid = max(resid, float(np.max(np.abs(x.reshape(n, na).sum(axis=0) - parent))))
-            for G, lo, hi in cons:
-                gx = G @ x
-                resid = max(resid, float(np.max(np.maximum(lo - gx, gx - hi), initial=0.0)))
-            answers = {nm: terms[nm].answers(x) for nm in names}
-        tol = resid + slack / scale
-        obj = 0.0
-        for nm in names:
-            t = terms[nm]
-            r = answers[nm] - t.y
-            obj += float(np.sum(t.w * r * r)) * wmax * scale**2
-        for nm in names:
-            K = terms[nm].K
-            G = sp.identity(n * na, format="csr") if K is None else K
-            bands.append((G, answers[nm] - tol, answers[nm] + tol))
-        done.append(
-            L2Pass(
-                tuple(names),
-                obj,
-                status,
-                tol * scale,
-                {nm: a.reshape(n, -1) * scale for nm, a in answers.items()},
-                steps,
-            )
-        )
-    xt = layout.expand(x.reshape(n, na) * scale)
+            x, status, steps = _fitted_pass(prob, live, i, cons, x)
+            resid = _violation(x, parent, cons, n, na)
+            answers = {nm: prob.terms[nm].answers(x) for nm in names}
+        done.append(_banded(prob, names, answers, resid + slack / prob.scale, status, steps, bands))
+    xt = layout.expand(x.reshape(n, na) * prob.scale)
     return repair_round_off(xt, None if layout.parent is None else np.asarray(layout.parent)), done
+
+
+@dataclass(eq=False)
+class _L2Problem:
+    """One parent's L2 problem in solver units (counts / ``scale``): its measured terms
+    (weights over their largest), the parent's active totals and the invariants as
+    equality constraints ``(G, rhs, rhs)``."""
+
+    layout: ChildrenLayout
+    n: int
+    na: int
+    scale: float
+    parent: np.ndarray | None
+    terms: dict[str, _Term]
+    qkeys: dict[str, tuple]
+    wmax: float
+    inv: list[tuple[_Block, np.ndarray]]
+    inv_cons: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]]
+    method: str
+    where: str
+
+    @classmethod
+    def of(
+        cls,
+        layout: ChildrenLayout,
+        measurements: Sequence[tuple[ProductQuery, np.ndarray, np.ndarray]],
+        invariants: Sequence[tuple[ProductQuery, np.ndarray]],
+        method: str,
+        where: str,
+    ) -> _L2Problem:
+        n, na = layout.n_children, layout.n_active
+        inv = _check_invariants(layout, invariants, where)
+        scale = solver_unit(
+            layout.parent, n, [np.asarray(v) for _, v, _ in measurements] + [v for _, v in inv]
+        )
+        parent = None
+        if layout.parent is not None:
+            parent = np.asarray(layout.parent, np.float64)[layout.active] / scale
+        terms: dict[str, _Term] = {}
+        qkeys: dict[str, tuple] = {}
+        for q, vals, var in measurements:
+            b = layout.block(q)
+            r = b.rows.size
+            if r == 0:
+                continue  # every row counts only zero cells: a constant
+            w = 1.0 / np.broadcast_to(np.asarray(var, np.float64).reshape(-1, 1), (n, 1))
+            y = np.asarray(vals, np.float64)[:, b.rows].reshape(-1) / scale
+            K = None if b.identity else layout.kron(q)
+            terms[q.name] = _Term(q.name, K, y, np.repeat(w, r, axis=1).reshape(-1))
+            qkeys[q.name] = _query_key(q)
+        wmax = max(float(t.w.max()) for t in terms.values()) if terms else 1.0
+        for t in terms.values():
+            t.w = t.w / wmax  # the minimiser does not depend on a common factor
+        inv_cons = []
+        for b, v in inv:
+            rhs = v.reshape(-1).astype(np.float64) / scale
+            inv_cons.append((layout.kron(b.query), rhs, rhs))
+        return cls(layout, n, na, scale, parent, terms, qkeys, wmax, inv, inv_cons, method, where)
+
+
+def _totals_pass(t: _Term, parent: np.ndarray) -> tuple[np.ndarray, dict, str, int]:
+    """A pass fitting the totals alone with nothing else to hold: the weighted projection
+    onto the parent's simplex (closed form), and a start meeting the parent sums and
+    these totals, x_ic = p_c · t_i / Σ t."""
+    tot = _simplex_totals(t.y, t.w, float(parent.sum()))
+    x = (np.outer(tot, parent) / float(parent.sum())).reshape(-1)
+    return x, {"total": tot}, "closed-form", 0
+
+
+def _fitted_pass(
+    prob: _L2Problem,
+    live: list[list[str]],
+    i: int,
+    cons: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]],
+    x: np.ndarray,
+) -> tuple[np.ndarray, str, int]:
+    """Pass ``i`` by the structured minimiser or Clarabel (``method``, see
+    :func:`l2_multipass`): the solution, its status and the structured steps."""
+    n, na, parent, names = prob.n, prob.na, prob.parent, live[i]
+    pt = [prob.terms[nm] for nm in names]
+    status, steps = "", 0
+    # Bands or invariants make the structured path an augmented Lagrangian, slow when
+    # the problem is small (children of a few persons, tight active bands): there the
+    # interior point is faster; above the size the structured path is (pl94 tract
+    # parent 20 × 349 cells: 5 s against 15-25 s).
+    small = prob.method == "auto" and bool(cons) and n * na <= _SMALL_CONSTRAINED
+    if prob.method != "clarabel" and any(t.K is None for t in pt) and not small:
+        try:
+            x, steps = _structured_pass(pt, cons, (n, na), parent, x, prob.where)
+            status = "structured"
+        except ConvergenceError:
+            status = "fallback "  # slow (tiny children under tight bands): Clarabel
+    if not status.startswith("structured"):
+        key = (
+            "l2",
+            prob.layout.pattern,
+            parent is None,
+            tuple(_query_key(b.query) for b, _ in prob.inv),
+            tuple(tuple(prob.qkeys[nm] for nm in p) for p in live[: i + 1]),
+        )
+        label = f"pass {i} ({', '.join(names)})"
+        x, st = _clarabel_pass(pt, cons, (n, na), parent, prob.where, label, key)
+        status, steps = status + st, 0
+    return x, status, steps
+
+
+def _violation(
+    x: np.ndarray,
+    parent: np.ndarray | None,
+    cons: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]],
+    n: int,
+    na: int,
+) -> float:
+    """Largest violation of non-negativity, the parent's sums and the constraints."""
+    resid = float(np.max(-x, initial=0.0))
+    if parent is not None:
+        resid = max(resid, float(np.max(np.abs(x.reshape(n, na).sum(axis=0) - parent))))
+    for G, lo, hi in cons:
+        gx = G @ x
+        resid = max(resid, float(np.max(np.maximum(lo - gx, gx - hi), initial=0.0)))
+    return resid
+
+
+def _banded(
+    prob: _L2Problem,
+    names: list[str],
+    answers: dict[str, np.ndarray],
+    tol: float,
+    status: str,
+    steps: int,
+    bands: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]],
+) -> L2Pass:
+    """The pass's record (objective in counts²), its answers ± ``tol`` added to ``bands``
+    for the later passes."""
+    n, na, scale = prob.n, prob.na, prob.scale
+    obj = 0.0
+    for nm in names:
+        t = prob.terms[nm]
+        r = answers[nm] - t.y
+        obj += float(np.sum(t.w * r * r)) * prob.wmax * scale**2
+    for nm in names:
+        K = prob.terms[nm].K
+        G = sp.identity(n * na, format="csr") if K is None else K
+        bands.append((G, answers[nm] - tol, answers[nm] + tol))
+    return L2Pass(
+        tuple(names),
+        obj,
+        status,
+        tol * scale,
+        {nm: a.reshape(n, -1) * scale for nm, a in answers.items()},
+        steps,
+    )
 
 
 def l1_multipass(

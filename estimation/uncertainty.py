@@ -11,6 +11,51 @@ returned with the intervals. Rounding adds the variance p(1 − p) ≤ 1/4 of a 
 with fractional part p (conditionally on the real-valued estimate; it is unbiased, so the
 variances add).
 
+Lattice intervals
+-----------------
+A GLS error is linear in the noise: the error of a released number c·ẑ_v of node v is
+E = Σ_i w_i e_i over all measured answers, with w_i = Cov(q_iᵀ ẑ, cᵀ ẑ_v) / Var(e_i)
+(the GLS weights are the inverse noise variances). For the node's own answers q_i the
+weights come from the node's covariance, w = Q Cov_v c / Var(e). The error is modelled
+as E = X + R:
+
+* X = h·S, S the sum of the m own answers of largest weight h (one integer noise law,
+  equal |w_i|): its law is computed exactly (convolution powers of the integer pmf,
+  tails cut below 1e-16);
+* R, every other term, is independent of X with variance t² = Var(E) − h² m Var(e)
+  (the reported variance fixes it exactly) and is taken to be normal: it is a sum of
+  the many small-weight terms of the parent, siblings and invariants. This is the one
+  approximation; its effect on coverage is at most the mass of X's atoms at the
+  interval's ends times the Kolmogorov distance of R from normal (small when R has
+  many terms).
+
+Without rounding there are two cases. When R stays within half a lattice gap,
+P(|R| ≥ h/2) = 2Φ(−h/(2t)) ≤ 1e-6 (for discrete Gaussian noise R is sub-Gaussian, so
+this is a rigorous bound up to the ratio of scale to variance, CKS 2020 Cor. 9), the
+error is located by X alone: X is a lattice variable, and no deterministic interval
+has coverage exactly 1 − α, so the boundary atoms are included at random (Stevens
+1950): with U uniform and independent, V = F(X−) + U·P(X) is exactly Uniform(0, 1),
+the atoms with α/2 ≤ V ≤ 1 − α/2 are a run h·[j_lo, j_hi], and the interval
+``[ẑ − h j_hi − h/2, ẑ − h j_lo + h/2]`` (no widening when t = 0) covers with
+probability 1 − α up to that 1e-6. This is the audit's case (many small remainder
+terms, t ≪ h), and it uses no normal approximation. Otherwise E has the continuous
+law Σ_j P(S = j) N(h j, t²) and the interval is ``[ẑ − q_{1−α/2}, ẑ − q_{α/2}]`` with its
+quantiles (exact under the normal model of R). After unbiased rounding that keeps the
+number within floor/ceil of its real value (every cell; node totals in the ``totals`` and
+``bipartite`` modes), the integer error is D = ⌊E⌋ + Bernoulli(frac E) (the truth is
+an integer), of law P(D = k) = E[Λ(E − k)], Λ(u) = max(0, 1 − |u|), always with atoms:
+the randomized rule again. The randomized boundary is chosen over the conservative
+rule (keep every boundary atom) because that one over-covers by up to the mass of an
+atom (about 20 points at σ = 0.5); ``boundary="conservative"`` gives it (coverage
+≥ 1 − α), and the method then reads ``"lattice-conservative"``.
+
+``method="auto"`` uses the normal interval ``ẑ ∓ z·se`` when the law is close to normal:
+when the lattice ripple of its CDF, (h / (π s √(2π)))·exp(−2π² t²/h²) with s the
+standard error (h = 1, t = 0 after rounding: the error is then an integer), is at most
+``tolerance`` (default 0.0025, i.e. coverage within about half a point); otherwise the
+lattice law. With continuous noise (or no integer noise at the node) X is absent and,
+before rounding, the normal interval is the model's exact one.
+
 References
 ----------
 Gao, Gong & Yu, "Subspace Differential Privacy", AAAI 2022 — the projected noise law is public,
@@ -24,7 +69,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -292,49 +337,17 @@ def lattice_intervals(
 ) -> Intervals:
     """Intervals that cover at the nominal rate when the noise is integer-valued and small.
 
-    A GLS error is linear in the noise: the error of a released number c·ẑ_v of node v is
-    E = Σ_i w_i e_i over all measured answers, with w_i = Cov(q_iᵀ ẑ, cᵀ ẑ_v) / Var(e_i)
-    (the GLS weights are the inverse noise variances). For the node's own answers q_i the
-    weights come from the node's covariance, w = Q Cov_v c / Var(e). The error is modelled
-    as E = X + R:
-
-    * X = h·S, S the sum of the m own answers of largest weight h (one integer noise law,
-      equal |w_i|): its law is computed exactly (convolution powers of the integer pmf,
-      tails cut below 1e-16);
-    * R, every other term, is independent of X with variance t² = Var(E) − h² m Var(e)
-      (the reported variance fixes it exactly) and is taken to be normal: it is a sum of
-      the many small-weight terms of the parent, siblings and invariants. This is the one
-      approximation; its effect on coverage is at most the mass of X's atoms at the
-      interval's ends times the Kolmogorov distance of R from normal (small when R has
-      many terms).
-
-    Without rounding there are two cases. When R stays within half a lattice gap,
-    P(|R| ≥ h/2) = 2Φ(−h/(2t)) ≤ 1e-6 (for discrete Gaussian noise R is sub-Gaussian, so
-    this is a rigorous bound up to the ratio of scale to variance, CKS 2020 Cor. 9), the
-    error is located by X alone: X is a lattice variable, and no deterministic interval
-    has coverage exactly 1 − α, so the boundary atoms are included at random (Stevens
-    1950): with U uniform and independent, V = F(X−) + U·P(X) is exactly Uniform(0, 1),
-    the atoms with α/2 ≤ V ≤ 1 − α/2 are a run h·[j_lo, j_hi], and the interval
-    ``[ẑ − h j_hi − h/2, ẑ − h j_lo + h/2]`` (no widening when t = 0) covers with
-    probability 1 − α up to that 1e-6. This is the audit's case (many small remainder
-    terms, t ≪ h), and it uses no normal approximation. Otherwise E has the continuous
-    law Σ_j P(S = j) N(h j, t²) and the interval is ``[ẑ − q_{1−α/2}, ẑ − q_{α/2}]`` with its
-    quantiles (exact under the normal model of R). After unbiased rounding that keeps the
-    number within
-    floor/ceil of its real value (every cell; node totals in the ``totals`` and
-    ``bipartite`` modes), the integer error is D = ⌊E⌋ + Bernoulli(frac E) (the truth is
-    an integer), of law P(D = k) = E[Λ(E − k)], Λ(u) = max(0, 1 − |u|), always with atoms:
-    the randomized rule again. The randomized boundary is chosen over the conservative
-    rule (keep every boundary atom) because that one over-covers by up to the mass of an
-    atom (about 20 points at σ = 0.5); ``boundary="conservative"`` gives it (coverage
-    ≥ 1 − α), and the method then reads ``"lattice-conservative"``.
-
-    ``method="auto"`` uses the normal interval ``ẑ ∓ z·se`` when the law is close to normal:
-    when the lattice ripple of its CDF, (h / (π s √(2π)))·exp(−2π² t²/h²) with s the
-    standard error (h = 1, t = 0 after rounding: the error is then an integer), is at most
-    ``tolerance`` (default 0.0025, i.e. coverage within about half a point); otherwise the
-    lattice law. With continuous noise (or no integer noise at the node) X is absent and,
-    before rounding, the normal interval is the model's exact one.
+    The error of a released number c·ẑ_v is linear in the noise and modelled as E = X + R:
+    X = h·S, S the sum of the m own answers of largest weight h under one integer law (its
+    law exact: convolution powers of the pmf, tails cut below 1e-16), and R the rest,
+    normal with variance t² = Var(E) − h² m Var(e) (the one approximation). Where R stays
+    within half a lattice gap (P(|R| ≥ h/2) ≤ 1e-6) the interval is X's randomized
+    equal-tailed region widened by h/2 (Stevens 1950: coverage exactly 1 − α, no normal
+    approximation); otherwise the quantiles of Σ_j P(S = j) N(h j, t²). After unbiased
+    rounding the integer error D has P(D = k) = E[Λ(E − k)], Λ(u) = max(0, 1 − |u|): the
+    randomized rule again. ``method="auto"`` takes the normal interval ``ẑ ∓ z·se`` where
+    the lattice ripple (h / (π s √(2π)))·exp(−2π² t²/h²) is at most ``tolerance``. The
+    derivation, step by step, is in this module's docstring (§ Lattice intervals).
 
     Parameters
     ----------
@@ -356,8 +369,11 @@ def lattice_intervals(
         Source of the uniforms of the randomized boundary (needed when it is used).
     method : {"auto", "normal", "lattice"}
     boundary : {"randomized", "conservative"}
+        ``"conservative"`` keeps every boundary atom (coverage ≥ 1 − α; the method then
+        reads ``"lattice-conservative"``).
     tolerance : float
-        Largest lattice ripple for which ``"auto"`` takes the normal interval.
+        Largest lattice ripple for which ``"auto"`` takes the normal interval (default
+        0.0025: coverage within about half a point).
 
     Returns
     -------
@@ -381,15 +397,73 @@ def lattice_intervals(
     public, so the error law of every released number is known.
     """
     z = _z(alpha)
+    _check_choices(what, method, boundary)
+    k = release.hierarchy.level_index(level)
+    name = release.hierarchy.names[k]
+    cov_c, var, real = _level_errors(release, k, what)
+    est, var_normal = _released(release, rounded, k, what, var, real)
+    law = _error_law(measurements, k, name, cov_c, var)
+    fixed = var <= 1e-12 * (1.0 + np.abs(real))
+    use_normal = _normal_rule(law, var_normal, rounded is not None, method, tolerance)
+    half = z * np.sqrt(np.maximum(var_normal, 0.0))
+    lower, upper = est - half, est + half
+    meth = np.where(use_normal, "normal", "").astype(object)
+    rows, law = _lattice_rows(
+        law, ~use_normal & ~fixed, use_normal, meth, rounded is not None, method, tolerance
+    )
+    if np.any(rows):
+        idx = np.flatnonzero(rows.ravel())
+        uniforms = _LazyUniforms(rng, boundary, name, what, law.h.size)
+        lo_err, hi_err, kind = _lattice_errors(
+            law, idx, rounded is not None, alpha, boundary, uniforms
+        )
+        flat_lo, flat_hi = lower.ravel(), upper.ravel()
+        e = est.ravel()[idx]
+        flat_lo[idx] = e - hi_err
+        flat_hi[idx] = e - lo_err
+        meth.ravel()[idx] = kind
+    lower[fixed], upper[fixed] = est[fixed], est[fixed]
+    meth[fixed] = "invariant"
+    return Intervals(
+        level=name,
+        what=what,
+        alpha=float(alpha),
+        lower=lower,
+        upper=upper,
+        method=np.asarray(meth, dtype=str),
+        rounded=rounded is not None,
+        rule=_rule(alpha, what, name, rounded is not None, method, z, tolerance, boundary),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _ErrorLaw:
+    """The model E = X + R of the error of every entry (n, nq) of one level.
+
+    X = h·S with S the sum of ``m`` draws of ``laws[law]`` (``law`` −1: no lattice part),
+    R normal with standard deviation ``t``; ``s`` is the standard error of E.
+    """
+
+    h: np.ndarray
+    m: np.ndarray
+    law: np.ndarray
+    laws: tuple[NoiseLaw, ...]
+    t: np.ndarray
+    s: np.ndarray
+
+
+def _check_choices(what: str, method: str, boundary: str) -> None:
     if what not in ("cells", "totals"):
         raise SpecError(f"what must be 'cells' or 'totals', got {what!r}")
     if method not in ("auto", "normal", "lattice"):
         raise SpecError(f"method must be 'auto', 'normal' or 'lattice', got {method!r}")
     if boundary not in ("randomized", "conservative"):
         raise SpecError(f"boundary must be 'randomized' or 'conservative', got {boundary!r}")
-    h_ = release.hierarchy
-    k = h_.level_index(level)
-    name = h_.names[k]
+
+
+def _level_errors(release: Release, k: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per node of level ``k``: Cov(ẑ_v)·C (n, K, q), the variances of the q released
+    numbers (n, q) and their real values, C the identity (cells) or a column of ones."""
     K = len(release.cells)
     if release.variances is None:
         raise SpecError(f"the {release.estimator!r} release has no variances; intervals need them")
@@ -411,26 +485,44 @@ def lattice_intervals(
     cov_c = cov @ C  # (n, K, q)
     var = np.einsum("kq,nkq->nq", C, cov_c)
     var = np.maximum(var, 0.0)
-    n, nq = var.shape
-    real = release.estimates[k].astype(float) @ C
-    if rounded is not None:
-        mode = rounded.diagnostics.get("rounding")
-        if what == "totals" and mode not in _KEEPS_NODE_TOTALS:
-            raise SpecError(
-                f"rounding mode {mode!r} does not keep node totals within floor/ceil of their "
-                f"real values, so their error law is not known; round with one of "
-                f"{sorted(_KEEPS_NODE_TOTALS)} for intervals on rounded totals"
-            )
-        est = rounded.estimates[k].astype(float) @ C
-        if what == "cells" and rounded.variances is not None:
-            var_normal = np.asarray(rounded.variances[k], dtype=float)
-        else:
-            var_normal = var + rounding_variance(real)
-    else:
-        est = real
-        var_normal = var
+    return cov_c, var, release.estimates[k].astype(float) @ C
 
-    # the lattice part: own answers of largest |weight| under one integer law
+
+def _released(
+    release: Release,
+    rounded: Release | None,
+    k: int,
+    what: str,
+    var: np.ndarray,
+    real: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The numbers the intervals are around and the variance of their normal rule."""
+    if rounded is None:
+        return real, var
+    mode = rounded.diagnostics.get("rounding")
+    if what == "totals" and mode not in _KEEPS_NODE_TOTALS:
+        raise SpecError(
+            f"rounding mode {mode!r} does not keep node totals within floor/ceil of their "
+            f"real values, so their error law is not known; round with one of "
+            f"{sorted(_KEEPS_NODE_TOTALS)} for intervals on rounded totals"
+        )
+    K = len(release.cells)
+    C = np.eye(K) if what == "cells" else np.ones((K, 1))
+    est = rounded.estimates[k].astype(float) @ C
+    if what == "cells" and rounded.variances is not None:
+        return est, np.asarray(rounded.variances[k], dtype=float)
+    return est, var + rounding_variance(real)
+
+
+def _error_law(
+    measurements: Sequence[Measurement], k: int, name: str, cov_c: np.ndarray, var: np.ndarray
+) -> _ErrorLaw:
+    """X: the own answers of largest |weight| under one integer law; R: the rest.
+
+    The weights of the node's own answers are w = Q Cov_v c / Var(e) (the GLS weights are
+    the inverse noise variances); t² = Var(E) − h² m Var(e).
+    """
+    n, nq = var.shape
     hmax = np.zeros((n, nq))
     mcount = np.zeros((n, nq), dtype=np.int64)
     law_of = np.full((n, nq), -1, dtype=np.int64)
@@ -467,111 +559,179 @@ def lattice_intervals(
         )
     t = np.sqrt(np.maximum(t2, 0.0))
     t = np.where(t2 <= 1e-10 * np.maximum(var, 1e-300), 0.0, t)
-    s = np.sqrt(var)
-    fixed = var <= 1e-12 * (1.0 + np.abs(real))
+    return _ErrorLaw(hmax, mcount, law_of, tuple(laws), t, np.sqrt(var))
 
-    if rounded is None:
-        ripple = np.where(law_of >= 0, _normal_distance(hmax, s, t), 0.0)
+
+def _normal_rule(
+    law: _ErrorLaw, var_normal: np.ndarray, rounded: bool, method: str, tolerance: float
+) -> np.ndarray:
+    """Where the normal interval is used: by ``method``, and for ``"auto"`` where the
+    lattice ripple (h = 1, t = 0 after rounding) is at most ``tolerance``."""
+    s, t = law.s, law.t
+    if not rounded:
+        ripple = np.where(law.law >= 0, _normal_distance(law.h, s, t), 0.0)
     else:
         ripple = _normal_distance(np.ones_like(s), np.sqrt(var_normal), np.zeros_like(s))
     use_normal = (
-        np.ones((n, nq), bool)
+        np.ones(s.shape, bool)
         if method == "normal"
         else (ripple <= tolerance)
         if method == "auto"
-        else np.zeros((n, nq), bool)
+        else np.zeros(s.shape, bool)
     )
-    if rounded is None:  # no lattice part: the model's law is N(0, var)
-        use_normal |= (law_of < 0) & (method != "lattice")
-    half = z * np.sqrt(np.maximum(var_normal, 0.0))
-    lower, upper = est - half, est + half
-    meth = np.where(use_normal, "normal", "").astype(object)
+    if not rounded:  # no lattice part: the model's law is N(0, var)
+        use_normal |= (law.law < 0) & (method != "lattice")
+    return use_normal
 
-    todo = ~use_normal & ~fixed
-    if rounded is None:
-        lattice_rows = todo & (law_of >= 0)
-        if method == "lattice":  # no integer noise here: the normal law is the exact one
-            meth[~use_normal & (law_of < 0)] = "normal"
-    else:
-        lattice_rows = todo
-        # where the real-valued error is itself close to normal, D's law is that of a
-        # rounded N(0, var): the lattice part is folded into R
-        smooth = (law_of < 0) | (_normal_distance(hmax, s, t) <= 0.1 * tolerance)
-        law_of = np.where(smooth, -1, law_of)
-        mcount = np.where(smooth, 0, mcount)
-        hmax = np.where(smooth, 0.0, hmax)
-        t = np.where(smooth, s, t)
-    if np.any(lattice_rows):
-        idx = np.flatnonzero(lattice_rows.ravel())
-        groups = np.stack([law_of.ravel()[idx], mcount.ravel()[idx]], axis=1)
-        keys, inv = np.unique(groups, axis=0, return_inverse=True)
-        inv = inv.reshape(-1)
-        lo_err = np.empty(idx.size)
-        hi_err = np.empty(idx.size)
-        kind = np.empty(idx.size, dtype=object)
-        u_all = None
-        for g, (law_j, m_j) in enumerate(keys):
-            rows = np.flatnonzero(inv == g)
-            sub = idx[rows]
-            hh = hmax.ravel()[sub]
-            tt = t.ravel()[sub]
-            if law_j >= 0:
-                off, pmf = _integer_pmf(laws[int(law_j)], int(m_j))
-            else:
-                off, pmf = 0, np.ones(1)
-            jj = np.arange(off, off + pmf.size, dtype=float)
-            atoms = hh[:, None] * jj[None, :]
-            P = np.broadcast_to(pmf, atoms.shape)
-            if rounded is None:
-                # R confined within half a lattice gap (normal tail ≤ _GAP_TAIL): the
-                # randomized region of X's atoms, each widened by h/2
-                disc = (tt == 0) | (2.0 * ndtr(-hh / (2.0 * np.maximum(tt, 1e-300))) <= _GAP_TAIL)
-                cont = ~disc
-                if np.any(cont):
-                    c = rows[cont]
-                    a, b = atoms[cont], P[cont]
-                    lo_err[c] = _mixture_quantiles(a, b, tt[cont], alpha / 2.0)
-                    hi_err[c] = _mixture_quantiles(a, b, tt[cont], 1.0 - alpha / 2.0)
-                    kind[c] = "lattice"
-                if np.any(disc):
-                    a_rows = rows[disc]
-                    kind[a_rows] = "lattice-" + boundary
-                    if u_all is None:
-                        u_all = _uniforms(rng, boundary, name, what, n * nq)
-                    u = None if u_all is None else u_all[sub[disc]]
-                    a_lo, a_hi = _stevens(atoms[disc], P[disc], alpha, u)
-                    gap = np.where(tt[disc] > 0, hh[disc] / 2.0, 0.0)
-                    lo_err[a_rows], hi_err[a_rows] = a_lo - gap, a_hi + gap
-            else:
-                # integer error D: P(D = k) = Σ_j p_j E[Λ(h j + R − k)], only k within
-                # 1 + 9t of an atom h j contributing
-                W = int(np.ceil(1.0 + 9.0 * tt.max())) + 1
-                base = np.rint(atoms).astype(np.int64)
-                L = int(np.abs(base).max()) + W
-                kk = np.arange(-L, L + 1, dtype=float)
-                qk = np.zeros((rows.size, kk.size))
-                r_idx = np.broadcast_to(np.arange(rows.size)[:, None], base.shape)
-                for d in range(-W, W + 1):
-                    kd = base + d
-                    contrib = P * _tent_mean(atoms - kd, tt[:, None])
-                    np.add.at(qk, (r_idx, kd + L), contrib)
-                qk /= qk.sum(axis=1, keepdims=True)
-                if u_all is None:
-                    u_all = _uniforms(rng, boundary, name, what, n * nq)
-                u = None if u_all is None else u_all[sub]
-                kat = np.broadcast_to(kk, qk.shape)
-                lo_err[rows], hi_err[rows] = _stevens(kat, qk, alpha, u)
-                kind[rows] = "lattice-" + boundary
-        flat_lo, flat_hi = lower.ravel(), upper.ravel()
-        e = est.ravel()[idx]
-        flat_lo[idx] = e - hi_err
-        flat_hi[idx] = e - lo_err
-        meth.ravel()[idx] = kind
-    lower[fixed], upper[fixed] = est[fixed], est[fixed]
-    meth[fixed] = "invariant"
-    rule = (
+
+def _lattice_rows(
+    law: _ErrorLaw,
+    todo: np.ndarray,
+    use_normal: np.ndarray,
+    meth: np.ndarray,
+    rounded: bool,
+    method: str,
+    tolerance: float,
+) -> tuple[np.ndarray, _ErrorLaw]:
+    """The entries whose interval comes from the error law, and that law (``meth`` set
+    where ``"lattice"`` meets a level without integer noise: the normal law is exact)."""
+    if not rounded:
+        if method == "lattice":
+            meth[~use_normal & (law.law < 0)] = "normal"
+        return todo & (law.law >= 0), law
+    # where the real-valued error is itself close to normal, D's law is that of a
+    # rounded N(0, var): the lattice part is folded into R
+    smooth = (law.law < 0) | (_normal_distance(law.h, law.s, law.t) <= 0.1 * tolerance)
+    folded = replace(
+        law,
+        law=np.where(smooth, -1, law.law),
+        m=np.where(smooth, 0, law.m),
+        h=np.where(smooth, 0.0, law.h),
+        t=np.where(smooth, law.s, law.t),
+    )
+    return todo, folded
+
+
+class _LazyUniforms:
+    """The randomized boundary's uniforms, drawn on first use (so that a level that never
+    needs them needs no ``rng``)."""
+
+    def __init__(self, rng: KeyedRNG | None, boundary: str, level: str, what: str, size: int):
+        self._args = (rng, boundary, level, what, size)
+        self._drawn = False
+        self._u: np.ndarray | None = None
+
+    def take(self, index: np.ndarray) -> np.ndarray | None:
+        if not self._drawn:
+            self._u, self._drawn = _uniforms(*self._args), True
+        return None if self._u is None else self._u[index]
+
+
+def _lattice_errors(
+    law: _ErrorLaw,
+    idx: np.ndarray,
+    rounded: bool,
+    alpha: float,
+    boundary: str,
+    uniforms: _LazyUniforms,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Error quantiles (lower, upper) and the method of the flat entries ``idx``, one
+    pmf per group of entries sharing (law, m)."""
+    groups = np.stack([law.law.ravel()[idx], law.m.ravel()[idx]], axis=1)
+    keys, inv = np.unique(groups, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    lo_err = np.empty(idx.size)
+    hi_err = np.empty(idx.size)
+    kind = np.empty(idx.size, dtype=object)
+    for g, (law_j, m_j) in enumerate(keys):
+        rows = np.flatnonzero(inv == g)
+        sub = idx[rows]
+        hh = law.h.ravel()[sub]
+        tt = law.t.ravel()[sub]
+        if law_j >= 0:
+            off, pmf = _integer_pmf(law.laws[int(law_j)], int(m_j))
+        else:
+            off, pmf = 0, np.ones(1)
+        jj = np.arange(off, off + pmf.size, dtype=float)
+        atoms = hh[:, None] * jj[None, :]
+        P = np.broadcast_to(pmf, atoms.shape)
+        if rounded:
+            lo_err[rows], hi_err[rows] = _rounded_region(atoms, P, tt, alpha, uniforms.take(sub))
+            kind[rows] = "lattice-" + boundary
+        else:
+            _real_region(
+                atoms, P, hh, tt, alpha, boundary, uniforms, sub, rows, (lo_err, hi_err, kind)
+            )
+    return lo_err, hi_err, kind
+
+
+def _real_region(
+    atoms: np.ndarray,
+    P: np.ndarray,
+    hh: np.ndarray,
+    tt: np.ndarray,
+    alpha: float,
+    boundary: str,
+    uniforms: _LazyUniforms,
+    sub: np.ndarray,
+    rows: np.ndarray,
+    out: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    """Error bounds of real-valued estimates into ``out[rows]``: where R stays within half
+    a lattice gap (normal tail ≤ ``_GAP_TAIL``) the randomized region of X's atoms, each
+    widened by h/2; elsewhere the quantiles of the mixture Σ_j P(S = j) N(h j, t²)."""
+    lo_err, hi_err, kind = out
+    disc = (tt == 0) | (2.0 * ndtr(-hh / (2.0 * np.maximum(tt, 1e-300))) <= _GAP_TAIL)
+    cont = ~disc
+    if np.any(cont):
+        c = rows[cont]
+        a, b = atoms[cont], P[cont]
+        lo_err[c] = _mixture_quantiles(a, b, tt[cont], alpha / 2.0)
+        hi_err[c] = _mixture_quantiles(a, b, tt[cont], 1.0 - alpha / 2.0)
+        kind[c] = "lattice"
+    if np.any(disc):
+        a_rows = rows[disc]
+        kind[a_rows] = "lattice-" + boundary
+        u = uniforms.take(sub[disc])
+        a_lo, a_hi = _stevens(atoms[disc], P[disc], alpha, u)
+        gap = np.where(tt[disc] > 0, hh[disc] / 2.0, 0.0)
+        lo_err[a_rows], hi_err[a_rows] = a_lo - gap, a_hi + gap
+
+
+def _rounded_region(
+    atoms: np.ndarray, P: np.ndarray, tt: np.ndarray, alpha: float, u: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stevens region of the integer error D after rounding: P(D = k) =
+    Σ_j p_j E[Λ(h j + R − k)], only k within 1 + 9t of an atom h j contributing."""
+    W = int(np.ceil(1.0 + 9.0 * tt.max())) + 1
+    base = np.rint(atoms).astype(np.int64)
+    L = int(np.abs(base).max()) + W
+    kk = np.arange(-L, L + 1, dtype=float)
+    qk = np.zeros((atoms.shape[0], kk.size))
+    r_idx = np.broadcast_to(np.arange(atoms.shape[0])[:, None], base.shape)
+    for d in range(-W, W + 1):
+        kd = base + d
+        contrib = P * _tent_mean(atoms - kd, tt[:, None])
+        np.add.at(qk, (r_idx, kd + L), contrib)
+    qk /= qk.sum(axis=1, keepdims=True)
+    kat = np.broadcast_to(kk, qk.shape)
+    return _stevens(kat, qk, alpha, u)
+
+
+def _rule(
+    alpha: float,
+    what: str,
+    name: str,
+    rounded: bool,
+    method: str,
+    z: float,
+    tolerance: float,
+    boundary: str,
+) -> str:
+    """The rule in words, to be published with the intervals."""
+    return (
         f"{100 * (1 - alpha):g}% intervals for {what} at level {name!r}"
-        + (" after unbiased integer rounding" if rounded is not None else "")
+        + (" after unbiased integer rounding" if rounded else "")
         + f"; method {method!r}: normal (estimate ± {z:.4f}·se) where the lattice ripple of "
         f"the error law is at most {tolerance:g}, otherwise the error law (the node's own "
         "integer noise exactly, the rest normal with the remaining variance)"
@@ -583,16 +743,6 @@ def lattice_intervals(
             else "; where that law has atoms every boundary atom is included (coverage at "
             "least nominal)"
         )
-    )
-    return Intervals(
-        level=name,
-        what=what,
-        alpha=float(alpha),
-        lower=lower,
-        upper=upper,
-        method=np.asarray(meth, dtype=str),
-        rounded=rounded is not None,
-        rule=rule,
     )
 
 

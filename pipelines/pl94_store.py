@@ -653,6 +653,14 @@ class Pl94Store:
         missing = [k for k in keys if k not in m]
         if missing:
             raise DataError(f"{file}: the manifest has no {missing[0]!r}; the store is incomplete")
+        self._check_geography(m, fmt)
+        self._check_basis(m)
+        self._check_counts(m, keys)
+        self._check_file_list(m, fmt)
+
+    def _check_geography(self, m: dict[str, Any], fmt: str) -> None:
+        """The schema, levels, node counts, cut and partitions; sets the pieces' layout."""
+        file = self.path / MANIFEST
         shipped = available_schemas()
         if not isinstance(m["schema"], str) or m["schema"] not in shipped:
             raise self._fail(
@@ -696,6 +704,9 @@ class Pl94Store:
                 "each level below it)",
             )
         self.layout = _pieces(file, levels, sizes, cut, dict(enumerate(parts)), _SUFFIX[fmt])
+
+    def _check_basis(self, m: dict[str, Any]) -> None:
+        """The table columns, the basis queries (sets the basis) and its masks."""
         if m["columns"] != list(pl94_codebook().columns):
             raise self._fail("columns", "not the P1–P5 columns of the pl94 codebook")
         self.columns: list[str] = list(m["columns"])
@@ -716,11 +727,17 @@ class Pl94Store:
         ):
             raise self._fail("masks", "not the subsets of the basis of the basis queries")
         self.masks: list[int] = list(masks)
+
+    def _check_counts(self, m: dict[str, Any], keys: list[str]) -> None:
+        """Class counts, the histograms flag, the privacy statement, persons and digests."""
+        depth = len(self.levels)
         n_classes = m["n_classes"]
         if (
             not isinstance(n_classes, list)
             or len(n_classes) != depth
-            or not all(_is_int(c) and 0 <= c <= n for c, n in zip(n_classes, sizes, strict=True))
+            or not all(
+                _is_int(c) and 0 <= c <= n for c, n in zip(n_classes, self.sizes, strict=True)
+            )
         ):
             raise self._fail(
                 "n_classes", f"expected {depth} class counts, at most each level's nodes"
@@ -728,20 +745,23 @@ class Pl94Store:
         self.n_classes: list[int] = list(n_classes)
         if not isinstance(m["histograms"], bool):
             raise self._fail("histograms", "expected true or false")
-        self._privacy = read_privacy(file, m["privacy"])
+        self._privacy = read_privacy(self.path / MANIFEST, m["privacy"])
         if not _is_int(m["persons"]) or m["persons"] < 0:
             raise self._fail("persons", "expected a count")
         for key in ("digest", "files_digest"):
             if key in keys and not (isinstance(m[key], str) and _HEX.fullmatch(m[key])):
                 raise self._fail(key, "not a SHA-256 hex digest")
-        # the files: exactly those the manifest describes, bound to it by files_digest
+
+    def _check_file_list(self, m: dict[str, Any], fmt: str) -> None:
+        """The checksummed files: exactly those the manifest describes, bound to it by
+        ``files_digest``."""
         kinds = ["tables", "classes", "owned"]
         kinds += ["blocks"] * bool(self.masks) + ["histograms"] * m["histograms"]
         wanted = {MANIFEST} | {f"identified/{k}.npy" for k in self.masks}
         wanted |= {
             f"{kind}/{lvl}/{name}"
             for kind in kinds
-            for lvl, pieces in zip(levels, self.layout, strict=True)
+            for lvl, pieces in zip(self.levels, self.layout, strict=True)
             for _, _, name in pieces
         }
         extra, absent = sorted(set(self.sums) - wanted), sorted(wanted - set(self.sums))
