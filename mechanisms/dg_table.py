@@ -104,6 +104,7 @@ import numpy as np
 from flint import arb, ctx
 from randomgen import AESCounter
 
+from censusdp.mechanisms.dg_kernel import aes_half_words, invert_aes_window
 from censusdp.mechanisms.discrete import bernoulli_exp, bernoulli_exp_reference
 from censusdp.rng import aes_counter, aes_key
 
@@ -112,6 +113,7 @@ __all__ = [
     "TABLE_SIGMA_MAX",
     "WORD_BITS",
     "CellTable",
+    "add_discrete_gaussian_window",
     "cell_table",
     "sample_discrete_gaussian_fast",
     "sample_discrete_gaussian_window",
@@ -125,6 +127,7 @@ GUIDE_BITS = 16
 TABLE_SIGMA_MAX = 128
 _CELLS_PER_SIGMA = 64
 _BLOCK = 1 << 15  # draws per vectorised block: the block's arrays stay in L2 cache
+_SCAN = 1 << 20  # draws per block of a prefix scan (its int64 scratch: 8 MB)
 _SENTINEL = np.iinfo(np.int64).min
 _WORD_MASK = (1 << WORD_BITS) - 1
 _INT62 = 1 << 62
@@ -460,6 +463,7 @@ def sample_discrete_gaussian_fast(
     sigma2: Fraction | int,
     *,
     source: str = "aes",
+    kernel: bool = True,
 ) -> np.ndarray:
     """``size`` exact draws of the discrete Gaussian P(k) ∝ exp(−k²/(2σ²)), σ² rational.
 
@@ -471,19 +475,24 @@ def sample_discrete_gaussian_fast(
     size : int
     sigma2 : Fraction or int
     source : {"aes", "chacha20"}
+    kernel : bool
+        On the table path with AES words, invert in the compiled pass of
+        :func:`~censusdp.mechanisms.dg_kernel.invert_aes_window` (default); False runs the
+        numpy inversion (:meth:`CellTable.sample_cells`), the same draws: the reference the
+        tests hold the kernel to.
 
     Returns
     -------
     numpy.ndarray
         int64 array of shape ``(size,)``; a pure function of the generator's state and size.
     """
-    if source == "aes":
-        bitgen = aes_counter(gen)
-    elif source == "chacha20":
-        bitgen = gen.bit_generator
-    else:
+    if source not in ("aes", "chacha20"):
         raise ValueError(f"source must be 'aes' or 'chacha20', got {source!r}")
     table = cell_table(Fraction(sigma2))
+    if source == "aes" and table.width == 1 and kernel:
+        size = int(size)
+        return _fused_window(table, aes_key(gen), size, 0, size, None)
+    bitgen = aes_counter(gen) if source == "aes" else gen.bit_generator
     if table.width == 1:
         return table.sample_cells(bitgen, int(size))
     words = np.random.Generator(bitgen)
@@ -509,39 +518,47 @@ _PREFIX_LIMIT = 4096
 _PREFIX_LOCK = threading.Lock()
 
 
-def _edges(first: int, stop: int) -> list[int]:
-    """Block edges of ``[first, stop)`` at multiples of ``_BLOCK`` (even: whole words)."""
-    return [first, *range((first // _BLOCK + 1) * _BLOCK, stop, _BLOCK), stop]
-
-
-def _words(bitgen, a: int, b: int) -> np.ndarray:
-    """Half-words ``[a, b)`` of the word stream, ``bitgen`` standing at word ``a // 2``."""
-    w0 = a // 2
-    raw = np.atleast_1d(bitgen.random_raw((b + 1) // 2 - w0))
-    return _half_words(raw)[a - 2 * w0 : b - 2 * w0]
-
-
 def _invert_window(
     table: CellTable, key: np.ndarray, first: int, stop: int, out: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Invert half-words ``[first, stop)`` (into ``out`` if given); the ambiguous positions
-    (relative to ``first``) and their words."""
-    bitgen = AESCounter(key=key, counter=0)
-    bitgen.advance(first // 2)
-    n = stop - first
-    cells = out if out is not None else np.empty(min(n, _BLOCK), dtype=np.int64)
-    index = np.empty(min(n, _BLOCK), dtype=np.intp)
-    pos, words = [], []
-    edges = _edges(first, stop)
-    for a, b in zip(edges[:-1], edges[1:], strict=True):
-        w = _words(bitgen, a, b)
-        dst = cells[a - first : b - first] if out is not None else cells[: b - a]
-        amb = table._invert_into(w, dst, index[: b - a])
-        pos.append(amb + (a - first))
-        words.append(w[amb])
-    if not pos:
-        return np.empty(0, np.int64), np.empty(0, np.uint32)
-    return np.concatenate(pos).astype(np.int64), np.concatenate(words)
+    """Invert half-words ``[first, stop)`` (into ``out`` if given; else through a scratch
+    buffer of :data:`_SCAN` draws) in the compiled pass; the ambiguous positions (relative to
+    ``first``) and their words."""
+    if out is not None:
+        pos = invert_aes_window(key, first, table.bounds, table.guide, table.lowest, out)
+        return pos, aes_half_words(key, pos + first)
+    scratch = np.empty(min(stop - first, _SCAN), dtype=np.int64)
+    found = []
+    for a in range(first, stop, _SCAN):
+        b = min(a + _SCAN, stop)
+        amb = invert_aes_window(key, a, table.bounds, table.guide, table.lowest, scratch[: b - a])
+        found.append(amb + (a - first))
+    pos = np.concatenate(found) if found else np.empty(0, np.int64)
+    return pos, aes_half_words(key, pos + first)
+
+
+def _fused_window(
+    table: CellTable,
+    key: np.ndarray,
+    size: int,
+    start: int,
+    stop: int,
+    base: np.ndarray | None,
+) -> np.ndarray:
+    """Draws ``[start, stop)`` of the table path's ``size`` draws from the AES words keyed
+    by ``key`` (plus ``base``, flat int64, when given): one compiled pass
+    (:func:`~censusdp.mechanisms.dg_kernel.invert_aes_window`), then the rare ambiguous words
+    resolved in position order from word ``⌈size/2⌉`` on, after those of the draws before
+    ``start`` (:func:`_prefix_words`)."""
+    out = np.empty(stop - start, dtype=np.int64)
+    pos = invert_aes_window(key, start, table.bounds, table.guide, table.lowest, out, base)
+    if pos.size:
+        words = aes_half_words(key, pos + start)
+        more = AESCounter(key=key, counter=0)
+        more.advance((size + 1) // 2 + (_prefix_words(table, key, size, start) if start else 0))
+        for p, w in zip(pos.tolist(), words.tolist(), strict=True):
+            out[p] = table.resolve(w, more.random_raw) + (0 if base is None else int(base[p]))
+    return out
 
 
 def _prefix_words(table: CellTable, key: np.ndarray, size: int, start: int) -> int:
@@ -605,12 +622,40 @@ def sample_discrete_gaussian_window(
     table = cell_table(Fraction(sigma2))
     if table.width != 1:
         return sample_discrete_gaussian_fast(gen, size, sigma2)[start:stop]
-    key = aes_key(gen)
-    out = np.empty(stop - start, dtype=np.int64)
-    pos, words = _invert_window(table, key, start, stop, out)
-    if pos.size:
-        more = AESCounter(key=key, counter=0)
-        more.advance((size + 1) // 2 + _prefix_words(table, key, size, start))
-        for p, w in zip(pos.tolist(), words.tolist(), strict=True):
-            out[p] = table.resolve(w, more.random_raw)
-    return out
+    return _fused_window(table, aes_key(gen), size, start, stop, None)
+
+
+def add_discrete_gaussian_window(
+    gen: np.random.Generator,
+    size: int,
+    start: int,
+    stop: int,
+    sigma2: Fraction | int,
+    answers: np.ndarray,
+) -> np.ndarray:
+    """``answers + sample_discrete_gaussian_window(gen, size, start, stop, sigma2)``, bit for
+    bit, in one pass on the table path: each draw is inverted from its AES word and added to
+    its answer as it is written (no array of noise, no second pass).
+
+    Parameters
+    ----------
+    answers : numpy.ndarray
+        int64 (or integer) answers, ``stop − start`` of them in any shape (read flat, C order).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 of the shape of ``answers``: the noisy answers (int64 arithmetic, as numpy's).
+    """
+    size, start, stop = int(size), int(start), int(stop)
+    if not 0 <= start <= stop <= size:
+        raise ValueError(f"window [{start}, {stop}) is outside [0, {size})")
+    answers = np.asarray(answers)
+    if answers.size != stop - start:
+        raise ValueError(f"{answers.size} answers for the {stop - start} draws [{start}, {stop})")
+    table = cell_table(Fraction(sigma2))
+    base = np.ascontiguousarray(answers, dtype=np.int64).reshape(-1)
+    if table.width != 1:
+        noise = sample_discrete_gaussian_fast(gen, size, sigma2)[start:stop]
+        return (base + noise).reshape(answers.shape)
+    return _fused_window(table, aes_key(gen), size, start, stop, base).reshape(answers.shape)

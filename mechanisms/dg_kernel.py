@@ -1,0 +1,276 @@
+"""The exact table sampler fused with its AES-128-CTR words: one compiled pass per window.
+
+:class:`~censusdp.mechanisms.dg_table.CellTable` inverts 32-bit half-words of an AES-128
+counter-mode stream (randomgen's ``AESCounter``, keyed by :func:`censusdp.rng.aes_key`)
+against the exact fixed-point CDF ``C_c = ⌊2³²·F(c)⌋`` of the discrete Gaussian. Done with
+numpy, a window of draws costs a pass to make the 64-bit words (randomgen's buffered
+``random_raw``), a view, a shift, a gather from the guide table, a compare, a
+``flatnonzero`` and, for the caller, a pass adding the noise to the answers and copies
+between them. :func:`invert_aes_window` does all of it in one compiled loop: it encrypts the
+counters itself with the AES-NI instructions (four blocks at a time, so the four independent
+chains hide the instruction latency), splits each block into its four half-words, inverts
+each, and writes ``answers + noise`` (or the noise) as int64 straight into the output.
+
+Same words, same rule, same draws
+---------------------------------
+* **Words.** Half-word ``i`` of the stream is half ``i mod 2`` (low half first) of 64-bit word
+  ``⌊i/2⌋``, and 64-bit word ``w`` is lane ``w mod 2`` of ``AES-128_K(⌊w/2⌋)``, the counter a
+  little-endian 128-bit integer: randomgen's ``AESCounter(key=K, counter=0)`` in counter mode
+  (NIST SP 800-38A §6.5; its state's ``seed`` holds the expanded key, FIPS-197 §5.2, which this
+  module reads from it rather than re-deriving it). The AES rounds are the processor's
+  ``AESENC``/``AESENCLAST`` (FIPS-197 §5.1, one round per instruction). The test suite checks
+  the words against ``random_raw`` for many keys and offsets.
+* **Inversion.** The rule is that of ``CellTable._invert_into`` exactly, in integers: the
+  cell of word W is ``guide[W >> 16]`` when that bucket of 2¹⁶ words lies strictly between
+  two consecutive entries, else ``lowest + i`` with ``i`` the first entry ``≥ W`` (a binary
+  search: ``np.searchsorted(bounds, W, side="left")``). Only integer comparisons decide a
+  draw; no word is converted to floating point.
+* **Ties.** A word equal to a table entry (``bounds[i] == W``) is not certified by its 32
+  bits; its position is returned and the caller resolves it exactly as today
+  (``CellTable.resolve``: further 64-bit words of the stream from word ``⌈size/2⌉`` on, in
+  position order, compared with F in certified ball arithmetic), so the law of every draw is
+  inversion of a uniform U (the proof sketch of :mod:`censusdp.mechanisms.dg_table`), and the
+  draws equal the numpy path's draw for draw (tested with hypothesis over σ).
+
+Without AES-NI (:data:`HAVE_AESNI` false) the words come from randomgen's ``random_raw`` (the
+same words) and only the inversion is compiled.
+
+References
+----------
+NIST FIPS-197 (2001), Advanced Encryption Standard; NIST SP 800-38A (2001), §6.5 (CTR mode).
+Gueron, "Intel Advanced Encryption Standard (AES) New Instructions Set", Intel white paper
+323641-001 rev. 3.01 (2012), §4 (pipelining independent blocks).
+Chen & Asau, "On generating random variates from an empirical distribution", AIIE Trans. 1974
+(the guide table).
+Lam, Pitrou & Seibert, "Numba: a LLVM-based Python JIT compiler", LLVM-HPC 2015.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import binding as _llb
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from randomgen import AESCounter
+
+__all__ = [
+    "HAVE_AESNI",
+    "aes_half_words",
+    "invert_aes_window",
+    "invert_words",
+    "round_keys",
+]
+
+#: Whether this processor has the AES instructions (then the words are made in the kernel).
+HAVE_AESNI = bool(_llb.get_host_cpu_features().get("aes", False))
+
+_SENTINEL = np.iinfo(np.int64).min
+_MASK32 = np.uint64(0xFFFFFFFF)
+_V2 = ir.VectorType(ir.IntType(64), 2)
+_PAIR = types.UniTuple(types.uint64, 2)
+
+
+def _aes_round(llvm_name: str):
+    """A numba intrinsic ``f(lo, hi, klo, khi) -> (lo, hi)``: one AES round instruction on the
+    128-bit state ``(lo, hi)`` (lane 0 the low 64 bits) with round key ``(klo, khi)``."""
+
+    @intrinsic
+    def aes_round(typingctx, lo, hi, klo, khi):
+        sig = _PAIR(types.uint64, types.uint64, types.uint64, types.uint64)
+
+        def codegen(context, builder, signature, args):
+            i32 = ir.IntType(32)
+            zero, one = ir.Constant(i32, 0), ir.Constant(i32, 1)
+
+            def vec(a, b):
+                v = builder.insert_element(ir.Constant(_V2, ir.Undefined), a, zero)
+                return builder.insert_element(v, b, one)
+
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_V2, [_V2, _V2]), llvm_name
+            )
+            r = builder.call(fn, [vec(args[0], args[1]), vec(args[2], args[3])])
+            out = [builder.extract_element(r, zero), builder.extract_element(r, one)]
+            return context.make_tuple(builder, signature.return_type, out)
+
+        return sig, codegen
+
+    return aes_round
+
+
+_aesenc = _aes_round("llvm.x86.aesni.aesenc")
+_aesenclast = _aes_round("llvm.x86.aesni.aesenclast")
+
+
+def round_keys(key: np.ndarray) -> np.ndarray:
+    """The 11 AES-128 round keys of ``key`` (two uint64: :func:`censusdp.rng.aes_key`) as 22
+    uint64, lane 0 first: randomgen's own expansion (the ``seed`` of its state)."""
+    rk = np.asarray(AESCounter(key=key, counter=0).state["s"]["seed"], dtype=np.uint64)
+    if rk.shape != (22,):
+        raise RuntimeError(f"randomgen's AES state changed layout: seed of shape {rk.shape}")
+    return np.ascontiguousarray(rk)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _aes4(rk, c):  # pragma: no cover - compiled
+    """AES-128 of the counters ``c, c + 1, c + 2, c + 3`` (high lane 0), four independent
+    chains interleaved round by round: 8 uint64, block by block, lane 0 first."""
+    k0, k1 = rk[0], rk[1]
+    a0, a1 = np.uint64(c) ^ k0, k1
+    b0, b1 = np.uint64(c + 1) ^ k0, k1
+    d0, d1 = np.uint64(c + 2) ^ k0, k1
+    e0, e1 = np.uint64(c + 3) ^ k0, k1
+    for r in range(1, 10):
+        q0, q1 = rk[2 * r], rk[2 * r + 1]
+        a0, a1 = _aesenc(a0, a1, q0, q1)
+        b0, b1 = _aesenc(b0, b1, q0, q1)
+        d0, d1 = _aesenc(d0, d1, q0, q1)
+        e0, e1 = _aesenc(e0, e1, q0, q1)
+    q0, q1 = rk[20], rk[21]
+    a0, a1 = _aesenclast(a0, a1, q0, q1)
+    b0, b1 = _aesenclast(b0, b1, q0, q1)
+    d0, d1 = _aesenclast(d0, d1, q0, q1)
+    e0, e1 = _aesenclast(e0, e1, q0, q1)
+    return a0, a1, b0, b1, d0, d1, e0, e1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cell(w, bounds, guide, lowest):  # pragma: no cover - compiled
+    """(cell, tie) of the 32-bit word ``w``: ``CellTable._invert_into``'s rule in integers."""
+    c = guide[w >> np.uint64(16)]
+    if c != _SENTINEL:
+        return c, False
+    lo, hi = 0, bounds.size  # first i with bounds[i] >= w (bounds[-1] = 2³² − 1 ≥ w)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if np.uint64(bounds[mid]) < w:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lowest + lo, np.uint64(bounds[lo]) == w
+
+
+@njit(cache=True, nogil=True)
+def _invert_aes(rk, first, base, add, bounds, guide, lowest, out, ties):  # pragma: no cover
+    """Half-words ``[first, first + out.size)`` of the stream keyed by ``rk``, inverted into
+    ``out`` (plus ``base`` where ``add``); tie positions (relative) into ``ties``; their count."""
+    n = out.size
+    stop = first + n
+    nt = 0
+    buf = np.empty(8, np.uint64)
+    g = first >> 4  # a group: 4 AES blocks = 8 words = 16 half-words
+    while (g << 4) < stop:
+        h0 = g << 4
+        buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6], buf[7] = _aes4(rk, 4 * g)
+        t0 = max(first - h0, 0)
+        t1 = min(stop - h0, 16)
+        for t in range(t0, t1):
+            w = (buf[t >> 1] >> np.uint64(32 * (t & 1))) & _MASK32
+            c, tie = _cell(w, bounds, guide, lowest)
+            i = h0 + t - first
+            if tie:
+                ties[nt] = i
+                nt += 1
+            out[i] = base[i] + c if add else c
+        g += 1
+    return nt
+
+
+@njit(cache=True, nogil=True)
+def _aes_half_words(rk, positions, out):  # pragma: no cover - compiled
+    buf = np.empty(8, np.uint64)
+    for j in range(positions.size):
+        h = positions[j]
+        buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6], buf[7] = _aes4(rk, 4 * (h >> 4))
+        t = h & 15
+        out[j] = (buf[t >> 1] >> np.uint64(32 * (t & 1))) & _MASK32
+
+
+@njit(cache=True, nogil=True)
+def _invert_given(words, base, add, bounds, guide, lowest, out, ties):  # pragma: no cover
+    nt = 0
+    for i in range(out.size):
+        c, tie = _cell(np.uint64(words[i]), bounds, guide, lowest)
+        if tie:
+            ties[nt] = i
+            nt += 1
+        out[i] = base[i] + c if add else c
+    return nt
+
+
+def aes_half_words(key: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Half-words at ``positions`` of the AES-128-CTR stream keyed by ``key`` (uint32)."""
+    positions = np.ascontiguousarray(positions, dtype=np.int64)
+    if not HAVE_AESNI:
+        out = np.empty(positions.size, dtype=np.uint32)
+        for j, h in enumerate(positions.tolist()):
+            bitgen = AESCounter(key=key, counter=0)
+            bitgen.advance(h // 2)
+            out[j] = (int(bitgen.random_raw()) >> (32 * (h % 2))) & 0xFFFFFFFF
+        return out
+    out = np.empty(positions.size, dtype=np.uint64)
+    _aes_half_words(round_keys(key), positions, out)
+    return out.astype(np.uint32)
+
+
+def invert_words(
+    words: np.ndarray,
+    bounds: np.ndarray,
+    guide: np.ndarray,
+    lowest: int,
+    out: np.ndarray,
+    base: np.ndarray | None = None,
+) -> np.ndarray:
+    """Invert given 32-bit ``words`` into ``out`` (int64; ``base + cell`` when ``base`` is
+    given), compiled; the positions of ties (words equal to a table entry) to resolve."""
+    ties = np.empty(out.size, dtype=np.int64)
+    add = base is not None
+    b = base if add else out
+    nt = _invert_given(
+        np.ascontiguousarray(words, np.uint32), b, add, bounds, guide, np.int64(lowest), out, ties
+    )
+    return ties[:nt].copy()
+
+
+def invert_aes_window(
+    key: np.ndarray,
+    first: int,
+    bounds: np.ndarray,
+    guide: np.ndarray,
+    lowest: int,
+    out: np.ndarray,
+    base: np.ndarray | None = None,
+) -> np.ndarray:
+    """Half-words ``[first, first + out.size)`` of the AES-128-CTR stream keyed by ``key``
+    inverted against a :class:`~censusdp.mechanisms.dg_table.CellTable`'s ``bounds`` and
+    ``guide`` into ``out`` (int64, C-contiguous): the cells, or ``base + cell`` when ``base``
+    (int64, the shape of ``out``) is given — the answers and their noise in one pass.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 positions in ``out`` of the ties (words equal to a table entry), ascending; the
+        values written there are placeholders the caller replaces by their resolution.
+    """
+    if out.dtype != np.int64 or not out.flags.c_contiguous:
+        raise ValueError("out must be a C-contiguous int64 array")
+    flat = out.reshape(-1)
+    add = base is not None
+    b = np.ascontiguousarray(base, dtype=np.int64).reshape(-1) if add else flat
+    if add and b.size != flat.size:
+        raise ValueError(f"base has {b.size} values for {flat.size} draws")
+    if not HAVE_AESNI:  # the same words from randomgen, the inversion compiled
+        bitgen = AESCounter(key=key, counter=0)
+        bitgen.advance(first // 2)
+        stop = first + flat.size
+        raw = np.atleast_1d(bitgen.random_raw((stop + 1) // 2 - first // 2))
+        halves = np.empty(2 * raw.size, dtype=np.uint32)  # low half first, on any host
+        halves[0::2], halves[1::2] = raw & _MASK32, raw >> np.uint64(32)
+        words = halves[first % 2 : first % 2 + flat.size]
+        return invert_words(words, bounds, guide, lowest, flat, b if add else None)
+    ties = np.empty(flat.size, dtype=np.int64)
+    nt = _invert_aes(round_keys(key), np.int64(first), b, add, bounds, guide, np.int64(lowest),
+                     flat, ties)  # fmt: skip
+    return ties[:nt].copy()
