@@ -111,6 +111,7 @@ from censusdp.pipelines.pl94_stream import (
     slice_check,
     stream_pl94,
 )
+from censusdp.pipelines.structured_stream import DEFAULT_CACHE_BYTES
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 
@@ -398,8 +399,8 @@ def main() -> None:
     ap.add_argument(
         "--cache-mb",
         type=float,
-        default=0.0,
-        help="memory for upward states kept between the passes (0: regenerate)",
+        default=DEFAULT_CACHE_BYTES / 2**20,
+        help="memory for upward states kept between the passes (default 1024; 0: regenerate)",
     )
     ap.add_argument("--check-county", action="store_true")
     ap.add_argument(

@@ -85,7 +85,7 @@ from censusdp.mechanisms.product_query import ProductQuery, apply_queries
 from censusdp.mechanisms.queries import measure_range, stream_label
 from censusdp.pipelines.execute import Executor, ordered_ahead
 from censusdp.pipelines.partition import Partition, partition_units
-from censusdp.pipelines.structured_stream import structured_stream
+from censusdp.pipelines.structured_stream import DEFAULT_CACHE_BYTES, structured_stream
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 from censusdp.schema import Schema
 
@@ -821,7 +821,7 @@ def stream_pl94(
     cut: str | int = "county",
     partitions: int | Sequence[Partition] = 0,
     workers: int = 1,
-    cache_bytes: int = 0,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
     order: Sequence[int] | None = None,
     on_top: Callable[[TopRelease], None] | None = None,
     on_partition: Callable[[PartitionRelease], None] | None = None,
@@ -862,8 +862,9 @@ def stream_pl94(
         Threads running partitions at once (pass 1, upward, downward); the output does not
         depend on it.
     cache_bytes : int
-        Memory the upward states may be cached in between the passes (0: the downward pass
-        regenerates every partition: its histogram and noise again, the same values).
+        Memory the upward states may be cached in between the passes (default 1 GiB; 0: the
+        downward pass regenerates every partition: its histogram and noise again, the same
+        values).
     order : sequence of int, optional
         Order of the partitions (the output does not depend on it).
     on_top : callable, optional
