@@ -546,18 +546,21 @@ def _fused_window(
     base: np.ndarray | None,
 ) -> np.ndarray:
     """Draws ``[start, stop)`` of the table path's ``size`` draws from the AES words keyed
-    by ``key`` (plus ``base``, flat int64, when given): one compiled pass
+    by ``key`` (plus ``base``, int64 of any shape and strides, when given; the result then
+    has its shape): one compiled pass
     (:func:`~censusdp.mechanisms.dg_kernel.invert_aes_window`), then the rare ambiguous words
     resolved in position order from word ``⌈size/2⌉`` on, after those of the draws before
     ``start`` (:func:`_prefix_words`)."""
-    out = np.empty(stop - start, dtype=np.int64)
+    out = np.empty(stop - start if base is None else base.shape, dtype=np.int64)
     pos = invert_aes_window(key, start, table.bounds, table.guide, table.lowest, out, base)
     if pos.size:
         words = aes_half_words(key, pos + start)
         more = AESCounter(key=key, counter=0)
         more.advance((size + 1) // 2 + (_prefix_words(table, key, size, start) if start else 0))
+        flat = out.reshape(-1)  # a view: out is C-contiguous
         for p, w in zip(pos.tolist(), words.tolist(), strict=True):
-            out[p] = table.resolve(w, more.random_raw) + (0 if base is None else int(base[p]))
+            c = table.resolve(w, more.random_raw)
+            flat[p] = c if base is None else int(base.flat[p]) + c
     return out
 
 
@@ -634,13 +637,15 @@ def add_discrete_gaussian_window(
     answers: np.ndarray,
 ) -> np.ndarray:
     """``answers + sample_discrete_gaussian_window(gen, size, start, stop, sigma2)``, bit for
-    bit, in one pass on the table path: each draw is inverted from its AES word and added to
-    its answer as it is written (no array of noise, no second pass).
+    bit, without an array of noise: on the table path the draws are inverted from their AES
+    words straight into the output, and the answers added there in place
+    (:func:`~censusdp.mechanisms.dg_kernel.invert_aes_window`).
 
     Parameters
     ----------
     answers : numpy.ndarray
-        int64 (or integer) answers, ``stop − start`` of them in any shape (read flat, C order).
+        Integer answers (int64 arithmetic), ``stop − start`` of them in any shape and strides
+        (read in C order; e.g. a query's columns of a wider answer table, read in place).
 
     Returns
     -------
@@ -654,8 +659,9 @@ def add_discrete_gaussian_window(
     if answers.size != stop - start:
         raise ValueError(f"{answers.size} answers for the {stop - start} draws [{start}, {stop})")
     table = cell_table(Fraction(sigma2))
-    base = np.ascontiguousarray(answers, dtype=np.int64).reshape(-1)
     if table.width != 1:
         noise = sample_discrete_gaussian_fast(gen, size, sigma2)[start:stop]
-        return (base + noise).reshape(answers.shape)
-    return _fused_window(table, aes_key(gen), size, start, stop, base).reshape(answers.shape)
+        return answers.astype(np.int64, copy=False) + noise.reshape(answers.shape)
+    return _fused_window(
+        table, aes_key(gen), size, start, stop, answers.astype(np.int64, copy=False)
+    )

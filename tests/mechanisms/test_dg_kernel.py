@@ -118,7 +118,8 @@ def test_fused_answers_plus_noise(sigma2: Fraction, size: int, data) -> None:
     a = data.draw(st.integers(0, size))
     b = data.draw(st.integers(a, size))
     seed = data.draw(st.integers(0, 2**32 - 1))
-    answers = np.random.default_rng(seed).integers(-(2**40), 2**40, b - a, dtype=np.int64)
+    wide = np.random.default_rng(seed).integers(-(2**40), 2**40, (b - a, 3), dtype=np.int64)
+    answers = wide[:, 1]  # strided: a query's column of a wider table, read in place
     noise = sample_discrete_gaussian_window(RNG.generator("a", size), size, a, b, sigma2)
     got = add_discrete_gaussian_window(RNG.generator("a", size), size, a, b, sigma2, answers)
     assert got.dtype == np.int64 and np.array_equal(got, answers + noise)
