@@ -22,9 +22,11 @@ Same words, same rule, same draws
   the words against ``random_raw`` for many keys and offsets.
 * **Inversion.** The rule is that of ``CellTable._invert_into`` exactly, in integers: the
   cell of word W is ``guide[W >> 16]`` when that bucket of 2¹⁶ words lies strictly between
-  two consecutive entries, else ``lowest + i`` with ``i`` the first entry ``≥ W`` (a binary
-  search: ``np.searchsorted(bounds, W, side="left")``). Only integer comparisons decide a
-  draw; no word is converted to floating point.
+  two consecutive entries, else ``lowest + i`` with ``i`` the first entry ``≥ W``
+  (``np.searchsorted(bounds, W, side="left")``), found by stepping up from the bucket's first
+  entry ``starts[W >> 16]`` (every entry before it is below the bucket's first word, hence
+  below W; the expected number of steps is about the table's length over 2¹⁶). Only integer
+  comparisons decide a draw; no word is converted to floating point.
 * **Ties.** A word equal to a table entry (``bounds[i] == W``) is not certified by its 32
   bits; its position is returned and the caller resolves it exactly as today
   (``CellTable.resolve``: further 64-bit words of the stream from word ``⌈size/2⌉`` on, in
@@ -136,24 +138,22 @@ def _aes4(rk, c):  # pragma: no cover - compiled
     return a0, a1, b0, b1, d0, d1, e0, e1
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _cell(w, bounds, guide, lowest):  # pragma: no cover - compiled
+@njit(cache=True, nogil=True)
+def _cell(w, bounds, guide, starts, lowest):  # pragma: no cover - compiled
     """(cell, tie) of the 32-bit word ``w``: ``CellTable._invert_into``'s rule in integers."""
     c = guide[w >> np.uint64(16)]
     if c != _SENTINEL:
         return c, False
-    lo, hi = 0, bounds.size  # first i with bounds[i] >= w (bounds[-1] = 2³² − 1 ≥ w)
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if np.uint64(bounds[mid]) < w:
-            lo = mid + 1
-        else:
-            hi = mid
+    lo = starts[w >> np.uint64(16)]  # the bucket's first entry: those before are below w
+    while np.uint64(bounds[lo]) < w:  # first i with bounds[i] >= w (bounds[-1] = 2³² − 1)
+        lo += 1
     return lowest + lo, np.uint64(bounds[lo]) == w
 
 
 @njit(cache=True, nogil=True)
-def _invert_end(rk, g, lo, hi, first, bounds, guide, lowest, out, ties, nt):  # pragma: no cover
+def _invert_end(
+    rk, g, lo, hi, first, bounds, guide, starts, lowest, out, ties, nt
+):  # pragma: no cover
     """Half-words ``[lo, hi)`` of group ``g`` (a partial group at a window's end), one by one;
     the tie count."""
     if lo >= hi:
@@ -163,7 +163,7 @@ def _invert_end(rk, g, lo, hi, first, bounds, guide, lowest, out, ties, nt):  # 
     for h in range(lo, hi):
         t = h - (g << 4)
         w = (buf[t >> 1] >> np.uint64(32 * (t & 1))) & _MASK32
-        c, tie = _cell(w, bounds, guide, lowest)
+        c, tie = _cell(w, bounds, guide, starts, lowest)
         if tie:
             ties[nt] = h - first
             nt += 1
@@ -172,7 +172,7 @@ def _invert_end(rk, g, lo, hi, first, bounds, guide, lowest, out, ties, nt):  # 
 
 
 @njit(cache=True, nogil=True)
-def _invert_aes(rk, first, bounds, guide, lowest, out, ties):  # pragma: no cover - compiled
+def _invert_aes(rk, first, bounds, guide, starts, lowest, out, ties):  # pragma: no cover - compiled
     """Half-words ``[first, first + out.size)`` of the stream keyed by ``rk``, inverted into
     ``out``; tie positions (relative, ascending) into ``ties``; their count.
 
@@ -183,8 +183,10 @@ def _invert_aes(rk, first, bounds, guide, lowest, out, ties):  # pragma: no cove
     stop = first + out.size
     g_in, g1 = (first + 15) >> 4, stop >> 4  # groups [g_in, g1) lie wholly inside
     if g_in > g1:  # the window lies inside one group
-        return _invert_end(rk, g1, first, stop, first, bounds, guide, lowest, out, ties, 0)
-    nt = _invert_end(rk, g_in - 1, first, g_in << 4, first, bounds, guide, lowest, out, ties, 0)
+        return _invert_end(rk, g1, first, stop, first, bounds, guide, starts, lowest, out, ties, 0)
+    nt = _invert_end(
+        rk, g_in - 1, first, g_in << 4, first, bounds, guide, starts, lowest, out, ties, 0
+    )
     buf = np.empty(8, np.uint64)
     for g in range(g_in, g1):
         buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6], buf[7] = _aes4(rk, 4 * g)
@@ -193,19 +195,15 @@ def _invert_aes(rk, first, bounds, guide, lowest, out, ties):  # pragma: no cove
             w = (buf[t >> 1] >> np.uint64(32 * (t & 1))) & _MASK32
             c = guide[w >> np.uint64(16)]
             if c == _SENTINEL:  # the first entry >= w: np.searchsorted(bounds, w, "left")
-                lo, hi = 0, bounds.size
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if np.uint64(bounds[mid]) < w:
-                        lo = mid + 1
-                    else:
-                        hi = mid
+                lo = starts[w >> np.uint64(16)]  # from the bucket's first entry: a step or two
+                while np.uint64(bounds[lo]) < w:
+                    lo += 1
                 c = lowest + lo
                 if np.uint64(bounds[lo]) == w:
                     ties[nt] = i0 + t
                     nt += 1
             out[i0 + t] = c
-    return _invert_end(rk, g1, g1 << 4, stop, first, bounds, guide, lowest, out, ties, nt)
+    return _invert_end(rk, g1, g1 << 4, stop, first, bounds, guide, starts, lowest, out, ties, nt)
 
 
 @njit(cache=True, nogil=True)
@@ -234,40 +232,40 @@ def aes_half_words(key: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _invert_given(words, bounds, guide, lowest, out, ties):  # pragma: no cover - compiled
+def _invert_given(words, bounds, guide, starts, lowest, out, ties):  # pragma: no cover - compiled
     nt = 0
-    for i in range(out.size):
-        c, tie = _cell(np.uint64(words[i]), bounds, guide, lowest)
-        if tie:
-            ties[nt] = i
-            nt += 1
+    for i in range(out.size):  # _cell written out (a call per word that passes arrays is slow)
+        w = np.uint64(words[i])
+        c = guide[w >> np.uint64(16)]
+        if c == _SENTINEL:
+            lo = starts[w >> np.uint64(16)]
+            while np.uint64(bounds[lo]) < w:
+                lo += 1
+            c = lowest + lo
+            if np.uint64(bounds[lo]) == w:
+                ties[nt] = i
+                nt += 1
         out[i] = c
     return nt
 
 
-def invert_words(
-    words: np.ndarray, bounds: np.ndarray, guide: np.ndarray, lowest: int, out: np.ndarray
-) -> np.ndarray:
-    """Invert given 32-bit ``words`` into ``out`` (int64), compiled; the positions of ties
-    (words equal to a table entry) to resolve."""
+def invert_words(words: np.ndarray, table, out: np.ndarray) -> np.ndarray:
+    """Invert given 32-bit ``words`` against ``table`` (a
+    :class:`~censusdp.mechanisms.dg_table.CellTable`) into ``out`` (int64), compiled; the
+    positions of ties (words equal to a table entry) to resolve."""
     ties = np.empty(out.size, dtype=np.int64)
     words = np.ascontiguousarray(words, np.uint32)
-    nt = _invert_given(words, bounds, guide, np.int64(lowest), out, ties)
+    nt = _invert_given(words, table.bounds, table.guide, table.starts, np.int64(table.lowest),
+                       out, ties)  # fmt: skip
     return ties[:nt].copy()
 
 
 def invert_aes_window(
-    key: np.ndarray,
-    first: int,
-    bounds: np.ndarray,
-    guide: np.ndarray,
-    lowest: int,
-    out: np.ndarray,
-    base: np.ndarray | None = None,
+    key: np.ndarray, first: int, table, out: np.ndarray, base: np.ndarray | None = None
 ) -> np.ndarray:
     """Half-words ``[first, first + out.size)`` of the AES-128-CTR stream keyed by ``key``
-    inverted against a :class:`~censusdp.mechanisms.dg_table.CellTable`'s ``bounds`` and
-    ``guide`` into ``out`` (int64, C-contiguous): the cells, or ``base + cell`` when ``base``
+    inverted against ``table`` (a :class:`~censusdp.mechanisms.dg_table.CellTable`: its
+    ``bounds``, ``guide``, ``starts`` and ``lowest``) into ``out`` (int64, C-contiguous): the cells, or ``base + cell`` when ``base``
     (integers of ``out``'s shape, any strides) is given.
 
     With ``base`` the noise goes into ``out`` and ``base`` is added to it in place
@@ -297,11 +295,12 @@ def invert_aes_window(
         raw = np.atleast_1d(bitgen.random_raw((stop + 1) // 2 - first // 2))
         halves = np.empty(2 * raw.size, dtype=np.uint32)  # low half first, on any host
         halves[0::2], halves[1::2] = raw & _MASK32, raw >> np.uint64(32)
-        ties = invert_words(halves[first % 2 : first % 2 + flat.size], bounds, guide, lowest, flat)
+        ties = invert_words(halves[first % 2 : first % 2 + flat.size], table, flat)
     else:
         ties = np.empty(flat.size, dtype=np.int64)
-        nt = _invert_aes(round_keys(key), np.int64(first), bounds, guide, np.int64(lowest), flat,
-                         ties)  # fmt: skip
+        lowest = np.int64(table.lowest)
+        nt = _invert_aes(round_keys(key), np.int64(first), table.bounds, table.guide,
+                         table.starts, lowest, flat, ties)  # fmt: skip
         ties = ties[:nt].copy()
     if base is not None:
         np.add(base, out, out=out)

@@ -157,6 +157,9 @@ class CellTable:
         uint32 entries, non-decreasing, from 0 to 2³² − 1.
     guide : numpy.ndarray
         int64 of length 2¹⁶: the cell of every word in a bucket, or a sentinel.
+    starts : numpy.ndarray
+        int64 of length 2¹⁶: the index of the first entry ≥ each bucket's first word (where the
+        compiled inversion starts its search in a sentinel bucket).
     """
 
     def __init__(self, sigma2: Fraction, width: int = 1) -> None:
@@ -307,6 +310,7 @@ class CellTable:
         pure &= first > 0
         guide = np.full(1 << GUIDE_BITS, _SENTINEL, dtype=np.int64)
         guide[pure] = self.lowest + first[pure]
+        self.starts = first.astype(np.int64)
         return guide
 
     def acceptance_exponent(self, k: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, int]:
@@ -525,13 +529,13 @@ def _invert_window(
     buffer of :data:`_SCAN` draws) in the compiled pass; the ambiguous positions (relative to
     ``first``) and their words."""
     if out is not None:
-        pos = invert_aes_window(key, first, table.bounds, table.guide, table.lowest, out)
+        pos = invert_aes_window(key, first, table, out)
         return pos, aes_half_words(key, pos + first)
     scratch = np.empty(min(stop - first, _SCAN), dtype=np.int64)
     found = []
     for a in range(first, stop, _SCAN):
         b = min(a + _SCAN, stop)
-        amb = invert_aes_window(key, a, table.bounds, table.guide, table.lowest, scratch[: b - a])
+        amb = invert_aes_window(key, a, table, scratch[: b - a])
         found.append(amb + (a - first))
     pos = np.concatenate(found) if found else np.empty(0, np.int64)
     return pos, aes_half_words(key, pos + first)
@@ -552,7 +556,7 @@ def _fused_window(
     resolved in position order from word ``⌈size/2⌉`` on, after those of the draws before
     ``start`` (:func:`_prefix_words`)."""
     out = np.empty(stop - start if base is None else base.shape, dtype=np.int64)
-    pos = invert_aes_window(key, start, table.bounds, table.guide, table.lowest, out, base)
+    pos = invert_aes_window(key, start, table, out, base)
     if pos.size:
         words = aes_half_words(key, pos + start)
         more = AESCounter(key=key, counter=0)

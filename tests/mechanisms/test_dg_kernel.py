@@ -99,7 +99,7 @@ def test_ties_resolve_as_the_numpy_path() -> None:
     table = cell_table(s2)
     key = aes_key(rng.generator("x", 1))
     out = np.empty(size, np.int64)
-    ties = invert_aes_window(key, 0, table.bounds, table.guide, table.lowest, out)
+    ties = invert_aes_window(key, 0, table, out)
     _, amb = table.invert(aes_half_words(key, np.arange(size)))
     assert ties.size >= 2 and np.array_equal(ties, amb)
     want = sample_discrete_gaussian_fast(rng.generator("x", 1), size, s2, kernel=False)
@@ -137,24 +137,32 @@ def test_without_aesni_the_same_draws(monkeypatch: pytest.MonkeyPatch) -> None:
                           aes_half_words(key, np.arange(100))[[5, 99]])  # fmt: skip
 
 
-def test_invert_words_is_the_table_rule() -> None:
-    table = cell_table(Fraction(2))
-    words = np.concatenate([table.bounds, table.bounds + 1, [0, 2**32 - 1, 2**31]]).astype(
-        np.uint32
-    )
+@pytest.mark.parametrize(
+    "sigma2", [Fraction(2), Fraction(1, 25), Fraction(155, 4096), Fraction(127**2), Fraction(9, 4)]
+)
+def test_invert_words_is_the_table_rule(sigma2: Fraction) -> None:
+    """Every entry, its neighbours, both ends, every bucket's first and last word and random
+    words: the compiled search (from the bucket's first entry) is np.searchsorted's."""
+    table = cell_table(sigma2)
+    b = table.bounds.astype(np.int64)
+    buckets = np.arange(1 << 16, dtype=np.int64) << 16
+    words = np.concatenate([b, b + 1, b - 1, buckets, buckets + 0xFFFF, [0, 2**32 - 1]])
+    words = np.concatenate([words[(words >= 0) & (words < 2**32)],
+                            np.random.default_rng(1).integers(0, 2**32, 10**6)]).astype(np.uint32)  # fmt: skip
     cells, amb = table.invert(words)
     out = np.empty(words.size, np.int64)
-    ties = invert_words(words, table.bounds, table.guide, table.lowest, out)
+    ties = invert_words(words, table, out)
     assert np.array_equal(ties, amb)
     keep = np.setdiff1d(np.arange(words.size), amb)
     assert np.array_equal(out[keep], cells[keep])
+    assert np.array_equal(out[amb], table.lowest + np.searchsorted(table.bounds, words[amb]))
 
 
 def test_bad_arguments() -> None:
     table = cell_table(Fraction(2))
     key = aes_key(RNG.generator("b"))
     with pytest.raises(ValueError, match="int64"):
-        invert_aes_window(key, 0, table.bounds, table.guide, table.lowest, np.empty(3, np.int32))
+        invert_aes_window(key, 0, table, np.empty(3, np.int32))
     with pytest.raises(ValueError, match="answers"):
         add_discrete_gaussian_window(RNG.generator("b"), 10, 0, 5, Fraction(2), np.zeros(4))
 
