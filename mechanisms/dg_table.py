@@ -74,6 +74,20 @@ On the quiet machine (2026-11-24, batch 10⁶, OpenDP 0.16.0): σ = 1, 2.25, 10,
 ``rint(normal)``, 2,900–4,800× OpenDP's vector API (30–44 k/s); σ = 10⁴, 10⁶: 19 and 20 M/s
 (0.09–0.10 of the word rate: a uniform inside the cell and its acceptance test), 430× OpenDP.
 
+Compiled pass (issue 36). On the table path the words are no longer made by randomgen and
+inverted by numpy: :func:`~censusdp.mechanisms.dg_kernel.invert_aes_window` encrypts the
+counters with the AES-NI instructions (the same AES-128-CTR words: tested against
+``AESCounter.random_raw``), inverts each half-word by the rule of :meth:`CellTable.invert` in
+integers (guide bucket, else the first entry ≥ W, searched from the bucket's first entry
+:attr:`CellTable.starts`) and writes int64 straight into the output; ties (a word equal to an
+entry) are resolved by :meth:`CellTable.resolve` in position order as before. So the draws, and
+every seeded release, are unchanged (tested draw for draw against the numpy path,
+``kernel=False``, over σ). Measured (``benchmarks/samplers.py --quick``, 2026-11-28, AMD Zen 5
+host, two cores shared with six other sessions' jobs, per CPU second, batch 10⁶): σ = 1, 2.25,
+10, 100: 696, 736, 693, 565 M draws/s, 1.10, 1.14, 1.06, 0.88 of randomgen's AES-CTR 64-bit
+word rate in the same run (633–652 M/s), 1.75–1.97× the numpy path on the same words (385,
+420, 380, 286 M/s), 6–8× ``rint(normal)``; the cell path (σ = 10⁴) is numpy's, 50 M/s.
+
 Determinism: ``sample(gen, size)`` is a pure function of the generator's state and ``size``
 (the current CKS sampler guarantees the same and no more); through
 :meth:`censusdp.rng.KeyedRNG.draw`, which always draws whole chunks, noise is independent of
