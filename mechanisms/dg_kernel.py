@@ -54,6 +54,7 @@ from llvmlite import binding as _llb
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
+from numba.core import config as _numba_config
 from numba.extending import intrinsic
 from randomgen import AESCounter
 
@@ -65,8 +66,17 @@ __all__ = [
     "round_keys",
 ]
 
-#: Whether this processor has the AES instructions (then the words are made in the kernel).
-HAVE_AESNI = bool(_llb.get_host_cpu_features().get("aes", False))
+
+def _aesni() -> bool:
+    """Whether numba compiles for a processor with the AES instructions: the host's, unless
+    ``NUMBA_CPU_NAME`` names another target (then its ``NUMBA_CPU_FEATURES`` must list +aes)."""
+    if _numba_config.CPU_NAME not in (None, "host"):
+        return "+aes" in (_numba_config.CPU_FEATURES or "").split(",")
+    return bool(_llb.get_host_cpu_features().get("aes", False))
+
+
+#: Whether the words are made in the kernel (AES-NI); else randomgen makes them.
+HAVE_AESNI = _aesni()
 
 _SENTINEL = np.iinfo(np.int64).min
 _MASK32 = np.uint64(0xFFFFFFFF)
