@@ -49,6 +49,18 @@ and more work. ``--fraction 1/64`` on the shared 2-core machine (load 4.5–5): 
 session (load 6–8): 68.3 CPU s, 4.7 GB, rounding 16.6 CPU s, digest ``f1e22567…``. The figures
 below are of the earlier law and have not been re-measured.
 
+Issue 36 (2026-11-28): the fused exact sampler (:mod:`censusdp.mechanisms.dg_kernel`: AES-NI
+words inverted in one compiled pass, answers added in place) and upward states cached between
+the passes within ``--cache-mb`` (default 1024, was 0). ``--fraction 1/64``, threads, 2 workers,
+on the shared 2-core machine (load 5–12), two runs each of the commit before and after: digest
+``41ee6188…`` in all four (unchanged); measure inside the partitions 7.70–7.92 → 4.53–5.32 CPU s
+(3 of 8 partitions cached, 5 measured twice, against 8); structured GLS 18.0–21.7 → 12.8–18.5
+CPU s; whole run 83.9–88.3 → 79.0–85.9 CPU s (the rounding, 51–56 CPU s, is untouched); peak
+6.7–7.9 → 7.5–7.9 GB (the cache holds ≤ 1 GiB; a pl94 upward state is ~17.7 KB per block).
+With ``--cache-mb 0`` (the kernel alone) the measurement took 7.43 CPU s; one partition's
+measurement (26,113 blocks, 2,710 draws per block) 16.0–21.3 → 12.7–16.6 CPU µs per block
+(best runs of alternating pairs; one outlier at 24.3 under load).
+
 Measured (2026-11-24, the 2-core machine, quiet; threads, ``--workers 2``, the process keeping
 the memory it frees — one malloc arena, no trimming:
 :func:`~censusdp.pipelines.execute.keep_freed_memory`):
@@ -112,6 +124,7 @@ from censusdp.pipelines.pl94_stream import (
     slice_check,
     stream_pl94,
 )
+from censusdp.pipelines.structured_stream import DEFAULT_CACHE_BYTES
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 
@@ -401,8 +414,8 @@ def main() -> None:
     ap.add_argument(
         "--cache-mb",
         type=float,
-        default=0.0,
-        help="memory for upward states kept between the passes (0: regenerate)",
+        default=DEFAULT_CACHE_BYTES / 2**20,
+        help="memory for upward states kept between the passes (default 1024; 0: regenerate)",
     )
     ap.add_argument("--check-county", action="store_true")
     ap.add_argument(

@@ -6,13 +6,16 @@ implementation of the CKS discrete Gaussian written here as the slow baseline, a
 sampler when it is importable (one scalar call at a time, as before).
 
 ``"discrete_gaussian_by_sigma"`` (issue 17): per σ and batch size, draws/s of the exact
-fixed-point inversion sampler (``dg_table``, AES-128-CTR words; also with ChaCha20 words),
+fixed-point inversion sampler (``dg_table``, AES-128-CTR words, the compiled fused pass of
+``dg_kernel``; the numpy path on the same words, ``kernel=False``, and the one-pass
+``answers + noise`` of ``add_discrete_gaussian_window`` beside it; also with ChaCha20 words),
 of the previous exact sampler (vectorised CKS, ``sample_discrete_gaussian``), of the
 inexact floor ``rint(normal)`` on the same AES generator, and of OpenDP's *vector* API
 (``make_gaussian`` on a vector domain, one call per batch) when ``opendp`` is importable; and
 the raw 64-bit word rates of the two CSPRNGs. Each figure is the best of three runs, given
 both per wall second and per CPU second (``time.process_time``: the machine may be shared).
-Run: ``python benchmarks/samplers.py`` (``--quick`` for batch 10⁶ only).
+Run: ``python benchmarks/samplers.py`` (``--quick`` for batch 10⁶ only; ``--sigmas=1,100`` for
+those σ only).
 """
 
 from __future__ import annotations
@@ -27,7 +30,11 @@ from fractions import Fraction
 import numpy as np
 
 from censusdp.mechanisms import DiscreteGaussian, DiscreteLaplace, Gaussian, Laplace
-from censusdp.mechanisms.dg_table import cell_table, sample_discrete_gaussian_fast
+from censusdp.mechanisms.dg_table import (
+    add_discrete_gaussian_window,
+    cell_table,
+    sample_discrete_gaussian_fast,
+)
 from censusdp.mechanisms.discrete import sample_discrete_gaussian
 from censusdp.rng import KeyedRNG, aes_counter
 
@@ -127,18 +134,19 @@ def _opendp_vector(sigma: float):
     return lambda n: meas([0] * n)
 
 
-def by_sigma(batches: tuple[int, ...]) -> dict:
+def by_sigma(batches: tuple[int, ...], sigmas: tuple[float, ...] = SIGMAS) -> dict:
     """The issue-17 table: every sampler at every σ and batch size."""
     rng = KeyedRNG.reproducible(2026, warn=False)
     gen = rng.generator("benchmarks/samplers/by_sigma")
     aes = np.random.Generator(aes_counter(gen))
     out: dict = {"words_64bit": {}, "sigma": {}}
+    answers = np.arange(max(batches), dtype=np.int64) % 1000  # exact answers to add noise to
     for n in batches:
         out["words_64bit"][str(n)] = {
             "aes128_ctr": _rates(aes.bit_generator.random_raw, n),
             "chacha20": _rates(gen.bit_generator.random_raw, n),
         }
-    for sigma in SIGMAS:
+    for sigma in sigmas:
         s2 = Fraction(sigma) ** 2
         t0 = time.perf_counter()
         table = cell_table(s2)
@@ -153,10 +161,18 @@ def by_sigma(batches: tuple[int, ...]) -> dict:
                 aes.bit_generator.random_raw,
                 n,
             )
+            numpy_path, fused_add = _paired(
+                lambda m, s2=s2: sample_discrete_gaussian_fast(gen, m, s2, kernel=False),
+                lambda m, s2=s2: add_discrete_gaussian_window(gen, m, 0, m, s2, answers[:m]),
+                n,
+            )
             row[str(n)] = {
                 "dg_table_aes": fast,
                 "aes128_ctr_words_same_run": words,
                 "fraction_of_aes_word_rate": fast["per_cpu_s"] / words["per_cpu_s"],
+                "dg_table_aes_numpy_path (kernel=False, same draws)": numpy_path,
+                "answers_plus_noise_one_pass": fused_add,
+                "kernel_over_numpy_path": fast["per_cpu_s"] / numpy_path["per_cpu_s"],
                 "dg_table_chacha20": _rates(
                     lambda m, s2=s2: sample_discrete_gaussian_fast(gen, m, s2, source="chacha20"), n
                 ),
@@ -180,8 +196,10 @@ def by_sigma(batches: tuple[int, ...]) -> dict:
     return out
 
 
-def main(batches: tuple[int, ...] = (1_000_000, 10_000_000)) -> dict:
-    return {"scale_10": scale_10(), "discrete_gaussian_by_sigma": by_sigma(batches)}
+def main(
+    batches: tuple[int, ...] = (1_000_000, 10_000_000), sigmas: tuple[float, ...] = SIGMAS
+) -> dict:
+    return {"scale_10": scale_10(), "discrete_gaussian_by_sigma": by_sigma(batches, sigmas)}
 
 
 def scale_10() -> dict:
@@ -223,4 +241,6 @@ def scale_10() -> dict:
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv[1:]
-    print(json.dumps(main((1_000_000,) if quick else (1_000_000, 10_000_000)), indent=2))
+    picked = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--sigmas=")]
+    sigmas = tuple(float(x) for x in picked[0].split(",")) if picked else SIGMAS
+    print(json.dumps(main((1_000_000,) if quick else (1_000_000, 10_000_000), sigmas), indent=2))

@@ -41,6 +41,7 @@ import numpy as np
 from randomgen import AESCounter, ChaCha
 
 __all__ = [
+    "AddWindow",
     "CHUNK",
     "KeyedRNG",
     "ReproducibleSeedWarning",
@@ -60,6 +61,9 @@ CHUNK = 1 << 16
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
 #: ``window(generator, size, start, stop)``: draws ``[start, stop)`` of ``sampler(generator, size)``.
 Window = Callable[[np.random.Generator, int, int, int], np.ndarray]
+#: ``add_window(generator, size, start, stop, values)``: ``values`` plus draws ``[start, stop)``
+#: of ``sampler(generator, size)``, in one pass.
+AddWindow = Callable[[np.random.Generator, int, int, int, np.ndarray], np.ndarray]
 
 
 class ReproducibleSeedWarning(UserWarning):
@@ -166,6 +170,58 @@ class _Streams:
             probe = np.asarray(sampler(_chacha(bytes(32)), 0))
             return np.empty((0, width), dtype=probe.dtype)
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+    def add_draws(
+        self,
+        label: str,
+        n_items: int,
+        start: int,
+        stop: int,
+        base: np.ndarray,
+        add_window: AddWindow,
+        width: int = 1,
+    ) -> np.ndarray:
+        """``base + draw(label, n_items, start, stop, sampler, width)`` in one pass per chunk.
+
+        ``add_window(generator(label, j), rows*width, a, b, values)`` must return
+        ``values + sampler(generator(label, j), rows*width)[a:b]`` bit for bit (e.g.
+        :func:`~censusdp.mechanisms.dg_table.add_discrete_gaussian_window`, which adds each
+        draw to its value as it makes it): no array of noise, no concatenation, no second
+        pass. Chunks are those of :meth:`draw`, so the result is that of :meth:`draw` plus
+        ``base``, whatever the range and however it is split.
+
+        Parameters
+        ----------
+        base : numpy.ndarray
+            ``(stop - start, width)`` values (the exact answers).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(stop - start, width)``.
+        """
+        if not 0 <= start <= stop <= n_items:
+            raise ValueError(f"stream {label!r}: range [{start}, {stop}) is outside [0, {n_items})")
+        if width < 1:
+            raise ValueError("width must be at least 1")
+        base = np.asarray(base)
+        if base.shape != (stop - start, width):
+            raise ValueError(f"base has shape {base.shape}, expected {(stop - start, width)}")
+        out: np.ndarray | None = None
+        for j in chunk_range(start, stop):
+            lo, hi = j * CHUNK, min((j + 1) * CHUNK, n_items)
+            a, b = max(start, lo) - lo, min(stop, hi) - lo
+            rows = base[a + lo - start : b + lo - start]
+            got = np.asarray(add_window(self.generator(label, j), (hi - lo) * width, a * width,
+                                        b * width, rows))  # fmt: skip
+            if got.shape != rows.shape:
+                raise ValueError(f"add_window returned shape {got.shape}, expected {rows.shape}")
+            if out is None:
+                if b - a == stop - start:  # one chunk: its result is the answer, no copy
+                    return got
+                out = np.empty(base.shape, dtype=got.dtype)
+            out[a + lo - start : b + lo - start] = got
+        return base.copy() if out is None else out
 
 
 class KeyedRNG(_Streams):

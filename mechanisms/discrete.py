@@ -616,6 +616,15 @@ class DiscreteGaussian(NoiseLaw):
 
         return sample_discrete_gaussian_window(stream, size, start, stop, self.sigma2)
 
+    def add_window(
+        self, stream: np.random.Generator, size: int, start: int, stop: int, values: np.ndarray
+    ) -> np.ndarray:
+        """``values`` plus draws ``[start, stop)`` of :meth:`sample`, bit for bit, in one
+        pass (:func:`~censusdp.mechanisms.dg_table.add_discrete_gaussian_window`)."""
+        from censusdp.mechanisms.dg_table import add_discrete_gaussian_window
+
+        return add_discrete_gaussian_window(stream, size, start, stop, self.sigma2, values)
+
     def log_density(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
         return -(x * x) / (2.0 * float(self.sigma2)) - self._log_norm

@@ -435,6 +435,10 @@ def measure_range(
             )
         true_answers = true_answers.astype(np.int64)
     stop = start + true_answers.shape[0]
+    add = getattr(law, "add_window", None)
+    if add is not None and true_answers.dtype == np.int64:  # answers and noise in one pass
+        label = stream_label(level_name, query.name)
+        return rng.add_draws(label, n_nodes, start, stop, true_answers, add, query.n_rows)
     noise = rng.draw(
         stream_label(level_name, query.name), n_nodes, start, stop, law.sample, query.n_rows,
         window=law.sample_window,

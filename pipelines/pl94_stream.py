@@ -89,7 +89,12 @@ from censusdp.mechanisms.queries import measure_range, stream_label
 from censusdp.options import with_keywords
 from censusdp.pipelines.execute import Executor, ordered_ahead
 from censusdp.pipelines.partition import Partition, partition_units
-from censusdp.pipelines.structured_stream import StreamOptions, StreamResult, structured_stream
+from censusdp.pipelines.structured_stream import (
+    DEFAULT_CACHE_BYTES,
+    StreamOptions,
+    StreamResult,
+    structured_stream,
+)
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 from censusdp.schema import Schema
 from censusdp.timing import CPU_PREFIX, stage
@@ -874,8 +879,9 @@ class Pl94StreamOptions:
         Threads running partitions at once (pass 1, upward, downward); the output does not
         depend on it.
     cache_bytes : int
-        Memory the upward states may be cached in between the passes (0: the downward pass
-        regenerates every partition: its histogram and noise again, the same values).
+        Memory the upward states may be cached in between the passes (default 1 GiB; 0: the
+        downward pass regenerates every partition: its histogram and noise again, the same
+        values).
     order : sequence of int, optional
         Order of the partitions (the output does not depend on it).
     privacy : PrivacyStatement, optional
@@ -917,7 +923,7 @@ class Pl94StreamOptions:
     cut: str | int = "county"
     partitions: int | Sequence[Partition] = 0
     workers: int = 1
-    cache_bytes: int = 0
+    cache_bytes: int = DEFAULT_CACHE_BYTES
     order: Sequence[int] | None = None
     privacy: PrivacyStatement | None = None
     executor: Executor | None = None
