@@ -33,8 +33,16 @@ everything between the truth and the number written. Errors of different states 
 independent (the US level is not used, see below). The covariance between two areas is
 ``(Var(α ∪ β) − Var α − Var β) / 2`` with ``α ∪ β`` released as one more area.
 
-**What is not yet done.** The structural zeros (DESIGN §11's hhgq bounds of 0 and the
-nursing-facility under-18 zero) are *not* imposed; the US level's measurements are not used
+**Structural zeros.** The file's constraints are held exactly (DESIGN §11): an hhgq upper
+bound of 0 at a node zeroes every cell of that type there, and nursing facilities hold no
+one under 18 at every node (:meth:`~censusdp.pipelines.io.nmf.NMFMeasurements.zeros`, the
+``zeros`` of the structured GLS: restricted least squares, each node its own mask). Those
+cells are released as exactly 0 with SE 0, and every SE (spine, tabulation, areas and their
+covariances) is the exact covariance of the restricted estimate. The hhgq *lower* bounds
+and non-negativity are inequalities: the linear estimate does not impose them (they would
+bias it).
+
+**What is not yet done.** The US level's measurements are not used
 (each state is estimated from its own subtrees and total; they are read for the privacy
 statement only); a state's whole spine is held in memory (its estimates are ``2,016``
 floats per node); areas (``--areas``) need a run of one state (a BAF is per state).
@@ -108,9 +116,15 @@ SPINE_OUTPUT_LEVELS = ("state_part", "county", "tract", "block_group")
 TABULATION_PREFIX = {"county": 5, "tract": 11, "block_group": 12}
 #: What the release does not (yet) impose, stated in the manifest and the README.
 NOT_IMPOSED = (
-    "structural zeros (hhgq upper bounds of 0, no one under 18 in nursing facilities) are not "
-    "imposed; the US level's measurements are not used (each state is estimated from its own "
-    "subtrees and its published total)"
+    "the US level's measurements are not used (each state is estimated from its own "
+    "subtrees and its published total); the hhgq lower bounds and non-negativity are not "
+    "imposed on the real-valued estimates (they would bias them)"
+)
+#: The structural zeros the GLS holds, stated in the manifest.
+ZEROS_HELD = (
+    "structural zeros held exactly (== 0, SE 0) at every node that carries them: an hhgq "
+    "upper bound of 0 zeroes that group-quarters type, and nursing facilities hold no one "
+    "under 18 (DESIGN §11; restricted least squares, blocks of 16 over hhgq × votingage)"
 )
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -308,7 +322,8 @@ def estimate_state(
             "invariant in the 2020 run and ties the state's two parts (--state-totals)"
         )
     meas = measurements.measurements()
-    rel = structured_gls(h, meas[0].query.schema, meas, measurements.invariants())
+    rel = structured_gls(h, meas[0].query.schema, meas, measurements.invariants(),
+                         zeros=measurements.zeros())  # fmt: skip
     t1 = time.perf_counter()
     geo = measurements.spine.tabulation_geoids
     tab, eqs = {}, {}
@@ -610,6 +625,7 @@ def release_nmf(
             },
             "estimator": "structured GLS (weighted, exact discrete Gaussian variances), one "
             "state at a time, state total invariant; real-valued estimates, exact SEs",
+            "structural_zeros": ZEROS_HELD,
             "not_imposed": NOT_IMPOSED,
             "states": sorted(groups),
             "state_parts": {s: groups[s] for s in sorted(groups)},
