@@ -280,24 +280,59 @@ def _clear(Z: np.ndarray | None, m: np.ndarray, P: np.ndarray, N: np.ndarray | N
     return m, P, N
 
 
+def _patterns(L: LevelInputs) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct (information matrix, zeros) pairs of a level's nodes: the index of one node
+    of each, and every node's pattern. Leaves share few (the variances are per level and a
+    handful of masks recur), so their bordered systems are solved once per pattern."""
+    n = L.Z.shape[0]
+    zkey = np.ascontiguousarray(L.Z).view(np.dtype((np.void, L.Z.shape[1] * 8))).reshape(n)
+    _, zid = np.unique(zkey, return_inverse=True)
+    if L.J.shape[0] == 1:
+        key = zid.reshape(-1)
+    else:
+        J = np.ascontiguousarray(L.J).reshape(n, -1)
+        jkey = J.view(np.dtype((np.void, J.shape[1] * 8))).reshape(n)
+        _, jid = np.unique(jkey, return_inverse=True)
+        key = jid.reshape(-1).astype(np.int64) * (int(zid.max(initial=0)) + 1) + zid.reshape(-1)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return first, inv.reshape(-1)
+
+
+def _leaf_up_zeros(L: LevelInputs, K: int) -> UpwardBelief:
+    """Leaves with structural zeros: per (J, zeros) pattern the bordered system
+    ``[J Hᵀ D; H 0 0; D 0 0]`` (``D = diag(Z)``) is pseudo-solved once
+    (:func:`_solve_bordered`'s steps); each leaf's mean is its pattern's gain applied to its
+    own ``h`` and ``t``, node by node."""
+    nH = L.H.shape[0]
+    first, inv = _patterns(L)
+    U = first.size
+    Dm = 2 * K + nH
+    Mat = np.zeros((U, Dm, Dm))
+    Mat[:, :K, :K] = L.J if L.J.shape[0] == 1 else L.J[first]
+    Mat[:, :K, K : K + nH] = L.H.T
+    Mat[:, K : K + nH, :K] = L.H
+    D = _zero_rows(L.Z[first])
+    Mat[:, :K, K + nH :] = D
+    Mat[:, K + nH :, :K] = D
+    Minv, Null = _pinv_psd(Mat)
+    N, r = _flat_basis(Null[..., :K, :K], K)
+    Pi = np.eye(K) - N @ N.swapaxes(-1, -2)
+    A = Pi @ Minv[:, :K, : K + nH]  # the mean's gain on (h, t); the zeros' values are 0
+    P = _sym(Pi @ Minv[:, :K, :K] @ Pi)
+    rhs = np.concatenate([L.h, L.t], axis=-1)
+    m = _mv(A[inv], rhs)
+    Pn = P[inv]
+    m, Pn, _ = _clear(L.Z, m, Pn)
+    if not np.any(r):
+        return UpwardBelief(m, Pn, shared=False)
+    Nn = np.where((L.Z > 0)[:, :, None], 0.0, N[inv])
+    return UpwardBelief(m, Pn, Nn, r[inv].copy(), shared=False)
+
+
 def _leaf_up(L: LevelInputs, K: int) -> UpwardBelief:
     nH = L.H.shape[0]
-    if L.Z is not None:  # per-node zeros: one bordered system per node, [J Hᵀ D; H; D]
-        n = L.h.shape[0]
-        Dm = 2 * K + nH
-        Mat = np.zeros((n, Dm, Dm))
-        Mat[:, :K, :K] = L.J
-        Mat[:, :K, K : K + nH] = L.H.T
-        Mat[:, K : K + nH, :K] = L.H
-        D = _zero_rows(L.Z)
-        Mat[:, :K, K + nH :] = D
-        Mat[:, K + nH :, :K] = D
-        rhs = np.concatenate([L.h, L.t, np.zeros((*L.h.shape[:-1], K))], axis=-1)
-        m, P, N, r = _solve_bordered(Mat, rhs, K)
-        m, P, N = _clear(L.Z, m, P, N)
-        if not np.any(r):
-            return UpwardBelief(m, P, shared=False)
-        return UpwardBelief(m, P, N, r, shared=False)
+    if L.Z is not None:  # per-node zeros: the bordered system [J Hᵀ D; H; D] per node
+        return _leaf_up_zeros(L, K)
     b = L.J.shape[0]
     Mat = np.zeros((b, K + nH, K + nH))
     Mat[:, :K, :K] = L.J

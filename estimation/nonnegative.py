@@ -454,10 +454,28 @@ def _atoms(shape, level: int, K: int) -> tuple[np.ndarray, np.ndarray]:
     return atoms, np.bincount(atoms, weights=held, minlength=n) > 0
 
 
-def _project_top(x: np.ndarray, atoms: np.ndarray, fixed: np.ndarray, level: str) -> np.ndarray:
+def _held_value(x: np.ndarray, parent_total: float = 0.0) -> float:
+    """The value a held cell (structural zero) enters the projections with: ``−M`` with
+    ``M`` beyond every multiplier of the projection (the data's scale and the parent's
+    total, times 4), so the projection puts exactly 0 there whenever the other cells can
+    carry the margins — the exact penalty of the constraint ``x = 0``."""
+    return -4.0 * (1.0 + float(np.abs(x).max(initial=0.0)) + float(parent_total))
+
+
+def _project_top(
+    x: np.ndarray,
+    atoms: np.ndarray,
+    fixed: np.ndarray,
+    level: str,
+    held: np.ndarray | None = None,
+) -> np.ndarray:
     """Each node's cells onto ``{x ≥ 0, Σ_atom x = t_atom}`` for the fixed atoms (sums of the
-    GLS estimate, which meets the invariants, are the integers they fix); clipped elsewhere."""
+    GLS estimate, which meets the invariants, are the integers they fix); clipped elsewhere.
+    ``held`` (n, K) cells are fixed at 0 (structural zeros)."""
     out = np.maximum(x, 0.0)
+    xm = x if held is None else np.where(held, _held_value(x, float(np.abs(x).sum())), x)
+    if held is not None:
+        out[held] = 0.0
     for a in np.flatnonzero(fixed):
         cols = np.flatnonzero(atoms == a)
         s = x[:, cols].sum(axis=1)
@@ -468,7 +486,7 @@ def _project_top(x: np.ndarray, atoms: np.ndarray, fixed: np.ndarray, level: str
                 "invariants (a held sum is not a non-negative integer); pass the invariants "
                 "the GLS release was computed with"
             )
-        out[:, cols] = project_simplex(x[:, cols][:, :, None], t[:, None])[:, :, 0]
+        out[:, cols] = project_simplex(xm[:, cols][:, :, None], t[:, None])[:, :, 0]
     return out
 
 
@@ -587,11 +605,13 @@ def _descend(
     schema: Schema,
     label: str,
     tol: float,
+    held: Sequence[np.ndarray | None] | None = None,
 ) -> list[np.ndarray]:
     """Levels ``1 ..`` of ``forest`` from the non-negative integers of its level 0: per
     parent, the children's totals first (simplex projection, rounded to integers summing
     to the parent's total), then their cells (transportation projection, rounded with both
-    margins exact)."""
+    margins exact). ``held[j]`` (n_j, K) bool, per forest level: cells fixed at 0
+    (structural zeros; a child with every cell held gets total 0)."""
     cells = schema.cells
     out = []
     parent = counts
@@ -606,14 +626,21 @@ def _descend(
         K = x.shape[1]
         n_up, lo_up = forest.sizes[j - 1], lo[j - 1]
         count = forest.child_count[j - 1]
+        hj = None if held is None else held[j]
         # pass 1: the children's totals onto {t ≥ 0, Σ t = the parent's integer total}
         total = parent.sum(axis=1)[:, None]
-        t = project_children(x.sum(axis=1)[:, None], total, count)
+        zt = x.sum(axis=1)[:, None]
+        if hj is not None:  # a child that cannot hold anyone gets total 0
+            big = _held_value(x, float(total.max(initial=0.0)))
+            zt = np.where(hj.all(axis=1)[:, None], big, zt)
+            x = np.where(hj, big, x)
+        t = project_children(zt, total, count)
         v = rng.draw(f"{label}/{name}/total", n_global[j - 1], lo_up, lo_up + n_up, uniform_draws)
         totals, _ = round_children(
             total, t, count, v.reshape(n_up, 1), None, (name, forest, j - 1, ("total",)), tol
         )
         # pass 2: the cells onto {X ≥ 0, rows = those integers, columns = the parent's cells}
+        out_parent = parent
         proj, _ = project_transport(x, totals[:, 0], parent, count, where=f"level {name!r}")
         u = keyed_uniforms(
             rng, f"{label}/{name}/cells", n_global[j], lo[j], lo[j] + forest.sizes[j], K
@@ -621,7 +648,55 @@ def _descend(
         parent = _round_transport(
             proj, totals[:, 0], parent, count, u, (name, forest, j - 1, cells)
         )
+        if hj is not None and np.any(parent[hj] != 0):
+            parent = _held_fallback(parent, hj, x, out_parent, count, rng, label, name,
+                                    (n_global[j], lo[j]))  # fmt: skip
         out.append(parent.reshape(-1, *schema.shape))
+    return out
+
+
+def _held_fallback(
+    counts: np.ndarray,
+    held: np.ndarray,
+    x: np.ndarray,
+    parent: np.ndarray,
+    count: np.ndarray,
+    rng: KeyedRNG,
+    label: str,
+    name: str,
+    where: tuple[int, int],
+) -> np.ndarray:
+    """Redo the children of the parents whose totals pass left a held cell nowhere else to
+    go (the totals pass does not know the zeros: a parent's group-quarters persons can need
+    a child that it gave total 0): each (parent, cell) onto its simplex over the children
+    (:func:`project_children`, held cells at ``−M``: 0 wherever another child may hold the
+    cell, which closing the zeros upward guarantees), then the bipartite dependent rounding
+    of the fractional parts — every column sum (the parent's cell) exact, each child's total
+    the floor or ceiling of its projected total. Always feasible; those children's totals
+    are no longer the totals pass's."""
+    n_global, lo = where
+    n_p = count.size
+    row_parent = np.repeat(np.arange(n_p), count)
+    bad = np.zeros(n_p, bool)
+    bad[row_parent[np.any((counts != 0) & held, axis=1)]] = True
+    rows = bad[row_parent]
+    sub_count = count[bad]
+    y = project_children(x[rows], parent[bad].astype(np.float64), sub_count)
+    y[held[rows]] = 0.0
+    fl = np.floor(y + DR_TOL)
+    frac = np.clip(y - fl, 0.0, 1.0)
+    starts = np.concatenate([[0], np.cumsum(sub_count)]).astype(np.int64)
+    K = x.shape[1]
+    u = keyed_uniforms(rng, f"{label}/{name}/held", n_global, lo, lo + rows.size, K)[rows]
+    out = counts.copy()
+    out[rows] = fl.astype(np.int64) + dependent_round(frac, starts, u, tol=DR_TOL)
+    if np.any(out[held] != 0) or np.any(out < 0):
+        i = lo + int(np.argwhere((out != 0) & held)[0][0]) if np.any(out[held]) else lo
+        raise DataError(
+            f"non-negative product, level {name!r}, node #{i}: its structural zeros cannot "
+            "all be held (a parent's cell has no child that may hold it); the constraints "
+            "contradict each other"
+        )
     return out
 
 
@@ -634,6 +709,7 @@ def nonnegative_top(
     invariants: Sequence[ProductInvariant] = (),
     label: str = LABEL,
     tol: float = TOL,
+    held: Sequence[np.ndarray | None] | None = None,
 ) -> RoundedLevels:
     """The non-negative product's levels from the root down to a cut level.
 
@@ -649,6 +725,12 @@ def nonnegative_top(
         rounding's: give a different ``label`` from it).
     invariants : sequence of ProductInvariant
         The invariants the GLS release meets, at the root and its children only; held ``==``.
+    held : sequence of arrays, optional
+        Per level ``0 .. cut``, None or ``(n_nodes, n_cells)`` bool: cells fixed at 0
+        (structural zeros, DESIGN §11). They enter the projections at ``−M`` (an exact
+        penalty: 0 whenever the other cells can carry the margins); give them closed
+        upward (a cell held at every child is held at the parent). A held cell that
+        cannot stay 0 is refused.
 
     Returns
     -------
@@ -690,7 +772,8 @@ def nonnegative_top(
         xs.append(x)
     joint = shape.joint_level
     atoms, fixed = _atoms(shape, joint, K)
-    proj = _project_top(xs[joint], atoms, fixed, hierarchy.names[joint])
+    hs = list(held) if held is not None else [None] * len(estimates)
+    proj = _project_top(xs[joint], atoms, fixed, hierarchy.names[joint], hs[joint])
     top = [proj.sum(axis=0, keepdims=True), proj] if joint == 1 else [proj]
     shp = tuple(schema.shape)
     head = round_structured_top(
@@ -717,7 +800,14 @@ def nonnegative_top(
             schema,
             label,
             tol,
+            None if held is None else hs[start : cut + 1],
         )
+    for k, (c, h) in enumerate(zip(counts, hs, strict=False)):
+        if h is not None and np.any(c.reshape(h.shape)[h] != 0):
+            raise DataError(
+                f"non-negative product, level {hierarchy.names[k]!r}: its structural zeros "
+                "cannot all be held with the invariants; the constraints contradict each other"
+            )
     return RoundedLevels(counts[: cut + 1], None)
 
 
@@ -776,10 +866,11 @@ def nonnegative_structured(
     invariants: Sequence[ProductInvariant] = (),
     label: str = LABEL,
     tol: float = TOL,
+    held: Sequence[np.ndarray | None] | None = None,
 ) -> RoundedLevels:
     """The non-negative product of a :class:`~censusdp.estimation.structured_gls.StructuredRelease`
     in memory (every level in one :func:`nonnegative_top`; the integers are those of any
-    streamed run with the same ``rng``)."""
+    streamed run with the same ``rng``); ``held`` as there."""
     return nonnegative_top(
         release.hierarchy,
         release.schema,
@@ -788,4 +879,5 @@ def nonnegative_structured(
         invariants=invariants,
         label=label,
         tol=tol,
+        held=held,
     )

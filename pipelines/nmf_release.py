@@ -78,6 +78,7 @@ import pandas as pd
 from censusdp.atomic import output_dir
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.areas import AreaEstimates, area_release
+from censusdp.estimation.nonnegative import BIASED_NOTE
 from censusdp.estimation.structured_gls import StructuredRelease, structured_gls
 from censusdp.hierarchy.core import Hierarchy, as_codes
 from censusdp.hierarchy.equivalency import Equivalency, equivalency_from_arrays, read_equivalency
@@ -90,7 +91,9 @@ from censusdp.pipelines.io.nmf import (
     read_nmf,
     read_state_totals,
 )
+from censusdp.pipelines.nmf_integers import INTEGER_FOLDER, nmf_integers, write_integers
 from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values
+from censusdp.rng import KeyedRNG
 from censusdp.spreadsheet import write_csv
 
 __all__ = [
@@ -543,6 +546,8 @@ def release_nmf(
     skip_blank_areas: bool = False,
     overwrite: bool = False,
     on_state: object = None,
+    integers: bool = False,
+    seed: int | None = None,
 ) -> NMFRelease:
     """Read an NMF state by state and write its GLS release (see the module docstring).
 
@@ -565,6 +570,12 @@ def release_nmf(
     overwrite : bool
     on_state : callable, optional
         Called with each :class:`NMFStateRelease` before it is dropped (tests, reports).
+    integers : bool
+        Also write the non-negative integer product (:mod:`censusdp.pipelines.nmf_integers`)
+        under ``nonnegative/``: consistent non-negative integers from the same estimate,
+        structural zeros held, state totals exact; labelled BIASED, no SEs.
+    seed : int, optional
+        Seed of the integer product's rounding (reproducible mode; default a fresh key).
 
     Returns
     -------
@@ -591,6 +602,9 @@ def release_nmf(
     has_us = (root / "US.parquet").is_dir()
     inputs = [root, totals_path, None if areas is None else Path(areas)]
     seconds: dict = {}
+    rng = KeyedRNG.from_seed(seed) if integers else None
+    int_files: set[str] = set()
+    violations: dict = {}
     with output_dir(out, overwrite=overwrite, inputs=inputs, command="nmf") as tmp:
         if has_us:  # one node: read for the statement (its measurements are not estimated on)
             (us,) = read_nmf(root, subtrees=["US"])
@@ -606,6 +620,12 @@ def release_nmf(
             t2 = time.perf_counter()
             _write_state(w, r)
             seconds[state] = {"read": t1 - t0, **r.seconds, "write": time.perf_counter() - t2}
+            if rng is not None:  # the biased integer product, from the same estimate
+                t3 = time.perf_counter()
+                ints = nmf_integers(r, rng)
+                write_integers(tmp / INTEGER_FOLDER, r, ints, int_files)
+                violations[state] = ints.bound_violations
+                seconds[state]["integers"] = time.perf_counter() - t3
             if callable(on_state):
                 on_state(r)
             del r, m
@@ -640,11 +660,25 @@ def release_nmf(
             "files": sorted(w.started),
             "seconds": seconds,
         }
+        if rng is not None:
+            manifest["nonnegative"] = {
+                "folder": INTEGER_FOLDER,
+                "files": sorted(int_files),
+                "label": "BIASED: " + BIASED_NOTE,
+                "statement": statement,
+                "held": "structural zeros == 0 at every node, state totals == the published "
+                "ones, every node the sum of its children, non-negative int64",
+                "not_imposed": "hhgq bounds other than upper bounds of 0; counts of (node, "
+                "type) outside them per level in hhgq_bounds_outside",
+                "hhgq_bounds_outside": violations,
+                "seed": "given (reproducible mode)" if seed is not None else "fresh key",
+            }
         (tmp / "manifest.json").write_text(
             json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
+    files = tuple(sorted(w.started)) + tuple(f"{INTEGER_FOLDER}/{f}" for f in sorted(int_files))
     return NMFRelease(Path(out), tuple(sorted(groups)), rho, statement,
-                      tuple(sorted(w.started)) + ("manifest.json",), seconds)  # fmt: skip
+                      files + ("manifest.json",), seconds)  # fmt: skip
 
 
 def _total(totals: Mapping[str, int], state: str) -> int:
