@@ -205,5 +205,3 @@ def write_integers(folder: Path, state, product: NMFIntegers, started: set[str])
         write_csv(frame, folder / name, index=False, header=first, mode="w" if first else "a")
         started.add(name)
     return sorted(frames)
-
-
