@@ -36,6 +36,7 @@ def _cmd_nmf(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         integers=args.integers,
         seed=args.seed,
+        published=args.published,
     )
     print(f"states: {', '.join(result.states)}")
     print(f"privacy: {result.statement}")
@@ -89,6 +90,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--seed",
         type=int,
         help="seed of the integer product's rounding (reproducible mode, for tests only)",
+    )
+    p.add_argument(
+        "--published",
+        metavar="FILE",
+        help="a published table (CSV: GEOID, P1_001N; e.g. the state's 2020 P1): writes "
+        "published_comparison.csv, the metric set by size class against it",
     )
     add_overwrite(p)
     p.set_defaults(func=_cmd_nmf)

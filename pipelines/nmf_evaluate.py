@@ -50,7 +50,9 @@ __all__ = [
     "EVALUATED_COLUMN",
     "GEOID_PREFIX",
     "block_truth_totals",
+    "compare_published",
     "integer_bias",
+    "read_published",
     "evaluate_nmf_release",
     "nmf_size_class_metrics",
     "released_totals",
@@ -375,3 +377,115 @@ def integer_bias(
             }
         )
     return pd.DataFrame(rows)
+
+
+#: GEOID length → tabulation level, for a published table.
+_LEVEL_OF_WIDTH = {w: lv for lv, w in GEOID_PREFIX.items()}
+
+
+def read_published(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A published table of total population (e.g. a state's 2020 P1 from the Census
+    Bureau's API or data.census.gov, saved as CSV): columns ``GEOID`` and ``P1_001N``, one
+    row per area of any tabulation level, the level told by the GEOID's length (2 state,
+    5 county, 11 tract, 12 block group, 15 block; a ``1000000US``-style prefix up to ``US``
+    is dropped). Returns level → (sorted GEOIDs, totals) for the levels present.
+
+    Raises
+    ------
+    DataError
+        A missing column, a GEOID of another length, a repeated GEOID, or a total that is
+        not a non-negative integer (naming file, row and column; never a value).
+    """
+    from censusdp.tabular import read_csv_text
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the published table ({type(e).__name__})") from e
+    df = read_csv_text(text, path)
+    for col in ("GEOID", EVALUATED_COLUMN):
+        if col not in df.columns:
+            raise DataError(
+                f"{path.name}: no column {col!r}; give a CSV with columns GEOID and "
+                f"{EVALUATED_COLUMN} (the published P1 total population)"
+            )
+    geo = df["GEOID"].fillna("").astype(str).str.replace(r"^.*US", "", regex=True).to_numpy()
+    raw = df[EVALUATED_COLUMN].fillna("").astype(str).str.strip()
+    ok = raw.str.fullmatch(r"\d+").to_numpy()
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise DataError(
+            f"{path.name}: row {i + 1}, column {EVALUATED_COLUMN!r}: not a non-negative "
+            "integer; give the published counts"
+        )
+    val = raw.to_numpy().astype(np.int64)
+    width = np.array([len(g) for g in geo])
+    bad = np.flatnonzero(~np.isin(width, list(_LEVEL_OF_WIDTH)))
+    if bad.size:
+        raise DataError(
+            f"{path.name}: row {bad[0] + 1}, column 'GEOID': {width[bad[0]]} characters is "
+            "no tabulation level (2 state, 5 county, 11 tract, 12 block group, 15 block)"
+        )
+    out = {}
+    for w, level in _LEVEL_OF_WIDTH.items():
+        sel = np.flatnonzero(width == w)
+        if not sel.size:
+            continue
+        g = as_codes(geo[sel].astype(str))
+        order = np.argsort(g, kind="stable")
+        g, v = g[order], val[sel][order]
+        rep = np.flatnonzero(g[1:] == g[:-1])
+        if rep.size:
+            raise DataError(
+                f"{path.name}: row {int(sel[order][rep[0] + 1]) + 1}, column 'GEOID': the "
+                f"{level} appears twice; one row per area"
+            )
+        out[level] = (g, v)
+    return out
+
+
+def compare_published(release_dir: str | Path, published: str | Path) -> pd.DataFrame:
+    """The Census Bureau's metric set by size class of a release's ``P1_001N`` against a
+    published table (:func:`read_published`) — the *difference* from the published numbers
+    (themselves TopDown's noisy, post-processed estimates), not an error against the truth.
+
+    Every product found in ``release_dir`` is compared: the unbiased GLS tables
+    (``pl94_<level>.csv``) and, when written, the non-negative integer product
+    (``nonnegative/``). Areas are classed by their published size; each published area
+    must be released. Both sides are public: nothing here is confidential.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``product, level, size_class, n, mae, rmse, mean_error, mape, over_10pct`` for the
+        levels of the published table.
+
+    Raises
+    ------
+    DataError
+        As :func:`read_published` and :func:`released_totals`; a published area that is not
+        released (naming its level and GEOID).
+    """
+    pub = read_published(published)
+    if not pub:
+        raise DataError(f"{Path(published).name}: no rows; give the published P1 totals")
+    products = {"unbiased": Path(release_dir)}
+    if (Path(release_dir) / "nonnegative" / "pl94_state.csv").is_file():
+        products["nonnegative"] = Path(release_dir) / "nonnegative"
+    released: dict[str, dict[str, np.ndarray]] = {}
+    for product, folder in products.items():
+        rel = released_totals(folder)
+        released[product] = {}
+        for level, (pg, _) in pub.items():
+            rg, rv = rel[level]
+            pos = np.searchsorted(rg, pg)
+            found = (pos < rg.size) & (rg[np.minimum(pos, rg.size - 1)] == pg)
+            if not found.all():
+                raise DataError(
+                    f"{Path(published).name}: {level} {pg[np.flatnonzero(~found)[0]]} is "
+                    "published but not released; give the table of the released state(s)"
+                )
+            released[product][level] = rv[pos]
+    reference = {level: v.astype(np.float64) for level, (_, v) in pub.items()}
+    return evaluate_size_classes(reference, released)

@@ -548,6 +548,7 @@ def release_nmf(
     on_state: object = None,
     integers: bool = False,
     seed: int | None = None,
+    published: str | Path | None = None,
 ) -> NMFRelease:
     """Read an NMF state by state and write its GLS release (see the module docstring).
 
@@ -576,6 +577,11 @@ def release_nmf(
         structural zeros held, state totals exact; labelled BIASED, no SEs.
     seed : int, optional
         Seed of the integer product's rounding (reproducible mode; default a fresh key).
+    published : path, optional
+        A published table of ``P1_001N`` by GEOID (e.g. the state's 2020 P1): writes
+        ``published_comparison.csv``, the metric set by size class of every product against
+        it (:func:`~censusdp.pipelines.nmf_evaluate.compare_published`; public on both
+        sides).
 
     Returns
     -------
@@ -600,7 +606,8 @@ def release_nmf(
         )
     noise = _LeastNoise()
     has_us = (root / "US.parquet").is_dir()
-    inputs = [root, totals_path, None if areas is None else Path(areas)]
+    inputs = [root, totals_path, None if areas is None else Path(areas),
+              None if published is None else Path(published)]  # fmt: skip
     seconds: dict = {}
     rng = KeyedRNG.from_seed(seed) if integers else None
     int_files: set[str] = set()
@@ -629,6 +636,12 @@ def release_nmf(
             if callable(on_state):
                 on_state(r)
             del r, m
+        comparison = None
+        if published is not None:  # public against public: written in the release
+            from censusdp.pipelines.nmf_evaluate import compare_published
+
+            comparison = compare_published(tmp, published)
+            write_csv(comparison, tmp / "published_comparison.csv", index=False)
         rho = noise.rho()
         statement = release_statement(rho, invariant_totals=True, levels=noise.levels())
         manifest = {
@@ -660,6 +673,14 @@ def release_nmf(
             "files": sorted(w.started),
             "seconds": seconds,
         }
+        if comparison is not None:
+            manifest["published_comparison"] = {
+                "file": "published_comparison.csv",
+                "published": Path(published).name,
+                "what": "the release's P1_001N minus the published table's, by level and "
+                "published size class (a difference from TopDown's published estimates, not "
+                "an error against the truth); the water-block re-geocoding is not applied",
+            }
         if rng is not None:
             manifest["nonnegative"] = {
                 "folder": INTEGER_FOLDER,
@@ -677,6 +698,7 @@ def release_nmf(
             json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
     files = tuple(sorted(w.started)) + tuple(f"{INTEGER_FOLDER}/{f}" for f in sorted(int_files))
+    files += ("published_comparison.csv",) if published is not None else ()
     return NMFRelease(Path(out), tuple(sorted(groups)), rho, statement,
                       files + ("manifest.json",), seconds)  # fmt: skip
 
