@@ -28,13 +28,18 @@ Then, counted, state after state (:mod:`censusdp.pipelines.nmf_release`'s steps)
 * ``tables``: P1–P5 with exact ``_se`` (:func:`~censusdp.pipelines.nmf_release.
   pl94_columns`) at every spine and tabulation level, the blocks and the districts (with
   their covariance), written as CSV (:class:`~censusdp.pipelines.nmf_release.
-  StateTableWriter`, one owned output folder ``release``).
+  StateTableWriter`, one owned output folder ``release``);
+* ``integers``: the non-negative integer product (:func:`~censusdp.pipelines.nmf_integers.
+  nmf_integers`: structural zeros held, state totals exact) and its tables under
+  ``release/nonnegative/``.
+
+The GLS holds the file's structural zeros (hhgq upper bounds of 0, nursing × under 18) at
+every node (DESIGN §11): blocks of 16 over hhgq × votingage instead of 1 and 3.
 
 Without ``--keep`` each state's NMF folder is removed once read — only after
 :func:`censusdp.atomic.verify_output_dir` proves it the benchmark's own, unchanged output.
-What is *not* run: the non-negative integer product (it does not exist yet for the NMF
-route) and any national GLS pass (the release is per state; the US level is read for the
-derived ρ only). The JSON says both.
+What is *not* run: any national GLS pass (the release is per state; the US level is read
+for the derived ρ only). The JSON says so.
 
 The JSON: blocks, nodes (tabulation and spine), state parts, wall and CPU seconds per stage
 (summed over states) and in all, peak resident memory per stage (``VmHWM``, reset between

@@ -640,23 +640,69 @@ def _descend(
             total, t, count, v.reshape(n_up, 1), None, (name, forest, j - 1, ("total",)), tol
         )
         # pass 2: the cells onto {X ≥ 0, rows = those integers, columns = the parent's cells}
-        out_parent = parent
-        proj, _ = project_transport(x, totals[:, 0], parent, count, where=f"level {name!r}")
         u = keyed_uniforms(
             rng, f"{label}/{name}/cells", n_global[j], lo[j], lo[j] + forest.sizes[j], K
         )
+        if hj is not None:
+            parent = _descend_held(x, totals[:, 0], parent, count, hj, u, rng, label,
+                                   (name, forest, j - 1, cells), (n_global[j], lo[j]))  # fmt: skip
+            out.append(parent.reshape(-1, *schema.shape))
+            continue
+        proj, _ = project_transport(x, totals[:, 0], parent, count, where=f"level {name!r}")
         parent = _round_transport(
             proj, totals[:, 0], parent, count, u, (name, forest, j - 1, cells)
         )
-        if hj is not None and np.any(parent[hj] != 0):
-            parent = _held_fallback(parent, hj, x, out_parent, count, rng, label, name,
-                                    (n_global[j], lo[j]))  # fmt: skip
         out.append(parent.reshape(-1, *schema.shape))
+    return out
+
+
+def _descend_held(
+    x: np.ndarray,
+    totals: np.ndarray,
+    parent: np.ndarray,
+    count: np.ndarray,
+    held: np.ndarray,
+    u: np.ndarray,
+    rng: KeyedRNG,
+    label: str,
+    where: tuple,
+    keys: tuple[int, int],
+) -> np.ndarray:
+    """Pass 2 with structural zeros: the transportation projection and rounding for the
+    parents whose children's totals can carry the parent's cells on their free cells (per
+    cell, the totals of the children free there reach the parent's count; per child, its
+    total fits in the parent's cells free at it — necessary conditions), the per-cell route
+    of :func:`_held_fallback` for the others, and for all of them if the projection does not
+    converge (a subtler infeasibility). ``x`` holds the held cells at ``−M``."""
+    n_p = count.size
+    row_parent = np.repeat(np.arange(n_p), count)
+    free = ~held
+    ft = free * totals[:, None].astype(np.float64)
+    cap = np.zeros(parent.shape)
+    np.add.at(cap, row_parent, ft)
+    fits = (free * parent[row_parent]).sum(axis=1) >= totals
+    bad = np.any(parent > cap + 0.5, axis=1)
+    bad[row_parent[~fits]] = True
+    del ft, cap
+    good = ~bad
+    out = np.zeros(x.shape, np.int64)
+    if good.any():
+        g = good[row_parent]
+        try:
+            proj, _ = project_transport(
+                x[g], totals[g], parent[good], count[good], where=f"level {where[0]!r}"
+            )
+            out[g] = _round_transport(proj, totals[g], parent[good], count[good], u[g], where)
+        except ConvergenceError:
+            bad[:] = True
+    if bad.any():
+        out = _held_fallback(out, bad, held, x, parent, count, rng, label, where[0], keys)
     return out
 
 
 def _held_fallback(
     counts: np.ndarray,
+    bad: np.ndarray,
     held: np.ndarray,
     x: np.ndarray,
     parent: np.ndarray,
@@ -666,9 +712,9 @@ def _held_fallback(
     name: str,
     where: tuple[int, int],
 ) -> np.ndarray:
-    """Redo the children of the parents whose totals pass left a held cell nowhere else to
-    go (the totals pass does not know the zeros: a parent's group-quarters persons can need
-    a child that it gave total 0): each (parent, cell) onto its simplex over the children
+    """The children of the parents ``bad`` whose totals pass left a held cell nowhere else
+    to go (the totals pass does not know the zeros: a parent's group-quarters persons can
+    need a child that it gave total 0): each (parent, cell) onto its simplex over the children
     (:func:`project_children`, held cells at ``−M``: 0 wherever another child may hold the
     cell, which closing the zeros upward guarantees), then the bipartite dependent rounding
     of the fractional parts — every column sum (the parent's cell) exact, each child's total
@@ -677,8 +723,6 @@ def _held_fallback(
     n_global, lo = where
     n_p = count.size
     row_parent = np.repeat(np.arange(n_p), count)
-    bad = np.zeros(n_p, bool)
-    bad[row_parent[np.any((counts != 0) & held, axis=1)]] = True
     rows = bad[row_parent]
     sub_count = count[bad]
     y = project_children(x[rows], parent[bad].astype(np.float64), sub_count)

@@ -22,8 +22,12 @@ is its parent's only child has no measurements; the reader carries it with varia
 every table with the Bureau's column names ``P1_001N`` … ``P5_010N`` (the codebook of
 :mod:`censusdp.pipelines.pl94_tables`) and beside each its exact GLS standard error
 ``<column>_se``. Values are the *real-valued* GLS estimates (no rounding, no
-non-negativity): unbiased, and with the SE they are what a user carries into a model. The
-non-negative integer product is a later part.
+non-negativity): unbiased, and with the SE they are what a user carries into a model.
+With ``integers=True`` (``--integers``) the non-negative integer product of the same
+estimate is written beside them under ``nonnegative/`` (:mod:`censusdp.pipelines.nmf_integers`:
+consistent, structural zeros and state totals exact; biased, no SEs); with ``published``
+(``--published``) the metric set by size class against a published table
+(:func:`~censusdp.pipelines.nmf_evaluate.compare_published`).
 
 **Standard errors.** The estimate is linear in the measurements; its error (estimate − the
 confidential truth) has mean 0 and the standard deviation ``_se`` exactly (the GLS
