@@ -673,7 +673,8 @@ def _descend_held(
     cell, the totals of the children free there reach the parent's count; per child, its
     total fits in the parent's cells free at it — necessary conditions), the per-cell route
     of :func:`_held_fallback` for the others, and for all of them if the projection does not
-    converge (a subtler infeasibility). ``x`` holds the held cells at ``−M``."""
+    converge or has to use a held cell (a subtler infeasibility: the ``−M`` penalty then
+    buys feasibility with held cells). ``x`` holds the held cells at ``−M``."""
     n_p = count.size
     row_parent = np.repeat(np.arange(n_p), count)
     free = ~held
@@ -695,6 +696,8 @@ def _descend_held(
             out[g] = _round_transport(proj, totals[g], parent[good], count[good], u[g], where)
         except ConvergenceError:
             bad[:] = True
+        # the penalty keeps a projection feasible by using held cells when it must
+        bad[row_parent[np.any((out != 0) & held, axis=1)]] = True
     if bad.any():
         out = _held_fallback(out, bad, held, x, parent, count, rng, label, where[0], keys)
     return out
