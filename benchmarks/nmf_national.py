@@ -50,6 +50,13 @@ load averages before and after (the machine is shared).
 Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 1.8–5.7,
 wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
 
+* **With the structural zeros held** (commit f460780; both runs with one BLAS thread, the
+  baseline from commit cfc7aca rerun the same hour, load averages 4–12): ``--fraction
+  1/1024``: read 1.5 CPU s (baseline 1.2), GLS 6.9 (4.1), districts 5.4 (1.9), tables 15.3
+  (20.3: the held P5 columns write as short zeros, 86.8 MB of tables against 103.5),
+  integers 20.4 (new); counted 50.0 CPU s (27.9), 29.6 without the integers; peak 597 MB
+  (464). With OpenBLAS's default threads on the loaded machine the GLS took 77.6 CPU s
+  (threads spinning on stacks of 16 × 16 factorisations): hence one thread by default.
 * ``--fraction 1/1024`` (8,008 blocks, 8,432 tabulation and 8,535 spine nodes, 52 state
   parts — one county per state, so no AIAN part and no measured county —, 435 districts):
   counted 111.1 s wall / 36.1 CPU s: read 4.0 / 1.5, GLS 13.3 / 4.5, districts 6.1 / 2.0,
@@ -102,7 +109,12 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
-import numpy as np
+# One BLAS thread unless told otherwise: the GLS's stacks of small (16 × 16 with structural
+# zeros) factorisations gain nothing from threads, and on the shared, loaded 2-core machine
+# OpenBLAS's threads spun 5-6x the CPU of the single-threaded run (measured 2026-11-28).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 import pandas as pd
 
 from censusdp.atomic import output_dir, output_file, verify_output_dir
