@@ -32,6 +32,13 @@ and its error covariance (exact when ``Cov(hᵥ) = Jᵥ``), level by level, no l
   stacked ``matmul`` / ``solve`` / ``eigh``), so a partitioned run equals the whole one bit
   for bit.
 
+Structural zeros (``LevelInputs.Z``, per node 0/1 over the K coordinates) are noiseless
+observations ``z[i] = 0``: extra rows of the bordered systems at the leaves (solved once per
+distinct (J, Z) pattern) and of the relation with flat children, and a conditioning step
+``m ← m − P D (D P D)⁺ D m``, ``P ← P − P D (D P D)⁺ D P`` after the information update;
+held coordinates are set to exactly 0, so every gain has zero rows there and the smoothed
+estimates are ``== 0``.
+
 Means, information vectors and invariant values may carry a copy axis — ``h`` (n, C, K),
 ``t`` (n, C, n_H) — for C problems that share every matrix (DESIGN §10: the blocks of a
 marginal workload repeated over within-group contrasts); matrices stay per node, and with no

@@ -31,6 +31,16 @@ the general path holds: a direction undetermined at some level below the root (s
 sharing a flat direction) makes the estimate not identifiable, and a
 :class:`~censusdp.errors.SpecError` names the level and the block's axes.
 
+**Structural zeros.** ``zeros`` (per level, per node, a mask over the schema's first axes)
+holds cells at exactly 0 as noiseless measurements of 0 — the restricted least squares, each
+node's belief conditioned onto its unmasked cells (DESIGN §11). The axes the masks vary over
+are *split* (every value its own group, :meth:`MarginalBasis.for_queries`), so every block
+contains them whole and a mask is a 0/1 diagonal inside it: the problem stays
+block-diagonal (``pl94`` with hhgq × votingage masks: four blocks of 16, two of them repeated
+over cenrace's 62 contrasts), and the kernel applies each node's mask
+(:class:`~censusdp.estimation.gls_kernel.LevelInputs` ``Z``). Held cells come out ``== 0``
+with zero variance; covariances (areas included) are those of the restricted estimate.
+
 **Split passes.** :func:`structured_setup` fixes everything but the values (basis, weights,
 blocks, identified subspace, privacy statement); :func:`structured_upward` runs the upward
 pass of every block over a forest (a partition's levels below a cut, or the levels above it
