@@ -122,3 +122,21 @@ def test_integer_bias_by_size_class_by_simulation():
     zero = df[df["size_class"] == "0"].iloc[0]
     assert zero["integer_bias"] == 0 and zero["gls_bias"] == 0
     assert (df["integer_bias_se"] > 0).any()
+
+
+def test_district_covariance_is_the_same_swept_in_chunks(state, monkeypatch):
+    """The pairs' unions are swept in chunks (memory); the covariance matrix is the same,
+    bit for bit, with chunks of a few leaf entries."""
+    import censusdp.pipelines.nmf_release as nr
+    from censusdp.estimation.areas import area_release
+    from censusdp.hierarchy.equivalency import equivalency_from_arrays
+
+    r, _ = state
+    h = r.hierarchy
+    codes = np.array([f"d{i % 5}" for i in range(h["block"].size)])
+    eq = equivalency_from_arrays(h, h["block"].codes, codes, name="d")
+    a = area_release(r.release, eq)
+    whole = nr.area_total_covariance(r.release, eq, a)
+    monkeypatch.setattr(nr, "_PAIR_ENTRIES", 7)
+    assert np.array_equal(nr.area_total_covariance(r.release, eq, a), whole)
+    assert np.all(np.diag(whole) > 0) and np.array_equal(whole, whole.T)
