@@ -57,6 +57,12 @@ wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
   integers 20.4 (new); counted 50.0 CPU s (27.9), 29.6 without the integers; peak 597 MB
   (464). With OpenBLAS's default threads on the loaded machine the GLS took 77.6 CPU s
   (threads spinning on stacks of 16 × 16 factorisations): hence one thread by default.
+  ``--fraction 1/64`` (commit f0ba7fe, one thread, load 4–8; baseline: the figures below):
+  read 14.1 CPU s, GLS 46.2 (26.4), districts 134.0 (17.9: the pairs' sweeps on 16 × 16
+  blocks, now in chunks), tables 100.3 (111.3), integers 274.9 (new); counted 571 CPU s /
+  997 s wall (171 / 627), 296 CPU s without the integers; peak 6.09 GB in the integers
+  stage, 3.71 GB in the GLS (2.93). A first 1/64 run before the chunking reached 14.5 GB
+  in the districts' covariance and was stopped.
 * ``--fraction 1/1024`` (8,008 blocks, 8,432 tabulation and 8,535 spine nodes, 52 state
   parts — one county per state, so no AIAN part and no measured county —, 435 districts):
   counted 111.1 s wall / 36.1 CPU s: read 4.0 / 1.5, GLS 13.3 / 4.5, districts 6.1 / 2.0,
