@@ -28,13 +28,18 @@ Then, counted, state after state (:mod:`censusdp.pipelines.nmf_release`'s steps)
 * ``tables``: P1–P5 with exact ``_se`` (:func:`~censusdp.pipelines.nmf_release.
   pl94_columns`) at every spine and tabulation level, the blocks and the districts (with
   their covariance), written as CSV (:class:`~censusdp.pipelines.nmf_release.
-  StateTableWriter`, one owned output folder ``release``).
+  StateTableWriter`, one owned output folder ``release``);
+* ``integers``: the non-negative integer product (:func:`~censusdp.pipelines.nmf_integers.
+  nmf_integers`: structural zeros held, state totals exact) and its tables under
+  ``release/nonnegative/``.
+
+The GLS holds the file's structural zeros (hhgq upper bounds of 0, nursing × under 18) at
+every node (docs/design.md § The Noisy Measurement File): blocks of 16 over hhgq × votingage instead of 1 and 3.
 
 Without ``--keep`` each state's NMF folder is removed once read — only after
 :func:`censusdp.atomic.verify_output_dir` proves it the benchmark's own, unchanged output.
-What is *not* run: the non-negative integer product (it does not exist yet for the NMF
-route) and any national GLS pass (the release is per state; the US level is read for the
-derived ρ only). The JSON says both.
+What is *not* run: any national GLS pass (the release is per state; the US level is read
+for the derived ρ only). The JSON says so.
 
 The JSON: blocks, nodes (tabulation and spine), state parts, wall and CPU seconds per stage
 (summed over states) and in all, peak resident memory per stage (``VmHWM``, reset between
@@ -45,6 +50,19 @@ load averages before and after (the machine is shared).
 Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 1.8–5.7,
 wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
 
+* **With the structural zeros held** (commit f460780; both runs with one BLAS thread, the
+  baseline from commit cfc7aca rerun the same hour, load averages 4–12): ``--fraction
+  1/1024``: read 1.5 CPU s (baseline 1.2), GLS 6.9 (4.1), districts 5.4 (1.9), tables 15.3
+  (20.3: the held P5 columns write as short zeros, 86.8 MB of tables against 103.5),
+  integers 20.4 (new); counted 50.0 CPU s (27.9), 29.6 without the integers; peak 597 MB
+  (464). With OpenBLAS's default threads on the loaded machine the GLS took 77.6 CPU s
+  (threads spinning on stacks of 16 × 16 factorisations): hence one thread by default.
+  ``--fraction 1/64`` (commit f0ba7fe, one thread, load 4–8; baseline: the figures below):
+  read 14.1 CPU s, GLS 46.2 (26.4), districts 134.0 (17.9: the pairs' sweeps on 16 × 16
+  blocks, now in chunks), tables 100.3 (111.3), integers 274.9 (new); counted 571 CPU s /
+  997 s wall (171 / 627), 296 CPU s without the integers; peak 6.09 GB in the integers
+  stage, 3.71 GB in the GLS (2.93). A first 1/64 run before the chunking reached 14.5 GB
+  in the districts' covariance and was stopped.
 * ``--fraction 1/1024`` (8,008 blocks, 8,432 tabulation and 8,535 spine nodes, 52 state
   parts — one county per state, so no AIAN part and no measured county —, 435 districts):
   counted 111.1 s wall / 36.1 CPU s: read 4.0 / 1.5, GLS 13.3 / 4.5, districts 6.1 / 2.0,
@@ -97,7 +115,12 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
-import numpy as np
+# One BLAS thread unless told otherwise: the GLS's stacks of small (16 × 16 with structural
+# zeros) factorisations gain nothing from threads, and on the shared, loaded 2-core machine
+# OpenBLAS's threads spun 5-6x the CPU of the single-threaded run (measured 2026-11-28).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 import pandas as pd
 
 from censusdp.atomic import output_dir, output_file, verify_output_dir
@@ -111,6 +134,7 @@ from censusdp.pipelines.io.nmf_writer import (
     write_nmf,
     write_state_totals,
 )
+from censusdp.pipelines.nmf_integers import INTEGER_FOLDER, nmf_integers, write_integers
 from censusdp.pipelines.nmf_release import (
     FileNoise,
     StateTableWriter,
@@ -128,7 +152,7 @@ from pl94_national import geography  # noqa: E402
 #: States with an AIAN part in the 2020 NMF (52 states + 34 AIAN parts = 86 state parts).
 AIAN_STATES = 34
 #: Counted stages, in order.
-STAGES = ("read", "gls", "districts", "tables")
+STAGES = ("read", "gls", "districts", "tables", "integers")
 
 
 def _reset_peak() -> bool:
@@ -314,6 +338,8 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
     timed("read", lambda: [noise.add(s.levels) for s in read_nmf(us_root, subtrees=["US"])])
     totals = timed("read", lambda: read_state_totals(inputs / "state_totals.csv"))
     states = sorted(totals)
+    int_rng = KeyedRNG.reproducible(args.seed, warn=False)  # benchmark: seeded rounding
+    int_files: set[str] = set()
     with output_dir(out / "release", overwrite=True, command="nmf_national") as tmp:
         tables = StateTableWriter(tmp)
         for state in states:
@@ -334,6 +360,8 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
             districts += int(r.areas.codes.size)
             _log(t_all, f"state {state}: {m.spine.hierarchy['block'].size} blocks estimated")
             timed("tables", lambda r=r: tables.add_state(r))
+            timed("integers", lambda r=r: write_integers(
+                tmp / INTEGER_FOLDER, r, nmf_integers(r, int_rng), int_files))  # fmt: skip
             del m, r
         files = tables.files
     rho = noise.rho()
@@ -404,9 +432,10 @@ def benchmark(args: argparse.Namespace) -> dict:
             "seconds_removing_read_folders (not counted)"
         ],
         "privacy": {"rho_derived": e["rho"], "statement": e["statement"]},
+        "integers": "stage 'integers': the non-negative integer product (structural "
+        "zeros held, state totals exact; biased) of every state, its tables written under "
+        "release/nonnegative/ (counted in the tables' bytes)",
         "not_run": {
-            "non_negative_product": "does not exist yet for the NMF route (real-valued GLS "
-            "estimates with exact SEs only)",
             "national_gls_pass": "the release is per state (each state's GLS with its total "
             "invariant); the US level is read for the derived rho only",
         },

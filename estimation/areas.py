@@ -93,6 +93,7 @@ from censusdp.estimation.structured_gls import (
     StructuredSetup,
     block_error,
     block_matrices,
+    block_zeros,
 )
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.equivalency import Equivalency
@@ -356,7 +357,11 @@ def covariance_levels(
         rows = (0, int(r)) if np.isscalar(r) else (int(r[0]), int(r[1]))
         n = rows[1] - rows[0]
         J, H, _, _ = block_matrices(setup, mask, first + j, rows)
-        out.append(LevelInputs(J, np.zeros((n, kS)), H, np.zeros((n, H.shape[0])), J.shape[0] == 1))
+        Z = block_zeros(
+            setup, mask, first + j, rows
+        )  # structural zeros (docs/design.md § The Noisy Measurement File)
+        out.append(LevelInputs(J, np.zeros((n, kS)), H, np.zeros((n, H.shape[0])),
+                               J.shape[0] == 1, Z=Z))  # fmt: skip
     return out
 
 

@@ -32,6 +32,13 @@ and its error covariance (exact when ``Cov(hᵥ) = Jᵥ``), level by level, no l
   stacked ``matmul`` / ``solve`` / ``eigh``), so a partitioned run equals the whole one bit
   for bit.
 
+Structural zeros (``LevelInputs.Z``, per node 0/1 over the K coordinates) are noiseless
+observations ``z[i] = 0``: extra rows of the bordered systems at the leaves (solved once per
+distinct (J, Z) pattern) and of the relation with flat children, and a conditioning step
+``m ← m − P D (D P D)⁺ D m``, ``P ← P − P D (D P D)⁺ D P`` after the information update;
+held coordinates are set to exactly 0, so every gain has zero rows there and the smoothed
+estimates are ``== 0``.
+
 Means, information vectors and invariant values may carry a copy axis — ``h`` (n, C, K),
 ``t`` (n, C, n_H) — for C problems that share every matrix (docs/design.md § The structured algebra: the blocks of a
 marginal workload repeated over within-group contrasts); matrices stay per node, and with no
@@ -153,6 +160,11 @@ class LevelInputs:
     diag_J, diag_h : numpy.ndarray or None
         The diagonals of ``J`` and ``h`` for the elementwise (diagonal) path of
         :mod:`censusdp.estimation.gls`; unused by this kernel.
+    Z : numpy.ndarray or None
+        (n, K) 0/1 per node: coordinates held at exactly 0 at that node (structural zeros,
+        docs/design.md § The Noisy Measurement File) — noiseless observations ``zᵥ[i] = 0``, i.e. the node's belief is
+        conditioned onto the coordinate subspace of its unmasked cells. None: no zeros (the
+        kernel is then the plain one, bit for bit).
     """
 
     J: np.ndarray
@@ -162,12 +174,14 @@ class LevelInputs:
     shared: bool = True
     diag_J: np.ndarray | None = None
     diag_h: np.ndarray | None = None
+    Z: np.ndarray | None = None
 
     def rows(self, idx: slice | np.ndarray) -> LevelInputs:
         """The inputs of the nodes ``idx`` of the level."""
         return LevelInputs(
-            self.J if self.J.shape[0] == 1 else self.J[idx], self.h[idx], self.H, self.t[idx]
-        )
+            self.J if self.J.shape[0] == 1 else self.J[idx], self.h[idx], self.H, self.t[idx],
+            Z=None if self.Z is None else self.Z[idx],
+        )  # fmt: skip
 
 
 def not_identifiable(level: str, what: str) -> SpecError:
@@ -253,8 +267,79 @@ def _solve_bordered(
     return m, P, N, r
 
 
+def _zero_rows(Z: np.ndarray) -> np.ndarray:
+    """``diag(Z)`` per node, (n, K, K): the rows of the noiseless observations ``z[i] = 0``
+    (all-zero rows where a coordinate is free: trivial equations the pseudo-inverse drops)."""
+    return Z[:, :, None] * np.eye(Z.shape[1])
+
+
+def _clear(Z: np.ndarray | None, m: np.ndarray, P: np.ndarray, N: np.ndarray | None = None):
+    """Set the held coordinates of means, covariances (and flat bases) to exactly 0: the
+    conditioning makes them 0 up to rounding; exact zeros keep ``== 0`` through the passes
+    (a zero row of ``P`` gives a zero row of every gain)."""
+    if Z is None:
+        return m, P, N
+    held = Z > 0
+    m = np.where(held[:, None, :] if m.ndim == 3 else held, 0.0, m)
+    P = np.where(held[:, :, None] | held[:, None, :], 0.0, P)
+    if N is not None:
+        N = np.where(held[:, :, None], 0.0, N)
+    return m, P, N
+
+
+def _patterns(L: LevelInputs) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct (information matrix, zeros) pairs of a level's nodes: the index of one node
+    of each, and every node's pattern. Leaves share few (the variances are per level and a
+    handful of masks recur), so their bordered systems are solved once per pattern."""
+    n = L.Z.shape[0]
+    zkey = np.ascontiguousarray(L.Z).view(np.dtype((np.void, L.Z.shape[1] * 8))).reshape(n)
+    _, zid = np.unique(zkey, return_inverse=True)
+    if L.J.shape[0] == 1:
+        key = zid.reshape(-1)
+    else:
+        J = np.ascontiguousarray(L.J).reshape(n, -1)
+        jkey = J.view(np.dtype((np.void, J.shape[1] * 8))).reshape(n)
+        _, jid = np.unique(jkey, return_inverse=True)
+        key = jid.reshape(-1).astype(np.int64) * (int(zid.max(initial=0)) + 1) + zid.reshape(-1)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return first, inv.reshape(-1)
+
+
+def _leaf_up_zeros(L: LevelInputs, K: int) -> UpwardBelief:
+    """Leaves with structural zeros: per (J, zeros) pattern the bordered system
+    ``[J Hᵀ D; H 0 0; D 0 0]`` (``D = diag(Z)``) is pseudo-solved once
+    (:func:`_solve_bordered`'s steps); each leaf's mean is its pattern's gain applied to its
+    own ``h`` and ``t``, node by node."""
+    nH = L.H.shape[0]
+    first, inv = _patterns(L)
+    U = first.size
+    Dm = 2 * K + nH
+    Mat = np.zeros((U, Dm, Dm))
+    Mat[:, :K, :K] = L.J if L.J.shape[0] == 1 else L.J[first]
+    Mat[:, :K, K : K + nH] = L.H.T
+    Mat[:, K : K + nH, :K] = L.H
+    D = _zero_rows(L.Z[first])
+    Mat[:, :K, K + nH :] = D
+    Mat[:, K + nH :, :K] = D
+    Minv, Null = _pinv_psd(Mat)
+    N, r = _flat_basis(Null[..., :K, :K], K)
+    Pi = np.eye(K) - N @ N.swapaxes(-1, -2)
+    A = Pi @ Minv[:, :K, : K + nH]  # the mean's gain on (h, t); the zeros' values are 0
+    P = _sym(Pi @ Minv[:, :K, :K] @ Pi)
+    rhs = np.concatenate([L.h, L.t], axis=-1)
+    m = _mv(A[inv], rhs)
+    Pn = P[inv]
+    m, Pn, _ = _clear(L.Z, m, Pn)
+    if not np.any(r):
+        return UpwardBelief(m, Pn, shared=False)
+    Nn = np.where((L.Z > 0)[:, :, None], 0.0, N[inv])
+    return UpwardBelief(m, Pn, Nn, r[inv].copy(), shared=False)
+
+
 def _leaf_up(L: LevelInputs, K: int) -> UpwardBelief:
     nH = L.H.shape[0]
+    if L.Z is not None:  # per-node zeros: the bordered system [J Hᵀ D; H; D] per node
+        return _leaf_up_zeros(L, K)
     b = L.J.shape[0]
     Mat = np.zeros((b, K + nH, K + nH))
     Mat[:, :K, :K] = L.J
@@ -304,6 +389,8 @@ def _plain_update(
     X = np.eye(K) + S @ L.J
     P0 = _sym(np.linalg.solve(X, S))
     m0 = _solve_vec(X, M + _node_mv("nij,nj->ni", S, L.h))
+    if L.Z is not None:
+        m0, P0 = _zero_update(f, j, L, m0, P0, S, idx)
     if not L.H.shape[0]:
         return m0, P0
     HP = np.einsum("ak,nkl->nal", L.H, P0)
@@ -324,11 +411,49 @@ def _plain_update(
     return m0 + _node_mv("nka,na->nk", Kg, res), _sym(P0 - Kg @ HP)
 
 
+def _zero_update(
+    f: Forest,
+    j: int,
+    L: LevelInputs,
+    m0: np.ndarray,
+    P0: np.ndarray,
+    S: np.ndarray,
+    idx: slice | np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Condition the nodes' beliefs ``(m0, P0)`` on their structural zeros ``D z = 0``
+    (``D = diag(Z)``): ``m ← m − P D (D P D)⁺ D m``, ``P ← P − P D (D P D)⁺ D P``, the
+    noiseless-observation update of :func:`_plain_update`'s invariants with per-node rows.
+    Zeros already held below (children held at 0 there) leave ``D P D`` singular along
+    them: the pseudo-inverse skips them and their mean must already be 0, else the zeros
+    contradict the invariants (DataError)."""
+    D = _zero_rows(L.Z)
+    PD = P0 @ D
+    R = _sym(D @ PD)
+    atol = 1e-11 * (1.0 + np.trace(S, axis1=1, axis2=2))
+    Rinv, Rnull = _pinv_psd(R, atol)
+    res = -(m0 * (L.Z[:, None, :] if m0.ndim == 3 else L.Z))
+    bad = _node_max(np.abs(_node_mv("nab,nb->na", Rnull, res)))
+    if np.any(bad > 1e-7 * (1.0 + _node_max(np.abs(m0)))):
+        node = int(np.arange(f.sizes[j])[idx][int(np.argmax(bad))])
+        raise DataError(
+            f"the structural zeros at level {f.names[j]!r} (node {f.code(j, node)!r}) "
+            "contradict the invariants below it: held cells would need a nonzero sum"
+        )
+    Kg = PD @ Rinv
+    m = m0 + _node_mv("nka,na->nk", Kg, res)
+    P = _sym(P0 - Kg @ PD.swapaxes(1, 2))
+    m, P, _ = _clear(L.Z, m, P)
+    return m, P
+
+
 def _bordered_update(
     L: LevelInputs, S: np.ndarray, M: np.ndarray, Nc: np.ndarray, rc: np.ndarray, K: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Relation of nodes with flat children: variables (z, λ, w, μ); see the module doc."""
+    """Relation of nodes with flat children: variables (z, λ, w, μ); see the module doc.
+    Structural zeros (``L.Z``) add ``K`` rows ``diag(Z) z = 0`` after the invariants'."""
     n, nH = S.shape[0], L.H.shape[0]
+    if L.Z is not None:
+        return _bordered_zero_update(L, S, M, Nc, rc, K)
     Dm = 3 * K + nH
     Mat = np.zeros((n, Dm, Dm))
     I = np.eye(K)
@@ -344,6 +469,34 @@ def _bordered_update(
     Mat[:, 3 * K :, :K] = L.H
     rhs = np.concatenate([L.h, M, np.zeros(M.shape), L.t], axis=-1)
     return _solve_bordered(Mat, rhs, K)
+
+
+def _bordered_zero_update(
+    L: LevelInputs, S: np.ndarray, M: np.ndarray, Nc: np.ndarray, rc: np.ndarray, K: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_bordered_update` with the rows ``diag(Z) z = 0`` of structural zeros."""
+    n, nH = S.shape[0], L.H.shape[0]
+    Dm = 4 * K + nH
+    Mat = np.zeros((n, Dm, Dm))
+    I = np.eye(K)
+    Mat[:, :K, :K] = L.J
+    Mat[:, :K, K : 2 * K] = I
+    Mat[:, K : 2 * K, :K] = I
+    Mat[:, K : 2 * K, K : 2 * K] = -S
+    Mat[:, K : 2 * K, 2 * K : 3 * K] = -Nc
+    Mat[:, 2 * K : 3 * K, K : 2 * K] = -Nc.swapaxes(1, 2)
+    pad = np.arange(K)[None, :] >= rc[:, None]
+    Mat[:, 2 * K : 3 * K, 2 * K : 3 * K] = pad[:, :, None] * np.eye(K)
+    Mat[:, :K, 3 * K : 3 * K + nH] = L.H.T
+    Mat[:, 3 * K : 3 * K + nH, :K] = L.H
+    D = _zero_rows(L.Z)
+    Mat[:, :K, 3 * K + nH :] = D
+    Mat[:, 3 * K + nH :, :K] = D
+    zeros = np.zeros((*M.shape[:-1], K))
+    rhs = np.concatenate([L.h, M, np.zeros(M.shape), L.t, zeros], axis=-1)
+    m, P, N, r = _solve_bordered(Mat, rhs, K)
+    m, P, N = _clear(L.Z, m, P, N)
+    return m, P, N, r
 
 
 def _internal_up(f: Forest, j: int, L: LevelInputs, ch: UpwardBelief, K: int) -> UpwardBelief:

@@ -82,12 +82,19 @@ class AxisBasis:
         return (np.arange(self.r)[:, None] == self.group_of[None, :]).astype(np.int64)
 
     @classmethod
-    def from_elements(cls, attribute: str, d: int, elements: Iterable[Recode]) -> AxisBasis:
+    def from_elements(
+        cls, attribute: str, d: int, elements: Iterable[Recode], *, split: bool = False
+    ) -> AxisBasis:
         """The common refinement of ``elements`` (recodes, slices; detailed/all ignored).
 
-        Two values share a group when every row of every element treats them alike.
+        Two values share a group when every row of every element treats them alike. With
+        ``split`` every value is its own group (``r = d``, the basis is the identity): the
+        axis has no within-group contrasts, so a per-node mask diagonal in its values (a
+        structural zero, docs/design.md § The Noisy Measurement File) is diagonal in the basis too.
         """
         mats = [e.matrix for e in elements if not (e.is_detailed or e.is_all)]
+        if split:
+            mats = [np.eye(d, dtype=np.int64)]
         sig = np.vstack(mats).T if mats else np.zeros((d, 0), dtype=np.int64)
         _, first, inv = np.unique(sig, axis=0, return_index=True, return_inverse=True)
         rank = np.empty(first.size, dtype=np.int64)
@@ -240,13 +247,22 @@ class MarginalBasis:
 
     @classmethod
     def for_queries(
-        cls, schema: Schema, queries: Iterable[ProductQuery | QueryRows]
+        cls,
+        schema: Schema,
+        queries: Iterable[ProductQuery | QueryRows],
+        split: Iterable[int] = (),
     ) -> MarginalBasis:
         """The basis of the common refinements of every element ``queries`` use.
 
         Include every measured query and every invariant of the workload: any of their
-        Grams is then block-diagonal in this basis.
+        Grams is then block-diagonal in this basis. Axes in ``split`` take every value as
+        its own group (:meth:`AxisBasis.from_elements`): every block then contains all of
+        them (blocks of ``∏ d_a`` over the split axes), and a mask over their values is
+        diagonal inside each block (structural zeros, docs/design.md § The Noisy Measurement File).
         """
+        split = set(int(a) for a in split)
+        if not split <= set(range(len(schema.attributes))):
+            raise SpecError(f"split axes {sorted(split)} are not axes of schema {schema.name!r}")
         per_axis: list[list[Recode]] = [[] for _ in schema.attributes]
         for q in queries:
             for pq in q.queries if isinstance(q, QueryRows) else (q,):
@@ -257,7 +273,7 @@ class MarginalBasis:
                 for ax, f in enumerate(pq.factors):
                     per_axis[ax].append(f)
         axes = tuple(
-            AxisBasis.from_elements(a.name, a.size, per_axis[i])
+            AxisBasis.from_elements(a.name, a.size, per_axis[i], split=i in split)
             for i, a in enumerate(schema.attributes)
         )
         return cls(schema, axes)

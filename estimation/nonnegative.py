@@ -454,10 +454,28 @@ def _atoms(shape, level: int, K: int) -> tuple[np.ndarray, np.ndarray]:
     return atoms, np.bincount(atoms, weights=held, minlength=n) > 0
 
 
-def _project_top(x: np.ndarray, atoms: np.ndarray, fixed: np.ndarray, level: str) -> np.ndarray:
+def _held_value(x: np.ndarray, parent_total: float = 0.0) -> float:
+    """The value a held cell (structural zero) enters the projections with: ``−M`` with
+    ``M`` beyond every multiplier of the projection (the data's scale and the parent's
+    total, times 4), so the projection puts exactly 0 there whenever the other cells can
+    carry the margins — the exact penalty of the constraint ``x = 0``."""
+    return -4.0 * (1.0 + float(np.abs(x).max(initial=0.0)) + float(parent_total))
+
+
+def _project_top(
+    x: np.ndarray,
+    atoms: np.ndarray,
+    fixed: np.ndarray,
+    level: str,
+    held: np.ndarray | None = None,
+) -> np.ndarray:
     """Each node's cells onto ``{x ≥ 0, Σ_atom x = t_atom}`` for the fixed atoms (sums of the
-    GLS estimate, which meets the invariants, are the integers they fix); clipped elsewhere."""
+    GLS estimate, which meets the invariants, are the integers they fix); clipped elsewhere.
+    ``held`` (n, K) cells are fixed at 0 (structural zeros)."""
     out = np.maximum(x, 0.0)
+    xm = x if held is None else np.where(held, _held_value(x, float(np.abs(x).sum())), x)
+    if held is not None:
+        out[held] = 0.0
     for a in np.flatnonzero(fixed):
         cols = np.flatnonzero(atoms == a)
         s = x[:, cols].sum(axis=1)
@@ -468,7 +486,7 @@ def _project_top(x: np.ndarray, atoms: np.ndarray, fixed: np.ndarray, level: str
                 "invariants (a held sum is not a non-negative integer); pass the invariants "
                 "the GLS release was computed with"
             )
-        out[:, cols] = project_simplex(x[:, cols][:, :, None], t[:, None])[:, :, 0]
+        out[:, cols] = project_simplex(xm[:, cols][:, :, None], t[:, None])[:, :, 0]
     return out
 
 
@@ -587,11 +605,13 @@ def _descend(
     schema: Schema,
     label: str,
     tol: float,
+    held: Sequence[np.ndarray | None] | None = None,
 ) -> list[np.ndarray]:
     """Levels ``1 ..`` of ``forest`` from the non-negative integers of its level 0: per
     parent, the children's totals first (simplex projection, rounded to integers summing
     to the parent's total), then their cells (transportation projection, rounded with both
-    margins exact)."""
+    margins exact). ``held[j]`` (n_j, K) bool, per forest level: cells fixed at 0
+    (structural zeros; a child with every cell held gets total 0)."""
     cells = schema.cells
     out = []
     parent = counts
@@ -606,22 +626,124 @@ def _descend(
         K = x.shape[1]
         n_up, lo_up = forest.sizes[j - 1], lo[j - 1]
         count = forest.child_count[j - 1]
+        hj = None if held is None else held[j]
         # pass 1: the children's totals onto {t ≥ 0, Σ t = the parent's integer total}
         total = parent.sum(axis=1)[:, None]
-        t = project_children(x.sum(axis=1)[:, None], total, count)
+        zt = x.sum(axis=1)[:, None]
+        if hj is not None:  # a child that cannot hold anyone gets total 0
+            big = _held_value(x, float(total.max(initial=0.0)))
+            zt = np.where(hj.all(axis=1)[:, None], big, zt)
+            x = np.where(hj, big, x)
+        t = project_children(zt, total, count)
         v = rng.draw(f"{label}/{name}/total", n_global[j - 1], lo_up, lo_up + n_up, uniform_draws)
         totals, _ = round_children(
             total, t, count, v.reshape(n_up, 1), None, (name, forest, j - 1, ("total",)), tol
         )
         # pass 2: the cells onto {X ≥ 0, rows = those integers, columns = the parent's cells}
-        proj, _ = project_transport(x, totals[:, 0], parent, count, where=f"level {name!r}")
         u = keyed_uniforms(
             rng, f"{label}/{name}/cells", n_global[j], lo[j], lo[j] + forest.sizes[j], K
         )
+        if hj is not None:
+            parent = _descend_held(x, totals[:, 0], parent, count, hj, u, rng, label,
+                                   (name, forest, j - 1, cells), (n_global[j], lo[j]))  # fmt: skip
+            out.append(parent.reshape(-1, *schema.shape))
+            continue
+        proj, _ = project_transport(x, totals[:, 0], parent, count, where=f"level {name!r}")
         parent = _round_transport(
             proj, totals[:, 0], parent, count, u, (name, forest, j - 1, cells)
         )
         out.append(parent.reshape(-1, *schema.shape))
+    return out
+
+
+def _descend_held(
+    x: np.ndarray,
+    totals: np.ndarray,
+    parent: np.ndarray,
+    count: np.ndarray,
+    held: np.ndarray,
+    u: np.ndarray,
+    rng: KeyedRNG,
+    label: str,
+    where: tuple,
+    keys: tuple[int, int],
+) -> np.ndarray:
+    """Pass 2 with structural zeros: the transportation projection and rounding for the
+    parents whose children's totals can carry the parent's cells on their free cells (per
+    cell, the totals of the children free there reach the parent's count; per child, its
+    total fits in the parent's cells free at it — necessary conditions), the per-cell route
+    of :func:`_held_fallback` for the others, and for all of them if the projection does not
+    converge or has to use a held cell (a subtler infeasibility: the ``−M`` penalty then
+    buys feasibility with held cells). ``x`` holds the held cells at ``−M``."""
+    n_p = count.size
+    row_parent = np.repeat(np.arange(n_p), count)
+    free = ~held
+    ft = free * totals[:, None].astype(np.float64)
+    cap = np.zeros(parent.shape)
+    np.add.at(cap, row_parent, ft)
+    fits = (free * parent[row_parent]).sum(axis=1) >= totals
+    bad = np.any(parent > cap + 0.5, axis=1)
+    bad[row_parent[~fits]] = True
+    del ft, cap
+    good = ~bad
+    out = np.zeros(x.shape, np.int64)
+    if good.any():
+        g = good[row_parent]
+        try:
+            proj, _ = project_transport(
+                x[g], totals[g], parent[good], count[good], where=f"level {where[0]!r}"
+            )
+            out[g] = _round_transport(proj, totals[g], parent[good], count[good], u[g], where)
+        except ConvergenceError:
+            bad[:] = True
+        # the penalty keeps a projection feasible by using held cells when it must
+        bad[row_parent[np.any((out != 0) & held, axis=1)]] = True
+    if bad.any():
+        out = _held_fallback(out, bad, held, x, parent, count, rng, label, where[0], keys)
+    return out
+
+
+def _held_fallback(
+    counts: np.ndarray,
+    bad: np.ndarray,
+    held: np.ndarray,
+    x: np.ndarray,
+    parent: np.ndarray,
+    count: np.ndarray,
+    rng: KeyedRNG,
+    label: str,
+    name: str,
+    where: tuple[int, int],
+) -> np.ndarray:
+    """The children of the parents ``bad`` whose totals pass left a held cell nowhere else
+    to go (the totals pass does not know the zeros: a parent's group-quarters persons can
+    need a child that it gave total 0): each (parent, cell) onto its simplex over the children
+    (:func:`project_children`, held cells at ``−M``: 0 wherever another child may hold the
+    cell, which closing the zeros upward guarantees), then the bipartite dependent rounding
+    of the fractional parts — every column sum (the parent's cell) exact, each child's total
+    the floor or ceiling of its projected total. Always feasible; those children's totals
+    are no longer the totals pass's."""
+    n_global, lo = where
+    n_p = count.size
+    row_parent = np.repeat(np.arange(n_p), count)
+    rows = bad[row_parent]
+    sub_count = count[bad]
+    y = project_children(x[rows], parent[bad].astype(np.float64), sub_count)
+    y[held[rows]] = 0.0
+    fl = np.floor(y + DR_TOL)
+    frac = np.clip(y - fl, 0.0, 1.0)
+    starts = np.concatenate([[0], np.cumsum(sub_count)]).astype(np.int64)
+    K = x.shape[1]
+    u = keyed_uniforms(rng, f"{label}/{name}/held", n_global, lo, lo + rows.size, K)[rows]
+    out = counts.copy()
+    out[rows] = fl.astype(np.int64) + dependent_round(frac, starts, u, tol=DR_TOL)
+    if np.any(out[held] != 0) or np.any(out < 0):
+        i = lo + int(np.argwhere((out != 0) & held)[0][0]) if np.any(out[held]) else lo
+        raise DataError(
+            f"non-negative product, level {name!r}, node #{i}: its structural zeros cannot "
+            "all be held (a parent's cell has no child that may hold it); the constraints "
+            "contradict each other"
+        )
     return out
 
 
@@ -634,6 +756,7 @@ def nonnegative_top(
     invariants: Sequence[ProductInvariant] = (),
     label: str = LABEL,
     tol: float = TOL,
+    held: Sequence[np.ndarray | None] | None = None,
 ) -> RoundedLevels:
     """The non-negative product's levels from the root down to a cut level.
 
@@ -649,6 +772,12 @@ def nonnegative_top(
         rounding's: give a different ``label`` from it).
     invariants : sequence of ProductInvariant
         The invariants the GLS release meets, at the root and its children only; held ``==``.
+    held : sequence of arrays, optional
+        Per level ``0 .. cut``, None or ``(n_nodes, n_cells)`` bool: cells fixed at 0
+        (structural zeros, docs/design.md § The Noisy Measurement File). They enter the projections at ``−M`` (an exact
+        penalty: 0 whenever the other cells can carry the margins); give them closed
+        upward (a cell held at every child is held at the parent). A held cell that
+        cannot stay 0 is refused.
 
     Returns
     -------
@@ -690,7 +819,8 @@ def nonnegative_top(
         xs.append(x)
     joint = shape.joint_level
     atoms, fixed = _atoms(shape, joint, K)
-    proj = _project_top(xs[joint], atoms, fixed, hierarchy.names[joint])
+    hs = list(held) if held is not None else [None] * len(estimates)
+    proj = _project_top(xs[joint], atoms, fixed, hierarchy.names[joint], hs[joint])
     top = [proj.sum(axis=0, keepdims=True), proj] if joint == 1 else [proj]
     shp = tuple(schema.shape)
     head = round_structured_top(
@@ -717,7 +847,14 @@ def nonnegative_top(
             schema,
             label,
             tol,
+            None if held is None else hs[start : cut + 1],
         )
+    for k, (c, h) in enumerate(zip(counts, hs, strict=False)):
+        if h is not None and np.any(c.reshape(h.shape)[h] != 0):
+            raise DataError(
+                f"non-negative product, level {hierarchy.names[k]!r}: its structural zeros "
+                "cannot all be held with the invariants; the constraints contradict each other"
+            )
     return RoundedLevels(counts[: cut + 1], None)
 
 
@@ -776,10 +913,11 @@ def nonnegative_structured(
     invariants: Sequence[ProductInvariant] = (),
     label: str = LABEL,
     tol: float = TOL,
+    held: Sequence[np.ndarray | None] | None = None,
 ) -> RoundedLevels:
     """The non-negative product of a :class:`~censusdp.estimation.structured_gls.StructuredRelease`
     in memory (every level in one :func:`nonnegative_top`; the integers are those of any
-    streamed run with the same ``rng``)."""
+    streamed run with the same ``rng``); ``held`` as there."""
     return nonnegative_top(
         release.hierarchy,
         release.schema,
@@ -788,4 +926,5 @@ def nonnegative_structured(
         invariants=invariants,
         label=label,
         tol=tol,
+        held=held,
     )

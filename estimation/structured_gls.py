@@ -31,6 +31,16 @@ the general path holds: a direction undetermined at some level below the root (s
 sharing a flat direction) makes the estimate not identifiable, and a
 :class:`~censusdp.errors.SpecError` names the level and the block's axes.
 
+**Structural zeros.** ``zeros`` (per level, per node, a mask over the schema's first axes)
+holds cells at exactly 0 as noiseless measurements of 0 — the restricted least squares, each
+node's belief conditioned onto its unmasked cells (docs/design.md § The Noisy Measurement File). The axes the masks vary over
+are *split* (every value its own group, :meth:`MarginalBasis.for_queries`), so every block
+contains them whole and a mask is a 0/1 diagonal inside it: the problem stays
+block-diagonal (``pl94`` with hhgq × votingage masks: four blocks of 16, two of them repeated
+over cenrace's 62 contrasts), and the kernel applies each node's mask
+(:class:`~censusdp.estimation.gls_kernel.LevelInputs` ``Z``). Held cells come out ``== 0``
+with zero variance; covariances (areas included) are those of the restricted estimate.
+
 **Split passes.** :func:`structured_setup` fixes everything but the values (basis, weights,
 blocks, identified subspace, privacy statement); :func:`structured_upward` runs the upward
 pass of every block over a forest (a partition's levels below a cut, or the levels above it
@@ -64,7 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -113,6 +123,8 @@ __all__ = [
     "add_adjoint",
     "axes_label",
     "block_error",
+    "block_zeros",
+    "resolve_zeros",
     "gather_block",
     "range_basis",
 ]
@@ -423,6 +435,13 @@ class StructuredSetup:
         Axis label → number of unidentified dimensions.
     statement : PrivacyStatement
         The derived statement with the invariants, geometry and notes.
+    zeros : tuple
+        Per level, None or ``(n_nodes, *[d_a for a in split])`` bool: the cells held at
+        exactly 0 at each node (structural zeros), over the split axes (constant over the
+        others).
+    split : tuple of int
+        The axes every value of which is its own group in ``basis`` (those the zeros vary
+        over): every block contains them all, so a node's zeros are diagonal in it.
     """
 
     hierarchy: Hierarchy
@@ -439,6 +458,8 @@ class StructuredSetup:
     ident: dict
     dropped: dict
     statement: PrivacyStatement
+    zeros: tuple = ()
+    split: tuple = ()
 
     def k(self, mask: int) -> int:
         """Identified dimension of block ``mask``."""
@@ -605,6 +626,7 @@ def structured_setup(
     delta: float | None = None,
     acknowledge_exact_release: bool = False,
     check_values: bool = True,
+    zeros: Mapping[str | int, np.ndarray] | None = None,
 ) -> StructuredSetup:
     """The value-free part of :func:`structured_gls` (see there for the parameters).
 
@@ -641,7 +663,8 @@ def structured_setup(
     heads = tuple((m.level, m.query, w) for m, w in zip(meas, weights, strict=True))
     inv_heads = tuple((i.level, i.query) for i in invs)
 
-    basis = MarginalBasis.for_queries(schema, [x.query for x in [*meas, *invs]])
+    level_zeros, split = resolve_zeros(hierarchy, schema, zeros)
+    basis = MarginalBasis.for_queries(schema, [x.query for x in [*meas, *invs]], split)
     D = hierarchy.depth
     J: list[dict | None] = [None] * D
     GH: list[dict | None] = [None] * D
@@ -688,6 +711,13 @@ def structured_setup(
         ident[mask] = np.eye(nS) if kS == nS else v @ v.T
         if kS < nS:
             dropped[axes_label(schema, mask)] = (nS - kS) * C
+            if any(z is not None for z in level_zeros):
+                raise SpecError(
+                    "structural zeros need every combination of cells identified (measure "
+                    "the detailed query at the leaves); the block of the group parts of "
+                    f"attributes {axes_label(schema, mask)} has {nS - kS} unidentified "
+                    "dimensions"
+                )
     labels = tuple(dict.fromkeys(f"{names[k]}: {q.name}" for k, q in inv_heads))
     # the derived statement names every invariant the computation holds
     statement = dataclasses.replace(
@@ -695,8 +725,80 @@ def structured_setup(
     )
     return StructuredSetup(
         hierarchy, schema, basis, geometry, float(np.sqrt(tau2)), vscale, heads, inv_heads,
-        tuple(J), tuple(GH), V, ident, dropped, statement,
+        tuple(J), tuple(GH), V, ident, dropped, statement, level_zeros, split,
     )  # fmt: skip
+
+
+def resolve_zeros(
+    hierarchy: Hierarchy, schema: Schema, zeros: Mapping[str | int, np.ndarray] | None
+) -> tuple[tuple, tuple[int, ...]]:
+    """Structural zeros per level, reduced to the axes they vary over.
+
+    ``zeros`` maps a level (name or index) to ``(n_nodes, d_0, …, d_{k−1})`` bool over the
+    first ``k`` axes of the schema (True: every cell with these values is 0 at that node;
+    constant over the remaining axes). Returns per level None or the mask over the *split*
+    axes — those among the first ``k`` along which some level's mask varies — and the
+    split axes (docs/design.md § The Noisy Measurement File: for the NMF's hhgq and nursing-under-18 zeros, hhgq ×
+    votingage; hispanic is never masked alone, so it keeps its basis).
+
+    Raises
+    ------
+    SpecError
+        A mask of the wrong shape or type, or masks over different numbers of axes.
+    """
+    out: list[np.ndarray | None] = [None] * hierarchy.depth
+    if not zeros:
+        return tuple(out), ()
+    masks: dict[int, np.ndarray] = {}
+    lead: tuple[int, ...] | None = None
+    for level, z in zeros.items():
+        k = hierarchy.level_index(level)
+        name = hierarchy.names[k]
+        z = np.asarray(z)
+        n = hierarchy.levels[k].size
+        if z.dtype != bool or z.ndim < 2 or z.shape[0] != n:
+            raise SpecError(
+                f"structural zeros at level {name!r}: give a bool array (n_nodes={n}, "
+                f"d_0, …) over the first axes of schema {schema.name!r}, got {z.dtype} "
+                f"{z.shape}"
+            )
+        if z.shape[1:] != schema.shape[: z.ndim - 1] or (lead and z.shape[1:] != lead):
+            raise SpecError(
+                f"structural zeros at level {name!r}: shape {z.shape[1:]} is not that of the "
+                f"schema's first axes {schema.shape[: z.ndim - 1]} (the same at every level)"
+            )
+        lead = z.shape[1:]
+        masks[k] = masks[k] | z if k in masks else z
+    assert lead is not None
+    split = tuple(
+        a
+        for a in range(len(lead))
+        if any(np.any(z != z.take([0], axis=a + 1)) for z in masks.values())
+    )
+    for k, z in masks.items():
+        sel = tuple(slice(None) if a in split else slice(0, 1) for a in range(len(lead)))
+        red = z[(slice(None), *sel)].reshape(z.shape[0], *(lead[a] for a in split))
+        out[k] = red if red.any() else None
+    return tuple(out), split
+
+
+def block_zeros(
+    setup: StructuredSetup, mask: int, k: int, rows: tuple[int, int]
+) -> np.ndarray | None:
+    """``(n, n_S)`` 0/1: block ``mask``'s coordinates held at 0 at nodes ``rows`` of level
+    ``k`` (None: no zeros there). Every block holds the split axes' values in its
+    coordinates (C order over the block's axes, each split axis by value): the mask of a
+    coordinate is the node's mask at its split-axis values."""
+    z = setup.zeros[k] if setup.zeros else None
+    if z is None:
+        return None
+    basis = setup.basis
+    z = z[rows[0] : rows[1]]
+    inside = [a for a in range(len(basis.axes)) if mask >> a & 1]
+    shape = [basis.axes[a].r if a in setup.split else 1 for a in inside]
+    full = [basis.axes[a].r for a in inside]
+    zz = np.broadcast_to(z.reshape(z.shape[0], *shape), (z.shape[0], *full))
+    return zz.reshape(z.shape[0], -1).astype(np.float64)
 
 
 def _vectors(
@@ -753,7 +855,8 @@ def _block_level(
     t = np.zeros((n, C, 0))
     if H.shape[0]:
         t = (gather_block(basis, b, mask) @ U) / ev
-    return LevelInputs(Jk, hk, H, t, Jk.shape[0] == 1)
+    Z = block_zeros(setup, mask, k, rows)
+    return LevelInputs(Jk, hk, H, t, Jk.shape[0] == 1, Z=Z)
 
 
 def block_matrices(
@@ -1002,6 +1105,7 @@ def structured_gls(
     privacy: PrivacyStatement | None = None,
     delta: float | None = None,
     acknowledge_exact_release: bool = False,
+    zeros: Mapping[str | int, np.ndarray] | None = None,
 ) -> StructuredRelease:
     """The GLS estimate of a consistent schema histogram, block by block in the marginal basis.
 
@@ -1025,6 +1129,16 @@ def structured_gls(
     acknowledge_exact_release : bool
         Allow invariants that determine every measured value (see
         :func:`~censusdp.mechanisms.queries.guard_exact_release`).
+    zeros : mapping of level → numpy.ndarray, optional
+        Structural zeros (docs/design.md § The Noisy Measurement File): per level a bool ``(n_nodes, d_0, …, d_{k−1})`` over
+        the schema's first ``k`` axes, True where every cell with those values is 0 at that
+        node (each node its own mask). They are held exactly (``== 0`` in the release) as
+        noiseless measurements of 0: the restricted least squares, i.e. each node's belief
+        conditioned onto its unmasked cells. The axes the masks vary over are *split*
+        (every value its own group, :meth:`MarginalBasis.for_queries`), so each block
+        contains them whole and a mask is diagonal in it: the problem stays block-diagonal
+        (for ``pl94`` with hhgq × votingage masks, four blocks of 16 instead of sixteen of
+        1 and 3). Needs every block identified (the detailed query at the leaves).
 
     Returns
     -------
@@ -1057,7 +1171,7 @@ def structured_gls(
     meas = resolve_products(hierarchy, schema, measurements, "measurement")
     setup = structured_setup(
         hierarchy, schema, meas, invariants, geometry=geometry, privacy=privacy, delta=delta,
-        acknowledge_exact_release=acknowledge_exact_release, check_values=False,
+        acknowledge_exact_release=acknowledge_exact_release, check_values=False, zeros=zeros,
     )  # fmt: skip
     invs = check_structured_invariants(hierarchy, schema, invariants)
     t1 = time.perf_counter()
@@ -1082,6 +1196,7 @@ def structured_gls(
         "geometry": geometry,
         "blocks": {axes_label(schema, m): setup.basis.block_size(m) for m in setup.basis.subsets},
         "unidentified": setup.dropped,
+        "zeros_split_axes": [schema.attributes[a].name for a in setup.split],
         "max_consistency_residual": cons,
         "max_invariant_residual": inv_res,
         "max_invariant_value": inv_val,

@@ -34,6 +34,9 @@ def _cmd_nmf(args: argparse.Namespace) -> int:
         area_name=args.area_name,
         skip_blank_areas=args.skip_blank_areas,
         overwrite=args.overwrite,
+        integers=args.integers,
+        seed=args.seed,
+        published=args.published,
     )
     print(f"states: {', '.join(result.states)}")
     print(f"privacy: {result.statement}")
@@ -76,6 +79,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--skip-blank-areas",
         action="store_true",
         help="leave out blocks whose area code is blank (in no area) instead of refusing",
+    )
+    p.add_argument(
+        "--integers",
+        action="store_true",
+        help="also write the non-negative integer product under nonnegative/ (consistent, "
+        "structural zeros and state totals exact; BIASED, no standard errors)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="seed of the integer product's rounding (reproducible mode, for tests only)",
+    )
+    p.add_argument(
+        "--published",
+        metavar="FILE",
+        help="a published table (CSV: GEOID, P1_001N; e.g. the state's 2020 P1): writes "
+        "published_comparison.csv, the metric set by size class against it",
     )
     add_overwrite(p)
     p.set_defaults(func=_cmd_nmf)

@@ -50,6 +50,9 @@ __all__ = [
     "EVALUATED_COLUMN",
     "GEOID_PREFIX",
     "block_truth_totals",
+    "compare_published",
+    "integer_bias",
+    "read_published",
     "evaluate_nmf_release",
     "nmf_size_class_metrics",
     "released_totals",
@@ -276,3 +279,213 @@ def evaluate_nmf_release(
             json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
     return metrics
+
+
+def integer_bias(
+    hierarchy,
+    block: np.ndarray,
+    cell: np.ndarray,
+    count: np.ndarray,
+    seeds,
+    *,
+    aian_counties: np.ndarray | None = None,
+    rounding_seed: int = 0,
+) -> pd.DataFrame:
+    """The bias of the non-negative integer product by block size class, by simulation on
+    a synthetic NMF (issue 35, build 4), beside the unbiased GLS's as a control.
+
+    Per seed, a synthetic file of one state is written in memory from the known histogram
+    (:func:`~censusdp.pipelines.io.nmf_writer.simulate_nmf`, *evaluation* noise keyed by the
+    seed), estimated (:func:`~censusdp.pipelines.nmf_release.estimate_state`) and made
+    integer (:func:`~censusdp.pipelines.nmf_integers.nmf_integers`); the blocks' released
+    ``P1_001N`` minus the truth is averaged per size class of the truth (the Bureau's
+    classes, :data:`~censusdp.pipelines.metrics.SIZE_CLASSES`). The standard error of a
+    class's bias is that of the per-release means over the releases (the blocks of one
+    release share noise).
+
+    Parameters
+    ----------
+    hierarchy, block, cell, count
+        One state's tabulation hierarchy and sparse ``pl94`` histogram (as
+        :func:`~censusdp.hierarchy.synthetic.pl94_histogram` gives them).
+    seeds : sequence of int
+        Evaluation seeds, one simulated release each (at least 2).
+    aian_counties : numpy.ndarray, optional
+        Counties of the AIAN part ``1ss``.
+    rounding_seed : int
+        Seed of the integer product's rounding.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per size class with blocks: ``size_class``, ``blocks``, ``gls_bias``,
+        ``gls_bias_se``, ``integer_bias``, ``integer_bias_se`` (persons per block).
+        CONFIDENTIAL when the histogram is real: errors against it reveal it.
+    """
+    from censusdp.pipelines.io.nmf import collect_nmf
+    from censusdp.pipelines.io.nmf_writer import simulate_nmf
+    from censusdp.pipelines.metrics import SIZE_CLASSES
+    from censusdp.pipelines.nmf_integers import nmf_integers
+    from censusdp.pipelines.nmf_release import estimate_state
+    from censusdp.rng import KeyedRNG
+
+    seeds = [int(x) for x in seeds]
+    if len(seeds) < 2:
+        raise SpecError("integer_bias: give at least 2 seeds (the SE needs replicates)")
+    total = int(np.asarray(count).sum())
+    state = str(hierarchy["state"].codes[0])
+    truth_by_code = dict(
+        zip(
+            hierarchy["block"].codes.tolist(),
+            np.bincount(block, weights=count, minlength=hierarchy["block"].size).astype(np.int64),
+            strict=True,
+        )
+    )
+    gls_err, int_err, truth = [], [], None
+    for seed in seeds:
+        subs = simulate_nmf(hierarchy, block, cell, count, aian_counties=aian_counties,
+                            with_us=False,
+                            evaluation_rng=KeyedRNG.reproducible(seed, warn=False))  # fmt: skip
+        r = estimate_state(collect_nmf(subs, {state: total}))
+        ints = nmf_integers(r, KeyedRNG.reproducible(rounding_seed + seed, warn=False))
+        if truth is None:
+            from censusdp.pipelines.nmf_release import census_block_geoids
+
+            ids = census_block_geoids(r.tabulation_geoids).tolist()
+            truth = np.array([truth_by_code[g] for g in ids], np.int64)
+        gls = r.release.query_estimates("block", "total")[:, 0]
+        k = r.hierarchy.level_index("block")
+        integer = ints.counts[k].reshape(ints.counts[k].shape[0], -1).sum(axis=1)
+        gls_err.append(gls - truth)
+        int_err.append(integer - truth)
+    g, i = np.stack(gls_err), np.stack(int_err)
+    rows = []
+    for label, lo, hi in SIZE_CLASSES:
+        sel = (truth >= lo) & (truth <= hi)
+        if not sel.any():
+            continue
+        gm, im = g[:, sel].mean(axis=1), i[:, sel].mean(axis=1)
+        n = len(seeds)
+        rows.append(
+            {
+                "size_class": label,
+                "blocks": int(sel.sum()),
+                "gls_bias": float(gm.mean()),
+                "gls_bias_se": float(gm.std(ddof=1) / np.sqrt(n)),
+                "integer_bias": float(im.mean()),
+                "integer_bias_se": float(im.std(ddof=1) / np.sqrt(n)),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+#: GEOID length → tabulation level, for a published table.
+_LEVEL_OF_WIDTH = {w: lv for lv, w in GEOID_PREFIX.items()}
+
+
+def read_published(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A published table of total population (e.g. a state's 2020 P1 from the Census
+    Bureau's API or data.census.gov, saved as CSV): columns ``GEOID`` and ``P1_001N``, one
+    row per area of any tabulation level, the level told by the GEOID's length (2 state,
+    5 county, 11 tract, 12 block group, 15 block; a ``1000000US``-style prefix up to ``US``
+    is dropped). Returns level → (sorted GEOIDs, totals) for the levels present.
+
+    Raises
+    ------
+    DataError
+        A missing column, a GEOID of another length, a repeated GEOID, or a total that is
+        not a non-negative integer (naming file, row and column; never a value).
+    """
+    from censusdp.tabular import read_csv_text
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the published table ({type(e).__name__})") from e
+    df = read_csv_text(text, path)
+    for col in ("GEOID", EVALUATED_COLUMN):
+        if col not in df.columns:
+            raise DataError(
+                f"{path.name}: no column {col!r}; give a CSV with columns GEOID and "
+                f"{EVALUATED_COLUMN} (the published P1 total population)"
+            )
+    geo = df["GEOID"].fillna("").astype(str).str.replace(r"^.*US", "", regex=True).to_numpy()
+    raw = df[EVALUATED_COLUMN].fillna("").astype(str).str.strip()
+    ok = raw.str.fullmatch(r"\d+").to_numpy()
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise DataError(
+            f"{path.name}: row {i + 1}, column {EVALUATED_COLUMN!r}: not a non-negative "
+            "integer; give the published counts"
+        )
+    val = raw.to_numpy().astype(np.int64)
+    width = np.array([len(g) for g in geo])
+    bad = np.flatnonzero(~np.isin(width, list(_LEVEL_OF_WIDTH)))
+    if bad.size:
+        raise DataError(
+            f"{path.name}: row {bad[0] + 1}, column 'GEOID': {width[bad[0]]} characters is "
+            "no tabulation level (2 state, 5 county, 11 tract, 12 block group, 15 block)"
+        )
+    out = {}
+    for w, level in _LEVEL_OF_WIDTH.items():
+        sel = np.flatnonzero(width == w)
+        if not sel.size:
+            continue
+        g = as_codes(geo[sel].astype(str))
+        order = np.argsort(g, kind="stable")
+        g, v = g[order], val[sel][order]
+        rep = np.flatnonzero(g[1:] == g[:-1])
+        if rep.size:
+            raise DataError(
+                f"{path.name}: row {int(sel[order][rep[0] + 1]) + 1}, column 'GEOID': the "
+                f"{level} appears twice; one row per area"
+            )
+        out[level] = (g, v)
+    return out
+
+
+def compare_published(release_dir: str | Path, published: str | Path) -> pd.DataFrame:
+    """The Census Bureau's metric set by size class of a release's ``P1_001N`` against a
+    published table (:func:`read_published`) — the *difference* from the published numbers
+    (themselves TopDown's noisy, post-processed estimates), not an error against the truth.
+
+    Every product found in ``release_dir`` is compared: the unbiased GLS tables
+    (``pl94_<level>.csv``) and, when written, the non-negative integer product
+    (``nonnegative/``). Areas are classed by their published size; each published area
+    must be released. Both sides are public: nothing here is confidential.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``product, level, size_class, n, mae, rmse, mean_error, mape, over_10pct`` for the
+        levels of the published table.
+
+    Raises
+    ------
+    DataError
+        As :func:`read_published` and :func:`released_totals`; a published area that is not
+        released (naming its level and GEOID).
+    """
+    pub = read_published(published)
+    if not pub:
+        raise DataError(f"{Path(published).name}: no rows; give the published P1 totals")
+    products = {"unbiased": Path(release_dir)}
+    if (Path(release_dir) / "nonnegative" / "pl94_state.csv").is_file():
+        products["nonnegative"] = Path(release_dir) / "nonnegative"
+    released: dict[str, dict[str, np.ndarray]] = {}
+    for product, folder in products.items():
+        rel = released_totals(folder)
+        released[product] = {}
+        for level, (pg, _) in pub.items():
+            rg, rv = rel[level]
+            pos = np.searchsorted(rg, pg)
+            found = (pos < rg.size) & (rg[np.minimum(pos, rg.size - 1)] == pg)
+            if not found.all():
+                raise DataError(
+                    f"{Path(published).name}: {level} {pg[np.flatnonzero(~found)[0]]} is "
+                    "published but not released; give the table of the released state(s)"
+                )
+            released[product][level] = rv[pos]
+    reference = {level: v.astype(np.float64) for level, (_, v) in pub.items()}
+    return evaluate_size_classes(reference, released)

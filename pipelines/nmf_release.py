@@ -22,8 +22,12 @@ is its parent's only child has no measurements; the reader carries it with varia
 every table with the Bureau's column names ``P1_001N`` … ``P5_010N`` (the codebook of
 :mod:`censusdp.pipelines.pl94_tables`) and beside each its exact GLS standard error
 ``<column>_se``. Values are the *real-valued* GLS estimates (no rounding, no
-non-negativity): unbiased, and with the SE they are what a user carries into a model. The
-non-negative integer product is a later part.
+non-negativity): unbiased, and with the SE they are what a user carries into a model.
+With ``integers=True`` (``--integers``) the non-negative integer product of the same
+estimate is written beside them under ``nonnegative/`` (:mod:`censusdp.pipelines.nmf_integers`:
+consistent, structural zeros and state totals exact; biased, no SEs); with ``published``
+(``--published``) the metric set by size class against a published table
+(:func:`~censusdp.pipelines.nmf_evaluate.compare_published`).
 
 **Standard errors.** The estimate is linear in the measurements; its error (estimate − the
 confidential truth) has mean 0 and the standard deviation ``_se`` exactly (the GLS
@@ -36,8 +40,16 @@ it. Errors of different states are
 independent (the US level is not used, see below). The covariance between two areas is
 ``(Var(α ∪ β) − Var α − Var β) / 2`` with ``α ∪ β`` released as one more area.
 
-**What is not yet done.** The structural zeros (docs/design.md § The Noisy Measurement File's hhgq bounds of 0 and the
-nursing-facility under-18 zero) are *not* imposed; the US level's measurements are not used
+**Structural zeros.** The file's constraints are held exactly (docs/design.md § The Noisy Measurement File): an hhgq upper
+bound of 0 at a node zeroes every cell of that type there, and nursing facilities hold no
+one under 18 at every node (:meth:`~censusdp.pipelines.io.nmf.NMFMeasurements.zeros`, the
+``zeros`` of the structured GLS: restricted least squares, each node its own mask). Those
+cells are released as exactly 0 with SE 0, and every SE (spine, tabulation, areas and their
+covariances) is the exact covariance of the restricted estimate. The hhgq *lower* bounds
+and non-negativity are inequalities: the linear estimate does not impose them (they would
+bias it).
+
+**What is not yet done.** The US level's measurements are not used
 (each state is estimated from its own subtrees and total; they are read for the privacy
 statement only); a state's whole spine is held in memory (its estimates are ``2,016``
 floats per node); areas (``--areas``) need a run of one state (a BAF is per state).
@@ -73,6 +85,7 @@ import pandas as pd
 from censusdp.atomic import output_dir
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.areas import AreaEstimates, area_release
+from censusdp.estimation.nonnegative import BIASED_NOTE
 from censusdp.estimation.structured_gls import StructuredRelease, structured_gls
 from censusdp.hierarchy.core import Hierarchy, as_codes
 from censusdp.hierarchy.equivalency import Equivalency, equivalency_from_arrays, read_equivalency
@@ -93,7 +106,9 @@ from censusdp.pipelines.io.outputs import (
     significant,
     write_data_dictionary,
 )
+from censusdp.pipelines.nmf_integers import INTEGER_FOLDER, nmf_integers, write_integers
 from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values, pl94_dictionary
+from censusdp.rng import KeyedRNG
 from censusdp.spreadsheet import write_csv
 
 __all__ = [
@@ -120,9 +135,15 @@ SPINE_OUTPUT_LEVELS = ("state_part", "county", "tract", "block_group")
 TABULATION_PREFIX = {"county": 5, "tract": 11, "block_group": 12}
 #: What the release does not (yet) impose, stated in the manifest and the README.
 NOT_IMPOSED = (
-    "structural zeros (hhgq upper bounds of 0, no one under 18 in nursing facilities) are not "
-    "imposed; the US level's measurements are not used (each state is estimated from its own "
-    "subtrees and its published total)"
+    "the US level's measurements are not used (each state is estimated from its own "
+    "subtrees and its published total); the hhgq lower bounds and non-negativity are not "
+    "imposed on the real-valued estimates (they would bias them)"
+)
+#: The structural zeros the GLS holds, stated in the manifest.
+ZEROS_HELD = (
+    "structural zeros held exactly (== 0, SE 0) at every node that carries them: an hhgq "
+    "upper bound of 0 zeroes that group-quarters type, and nursing facilities hold no one "
+    "under 18 (docs/design.md § The Noisy Measurement File; restricted least squares, blocks of 16 over hhgq × votingage)"
 )
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -283,6 +304,34 @@ def _pairs(eq: Equivalency) -> Equivalency:
     )
 
 
+#: Leaf entries of pair unions swept at a time (the sweep holds a block matrix per entry:
+#: 16 × 16 per block with structural zeros, 2 KB; 52 districts of a large state's 1/64
+#: benchmark made 3.4 million entries, 6.5 GB at once).
+_PAIR_ENTRIES = 1 << 17
+
+
+def _union_variances(release: StructuredRelease, pairs: Equivalency) -> np.ndarray:
+    """``Var`` of the total of every union area of ``pairs``, swept in chunks of whole
+    unions of at most :data:`_PAIR_ENTRIES` leaf entries each (each union's variance is its
+    own sweep's: the chunking changes memory, not the values)."""
+    n = pairs.n_areas
+    sizes = np.bincount(pairs.area, minlength=n)
+    ends = np.cumsum(sizes)
+    out = np.empty(n)
+    lo = 0
+    while lo < n:
+        base = ends[lo - 1] if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, base + _PAIR_ENTRIES, side="right")))
+        hi = min(hi, n)
+        sel = (pairs.area >= lo) & (pairs.area < hi)
+        part = Equivalency(pairs.name, pairs.codes[lo:hi], pairs.leaf[sel],
+                           pairs.area[sel] - lo, pairs.n_leaves, pairs.source)  # fmt: skip
+        rel = area_release(release, part)
+        out[lo:hi] = rel.query_variances(rel.name, "total")[:, 0]
+        lo = hi
+    return out
+
+
 def area_total_covariance(
     release: StructuredRelease, eq: Equivalency, areas: AreaEstimates
 ) -> np.ndarray:
@@ -297,8 +346,7 @@ def area_total_covariance(
     var = areas.query_variances(eq.name, "total")[:, 0]
     cov = np.diag(var).astype(np.float64)
     if eq.n_areas > 1:
-        pairs = area_release(release, _pairs(eq))
-        union = pairs.query_variances(pairs.name, "total")[:, 0]
+        union = _union_variances(release, _pairs(eq))
         a, b = np.triu_indices(eq.n_areas, 1)
         c = 0.5 * (union - var[a] - var[b])
         cov[a, b] = c
@@ -372,7 +420,8 @@ def estimate_state(
             "invariant in the 2020 run and ties the state's two parts (--state-totals)"
         )
     meas = measurements.measurements()
-    rel = structured_gls(h, meas[0].query.schema, meas, measurements.invariants())
+    rel = structured_gls(h, meas[0].query.schema, meas, measurements.invariants(),
+                         zeros=measurements.zeros())  # fmt: skip
     t1 = time.perf_counter()
     geo = measurements.spine.tabulation_geoids
     tab, eqs = {}, {}
@@ -654,6 +703,9 @@ def release_nmf(
     skip_blank_areas: bool = False,
     overwrite: bool = False,
     on_state: object = None,
+    integers: bool = False,
+    seed: int | None = None,
+    published: str | Path | None = None,
 ) -> NMFRelease:
     """Read an NMF state by state and write its GLS release (see the module docstring).
 
@@ -676,6 +728,17 @@ def release_nmf(
     overwrite : bool
     on_state : callable, optional
         Called with each :class:`NMFStateRelease` before it is dropped (tests, reports).
+    integers : bool
+        Also write the non-negative integer product (:mod:`censusdp.pipelines.nmf_integers`)
+        under ``nonnegative/``: consistent non-negative integers from the same estimate,
+        structural zeros held, state totals exact; labelled BIASED, no SEs.
+    seed : int, optional
+        Seed of the integer product's rounding (reproducible mode; default a fresh key).
+    published : path, optional
+        A published table of ``P1_001N`` by GEOID (e.g. the state's 2020 P1): writes
+        ``published_comparison.csv``, the metric set by size class of every product against
+        it (:func:`~censusdp.pipelines.nmf_evaluate.compare_published`; public on both
+        sides).
 
     Returns
     -------
@@ -700,8 +763,12 @@ def release_nmf(
         )
     noise = _LeastNoise()
     has_us = (root / "US.parquet").is_dir()
-    inputs = [root, totals_path, None if areas is None else Path(areas)]
+    inputs = [root, totals_path, None if areas is None else Path(areas),
+              None if published is None else Path(published)]  # fmt: skip
     seconds: dict = {}
+    rng = KeyedRNG.from_seed(seed) if integers else None
+    int_files: set[str] = set()
+    violations: dict = {}
     with output_dir(out, overwrite=overwrite, inputs=inputs, command="nmf") as tmp:
         if has_us:  # one node: read for the statement (its measurements are not estimated on)
             (us,) = read_nmf(root, subtrees=["US"])
@@ -717,10 +784,22 @@ def release_nmf(
             t2 = time.perf_counter()
             _write_state(w, r)
             seconds[state] = {"read": t1 - t0, **r.seconds, "write": time.perf_counter() - t2}
+            if rng is not None:  # the biased integer product, from the same estimate
+                t3 = time.perf_counter()
+                ints = nmf_integers(r, rng)
+                write_integers(tmp / INTEGER_FOLDER, r, ints, int_files)
+                violations[state] = ints.bound_violations
+                seconds[state]["integers"] = time.perf_counter() - t3
             if callable(on_state):
                 on_state(r)
             del r, m
         w.dictionary()
+        comparison = None
+        if published is not None:  # public against public: written in the release
+            from censusdp.pipelines.nmf_evaluate import compare_published
+
+            comparison = compare_published(tmp, published)
+            write_csv(comparison, tmp / "published_comparison.csv", index=False)
         rho = noise.rho()
         statement = release_statement(rho, invariant_totals=True, levels=noise.levels())
         manifest = {
@@ -737,6 +816,7 @@ def release_nmf(
             },
             "estimator": "structured GLS (weighted, exact discrete Gaussian variances), one "
             "state at a time, state total invariant; real-valued estimates, exact SEs",
+            "structural_zeros": ZEROS_HELD,
             "not_imposed": NOT_IMPOSED,
             "states": sorted(groups),
             "state_parts": {s: groups[s] for s in sorted(groups)},
@@ -751,12 +831,36 @@ def release_nmf(
             "files": sorted([*w.started, DICTIONARY_FILE]),
             "seconds": seconds,
         }
+        if comparison is not None:
+            manifest["published_comparison"] = {
+                "file": "published_comparison.csv",
+                "published": Path(published).name,
+                "what": "the release's P1_001N minus the published table's, by level and "
+                "published size class (a difference from TopDown's published estimates, not "
+                "an error against the truth); the water-block re-geocoding is not applied",
+            }
+        if rng is not None:
+            manifest["nonnegative"] = {
+                "folder": INTEGER_FOLDER,
+                "files": sorted(int_files),
+                "label": "BIASED: " + BIASED_NOTE,
+                "statement": statement,
+                "held": "structural zeros == 0 at every node, state totals == the published "
+                "ones, every node the sum of its children, non-negative int64",
+                "not_imposed": "hhgq bounds other than upper bounds of 0; counts of (node, "
+                "type) outside them per level in hhgq_bounds_outside",
+                "hhgq_bounds_outside": violations,
+                "seed": "given (reproducible mode)" if seed is not None else "fresh key",
+            }
         (tmp / "manifest.json").write_text(
             json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
+    files = tuple(sorted([*w.started, DICTIONARY_FILE])) + tuple(
+        f"{INTEGER_FOLDER}/{f}" for f in sorted(int_files)
+    )
+    files += ("published_comparison.csv",) if published is not None else ()
     return NMFRelease(Path(out), tuple(sorted(groups)), rho, statement,
-                      tuple(sorted([*w.started, DICTIONARY_FILE])) + ("manifest.json",),
-                      seconds)  # fmt: skip
+                      files + ("manifest.json",), seconds)  # fmt: skip
 
 
 def _total(totals: Mapping[str, int], state: str) -> int:

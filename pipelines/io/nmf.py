@@ -923,6 +923,13 @@ class NMFMeasurements:
                                               _dg_variance(q.variance)))  # fmt: skip
         return out
 
+    def zeros(self) -> dict[str, np.ndarray]:
+        """Spine level → ``(n_nodes, 8, 2, 2)`` bool over hhgq × votingage × hispanic: the
+        structural zeros of every level read (:attr:`NMFLevel.structural_zeros`: hhgq upper
+        bounds of 0, no one under 18 in nursing facilities), each node its own mask, for
+        :func:`~censusdp.estimation.structured_gls.structured_gls`'s ``zeros``."""
+        return {SPINE_LEVEL[lvl.name]: lvl.structural_zeros for lvl in self.levels.values()}
+
     def invariants(self) -> list[ProductInvariant]:
         """The state totals on the virtual state level (empty without totals)."""
         if not self.state_totals:

@@ -37,9 +37,12 @@ def test_main_tiny_national_run(tmp_path):
     assert r["states"] == 1 and r["districts"] == 5 == r["districts_released (non-empty)"]
     assert r["blocks"] == r["nodes_per_level"]["block"] > 0
     assert r["state_parts"] == 1  # one county: no AIAN part (see the flags' test)
-    assert set(r["seconds_per_stage"]) == {"read", "gls", "districts", "tables"}
+    assert set(r["seconds_per_stage"]) == {"read", "gls", "districts", "tables", "integers"}
     assert r["bytes_read"] == r["bytes_written"]["nmf"] > 0
-    assert "non_negative_product" in r["not_run"] and "national_gls_pass" in r["not_run"]
+    assert "national_gls_pass" in r["not_run"] and "non_negative_product" not in r["not_run"]
+    ints = pd.read_csv(out / "release" / "nonnegative" / "pl94_state.csv", dtype={"GEOID": str})
+    totals_int = pd.read_csv(out / "inputs" / "state_totals.csv", dtype={"state": str})
+    assert ints["P1_001N"].tolist() == totals_int["total"].tolist()  # == the invariant
     assert 0 < r["privacy"]["rho_derived"] < 2.6
     assert "induced subspace" in r["privacy"]["statement"]
     assert json.loads((out / "result.json").read_text())["blocks"] == r["blocks"]
