@@ -475,44 +475,6 @@ def _vertex_lists(ct, ch, n_vert):
     return vhead, nxt, prv
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _cycle_arc(t, sp, e, sv, se, ct):
-    """The cycle's ``t``-th arc (``p0 < t ≤ sp + 1``: the arcs the walk entered by, then the
-    closing arc ``e``) and whether the walk goes along its direction."""
-    if t <= sp:
-        a = se[t]
-        return a, ct[a] == sv[t - 1]
-    return e, ct[e] == sv[sp]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _cancel_cycle(p0, sp, e, sv, se, ct, ch, cw, u, tol, arc, bits, live, vhead, nxt, prv):
-    """Shift the cycle ``sv[p0] .. sv[sp]`` (closed by arc ``e``) by ``+δ`` along and ``−δ``
-    against each arc, ``δ = α`` if ``u·(α + β) < β`` else ``−β``; arcs made integral get
-    their bits and leave their vertices' lists."""
-    alpha = 1.0
-    beta = 1.0
-    for t in range(p0 + 1, sp + 2):
-        a, fwd = _cycle_arc(t, sp, e, sv, se, ct)
-        x = cw[a]
-        if fwd:
-            alpha = min(alpha, 1.0 - x)
-            beta = min(beta, x)
-        else:
-            alpha = min(alpha, x)
-            beta = min(beta, 1.0 - x)
-    step = alpha if u * (alpha + beta) < beta else -beta
-    for t in range(p0 + 1, sp + 2):
-        a, fwd = _cycle_arc(t, sp, e, sv, se, ct)
-        x = cw[a] + (step if fwd else -step)
-        cw[a] = x
-        if x <= tol or x >= 1.0 - tol:
-            bits[arc[a]] = 1 if x > 0.5 else 0
-            live[a] = False
-            _unlink(2 * a, nxt, prv, vhead, ct[a])
-            _unlink(2 * a + 1, nxt, prv, vhead, ch[a])
-
-
 @njit(cache=True, nogil=True)
 def _walk_component(f0, f1, k, U, tol, arc, ct, ch, cw, bits, live, lists, walk):
     """Cancel cycles among the fractional arcs ``f0 .. f1`` (one component), drawing
@@ -549,11 +511,33 @@ def _walk_component(f0, f1, k, U, tol, arc, ct, ch, cw, bits, live, lists, walk)
                 se[sp] = e
                 pos[u] = sp
                 continue
+            # the cycle sv[p0] .. sv[sp] and back to sv[p0] by arc e; an arc walked along
+            # its direction moves by +δ, against it by −δ; arcs made integral leave the lists
             p0 = pos[u]
-            _cancel_cycle(
-                p0, sp, e, sv, se, ct, ch, cw, U[k], tol, arc, bits, live, vhead, nxt, prv
-            )
+            alpha = 1.0
+            beta = 1.0
+            for t in range(p0 + 1, sp + 2):
+                a = se[t] if t <= sp else e
+                fwd = ct[a] == sv[t - 1] if t <= sp else ct[a] == sv[sp]
+                x = cw[a]
+                if fwd:
+                    alpha = min(alpha, 1.0 - x)
+                    beta = min(beta, x)
+                else:
+                    alpha = min(alpha, x)
+                    beta = min(beta, 1.0 - x)
+            step = alpha if U[k] * (alpha + beta) < beta else -beta
             k += 1
+            for t in range(p0 + 1, sp + 2):
+                a = se[t] if t <= sp else e
+                fwd = ct[a] == sv[t - 1] if t <= sp else ct[a] == sv[sp]
+                x = cw[a] + (step if fwd else -step)
+                cw[a] = x
+                if x <= tol or x >= 1.0 - tol:
+                    bits[arc[a]] = 1 if x > 0.5 else 0
+                    live[a] = False
+                    _unlink(2 * a, nxt, prv, vhead, ct[a])
+                    _unlink(2 * a + 1, nxt, prv, vhead, ch[a])
             for t in range(p0 + 1, sp + 1):
                 pos[sv[t]] = -1
             sp = p0
