@@ -188,6 +188,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -218,6 +219,7 @@ from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import Invariant
+from censusdp.options import with_keywords
 from censusdp.rng import KeyedRNG, chunk_range
 from censusdp.schema import Schema
 
@@ -229,6 +231,7 @@ __all__ = [
     "TopShape",
     "top_shape",
     "round_structured_top",
+    "PartitionOptions",
     "round_structured_partition",
     "round_structured",
     "rounding_variance_bound",
@@ -1651,6 +1654,37 @@ def _top_network(
     return out
 
 
+@dataclass(frozen=True)
+class PartitionOptions:
+    """Settings of :func:`round_structured_partition`: what the top carries down, and the
+    streams' label and the tolerance.
+
+    Attributes
+    ----------
+    negative : bool
+        :attr:`RoundedLevels.negative` of the top.
+    joint : int
+        :attr:`RoundedLevels.joint` of the top.
+    total_cap : float
+        :attr:`RoundedLevels.total_cap` of the top.
+    label : str
+        The streams' label, as for :func:`round_structured_top` (the same).
+    tol : float
+        Values within this of an integer count as integral.
+    """
+
+    negative: bool = False
+    joint: int = 0
+    total_cap: float = np.inf
+    label: str = LABEL
+    tol: float = TOL
+
+    @classmethod
+    def below(cls, top: RoundedLevels, label: str = LABEL, tol: float = TOL) -> PartitionOptions:
+        """The options that carry ``top``'s ``negative``, ``joint`` and ``total_cap`` down."""
+        return cls(top.negative, top.joint, top.total_cap, label, tol)
+
+
 def round_structured_partition(
     forest: Forest,
     lo: Sequence[int],
@@ -1660,12 +1694,8 @@ def round_structured_partition(
     cut_spread: np.ndarray | None,
     estimates: Sequence[np.ndarray],
     rng: KeyedRNG,
-    *,
-    negative: bool = False,
-    joint: int = 0,
-    total_cap: float = np.inf,
-    label: str = LABEL,
-    tol: float = TOL,
+    options: PartitionOptions | None = None,
+    **legacy: Any,
 ) -> RoundedLevels:
     """Round one partition's levels below the cut from its cut nodes' integers.
 
@@ -1684,11 +1714,15 @@ def round_structured_partition(
         rows; None: no bounds computed).
     estimates : sequence of arrays
         The partition's real cell tensors of levels ``cut + 1 .. leaf``.
-    negative, joint, total_cap
-        :attr:`RoundedLevels.negative`, ``joint`` and ``total_cap`` of the top (carried for
-        the variance bound).
-    rng, label, tol
-        As for :func:`round_structured_top` (the same ``rng`` and ``label``).
+    rng : KeyedRNG
+        As for :func:`round_structured_top` (the same).
+    options : PartitionOptions, optional
+        The top's ``negative``, ``joint`` and ``total_cap`` (carried for the variance
+        bound; :meth:`PartitionOptions.below`), the label and the tolerance (defaults when
+        omitted).
+    **legacy
+        The fields of :class:`PartitionOptions` as keyword arguments, as before it existed
+        (applied over ``options``; accepted for one release).
 
     Returns
     -------
@@ -1696,10 +1730,20 @@ def round_structured_partition(
         Levels ``cut + 1 .. leaf`` of the partition; the same integers, bit for bit, as any
         other partitioning (or none) gives for these nodes.
 
+    Raises
+    ------
+    SpecError
+        Estimates or cut counts whose levels or rows do not match ``forest``.
+    DataError
+        Non-finite or inconsistent estimates (naming level, node and cell).
+    TypeError
+        A keyword that is no field of :class:`PartitionOptions`.
+
     References
     ----------
-    Madow (1949).
+    Gandhi et al. (2006) (module docstring, "Below the cut").
     """
+    o = with_keywords(PartitionOptions, options, legacy, "round_structured_partition")
     if len(estimates) != forest.depth - 1:
         raise SpecError(
             f"give the partition's estimates of the {forest.depth - 1} levels below the cut"
@@ -1716,9 +1760,9 @@ def round_structured_partition(
         estimates,
         rng,
         schema,
-        label,
-        tol,
-        RoundedLevels([], None, negative, joint, total_cap),
+        o.label,
+        o.tol,
+        RoundedLevels([], None, o.negative, o.joint, o.total_cap),
     )
 
 
@@ -1783,11 +1827,7 @@ def round_structured(
             None if top.spread is None else top.spread[cut][slice(*ranges[0])],
             [est[cut + 1 + j][slice(*ranges[j + 1])] for j in range(below)],
             rng,
-            negative=top.negative,
-            joint=top.joint,
-            total_cap=top.total_cap,
-            label=label,
-            tol=tol,
+            PartitionOptions.below(top, label, tol),
         )
         for j in range(below):
             counts[j].append(part.counts[j])
