@@ -650,7 +650,7 @@ def flow_round(
     ----------
     Cox, L. H. (1987). JASA 82(398). Gandhi, R. et al. (2006). J. ACM 53(3).
     """
-    t, hd, w, a, us, U = _network_arrays(
+    t, hd, w, a, us, U = _checked_inputs(
         tail, head, frac, arc_start, u_start, uniforms, overwrite, tol
     )
     ms, mr, mc = _matrix_runs(matrices, t.size)
@@ -671,7 +671,7 @@ def flow_round(
     return bits
 
 
-def _network_arrays(
+def _checked_inputs(
     tail, head, frac, arc_start, u_start, uniforms, overwrite: bool, tol: float
 ) -> tuple[np.ndarray, ...]:
     """:func:`flow_round`'s inputs as the kernel takes them, checked: vertex indices 32-bit
