@@ -405,36 +405,32 @@ def _sweep_arcs(w, base, n, m, sgn, U, k, tol, cols):
 
 
 @njit(cache=True, nogil=True)
-def _cancel_flow(
-    tail, head, w, arc_start, u_start, U, tol, n_vert, bits, mat_start, mat_rows, mat_cols
-):
-    """Cycle-cancel the fractional arcs of each component (``arc_start`` boundaries) of a
-    network into ``bits``; component ``g`` reads ``U[u_start[g]], …`` in order. Returns −1
-    on success, ``−2 − e`` when arc ``e`` breaks a matrix's pattern, else a vertex left with
-    a single fractional arc (its balance not integral).
+def _sweep_matrices(tail, head, w, arc_start, k_at, U, tol, mat_start, mat_rows, mat_cols):
+    """Sweep each matrix of arcs (:func:`_matrix_of_arcs`) by 4-cycles (:func:`_sweep_arcs`),
+    in order, each from its component's next uniform ``k_at[g]`` (advanced). Returns −1, or
+    ``−2 − e`` for the first arc ``e`` that breaks a matrix's pattern or its component."""
+    sgn = np.empty(2 * mat_cols, np.int64)
+    cols = np.empty(mat_cols, np.int64)
+    g = 0
+    for q in range(mat_start.size):
+        b0 = mat_start[q]
+        while arc_start[g + 1] <= b0:
+            g += 1
+        bad = _matrix_of_arcs(tail, head, b0, mat_rows[q], mat_cols, sgn)
+        if bad >= 0 or b0 + mat_rows[q] * mat_cols > arc_start[g + 1]:
+            return -2 - (bad if bad >= 0 else b0)
+        k_at[g] = _sweep_arcs(w, b0, mat_rows[q], mat_cols, sgn, U, k_at[g], tol, cols)
+    return -1
 
-    ``mat_start`` (increasing) and ``mat_rows`` name matrices of arcs (``mat_cols`` slots a
-    row, :func:`_matrix_of_arcs`), each within one component: they are swept first
-    (:func:`_sweep_arcs`), in order, each component from its first uniform. The arcs still
-    fractional then (a few per cent below the cut) are copied out, in order, and walked there
-    (compact, cache-resident lists: 16 bytes per such arc instead of per arc)."""
-    E = tail.size
-    k_at = u_start.copy()  # each component's next uniform
-    if mat_start.size:
-        sgn = np.empty(2 * mat_cols, np.int64)
-        cols = np.empty(mat_cols, np.int64)
-        g = 0
-        for q in range(mat_start.size):
-            b0 = mat_start[q]
-            while arc_start[g + 1] <= b0:
-                g += 1
-            bad = _matrix_of_arcs(tail, head, b0, mat_rows[q], mat_cols, sgn)
-            if bad >= 0 or b0 + mat_rows[q] * mat_cols > arc_start[g + 1]:
-                return -2 - (bad if bad >= 0 else b0)
-            k_at[g] = _sweep_arcs(w, b0, mat_rows[q], mat_cols, sgn, U, k_at[g], tol, cols)
-    # the fractional arcs, compacted in arc order; each component's run of them
+
+@njit(cache=True, nogil=True)
+def _compact_fractional(tail, head, w, arc_start, tol, bits):
+    """Write the bits of the integral arcs; copy the fractional ones out, in arc order.
+
+    Returns ``(arc, ct, ch, cw, c_start)``: each fractional arc's index, tail, head and
+    value, and each component's run of them (``c_start``, one more than the components)."""
     F = 0
-    for e in range(E):
+    for e in range(tail.size):
         x = w[e]
         if _frac(x, tol):
             F += 1
@@ -456,11 +452,17 @@ def _cancel_flow(
                 cw[f] = w[e]
                 f += 1
     c_start[arc_start.size - 1] = f
-    # each vertex's list of fractional arcs, in increasing arc order (half-edge 2f at the
-    # tail, 2f + 1 at the head)
-    vhead = np.full(n_vert, -1, tail.dtype)
-    nxt = np.empty(2 * F, tail.dtype)
-    prv = np.empty(2 * F, tail.dtype)
+    return arc, ct, ch, cw, c_start
+
+
+@njit(cache=True, nogil=True)
+def _vertex_lists(ct, ch, n_vert):
+    """Each vertex's doubly linked list of arcs, in increasing arc order: half-edge ``2f`` is
+    arc ``f`` at its tail, ``2f + 1`` at its head. Returns ``(vhead, nxt, prv)``."""
+    F = ct.size
+    vhead = np.full(n_vert, -1, ct.dtype)
+    nxt = np.empty(2 * F, ct.dtype)
+    prv = np.empty(2 * F, ct.dtype)
     for e in range(F - 1, -1, -1):
         for side in range(2):
             v = ct[e] if side == 0 else ch[e]
@@ -470,75 +472,111 @@ def _cancel_flow(
             if vhead[v] >= 0:
                 prv[vhead[v]] = h
             vhead[v] = h
-    live = np.ones(F, np.bool_)
-    pos = np.full(n_vert, -1, np.int64)
-    sv = np.empty(n_vert + 1, np.int64)  # the walk's vertices
-    se = np.empty(n_vert + 1, np.int64)  # the arc each was entered by
-    for g in range(arc_start.size - 1):
-        k = k_at[g]
-        for e0 in range(c_start[g], c_start[g + 1]):
-            if not live[e0]:
+    return vhead, nxt, prv
+
+
+@njit(cache=True, nogil=True)
+def _walk_component(f0, f1, k, U, tol, arc, ct, ch, cw, bits, live, lists, walk):
+    """Cancel cycles among the fractional arcs ``f0 .. f1`` (one component), drawing
+    ``U[k], U[k + 1], …``: from each arc still fractional, walk (never back along the arc
+    just used) until a vertex repeats, cancel that cycle and resume from its first vertex.
+    ``lists`` is :func:`_vertex_lists`' ``(vhead, nxt, prv)``, ``walk`` the scratch ``(pos,
+    sv, se)``: each vertex's place on the walk (−1: off it), the walk's vertices and the arc
+    each was entered by. Returns −1, or a vertex left with a single fractional arc."""
+    vhead, nxt, prv = lists
+    pos, sv, se = walk
+    for e0 in range(f0, f1):
+        if not live[e0]:
+            continue
+        sp = 0
+        sv[0] = ct[e0]
+        se[0] = -1
+        pos[ct[e0]] = 0
+        while sp >= 0:
+            v = sv[sp]
+            h = vhead[v]
+            if h >= 0 and (h >> 1) == se[sp]:
+                h = nxt[h]
+            if h < 0:
+                if vhead[v] >= 0:
+                    return v
+                pos[v] = -1
+                sp -= 1
                 continue
-            sp = 0
-            sv[0] = ct[e0]
-            se[0] = -1
-            pos[ct[e0]] = 0
-            while sp >= 0:
-                v = sv[sp]
-                h = vhead[v]
-                if h >= 0 and (h >> 1) == se[sp]:
-                    h = nxt[h]
-                if h < 0:
-                    if vhead[v] >= 0:
-                        return v  # one fractional arc left at v
-                    pos[v] = -1
-                    sp -= 1
-                    continue
-                e = h >> 1
-                u = ch[e] if (h & 1) == 0 else ct[e]
-                if pos[u] < 0:
-                    sp += 1
-                    sv[sp] = u
-                    se[sp] = e
-                    pos[u] = sp
-                    continue
-                # the cycle sv[p0] .. sv[sp] and back to sv[p0] by arc e; an arc walked
-                # along its direction moves by +δ, against it by −δ
-                p0 = pos[u]
-                alpha = 1.0
-                beta = 1.0
-                for t in range(p0 + 1, sp + 2):
-                    a = se[t] if t <= sp else e
-                    fwd = ct[a] == sv[t - 1] if t <= sp else ct[a] == sv[sp]
-                    x = cw[a]
-                    if fwd:
-                        alpha = min(alpha, 1.0 - x)
-                        beta = min(beta, x)
-                    else:
-                        alpha = min(alpha, x)
-                        beta = min(beta, 1.0 - x)
-                step = alpha if U[k] * (alpha + beta) < beta else -beta
-                k += 1
-                for t in range(p0 + 1, sp + 2):
-                    a = se[t] if t <= sp else e
-                    fwd = ct[a] == sv[t - 1] if t <= sp else ct[a] == sv[sp]
-                    x = cw[a] + (step if fwd else -step)
-                    cw[a] = x
-                    if x <= tol or x >= 1.0 - tol:
-                        bits[arc[a]] = 1 if x > 0.5 else 0
-                        live[a] = False
-                        for side in range(2):
-                            hh = 2 * a + side
-                            vv = ct[a] if side == 0 else ch[a]
-                            if prv[hh] >= 0:
-                                nxt[prv[hh]] = nxt[hh]
-                            else:
-                                vhead[vv] = nxt[hh]
-                            if nxt[hh] >= 0:
-                                prv[nxt[hh]] = prv[hh]
-                for t in range(p0 + 1, sp + 1):
-                    pos[sv[t]] = -1
-                sp = p0
+            e = h >> 1
+            u = ch[e] if (h & 1) == 0 else ct[e]
+            if pos[u] < 0:
+                sp += 1
+                sv[sp] = u
+                se[sp] = e
+                pos[u] = sp
+                continue
+            # the cycle sv[p0] .. sv[sp] and back to sv[p0] by arc e; an arc walked along
+            # its direction moves by +δ, against it by −δ; arcs made integral leave the lists
+            p0 = pos[u]
+            alpha = 1.0
+            beta = 1.0
+            for t in range(p0 + 1, sp + 2):
+                a = se[t] if t <= sp else e
+                fwd = ct[a] == sv[t - 1] if t <= sp else ct[a] == sv[sp]
+                x = cw[a]
+                if fwd:
+                    alpha = min(alpha, 1.0 - x)
+                    beta = min(beta, x)
+                else:
+                    alpha = min(alpha, x)
+                    beta = min(beta, 1.0 - x)
+            step = alpha if U[k] * (alpha + beta) < beta else -beta
+            k += 1
+            for t in range(p0 + 1, sp + 2):
+                a = se[t] if t <= sp else e
+                fwd = ct[a] == sv[t - 1] if t <= sp else ct[a] == sv[sp]
+                x = cw[a] + (step if fwd else -step)
+                cw[a] = x
+                if x <= tol or x >= 1.0 - tol:
+                    bits[arc[a]] = 1 if x > 0.5 else 0
+                    live[a] = False
+                    _unlink(2 * a, nxt, prv, vhead, ct[a])
+                    _unlink(2 * a + 1, nxt, prv, vhead, ch[a])
+            for t in range(p0 + 1, sp + 1):
+                pos[sv[t]] = -1
+            sp = p0
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _cancel_flow(
+    tail, head, w, arc_start, u_start, U, tol, n_vert, bits, mat_start, mat_rows, mat_cols
+):
+    """Cycle-cancel the fractional arcs of each component (``arc_start`` boundaries) of a
+    network into ``bits``; component ``g`` reads ``U[u_start[g]], …`` in order. Returns −1
+    on success, ``−2 − e`` when arc ``e`` breaks a matrix's pattern, else a vertex left with
+    a single fractional arc (its balance not integral).
+
+    ``mat_start`` (increasing) and ``mat_rows`` name matrices of arcs (``mat_cols`` slots a
+    row, :func:`_matrix_of_arcs`), each within one component: they are swept first
+    (:func:`_sweep_matrices`). The arcs still fractional then (a few per cent below the cut)
+    are copied out (:func:`_compact_fractional`) and walked there (:func:`_walk_component`;
+    compact, cache-resident lists: 16 bytes per such arc instead of per arc)."""
+    k_at = u_start.copy()  # each component's next uniform
+    if mat_start.size:
+        bad = _sweep_matrices(tail, head, w, arc_start, k_at, U, tol, mat_start, mat_rows, mat_cols)
+        if bad != -1:
+            return bad
+    arc, ct, ch, cw, c_start = _compact_fractional(tail, head, w, arc_start, tol, bits)
+    lists = _vertex_lists(ct, ch, n_vert)
+    live = np.ones(cw.size, np.bool_)
+    walk = (
+        np.full(n_vert, -1, np.int64),
+        np.empty(n_vert + 1, np.int64),
+        np.empty(n_vert + 1, np.int64),
+    )
+    for g in range(arc_start.size - 1):
+        v = _walk_component(
+            c_start[g], c_start[g + 1], k_at[g], U, tol, arc, ct, ch, cw, bits, live, lists, walk
+        )
+        if v >= 0:
+            return v
     return -1
 
 
@@ -612,15 +650,41 @@ def flow_round(
     ----------
     Cox, L. H. (1987). JASA 82(398). Gandhi, R. et al. (2006). J. ACM 53(3).
     """
-    # 32-bit vertex and link indices where they fit: the links are most of the memory
+    t, hd, w, a, us, U = _checked_inputs(
+        tail, head, frac, arc_start, u_start, uniforms, overwrite, tol
+    )
+    ms, mr, mc = _matrix_runs(matrices, t.size)
+    n_vert = int(max(t.max(initial=-1), hd.max(initial=-1))) + 1
+    bits = np.zeros(t.size, np.int8)
+    bad = _cancel_flow(t, hd, w, a, us, U, tol, n_vert, bits, ms, mr, mc)
+    if bad <= -2:
+        raise DataError(
+            f"flow rounding: arc {-2 - bad} breaks its matrix (a row's arcs must share one "
+            "vertex and a column's another, one way round, within one component); give "
+            "matrices of that shape"
+        )
+    if bad >= 0:
+        raise DataError(
+            f"flow rounding: vertex {bad} has a fractional balance that is not an integer; "
+            "give arcs whose flow is conserved at every vertex"
+        )
+    return bits
+
+
+def _checked_inputs(
+    tail, head, frac, arc_start, u_start, uniforms, overwrite: bool, tol: float
+) -> tuple[np.ndarray, ...]:
+    """:func:`flow_round`'s inputs as the kernel takes them, checked: vertex indices 32-bit
+    where they fit (the links are most of the memory), ``frac`` itself with ``overwrite``
+    (float64, 1-d) else a copy (the kernel moves it)."""
     small = np.asarray(tail).size < 2**30
     idx = np.int32 if small else np.int64
     t = np.ascontiguousarray(tail, idx)
     hd = np.ascontiguousarray(head, idx)
     if overwrite and isinstance(frac, np.ndarray) and frac.dtype == np.float64 and frac.ndim == 1:
-        w = np.ascontiguousarray(frac)  # moved in place: the caller's scratch
+        w = np.ascontiguousarray(frac)
     else:
-        w = np.array(frac, dtype=np.float64)  # a copy: the kernel moves it
+        w = np.array(frac, dtype=np.float64)
     a = np.ascontiguousarray(arc_start, np.int64)
     us = np.ascontiguousarray(u_start, np.int64)
     U = np.ascontiguousarray(uniforms, np.float64).reshape(-1)
@@ -638,39 +702,32 @@ def flow_round(
         raise DataError("flow rounding: fractions must lie in [0, 1] (a NaN or a value outside)")
     if us.size and np.any(us + np.diff(a) > U.size):
         raise DataError("flow rounding: a component has fewer uniforms than arcs")
-    n_vert = int(max(t.max(initial=-1), hd.max(initial=-1))) + 1
-    bits = np.zeros(t.size, np.int8)
+    return t, hd, w, a, us, U
+
+
+def _matrix_runs(
+    matrices: tuple[np.ndarray, np.ndarray, int] | None, n_arcs: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """:func:`flow_round`'s ``matrices`` as ``(starts, rows, cols)`` int64 arrays and an int,
+    checked against ``n_arcs`` (none: empty)."""
     if matrices is None:
-        ms, mr, mc = np.empty(0, np.int64), np.empty(0, np.int64), 0
-    else:
-        ms = np.ascontiguousarray(matrices[0], np.int64).reshape(-1)
-        mr = np.ascontiguousarray(matrices[1], np.int64).reshape(-1)
-        mc = int(matrices[2])
-        if ms.size and (
-            ms.shape != mr.shape
-            or mc < 2
-            or np.any(mr < 1)
-            or np.any(np.diff(ms) <= 0)
-            or ms[0] < 0
-            or ms[-1] + mr[-1] * mc > t.size
-        ):
-            raise DataError(
-                "flow rounding: matrices need increasing starts, at least one row and two "
-                "columns each, within the arcs"
-            )
-    bad = _cancel_flow(t, hd, w, a, us, U, tol, n_vert, bits, ms, mr, mc)
-    if bad <= -2:
+        return np.empty(0, np.int64), np.empty(0, np.int64), 0
+    ms = np.ascontiguousarray(matrices[0], np.int64).reshape(-1)
+    mr = np.ascontiguousarray(matrices[1], np.int64).reshape(-1)
+    mc = int(matrices[2])
+    if ms.size and (
+        ms.shape != mr.shape
+        or mc < 2
+        or np.any(mr < 1)
+        or np.any(np.diff(ms) <= 0)
+        or ms[0] < 0
+        or ms[-1] + mr[-1] * mc > n_arcs
+    ):
         raise DataError(
-            f"flow rounding: arc {-2 - bad} breaks its matrix (a row's arcs must share one "
-            "vertex and a column's another, one way round, within one component); give "
-            "matrices of that shape"
+            "flow rounding: matrices need increasing starts, at least one row and two "
+            "columns each, within the arcs"
         )
-    if bad >= 0:
-        raise DataError(
-            f"flow rounding: vertex {bad} has a fractional balance that is not an integer; "
-            "give arcs whose flow is conserved at every vertex"
-        )
-    return bits
+    return ms, mr, mc
 
 
 def dependent_round(

@@ -188,6 +188,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -218,6 +219,7 @@ from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import Invariant
+from censusdp.options import with_keywords
 from censusdp.rng import KeyedRNG, chunk_range
 from censusdp.schema import Schema
 
@@ -229,6 +231,7 @@ __all__ = [
     "TopShape",
     "top_shape",
     "round_structured_top",
+    "PartitionOptions",
     "round_structured_partition",
     "round_structured",
     "rounding_variance_bound",
@@ -949,12 +952,7 @@ def _descend(
     vt = total_var
     for j in range(1, forest.depth):
         name = forest.names[j]
-        x = cell_matrix(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
-        if x.shape[0] != forest.sizes[j]:
-            raise SpecError(
-                f"level {name!r}: {x.shape[0]} estimate rows for {forest.sizes[j]} nodes"
-            )
-        check_roundable(x, name, None, cells)
+        x = _level_matrix(schema, estimates[j - 1], forest, j)
         K = x.shape[1]
         u = keyed_uniforms(
             rng, f"{label}/{name}/controlled", n_global[j], lo[j], lo[j] + forest.sizes[j], K,
@@ -1045,6 +1043,254 @@ def _flow(
 _FLOW_ARCS = 1 << 22
 
 
+@dataclass(frozen=True, eq=False)
+class _Network:
+    """The vertices and arcs of a run of subtrees' network (:func:`_flow_chunk`).
+
+    Per node below level 0: its total arc (from its parent's total vertex) and its K cell
+    arcs (into its parent's cell vertices; from its own total vertex at the leaves, from its
+    own cell vertices above them). Arcs in subtree-major order (each subtree a component of
+    :func:`~censusdp.estimation.dependent_rounding.flow_round`), level by level within a
+    subtree from the leaves up, so each leaf parent's (children × (total, cells)) arcs are
+    one matrix, swept by 4-cycles before the walk."""
+
+    sizes: list[int]  #: nodes per level
+    t_off: np.ndarray  #: each level's first total vertex
+    c_off: np.ndarray  #: each level's first cell vertex (levels above the leaves)
+    m: int  #: arcs per node: the total, then the K cells
+    n_arcs: int
+    vdt: type  #: the vertex indices' dtype
+    first: list[np.ndarray]  #: per level, each subtree's first node (and the end)
+    arc_start: np.ndarray  #: each subtree's first arc (and the end)
+    lvl_off: np.ndarray  #: (subtrees, levels below 0): each subtree's first arc of a level
+
+    @classmethod
+    def of(cls, forest: Forest, K: int) -> _Network:
+        D = forest.depth - 1
+        n_lv = [forest.sizes[j] for j in range(D + 1)]
+        t_off = np.concatenate([[0], np.cumsum(n_lv)]).astype(np.int64)
+        c_off = t_off[-1] + np.concatenate([[0], np.cumsum([s * K for s in n_lv[:D]])])
+        m = K + 1
+        E = sum(n_lv[1:]) * m
+        vdt = np.int32 if c_off[-1] < 2**31 and E < 2**30 else np.int64
+        first = [np.arange(n_lv[0] + 1)]
+        for j in range(1, D + 1):
+            first.append(np.concatenate([[0], np.cumsum(forest.child_count[j - 1])])[first[-1]])
+        per = np.stack([np.diff(f) for f in first[1:]], axis=1) * m  # (n0, D) arcs per level
+        arc_start = np.concatenate([[0], np.cumsum(per.sum(axis=1))]).astype(np.int64)
+        below = np.cumsum(per[:, ::-1], axis=1)[:, ::-1] - per  # arcs of the deeper levels
+        return cls(n_lv, t_off, c_off, m, E, vdt, first, arc_start, arc_start[:-1, None] + below)
+
+    def rows(self, dst: np.ndarray, at: np.ndarray, n: int, dt) -> np.ndarray:
+        """A level's ``(n, m)`` arcs of ``dst`` (first arcs ``at``): a view with one subtree,
+        else scratch that :meth:`put` scatters."""
+        if self.sizes[0] == 1:  # one subtree: each level's arcs are one slice
+            return dst[at[0] : at[0] + n * self.m].reshape(n, self.m)
+        return np.empty((n, self.m), dt)
+
+    def put(self, dst: np.ndarray, at: np.ndarray, val: np.ndarray) -> None:
+        """Scatter :meth:`rows`' scratch ``val`` into ``dst`` (nothing to do for a view)."""
+        if self.sizes[0] != 1:
+            dst[(at[:, None] + np.arange(self.m)).reshape(-1)] = val.reshape(-1)
+
+    def take(self, src: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
+        """A level's ``(n, m)`` arcs of ``src``."""
+        if self.sizes[0] == 1:
+            return src[at[0] : at[0] + n * self.m].reshape(n, self.m)
+        return src[(at[:, None] + np.arange(self.m)).reshape(-1)].reshape(n, self.m)
+
+
+def _level_matrix(schema: Schema, estimates: np.ndarray, forest: Forest, j: int) -> np.ndarray:
+    """Level ``j``'s estimates as a checked float64 ``(n_nodes, cells)`` matrix."""
+    name = forest.names[j]
+    x = cell_matrix(schema, estimates, f"level {name!r}").astype(np.float64, copy=False)
+    if x.shape[0] != forest.sizes[j]:
+        raise SpecError(f"level {name!r}: {x.shape[0]} estimate rows for {forest.sizes[j]} nodes")
+    check_roundable(x, name, None, schema.cells)
+    return x
+
+
+def _check_shares(
+    dev: np.ndarray,
+    x: np.ndarray,
+    cnt: np.ndarray,
+    j: int,
+    names: tuple[Forest, Sequence[int], Sequence[str]],
+) -> None:
+    """A DataError naming level ``j``, parent and cell where the children's values miss
+    their parent's (``dev``, :func:`_shares`) beyond float resolution; ``names`` is the whole
+    forest, the run's first node per level in it, and the cells."""
+    if not dev.size:
+        return
+    res = 1e-6 + int(cnt.max(initial=1)) * float(np.spacing(np.abs(x).max(initial=1.0)))
+    if np.abs(dev).max() > res:
+        whole, offset, cells = names
+        g, c = np.argwhere(np.abs(dev) > res)[0]
+        raise DataError(
+            f"cannot round the release: at level {whole.names[j]!r} the children of node "
+            f"{whole.code(j - 1, int(g) + offset[j - 1])!r}, cell {cells[c]!r}, do not sum to "
+            "their parent's value within the rounding tolerance; the estimates are "
+            "not consistent (parent = sum of children) — check the estimator"
+        )
+
+
+@dataclass(eq=False)
+class _Levels:
+    """Per level below a run's level 0 (:func:`_conditional_levels`): the estimates, the
+    floors, the conditional fractions ``p`` (None once written into the network), each node's
+    first arc and parent, and the totals' variance bounds (empty when not asked for)."""
+
+    xs: list[np.ndarray]
+    fls: list[np.ndarray | None]
+    ps: list[np.ndarray | None]
+    pos: list[np.ndarray]
+    par: list[np.ndarray]
+    spread: list[np.ndarray]
+
+
+def _conditional_levels(
+    forest: Forest,
+    estimates: Sequence[np.ndarray],
+    N: np.ndarray,
+    total_var: np.ndarray | None,
+    schema: Schema,
+    net: _Network,
+    top: RoundedLevels,
+    tol: float,
+    names: tuple[Forest, Sequence[int], Sequence[str]],
+) -> _Levels:
+    """Carry the cut nodes' integers ``N`` down affinely, level by level (module docstring,
+    "Below the cut": ``p = f + d·a``), with the totals' variance bounds
+    (:func:`total_variance_bound`, from the products ``A`` of the shares down the path);
+    ``names`` as for :func:`_check_shares`."""
+    K = schema.n_cells
+    out = _Levels([], [], [], [], [], [])
+    fl_par, p_par = N, np.zeros(N.shape)
+    root_prev = np.arange(net.sizes[0])
+    A_prev = A = None
+    v0 = sd0 = None
+    for j in range(1, forest.depth):
+        x = np.ascontiguousarray(_level_matrix(schema, estimates[j - 1], forest, j))
+        cnt = forest.child_count[j - 1]
+        starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
+        n = x.shape[0]
+        p = np.empty((n, K))
+        fl = np.empty((n, K), np.int64)
+        a = np.empty((n, K))
+        phi = np.empty((cnt.size, K))
+        dev = np.zeros((cnt.size, K))
+        _shares(x, fl_par, p_par, starts, p, fl, a, phi, dev)
+        _check_shares(dev, x, cnt, j, names)
+        pj = np.repeat(np.arange(cnt.size), cnt)
+        root_prev = root_prev[pj]
+        out.pos.append(
+            net.lvl_off[root_prev, j - 1] + (np.arange(n) - net.first[j][root_prev]) * net.m
+        )
+        out.par.append(pj)
+        # the totals' variance bounds need the shares only, not the bits: computed now (their
+        # temporaries before the network's arrays exist), so no level's shares are kept
+        if total_var is not None:
+            if j == 1:
+                v0, sd0 = _snapped_var(phi, tol), np.sqrt(total_var)
+                A = a
+            else:
+                A = a * A_prev[pj]
+            out.spread.append(
+                total_variance_bound(A, v0[root_prev], sd0[root_prev], _psi(x, tol), top.negative)
+            )
+            A_prev = A
+        del a, phi, dev
+        out.xs.append(x)
+        out.fls.append(fl)
+        out.ps.append(p)
+        fl_par, p_par = fl, p
+    return out
+
+
+def _network_arrays(
+    forest: Forest,
+    net: _Network,
+    lv: _Levels,
+    streams: tuple[KeyedRNG, str, Sequence[int], Sequence[int]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The network's tails, heads, fractional parts and uniforms, each level written where
+    its arcs go (no level-sized copies kept; each level's ``p`` freed once written).
+    ``streams``: the key, the label and, per level, the run's first global node and the
+    level's global size (the draws are keyed by global node)."""
+    rng, label, lo, n_global = streams
+    K = net.m - 1
+    cc = np.arange(K)
+    D = forest.depth - 1
+    tail_all = np.empty(net.n_arcs, net.vdt)
+    head_all = np.empty(net.n_arcs, net.vdt)
+    frac_all = np.empty(net.n_arcs)
+    u_all = np.empty(net.n_arcs)
+    for j in range(1, D + 1):
+        n, at, pj = net.sizes[j], lv.pos[j - 1], lv.par[j - 1]
+        p = lv.ps[j - 1]
+        lv.ps[j - 1] = None
+        me = np.arange(n)
+        tail = net.rows(tail_all, at, n, net.vdt)
+        tail[:, 0] = net.t_off[j - 1] + pj
+        tail[:, 1:] = (
+            (net.t_off[j] + me)[:, None] if j == D else net.c_off[j] + me[:, None] * K + cc
+        )
+        net.put(tail_all, at, tail)
+        head = net.rows(head_all, at, n, net.vdt)
+        head[:, 0] = net.t_off[j] + me
+        head[:, 1:] = net.c_off[j - 1] + pj[:, None] * K + cc
+        net.put(head_all, at, head)
+        del tail, head
+        frac = net.rows(frac_all, at, n, np.float64)
+        Q = p.sum(axis=1)
+        frac[:, 0] = Q - np.floor(Q)
+        frac[:, 1:] = p
+        net.put(frac_all, at, frac)
+        del frac, Q
+        u = keyed_uniforms(
+            rng, f"{label}/{forest.names[j]}/controlled", n_global[j], lo[j], lo[j] + n, K,
+            aes_uniform_draws,
+        )  # fmt: skip
+        if net.sizes[0] == 1:
+            net.rows(u_all, at, n, np.float64)[:] = u
+        net.put(u_all, at, u)
+        del u, p
+    return tail_all, head_all, frac_all, u_all
+
+
+def _counts_from_bits(
+    forest: Forest,
+    net: _Network,
+    lv: _Levels,
+    bits: np.ndarray,
+    N: np.ndarray,
+    tol: float,
+    names: tuple[Forest, Sequence[int], Sequence[str]],
+) -> list[np.ndarray]:
+    """Each level's counts: its floors plus its cell arcs' bits (in place, each level's
+    floors freed), the children settled onto their parent where float resolution left a
+    unit (values near 2⁵³; else a DataError naming them)."""
+    whole, offset, cells = names
+    out = []
+    parent = N
+    for j in range(1, forest.depth):
+        n = net.sizes[j]
+        b = net.take(bits, lv.pos[j - 1], n)
+        c = lv.fls[j - 1]
+        c += b[:, 1:]
+        lv.fls[j - 1] = None
+        cnt = forest.child_count[j - 1]
+        starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
+        nz = np.flatnonzero(cnt > 0)
+        miss = parent - forest.sum_children(j - 1, c)
+        if miss.any():
+            _settle(c, lv.xs[j - 1], starts[nz], cnt[nz], nz + offset[j - 1], miss[nz], tol,
+                    (forest.names[j], whole, j - 1, cells))  # fmt: skip
+        out.append(c)
+        parent = c
+    return out
+
+
 def _flow_chunk(
     forest: Forest,
     lo: Sequence[int],
@@ -1061,166 +1307,32 @@ def _flow_chunk(
     offset: Sequence[int],
 ) -> RoundedLevels:
     """:func:`_flow` on a run of whole subtrees (``forest``, local indices); ``whole`` and
-    ``offset`` (per level, the run's first node in it) name nodes in messages."""
-    cells = schema.cells
-    D = forest.depth - 1
-    K = len(cells)
+    ``offset`` (per level, the run's first node in it) name nodes in messages. The network
+    (:class:`_Network`) is laid out, the conditional values carried down
+    (:func:`_conditional_levels`), written into its arcs (:func:`_network_arrays`), rounded
+    by :func:`~censusdp.estimation.dependent_rounding.flow_round` and read back
+    (:func:`_counts_from_bits`)."""
     N = np.ascontiguousarray(counts, np.int64)
-    # the network: per node below level 0, its total arc (from its parent's total vertex)
-    # and its K cell arcs (into its parent's cell vertices; from its own total vertex at the
-    # leaves, from its own cell vertices above them)
-    n_lv = [forest.sizes[j] for j in range(D + 1)]
-    t_off = np.concatenate([[0], np.cumsum(n_lv)]).astype(np.int64)
-    c_off = t_off[-1] + np.concatenate([[0], np.cumsum([s * K for s in n_lv[:D]])])
-    m = K + 1
-    E = sum(n_lv[1:]) * m
-    vdt = np.int32 if c_off[-1] < 2**31 and E < 2**30 else np.int64
-    # the arcs in subtree-major order (each subtree a component of the kernel), level by
-    # level within a subtree from the leaves up: a node's K + 1 arcs start at pos[j][i], and
-    # each leaf parent's (children × (total, cells)) arcs are one matrix, swept by 4-cycles
-    # before the walk (flow_round's ``matrices``)
-    n0 = n_lv[0]
-    first = [np.arange(n0 + 1)]
-    for j in range(1, D + 1):
-        first.append(np.concatenate([[0], np.cumsum(forest.child_count[j - 1])])[first[-1]])
-    per = np.stack([np.diff(f) for f in first[1:]], axis=1) * m  # (n0, D) arcs per level
-    arc_start = np.concatenate([[0], np.cumsum(per.sum(axis=1))]).astype(np.int64)
-    below = np.cumsum(per[:, ::-1], axis=1)[:, ::-1] - per  # arcs of the deeper levels
-    lvl_off = arc_start[:-1, None] + below
-    cc = np.arange(K)
-
-    def rows(dst: np.ndarray, at: np.ndarray, n: int, dt) -> np.ndarray:
-        """A level's (n, K + 1) arcs of ``dst``: a view with one subtree, else scratch
-        that :func:`put` scatters."""
-        if n0 == 1:  # one subtree: each level's arcs are one slice
-            return dst[at[0] : at[0] + n * m].reshape(n, m)
-        return np.empty((n, m), dt)
-
-    def put(dst: np.ndarray, at: np.ndarray, val: np.ndarray) -> None:
-        if n0 != 1:
-            dst[(at[:, None] + np.arange(m)).reshape(-1)] = val.reshape(-1)
-
-    xs, fls, ps, pos, par, sp = [], [], [], [], [], []
-    fl_par, p_par = N, np.zeros(N.shape)
-    root_prev = np.arange(n0)
-    A_prev = A = None
-    v0 = sd0 = None
-    for j in range(1, D + 1):
-        name = forest.names[j]
-        x = cell_matrix(schema, estimates[j - 1], f"level {name!r}").astype(np.float64, copy=False)
-        if x.shape[0] != forest.sizes[j]:
-            raise SpecError(
-                f"level {name!r}: {x.shape[0]} estimate rows for {forest.sizes[j]} nodes"
-            )
-        check_roundable(x, name, None, cells)
-        x = np.ascontiguousarray(x)
-        cnt = forest.child_count[j - 1]
-        starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
-        n = x.shape[0]
-        p = np.empty((n, K))
-        fl = np.empty((n, K), np.int64)
-        a = np.empty((n, K))
-        phi = np.empty((cnt.size, K))
-        dev = np.zeros((cnt.size, K))
-        _shares(x, fl_par, p_par, starts, p, fl, a, phi, dev)
-        if dev.size:
-            res = 1e-6 + int(cnt.max(initial=1)) * float(np.spacing(np.abs(x).max(initial=1.0)))
-            if np.abs(dev).max() > res:
-                g, c = np.argwhere(np.abs(dev) > res)[0]
-                raise DataError(
-                    f"cannot round the release: at level {name!r} the children of node "
-                    f"{whole.code(j - 1, int(g) + offset[j - 1])!r}, cell {cells[c]!r}, do not sum to "
-                    "their parent's value within the rounding tolerance; the estimates are "
-                    "not consistent (parent = sum of children) — check the estimator"
-                )
-        pj = np.repeat(np.arange(cnt.size), cnt)
-        root_prev = root_prev[pj]
-        at = lvl_off[root_prev, j - 1] + (np.arange(n) - first[j][root_prev]) * m
-        pos.append(at)
-        par.append(pj)
-        # the totals' variance bounds need the shares only, not the bits: computed now (their
-        # temporaries before the network's arrays exist), so no level's shares are kept
-        if total_var is not None:
-            if j == 1:
-                v0, sd0 = _snapped_var(phi, tol), np.sqrt(total_var)
-                A = a
-            else:
-                A = a * A_prev[pj]
-            sp.append(
-                total_variance_bound(A, v0[root_prev], sd0[root_prev], _psi(x, tol), top.negative)
-            )
-            A_prev = A
-        del a, phi, dev
-        xs.append(x)
-        fls.append(fl)
-        ps.append(p)
-        fl_par, p_par = fl, p
-    del p, p_par, A_prev, A
-    tail_all = np.empty(E, vdt)
-    head_all = np.empty(E, vdt)
-    frac_all = np.empty(E)
-    u_all = np.empty(E)
-    for j in range(1, D + 1):
-        name = forest.names[j]
-        n, at, pj = n_lv[j], pos[j - 1], par[j - 1]
-        p = ps[j - 1]
-        ps[j - 1] = None  # each level's conditional fractions freed once written
-        # the level's arcs, written where they go (no level-sized copies kept)
-        me = np.arange(n)
-        tail = rows(tail_all, at, n, vdt)
-        tail[:, 0] = t_off[j - 1] + pj
-        tail[:, 1:] = (t_off[j] + me)[:, None] if j == D else c_off[j] + me[:, None] * K + cc
-        put(tail_all, at, tail)
-        head = rows(head_all, at, n, vdt)
-        head[:, 0] = t_off[j] + me
-        head[:, 1:] = c_off[j - 1] + pj[:, None] * K + cc
-        put(head_all, at, head)
-        del tail, head
-        frac = rows(frac_all, at, n, np.float64)
-        Q = p.sum(axis=1)
-        frac[:, 0] = Q - np.floor(Q)
-        frac[:, 1:] = p
-        put(frac_all, at, frac)
-        del frac, Q
-        u = keyed_uniforms(
-            rng, f"{label}/{name}/controlled", n_global[j], lo[j], lo[j] + n, K,
-            aes_uniform_draws,
-        )  # fmt: skip
-        if n0 == 1:
-            rows(u_all, at, n, np.float64)[:] = u
-        put(u_all, at, u)
-        del u, p
+    names = (whole, offset, schema.cells)
+    net = _Network.of(forest, schema.n_cells)
+    lv = _conditional_levels(forest, estimates, N, total_var, schema, net, top, tol, names)
+    tail, head, frac, u = _network_arrays(forest, net, lv, (rng, label, lo, n_global))
+    D = forest.depth - 1
     cnt = forest.child_count[D - 1]
     kids = np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int64)
     two = np.flatnonzero(cnt >= 2)
     bits = flow_round(
-        tail_all, head_all, frac_all, arc_start, arc_start[:-1], u_all,
-        matrices=(pos[D - 1][kids[two]], cnt[two], m), overwrite=True,
+        tail, head, frac, net.arc_start, net.arc_start[:-1], u,
+        matrices=(lv.pos[D - 1][kids[two]], cnt[two], net.m), overwrite=True,
     )  # fmt: skip
-    del tail_all, head_all, frac_all, u_all
-    out = []
-    parent = N
-    for j in range(1, D + 1):
-        n = n_lv[j]
-        at = pos[j - 1]
-        if n0 == 1:
-            b = bits[at[0] : at[0] + n * m].reshape(n, m)
-        else:
-            b = bits[(at[:, None] + np.arange(m)).reshape(-1)].reshape(n, m)
-        c = fls[j - 1]
-        c += b[:, 1:]  # the floors become the counts, in place
-        fls[j - 1] = None
-        cnt = forest.child_count[j - 1]
-        starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
-        nz = np.flatnonzero(cnt > 0)
-        miss = parent - forest.sum_children(j - 1, c)
-        if miss.any():  # float edges only (values near 2^53), else a DataError naming them
-            _settle(c, xs[j - 1], starts[nz], cnt[nz], nz + offset[j - 1], miss[nz], tol,
-                    (forest.names[j], whole, j - 1, cells))  # fmt: skip
-        out.append(c.reshape(-1, *schema.shape))
-        parent = c
+    del tail, head, frac, u
+    out = _counts_from_bits(forest, net, lv, bits, N, tol, names)
     return RoundedLevels(
-        out, sp if total_var is not None else None, top.negative, top.joint, top.total_cap
+        [c.reshape(-1, *schema.shape) for c in out],
+        lv.spread if total_var is not None else None,
+        top.negative,
+        top.joint,
+        top.total_cap,
     )
 
 
@@ -1300,80 +1412,20 @@ def round_structured_top(
     Madow (1949); Ageev & Sviridenko (2004); Cox (1987); Gandhi et al. (2006).
     """
     shape = top_shape(hierarchy, schema, invariants)
-    cut = len(estimates) - 1
-    cells = schema.cells
-    if cut < 0 or cut >= hierarchy.depth:
-        raise SpecError(f"give the estimates of levels 0 .. cut (1 to {hierarchy.depth} levels)")
-    if shape.atoms is not None and cut < 1:
-        raise SpecError(
-            f"the invariants at level {hierarchy.names[1]!r} are rounded with the root: the "
-            "cut must be that level or deeper"
-        )
-    xs = [cell_matrix(schema, e, f"level {hierarchy.names[k]!r}") for k, e in enumerate(estimates)]
-    for k, x in enumerate(xs):
-        if x.shape[0] != hierarchy.levels[k].size:
-            raise SpecError(
-                f"level {hierarchy.names[k]!r}: {x.shape[0]} estimate rows for "
-                f"{hierarchy.levels[k].size} nodes"
-            )
-        check_roundable(x, hierarchy.names[k], hierarchy.levels[k].codes, cells)
-    K = len(cells)
+    xs = _top_matrices(hierarchy, schema, estimates, shape)
+    cut = len(xs) - 1
     totals_only = all(
         iv.query.n_rows == 1 and bool(np.all(np.asarray(iv.query.matrix) == 1))
         for iv in shape.invariants
     )
     if cut >= 1 and totals_only:
-        try:
-            counts = _top_network(hierarchy, xs, rng, label, tol)
-        except DataError:
-            counts = None  # float edges (values near 2^53): the level-by-level path below
-        if counts is not None:
-            _check_invariants(hierarchy, shape, counts)
-            shp = tuple(schema.shape)
-            return RoundedLevels(
-                [c.reshape(-1, *shp) for c in counts],
-                [_psi(x, tol) * (1.0 - _psi(x, tol)) for x in xs] if spreads else None,
-                True,
-                0,
-                0.25,
-                None,
-                True,
-            )
-    snap_at = [iv for iv in shape.invariants if iv.level == shape.joint_level]
+        network = _round_top_network(hierarchy, schema, xs, shape, rng, label, tol, spreads)
+        if network is not None:
+            return network
     if shape.atoms is None:
-        x0 = xs[0][0]
-        r = np.empty(K, np.int64)
-        r[shape.order] = pipage_round(
-            x0[shape.order], shape.root_groups, rng.generator(f"{label}/root"), tol=tol
-        )
-        lone = Forest(0, hierarchy.names[:1], [1], [], ())
-        r = snap_invariants(lone, xs[0], r[None, :], snap_at, tol)
-        counts = [r]
-        # pipage's last group is every cell: the root total is its floor or ceiling
-        spread = [_psi(xs[0], tol) * (1.0 - _psi(xs[0], tol))]
-        total_cap = 0.25
+        counts, spread, total_cap = _round_root(hierarchy, xs[0], shape, rng, label, tol)
     else:
-        x1 = xs[1]
-        # the fractional parts alone are rounded: their line sums stay small numbers that
-        # float64 holds well even where the values themselves are near 2^53
-        c1, f1 = split_fraction(x1, tol)
-        for a in np.unique(shape.atoms):
-            cols = np.flatnonzero(shape.atoms == a)
-            gen = rng.generator(f"{label}/top", int(a))
-            fa = settle_row_sums(f1[:, cols], x1[:, cols])
-            c1[:, cols] += cancel_cycles(bordered(fa, tol), gen, tol)[:-1, :-1]
-        lone = Forest(1, hierarchy.names[1:2], [x1.shape[0]], [], ())
-        c1 = snap_invariants(lone, x1, c1, snap_at, tol)
-        counts = [c1.sum(axis=0, keepdims=True), c1]
-        total_cap = 0.25 * (int(shape.atoms.max()) + 1)
-        # each child's row is rounded atom by atom, each atom's sum to its floor or ceiling,
-        # with independent generators: the total's variance is the sum over atoms, exact
-        n_atoms = int(shape.atoms.max()) + 1
-        atom_sums = np.stack([x1[:, shape.atoms == a].sum(axis=1) for a in range(n_atoms)], axis=1)
-        own0 = _frac_var(xs[0], tol).sum(axis=1)
-        vt1 = _frac_var(atom_sums, tol).sum(axis=1)
-        # the root's total is the sum of the children's: Minkowski over them
-        spread = [np.minimum(np.minimum(own0, total_cap), np.sqrt(vt1).sum() ** 2), vt1]
+        counts, spread, total_cap = _round_children_jointly(hierarchy, xs, shape, rng, label, tol)
     _check_invariants(hierarchy, shape, counts)
     shp = tuple(schema.shape)
     # the joint level's bits are negatively correlated for controlled rounding (Gandhi et
@@ -1407,6 +1459,111 @@ def round_structured_top(
         shape.joint_level,
         total_cap,
     )
+
+
+def _top_matrices(
+    hierarchy: Hierarchy, schema: Schema, estimates: Sequence[np.ndarray], shape: TopShape
+) -> list[np.ndarray]:
+    """The top's estimates as checked ``(n_nodes, cells)`` matrices, levels ``0 .. cut``."""
+    cut = len(estimates) - 1
+    if cut < 0 or cut >= hierarchy.depth:
+        raise SpecError(f"give the estimates of levels 0 .. cut (1 to {hierarchy.depth} levels)")
+    if shape.atoms is not None and cut < 1:
+        raise SpecError(
+            f"the invariants at level {hierarchy.names[1]!r} are rounded with the root: the "
+            "cut must be that level or deeper"
+        )
+    xs = [cell_matrix(schema, e, f"level {hierarchy.names[k]!r}") for k, e in enumerate(estimates)]
+    for k, x in enumerate(xs):
+        if x.shape[0] != hierarchy.levels[k].size:
+            raise SpecError(
+                f"level {hierarchy.names[k]!r}: {x.shape[0]} estimate rows for "
+                f"{hierarchy.levels[k].size} nodes"
+            )
+        check_roundable(x, hierarchy.names[k], hierarchy.levels[k].codes, schema.cells)
+    return xs
+
+
+def _round_top_network(
+    hierarchy: Hierarchy,
+    schema: Schema,
+    xs: Sequence[np.ndarray],
+    shape: TopShape,
+    rng: KeyedRNG,
+    label: str,
+    tol: float,
+    spreads: bool,
+) -> RoundedLevels | None:
+    """Levels ``0 .. cut`` as one network (:func:`_top_network`), every total's variance
+    the exact ``ψ(1 − ψ)``; None where float resolution (values near 2⁵³) leaves a vertex's
+    balance fractional, for the level-by-level path."""
+    try:
+        counts = _top_network(hierarchy, xs, rng, label, tol)
+    except DataError:
+        return None
+    _check_invariants(hierarchy, shape, counts)
+    shp = tuple(schema.shape)
+    return RoundedLevels(
+        [c.reshape(-1, *shp) for c in counts],
+        [_psi(x, tol) * (1.0 - _psi(x, tol)) for x in xs] if spreads else None,
+        True,
+        0,
+        0.25,
+        None,
+        True,
+    )
+
+
+def _round_root(
+    hierarchy: Hierarchy, x0: np.ndarray, shape: TopShape, rng: KeyedRNG, label: str, tol: float
+) -> tuple[list[np.ndarray], list[np.ndarray], float]:
+    """The root's cells by pipage rounding on the laminar family of its invariants (module
+    docstring, "The top"). Returns the counts, the total's variance (its floor or ceiling:
+    pipage's last group is every cell) and its cap."""
+    K = x0.shape[1]
+    r = np.empty(K, np.int64)
+    r[shape.order] = pipage_round(
+        x0[0][shape.order], shape.root_groups, rng.generator(f"{label}/root"), tol=tol
+    )
+    lone = Forest(0, hierarchy.names[:1], [1], [], ())
+    snap_at = [iv for iv in shape.invariants if iv.level == shape.joint_level]
+    r = snap_invariants(lone, x0, r[None, :], snap_at, tol)
+    return [r], [_psi(x0, tol) * (1.0 - _psi(x0, tol))], 0.25
+
+
+def _round_children_jointly(
+    hierarchy: Hierarchy,
+    xs: Sequence[np.ndarray],
+    shape: TopShape,
+    rng: KeyedRNG,
+    label: str,
+    tol: float,
+) -> tuple[list[np.ndarray], list[np.ndarray], float]:
+    """The root's children's (children × cells) matrix by controlled rounding, one block of
+    columns per atom of their invariant rows, the root their column sums (module docstring,
+    "The top"). Returns the counts of the root and its children, the totals' variances
+    (exact at the children: atoms rounded independently, each atom's sum to its floor or
+    ceiling) and the cap of a total's variance above them."""
+    x1 = xs[1]
+    # the fractional parts alone are rounded: their line sums stay small numbers that
+    # float64 holds well even where the values themselves are near 2^53
+    c1, f1 = split_fraction(x1, tol)
+    for a in np.unique(shape.atoms):
+        cols = np.flatnonzero(shape.atoms == a)
+        gen = rng.generator(f"{label}/top", int(a))
+        fa = settle_row_sums(f1[:, cols], x1[:, cols])
+        c1[:, cols] += cancel_cycles(bordered(fa, tol), gen, tol)[:-1, :-1]
+    lone = Forest(1, hierarchy.names[1:2], [x1.shape[0]], [], ())
+    snap_at = [iv for iv in shape.invariants if iv.level == shape.joint_level]
+    c1 = snap_invariants(lone, x1, c1, snap_at, tol)
+    n_atoms = int(shape.atoms.max()) + 1
+    total_cap = 0.25 * n_atoms
+    atom_sums = np.stack([x1[:, shape.atoms == a].sum(axis=1) for a in range(n_atoms)], axis=1)
+    own0 = _frac_var(xs[0], tol).sum(axis=1)
+    vt1 = _frac_var(atom_sums, tol).sum(axis=1)
+    # the root's total is the sum of the children's: Minkowski over them
+    spread = [np.minimum(np.minimum(own0, total_cap), np.sqrt(vt1).sum() ** 2), vt1]
+    return [c1.sum(axis=0, keepdims=True), c1], spread, total_cap
 
 
 def _check_invariants(hierarchy: Hierarchy, shape: TopShape, counts) -> None:
@@ -1497,6 +1654,37 @@ def _top_network(
     return out
 
 
+@dataclass(frozen=True)
+class PartitionOptions:
+    """Settings of :func:`round_structured_partition`: what the top carries down, and the
+    streams' label and the tolerance.
+
+    Attributes
+    ----------
+    negative : bool
+        :attr:`RoundedLevels.negative` of the top.
+    joint : int
+        :attr:`RoundedLevels.joint` of the top.
+    total_cap : float
+        :attr:`RoundedLevels.total_cap` of the top.
+    label : str
+        The streams' label, as for :func:`round_structured_top` (the same).
+    tol : float
+        Values within this of an integer count as integral.
+    """
+
+    negative: bool = False
+    joint: int = 0
+    total_cap: float = np.inf
+    label: str = LABEL
+    tol: float = TOL
+
+    @classmethod
+    def below(cls, top: RoundedLevels, label: str = LABEL, tol: float = TOL) -> PartitionOptions:
+        """The options that carry ``top``'s ``negative``, ``joint`` and ``total_cap`` down."""
+        return cls(top.negative, top.joint, top.total_cap, label, tol)
+
+
 def round_structured_partition(
     forest: Forest,
     lo: Sequence[int],
@@ -1506,12 +1694,8 @@ def round_structured_partition(
     cut_spread: np.ndarray | None,
     estimates: Sequence[np.ndarray],
     rng: KeyedRNG,
-    *,
-    negative: bool = False,
-    joint: int = 0,
-    total_cap: float = np.inf,
-    label: str = LABEL,
-    tol: float = TOL,
+    options: PartitionOptions | None = None,
+    **legacy: Any,
 ) -> RoundedLevels:
     """Round one partition's levels below the cut from its cut nodes' integers.
 
@@ -1530,11 +1714,15 @@ def round_structured_partition(
         rows; None: no bounds computed).
     estimates : sequence of arrays
         The partition's real cell tensors of levels ``cut + 1 .. leaf``.
-    negative, joint, total_cap
-        :attr:`RoundedLevels.negative`, ``joint`` and ``total_cap`` of the top (carried for
-        the variance bound).
-    rng, label, tol
-        As for :func:`round_structured_top` (the same ``rng`` and ``label``).
+    rng : KeyedRNG
+        As for :func:`round_structured_top` (the same).
+    options : PartitionOptions, optional
+        The top's ``negative``, ``joint`` and ``total_cap`` (carried for the variance
+        bound; :meth:`PartitionOptions.below`), the label and the tolerance (defaults when
+        omitted).
+    **legacy
+        The fields of :class:`PartitionOptions` as keyword arguments, as before it existed
+        (applied over ``options``; accepted for one release).
 
     Returns
     -------
@@ -1542,10 +1730,20 @@ def round_structured_partition(
         Levels ``cut + 1 .. leaf`` of the partition; the same integers, bit for bit, as any
         other partitioning (or none) gives for these nodes.
 
+    Raises
+    ------
+    SpecError
+        Estimates or cut counts whose levels or rows do not match ``forest``.
+    DataError
+        Non-finite or inconsistent estimates (naming level, node and cell).
+    TypeError
+        A keyword that is no field of :class:`PartitionOptions`.
+
     References
     ----------
-    Madow (1949).
+    Gandhi et al. (2006) (module docstring, "Below the cut").
     """
+    o = with_keywords(PartitionOptions, options, legacy, "round_structured_partition")
     if len(estimates) != forest.depth - 1:
         raise SpecError(
             f"give the partition's estimates of the {forest.depth - 1} levels below the cut"
@@ -1562,9 +1760,9 @@ def round_structured_partition(
         estimates,
         rng,
         schema,
-        label,
-        tol,
-        RoundedLevels([], None, negative, joint, total_cap),
+        o.label,
+        o.tol,
+        RoundedLevels([], None, o.negative, o.joint, o.total_cap),
     )
 
 
@@ -1629,11 +1827,7 @@ def round_structured(
             None if top.spread is None else top.spread[cut][slice(*ranges[0])],
             [est[cut + 1 + j][slice(*ranges[j + 1])] for j in range(below)],
             rng,
-            negative=top.negative,
-            joint=top.joint,
-            total_cap=top.total_cap,
-            label=label,
-            tol=tol,
+            PartitionOptions.below(top, label, tol),
         )
         for j in range(below):
             counts[j].append(part.counts[j])

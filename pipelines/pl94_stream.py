@@ -72,6 +72,7 @@ from censusdp.errors import DataError, SpecError
 from censusdp.estimation.structured_gls import StructuredPiece
 from censusdp.estimation.structured_rounding import LABEL as ROUNDING_LABEL
 from censusdp.estimation.structured_rounding import (
+    PartitionOptions,
     RoundedLevels,
     partition_streams,
     replicate_errors,
@@ -663,7 +664,7 @@ class RoundingInput:
         est = list(piece.estimates)
         out = round_structured_partition(
             self.forest, self.lo, self.n_global, schema, self.cut_counts, self.cut_var,
-            est, self.keys, negative=self.negative,
+            est, self.keys, PartitionOptions(negative=self.negative),
         )  # fmt: skip
         errs = None
         if self.replicates:
@@ -671,7 +672,7 @@ class RoundingInput:
             for cut_r, keys_r in self.replicates:  # a loop over replicates, not nodes
                 rep = round_structured_partition(
                     self.forest, self.lo, self.n_global, schema, cut_r, None, est, keys_r,
-                    negative=self.negative,
+                    PartitionOptions(negative=self.negative),
                 )  # fmt: skip
                 for j, c in enumerate(rep.counts):  # only the rows are kept, not the cells
                     per[j].append(replicate_errors(self.rows, est[j], [c])[0])

@@ -26,6 +26,7 @@ from censusdp.errors import SpecError
 from censusdp.estimation.structured_rounding import (
     MAX_REPLICATES,
     REPLICATES,
+    PartitionOptions,
     replicate_keys,
     replicate_variance,
     round_structured,
@@ -162,7 +163,8 @@ def _wrong_law_replicates(h, rel, invs, rng, R, q):
     for key in replicate_keys(rng, R):
         part = round_structured_partition(
             Forest.of(h, CUT, ranges), [0] * len(ranges), h.sizes[CUT:], SCHEMA,
-            release.counts[CUT], None, rel.estimates[CUT + 1 :], key, negative=True,
+            release.counts[CUT], None, rel.estimates[CUT + 1 :], key,
+            PartitionOptions(negative=True),
         )  # fmt: skip
         out.append([q.apply(c) - q.apply(rel.estimates[CUT + 1 + j]) for j, c in
                     enumerate(part.counts)])  # fmt: skip
