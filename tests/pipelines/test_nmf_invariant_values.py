@@ -6,7 +6,8 @@ Two synthetic states through :func:`~censusdp.pipelines.nmf_release.release_nmf`
 two parts (only the state is held; its parts are estimated) and one of a single part and a
 single county (the part, the spine county and the tabulation county are the state's only
 children, held through it as DC's county is). Checked with ``==`` against the published
-total; every other figure keeps a positive SE.
+total; every other figure keeps a positive SE, except the blocks that cannot hold anyone
+(every hhgq upper bound 0 in the file's constraints: structural zeros), which are 0 with SE 0.
 """
 
 from __future__ import annotations
@@ -36,7 +37,18 @@ def _release(tmp, counties: int, aian: bool):
     write_state_totals(tmp / "p1.csv", {"01": total})
     got = []
     release_nmf(write_nmf(tmp / "nmf", subs), tmp / "p1.csv", tmp / "out", on_state=got.append)
-    return tmp / "out", total, got[0]
+    empty = {
+        str(g)[-16:-5] + str(g)[-4:]  # the tabulation GEOID: the 16 without the bg digit
+        for sub in subs
+        for g, up, has in zip(
+            sub.level("Block").geocodes,
+            sub.level("Block").upper,
+            sub.level("Block").has_bounds,
+            strict=True,
+        )
+        if has and not up.any()
+    }
+    return tmp / "out", total, got[0], empty
 
 
 def _read(path):
@@ -47,7 +59,7 @@ def _read(path):
 
 @pytest.mark.parametrize(("counties", "aian"), [(2, True), (1, False)])
 def test_held_figures_are_the_published_total_with_se_zero(tmp_path, counties, aian) -> None:
-    out, total, r = _release(tmp_path, counties, aian)
+    out, total, r, empty = _release(tmp_path, counties, aian)
     state = _read(out / "pl94_state.csv")
     for c in WHOLE:
         assert state[c].tolist() == [total]  # the published total, not the GLS's float
@@ -63,6 +75,13 @@ def test_held_figures_are_the_published_total_with_se_zero(tmp_path, counties, a
                 assert f[f"{c}_moe"].tolist() == [0]
         else:
             assert (f["P1_001N_se"] > 0).all()  # estimated, not held
-    for name in ("pl94_spine_tract.csv", "pl94_tract.csv", "pl94_block.csv"):
+    for name in ("pl94_spine_tract.csv", "pl94_tract.csv"):
         f = _read(out / name)
         assert (f["P1_001N_se"] > 0).all() and (f["P1_001N_moe"] > 0).all()
+    blocks = _read(out / "pl94_block.csv")
+    zero = blocks["GEOID"].isin(empty).to_numpy()
+    assert 0 < zero.sum() < len(blocks)  # both kinds are there
+    for c in ("P1_001N", "P1_001N_se", "P1_001N_moe"):
+        assert (blocks.loc[zero, c] == 0).all()  # structural zeros: held, exact
+    assert (blocks.loc[~zero, "P1_001N_se"] > 0).all()
+    assert (blocks.loc[~zero, "P1_001N_moe"] > 0).all()
