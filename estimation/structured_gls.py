@@ -73,7 +73,6 @@ Gao, Gong & Yu (2022). Subspace Differential Privacy — induced subspace DP (in
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -106,6 +105,7 @@ from censusdp.mechanisms.product_measure import (
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import Invariant, check_float_exact, exact_release_note
 from censusdp.schema import Schema
+from censusdp.timing import stage
 
 __all__ = [
     "StructuredPiece",
@@ -1167,45 +1167,31 @@ def structured_gls(
     Hay et al. (2010); Rauch, Tung & Striebel (1965); docs/design.md § The structured algebra (the block algebra); Gao,
     Gong & Yu (2022), Def. 6 and Thm. 22.
     """
-    t0 = time.perf_counter()
-    meas = resolve_products(hierarchy, schema, measurements, "measurement")
-    setup = structured_setup(
-        hierarchy, schema, meas, invariants, geometry=geometry, privacy=privacy, delta=delta,
-        acknowledge_exact_release=acknowledge_exact_release, check_values=False, zeros=zeros,
-    )  # fmt: skip
-    invs = check_structured_invariants(hierarchy, schema, invariants)
-    t1 = time.perf_counter()
-    forest = whole_forest(hierarchy)
-    rows = [(0, n) for n in hierarchy.sizes]
-    up = structured_upward(
-        setup, forest, rows, _values_by_level(meas, 0, rows), _values_by_level(invs, 0, rows)
-    )
-    del meas
-    smoothed = structured_top(setup, up)
-    del up
-    t2 = time.perf_counter()
-    estimates, covariances = structured_output(
-        setup, smoothed, range(hierarchy.depth), hierarchy.sizes
-    )
-    del smoothed
-    t3 = time.perf_counter()
+    clock: dict[str, float] = {}
+    with stage(clock, "setup"):
+        meas = resolve_products(hierarchy, schema, measurements, "measurement")
+        setup = structured_setup(
+            hierarchy, schema, meas, invariants, geometry=geometry, privacy=privacy, delta=delta,
+            acknowledge_exact_release=acknowledge_exact_release, check_values=False, zeros=zeros,
+        )  # fmt: skip
+        invs = check_structured_invariants(hierarchy, schema, invariants)
+    with stage(clock, "solve"):
+        forest = whole_forest(hierarchy)
+        rows = [(0, n) for n in hierarchy.sizes]
+        up = structured_upward(
+            setup, forest, rows, _values_by_level(meas, 0, rows), _values_by_level(invs, 0, rows)
+        )
+        del meas
+        smoothed = structured_top(setup, up)
+        del up
+    with stage(clock, "output"):
+        estimates, covariances = structured_output(
+            setup, smoothed, range(hierarchy.depth), hierarchy.sizes
+        )
+        del smoothed
     cons, inv_res, inv_val, worst = structured_residuals(setup, forest, rows, estimates, invs)
     check_residuals(inv_res, inv_val, worst)
-    diagnostics = {
-        "estimator": "structured_gls",
-        "geometry": geometry,
-        "blocks": {axes_label(schema, m): setup.basis.block_size(m) for m in setup.basis.subsets},
-        "unidentified": setup.dropped,
-        "zeros_split_axes": [schema.attributes[a].name for a in setup.split],
-        "max_consistency_residual": cons,
-        "max_invariant_residual": inv_res,
-        "max_invariant_value": inv_val,
-        "seconds_setup": t1 - t0,
-        "seconds_solve": t2 - t1,
-        "seconds_output": t3 - t2,
-    }
-    if setup.vscale is None:
-        diagnostics["note"] = EUCLIDEAN_NOTE
+    diagnostics = _gls_diagnostics(setup, schema, geometry, (cons, inv_res, inv_val), clock)
     return StructuredRelease(
         hierarchy=hierarchy,
         schema=schema,
@@ -1223,6 +1209,37 @@ EUCLIDEAN_NOTE = (
     "euclidean geometry with unequal noise scales: the tree passes give the estimate "
     "but not its sandwich covariance"
 )
+
+
+def _gls_diagnostics(
+    setup: StructuredSetup,
+    schema: Schema,
+    geometry: Geometry,
+    residuals: tuple[float, float, float],
+    clock: Mapping[str, float],
+) -> dict:
+    """The diagnostics of :func:`structured_gls`: the geometry, the basis blocks, the
+    unidentified subspaces and split axes, the largest consistency and invariant residuals
+    (``residuals``: consistency, invariant, the largest invariant value; docs/design.md
+    § The structured algebra) and the wall seconds of the stages ``setup``, ``solve`` and
+    ``output`` in ``clock`` (:func:`censusdp.timing.stage`; their CPU seconds are left out)."""
+    cons, inv_res, inv_val = residuals
+    diagnostics = {
+        "estimator": "structured_gls",
+        "geometry": geometry,
+        "blocks": {axes_label(schema, m): setup.basis.block_size(m) for m in setup.basis.subsets},
+        "unidentified": setup.dropped,
+        "zeros_split_axes": [schema.attributes[a].name for a in setup.split],
+        "max_consistency_residual": cons,
+        "max_invariant_residual": inv_res,
+        "max_invariant_value": inv_val,
+        "seconds_setup": clock["setup"],
+        "seconds_solve": clock["solve"],
+        "seconds_output": clock["output"],
+    }
+    if setup.vscale is None:
+        diagnostics["note"] = EUCLIDEAN_NOTE
+    return diagnostics
 
 
 def check_structured_invariants(

@@ -21,12 +21,9 @@ __all__ = ["register"]
 
 
 def _cmd_nmf(args: argparse.Namespace) -> int:
-    from censusdp.pipelines.nmf_release import release_nmf
+    from censusdp.pipelines.nmf_release import NMFReleaseOptions, release_nmf
 
-    result = release_nmf(
-        args.root,
-        args.state_totals,
-        args.out,
+    options = NMFReleaseOptions(
         states=args.state,
         areas=args.areas,
         block_column=args.block_column,
@@ -38,6 +35,7 @@ def _cmd_nmf(args: argparse.Namespace) -> int:
         seed=args.seed,
         published=args.published,
     )
+    result = release_nmf(args.root, args.state_totals, args.out, options=options)
     print(f"states: {', '.join(result.states)}")
     print(f"privacy: {result.statement}")
     print(f"wrote {result.out}/ ({', '.join(result.files)})")

@@ -74,10 +74,10 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -89,6 +89,7 @@ from censusdp.estimation.nonnegative import BIASED_NOTE
 from censusdp.estimation.structured_gls import StructuredRelease, structured_gls
 from censusdp.hierarchy.core import Hierarchy, as_codes
 from censusdp.hierarchy.equivalency import Equivalency, equivalency_from_arrays, read_equivalency
+from censusdp.options import with_keywords
 from censusdp.pipelines.io.nmf import (
     PRODUCTION_RHO,
     NMFLevel,
@@ -110,12 +111,14 @@ from censusdp.pipelines.nmf_integers import INTEGER_FOLDER, nmf_integers, write_
 from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values, pl94_dictionary
 from censusdp.rng import KeyedRNG
 from censusdp.spreadsheet import write_csv
+from censusdp.timing import stage
 
 __all__ = [
     "SPINE_OUTPUT_LEVELS",
     "TABULATION_PREFIX",
     "NMFStateRelease",
     "NMFRelease",
+    "NMFReleaseOptions",
     "FileNoise",
     "StateTableWriter",
     "add_areas",
@@ -408,29 +411,31 @@ def estimate_state(
     DataError, SpecError
         Several states or a US level, no state total, an unreadable or mismatched BAF.
     """
-    t0 = time.perf_counter()
+    clock: dict[str, float] = {}
     h = measurements.spine.hierarchy
-    if h["state"].size != 1 or "US" in measurements.levels:
-        raise SpecError(
-            "estimate_state: give one state's subtrees (0ss and/or 1ss) without the US level"
-        )
-    if not measurements.state_totals:
-        raise DataError(
-            f"state {h['state'].codes[0]}: no published total given; the state total is "
-            "invariant in the 2020 run and ties the state's two parts (--state-totals)"
-        )
-    meas = measurements.measurements()
-    rel = structured_gls(h, meas[0].query.schema, meas, measurements.invariants(),
-                         zeros=measurements.zeros())  # fmt: skip
-    t1 = time.perf_counter()
-    geo = measurements.spine.tabulation_geoids
-    tab, eqs = {}, {}
-    for level, width in TABULATION_PREFIX.items():
-        eqs[level] = equivalency_from_arrays(h, h["block"].codes, np.strings.slice(geo, 0, width),
-                                             name=level, source="the NMF's block GEOIDs")  # fmt: skip
-        tab[level] = area_release(rel, eqs[level])
-    t2 = time.perf_counter()
-    secs = {"gls": t1 - t0, "tabulation": t2 - t1, "areas": 0.0}
+    with stage(clock, "gls"):
+        if h["state"].size != 1 or "US" in measurements.levels:
+            raise SpecError(
+                "estimate_state: give one state's subtrees (0ss and/or 1ss) without the US level"
+            )
+        if not measurements.state_totals:
+            raise DataError(
+                f"state {h['state'].codes[0]}: no published total given; the state total is "
+                "invariant in the 2020 run and ties the state's two parts (--state-totals)"
+            )
+        meas = measurements.measurements()
+        rel = structured_gls(h, meas[0].query.schema, meas, measurements.invariants(),
+                             zeros=measurements.zeros())  # fmt: skip
+    with stage(clock, "tabulation"):
+        geo = measurements.spine.tabulation_geoids
+        tab, eqs = {}, {}
+        for level, width in TABULATION_PREFIX.items():
+            eqs[level] = equivalency_from_arrays(
+                h, h["block"].codes, np.strings.slice(geo, 0, width), name=level,
+                source="the NMF's block GEOIDs",
+            )  # fmt: skip
+            tab[level] = area_release(rel, eqs[level])
+    secs = {"gls": clock["gls"], "tabulation": clock["tabulation"], "areas": 0.0}
     state = NMFStateRelease(str(h["state"].codes[0]), measurements, rel, tab, None, None, eqs,
                             secs)  # fmt: skip
     if areas is None:
@@ -459,21 +464,22 @@ def add_areas(
     DataError, SpecError
         An unreadable or mismatched BAF, an area name unfit for a file name.
     """
-    t0 = time.perf_counter()
-    name = area_name or area_column.lower()
-    if not _SAFE_NAME.match(name):
-        raise SpecError(
-            f"area name {name!r}: use letters, digits, '_' or '-' (it names output files)"
-        )
-    rel = state.release
-    eq = _block_equivalency(
-        Path(areas), rel.hierarchy, census_block_geoids(state.tabulation_geoids),
-        block_column=block_column, area_column=area_column, name=name,
-        skip_blank_areas=skip_blank_areas,
-    )  # fmt: skip
-    user = area_release(rel, eq)
-    cov = area_total_covariance(rel, eq, user)
-    secs = {**state.seconds, "areas": time.perf_counter() - t0}
+    clock: dict[str, float] = {}
+    with stage(clock, "areas"):
+        name = area_name or area_column.lower()
+        if not _SAFE_NAME.match(name):
+            raise SpecError(
+                f"area name {name!r}: use letters, digits, '_' or '-' (it names output files)"
+            )
+        rel = state.release
+        eq = _block_equivalency(
+            Path(areas), rel.hierarchy, census_block_geoids(state.tabulation_geoids),
+            block_column=block_column, area_column=area_column, name=name,
+            skip_blank_areas=skip_blank_areas,
+        )  # fmt: skip
+        user = area_release(rel, eq)
+        cov = area_total_covariance(rel, eq, user)
+    secs = {**state.seconds, "areas": clock["areas"]}
     return NMFStateRelease(state.state, state.measurements, rel, state.tabulation, user, cov,
                            {**state.equivalencies, name: eq}, secs)  # fmt: skip
 
@@ -690,44 +696,25 @@ class StateTableWriter(_Writer):
         return tuple(sorted(self.started))
 
 
-def release_nmf(
-    root: str | Path,
-    state_totals: str | Path | Mapping[str, int],
-    out: str | Path,
-    *,
-    states: Sequence[str] | None = None,
-    areas: str | Path | None = None,
-    block_column: str = "BLOCKID",
-    area_column: str = "DISTRICT",
-    area_name: str | None = None,
-    skip_blank_areas: bool = False,
-    overwrite: bool = False,
-    on_state: object = None,
-    integers: bool = False,
-    seed: int | None = None,
-    published: str | Path | None = None,
-) -> NMFRelease:
-    """Read an NMF state by state and write its GLS release (see the module docstring).
+@dataclass(frozen=True, eq=False)
+class NMFReleaseOptions:
+    """How :func:`release_nmf` runs, beyond the file, its state totals and the output: the
+    states, the areas of a block assignment file, the output policy and the extra products.
 
-    Parameters
+    Attributes
     ----------
-    root : path
-        The NMF folder (``State.parquet`` … ``Block.parquet``, ``US.parquet`` optional).
-    state_totals : path or mapping
-        The published P1 state totals (:func:`~censusdp.pipelines.io.nmf.read_state_totals`).
-    out : path
-        The output folder (written whole or not at all; an existing one is replaced only
-        when it is an earlier censusdp output and ``overwrite``).
     states : sequence of str, optional
         Two-digit states to release (default: every state in the file).
     areas : path, optional
         Block assignment file (15-character block GEOIDs → area code); needs one state.
-    block_column, area_column, area_name, skip_blank_areas
-        The BAF's columns, the areas' name (default the area column in lower case), and
-        whether blocks with a blank area code are left out instead of refused.
+    block_column, area_column : str
+        The BAF's block and area columns (``BLOCKID``, ``DISTRICT``).
+    area_name : str, optional
+        The areas' name in file names (default the area column in lower case).
+    skip_blank_areas : bool
+        Leave out blocks with a blank area code instead of refusing them.
     overwrite : bool
-    on_state : callable, optional
-        Called with each :class:`NMFStateRelease` before it is dropped (tests, reports).
+        Replace an existing output folder, only when it is an earlier censusdp output.
     integers : bool
         Also write the non-negative integer product (:mod:`censusdp.pipelines.nmf_integers`)
         under ``nonnegative/``: consistent non-negative integers from the same estimate,
@@ -739,6 +726,53 @@ def release_nmf(
         ``published_comparison.csv``, the metric set by size class of every product against
         it (:func:`~censusdp.pipelines.nmf_evaluate.compare_published`; public on both
         sides).
+    """
+
+    states: Sequence[str] | None = None
+    areas: str | Path | None = None
+    block_column: str = "BLOCKID"
+    area_column: str = "DISTRICT"
+    area_name: str | None = None
+    skip_blank_areas: bool = False
+    overwrite: bool = False
+    integers: bool = False
+    seed: int | None = None
+    published: str | Path | None = None
+
+
+def release_nmf(
+    root: str | Path,
+    state_totals: str | Path | Mapping[str, int],
+    out: str | Path,
+    *,
+    on_state: Callable[[NMFStateRelease], object] | None = None,
+    options: NMFReleaseOptions | None = None,
+    **legacy: Any,
+) -> NMFRelease:
+    """Read an NMF state by state and write its GLS release (see the module docstring).
+
+    Named steps: the inputs checked (:func:`_state_groups`, the areas' one state), every
+    state read, estimated and written (:func:`_release_states`), then the comparison with a
+    published table, the privacy statement and the manifest (:func:`_manifest`), all inside
+    one output folder written whole or not at all.
+
+    Parameters
+    ----------
+    root : path
+        The NMF folder (``State.parquet`` … ``Block.parquet``, ``US.parquet`` optional).
+    state_totals : path or mapping
+        The published P1 state totals (:func:`~censusdp.pipelines.io.nmf.read_state_totals`).
+    out : path
+        The output folder (written whole or not at all; an existing one is replaced only
+        when it is an earlier censusdp output and ``options.overwrite``).
+    on_state : callable, optional
+        Called with each :class:`NMFStateRelease` before it is dropped (tests, reports).
+    options : NMFReleaseOptions, optional
+        The states, the areas, the output policy, the integer product and its seed, the
+        published table (:class:`NMFReleaseOptions`; defaults when omitted).
+    **legacy
+        The fields of :class:`NMFReleaseOptions` as keyword arguments, as before it existed
+        (applied over ``options``; accepted for one release).
 
     Returns
     -------
@@ -751,116 +785,163 @@ def release_nmf(
         and column), a state or subtree not in the file.
     SpecError
         An output the policy refuses; areas with more than one state.
+    TypeError
+        A keyword that is no field of :class:`NMFReleaseOptions`.
     """
+    opts = with_keywords(NMFReleaseOptions, options, legacy, "release_nmf")
     root = Path(root)
     totals_path = None if isinstance(state_totals, Mapping) else Path(state_totals)
     totals = dict(state_totals) if totals_path is None else read_state_totals(totals_path)
-    groups = _state_groups(root, states)
-    if areas is not None and len(groups) != 1:
+    groups = _state_groups(root, opts.states)
+    if opts.areas is not None and len(groups) != 1:
         raise SpecError(
             f"--areas needs a release of one state (a block assignment file is per state); "
             f"the file has states {sorted(groups)[:8]}: pass --state SS"
         )
     noise = _LeastNoise()
     has_us = (root / "US.parquet").is_dir()
-    inputs = [root, totals_path, None if areas is None else Path(areas),
-              None if published is None else Path(published)]  # fmt: skip
-    seconds: dict = {}
-    rng = KeyedRNG.from_seed(seed) if integers else None
-    int_files: set[str] = set()
-    violations: dict = {}
-    with output_dir(out, overwrite=overwrite, inputs=inputs, command="nmf") as tmp:
+    inputs = [root, totals_path, None if opts.areas is None else Path(opts.areas),
+              None if opts.published is None else Path(opts.published)]  # fmt: skip
+    rng = KeyedRNG.from_seed(opts.seed) if opts.integers else None
+    with output_dir(out, overwrite=opts.overwrite, inputs=inputs, command="nmf") as tmp:
         if has_us:  # one node: read for the statement (its measurements are not estimated on)
             (us,) = read_nmf(root, subtrees=["US"])
             noise.add(us.levels)
-        w = _Writer(tmp)
-        for state, subtrees in groups.items():
-            t0 = time.perf_counter()
-            m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
-            noise.add(m.levels.values())
-            t1 = time.perf_counter()
-            r = estimate_state(m, areas=areas, block_column=block_column, area_column=area_column,
-                               area_name=area_name, skip_blank_areas=skip_blank_areas)  # fmt: skip
-            t2 = time.perf_counter()
-            _write_state(w, r)
-            seconds[state] = {"read": t1 - t0, **r.seconds, "write": time.perf_counter() - t2}
-            if rng is not None:  # the biased integer product, from the same estimate
-                t3 = time.perf_counter()
-                ints = nmf_integers(r, rng)
-                write_integers(tmp / INTEGER_FOLDER, r, ints, int_files)
-                violations[state] = ints.bound_violations
-                seconds[state]["integers"] = time.perf_counter() - t3
-            if callable(on_state):
-                on_state(r)
-            del r, m
-        w.dictionary()
-        comparison = None
-        if published is not None:  # public against public: written in the release
+        done = _release_states(tmp, root, groups, totals, noise, opts, rng, on_state)
+        if opts.published is not None:  # public against public: written in the release
             from censusdp.pipelines.nmf_evaluate import compare_published
 
-            comparison = compare_published(tmp, published)
+            comparison = compare_published(tmp, opts.published)
             write_csv(comparison, tmp / "published_comparison.csv", index=False)
         rho = noise.rho()
         statement = release_statement(rho, invariant_totals=True, levels=noise.levels())
-        manifest = {
-            "route": "nmf",
-            "statement": statement,
-            "privacy": {
-                "basis": "post-processing of the Census Bureau's published measurements",
-                "rho_derived": rho,
-                "rho_production": "293764/114921",
-                "rho_production_value": float(PRODUCTION_RHO),
-                "guarantee": "induced subspace differential privacy (state totals invariant)",
-                "derivation": "Δ₂² = 1 per query; per level and query the least noisy node "
-                "bounds the loss; levels and queries compose",
-            },
-            "estimator": "structured GLS (weighted, exact discrete Gaussian variances), one "
-            "state at a time, state total invariant; real-valued estimates, exact SEs",
-            "structural_zeros": ZEROS_HELD,
-            "not_imposed": NOT_IMPOSED,
-            "states": sorted(groups),
-            "state_parts": {s: groups[s] for s in sorted(groups)},
-            "us_level_read": has_us,
-            "areas": None
-            if areas is None
-            else {
-                "file": Path(areas).name,
-                "block_column": block_column,
-                "area_column": area_column,
-            },  # fmt: skip
-            "files": sorted([*w.started, DICTIONARY_FILE]),
-            "seconds": seconds,
-        }
-        if comparison is not None:
-            manifest["published_comparison"] = {
-                "file": "published_comparison.csv",
-                "published": Path(published).name,
-                "what": "the release's P1_001N minus the published table's, by level and "
-                "published size class (a difference from TopDown's published estimates, not "
-                "an error against the truth); the water-block re-geocoding is not applied",
-            }
-        if rng is not None:
-            manifest["nonnegative"] = {
-                "folder": INTEGER_FOLDER,
-                "files": sorted(int_files),
-                "label": "BIASED: " + BIASED_NOTE,
-                "statement": statement,
-                "held": "structural zeros == 0 at every node, state totals == the published "
-                "ones, every node the sum of its children, non-negative int64",
-                "not_imposed": "hhgq bounds other than upper bounds of 0; counts of (node, "
-                "type) outside them per level in hhgq_bounds_outside",
-                "hhgq_bounds_outside": violations,
-                "seed": "given (reproducible mode)" if seed is not None else "fresh key",
-            }
+        manifest = _manifest(statement, rho, groups, has_us, opts, done)
         (tmp / "manifest.json").write_text(
             json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
-    files = tuple(sorted([*w.started, DICTIONARY_FILE])) + tuple(
-        f"{INTEGER_FOLDER}/{f}" for f in sorted(int_files)
+    files = tuple(sorted([*done.tables, DICTIONARY_FILE])) + tuple(
+        f"{INTEGER_FOLDER}/{f}" for f in sorted(done.integer_files)
     )
-    files += ("published_comparison.csv",) if published is not None else ()
+    files += ("published_comparison.csv",) if opts.published is not None else ()
     return NMFRelease(Path(out), tuple(sorted(groups)), rho, statement,
-                      files + ("manifest.json",), seconds)  # fmt: skip
+                      files + ("manifest.json",), done.seconds)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _StatesWritten:
+    """What :func:`_release_states` wrote: the table files (the data dictionary aside), the
+    per-state timings, the integer product's files and its hhgq bound counts per state."""
+
+    tables: tuple[str, ...]
+    seconds: dict
+    integer_files: frozenset[str]
+    violations: dict
+
+
+def _release_states(
+    tmp: Path,
+    root: Path,
+    groups: Mapping[str, list[str]],
+    totals: Mapping[str, int],
+    noise: _LeastNoise,
+    opts: NMFReleaseOptions,
+    rng: KeyedRNG | None,
+    on_state: Callable[[NMFStateRelease], object] | None,
+) -> _StatesWritten:
+    """One state at a time: read its subtrees (their noise added to ``noise``), estimate
+    it (:func:`estimate_state`), append its tables, with ``rng`` its integer product
+    (:func:`~censusdp.pipelines.nmf_integers.nmf_integers`), hand it to ``on_state`` and
+    drop it; then write the data dictionary of every column written."""
+    w = _Writer(tmp)
+    seconds: dict = {}
+    int_files: set[str] = set()
+    violations: dict = {}
+    for state, subtrees in groups.items():
+        clock: dict[str, float] = {}
+        with stage(clock, "read"):
+            m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
+            noise.add(m.levels.values())
+        r = estimate_state(m, areas=opts.areas, block_column=opts.block_column,
+                           area_column=opts.area_column, area_name=opts.area_name,
+                           skip_blank_areas=opts.skip_blank_areas)  # fmt: skip
+        with stage(clock, "write"):
+            _write_state(w, r)
+        seconds[state] = {"read": clock["read"], **r.seconds, "write": clock["write"]}
+        if rng is not None:  # the biased integer product, from the same estimate
+            with stage(clock, "integers"):
+                ints = nmf_integers(r, rng)
+                write_integers(tmp / INTEGER_FOLDER, r, ints, int_files)
+                violations[state] = ints.bound_violations
+            seconds[state]["integers"] = clock["integers"]
+        if callable(on_state):
+            on_state(r)
+        del r, m
+    w.dictionary()
+    return _StatesWritten(tuple(w.started), seconds, frozenset(int_files), violations)
+
+
+def _manifest(
+    statement: str,
+    rho: float,
+    groups: Mapping[str, list[str]],
+    has_us: bool,
+    opts: NMFReleaseOptions,
+    done: _StatesWritten,
+) -> dict:
+    """``manifest.json`` of the release: its privacy (derived ρ, production ρ, the induced
+    subspace guarantee), estimator, what is held and not imposed, states, files and
+    timings, and with them the published comparison and the integer product."""
+    manifest = {
+        "route": "nmf",
+        "statement": statement,
+        "privacy": {
+            "basis": "post-processing of the Census Bureau's published measurements",
+            "rho_derived": rho,
+            "rho_production": "293764/114921",
+            "rho_production_value": float(PRODUCTION_RHO),
+            "guarantee": "induced subspace differential privacy (state totals invariant)",
+            "derivation": "Δ₂² = 1 per query; per level and query the least noisy node "
+            "bounds the loss; levels and queries compose",
+        },
+        "estimator": "structured GLS (weighted, exact discrete Gaussian variances), one "
+        "state at a time, state total invariant; real-valued estimates, exact SEs",
+        "structural_zeros": ZEROS_HELD,
+        "not_imposed": NOT_IMPOSED,
+        "states": sorted(groups),
+        "state_parts": {s: groups[s] for s in sorted(groups)},
+        "us_level_read": has_us,
+        "areas": None
+        if opts.areas is None
+        else {
+            "file": Path(opts.areas).name,
+            "block_column": opts.block_column,
+            "area_column": opts.area_column,
+        },  # fmt: skip
+        "files": sorted([*done.tables, DICTIONARY_FILE]),
+        "seconds": done.seconds,
+    }
+    if opts.published is not None:
+        manifest["published_comparison"] = {
+            "file": "published_comparison.csv",
+            "published": Path(opts.published).name,
+            "what": "the release's P1_001N minus the published table's, by level and "
+            "published size class (a difference from TopDown's published estimates, not "
+            "an error against the truth); the water-block re-geocoding is not applied",
+        }
+    if opts.integers:
+        manifest["nonnegative"] = {
+            "folder": INTEGER_FOLDER,
+            "files": sorted(done.integer_files),
+            "label": "BIASED: " + BIASED_NOTE,
+            "statement": statement,
+            "held": "structural zeros == 0 at every node, state totals == the published "
+            "ones, every node the sum of its children, non-negative int64",
+            "not_imposed": "hhgq bounds other than upper bounds of 0; counts of (node, "
+            "type) outside them per level in hhgq_bounds_outside",
+            "hhgq_bounds_outside": done.violations,
+            "seed": "given (reproducible mode)" if opts.seed is not None else "fresh key",
+        }
+    return manifest
 
 
 def _total(totals: Mapping[str, int], state: str) -> int:

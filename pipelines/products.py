@@ -726,7 +726,7 @@ class NMFProduct:
     def run(
         self, path: Path, spec: Path | None, out: str | Path, options: PrivatizeOptions
     ) -> Written:
-        from censusdp.pipelines.nmf_release import release_nmf
+        from censusdp.pipelines.nmf_release import NMFReleaseOptions, release_nmf
 
         flags = [
             f.name for f in fields(options) if f.name not in ("seed", "overwrite", "state_totals")
@@ -734,7 +734,7 @@ class NMFProduct:
         _refuse(path.name, options.given(*flags), "the nmf product reads only the folder and "
                 "its published state totals")  # fmt: skip
         totals = self.load_spec(spec, options)
-        res = release_nmf(path, totals, out, overwrite=options.overwrite)
+        res = release_nmf(path, totals, out, options=NMFReleaseOptions(overwrite=options.overwrite))
         return Written(self.name, Path(res.out), str(res.statement), ", ".join(res.files))
 
 

@@ -31,12 +31,10 @@ CLOCK_READERS = {
     "censusdp/timing.py",
     "pipelines/pl94_stream.py",
     "pipelines/privatize_ppmf.py",
-    "pipelines/nmf_release.py",
     "pipelines/privatize_units.py",
     "pipelines/codebook_hierarchy.py",
     "pipelines/privatize_tables.py",
     "pipelines/structured_stream.py",
-    "estimation/structured_gls.py",
     "estimation/structured_rounding.py",
     "estimation/dependent_rounding.py",
 }
@@ -71,6 +69,19 @@ def test_tree_gls_and_predict_keep_their_timing_keys():
     pred = predict_errors(h, s, [(n, q, Gaussian(1.0)) for n in h.names], [])
     timed = {k: v for k, v in pred.diagnostics.items() if "seconds" in k}
     assert set(timed) == {"seconds_classes", "seconds_passes"}
+    assert all(isinstance(v, float) and v >= 0.0 for v in timed.values())
+
+    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.mechanisms.product_measure import measure_products
+
+    leaves = gen.integers(0, 5, size=(h.leaves.size, *s.shape))
+    detailed = ProductQuery.parse(s, "sex * ageband")
+    plan = [(n, detailed, Gaussian(1.0)) for n in h.names]
+    meas = measure_products(h.aggregate(leaves), plan, KeyedRNG.reproducible(2, warn=False),
+                            level_names=h.names)  # fmt: skip
+    rel = structured_gls(h, s, meas)
+    timed = {k: v for k, v in rel.diagnostics.items() if "seconds" in k}
+    assert set(timed) == {"seconds_setup", "seconds_solve", "seconds_output"}
     assert all(isinstance(v, float) and v >= 0.0 for v in timed.values())
 
 

@@ -17,7 +17,7 @@ from censusdp.pipelines.io.nmf import collect_nmf
 from censusdp.pipelines.io.nmf_writer import simulate_nmf, write_nmf, write_state_totals
 from censusdp.pipelines.nmf_evaluate import integer_bias
 from censusdp.pipelines.nmf_integers import check_integers, held_cells, nmf_integers
-from censusdp.pipelines.nmf_release import estimate_state, release_nmf
+from censusdp.pipelines.nmf_release import NMFReleaseOptions, estimate_state, release_nmf
 from censusdp.rng import KeyedRNG
 
 
@@ -89,7 +89,8 @@ def test_release_writes_the_integer_product_labelled_biased(tmp_path):
                              evaluation_rng=KeyedRNG.reproducible(9, warn=False)))  # fmt: skip
     root = write_nmf(tmp_path / "nmf", subs)
     write_state_totals(tmp_path / "p1.csv", {"01": int(count.sum())})
-    res = release_nmf(root, tmp_path / "p1.csv", tmp_path / "out", integers=True, seed=5)
+    opts = NMFReleaseOptions(integers=True, seed=5)
+    res = release_nmf(root, tmp_path / "p1.csv", tmp_path / "out", options=opts)
     out = tmp_path / "out"
     man = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     nn = man["nonnegative"]

@@ -23,6 +23,7 @@ from censusdp.pipelines.io.nmf import collect_nmf, read_nmf
 from censusdp.pipelines.io.nmf_writer import simulate_nmf, write_nmf, write_state_totals
 from censusdp.pipelines.io.outputs import real_moe, significant
 from censusdp.pipelines.nmf_release import (
+    NMFReleaseOptions,
     census_block_geoids,
     estimate_state,
     pl94_columns,
@@ -73,8 +74,8 @@ def one_state(tmp_path_factory):
     district[3] = district[11] = ""
     pd.DataFrame({"BLOCKID": ids, "DISTRICT": district}).to_csv(d / "baf.csv", index=False)
     got = []
-    res = release_nmf(root, d / "p1.csv", d / "out", areas=d / "baf.csv",
-                      skip_blank_areas=True, on_state=got.append)  # fmt: skip
+    opts = NMFReleaseOptions(areas=d / "baf.csv", skip_blank_areas=True)
+    res = release_nmf(root, d / "p1.csv", d / "out", on_state=got.append, options=opts)
     return d, h, (block, cell, count), totals, res, got[0]
 
 
@@ -352,6 +353,38 @@ def _coverage(z: np.ndarray, factor: float = 1.0) -> float:
     (values held exactly, NaN in ``z``, are not intervals)."""
     z = z[np.isfinite(z)]
     return float((np.abs(z) <= 1.6448536269514722 * factor).mean())
+
+
+def _without_timings(out):
+    """Every file of a release folder, the manifest's timings (and so its checksum) left out."""
+    got = {}
+    for f in sorted(p for p in out.rglob("*") if p.is_file()):
+        text = f.read_text(encoding="utf-8")
+        if f.name in ("manifest.json", "censusdp-output.json"):
+            m = json.loads(text)
+            if f.name == "manifest.json":
+                del m["seconds"]
+            else:  # the ownership record: the manifest's checksum covers its timings
+                del m["files"]["manifest.json"]
+            text = json.dumps(m, sort_keys=True)
+        got[f.relative_to(out).as_posix()] = text
+    return got
+
+
+def test_old_keywords_write_the_same_release_and_unknown_ones_are_refused(one_state):
+    """``NMFReleaseOptions`` fields passed one by one (the signature before it; accepted for
+    one release) write the same bytes as the options object; a misspelt one is refused by
+    name; each state's timings are wall seconds of the steps only (no ``cpu_`` key)."""
+    d, _, _, _, res, _ = one_state
+    root = d / "nmf"
+    again = release_nmf(root, d / "p1.csv", d / "legacy", areas=d / "baf.csv",
+                        skip_blank_areas=True)  # fmt: skip
+    assert again.files == res.files and again.rho == res.rho
+    assert _without_timings(d / "legacy") == _without_timings(d / "out")
+    assert set(res.seconds["01"]) == {"read", "gls", "tabulation", "areas", "write"}
+    with pytest.raises(TypeError, match=r"'skip_blank_area'.*NMFReleaseOptions"):
+        release_nmf(root, d / "p1.csv", d / "bad", skip_blank_area=True)
+    assert not (d / "bad").exists()
 
 
 def test_90_percent_intervals_cover_about_90_percent(one_state):
