@@ -401,21 +401,23 @@ def _decouple(Js: Sequence[np.ndarray | None], Ps: Sequence[np.ndarray | None], 
 
 
 def _group_information(Jk: np.ndarray, G: np.ndarray) -> np.ndarray:
-    """``Gᵀ J_k G`` for one group of :func:`_decouple`, rounding residue set to exact 0.
+    """``Gᵀ J_k G`` for one group of :func:`_decouple`; exact 0 when it is rounding residue.
 
-    A group of a split block is a few eigenvectors of ``J_k``; where ``J_k`` is 0 along
-    them, ``Gᵀ J_k G`` is rounding residue (≈ 1e-16 of ``J_k``'s scale), and the tree pass,
-    seeing that small matrix alone, would read it as information (a pseudo-inverse's
-    threshold is relative to the matrix it is given): an unmeasured split between siblings
-    would be solved instead of refused, and an unmeasured level would get a variance of
-    ``1/residue``. The whole block's pass drops eigenvalues below
+    A group of a split block spans eigenvectors of ``J_k``; where ``J_k`` is 0 along them,
+    ``Gᵀ J_k G`` comes out ≈ 1e-16 of ``J_k``'s scale, and the tree pass, seeing that small
+    matrix alone, would read it as information (a pseudo-inverse's threshold is relative to
+    the matrix it is given): an unmeasured split between siblings would be solved instead of
+    refused, and a one-child chain would get variances off by about ``1/residue``. The
+    whole block's pass drops eigenvalues below
     :data:`~censusdp.estimation.gls_kernel.PSEUDO_INVERSE_RTOL` of the largest
-    (:func:`~censusdp.estimation.gls_kernel.general_up`); the same rule here, against the
-    scale of ``J_k`` (its largest eigenvalue), makes the split problem the block's.
+    (:func:`~censusdp.estimation.gls_kernel.general_up`); a group whose every entry is below
+    that fraction of ``J_k``'s largest eigenvalue is likewise no information at all (a group
+    with any larger entry, or the whole block, is passed on unchanged).
     """
     out = G.T @ Jk @ G
     scale = float(np.abs(np.linalg.eigvalsh(0.5 * (Jk + Jk.T))).max(initial=0.0))
-    out[np.abs(out) <= PSEUDO_INVERSE_RTOL * scale] = 0.0
+    if np.abs(out).max(initial=0.0) <= PSEUDO_INVERSE_RTOL * scale:
+        return np.zeros_like(out)  # the level measures nothing of this group
     return out
 
 
