@@ -2,8 +2,8 @@
 no measurement of a level touches carries exactly zero information, not rounding residue.
 
 Regression for the slow hypothesis test of test_predict.py that failed only after other
-test modules were imported: Hypothesis (≥ 6.1xx) seeds its draws with literal constants of
-every local module in ``sys.modules``, so importing more modules (``censusdp.prelude`` via
+test modules were imported: Hypothesis (6.170 here) seeds its draws with literal constants
+of every local module in ``sys.modules``, so importing more modules (``censusdp.prelude`` via
 tests/core/test_prelude.py) changed the derandomized cases it drew, and the new draws hit
 this bug. There is no cache in the library behind it; the cases below pin the two failures
 it found (a root with two children, and a root with one child), independently of the draw.
