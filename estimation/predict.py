@@ -56,6 +56,7 @@ from censusdp.estimation.areas import (
     area_sweep,
 )
 from censusdp.estimation.gls_kernel import (
+    PSEUDO_INVERSE_RTOL,
     LevelInputs,
     general_down,
     general_up,
@@ -397,6 +398,27 @@ def _decouple(Js: Sequence[np.ndarray | None], Ps: Sequence[np.ndarray | None], 
         if np.abs(off).max() > 1e-12 * max(np.abs(m).max(), 1e-300):
             return [np.eye(K)]
     return [Q[:, [i]] for i in range(K)]
+
+
+def _group_information(Jk: np.ndarray, G: np.ndarray) -> np.ndarray:
+    """``Gᵀ J_k G`` for one group of :func:`_decouple`; exact 0 when it is rounding residue.
+
+    A group of a split block spans eigenvectors of ``J_k``; where ``J_k`` is 0 along them,
+    ``Gᵀ J_k G`` comes out ≈ 1e-16 of ``J_k``'s scale, and the tree pass, seeing that small
+    matrix alone, would read it as information (a pseudo-inverse's threshold is relative to
+    the matrix it is given): an unmeasured split between siblings would be solved instead of
+    refused, and a one-child chain would get variances off by about ``1/residue``. The
+    whole block's pass drops eigenvalues below
+    :data:`~censusdp.estimation.gls_kernel.PSEUDO_INVERSE_RTOL` of the largest
+    (:func:`~censusdp.estimation.gls_kernel.general_up`); a group whose every entry is below
+    that fraction of ``J_k``'s largest eigenvalue is likewise no information at all (a group
+    with any larger entry, or the whole block, is passed on unchanged).
+    """
+    out = G.T @ Jk @ G
+    scale = float(np.abs(np.linalg.eigvalsh(0.5 * (Jk + Jk.T))).max(initial=0.0))
+    if np.abs(out).max(initial=0.0) <= PSEUDO_INVERSE_RTOL * scale:
+        return np.zeros_like(out)  # the level measures nothing of this group
+    return out
 
 
 def _covariance_passes(
@@ -759,7 +781,7 @@ def _block_covariance(
     groups = _decouple(Js, [None if H is None else H.T @ H for H in Hs], kS)
     for G in groups:
         g = G.shape[1]
-        Jg = [np.zeros((1, g, g)) if Jk is None else (G.T @ Jk @ G)[None] for Jk in Js]
+        Jg = [np.zeros((1, g, g)) if Jk is None else _group_information(Jk, G)[None] for Jk in Js]
         Hg = [
             np.zeros((0, g)) if H is None else (H if len(groups) == 1 else _rows(H @ G)) for H in Hs
         ]
