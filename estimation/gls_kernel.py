@@ -452,31 +452,8 @@ def _bordered_update(
     """Relation of nodes with flat children: variables (z, λ, w, μ); see the module doc.
     Structural zeros (``L.Z``) add ``K`` rows ``diag(Z) z = 0`` after the invariants'."""
     n, nH = S.shape[0], L.H.shape[0]
-    if L.Z is not None:
-        return _bordered_zero_update(L, S, M, Nc, rc, K)
-    Dm = 3 * K + nH
-    Mat = np.zeros((n, Dm, Dm))
-    I = np.eye(K)
-    Mat[:, :K, :K] = L.J
-    Mat[:, :K, K : 2 * K] = I
-    Mat[:, K : 2 * K, :K] = I
-    Mat[:, K : 2 * K, K : 2 * K] = -S
-    Mat[:, K : 2 * K, 2 * K : 3 * K] = -Nc
-    Mat[:, 2 * K : 3 * K, K : 2 * K] = -Nc.swapaxes(1, 2)
-    pad = np.arange(K)[None, :] >= rc[:, None]
-    Mat[:, 2 * K : 3 * K, 2 * K : 3 * K] = pad[:, :, None] * np.eye(K)
-    Mat[:, :K, 3 * K :] = L.H.T
-    Mat[:, 3 * K :, :K] = L.H
-    rhs = np.concatenate([L.h, M, np.zeros(M.shape), L.t], axis=-1)
-    return _solve_bordered(Mat, rhs, K)
-
-
-def _bordered_zero_update(
-    L: LevelInputs, S: np.ndarray, M: np.ndarray, Nc: np.ndarray, rc: np.ndarray, K: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_bordered_update` with the rows ``diag(Z) z = 0`` of structural zeros."""
-    n, nH = S.shape[0], L.H.shape[0]
-    Dm = 4 * K + nH
+    nz = 0 if L.Z is None else K  # the zero rows, after the invariants'
+    Dm = 3 * K + nH + nz
     Mat = np.zeros((n, Dm, Dm))
     I = np.eye(K)
     Mat[:, :K, :K] = L.J
@@ -489,12 +466,14 @@ def _bordered_zero_update(
     Mat[:, 2 * K : 3 * K, 2 * K : 3 * K] = pad[:, :, None] * np.eye(K)
     Mat[:, :K, 3 * K : 3 * K + nH] = L.H.T
     Mat[:, 3 * K : 3 * K + nH, :K] = L.H
+    rhs = [L.h, M, np.zeros(M.shape), L.t]
+    if L.Z is None:
+        return _solve_bordered(Mat, np.concatenate(rhs, axis=-1), K)
     D = _zero_rows(L.Z)
     Mat[:, :K, 3 * K + nH :] = D
     Mat[:, 3 * K + nH :, :K] = D
-    zeros = np.zeros((*M.shape[:-1], K))
-    rhs = np.concatenate([L.h, M, np.zeros(M.shape), L.t, zeros], axis=-1)
-    m, P, N, r = _solve_bordered(Mat, rhs, K)
+    rhs.append(np.zeros((*M.shape[:-1], K)))
+    m, P, N, r = _solve_bordered(Mat, np.concatenate(rhs, axis=-1), K)
     m, P, N = _clear(L.Z, m, P, N)
     return m, P, N, r
 
