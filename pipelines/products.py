@@ -384,6 +384,7 @@ class CellsProduct:
 
         from censusdp.atomic import check_output, output_file
         from censusdp.pipelines.data import load_data
+        from censusdp.pipelines.io.outputs import margin_of_error, significant
         from censusdp.pipelines.nhgis import read_batch, write_batch
         from censusdp.pipelines.privatize_tables import refuse_overlapping_columns
         from censusdp.pipelines.runner import execute_spec
@@ -439,8 +440,12 @@ class CellsProduct:
                 ses[rows] = release.standard_errors(k)[nodes]
         text = manifest["privacy"][name]["text"]
         info = {"estimator": name, "privacy": text}
+        moes = None
+        if ses is not None:  # as every table route: a 90% margin beside each SE, 6-digit SEs
+            moes = margin_of_error(ses, integer=release.integer)
+            ses = significant(ses)
         with output_file(out, command="privatize", info=info, **policy) as tmp:  # type: ignore[arg-type]
-            write_batch(run_data.batch, values, ses, tmp)
+            write_batch(run_data.batch, values, ses, tmp, margins_of_error=moes)
         return Written(self.name, Path(out), text)
 
 

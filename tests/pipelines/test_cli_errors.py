@@ -203,8 +203,10 @@ def test_privatize_under1_file_keeps_rows_keys_and_state_sums(shared_file, tmp_p
         "state",
         "H78003_dp",
         "H78003_se",
+        "H78003_moe",
         "H78024_dp",
         "H78024_se",
+        "H78024_moe",
     ]
     assert not got["H78003_dp"].equals(raw["H78003_dp"])  # our release replaced the Bureau's
     for code in ("H78003", "H78024"):

@@ -103,7 +103,7 @@ def test_no_confidential_column_variant_reaches_the_output(tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     got = pd.read_csv(out, dtype=str)
-    assert list(got.columns) == ["gisjoin", "name", "state", "H78003_dp", "H78003_se"]
+    assert list(got.columns) == ["gisjoin", "name", "state", "H78003_dp", "H78003_se", "H78003_moe"]
     assert _leaks(out.parent, captured.out, captured.err, *messages) == []
     # the run names what it dropped (names only)
     dropped = [m for m in messages if "not written" in m]
@@ -154,7 +154,7 @@ def test_long_layout_writes_only_identifiers_and_released_cells(tmp_path, capsys
     captured = capsys.readouterr()
     assert code == 0, captured.err
     got = pd.read_csv(out, dtype=str)
-    assert list(got.columns) == ["gisjoin", "fips", "version", "M", "M_se"]
+    assert list(got.columns) == ["gisjoin", "fips", "version", "M", "M_se", "M_moe"]
     assert _leaks(out.parent, captured.out, captured.err, *messages) == []
     assert any("pop_total" in m for m in messages)
 
