@@ -46,9 +46,12 @@ narrow-integer tables (many cells of a block's tables are zero) take about half 
 kept). Stores of format ``/1`` (plain ``.npy`` pieces) and ``/2`` (no ``files_digest``) are
 read too.
 
-Every file is written through a temporary name and renamed
-(:func:`~censusdp.pipelines.release_store.save_npy`), the directory under a temporary name
-renamed into place when the run completes (:func:`censusdp.atomic.atomic_dir`).
+The store is the one format of :mod:`censusdp.pipelines.store`, whose
+:class:`~censusdp.pipelines.store.StoreWriter` this writer is: every file written through a
+temporary name and renamed, the directory under a temporary name renamed into place when the
+run completes, ``overwrite`` replacing only a pl94 store whose every file its checksums
+list, the manifest then the checksums written last; its reader's checks are that module's.
+:func:`~censusdp.pipelines.release_store.read_release` reads this store too.
 
 Two digests:
 
@@ -76,9 +79,7 @@ U.S. Census Bureau (2021). 2020 Census Redistricting Data (Public Law 94-171) Su
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import json
 import os
 import re
@@ -89,7 +90,6 @@ from typing import Any
 
 import numpy as np
 
-from censusdp.atomic import atomic_dir
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
@@ -101,13 +101,20 @@ from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.partition import Partition
 from censusdp.pipelines.pl94_stream import PartitionRelease, Pl94StreamResult, TopRelease
 from censusdp.pipelines.pl94_tables import pl94_codebook
-from censusdp.pipelines.release_store import (
+from censusdp.pipelines.store import (
     CHECKSUMS,
     MANIFEST,
-    check_array,
+    StoreWriter,
     check_checksum,
+    check_listed,
+    check_tiling,
+    files_digest,
+    is_int,
+    load_array,
+    load_piece,
+    manifest_error,
+    read_bytes,
     read_checksums,
-    read_json,
     read_privacy,
     save_npy,
     sha256_hex,
@@ -115,7 +122,7 @@ from censusdp.pipelines.release_store import (
 )
 from censusdp.schema import Schema, available_schemas
 
-__all__ = ["FORMAT", "SE_NOTE", "Pl94Store", "Pl94StoreWriter", "StorePieceWriter"]
+__all__ = ["FORMAT", "FORMATS", "SE_NOTE", "Pl94Store", "Pl94StoreWriter", "StorePieceWriter"]
 
 FORMAT = "censusdp-pl94-store/3"  # 3: the manifest binds its pieces (files_digest)
 #: What the store's standard errors cover (``manifest["standard_errors"]``): the national
@@ -130,6 +137,8 @@ SE_NOTE = (
 )
 #: Formats read, and the suffix of their pieces.
 _SUFFIX = {"censusdp-pl94-store/1": ".npy", "censusdp-pl94-store/2": ".npy.gz", FORMAT: ".npy.gz"}
+#: The manifest formats of a pl94 store (those read).
+FORMATS = tuple(_SUFFIX)
 _TOP = "top"
 #: A level name, as it names the store's folders: never a path.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
@@ -139,21 +148,6 @@ _INTS = (np.int8, np.int16, np.int32, np.int64)
 
 def _piece_name(index: int | None, suffix: str = _SUFFIX[FORMAT]) -> str:
     return f"{_TOP}{suffix}" if index is None else f"part-{index:05d}{suffix}"
-
-
-def _save_gz(path: Path, array: np.ndarray, level: int = 1) -> str:
-    """``array`` as a gzip-compressed ``.npy`` at ``path`` (the same bytes every time: no
-    time stamp; level 1: on a partition's block tables, 14.7 MB of ``.npy``, level 6 took
-    2.1 CPU s, 15% of the national run's partition time, for the same 7.0 MB as level 1 in
-    0.26 s), through a temporary name as :func:`~censusdp.pipelines.release_store.save_npy`
-    (a task run again replaces the file whole). Returns the file's SHA-256 (hex)."""
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    data = gzip.compress(buf.getvalue(), compresslevel=level, mtime=0)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-    return sha256_hex(data)
 
 
 def _narrow(x: np.ndarray) -> np.ndarray:
@@ -166,30 +160,9 @@ def _narrow(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64)
 
 
-def _not_a_store(path: Path) -> str | None:
-    """Why ``path`` is not a pl94 store that :class:`Pl94StoreWriter` may replace (its
-    manifest of a known format, every file in it listed in its checksums), or None."""
-    if path.is_symlink() or not path.is_dir():
-        return "is not a directory"
-    try:
-        sums = read_checksums(path)
-        _, manifest = read_json(path / MANIFEST)
-    except DataError:
-        return f"has no readable {MANIFEST} and {CHECKSUMS} of a store"
-    if not isinstance(manifest, dict) or manifest.get("format") not in _SUFFIX:
-        return f"has a {MANIFEST} that is not a pl94 store's"
-    listed = {*sums, CHECKSUMS}
-    other = sorted(
-        str(f.relative_to(path)) for f in path.rglob("*")
-        if not f.is_dir() and str(f.relative_to(path)) not in listed
-    )  # fmt: skip
-    if other:
-        return f"holds {other[0]!r}, which the store does not list"
-    return None
-
-
-class Pl94StoreWriter:
-    """Writes a streamed run's store piece by piece (see the module docstring).
+class Pl94StoreWriter(StoreWriter):
+    """Writes a streamed run's store piece by piece (see the module docstring): the
+    :class:`~censusdp.pipelines.store.StoreWriter` of a pl94 store.
 
     Use as a context manager around the run; call :meth:`finish` with the run's result
     inside it. On an exception nothing is left at ``path``.
@@ -216,58 +189,24 @@ class Pl94StoreWriter:
         overwrite: bool = False,
         histograms: bool = False,
     ) -> None:
-        self.path = Path(path)
+        super().__init__(path, FORMATS, "pl94", overwrite=overwrite)
         bad = [n for n in hierarchy.names if not _NAME.fullmatch(n)]
         if bad:
             raise SpecError(
                 f"level {bad[0]!r}: a store names a folder after each level; use letters, "
                 "digits, '_' and '-' only"
             )
-        self.h, self.schema, self.overwrite, self.histograms = (
-            hierarchy, schema, overwrite, histograms,
-        )  # fmt: skip
+        self.h, self.schema, self.histograms = hierarchy, schema, histograms
         sc = shape_classes(hierarchy)
         self.node_class = [c.astype(np.int32) for c in sc.node_class]
         # the first node (in node order) of every class: its blocks are the class's
         self.first_node = [
             np.unique(c, return_index=True)[1].astype(np.int64) for c in sc.node_class
         ]
-        self.digests: dict[str, str] = {}
-        self.bytes = 0
         self.partitions: dict[int, list[list[int]]] = {}
         self.class_diff = 0.0
         self.basis: MarginalBasis | None = None
-        self._lock = threading.Lock()
-        self._ctx = None
-        self._finished = False
-        self.root: Path | None = None
-
-    def __enter__(self) -> Pl94StoreWriter:
-        if self.path.exists() or self.path.is_symlink():
-            if not self.overwrite:
-                raise FileExistsError(
-                    f"{self.path} exists; write the store elsewhere, remove it, or pass overwrite"
-                )
-            why = _not_a_store(self.path)
-            if why:
-                raise SpecError(
-                    f"{self.path} {why}: overwrite replaces only a pl94 store; write the "
-                    "store elsewhere"
-                )
-        self._ctx = atomic_dir(self.path, overwrite=self.overwrite)
-        self.root = self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> bool | None:
-        ctx, self._ctx = self._ctx, None
-        if exc[0] is None and not self._finished:
-            err = DataError(
-                f"{self.path}: the store was closed before finish() wrote its manifest; "
-                "nothing was kept (call finish(result, queries) inside the with block)"
-            )
-            ctx.__exit__(DataError, err, None)
-            raise err
-        return ctx.__exit__(*exc)
+        self._pieces_lock = threading.Lock()
 
     # -- pieces -----------------------------------------------------------------------------
     def _payload(self, names: Sequence[str], ranges: Sequence[tuple[int, int]]) -> tuple:
@@ -298,9 +237,8 @@ class Pl94StoreWriter:
 
     def add(self, written: dict) -> None:
         """Record a piece written by :meth:`piece_sink` (its checksums, bytes, ranges)."""
-        with self._lock:
-            self.digests.update(written["digests"])
-            self.bytes += written["bytes"]
+        self.record(written["digests"], written["bytes"])
+        with self._pieces_lock:
             self.class_diff = max(self.class_diff, written["class_diff"])
             if written["partition"] is not None:
                 self.partitions[written["partition"]] = written["ranges"]
@@ -310,12 +248,7 @@ class Pl94StoreWriter:
         piece = top.piece
         self.basis = piece.basis
         for mask, b in piece.identified.blocks.items():
-            rel = f"identified/{mask}.npy"
-            file = self.root / rel
-            file.parent.mkdir(parents=True, exist_ok=True)
-            digest = save_npy(file, np.asarray(b, np.float64))
-            self.add({"digests": {rel: digest}, "bytes": file.stat().st_size,
-                      "class_diff": 0.0, "partition": None})  # fmt: skip
+            self.save(f"identified/{mask}.npy", np.asarray(b, np.float64))
         payload = None, self._payload(piece.names, piece.ranges)
         self.add(self.piece_sink().write(piece, top.counts, top.tables, payload))
 
@@ -359,7 +292,7 @@ class Pl94StoreWriter:
 
         def load(kind: str, level: str, name: str, _rows: int | None = None) -> np.ndarray:
             file = root / kind / level / name
-            return _array(file, file.read_bytes())
+            return load_array(file, file.read_bytes())
 
         layout = _layout(h, result.partitions[0].cut, self.partitions)
         digest = _content_digest(load, h.names, layout, bool(self.basis and self.basis.subsets))
@@ -380,22 +313,15 @@ class Pl94StoreWriter:
             "standard_errors": SE_NOTE,
             "persons": int(result.persons),
             "digest": digest,
-            "files_digest": _files_digest(self.digests),
+            "files_digest": files_digest(self.digests),
             "info": to_jsonable(info or {}),
         }
-        text = (json.dumps(manifest, indent=1) + "\n").encode()
-        (self.root / MANIFEST).write_bytes(text)
-        self.digests[MANIFEST] = sha256_hex(text)
-        files = dict(sorted(self.digests.items()))
-        sums = {"format": FORMAT, "algorithm": "sha256", "files": files}
-        (self.root / CHECKSUMS).write_text(json.dumps(sums, indent=1) + "\n")  # last
-        self.bytes += len(text) + (self.root / CHECKSUMS).stat().st_size
-        self._finished = True
+        text = super().finish(manifest)
         return {
             "digest": digest,
             "release_digest": sha256_hex(text),
             "bytes_written": self.bytes,
-            "files": len(files) + 1,
+            "files": len(self.digests) + 1,
         }
 
 
@@ -429,7 +355,7 @@ class StorePieceWriter:
         def save(rel: str, array: np.ndarray) -> None:
             file = root / rel
             file.parent.mkdir(parents=True, exist_ok=True)
-            out["digests"][rel] = _save_gz(file, array)
+            out["digests"][rel] = save_npy(file, array, compresslevel=1)
             out["bytes"] += file.stat().st_size
 
         for j, lvl in enumerate(piece.names):
@@ -474,33 +400,6 @@ def _layout(h: Hierarchy, cut: int, partitions: dict[int, list[list[int]]]) -> l
     return [sorted(x) for x in out]
 
 
-def _files_digest(sums: dict[str, str]) -> str:
-    """SHA-256 of the checksums of a store's pieces (every file but the manifest and the
-    checksum file), as ``sha256sum`` lists them sorted by path: what the manifest binds."""
-    lines = "".join(f"{sums[rel]}  {rel}\n" for rel in sorted(sums) if rel != MANIFEST)
-    return sha256_hex(lines.encode())
-
-
-def _array(file: Path, data: bytes) -> np.ndarray:
-    """The array in ``data`` (the bytes of ``file``: ``.npy``, or ``.npy`` gzipped)."""
-    try:
-        if file.name.endswith(".gz"):
-            data = gzip.decompress(data)
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError, gzip.BadGzipFile) as err:
-        raise DataError(f"{file}: not a numpy array file ({err})") from None
-
-
-def _read_bytes(root: Path, rel: str) -> bytes:
-    file = store_file(root, rel)
-    try:
-        return file.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{file}: missing; the store is incomplete") from None
-    except OSError as exc:
-        raise DataError(f"{file}: cannot read it ({exc.strerror or exc})") from None
-
-
 def _content_digest(load, names: Sequence[str], layout: list[list], blocks: bool) -> str:
     """SHA-256 of tables (int64, node order), classes (int32) and class blocks (float64,
     class order) of every level: independent of the partitioning and of the files'
@@ -525,10 +424,6 @@ def _content_digest(load, names: Sequence[str], layout: list[list], blocks: bool
             order = np.argsort(np.concatenate(owned), kind="stable")
             hsh.update(np.ascontiguousarray(flat[order], "<f8"))
     return hsh.hexdigest()
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 class Pl94Store:
@@ -590,7 +485,7 @@ class Pl94Store:
             raise DataError(f"{root}: not a directory; pass the directory of a pl94 store")
         store_file(root, CHECKSUMS)  # not a link leading out of the store
         self.sums = read_checksums(root)
-        data = _read_bytes(root, MANIFEST)
+        data = read_bytes(root, MANIFEST)
         #: The SHA-256 of ``manifest.json``: see the class docstring.
         self.release_digest = sha256_hex(data)
         self.manifest: dict[str, Any] = {}
@@ -638,7 +533,7 @@ class Pl94Store:
             )
 
     def _fail(self, key: str, message: str) -> DataError:
-        return DataError(f"{self.path / MANIFEST}: manifest key {key!r}: {message}")
+        return manifest_error(self.path / MANIFEST, key, message)
 
     def _check_manifest(self) -> None:
         """Check every manifest key a reader trusts and the checksums' file list."""
@@ -682,20 +577,20 @@ class Pl94Store:
         if (
             not isinstance(sizes, list)
             or len(sizes) != len(levels)
-            or not all(_is_int(x) and x >= 0 for x in sizes)
+            or not all(is_int(x) and x >= 0 for x in sizes)
         ):
             raise self._fail("sizes", f"expected {len(levels)} node counts, one per level")
         self.levels: list[str] = list(levels)
         self.sizes: list[int] = list(sizes)
         depth, cut = len(levels), m["cut"]
-        if not _is_int(cut) or not 0 <= cut < depth:
+        if not is_int(cut) or not 0 <= cut < depth:
             raise self._fail("cut", f"expected the index of a level, 0 to {depth - 1}")
         self.cut = cut
         parts = m["partitions"]
         if not isinstance(parts, list) or not all(
             isinstance(p, list)
             and len(p) == depth - cut
-            and all(isinstance(r, list) and len(r) == 2 and all(map(_is_int, r)) for r in p)
+            and all(isinstance(r, list) and len(r) == 2 and all(map(is_int, r)) for r in p)
             for p in parts
         ):
             raise self._fail(
@@ -723,7 +618,7 @@ class Pl94Store:
             ) from None
         masks = m["masks"]
         if masks not in ([], sorted(int(s) for s in self.basis.subsets)) or not all(
-            map(_is_int, masks)
+            map(is_int, masks)
         ):
             raise self._fail("masks", "not the subsets of the basis of the basis queries")
         self.masks: list[int] = list(masks)
@@ -736,7 +631,7 @@ class Pl94Store:
             not isinstance(n_classes, list)
             or len(n_classes) != depth
             or not all(
-                _is_int(c) and 0 <= c <= n for c, n in zip(n_classes, self.sizes, strict=True)
+                is_int(c) and 0 <= c <= n for c, n in zip(n_classes, self.sizes, strict=True)
             )
         ):
             raise self._fail(
@@ -746,7 +641,7 @@ class Pl94Store:
         if not isinstance(m["histograms"], bool):
             raise self._fail("histograms", "expected true or false")
         self._privacy = read_privacy(self.path / MANIFEST, m["privacy"])
-        if not _is_int(m["persons"]) or m["persons"] < 0:
+        if not is_int(m["persons"]) or m["persons"] < 0:
             raise self._fail("persons", "expected a count")
         for key in ("digest", "files_digest"):
             if key in keys and not (isinstance(m[key], str) and _HEX.fullmatch(m[key])):
@@ -764,18 +659,8 @@ class Pl94Store:
             for lvl, pieces in zip(self.levels, self.layout, strict=True)
             for _, _, name in pieces
         }
-        extra, absent = sorted(set(self.sums) - wanted), sorted(wanted - set(self.sums))
-        if extra:
-            raise DataError(
-                f"{self.path / CHECKSUMS} lists {extra[0]!r}, which the manifest does not "
-                "describe; the store was altered, write it again"
-            )
-        if absent:
-            raise DataError(
-                f"{self.path / CHECKSUMS} has no checksum for {absent[0]}; the store is "
-                "incomplete, write it again"
-            )
-        if fmt == FORMAT and _files_digest(self.sums) != m["files_digest"]:
+        check_listed(self.path, self.sums, wanted)
+        if fmt == FORMAT and files_digest(self.sums) != m["files_digest"]:
             raise DataError(
                 f"{self.path / CHECKSUMS}: the checksums of the pieces do not match the "
                 "manifest's files_digest; a piece and the checksums were rewritten after the "
@@ -807,12 +692,9 @@ class Pl94Store:
         """The array at ``rel``: inside the store, its SHA-256 checked against the
         checksums, then its dtype, exact shape and finiteness (``below``: integers in
         ``[0, below)``)."""
-        data = _read_bytes(self.path, rel)
-        check_checksum(self.path, rel, data, self.sums)
-        file = self.path / rel
-        a = check_array(_array(file, data), file, dtype, shape, why, axes)
+        a = load_piece(self.path, rel, self.sums, dtype, shape, why, axes)
         if below is not None and a.size and (int(a.min()) < 0 or int(a.max()) >= below):
-            raise DataError(f"{file}: ids outside 0 to {below - 1} ({axes})")
+            raise DataError(f"{self.path / rel}: ids outside 0 to {below - 1} ({axes})")
         return a
 
     def _level(self, level: str) -> int:
@@ -974,13 +856,6 @@ def _pieces(
                 (int(r[k - cut][0]), int(r[k - cut][1]), _piece_name(i, suffix))
                 for i, r in parts.items()
             )
-        at, ok = 0, True
-        for a, b, _ in pieces:
-            ok, at = ok and a == at and b >= a, b
-        if not ok or at != sizes[k]:
-            raise DataError(
-                f"{file}: manifest key 'partitions': the pieces of level {lvl!r} do not tile "
-                f"its {sizes[k]} nodes in order"
-            )
+        check_tiling(file, lvl, sizes[k], [(a, b) for a, b, _ in pieces])
         out.append(pieces)
     return out
