@@ -26,20 +26,17 @@ which a rounded release carries) also has ``sums_estimator`` and ``sums_rounding
 (each the list of its cells' indices) and ``labels`` (null when the release has none). Their
 values are non-negative or NaN (a variance that is unknown), never ±inf.
 
-It is the one store format of :mod:`censusdp.pipelines.store`, whose writer, checks and
-guarantees it uses: written whole or not at all (a temporary directory renamed into place),
-``overwrite`` replacing only a release store whose every file its checksums list, every file
-checked on reading against ``checksums.json`` (written last) and read inside the store only.
-On a remote Dask cluster the path must be on a filesystem the workers share with the caller;
-a store whose pieces did not arrive there is refused before it is renamed into place.
-Non-finite values are refused when written. :func:`read_release` trusts nothing it reads:
-besides the checksums, the manifest must be well formed (``fields`` are field names, never
-paths; ``cut`` an integer level; partition rows that tile each level; a privacy statement
-with positive finite budgets) and every array have its exact shape, the dtype the
-manifest's ``integer`` claim implies (int64 estimates when true, float64 otherwise; float64
-variances and covariances) and only finite values (sums: non-negative or NaN, and masks of
-distinct in-range cell indices, one label each). It is the one reader of both kinds of
-store: given a streamed ``pl94`` run's store it returns its
+The store is :mod:`censusdp.pipelines.store`'s format, written and checked by it (whole or
+not at all; ``overwrite`` replaces only a release store whose every file its checksums list;
+every file checked against ``checksums.json``, inside the store only). On a remote Dask
+cluster the path must be on a filesystem the workers share with the caller; a store whose
+pieces did not arrive there is refused before it is renamed into place. Non-finite values
+are refused when written. :func:`read_release` also checks that the manifest is well formed
+(``fields`` are field names, never paths; ``cut`` an integer level; partition rows that
+tile each level; positive finite budgets) and every array has its exact shape, the dtype
+the manifest's ``integer`` claim implies (int64 estimates when true, float64 otherwise) and
+only finite values (sums: non-negative or NaN, masks of distinct in-range cells, one label
+each). It is the one reader of every store: a ``pl94`` run's gives its
 :class:`~censusdp.pipelines.pl94_store.Pl94Store`.
 """
 

@@ -1,43 +1,34 @@
 """One release store: a directory written piece by piece, checked whole when read.
 
-Every release censusdp persists is stored the same way, whatever it holds — a
-:class:`~censusdp.estimation.release.Release` or a partitioned one
-(:mod:`censusdp.pipelines.release_store`, a whole release being one piece), or a streamed
-``pl94`` run written partition by partition (:mod:`censusdp.pipelines.pl94_store`)::
+Both kinds of stored release use this format and this implementation, adding only their
+manifest keys and arrays: a :class:`~censusdp.estimation.release.Release`, plain or
+partitioned (:mod:`censusdp.pipelines.release_store`; a whole release is one piece), and a
+streamed ``pl94`` run written partition by partition (:mod:`censusdp.pipelines.pl94_store`)::
 
-    manifest.json      what the release is: its "format" (which names its kind and version)
-                       and the kind's keys (levels, sizes, cut, partitions, privacy, ...)
+    manifest.json      the kind's keys, with its "format" (kind and version)
     <kind>/<level>...  the pieces: .npy arrays, plain or gzip-compressed (.npy.gz)
     checksums.json     {"format", "algorithm": "sha256", "files": {path: SHA-256}}: every
                        file above; written last
 
-This module is that format's one implementation; the two kinds add only their manifest keys
-and the arrays they store.
+**Writing** (:class:`StoreWriter`): under a claimed temporary name renamed into place once
+the manifest and then the checksums are written (:func:`censusdp.atomic.atomic_dir`: on any
+failure, Ctrl-C and SIGTERM included, nothing is left and the temporary is removed; stale
+temporaries beside the target are removed only when their claim proves them ours). Each file
+goes through a temporary name of its own (:func:`save_npy`), so a task run again replaces it
+whole; those a killed task left inside the store's temporary are removed before the
+manifest. ``overwrite`` replaces an existing target only once the new store is complete and
+only when it is a store of the same kind every file of which its checksums list
+(:func:`why_not_owned`): never a file the tool cannot prove it wrote.
 
-**Writing** (:class:`StoreWriter`). The store is written under a claimed temporary name and
-renamed into place when :meth:`StoreWriter.finish` has written the manifest and then the
-checksums (:func:`censusdp.atomic.atomic_dir`: on any failure, Ctrl-C and SIGTERM included,
-nothing is left at the target and the temporary is removed). Each file goes through a
-temporary name of its own (:func:`save_npy`), so a task run again (Dask retries a task whose
-worker died) replaces it whole; the per-file temporaries a killed task left inside the
-store's own temporary directory are removed before the manifest is written. An existing
-target is replaced only with ``overwrite``, only once the new store is complete, and only
-when it is a store of the same kind every file of which its checksums list
-(:func:`why_not_owned`): never a directory holding a file the tool cannot prove it wrote.
-Stale temporaries of killed runs beside the target are handled by
-:func:`censusdp.atomic.remove_stale` (removed only when their claim proves them ours).
-
-**Reading.** A reader trusts nothing it reads: :func:`read_checksums` (well-formed SHA-256
-digests), :func:`check_listed` (the checksums list exactly the files the manifest
-describes), :func:`load_piece` (a file opened inside the store only, :func:`store_file`;
-its SHA-256 checked, :func:`check_checksum`; then its dtype, exact shape and finiteness,
-:func:`check_array`), :func:`read_privacy` (positive finite budgets) and :func:`check_tiling`
-(partition rows that tile a level). Every failure is a one-line
-:class:`~censusdp.errors.DataError` naming the store, the file or the manifest key and what
-is wrong, never a value of the release. The checksums detect corruption and edits that do
-not also rewrite ``checksums.json``; they are not a signature. :func:`files_digest` binds
-the pieces' checksums into a manifest, so that the SHA-256 of the manifest, recorded apart
-from the store, binds every byte a reader returns (the ``pl94`` kind's release digest).
+**Reading** trusts nothing: :func:`read_checksums`, :func:`check_listed` (exactly the files
+the manifest describes), :func:`load_piece` (opened inside the store only,
+:func:`store_file`; SHA-256, :func:`check_checksum`; dtype, exact shape, finiteness,
+:func:`check_array`), :func:`read_privacy` and :func:`check_tiling`. Every failure is a
+one-line :class:`~censusdp.errors.DataError` naming the file or manifest key, never a value
+of the release. The checksums detect corruption and edits that do not also rewrite
+``checksums.json``; they are not a signature. :func:`files_digest` binds the pieces'
+checksums into a manifest, whose SHA-256, recorded apart from the store, then binds every
+byte a reader returns (the ``pl94`` kind's release digest).
 """
 
 from __future__ import annotations
@@ -154,14 +145,10 @@ def why_not_owned(path: Path, formats: Collection[Any], kind: str) -> str | None
 
 
 class StoreWriter:
-    """A store being written: a claimed temporary directory, the checksum of every file
-    written into it, and :meth:`finish`, which writes the manifest, then the checksums, and
-    lets the directory be renamed into place (see the module docstring).
-
-    Use as a context manager; call :meth:`finish` inside it. On an exception, or a block
-    left without :meth:`finish`, nothing is left at ``path``. Pieces may be written by other
-    processes (Dask workers sharing the filesystem) into :attr:`root`; hand their checksums
-    to :meth:`record`.
+    """A store being written (the module docstring): use as a context manager and call
+    :meth:`finish` inside it; on an exception, or without :meth:`finish`, nothing is left
+    at ``path``. Pieces written into :attr:`root` by other processes (Dask workers sharing
+    the filesystem) are recorded with :meth:`record`.
 
     Parameters
     ----------
