@@ -493,6 +493,13 @@ class AreaEstimates(BlockEstimates):
             return 0
         raise SpecError(f"these are the {self.name!r} areas; ask for level {self.name!r}")
 
+    def _level_names(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def level_codes(self, level: str | int) -> np.ndarray:
+        self._index(level)
+        return self.codes
+
     @property
     def n_areas(self) -> int:
         return int(self.codes.shape[0])

@@ -1,10 +1,24 @@
-"""The :class:`Release` every estimator returns: estimates for every level and cell, their
-exact (or Monte Carlo) variances, diagnostics and the privacy statement.
+"""The release family: estimates per level with a :class:`~censusdp.estimation.covariance.Covariance`,
+and the uncertainty methods written once on top of it.
+
+:class:`ReleaseBase` is the root. A member says what it holds — its levels
+(:attr:`~ReleaseBase.level_names`), each level's estimates (:meth:`~ReleaseBase.level`), node
+codes and cell labels, whether it is integer, its privacy statement, and its covariance (per
+node diagonal or full, :class:`~censusdp.estimation.covariance.NodeCovariance`, or
+block-diagonal in the marginal basis, :class:`~censusdp.estimation.covariance.BlockCovariance`)
+— and inherits ``standard_errors``, ``query_estimates``, ``query_variances``,
+``query_standard_errors``, ``conf_int`` (normal ``1 − alpha`` intervals ``estimate ∓ z·se``,
+90% by default as the ``_moe`` columns of every written table), ``summary`` (one row per
+level) and ``to_frame`` (one row per node and cell), like a statsmodels results object.
+Members: :class:`Release` (every estimator of the flat cell model), the structured GLS
+releases (:class:`~censusdp.estimation.structured_gls.StructuredRelease`,
+:class:`~censusdp.estimation.structured_gls.StructuredPiece`, their areas), the codebook
+hierarchy release (:class:`~censusdp.pipelines.codebook_hierarchy.HierarchyRelease`); the PPMF
+units and codebook table releases hold one (their ``release`` attribute).
 
 A release is frozen: an estimator that relabels or adjusts another's release makes a new
 one (:meth:`Release.replace`), so no caller sees a release change under it. Levels are
-addressed by name (or index) everywhere; :meth:`Release.conf_int` gives intervals and
-:meth:`Release.summary` one row per level, like a statsmodels results object."""
+addressed by name (or index) everywhere."""
 
 from __future__ import annotations
 
@@ -17,11 +31,13 @@ import numpy as np
 import pandas as pd
 
 from censusdp.budget import PrivacyStatement
+from censusdp.errors import SpecError
+from censusdp.estimation.covariance import Covariance, NodeCovariance, query_matrix
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import floating_point_note
 from censusdp.mechanisms.queries import level_position
 
-__all__ = ["Release", "ReleaseProtocol", "SumVariances"]
+__all__ = ["LevelRelease", "Release", "ReleaseBase", "ReleaseProtocol", "SumVariances"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,8 +87,198 @@ class ReleaseProtocol(Protocol):
     def summary(self) -> pd.DataFrame: ...
 
 
+class ReleaseBase:
+    """The root of the release family: the uncertainty methods, written once on a
+    :class:`~censusdp.estimation.covariance.Covariance` (module docstring).
+
+    A member provides :attr:`level_names`, :meth:`level`, :meth:`level_codes`,
+    :attr:`cell_labels`, :attr:`covariance` (None: no standard errors), :attr:`integer`,
+    :attr:`estimator`, ``privacy``; optionally :meth:`resolve_query` and
+    :attr:`default_query` (the query of :meth:`conf_int` and :meth:`summary` when none is
+    given: None for every cell, ``"total"`` for a schema histogram published as tables).
+    """
+
+    #: True when the released values are integers (their ``_moe`` is the lattice one).
+    integer = False
+    #: The query :meth:`conf_int` and :meth:`summary` use when given none (None: the cells).
+    default_query = None
+    #: What made the estimates (``"gls"``, ``"topdown"``...): a member sets it (no default
+    #: here, so that a dataclass member's field of that name stays required).
+    estimator: str
+    privacy: PrivacyStatement
+
+    # -- what a member provides ------------------------------------------------------------
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        """The levels held, top first."""
+        raise NotImplementedError
+
+    def level(self, level: str | int) -> np.ndarray:
+        """Estimates at one level, ``(n_nodes, *cells)``."""
+        raise NotImplementedError
+
+    def level_codes(self, level: str | int) -> np.ndarray:
+        """The code of every node of one level (the ``code`` column of :meth:`to_frame`)."""
+        raise NotImplementedError
+
+    @property
+    def cell_labels(self) -> tuple[str, ...]:
+        """One label per cell, in the order of a level's flattened estimates."""
+        raise NotImplementedError
+
+    @property
+    def covariance(self) -> Covariance | None:
+        """The error covariance, level by level; None when the estimator has none."""
+        raise NotImplementedError
+
+    def resolve_query(self, query):
+        """``query`` as the covariance takes it (a member over a schema parses names)."""
+        return query
+
+    def level_index(self, level: str | int) -> int:
+        """The index of a level given by name or index (negative from the leaves).
+
+        Raises
+        ------
+        SpecError
+            An unknown name or an index out of range, naming the levels
+            (:func:`~censusdp.mechanisms.queries.level_position`).
+        """
+        return level_position(self.level_names, level, f"{self.estimator} release")
+
+    def no_covariance(self) -> SpecError:
+        """The error of asking a release without a covariance for standard errors."""
+        return SpecError(
+            f"the {self.estimator!r} release has no variances; standard errors are "
+            "defined for GLS (exact) and averaged MCMC (Monte Carlo) output"
+        )
+
+    # -- written once ----------------------------------------------------------------------
+    def standard_errors(self, level: str | int) -> np.ndarray | None:
+        """Every cell's standard error at one level (the shape of :meth:`level`), or None
+        when the estimator has none."""
+        cov = self.covariance
+        return None if cov is None else cov.cell_standard_errors(self.level_index(level))
+
+    def query_estimates(self, level: str | int, query) -> np.ndarray:
+        """Estimates of every row of ``query`` at every node, ``(n_nodes, n_rows)``."""
+        est = np.asarray(self.level(level), dtype=np.float64)
+        return est.reshape(est.shape[0], -1) @ query_matrix(self.resolve_query(query)).T
+
+    def query_variances(self, level: str | int, query) -> np.ndarray:
+        """Error variances of every row of ``query`` at every node, ``(n_nodes, n_rows)``
+        (:meth:`Covariance.query_variances`: NaN where not determined or not identified).
+
+        Raises
+        ------
+        SpecError
+            When the release has no covariance.
+        """
+        cov = self.covariance
+        if cov is None:
+            raise self.no_covariance()
+        return cov.query_variances(self.level_index(level), self.resolve_query(query))
+
+    def query_standard_errors(self, level: str | int, query) -> np.ndarray:
+        """Square roots of :meth:`query_variances`."""
+        return np.sqrt(self.query_variances(level, query))
+
+    def conf_int(
+        self, level: str | int, alpha: float = 0.1, *, query=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Normal ``1 − alpha`` intervals ``estimate ∓ z_{1−α/2}·se`` at every node of a
+        level: of every cell, or of every row of ``query`` (default :attr:`default_query`).
+        90% by default, the level of the written ``_moe`` columns (which widen an integer
+        release's interval to whole numbers, :func:`~censusdp.pipelines.io.outputs.lattice_moe`).
+
+        Returns
+        -------
+        lower, upper : numpy.ndarray
+            The shape of the estimates (cells) or ``(n_nodes, n_rows)`` (a query); NaN for
+            rows that are not identified.
+
+        Raises
+        ------
+        SpecError
+            No standard errors, an unknown level or query, or alpha not in (0, 1).
+        """
+        from censusdp.estimation.uncertainty import normal_intervals
+
+        query = self.default_query if query is None else query
+        if query is None:
+            se = self.standard_errors(level)
+            if se is None:
+                raise self.no_covariance()
+            return normal_intervals(self.level(level), se, alpha)
+        q = self.resolve_query(query)
+        return normal_intervals(
+            self.query_estimates(level, q), self.query_standard_errors(level, q), alpha
+        )
+
+    def summary(self, query=None) -> pd.DataFrame:
+        """One row per level held: nodes, the sum and the smallest of the cell estimates, the
+        share of negative cells, and the mean and largest standard error over the nodes — of
+        the cells, or of the rows of ``query`` (default :attr:`default_query`); ``se_of``
+        names which (``"cell"`` or the query's name); NaN without a covariance, and
+        unidentified rows are left out."""
+        query = self.default_query if query is None else query
+        q = None if query is None else self.resolve_query(query)
+        rows = []
+        for name in self.level_names:
+            est = np.asarray(self.level(name), dtype=np.float64)
+            if self.covariance is None:
+                se = np.full(0, np.nan)
+            elif q is None:
+                se = self.standard_errors(name)
+            else:
+                se = self.query_standard_errors(name, q)
+            finite = se[np.isfinite(se)]
+            rows.append(
+                {
+                    "level": name,
+                    "nodes": est.shape[0],
+                    "total": float(est.sum()),
+                    "min_cell": float(est.min()) if est.size else np.nan,
+                    "negative_share": float((est < 0).mean()) if est.size else np.nan,
+                    "mean_se": float(finite.mean()) if finite.size else np.nan,
+                    "max_se": float(finite.max()) if finite.size else np.nan,
+                    "se_of": "cell" if q is None else getattr(q, "name", "query"),
+                }
+            )
+        return pd.DataFrame(rows).set_index("level")
+
+    def to_frame(self, levels: Sequence[str | int] | None = None) -> pd.DataFrame:
+        """Long table: level, code, cell, estimator, value, se (se NaN where undefined).
+
+        ``value`` is int64 for an integer release (:attr:`integer`: the released counts, as
+        pandas and R users expect them), float64 otherwise; ``se`` float64 at full precision
+        (the written tables round it, :func:`censusdp.pipelines.runner.release_frame`).
+        """
+        names = self.level_names
+        ks = range(len(names)) if levels is None else [self.level_index(k) for k in levels]
+        labels = np.asarray(self.cell_labels, dtype=object)
+        frames = []
+        for name in (names[k] for k in ks):
+            est = np.asarray(self.level(name))
+            se = self.standard_errors(name)
+            codes = np.asarray(self.level_codes(name), dtype=object)
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "level": np.repeat(name, est.size),
+                        "code": np.repeat(codes, labels.size),
+                        "cell": np.tile(labels, est.shape[0]),
+                        "estimator": self.estimator,
+                        "value": est.reshape(-1).astype(np.int64 if self.integer else np.float64),
+                        "se": np.full(est.size, np.nan) if se is None else np.reshape(se, -1),
+                    }
+                )
+            )
+        return pd.concat(frames, ignore_index=True)
+
+
 @dataclass(frozen=True, eq=False, repr=False)
-class Release:
+class Release(ReleaseBase):
     """A consistent, invariant-respecting release (frozen; see :meth:`replace`).
 
     Attributes
@@ -134,71 +340,46 @@ class Release:
             f"{se}; {self.privacy.guarantee}>"
         )
 
-    def level_index(self, level: str | int) -> int:
-        """The index of a level given by name (``"county"``) or index (negative from the
-        leaves), as every method here takes it.
-
-        Raises
-        ------
-        SpecError
-            An unknown name or an index out of range, naming the release's levels
-            (:func:`~censusdp.mechanisms.queries.level_position`).
-        """
-        return level_position(self.hierarchy.names, level, f"{self.estimator} release")
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        return tuple(self.hierarchy.names)
 
     def level(self, level: str | int) -> np.ndarray:
         """Estimates at one level, (n_nodes, n_cells)."""
         return self.estimates[self.level_index(level)]
 
-    def conf_int(
-        self, level: str | int, alpha: float = 0.1, *, include_rounding: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Normal ``1 − alpha`` intervals ``estimate ∓ z·se`` of every cell at one level
-        (:func:`censusdp.estimation.uncertainty.intervals`); ``include_rounding`` adds the
-        rounding's variance of an integer release.
+    def level_codes(self, level: str | int) -> np.ndarray:
+        return self.hierarchy.levels[self.level_index(level)].codes
 
-        Returns
-        -------
-        lower, upper : numpy.ndarray
-            (n_nodes, n_cells) each.
+    @property
+    def cell_labels(self) -> tuple[str, ...]:
+        return self.cells
 
-        Raises
-        ------
-        SpecError
-            When the release has no standard errors (TopDown-style) or alpha is not in (0, 1).
-        """
-        from censusdp.estimation.uncertainty import intervals
-
-        k = self.level_index(level)
-        return intervals(self, k, alpha, include_rounding=include_rounding)
-
-    def summary(self) -> pd.DataFrame:
-        """One row per level: nodes, the sum of the estimates, the smallest estimate, the share
-        of negative cells, and the mean and largest cell standard error (NaN without SEs;
-        ``se_of`` says they are per cell)."""
-        rows = []
-        for k, lv in enumerate(self.hierarchy.levels):
-            est = np.asarray(self.estimates[k], dtype=float)
-            se = self.standard_errors(k)
-            rows.append(
-                {
-                    "level": lv.name,
-                    "nodes": lv.size,
-                    "total": float(est.sum()),
-                    "min_cell": float(est.min()) if est.size else np.nan,
-                    "negative_share": float((est < 0).mean()) if est.size else np.nan,
-                    "mean_se": float(se.mean()) if se is not None and se.size else np.nan,
-                    "max_se": float(se.max()) if se is not None and se.size else np.nan,
-                    "se_of": "cell",
-                }
-            )
-        return pd.DataFrame(rows).set_index("level")
-
-    def standard_errors(self, level: str | int) -> np.ndarray | None:
-        """Standard errors at one level, or None when the estimator has none."""
+    @property
+    def covariance(self) -> NodeCovariance | None:
+        """Per node: the cell variances, with the full covariances when the estimator kept
+        them (``tree_gls(..., covariance=True)``); None without variances."""
         if self.variances is None:
             return None
-        return np.sqrt(self.variances[self.level_index(level)])
+        full = None if self.covariances is None else tuple(self.covariances)
+        return NodeCovariance(tuple(self.variances), full)
+
+    def conf_int(
+        self,
+        level: str | int,
+        alpha: float = 0.1,
+        *,
+        query=None,
+        include_rounding: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`ReleaseBase.conf_int`; ``include_rounding`` adds the rounding variance
+        ``p(1 − p)`` of the leaf cells of a real-valued release you will round
+        (:func:`censusdp.estimation.uncertainty.intervals`)."""
+        if not include_rounding:
+            return super().conf_int(level, alpha, query=query)
+        from censusdp.estimation.uncertainty import intervals
+
+        return intervals(self, self.level_index(level), alpha, include_rounding=True)
 
     def sum_variances(self, level: str | int, query, *, rounding_only: bool = False) -> np.ndarray:
         """Variance of each row of ``query`` (a sum of cells) at every node of a level.
@@ -216,8 +397,6 @@ class Release:
             estimator part of a sum of several cells needs its covariances (e.g.
             ``tree_gls(..., covariance=True)``).
         """
-        from censusdp.errors import SpecError
-
         k = self.level_index(level)
         M = np.asarray(query.matrix)
         name = getattr(query, "name", "query")
@@ -239,11 +418,9 @@ class Release:
                     f"{self.estimator!r}); round it with round_release to get them"
                 )
             rnd = 0.0
-            if self.covariances is not None:
-                A = M.astype(float)
-                est = np.einsum("qa,nab,qb->nq", A, self.covariances[k], A)
-            elif self.variances is not None and np.all(M.sum(axis=1) == 1):
-                est = self.variances[k][:, np.argmax(M, axis=1)]
+            cov = self.covariance
+            if cov is not None:
+                est = cov.query_variances(k, M)
             else:
                 est = np.full((self.estimates[k].shape[0], M.shape[0]), np.nan)
         out = est + rnd
@@ -265,34 +442,65 @@ class Release:
         """Node totals (sum over cells) at one level."""
         return self.level(level).sum(axis=1)
 
-    def to_frame(self, levels: Sequence[str | int] | None = None) -> pd.DataFrame:
-        """Long table: level, code, cell, estimator, value, se (se NaN where undefined).
 
-        ``value`` is int64 for an integer release (:attr:`integer`: the released counts, as
-        pandas and R users expect them), float64 otherwise; ``se`` float64 at full precision
-        (the written tables round it, :func:`censusdp.pipelines.runner.release_frame`).
-        """
-        ks = (
-            range(self.hierarchy.depth)
-            if levels is None
-            else [self.hierarchy.level_index(k) for k in levels]
-        )
-        frames = []
-        n_cells = len(self.cells)
-        for k in ks:
-            lv = self.hierarchy.levels[k]
-            est = self.estimates[k]
-            se = self.standard_errors(k)
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "level": np.repeat(lv.name, lv.size * n_cells),
-                        "code": np.repeat(lv.codes.astype(object), n_cells),
-                        "cell": np.tile(np.asarray(self.cells, dtype=object), lv.size),
-                        "estimator": self.estimator,
-                        "value": est.reshape(-1).astype(np.int64 if self.integer else np.float64),
-                        "se": np.full(est.size, np.nan) if se is None else se.reshape(-1),
-                    }
+@dataclass(frozen=True, eq=False, repr=False)
+class LevelRelease(ReleaseBase):
+    """A release given by its parts: the member a route's own release type holds (the PPMF
+    units' ``H1Release.release``, the codebook tables' ``TableRelease.release``) to offer
+    the family's methods without a hierarchy or an estimator of its own.
+
+    Attributes
+    ----------
+    estimator : str
+        What the values are (``"unbiased"``: the unbiased integer product).
+    names : tuple of str
+        The levels, top first.
+    codes : tuple of numpy.ndarray
+        Per level, every node's code.
+    cells : tuple of str
+    estimates : tuple of numpy.ndarray
+        Per level, ``(n_nodes, n_cells)``.
+    cov : Covariance or None
+        The error covariance (read as :attr:`covariance`).
+    privacy : PrivacyStatement
+    integer : bool
+    """
+
+    estimator: str
+    names: tuple[str, ...]
+    codes: tuple[np.ndarray, ...]
+    cells: tuple[str, ...]
+    estimates: tuple[np.ndarray, ...]
+    cov: Covariance | None
+    privacy: PrivacyStatement
+    integer: bool = False
+
+    def __post_init__(self) -> None:
+        for name, codes, est in zip(self.names, self.codes, self.estimates, strict=True):
+            if est.shape != (len(codes), len(self.cells)):
+                raise ValueError(
+                    f"level {name!r}: estimates must be ({len(codes)}, {len(self.cells)})"
                 )
-            )
-        return pd.concat(frames, ignore_index=True)
+
+    def __repr__(self) -> str:
+        levels = ", ".join(f"{n}={len(c)}" for n, c in zip(self.names, self.codes, strict=True))
+        kind = "integer" if self.integer else "real"
+        return f"<LevelRelease {self.estimator}: {kind}, {len(self.cells)} cells, levels {levels}>"
+
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        return self.names
+
+    def level(self, level: str | int) -> np.ndarray:
+        return self.estimates[self.level_index(level)]
+
+    def level_codes(self, level: str | int) -> np.ndarray:
+        return self.codes[self.level_index(level)]
+
+    @property
+    def cell_labels(self) -> tuple[str, ...]:
+        return self.cells
+
+    @property
+    def covariance(self) -> Covariance | None:
+        return self.cov

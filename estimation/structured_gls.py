@@ -78,10 +78,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.covariance import BlockCovariance, identified_rows
 from censusdp.estimation.gls import check_invariants
 from censusdp.estimation.gls_kernel import (
     LevelInputs,
@@ -91,7 +91,7 @@ from censusdp.estimation.gls_kernel import (
     root_start,
 )
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis, node_axis_product
-from censusdp.estimation.uncertainty import normal_intervals
+from censusdp.estimation.release import ReleaseBase
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.laws import floating_point_note
@@ -135,12 +135,18 @@ Geometry = Literal["weighted", "euclidean"]
 _RANGE_RTOL = 1e-10
 
 
-class BlockEstimates:
-    """What a structured estimate offers per level: marginal estimates, identified rows and
-    standard errors from the nodes' blocks. Subclasses hold ``schema``, ``basis``,
-    ``estimates``, ``covariances``, ``identified``, ``_rows`` and map a level to an index of
-    ``estimates`` (:meth:`_index`)."""
+class BlockEstimates(ReleaseBase):
+    """A structured estimate as a member of the release family
+    (:class:`~censusdp.estimation.release.ReleaseBase`): cell tensors per level with a
+    :class:`~censusdp.estimation.covariance.BlockCovariance` (the nodes' blocks in the
+    marginal basis), marginal estimates and identified rows; intervals and the summary are
+    by table (``query``, ``"total"`` by default: a schema histogram is published as
+    tables). Subclasses hold ``schema``, ``basis``, ``estimates``, ``covariances``,
+    ``identified``, ``_rows`` and map a level to an index of ``estimates`` (:meth:`_index`)
+    and name their levels (:meth:`_level_names`)."""
 
+    estimator = "structured_gls"
+    default_query = "total"
     schema: Schema
     basis: MarginalBasis
     estimates: tuple[np.ndarray, ...]
@@ -151,12 +157,44 @@ class BlockEstimates:
     def _index(self, level: str | int) -> int:
         raise NotImplementedError
 
+    def _level_names(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def level_index(self, level: str | int) -> int:
+        return self._index(level)
+
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        return self._level_names()
+
     def level(self, level: str | int) -> np.ndarray:
         """Cell-tensor estimates of one level, ``(n_nodes, *schema.shape)``."""
         return self.estimates[self._index(level)]
 
-    def _query(self, query: ProductQuery | str) -> ProductQuery:
+    @property
+    def cell_labels(self) -> tuple[str, ...]:
+        return self.schema.cells
+
+    def resolve_query(self, query: ProductQuery | str) -> ProductQuery:
+        """``query`` parsed over the schema, or checked to be over it."""
         return schema_query(self.schema, query)
+
+    _query = resolve_query
+
+    @property
+    def covariance(self) -> BlockCovariance | None:
+        """The nodes' blocks per level, with the identified subspace; None for the Euclidean
+        geometry with unequal noise scales."""
+        if self.covariances is None:
+            return None
+        n_nodes = tuple(e.shape[0] for e in self.estimates)
+        return BlockCovariance(tuple(self.covariances), self.identified, n_nodes, self._rows)
+
+    def no_covariance(self) -> SpecError:
+        return SpecError(
+            "this release has no covariances: the Euclidean projection with unequal noise "
+            "scales has no tree-pass covariance; use geometry='weighted'"
+        )
 
     def identified_rows(self, query: ProductQuery | str) -> np.ndarray:
         """Per row of ``query`` (measured or not), True when it is identified.
@@ -175,86 +213,12 @@ class BlockEstimates:
         out = q.apply(self.level(level))
         return np.where(self.identified_rows(q)[None, :], out, np.nan)
 
-    def query_variances(self, level: str | int, query: ProductQuery | str) -> np.ndarray:
-        """Error variances of every row of ``query`` at every node, ``(n_nodes, n_rows)``,
-        from the nodes' blocks; NaN for unidentified rows.
-
-        Raises
-        ------
-        SpecError
-            When the release has no covariances (Euclidean geometry, unequal noise scales).
-        """
-        if self.covariances is None:
-            raise SpecError(
-                "this release has no covariances: the Euclidean projection with unequal noise "
-                "scales has no tree-pass covariance; use geometry='weighted'"
-            )
-        q = self._query(query)
-        k = self._index(level)
-        var = np.maximum(self.covariances[k].query_variances(q), 0.0)
-        var = np.broadcast_to(var, (self.estimates[k].shape[0], q.n_rows))
-        return np.where(self.identified_rows(q)[None, :], var, np.nan)
-
-    def query_standard_errors(self, level: str | int, query: ProductQuery | str) -> np.ndarray:
-        """Square roots of :meth:`query_variances`."""
-        return np.sqrt(self.query_variances(level, query))
-
     def node_covariance(self, level: str | int, node: int) -> BlockDiagonal:
         """One node's covariance blocks (no node axis), e.g. for ``dense_cells()``."""
         if self.covariances is None:
             raise SpecError("this release has no covariances (see query_variances)")
         cov = self.covariances[self._index(level)]
         return BlockDiagonal(self.basis, {m: b[node] for m, b in cov.blocks.items()})
-
-    def conf_int(
-        self, level: str | int, alpha: float = 0.1, *, query: ProductQuery | str = "total"
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Normal ``1 − alpha`` intervals of every row of ``query`` at every node of a level,
-        ``(n_nodes, n_rows)`` each (the protocol of :meth:`Release.conf_int
-        <censusdp.estimation.release.Release.conf_int>`, by table instead of by cell: a
-        schema histogram is published as tables). NaN for unidentified rows.
-
-        Raises
-        ------
-        SpecError
-            No covariances, an unknown query or level, or alpha not in (0, 1).
-        """
-        q = self._query(query)
-        return normal_intervals(
-            self.query_estimates(level, q), self.query_standard_errors(level, q), alpha
-        )
-
-    def _level_names(self) -> tuple[str, ...]:
-        raise NotImplementedError
-
-    def summary(self, query: ProductQuery | str = "total") -> pd.DataFrame:
-        """One row per level held: nodes, the sum and the smallest of the cell estimates,
-        the share of negative cells, and the mean and largest standard error of ``query``'s
-        rows over the nodes (``se_of`` names it; NaN without covariances) — the columns of
-        :meth:`Release.summary <censusdp.estimation.release.Release.summary>`."""
-        q = self._query(query)
-        rows = []
-        for name in self._level_names():
-            est = self.level(name)
-            se = (
-                self.query_standard_errors(name, q)
-                if self.covariances is not None
-                else np.full((est.shape[0], q.n_rows), np.nan)
-            )
-            finite = se[np.isfinite(se)]
-            rows.append(
-                {
-                    "level": name,
-                    "nodes": est.shape[0],
-                    "total": float(est.sum()),
-                    "min_cell": float(est.min()) if est.size else np.nan,
-                    "negative_share": float((est < 0).mean()) if est.size else np.nan,
-                    "mean_se": float(finite.mean()) if finite.size else np.nan,
-                    "max_se": float(finite.max()) if finite.size else np.nan,
-                    "se_of": q.name,
-                }
-            )
-        return pd.DataFrame(rows).set_index("level")
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,6 +266,9 @@ class StructuredRelease(BlockEstimates):
 
     def _level_names(self) -> tuple[str, ...]:
         return tuple(self.hierarchy.names)
+
+    def level_codes(self, level: str | int) -> np.ndarray:
+        return self.hierarchy.levels[self._index(level)].codes
 
     def __repr__(self) -> str:
         levels = ", ".join(f"{lv.name}={lv.size}" for lv in self.hierarchy.levels)
@@ -354,6 +321,11 @@ class StructuredPiece(BlockEstimates):
 
     def _level_names(self) -> tuple[str, ...]:
         return self.names
+
+    def level_codes(self, level: str | int) -> np.ndarray:
+        """The hierarchy indices of the nodes held (a piece holds no codes)."""
+        lo, hi = self.ranges[self._index(level)]
+        return np.arange(lo, hi, dtype=np.int64)
 
     def __repr__(self) -> str:
         pairs = zip(self.names, self.ranges, strict=True)
@@ -524,20 +496,6 @@ def schema_query(schema: Schema, query: ProductQuery | str) -> ProductQuery:
     if query.schema is not schema:
         raise SpecError(f"query {query.name!r} is over another schema than {schema.name!r}")
     return query
-
-
-def identified_rows(
-    basis: MarginalBasis, identified: BlockDiagonal, query: ProductQuery, cache: dict
-) -> np.ndarray:
-    """Per row of ``query``, True when it lies in the identified subspace ``W`` (projector
-    ``identified``): ``‖(I − Π_W) q‖² ≤ 1e-9 ‖q‖²``, computed per block like a variance
-    (:meth:`BlockDiagonal.query_variances`); memoised in ``cache`` by the query's elements."""
-    key = _key(query)
-    if key not in cache:
-        norm2 = basis.identity().query_variances(query)
-        outside = (basis.identity() + identified * -1.0).query_variances(query)
-        cache[key] = outside <= 1e-9 * np.maximum(norm2, 1.0)
-    return cache[key]
 
 
 def resolve_products(

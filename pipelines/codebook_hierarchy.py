@@ -65,6 +65,7 @@ Srinivasan, A. (2001). Distributions on level-sets with applications to approxim
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -79,7 +80,9 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement, Product, Step, with_products
 from censusdp.errors import DataError
+from censusdp.estimation.covariance import NodeCovariance
 from censusdp.estimation.nonnegative import BIASED_NOTE
+from censusdp.estimation.release import ReleaseBase
 from censusdp.estimation.rounding import pipage_round, rounding_variance
 from censusdp.estimation.structured_gls import StructuredRelease, structured_gls
 from censusdp.hierarchy import Hierarchy, gisjoin
@@ -121,8 +124,11 @@ __all__ = [
 
 
 @dataclass(frozen=True, eq=False)
-class HierarchyRelease:
-    """Both products of a codebook file over a hierarchy, every level.
+class HierarchyRelease(ReleaseBase):
+    """Both products of a codebook file over a hierarchy, every level; as a release
+    (:class:`~censusdp.estimation.release.ReleaseBase`) it is the unbiased integer product,
+    with a per-node diagonal covariance ``GLS variance + rounding variance`` of every column
+    (a standard error covers everything between the truth and the released number).
 
     Attributes
     ----------
@@ -136,6 +142,8 @@ class HierarchyRelease:
         Per level: the GLS standard error and the rounding's variance of every unbiased
         integer column.
     privacy : PrivacyStatement
+    columns : tuple of str
+        The codebook's columns (the cells of :meth:`to_frame`).
     """
 
     hierarchy: Hierarchy
@@ -146,11 +154,33 @@ class HierarchyRelease:
     gls_se: list[np.ndarray]
     rounding_variance: list[np.ndarray]
     privacy: PrivacyStatement
+    columns: tuple[str, ...] = ()
 
-    def standard_errors(self, level: str | int) -> np.ndarray:
-        """``√(GLS variance + rounding variance)`` of every unbiased integer column."""
-        k = self.hierarchy.level_index(level)
-        return np.sqrt(self.gls_se[k] ** 2 + self.rounding_variance[k])
+    integer = True
+    estimator = "unbiased"
+
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        return tuple(self.hierarchy.names)
+
+    def level(self, level: str | int) -> np.ndarray:
+        """The unbiased integer columns of one level, ``(n_nodes, columns)``."""
+        return self.unbiased[self.level_index(level)]
+
+    def level_codes(self, level: str | int) -> np.ndarray:
+        return self.hierarchy.levels[self.level_index(level)].codes
+
+    @property
+    def cell_labels(self) -> tuple[str, ...]:
+        return self.columns
+
+    @functools.cached_property
+    def covariance(self) -> NodeCovariance:
+        """Per node, diagonal: ``GLS variance + rounding variance`` of every column (the
+        columns overlap, so a sum of columns has no variance here)."""
+        return NodeCovariance(
+            tuple(se**2 + v for se, v in zip(self.gls_se, self.rounding_variance, strict=True))
+        )
 
 
 def hierarchy_of_rows(
@@ -355,7 +385,7 @@ def release_hierarchy(
     gls_se = [_column_se(gls, plan, k) for k in range(h.depth)]
     return HierarchyRelease(
         h, gls, estimate, unbiased, nonnegative, gls_se, rvar,
-        _statement(plan, h, gls, invariants, row_levels, delta),
+        _statement(plan, h, gls, invariants, row_levels, delta), tuple(plan.codebook.columns),
     )  # fmt: skip
 
 

@@ -77,6 +77,7 @@ Van Riper, D., Kugler, T. and Schroeder, J. (2020). IPUMS NHGIS Privacy-Protecte
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import math
@@ -96,7 +97,9 @@ from censusdp.budget import (
     statement_for,
 )
 from censusdp.errors import BudgetError, DataError, SpecError
+from censusdp.estimation.covariance import NodeCovariance
 from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
+from censusdp.estimation.release import LevelRelease
 from censusdp.estimation.rounding import pipage_round, rounding_variance
 from censusdp.hierarchy.gisjoin import LAYOUTS, RowLevels, declared_layout
 from censusdp.mechanisms.discrete import DiscreteGaussian
@@ -1060,13 +1063,47 @@ class TablePlan:
 
 @dataclass(frozen=True, eq=False)
 class TableRelease:
-    """A codebook release: integer columns, their standard errors, the derived statement."""
+    """A codebook release: integer columns, their standard errors, the derived statement.
+
+    Attributes
+    ----------
+    plan : TablePlan
+    values : numpy.ndarray
+        int64 ``(areas, columns)``: the unbiased integer columns.
+    standard_errors : numpy.ndarray
+        ``(areas, columns)``: of every released column, the estimate's and the rounding's
+        error together.
+    estimate : numpy.ndarray
+        The real-valued estimate of every column.
+    privacy : PrivacyStatement
+    areas : tuple of str, or None
+        The rows' area codes (None: the rows are numbered from 1).
+    release : LevelRelease
+        The release as a member of the release family: one level ``"area"``, the codebook's
+        columns as cells, a per-area diagonal covariance from :attr:`standard_errors`.
+    """
 
     plan: TablePlan
     values: np.ndarray
     standard_errors: np.ndarray
     estimate: np.ndarray
     privacy: PrivacyStatement
+    areas: tuple[str, ...] | None = None
+
+    @functools.cached_property
+    def release(self) -> LevelRelease:
+        n = self.values.shape[0]
+        codes = np.arange(1, n + 1) if self.areas is None else np.asarray(self.areas, object)
+        return LevelRelease(
+            "unbiased",
+            ("area",),
+            (codes,),
+            tuple(self.plan.codebook.columns),
+            (self.values,),
+            NodeCovariance.from_standard_errors([self.standard_errors]),
+            self.privacy,
+            integer=True,
+        )
 
 
 def release_tables(
@@ -1114,7 +1151,8 @@ def release_tables(
     if levels is not None and levels.level.shape[0] != truth.shape[0]:
         raise ValueError(f"levels has {levels.level.shape[0]} rows, truth {truth.shape[0]}")
     privacy = plan.statement(delta) if levels is None else levels_statement(plan, levels, delta)
-    return TableRelease(plan, values, se, plan.columns(strat), privacy)
+    codes = None if areas is None else tuple(areas)
+    return TableRelease(plan, values, se, plan.columns(strat), privacy, codes)
 
 
 # ------------------------------------------------------------------ composition over levels

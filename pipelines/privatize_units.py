@@ -103,6 +103,7 @@ Bun, M. & Steinke, T. (2016). Concentrated differential privacy. TCC.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -118,8 +119,10 @@ from censusdp.atomic import check_output, output_dir
 from censusdp.budget import Accounting, PrivacyStatement, Product, Step, with_products
 from censusdp.errors import SpecError
 from censusdp.estimation.capped_simplex import project_capped_simplex
+from censusdp.estimation.covariance import NodeCovariance
 from censusdp.estimation.gls import tree_gls
 from censusdp.estimation.predict import allocation_plan
+from censusdp.estimation.release import LevelRelease
 from censusdp.estimation.rounding import TOL, round_tree, uniform_draws
 from censusdp.estimation.structured_rounding import round_children
 from censusdp.hierarchy import Hierarchy
@@ -271,6 +274,9 @@ class H1Release:
     gls_standard_errors : list of numpy.ndarray
         Per level, float ``(n_nodes,)``: the GLS standard error of occupied (and vacant)
         alone, the error of the real-valued estimate before rounding.
+    release : LevelRelease
+        The unbiased product as a member of the release family (``conf_int``, ``summary``,
+        ``to_frame``... over the columns ``H1_001N ...`` and :attr:`standard_errors`).
     """
 
     hierarchy: Hierarchy
@@ -280,6 +286,20 @@ class H1Release:
     privacy: PrivacyStatement
     nonnegative: list[np.ndarray]
     gls_standard_errors: list[np.ndarray]
+
+    @functools.cached_property
+    def release(self) -> LevelRelease:
+        h = self.hierarchy
+        return LevelRelease(
+            "unbiased",
+            tuple(h.names),
+            tuple(lv.codes for lv in h.levels),
+            H1_COLUMNS,
+            tuple(self.counts),
+            NodeCovariance.from_standard_errors(self.standard_errors),
+            self.privacy,
+            integer=True,
+        )
 
 
 def nonnegative_occupied(
