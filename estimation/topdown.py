@@ -19,9 +19,11 @@ compared with.
 The passes are :func:`~censusdp.estimation.topdown_schema.default_ordering`'s unless
 ``options.ordering`` names others: at every level the ``total`` alone, then every other
 measured query within a band of the first pass's answers; rounding the totals, then the
-cells. Measured on the 2010-sized synthetic county table of ``benchmarks/topdown_vs_gls.py``
-(52 states, 3,221 counties, 36 cells, shared 2-core machine) it takes about 4 s where the
-former dense cvxpy implementation of this module took 10.8 s.
+cells. On the real 2010 county table of ``benchmarks/topdown_vs_gls.py`` (52 states, 3,221
+counties, 36 sex × age cells, total and detailed measured, state totals invariant; measured
+2026-11-28 on the shared 2-core machine under a load of about 14) it took 25.4 s where the
+former dense cvxpy solver of this module took 38.1 s in the same conditions, with the same
+county mean absolute cell error (1.336 against 1.336).
 
 References
 ----------

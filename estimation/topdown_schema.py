@@ -60,7 +60,7 @@ from censusdp.estimation.topdown_sparse import (
 )
 from censusdp.executor import Executor
 from censusdp.hierarchy import Hierarchy, Level
-from censusdp.mechanisms.privacy import check_statement
+from censusdp.mechanisms.privacy import check_statement, derive_statement
 from censusdp.mechanisms.product_measure import (
     ProductInvariant,
     ProductMeasurement,
@@ -445,7 +445,14 @@ def _plan(
     names = hierarchy.names
     meas = _by_level(hierarchy, schema, measurements)
     invs = propagate_product_invariants(hierarchy, invariants)
-    derived = product_privacy(list(measurements), level_names=names)
+    product_privacy(list(measurements), level_names=names)  # node variances ≥ the law's
+    # derived with the invariants: the statement names them itself (induced subspace DP)
+    # rather than carrying a note that a supplied statement omitted them
+    derived = derive_statement(
+        names,
+        [(hierarchy.level_index(mm.level), mm.query, mm.law) for mm in measurements],
+        resolve_products(hierarchy, schema, invariants, "invariant", check_values=False),
+    )
     statement = check_statement(opts.privacy, derived) if opts.privacy is not None else derived
     m = schema.n_cells
     zero = None
