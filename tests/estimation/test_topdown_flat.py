@@ -16,7 +16,11 @@ from hypothesis import strategies as st
 
 from censusdp.errors import CensusDPError, DataError, SpecError
 from censusdp.estimation.topdown import flat_products, propagate_invariants, topdown
-from censusdp.estimation.topdown_schema import topdown_schema
+from censusdp.estimation.topdown_schema import (
+    bureau_pl94_ordering,
+    default_ordering,
+    topdown_schema,
+)
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Gaussian, Laplace, Query, invariant, measure
 from censusdp.mechanisms.discrete import DiscreteGaussian
@@ -196,3 +200,16 @@ def test_unidentified_level_is_refused_and_invariants_can_identify_it():
     rel = topdown(h, cells, meas[1:], [invariant(counts, 0, det)], None)
     assert np.array_equal(rel.estimates[0], counts[0])
     assert rel.diagnostics["levels"]["L0"]["l2_status"].keys() <= {"Solved", "AlmostSolved"}
+
+
+def test_default_ordering_isolates_the_total_then_fits_the_rest():
+    flat = Schema.flat(["x", "y"])
+    o = default_ordering(flat, ["a", "b", "c"], [["total", "detailed"], ["detailed", "pair"], []])
+    rounder = (("total",), ("detailed",))
+    assert o == {
+        "a": ((("total",), ("detailed",)), rounder),
+        "b": ((("detailed", "pair"),), rounder),
+        "c": ((), rounder),
+    }
+    names = ["nation", "state", "county"]
+    assert default_ordering(Schema.load("pl94"), names, [[]] * 3) == bureau_pl94_ordering(names)
