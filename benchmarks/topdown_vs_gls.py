@@ -30,7 +30,7 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.estimation.topdown import topdown
-from censusdp.estimation.topdown_problem import clear_problem_cache
+from censusdp.estimation.topdown_sparse import clear_pattern_cache
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Gaussian, Query, invariant, measure
 from censusdp.paths import shared_data_file
@@ -115,7 +115,7 @@ def main() -> None:
     td_times, gls_times = [], []
     rel = None
     for _ in range(args.repeat):
-        clear_problem_cache()
+        clear_pattern_cache()
         t0 = time.perf_counter()
         td = topdown(h, cells, meas, invs, privacy)
         td_times.append(time.perf_counter() - t0)

@@ -10,12 +10,20 @@ node may fill, e.g. persons under 18 in a nursing facility, the Bureau's ``nurse
 edit) are removed from every problem. A parent with one child hands its histogram down, a
 parent with an empty histogram has empty children; no solver runs for them.
 
-The query orderings are the Bureau's production ones (:func:`bureau_pl94_ordering`,
+For ``pl94`` the query orderings are the Bureau's production ones (:func:`bureau_pl94_ordering`,
 ``Strategy1b_ST_CTY_TR_BG_isoTot_Ordering_dsepJune3``): at the root one L2 pass over every
 query; at the state, county, tract and block-group levels pass 0 the ``total`` alone and
 pass 1 the others; at the blocks one pass over everything. The rounder: ``total`` first, then
 ``hhgq``, ``hhgq * hispanic``, ``hhgq * hispanic * cenrace``, ``detailed`` (at the root and
-the blocks in a single pass).
+the blocks in a single pass). Other schemas get :func:`default_ordering` (``total``, then
+the other measured queries; rounding ``total``, then ``detailed``) unless the caller names
+passes.
+
+This is the library's one TopDown-style implementation: a classic flat cells table is the
+one-attribute schema ``Schema.flat(cells)``, and :func:`~censusdp.estimation.topdown.topdown`
+is the front end that converts its queries and calls :func:`topdown_schema`. A level whose
+cells no measured or invariant query identifies is refused; a level without measurements
+whose invariants fix its cells is solved from them.
 
 Non-negativity and the parent equality are kept on purpose: they are what makes TopDown
 biased for small areas and cells. This is the baseline the unbiased estimator
@@ -33,6 +41,7 @@ U.S. Census Bureau (2021), DAS_2020_Redistricting_Production_Code,
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +52,6 @@ from censusdp.budget import PrivacyStatement, with_invariants
 from censusdp.errors import DataError, SolverError, SpecError
 from censusdp.estimation.release import Release
 from censusdp.estimation.structured_gls import resolve_products
-from censusdp.estimation.topdown import trivial_children
 from censusdp.estimation.topdown_sparse import (
     DEFAULT_SLACK,
     ChildrenLayout,
@@ -51,8 +59,8 @@ from censusdp.estimation.topdown_sparse import (
     l2_multipass,
 )
 from censusdp.executor import Executor
-from censusdp.hierarchy import Hierarchy
-from censusdp.mechanisms.privacy import check_statement
+from censusdp.hierarchy import Hierarchy, Level
+from censusdp.mechanisms.privacy import check_statement, derive_statement
 from censusdp.mechanisms.product_measure import (
     ProductInvariant,
     ProductMeasurement,
@@ -68,8 +76,11 @@ __all__ = [
     "LevelOrdering",
     "TopDownOptions",
     "bureau_pl94_ordering",
+    "default_ordering",
+    "propagate_product_invariants",
     "structural_zero_mask",
     "topdown_schema",
+    "trivial_children",
 ]
 
 #: Per level: (L2 passes of query names, rounder passes of query texts).
@@ -151,10 +162,28 @@ def _by_level(
     return out
 
 
-def _propagate(
-    hierarchy: Hierarchy, schema: Schema, invariants: Sequence[ProductInvariant]
+def propagate_product_invariants(
+    hierarchy: Hierarchy, invariants: Sequence[ProductInvariant]
 ) -> list[dict[str, tuple[ProductQuery, np.ndarray]]]:
-    """Per level, the invariants given there plus their sums from the levels below."""
+    """Per level, the invariants given there plus their sums from the levels below.
+
+    A query held exactly at every node of level ``k`` is held exactly at every node above
+    (the sum over children), so every sub-problem sees invariants consistent with its parent
+    and stays feasible. A query given at a level and implied from below must agree exactly.
+
+    Returns
+    -------
+    list of dict
+        Per level (root first), query name → (query, int64 ``(n_nodes, rows)`` values).
+
+    Raises
+    ------
+    SpecError
+        An unknown level, or values of the wrong shape.
+    DataError
+        Values that are not integers, or an invariant that disagrees with the sum of the
+        same invariant over its children (naming the level and node).
+    """
     out: list[dict[str, tuple[ProductQuery, np.ndarray]]] = [{} for _ in range(hierarchy.depth)]
 
     def put(k: int, q: ProductQuery, v: np.ndarray) -> None:
@@ -175,7 +204,7 @@ def _propagate(
         k = hierarchy.level_index(inv.level)
         lv = hierarchy.levels[k]
         v = checked_values(inv.values, lv.size, inv.query, "invariant", lv.name)
-        if np.any(v != np.rint(v)):
+        if not np.all(np.isfinite(v)) or np.any(v != np.rint(v)):
             raise DataError(
                 f"invariant {inv.query.name!r} at level {lv.name!r} is not integer-valued; "
                 "TopDown needs integer invariants (counts)"
@@ -185,6 +214,24 @@ def _propagate(
         for q, v in list(out[k].values()):
             put(k - 1, q, hierarchy.aggregate_up(k, v))
     return out
+
+
+def trivial_children(
+    up: Level, n_children: int, parent: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The children no solver needs, and the parents left to solve, of one level.
+
+    An only child equals its (integer) parent; the children of a parent with an all-zero
+    histogram are all zero. Returns the children's int64 histograms with those filled in
+    (``(n_children, cells)``, zero elsewhere), the parents with one child, the mask of parents
+    with several children and an all-zero histogram, and the indices of the other parents.
+    """
+    out = np.zeros((n_children, parent.shape[1]), dtype=np.int64)
+    single = np.flatnonzero(up.child_count == 1)
+    out[up.child_start[single]] = parent[single]
+    zero = (up.child_count > 1) & (parent.sum(axis=1) == 0)
+    todo = np.flatnonzero((up.child_count > 1) & ~zero)
+    return out, single, zero, todo
 
 
 def _solve_parent(task: tuple, opts: dict) -> tuple[np.ndarray, dict]:
@@ -203,7 +250,7 @@ def _solve_parent(task: tuple, opts: dict) -> tuple[np.ndarray, dict]:
         "l1_seconds": clock["l1"],
         "cpu_seconds": clock["cpu_seconds"],
         "l2_status": [p.status for p in l2],
-        "l1_passes": len(l1),
+        "l1_status": [p.status for p in l1],
     }
 
 
@@ -232,8 +279,9 @@ class TopDownOptions:
     ----------
     ordering : mapping level name → (L2 passes, rounder passes), optional
         Query names per pass (see :func:`bureau_pl94_ordering`, the default for ``pl94``).
-        Default for other schemas: at every level one L2 pass over its measured queries and
-        rounder passes ``total`` then ``detailed``.
+        Default for other schemas (:func:`default_ordering`): at every level L2 passes
+        ``total`` then the other measured queries, rounder passes ``total`` then
+        ``detailed``.
     structural_zeros : numpy.ndarray, optional
         Boolean mask (flat or ``schema.shape``) of cells held at zero at every node
         (:func:`structural_zero_mask`). The root's noisy answers are fitted with them.
@@ -298,7 +346,8 @@ def topdown_schema(
     -------
     Release
         ``estimator="topdown"``, int64 ``(n_nodes, cells)`` per level; diagnostics per
-        level: parents solved and trivial, mean active cells, L2 and L1 seconds.
+        level: parents solved and trivial, mean active cells, the L2 and rounding passes'
+        statuses, rounding passes that needed the MILP, L2 and L1 seconds.
 
     Raises
     ------
@@ -332,6 +381,7 @@ def topdown_schema(
             "levels": diag,
             "seconds": float(sum(d["seconds"] for d in diag.values())),
             "cpu_seconds": float(sum(d["cpu_seconds"] for d in diag.values())),
+            "milp_fallbacks": int(sum(d["milp_fallbacks"] for d in diag.values())),
             "slack": opts.slack,
             "ordering": {
                 lvl: [list(map(list, o[0])), list(map(list, o[1]))]
@@ -394,8 +444,15 @@ def _plan(
         chunks = 1 if opts.executor is None else 4 * max(1, int(opts.executor.workers))
     names = hierarchy.names
     meas = _by_level(hierarchy, schema, measurements)
-    invs = _propagate(hierarchy, schema, invariants)
-    derived = product_privacy(list(measurements), level_names=names)
+    invs = propagate_product_invariants(hierarchy, invariants)
+    product_privacy(list(measurements), level_names=names)  # node variances ≥ the law's
+    # derived with the invariants: the statement names them itself (induced subspace DP)
+    # rather than carrying a note that a supplied statement omitted them
+    derived = derive_statement(
+        names,
+        [(hierarchy.level_index(mm.level), mm.query, mm.law) for mm in measurements],
+        resolve_products(hierarchy, schema, invariants, "invariant", check_values=False),
+    )
     statement = check_statement(opts.privacy, derived) if opts.privacy is not None else derived
     m = schema.n_cells
     zero = None
@@ -407,12 +464,8 @@ def _plan(
             )
     ordering = opts.ordering
     if ordering is None:
-        ordering = (
-            bureau_pl94_ordering(names)
-            if schema.name == "pl94"
-            else {n: ((tuple(q.query.name for q in meas[k]),), (("total",), ("detailed",)))
-                  for k, n in enumerate(names)}
-        )  # fmt: skip
+        ordering = default_ordering(schema, names, [[q.query.name for q in lv] for lv in meas])
+    _check_identified(hierarchy, meas, invs, m)
     _check_ordering(hierarchy, meas, ordering)
     rounder = {
         lvl: tuple(tuple(ProductQuery.parse(schema, t) for t in p) for p in passes)
@@ -421,12 +474,75 @@ def _plan(
     return _Plan(hierarchy, m, meas, invs, zero, ordering, rounder, statement, chunks, opts)
 
 
+def default_ordering(
+    schema: Schema, level_names: Sequence[str], measured: Sequence[Sequence[str]]
+) -> dict[str, LevelOrdering]:
+    """The passes used when none are given: the Bureau's for ``pl94``
+    (:func:`bureau_pl94_ordering`), else at every level L2 pass 0 the ``total`` (when
+    measured) and pass 1 the level's other measured queries, rounder passes ``total`` then
+    ``detailed`` — the two-pass form of the Bureau's ``isoTot`` orderings (Abowd et al.
+    2022, §5), also what a flat table (``Schema.flat(cells)``) gets.
+
+    Parameters
+    ----------
+    schema : Schema
+    level_names : sequence of str
+    measured : sequence of sequence of str
+        Per level, the names of its measured queries.
+    """
+    if schema.name == "pl94":
+        return bureau_pl94_ordering(level_names)
+    out: dict[str, LevelOrdering] = {}
+    for name, queries in zip(level_names, measured, strict=True):
+        first = ("total",) if "total" in queries else ()
+        rest = tuple(q for q in dict.fromkeys(queries) if q != "total")
+        out[name] = (tuple(p for p in (first, rest) if p), (("total",), ("detailed",)))
+    return out
+
+
+#: Above this many cells a level without ``detailed`` is not rank-checked (a dense
+#: rows × cells factorisation) but refused.
+_RANK_CELLS = 4096
+
+
+def _check_identified(
+    hierarchy: Hierarchy,
+    meas: list[list[ProductMeasurement]],
+    invs: list[dict[str, tuple[ProductQuery, np.ndarray]]],
+    n_cells: int,
+) -> None:
+    """Refuse a level whose cells no measurement or invariant identifies.
+
+    TopDown fixes each level's histogram before the level below is solved, so a level whose
+    measured and invariant queries do not span the cells would be split arbitrarily (the
+    solver's tie-break) and every level below would inherit that split.
+    """
+    for k, lv in enumerate(hierarchy.levels):
+        queries = [mm.query for mm in meas[k]] + [q for q, _ in invs[k].values()]
+        if any(q.name == "detailed" for q in queries):
+            continue
+        if n_cells > _RANK_CELLS:
+            why = f"measures no detailed query over its {n_cells} cells"
+        else:
+            rows = [q.dense() for q in queries]
+            rank = int(np.linalg.matrix_rank(np.vstack(rows).astype(np.float64))) if rows else 0
+            if rank >= n_cells:
+                continue
+            why = f"has only {rank} independent measured or invariant queries over {n_cells} cells"
+        raise SpecError(
+            f"TopDown-style needs every level's cells identified, but level {lv.name!r} {why}; "
+            f'measure its histogram (add "detailed" to [queries] for {lv.name!r}), as the '
+            "Census Bureau measures every level"
+        )
+
+
 def _check_ordering(
     hierarchy: Hierarchy,
     meas: list[list[ProductMeasurement]],
     ordering: Mapping[str, LevelOrdering],
 ) -> None:
-    """Every level has an ordering and a measurement, and every measured query a pass."""
+    """Every level has an ordering and every measured query a pass (a level without
+    measurements must be identified by its invariants: :func:`_check_identified`)."""
     for k, lv in enumerate(hierarchy.levels):
         if lv.name not in ordering:
             raise SpecError(f"ordering has no entry for level {lv.name!r}")
@@ -436,10 +552,6 @@ def _check_ordering(
             raise SpecError(
                 f"level {lv.name!r}: measured queries {missing} are in no L2 pass of the "
                 "ordering; add them to a pass"
-            )
-        if not meas[k]:
-            raise SpecError(
-                f"TopDown-style needs every level measured; level {lv.name!r} has no measurement"
             )
 
 
@@ -513,12 +625,18 @@ def _solve_tasks(plan: _Plan, k: int, tasks: list[tuple]) -> Iterator[tuple[np.n
 
 def _level_diag(infos: list[dict], single: int, empty: int, clock: dict[str, float]) -> dict:
     """A level's diagnostics from its solved parents' and its ``clock`` (``seconds``,
-    ``cpu_seconds``)."""
+    ``cpu_seconds``): parents solved and trivial, mean active cells, the L2 passes' and the
+    rounding passes' statuses counted, the rounding passes that needed the MILP (their LP
+    relaxation had a fractional vertex), L2 and L1 seconds."""
+    l1 = Counter(s for i in infos for s in i["l1_status"])
     return {
         "parents_solved": len(infos),
-        "parents_single_child": single,
-        "parents_empty": empty,
+        "trivial_single_child": single,
+        "trivial_zero_parent": empty,
         "mean_active_cells": float(np.mean([i["active"] for i in infos])) if infos else 0.0,
+        "l2_status": dict(Counter(s for i in infos for s in i["l2_status"])),
+        "l1_status": dict(l1),
+        "milp_fallbacks": int(l1.get("milp", 0)),
         "l2_seconds": float(sum(i["l2_seconds"] for i in infos)),
         "l1_seconds": float(sum(i["l1_seconds"] for i in infos)),
         "seconds": clock["seconds"],

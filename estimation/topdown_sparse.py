@@ -84,10 +84,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from censusdp.errors import ConvergenceError, SolverError, SpecError
-from censusdp.estimation.topdown_problem import repair_round_off, solver_unit
 from censusdp.mechanisms.product_query import ProductQuery
 
 __all__ = [
+    "clear_pattern_cache",
+    "pattern_cache_stats",
+    "repair_round_off",
+    "solver_unit",
     "sparse_matrix",
     "ChildrenLayout",
     "L2Pass",
@@ -103,6 +106,8 @@ DEFAULT_SLACK = 0.1
 _L2_OK = ("Solved", "AlmostSolved")
 #: A rounding solution further than this from an integer is a solver failure.
 _INTEGRAL = 1e-6
+#: |x − round(x)| below this is treated as the integer (solver round-off, not signal).
+_SNAP = 1e-6
 
 _KEYS: dict[int, tuple[ProductQuery, tuple]] = {}
 
@@ -157,6 +162,48 @@ def pattern_cache_stats() -> dict[str, int]:
     """Hits, misses and entries of the shared-structure cache (for benchmarks)."""
     with _PATTERN_LOCK:
         return {**_PATTERN_STATS, "entries": len(_PATTERNS)}
+
+
+def clear_pattern_cache() -> None:
+    """Drop every shared structure and zero the statistics (frees memory; later parents
+    rebuild what they need). Never changes a result: cached values are pure functions of
+    their keys."""
+    with _PATTERN_LOCK:
+        _PATTERNS.clear()
+        _PATTERN_STATS.update(hits=0, misses=0)
+
+
+def solver_unit(parent: np.ndarray | None, n: int, arrays: Sequence[np.ndarray]) -> float:
+    """The solver's unit: the mean absolute entry of the data (a child's share of the parent
+    for the parent histogram), at least 1.
+
+    Working in this unit keeps the numbers the solvers see of order one (a nation histogram
+    of 3e8 persons otherwise defeats interior-point tolerances).
+    """
+    parts = [np.abs(np.asarray(a, dtype=np.float64)).ravel() for a in arrays]
+    if parent is not None:
+        parts.append(np.abs(np.asarray(parent, dtype=np.float64)).ravel() / n)
+    allv = np.concatenate(parts) if parts else np.zeros(0)
+    return float(max(1.0, allv.mean())) if allv.size else 1.0
+
+
+def repair_round_off(xt: np.ndarray, parent: np.ndarray | None) -> np.ndarray:
+    """Clip solver round-off: negatives to 0, near-integers to the integer, and rescale each
+    cell so the children sum to the parent (a change of the order of the solver tolerance).
+
+    ``xt`` is (children, cells); a new array is returned. A cell the solver left at zero in
+    every child while the parent is positive is split evenly.
+    """
+    xt = np.maximum(xt, 0.0)
+    if parent is not None:
+        col = xt.sum(axis=0)
+        pos = col > 0
+        xt[:, pos] *= parent[pos] / col[pos]
+        gap = (~pos) & (parent > 0)
+        xt[:, gap] = parent[gap] / xt.shape[0]
+    near = np.abs(xt - np.rint(xt)) <= _SNAP
+    xt[near] = np.rint(xt[near])
+    return xt
 
 
 def sparse_matrix(query: ProductQuery) -> sp.csc_matrix:
@@ -745,10 +792,7 @@ def l2_multipass(
     live = [[nm for nm in dict.fromkeys(p) if nm in prob.terms] for p in passes]
     live = [p for p in live if p]
     if not live:
-        raise SolverError(
-            f"{where}: no L2 pass has a measured query; give passes naming the level's "
-            "measured queries"
-        )
+        return _invariant_only(prob, where)
     for i, names in enumerate(live):
         cons = prob.inv_cons + bands
         if (
@@ -767,6 +811,22 @@ def l2_multipass(
         done.append(_banded(prob, names, answers, resid + slack / prob.scale, status, steps, bands))
     xt = layout.expand(x.reshape(n, na) * prob.scale)
     return repair_round_off(xt, None if layout.parent is None else np.asarray(layout.parent)), done
+
+
+def _invariant_only(prob: _L2Problem, where: str) -> tuple[np.ndarray, list[L2Pass]]:
+    """Children with no measured query: the minimum-norm point meeting the parent sums and
+    the invariants (unique when the invariants identify the cells, as the driver checks)."""
+    n, na, parent = prob.n, prob.na, prob.parent
+    if not prob.inv_cons:
+        raise SolverError(
+            f"{where}: no L2 pass has a measured query and no invariant fixes the cells; give "
+            "passes naming the level's measured queries"
+        )
+    norm = _Term("minimum norm", None, np.zeros(n * na), np.ones(n * na))
+    x, status = _clarabel_pass([norm], prob.inv_cons, (n, na), parent, where, "minimum-norm pass")
+    xt = prob.layout.expand(x.reshape(n, na) * prob.scale)
+    parent_counts = None if prob.layout.parent is None else np.asarray(prob.layout.parent)
+    return repair_round_off(xt, parent_counts), [L2Pass(("minimum norm",), 0.0, status, 0.0, {})]
 
 
 @dataclass(eq=False)

@@ -302,7 +302,7 @@ class TopDown(_AnyLaw):
     integer = True
 
     def run(self, problem, rng, options, executor, partitions) -> Release:
-        from censusdp.estimation.topdown import TopDownSolveOptions, topdown
+        from censusdp.estimation.topdown import TopDownOptions, topdown
 
         p = problem
         mapper = None if executor is None or executor.name == "sync" else executor.map
@@ -313,7 +313,7 @@ class TopDown(_AnyLaw):
             p.measurements,
             p.invariants,
             p.privacy,
-            TopDownSolveOptions(mapper=mapper, chunks=chunks),
+            TopDownOptions(mapper=mapper, chunks=chunks),
         )
 
 

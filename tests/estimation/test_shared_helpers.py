@@ -1,6 +1,6 @@
 """The small shared kernels made public by issue 34: their own contracts.
 
-``uniform_index`` (mcmc), ``solver_unit`` / ``repair_round_off`` (topdown_problem),
+``uniform_index`` (mcmc), ``solver_unit`` / ``repair_round_off`` (topdown_sparse),
 ``range_basis`` / ``gather_block`` / ``axes_label`` / ``block_error`` (structured_gls) and
 ``block_populations`` / ``person_offsets`` / ``histogram_range`` (hierarchy.synthetic).
 """
@@ -17,7 +17,7 @@ from censusdp.errors import DataError, SpecError
 from censusdp.estimation.marginal_basis import workload_basis
 from censusdp.estimation.mcmc import uniform_index
 from censusdp.estimation.structured_gls import axes_label, block_error, gather_block, range_basis
-from censusdp.estimation.topdown_problem import repair_round_off, solver_unit
+from censusdp.estimation.topdown_sparse import repair_round_off, solver_unit
 from censusdp.hierarchy.synthetic import (
     block_populations,
     histogram_range,
