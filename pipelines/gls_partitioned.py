@@ -13,10 +13,13 @@ every partition is a contiguous run of cut-level nodes with their subtrees.
   keyed by (level, node), then the levels above the cut from the units' leftovers, and each
   partition settles its leftovers and sums its levels.
 
-Both equal the single-process results (:func:`~censusdp.estimation.gls.tree_gls`,
-:func:`~censusdp.estimation.rounding.round_release`) bit for bit, for every backend and
-partition count. The maps chain through the executor's handles (:meth:`submit
-<censusdp.pipelines.execute.DaskExecutor.submit>`): on Dask, partition ``i``'s measurements
+Both are steps (``up``/``top``/``down``) of the one partition driver,
+:func:`~censusdp.pipelines.partition_driver.drive` — the same that streams the structured GLS
+(:mod:`~censusdp.pipelines.structured_stream`) — and equal the single-process results
+(:func:`~censusdp.estimation.gls.tree_gls`, :func:`~censusdp.estimation.rounding.round_release`)
+bit for bit, for every backend and partition count. The maps chain through the executor's
+handles (:meth:`submit <censusdp.pipelines.execute.DaskExecutor.submit>`): on Dask, partition
+``i``'s measurements
 (from ``measure_partitioned(..., keep=True)``), upward state and release piece
 (:class:`~censusdp.pipelines.partitioned_release.PartitionedRelease`, with ``keep=True``)
 stay on the worker that computed them; the calling process sees the cut-level messages,
@@ -145,7 +148,9 @@ class _GLSStep:
     """The flat GLS as a :class:`~censusdp.pipelines.partition_driver.PartitionStep`: each
     partition's upward pass (:func:`_upward_task`), the levels down to the cut solved from
     the cut nodes' messages (:func:`~censusdp.estimation.gls.gls_top`), and each
-    partition's smoothing (:func:`_downward_task`) from its cached upward state."""
+    partition's smoothing (:func:`_downward_task`) from its upward state: every state is
+    kept (the driver's ``cache_bytes=None``, as before the driver), so ``down`` is always
+    given one."""
 
     plan: GLSPlan
     hierarchy: Hierarchy
@@ -560,7 +565,8 @@ class _RoundStep:
     increments the levels above the cut give its leftovers and its cut nodes' bit
     covariances or, for bipartite, the parents' rows; ``plan`` None for bipartite; tracked
     sums' masks and labels, the family's description and the rounding variances of the
-    levels down to the cut (None for bipartite: summed from the pieces)."""
+    levels down to the cut (None for bipartite: summed from the pieces). Every rounded
+    part is kept (``cache_bytes=None``)."""
 
     job: _RoundJob
     up_tasks: list[Task]

@@ -207,11 +207,11 @@ class PartitionDriver:
     def _results(
         self, tasks: Callable[[int], tuple[Task, ...]], in_order: bool
     ) -> Iterator[tuple[int, tuple, Any]]:
-        """``(i, handles, value)`` for every position ``i`` of ``order``: ``tasks(i)`` is a
-        chain (each task may take the previous one's handle, the last one's value wanted).
-        In this process: ``ordered_ahead`` over the threads. On an executor: at most
-        :attr:`window` positions in flight, results in position order or (``in_order``
-        False) as they complete, so one long task does not hold back the workers."""
+        """``(i, handles, value)`` for every position ``i`` of ``order``, on the executor:
+        ``tasks(i)`` is a chain (each task after the first is given the previous one's
+        handle; the last one's value is wanted). At most :attr:`window` positions in flight,
+        results in position order or (``in_order`` False, Dask) as they complete, so one long
+        task does not hold back the workers."""
         ex: Any = self.ex
         n, ahead = len(self.order), self.window
         inflight: dict[int, tuple] = {}
@@ -270,13 +270,12 @@ class PartitionDriver:
             elif self.ex is not None:
                 self.ex.release([state])
             del state, handles, msg
+        self.regenerated = self.n - len(self.cached)
         return messages
 
     def _down_task(self, step: PartitionStep, pos: int) -> Task:
         state = self.cached.pop(pos, None)
-        if state is None:
-            self.regenerated += 1
-        elif self.ex is not None:
+        if state is not None and self.ex is not None:
             self.sent[pos] = state  # its handle, released once its downward task is taken
         return step.down(pos, state)
 

@@ -28,7 +28,10 @@ bits whatever nodes it is batched with (the moves in and out of the basis are st
 per-node products, :func:`~censusdp.estimation.marginal_basis.node_axis_product`, and the
 passes are those of :func:`~censusdp.estimation.gls.gls_upward` / ``gls_downward``).
 
-The per-partition passes run in this process (``workers`` threads) or as tasks on any
+The three passes are a step of the one partition driver
+(:func:`~censusdp.pipelines.partition_driver.drive`, shared with the flat GLS and rounding
+of :mod:`~censusdp.pipelines.gls_partitioned`), which owns the executor, the cache and the
+order. The per-partition passes run in this process (``workers`` threads) or as tasks on any
 :class:`~censusdp.pipelines.execute.Executor` (``executor``: sync, threads, a Dask
 ``LocalCluster`` or a ``tls://`` / loopback ``tcp://`` scheduler). On Dask a partition's
 upward state stays on the worker that computed it (a handle the downward task runs next
@@ -205,8 +208,8 @@ class StreamOptions:
     ahead : int, optional
         On Dask, partitions submitted and not yet taken back (default ``2 ×`` the workers):
         bounds the data waiting on the scheduler and workers. Their results are taken as
-        they complete (the pieces for ``on_partition`` in ``order``). In-process executors
-        run one group of ``executor.workers`` partitions at a time.
+        they complete (the pieces for ``on_partition`` in ``order``). Other executors than
+        Dask and threads run one partition at a time.
     """
 
     on_top: Callable[[StructuredPiece], None] | None = None
