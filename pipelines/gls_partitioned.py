@@ -13,10 +13,13 @@ every partition is a contiguous run of cut-level nodes with their subtrees.
   keyed by (level, node), then the levels above the cut from the units' leftovers, and each
   partition settles its leftovers and sums its levels.
 
-Both equal the single-process results (:func:`~censusdp.estimation.gls.tree_gls`,
-:func:`~censusdp.estimation.rounding.round_release`) bit for bit, for every backend and
-partition count. The maps chain through the executor's handles (:meth:`submit
-<censusdp.pipelines.execute.DaskExecutor.submit>`): on Dask, partition ``i``'s measurements
+Both are steps (``up``/``top``/``down``) of the one partition driver,
+:func:`~censusdp.pipelines.partition_driver.drive` — the same that streams the structured GLS
+(:mod:`~censusdp.pipelines.structured_stream`) — and equal the single-process results
+(:func:`~censusdp.estimation.gls.tree_gls`, :func:`~censusdp.estimation.rounding.round_release`)
+bit for bit, for every backend and partition count. The maps chain through the executor's
+handles (:meth:`submit <censusdp.pipelines.execute.DaskExecutor.submit>`): on Dask, partition
+``i``'s measurements
 (from ``measure_partitioned(..., keep=True)``), upward state and release piece
 (:class:`~censusdp.pipelines.partitioned_release.PartitionedRelease`, with ``keep=True``)
 stay on the worker that computed them; the calling process sees the cut-level messages,
@@ -80,6 +83,7 @@ from censusdp.mechanisms.queries import Invariant, Measurement, Query
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.measure import PartitionedMeasurements
 from censusdp.pipelines.partition import Partition
+from censusdp.pipelines.partition_driver import DriverOptions, PartitionDriver, Task, drive
 from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece, piece_head
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 from censusdp.timing import stage
@@ -114,8 +118,10 @@ def _upward_task(item: _UpTask | tuple, plan: GLSPlan) -> UpwardState:
     return gls_upward(plan, forest, meas, invariants)
 
 
-def _message_task(state: UpwardState, plan: GLSPlan) -> Any:
-    return state.message()
+def _message_task(state: UpwardState) -> tuple[Any, int]:
+    """What a partition's upward state sends to the top: its cut nodes' beliefs (the states
+    are all kept: the size given to the driver's cache is 0)."""
+    return state.message(), 0
 
 
 def _downward_task(
@@ -135,6 +141,40 @@ def _downward_task(
         None if cov is None else tuple(cov[1:]),
         summary=residuals,
     )
+
+
+@dataclass(eq=False)
+class _GLSStep:
+    """The flat GLS as a :class:`~censusdp.pipelines.partition_driver.PartitionStep`: each
+    partition's upward pass (:func:`_upward_task`), the levels down to the cut solved from
+    the cut nodes' messages (:func:`~censusdp.estimation.gls.gls_top`), and each
+    partition's smoothing (:func:`_downward_task`) from its upward state: every state is
+    kept (the driver's ``cache_bytes=None``, as before the driver), so ``down`` is always
+    given one."""
+
+    plan: GLSPlan
+    hierarchy: Hierarchy
+    partitions: Sequence[Partition]
+    tasks: list
+    meas: list
+    invs: list
+    part_invs: list[tuple[Invariant, ...]]
+    covariance: bool
+    smoothed: tuple = ()
+    message_fn = staticmethod(_message_task)
+
+    def up(self, pos: int) -> Task:
+        return Task(_upward_task, self.tasks[pos], (self.plan,))
+
+    def top(self, messages: list) -> None:
+        cut = self.partitions[0].cut
+        self.smoothed = gls_top(self.plan, self.hierarchy, cut, self.meas, self.invs, messages)
+
+    def down(self, pos: int, state: UpwardState | None) -> Task:
+        zhat, Phat = self.smoothed
+        units = slice(*self.partitions[pos].units)
+        item = (state, zhat[-1][units], Phat[-1][units], self.part_invs[pos])
+        return Task(_downward_task, item, (self.plan, self.covariance))
 
 
 def partitioned_gls(
@@ -186,24 +226,15 @@ def partitioned_gls(
         plan, meas, invs, part_invs, tasks = _gls_tasks(
             hierarchy, cells, measurements, invariants, privacy, partitions, ex, geometry
         )
-    with stage(clock, "upward"):
-        states = ex.submit(_upward_task, tasks, plan)
-        del tasks
-        msg = ex.submit(_message_task, states, plan)
-        messages = ex.gather(msg)
-        ex.release(msg)
-    with stage(clock, "top"):
-        zhat, Phat = gls_top(plan, hierarchy, cut, meas, invs, messages)
-        del messages
-    with stage(clock, "downward"):
-        items = [
-            (s, zhat[-1][slice(*p.units)], Phat[-1][slice(*p.units)], iv)
-            for s, p, iv in zip(states, partitions, part_invs, strict=True)
-        ]
-        pieces = ex.submit(_downward_task, items, plan, covariance)
-        ex.release(states)  # the downward tasks hold them
-        del states, items
+    step = _GLSStep(plan, hierarchy, partitions, tasks, meas, invs, part_invs, covariance)
+    driver = PartitionDriver(len(partitions), ex, DriverOptions(cache_bytes=None))
+    pieces = drive(step, driver)
+    del tasks
+    step.tasks = []  # the upward items (measurement slices) are no longer needed
+    with stage(driver.seconds, "downward"):
         summaries = [summary for _, summary in _heads(ex, pieces)]
+    clock |= driver.seconds
+    zhat, Phat = step.smoothed
     est, var, cov = gls_finish(plan, zhat, Phat, covariance)
     top = forest_residuals(whole_forest(hierarchy, 0, cut), est, invs)
     timings = {
@@ -337,9 +368,15 @@ def _bipartite_task(
     )
 
 
-def _leftovers(part: RoundPart) -> RoundPart:
-    """The fractional parts a partition leaves at the cut (without its leaves)."""
-    return part.leftovers()
+def _leftovers(part: RoundPart) -> tuple[RoundPart, int]:
+    """The fractional parts a partition leaves at the cut (without its leaves): its message
+    to the levels above (the rounded parts are all kept: size 0 for the driver's cache)."""
+    return part.leftovers(), 0
+
+
+def _no_message(part: np.ndarray) -> tuple[None, int]:
+    """Bipartite rounding sends nothing up: each leaf parent is rounded on its own."""
+    return None, 0
 
 
 def _piece_sums(
@@ -476,9 +513,9 @@ def partitioned_round(
         ex, h, tuple(release.cells), kept, tuple(partitions), rng, lab, tol,
         tuple(invariants), tuple(queries),
     )  # fmt: skip
-    start = _start_bipartite(job) if method == "bipartite" else _start_family(job, method)
-    pieces = _settle(job, start)
-    rounded = _rounded(job, start, pieces, method)
+    step = _bipartite_step(job) if method == "bipartite" else _family_step(job, method)
+    pieces = drive(step, PartitionDriver(len(partitions), ex, DriverOptions(cache_bytes=None)))
+    rounded = _rounded(job, step, pieces, method)
     if isinstance(release, PartitionedRelease):
         return rounded
     ex.release(kept.pieces)
@@ -517,98 +554,106 @@ class _RoundJob:
         return [tuple(r[0] for r in p.ranges) for p in self.partitions]
 
 
-@dataclass(frozen=True, eq=False)
-class _RoundStart:
-    """The rounding's first map and what the settling needs: per partition the handle of
-    its rounded part and its ``settle`` tuple ``(leaf, cell, add, bits)`` (the increments
-    the levels above the cut give its leftovers, its cut nodes' bit covariances or, for
-    bipartite, the parents' rows); the plan (None for bipartite), tracked sums' masks and
-    labels, the family's description and the rounding variances of the levels down to the
-    cut (None for bipartite: summed from the pieces)."""
+@dataclass(eq=False)
+class _RoundStep:
+    """The rounding as a :class:`~censusdp.pipelines.partition_driver.PartitionStep` (the
+    integerizer's ``up``/``top``/``down``): each partition rounds its part (``up_tasks``:
+    the family's steps up to its cut nodes, or bipartite its leaf parents), the levels above
+    the cut are rounded here from the leftovers the cut nodes send (:func:`round_top`;
+    nothing for bipartite), and each partition settles where its piece is
+    (:func:`_settle_task`). ``settle`` is per partition ``(leaf, cell, add, bits)``: the
+    increments the levels above the cut give its leftovers and its cut nodes' bit
+    covariances or, for bipartite, the parents' rows; ``plan`` None for bipartite; tracked
+    sums' masks and labels, the family's description and the rounding variances of the
+    levels down to the cut (None for bipartite: summed from the pieces). Every rounded
+    part is kept (``cache_bytes=None``)."""
 
-    parts: list
-    settle: list[tuple]
+    job: _RoundJob
+    up_tasks: list[Task]
+    message_fn: Any
     plan: RoundingPlan | None
     masks: np.ndarray
     labels: Sequence[str]
-    family: tuple
-    top_rounding: list[np.ndarray] | None
+    family: tuple = ()
+    settle: list[tuple] = dataclasses.field(default_factory=list)
+    top_rounding: list[np.ndarray] | None = None
+
+    def up(self, pos: int) -> Task:
+        return self.up_tasks[pos]
+
+    def top(self, messages: list) -> None:
+        """``"cells"``/``"totals"``: the levels above the cut rounded from the cut nodes'
+        leftovers, and each partition told the increments its leftovers get."""
+        if self.plan is None:
+            return
+        job, h, cut = self.job, self.job.hierarchy, self.job.cut
+        top = round_top(h, cut, messages, job.rng, self.plan, label=job.label, tol=job.tol)
+        for p in job.partitions:
+            lo, hi = p.range(h.depth - 1)
+            mine = (top.leaf >= lo) & (top.leaf < hi)
+            self.settle.append(
+                (top.leaf[mine], top.cell[mine], top.add[mine], top.bits[slice(*p.range(cut))])
+            )
+        self.top_rounding = top.variances
+
+    def down(self, pos: int, state: Any | None) -> Task:
+        """Partition ``pos``'s integer piece (:func:`_settle_task`, where its piece is)."""
+        job = self.job
+        h, p = job.hierarchy, job.partitions[pos]
+        invs = tuple(
+            (iv, f"{h.names[iv.level]}: {iv.query.name}")
+            for iv in restrict(job.invariants, job.cut, p.ranges)
+        )
+        item = (state, job.kept.pieces[pos], job.forests[pos], job.los[pos], *self.settle[pos],
+                invs, self.masks)  # fmt: skip
+        return Task(_settle_task, item, (self.plan, job.tol))
 
 
-def _start_bipartite(job: _RoundJob) -> _RoundStart:
+def _bipartite_step(job: _RoundJob) -> _RoundStep:
     """Bipartite: each partition rounds the leaves of its leaf parents, each parent with
     its own keyed generator (sub-keys of its parents only)."""
-    h, cut, ex = job.hierarchy, job.cut, job.ex
+    h, cut = job.hierarchy, job.cut
     D = h.depth
     check_bipartite(h.names, job.cells, job.invariants)
     masks, labels = tracked_sums(job.cells, job.invariants, job.queries)
     up = h.levels[D - 2]
     tasks = [
-        (
-            piece,
-            up.child_count[slice(*p.range(D - 2))],
-            p.range(D - 2)[0],
-            job.rng.restrict({job.label: range(*p.range(D - 2))}),
+        Task(
+            _bipartite_task,
+            (
+                piece,
+                up.child_count[slice(*p.range(D - 2))],
+                p.range(D - 2)[0],
+                job.rng.restrict({job.label: range(*p.range(D - 2))}),
+            ),
+            (job.label, job.tol),
         )
         for p, piece in zip(job.partitions, job.kept.pieces, strict=True)
     ]
-    parts = ex.submit(_bipartite_task, tasks, job.label, job.tol)
     none = np.zeros(0, np.int64)
     if D - 2 == cut:
         rows = [job.kept.estimates[cut][slice(*p.range(cut))] for p in job.partitions]
     else:
         rows = [None] * len(job.partitions)  # the pieces hold the parents' level
-    return _RoundStart(parts, [(none, none, none, r) for r in rows], None, masks, labels, (), None)
+    settle = [(none, none, none, r) for r in rows]
+    return _RoundStep(job, tasks, _no_message, None, masks, labels, settle=settle)
 
 
-def _start_family(job: _RoundJob, method: str) -> _RoundStart:
-    """``"cells"``/``"totals"``: each partition runs the family's steps up to its cut nodes,
-    the levels above are rounded here from their leftovers (:func:`round_top`), and each
-    partition is told the increments its leftovers get."""
-    h, cut, ex, lab, tol = job.hierarchy, job.cut, job.ex, job.label, job.tol
+def _family_step(job: _RoundJob, method: str) -> _RoundStep:
+    """``"cells"``/``"totals"``: each partition runs the family's steps up to its cut nodes
+    (:func:`_round_task`, with the sub-keys of its streams)."""
+    h, cut, lab, tol = job.hierarchy, job.cut, job.label, job.tol
     plan = RoundingPlan.build(h.names, job.cells, method, job.invariants, job.queries)
+    n_global = tuple(h.sizes[cut:])
     tasks = [
-        (f, lo, piece, _round_keys(job.rng, f, lo, plan, lab))
+        Task(_round_task, (f, lo, piece, _round_keys(job.rng, f, lo, plan, lab)),
+             (n_global, plan, lab, tol))
         for f, lo, piece in zip(job.forests, job.los, job.kept.pieces, strict=True)
-    ]
-    parts = ex.submit(_round_task, tasks, tuple(h.sizes[cut:]), plan, lab, tol)
-    small = ex.submit(_leftovers, parts)
-    top = round_top(h, cut, ex.gather(small), job.rng, plan, label=lab, tol=tol)
-    ex.release(small)
-    settle = []
-    for p in job.partitions:
-        lo, hi = p.range(h.depth - 1)
-        mine = (top.leaf >= lo) & (top.leaf < hi)
-        settle.append(
-            (top.leaf[mine], top.cell[mine], top.add[mine], top.bits[slice(*p.range(cut))])
-        )
-    return _RoundStart(parts, settle, plan, plan.masks, plan.labels, plan.describe(), top.variances)
-
-
-def _settle(job: _RoundJob, start: _RoundStart) -> list:
-    """The partitions' integer pieces (:func:`_settle_task`, where the pieces are); the
-    first map's parts are released."""
-    h, cut = job.hierarchy, job.cut
-    part_invs = [
-        tuple(
-            (iv, f"{h.names[iv.level]}: {iv.query.name}")
-            for iv in restrict(job.invariants, cut, p.ranges)
-        )
-        for p in job.partitions
-    ]
-    items = [
-        (part, piece, f, lo, *st, iv, start.masks)
-        for part, piece, f, lo, st, iv in zip(
-            start.parts, job.kept.pieces, job.forests, job.los, start.settle, part_invs,
-            strict=True,
-        )
     ]  # fmt: skip
-    pieces = job.ex.submit(_settle_task, items, start.plan, job.tol)
-    job.ex.release(start.parts)
-    return pieces
+    return _RoundStep(job, tasks, _leftovers, plan, plan.masks, plan.labels, plan.describe())
 
 
-def _rounded(job: _RoundJob, start: _RoundStart, pieces: list, method: str) -> PartitionedRelease:
+def _rounded(job: _RoundJob, start: _RoundStep, pieces: list, method: str) -> PartitionedRelease:
     """The rounded release kept per partition: the levels down to the cut summed from the
     pieces' heads, variances with the rounding's added, the tracked sums, and every
     invariant checked exact (DataError naming those that are not; the pieces released)."""

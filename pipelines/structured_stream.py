@@ -28,7 +28,10 @@ bits whatever nodes it is batched with (the moves in and out of the basis are st
 per-node products, :func:`~censusdp.estimation.marginal_basis.node_axis_product`, and the
 passes are those of :func:`~censusdp.estimation.gls.gls_upward` / ``gls_downward``).
 
-The per-partition passes run in this process (``workers`` threads) or as tasks on any
+The three passes are a step of the one partition driver
+(:func:`~censusdp.pipelines.partition_driver.drive`, shared with the flat GLS and rounding
+of :mod:`~censusdp.pipelines.gls_partitioned`), which owns the executor, the cache and the
+order. The per-partition passes run in this process (``workers`` threads) or as tasks on any
 :class:`~censusdp.pipelines.execute.Executor` (``executor``: sync, threads, a Dask
 ``LocalCluster`` or a ``tls://`` / loopback ``tcp://`` scheduler). On Dask a partition's
 upward state stays on the worker that computed it (a handle the downward task runs next
@@ -56,7 +59,7 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -90,8 +93,15 @@ from censusdp.mechanisms.product_measure import (
 )
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.options import with_keywords
-from censusdp.pipelines.execute import DaskExecutor, Executor, ThreadExecutor, ordered_ahead
+from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.partition import Partition
+from censusdp.pipelines.partition_driver import (
+    DEFAULT_CACHE_BYTES,
+    DriverOptions,
+    PartitionDriver,
+    Task,
+    drive,
+)
 from censusdp.schema import Schema
 from censusdp.timing import CPU_PREFIX, stage
 
@@ -104,11 +114,6 @@ __all__ = [
     "given_values",
     "structured_stream",
 ]
-
-#: The default memory budget of the upward states cached between the passes (1 GiB). A
-#: pl94 partition's state is about 17.7 KB per block (measured on the synthetic U.S.), so this
-#: holds ~60,000 blocks' states: the whole of a small state, a few partitions of a large run.
-DEFAULT_CACHE_BYTES = 1 << 30
 
 #: ``measure(partition)``: per measurement at or below the cut (in order), its values at the
 #: partition's nodes of its level, ``(hi − lo, n_rows)``.
@@ -203,8 +208,8 @@ class StreamOptions:
     ahead : int, optional
         On Dask, partitions submitted and not yet taken back (default ``2 ×`` the workers):
         bounds the data waiting on the scheduler and workers. Their results are taken as
-        they complete (the pieces for ``on_partition`` in ``order``). In-process executors
-        run one group of ``executor.workers`` partitions at a time.
+        they complete (the pieces for ``on_partition`` in ``order``). Other executors than
+        Dask and threads run one partition at a time.
     """
 
     on_top: Callable[[StructuredPiece], None] | None = None
@@ -301,10 +306,6 @@ class _Context:
     rows: dict
 
 
-def _same(x: Any) -> Any:
-    return x
-
-
 def _names_only(hierarchy: Hierarchy) -> Hierarchy:
     """A one-node-per-level hierarchy with ``hierarchy``'s level names."""
     one = np.zeros(1, np.int64)
@@ -353,10 +354,11 @@ def _up_task(
     return _upward(*item)
 
 
-def _message_task(state: tuple[StructuredUpward, dict]) -> tuple[dict, int, dict]:
-    """What an upward state sends up: its messages, its size (for the cache) and seconds."""
+def _message_task(state: tuple[StructuredUpward, dict]) -> tuple[tuple[dict, dict], int]:
+    """What an upward state sends up: its messages and seconds, and its size (for the
+    cache)."""
     up, seconds = state
-    return up.messages(), up.nbytes(), seconds
+    return (up.messages(), seconds), up.nbytes()
 
 
 #: Partition ``partition``'s downward pass: ``[context, partition, state, measure, forest,
@@ -408,41 +410,6 @@ def _downward(
     with stage(seconds, "sink"):
         sunk = None if sink is None else sink(piece, p, payload)
     return (piece if keep_piece else None), residuals, fresh, sunk, seconds
-
-
-def _results(
-    ex: Executor,
-    n: int,
-    submit: Callable[[range], list[tuple]],
-    group: int,
-    ahead: int,
-    in_order: bool,
-) -> Iterator[tuple[int, tuple, Any]]:
-    """``(i, handles, value)`` for every position ``i`` in ``0 .. n-1``.
-
-    Positions are submitted in groups of ``group`` (``submit(range)`` → per position a tuple
-    of handles, the last one's value wanted), at most ``ahead`` groups at a time; results
-    come in position order, or (``in_order=False``) as they complete, so one long task does
-    not hold back the workers.
-    """
-    groups = [range(i, min(i + group, n)) for i in range(0, n, group)]
-    inflight: dict[int, tuple] = {}
-    nxt = 0
-    while True:
-        while nxt < len(groups) and len(inflight) + len(groups[nxt]) <= ahead * group:
-            r = groups[nxt]
-            inflight.update(zip(r, submit(r), strict=True))
-            nxt += 1
-        if not inflight:
-            return
-        if in_order:
-            i = min(inflight)
-            value = ex.gather([inflight[i][-1]])[0]
-        else:
-            keys = list(inflight)
-            j, value = next(ex.each([inflight[k][-1] for k in keys]))
-            i = keys[j]
-        yield i, inflight.pop(i), value
 
 
 def _check_partitions(hierarchy: Hierarchy, partitions: Sequence[Partition]) -> int:
@@ -534,22 +501,18 @@ def structured_stream(
     opts = with_keywords(StreamOptions, options, legacy, "structured_stream")
     clock: dict[str, float] = {}
     with stage(clock, "run"):
-        run = _start(hierarchy, schema, measurements, measure, partitions, invariants, opts)
-        try:
-            top, smoothed_top, top_est = run.solve_top(run.upward_pass())
-            if opts.on_top is not None:
-                with stage(run.seconds, "callback"):
-                    opts.on_top(top)
-            sunk = run.downward_pass(smoothed_top, top_est, on_partition)
-        finally:  # on Dask: the workers drop what this run left there (also after an error)
-            run.release()
-        check_residuals(*run.residuals[1:])
-    diagnostics = run.diagnostics() | {"seconds": clock["run"]}
-    if run.setup.vscale is None:
+        step, driver = _start(
+            hierarchy, schema, measurements, measure, partitions, invariants, opts
+        )
+        step.on_partition, step.sunk = on_partition, [None] * len(partitions)
+        drive(step, driver, step.take, in_order=on_partition is not None)
+        check_residuals(*step.residuals[1:])
+    diagnostics = step.diagnostics(driver) | {"seconds": clock["run"]}
+    if step.setup.vscale is None:
         diagnostics["note"] = EUCLIDEAN_NOTE
     return StreamResult(
-        top, floating_point_note(run.setup.statement), diagnostics,
-        tuple(sunk) if opts.sink is not None else (),
+        step.result[0], floating_point_note(step.setup.statement), diagnostics,
+        tuple(step.sunk) if opts.sink is not None else (),
     )  # fmt: skip
 
 
@@ -567,10 +530,10 @@ def _start(
     partitions: Sequence[Partition],
     invariants: Sequence[ProductInvariant],
     opts: StreamOptions,
-) -> _Run:
+) -> tuple[_StreamStep, PartitionDriver]:
     """Check the inputs and set a run up: the estimator's setup (measurements above the cut
-    checked here, those below per partition), the context every partition's passes share
-    and where they run."""
+    checked here, those below per partition), the context every partition's passes share,
+    and the driver that runs them."""
     seconds = dict.fromkeys(_STAGES, 0.0) | dict.fromkeys((CPU_PREFIX + s for s in _STAGES), 0.0)
     with stage(seconds, "setup"):
         cut = _check_partitions(hierarchy, partitions)
@@ -590,38 +553,27 @@ def _start(
             acknowledge_exact_release=opts.acknowledge_exact_release, check_values=False,
         )  # fmt: skip
         invs = check_structured_invariants(hierarchy, schema, invariants)
-        order = _checked_order(opts, len(partitions))
+        if opts.sink_payload is not None and opts.sink is None:
+            raise SpecError("structured_stream: sink_payload without a sink")
+        try:
+            driver = PartitionDriver(
+                len(partitions),
+                opts.executor,
+                DriverOptions(opts.cache_bytes, opts.order, opts.workers, opts.ahead),
+            )
+        except SpecError as e:
+            raise SpecError(f"structured_stream: {e}") from None
     ctx = _Context(
         dataclasses.replace(setup, hierarchy=_names_only(hierarchy)), tuple(invs),
         tuple(levels), tuple(m.query for m in measurements),
         tuple(i for i, k in enumerate(levels) if k >= cut), cut,
         BlockDiagonal(setup.basis, setup.ident), {},
     )  # fmt: skip
-    workers, ex = opts.workers, opts.executor
-    executor_name = "in-process threads" if ex is None else ex.name
-    if isinstance(ex, ThreadExecutor):
-        # this process's threads: pipelined in order, a partition started as soon as a thread
-        # is free, not in groups of ``workers`` that each wait for their slowest
-        workers, ex = ex.workers, None
-    return _Run(
-        hierarchy, partitions, measurements, measure, opts, setup, ctx, order, workers, ex,
-        executor_name, seconds, ctx_h=None if ex is None else ex.submit(_same, [ctx])[0],
+    step = _StreamStep(
+        hierarchy, partitions, measurements, measure, opts, setup, ctx, seconds,
+        remote=driver.remote, ctx_h=driver.share(ctx),
     )  # fmt: skip
-
-
-def _checked_order(opts: StreamOptions, n: int) -> list[int]:
-    """The order of the ``n`` partitions (positions), after the checks of the options that
-    go together."""
-    order = list(range(n)) if opts.order is None else [int(i) for i in opts.order]
-    if sorted(order) != list(range(n)):
-        raise SpecError("order must list every partition position once")
-    if opts.executor is not None and opts.workers != 1:
-        raise SpecError(
-            "structured_stream: give workers (threads in this process) or an executor, not both"
-        )
-    if opts.sink_payload is not None and opts.sink is None:
-        raise SpecError("structured_stream: sink_payload without a sink")
-    return order
+    return step, driver
 
 
 def _add_seconds(total: dict[str, float], seconds: dict[str, float]) -> None:
@@ -641,14 +593,15 @@ def _worst(residuals: tuple, more: tuple) -> tuple[float, float, float, str]:
 
 
 @dataclass(eq=False)
-class _Run:
-    """One streamed run between its passes: the inputs, where the per-partition passes run,
-    the cached upward states, and what the diagnostics count.
+class _StreamStep:
+    """The structured GLS as a :class:`~censusdp.pipelines.partition_driver.PartitionStep`:
+    the upward pass of a partition (its measurements from ``measure``), the levels down to
+    the cut solved from the messages, and each partition's levels below the cut handed to
+    the sink where computed and to ``on_partition`` here.
 
-    ``ex`` is None for this process's threads (``workers`` of them); ``ctx_h`` is the
-    context's handle on an executor. ``cached`` maps a partition position to its upward state
-    (on Dask its handle), ``sent`` the cached states handed to downward tasks not yet
-    gathered (Dask); :meth:`release` drops both there.
+    ``remote`` says whether tasks run on an executor (then ``ctx_h`` is the context's handle
+    there and each task gets its partition's own measure function, ``for_partition``);
+    ``sunk`` holds the sink's values by partition position.
     """
 
     hierarchy: Hierarchy
@@ -658,87 +611,42 @@ class _Run:
     opts: StreamOptions
     setup: StructuredSetup
     ctx: _Context
-    order: list[int]
-    workers: int
-    ex: Executor | None
-    executor_name: str
     seconds: dict[str, float]
+    remote: bool = False
     ctx_h: Any = None
-    cached: dict[int, Any] = dataclasses.field(default_factory=dict)
-    sent: dict[int, Any] = dataclasses.field(default_factory=dict)
-    used: int = 0
-    largest: int = 0
+    on_partition: Callable[[StructuredPiece], None] | None = None
     message_bytes: int = 0
-    regenerated: int = 0
     residuals: tuple = ()
-
-    @property
-    def dask(self) -> bool:
-        return isinstance(self.ex, DaskExecutor)
-
-    @property
-    def group(self) -> int:
-        """Partitions submitted at once: one on Dask, the workers of an in-process executor."""
-        return 1 if self.ex is None or self.dask else max(1, int(self.ex.workers))
-
-    @property
-    def window(self) -> int:
-        """Groups in flight at once (``ahead`` on Dask, else one)."""
-        if not self.dask:
-            return 1
-        ahead = self.opts.ahead
-        return max(1, int(ahead) if ahead is not None else 2 * self.ex.workers)
+    result: tuple = ()
+    sunk: list = dataclasses.field(default_factory=list)
+    message_fn = staticmethod(_message_task)
 
     def forest_of(self, p: Partition) -> Forest:
         return Forest.of(self.hierarchy, self.ctx.cut, p.ranges)
 
-    def _upward_states(self) -> Iterator[tuple[int, tuple, Any]]:
-        """Per position ``i`` of ``order``: ``(i, (upward state or its handle, ...),
-        message)``, in order in this process, as they complete on Dask."""
-        if self.ex is None:
+    def _measure_of(self, p: Partition) -> MeasureFn:
+        return _task_measure(self.measure, p) if self.remote else self.measure
 
-            def up(pos: int) -> tuple:
-                p = self.partitions[pos]
-                state = _upward(self.ctx, p, self.measure, self.forest_of(p))
-                return (state,), _message_task(state)
+    def up(self, pos: int) -> Task:
+        p = self.partitions[pos]
+        context = self.ctx_h if self.remote else self.ctx
+        return Task(_up_task, (context, p, self._measure_of(p), self.forest_of(p)))
 
-            return ((i, *out) for i, out in enumerate(ordered_ahead(up, self.order, self.workers)))
-        ex = self.ex
-
-        def submit(r: range) -> list:
-            parts = [self.partitions[self.order[i]] for i in r]
-            measures = [_task_measure(self.measure, p) for p in parts]
-            items = [
-                (self.ctx_h, p, m, self.forest_of(p)) for p, m in zip(parts, measures, strict=True)
-            ]
-            states = ex.submit(_up_task, items)
-            return list(zip(states, ex.submit(_message_task, states), strict=True))
-
-        return _results(ex, len(self.order), submit, self.group, self.window, not self.dask)
-
-    def upward_pass(self) -> dict[int, dict]:
-        """Pass 1: every partition's upward pass; its messages by partition position, its
-        state cached while ``cache_bytes`` allows (else dropped, recomputed in pass 3)."""
-        messages: dict[int, dict] = {}
-        for i, handles, msg in self._upward_states():
-            pos, state = self.order[i], handles[0]
-            if self.ex is not None:
-                self.ex.release(handles[1:])
-            messages[pos], size, seconds = msg
+    def top(self, messages: list[tuple[dict, dict]]) -> None:
+        """The levels down to the cut from their measurements, invariants and the
+        partitions' messages; then ``on_top``. Sets :attr:`result` to the top piece, its
+        smoothed state (the cut nodes' blocks for the downward pass) and its estimates."""
+        bottom = []
+        for msg, seconds in messages:
             _add_seconds(self.seconds, seconds)
-            if self.used + size <= self.opts.cache_bytes:
-                self.cached[pos] = state
-                self.used += size
-                self.largest = max(self.largest, size)
-            elif self.ex is not None:
-                self.ex.release([state])
-            del state, handles, msg
-        return messages
+            bottom.append(msg)
+        del messages
+        self.result = self._solve_top(bottom)
+        if self.opts.on_top is not None:
+            with stage(self.seconds, "callback"):
+                self.opts.on_top(self.result[0])
 
-    def solve_top(self, messages: dict[int, dict]) -> tuple[StructuredPiece, dict, list]:
-        """Pass 2: the levels down to the cut from their measurements, invariants and the
-        partitions' ``messages`` (dropped once used); the top piece, its smoothed state (the
-        cut nodes' blocks for pass 3) and its estimates. Sets the top's residuals."""
+    def _solve_top(self, bottom: list[dict]) -> tuple[StructuredPiece, dict, list]:
         setup, cut, levels = self.setup, self.ctx.cut, self.ctx.levels
         invs = self.ctx.invariants
         with stage(self.seconds, "top"):
@@ -753,11 +661,10 @@ class _Run:
             ]
             top_forest = whole_forest(self.hierarchy, 0, cut)
             top_up = structured_upward(
-                setup, top_forest, top_rows, top_meas, top_invs,
-                bottom=[messages[pos] for pos in range(len(self.partitions))],
-            )  # fmt: skip
-            self.message_bytes = _message_bytes(messages)
-            del messages
+                setup, top_forest, top_rows, top_meas, top_invs, bottom=bottom
+            )
+            self.message_bytes = _message_bytes(bottom)
+            del bottom
             smoothed_top = structured_top(setup, top_up)
             del top_up
         with stage(self.seconds, "output"):
@@ -778,97 +685,47 @@ class _Run:
         )
         return top, smoothed_top, top_est
 
-    def _down_item(self, pos: int, context: Any, smoothed_top: dict, top_est: list) -> _DownItem:
+    def down(self, pos: int, state: Any | None) -> Task:
         """Partition ``pos``'s downward task: its cut nodes' smoothed blocks and estimates,
         its cached state or what recomputes it, and its sink's payload."""
+        _, smoothed_top, top_est = self.result
         p, cut = self.partitions[pos], self.ctx.cut
         lo, hi = p.units
         cut_blocks = {
             mask: None if sm is None else (sm[0][cut][lo:hi], _rows_of(sm[1][cut], lo, hi))
             for mask, sm in smoothed_top.items()
         }
-        state = self.cached.pop(pos, None)
-        if self.dask and state is not None:
-            self.sent[pos] = state  # its handle, released once its downward task is gathered
         if state is not None:  # a cached state needs no measurements: nothing to send
             task_measure = forest = None
         else:
-            task_measure = self.measure if self.ex is None else _task_measure(self.measure, p)
-            forest = self.forest_of(p)
+            task_measure, forest = self._measure_of(p), self.forest_of(p)
         payload = None if self.opts.sink_payload is None else self.opts.sink_payload(p)
-        return [context, p, state, task_measure, forest, cut_blocks, top_est[cut][lo:hi], payload]
+        context = self.ctx_h if self.remote else self.ctx
+        item = [context, p, state, task_measure, forest, cut_blocks, top_est[cut][lo:hi], payload]
+        return Task(_downward, item, (self.opts.sink, self.on_partition is not None))
 
-    def _downward_results(
-        self, smoothed_top: dict, top_est: list, keep_piece: bool
-    ) -> Iterator[tuple[int, tuple, Any]]:
-        """Per position ``i`` of ``order``: ``(i, handles, downward result)``; in order when
-        the pieces go to ``on_partition`` or run here, as ready on Dask for a sink only."""
-        sink = self.opts.sink
-        if self.ex is None:
+    def take(self, pos: int, out: tuple) -> None:
+        """Partition ``pos``'s downward result: its seconds and residuals counted, the sink's
+        value kept, its piece handed to ``on_partition`` (then dropped)."""
+        piece, residuals, _, self.sunk[pos], seconds = out
+        del out
+        _add_seconds(self.seconds, seconds)
+        self.residuals = _worst(self.residuals, residuals)
+        if self.on_partition is not None:
+            with stage(self.seconds, "callback"):
+                self.on_partition(piece)
 
-            def down(pos: int) -> tuple:
-                item = self._down_item(pos, self.ctx, smoothed_top, top_est)
-                return _downward(item, sink, keep_piece)
-
-            return (
-                (i, (), out) for i, out in enumerate(ordered_ahead(down, self.order, self.workers))
-            )
-        ex = self.ex
-
-        def submit(r: range) -> list:
-            items = [self._down_item(self.order[i], self.ctx_h, smoothed_top, top_est) for i in r]
-            return [(h,) for h in ex.submit(_downward, items, sink, keep_piece)]
-
-        in_order = not self.dask or keep_piece
-        return _results(ex, len(self.order), submit, self.group, self.window, in_order)
-
-    def downward_pass(
-        self,
-        smoothed_top: dict,
-        top_est: list,
-        on_partition: Callable[[StructuredPiece], None] | None,
-    ) -> list:
-        """Pass 3: every partition's levels below the cut, handed to the sink where computed
-        and to ``on_partition`` here in ``order``; the sink's values by partition position.
-        Adds the partitions' residuals to the top's."""
-        sunk: list = [None] * len(self.partitions)
-        results = self._downward_results(smoothed_top, top_est, on_partition is not None)
-        for i, handles, out in results:
-            pos = self.order[i]
-            if self.ex is not None:
-                self.ex.release([*handles, *([self.sent.pop(pos)] if pos in self.sent else [])])
-            piece, residuals, fresh, sunk[pos], seconds = out
-            del out, handles
-            _add_seconds(self.seconds, seconds)
-            self.regenerated += fresh
-            self.residuals = _worst(self.residuals, residuals)
-            if on_partition is not None:
-                with stage(self.seconds, "callback"):
-                    on_partition(piece)
-            del piece
-        return sunk
-
-    def release(self) -> None:
-        """On an executor: drop the context and the states still held there."""
-        if self.ex is not None:
-            self.ex.release([self.ctx_h, *self.cached.values(), *self.sent.values()])
-
-    def diagnostics(self) -> dict:
+    def diagnostics(self, driver: PartitionDriver) -> dict:
         """The run's diagnostics (:attr:`StreamResult.diagnostics`), but its total seconds."""
-        n, t = len(self.partitions), self.seconds
+        t, counts = self.seconds, driver.stats()
         cons, inv_res, inv_val, _ = self.residuals
         return {
             "estimator": "structured_gls (streamed)",
             "geometry": self.opts.geometry,
             "cut_level": self.hierarchy.names[self.ctx.cut],
-            "partitions": n,
-            "partitions_cached": n - self.regenerated,
-            "partitions_regenerated": self.regenerated,
-            "cache_bytes_used": self.used,
-            "largest_cached_state_bytes": self.largest,
+            **{k: counts[k] for k in _DRIVER_COUNTS[:5]},
             "message_bytes": self.message_bytes,
-            "executor": self.executor_name,
-            "workers": self.workers if self.ex is None else self.ex.workers,
+            **{k: counts[k] for k in _DRIVER_COUNTS[5:]},
             "unidentified": self.setup.dropped,
             "max_consistency_residual": cons,
             "max_invariant_residual": inv_res,
@@ -878,11 +735,18 @@ class _Run:
         }
 
 
-def _message_bytes(messages: dict[int, dict]) -> int:
+#: The driver's counts in a streamed run's diagnostics (:meth:`PartitionDriver.stats`).
+_DRIVER_COUNTS = (
+    "partitions", "partitions_cached", "partitions_regenerated", "cache_bytes_used",
+    "largest_cached_state_bytes", "executor", "workers",
+)  # fmt: skip
+
+
+def _message_bytes(messages: Sequence[dict]) -> int:
     """Bytes of the partitions' upward messages (means, covariances, flat directions)."""
     return sum(
         a.nbytes
-        for msg in messages.values()
+        for msg in messages
         for u in msg.values()
         if u is not None
         for a in (u.m, u.P, u.N)
