@@ -300,6 +300,10 @@ class NMFStateRelease:
         The blocks of every tabulation unit and user area (by their names).
     seconds : dict
         Timings of the steps.
+    areas_of : callable, optional
+        Equivalency → :class:`~censusdp.estimation.areas.AreaEstimates` where the state's
+        own GLS does not give its area covariances (the national pass); None: from
+        ``release``.
     """
 
     state: str
@@ -310,6 +314,15 @@ class NMFStateRelease:
     area_covariance: np.ndarray | None
     equivalencies: dict[str, Equivalency]
     seconds: dict
+    areas_of: AreaFn | None = None
+
+    def area_release(self, eq: Equivalency) -> AreaEstimates:
+        """Sums of the state's blocks (``eq`` read against its spine) with their exact
+        covariance: :func:`~censusdp.estimation.areas.area_release` of the state's own GLS,
+        or ``areas_of`` (the national pass: :func:`national_areas`)."""
+        if self.areas_of is not None:
+            return self.areas_of(eq)
+        return area_release(self.release, eq)
 
     @property
     def hierarchy(self) -> Hierarchy:
@@ -357,7 +370,12 @@ def _pairs(eq: Equivalency) -> Equivalency:
 _PAIR_ENTRIES = 1 << 17
 
 
-def _union_variances(release: StructuredRelease, pairs: Equivalency) -> np.ndarray:
+#: A state's sums of blocks with their exact covariance: ``area_release(release, eq)`` for a
+#: state estimated alone, :func:`national_areas` under the national pass.
+AreaFn = Callable[[Equivalency], AreaEstimates]
+
+
+def _union_variances(release: StructuredRelease | AreaFn, pairs: Equivalency) -> np.ndarray:
     """``Var`` of the total of every union area of ``pairs``, swept in chunks of whole
     unions of at most :data:`_PAIR_ENTRIES` leaf entries each (each union's variance is its
     own sweep's: the chunking changes memory, not the values)."""
@@ -373,21 +391,22 @@ def _union_variances(release: StructuredRelease, pairs: Equivalency) -> np.ndarr
         sel = (pairs.area >= lo) & (pairs.area < hi)
         part = Equivalency(pairs.name, pairs.codes[lo:hi], pairs.leaf[sel],
                            pairs.area[sel] - lo, pairs.n_leaves, pairs.source)  # fmt: skip
-        rel = area_release(release, part)
+        rel = release(part) if callable(release) else area_release(release, part)
         out[lo:hi] = rel.query_variances(rel.name, "total")[:, 0]
         lo = hi
     return out
 
 
 def area_total_covariance(
-    release: StructuredRelease, eq: Equivalency, areas: AreaEstimates
+    release: StructuredRelease | AreaFn, eq: Equivalency, areas: AreaEstimates
 ) -> np.ndarray:
     """``(n_areas, n_areas)`` error covariance of the areas' total populations.
 
     ``Cov(α, β) = (Var(α ∪ β) − Var α − Var β) / 2`` for disjoint areas, each variance exact
     (:func:`~censusdp.estimation.areas.area_release` of the unions as areas of their own: the
     area sweep gives one area's variance, not a pair's covariance). ``areas`` is
-    ``area_release(release, eq)``. Cost: the sweep over ``(n_areas − 1)`` × (assigned
+    ``area_release(release, eq)``; ``release`` may also be the function giving a state's
+    areas (:attr:`NMFStateRelease.area_release`, e.g. under the national pass). Cost: the sweep over ``(n_areas − 1)`` × (assigned
     blocks) leaf entries — fine for districts, heavy for hundreds of areas.
     """
     var = areas.query_variances(eq.name, "total")[:, 0]
@@ -753,6 +772,10 @@ def national_state(top: NationalTop, state: StateUpward) -> NMFStateRelease:
                          "tau": setup.tau, "tau_nation": top.setup.tau},
         )  # fmt: skip
         P_state = {mask: None if c is None else c[1] for mask, c in cut.items()}
+
+    def areas_of(eq: Equivalency) -> AreaEstimates:
+        return national_areas(setup, P_state, rel, eq)
+
     with stage(clock, "tabulation"):
         tab, eqs = {}, {}
         geo = m.spine.tabulation_geoids
@@ -761,9 +784,10 @@ def national_state(top: NationalTop, state: StateUpward) -> NMFStateRelease:
                 h, h["block"].codes, np.strings.slice(geo, 0, width), name=level,
                 source="the NMF's block GEOIDs",
             )  # fmt: skip
-            tab[level] = national_areas(setup, P_state, rel, eqs[level])
+            tab[level] = areas_of(eqs[level])
     secs = {"gls": clock["gls"], "tabulation": clock["tabulation"], "areas": 0.0}
-    return NMFStateRelease(str(h["state"].codes[0]), m, rel, tab, None, None, eqs, secs)
+    return NMFStateRelease(str(h["state"].codes[0]), m, rel, tab, None, None, eqs, secs,
+                           areas_of)  # fmt: skip
 
 
 def national_areas(
@@ -840,11 +864,11 @@ def add_areas(
             block_column=block_column, area_column=area_column, name=name,
             skip_blank_areas=skip_blank_areas,
         )  # fmt: skip
-        user = area_release(rel, eq)
-        cov = area_total_covariance(rel, eq, user)
+        user = state.area_release(eq)
+        cov = area_total_covariance(state.area_release, eq, user)
     secs = {**state.seconds, "areas": clock["areas"]}
     return NMFStateRelease(state.state, state.measurements, rel, state.tabulation, user, cov,
-                           {**state.equivalencies, name: eq}, secs)  # fmt: skip
+                           {**state.equivalencies, name: eq}, secs, state.areas_of)  # fmt: skip
 
 
 def release_statement(

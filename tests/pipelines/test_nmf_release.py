@@ -25,6 +25,7 @@ from censusdp.pipelines.io.outputs import real_moe, significant
 from censusdp.pipelines.nmf_release import (
     TABULATION_PREFIX,
     NMFReleaseOptions,
+    add_areas,
     census_block_geoids,
     estimate_state,
     nation_tables,
@@ -739,3 +740,28 @@ def test_one_state_or_no_us_level_is_the_per_state_release_bit_for_bit(two_state
     b = _read(tmp_path / "b" / "pl94_block.csv", "GEOID")
     c = _read(tmp_path / "c" / "pl94_block.csv", "GEOID")
     assert b.equals(c)
+
+
+def test_districts_under_the_national_pass_equal_the_dense_covariance(nation, tmp_path):
+    """A state's districts (BAF) under the national pass: their total populations' SEs and
+    covariance matrix equal the dense national GLS's (1e-9), and differ from the state's
+    own GLS (the US level is used)."""
+    d, root, totals, top, states, m = nation
+    h = m.spine.hierarchy
+    r = states[0]
+    ids = census_block_geoids(r.tabulation_geoids).tolist()
+    district = [str(1 + (i * 7) % 3) for i in range(len(ids))]
+    pd.DataFrame({"BLOCKID": ids, "DISTRICT": district}).to_csv(tmp_path / "baf.csv", index=False)
+    got = add_areas(r, tmp_path / "baf.csv")
+    t, _, _, cov = _dense_total_gls(h, m, top.release.basis)
+    n_r = r.hierarchy.leaves.size  # state 01's blocks come first in the nation's order
+    inc = np.zeros((3, h.leaves.size))
+    inc[np.array(district, int) - 1, np.arange(n_r)] = 1.0
+    T = np.kron(np.eye(h.leaves.size), t[None, :])
+    ref = inc @ T @ cov @ T.T @ inc.T
+    scale = float(np.abs(ref).max())
+    assert np.abs(got.area_covariance - ref).max() <= 1e-9 * scale
+    se = pl94_columns(got.areas, got.areas.name)[1][:, 0]
+    assert np.abs(se - np.sqrt(np.diag(ref))).max() <= 1e-9 * np.sqrt(scale)
+    own = add_areas(estimate_state(r.measurements), tmp_path / "baf.csv")
+    assert np.all(np.abs(own.area_covariance - ref) > 1e-6 * scale)
