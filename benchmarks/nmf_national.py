@@ -140,7 +140,10 @@ from censusdp.pipelines.nmf_release import (
     StateTableWriter,
     add_areas,
     estimate_state,
+    nation_tables,
+    national_top,
     release_statement,
+    state_upward,
 )
 from censusdp.rng import KeyedRNG
 from censusdp.spreadsheet import write_csv
@@ -151,8 +154,9 @@ from pl94_national import geography  # noqa: E402
 
 #: States with an AIAN part in the 2020 NMF (52 states + 34 AIAN parts = 86 state parts).
 AIAN_STATES = 34
-#: Counted stages, in order.
-STAGES = ("read", "gls", "districts", "tables", "integers")
+#: Counted stages, in order (``up`` and ``top``: the national pass's first half, each
+#: state's upward pass and the root; 0 when the states are released one by one).
+STAGES = ("read", "up", "top", "gls", "districts", "tables", "integers")
 
 
 def _reset_peak() -> bool:
@@ -335,9 +339,25 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
     t_all, c_all = time.perf_counter(), time.process_time()
     us_root = nmf / "US"
     bytes_read += _bytes(us_root)
-    timed("read", lambda: [noise.add(s.levels) for s in read_nmf(us_root, subtrees=["US"])])
+    (us,) = timed("read", lambda: list(read_nmf(us_root, subtrees=["US"])))
+    noise.add(us.levels)
     totals = timed("read", lambda: read_state_totals(inputs / "state_totals.csv"))
     states = sorted(totals)
+    national = len(states) > 1 and not args.per_state
+    top = None
+    if national:  # first half: each state's upward message, then the root with the US level
+        items = []
+        for state in states:
+            root = nmf / f"state_{state}"
+            bytes_read += _bytes(root)
+            ids = nmf_subtree_ids(root)
+            m = timed("read", lambda r=root, i=ids, s=state: collect_nmf(
+                read_nmf(r, subtrees=i), {s: totals[s]}))  # fmt: skip
+            items.append(timed("up", lambda m=m: state_upward(m).for_top()))
+            del m
+        top = timed("top", lambda: national_top(us.levels[0], items))
+        del items
+        _log(t_all, "national top: the US level combined with every state's message")
     int_rng = KeyedRNG.reproducible(args.seed, warn=False)  # benchmark: seeded rounding
     int_files: set[str] = set()
     with output_dir(out / "release", overwrite=True, command="nmf_national") as tmp:
@@ -354,7 +374,10 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
                 t = time.perf_counter()
                 _remove_own(root)
                 seconds_removing += time.perf_counter() - t
-            r = timed("gls", lambda m=m: estimate_state(m))
+            if top is None:
+                r = timed("gls", lambda m=m: estimate_state(m))
+            else:  # second half: the state's upward pass again, smoothed from the root
+                r = timed("gls", lambda m=m: top.estimate_state(state_upward(m)))
             r = timed("districts", lambda r=r, s=state: add_areas(
                 r, inputs / f"baf_{s}.csv", area_name="district"))  # fmt: skip
             districts += int(r.areas.codes.size)
@@ -363,6 +386,8 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
             timed("integers", lambda r=r: write_integers(
                 tmp / INTEGER_FOLDER, r, nmf_integers(r, int_rng), int_files))  # fmt: skip
             del m, r
+        if top is not None:
+            timed("tables", lambda: tables.add("pl94_nation.csv", nation_tables(top)))
         files = tables.files
     rho = noise.rho()
     return {
@@ -379,7 +404,10 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
         "bytes_written_tables": _bytes(out / "release"),
         "files": files,
         "rho": rho,
-        "statement": release_statement(rho, invariant_totals=True, levels=noise.levels()),
+        "statement": release_statement(
+            rho, invariant_totals=True, levels=noise.levels(), us_used=national
+        ),  # fmt: skip
+        "national_pass": national,
         "seconds_removing_read_folders (not counted)": seconds_removing,
     }
 
@@ -435,7 +463,10 @@ def benchmark(args: argparse.Namespace) -> dict:
         "integers": "stage 'integers': the non-negative integer product (structural "
         "zeros held, state totals exact; biased) of every state, its tables written under "
         "release/nonnegative/ (counted in the tables' bytes)",
-        "not_run": {
+        "national_pass": e["national_pass"],
+        "not_run": {}
+        if e["national_pass"]
+        else {
             "national_gls_pass": "the release is per state (each state's GLS with its total "
             "invariant); the US level is read for the derived rho only",
         },
@@ -462,6 +493,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--districts", type=int, default=435, help="districts over all states")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--states", type=int, default=52, help="fewer states: a smoke test")
+    ap.add_argument("--per-state", action="store_true",
+                    help="release the states one by one (no national pass; the US level "
+                    "read for rho only): the release before the national pass")  # fmt: skip
     args = ap.parse_args(argv)
     result = benchmark(args)
     print(json.dumps(result, indent=2))

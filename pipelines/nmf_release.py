@@ -576,6 +576,15 @@ class StateUpward:
         and its held total; scaled by the state's τ)."""
         return self.up.messages()
 
+    def for_top(self) -> tuple:
+        """``(state, total, message, tau, zeros, basis)``: what :func:`national_top` needs of
+        the state (small: no array grows with the state's nodes), so a caller can drop the
+        state's spine before the root is solved."""
+        m = self.measurements
+        code = str(m.spine.hierarchy["state"].codes[0])
+        return (code, m.state_totals[code], self.message, self.setup.tau, self.zeros,
+                self.setup.basis)  # fmt: skip
+
     @property
     def zeros(self) -> np.ndarray:
         """``(8, 2, 2)`` cells zero in every part of the state: zero in the state (implied by
@@ -675,7 +684,7 @@ def national_top(us: NMFLevel, states: Sequence[StateUpward | tuple]) -> Nationa
         The US level (one node, every query but the total; its structural zeros).
     states : sequence
         Per state, in state order: a :class:`StateUpward`, or the small tuple
-        ``(state, total, message, tau, zeros, basis)`` kept from it (so a caller need not
+        ``(state, total, message, tau, zeros, basis)`` kept from it (:meth:`StateUpward.for_top`: a caller need not
         hold any state's spine).
 
     Returns
@@ -729,13 +738,7 @@ def national_top(us: NMFLevel, states: Sequence[StateUpward | tuple]) -> Nationa
 
 
 def _top_item(s: StateUpward | tuple) -> tuple:
-    """``(state, total, message, tau, zeros, basis)`` of a state for :func:`national_top`:
-    what the top needs of it (small: no array grows with the state's nodes)."""
-    if isinstance(s, tuple):
-        return s
-    m = s.measurements
-    code = str(m.spine.hierarchy["state"].codes[0])
-    return (code, m.state_totals[code], s.message, s.setup.tau, s.zeros, s.setup.basis)
+    return s if isinstance(s, tuple) else s.for_top()
 
 
 def national_state(top: NationalTop, state: StateUpward) -> NMFStateRelease:
@@ -1308,7 +1311,7 @@ def _national_top(
             m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
             noise.add(m.levels.values())
         with stage(clock, "up"):
-            items.append(_top_item(state_upward(m)))
+            items.append(state_upward(m).for_top())
         del m
         seconds[state] = {"first_read": clock["read"], "first_up": clock["up"]}
     t: dict[str, float] = {}
