@@ -6,7 +6,28 @@ runs the structured GLS (:func:`~censusdp.estimation.structured_gls.structured_g
 state's spine (docs/design.md § The Noisy Measurement File: virtual state → state parts → spine county → tract → block group
 → block), with the published state total held invariant (tying the two parts). A node that
 is its parent's only child has no measurements; the reader carries it with variance +inf
-(weight 0: its estimate is determined by its parent's). Then it writes, per state:
+(weight 0: its estimate is determined by its parent's).
+
+**The national pass.** When the file has the US level and every state is released, the
+estimate is one GLS over nation → states → … → blocks that uses the US measurements (every
+query but the total, the nation's total being the sum of the held state totals), computed
+without holding more than one state's spine: (1) each state is read and its upward pass run
+over state … block (:func:`state_upward`: the public steps
+:func:`~censusdp.estimation.structured_gls.structured_setup` and
+:func:`~censusdp.estimation.structured_gls.structured_upward` on the state's own problem,
+its subtrees, its structural zeros and its held total), keeping only the state node's
+message per block (a mean and covariance, moved from the state's noise scale τ to the
+nation's); (2) the root combines the US level with the states' messages
+(:func:`national_top`: :func:`~censusdp.estimation.structured_gls.structured_upward` with
+``bottom`` and :func:`~censusdp.estimation.structured_gls.structured_top`); (3) each state
+is read again, its upward pass rerun and smoothed from its node's result
+(:func:`national_state`: :func:`~censusdp.estimation.structured_gls.structured_downward`),
+its areas from the same root (:func:`national_areas`). This is the Rauch–Tung–Striebel
+smoother of the whole tree cut at the state level, so the estimates and every covariance
+equal those of the GLS over the whole nation (tested against the in-memory structured GLS of
+the nation and a dense GLS with the zeros and state totals as equality rows, 1e-9). With
+one state, a subset of states or no US level, each state is estimated alone
+(:func:`estimate_state`), bit for bit as before the national pass. Then it writes, per state:
 
 * the spine levels ``pl94_spine_<level>.csv`` (state part, spine county, tract, block
   group; the file's ``geocode``),
@@ -18,6 +39,7 @@ is its parent's only child has no measurements; the reader carries it with varia
 * with a block-assignment file (BAF: block GEOID → area, e.g. districts): the areas'
   ``pl94_area_<name>.csv`` and the covariance matrix of their total populations
   ``area_<name>_P1_001N_covariance.csv`` (what plan-level inference needs),
+* under the national pass, ``pl94_nation.csv``: the nation (:func:`nation_tables`),
 
 every table with the Bureau's column names ``P1_001N`` … ``P5_010N`` (the codebook of
 :mod:`censusdp.pipelines.pl94_tables`) and beside each its exact GLS standard error
@@ -36,8 +58,13 @@ covariance of the node, or of the area's sum of blocks: one pass up the tree,
 everything between the truth and the number written. A figure the published state total
 holds (``P1_001N``, ``P2_001N`` of the state and of any only child of it) is written as that
 total with ``_se`` exactly 0 (:func:`held_values`), not as the GLS's float approximation of
-it. Errors of different states are
-independent (the US level is not used, see below). The covariance between two areas is
+it. **What the national pass changed:** the SEs are those of the national GLS — smaller
+where the US level informs a state's figures — and errors of different states are no longer
+independent: they are correlated through the US level, so the nation's figures (sums over
+states) get their own exact SE from the root (``pl94_nation.csv``), not the root-sum-square
+of the states' SEs, and a state's areas carry the state node's covariance smoothed from the
+root (:func:`national_areas`). Without it (one state, a subset, no US level) errors of
+different states are independent. The covariance between two areas is
 ``(Var(α ∪ β) − Var α − Var β) / 2`` with ``α ∪ β`` released as one more area.
 
 **Structural zeros.** The file's constraints are held exactly (docs/design.md § The Noisy Measurement File): an hhgq upper
@@ -49,13 +76,18 @@ covariances) is the exact covariance of the restricted estimate. The hhgq *lower
 and non-negativity are inequalities: the linear estimate does not impose them (they would
 bias it).
 
-**What is not yet done.** The US level's measurements are not used
-(each state is estimated from its own subtrees and total; they are read for the privacy
-statement only); a state's whole spine is held in memory (its estimates are ``2,016``
-floats per node); areas (``--areas``) need a run of one state (a BAF is per state).
+**What is not yet done.** A state's whole spine is held in memory (its estimates are
+``2,016`` floats per node), and the national pass reads every state twice (its upward
+states are not cached between the passes); ``--areas`` needs a run of one state (a BAF is
+per state), which is then estimated without the US level (:func:`add_areas` gives a state's
+areas under the national pass in Python); areas that cross state lines (a national BAF)
+would need the area sweep's top (:func:`~censusdp.estimation.areas.area_top`) over the
+states' partial sweeps, not wired here.
 
 **Privacy.** A release made from the file is post-processing of the Census Bureau's
-published measurements: no further privacy loss. The ρ restated is derived from the file's
+published measurements: no further privacy loss — estimating on the US level too (the
+national pass) is still post-processing, and the ρ is unchanged (the US level was always
+one of the levels read and counted). The ρ restated is derived from the file's
 own variances and queries (Δ₂² = 1 per query, the least noisy node of each level bounding
 its loss, levels composed), set beside the production ρ = 293764/114921; with the state
 totals held invariant the guarantee is induced subspace DP (Gao, Gong & Yu 2022).
