@@ -697,8 +697,12 @@ def test_release_nmf_runs_the_national_pass_and_writes_the_nation(nation):
     the statement say the US level was estimated on."""
     d, root, totals, top, states, m = nation
     got = []
-    res = release_nmf(root, d / "p1.csv", d / "out_nat", on_state=got.append)
+    opts = NMFReleaseOptions(integers=True, seed=3)
+    res = release_nmf(root, d / "p1.csv", d / "out_nat", on_state=got.append, options=opts)
     assert [r.state for r in got] == ["01", "02"]
+    # the integer product from the national estimate: state totals exact
+    ints = _read(d / "out_nat" / "nonnegative" / "pl94_state.csv", "GEOID")
+    assert ints["P1_001N"].tolist() == [totals["01"], totals["02"]]
     for r, want in zip(got, states, strict=True):
         for k in range(want.release.hierarchy.depth):
             assert np.array_equal(r.release.estimates[k], want.release.estimates[k])
