@@ -16,13 +16,18 @@ state's districts are runs of whole counties, tracts, block groups or blocks —
 level with at least as many units as districts — in code order, cut at equal shares of its
 population).
 
-Then, counted, state after state (:mod:`censusdp.pipelines.nmf_release`'s steps):
+Then, counted, the national pass (:mod:`censusdp.pipelines.nmf_release`'s steps; with one
+state or ``--per-state``, each state alone, as before it):
 
-* ``read``: :func:`~censusdp.pipelines.io.nmf.read_nmf` + :func:`~censusdp.pipelines.io.nmf.
-  collect_nmf` of the state's parts (the US level once, for ρ only);
-* ``gls``: :func:`~censusdp.pipelines.nmf_release.estimate_state` — the structured GLS of
-  the state's spine with its total invariant, and the tabulation county / tract / block
-  group as sums of blocks with their covariance sweeps;
+* first, state after state: ``read`` (:func:`~censusdp.pipelines.io.nmf.read_nmf` +
+  :func:`~censusdp.pipelines.io.nmf.collect_nmf` of the state's parts; the US level once)
+  and ``up`` (:func:`~censusdp.pipelines.nmf_release.state_upward`, keeping only the state
+  node's message); then ``top`` (:func:`~censusdp.pipelines.nmf_release.national_top`: the
+  US level combined with the 52 messages at the root);
+* then state after state again: ``read`` (the second read), ``gls`` (the upward pass again,
+  smoothed from the root: :meth:`~censusdp.pipelines.nmf_release.NationalTop.estimate_state`,
+  and the tabulation county / tract / block group as sums of blocks with their covariance
+  sweeps; ``--per-state``: :func:`~censusdp.pipelines.nmf_release.estimate_state`);
 * ``districts``: the BAF's districts (:func:`~censusdp.pipelines.nmf_release.add_areas`:
   sums of blocks with their variance sweeps, the covariance matrix of their totals);
 * ``tables``: P1–P5 with exact ``_se`` (:func:`~censusdp.pipelines.nmf_release.
@@ -38,14 +43,25 @@ every node (docs/design.md § The Noisy Measurement File): blocks of 16 over hhg
 
 Without ``--keep`` each state's NMF folder is removed once read — only after
 :func:`censusdp.atomic.verify_output_dir` proves it the benchmark's own, unchanged output.
-What is *not* run: any national GLS pass (the release is per state; the US level is read
-for the derived ρ only). The JSON says so.
+Without ``--keep`` a state's folder is removed after its second read. ``--per-state`` runs
+the release before the national pass (the US level read for ρ only); the JSON says which
+ran (``national_pass``, ``not_run``).
 
 The JSON: blocks, nodes (tabulation and spine), state parts, wall and CPU seconds per stage
 (summed over states) and in all, peak resident memory per stage (``VmHWM``, reset between
 stages through ``/proc/self/clear_refs``) and of the process, bytes written (NMF, BAF,
 tables) and read (the NMF's Parquet files), the derived ρ and the privacy statement, the
 load averages before and after (the machine is shared).
+
+**The national pass** (2026-11-28, commit 7348a32 against the per-state release of the same
+code, ``--fraction 1/1024``, 8,008 blocks, 52 states, one BLAS thread, the machine under a
+load of 13–22 so that wall is 2–8 × CPU; read the CPU seconds): per stage, CPU s per-state →
+national: read 1.89 → 3.06 (every state read twice), up — → 1.55, top — → 0.02, GLS 7.66 →
+6.97, districts 6.18 → 5.47, tables 21.2 → 20.6, integers 31.3 → 21.3 (the same code: the
+load's noise, ±30 %); counted 68.7 → 59.6 CPU s (541.7 → 292.9 s wall); peak 681 → 667 MB;
+bytes read 25.0 → 50.0 MB. The national pass adds the second read and one upward pass per
+state (≈ 3 CPU s here, ≈ 5 % of the counted CPU), and no memory: the root holds one message
+per state and block. ``--fraction 1/256`` was not run (≈ 35 min per run at that load).
 
 Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 1.8–5.7,
 wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
