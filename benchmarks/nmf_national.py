@@ -16,13 +16,18 @@ state's districts are runs of whole counties, tracts, block groups or blocks —
 level with at least as many units as districts — in code order, cut at equal shares of its
 population).
 
-Then, counted, state after state (:mod:`censusdp.pipelines.nmf_release`'s steps):
+Then, counted, the national pass (:mod:`censusdp.pipelines.nmf_release`'s steps; with one
+state or ``--per-state``, each state alone, as before it):
 
-* ``read``: :func:`~censusdp.pipelines.io.nmf.read_nmf` + :func:`~censusdp.pipelines.io.nmf.
-  collect_nmf` of the state's parts (the US level once, for ρ only);
-* ``gls``: :func:`~censusdp.pipelines.nmf_release.estimate_state` — the structured GLS of
-  the state's spine with its total invariant, and the tabulation county / tract / block
-  group as sums of blocks with their covariance sweeps;
+* first, state after state: ``read`` (:func:`~censusdp.pipelines.io.nmf.read_nmf` +
+  :func:`~censusdp.pipelines.io.nmf.collect_nmf` of the state's parts; the US level once)
+  and ``up`` (:func:`~censusdp.pipelines.nmf_release.state_upward`, keeping only the state
+  node's message); then ``top`` (:func:`~censusdp.pipelines.nmf_release.national_top`: the
+  US level combined with the 52 messages at the root);
+* then state after state again: ``read`` (the second read), ``gls`` (the upward pass again,
+  smoothed from the root: :meth:`~censusdp.pipelines.nmf_release.NationalTop.estimate_state`,
+  and the tabulation county / tract / block group as sums of blocks with their covariance
+  sweeps; ``--per-state``: :func:`~censusdp.pipelines.nmf_release.estimate_state`);
 * ``districts``: the BAF's districts (:func:`~censusdp.pipelines.nmf_release.add_areas`:
   sums of blocks with their variance sweeps, the covariance matrix of their totals);
 * ``tables``: P1–P5 with exact ``_se`` (:func:`~censusdp.pipelines.nmf_release.
@@ -38,14 +43,25 @@ every node (docs/design.md § The Noisy Measurement File): blocks of 16 over hhg
 
 Without ``--keep`` each state's NMF folder is removed once read — only after
 :func:`censusdp.atomic.verify_output_dir` proves it the benchmark's own, unchanged output.
-What is *not* run: any national GLS pass (the release is per state; the US level is read
-for the derived ρ only). The JSON says so.
+Without ``--keep`` a state's folder is removed after its second read. ``--per-state`` runs
+the release before the national pass (the US level read for ρ only); the JSON says which
+ran (``national_pass``, ``not_run``).
 
 The JSON: blocks, nodes (tabulation and spine), state parts, wall and CPU seconds per stage
 (summed over states) and in all, peak resident memory per stage (``VmHWM``, reset between
 stages through ``/proc/self/clear_refs``) and of the process, bytes written (NMF, BAF,
 tables) and read (the NMF's Parquet files), the derived ρ and the privacy statement, the
 load averages before and after (the machine is shared).
+
+**The national pass** (2026-11-28, commit 7348a32 against the per-state release of the same
+code, ``--fraction 1/1024``, 8,008 blocks, 52 states, one BLAS thread, the machine under a
+load of 13–22 so that wall is 2–8 × CPU; read the CPU seconds): per stage, CPU s per-state →
+national: read 1.89 → 3.06 (every state read twice), up — → 1.55, top — → 0.02, GLS 7.66 →
+6.97, districts 6.18 → 5.47, tables 21.2 → 20.6, integers 31.3 → 21.3 (the same code: the
+load's noise, ±30 %); counted 68.7 → 59.6 CPU s (541.7 → 292.9 s wall); peak 681 → 667 MB;
+bytes read 25.0 → 50.0 MB. The national pass adds the second read and one upward pass per
+state (≈ 3 CPU s here, ≈ 5 % of the counted CPU), and no memory: the root holds one message
+per state and block. ``--fraction 1/256`` was not run (≈ 35 min per run at that load).
 
 Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 1.8–5.7,
 wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
@@ -140,7 +156,10 @@ from censusdp.pipelines.nmf_release import (
     StateTableWriter,
     add_areas,
     estimate_state,
+    nation_tables,
+    national_top,
     release_statement,
+    state_upward,
 )
 from censusdp.rng import KeyedRNG
 from censusdp.spreadsheet import write_csv
@@ -151,8 +170,9 @@ from pl94_national import geography  # noqa: E402
 
 #: States with an AIAN part in the 2020 NMF (52 states + 34 AIAN parts = 86 state parts).
 AIAN_STATES = 34
-#: Counted stages, in order.
-STAGES = ("read", "gls", "districts", "tables", "integers")
+#: Counted stages, in order (``up`` and ``top``: the national pass's first half, each
+#: state's upward pass and the root; 0 when the states are released one by one).
+STAGES = ("read", "up", "top", "gls", "districts", "tables", "integers")
 
 
 def _reset_peak() -> bool:
@@ -335,9 +355,25 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
     t_all, c_all = time.perf_counter(), time.process_time()
     us_root = nmf / "US"
     bytes_read += _bytes(us_root)
-    timed("read", lambda: [noise.add(s.levels) for s in read_nmf(us_root, subtrees=["US"])])
+    (us,) = timed("read", lambda: list(read_nmf(us_root, subtrees=["US"])))
+    noise.add(us.levels)
     totals = timed("read", lambda: read_state_totals(inputs / "state_totals.csv"))
     states = sorted(totals)
+    national = len(states) > 1 and not args.per_state
+    top = None
+    if national:  # first half: each state's upward message, then the root with the US level
+        items = []
+        for state in states:
+            root = nmf / f"state_{state}"
+            bytes_read += _bytes(root)
+            ids = nmf_subtree_ids(root)
+            m = timed("read", lambda r=root, i=ids, s=state: collect_nmf(
+                read_nmf(r, subtrees=i), {s: totals[s]}))  # fmt: skip
+            items.append(timed("up", lambda m=m: state_upward(m).for_top()))
+            del m
+        top = timed("top", lambda: national_top(us.levels[0], items))
+        del items
+        _log(t_all, "national top: the US level combined with every state's message")
     int_rng = KeyedRNG.reproducible(args.seed, warn=False)  # benchmark: seeded rounding
     int_files: set[str] = set()
     with output_dir(out / "release", overwrite=True, command="nmf_national") as tmp:
@@ -354,7 +390,10 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
                 t = time.perf_counter()
                 _remove_own(root)
                 seconds_removing += time.perf_counter() - t
-            r = timed("gls", lambda m=m: estimate_state(m))
+            if top is None:
+                r = timed("gls", lambda m=m: estimate_state(m))
+            else:  # second half: the state's upward pass again, smoothed from the root
+                r = timed("gls", lambda m=m: top.estimate_state(state_upward(m)))
             r = timed("districts", lambda r=r, s=state: add_areas(
                 r, inputs / f"baf_{s}.csv", area_name="district"))  # fmt: skip
             districts += int(r.areas.codes.size)
@@ -363,6 +402,8 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
             timed("integers", lambda r=r: write_integers(
                 tmp / INTEGER_FOLDER, r, nmf_integers(r, int_rng), int_files))  # fmt: skip
             del m, r
+        if top is not None:
+            timed("tables", lambda: tables.add("pl94_nation.csv", nation_tables(top)))
         files = tables.files
     rho = noise.rho()
     return {
@@ -379,7 +420,10 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
         "bytes_written_tables": _bytes(out / "release"),
         "files": files,
         "rho": rho,
-        "statement": release_statement(rho, invariant_totals=True, levels=noise.levels()),
+        "statement": release_statement(
+            rho, invariant_totals=True, levels=noise.levels(), us_used=national
+        ),  # fmt: skip
+        "national_pass": national,
         "seconds_removing_read_folders (not counted)": seconds_removing,
     }
 
@@ -435,7 +479,10 @@ def benchmark(args: argparse.Namespace) -> dict:
         "integers": "stage 'integers': the non-negative integer product (structural "
         "zeros held, state totals exact; biased) of every state, its tables written under "
         "release/nonnegative/ (counted in the tables' bytes)",
-        "not_run": {
+        "national_pass": e["national_pass"],
+        "not_run": {}
+        if e["national_pass"]
+        else {
             "national_gls_pass": "the release is per state (each state's GLS with its total "
             "invariant); the US level is read for the derived rho only",
         },
@@ -462,6 +509,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--districts", type=int, default=435, help="districts over all states")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--states", type=int, default=52, help="fewer states: a smoke test")
+    ap.add_argument("--per-state", action="store_true",
+                    help="release the states one by one (no national pass; the US level "
+                    "read for rho only): the release before the national pass")  # fmt: skip
     args = ap.parse_args(argv)
     result = benchmark(args)
     print(json.dumps(result, indent=2))

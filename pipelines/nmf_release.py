@@ -6,7 +6,28 @@ runs the structured GLS (:func:`~censusdp.estimation.structured_gls.structured_g
 state's spine (docs/design.md § The Noisy Measurement File: virtual state → state parts → spine county → tract → block group
 → block), with the published state total held invariant (tying the two parts). A node that
 is its parent's only child has no measurements; the reader carries it with variance +inf
-(weight 0: its estimate is determined by its parent's). Then it writes, per state:
+(weight 0: its estimate is determined by its parent's).
+
+**The national pass.** When the file has the US level and every state is released, the
+estimate is one GLS over nation → states → … → blocks that uses the US measurements (every
+query but the total, the nation's total being the sum of the held state totals), computed
+without holding more than one state's spine: (1) each state is read and its upward pass run
+over state … block (:func:`state_upward`: the public steps
+:func:`~censusdp.estimation.structured_gls.structured_setup` and
+:func:`~censusdp.estimation.structured_gls.structured_upward` on the state's own problem,
+its subtrees, its structural zeros and its held total), keeping only the state node's
+message per block (a mean and covariance, moved from the state's noise scale τ to the
+nation's); (2) the root combines the US level with the states' messages
+(:func:`national_top`: :func:`~censusdp.estimation.structured_gls.structured_upward` with
+``bottom`` and :func:`~censusdp.estimation.structured_gls.structured_top`); (3) each state
+is read again, its upward pass rerun and smoothed from its node's result
+(:func:`national_state`: :func:`~censusdp.estimation.structured_gls.structured_downward`),
+its areas from the same root (:func:`national_areas`). This is the Rauch–Tung–Striebel
+smoother of the whole tree cut at the state level, so the estimates and every covariance
+equal those of the GLS over the whole nation (tested against the in-memory structured GLS of
+the nation and a dense GLS with the zeros and state totals as equality rows, 1e-9). With
+one state, a subset of states or no US level, each state is estimated alone
+(:func:`estimate_state`), bit for bit as before the national pass. Then it writes, per state:
 
 * the spine levels ``pl94_spine_<level>.csv`` (state part, spine county, tract, block
   group; the file's ``geocode``),
@@ -18,6 +39,7 @@ is its parent's only child has no measurements; the reader carries it with varia
 * with a block-assignment file (BAF: block GEOID → area, e.g. districts): the areas'
   ``pl94_area_<name>.csv`` and the covariance matrix of their total populations
   ``area_<name>_P1_001N_covariance.csv`` (what plan-level inference needs),
+* under the national pass, ``pl94_nation.csv``: the nation (:func:`nation_tables`),
 
 every table with the Bureau's column names ``P1_001N`` … ``P5_010N`` (the codebook of
 :mod:`censusdp.pipelines.pl94_tables`) and beside each its exact GLS standard error
@@ -36,8 +58,13 @@ covariance of the node, or of the area's sum of blocks: one pass up the tree,
 everything between the truth and the number written. A figure the published state total
 holds (``P1_001N``, ``P2_001N`` of the state and of any only child of it) is written as that
 total with ``_se`` exactly 0 (:func:`held_values`), not as the GLS's float approximation of
-it. Errors of different states are
-independent (the US level is not used, see below). The covariance between two areas is
+it. **What the national pass changed:** the SEs are those of the national GLS — smaller
+where the US level informs a state's figures — and errors of different states are no longer
+independent: they are correlated through the US level, so the nation's figures (sums over
+states) get their own exact SE from the root (``pl94_nation.csv``), not the root-sum-square
+of the states' SEs, and a state's areas carry the state node's covariance smoothed from the
+root (:func:`national_areas`). Without it (one state, a subset, no US level) errors of
+different states are independent. The covariance between two areas is
 ``(Var(α ∪ β) − Var α − Var β) / 2`` with ``α ∪ β`` released as one more area.
 
 **Structural zeros.** The file's constraints are held exactly (docs/design.md § The Noisy Measurement File): an hhgq upper
@@ -49,13 +76,18 @@ covariances) is the exact covariance of the restricted estimate. The hhgq *lower
 and non-negativity are inequalities: the linear estimate does not impose them (they would
 bias it).
 
-**What is not yet done.** The US level's measurements are not used
-(each state is estimated from its own subtrees and total; they are read for the privacy
-statement only); a state's whole spine is held in memory (its estimates are ``2,016``
-floats per node); areas (``--areas``) need a run of one state (a BAF is per state).
+**What is not yet done.** A state's whole spine is held in memory (its estimates are
+``2,016`` floats per node), and the national pass reads every state twice (its upward
+states are not cached between the passes); ``--areas`` needs a run of one state (a BAF is
+per state), which is then estimated without the US level (:func:`add_areas` gives a state's
+areas under the national pass in Python); areas that cross state lines (a national BAF)
+would need the area sweep's top (:func:`~censusdp.estimation.areas.area_top`) over the
+states' partial sweeps, not wired here.
 
 **Privacy.** A release made from the file is post-processing of the Census Bureau's
-published measurements: no further privacy loss. The ρ restated is derived from the file's
+published measurements: no further privacy loss — estimating on the US level too (the
+national pass) is still post-processing, and the ρ is unchanged (the US level was always
+one of the levels read and counted). The ρ restated is derived from the file's
 own variances and queries (Δ₂² = 1 per query, the least noisy node of each level bounding
 its loss, levels composed), set beside the production ρ = 293764/114921; with the state
 totals held invariant the guarantee is induced subspace DP (Gao, Gong & Yu 2022).
@@ -84,17 +116,38 @@ import pandas as pd
 
 from censusdp.atomic import output_dir
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.areas import AreaEstimates, area_release
+from censusdp.estimation.areas import AreaEstimates, area_partition, area_release
+from censusdp.estimation.gls_kernel import UpwardBelief
+from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.nonnegative import BIASED_NOTE
-from censusdp.estimation.structured_gls import StructuredRelease, structured_gls
+from censusdp.estimation.structured_gls import (
+    StructuredRelease,
+    StructuredSetup,
+    StructuredUpward,
+    check_residuals,
+    check_structured_invariants,
+    resolve_products,
+    structured_downward,
+    structured_gls,
+    structured_output,
+    structured_residuals,
+    structured_setup,
+    structured_top,
+    structured_upward,
+)
 from censusdp.hierarchy.core import Hierarchy, as_codes
 from censusdp.hierarchy.equivalency import Equivalency, equivalency_from_arrays, read_equivalency
+from censusdp.hierarchy.forest import whole_forest
+from censusdp.mechanisms.laws import floating_point_note
+from censusdp.mechanisms.product_measure import ProductInvariant
+from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.options import with_keywords
 from censusdp.pipelines.io.nmf import (
     PRODUCTION_RHO,
     NMFLevel,
     NMFMeasurements,
     collect_nmf,
+    level_measurements,
     nmf_subtree_ids,
     read_nmf,
     read_state_totals,
@@ -119,12 +172,19 @@ __all__ = [
     "NMFStateRelease",
     "NMFRelease",
     "NMFReleaseOptions",
+    "NationalTop",
+    "StateUpward",
     "FileNoise",
     "StateTableWriter",
     "add_areas",
     "area_total_covariance",
     "census_block_geoids",
     "estimate_state",
+    "nation_tables",
+    "national_areas",
+    "national_state",
+    "national_top",
+    "state_upward",
     "held_values",
     "pl94_columns",
     "release_nmf",
@@ -136,11 +196,27 @@ SPINE_OUTPUT_LEVELS = ("state_part", "county", "tract", "block_group")
 #: Tabulation level → length of its GEOID, a prefix of a block's 16-character tabulation
 #: GEOID (state 2, county 3, tract 6, block group 1, block 4).
 TABULATION_PREFIX = {"county": 5, "tract": 11, "block_group": 12}
-#: What the release does not (yet) impose, stated in the manifest and the README.
+#: What the release does not impose, stated in the manifest.
 NOT_IMPOSED = (
+    "the hhgq lower bounds and non-negativity are not imposed on the real-valued estimates "
+    "(they would bias them)"
+)
+#: ... and without the national pass (one state, a subset of states or no US level).
+NOT_IMPOSED_STATES = (
     "the US level's measurements are not used (each state is estimated from its own "
-    "subtrees and its published total); the hhgq lower bounds and non-negativity are not "
-    "imposed on the real-valued estimates (they would bias them)"
+    "subtrees and its published total); " + NOT_IMPOSED
+)
+#: The estimator, stated in the manifest: the national pass (the file's US level and every
+#: state) or states one by one.
+ESTIMATOR_NATIONAL = (
+    "structured GLS (weighted, exact discrete Gaussian variances) over the whole nation: "
+    "the US level's measurements combined at the root with every state's upward message, "
+    "state totals invariant; real-valued estimates, exact SEs (errors of different states "
+    "correlated through the US level)"
+)
+ESTIMATOR_STATES = (
+    "structured GLS (weighted, exact discrete Gaussian variances), one state at a time, "
+    "state total invariant; real-valued estimates, exact SEs"
 )
 #: The structural zeros the GLS holds, stated in the manifest.
 ZEROS_HELD = (
@@ -256,6 +332,10 @@ class NMFStateRelease:
         The blocks of every tabulation unit and user area (by their names).
     seconds : dict
         Timings of the steps.
+    areas_of : callable, optional
+        Equivalency → :class:`~censusdp.estimation.areas.AreaEstimates` where the state's
+        own GLS does not give its area covariances (the national pass); None: from
+        ``release``.
     """
 
     state: str
@@ -266,6 +346,15 @@ class NMFStateRelease:
     area_covariance: np.ndarray | None
     equivalencies: dict[str, Equivalency]
     seconds: dict
+    areas_of: AreaFn | None = None
+
+    def area_release(self, eq: Equivalency) -> AreaEstimates:
+        """Sums of the state's blocks (``eq`` read against its spine) with their exact
+        covariance: :func:`~censusdp.estimation.areas.area_release` of the state's own GLS,
+        or ``areas_of`` (the national pass: :func:`national_areas`)."""
+        if self.areas_of is not None:
+            return self.areas_of(eq)
+        return area_release(self.release, eq)
 
     @property
     def hierarchy(self) -> Hierarchy:
@@ -313,7 +402,12 @@ def _pairs(eq: Equivalency) -> Equivalency:
 _PAIR_ENTRIES = 1 << 17
 
 
-def _union_variances(release: StructuredRelease, pairs: Equivalency) -> np.ndarray:
+#: A state's sums of blocks with their exact covariance: ``area_release(release, eq)`` for a
+#: state estimated alone, :func:`national_areas` under the national pass.
+AreaFn = Callable[[Equivalency], AreaEstimates]
+
+
+def _union_variances(release: StructuredRelease | AreaFn, pairs: Equivalency) -> np.ndarray:
     """``Var`` of the total of every union area of ``pairs``, swept in chunks of whole
     unions of at most :data:`_PAIR_ENTRIES` leaf entries each (each union's variance is its
     own sweep's: the chunking changes memory, not the values)."""
@@ -329,21 +423,22 @@ def _union_variances(release: StructuredRelease, pairs: Equivalency) -> np.ndarr
         sel = (pairs.area >= lo) & (pairs.area < hi)
         part = Equivalency(pairs.name, pairs.codes[lo:hi], pairs.leaf[sel],
                            pairs.area[sel] - lo, pairs.n_leaves, pairs.source)  # fmt: skip
-        rel = area_release(release, part)
+        rel = release(part) if callable(release) else area_release(release, part)
         out[lo:hi] = rel.query_variances(rel.name, "total")[:, 0]
         lo = hi
     return out
 
 
 def area_total_covariance(
-    release: StructuredRelease, eq: Equivalency, areas: AreaEstimates
+    release: StructuredRelease | AreaFn, eq: Equivalency, areas: AreaEstimates
 ) -> np.ndarray:
     """``(n_areas, n_areas)`` error covariance of the areas' total populations.
 
     ``Cov(α, β) = (Var(α ∪ β) − Var α − Var β) / 2`` for disjoint areas, each variance exact
     (:func:`~censusdp.estimation.areas.area_release` of the unions as areas of their own: the
     area sweep gives one area's variance, not a pair's covariance). ``areas`` is
-    ``area_release(release, eq)``. Cost: the sweep over ``(n_areas − 1)`` × (assigned
+    ``area_release(release, eq)``; ``release`` may also be the function giving a state's
+    areas (:attr:`NMFStateRelease.area_release`, e.g. under the national pass). Cost: the sweep over ``(n_areas − 1)`` × (assigned
     blocks) leaf entries — fine for districts, heavy for hundreds of areas.
     """
     var = areas.query_variances(eq.name, "total")[:, 0]
@@ -385,6 +480,20 @@ def _block_equivalency(
     return Equivalency(eq.name, eq.codes, leaf[o], eq.area[o], hierarchy.leaves.size, eq.source)
 
 
+def _check_one_state(measurements: NMFMeasurements) -> None:
+    """Refuse anything but one state's subtrees with its published total."""
+    h = measurements.spine.hierarchy
+    if h["state"].size != 1 or "US" in measurements.levels:
+        raise SpecError(
+            "estimate_state: give one state's subtrees (0ss and/or 1ss) without the US level"
+        )
+    if not measurements.state_totals:
+        raise DataError(
+            f"state {h['state'].codes[0]}: no published total given; the state total is "
+            "invariant in the 2020 run and ties the state's two parts (--state-totals)"
+        )
+
+
 def estimate_state(
     measurements: NMFMeasurements,
     *,
@@ -414,15 +523,7 @@ def estimate_state(
     clock: dict[str, float] = {}
     h = measurements.spine.hierarchy
     with stage(clock, "gls"):
-        if h["state"].size != 1 or "US" in measurements.levels:
-            raise SpecError(
-                "estimate_state: give one state's subtrees (0ss and/or 1ss) without the US level"
-            )
-        if not measurements.state_totals:
-            raise DataError(
-                f"state {h['state'].codes[0]}: no published total given; the state total is "
-                "invariant in the 2020 run and ties the state's two parts (--state-totals)"
-            )
+        _check_one_state(measurements)
         meas = measurements.measurements()
         rel = structured_gls(h, meas[0].query.schema, meas, measurements.invariants(),
                              zeros=measurements.zeros())  # fmt: skip
@@ -442,6 +543,327 @@ def estimate_state(
         return state
     return add_areas(state, areas, block_column=block_column, area_column=area_column,
                      area_name=area_name, skip_blank_areas=skip_blank_areas)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- national pass
+def _level_values(items: Sequence, first: int, ranges: Sequence[tuple[int, int]]) -> list[list]:
+    """Per forest level (from hierarchy level ``first``), per resolved item: its values'
+    rows in that level's range, None for other levels (what
+    :func:`~censusdp.estimation.structured_gls.structured_upward` reads)."""
+    return [
+        [it.values[lo:hi] if it.level == first + j else None for it in items]
+        for j, (lo, hi) in enumerate(ranges)
+    ]
+
+
+def _same_basis(a: MarginalBasis, b: MarginalBasis) -> bool:
+    """Whether two bases are the same (the same refinement of every axis): then block
+    coordinates agree, and messages pass between problems solved in them."""
+    return a.subsets == b.subsets and all(
+        np.array_equal(x.group_of, y.group_of) for x, y in zip(a.axes, b.axes, strict=True)
+    )
+
+
+def _fully_identified(setup: StructuredSetup, who: str) -> None:
+    """Refuse a problem with an unidentified block: the national pass passes block
+    coordinates between problems, which needs every block whole."""
+    if any(v is not None for v in setup.V.values()):
+        raise SpecError(
+            f"national pass: {who} leaves a combination of cells unidentified (blocks "
+            f"{sorted(setup.dropped)}); release the states one by one (--state)"
+        )
+
+
+def _rescaled(belief: UpwardBelief, r: float) -> UpwardBelief:
+    """An upward message from scaled units ``z / τ_a`` to ``z / τ_b`` (``r = τ_a / τ_b``):
+    the mean times ``r``, the covariance times ``r²``, the flat directions unchanged."""
+    return UpwardBelief(belief.m * r, belief.P * (r * r), belief.N, belief.r, belief.shared)
+
+
+@dataclass(eq=False)
+class StateUpward:
+    """One state's side of the national pass: its structured problem (the state's own
+    :func:`~censusdp.estimation.structured_gls.structured_setup`, its basis that of every
+    state), its upward pass over the levels state … block, and what it sends up.
+
+    Attributes
+    ----------
+    measurements : NMFMeasurements
+        The state's subtrees with its published total.
+    setup : StructuredSetup
+    up : StructuredUpward
+        The upward pass of every block over the forest state … block.
+    invariants : list of ProductInvariant
+        The state total, resolved (level indices).
+    """
+
+    measurements: NMFMeasurements
+    setup: StructuredSetup
+    up: StructuredUpward
+    invariants: list
+
+    @property
+    def message(self) -> dict:
+        """Block mask → the state node's upward belief (its subtrees, its structural zeros
+        and its held total; scaled by the state's τ)."""
+        return self.up.messages()
+
+    def for_top(self) -> tuple:
+        """``(state, total, message, tau, zeros, basis)``: what :func:`national_top` needs of
+        the state (small: no array grows with the state's nodes), so a caller can drop the
+        state's spine before the root is solved."""
+        m = self.measurements
+        code = str(m.spine.hierarchy["state"].codes[0])
+        return (code, m.state_totals[code], self.message, self.setup.tau, self.zeros,
+                self.setup.basis)  # fmt: skip
+
+    @property
+    def zeros(self) -> np.ndarray:
+        """``(8, 2, 2)`` cells zero in every part of the state: zero in the state (implied by
+        consistency; they only fix the basis's split axes at the national top)."""
+        return self.measurements.levels["State"].structural_zeros.all(axis=0)
+
+
+def state_upward(measurements: NMFMeasurements) -> StateUpward:
+    """The upward pass of one state (one or both parts, without the US level, with its
+    published total) over its spine below the nation: the first half of the national pass.
+
+    The setup is the one :func:`~censusdp.estimation.structured_gls.structured_gls` builds
+    on the state's spine (basis, weights, zeros, τ = the median of the state's variances),
+    so each state's operations are those of its own problem; the nation combines the
+    states' messages after moving them to its own τ (:func:`national_top`).
+
+    Raises
+    ------
+    SpecError, DataError
+        Several states or a US level, no state total (as :func:`estimate_state`).
+    """
+    h = measurements.spine.hierarchy
+    _check_one_state(measurements)
+    meas = measurements.measurements()
+    schema = meas[0].query.schema
+    meas_r = resolve_products(h, schema, meas, "measurement")
+    invs = measurements.invariants()
+    setup = structured_setup(h, schema, meas_r, invs, check_values=False,
+                             zeros=measurements.zeros())  # fmt: skip
+    _fully_identified(setup, f"state {h['state'].codes[0]}")
+    invs_r = check_structured_invariants(h, schema, invs)
+    rows = [(0, n) for n in h.sizes[1:]]
+    forest = whole_forest(h, 1)
+    up = structured_upward(setup, forest, rows, _level_values(meas_r, 1, rows),
+                           _level_values(invs_r, 1, rows))  # fmt: skip
+    return StateUpward(measurements, setup, up, invs_r)
+
+
+@dataclass(eq=False)
+class NationalTop:
+    """The national pass's top: the US level's measurements combined with every state's
+    upward message, smoothed (:func:`national_top`).
+
+    Attributes
+    ----------
+    setup : StructuredSetup
+        The top problem: nation (the US measurements, its structural zeros) → states (the
+        state totals invariant; their beliefs come from the states' messages).
+    states : tuple of str
+        The states, in node order.
+    tau : dict of str → float
+        Each state's τ (its messages were moved from it to ``setup.tau``).
+    smoothed : dict
+        Block mask → ``(zhat, Phat)`` of the nation and the states (scaled by ``setup.tau``).
+    release : StructuredRelease
+        The nation and the states as estimated at the top: estimates and exact covariances
+        (the nation's figures and their SEs; ``setup`` None — areas go through the states).
+    totals : dict of str → int
+        The published state totals held (the nation's total is their sum).
+    """
+
+    setup: StructuredSetup
+    states: tuple[str, ...]
+    tau: dict
+    smoothed: dict
+    release: StructuredRelease
+    totals: dict
+
+    def cut(self, state: StateUpward) -> dict:
+        """Block mask → ``(z, P)`` of ``state``'s node smoothed from the root, in the state's
+        scaled units (where its downward pass starts)."""
+        s = self.states.index(str(state.measurements.spine.hierarchy["state"].codes[0]))
+        r = self.setup.tau / state.setup.tau
+        out: dict = {}
+        for mask, sm in self.smoothed.items():
+            if sm is None:
+                out[mask] = None
+                continue
+            z, P = sm[0][1], sm[1][1]
+            P = P[s : s + 1] if P.shape[0] > 1 else P
+            out[mask] = (z[s : s + 1] * r, P * (r * r))
+        return out
+
+    def estimate_state(self, state: StateUpward) -> NMFStateRelease:
+        """``state``'s levels (state … block) smoothed from the root: the second half of the
+        national pass, then its tabulation geographies (:func:`national_state`)."""
+        return national_state(self, state)
+
+
+def national_top(us: NMFLevel, states: Sequence[StateUpward | tuple]) -> NationalTop:
+    """Combine the US level's measurements with the states' upward messages at the root,
+    and smooth the nation and the states (the top of the national pass).
+
+    Parameters
+    ----------
+    us : NMFLevel
+        The US level (one node, every query but the total; its structural zeros).
+    states : sequence
+        Per state, in state order: a :class:`StateUpward`, or the small tuple
+        ``(state, total, message, tau, zeros, basis)`` kept from it (:meth:`StateUpward.for_top`: a caller need not
+        hold any state's spine).
+
+    Returns
+    -------
+    NationalTop
+
+    Raises
+    ------
+    SpecError
+        States whose bases differ from the nation's (a block not fully identified, other
+        queries), an estimate that is not identifiable.
+    """
+    items = [_top_item(s) for s in states]
+    codes = [it[0] for it in items]
+    if len(set(codes)) != len(codes) or codes != sorted(codes):
+        raise SpecError("national_top: give each state once, in state order")
+    n = len(items)
+    h = Hierarchy.from_parents(["nation", "state"], [as_codes(["US"]), as_codes(codes)],
+                               [None, np.zeros(n, np.int64)])  # fmt: skip
+    meas = level_measurements(us)
+    schema = items[0][5].schema
+    total = ProductQuery.parse(schema, "total")
+    inv = ProductInvariant("state", total, np.array([[it[1]] for it in items], np.int64))
+    zeros = {"nation": us.structural_zeros, "state": np.stack([it[4] for it in items])}
+    meas_r = resolve_products(h, schema, meas, "measurement")
+    setup = structured_setup(h, schema, meas_r, [inv], zeros=zeros)
+    _fully_identified(setup, "the US level")
+    for it in items:
+        if not _same_basis(setup.basis, it[5]):
+            raise SpecError(
+                f"national pass: state {it[0]}'s structured problem is not in the nation's "
+                "basis (every block must be identified, with the same queries and zeros' "
+                "axes); release the states one by one (--state)"
+            )
+    rows = [(0, 1), (0, n)]
+    bottom = [{mask: None if b is None else _rescaled(b, it[3] / setup.tau)
+               for mask, b in it[2].items()} for it in items]  # fmt: skip
+    up = structured_upward(setup, whole_forest(h), rows, _level_values(meas_r, 0, rows),
+                           [[None], [None]], bottom=bottom)  # fmt: skip
+    smoothed = structured_top(setup, up)
+    est, cov = structured_output(setup, smoothed, range(2), h.sizes)
+    assert cov is not None  # weighted geometry
+    rel = StructuredRelease(
+        hierarchy=h, schema=schema, basis=setup.basis, estimates=tuple(est),
+        covariances=tuple(cov), identified=BlockDiagonal(setup.basis, setup.ident),
+        privacy=floating_point_note(setup.statement),
+        diagnostics={"estimator": "structured GLS, national pass (top)", "tau": setup.tau},
+    )  # fmt: skip
+    return NationalTop(setup, tuple(codes), {it[0]: it[3] for it in items}, smoothed, rel,
+                       {it[0]: int(it[1]) for it in items})  # fmt: skip
+
+
+def _top_item(s: StateUpward | tuple) -> tuple:
+    return s if isinstance(s, tuple) else s.for_top()
+
+
+def national_state(top: NationalTop, state: StateUpward) -> NMFStateRelease:
+    """One state's release under the national pass: its levels smoothed from the root's
+    result (:meth:`NationalTop.cut`), their exact covariances (those of the GLS over the
+    whole nation with the US measurements), and the tabulation county, tract and block
+    group as sums of blocks with exact SEs (:func:`national_areas`).
+
+    The state's :class:`~censusdp.estimation.structured_gls.StructuredRelease` has the
+    state's spine (nation → state → …); its ``nation`` level repeats the state (the nation
+    itself is ``top.release``) and its ``setup`` is None (its area SEs need the national
+    root: :func:`national_areas`).
+    """
+    clock: dict[str, float] = {}
+    setup, m = state.setup, state.measurements
+    h = m.spine.hierarchy
+    with stage(clock, "gls"):
+        cut = top.cut(state)
+        smoothed = structured_downward(setup, state.up, cut)
+        forest = state.up.forest
+        est, cov = structured_output(setup, smoothed, range(forest.depth), h.sizes[1:])
+        assert cov is not None  # weighted geometry
+        rows = [(0, n) for n in h.sizes[1:]]
+        cons, inv_res, inv_val, worst = structured_residuals(setup, forest, rows, est,
+                                                             state.invariants)  # fmt: skip
+        check_residuals(inv_res, inv_val, worst)
+        rel = StructuredRelease(
+            hierarchy=h, schema=setup.schema, basis=setup.basis,
+            estimates=(est[0], *est), covariances=(cov[0], *cov),
+            identified=BlockDiagonal(setup.basis, setup.ident),
+            privacy=floating_point_note(setup.statement),
+            diagnostics={"estimator": "structured GLS, national pass (US level used)",
+                         "max_consistency_residual": cons, "max_invariant_residual": inv_res,
+                         "tau": setup.tau, "tau_nation": top.setup.tau},
+        )  # fmt: skip
+        P_state = {mask: None if c is None else c[1] for mask, c in cut.items()}
+
+    def areas_of(eq: Equivalency) -> AreaEstimates:
+        return national_areas(setup, P_state, rel, eq)
+
+    with stage(clock, "tabulation"):
+        tab, eqs = {}, {}
+        geo = m.spine.tabulation_geoids
+        for level, width in TABULATION_PREFIX.items():
+            eqs[level] = equivalency_from_arrays(
+                h, h["block"].codes, np.strings.slice(geo, 0, width), name=level,
+                source="the NMF's block GEOIDs",
+            )  # fmt: skip
+            tab[level] = areas_of(eqs[level])
+    secs = {"gls": clock["gls"], "tabulation": clock["tabulation"], "areas": 0.0}
+    return NMFStateRelease(str(h["state"].codes[0]), m, rel, tab, None, None, eqs, secs,
+                           areas_of)  # fmt: skip
+
+
+def national_areas(
+    setup: StructuredSetup,
+    P_state: Mapping[int, np.ndarray | None],
+    release: StructuredRelease,
+    eq: Equivalency,
+) -> AreaEstimates:
+    """Sums of one state's blocks with their exact covariance under the national pass.
+
+    The area sweep (:func:`~censusdp.estimation.areas.area_partition`) runs over the state's
+    forest up to the state node; above it the errors are the state node's smoothed error:
+    ``Var_α = Σ_below + M_s P̂_s M_sᵀ`` with ``M_s`` the area's gain at the state and
+    ``P̂_s`` the state's covariance smoothed from the national root (``P_state``, block mask
+    → ``(1, k, k)``, the state's scaled units) — the terms of
+    :func:`~censusdp.estimation.areas.area_sweep` above the state summed (Rauch, Tung &
+    Striebel 1965; module docstring of :mod:`censusdp.estimation.areas`).
+    """
+    h = setup.hierarchy
+    part = area_partition(setup, eq, 1, [(0, n) for n in h.sizes[1:]])
+    basis = setup.basis
+    n_areas = eq.n_areas
+    blocks: dict[int, np.ndarray] = {}
+    for mask in basis.subsets:
+        n_s = basis.block_size(mask)
+        if setup.k(mask) == 0 or P_state[mask] is None:
+            blocks[mask] = np.zeros((n_areas, n_s, n_s))
+            continue
+        _, area, M = part.pairs[mask]
+        cov = part.acc[mask].copy()
+        np.add.at(cov, area, M @ P_state[mask][0] @ M.swapaxes(-1, -2))
+        cov = 0.5 * (cov + cov.swapaxes(-1, -2))
+        V = setup.V[mask]
+        assert setup.vscale is not None
+        blocks[mask] = (cov if V is None else V @ cov @ V.T) * setup.vscale
+    return AreaEstimates(
+        name=eq.name, codes=eq.codes, leaves=eq.leaves_per_area(), schema=release.schema,
+        basis=basis, estimates=(eq.sum_leaves(release.estimates[-1]),),
+        covariances=(BlockDiagonal(basis, blocks),), identified=release.identified,
+        privacy=release.privacy,
+    )  # fmt: skip
 
 
 def add_areas(
@@ -477,24 +899,29 @@ def add_areas(
             block_column=block_column, area_column=area_column, name=name,
             skip_blank_areas=skip_blank_areas,
         )  # fmt: skip
-        user = area_release(rel, eq)
-        cov = area_total_covariance(rel, eq, user)
+        user = state.area_release(eq)
+        cov = area_total_covariance(state.area_release, eq, user)
     secs = {**state.seconds, "areas": clock["areas"]}
     return NMFStateRelease(state.state, state.measurements, rel, state.tabulation, user, cov,
-                           {**state.equivalencies, name: eq}, secs)  # fmt: skip
+                           {**state.equivalencies, name: eq}, secs, state.areas_of)  # fmt: skip
 
 
-def release_statement(rho: float, *, invariant_totals: bool, levels: int) -> str:
+def release_statement(
+    rho: float, *, invariant_totals: bool, levels: int, us_used: bool = False
+) -> str:
     """The one-line privacy statement of a release made from the file (the wording of
-    :meth:`~censusdp.pipelines.io.nmf.NMFMeasurements.release_note`)."""
+    :meth:`~censusdp.pipelines.io.nmf.NMFMeasurements.release_note`); ``us_used`` says the
+    US level's measurements were estimated on (the national pass): still post-processing
+    of published measurements, the same ρ (the US level is one of the levels read)."""
     guarantee = (
         "induced subspace differential privacy (the published state totals are invariant)"
         if invariant_totals
         else "zero-concentrated differential privacy"
     )
+    used = "; the US level estimated on together with the states" if us_used else ""
     return (
         "Post-processing of the Census Bureau's published measurements (2020 PL94 Noisy "
-        f"Measurement File, {levels} levels read): {guarantee}, ρ = {rho:.6g} derived "
+        f"Measurement File, {levels} levels read{used}): {guarantee}, ρ = {rho:.6g} derived "
         "from the file's own variances and queries (Δ₂² = 1 per query; production ρ = "
         f"293764/114921 ≈ {float(PRODUCTION_RHO):.6g}); no further privacy loss."
     )
@@ -800,22 +1227,28 @@ def release_nmf(
         )
     noise = _LeastNoise()
     has_us = (root / "US.parquet").is_dir()
+    # the national pass needs every state of the file (the US level measures their sum)
+    national = has_us and len(groups) > 1 and set(groups) == set(_state_groups(root, None))
     inputs = [root, totals_path, None if opts.areas is None else Path(opts.areas),
               None if opts.published is None else Path(opts.published)]  # fmt: skip
     rng = KeyedRNG.from_seed(opts.seed) if opts.integers else None
     with output_dir(out, overwrite=opts.overwrite, inputs=inputs, command="nmf") as tmp:
-        if has_us:  # one node: read for the statement (its measurements are not estimated on)
+        top = None
+        if has_us:  # one node: estimated on in the national pass, read for ρ in any case
             (us,) = read_nmf(root, subtrees=["US"])
             noise.add(us.levels)
-        done = _release_states(tmp, root, groups, totals, noise, opts, rng, on_state)
+            if national:
+                top = _national_top(root, groups, totals, us.levels[0], noise)
+        done = _release_states(tmp, root, groups, totals, noise, opts, rng, on_state, top)
         if opts.published is not None:  # public against public: written in the release
             from censusdp.pipelines.nmf_evaluate import compare_published
 
             comparison = compare_published(tmp, opts.published)
             write_csv(comparison, tmp / "published_comparison.csv", index=False)
         rho = noise.rho()
-        statement = release_statement(rho, invariant_totals=True, levels=noise.levels())
-        manifest = _manifest(statement, rho, groups, has_us, opts, done)
+        statement = release_statement(rho, invariant_totals=True, levels=noise.levels(),
+                                      us_used=top is not None)  # fmt: skip
+        manifest = _manifest(statement, rho, groups, (has_us, top), opts, done)
         (tmp / "manifest.json").write_text(
             json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
@@ -847,11 +1280,15 @@ def _release_states(
     opts: NMFReleaseOptions,
     rng: KeyedRNG | None,
     on_state: Callable[[NMFStateRelease], object] | None,
+    top: tuple[NationalTop, dict] | None = None,
 ) -> _StatesWritten:
     """One state at a time: read its subtrees (their noise added to ``noise``), estimate
-    it (:func:`estimate_state`), append its tables, with ``rng`` its integer product
-    (:func:`~censusdp.pipelines.nmf_integers.nmf_integers`), hand it to ``on_state`` and
-    drop it; then write the data dictionary of every column written."""
+    it (:func:`estimate_state`; with ``top``, the national pass's top and the first pass's
+    timings, its downward pass from the root: :func:`state_upward` again, then
+    :meth:`NationalTop.estimate_state`), append its tables, with ``rng`` its integer
+    product (:func:`~censusdp.pipelines.nmf_integers.nmf_integers`), hand it to
+    ``on_state`` and drop it; then the nation's tables (with ``top``) and the data
+    dictionary of every column written."""
     w = _Writer(tmp)
     seconds: dict = {}
     int_files: set[str] = set()
@@ -861,12 +1298,19 @@ def _release_states(
         with stage(clock, "read"):
             m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
             noise.add(m.levels.values())
-        r = estimate_state(m, areas=opts.areas, block_column=opts.block_column,
-                           area_column=opts.area_column, area_name=opts.area_name,
-                           skip_blank_areas=opts.skip_blank_areas)  # fmt: skip
+        if top is None:
+            r = estimate_state(m, areas=opts.areas, block_column=opts.block_column,
+                               area_column=opts.area_column, area_name=opts.area_name,
+                               skip_blank_areas=opts.skip_blank_areas)  # fmt: skip
+        else:
+            with stage(clock, "up"):
+                up = state_upward(m)
+            r = top[0].estimate_state(up)
+            del up
         with stage(clock, "write"):
             _write_state(w, r)
-        seconds[state] = {"read": clock["read"], **r.seconds, "write": clock["write"]}
+        first = {} if top is None else {**top[1][state], "up": clock["up"]}
+        seconds[state] = {**first, "read": clock["read"], **r.seconds, "write": clock["write"]}
         if rng is not None:  # the biased integer product, from the same estimate
             with stage(clock, "integers"):
                 ints = nmf_integers(r, rng)
@@ -876,21 +1320,70 @@ def _release_states(
         if callable(on_state):
             on_state(r)
         del r, m
+    if top is not None:
+        _write_nation(w, top[0])
     w.dictionary()
     return _StatesWritten(tuple(w.started), seconds, frozenset(int_files), violations)
+
+
+def _national_top(
+    root: Path,
+    groups: Mapping[str, list[str]],
+    totals: Mapping[str, int],
+    us: NMFLevel,
+    noise: _LeastNoise,
+) -> tuple[NationalTop, dict]:
+    """The national pass's first half: each state read and its upward pass run in turn
+    (:func:`state_upward`), only its small root-level message kept, then the root
+    (:func:`national_top`); with the timings of each state's first pass."""
+    items, seconds = [], {}
+    for state, subtrees in groups.items():
+        clock: dict[str, float] = {}
+        with stage(clock, "read"):
+            m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
+            noise.add(m.levels.values())
+        with stage(clock, "up"):
+            items.append(state_upward(m).for_top())
+        del m
+        seconds[state] = {"first_read": clock["read"], "first_up": clock["up"]}
+    t: dict[str, float] = {}
+    with stage(t, "top"):
+        top = national_top(us, items)
+    seconds[next(iter(groups))]["top"] = t["top"]
+    return top, seconds
+
+
+def nation_tables(top: NationalTop) -> pd.DataFrame:
+    """The nation's P1–P5 with exact SEs from the national pass (``pl94_nation.csv``): the
+    figures the state totals hold (``P1_001N``, ``P2_001N``: the nation's total is the sum
+    of the published state totals) written as that sum with SE exactly 0."""
+    from censusdp.pipelines.privatize_ppmf import held_pl94_columns
+
+    est, se = pl94_columns(top.release, "nation")
+    held = held_pl94_columns("total")
+    est[:, held] = float(sum(int(v) for v in top.totals.values()))
+    se[:, held] = 0.0
+    return _frame({"GEOID": np.array(["US"], dtype=object)}, est, se)
+
+
+def _write_nation(w: _Writer, top: NationalTop) -> None:
+    w.add("pl94_nation.csv", nation_tables(top))
 
 
 def _manifest(
     statement: str,
     rho: float,
     groups: Mapping[str, list[str]],
-    has_us: bool,
+    us: tuple[bool, object],
     opts: NMFReleaseOptions,
     done: _StatesWritten,
 ) -> dict:
     """``manifest.json`` of the release: its privacy (derived ρ, production ρ, the induced
     subspace guarantee), estimator, what is held and not imposed, states, files and
-    timings, and with them the published comparison and the integer product."""
+    timings, and with them the published comparison and the integer product. ``us`` is
+    whether the file has a US level and the national pass's top (None: states one by
+    one)."""
+    has_us, national = us[0], us[1] is not None
     manifest = {
         "route": "nmf",
         "statement": statement,
@@ -903,13 +1396,13 @@ def _manifest(
             "derivation": "Δ₂² = 1 per query; per level and query the least noisy node "
             "bounds the loss; levels and queries compose",
         },
-        "estimator": "structured GLS (weighted, exact discrete Gaussian variances), one "
-        "state at a time, state total invariant; real-valued estimates, exact SEs",
+        "estimator": ESTIMATOR_NATIONAL if national else ESTIMATOR_STATES,
         "structural_zeros": ZEROS_HELD,
-        "not_imposed": NOT_IMPOSED,
+        "not_imposed": NOT_IMPOSED if national else NOT_IMPOSED_STATES,
         "states": sorted(groups),
         "state_parts": {s: groups[s] for s in sorted(groups)},
         "us_level_read": has_us,
+        "us_level_estimated": national,
         "areas": None
         if opts.areas is None
         else {

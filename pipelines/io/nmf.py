@@ -107,6 +107,7 @@ __all__ = [
     "read_state_totals",
     "collect_nmf",
     "file_law",
+    "level_measurements",
     "subtree_folder",
 ]
 
@@ -886,6 +887,24 @@ def file_law(sigma2: float) -> DiscreteGaussian:
     return DiscreteGaussian.from_sigma2(down)
 
 
+def level_measurements(level: NMFLevel) -> list[ProductMeasurement]:
+    """One :class:`ProductMeasurement` per query of one NMF level, on its spine level
+    (:data:`SPINE_LEVEL`): ``node_variance`` the exact variance of each node's discrete
+    Gaussian (+inf at unmeasured nodes: weight 0), the law the least noisy node's (it bounds
+    the loss of every node of the level); a query measured at no node is left out. What
+    :meth:`NMFMeasurements.measurements` gives per level, and the US level alone for the
+    national pass (:mod:`censusdp.pipelines.nmf_release`)."""
+    out = []
+    for q in level.queries.values():
+        fin = q.variance[np.isfinite(q.variance)]
+        if fin.size == 0:  # no node of the level measured (only children): no query
+            continue
+        law = file_law(float(fin.min()))
+        out.append(ProductMeasurement(SPINE_LEVEL[level.name], q.query, q.values, law,
+                                      _dg_variance(q.variance)))  # fmt: skip
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class NMFMeasurements:
     """Subtrees of an NMF joined over their spine (a state, a few states, or the nation).
@@ -912,16 +931,7 @@ class NMFMeasurements:
         unmeasured nodes: weight 0); the law is the least noisy node's (it bounds the
         privacy loss of every node of the level).
         """
-        out = []
-        for lvl in self.levels.values():
-            for q in lvl.queries.values():
-                fin = q.variance[np.isfinite(q.variance)]
-                if fin.size == 0:  # no node of the level measured (only children): no query
-                    continue
-                law = file_law(float(fin.min()))
-                out.append(ProductMeasurement(SPINE_LEVEL[lvl.name], q.query, q.values, law,
-                                              _dg_variance(q.variance)))  # fmt: skip
-        return out
+        return [x for lvl in self.levels.values() for x in level_measurements(lvl)]
 
     def zeros(self) -> dict[str, np.ndarray]:
         """Spine level → ``(n_nodes, 8, 2, 2)`` bool over hhgq × votingage × hispanic: the

@@ -37,7 +37,10 @@ def test_main_tiny_national_run(tmp_path):
     assert r["states"] == 1 and r["districts"] == 5 == r["districts_released (non-empty)"]
     assert r["blocks"] == r["nodes_per_level"]["block"] > 0
     assert r["state_parts"] == 1  # one county: no AIAN part (see the flags' test)
-    assert set(r["seconds_per_stage"]) == {"read", "gls", "districts", "tables", "integers"}
+    assert set(r["seconds_per_stage"]) == {
+        "read", "up", "top", "gls", "districts", "tables", "integers"
+    }  # fmt: skip
+    assert not r["national_pass"] and r["seconds_per_stage"]["up"] == 0  # one state
     assert r["bytes_read"] == r["bytes_written"]["nmf"] > 0
     assert "national_gls_pass" in r["not_run"] and "non_negative_product" not in r["not_run"]
     ints = pd.read_csv(out / "release" / "nonnegative" / "pl94_state.csv", dtype={"GEOID": str})
@@ -63,6 +66,21 @@ def test_main_tiny_national_run(tmp_path):
     assert len(cov) == 5
     blocks = pd.read_csv(rel / "pl94_block.csv", usecols=["GEOID"], dtype=str)
     assert len(blocks) == r["blocks"]
+
+
+def test_two_states_run_the_national_pass(tmp_path):
+    """With two states the benchmark runs the national pass: each state's upward pass, the
+    root with the US level, then each state smoothed from it; the nation's table is written
+    with the sum of the state totals held."""
+    out = tmp_path / "run"
+    r = bench.main(["--fraction", "1/16384", "--states", "2", "--districts", "3",
+                    "--out", str(out)])  # fmt: skip
+    assert r["national_pass"] and r["not_run"] == {}
+    assert r["cpu_seconds_per_stage"]["up"] > 0 and r["seconds_per_stage"]["top"] > 0
+    assert "US level estimated on" in r["privacy"]["statement"]
+    assert r["bytes_read"] > r["bytes_written"]["nmf"]  # the states are read twice
+    nation = pd.read_csv(out / "release" / "pl94_nation.csv", dtype={"GEOID": str})
+    assert nation["GEOID"].tolist() == ["US"] and nation["P1_001N"][0] == r["persons"]
 
 
 def test_keep_leaves_the_nmf(tmp_path):
