@@ -21,7 +21,7 @@ per output entry, so their values depend on nothing but their inputs:
 * :func:`eigh` — the eigenvalues (ascending) and orthonormal eigenvectors of symmetric
   matrices (lower triangle read, as LAPACK's ``UPLO='L'``) by the cyclic Jacobi method with
   the symmetric Schur rotation (Golub & Van Loan, Alg. 8.5.2 / 8.5.3), a rotation skipped
-  when ``|a_pq| ≤ ε √|a_pp a_qq|`` (Demmel & Veselić 1992, the high-relative-accuracy
+  when ``|a_pq| ≤ ε √|a_pp| √|a_qq|`` (Demmel & Veselić 1992, the high-relative-accuracy
   test) or below ``1e-20 ‖A‖_F``, stopped after a sweep with no rotation. Ties of
   eigenvalues keep column order (a stable sort). Eigenvectors are determined up to sign and,
   for repeated eigenvalues, rotation within their space: every caller uses them through
@@ -200,7 +200,7 @@ def _eigh_kernel(M, ev, V, eps):  # pragma: no cover - compiled
                     apq = A[p, q]
                     app = A[p, p]
                     aqq = A[q, q]
-                    if abs(apq) <= eps * np.sqrt(abs(app) * abs(aqq)) or abs(apq) <= floor:
+                    if abs(apq) <= eps * np.sqrt(abs(app)) * np.sqrt(abs(aqq)) or abs(apq) <= floor:
                         A[p, q] = 0.0
                         A[q, p] = 0.0
                         continue
