@@ -32,6 +32,13 @@ and its error covariance (exact when ``Cov(hᵥ) = Jᵥ``), level by level, no l
   stacked ``matmul`` / ``solve`` / ``eigh``), so a partitioned run equals the whole one bit
   for bit.
 
+The stacked products, solves and eigensystems are those of
+:mod:`censusdp.estimation.block_kernels` (compiled, one fixed order of operations per entry,
+no BLAS/LAPACK), so the values — and a run's digest — do not depend on the BLAS build, its
+core type or the machine either (issue 36: OpenBLAS's Haswell and Sandybridge kernels gave
+different digests before); ``np.einsum`` products (numpy's own loops) and elementwise ufuncs
+never call BLAS.
+
 Structural zeros (``LevelInputs.Z``, per node 0/1 over the K coordinates) are noiseless
 observations ``z[i] = 0``: extra rows of the bordered systems at the leaves (solved once per
 distinct (J, Z) pattern) and of the relation with flat children, and a conditioning step

@@ -158,7 +158,9 @@ def node_axis_product(x: np.ndarray, axis: int, m: np.ndarray) -> np.ndarray:
     last axis), never one 2-D product over the whole batch: BLAS rounds a row of a 2-D
     product differently depending on where it falls in the blocking of the whole matrix,
     while a stack of equal products gives every node the bits it gets alone. That is what
-    lets a partition of the nodes reproduce the single-process result exactly.
+    lets a partition of the nodes reproduce the single-process result exactly. The products
+    are :func:`~censusdp.estimation.block_kernels.matmul` (fixed summation order, no BLAS),
+    so the bits do not depend on the BLAS build or machine either.
     """
     sh = x.shape
     pre = int(np.prod(sh[:axis], dtype=np.int64))
