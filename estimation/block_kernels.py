@@ -30,6 +30,15 @@ per output entry, so their values depend on nothing but their inputs:
 Each matrix of a stack is computed alone, so a node gets the same bits in any batch (the
 partition / scheduler / Dask bit-identity of the streamed engine).
 
+The loops are plain O(K³) code: for the per-block matrices of the structured GLS (a block's
+size is a product of refinement sizes — 1 and 3 for ``pl94``, its bordered systems at most
+``4K + n_H``) they cost no more than a BLAS call, but for a dense K = 2,016 histogram (the
+dense tree GLS of :mod:`censusdp.estimation.gls` runs the same kernel) they would cost
+20–50× a tuned BLAS. Above :data:`MAX_DIM` (products, solves) and :data:`MAX_DIM_EIGH`
+(eigensystems) the functions hand the stack to numpy (BLAS/LAPACK) instead: the choice
+depends on the shape only, never on the batch, so bit-identity across partitions holds
+either way, but the values of such large problems depend on the BLAS build.
+
 References
 ----------
 Golub, G. H. & Van Loan, C. F. (2013). *Matrix Computations*, 4th ed., §3.4, §8.5.
@@ -43,7 +52,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["eigh", "eigvalsh", "matmul", "solve"]
+__all__ = ["MAX_DIM", "MAX_DIM_EIGH", "eigh", "eigvalsh", "matmul", "solve"]
+
+#: Largest matrix dimension :func:`matmul` and :func:`solve` compute themselves (above it:
+#: numpy, BLAS/LAPACK — the dense K × K path, module docstring).
+MAX_DIM = 256
+#: Largest matrix :func:`eigh` diagonalises by Jacobi (a sweep is ~4K³ flops; above it: LAPACK).
+MAX_DIM_EIGH = 64
 
 _EPS = float(np.finfo(np.float64).eps)
 
@@ -94,6 +109,8 @@ def matmul(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     B = np.asarray(B, dtype=np.float64)
     if A.ndim < 2 or B.ndim < 2 or A.shape[-1] != B.shape[-2]:
         raise ValueError(f"matmul: shapes {A.shape} and {B.shape} do not chain")
+    if max(A.shape[-2], A.shape[-1], B.shape[-1]) > MAX_DIM:
+        return np.matmul(A, B)
     lead = np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
     n = int(np.prod(lead, dtype=np.int64))
     out = np.empty((n, A.shape[-2], B.shape[-1]))
@@ -169,6 +186,8 @@ def solve(X: np.ndarray, B: np.ndarray) -> np.ndarray:
         raise ValueError(f"solve: shapes {X.shape} and {B.shape} do not match")
     if X.shape[0] not in (1, B.shape[0]):
         raise ValueError(f"solve: {X.shape[0]} matrices for {B.shape[0]} right-hand sides")
+    if X.shape[-1] > MAX_DIM:
+        return np.linalg.solve(X, B)
     out = np.empty(B.shape)
     if out.size == 0:
         return out
@@ -261,6 +280,8 @@ def eigh(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if M.ndim < 2 or M.shape[-1] != M.shape[-2]:
         raise ValueError(f"eigh: {M.shape} is not a stack of square matrices")
     lead, K = M.shape[:-2], M.shape[-1]
+    if K > MAX_DIM_EIGH:
+        return np.linalg.eigh(M)
     n = int(np.prod(lead, dtype=np.int64))
     ev = np.empty((n, K))
     V = np.empty((n, K, K))

@@ -16,7 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from censusdp.estimation.block_kernels import eigh, eigvalsh, matmul, solve
+from censusdp.estimation.block_kernels import (
+    MAX_DIM,
+    MAX_DIM_EIGH,
+    eigh,
+    eigvalsh,
+    matmul,
+    solve,
+)
 
 FLOATS = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False, width=64)
 
@@ -145,3 +152,19 @@ def test_eigh_reads_the_lower_triangle() -> None:
     assert np.array_equal(eigh(A)[0], eigh(sym)[0])
     assert np.allclose(eigh(A)[0], np.linalg.eigvalsh(A), atol=1e-12)  # UPLO='L' too
     assert not np.allclose(eigh(A)[0], np.linalg.eigvalsh(A, UPLO="U"), atol=1e-6)
+
+
+def test_large_matrices_go_to_numpy_and_small_ones_do_not() -> None:
+    """The dispatch is by shape: above the limits the values are numpy's exactly; at the
+    limit they are the kernels' (the ascending sum, which numpy's BLAS does not give here)."""
+    g = np.random.default_rng(5)
+    big = g.normal(size=(2, MAX_DIM + 1, MAX_DIM + 1))
+    assert np.array_equal(matmul(big, big), np.matmul(big, big))
+    rhs = g.normal(size=(2, MAX_DIM + 1, 1))
+    assert np.array_equal(solve(big, rhs), np.linalg.solve(big, rhs))
+    sym = big[:, : MAX_DIM_EIGH + 1, : MAX_DIM_EIGH + 1]
+    assert np.array_equal(eigh(sym)[0], np.linalg.eigh(sym)[0])
+    A = g.normal(size=(MAX_DIM, MAX_DIM))
+    got = matmul(A, A)
+    assert np.array_equal(got[:2, :2], _reference_product(A[:2], A[:, :2]))
+    assert not np.array_equal(got, np.matmul(A, A))
