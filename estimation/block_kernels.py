@@ -74,6 +74,12 @@ def _matmul_kernel(A, B, out):  # pragma: no cover - compiled
         ia = i if sa else 0
         ib = i if sb else 0
         for a in range(p):
+            if r == 1:  # a matrix–vector product: the same sum in a register
+                acc = 0.0
+                for k in range(q):
+                    acc += A[ia, a, k] * B[ib, k, 0]
+                out[i, a, 0] = acc
+                continue
             for c in range(r):
                 out[i, a, c] = 0.0
             for k in range(q):
@@ -83,11 +89,12 @@ def _matmul_kernel(A, B, out):  # pragma: no cover - compiled
 
 
 def _stack(X: np.ndarray, lead: tuple[int, ...], n: int) -> np.ndarray:
-    """``X`` (``(*l, p, q)``) as a ``(1|n, p, q)`` stack for the leading shape ``lead``."""
+    """``X`` (``(*l, p, q)``) as a ``(1|n, p, q)`` stack for the leading shape ``lead``
+    (one shared matrix made contiguous: a cheap copy that the loops read faster)."""
     if X.shape[:-2] == lead:
         return X.reshape(n, *X.shape[-2:])
     if int(np.prod(X.shape[:-2], dtype=np.int64)) == 1:
-        return X.reshape(1, *X.shape[-2:])
+        return np.ascontiguousarray(X.reshape(1, *X.shape[-2:]))
     return np.broadcast_to(X, (*lead, *X.shape[-2:])).reshape(n, *X.shape[-2:])
 
 
