@@ -20,6 +20,9 @@ Stages, each timed in a fresh process (``fork``) that reports its own peak resid
   its per-node covariances alone would take ``nodes × 2,016² × 8`` bytes (reported as
   ``dense_county_covariance_bytes``), so its time is reported per node.
 
+``structured`` also reports the CPU seconds of the GLS (and per block) and the SHA-256 of
+the estimates' and covariance blocks' float bytes (``digest_estimates_covariances``).
+
 Prints one JSON object. No figure is asserted; run on an otherwise idle machine for timings.
 
 Usage: ``python benchmarks/structured_gls.py [--blocks N] [--dense-blocks M] [--seed S]``.
@@ -28,6 +31,7 @@ Usage: ``python benchmarks/structured_gls.py [--blocks N] [--dense-blocks M] [--
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing as mp
 import time
@@ -100,6 +104,18 @@ def synthetic_counts(gen, h: Hierarchy, schema: Schema) -> list[np.ndarray]:
     return h.aggregate(flat.reshape(n, *schema.shape))
 
 
+def release_digest(rel) -> str:
+    """SHA-256 of the float64 bytes of every level's estimates and covariance blocks (in
+    block order): the same on every machine and BLAS since the per-block algebra runs on
+    :mod:`censusdp.estimation.block_kernels` (issue 36)."""
+    h = hashlib.sha256()
+    for k, est in enumerate(rel.estimates):
+        h.update(np.ascontiguousarray(est, dtype=np.float64).tobytes())
+        for _, b in sorted(rel.covariances[k].blocks.items()):
+            h.update(np.ascontiguousarray(b, dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
 def run_structured(args, out) -> None:
     from censusdp.estimation.structured_gls import structured_gls
 
@@ -113,14 +129,14 @@ def run_structured(args, out) -> None:
     t1 = time.perf_counter()
     meas = measure_products(lc, plan_for(schema, LEVELS), KeyedRNG.reproducible(args.seed))
     inv = [product_invariant(lc, "state", ProductQuery.parse(schema, "total"))]
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     rel = structured_gls(h, schema, meas, inv)
-    t3 = time.perf_counter()
+    t3, c3 = time.perf_counter(), time.process_time()
     n_se = 0
     for k in range(h.depth):
         for text in QUERIES:
             n_se += rel.query_standard_errors(k, text).size
-    t4 = time.perf_counter()
+    t4, c4 = time.perf_counter(), time.process_time()
     err = rel.query_estimates("block", "total") - ProductQuery.parse(schema, "total").apply(
         counts[-1]
     )
@@ -133,6 +149,10 @@ def run_structured(args, out) -> None:
             "seconds_measure": t2 - t1,
             "seconds_gls": t3 - t2,
             "seconds_gls_solve": rel.diagnostics["seconds_solve"],
+            "cpu_seconds_gls": c3 - c2,
+            "cpu_us_gls_per_block": 1e6 * (c3 - c2) / h.sizes[-1],
+            "cpu_seconds_standard_errors": c4 - c3,
+            "digest_estimates_covariances": release_digest(rel),
             "seconds_standard_errors": t4 - t3,
             "seconds_total_measure_gls_ses": t4 - t1,
             "standard_errors_computed": n_se,

@@ -32,6 +32,13 @@ and its error covariance (exact when ``Cov(hᵥ) = Jᵥ``), level by level, no l
   stacked ``matmul`` / ``solve`` / ``eigh``), so a partitioned run equals the whole one bit
   for bit.
 
+The stacked products, solves and eigensystems are those of
+:mod:`censusdp.estimation.block_kernels` (compiled, one fixed order of operations per entry,
+no BLAS/LAPACK), so the values — and a run's digest — do not depend on the BLAS build, its
+core type or the machine either (issue 36: OpenBLAS's Haswell and Sandybridge kernels gave
+different digests before); ``np.einsum`` products (numpy's own loops) and elementwise ufuncs
+never call BLAS.
+
 Structural zeros (``LevelInputs.Z``, per node 0/1 over the K coordinates) are noiseless
 observations ``z[i] = 0``: extra rows of the bordered systems at the leaves (solved once per
 distinct (J, Z) pattern) and of the relation with flat children, and a conditioning step
@@ -64,6 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.block_kernels import eigh, eigvalsh, matmul, solve
 from censusdp.hierarchy.forest import Forest
 
 __all__ = [
@@ -93,7 +101,7 @@ def _mv(A: np.ndarray, x: np.ndarray) -> np.ndarray:
     if x.ndim > 2:
         if A.shape[-1] == 1 and x.shape[-1] == 1:  # 1 × 1 blocks: the one product, no BLAS call
             return x * A
-        return x @ A.swapaxes(-1, -2)
+        return matmul(x, A.swapaxes(-1, -2))
     if A.shape[0] == 1:
         return np.einsum("bij,nj->ni", A, x)
     return np.einsum("nij,nj->ni", A, x)
@@ -106,14 +114,14 @@ def _node_mv(spec: str, A: np.ndarray, x: np.ndarray) -> np.ndarray:
         return np.einsum(spec, A, x)
     if A.shape[-1] == 1 and x.shape[-1] == 1 and A.shape[-2] == 1:
         return x * A
-    return x @ A.swapaxes(-1, -2)
+    return matmul(x, A.swapaxes(-1, -2))
 
 
 def _solve_vec(X: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``X[n]⁻¹ b[n]`` for (n, K) ``b`` or (n, C, K) copies (one factorisation per node)."""
     if b.ndim == 2:
-        return np.linalg.solve(X, b[..., None])[..., 0]
-    return np.linalg.solve(X, b.swapaxes(-1, -2)).swapaxes(-1, -2)
+        return solve(X, b[..., None])[..., 0]
+    return solve(X, b.swapaxes(-1, -2)).swapaxes(-1, -2)
 
 
 def _node_max(x: np.ndarray) -> np.ndarray:
@@ -123,12 +131,12 @@ def _node_max(x: np.ndarray) -> np.ndarray:
 
 def _pinv_psd(M: np.ndarray, atol: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Batched pseudo-inverse of symmetric matrices; also the projector onto their kernel."""
-    ev, V = np.linalg.eigh(M)
+    ev, V = eigh(M)
     scale = np.abs(ev).max(axis=-1, keepdims=True)
     keep = np.abs(ev) > np.maximum(PSEUDO_INVERSE_RTOL * scale, np.reshape(atol, (-1, 1)))
     inv = np.where(keep, 1.0 / np.where(keep, ev, 1.0), 0.0)
     Vt = V.swapaxes(-1, -2)
-    return (V * inv[..., None, :]) @ Vt, (V * (~keep)[..., None, :]) @ Vt
+    return matmul(V * inv[..., None, :], Vt), matmul(V * (~keep)[..., None, :], Vt)
 
 
 def _sym(M: np.ndarray) -> np.ndarray:
@@ -243,7 +251,7 @@ class UpwardBelief:
 
 def _flat_basis(Pz: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
     """Orthonormal basis (columns first) of the range of a PSD projector-like matrix."""
-    ev, V = np.linalg.eigh(_sym(Pz))
+    ev, V = eigh(_sym(Pz))
     keep = ev > 1e-8
     order = np.argsort(~keep, axis=-1, kind="stable")
     V = np.take_along_axis(V, order[..., None, :], axis=-1)
@@ -260,10 +268,10 @@ def _solve_bordered(
     """
     Minv, Null = _pinv_psd(Mat)
     N, r = _flat_basis(Null[..., :K, :K], K)
-    Pi = np.eye(K) - N @ N.swapaxes(-1, -2)
+    Pi = np.eye(K) - matmul(N, N.swapaxes(-1, -2))
     x = _mv(Minv, rhs)
     m = _mv(Pi, x[..., :K])
-    P = _sym(Pi @ Minv[..., :K, :K] @ Pi)
+    P = _sym(matmul(matmul(Pi, Minv[..., :K, :K]), Pi))
     return m, P, N, r
 
 
@@ -323,9 +331,9 @@ def _leaf_up_zeros(L: LevelInputs, K: int) -> UpwardBelief:
     Mat[:, K + nH :, :K] = D
     Minv, Null = _pinv_psd(Mat)
     N, r = _flat_basis(Null[..., :K, :K], K)
-    Pi = np.eye(K) - N @ N.swapaxes(-1, -2)
-    A = Pi @ Minv[:, :K, : K + nH]  # the mean's gain on (h, t); the zeros' values are 0
-    P = _sym(Pi @ Minv[:, :K, :K] @ Pi)
+    Pi = np.eye(K) - matmul(N, N.swapaxes(-1, -2))
+    A = matmul(Pi, Minv[:, :K, : K + nH])  # the mean's gain on (h, t); the zeros' values are 0
+    P = _sym(matmul(matmul(Pi, Minv[:, :K, :K]), Pi))
     rhs = np.concatenate([L.h, L.t], axis=-1)
     m = _mv(A[inv], rhs)
     Pn = P[inv]
@@ -386,20 +394,20 @@ def _plain_update(
     f: Forest, j: int, L: LevelInputs, S: np.ndarray, M: np.ndarray, idx: slice | np.ndarray, K: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Information update with the node's measurements, then its invariants (no flat child)."""
-    X = np.eye(K) + S @ L.J
-    P0 = _sym(np.linalg.solve(X, S))
+    X = np.eye(K) + matmul(S, L.J)
+    P0 = _sym(solve(X, S))
     m0 = _solve_vec(X, M + _node_mv("nij,nj->ni", S, L.h))
     if L.Z is not None:
         m0, P0 = _zero_update(f, j, L, m0, P0, S, idx)
     if not L.H.shape[0]:
         return m0, P0
     HP = np.einsum("ak,nkl->nal", L.H, P0)
-    R = _sym(HP @ L.H.T)
+    R = _sym(matmul(HP, L.H.T))
     atol = 1e-11 * (1.0 + np.trace(S, axis1=1, axis2=2)) * float((L.H**2).sum())
     Rinv, Rnull = _pinv_psd(R, atol)
     res = L.t - np.einsum(
         "n...k,ak->n...a", m0, L.H
-    )  # not m0 @ H.T: a 2-D product rounds by BLAS blocking
+    )  # not m0 @ H.T: a 2-D BLAS product rounds by its blocking
     bad = _node_max(np.abs(_node_mv("nab,nb->na", Rnull, res)))
     if np.any(bad > 1e-7 * (1.0 + _node_max(np.abs(L.t)))):
         node = int(np.arange(f.sizes[j])[idx][int(np.argmax(bad))])
@@ -407,8 +415,8 @@ def _plain_update(
             f"the invariants at level {f.names[j]!r} (node {f.code(j, node)!r}) contradict "
             "the invariants below it: parent totals must equal the sums of their children's"
         )
-    Kg = HP.swapaxes(1, 2) @ Rinv
-    return m0 + _node_mv("nka,na->nk", Kg, res), _sym(P0 - Kg @ HP)
+    Kg = matmul(HP.swapaxes(1, 2), Rinv)
+    return m0 + _node_mv("nka,na->nk", Kg, res), _sym(P0 - matmul(Kg, HP))
 
 
 def _zero_update(
@@ -427,8 +435,8 @@ def _zero_update(
     them: the pseudo-inverse skips them and their mean must already be 0, else the zeros
     contradict the invariants (DataError)."""
     D = _zero_rows(L.Z)
-    PD = P0 @ D
-    R = _sym(D @ PD)
+    PD = matmul(P0, D)
+    R = _sym(matmul(D, PD))
     atol = 1e-11 * (1.0 + np.trace(S, axis1=1, axis2=2))
     Rinv, Rnull = _pinv_psd(R, atol)
     res = -(m0 * (L.Z[:, None, :] if m0.ndim == 3 else L.Z))
@@ -439,9 +447,9 @@ def _zero_update(
             f"the structural zeros at level {f.names[j]!r} (node {f.code(j, node)!r}) "
             "contradict the invariants below it: held cells would need a nonzero sum"
         )
-    Kg = PD @ Rinv
+    Kg = matmul(PD, Rinv)
     m = m0 + _node_mv("nka,na->nk", Kg, res)
-    P = _sym(P0 - Kg @ PD.swapaxes(1, 2))
+    P = _sym(P0 - matmul(Kg, PD.swapaxes(1, 2)))
     m, P, _ = _clear(L.Z, m, P)
     return m, P
 
@@ -575,8 +583,8 @@ def family_inverse_bordered(
     """
     Nc, rc = u.Nc[pb], u.rc[pb]
     pad = np.arange(K)[None, :] >= rc[:, None]
-    gram = Nc.swapaxes(1, 2) @ Nc + pad[:, :, None] * np.eye(K)
-    low = np.linalg.eigvalsh(gram)[:, 0]
+    gram = matmul(Nc.swapaxes(1, 2), Nc) + pad[:, :, None] * np.eye(K)
+    low = eigvalsh(gram)[:, 0]
     if np.any(low < 1e-8):
         node = int(pb[int(np.argmin(low))])
         raise not_identifiable(
@@ -671,8 +679,8 @@ def general_down(
             A = family_inverse_plain(u.S[ps])
             pos = np.cumsum(~bord) - 1
             Pcs = Pc[cs]
-            Gs = Pcs @ A[pos[par[cs]]]
-            G[cs], Dc[cs] = Gs, Pcs - Gs @ Pcs
+            Gs = matmul(Pcs, A[pos[par[cs]]])
+            G[cs], Dc[cs] = Gs, Pcs - matmul(Gs, Pcs)
         if cb.any():
             pb, cbi = np.flatnonzero(bord), np.flatnonzero(cb)
             Yinv = family_inverse_bordered(f, j, u, pb, K)
@@ -687,7 +695,7 @@ def general_down(
             Cc = Cw[pp[:, None, None], idx[:, :, None], idx[:, None, :]]
             Cc = Cc * (sel[:, :, None] & sel[:, None, :])
             Pcb = Pc[cbi]
-            Gb = Pcb @ Ap + Nch @ Bc
+            Gb = matmul(Pcb, Ap) + matmul(Nch, Bc)
             F = np.concatenate([Pcb, Nch], axis=2)
             Yc = np.concatenate(
                 [
@@ -696,10 +704,10 @@ def general_down(
                 ],
                 axis=1,
             )
-            G[cbi], Dc[cbi] = Gb, Pcb - F @ Yc @ F.swapaxes(1, 2)
+            G[cbi], Dc[cbi] = Gb, Pcb - matmul(matmul(F, Yc), F.swapaxes(1, 2))
         zhat.append(ch.m + _node_mv("nij,nj->ni", G, d[par]))
         Pk = Phat[j] if Phat[j].shape[0] > 1 else np.broadcast_to(Phat[j], (f.sizes[j], K, K))
-        Phat.append(_sym(Dc + G @ Pk[par] @ G.swapaxes(1, 2)))
+        Phat.append(_sym(Dc + matmul(matmul(G, Pk[par]), G.swapaxes(1, 2))))
     return zhat, Phat
 
 

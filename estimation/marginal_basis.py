@@ -38,6 +38,7 @@ from functools import reduce
 import numpy as np
 
 from censusdp.errors import SpecError
+from censusdp.estimation.block_kernels import eigh, matmul, solve
 from censusdp.mechanisms.product_query import ProductQuery, QueryRows
 from censusdp.schema import Recode, Schema
 
@@ -157,15 +158,17 @@ def node_axis_product(x: np.ndarray, axis: int, m: np.ndarray) -> np.ndarray:
     last axis), never one 2-D product over the whole batch: BLAS rounds a row of a 2-D
     product differently depending on where it falls in the blocking of the whole matrix,
     while a stack of equal products gives every node the bits it gets alone. That is what
-    lets a partition of the nodes reproduce the single-process result exactly.
+    lets a partition of the nodes reproduce the single-process result exactly. The products
+    are :func:`~censusdp.estimation.block_kernels.matmul` (fixed summation order, no BLAS),
+    so the bits do not depend on the BLAS build or machine either.
     """
     sh = x.shape
     pre = int(np.prod(sh[:axis], dtype=np.int64))
     post = int(np.prod(sh[axis + 1 :], dtype=np.int64))
     if post == 1:
-        y = np.matmul(x.reshape(sh[0], pre // max(sh[0], 1), sh[axis]), m.T)
+        y = matmul(x.reshape(sh[0], pre // max(sh[0], 1), sh[axis]), m.T)
     else:
-        y = np.matmul(m, x.reshape(pre, sh[axis], post))
+        y = matmul(m, x.reshape(pre, sh[axis], post))
     return y.reshape((*sh[:axis], m.shape[0], *sh[axis + 1 :]))
 
 
@@ -186,12 +189,12 @@ def _reflect(y: np.ndarray, n_nodes: int) -> np.ndarray:
     pre, n, post = y.shape
     w = -np.full(n, 1.0 / np.sqrt(n))
     w[0] += 1.0
-    c = w * (2.0 / float(w @ w))
+    c = w * (2.0 / float(np.sum(w * w)))
     if post == 1:
         per = pre // max(n_nodes, 1)
-        dot = np.matmul(y.reshape(n_nodes, per, n), c).reshape(pre, 1, 1)
+        dot = matmul(y.reshape(n_nodes, per, n), c[:, None]).reshape(pre, 1, 1)
     else:
-        dot = np.matmul(c, y)[:, None, :]
+        dot = matmul(c[None, :], y)
     out = np.multiply(w[None, :, None], dot)
     np.subtract(y, out, out=out)
     return out
@@ -384,6 +387,25 @@ class MarginalBasis:
         return BlockDiagonal(self, {m: np.eye(self.block_size(m)) for m in self.subsets})
 
 
+def _inv(b: np.ndarray) -> np.ndarray:
+    """``b⁻¹`` of a stack ``(..., k, k)`` by :func:`~censusdp.estimation.block_kernels.solve`
+    (fixed order, no LAPACK)."""
+    k = b.shape[-1]
+    X = np.asarray(b, dtype=np.float64).reshape(-1, k, k)
+    return solve(X, np.broadcast_to(np.eye(k), X.shape)).reshape(b.shape)
+
+
+def _pinv_sym(b: np.ndarray, rtol: float) -> np.ndarray:
+    """Moore–Penrose inverse of symmetric ``(..., k, k)`` blocks, as ``numpy.linalg.pinv(b,
+    rtol, hermitian=True)`` (``|λ| ≤ rtol · max |λ|`` dropped) by
+    :func:`~censusdp.estimation.block_kernels.eigh` (fixed order, no LAPACK)."""
+    ev, V = eigh(b)
+    s = np.abs(ev)
+    keep = s > rtol * s.max(axis=-1, keepdims=True, initial=0.0)
+    inv = np.where(keep, 1.0 / np.where(keep, ev, 1.0), 0.0)
+    return matmul(V * inv[..., None, :], V.swapaxes(-1, -2))
+
+
 @dataclass(frozen=True, eq=False)
 class BlockDiagonal:
     """A symmetric matrix of the marginal algebra, stored as one block per subset ``S``.
@@ -420,18 +442,20 @@ class BlockDiagonal:
 
     def __matmul__(self, other: BlockDiagonal) -> BlockDiagonal:
         self._check(other)
-        return BlockDiagonal(self.basis, {m: b @ other.blocks[m] for m, b in self.blocks.items()})
+        return BlockDiagonal(
+            self.basis, {m: matmul(b, other.blocks[m]) for m, b in self.blocks.items()}
+        )
 
     def inv(self) -> BlockDiagonal:
         """The inverse, block by block (``numpy.linalg.LinAlgError`` if a block is singular)."""
-        return BlockDiagonal(self.basis, {m: np.linalg.inv(b) for m, b in self.blocks.items()})
+        return BlockDiagonal(self.basis, {m: _inv(b) for m, b in self.blocks.items()})
 
     def pinv(self, rtol: float = 1e-10) -> BlockDiagonal:
         """The Moore–Penrose inverse, block by block (eigenvalues below ``rtol`` × the
         block's largest are zero: directions no measurement identifies)."""
         return BlockDiagonal(
             self.basis,
-            {m: np.linalg.pinv(b, rtol=rtol, hermitian=True) for m, b in self.blocks.items()},
+            {m: _pinv_sym(b, rtol) for m, b in self.blocks.items()},
         )
 
     def apply(self, y: np.ndarray) -> np.ndarray:
@@ -448,7 +472,7 @@ class BlockDiagonal:
             sub = np.transpose(y[idx], perm)
             shp = sub.shape
             flat = sub.reshape(n, self.basis.block_size(mask), -1)
-            res = (b @ flat).reshape(shp)
+            res = matmul(b, flat).reshape(shp)
             out[idx] = np.transpose(res, np.argsort(perm))
         return out
 
@@ -471,7 +495,7 @@ class BlockDiagonal:
         mb = self.basis
         if query.schema is not mb.schema:
             raise SpecError(f"query {query.name!r} is over another schema than {mb.schema.name!r}")
-        t = [f.matrix @ a.basis for a, f in zip(mb.axes, query.factors, strict=True)]
+        t = [matmul(f.matrix, a.basis) for a, f in zip(mb.axes, query.factors, strict=True)]
         group = [ti[:, : a.r] for ti, a in zip(t, mb.axes, strict=True)]
         within = [(ti[:, a.r :] ** 2).sum(axis=1) for ti, a in zip(t, mb.axes, strict=True)]
         k = len(t)
@@ -505,7 +529,7 @@ class BlockDiagonal:
     def dense_cells(self) -> np.ndarray:
         """The matrix in cell coordinates, ``B M Bᵀ`` — for tests and small schemas."""
         b = self.basis.dense_basis()
-        return b @ self.dense() @ b.T
+        return matmul(matmul(b, self.dense()), b.T)
 
 
 def workload_basis(schema: Schema, texts: Sequence[str]) -> MarginalBasis:

@@ -81,6 +81,7 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.block_kernels import eigh, matmul
 from censusdp.estimation.covariance import BlockCovariance, identified_rows
 from censusdp.estimation.gls import check_invariants
 from censusdp.estimation.gls_kernel import (
@@ -360,7 +361,7 @@ def _scatter(basis: MarginalBasis, out: np.ndarray, mask: int, vals: np.ndarray)
 
 def range_basis(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Orthonormal basis of the range of a symmetric PSD matrix, and its eigenvalues."""
-    ev, v = np.linalg.eigh(0.5 * (m + m.T))
+    ev, v = eigh(0.5 * (m + m.T))
     keep = ev > _RANGE_RTOL * max(float(ev.max(initial=0.0)), 1e-300)
     return v[:, keep], ev[keep]
 
@@ -462,7 +463,7 @@ def add_adjoint(
             mats.append(None)  # B_aᵀ itself: one reflection per group
             idx.append(slice(None))
         else:
-            mats.append((a.basis[:, : a.r].T @ f.matrix.T).astype(np.float64))
+            mats.append(matmul(a.basis[:, : a.r].T, f.matrix.T))
             idx.append(slice(0, a.r))
     growth = [1.0 if m is None else m.shape[0] / m.shape[1] for m in mats]
     for ax in sorted(range(len(mats)), key=lambda i: growth[i]):
@@ -666,7 +667,7 @@ def structured_setup(
         kS = v.shape[1]
         # a fully identified block is solved in its own coordinates (no rotation)
         V[mask] = None if kS == nS else v
-        ident[mask] = np.eye(nS) if kS == nS else v @ v.T
+        ident[mask] = np.eye(nS) if kS == nS else matmul(v, v.T)
         if kS < nS:
             dropped[axes_label(schema, mask)] = (nS - kS) * C
             if any(z is not None for z in level_zeros):
@@ -809,10 +810,10 @@ def _block_level(
         hk = np.zeros((n, C, kS))
     else:
         hk = gather_block(basis, h, mask)
-        hk = hk if V is None else hk @ V
+        hk = hk if V is None else matmul(hk, V)
     t = np.zeros((n, C, 0))
     if H.shape[0]:
-        t = (gather_block(basis, b, mask) @ U) / ev
+        t = matmul(gather_block(basis, b, mask), U) / ev
     Z = block_zeros(setup, mask, k, rows)
     return LevelInputs(Jk, hk, H, t, Jk.shape[0] == 1, Z=Z)
 
@@ -830,13 +831,13 @@ def block_matrices(
         Jk = np.zeros((1, kS, kS))
     else:
         Jm = J[mask] if J[mask].shape[0] == 1 else J[mask][rows[0] : rows[1]]
-        Jk = Jm if V is None else V.T @ Jm @ V
+        Jk = Jm if V is None else matmul(matmul(V.T, Jm), V)
     H = np.zeros((0, kS))
     U, ev = np.zeros((setup.basis.block_size(mask), 0)), np.zeros(0)
     if setup.GH[k] is not None:
         U, ev = range_basis(setup.GH[k][mask])
         if U.shape[1]:
-            H = U.T if V is None else U.T @ V
+            H = U.T if V is None else matmul(U.T, V)
     return Jk, H, U, ev
 
 
@@ -993,9 +994,9 @@ def structured_output(
                 continue
             zhat, Phat = smoothed[mask][0][j], smoothed[mask][1][j]
             V = setup.V[mask]
-            _scatter(basis, coef, mask, (zhat if V is None else zhat @ V.T) * tau)
+            _scatter(basis, coef, mask, (zhat if V is None else matmul(zhat, V.T)) * tau)
             P = np.broadcast_to(Phat, (n, *Phat.shape[1:]))
-            cov[mask] = (P if V is None else V @ P @ V.T) * (
+            cov[mask] = (P if V is None else matmul(matmul(V, P), V.T)) * (
                 vscale if vscale is not None else np.nan
             )
         estimates.append(basis.from_basis(coef))
