@@ -7,7 +7,7 @@ Three kinds are shipped, each in its package folder:
 - ``schema``: attribute schemas (``censusdp/schemas/*.toml``, the names
   :func:`censusdp.schema.available_schemas` lists);
 - ``codebook``: NHGIS codebooks (``censusdp/pipelines/codebooks/*.toml``, the names
-  :func:`censusdp.pipelines.codebook.available_codebooks` lists).
+  :func:`censusdp.pipelines.io.codebook.available_codebooks` lists).
 
 A file is named ``KIND/NAME`` (``schema/ppdd``) or by ``NAME`` alone when only one kind has
 it. ``show`` prints the file to stdout as shipped; ``--out FILE`` copies it through

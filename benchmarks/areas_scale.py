@@ -14,7 +14,7 @@ counted): ``read`` (the equivalency file → leaf indices), ``predict_levels`` (
 of every level, for reference), ``predict_areas`` (the same with ``areas=``: the extra time is
 the area sweep over every block of the marginal basis's problems), ``release_areas`` (the same
 covariances from the structured GLS setup of a release, on the tree's own nodes:
-:func:`~censusdp.estimation.areas.structured_area_covariance`), ``summary`` (SE quantiles over
+:func:`~censusdp.estimation.gls.areas.structured_area_covariance`), ``summary`` (SE quantiles over
 places of the 11 strategy tables). ``peak_rss_mb`` is the process's peak resident memory. The
 two routes' SEs are compared (largest relative difference). With ``--national`` a block →
 place file of 32,000 places on the 8.2-million-block synthetic U.S. is read and predicted
@@ -36,7 +36,7 @@ With ``--measured N1,N2,...`` the places are also *measured* (issue 16, Build 2)
 synthetic state (``--measured-blocks``, default 2,000 blocks): a release at 0.9 of the
 production ρ (zero counts, so the estimate is the error), the places' totals measured with
 the other 0.1 and the tree GLS updated exactly
-(:func:`~censusdp.estimation.area_measurements.update_with_areas`), for each number of places:
+(:func:`~censusdp.estimation.gls.area_measurements.update_with_areas`), for each number of places:
 wall and CPU seconds of the update, its rank (places × 1 for totals) and the place total SEs
 before and after. The update carries one column per place through every node, so its time
 grows as nodes × places (and ``K`` as places³).
@@ -48,7 +48,7 @@ wall (0.44 / 0.62 / 1.42 CPU s); 8,000 blocks (8,214 nodes; release 14.8 s, 2.6 
 total SE 125 / 74 / 43 (2,000 blocks) and 97 / 54 (8,000) summed from blocks, 1.40 measured
 (the place's own measurement dominates: σ² = 1/(2 · 0.1 ρ) for a total). Memory is the
 binding cost (``nodes × places`` per copy held by the passes): the per-state form of the
-module docstring of :mod:`censusdp.estimation.area_measurements` is what a national run needs.
+module docstring of :mod:`censusdp.estimation.gls.area_measurements` is what a national run needs.
 
 Usage: ``python benchmarks/areas_scale.py [--blocks N] [--places N] [--seed S] [--national]
 [--measured N1,N2 [--measured-blocks B] [--only-measured]]``.
@@ -71,9 +71,9 @@ from pathlib import Path
 
 import numpy as np
 
-from censusdp.estimation.areas import structured_area_covariance
-from censusdp.estimation.predict import allocation_plan, predict_errors
-from censusdp.estimation.structured_gls import structured_setup
+from censusdp.estimation.gls.areas import structured_area_covariance
+from censusdp.estimation.gls.predict import allocation_plan, predict_errors
+from censusdp.estimation.gls.structured import structured_setup
 from censusdp.hierarchy.equivalency import read_equivalency
 from censusdp.hierarchy.synthetic import synthetic_state, synthetic_us
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
@@ -243,13 +243,13 @@ def measured(args: argparse.Namespace) -> list[dict]:
     """The measured-places update on a ``--measured-blocks`` state, per number of places."""
     from fractions import Fraction
 
-    from censusdp.estimation.area_measurements import (
+    from censusdp.estimation.gls.area_measurements import (
         area_plan,
         area_statement,
         measure_areas,
         update_with_areas,
     )
-    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.estimation.gls.structured import structured_gls
     from censusdp.hierarchy.equivalency import equivalency_from_arrays
     from censusdp.mechanisms.product_measure import measure_products
     from censusdp.rng import KeyedRNG

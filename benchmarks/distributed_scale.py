@@ -73,9 +73,9 @@ from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.queries import Query, invariant
 from censusdp.pipelines.execute import KEEP_FREED_MEMORY, keep_freed_memory, open_executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
+from censusdp.pipelines.io.release_store import read_release, write_release
 from censusdp.pipelines.measure import measure_partitioned
 from censusdp.pipelines.partition import partition_units
-from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.rng import KeyedRNG
 
 
@@ -97,8 +97,8 @@ def _peak_mb() -> float:
 
 
 def _warm() -> bool:  # import the task code in a worker before timing
-    import censusdp.estimation.gls
-    import censusdp.estimation.rounding
+    import censusdp.estimation.gls.tree
+    import censusdp.estimation.integer.laminar
     import censusdp.mechanisms.discrete  # noqa: F401
 
     return True

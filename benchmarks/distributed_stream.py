@@ -17,7 +17,7 @@ one partition per county (``--partitions`` groups them), and
   blocks), at most ``2 ×`` the workers ahead of the one being consumed.
 
 ``--topdown`` runs TopDown-style instead
-(:func:`~censusdp.estimation.topdown_schema.topdown_schema`, the Bureau's production
+(:func:`~censusdp.estimation.topdown.schema.topdown_schema`, the Bureau's production
 orderings and the ``nurse_nva_0`` structural zero of ``benchmarks/topdown_scale.py``) on the
 same measurements and executors: each level's parents are solved as tasks (runs of parents
 of equal numbers of children, 4 per worker, the largest first) and the digest is that of
@@ -79,8 +79,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pl94_state import PL94_SHAPE, measure_state, measurements, strategy  # noqa: E402
 from topdown_scale import NURSE_NVA_0  # noqa: E402
 
-from censusdp.estimation.structured_gls import StructuredPiece  # noqa: E402
-from censusdp.estimation.topdown_schema import (  # noqa: E402
+from censusdp.estimation.gls.structured import StructuredPiece  # noqa: E402
+from censusdp.estimation.topdown.schema import (  # noqa: E402
     TopDownOptions,
     structural_zero_mask,
     topdown_schema,
@@ -135,8 +135,8 @@ def _process() -> dict:
 
 
 def _warm() -> bool:  # import the task code in a worker before timing
-    import censusdp.estimation.structured_gls
-    import censusdp.estimation.topdown_sparse
+    import censusdp.estimation.gls.structured
+    import censusdp.estimation.topdown.sparse
     import censusdp.pipelines.structured_stream  # noqa: F401
 
     return True

@@ -1,9 +1,9 @@
 """Benchmark of the lattice mechanisms through the certified release path; prints JSON.
 
 For each case the release policy runs exactly as a release would
-(:func:`censusdp.estimation.lattice_release.certify`: ≥ 200 L-lag coupled pairs for the TV
+(:func:`censusdp.estimation.integer.lattice_release.certify`: ≥ 200 L-lag coupled pairs for the TV
 bound, 16 over-dispersed chains for R̂, moves chosen by
-:func:`~censusdp.estimation.lattice_release.default_mode`), and the benchmark records
+:func:`~censusdp.estimation.integer.lattice_release.default_mode`), and the benchmark records
 
 * ``iterations_per_second``: engine steps per second of a batch of 200 chains (and of one
   chain), in the certified mode;
@@ -40,8 +40,8 @@ import time
 
 import numpy as np
 
-from censusdp.estimation.diagnostics import meeting_times
-from censusdp.estimation.lattice_release import (
+from censusdp.estimation.conditioning.diagnostics import meeting_times
+from censusdp.estimation.integer.lattice_release import (
     certify,
     lattice_engine,
     steps_per_sweep,

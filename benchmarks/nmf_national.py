@@ -16,25 +16,25 @@ state's districts are runs of whole counties, tracts, block groups or blocks —
 level with at least as many units as districts — in code order, cut at equal shares of its
 population).
 
-Then, counted, the national pass (:mod:`censusdp.pipelines.nmf_release`'s steps; with one
+Then, counted, the national pass (:mod:`censusdp.pipelines.products.nmf_release`'s steps; with one
 state or ``--per-state``, each state alone, as before it):
 
 * first, state after state: ``read`` (:func:`~censusdp.pipelines.io.nmf.read_nmf` +
   :func:`~censusdp.pipelines.io.nmf.collect_nmf` of the state's parts; the US level once)
-  and ``up`` (:func:`~censusdp.pipelines.nmf_release.state_upward`, keeping only the state
-  node's message); then ``top`` (:func:`~censusdp.pipelines.nmf_release.national_top`: the
+  and ``up`` (:func:`~censusdp.pipelines.products.nmf_release.state_upward`, keeping only the state
+  node's message); then ``top`` (:func:`~censusdp.pipelines.products.nmf_release.national_top`: the
   US level combined with the 52 messages at the root);
 * then state after state again: ``read`` (the second read), ``gls`` (the upward pass again,
-  smoothed from the root: :meth:`~censusdp.pipelines.nmf_release.NationalTop.estimate_state`,
+  smoothed from the root: :meth:`~censusdp.pipelines.products.nmf_release.NationalTop.estimate_state`,
   and the tabulation county / tract / block group as sums of blocks with their covariance
-  sweeps; ``--per-state``: :func:`~censusdp.pipelines.nmf_release.estimate_state`);
-* ``districts``: the BAF's districts (:func:`~censusdp.pipelines.nmf_release.add_areas`:
+  sweeps; ``--per-state``: :func:`~censusdp.pipelines.products.nmf_release.estimate_state`);
+* ``districts``: the BAF's districts (:func:`~censusdp.pipelines.products.nmf_release.add_areas`:
   sums of blocks with their variance sweeps, the covariance matrix of their totals);
-* ``tables``: P1–P5 with exact ``_se`` (:func:`~censusdp.pipelines.nmf_release.
+* ``tables``: P1–P5 with exact ``_se`` (:func:`~censusdp.pipelines.products.nmf_release.
   pl94_columns`) at every spine and tabulation level, the blocks and the districts (with
-  their covariance), written as CSV (:class:`~censusdp.pipelines.nmf_release.
+  their covariance), written as CSV (:class:`~censusdp.pipelines.products.nmf_release.
   StateTableWriter`, one owned output folder ``release``);
-* ``integers``: the non-negative integer product (:func:`~censusdp.pipelines.nmf_integers.
+* ``integers``: the non-negative integer product (:func:`~censusdp.pipelines.products.nmf_integers.
   nmf_integers`: structural zeros held, state totals exact) and its tables under
   ``release/nonnegative/``.
 
@@ -105,7 +105,7 @@ wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
   ≈ 9,000 CPU s in one process — about 2.5 × the 1 h goal before any use of the second core
   (states are independent) — and **memory over the 8 GB goal**: the peak follows the
   largest state (8.1 GB at 1/16 for its 85,237 blocks: ≈ 95 kB per block), whose whole spine
-  :func:`~censusdp.pipelines.nmf_release.estimate_state` holds; the full tables would be
+  :func:`~censusdp.pipelines.products.nmf_release.estimate_state` holds; the full tables would be
   ≈ 100 GB of CSV and the writer holds a state's NMF in memory too.
 
 Usage: ``python benchmarks/nmf_national.py [--fraction F] [--out DIR] [--keep]
@@ -150,8 +150,8 @@ from censusdp.pipelines.io.nmf_writer import (
     write_nmf,
     write_state_totals,
 )
-from censusdp.pipelines.nmf_integers import INTEGER_FOLDER, nmf_integers, write_integers
-from censusdp.pipelines.nmf_release import (
+from censusdp.pipelines.products.nmf_integers import INTEGER_FOLDER, nmf_integers, write_integers
+from censusdp.pipelines.products.nmf_release import (
     FileNoise,
     StateTableWriter,
     add_areas,

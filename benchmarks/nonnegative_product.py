@@ -2,11 +2,11 @@
 
 A synthetic state of ``--blocks`` blocks (:func:`~censusdp.hierarchy.synthetic.synthetic_state`,
 persons over the 2,016 ``pl94`` cells), measured with the Bureau's 2020 production strategy
-and allocation (:func:`~censusdp.estimation.predict.allocation_plan`, nation and state
+and allocation (:func:`~censusdp.estimation.gls.predict.allocation_plan`, nation and state
 totals invariant), the structured GLS in memory
-(:func:`~censusdp.pipelines.pl94_stream.measure_whole`,
-:func:`~censusdp.estimation.structured_gls.structured_gls`), then the non-negative product
-(:func:`~censusdp.estimation.nonnegative.nonnegative_structured`) ``--repetitions`` times
+(:func:`~censusdp.pipelines.products.pl94_stream.measure_whole`,
+:func:`~censusdp.estimation.gls.structured.structured_gls`), then the non-negative product
+(:func:`~censusdp.estimation.integer.nonnegative.nonnegative_structured`) ``--repetitions`` times
 with fresh rounding streams. Prints one JSON object: the product's CPU and wall seconds per
 run, the largest number of transportation-projection sweeps per level, and for every level
 below the state and every size class (0, 1–9, 10–99, 100–999, 1000+ persons, by the true
@@ -44,12 +44,12 @@ import time
 import numpy as np
 import pandas as pd
 
-import censusdp.estimation.nonnegative as nn
-from censusdp.estimation.predict import allocation_plan
-from censusdp.estimation.structured_gls import structured_gls
+import censusdp.estimation.integer.nonnegative as nn
+from censusdp.estimation.gls.predict import allocation_plan
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.hierarchy.synthetic import synthetic_state
 from censusdp.pipelines.metrics import size_class_metrics
-from censusdp.pipelines.pl94_stream import (
+from censusdp.pipelines.products.pl94_stream import (
     SparseHistogram,
     SyntheticHistogram,
     exact_histograms,

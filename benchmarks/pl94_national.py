@@ -4,13 +4,13 @@ The synthetic U.S. (:func:`~censusdp.hierarchy.synthetic.synthetic_us`: nation �
 3,221 counties → 85,000 tracts → 242,000 block groups → 8.2 million blocks, heavy-tailed
 populations, 330 million persons) with ``--fraction F`` of every level below the states (at
 least one county per state), its persons spread over the 2,016 ``pl94`` cells
-(:class:`~censusdp.pipelines.pl94_stream.SyntheticHistogram`, generated partition by partition,
+(:class:`~censusdp.pipelines.products.pl94_stream.SyntheticHistogram`, generated partition by partition,
 never whole). The production strategy and allocation of the Bureau's 2020 run (the schema's
 ``[allocation]``: 11 queries, 2,603 noisy counts per geounit, no total at the nation), exact
 discrete Gaussian noise, the nation and state totals invariant, run by the streamed engine
-:func:`~censusdp.pipelines.pl94_stream.stream_pl94` (cut at the counties, ``--partitions``
+:func:`~censusdp.pipelines.products.pl94_stream.stream_pl94` (cut at the counties, ``--partitions``
 leaf-balanced runs of counties) and written partition by partition to a release store
-(:class:`~censusdp.pipelines.pl94_store.Pl94StoreWriter`: P1–P5 tables per level and node,
+(:class:`~censusdp.pipelines.io.pl94_store.Pl94StoreWriter`: P1–P5 tables per level and node,
 covariance blocks per shape class, checksums last).
 
 Where the partitions run (``--scheduler``): ``sync`` (in this process), ``threads``
@@ -19,7 +19,7 @@ processes with one thread each, or the scheduler at ``--address``). Pass 1 and e
 partition's upward and downward passes are tasks, sent only the partition's forest, its
 leaves' persons and the sub-keys of its own noise and rounding chunks; each partition is
 rounded, checked and written to the store *where its piece is computed* (the sink of
-:func:`~censusdp.pipelines.pl94_stream.stream_pl94`), so only the cut-level messages and the
+:func:`~censusdp.pipelines.products.pl94_stream.stream_pl94`), so only the cut-level messages and the
 store files' checksums come back to this process. Partitions run largest first.
 ``--compare`` runs sync, Dask 1 worker and Dask 2 workers in turn on the same geography and
 prints their three digests and the 2-over-1 speedup (wall seconds; meaningful on a machine
@@ -43,7 +43,7 @@ in-memory one bit for bit, and on its smallest block group the dense tree GLS to
 Timings under load (a shared machine) should be read with their CPU seconds beside them.
 
 Since 2026-11-28 the partitions are rounded as one flow network each (node totals within a
-person at every level; :mod:`censusdp.estimation.structured_rounding`): a new law, so new digests,
+person at every level; :mod:`censusdp.estimation.integer.controlled`): a new law, so new digests,
 and more work. ``--fraction 1/64`` on the shared 2-core machine (load 4.5–5): 84.0 CPU s, peak
 7.1 GB, rounding 47.2 CPU s, digest ``41ee6188…``; the commit before the change, in the same
 session (load 6–8): 68.3 CPU s, 4.7 GB, rounding 16.6 CPU s, digest ``f1e22567…``. The figures
@@ -109,13 +109,13 @@ from pathlib import Path
 
 import numpy as np
 
-from censusdp.estimation.predict import allocation_plan
+from censusdp.estimation.gls.predict import allocation_plan
 from censusdp.hierarchy.synthetic import synthetic_us
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.execute import KEEP_FREED_MEMORY, keep_freed_memory, open_executor
+from censusdp.pipelines.io.pl94_store import Pl94Store, Pl94StoreWriter
 from censusdp.pipelines.partition import partition_units
-from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
-from censusdp.pipelines.pl94_stream import (
+from censusdp.pipelines.products.pl94_stream import (
     Pl94StreamOptions,
     ReleaseChecks,
     Sinks,

@@ -10,7 +10,7 @@ split over levels and queries, exact discrete Gaussian noise, the nation and sta
 invariant. Stages:
 
 The pipeline is the library's streamed engine,
-:func:`~censusdp.pipelines.pl94_stream.stream_pl94` (this benchmark only times it):
+:func:`~censusdp.pipelines.products.pl94_stream.stream_pl94` (this benchmark only times it):
 
 - ``measure``: the queries' answers and their noise; the levels above the county from the
   exact sums of pass 1, the county and below inside each partition (its histogram generated
@@ -22,14 +22,14 @@ The pipeline is the library's streamed engine,
   its county, the nation and state are solved from the messages, then each partition is
   smoothed (from its upward state cached within ``--cache-mb``, or regenerated) and handed to
   a callback, so the block level's estimates are never held whole; ``--in-memory`` measures
-  whole levels (:func:`~censusdp.pipelines.pl94_stream.measure_whole`, the same values) and
-  runs :func:`~censusdp.estimation.structured_gls.structured_gls` on the whole tree instead.
+  whole levels (:func:`~censusdp.pipelines.products.pl94_stream.measure_whole`, the same values) and
+  runs :func:`~censusdp.estimation.gls.structured.structured_gls` on the whole tree instead.
   Estimates and per-node covariance blocks at every level, the production statement checked
   against the derived one;
 - ``standard_errors``: of every row of a few marginal tables (:data:`SE_TABLES`) at every
   node of every level, from the nodes' blocks (streamed: in the per-partition callback,
   summarised there; its time is reported apart from the GLS);
-- ``rounding``: the unbiased top-down rounding of :mod:`censusdp.estimation.structured_rounding`
+- ``rounding``: the unbiased top-down rounding of :mod:`censusdp.estimation.integer.controlled`
   (every cell ⌊x⌋ or ⌈x⌉, children = parent cell by cell, the invariants ``==``): the levels
   down to the cut when they are solved, then each partition in the callback from its county's
   integers; the JSON says whether every check held (each level's rounded total equals the
@@ -37,7 +37,7 @@ The pipeline is the library's streamed engine,
   per level, ``rounding_of_node_totals``: the RMS movement of the nodes' totals by the
   rounding (rounded − GLS estimate, persons), the RMS of its standard-error bound (the
   rounding's ``spread``) and the RMS GLS standard error of the total;
-- ``dense_county``: :func:`~censusdp.pipelines.pl94_stream.slice_check` on the subtree of
+- ``dense_county``: :func:`~censusdp.pipelines.products.pl94_stream.slice_check` on the subtree of
   the county with the fewest blocks and its noisy measurements: the streamed structured GLS
   equals the in-memory one bit for bit, and the dense :func:`~censusdp.estimation.tree_gls`
   (2,016-cell histogram, dense query matrices, ``K × K`` per node) beside it: the time ratio
@@ -86,13 +86,13 @@ from fractions import Fraction
 import numpy as np
 
 from censusdp.budget import PrivacyStatement
-from censusdp.estimation.predict import allocation_plan
-from censusdp.estimation.structured_gls import StructuredPiece, structured_gls
-from censusdp.estimation.structured_rounding import RoundedLevels, round_structured
+from censusdp.estimation.gls.predict import allocation_plan
+from censusdp.estimation.gls.structured import StructuredPiece, structured_gls
+from censusdp.estimation.integer.controlled import RoundedLevels, round_structured
 from censusdp.hierarchy.synthetic import PL94_SHAPE, synthetic_state
 from censusdp.mechanisms.product_measure import ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.pipelines.pl94_stream import (
+from censusdp.pipelines.products.pl94_stream import (
     PartitionRelease,
     Pl94StreamOptions,
     ReleaseChecks,
@@ -162,7 +162,7 @@ def strategy(schema: Schema) -> list:
 
 def measure_state(h, populations: np.ndarray, seed: int, plan, rng: KeyedRNG, workers: int = 1):
     """Noisy answers of ``plan`` at every node of the synthetic state, whole levels (the
-    engine's :func:`~censusdp.pipelines.pl94_stream.measure_whole`, the values a streamed
+    engine's :func:`~censusdp.pipelines.products.pl94_stream.measure_whole`, the values a streamed
     run draws), the exact histograms of the levels above the blocks (root first) and
     ``{"draws": n}``, for the benchmarks that compare estimators on them."""
     schema = Schema.load("pl94")

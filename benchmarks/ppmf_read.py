@@ -1,4 +1,4 @@
-"""Reading a PPMF: rows per second and peak memory of :func:`~censusdp.pipelines.ppmf.read_ppmf`.
+"""Reading a PPMF: rows per second and peak memory of :func:`~censusdp.pipelines.io.ppmf.read_ppmf`.
 
 Writes a synthetic PPMF of ``--rows`` persons (the 2021-04-28 layout: VINTAGE, TABBLKST,
 TABBLKCOU, TABTRACT, TABBLKGRP, TABBLK, RTYPE, GQTYPE_PL, VOTING_AGE, CENHISP, CENRACE;
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from censusdp.hierarchy.synthetic import PL94_SHAPE, pl94_cell_shares
-from censusdp.pipelines.ppmf import read_ppmf
+from censusdp.pipelines.io.ppmf import read_ppmf
 from censusdp.rng import KeyedRNG
 
 HEADER = b"VINTAGE,TABBLKST,TABBLKCOU,TABTRACT,TABBLKGRP,TABBLK,RTYPE,GQTYPE_PL,VOTING_AGE,CENHISP,CENRACE\n"

@@ -5,7 +5,7 @@ level (nation → state → county → tract → block group → block; 52 state
 85,000 tracts, ``--block-groups`` block groups, ``--blocks`` blocks), the ``pl94`` schema's
 production strategy and allocation (``censusdp/schemas/pl94.toml``: 11 queries per
 geounit, ρ = 293764/114921, discrete Gaussian noise) and the nation and state totals
-invariant. :func:`~censusdp.estimation.predict.predict_errors` gives the exact standard
+invariant. :func:`~censusdp.estimation.gls.predict.predict_errors` gives the exact standard
 error of every row of every strategy table at every node from the hierarchy's shape alone
 (no counts, no noise); the summary is the per level × table × row one ``censusdp predict``
 writes.
@@ -34,7 +34,7 @@ import resource
 import sys
 import time
 
-from censusdp.estimation.predict import allocation_plan, predict_errors
+from censusdp.estimation.gls.predict import allocation_plan, predict_errors
 from censusdp.hierarchy.shape_classes import shape_classes
 from censusdp.hierarchy.synthetic import synthetic_us
 from censusdp.mechanisms.product_query import ProductQuery

@@ -3,9 +3,9 @@
 The workload of ``benchmarks/pl94_state.py`` (a synthetic state of ``--blocks`` blocks,
 :func:`~censusdp.hierarchy.synthetic.synthetic_state`; the 2020 production strategy and
 allocation; nation and state totals invariant) run through the streamed engine
-:func:`~censusdp.pipelines.pl94_stream.stream_pl94` twice in one process, with the same key:
+:func:`~censusdp.pipelines.products.pl94_stream.stream_pl94` twice in one process, with the same key:
 without replicates, then with ``--replicates R`` replicate roundings
-(:mod:`~censusdp.estimation.structured_rounding`, "Replicate rounding variances": the top
+(:mod:`~censusdp.estimation.integer.controlled`, "Replicate rounding variances": the top
 and every partition rounded ``R`` more times with keys of their own, and each replicate's
 errors in the 298 P1–P5 columns kept per node). Reported per run: CPU and wall seconds of
 the rounding stage (the replicates and their tabulation run inside it), of the GLS and of
@@ -23,7 +23,7 @@ block group 0.44 / 1.11, block 0.41 / 34.4; over all 298 columns 2.31 / 4.90 (tr
 4.38 (block group), 2.15 / 13.4 (block), 1.75 / 5.15 at the county and above (invariant
 totals: 0). The cost is ``R + 1`` roundings: the national stream (rounding 1,920 CPU s,
 ``benchmarks/pl94_national.py``) would spend about 17 CPU hours more, so replicates are an
-option of :func:`~censusdp.pipelines.pl94_stream.stream_pl94` (default 0) that the PPMF route
+option of :func:`~censusdp.pipelines.products.pl94_stream.stream_pl94` (default 0) that the PPMF route
 turns on and the national benchmark leaves off.
 
 Usage: ``python benchmarks/rounding_replicates.py [--blocks N] [--replicates R] [--seed S]``.
@@ -40,11 +40,15 @@ import time
 
 import numpy as np
 
-from censusdp.estimation.predict import allocation_plan
-from censusdp.estimation.structured_rounding import replicate_variance
+from censusdp.estimation.gls.predict import allocation_plan
+from censusdp.estimation.integer.controlled import replicate_variance
 from censusdp.hierarchy.synthetic import synthetic_state
-from censusdp.pipelines.pl94_stream import Pl94StreamOptions, SyntheticHistogram, stream_pl94
-from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values
+from censusdp.pipelines.products.pl94_stream import (
+    Pl94StreamOptions,
+    SyntheticHistogram,
+    stream_pl94,
+)
+from censusdp.pipelines.products.pl94_tables import pl94_codebook, pl94_column_values
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 

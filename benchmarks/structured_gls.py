@@ -107,7 +107,7 @@ def synthetic_counts(gen, h: Hierarchy, schema: Schema) -> list[np.ndarray]:
 def release_digest(rel) -> str:
     """SHA-256 of the float64 bytes of every level's estimates and covariance blocks (in
     block order): the same on every machine and BLAS since the per-block algebra runs on
-    :mod:`censusdp.estimation.block_kernels` (issue 36)."""
+    :mod:`censusdp.estimation.gls.block_kernels` (issue 36)."""
     h = hashlib.sha256()
     for k, est in enumerate(rel.estimates):
         h.update(np.ascontiguousarray(est, dtype=np.float64).tobytes())
@@ -117,7 +117,7 @@ def release_digest(rel) -> str:
 
 
 def run_structured(args, out) -> None:
-    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.estimation.gls.structured import structured_gls
 
     warnings.simplefilter("ignore")
     schema = Schema.load("pl94")
@@ -165,7 +165,8 @@ def run_structured(args, out) -> None:
 
 
 def run_dense(args, out) -> None:
-    from censusdp.estimation.gls import (
+    from censusdp.estimation.gls.structured import structured_gls
+    from censusdp.estimation.gls.tree import (
         gls_downward,
         gls_finish,
         gls_plan,
@@ -173,7 +174,6 @@ def run_dense(args, out) -> None:
         gls_upward,
         whole_forest,
     )
-    from censusdp.estimation.structured_gls import structured_gls
     from censusdp.mechanisms.queries import Invariant, Measurement
 
     warnings.simplefilter("ignore")

@@ -48,8 +48,8 @@ import warnings
 
 import numpy as np
 
-from censusdp.estimation.gls import Forest
-from censusdp.estimation.structured_rounding import (
+from censusdp.estimation.gls.tree import Forest
+from censusdp.estimation.integer.controlled import (
     round_structured_partition,
     round_structured_top,
 )

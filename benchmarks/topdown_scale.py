@@ -4,7 +4,7 @@ The state, its 2,016-cell person histogram, the production strategy and allocati
 measurements are those of ``benchmarks/pl94_state.py`` (imported, not copied): nation →
 state → county → tract → block group → block, 11 product queries per geounit (no ``total``
 at the nation), discrete Gaussian noise, the nation and state totals invariant. On these
-measurements it runs :func:`~censusdp.estimation.topdown_schema.topdown_schema` (the
+measurements it runs :func:`~censusdp.estimation.topdown.schema.topdown_schema` (the
 Bureau's multi-pass L2 and rounder per parent, its production query orderings, the
 ``nurse_nva_0`` structural zero) and, unless ``--no-gls``, the structured GLS, and reports
 wall and CPU seconds per level and in total, peak resident memory, the per-parent rates and
@@ -20,7 +20,7 @@ measurements 27 CPU s (63 s wall under a load of 8), so TopDown-style costs abou
 time. Every level integer, non-negative, consistent; the state total equals the blocks' sum.
 
 Sharing structures between parents of one pattern (children, active cells, queries;
-``estimation/topdown_sparse.py``), measured 2026-11-24 at ``--blocks 5000 --seed 0`` on the
+``estimation/topdown/sparse.py``), measured 2026-11-24 at ``--blocks 5000 --seed 0`` on the
 same machine under a load of 8–14: before (commit c2f50c6) TopDown-style 42.1 CPU s (254 s
 wall) — tract 26.5, block group 3.9, block 11.4 CPU s; after (88fb213) 41.3 CPU s (235 s
 wall) — 25.9, 3.7, 11.4; the output is identical (block-group mean absolute cell error
@@ -64,10 +64,10 @@ from pl94_state import (  # noqa: E402
     strategy,
 )
 
-import censusdp.estimation.topdown_sparse as topdown_sparse  # noqa: E402
+import censusdp.estimation.topdown.sparse as topdown_sparse  # noqa: E402
 from censusdp.budget import PrivacyStatement  # noqa: E402
-from censusdp.estimation.structured_gls import structured_gls  # noqa: E402
-from censusdp.estimation.topdown_schema import (  # noqa: E402
+from censusdp.estimation.gls.structured import structured_gls  # noqa: E402
+from censusdp.estimation.topdown.schema import (  # noqa: E402
     TopDownOptions,
     _solve_parent,
     bureau_pl94_ordering,

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from censusdp.budget import PrivacyStatement
-from censusdp.estimation.topdown import topdown
-from censusdp.estimation.topdown_sparse import clear_pattern_cache
+from censusdp.estimation.topdown.flat import topdown
+from censusdp.estimation.topdown.sparse import clear_pattern_cache
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Gaussian, Query, invariant, measure
 from censusdp.paths import shared_data_file
@@ -103,9 +103,9 @@ def main() -> None:
     )
 
     try:
-        from censusdp.estimation.gls import tree_gls
+        from censusdp.estimation.gls.tree import tree_gls
     except ImportError as exc:  # the GLS module is not there yet
-        tree_gls, gls_error = None, f"censusdp.estimation.gls unavailable: {exc}"
+        tree_gls, gls_error = None, f"censusdp.estimation.gls.tree unavailable: {exc}"
     else:
         gls_error = None
 

@@ -45,11 +45,15 @@ from censusdp.estimation import (
     round_release,
     standard_errors,
     structured_gls,
-    topdown,
     tree_gls,
 )
-from censusdp.estimation.diagnostics import meeting_times, split_rhat, tv_upper_bound
-from censusdp.estimation.lattice_release import certify, lattice_engine, release_lattice_noise
+from censusdp.estimation.conditioning.diagnostics import meeting_times, split_rhat, tv_upper_bound
+from censusdp.estimation.integer.lattice_release import (
+    certify,
+    lattice_engine,
+    release_lattice_noise,
+)
+from censusdp.estimation.topdown import topdown
 from censusdp.hierarchy import (
     Hierarchy,
     Table,
@@ -85,8 +89,8 @@ from censusdp.mechanisms.lattice import (
 )
 from censusdp.paths import shared_data_file
 from censusdp.pipelines.dataframe import privatize
+from censusdp.pipelines.io.release_store import read_release, write_release
 from censusdp.pipelines.metrics import group_regressions, slope_summary
-from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.pipelines.runner import run_spec
 from censusdp.pipelines.specs import load_spec
 from censusdp.rng import KeyedRNG

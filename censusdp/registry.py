@@ -4,7 +4,7 @@ schedulers) is listed.
 Core holds only the container; each family's registry lives with the family (noise laws in
 :mod:`censusdp.mechanisms.registry`, estimators in :mod:`censusdp.pipelines.estimators`,
 schedulers in :mod:`censusdp.pipelines.execute`, file products in
-:mod:`censusdp.pipelines.products`), so core never imports the layers above it. Every lookup
+:mod:`censusdp.pipelines.products.registry`), so core never imports the layers above it. Every lookup
 of an unknown name raises :class:`~censusdp.errors.SpecError` naming the name, the registered
 ones and the closest match: there is no default entry to fall through to.
 

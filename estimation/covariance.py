@@ -9,12 +9,12 @@ row's standard error). Two implementations, one per shape of the covariance:
 * :class:`NodeCovariance` — per node, **diagonal** (the cell variances alone; a query row
   of one cell is read off, a row of several cells is not determined: NaN) or **full** (an
   ``n_cells × n_cells`` matrix per node, ``Var(Qe) = Q Σ_v Qᵀ``). The GLS of
-  :func:`~censusdp.estimation.gls.tree_gls`, the integer codebook and units routes (their
+  :func:`~censusdp.estimation.gls.tree.tree_gls`, the integer codebook and units routes (their
   variances include the rounding's: a standard error covers everything between the truth
   and the released number).
 * :class:`BlockCovariance` — per node, **block-diagonal** in the per-axis marginal basis of
-  :class:`~censusdp.estimation.marginal_basis.MarginalBasis` (one ``n_S × n_S`` block per
-  axis subset, :class:`~censusdp.estimation.marginal_basis.BlockDiagonal`): the structured
+  :class:`~censusdp.estimation.gls.marginal_basis.MarginalBasis` (one ``n_S × n_S`` block per
+  axis subset, :class:`~censusdp.estimation.gls.marginal_basis.BlockDiagonal`): the structured
   GLS (docs/design.md § The structured algebra). A query row's variance is the quadratic form
   of :meth:`BlockDiagonal.query_variances`, ``O(rows · Σ_S n_S²)`` per node, never a cells ×
   cells matrix; rows with a component outside the identified subspace ``W`` are NaN.
@@ -40,7 +40,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from censusdp.estimation.marginal_basis import BlockDiagonal, MarginalBasis
+from censusdp.estimation.gls.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.mechanisms.product_query import ProductQuery
 
 __all__ = ["BlockCovariance", "Covariance", "NodeCovariance", "identified_rows", "query_matrix"]

@@ -11,9 +11,9 @@ block-diagonal in the marginal basis, :class:`~censusdp.estimation.covariance.Bl
 90% by default as the ``_moe`` columns of every written table), ``summary`` (one row per
 level) and ``to_frame`` (one row per node and cell), like a statsmodels results object.
 Members: :class:`Release` (every estimator of the flat cell model), the structured GLS
-releases (:class:`~censusdp.estimation.structured_gls.StructuredRelease`,
-:class:`~censusdp.estimation.structured_gls.StructuredPiece`, their areas), the codebook
-hierarchy release (:class:`~censusdp.pipelines.codebook_hierarchy.HierarchyRelease`); the PPMF
+releases (:class:`~censusdp.estimation.gls.structured.StructuredRelease`,
+:class:`~censusdp.estimation.gls.structured.StructuredPiece`, their areas), the codebook
+hierarchy release (:class:`~censusdp.pipelines.products.codebook_hierarchy.HierarchyRelease`); the PPMF
 units and codebook table releases hold one (their ``release`` attribute).
 
 A release is frozen: an estimator that relabels or adjusts another's release makes a new
@@ -73,7 +73,7 @@ class SumVariances:
 @runtime_checkable
 class ReleaseProtocol(Protocol):
     """What every released estimate offers, whatever its kind (:class:`Release`,
-    :class:`~censusdp.estimation.structured_gls.StructuredRelease`): the privacy statement,
+    :class:`~censusdp.estimation.gls.structured.StructuredRelease`): the privacy statement,
     estimates and normal intervals by level name, and a one-row-per-level summary with the
     columns ``nodes, total, min_cell, negative_share, mean_se, max_se, se_of``. Model: the
     results objects of statsmodels (``conf_int``, ``summary``)."""

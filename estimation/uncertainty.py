@@ -77,8 +77,8 @@ from scipy.special import ndtr
 from scipy.stats import norm
 
 from censusdp.errors import SpecError
+from censusdp.estimation.integer.laminar import rounding_variance
 from censusdp.estimation.release import Release
-from censusdp.estimation.rounding import rounding_variance
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.queries import Measurement
 from censusdp.rng import KeyedRNG
@@ -362,7 +362,7 @@ def lattice_intervals(
     what : {"cells", "totals"}
         Intervals for every cell or for every node total.
     rounded : Release, optional
-        The integer release :func:`~censusdp.estimation.rounding.round_release` made from
+        The integer release :func:`~censusdp.estimation.integer.laminar.round_release` made from
         ``release``: the intervals are then around its values (its reported variances serve
         the normal rule for cells).
     rng : KeyedRNG

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from censusdp.budget import PrivacyStatement
-from censusdp.estimation.diagnostics import meeting_times, tv_upper_bound
-from censusdp.estimation.lattice_release import (
+from censusdp.estimation.conditioning.diagnostics import meeting_times, tv_upper_bound
+from censusdp.estimation.integer.lattice_release import (
     certify,
     lattice_engine,
     release_lattice_noise,
@@ -31,7 +31,7 @@ from censusdp.timing import stage
 
 __all__ = ["MOVES", "LatticeTable", "run_table_experiment", "unbiasedness_z"]
 
-#: What each engine mode of :func:`censusdp.estimation.lattice_release.lattice_engine` does
+#: What each engine mode of :func:`censusdp.estimation.integer.lattice_release.lattice_engine` does
 #: on an SNF lattice basis (for the reports).
 MOVES = {
     "gibbs": "Gibbs: the step along a uniformly chosen lattice-basis direction is drawn exactly "

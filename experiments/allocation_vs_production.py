@@ -10,10 +10,10 @@ populations, not read from data: county 100,000; tract 4,000 (the Bureau's optim
 size); block group 1,500 (between its 600 and 3,000 thresholds); a Hispanic × race row is
 1/126 of its node, the voting-age population 78% (2020: 77.9% of the US population is 18+).
 
-1. :func:`~censusdp.estimation.allocate.optimise_allocation` finds level and query shares at
+1. :func:`~censusdp.estimation.gls.allocate.optimise_allocation` finds level and query shares at
    the same ρ (each measured query ≥ 1% of its production share), with a certified duality
    gap; both allocations are evaluated exactly (discrete Gaussian plans,
-   :func:`~censusdp.estimation.predict.predict_errors`).
+   :func:`~censusdp.estimation.gls.predict.predict_errors`).
 2. Simulated releases check the prediction: the structured GLS on simulated discrete
    Gaussian noise over zero counts (its error is linear in the noise and does not depend on
    the counts), the objective's empirical value per release and its 95% interval over
@@ -32,9 +32,9 @@ import time
 
 import numpy as np
 
-from censusdp.estimation.allocate import Objective, Target, optimise_allocation
-from censusdp.estimation.predict import allocation_plan
-from censusdp.estimation.structured_gls import structured_gls
+from censusdp.estimation.gls.allocate import Objective, Target, optimise_allocation
+from censusdp.estimation.gls.predict import allocation_plan
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy.synthetic import synthetic_state

@@ -18,13 +18,13 @@ Estimators, each run ``RUNS`` times with independent noise (``--quick``: ``RUNS_
   integer counts, L2 then L1 rounding, state totals met).
 * ``conditioning`` — the Laplace noise law of the same measurements conditioned on the
   state totals (belief revision), one draw per release, on the first ``COND_RUNS`` runs'
-  measurements (``--all``: every run): :func:`~censusdp.estimation.conditioning.condition` per state (the target
+  measurements (``--all``: every run): :func:`~censusdp.estimation.conditioning.estimator.condition` per state (the target
   factorises over states), Gibbs level sweeps (a random perfect matching of the state's
   counties, every pair's split redrawn exactly), each call certified by its L-lag coupling
   bound on the total-variation distance (< ``TV_TARGET``).
 * ``lattice`` — the integer lattice mechanism (generalized Laplace ℓ₁ with ε = 0.192 on the
   integer county noise summing to zero in each state):
-  :func:`~censusdp.estimation.lattice_release.release_lattice_noise` on a
+  :func:`~censusdp.estimation.integer.lattice_release.release_lattice_noise` on a
   :class:`~censusdp.mechanisms.lattice.GroupSumLattice` per state, certified once per state
   size (the law does not involve the data).
 
@@ -63,11 +63,11 @@ import pandas as pd
 
 from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.errors import DataError
-from censusdp.estimation.conditioning import ConditioningOptions, certificate, condition
-from censusdp.estimation.gls import tree_gls
-from censusdp.estimation.lattice_release import certify, release_lattice_noise
-from censusdp.estimation.rounding import round_release
-from censusdp.estimation.topdown import topdown
+from censusdp.estimation.conditioning.estimator import ConditioningOptions, certificate, condition
+from censusdp.estimation.gls.tree import tree_gls
+from censusdp.estimation.integer.laminar import round_release
+from censusdp.estimation.integer.lattice_release import certify, release_lattice_noise
+from censusdp.estimation.topdown.flat import topdown
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Table
@@ -214,7 +214,7 @@ def _condition_by_state(
     The target factorises over states (the county noise is independent across states and
     every constraint lies within one state), so a draw for the nation is the states' draws
     side by side; a state's chains are the Gibbs level sweeps of its counties
-    (:class:`~censusdp.estimation.gibbs_moves.GibbsTreeMoves`). ``lags`` maps a state to
+    (:class:`~censusdp.estimation.conditioning.gibbs_moves.GibbsTreeMoves`). ``lags`` maps a state to
     the lag L to use (from an earlier run's pilot); a state absent from it gets a pilot,
     and its L is added.
 
@@ -316,10 +316,10 @@ def _lattice_errors(
 
     Every state's lattice {z ∈ ℤⁿ : Σ z = 0} depends only on its number of counties n, and
     the noise law does not involve the data, so one certificate per distinct n
-    (:func:`~censusdp.estimation.lattice_release.certify`, default gibbs moves: L-lag
+    (:func:`~censusdp.estimation.integer.lattice_release.certify`, default gibbs moves: L-lag
     coupling bound < 0.01 and split-R̂ < 1.01) serves every state of that size; each state
     then gets ``runs`` independent draws from its own chains
-    (:func:`~censusdp.estimation.lattice_release.release_lattice_noise`).
+    (:func:`~censusdp.estimation.integer.lattice_release.release_lattice_noise`).
 
     Returns
     -------

@@ -5,7 +5,7 @@ Census Bureau's demonstration errors and the paper's projected double-geometric 
 Illinois (state 17, 102 counties) by default, as in the paper's Fig. 2; ``--all`` runs every
 state. The state total is the invariant, so a state's lattice is ``{z ∈ Z^n : Σ z = 0}``.
 
-Mechanism: :func:`~censusdp.estimation.lattice_release.release_lattice_noise` on a
+Mechanism: :func:`~censusdp.estimation.integer.lattice_release.release_lattice_noise` on a
 :class:`~censusdp.mechanisms.lattice.GroupSumLattice` in ``"gibbs"`` mode (each step draws a
 random perfect matching of the counties and redraws every matched pair's split exactly from
 the target's conditional). A release happens only after the release policy certified it:
@@ -48,7 +48,7 @@ import pandas as pd
 from scipy import stats
 
 from censusdp.errors import DataError
-from censusdp.estimation.lattice_release import (
+from censusdp.estimation.integer.lattice_release import (
     CertifyOptions,
     ConvergenceReport,
     certify,

@@ -7,9 +7,9 @@ Per-coordinate variance in units of λ²: at n = 3 conditioning gives 5/6 and pr
 conditional density as an independent check; the sweep runs n up to 50.
 
 The conditioned law is sampled by the project's conditioning engine
-(:class:`~censusdp.estimation.conditioning.ConditioningProblem`: a root over n units,
+(:class:`~censusdp.estimation.conditioning.estimator.ConditioningProblem`: a root over n units,
 Laplace(λ) measurements of the units, the root total invariant). Its noise laws are all
-Laplace, so its moves are :class:`~censusdp.estimation.gibbs_moves.GibbsTreeMoves` — every
+Laplace, so its moves are :class:`~censusdp.estimation.conditioning.gibbs_moves.GibbsTreeMoves` — every
 step redraws the split of each pair of a random perfect matching of the n units exactly from
 the target's conditional — and coupled chains meet within a few hundred steps at every n of
 the sweep. Every n is certified: the burn-in T is the first iteration at which the L-lag
@@ -29,8 +29,12 @@ from __future__ import annotations
 import numpy as np
 from scipy import integrate
 
-from censusdp.estimation.conditioning import ConditioningProblem
-from censusdp.estimation.diagnostics import iterations_for_tv, meeting_times, split_rhat
+from censusdp.estimation.conditioning.diagnostics import (
+    iterations_for_tv,
+    meeting_times,
+    split_rhat,
+)
+from censusdp.estimation.conditioning.estimator import ConditioningProblem
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy

@@ -25,7 +25,7 @@ Estimators:
 
 * ``mh`` — ℳ_MH, the paper's mechanism (seed Alg. 1) without its inequality constraint: the
   curator releases x + e′ with e′ drawn from the Laplace noise law conditioned on
-  consistency (:func:`~censusdp.estimation.conditioned_mechanism.conditioned_mechanism`; the
+  consistency (:func:`~censusdp.estimation.conditioning.mechanism.conditioned_mechanism`; the
   chains sample the noise alone, never x); one release per run, its own noise;
 
 and, from the same noisy measurements y of a run:
@@ -42,9 +42,9 @@ Metric (the paper's): per level, (1/270)‖x_level − x̃_level‖₁, 270 = 26
 of x, averaged over the runs.
 
 Every MCMC release goes through
-:func:`censusdp.estimation.conditioning.condition` or ``conditioned_mechanism`` (the same
+:func:`censusdp.estimation.conditioning.estimator.condition` or ``conditioned_mechanism`` (the same
 chains with zero measurements): all noise laws are Laplace, so the moves are
-:class:`~censusdp.estimation.gibbs_moves.GibbsTreeMoves` (level sweeps: a random perfect
+:class:`~censusdp.estimation.conditioning.gibbs_moves.GibbsTreeMoves` (level sweeps: a random perfect
 matching of a level's nodes within each parent, every pair's line redrawn exactly; single
 moves of one zone at the city level), and the draw is released only at an iteration T where
 the L-lag coupling bound on its total-variation distance from the conditioned law (200
@@ -52,7 +52,7 @@ coupled pairs) is below ``TV_TARGET``. Each call costs minutes on the full geogr
 coupled pairs meet after a few thousand sweeps), so conditioning runs on the first
 ``COND_RUNS`` runs' measurements of every (data, ε); GLS, TopDown-style and ℳ_MH on all
 ``RUNS`` (ℳ_MH's chains never see the data, so one certificate per ε serves every run: one
-call of :func:`~censusdp.estimation.conditioned_mechanism.conditioned_releases`). The lag L comes
+call of :func:`~censusdp.estimation.conditioning.mechanism.conditioned_releases`). The lag L comes
 from the first call's pilot and is reused (it affects the tightness of the bound, not its
 validity); the other calls are independent and run in a process pool over the machine's
 cores (same numbers as one after another: every call has its own key). The full run also
@@ -84,10 +84,10 @@ import pandas as pd
 
 from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.errors import DataError
-from censusdp.estimation.conditioned_mechanism import ChainOptions, conditioned_releases
-from censusdp.estimation.conditioning import ConditioningOptions, certificate, condition
-from censusdp.estimation.gls import tree_gls
-from censusdp.estimation.topdown import topdown
+from censusdp.estimation.conditioning.estimator import ConditioningOptions, certificate, condition
+from censusdp.estimation.conditioning.mechanism import ChainOptions, conditioned_releases
+from censusdp.estimation.gls.tree import tree_gls
+from censusdp.estimation.topdown.flat import topdown
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy

@@ -35,7 +35,7 @@ runs each (``--quick``: ρ* alone, ``RUNS_QUICK`` runs, the ``QUICK_STATES``; ``
 
 Estimators on the same measurements and invariants:
 
-* ``topdown`` — :func:`~censusdp.estimation.topdown_schema.topdown_schema` with the Bureau's
+* ``topdown`` — :func:`~censusdp.estimation.topdown.schema.topdown_schema` with the Bureau's
   pass structure (:data:`ORDERING`): L2 pass 0 the ``total`` alone, pass 1 ``sex``, ``age5``,
   ``detailed`` with the totals held within the pass-0 band (one pass at the nation); rounder
   ``total``, then ``sex``, then ``detailed``. Non-negative integers, consistent, invariants
@@ -44,11 +44,11 @@ Estimators on the same measurements and invariants:
   same with one L2 pass of all four queries at every level (:data:`ORDERING_ONE`), the total
   not isolated: where the production ordering fits the county totals in a pass of their own,
   here non-negativity can move persons between counties;
-* ``gls`` — :func:`~censusdp.estimation.structured_gls.structured_gls` (unbiased) rounded by
-  :func:`~censusdp.estimation.structured_rounding.round_structured` (unbiased, consistent,
+* ``gls`` — :func:`~censusdp.estimation.gls.structured.structured_gls` (unbiased) rounded by
+  :func:`~censusdp.estimation.integer.controlled.round_structured` (unbiased, consistent,
   invariants exact; cells may be negative);
 * ``nonnegative`` — the non-negative product of the same GLS release
-  (:func:`~censusdp.estimation.nonnegative.nonnegative_structured`: per parent the
+  (:func:`~censusdp.estimation.integer.nonnegative.nonnegative_structured`: per parent the
   children's totals, then their cells, projected and rounded, top down): non-negative, integer, consistent, invariants
   exact, and biased, as TopDown-style is.
 
@@ -96,10 +96,10 @@ import numpy as np
 import pandas as pd
 
 from censusdp.errors import DataError
-from censusdp.estimation.nonnegative import nonnegative_structured
-from censusdp.estimation.structured_gls import structured_gls
-from censusdp.estimation.structured_rounding import round_structured
-from censusdp.estimation.topdown_schema import LevelOrdering, TopDownOptions, topdown_schema
+from censusdp.estimation.gls.structured import structured_gls
+from censusdp.estimation.integer.controlled import round_structured
+from censusdp.estimation.integer.nonnegative import nonnegative_structured
+from censusdp.estimation.topdown.schema import LevelOrdering, TopDownOptions, topdown_schema
 from censusdp.experiments.census_county_bias import STATE_ABBR
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot

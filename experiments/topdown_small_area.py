@@ -24,8 +24,8 @@ import numpy as np
 from scipy import stats
 
 from censusdp.budget import Accounting, PrivacyStatement
-from censusdp.estimation.gls import tree_gls
-from censusdp.estimation.topdown import topdown
+from censusdp.estimation.gls.tree import tree_gls
+from censusdp.estimation.topdown.flat import topdown
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy

@@ -1,8 +1,8 @@
 """Sub-forests of a hierarchy: a contiguous run of subtrees with local node indices.
 
 A :class:`Forest` is what one partition of a level-by-level computation receives (the GLS
-passes of :mod:`censusdp.estimation.gls` and :mod:`censusdp.estimation.structured_gls`, the
-roundings of :mod:`censusdp.estimation.rounding`, the streamed pipelines): the child counts
+passes of :mod:`censusdp.estimation.gls.tree` and :mod:`censusdp.estimation.gls.structured`, the
+roundings of :mod:`censusdp.estimation.integer.laminar`, the streamed pipelines): the child counts
 of its levels, from which the CSR layout of :class:`~censusdp.hierarchy.core.Hierarchy`
 (docs/design.md § Data model: nodes sorted by parent, children contiguous) follows, and the codes that name
 nodes in error messages. Per node, its sums are those of :meth:`Hierarchy.aggregate_up`

@@ -2,7 +2,7 @@
 
 Many computations on a hierarchy depend on its *shape* only — how many children each node
 has, recursively — and on per-level constants, never on node codes or counts: the error
-covariance of the tree GLS is one (:mod:`censusdp.estimation.predict`). Two nodes of a level
+covariance of the tree GLS is one (:mod:`censusdp.estimation.gls.predict`). Two nodes of a level
 then get the same result when
 
 * their subtrees have the same shape (the *upward signature*: every leaf of a level has the

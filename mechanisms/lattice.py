@@ -500,7 +500,7 @@ class LatticeLaplace(LatticeTarget):
     ``x``, ``x'`` differing by one record moved between cells that share all invariants,
     ``‖x − x'‖₁ = 2``. The noise is unbiased (Thm. 12, Eq. 6: the law is symmetric).
     Sampled by MCMC the release is only as good as the chain's distance to this law; the
-    release policy (:mod:`censusdp.estimation.lattice_release`) records that bound.
+    release policy (:mod:`censusdp.estimation.integer.lattice_release`) records that bound.
 
     Parameters
     ----------

@@ -127,7 +127,7 @@ class NoiseLaw(ABC):
         """β when ``log_density(x) = −β |x| + const`` (Laplace-type laws), else None.
 
         MCMC samplers use it to draw exactly from the law's conditionals along a line
-        (:mod:`censusdp.estimation.line_conditional`).
+        (:mod:`censusdp.estimation.conditioning.line_conditional`).
         """
         return None
 
@@ -137,7 +137,7 @@ class NoiseLaw(ABC):
         discrete Gaussian), else None.
 
         MCMC samplers use it to draw exactly from the law's conditionals along a line
-        (:mod:`censusdp.estimation.gaussian_line`).
+        (:mod:`censusdp.estimation.conditioning.gaussian_line`).
         """
         return None
 

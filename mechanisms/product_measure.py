@@ -6,7 +6,7 @@ A level's counts are a batch of cell tensors ``(n_nodes, d_1, …, d_k)`` of a
 independent noise from a :class:`~censusdp.mechanisms.laws.NoiseLaw`
 (:func:`measure_products`); a *product invariant* is the exact answer of a product query at
 every node of a level. These are the inputs of
-:func:`censusdp.estimation.structured_gls.structured_gls`.
+:func:`censusdp.estimation.gls.structured.structured_gls`.
 
 The privacy statement is *derived* from the measurements, never asserted
 (:func:`product_privacy`): a person is in exactly one node of each level and one detailed

@@ -30,7 +30,7 @@ linear in the precisions). ``TARGETS.toml`` declares the objective::
 
 Each target's relative variance is the mean over the level's nodes and the table's rows of
 ``Var / (population · share)²``, predicted from the tree's shape alone
-(:func:`~censusdp.estimation.allocate.optimise_allocation`). The command writes ``NEW_SPEC``
+(:func:`~censusdp.estimation.gls.allocate.optimise_allocation`). The command writes ``NEW_SPEC``
 — ``SPEC`` with the optimised shares (exact fractions of 2³², the same ρ) — atomically
 under the output policy of :mod:`censusdp.atomic` (a new path, or an earlier output with
 ``--overwrite``; never an input), and prints the objective before and after, each target's
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from censusdp.errors import SpecError
 
 if TYPE_CHECKING:  # the estimation stack is imported by the functions that run it
-    from censusdp.estimation.allocate import AllocationResult, Objective
+    from censusdp.estimation.gls.allocate import AllocationResult, Objective
     from censusdp.pipelines.predict import PredictSpec
     from censusdp.schema import Allocation
 
@@ -91,7 +91,7 @@ def load_targets(path: str | Path, spec: PredictSpec) -> Targets:
         ones), unknown levels or tables (with the known ones), missing populations, bad
         numbers, an unknown objective kind.
     """
-    from censusdp.estimation.allocate import Objective, Target
+    from censusdp.estimation.gls.allocate import Objective, Target
     from censusdp.mechanisms.product_query import ProductQuery
 
     p = Path(path)
@@ -319,7 +319,7 @@ def _report(result: AllocationResult, start: str = "production") -> list[str]:
 
 def _cmd_allocate(args: argparse.Namespace) -> int:
     from censusdp.atomic import check_output, output_file
-    from censusdp.estimation.allocate import optimise_allocation
+    from censusdp.estimation.gls.allocate import optimise_allocation
     from censusdp.mechanisms.product_query import ProductQuery
     from censusdp.pipelines.predict import load_any_spec
 

@@ -3,12 +3,12 @@
 ``censusdp run SPEC [--data PATH] [--out DIR] [--seed N] [--scheduler S] [--partitions N]``
 runs a spec;
 ``censusdp privatize FILE --spec SPEC -o OUT`` runs the one product of
-:data:`censusdp.pipelines.products.PRODUCTS` that claims the file (none, or several, is one
+:data:`censusdp.pipelines.products.registry.PRODUCTS` that claims the file (none, or several, is one
 exit-2 line naming every product and why): an NHGIS-style batch file written back in its
 own layout, or a PPMF (spec ``[data] source = "ppmf"``, or a PPMF header) into
-a directory of both products (:mod:`censusdp.pipelines.privatize_ppmf`), or a PPMF units file
+a directory of both products (:mod:`censusdp.pipelines.products.ppmf_persons`), or a PPMF units file
 (``HH_STATUS`` in the header, or spec ``[data] source = "ppmf_units"``) into the H1 tables
-(:mod:`censusdp.pipelines.privatize_units`); ``censusdp privatize FILE --codebook ppdd --rho R -o OUT`` (or a spec
+(:mod:`censusdp.pipelines.products.ppmf_units`); ``censusdp privatize FILE --codebook ppdd --rho R -o OUT`` (or a spec
 with ``[data] codebook``) releases overlapping tables from one estimate. Every output follows the policy of :mod:`censusdp.atomic` (a new
 path, or an earlier censusdp output with ``--overwrite``; nothing else is ever replaced),
 checked before any work. Errors are :class:`censusdp.errors.CensusDPError` (exit status 2).
@@ -84,14 +84,14 @@ def privatize_file(
     delta: float | None = None,
 ) -> Path:
     """Privatize a file with the one registered product that claims it
-    (:mod:`censusdp.pipelines.products`) and write it.
+    (:mod:`censusdp.pipelines.products.registry`) and write it.
 
     The NHGIS-style products, for example:
 
     * **codebook** (``codebook`` given, or the spec's ``[data] codebook``): the columns are
       overlapping tables described by a codebook; a strategy of marginals is measured per
       area, one GLS estimate writes every column as integers that keep every identity among
-      them (:mod:`censusdp.pipelines.privatize_tables`), with ρ derived from the queries.
+      them (:mod:`censusdp.pipelines.products.codebook_tables`), with ρ derived from the queries.
       ``rho`` (and ``delta``) state the budget when no spec does.
     * **cells** (a run spec without codebook): the spec's first estimator produces the
       release (one repetition); its leaf estimates replace the noisy columns and their
@@ -153,9 +153,9 @@ def _privatize(
 
 
 def _written(path, spec_path, out, *, ppmf: dict | None = None, **options):
-    """The product's :class:`~censusdp.pipelines.products.Written` (dispatch through the
+    """The product's :class:`~censusdp.pipelines.products.registry.Written` (dispatch through the
     registry: exactly one product claims the file)."""
-    from censusdp.pipelines.products import PrivatizeOptions, privatize
+    from censusdp.pipelines.products.registry import PrivatizeOptions, privatize
 
     opts = PrivatizeOptions(**options, **{k: v for k, v in (ppmf or {}).items() if v})
     return privatize(path, spec_path, out, opts)

@@ -3,7 +3,7 @@
 Sources (``[data] source``): ``midwest`` (the packaged ggplot2 table, censusdp/data/midwest.csv), ``csv`` / ``parquet``
 (one row per leaf, code columns named in ``[hierarchy] codes``; long files are filtered to the
 ``truth`` version), ``nhgis`` (NHGIS-style batch files keyed by GISJOIN, see
-:mod:`censusdp.pipelines.nhgis`) and ``synthetic`` (the US-shaped synthetic hierarchy).
+:mod:`censusdp.pipelines.io.nhgis`) and ``synthetic`` (the US-shaped synthetic hierarchy).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from censusdp.hierarchy import gisjoin
 from censusdp.hierarchy.builders import LevelSpec, from_columns, from_gisjoin
 from censusdp.hierarchy.core import STRING_DTYPE, Hierarchy
 from censusdp.hierarchy.table import MIDWEST_CELLS, Table, resolve_cells
-from censusdp.pipelines.nhgis import (
+from censusdp.pipelines.io.nhgis import (
     CONTEXT_COLUMNS,
     BatchFile,
     read_batch,
@@ -362,8 +362,8 @@ def load_data(spec: RunSpec, data: str | Path | None = None) -> RunData:
 def _ppmf_table(spec: RunSpec, path: Path) -> Table:
     """A PPMF's block × ``pl94`` table (dense: 2,016 int64 per block, 16 KB; a county of a
     few thousand blocks is tens of MB, a large state several GB — for those, use
-    :func:`censusdp.pipelines.ppmf.read_ppmf`'s sparse histogram partition by partition)."""
-    from censusdp.pipelines.ppmf import read_ppmf
+    :func:`censusdp.pipelines.io.ppmf.read_ppmf`'s sparse histogram partition by partition)."""
+    from censusdp.pipelines.io.ppmf import read_ppmf
 
     got = read_ppmf(path)
     n = got.hierarchy.leaves.size

@@ -25,9 +25,9 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from censusdp.budget import PrivacyStatement
 from censusdp.config import EstimatorSpec
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.gls import tree_gls
+from censusdp.estimation.gls.tree import tree_gls
+from censusdp.estimation.integer.laminar import check_invariants, round_release
 from censusdp.estimation.release import Release
-from censusdp.estimation.rounding import check_invariants, round_release
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement, Query
@@ -230,7 +230,7 @@ class _AnyLaw:
 @register_estimator
 class GLS(_AnyLaw):
     """Hierarchical GLS (projection): unbiased, exact standard errors
-    (:func:`~censusdp.estimation.gls.tree_gls`; Hay et al. 2010; Gao, Gong & Yu 2022)."""
+    (:func:`~censusdp.estimation.gls.tree.tree_gls`; Hay et al. 2010; Gao, Gong & Yu 2022)."""
 
     name = "gls"
     unbiased = True
@@ -264,7 +264,7 @@ class GLS(_AnyLaw):
 @register_estimator
 class Conditioning(_AnyLaw):
     """The noise law conditioned on consistency and invariants (belief revision), by a
-    certified MCMC run (:func:`~censusdp.estimation.conditioning.condition`)."""
+    certified MCMC run (:func:`~censusdp.estimation.conditioning.estimator.condition`)."""
 
     name = "conditioning"
     unbiased = True
@@ -272,7 +272,7 @@ class Conditioning(_AnyLaw):
     integer = False
 
     def run(self, problem, rng, options, executor, partitions) -> Release:
-        from censusdp.estimation.conditioning import ConditioningOptions, condition
+        from censusdp.estimation.conditioning.estimator import ConditioningOptions, condition
 
         p = problem
         mc = options.mcmc
@@ -294,7 +294,7 @@ class Conditioning(_AnyLaw):
 class TopDown(_AnyLaw):
     """The TopDown-style baseline (U.S. Census Bureau 2020 algorithm; Abowd et al. 2022):
     integer, biased for small areas, no standard errors
-    (:func:`~censusdp.estimation.topdown.topdown`)."""
+    (:func:`~censusdp.estimation.topdown.flat.topdown`)."""
 
     name = "topdown"
     unbiased = False
@@ -302,7 +302,7 @@ class TopDown(_AnyLaw):
     integer = True
 
     def run(self, problem, rng, options, executor, partitions) -> Release:
-        from censusdp.estimation.topdown import TopDownOptions, topdown
+        from censusdp.estimation.topdown.flat import TopDownOptions, topdown
 
         p = problem
         mapper = None if executor is None or executor.name == "sync" else executor.map

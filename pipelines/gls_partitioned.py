@@ -3,11 +3,11 @@
 The hierarchy is cut at a level (the units of :func:`~censusdp.pipelines.partition.partition_units`);
 every partition is a contiguous run of cut-level nodes with their subtrees.
 
-* :func:`partitioned_gls` maps :func:`~censusdp.estimation.gls.gls_upward` over the
+* :func:`partitioned_gls` maps :func:`~censusdp.estimation.gls.tree.gls_upward` over the
   partitions (each task receives only its partition's measurement and invariant slices and
   the child counts of its levels), reduces the cut-level messages at the top in the calling
-  process (:func:`~censusdp.estimation.gls.gls_top`, levels 0 .. cut), then maps
-  :func:`~censusdp.estimation.gls.gls_downward` over the partitions, each of which also
+  process (:func:`~censusdp.estimation.gls.tree.gls_top`, levels 0 .. cut), then maps
+  :func:`~censusdp.estimation.gls.tree.gls_downward` over the partitions, each of which also
   checks consistency and the invariants of its own levels.
 * :func:`partitioned_round` rounds each partition's subtrees up to the cut with randomness
   keyed by (level, node), then the levels above the cut from the units' leftovers, and each
@@ -16,7 +16,7 @@ every partition is a contiguous run of cut-level nodes with their subtrees.
 Both are steps (``up``/``top``/``down``) of the one partition driver,
 :func:`~censusdp.pipelines.partition_driver.drive` — the same that streams the structured GLS
 (:mod:`~censusdp.pipelines.structured_stream`) — and equal the single-process results
-(:func:`~censusdp.estimation.gls.tree_gls`, :func:`~censusdp.estimation.rounding.round_release`)
+(:func:`~censusdp.estimation.gls.tree.tree_gls`, :func:`~censusdp.estimation.integer.laminar.round_release`)
 bit for bit, for every backend and partition count. The maps chain through the executor's
 handles (:meth:`submit <censusdp.pipelines.execute.DaskExecutor.submit>`): on Dask, partition
 ``i``'s measurements
@@ -44,7 +44,7 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement, invariant_labels, with_invariants
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.gls import (
+from censusdp.estimation.gls.tree import (
     Geometry,
     GLSPlan,
     UpwardState,
@@ -58,8 +58,7 @@ from censusdp.estimation.gls import (
     merge_residuals,
     restrict,
 )
-from censusdp.estimation.release import Release, SumVariances
-from censusdp.estimation.rounding import (
+from censusdp.estimation.integer.laminar import (
     INT_LIMIT,
     TOL,
     RoundingPlan,
@@ -76,6 +75,7 @@ from censusdp.estimation.rounding import (
     sum_estimator_variances,
     tracked_sums,
 )
+from censusdp.estimation.release import Release, SumVariances
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.privacy import checked_statement
@@ -147,7 +147,7 @@ def _downward_task(
 class _GLSStep:
     """The flat GLS as a :class:`~censusdp.pipelines.partition_driver.PartitionStep`: each
     partition's upward pass (:func:`_upward_task`), the levels down to the cut solved from
-    the cut nodes' messages (:func:`~censusdp.estimation.gls.gls_top`), and each
+    the cut nodes' messages (:func:`~censusdp.estimation.gls.tree.gls_top`), and each
     partition's smoothing (:func:`_downward_task`) from its upward state: every state is
     kept (the driver's ``cache_bytes=None``, as before the driver), so ``down`` is always
     given one."""
@@ -195,7 +195,7 @@ def partitioned_gls(
     Parameters
     ----------
     hierarchy, cells, measurements, invariants, privacy, covariance, geometry
-        As for :func:`~censusdp.estimation.gls.tree_gls` (``privacy`` None derives the
+        As for :func:`~censusdp.estimation.gls.tree.tree_gls` (``privacy`` None derives the
         statement; a claim below the spend is a BudgetError); ``measurements`` may also be the
         :class:`~censusdp.pipelines.measure.PartitionedMeasurements` of
         ``measure_partitioned(..., keep=True)`` (used where they are when its executor and
@@ -343,7 +343,7 @@ def _round_task(
 def _round_keys(
     rng: KeyedRNG, forest: Forest, lo: Sequence[int], plan: RoundingPlan, label: str
 ) -> SubKeys:
-    """The sub-keys :func:`~censusdp.estimation.rounding.round_part` draws from for this
+    """The sub-keys :func:`~censusdp.estimation.integer.laminar.round_part` draws from for this
     forest (global first nodes ``lo``): for each step of ``plan`` it runs, stream
     ``label/<step>`` over the chunks of the forest's nodes at the step's merging level (a
     stream missed here fails loudly with :class:`~censusdp.rng.StreamNotHeld`)."""
@@ -460,16 +460,16 @@ def partitioned_round(
     """Unbiased integer rounding partition by partition; equals :func:`round_release`.
 
     ``"cells"``/``"totals"``: each partition runs the steps of the rounding family
-    (:class:`~censusdp.estimation.rounding.RoundingPlan`, invariants included) up to its
-    cut-level nodes (:func:`~censusdp.estimation.rounding.round_part`), the calling process
+    (:class:`~censusdp.estimation.integer.laminar.RoundingPlan`, invariants included) up to its
+    cut-level nodes (:func:`~censusdp.estimation.integer.laminar.round_part`), the calling process
     runs the levels above from the sets each cut node leaves
-    (:func:`~censusdp.estimation.rounding.round_top`, which also gives the exact rounding
+    (:func:`~censusdp.estimation.integer.laminar.round_top`, which also gives the exact rounding
     variances of those levels and the covariance of each cut node's bits), and each
     partition settles its leftovers, sums its levels and runs the top-down variance pass
-    where its piece is (:func:`~censusdp.estimation.rounding.settle_part`). Every uniform is
+    where its piece is (:func:`~censusdp.estimation.integer.laminar.settle_part`). Every uniform is
     keyed by (step, element) and every group merges in global element order, so integers
     and variances are the same for every partition count and backend, and equal to
-    :func:`~censusdp.estimation.rounding.round_release`. ``"bipartite"``: the leaves of each
+    :func:`~censusdp.estimation.integer.laminar.round_release`. ``"bipartite"``: the leaves of each
     parent of the leaf level, with a generator keyed by that parent.
 
     A :class:`~censusdp.pipelines.partitioned_release.PartitionedRelease` (from
@@ -483,7 +483,7 @@ def partitioned_round(
     Raises
     ------
     SpecError, DataError
-        As :func:`~censusdp.estimation.rounding.round_release`.
+        As :func:`~censusdp.estimation.integer.laminar.round_release`.
 
     References
     ----------

@@ -5,7 +5,7 @@
     censusdp nmf ROOT --state-totals P1.csv --out DIR [--state SS ...]
                  [--areas BAF --block-column BLOCKID --area-column DISTRICT]
 
-runs :func:`censusdp.pipelines.nmf_release.release_nmf`: the file is read state by state,
+runs :func:`censusdp.pipelines.products.nmf_release.release_nmf`: the file is read state by state,
 each state's spine estimated by the structured GLS with its published total invariant, and
 P1–P5 (real-valued, with exact ``_se``) written for the spine levels, the tabulation state,
 county, tract, block group and block, and the areas of a block assignment file (with the
@@ -77,7 +77,7 @@ def _positive(text: str) -> int:
 
 def _cmd_nmf(args: argparse.Namespace) -> int:
     limit = limit_blas_threads(args.blas_threads)  # before numpy loads (the import below)
-    from censusdp.pipelines.nmf_release import NMFReleaseOptions, release_nmf
+    from censusdp.pipelines.products.nmf_release import NMFReleaseOptions, release_nmf
 
     options = NMFReleaseOptions(
         states=args.state,

@@ -31,12 +31,12 @@ allocation (the schema's own by default, e.g. ``pl94``'s 2020 production allocat
 With ``--areas FILE`` (a block → area equivalency, :mod:`censusdp.hierarchy.equivalency`:
 ``--block-column``, ``--area-column``, ``--area-name``, ``--gisjoin-blocks``, ``--area-list``,
 ``--skip-blank-areas``) the off-spine areas (places, districts) are predicted too, as sums
-of their blocks (:mod:`censusdp.estimation.areas`): they follow the levels in
+of their blocks (:mod:`censusdp.estimation.gls.areas`): they follow the levels in
 ``summary.csv`` and ``areas.csv`` holds one row per area (code, blocks, RMS SE per table).
 A malformed file exits 2 naming the file, row and column, with nothing written.
 
 No count is read: the prediction depends on the tree's shape only
-(:func:`~censusdp.estimation.predict.predict_errors`). The output directory holds
+(:func:`~censusdp.estimation.gls.predict.predict_errors`). The output directory holds
 ``summary.csv`` (level, table, row, label, nodes and SE mean / rms / min / quantiles / max
 over the level's nodes), ``summary.json`` (the spec's plan with σ² per level and query, the
 derived privacy statement, classes per level, and per level × table the RMS and largest SE)
@@ -64,7 +64,7 @@ from censusdp.timing import stage
 if TYPE_CHECKING:  # imported by the functions that use them: the CLI's parser stays light
     import pandas as pd
 
-    from censusdp.estimation.predict import Prediction
+    from censusdp.estimation.gls.predict import Prediction
     from censusdp.hierarchy import Hierarchy
     from censusdp.hierarchy.equivalency import Equivalency
     from censusdp.mechanisms.product_query import ProductQuery
@@ -116,7 +116,7 @@ class PredictSpec:
         (:data:`SPEC_FAMILIES`): how ``allocate`` writes the spec back.
     plan : tuple of (level, ProductQuery, NoiseLaw), optional
         The family's own calibrated measurements (a run spec's laws, a codebook's); None:
-        :func:`~censusdp.estimation.predict.allocation_plan` of ``allocation``.
+        :func:`~censusdp.estimation.gls.predict.allocation_plan` of ``allocation``.
     delta : float or None
         δ at which a zCDP total is also stated as (ε, δ).
     ignored : str
@@ -201,7 +201,7 @@ def load_predict_spec(path: str | Path) -> PredictSpec:
         Unreadable file, unknown keys, unknown schema, levels, queries or allocation errors,
         each naming the file and key.
     """
-    from censusdp.estimation.predict import QUANTILES
+    from censusdp.estimation.gls.predict import QUANTILES
     from censusdp.mechanisms.product_query import ProductQuery
     from censusdp.schema import Allocation, Schema
 
@@ -343,7 +343,7 @@ def _flat_schema(spec: Any, cells: tuple[str, ...], strategy: tuple[str, ...]) -
     """A run spec's cells as a one-attribute schema, each ``[marginals.NAME]`` a recode of
     the cells (its groups partition them) or a slice (its groups cover part of them:
     a slice of a recode of the groups and the rest), so every query of the spec is a
-    product query (:func:`~censusdp.estimation.predict.predict_errors`)."""
+    product query (:func:`~censusdp.estimation.gls.predict.predict_errors`)."""
     import numpy as np
 
     from censusdp.mechanisms.queries import Query
@@ -411,7 +411,7 @@ def _run_model(path: Path, data: Path | None) -> PredictSpec:
     from fractions import Fraction
 
     from censusdp.config import exact_fraction
-    from censusdp.estimation.predict import QUANTILES
+    from censusdp.estimation.gls.predict import QUANTILES
     from censusdp.pipelines.data import read_geography
     from censusdp.pipelines.runner import make_plan
     from censusdp.pipelines.specs import load_spec
@@ -458,7 +458,7 @@ def _run_model(path: Path, data: Path | None) -> PredictSpec:
 
 
 def _block_list(blocks: Path | None, column: str | None, where: str) -> Hierarchy:
-    from censusdp.pipelines.ppmf import read_block_list
+    from censusdp.pipelines.io.ppmf import read_block_list
 
     if blocks is None:
         raise SpecError(
@@ -469,14 +469,14 @@ def _block_list(blocks: Path | None, column: str | None, where: str) -> Hierarch
 
 
 def _ppmf_model(path: Path, data: Path | None) -> PredictSpec:
-    """A PPMF persons spec (:func:`~censusdp.pipelines.privatize_ppmf.load_ppmf_spec`):
+    """A PPMF persons spec (:func:`~censusdp.pipelines.products.ppmf_persons.load_ppmf_spec`):
     the ``pl94`` production strategy on the public block list, its allocation (the spec's
     ``[allocation]`` or the schema's) at the spec's ρ, the nation and state totals held."""
     import dataclasses
     from fractions import Fraction
 
-    from censusdp.estimation.predict import QUANTILES
-    from censusdp.pipelines.privatize_ppmf import INVARIANTS, load_ppmf_spec
+    from censusdp.estimation.gls.predict import QUANTILES
+    from censusdp.pipelines.products.ppmf_persons import INVARIANTS, load_ppmf_spec
     from censusdp.schema import Schema
 
     spec = load_ppmf_spec(path)
@@ -506,14 +506,14 @@ def _ppmf_model(path: Path, data: Path | None) -> PredictSpec:
 
 
 def _units_model(path: Path, data: Path | None) -> PredictSpec:
-    """A PPMF units spec (:func:`~censusdp.pipelines.privatize_units.load_units_spec`): the
+    """A PPMF units spec (:func:`~censusdp.pipelines.products.ppmf_units.load_units_spec`): the
     ``h1`` production strategy on the public block list, every block's housing units held
     (hence every node's)."""
     import dataclasses
     from fractions import Fraction
 
-    from censusdp.estimation.predict import QUANTILES
-    from censusdp.pipelines.privatize_units import INVARIANT_LEVEL, load_units_spec
+    from censusdp.estimation.gls.predict import QUANTILES
+    from censusdp.pipelines.products.ppmf_units import INVARIANT_LEVEL, load_units_spec
     from censusdp.schema import Schema
 
     spec = load_units_spec(path)
@@ -541,18 +541,18 @@ def _units_model(path: Path, data: Path | None) -> PredictSpec:
 
 
 def _codebook_model(path: Path, data: Path | None) -> PredictSpec:
-    """A codebook spec (:func:`~censusdp.pipelines.privatize_tables.load_table_spec`): each
+    """A codebook spec (:func:`~censusdp.pipelines.products.codebook_tables.load_table_spec`): each
     area (row) of the file is its own single-node GLS with the same covariance, so one
     area — a one-node hierarchy — is predicted, with the route's own calibrated laws
-    (:meth:`~censusdp.pipelines.privatize_tables.TablePlan.build`)."""
+    (:meth:`~censusdp.pipelines.products.codebook_tables.TablePlan.build`)."""
     import dataclasses
     from fractions import Fraction
 
-    from censusdp.estimation.predict import QUANTILES
+    from censusdp.estimation.gls.predict import QUANTILES
     from censusdp.hierarchy import Hierarchy
     from censusdp.mechanisms.product_query import ProductQuery
-    from censusdp.pipelines.codebook import Codebook
-    from censusdp.pipelines.privatize_tables import load_table_spec
+    from censusdp.pipelines.io.codebook import Codebook
+    from censusdp.pipelines.products.codebook_tables import load_table_spec
     from censusdp.schema import Allocation
 
     spec = load_table_spec(path)
@@ -601,12 +601,12 @@ _TABLE_PLANS: dict[tuple, Any] = {}
 
 
 def _table_plan(codebook: str, rho: float, strategy: tuple) -> Any:
-    """The codebook route's plan (:meth:`~censusdp.pipelines.privatize_tables.TablePlan.build`:
+    """The codebook route's plan (:meth:`~censusdp.pipelines.products.codebook_tables.TablePlan.build`:
     its checks and calibrated laws), kept for the process: repeated predictions of one spec
     build it once (seconds for ``ppdd``'s 376 columns); a codebook file is known by its
     name, size and modification time, so an edited file is built again."""
-    from censusdp.pipelines.codebook import Codebook
-    from censusdp.pipelines.privatize_tables import TablePlan
+    from censusdp.pipelines.io.codebook import Codebook
+    from censusdp.pipelines.products.codebook_tables import TablePlan
 
     f = Path(codebook)
     stamp = (
@@ -634,7 +634,7 @@ def predict_spec(
 ) -> tuple[Prediction, pd.DataFrame]:
     """The prediction and its summary for a parsed spec (no counts, no noise); with
     ``areas`` (read against ``spec.hierarchy``) the areas' SEs too, as one more level."""
-    from censusdp.estimation.predict import allocation_plan, predict_errors
+    from censusdp.estimation.gls.predict import allocation_plan, predict_errors
     from censusdp.mechanisms.product_query import ProductQuery
 
     plan = (

@@ -1,6 +1,6 @@
 """Both products' errors by size class, and the non-negative product's bias by simulation.
 
-A release ships two products from one run (:mod:`censusdp.estimation.nonnegative`): the
+A release ships two products from one run (:mod:`censusdp.estimation.integer.nonnegative`): the
 unbiased one (GLS, unbiased rounding, standard errors) and the non-negative one (consistent
 non-negative integers, biased). Users need to know how large that bias is for areas of
 their size. The Census Bureau reports its disclosure-avoidance errors per geographic level

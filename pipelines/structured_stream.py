@@ -8,25 +8,25 @@ The hierarchy is cut at a level (county for a state; the units of
    the key and the node: the keyed ``measure/<level>/<query>`` streams let any partition
    draw its own) or sliced from values held whole (:func:`given_values`). The upward pass of
    every block of the marginal basis runs inside the partition
-   (:func:`~censusdp.estimation.structured_gls.structured_upward`) and leaves a small
+   (:func:`~censusdp.estimation.gls.structured.structured_upward`) and leaves a small
    message per block at the partition's cut-level nodes: their mean, covariance and flat
    directions.
 2. **Top.** The levels above the cut are solved in memory from their own measurements, the
-   invariants there and the messages (:func:`~censusdp.estimation.structured_gls.structured_top`).
+   invariants there and the messages (:func:`~censusdp.estimation.gls.structured.structured_top`).
 3. **Downward, per partition,** from the partition's cached upward state when the memory
    budget ``cache_bytes`` allowed keeping it, or from its upward pass run again (the
    measurement function is called again: it must return the same values). The partition's
    levels below the cut — estimates and covariance blocks, a
-   :class:`~censusdp.estimation.structured_gls.StructuredPiece` — go to the caller's
+   :class:`~censusdp.estimation.gls.structured.StructuredPiece` — go to the caller's
    ``on_partition`` (write, summarise, round) and are dropped.
 
 Memory does not grow with the number of partitions beyond the messages (one per cut-level
 node and block) and whatever the cache is allowed to hold. The result equals
-:func:`~censusdp.estimation.structured_gls.structured_gls` on the whole tree bit for bit
+:func:`~censusdp.estimation.gls.structured.structured_gls` on the whole tree bit for bit
 (``np.array_equal``), in any partition order: every per-node operation gives a node the same
 bits whatever nodes it is batched with (the moves in and out of the basis are stacks of
-per-node products, :func:`~censusdp.estimation.marginal_basis.node_axis_product`, and the
-passes are those of :func:`~censusdp.estimation.gls.gls_upward` / ``gls_downward``).
+per-node products, :func:`~censusdp.estimation.gls.marginal_basis.node_axis_product`, and the
+passes are those of :func:`~censusdp.estimation.gls.tree.gls_upward` / ``gls_downward``).
 
 The three passes are a step of the one partition driver
 (:func:`~censusdp.pipelines.partition_driver.drive`, shared with the flat GLS and rounding
@@ -45,7 +45,7 @@ from its inputs (keyed noise, per-node arithmetic).
 
 Rounding plugs in at ``on_partition``: the levels down to the cut (``StreamResult.top``) are
 rounded first from their estimates, then each partition's levels given its cut-level nodes'
-integer cells (the top-down per-partition scheme of ``estimation/structured_rounding.py``).
+integer cells (the top-down per-partition scheme of ``estimation/integer/controlled.py``).
 
 References
 ----------
@@ -67,8 +67,8 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.marginal_basis import BlockDiagonal
-from censusdp.estimation.structured_gls import (
+from censusdp.estimation.gls.marginal_basis import BlockDiagonal
+from censusdp.estimation.gls.structured import (
     EUCLIDEAN_NOTE,
     Geometry,
     StructuredPiece,
@@ -175,7 +175,7 @@ class StreamOptions:
         the first partition's downward pass (e.g. to round them top-down, so each partition
         can then be rounded from its cut nodes' integers in ``on_partition``).
     geometry, privacy, delta, acknowledge_exact_release
-        As for :func:`~censusdp.estimation.structured_gls.structured_gls`.
+        As for :func:`~censusdp.estimation.gls.structured.structured_gls`.
     cache_bytes : int
         Memory the cached upward states may take (default :data:`DEFAULT_CACHE_BYTES`, 1 GiB);
         partitions beyond it are recomputed in the downward pass instead of held (0:
@@ -291,7 +291,7 @@ class _Context:
 
     ``setup`` holds the hierarchy reduced to its level names (:func:`_names_only`: the
     per-partition passes read nothing else of it; each partition is sent its own
-    :class:`~censusdp.estimation.gls.Forest`), so what a worker receives does not grow with
+    :class:`~censusdp.estimation.gls.tree.Forest`), so what a worker receives does not grow with
     the number of blocks beyond the invariants below the cut. ``rows`` is the cache of
     identified rows shared by the pieces made in one process.
     """
@@ -450,7 +450,7 @@ def structured_stream(
     options: StreamOptions | None = None,
     **legacy: Any,
 ) -> StreamResult:
-    """The structured GLS of :func:`~censusdp.estimation.structured_gls.structured_gls`,
+    """The structured GLS of :func:`~censusdp.estimation.gls.structured.structured_gls`,
     partition by partition.
 
     Parameters
@@ -474,7 +474,7 @@ def structured_stream(
         :func:`~censusdp.pipelines.partition.partition_units` of one cut level, in node order.
     on_partition : callable, optional
         Receives each partition's levels below the cut as a
-        :class:`~censusdp.estimation.structured_gls.StructuredPiece`, in this process, in
+        :class:`~censusdp.estimation.gls.structured.StructuredPiece`, in this process, in
         ``order``; dropped afterwards. With an ``executor`` the piece is sent back for it;
         without ``on_partition`` it is not.
     options : StreamOptions, optional
@@ -584,7 +584,7 @@ def _add_seconds(total: dict[str, float], seconds: dict[str, float]) -> None:
 
 def _worst(residuals: tuple, more: tuple) -> tuple[float, float, float, str]:
     """The larger residuals of two ``(consistency, invariant, invariant value, level of the
-    worst invariant)`` (:func:`~censusdp.estimation.structured_gls.structured_residuals`)."""
+    worst invariant)`` (:func:`~censusdp.estimation.gls.structured.structured_residuals`)."""
     cons, inv_res, inv_val, worst = residuals
     c, r, v, w = more
     if r >= inv_res:

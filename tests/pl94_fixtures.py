@@ -3,10 +3,10 @@ queries of its store, and a small synthetic U.S. with its histogram source."""
 
 from __future__ import annotations
 
-from censusdp.estimation.predict import allocation_plan
+from censusdp.estimation.gls.predict import allocation_plan
 from censusdp.hierarchy.synthetic import synthetic_us
 from censusdp.mechanisms.product_query import ProductQuery
-from censusdp.pipelines.pl94_stream import SyntheticHistogram
+from censusdp.pipelines.products.pl94_stream import SyntheticHistogram
 from censusdp.schema import Schema
 
 SCHEMA = Schema.load("pl94")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from censusdp.pipelines.codebook import Codebook
+from censusdp.pipelines.io.codebook import Codebook
 
 SHARES = [0.1, 0.1, 0.2, 0.3, 0.2, 0.1]  # the ppdd codebook's default strategy
 #: Counties of Illinois and two places in them (9-character GISJOINs), with their PLACEA.

@@ -70,19 +70,19 @@ def _load_run(path: Path) -> Any:
 
 
 def _load_codebook(path: Path) -> Any:
-    from censusdp.pipelines.privatize_tables import load_table_spec
+    from censusdp.pipelines.products.codebook_tables import load_table_spec
 
     return load_table_spec(path)
 
 
 def _load_ppmf(path: Path) -> Any:
-    from censusdp.pipelines.privatize_ppmf import load_ppmf_spec
+    from censusdp.pipelines.products.ppmf_persons import load_ppmf_spec
 
     return load_ppmf_spec(path)
 
 
 def _load_units(path: Path) -> Any:
-    from censusdp.pipelines.privatize_units import load_units_spec
+    from censusdp.pipelines.products.ppmf_units import load_units_spec
 
     return load_units_spec(path)
 

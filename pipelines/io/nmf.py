@@ -31,9 +31,9 @@ is *unmeasured*, carried as values 0 and **variance +inf** (weight 0 in any GLS)
 :class:`~censusdp.mechanisms.product_measure.ProductMeasurement` objects with per-node
 variances, the state-total invariants from a user's file of published P1 totals (tying the
 two parts of a state), and the derived privacy statement.
-:func:`~censusdp.estimation.structured_gls.structured_gls` reads a node variance of +inf as
+:func:`~censusdp.estimation.gls.structured.structured_gls` reads a node variance of +inf as
 weight 0 (the node's answers carry no information), and
-:mod:`censusdp.pipelines.nmf_release` makes the release.
+:mod:`censusdp.pipelines.products.nmf_release` makes the release.
 
 Privacy: a release made from the file is post-processing of the Census Bureau's published
 measurements; ρ is *derived* from the file's own variances and queries (Δ₂² = 1 for each
@@ -893,7 +893,7 @@ def level_measurements(level: NMFLevel) -> list[ProductMeasurement]:
     Gaussian (+inf at unmeasured nodes: weight 0), the law the least noisy node's (it bounds
     the loss of every node of the level); a query measured at no node is left out. What
     :meth:`NMFMeasurements.measurements` gives per level, and the US level alone for the
-    national pass (:mod:`censusdp.pipelines.nmf_release`)."""
+    national pass (:mod:`censusdp.pipelines.products.nmf_release`)."""
     out = []
     for q in level.queries.values():
         fin = q.variance[np.isfinite(q.variance)]
@@ -937,7 +937,7 @@ class NMFMeasurements:
         """Spine level → ``(n_nodes, 8, 2, 2)`` bool over hhgq × votingage × hispanic: the
         structural zeros of every level read (:attr:`NMFLevel.structural_zeros`: hhgq upper
         bounds of 0, no one under 18 in nursing facilities), each node its own mask, for
-        :func:`~censusdp.estimation.structured_gls.structured_gls`'s ``zeros``."""
+        :func:`~censusdp.estimation.gls.structured.structured_gls`'s ``zeros``."""
         return {SPINE_LEVEL[lvl.name]: lvl.structural_zeros for lvl in self.levels.values()}
 
     def invariants(self) -> list[ProductInvariant]:

@@ -175,7 +175,7 @@ def test_units_route_shows_its_stages_and_bar(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("route", ["flat", "hierarchy"])
 def test_codebook_routes_show_their_stages(route, tmp_path, monkeypatch, capsys):
-    from censusdp.pipelines.codebook import Codebook
+    from censusdp.pipelines.io.codebook import Codebook
     from tests.pipelines.test_codebook_hierarchy import SPEC, county_codes, write_county_file
     from tests.pipelines.test_privatize_codebook import synthetic_truth
 

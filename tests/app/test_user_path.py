@@ -62,7 +62,7 @@ def test_parser_and_refusals_import_no_heavy_module(tmp_path):
 
 def test_the_probe_sees_the_heavy_stack():
     """Control: the check above can fail (running TopDown-style imports scipy, numba, ...)."""
-    loaded = _loaded("import censusdp.estimation.topdown")
+    loaded = _loaded("import censusdp.estimation.topdown.flat")
     assert {"scipy", "numba"} <= set(loaded)
 
 
@@ -97,7 +97,7 @@ def _shipped_on_disk() -> dict[str, Path]:
 
 
 def test_spec_list_is_every_shipped_file(capsys):
-    from censusdp.pipelines.codebook import available_codebooks
+    from censusdp.pipelines.io.codebook import available_codebooks
     from censusdp.schema import available_schemas
 
     assert main(["spec", "list"]) == 0
@@ -255,7 +255,7 @@ def test_demo_shows_progress_and_keeps_stdout_clean(tmp_path):
 BANNER_PROBE = """
 import sys
 import numpy as np
-from censusdp.estimation.topdown import topdown
+from censusdp.estimation.topdown.flat import topdown
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Gaussian, Query, measure
 from censusdp.rng import KeyedRNG

@@ -19,7 +19,12 @@ import numpy as np
 import pytest
 from stattests import chi2_pvalue
 
-from censusdp.estimation.mcmc import MetropolisHastings, MoveSet, ProductTarget, Proposal
+from censusdp.estimation.conditioning.mcmc import (
+    MetropolisHastings,
+    MoveSet,
+    ProductTarget,
+    Proposal,
+)
 from censusdp.mechanisms.discrete import DiscreteGaussian
 
 ALPHA = 1e-6

@@ -1,12 +1,12 @@
 """The product contract matrix (issue 34): every registered product × every capability.
 
-Parametrised over :data:`censusdp.pipelines.products.PRODUCTS` and
-:data:`~censusdp.pipelines.products.CAPABILITIES`, so a product registered later (here or by
+Parametrised over :data:`censusdp.pipelines.products.registry.PRODUCTS` and
+:data:`~censusdp.pipelines.products.registry.CAPABILITIES`, so a product registered later (here or by
 another package's entry point) enters the matrix by itself, and fails it until this file has
 a fixture for it (:data:`FIXTURES`). Each cell is either
 
 * ✔ — the product, run once on a tiny fixture through the registry's dispatch
-  (:func:`~censusdp.pipelines.products.privatize`), keeps the capability's promise: levels
+  (:func:`~censusdp.pipelines.products.registry.privatize`), keeps the capability's promise: levels
   built from the file's codes; invariants ``==``; standard errors of the unbiased product;
   no negative cell in the non-negative product; ``release/`` and ``evaluation/`` written
   apart; ``censusdp predict`` runs on the product's spec; or
@@ -35,7 +35,7 @@ from ppmf_fixtures import ppmf_persons
 
 from censusdp.app.cli import main
 from censusdp.errors import SpecError
-from censusdp.pipelines.products import (
+from censusdp.pipelines.products.registry import (
     CAPABILITIES,
     PRODUCTS,
     PrivatizeOptions,
@@ -147,7 +147,7 @@ def _cells_checks(run: Run, capability: str, tmp: Path) -> None:
 
 # -- codebook: overlapping PPDD tables of counties over [hierarchy] ----------------------------
 def _codebook(tmp: Path) -> Run:
-    from censusdp.pipelines.codebook import Codebook
+    from censusdp.pipelines.io.codebook import Codebook
     from tests.pipelines.test_codebook_hierarchy import SPEC, county_codes, write_county_file
     from tests.pipelines.test_privatize_codebook import synthetic_truth
 
@@ -440,7 +440,7 @@ def test_each_product_claims_its_own_fixture_only(runs):
 TOY_PRODUCT = """
 from pathlib import Path
 
-from censusdp.pipelines.products import CAPABILITIES, Written
+from censusdp.pipelines.products.registry import CAPABILITIES, Written
 
 NO = "a toy: it copies the file's line count"
 
@@ -487,7 +487,7 @@ def test_a_product_of_another_package_is_dispatched_to_through_its_entry_point(t
         import sys
         sys.path.insert(0, {str(site)!r})
         from pathlib import Path
-        from censusdp.pipelines.products import PRODUCTS, PrivatizeOptions, privatize
+        from censusdp.pipelines.products.registry import PRODUCTS, PrivatizeOptions, privatize
         assert "toy_lines" in PRODUCTS.names(), PRODUCTS.names()
         w = privatize(Path("a.lines"), None, Path("a.out"), PrivatizeOptions())
         print(w.product, Path("a.out").read_text())

@@ -29,10 +29,10 @@ import pandas as pd
 import pytest
 from scipy.stats import norm
 
-import censusdp.estimation.areas
-import censusdp.pipelines.codebook_hierarchy
-import censusdp.pipelines.privatize_tables
-import censusdp.pipelines.privatize_units  # noqa: F401  (their release types join the family)
+import censusdp.estimation.gls.areas
+import censusdp.pipelines.products.codebook_hierarchy
+import censusdp.pipelines.products.codebook_tables
+import censusdp.pipelines.products.ppmf_units  # noqa: F401  (their release types join the family)
 from censusdp.budget import PrivacyStatement
 from censusdp.estimation.release import ReleaseBase, ReleaseProtocol
 
@@ -56,7 +56,7 @@ def _flat_release():
 
 
 def _rounded_release():
-    from censusdp.estimation.rounding import round_release
+    from censusdp.estimation.integer.laminar import round_release
     from censusdp.mechanisms.queries import Query
     from censusdp.rng import KeyedRNG
 
@@ -65,7 +65,7 @@ def _rounded_release():
 
 
 def _structured():
-    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.estimation.gls.structured import structured_gls
     from censusdp.hierarchy.synthetic import random_hierarchy
     from censusdp.mechanisms.discrete import DiscreteGaussian
     from censusdp.mechanisms.product_measure import measure_products, product_invariant
@@ -90,8 +90,8 @@ def _structured_release():
 
 
 def _structured_piece():
-    from censusdp.estimation.marginal_basis import BlockDiagonal
-    from censusdp.estimation.structured_gls import StructuredPiece
+    from censusdp.estimation.gls.marginal_basis import BlockDiagonal
+    from censusdp.estimation.gls.structured import StructuredPiece
 
     rel, detailed = _structured()
     k = 1
@@ -106,7 +106,7 @@ def _structured_piece():
 
 
 def _area_estimates():
-    from censusdp.estimation.areas import area_release
+    from censusdp.estimation.gls.areas import area_release
     from censusdp.hierarchy.equivalency import equivalency_from_arrays
 
     rel, detailed = _structured()
@@ -117,8 +117,8 @@ def _area_estimates():
 
 
 def _hierarchy_release():
-    from censusdp.pipelines.codebook_hierarchy import release_hierarchy
-    from censusdp.pipelines.privatize_tables import TablePlan
+    from censusdp.pipelines.products.codebook_hierarchy import release_hierarchy
+    from censusdp.pipelines.products.codebook_tables import TablePlan
     from censusdp.rng import KeyedRNG
     from tests.pipelines.test_codebook_hierarchy import small_state
     from tests.pipelines.test_privatize_codebook import SMALL_STRATEGY
@@ -132,7 +132,7 @@ def _hierarchy_release():
 
 
 def _table_release():
-    from censusdp.pipelines.privatize_tables import TablePlan, release_tables
+    from censusdp.pipelines.products.codebook_tables import TablePlan, release_tables
     from censusdp.rng import KeyedRNG
     from tests.pipelines.test_privatize_codebook import SMALL_STRATEGY, small_codebook
 
@@ -147,8 +147,8 @@ def _table_release():
 
 
 def _h1_release(tmp_path: Path):
-    from censusdp.pipelines.ppmf import read_ppmf_units
-    from censusdp.pipelines.privatize_units import H1_COLUMNS, release_h1
+    from censusdp.pipelines.io.ppmf import read_ppmf_units
+    from censusdp.pipelines.products.ppmf_units import H1_COLUMNS, release_h1
     from censusdp.rng import KeyedRNG
     from tests.pipelines.test_units_h1 import units_frame, write
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from censusdp.budget import PrivacyStatement
+from censusdp.estimation.integer.laminar import round_release
 from censusdp.estimation.release import Release
-from censusdp.estimation.rounding import round_release
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.rng import KeyedRNG
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement, invariant_labels, statement_for, with_invariants
 from censusdp.estimation import tree_gls
-from censusdp.estimation.conditioning import condition
+from censusdp.estimation.conditioning.estimator import condition
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.queries import Invariant, Measurement, Query

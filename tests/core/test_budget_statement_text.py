@@ -22,7 +22,7 @@ from censusdp.budget import (
     zcdp_to_dp,
     zcdp_to_dp_cks,
 )
-from censusdp.estimation.predict import allocation_plan
+from censusdp.estimation.gls.predict import allocation_plan
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.privacy import derive_statement
 from censusdp.pipelines.release_statement import change_factor, exact_through_invariants
@@ -253,7 +253,7 @@ def test_dc_is_the_one_county_exact_through_its_state_on_real_counties(shared_fi
     and it is the one area named."""
     import pandas as pd
 
-    from censusdp.estimation.gls import tree_gls
+    from censusdp.estimation.gls.tree import tree_gls
     from censusdp.mechanisms.discrete import DiscreteGaussian
     from censusdp.mechanisms.queries import Query, invariant, measure
 

@@ -215,7 +215,7 @@ def test_unknown_estimators_schedulers_and_sources_are_errors_everywhere():
 def test_adding_an_estimator_is_one_class(rng):
     """A registered estimator is accepted by specs and dispatched by run_estimator, with the
     derived statement and the invariant check of every other estimator."""
-    from censusdp.estimation.gls import tree_gls
+    from censusdp.estimation.gls.tree import tree_gls
     from censusdp.hierarchy import Table
     from censusdp.mechanisms.discrete import DiscreteGaussian
     from censusdp.mechanisms.queries import invariant, measure

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from censusdp.budget import PrivacyStatement, statement_for
 from censusdp.config import EstimatorSpec
 from censusdp.errors import BudgetError, SpecError
-from censusdp.estimation.gls import tree_gls
+from censusdp.estimation.gls.tree import tree_gls
 from censusdp.hierarchy import Table
 from censusdp.mechanisms.discrete import DiscreteGaussian, DiscreteLaplace
 from censusdp.mechanisms.laws import FLOATING_POINT_NOTE, Gaussian, Laplace

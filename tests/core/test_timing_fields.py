@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from censusdp.estimation.gls import tree_gls
-from censusdp.estimation.predict import predict_errors
+from censusdp.estimation.gls.predict import predict_errors
+from censusdp.estimation.gls.tree import tree_gls
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.product_query import ProductQuery
@@ -29,14 +29,14 @@ LIBRARY = ("censusdp", "hierarchy", "mechanisms", "estimation", "pipelines", "ex
 #: an entry when its file no longer reads a clock; never add one).
 CLOCK_READERS = {
     "censusdp/timing.py",
-    "pipelines/pl94_stream.py",
-    "pipelines/privatize_ppmf.py",
-    "pipelines/privatize_units.py",
-    "pipelines/codebook_hierarchy.py",
-    "pipelines/privatize_tables.py",
+    "pipelines/products/pl94_stream.py",
+    "pipelines/products/ppmf_persons.py",
+    "pipelines/products/ppmf_units.py",
+    "pipelines/products/codebook_hierarchy.py",
+    "pipelines/products/codebook_tables.py",
     "pipelines/structured_stream.py",
-    "estimation/structured_rounding.py",
-    "estimation/dependent_rounding.py",
+    "estimation/integer/controlled.py",
+    "estimation/integer/dependent.py",
 }
 CLOCK_CALL = re.compile(r"\b(perf_counter|process_time|thread_time|monotonic)\(\)|time\.time\(\)")
 
@@ -71,7 +71,7 @@ def test_tree_gls_and_predict_keep_their_timing_keys():
     assert set(timed) == {"seconds_classes", "seconds_passes"}
     assert all(isinstance(v, float) and v >= 0.0 for v in timed.values())
 
-    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.estimation.gls.structured import structured_gls
     from censusdp.mechanisms.product_measure import measure_products
 
     leaves = gen.integers(0, 5, size=(h.leaves.size, *s.shape))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from censusdp.errors import SpecError
-from censusdp.estimation.allocate import (
+from censusdp.estimation.gls.allocate import (
     Objective,
     Target,
     _Evaluator,

@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 
 from censusdp.errors import BudgetError, SpecError
 from censusdp.estimation import general_gls
-from censusdp.estimation.area_measurements import (
+from censusdp.estimation.gls.area_measurements import (
     area_plan,
     area_statement,
     check_disjoint,
     measure_areas,
     update_with_areas,
 )
-from censusdp.estimation.structured_gls import structured_gls
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.hierarchy.equivalency import Equivalency
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.discrete import DiscreteGaussian

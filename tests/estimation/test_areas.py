@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from censusdp.errors import SpecError
 from censusdp.estimation import general_gls
-from censusdp.estimation.areas import area_release, structured_area_covariance
-from censusdp.estimation.gls import NodeVarianceMeasurement
-from censusdp.estimation.gls_sparse import hierarchy_to_sparse
-from censusdp.estimation.predict import predict_errors
-from censusdp.estimation.structured_gls import structured_gls
+from censusdp.estimation.gls.areas import area_release, structured_area_covariance
+from censusdp.estimation.gls.predict import predict_errors
+from censusdp.estimation.gls.sparse import hierarchy_to_sparse
+from censusdp.estimation.gls.structured import structured_gls
+from censusdp.estimation.gls.tree import NodeVarianceMeasurement
 from censusdp.hierarchy.equivalency import equivalency_from_arrays
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.laws import Gaussian
@@ -285,8 +285,8 @@ def test_an_area_that_is_a_node_has_its_standard_errors():
 def test_streamed_area_covariances_equal_whole_tree(case, cut, n_parts):
     """Partition by partition (:func:`area_partition` at a random cut, then :func:`area_top`)
     the area covariances equal the whole-tree sweep's (1e-9), per-node budgets included."""
-    from censusdp.estimation.areas import area_partition, area_top
-    from censusdp.estimation.structured_gls import structured_setup
+    from censusdp.estimation.gls.areas import area_partition, area_top
+    from censusdp.estimation.gls.structured import structured_setup
     from censusdp.pipelines.partition import partition_units
 
     h, schema, meas, invs, _, leaf, area, n_areas = case
@@ -311,7 +311,7 @@ def test_tree_gls_area_covariances_equal_dense_reference(seed, K, depth, hold_to
     """The tree GLS of plain tables (one to three cells, detailed or total per level, node
     variances at random, the root total held or not): area covariances equal the dense
     KKT's (1e-9)."""
-    from censusdp.estimation.areas import tree_area_covariance
+    from censusdp.estimation.gls.areas import tree_area_covariance
     from censusdp.mechanisms.queries import Query
 
     gen = np.random.default_rng(seed)
@@ -351,9 +351,9 @@ def test_tree_gls_area_covariances_equal_dense_reference(seed, K, depth, hold_to
 # ----------------------------------------------------------------------------- options
 def _sweep_problem():
     """One block's upward pass on a small tree (sex × age5, three levels) and two areas."""
-    from censusdp.estimation.areas import area_pairs, covariance_levels
-    from censusdp.estimation.gls_kernel import general_up, root_start
-    from censusdp.estimation.structured_gls import structured_setup
+    from censusdp.estimation.gls.areas import area_pairs, covariance_levels
+    from censusdp.estimation.gls.kernel import general_up, root_start
+    from censusdp.estimation.gls.structured import structured_setup
     from censusdp.hierarchy.forest import whole_forest
     from censusdp.mechanisms.product_measure import measure_products
     from censusdp.rng import KeyedRNG
@@ -382,7 +382,7 @@ def test_sweep_options_and_the_old_keywords_give_the_same_sweep():
     """``area_sweep``'s settings as ``SweepOptions`` or one by one as before (accepted for one
     release): the same arrays to the bit; a keyword over the options wins; an unknown one is
     refused naming the options' fields."""
-    from censusdp.estimation.areas import SweepOptions, area_sweep
+    from censusdp.estimation.gls.areas import SweepOptions, area_sweep
 
     args, pairs = _sweep_problem()
     whole = area_sweep(*args, options=SweepOptions(pairs=pairs))

@@ -1,4 +1,4 @@
-"""The BLAS-free kernels (censusdp.estimation.block_kernels) against slow references.
+"""The BLAS-free kernels (censusdp.estimation.gls.block_kernels) against slow references.
 
 * ``matmul`` equals, bit for bit, the plain Python sum in ascending k of correctly rounded
   products (so: a fixed order and no fused multiply–add), and numpy's product to rounding;
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from censusdp.estimation.block_kernels import (
+from censusdp.estimation.gls.block_kernels import (
     MAX_DIM,
     MAX_DIM_EIGH,
     eigh,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from censusdp.errors import DataError
-from censusdp.estimation.capped_simplex import project_capped_simplex
+from censusdp.estimation.integer.capped_simplex import project_capped_simplex
 
 
 def _faces(z: np.ndarray, cap: np.ndarray, total: float) -> np.ndarray:

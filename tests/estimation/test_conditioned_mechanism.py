@@ -11,13 +11,13 @@ import pytest
 from stattests import chi2_pvalue
 
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.conditioned_mechanism import (
+from censusdp.estimation.conditioning.mechanism import (
     ChainOptions,
     conditioned_mechanism,
     conditioned_noise,
     conditioned_releases,
 )
-from censusdp.estimation.gls import tree_gls
+from censusdp.estimation.gls.tree import tree_gls
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.discrete import DiscreteLaplace
 from censusdp.mechanisms.laws import Gaussian, Laplace

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from censusdp.errors import ConvergenceError
-from censusdp.estimation.conditioning import ConditioningOptions, certificate, condition
+from censusdp.estimation.conditioning.estimator import ConditioningOptions, certificate, condition
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.discrete import DiscreteLaplace
 from censusdp.mechanisms.laws import Gaussian, Laplace
@@ -79,7 +79,7 @@ def test_unreachable_bound_raises_convergence_error(rng):
 
 
 def test_gaussian_path_reuses_gls(rng):
-    gls = pytest.importorskip("censusdp.estimation.gls")
+    gls = pytest.importorskip("censusdp.estimation.gls.tree")
     h, lv, ms, inv, priv = _setup(rng, Gaussian(1.0))
     mean = condition(h, CELLS, ms, inv, priv, rng, ConditioningOptions(n_draws=2))
     ref = gls.tree_gls(h, CELLS, ms, inv, priv)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from scipy.stats import norm
 
 from censusdp.errors import DataError
-from censusdp.estimation.dependent_rounding import (
+from censusdp.estimation.integer.dependent import (
     DR_TOL,
     dependent_round,
     keyed_uniforms,

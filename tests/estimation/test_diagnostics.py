@@ -8,13 +8,13 @@ import math
 import numpy as np
 from scipy import integrate, stats
 
-from censusdp.estimation.diagnostics import (
+from censusdp.estimation.conditioning.diagnostics import (
     iterations_for_tv,
     meeting_times,
     split_rhat,
     tv_upper_bound,
 )
-from censusdp.estimation.mcmc import (
+from censusdp.estimation.conditioning.mcmc import (
     DoubleGeometricStep,
     GaussianStep,
     MetropolisHastings,

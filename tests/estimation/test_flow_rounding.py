@@ -15,17 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-import censusdp.estimation.structured_rounding as sr
+import censusdp.estimation.integer.controlled as sr
 from censusdp.errors import DataError
-from censusdp.estimation.dependent_rounding import flow_round
-from censusdp.estimation.gls import Forest
-from censusdp.estimation.structured_rounding import (
+from censusdp.estimation.gls.tree import Forest
+from censusdp.estimation.integer.controlled import (
     PartitionOptions,
     fresh_variance_bound,
     round_children,
     round_structured_partition,
     total_variance_bound,
 )
+from censusdp.estimation.integer.dependent import flow_round
 from censusdp.hierarchy import Hierarchy
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
@@ -469,7 +469,7 @@ def test_the_top_as_one_network_keeps_every_total_within_floor_and_ceiling():
     variance exactly ψ(1 − ψ) (==), the invariants ==, children = parent cell by cell."""
     from types import SimpleNamespace
 
-    from censusdp.estimation.structured_rounding import round_structured
+    from censusdp.estimation.integer.controlled import round_structured
     from censusdp.hierarchy.synthetic import random_hierarchy
     from censusdp.mechanisms.product_measure import ProductInvariant
     from censusdp.mechanisms.product_query import ProductQuery

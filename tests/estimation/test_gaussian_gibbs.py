@@ -9,14 +9,14 @@ import pytest
 import scipy.linalg as sl
 from stattests import covariance_z, z_bound
 
-from censusdp.estimation.conditioning import (
+from censusdp.estimation.conditioning.estimator import (
     ConditioningOptions,
     ConditioningProblem,
     certificate,
     condition,
 )
-from censusdp.estimation.gibbs_moves import GibbsGroupMoves, LineDraws
-from censusdp.estimation.mcmc import MetropolisHastings, ProductTarget
+from censusdp.estimation.conditioning.gibbs_moves import GibbsGroupMoves, LineDraws
+from censusdp.estimation.conditioning.mcmc import MetropolisHastings, ProductTarget
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.synthetic import random_hierarchy, synthetic_us
 from censusdp.mechanisms.discrete import DiscreteGaussian, DiscreteLaplace
@@ -96,7 +96,7 @@ def test_continuous_gaussian_gibbs_matches_the_exact_gls_covariance():
     for wrong in (0.7, 1.3):  # power: a 30 % wrong scale is rejected
         assert covariance_z(draws, wrong**2 * exact).max() > bound, wrong
     # and its mean is the GLS estimate (the posterior mean under the flat prior)
-    from censusdp.estimation.gls import tree_gls
+    from censusdp.estimation.gls.tree import tree_gls
 
     gls = tree_gls(h, ["n"], ms, inv).estimates[-1].reshape(-1)
     se = np.sqrt(np.diag(exact) / n)

@@ -12,9 +12,9 @@ import scipy.integrate as si
 import scipy.stats as st
 from stattests import chi2_pvalue
 
-from censusdp.estimation.gaussian_line import GaussianLine, tail_bound
-from censusdp.estimation.gibbs_moves import LineDraws
-from censusdp.estimation.line_conditional import LaplaceLine, couple_lines, distance
+from censusdp.estimation.conditioning.gaussian_line import GaussianLine, tail_bound
+from censusdp.estimation.conditioning.gibbs_moves import LineDraws
+from censusdp.estimation.conditioning.line_conditional import LaplaceLine, couple_lines, distance
 
 ALPHA = 1e-6
 

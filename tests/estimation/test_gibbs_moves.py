@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import scipy.stats as st
 
-from censusdp.estimation.conditioning import ConditioningProblem
-from censusdp.estimation.diagnostics import meeting_times
-from censusdp.estimation.gibbs_moves import GibbsGroupMoves, LineDraws
-from censusdp.estimation.lattice_release import lattice_engine
+from censusdp.estimation.conditioning.diagnostics import meeting_times
+from censusdp.estimation.conditioning.estimator import ConditioningProblem
+from censusdp.estimation.conditioning.gibbs_moves import GibbsGroupMoves, LineDraws
+from censusdp.estimation.integer.lattice_release import lattice_engine
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.discrete import DiscreteGaussian, DiscreteLaplace

@@ -11,7 +11,7 @@ from stattests import z_bound
 
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation import NodeVarianceMeasurement, general_gls, tree_gls
-from censusdp.estimation.gls_sparse import hierarchy_to_sparse, level_aggregator
+from censusdp.estimation.gls.sparse import hierarchy_to_sparse, level_aggregator
 from censusdp.hierarchy import Hierarchy, Table
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.laws import Gaussian
@@ -388,7 +388,7 @@ def _kernel_run(h, cells, meas, invs, two_channel, geometry="weighted"):
     """The split passes with the two-channel kernel switched on or off (dense general path)."""
     import dataclasses
 
-    from censusdp.estimation.gls import (
+    from censusdp.estimation.gls.tree import (
         gls_downward,
         gls_finish,
         gls_plan,

@@ -1,4 +1,4 @@
-"""The public GLS kernel (:mod:`censusdp.estimation.gls_kernel`) against a dense reference.
+"""The public GLS kernel (:mod:`censusdp.estimation.gls.kernel`) against a dense reference.
 
 The contract: :func:`general_up` then :func:`general_down` from the root give the dense
 equality-constrained least-squares solution of
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from censusdp.errors import SpecError
-from censusdp.estimation.gls_kernel import (
+from censusdp.estimation.gls.kernel import (
     LevelInputs,
     UpwardBelief,
     concat_messages,

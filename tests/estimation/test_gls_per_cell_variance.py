@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from censusdp.budget import PrivacyStatement
-from censusdp.estimation.gls import tree_gls
+from censusdp.estimation.gls.tree import tree_gls
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.queries import Invariant, Measurement, Query

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
-from censusdp.estimation.gls import check_invariants, tree_gls
+from censusdp.estimation.gls.tree import check_invariants, tree_gls
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.laws import Gaussian

@@ -10,8 +10,9 @@ import pytest
 from scipy import stats
 
 from censusdp.errors import ConvergenceError
-from censusdp.estimation.diagnostics import meeting_times
-from censusdp.estimation.lattice_release import (
+from censusdp.estimation.conditioning.diagnostics import meeting_times
+from censusdp.estimation.conditioning.mcmc import DoubleGeometricStep, MetropolisHastings
+from censusdp.estimation.integer.lattice_release import (
     CertifyOptions,
     GroupPairMoves,
     certify,
@@ -19,7 +20,6 @@ from censusdp.estimation.lattice_release import (
     release_lattice_noise,
     tune_scale,
 )
-from censusdp.estimation.mcmc import DoubleGeometricStep, MetropolisHastings
 from censusdp.mechanisms.lattice import (
     GroupSumLattice,
     IntegerLattice,

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from censusdp.errors import CensusDPError, SpecError
-from censusdp.estimation.conditioning import ConditioningOptions, condition
-from censusdp.estimation.gls import tree_gls
-from censusdp.estimation.rounding import round_release
-from censusdp.estimation.topdown import propagate_invariants, topdown
+from censusdp.estimation.conditioning.estimator import ConditioningOptions, condition
+from censusdp.estimation.gls.tree import tree_gls
+from censusdp.estimation.integer.laminar import round_release
+from censusdp.estimation.topdown.flat import propagate_invariants, topdown
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.discrete import DiscreteGaussian, DiscreteLaplace
 from censusdp.mechanisms.laws import Gaussian

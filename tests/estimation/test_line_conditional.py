@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 from stattests import chi2_pvalue
 
-from censusdp.estimation.line_conditional import LaplaceLine, couple_lines, distance
+from censusdp.estimation.conditioning.line_conditional import LaplaceLine, couple_lines, distance
 
 ALPHA = 1e-6
 

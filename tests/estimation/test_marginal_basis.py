@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from schema_strategies import query_texts, schemas
 
 from censusdp.errors import SpecError
-from censusdp.estimation.marginal_basis import MarginalBasis, workload_basis
+from censusdp.estimation.gls.marginal_basis import MarginalBasis, workload_basis
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Schema
 

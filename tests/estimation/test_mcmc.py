@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy.linalg import null_space
 
-from censusdp.estimation.conditioning import ConditioningProblem
-from censusdp.estimation.mcmc import (
+from censusdp.estimation.conditioning.estimator import ConditioningProblem
+from censusdp.estimation.conditioning.mcmc import (
     BasisMoves,
     DoubleGeometricStep,
     GaussianStep,

@@ -19,18 +19,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import censusdp.estimation.nonnegative as nn
+import censusdp.estimation.integer.nonnegative as nn
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.gls import Forest
-from censusdp.estimation.nonnegative import (
+from censusdp.estimation.gls.tree import Forest
+from censusdp.estimation.integer.controlled import round_children, round_structured
+from censusdp.estimation.integer.laminar import uniform_draws
+from censusdp.estimation.integer.nonnegative import (
     nonnegative_partition,
     nonnegative_structured,
     nonnegative_top,
     project_children,
     project_transport,
 )
-from censusdp.estimation.rounding import uniform_draws
-from censusdp.estimation.structured_rounding import round_children, round_structured
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.mechanisms.product_query import ProductQuery

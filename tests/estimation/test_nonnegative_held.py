@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from censusdp.estimation.nonnegative import nonnegative_top
+from censusdp.estimation.integer.nonnegative import nonnegative_top
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.mechanisms.product_query import ProductQuery

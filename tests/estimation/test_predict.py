@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from censusdp.errors import HierarchyError, SpecError
-from censusdp.estimation.predict import allocation_plan, predict_errors, weighted_quantiles
-from censusdp.estimation.structured_gls import structured_gls
+from censusdp.estimation.gls.predict import allocation_plan, predict_errors, weighted_quantiles
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.shape_classes import shape_classes
 from censusdp.hierarchy.synthetic import random_hierarchy, synthetic_state

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from censusdp.errors import SpecError
-from censusdp.estimation.predict import predict_errors
-from censusdp.estimation.structured_gls import structured_gls
+from censusdp.estimation.gls.predict import predict_errors
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement

@@ -57,7 +57,7 @@ def test_summary_has_one_row_per_level_and_a_short_repr():
 
 
 def _structured():
-    from censusdp.estimation.structured_gls import structured_gls
+    from censusdp.estimation.gls.structured import structured_gls
     from censusdp.hierarchy.synthetic import random_hierarchy
     from censusdp.mechanisms.discrete import DiscreteGaussian
     from censusdp.mechanisms.product_measure import measure_products, product_invariant

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from censusdp.errors import DataError
 from censusdp.estimation import round_bipartite, round_release, tree_gls
-from censusdp.estimation.rounding import (
+from censusdp.estimation.integer.laminar import (
     TOL,
     bordered,
     cancel_cycles,

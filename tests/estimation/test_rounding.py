@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from censusdp.estimation.rounding import (
+from censusdp.estimation.integer.laminar import (
     _tree_groups,
     pipage_round,
     round_bipartite,

@@ -5,7 +5,7 @@ the full national pl94 run stopped on it)."""
 import numpy as np
 import pytest
 
-from censusdp.estimation.rounding import TOL, bordered, cancel_cycles, settle_row_sums
+from censusdp.estimation.integer.laminar import TOL, bordered, cancel_cycles, settle_row_sums
 
 
 def _drifted(seed: int, drift: float, n: int = 12, k: int = 200) -> tuple[np.ndarray, np.ndarray]:

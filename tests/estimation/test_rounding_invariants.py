@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.release import Release
-from censusdp.estimation.rounding import (
+from censusdp.estimation.integer.laminar import (
     RoundingPlan,
     check_invariants,
     round_release,
 )
+from censusdp.estimation.release import Release
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.queries import Invariant, Query
 from censusdp.rng import KeyedRNG
@@ -256,7 +256,7 @@ def unbiased_at_every_level(case, C: int) -> None:
     law) within 5 reported SE of the real values, for every node's cells and total."""
     from rounding_fixtures import copies
 
-    from censusdp.estimation.rounding import round_tree, rounding_variances
+    from censusdp.estimation.integer.laminar import round_tree, rounding_variances
 
     h, cells, x, invs, seed = case
     if crosses(h, invs):

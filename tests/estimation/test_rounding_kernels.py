@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from censusdp.errors import SpecError
-from censusdp.estimation.rounding import TOL, check_laminar, invariant_rows, split_fraction
+from censusdp.estimation.integer.laminar import TOL, check_laminar, invariant_rows, split_fraction
 from censusdp.mechanisms.queries import Invariant, Query
 
 CELLS = ["a", "b", "c", "d"]

@@ -9,8 +9,8 @@ import pytest
 
 from censusdp.budget import PrivacyStatement
 from censusdp.config import EstimatorSpec
-from censusdp.estimation.gls import tree_gls
-from censusdp.estimation.rounding import round_release
+from censusdp.estimation.gls.tree import tree_gls
+from censusdp.estimation.integer.laminar import round_release
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.queries import Query, invariant, measure

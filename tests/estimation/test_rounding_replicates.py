@@ -23,7 +23,7 @@ import pytest
 from scipy.stats import norm
 
 from censusdp.errors import SpecError
-from censusdp.estimation.structured_rounding import (
+from censusdp.estimation.integer.controlled import (
     MAX_REPLICATES,
     REPLICATES,
     PartitionOptions,

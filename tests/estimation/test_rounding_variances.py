@@ -16,14 +16,14 @@ import pytest
 from rounding_fixtures import copies
 
 from censusdp.budget import PrivacyStatement
-from censusdp.estimation.release import Release
-from censusdp.estimation.rounding import (
+from censusdp.estimation.integer.laminar import (
     RoundingPlan,
     round_release,
     round_tree,
     rounding_variance,
     rounding_variances,
 )
+from censusdp.estimation.release import Release
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.queries import Invariant, Query

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.marginal_basis import workload_basis
-from censusdp.estimation.mcmc import uniform_index
-from censusdp.estimation.structured_gls import axes_label, block_error, gather_block, range_basis
-from censusdp.estimation.topdown_sparse import repair_round_off, solver_unit
+from censusdp.estimation.conditioning.mcmc import uniform_index
+from censusdp.estimation.gls.marginal_basis import workload_basis
+from censusdp.estimation.gls.structured import axes_label, block_error, gather_block, range_basis
+from censusdp.estimation.topdown.sparse import repair_round_off, solver_unit
 from censusdp.hierarchy.synthetic import (
     block_populations,
     histogram_range,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from stream_fixtures import assert_same, problem, stream
 
-from censusdp.estimation.structured_gls import structured_gls
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.pipelines.structured_stream import DEFAULT_CACHE_BYTES, StreamOptions
 
 

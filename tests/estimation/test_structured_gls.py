@@ -11,7 +11,9 @@ from schema_strategies import query_texts, schemas
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import BudgetError, DataError, SpecError
-from censusdp.estimation.gls import (
+from censusdp.estimation.gls.sparse import level_aggregator
+from censusdp.estimation.gls.structured import structured_gls
+from censusdp.estimation.gls.tree import (
     gls_downward,
     gls_finish,
     gls_plan,
@@ -19,8 +21,6 @@ from censusdp.estimation.gls import (
     gls_upward,
     whole_forest,
 )
-from censusdp.estimation.gls_sparse import level_aggregator
-from censusdp.estimation.structured_gls import structured_gls
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.discrete import DiscreteGaussian

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from schema_strategies import query_texts, schemas
 
 from censusdp.errors import SpecError
-from censusdp.estimation.gls_sparse import level_aggregator
-from censusdp.estimation.structured_gls import structured_gls
+from censusdp.estimation.gls.sparse import level_aggregator
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement

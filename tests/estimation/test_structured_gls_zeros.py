@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from schema_strategies import query_texts, schemas
 
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.areas import area_release
-from censusdp.estimation.gls_sparse import level_aggregator
-from censusdp.estimation.marginal_basis import MarginalBasis
-from censusdp.estimation.structured_gls import structured_gls
+from censusdp.estimation.gls.areas import area_release
+from censusdp.estimation.gls.marginal_basis import MarginalBasis
+from censusdp.estimation.gls.sparse import level_aggregator
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.hierarchy.equivalency import equivalency_from_arrays
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.laws import Gaussian

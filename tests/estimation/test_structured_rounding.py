@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-import censusdp.estimation.structured_rounding as sr
+import censusdp.estimation.integer.controlled as sr
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.structured_rounding import (
+from censusdp.estimation.integer.controlled import (
     round_structured,
     rounding_variance_bound,
 )
@@ -359,8 +359,8 @@ def test_unsupported_invariants_are_refused_naming_them():
 
 
 def test_a_structured_gls_release_rounds_with_invariants_and_labelled_variances():
-    from censusdp.estimation.structured_gls import structured_gls
-    from censusdp.estimation.structured_rounding import rounded_query_variances
+    from censusdp.estimation.gls.structured import structured_gls
+    from censusdp.estimation.integer.controlled import rounded_query_variances
     from censusdp.mechanisms.laws import Gaussian
     from censusdp.mechanisms.product_measure import measure_products, product_invariant
 

@@ -10,8 +10,8 @@ from stream_fixtures import assert_same, problem, stream
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import BudgetError, SpecError
-from censusdp.estimation.marginal_basis import node_axis_product, workload_basis
-from censusdp.estimation.structured_gls import structured_gls
+from censusdp.estimation.gls.marginal_basis import node_axis_product, workload_basis
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.structured_stream import StreamOptions, given_values, structured_stream
 from censusdp.schema import Schema

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import censusdp.estimation.topdown_schema as tsch
-import censusdp.estimation.topdown_sparse as ts
+import censusdp.estimation.topdown.schema as tsch
+import censusdp.estimation.topdown.sparse as ts
 from censusdp.errors import DataError, SolverError
-from censusdp.estimation.topdown import TopDownOptions, propagate_invariants, topdown
+from censusdp.estimation.topdown.flat import TopDownOptions, propagate_invariants, topdown
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Gaussian, Laplace, Query, invariant, measure
 from censusdp.mechanisms.queries import Invariant, Measurement

@@ -1,8 +1,8 @@
 """The flat TopDown-style route is a front end of the schema engine: same integers (==).
 
 A classic table is the one-attribute schema ``Schema.flat(cells)``. The flat route
-(:func:`~censusdp.estimation.topdown.topdown` on ``Query`` measurements from ``measure``) and
-the schema route (:func:`~censusdp.estimation.topdown_schema.topdown_schema` on
+(:func:`~censusdp.estimation.topdown.flat.topdown` on ``Query`` measurements from ``measure``) and
+the schema route (:func:`~censusdp.estimation.topdown.schema.topdown_schema` on
 ``ProductQuery`` measurements from ``measure_products``), given the same table and the same
 seed, must draw the same noise and release the same integers, statement and invariants.
 """
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from censusdp.errors import CensusDPError, DataError, SpecError
-from censusdp.estimation.topdown import flat_products, propagate_invariants, topdown
-from censusdp.estimation.topdown_schema import (
+from censusdp.estimation.topdown.flat import flat_products, propagate_invariants, topdown
+from censusdp.estimation.topdown.schema import (
     bureau_pl94_ordering,
     default_ordering,
     topdown_schema,

@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from censusdp.errors import SpecError
-from censusdp.estimation.topdown_schema import (
+from censusdp.estimation.topdown.schema import (
     TopDownOptions,
     bureau_pl94_ordering,
     structural_zero_mask,
     topdown_schema,
 )
-from censusdp.estimation.topdown_sparse import ChildrenLayout, l1_multipass, l2_multipass
+from censusdp.estimation.topdown.sparse import ChildrenLayout, l1_multipass, l2_multipass
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.product_measure import (

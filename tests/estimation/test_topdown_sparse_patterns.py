@@ -1,6 +1,6 @@
 """Parents of one shape share their matrices; sharing never changes a result.
 
-The TopDown-style sub-problems of :mod:`censusdp.estimation.topdown_sparse` cache every
+The TopDown-style sub-problems of :mod:`censusdp.estimation.topdown.sparse` cache every
 structure that depends only on the parent's pattern (children, active cells, queries): the
 restricted query blocks, ``I_n ⊗ Q_a``, the rounding passes' constraint matrices and the
 Clarabel constraint matrix of an L2 pass. These tests check the cached structures against
@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-import censusdp.estimation.topdown_sparse as ts
-from censusdp.estimation.topdown_sparse import (
+import censusdp.estimation.topdown.sparse as ts
+from censusdp.estimation.topdown.sparse import (
     ChildrenLayout,
     _block_diagonal,
     _highs_solve,

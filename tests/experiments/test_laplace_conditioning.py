@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from censusdp.estimation.gibbs_moves import GibbsTreeMoves
+from censusdp.estimation.conditioning.gibbs_moves import GibbsTreeMoves
 from censusdp.experiments.laplace_conditioning import (
     TV_TARGET,
     conditioned_sum_problem,

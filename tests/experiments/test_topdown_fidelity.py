@@ -151,7 +151,7 @@ def test_quick_run_releases_exact_integer_tables(tmp_path, shared_file):
 def test_topdown_release_is_consistent_at_every_level(shared_file):
     """Through topdown_schema directly: every level integer, non-negative, children summing
     to parents cell by cell, the state invariants met with ==."""
-    from censusdp.estimation.topdown_schema import TopDownOptions, topdown_schema
+    from censusdp.estimation.topdown.schema import TopDownOptions, topdown_schema
     from censusdp.experiments.topdown_fidelity import ORDERING, _tensors
     from censusdp.mechanisms.product_measure import product_invariant
     from censusdp.mechanisms.product_query import ProductQuery

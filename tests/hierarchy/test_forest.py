@@ -69,6 +69,6 @@ def test_whole_forest_pickles_without_its_cache_and_names_nodes():
 
 
 def test_estimation_gls_re_exports_the_forest_for_one_release():
-    import censusdp.estimation.gls as gls
+    import censusdp.estimation.gls.tree as gls
 
     assert gls.Forest is Forest and gls.whole_forest is whole_forest

@@ -12,7 +12,7 @@ import pytest
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.gls import tree_gls
+from censusdp.estimation.gls.tree import tree_gls
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import FLOATING_POINT_NOTE, Gaussian, floating_point_note
 from censusdp.mechanisms.queries import Query, measure

@@ -152,7 +152,7 @@ def test_errors():
 
 def test_dense_query_feeds_the_existing_estimators(rng):
     """``to_query`` hands a product query to the flat-cell pipeline (small schemas)."""
-    from censusdp.estimation.gls import tree_gls
+    from censusdp.estimation.gls.tree import tree_gls
     from censusdp.hierarchy.synthetic import random_hierarchy
     from censusdp.mechanisms.discrete import DiscreteGaussian
     from censusdp.mechanisms.queries import invariant, measure

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from censusdp.app.cli import main
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.gls import tree_gls
+from censusdp.estimation.gls.tree import tree_gls
 from censusdp.hierarchy import Table
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.queries import (

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from censusdp.app.cli import main
-from censusdp.estimation.allocate import evaluate_allocation
+from censusdp.estimation.gls.allocate import evaluate_allocation
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.allocate import load_targets
 from censusdp.pipelines.predict import load_predict_spec

@@ -3,7 +3,7 @@
 A small two-state pl94 run (streamed engine: measurements, structured GLS, standard errors,
 controlled rounding, store) is made in two processes, one with OpenBLAS's Haswell kernels and
 one with its Sandybridge kernels (``OPENBLAS_CORETYPE``), and the store digests must be equal.
-Before the per-block algebra moved to :mod:`censusdp.estimation.block_kernels` they were not
+Before the per-block algebra moved to :mod:`censusdp.estimation.gls.block_kernels` they were not
 (the estimates and covariance blocks differed in their last bits; the integer tables did not).
 
 The test shows its power in the same run: the two processes must get different bits from
@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 from pl94_fixtures import PLAN, QUERIES, SCHEMA, small_us
-from censusdp.pipelines.pl94_store import Pl94StoreWriter
-from censusdp.pipelines.pl94_stream import Pl94StreamOptions, stream_pl94
+from censusdp.pipelines.io.pl94_store import Pl94StoreWriter
+from censusdp.pipelines.products.pl94_stream import Pl94StreamOptions, stream_pl94
 from censusdp.rng import KeyedRNG
 
 h, source = small_us(counties=3, tracts=6, block_groups=12, blocks=200, population=5000)

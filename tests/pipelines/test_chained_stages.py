@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 
 from censusdp.errors import DataError
-from censusdp.estimation.gls import tree_gls
-from censusdp.estimation.rounding import round_release
+from censusdp.estimation.gls.tree import tree_gls
+from censusdp.estimation.integer.laminar import round_release
 from censusdp.hierarchy import Hierarchy
 from censusdp.jsonable import to_jsonable
 from censusdp.mechanisms.laws import Gaussian, Laplace
 from censusdp.mechanisms.queries import Query, invariant, measure
-from censusdp.pipelines import release_store
 from censusdp.pipelines.execute import open_executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
+from censusdp.pipelines.io import release_store
+from censusdp.pipelines.io.release_store import read_release, write_release
 from censusdp.pipelines.measure import PartitionedMeasurements, measure_partitioned
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.partitioned_release import PartitionedRelease
-from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.rng import KeyedRNG
 
 CELLS = ["a", "b", "c"]

@@ -60,7 +60,7 @@ from run_specs import SMALL_DATA, SMALL_NHGIS, SMALL_NHGIS_SPEC, SMALL_SPEC
 from censusdp.app.cli import main
 from censusdp.atomic import MARKER
 from censusdp.hierarchy.synthetic import synthetic_state
-from censusdp.pipelines.codebook import Codebook
+from censusdp.pipelines.io.codebook import Codebook
 
 DATA = SMALL_DATA
 SPEC = SMALL_SPEC

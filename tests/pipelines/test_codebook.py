@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from censusdp.errors import SpecError
-from censusdp.pipelines.codebook import Codebook, available_codebooks
+from censusdp.pipelines.io.codebook import Codebook, available_codebooks
 
 # rows of the published tables: (details, subtotals) besides the total (P1's total is its
 # only row, and its detail)
@@ -99,7 +99,7 @@ def test_identities_from_the_codebook(ppdd):
 
 def test_codebook_workload_refinements(ppdd):
     """docs/design.md § Census histograms: hhgq 3 (hhinstlevels), age 2 (voting age), cenrace 11 (race7 ∧ numraces)."""
-    from censusdp.estimation.marginal_basis import MarginalBasis
+    from censusdp.estimation.gls.marginal_basis import MarginalBasis
 
     cb, _ = ppdd
     mb = MarginalBasis.for_queries(cb.schema, [cb.rows])

@@ -22,14 +22,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from censusdp.app.cli import main
-from censusdp.pipelines.codebook import Codebook
-from censusdp.pipelines.codebook_hierarchy import (
+from censusdp.pipelines.io.codebook import Codebook
+from censusdp.pipelines.io.outputs import lattice_moe
+from censusdp.pipelines.products.codebook_hierarchy import (
     hierarchy_of_rows,
     release_hierarchy,
     round_hierarchy,
 )
-from censusdp.pipelines.io.outputs import lattice_moe
-from censusdp.pipelines.privatize_tables import (
+from censusdp.pipelines.products.codebook_tables import (
     TablePlan,
     group_sum_variance,
     project_to_targets,
@@ -348,7 +348,7 @@ def test_evaluate_writes_the_size_class_report_apart(tmp_path, capsys):
 def test_real_aianhh_columns_as_a_state(tmp_path, shared_file, ppdd, capsys):
     """The real AIANHH file's ``_sf`` columns (the first 10 areas) as the counties of one
     state: the acceptance holds on real tables."""
-    from censusdp.pipelines.nhgis import read_batch
+    from censusdp.pipelines.io.nhgis import read_batch
 
     batch = read_batch(shared_file("nhgis_ppdd_20200527_aianhh.csv"))
     order = [batch.cells.index(c) for c in ppdd.columns]

@@ -25,7 +25,7 @@ from ppmf_fixtures import ppmf_persons
 from censusdp.app.cli import main
 from censusdp.atomic import MARKER, output_dir
 from censusdp.budget import PrivacyStatement
-from censusdp.estimation.predict import allocation_plan
+from censusdp.estimation.gls.predict import allocation_plan
 from censusdp.schema import Schema
 
 #: Two states; state 02 has one county (05), as DC is the only county of its state.

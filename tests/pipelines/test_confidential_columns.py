@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from censusdp.app.cli import main
-from censusdp.pipelines.nhgis import ColumnsNotWritten, read_batch
+from censusdp.pipelines.io.nhgis import ColumnsNotWritten, read_batch
 
 SENTINELS = {
     "H78024_sf": [987654321, 987654322, 987654323, 987654324],
@@ -187,7 +187,7 @@ def test_dropped_columns_warning_names_columns_only(tmp_path):
     )
     b = read_batch(tmp_path / "f.csv")
     assert b.dropped == ["secret"]
-    from censusdp.pipelines.nhgis import write_batch
+    from censusdp.pipelines.io.nhgis import write_batch
 
     with pytest.warns(ColumnsNotWritten, match="secret") as rec:
         write_batch(b, b.truth.astype(float), None, tmp_path / "o.csv")

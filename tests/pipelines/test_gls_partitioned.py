@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from censusdp.estimation.gls import NodeVarianceMeasurement, tree_gls
-from censusdp.estimation.rounding import round_release, round_tree, rounding_variance
+from censusdp.estimation.gls.tree import NodeVarianceMeasurement, tree_gls
+from censusdp.estimation.integer.laminar import round_release, round_tree, rounding_variance
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.queries import Invariant, Measurement, Query

@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 from censusdp.app.cli import main
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.integer.laminar import round_release, round_tree
 from censusdp.estimation.release import Release
-from censusdp.estimation.rounding import round_release, round_tree
 from censusdp.hierarchy import Hierarchy, Table
 from censusdp.hierarchy.validate import parse_counts
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.queries import Query, invariant, measure
-from censusdp.pipelines.nhgis import read_batch
+from censusdp.pipelines.io.nhgis import read_batch
 from censusdp.rng import KeyedRNG
 
 INT64_MAX = 2**63 - 1

@@ -4,7 +4,7 @@
 Which entries are held is derived from the invariants, never from a standard error:
 :func:`~censusdp.pipelines.release_statement.held_nodes` (the held levels, the levels above
 them, only children of held nodes), checked against a node-by-node reference on random
-hierarchies; :func:`~censusdp.pipelines.privatize_ppmf.held_pl94_columns` (columns in the row
+hierarchies; :func:`~censusdp.pipelines.products.ppmf_persons.held_pl94_columns` (columns in the row
 space of the invariant's query), checked against the all-ones rows; and one PPMF release
 through the CLI whose second state has a single county (held through its state, as DC is).
 """
@@ -23,9 +23,9 @@ from ppmf_fixtures import ppmf_persons
 
 from censusdp.app.cli import main
 from censusdp.hierarchy import Hierarchy
-from censusdp.pipelines.pl94_tables import pl94_codebook, tabulate
-from censusdp.pipelines.ppmf import read_ppmf
-from censusdp.pipelines.privatize_ppmf import (
+from censusdp.pipelines.io.ppmf import read_ppmf
+from censusdp.pipelines.products.pl94_tables import pl94_codebook, tabulate
+from censusdp.pipelines.products.ppmf_persons import (
     column_standard_errors,
     held_pl94_columns,
     invariant_columns,

@@ -8,8 +8,8 @@ import pickle
 import numpy as np
 import pytest
 
-from censusdp.estimation.gls import tree_gls
-from censusdp.estimation.rounding import round_release
+from censusdp.estimation.gls.tree import tree_gls
+from censusdp.estimation.integer.laminar import round_release
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import Gaussian, Laplace
 from censusdp.mechanisms.queries import Query, invariant, measure

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from censusdp.errors import DataError
-from censusdp.pipelines.nhgis import read_batch, write_batch
+from censusdp.pipelines.io.nhgis import read_batch, write_batch
 
 WIDE = "gisjoin,name,state,A1_dp,A2_dp,A1_sf,A2_sf\nG0100010,Autauga,1,5,6,4,7\nG0100030,Baldwin,1,9,0,10,1\n"
 

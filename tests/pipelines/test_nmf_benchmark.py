@@ -167,7 +167,7 @@ def test_add_areas_equals_estimate_state_with_areas(tmp_path):
     from censusdp.hierarchy.synthetic import pl94_histogram
     from censusdp.pipelines.io.nmf import collect_nmf
     from censusdp.pipelines.io.nmf_writer import simulate_nmf
-    from censusdp.pipelines.nmf_release import FileNoise, add_areas, estimate_state
+    from censusdp.pipelines.products.nmf_release import FileNoise, add_areas, estimate_state
     from censusdp.rng import KeyedRNG
 
     t = synthetic_us(2, states=1, counties=3, tracts=5, block_groups=8, blocks=40,

@@ -17,13 +17,13 @@ from censusdp.errors import DataError, SpecError
 from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
 from censusdp.pipelines.io.nmf_writer import production_laws, simulate_nmf, write_nmf
 from censusdp.pipelines.metrics import SIZE_CLASSES
-from censusdp.pipelines.nmf_evaluate import (
+from censusdp.pipelines.products.nmf_evaluate import (
     block_truth_totals,
     evaluate_nmf_release,
     nmf_size_class_metrics,
     released_totals,
 )
-from censusdp.pipelines.nmf_release import release_nmf
+from censusdp.pipelines.products.nmf_release import release_nmf
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema

@@ -15,9 +15,9 @@ from censusdp.errors import DataError
 from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
 from censusdp.pipelines.io.nmf import collect_nmf
 from censusdp.pipelines.io.nmf_writer import simulate_nmf, write_nmf, write_state_totals
-from censusdp.pipelines.nmf_evaluate import integer_bias
-from censusdp.pipelines.nmf_integers import check_integers, held_cells, nmf_integers
-from censusdp.pipelines.nmf_release import NMFReleaseOptions, estimate_state, release_nmf
+from censusdp.pipelines.products.nmf_evaluate import integer_bias
+from censusdp.pipelines.products.nmf_integers import check_integers, held_cells, nmf_integers
+from censusdp.pipelines.products.nmf_release import NMFReleaseOptions, estimate_state, release_nmf
 from censusdp.rng import KeyedRNG
 
 
@@ -128,8 +128,8 @@ def test_integer_bias_by_size_class_by_simulation():
 def test_district_covariance_is_the_same_swept_in_chunks(state, monkeypatch):
     """The pairs' unions are swept in chunks (memory); the covariance matrix is the same,
     bit for bit, with chunks of a few leaf entries."""
-    import censusdp.pipelines.nmf_release as nr
-    from censusdp.estimation.areas import area_release
+    import censusdp.pipelines.products.nmf_release as nr
+    from censusdp.estimation.gls.areas import area_release
     from censusdp.hierarchy.equivalency import equivalency_from_arrays
 
     r, _ = state

@@ -2,7 +2,7 @@
 with ``_se`` and ``_moe`` exactly 0 (issue 33: a state's ``P1_001N`` was written as
 276.99999999999966, the GLS's float error).
 
-Two synthetic states through :func:`~censusdp.pipelines.nmf_release.release_nmf`: one with
+Two synthetic states through :func:`~censusdp.pipelines.products.nmf_release.release_nmf`: one with
 two parts (only the state is held; its parts are estimated) and one of a single part and a
 single county (the part, the spine county and the tabulation county are the state's only
 children, held through it as DC's county is). Checked with ``==`` against the published
@@ -18,7 +18,7 @@ import pytest
 
 from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
 from censusdp.pipelines.io.nmf_writer import simulate_nmf, write_nmf, write_state_totals
-from censusdp.pipelines.nmf_release import release_nmf
+from censusdp.pipelines.products.nmf_release import release_nmf
 from censusdp.rng import KeyedRNG
 
 WHOLE = ["P1_001N", "P2_001N"]

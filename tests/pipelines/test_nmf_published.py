@@ -14,7 +14,7 @@ from censusdp.app.cli import main
 from censusdp.errors import DataError
 from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
 from censusdp.pipelines.io.nmf_writer import simulate_nmf, write_nmf, write_state_totals
-from censusdp.pipelines.nmf_evaluate import compare_published, read_published
+from censusdp.pipelines.products.nmf_evaluate import compare_published, read_published
 from censusdp.rng import KeyedRNG
 
 

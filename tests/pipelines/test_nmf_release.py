@@ -15,14 +15,14 @@ import scipy.linalg
 
 from censusdp.app.cli import main
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.gls_sparse import level_aggregator
-from censusdp.estimation.structured_gls import add_adjoint, gather_block, structured_gls
+from censusdp.estimation.gls.sparse import level_aggregator
+from censusdp.estimation.gls.structured import add_adjoint, gather_block, structured_gls
 from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.io.nmf import collect_nmf, read_nmf
 from censusdp.pipelines.io.nmf_writer import simulate_nmf, write_nmf, write_state_totals
 from censusdp.pipelines.io.outputs import real_moe, significant
-from censusdp.pipelines.nmf_release import (
+from censusdp.pipelines.products.nmf_release import (
     TABULATION_PREFIX,
     NMFReleaseOptions,
     add_areas,
@@ -35,7 +35,7 @@ from censusdp.pipelines.nmf_release import (
     release_statement,
     state_upward,
 )
-from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values
+from censusdp.pipelines.products.pl94_tables import pl94_codebook, pl94_column_values
 from censusdp.rng import KeyedRNG
 
 COLUMNS = list(pl94_codebook().columns)

@@ -9,7 +9,7 @@ import pytest
 from stattests import chi2_pvalue
 
 from censusdp.errors import SpecError
-from censusdp.estimation.structured_gls import structured_gls
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.hierarchy.core import Hierarchy
 from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
 from censusdp.mechanisms.discrete import DiscreteGaussian

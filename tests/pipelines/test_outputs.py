@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from censusdp.hierarchy.core import Hierarchy
-from censusdp.pipelines.codebook_hierarchy import release_hierarchy
 from censusdp.pipelines.io.outputs import (
     ACS_Z,
     Z90,
@@ -27,7 +26,8 @@ from censusdp.pipelines.io.outputs import (
     write_data_dictionary,
     write_parquet,
 )
-from censusdp.pipelines.privatize_tables import TablePlan
+from censusdp.pipelines.products.codebook_hierarchy import release_hierarchy
+from censusdp.pipelines.products.codebook_tables import TablePlan
 from censusdp.rng import KeyedRNG
 from tests.pipelines.test_codebook_hierarchy import SMALL_STRATEGY, small_state
 

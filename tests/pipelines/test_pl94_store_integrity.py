@@ -31,9 +31,9 @@ import pytest
 from pl94_fixtures import PLAN, QUERIES, SCHEMA, small_us
 
 from censusdp.errors import DataError, SpecError
-from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
-from censusdp.pipelines.pl94_stream import Pl94StreamOptions, stream_pl94
-from censusdp.pipelines.release_store import check_array, store_file
+from censusdp.pipelines.io.pl94_store import Pl94Store, Pl94StoreWriter
+from censusdp.pipelines.io.release_store import check_array, store_file
+from censusdp.pipelines.products.pl94_stream import Pl94StreamOptions, stream_pl94
 from censusdp.rng import KeyedRNG
 
 SENTINEL = 987_654_321  # planted in forged pieces: no message may show it

@@ -2,7 +2,7 @@
 stream rounds no replicates, so the stored integers' rounding error is not in them).
 
 A small store written by the streamed engine: its manifest carries
-:data:`~censusdp.pipelines.pl94_store.SE_NOTE` under ``standard_errors``, a reader returns it,
+:data:`~censusdp.pipelines.io.pl94_store.SE_NOTE` under ``standard_errors``, a reader returns it,
 and it is inside the release digest (editing it is refused by a reader given the digest).
 The store is small enough that a partition owns no covariance class (its blocks piece has
 0 rows: written, where it used to fail on ``reshape(0, -1)``).
@@ -16,8 +16,8 @@ import pytest
 from pl94_fixtures import PLAN, QUERIES, SCHEMA, small_us
 
 from censusdp.errors import DataError
-from censusdp.pipelines.pl94_store import SE_NOTE, Pl94Store, Pl94StoreWriter
-from censusdp.pipelines.pl94_stream import stream_pl94
+from censusdp.pipelines.io.pl94_store import SE_NOTE, Pl94Store, Pl94StoreWriter
+from censusdp.pipelines.products.pl94_stream import stream_pl94
 from censusdp.rng import KeyedRNG
 
 

@@ -1,4 +1,4 @@
-"""The streamed pl94 engine (censusdp.pipelines.pl94_stream) and its store (pl94_store).
+"""The streamed pl94 engine (censusdp.pipelines.products.pl94_stream) and its store (pl94_store).
 
 The reference is the slow obvious computation: every level's histogram held whole, every
 measurement drawn over whole levels (:func:`measure_range` from node 0), the in-memory
@@ -20,24 +20,24 @@ from pl94_fixtures import PLAN, QUERIES, SCHEMA, TOTAL, small_us
 from ppmf_fixtures import ppmf_persons
 
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.predict import allocation_plan
-from censusdp.estimation.structured_gls import structured_gls
-from censusdp.estimation.structured_rounding import round_structured
+from censusdp.estimation.gls.predict import allocation_plan
+from censusdp.estimation.gls.structured import structured_gls
+from censusdp.estimation.integer.controlled import round_structured
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery, apply_queries
 from censusdp.mechanisms.queries import measure_range
+from censusdp.pipelines.io.pl94_store import Pl94Store, Pl94StoreWriter
+from censusdp.pipelines.io.ppmf import read_ppmf
 from censusdp.pipelines.partition import partition_units
-from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
-from censusdp.pipelines.pl94_stream import (
+from censusdp.pipelines.products.pl94_stream import (
     Pl94StreamOptions,
     ReleaseChecks,
     SparseHistogram,
     answers_from_entries,
     stream_pl94,
 )
-from censusdp.pipelines.pl94_tables import tabulate
-from censusdp.pipelines.ppmf import read_ppmf
+from censusdp.pipelines.products.pl94_tables import tabulate
 from censusdp.rng import CHUNK, KeyedRNG
 
 

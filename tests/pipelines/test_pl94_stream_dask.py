@@ -1,4 +1,4 @@
-"""The streamed pl94 engine on executors (censusdp.pipelines.pl94_stream with ``executor=``,
+"""The streamed pl94 engine on executors (censusdp.pipelines.products.pl94_stream with ``executor=``,
 ``sink=``): each partition rounded, checked and written to the store where its piece is
 computed; the release's digest equals the in-process run's on sync, threads and Dask with 1
 and 2 workers (the session's cluster; a 1-worker one in the slow form), in any partitioning
@@ -15,9 +15,9 @@ import pytest
 from pl94_fixtures import PLAN, QUERIES, SCHEMA, small_us
 
 from censusdp.pipelines.execute import SyncExecutor, ThreadExecutor, open_executor
+from censusdp.pipelines.io.pl94_store import Pl94Store, Pl94StoreWriter
 from censusdp.pipelines.partition import partition_units
-from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
-from censusdp.pipelines.pl94_stream import (
+from censusdp.pipelines.products.pl94_stream import (
     PartitionMeasure,
     Pl94StreamOptions,
     ReleaseChecks,

@@ -16,7 +16,7 @@ from ppmf_fixtures import ppmf_persons
 
 from censusdp.errors import DataError, SpecError
 from censusdp.pipelines.io.outputs import lattice_moe
-from censusdp.pipelines.pl94_tables import (
+from censusdp.pipelines.products.pl94_tables import (
     LevelTables,
     pl94_codebook,
     pl94_labels,
@@ -295,8 +295,8 @@ def test_nothing_is_written_on_bad_input_or_a_foreign_directory(tmp_path: Path) 
 def test_tables_of_every_level_from_a_ppmf_agree_with_a_group_by(tmp_path: Path) -> None:
     """Microdata in, tables out: P1_001N and P5_001N of every level equal pandas counts of
     the persons, and every level's tables keep the identities."""
-    from censusdp.pipelines.pl94_tables import level_tables
-    from censusdp.pipelines.ppmf import read_ppmf
+    from censusdp.pipelines.io.ppmf import read_ppmf
+    from censusdp.pipelines.products.pl94_tables import level_tables
 
     gen = np.random.default_rng(21)
     n = 500
@@ -330,7 +330,7 @@ def test_tables_of_every_level_from_a_ppmf_agree_with_a_group_by(tmp_path: Path)
 def test_pl94_column_values_takes_each_column_from_its_query_row():
     """Column j is row ``row_of_row[j]`` of query ``query_of_row[j]``: values made to name
     their (query, row, node) come back in exactly that place."""
-    from censusdp.pipelines.pl94_tables import pl94_codebook, pl94_column_values
+    from censusdp.pipelines.products.pl94_tables import pl94_codebook, pl94_column_values
 
     rows = pl94_codebook().rows
     index = {id(q): i for i, q in enumerate(rows.queries)}

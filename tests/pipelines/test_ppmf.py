@@ -11,7 +11,7 @@ import pytest
 from ppmf_fixtures import ppmf_persons
 
 from censusdp.errors import DataError
-from censusdp.pipelines.ppmf import LEVELS, read_block_list, read_ppmf
+from censusdp.pipelines.io.ppmf import LEVELS, read_block_list, read_ppmf
 
 PL94_COLUMNS = [
     "VINTAGE", "TABBLKST", "TABBLKCOU", "TABTRACT", "TABBLKGRP", "TABBLK",

@@ -2,10 +2,10 @@
 
 A synthetic PPMF county file (6 tracts × 2 block groups × 4 blocks, 3,000 persons) is
 released 200 times by the route's engine (production allocation, nation and state totals
-invariant, :data:`~censusdp.pipelines.privatize_ppmf.ROUNDING_REPLICATES` replicate
+invariant, :data:`~censusdp.pipelines.products.ppmf_persons.ROUNDING_REPLICATES` replicate
 roundings) with different seeds; per level the nominal 90% intervals ``released ± 1.645 ·
 _se`` are checked against the truth, with ``_se`` what the route writes
-(:func:`~censusdp.pipelines.privatize_ppmf.column_standard_errors`: the GLS variance plus the
+(:func:`~censusdp.pipelines.products.ppmf_persons.column_standard_errors`: the GLS variance plus the
 rounding's, exact ``ψ(1 − ψ)`` for the totals of the top network, the replicate estimate
 elsewhere) for the whole population (``P1_001N``) and two other columns, ``P1_003N`` (White
 alone) and ``P2_002N`` (Hispanic or Latino). The county (= the state: one county) is
@@ -15,7 +15,7 @@ Coverage must lie within 87–93% (± 3 points: the binomial SE of a 90% coverag
 the level's nodes is at most 0.87 points, at tracts), for ``P1_001N`` at tract, block group
 and block, for the other two columns at tract and block group. Power: the GLS-only standard
 error (what the route wrote before) under-covers somewhere (below 87%). The totals' bound
-(:attr:`~censusdp.estimation.structured_rounding.RoundedLevels.spread`, no longer used for
+(:attr:`~censusdp.estimation.integer.controlled.RoundedLevels.spread`, no longer used for
 ``_se`` below the county) is reported against the simulated rounding SD and must still be a
 bound. Slow (~520 s on a shared 2-core machine): run with ``-m slow``.
 
@@ -36,12 +36,12 @@ import numpy as np
 import pytest
 from ppmf_fixtures import ppmf_persons
 
-from censusdp.estimation.predict import allocation_plan
-from censusdp.estimation.structured_rounding import replicate_variance
-from censusdp.pipelines.pl94_stream import Pl94StreamOptions, SparseHistogram, stream_pl94
-from censusdp.pipelines.pl94_tables import pl94_codebook
-from censusdp.pipelines.ppmf import read_ppmf
-from censusdp.pipelines.privatize_ppmf import (
+from censusdp.estimation.gls.predict import allocation_plan
+from censusdp.estimation.integer.controlled import replicate_variance
+from censusdp.pipelines.io.ppmf import read_ppmf
+from censusdp.pipelines.products.pl94_stream import Pl94StreamOptions, SparseHistogram, stream_pl94
+from censusdp.pipelines.products.pl94_tables import pl94_codebook
+from censusdp.pipelines.products.ppmf_persons import (
     CUT,
     INVARIANTS,
     ROUNDING_REPLICATES,

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from censusdp.app.cli import main
 from censusdp.config import read_spec_toml
 from censusdp.errors import SpecError
-from censusdp.estimation.gls import tree_gls
+from censusdp.estimation.gls.tree import tree_gls
 from censusdp.mechanisms.queries import invariant, measure
 from censusdp.pipelines.data import load_data
 from censusdp.pipelines.predict import load_any_spec, predict_spec, spec_family
@@ -175,7 +175,7 @@ def test_every_shipped_run_spec_predicts_and_allocates(spec, tmp_path, capsys):
 
 
 def _objective(model, targets: Path) -> float:
-    from censusdp.estimation.allocate import evaluate_allocation
+    from censusdp.estimation.gls.allocate import evaluate_allocation
     from censusdp.mechanisms.product_query import ProductQuery
     from censusdp.pipelines.allocate import load_targets
 
@@ -286,7 +286,7 @@ def _allocate(spec: Path, targets: Path, new: Path, capsys) -> str:
 
 
 def test_the_ppmf_persons_spec_predicts_and_allocates(route_specs, capsys):
-    from censusdp.pipelines.privatize_ppmf import load_ppmf_spec
+    from censusdp.pipelines.products.ppmf_persons import load_ppmf_spec
 
     tmp, specs = route_specs
     code, out, err = _predict(specs["ppmf"], tmp / "pred", None, capsys)
@@ -330,7 +330,7 @@ def test_the_ppmf_persons_spec_predicts_and_allocates(route_specs, capsys):
 
 
 def test_the_ppmf_units_spec_predicts_and_allocates(route_specs, capsys):
-    from censusdp.pipelines.privatize_units import load_units_spec
+    from censusdp.pipelines.products.ppmf_units import load_units_spec
 
     tmp, specs = route_specs
     code, out, err = _predict(specs["units"], tmp / "pred", None, capsys)
@@ -349,8 +349,8 @@ def test_the_ppmf_units_spec_predicts_and_allocates(route_specs, capsys):
 def test_the_codebook_spec_predicts_and_allocates(route_specs, capsys):
     """One area's SEs: the single-node GLS of the route's own calibrated laws, against the
     marginal-basis information ``Σ_q Q_qᵀQ_q / Var_q`` inverted directly."""
-    from censusdp.estimation.marginal_basis import MarginalBasis
-    from censusdp.pipelines.privatize_tables import load_table_spec
+    from censusdp.estimation.gls.marginal_basis import MarginalBasis
+    from censusdp.pipelines.products.codebook_tables import load_table_spec
 
     tmp, specs = route_specs
     code, out, err = _predict(specs["codebook"], tmp / "pred", None, capsys)
@@ -581,7 +581,7 @@ def test_every_disjoint_marginal_is_modelled_as_the_run_query(tmp_path, case):
 def test_a_ppmf_spec_measuring_its_areas_keeps_the_total_rho(route_specs, capsys):
     """With ``[areas] share`` the tree gets ρ·(1 − share): the prediction and the optimiser
     work on that part, and the written ``[allocation]`` states the spec's total again."""
-    from censusdp.pipelines.privatize_ppmf import load_ppmf_spec
+    from censusdp.pipelines.products.ppmf_persons import load_ppmf_spec
 
     tmp, specs = route_specs
     spec = specs["ppmf"]

@@ -21,9 +21,9 @@ from scipy import stats
 
 from censusdp.app.cli import main
 from censusdp.errors import DataError, SpecError
-from censusdp.pipelines.codebook import Codebook
+from censusdp.pipelines.io.codebook import Codebook
 from censusdp.pipelines.io.outputs import lattice_moe, significant
-from censusdp.pipelines.privatize_tables import TablePlan, release_tables
+from censusdp.pipelines.products.codebook_tables import TablePlan, release_tables
 from censusdp.rng import KeyedRNG
 
 ALPHA = 1e-6
@@ -517,7 +517,7 @@ def test_small_codebook_release_keeps_its_identities():
 def test_conditional_rounding_keeps_the_coarse_integers(n, parent, seed):
     """Against the obvious reference: the rounded values sum to the coarse integers exactly,
     and each is the floor or ceiling of its value shifted by its group's rounding error."""
-    from censusdp.pipelines.privatize_tables import round_given
+    from censusdp.pipelines.products.codebook_tables import round_given
 
     rng = np.random.default_rng(seed)
     par = np.unique(parent, return_inverse=True)[1].astype(np.int64)
@@ -536,7 +536,7 @@ def test_conditional_rounding_keeps_the_coarse_integers(n, parent, seed):
 
 def test_conditional_rounding_is_unbiased():
     """Mean over draws (coarse targets themselves unbiased roundings) within 4 SE."""
-    from censusdp.pipelines.privatize_tables import round_given
+    from censusdp.pipelines.products.codebook_tables import round_given
 
     rng = np.random.default_rng(5)
     values = np.array([[0.3, 1.7, 2.25, -0.6, 4.9]])
@@ -560,8 +560,8 @@ def test_conditional_rounding_is_unbiased():
 )
 def test_disjoint_real_files_are_not_refused(name, shared_file):
     """No false alarm on the project's disjoint-cell files (sex × age, under 1)."""
-    from censusdp.pipelines.nhgis import read_batch
-    from censusdp.pipelines.privatize_tables import refuse_overlapping_columns
+    from censusdp.pipelines.io.nhgis import read_batch
+    from censusdp.pipelines.products.codebook_tables import refuse_overlapping_columns
 
     batch = read_batch(shared_file(name))
     refuse_overlapping_columns(batch.cells, batch.truth, name)

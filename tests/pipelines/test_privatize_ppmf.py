@@ -22,8 +22,8 @@ from ppmf_fixtures import ppmf_persons
 
 from censusdp.app.cli import main
 from censusdp.pipelines.io.outputs import lattice_moe
-from censusdp.pipelines.pl94_tables import level_tables, pl94_codebook, tabulate
-from censusdp.pipelines.ppmf import read_ppmf
+from censusdp.pipelines.io.ppmf import read_ppmf
+from censusdp.pipelines.products.pl94_tables import level_tables, pl94_codebook, tabulate
 
 SPEC = """
 [data]

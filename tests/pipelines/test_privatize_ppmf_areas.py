@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from censusdp.app.cli import main
-from censusdp.pipelines.pl94_tables import pl94_codebook
+from censusdp.pipelines.products.pl94_tables import pl94_codebook
 
 pytestmark = pytest.mark.slow  # two privatize runs (about 9 CPU s each)
 

@@ -18,16 +18,16 @@ import pytest
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError
+from censusdp.estimation.integer.laminar import round_release
 from censusdp.estimation.release import Release
-from censusdp.estimation.rounding import round_release
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.queries import Query, invariant, measure
 from censusdp.pipelines.execute import open_executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
+from censusdp.pipelines.io.release_store import read_release, write_release
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.partitioned_release import PartitionedRelease
-from censusdp.pipelines.release_store import read_release, write_release
 from censusdp.rng import KeyedRNG
 
 CELLS = ["a", "b"]

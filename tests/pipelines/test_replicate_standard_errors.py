@@ -2,9 +2,9 @@
 
 * the engine's replicate errors (``rounding_replicates = R``) do not depend on the
   partitioning, leave the release's own integers unchanged, and equal the in-memory
-  :func:`~censusdp.estimation.structured_rounding.rounding_replicates` on the same estimates
+  :func:`~censusdp.estimation.integer.controlled.rounding_replicates` on the same estimates
   (the top and every partition re-rounded, each partition from its replicate's cut integers);
-* every P1–P5 column's ``_se`` (:func:`~censusdp.pipelines.privatize_ppmf.column_standard_errors`
+* every P1–P5 column's ``_se`` (:func:`~censusdp.pipelines.products.ppmf_persons.column_standard_errors`
   as the route calls it) is at least its GLS standard error, strictly larger wherever the
   column's real estimate is not an integer (the rounding moved it), and equal where it is
   (the invariant totals).
@@ -21,18 +21,18 @@ import pytest
 from ppmf_fixtures import ppmf_persons
 
 from censusdp.errors import SpecError
-from censusdp.estimation.predict import allocation_plan
-from censusdp.estimation.structured_rounding import replicate_variance, rounding_replicates
+from censusdp.estimation.gls.predict import allocation_plan
+from censusdp.estimation.integer.controlled import replicate_variance, rounding_replicates
 from censusdp.pipelines.execute import SyncExecutor
-from censusdp.pipelines.pl94_stream import (
+from censusdp.pipelines.io.ppmf import read_ppmf
+from censusdp.pipelines.products.pl94_stream import (
     Pl94StreamOptions,
     SparseHistogram,
     StandardErrorSummary,
     stream_pl94,
 )
-from censusdp.pipelines.pl94_tables import pl94_codebook
-from censusdp.pipelines.ppmf import read_ppmf
-from censusdp.pipelines.privatize_ppmf import CUT, INVARIANTS, column_standard_errors
+from censusdp.pipelines.products.pl94_tables import pl94_codebook
+from censusdp.pipelines.products.ppmf_persons import CUT, INVARIANTS, column_standard_errors
 from censusdp.rng import KeyedRNG
 
 R = 3

@@ -27,9 +27,9 @@ from censusdp.budget import ZCDP, PureDP
 from censusdp.errors import DataError
 from censusdp.hierarchy import gisjoin
 from censusdp.hierarchy.gisjoin import LAYOUTS, RowLevels, row_levels
-from censusdp.pipelines.codebook import Codebook
-from censusdp.pipelines.nhgis import read_batch, row_geography
-from censusdp.pipelines.privatize_tables import compose_over_levels
+from censusdp.pipelines.io.codebook import Codebook
+from censusdp.pipelines.io.nhgis import read_batch, row_geography
+from censusdp.pipelines.products.codebook_tables import compose_over_levels
 
 
 # ------------------------------------------------------------------------- the layouts
@@ -402,7 +402,7 @@ def test_one_level_keeps_one_rows_rho(tmp_path, ppdd):
 
 def test_declared_level_in_spec_is_checked(tmp_path):
     from censusdp.errors import SpecError
-    from censusdp.pipelines.privatize_tables import load_table_spec
+    from censusdp.pipelines.products.codebook_tables import load_table_spec
 
     spec = tmp_path / "s.toml"
     body = '[data]\nsource = "nhgis"\ncodebook = "ppdd"\n{extra}\n[privacy]\naccounting = "zcdp"\nrho = 1\n'

@@ -163,7 +163,7 @@ def _lines(err: str) -> list[str]:
 COMMANDS = {
     "run": ("censusdp.pipelines.runner:write_evaluation", ["run", "spec.toml", "--out", "o"]),
     "privatize": (
-        "censusdp.pipelines.nhgis:write_batch",
+        "censusdp.pipelines.io.nhgis:write_batch",
         ["privatize", "nhgis.csv", "--spec", "nspec.toml", "-o", "p.csv"],
     ),
     "predict": ("pandas:DataFrame.to_csv", ["predict", "pspec.toml", "--out", "pred"]),

@@ -1,4 +1,4 @@
-"""The one store format (censusdp.pipelines.store) and its one reader, ``read_release``.
+"""The one store format (censusdp.pipelines.io.store) and its one reader, ``read_release``.
 
 Both kinds of release store (a ``Release``, a streamed ``pl94`` run) are written by one
 :class:`StoreWriter` and checked by one set of readers. Here: the writer's guarantees
@@ -27,10 +27,9 @@ from pl94_fixtures import PLAN, QUERIES, SCHEMA, small_us
 from release_fixtures import release_for, two_level
 
 from censusdp.errors import DataError, SpecError
-from censusdp.pipelines.pl94_store import Pl94Store, Pl94StoreWriter
-from censusdp.pipelines.pl94_stream import Pl94StreamOptions, stream_pl94
-from censusdp.pipelines.release_store import read_release, write_release
-from censusdp.pipelines.store import (
+from censusdp.pipelines.io.pl94_store import Pl94Store, Pl94StoreWriter
+from censusdp.pipelines.io.release_store import read_release, write_release
+from censusdp.pipelines.io.store import (
     CHECKSUMS,
     MANIFEST,
     StoreWriter,
@@ -41,6 +40,7 @@ from censusdp.pipelines.store import (
     read_checksums,
     save_npy,
 )
+from censusdp.pipelines.products.pl94_stream import Pl94StreamOptions, stream_pl94
 from censusdp.rng import KeyedRNG
 
 #: A pl94 store written by main's Pl94StoreWriter (commit d38e758) on the tiny state below

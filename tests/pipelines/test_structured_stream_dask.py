@@ -17,8 +17,8 @@ import pytest
 from stream_fixtures import assert_same, problem, problem_with_counts, stream
 
 from censusdp.errors import SpecError
-from censusdp.estimation.structured_gls import StructuredPiece, structured_gls
-from censusdp.estimation.topdown_schema import TopDownOptions, topdown_schema
+from censusdp.estimation.gls.structured import StructuredPiece, structured_gls
+from censusdp.estimation.topdown.schema import TopDownOptions, topdown_schema
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.product_measure import ProductInvariant
 from censusdp.mechanisms.product_query import ProductQuery

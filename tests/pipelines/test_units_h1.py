@@ -15,12 +15,12 @@ from scipy import stats
 from censusdp.app.cli import main
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.capped_simplex import project_capped_simplex
-from censusdp.estimation.predict import allocation_plan
+from censusdp.estimation.gls.predict import allocation_plan
+from censusdp.estimation.integer.capped_simplex import project_capped_simplex
 from censusdp.mechanisms.queries import Query, measure
 from censusdp.pipelines.io.outputs import lattice_moe
-from censusdp.pipelines.ppmf import read_ppmf, read_ppmf_units
-from censusdp.pipelines.privatize_units import (
+from censusdp.pipelines.io.ppmf import read_ppmf, read_ppmf_units
+from censusdp.pipelines.products.ppmf_units import (
     CELLS,
     H1_COLUMNS,
     compose_statements,

@@ -3,7 +3,7 @@
 The units route rounds each node's occupied count to the floor or ceiling of its GLS
 estimate with mean the estimate, so the rounding's variance is ``ψ(1 − ψ)`` exactly (``ψ``
 the estimate's fractional part), and ``_se = sqrt(Var_GLS + ψ(1 − ψ))``
-(:mod:`censusdp.pipelines.privatize_units`, "Standard errors"). Fast: that identity against
+(:mod:`censusdp.pipelines.products.ppmf_units`, "Standard errors"). Fast: that identity against
 the estimates (a wrong variance formula fails it), ``_se ≥`` the GLS SE everywhere and ``>``
 wherever the rounding is random, the invariant ``H1_001N`` at ``_se`` and ``_moe`` exactly 0.
 
@@ -35,8 +35,8 @@ import pandas as pd
 import pytest
 
 from censusdp.pipelines.io.outputs import lattice_moe
-from censusdp.pipelines.ppmf import read_ppmf_units
-from censusdp.pipelines.privatize_units import h1_frames, release_h1
+from censusdp.pipelines.io.ppmf import read_ppmf_units
+from censusdp.pipelines.products.ppmf_units import h1_frames, release_h1
 from censusdp.rng import KeyedRNG
 
 Z90 = 1.6448536269514722

@@ -1,0 +1,3 @@
+"""The conditioning estimator: MCMC over the noisy measurements' conditional law
+(Gibbs moves, line conditionals, convergence diagnostics) and the conditioned mechanism.
+"""
