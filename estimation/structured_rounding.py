@@ -474,12 +474,132 @@ def fresh_variance_bound(psi: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.minimum(0.25, pv + (0.25 - pv) * q + np.abs(1.0 - 2.0 * psi) * np.sqrt(v * q))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _block_sum(a, lo, n):
+    """numpy's sum of at most 128 contiguous values (:func:`pairwise_sum`'s leaves)."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    end = n - n % 8
+    while i < end:
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit(cache=True, nogil=True)
+def pairwise_sum(a, lo, n, frames, left):
+    """``a[lo : lo + n].sum()`` added as numpy adds a contiguous row: pairwise (Higham 1993),
+    blocks of at most 128 in eight running sums, longer runs halved at a multiple of 8
+    (numpy's ``pairwise_sum``, ``numpy/_core/src/umath/loops_utils.h.src``), so a compiled
+    kernel gives numpy's bits. The halving is walked with an explicit stack (numba's cache
+    does not keep recursive functions): ``frames`` (≥ 64, 3) int64 and ``left`` (≥ 64,)
+    float64 scratch."""
+    if n <= 128:
+        return _block_sum(a, lo, n)
+    top = 0
+    frames[0, 0], frames[0, 1], frames[0, 2] = lo, n, 0
+    ret = 0.0
+    while top >= 0:
+        f_lo, f_n, stage = frames[top, 0], frames[top, 1], frames[top, 2]
+        if f_n <= 128:
+            ret = _block_sum(a, f_lo, f_n)
+            top -= 1
+            continue
+        n2 = f_n // 2
+        n2 -= n2 % 8
+        if stage == 0:  # the left half first
+            frames[top, 2] = 1
+            top += 1
+            frames[top, 0], frames[top, 1], frames[top, 2] = f_lo, n2, 0
+        elif stage == 1:  # then the right
+            left[top] = ret
+            frames[top, 2] = 2
+            top += 1
+            frames[top, 0], frames[top, 1], frames[top, 2] = f_lo + n2, f_n - n2, 0
+        else:
+            ret = left[top] + ret
+            top -= 1
+    return ret
+
+
+@njit(cache=True, nogil=True)
+def _scale_rows(a, B, rows):
+    """``a[i] *= B[rows[i]]`` in place (no gathered copy of ``B``); returns ``a``."""
+    n, K = a.shape
+    for i in range(n):
+        r = rows[i]
+        for c in range(K):
+            a[i, c] = a[i, c] * B[r, c]
+    return a
+
+
+@njit(cache=True, nogil=True)
+def _share_variance(A, v, v_row, sd_parent, negative, out):
+    """``Var Y``'s bound of :func:`total_variance_bound` row by row (node ``i``'s shares
+    ``A[i]``, its ancestor's variances ``v[v_row[i]]``), each row's products in one scratch
+    row and summed as numpy sums them: the same bits as the array expressions, without
+    their (n, K) temporaries."""
+    n, K = A.shape
+    buf = np.empty(K)
+    fr = np.empty((64, 3), np.int64)
+    lf = np.empty(64)
+    for i in range(n):
+        vi = v[v_row[i]]
+        S0 = pairwise_sum(vi, 0, K, fr, lf)
+        for c in range(K):
+            buf[c] = A[i, c] * vi[c]
+        S1 = pairwise_sum(buf, 0, K, fr, lf)
+        abar = S1 / S0 if S0 > 0.0 else 0.0
+        if negative:
+            for c in range(K):
+                buf[c] = A[i, c] * A[i, c] * vi[c]
+            S2 = pairwise_sum(buf, 0, K, fr, lf)
+            for c in range(K):
+                d = A[i, c] - abar
+                d = d if d > 0.0 else 0.0
+                buf[c] = d * d * vi[c]
+            P = pairwise_sum(buf, 0, K, fr, lf)
+            for c in range(K):
+                d = A[i, c] - abar
+                d = d if d < 0.0 else 0.0
+                buf[c] = d * d * vi[c]
+            M = pairwise_sum(buf, 0, K, fr, lf)
+            w = abar * sd_parent[i] + np.sqrt(P) + np.sqrt(M)
+            out[i] = min(S2, w * w)
+        else:
+            for c in range(K):
+                buf[c] = A[i, c] * np.sqrt(vi[c])
+            s = pairwise_sum(buf, 0, K, fr, lf)
+            for c in range(K):
+                buf[c] = abs(A[i, c] - abar) * np.sqrt(vi[c])
+            w = abar * sd_parent[i] + pairwise_sum(buf, 0, K, fr, lf)
+            out[i] = min(s * s, w * w)
+
+
 def total_variance_bound(
     shares: np.ndarray,
     v: np.ndarray,
     sd_parent: np.ndarray,
     psi: np.ndarray,
     negative: bool,
+    v_rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """A bound on the rounding variance of each node's total (module docstring).
 
@@ -499,35 +619,29 @@ def total_variance_bound(
     Parameters
     ----------
     shares, v : (n, K) arrays
-        ``A`` and the ancestor's per-cell error variances (broadcast to the nodes).
+        ``A`` and the ancestor's per-cell error variances (broadcast to the nodes; with
+        ``v_rows``, ``v`` holds one row per ancestor).
     sd_parent : (n,) array
         A bound on the standard deviation of the ancestor's total error.
     psi : (n,) array
         Fractional part of each node's real-valued total.
     negative : bool
         Whether the ancestor's cell errors are pairwise non-positively correlated.
+    v_rows : (n,) array of int, optional
+        Each node's row of ``v`` (its ancestor), so that ``v`` need not be repeated per
+        node.
 
     Returns
     -------
     (n,) numpy.ndarray
     """
     A = np.asarray(shares, dtype=float)
-    S0 = v.sum(axis=1)
-    S1 = (A * v).sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        abar = np.where(S0 > 0.0, S1 / np.where(S0 > 0.0, S0, 1.0), 0.0)
-    if negative:
-        S2 = (A * A * v).sum(axis=1)
-        d = A - abar[:, None]
-        P = (np.maximum(d, 0.0) ** 2 * v).sum(axis=1)
-        M = (np.minimum(d, 0.0) ** 2 * v).sum(axis=1)
-        vy = np.minimum(S2, (abar * sd_parent + np.sqrt(P) + np.sqrt(M)) ** 2)
-    else:
-        sd = np.sqrt(v)
-        vy = np.minimum(
-            ((A * sd).sum(axis=1)) ** 2,
-            (abar * sd_parent + (np.abs(A - abar[:, None]) * sd).sum(axis=1)) ** 2,
-        )
+    v = np.ascontiguousarray(v, dtype=float)
+    n = A.shape[0]
+    rows = np.arange(n) if v_rows is None else np.ascontiguousarray(v_rows, np.int64)
+    sd = np.ascontiguousarray(np.broadcast_to(np.asarray(sd_parent, dtype=float), (n,)))
+    vy = np.empty(n)
+    _share_variance(A, v, rows, sd, bool(negative), vy)
     return vy + fresh_variance_bound(psi, vy)
 
 
@@ -1200,9 +1314,11 @@ def _conditional_levels(
                 v0, sd0 = _snapped_var(phi, tol), np.sqrt(total_var)
                 A = a
             else:
-                A = a * A_prev[pj]
+                A = _scale_rows(a, A_prev, pj)  # a · A_prev[pj], in place
             out.spread.append(
-                total_variance_bound(A, v0[root_prev], sd0[root_prev], _psi(x, tol), top.negative)
+                total_variance_bound(
+                    A, v0, sd0[root_prev], _psi(x, tol), top.negative, v_rows=root_prev
+                )
             )
             A_prev = A
         del a, phi, dev
