@@ -35,7 +35,11 @@ Measured (``--blocks 16000``, shared 2-core machine): rounding CPU 14.3 s and pe
 1,682 MB with issue 33's flow kernel (each cycle walked from the cut node), 5.8 s and
 1,387 MB with the leaf matrices swept by 4-cycles first, the walk on the ~5% of arcs left
 (compact) and the network's arrays filled in place (issue 36); the totals' RMS movements
-stay 0.55–0.59 / 0.49–0.50 / 0.41 persons (tract / block group / block).
+stay 0.55–0.59 / 0.49–0.50 / 0.41 persons (tract / block group / block). Then (issue 36, the
+same digest ``627424af…``, the commit before and after alternated, load 11–17): 7.97 / 6.11
+→ 6.13 / 4.70 CPU s and 1,427 → 1,196 MB with one conditional-shares kernel (caps once, only
+rising columns water-filled again), the totals' bounds row by row without (n, K)
+temporaries and a branch-light matrix sweep.
 
 Usage: ``python benchmarks/structured_rounding.py [--blocks N] [--cut county|tract]
 [--partition-blocks B] [--sigma S] [--seed S] [--no-spreads]``.
