@@ -474,12 +474,132 @@ def fresh_variance_bound(psi: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.minimum(0.25, pv + (0.25 - pv) * q + np.abs(1.0 - 2.0 * psi) * np.sqrt(v * q))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _block_sum(a, lo, n):
+    """numpy's sum of at most 128 contiguous values (:func:`pairwise_sum`'s leaves)."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    end = n - n % 8
+    while i < end:
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit(cache=True, nogil=True)
+def pairwise_sum(a, lo, n, frames, left):
+    """``a[lo : lo + n].sum()`` added as numpy adds a contiguous row: pairwise (Higham 1993),
+    blocks of at most 128 in eight running sums, longer runs halved at a multiple of 8
+    (numpy's ``pairwise_sum``, ``numpy/_core/src/umath/loops_utils.h.src``), so a compiled
+    kernel gives numpy's bits. The halving is walked with an explicit stack (numba's cache
+    does not keep recursive functions): ``frames`` (≥ 64, 3) int64 and ``left`` (≥ 64,)
+    float64 scratch."""
+    if n <= 128:
+        return _block_sum(a, lo, n)
+    top = 0
+    frames[0, 0], frames[0, 1], frames[0, 2] = lo, n, 0
+    ret = 0.0
+    while top >= 0:
+        f_lo, f_n, stage = frames[top, 0], frames[top, 1], frames[top, 2]
+        if f_n <= 128:
+            ret = _block_sum(a, f_lo, f_n)
+            top -= 1
+            continue
+        n2 = f_n // 2
+        n2 -= n2 % 8
+        if stage == 0:  # the left half first
+            frames[top, 2] = 1
+            top += 1
+            frames[top, 0], frames[top, 1], frames[top, 2] = f_lo, n2, 0
+        elif stage == 1:  # then the right
+            left[top] = ret
+            frames[top, 2] = 2
+            top += 1
+            frames[top, 0], frames[top, 1], frames[top, 2] = f_lo + n2, f_n - n2, 0
+        else:
+            ret = left[top] + ret
+            top -= 1
+    return ret
+
+
+@njit(cache=True, nogil=True)
+def _scale_rows(a, B, rows):
+    """``a[i] *= B[rows[i]]`` in place (no gathered copy of ``B``); returns ``a``."""
+    n, K = a.shape
+    for i in range(n):
+        r = rows[i]
+        for c in range(K):
+            a[i, c] = a[i, c] * B[r, c]
+    return a
+
+
+@njit(cache=True, nogil=True)
+def _share_variance(A, v, v_row, sd_parent, negative, out):
+    """``Var Y``'s bound of :func:`total_variance_bound` row by row (node ``i``'s shares
+    ``A[i]``, its ancestor's variances ``v[v_row[i]]``), each row's products in one scratch
+    row and summed as numpy sums them: the same bits as the array expressions, without
+    their (n, K) temporaries."""
+    n, K = A.shape
+    buf = np.empty(K)
+    fr = np.empty((64, 3), np.int64)
+    lf = np.empty(64)
+    for i in range(n):
+        vi = v[v_row[i]]
+        S0 = pairwise_sum(vi, 0, K, fr, lf)
+        for c in range(K):
+            buf[c] = A[i, c] * vi[c]
+        S1 = pairwise_sum(buf, 0, K, fr, lf)
+        abar = S1 / S0 if S0 > 0.0 else 0.0
+        if negative:
+            for c in range(K):
+                buf[c] = A[i, c] * A[i, c] * vi[c]
+            S2 = pairwise_sum(buf, 0, K, fr, lf)
+            for c in range(K):
+                d = A[i, c] - abar
+                d = d if d > 0.0 else 0.0
+                buf[c] = d * d * vi[c]
+            P = pairwise_sum(buf, 0, K, fr, lf)
+            for c in range(K):
+                d = A[i, c] - abar
+                d = d if d < 0.0 else 0.0
+                buf[c] = d * d * vi[c]
+            M = pairwise_sum(buf, 0, K, fr, lf)
+            w = abar * sd_parent[i] + np.sqrt(P) + np.sqrt(M)
+            out[i] = min(S2, w * w)
+        else:
+            for c in range(K):
+                buf[c] = A[i, c] * np.sqrt(vi[c])
+            s = pairwise_sum(buf, 0, K, fr, lf)
+            for c in range(K):
+                buf[c] = abs(A[i, c] - abar) * np.sqrt(vi[c])
+            w = abar * sd_parent[i] + pairwise_sum(buf, 0, K, fr, lf)
+            out[i] = min(s * s, w * w)
+
+
 def total_variance_bound(
     shares: np.ndarray,
     v: np.ndarray,
     sd_parent: np.ndarray,
     psi: np.ndarray,
     negative: bool,
+    v_rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """A bound on the rounding variance of each node's total (module docstring).
 
@@ -499,35 +619,29 @@ def total_variance_bound(
     Parameters
     ----------
     shares, v : (n, K) arrays
-        ``A`` and the ancestor's per-cell error variances (broadcast to the nodes).
+        ``A`` and the ancestor's per-cell error variances (broadcast to the nodes; with
+        ``v_rows``, ``v`` holds one row per ancestor).
     sd_parent : (n,) array
         A bound on the standard deviation of the ancestor's total error.
     psi : (n,) array
         Fractional part of each node's real-valued total.
     negative : bool
         Whether the ancestor's cell errors are pairwise non-positively correlated.
+    v_rows : (n,) array of int, optional
+        Each node's row of ``v`` (its ancestor), so that ``v`` need not be repeated per
+        node.
 
     Returns
     -------
     (n,) numpy.ndarray
     """
     A = np.asarray(shares, dtype=float)
-    S0 = v.sum(axis=1)
-    S1 = (A * v).sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        abar = np.where(S0 > 0.0, S1 / np.where(S0 > 0.0, S0, 1.0), 0.0)
-    if negative:
-        S2 = (A * A * v).sum(axis=1)
-        d = A - abar[:, None]
-        P = (np.maximum(d, 0.0) ** 2 * v).sum(axis=1)
-        M = (np.minimum(d, 0.0) ** 2 * v).sum(axis=1)
-        vy = np.minimum(S2, (abar * sd_parent + np.sqrt(P) + np.sqrt(M)) ** 2)
-    else:
-        sd = np.sqrt(v)
-        vy = np.minimum(
-            ((A * sd).sum(axis=1)) ** 2,
-            (abar * sd_parent + (np.abs(A - abar[:, None]) * sd).sum(axis=1)) ** 2,
-        )
+    v = np.ascontiguousarray(v, dtype=float)
+    n = A.shape[0]
+    rows = np.arange(n) if v_rows is None else np.ascontiguousarray(v_rows, np.int64)
+    sd = np.ascontiguousarray(np.broadcast_to(np.asarray(sd_parent, dtype=float), (n,)))
+    vy = np.empty(n)
+    _share_variance(A, v, rows, sd, bool(negative), vy)
     return vy + fresh_variance_bound(psi, vy)
 
 
@@ -678,137 +792,6 @@ def _chunk(
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _water_fill(p, lo, hi, phi, t, capped, free):
-    """Water-filling of each column's weight ``a_ic = min(t_c, u_ic)`` of the children
-    ``lo..hi`` (``u`` the box of ``a``, :func:`_cap`): ``t_c`` rises from ``1/n`` until
-    ``Σ_i min(t_c, u_ic) = 1`` (the Euclidean projection of ``1/n`` on the box); ``t`` holds
-    the start and receives the levels, ``capped`` and ``free`` are scratch."""
-    K = t.size
-    for _ in range(hi - lo + 1):
-        capped[:] = 0.0
-        free[:] = 0
-        for i in range(lo, hi):
-            for c in range(K):
-                u = _cap(p[i, c], phi[c])
-                if u <= t[c]:
-                    capped[c] += u
-                else:
-                    free[c] += 1
-        moved = False
-        for c in range(K):
-            if free[c] > 0:
-                nt = (1.0 - capped[c]) / free[c]
-                if nt > t[c]:
-                    t[c] = nt
-                    moved = True
-        if not moved:
-            break
-
-
-@njit(cache=True, nogil=True)
-def _conditional_marginals(x, N, starts, p, fl, miss, g_out, own_out, want):
-    """The children's conditional marginals ``p = f + e·a`` (module docstring), group by group.
-
-    ``x`` (n_c, K) children, ``N`` (n_p, K) their parents' integers, ``starts`` the groups'
-    row boundaries; writes ``p``, ``fl = ⌊x⌋`` and, when ``want``, the shares ``a`` and the
-    parents' fractions ``φ``; ``miss`` (n_p, K) gets ``N − Σ⌊x⌋ − T``, nonzero only where the parent's
-    integer is not ``m`` or ``m + 1`` children up (float edges, or inconsistent estimates).
-    """
-    n_c, K = x.shape
-    S = np.empty(K)
-    F = np.empty(K, np.int64)
-    e = np.empty(K)
-    phi = np.empty(K)
-    t = np.empty(K)
-    capped = np.empty(K)
-    free = np.empty(K, np.int64)
-    for g in range(starts.size - 1):
-        lo, hi = starts[g], starts[g + 1]
-        n = hi - lo
-        if n == 0:
-            continue
-        S[:] = 0.0
-        F[:] = 0
-        for i in range(lo, hi):
-            for c in range(K):
-                v = np.floor(x[i, c])
-                fl[i, c] = np.int64(v)
-                p[i, c] = x[i, c] - v  # the fraction, for now
-                S[c] += p[i, c]
-                F[c] += np.int64(v)
-        for c in range(K):
-            m = np.floor(S[c])
-            phi[c] = S[c] - m
-            # the number of children to round up, m or m + 1; anything else (float edges
-            # near 2^53, or inconsistent estimates) is left to _settle as a miss
-            want_up = N[g, c] - F[c]
-            T = min(max(want_up, np.int64(m)), np.int64(m) + 1)
-            miss[g, c] = want_up - T
-            e[c] = T - S[c]
-            t[c] = 1.0 / n
-        _water_fill(p, lo, hi, phi, t, capped, free)
-        for i in range(lo, hi):
-            for c in range(K):
-                f = p[i, c]
-                a = min(t[c], _cap(f, phi[c]))
-                q = f + e[c] * a
-                p[i, c] = 0.0 if q < 0.0 else (1.0 if q > 1.0 else q)
-                if want:
-                    g_out[i, c] = a
-                    own_out[i, c] = phi[c]
-
-
-@njit(cache=True, nogil=True)
-def _shares(x, fl_par, p_par, starts, p, fl, a_out, phi_out, dev):
-    """Conditional fractions of the children given their parents' *conditional* values
-    ``fl_par + p_par`` (integers at the flow's root, ``p_par = 0``; real below): ``p = f +
-    d·a`` with ``d = (fl_par + p_par − Σ⌊x⌋) − S`` the parent's deviation, in ``[−φ, 1 − φ]``
-    (clipped there: float edges only), and ``a`` water-filled in the same box as
-    :func:`_conditional_marginals` (the box holds for every ``d`` in that interval, the ends
-    being its extreme points). Writes ``p``, ``fl = ⌊x⌋``, ``a``, the parents' ``φ`` and
-    ``dev``, how far the parent's value lies outside ``[m, m + 1]`` (inconsistent estimates)."""
-    n_c, K = x.shape
-    S = np.empty(K)
-    F = np.empty(K, np.int64)
-    e = np.empty(K)
-    phi = np.empty(K)
-    t = np.empty(K)
-    capped = np.empty(K)
-    free = np.empty(K, np.int64)
-    for g in range(starts.size - 1):
-        lo, hi = starts[g], starts[g + 1]
-        n = hi - lo
-        if n == 0:
-            continue
-        S[:] = 0.0
-        F[:] = 0
-        for i in range(lo, hi):
-            for c in range(K):
-                v = np.floor(x[i, c])
-                fl[i, c] = np.int64(v)
-                p[i, c] = x[i, c] - v
-                S[c] += p[i, c]
-                F[c] += np.int64(v)
-        for c in range(K):
-            m = np.floor(S[c])
-            phi[c] = S[c] - m
-            phi_out[g, c] = phi[c]
-            want = np.float64(fl_par[g, c] - F[c]) + p_par[g, c]
-            T = min(max(want, m), m + 1.0)
-            dev[g, c] = want - T
-            e[c] = T - S[c]
-            t[c] = 1.0 / n
-        _water_fill(p, lo, hi, phi, t, capped, free)
-        for i in range(lo, hi):
-            for c in range(K):
-                f = p[i, c]
-                a = min(t[c], _cap(f, phi[c]))
-                q = f + e[c] * a
-                p[i, c] = 0.0 if q < 0.0 else (1.0 if q > 1.0 else q)
-                a_out[i, c] = a
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _cap(f, phi):
     """Largest ``a`` keeping ``f + e·a`` in [0, 1] for both parent outcomes
     ``e ∈ {−φ, 1 − φ}``."""
@@ -817,6 +800,132 @@ def _cap(f, phi):
     if phi >= 1.0:
         return f
     return min(f / phi, (1.0 - f) / (1.0 - phi))
+
+
+@njit(cache=True, nogil=True)
+def conditional_shares(x, fl_par, p_par, starts, p, fl, a_out, phi_out, dev, extremes):
+    """The children's conditional fractions ``p = f + d·a`` given their parents' values
+    (module docstring, "One level down" and "Below the cut"), group by group, in one kernel
+    for the one-level-down scheme and the networks.
+
+    ``x`` (n_c, K) children sorted by parent, ``starts`` the groups' row boundaries,
+    ``fl_par + p_par`` the parents' values (n_p, K): their integers ``N`` with ``p_par`` of
+    no rows (one level down, the networks' first level), else the parents' conditional
+    values. With ``f = x − ⌊x⌋``, ``S = Σ_i f``, ``m = ⌊S⌋`` and ``φ = S − m`` per column,
+    the parent's target ``T = fl_par + p_par − Σ⌊x⌋`` clipped to ``[m, m + 1]``, its
+    deviation ``d = T − S`` (``e`` of the docstring when the parent is an integer, in
+    ``[−φ, 1 − φ]`` either way) and ``a_ic = min(t_c, u_ic)``, ``u = min(f/φ, (1 − f)/(1 −
+    φ))`` the box (:func:`_cap`), ``t_c`` water-filled from ``1/n`` until ``Σ_i a_ic = 1``
+    (the Euclidean projection of ``1/n`` on the box; Cox 1987 for the matrix, the box from
+    the unbiasedness ``E[p] = f``). The caps are computed once per entry, and a column's
+    level is raised again only if it rose in the last pass (an unmoved column's sums, hence
+    its level, would not change): the same numbers in the same order as a full pass.
+
+    Writes ``p``, ``fl = ⌊x⌋``, ``dev`` (n_p, K): how far the parent's value lies outside
+    ``[Σ⌊x⌋ + m, Σ⌊x⌋ + m + 1]`` (0 for consistent estimates; float edges near 2⁵³ or
+    inconsistent estimates otherwise; 0 for a childless parent), and, when ``phi_out`` has
+    rows, the shares ``a`` and the parents' ``φ`` (``phi_out``, n_p × K; 0 for a childless
+    parent); ``extremes`` gets ``max |x|`` and ``max
+    |dev|`` (for the caller's resolution check without another pass over ``x``).
+    """
+    n_c, K = x.shape
+    want = phi_out.shape[0] > 0
+    real_par = p_par.shape[0] > 0
+    big = 0
+    for g in range(starts.size - 1):
+        big = max(big, starts[g + 1] - starts[g])
+    u = np.empty((big, K))
+    S = np.empty(K)
+    F = np.empty(K, np.int64)
+    e = np.empty(K)
+    phi = np.empty(K)
+    t = np.empty(K)
+    capped = np.empty(K)
+    free = np.empty(K, np.int64)
+    act = np.empty(K, np.int64)
+    xmax = 0.0
+    dmax = 0.0
+    for g in range(starts.size - 1):
+        lo, hi = starts[g], starts[g + 1]
+        n = hi - lo
+        if n == 0:  # a childless parent: nothing to share, nothing missed
+            dev[g, :] = 0.0
+            if want:
+                phi_out[g, :] = 0.0
+            continue
+        S[:] = 0.0
+        F[:] = 0
+        for i in range(lo, hi):
+            for c in range(K):
+                xv = x[i, c]
+                xmax = max(xmax, abs(xv))
+                v = np.floor(xv)
+                fl[i, c] = np.int64(v)
+                p[i, c] = xv - v  # the fraction, for now
+                S[c] += p[i, c]
+                F[c] += np.int64(v)
+        for c in range(K):
+            m = np.floor(S[c])
+            phi[c] = S[c] - m
+            if want:
+                phi_out[g, c] = phi[c]
+            wv = np.float64(fl_par[g, c] - F[c])
+            if real_par:
+                wv += p_par[g, c]
+            T = min(max(wv, m), m + 1.0)
+            dev[g, c] = wv - T
+            dmax = max(dmax, abs(wv - T))
+            e[c] = T - S[c]
+            t[c] = 1.0 / n
+        # water-filling: the first pass over every column as the caps are computed, each
+        # later pass over the columns still rising
+        capped[:] = 0.0
+        free[:] = 0
+        for i in range(n):
+            for c in range(K):
+                uc = _cap(p[lo + i, c], phi[c])
+                u[i, c] = uc
+                if uc <= t[c]:
+                    capped[c] += uc
+                else:
+                    free[c] += 1
+        na = K
+        for c in range(K):
+            act[c] = c
+        for it in range(n + 1):
+            if it > 0:
+                for k in range(na):
+                    capped[act[k]] = 0.0
+                    free[act[k]] = 0
+                for i in range(n):
+                    for k in range(na):
+                        c = act[k]
+                        uc = u[i, c]
+                        if uc <= t[c]:
+                            capped[c] += uc
+                        else:
+                            free[c] += 1
+            moved = 0
+            for k in range(na):
+                c = act[k]
+                if free[c] > 0:
+                    nt = (1.0 - capped[c]) / free[c]
+                    if nt > t[c]:
+                        t[c] = nt
+                        act[moved] = c
+                        moved += 1
+            na = moved
+            if na == 0:
+                break
+        for i in range(lo, hi):
+            for c in range(K):
+                a = min(t[c], u[i - lo, c])
+                q = p[i, c] + e[c] * a
+                p[i, c] = 0.0 if q < 0.0 else (1.0 if q > 1.0 else q)
+                if want:
+                    a_out[i, c] = a
+    extremes[0] = xmax
+    extremes[1] = dmax
 
 
 def round_children_controlled(
@@ -856,13 +965,18 @@ def round_children_controlled(
     p = np.empty((n_c, K))
     fl = np.empty((n_c, K), np.int64)
     spread = np.empty((n_c, 2, K)) if want_spread else None
-    g_out = spread[:, 0] if want_spread else np.empty((0, K))
-    own_out = spread[:, 1] if want_spread else np.empty((0, K))
-    miss = np.zeros(parent.shape, np.int64)
-    _conditional_marginals(
-        np.ascontiguousarray(x, np.float64), np.ascontiguousarray(parent, np.int64), starts,
-        p, fl, miss, g_out, own_out, want_spread,
+    a_out = spread[:, 0] if want_spread else np.empty((0, K))
+    phi = np.empty(parent.shape if want_spread else (0, K))
+    dev = np.zeros(parent.shape)  # an empty group misses nothing
+    conditional_shares(
+        np.ascontiguousarray(x, np.float64), np.ascontiguousarray(parent, np.int64),
+        np.empty((0, K)), starts, p, fl, a_out, phi, dev, np.empty(2),
     )  # fmt: skip
+    if want_spread:
+        spread[:, 1] = np.repeat(phi, count, axis=0)
+    # the parent's integer N is an integer target: its deviation is the whole number of
+    # children up that the clipped target misses (float edges, or inconsistent estimates)
+    miss = dev.astype(np.int64)
     out = fl
     # the kernel keeps each group's column sums (Σ p = T exactly up to float), so the
     # children sum to the parent wherever miss is 0
@@ -1112,18 +1226,20 @@ def _level_matrix(schema: Schema, estimates: np.ndarray, forest: Forest, j: int)
 
 def _check_shares(
     dev: np.ndarray,
-    x: np.ndarray,
+    extremes: np.ndarray,
     cnt: np.ndarray,
     j: int,
     names: tuple[Forest, Sequence[int], Sequence[str]],
 ) -> None:
     """A DataError naming level ``j``, parent and cell where the children's values miss
-    their parent's (``dev``, :func:`_shares`) beyond float resolution; ``names`` is the whole
-    forest, the run's first node per level in it, and the cells."""
+    their parent's (``dev``, :func:`conditional_shares`) beyond float resolution (from
+    ``extremes``: the children's largest magnitude and the largest ``|dev|``); ``names`` is
+    the whole forest, the run's first node per level in it, and the cells."""
     if not dev.size:
         return
-    res = 1e-6 + int(cnt.max(initial=1)) * float(np.spacing(np.abs(x).max(initial=1.0)))
-    if np.abs(dev).max() > res:
+    xmax, dmax = max(1.0, float(extremes[0])), float(extremes[1])
+    res = 1e-6 + int(cnt.max(initial=1)) * float(np.spacing(xmax))
+    if dmax > res:
         whole, offset, cells = names
         g, c = np.argwhere(np.abs(dev) > res)[0]
         raise DataError(
@@ -1165,7 +1281,7 @@ def _conditional_levels(
     ``names`` as for :func:`_check_shares`."""
     K = schema.n_cells
     out = _Levels([], [], [], [], [], [])
-    fl_par, p_par = N, np.zeros(N.shape)
+    fl_par, p_par = N, np.empty((0, K))
     root_prev = np.arange(net.sizes[0])
     A_prev = A = None
     v0 = sd0 = None
@@ -1179,8 +1295,12 @@ def _conditional_levels(
         a = np.empty((n, K))
         phi = np.empty((cnt.size, K))
         dev = np.zeros((cnt.size, K))
-        _shares(x, fl_par, p_par, starts, p, fl, a, phi, dev)
-        _check_shares(dev, x, cnt, j, names)
+        extremes = np.empty(2)
+        conditional_shares(
+            x, fl_par, p_par, starts, p, fl, a, phi, dev,
+            extremes,
+        )  # fmt: skip
+        _check_shares(dev, extremes, cnt, j, names)
         pj = np.repeat(np.arange(cnt.size), cnt)
         root_prev = root_prev[pj]
         out.pos.append(
@@ -1194,9 +1314,11 @@ def _conditional_levels(
                 v0, sd0 = _snapped_var(phi, tol), np.sqrt(total_var)
                 A = a
             else:
-                A = a * A_prev[pj]
+                A = _scale_rows(a, A_prev, pj)  # a · A_prev[pj], in place
             out.spread.append(
-                total_variance_bound(A, v0[root_prev], sd0[root_prev], _psi(x, tol), top.negative)
+                total_variance_bound(
+                    A, v0, sd0[root_prev], _psi(x, tol), top.negative, v_rows=root_prev
+                )
             )
             A_prev = A
         del a, phi, dev

@@ -299,6 +299,12 @@ def _round_groups(P, starts, U, tol, out):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _snap(x, tol):
+    """``x`` snapped to 0 within ``tol`` of 0 and to 1 within ``tol`` of 1."""
+    return 0.0 if x <= tol else (1.0 if x >= 1.0 - tol else x)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _frac(x, tol):
     return x > tol and x < 1.0 - tol
 
@@ -353,7 +359,9 @@ def _sweep_arcs(w, base, n, m, sgn, U, k, tol, cols):
                 j = cols[idx]
                 wa = w[ra + j]
                 wb = w[rb + j]
-                if not (_frac(wa, tol) and _frac(wb, tol)):
+                # one test, not two branches: which entries turn integral is random, so
+                # every branch on it is a coin flip for the predictor
+                if not ((wa > tol) & (wa < 1.0 - tol) & (wb > tol) & (wb < 1.0 - tol)):
                     continue
                 if c < 0:
                     c = j
@@ -364,42 +372,45 @@ def _sweep_arcs(w, base, n, m, sgn, U, k, tol, cols):
                 bc = w[rb + c]
                 sc = sgn[c]
                 sj = sgn[j]
-                alpha = 1.0
-                beta = 1.0
+                # the largest steps up (α) and down (β) keeping the four in [0, 1]: an arc
+                # along its direction bounds α by 1 − x and β by x, against it the reverse
                 if sc > 0:
-                    alpha = min(alpha, min(1.0 - ac, bc))
-                    beta = min(beta, min(ac, 1.0 - bc))
+                    alpha = min(1.0 - ac, bc)
+                    beta = min(ac, 1.0 - bc)
                 else:
-                    alpha = min(alpha, min(ac, 1.0 - bc))
-                    beta = min(beta, min(1.0 - ac, bc))
+                    alpha = min(ac, 1.0 - bc)
+                    beta = min(1.0 - ac, bc)
                 if sj > 0:
                     alpha = min(alpha, min(1.0 - wb, wa))
                     beta = min(beta, min(wb, 1.0 - wa))
                 else:
                     alpha = min(alpha, min(wb, 1.0 - wa))
                     beta = min(beta, min(1.0 - wb, wa))
+                alpha = min(alpha, 1.0)
+                beta = min(beta, 1.0)
                 step = alpha if U[k] * (alpha + beta) < beta else -beta
                 k += 1
-                ac += sc * step
-                bc -= sc * step
-                wb += sj * step
-                wa -= sj * step
-                ac = 0.0 if ac <= tol else (1.0 if ac >= 1.0 - tol else ac)
-                bc = 0.0 if bc <= tol else (1.0 if bc >= 1.0 - tol else bc)
-                wa = 0.0 if wa <= tol else (1.0 if wa >= 1.0 - tol else wa)
-                wb = 0.0 if wb <= tol else (1.0 if wb >= 1.0 - tol else wb)
+                fc = sc * step
+                fj = sj * step
+                ac = _snap(ac + fc, tol)
+                bc = _snap(bc - fc, tol)
+                wb = _snap(wb + fj, tol)
+                wa = _snap(wa - fj, tol)
                 w[ra + c] = ac
                 w[rb + c] = bc
                 w[ra + j] = wa
                 w[rb + j] = wb
-                if not (0.0 < ac < 1.0 and 0.0 < bc < 1.0):
-                    c = j if (0.0 < wa < 1.0 and 0.0 < wb < 1.0) else -1
+                # the pending column stays while both its entries are fractional, else j
+                # takes its place if both of j's are, else none: selects, not branches
+                keep = (ac > 0.0) & (ac < 1.0) & (bc > 0.0) & (bc < 1.0)
+                both = (wa > 0.0) & (wa < 1.0) & (wb > 0.0) & (wb < 1.0)
+                c = c if keep else (j if both else -1)
             kept = 0
             for idx in range(cnt):
                 j = cols[idx]
-                if _frac(w[ra + j], tol):
-                    cols[kept] = j
-                    kept += 1
+                x = w[ra + j]
+                cols[kept] = j
+                kept += (x > tol) & (x < 1.0 - tol)
             cnt = kept
     return k
 
