@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from censusdp.estimation.structured_rounding import conditional_shares
+from censusdp.estimation.integer.controlled import conditional_shares
 
 
 def _cap(f: float, phi: float) -> float:

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from censusdp.estimation.structured_rounding import (
+from censusdp.estimation.integer.controlled import (
     fresh_variance_bound,
     pairwise_sum,
     total_variance_bound,
