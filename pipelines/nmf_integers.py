@@ -86,6 +86,7 @@ __all__ = [
     "effective_bounds",
     "held_cells",
     "impose_bounds",
+    "nearest_bounded_transport",
     "nmf_integers",
     "write_integers",
 ]
@@ -281,7 +282,7 @@ def effective_bounds(state) -> tuple[list[np.ndarray | None], list[np.ndarray | 
     return lower, upper
 
 
-def _bounded_transport(
+def nearest_bounded_transport(
     x0: np.ndarray,
     est: np.ndarray,
     row: np.ndarray,
@@ -290,10 +291,31 @@ def _bounded_transport(
     col: np.ndarray,
     col_target: np.ndarray,
 ) -> np.ndarray | None:
-    """Integers ``x`` (one per entry) nearest ``x0`` in the repair's weighted ℓ1 cost with
-    ``row_lo ≤ Σ_{row} x ≤ row_hi`` and ``Σ_{col} x = col_target``, ``x ≥ 0``; None if
-    infeasible. Every entry is in one row and one column (a bipartite incidence matrix:
-    totally unimodular), so HiGHS's integer program is integral at its LP root."""
+    """The integers nearest ``x0`` with bounded row sums and fixed column sums.
+
+    Minimises ``Σ_e w⁺_e (x_e − x0_e)⁺ + w⁻_e (x0_e − x_e)⁺`` over integers ``x ≥ 0`` with
+    ``row_lo[r] ≤ Σ_{e: row_e = r} x_e ≤ row_hi[r]`` and ``Σ_{e: col_e = j} x_e =
+    col_target[j]``, where ``w± = 1 ± ½·clip(x0 − est, −1, 1)`` (a unit is added preferably
+    where the estimate exceeds ``x0``, removed where it falls short). Every entry is in one
+    row and one column: the constraint matrix (with ``x = x0 + a − b``) is a bipartite
+    incidence matrix, totally unimodular (Heller & Tompkins 1956), so HiGHS's integer
+    program (Huangfu & Hall 2018) is integral at its LP root.
+
+    Parameters
+    ----------
+    x0 : (E,) int64
+        Current non-negative integers.
+    est : (E,) float
+        The estimates the tie-break leans toward.
+    row, col : (E,) int
+        Each entry's row (into ``row_lo``/``row_hi``) and column (into ``col_target``).
+    row_lo, row_hi, col_target : int arrays
+
+    Returns
+    -------
+    (E,) int64 or None
+        None when no such integers exist.
+    """
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import csr_array, hstack, vstack
 
@@ -339,7 +361,7 @@ def _solve_groups(group: np.ndarray, n_groups: int, problem: dict, where) -> np.
         sl = slice(lo_e, hi_e)
         rows, rinv = np.unique(row[sl], return_inverse=True)
         cols, cinv = np.unique(col[sl], return_inverse=True)
-        got = _bounded_transport(x0[sl], est[sl], rinv, problem["row_lo"][rows],
+        got = nearest_bounded_transport(x0[sl], est[sl], rinv, problem["row_lo"][rows],
                                  problem["row_hi"][rows], cinv, problem["col_target"][cols])  # fmt: skip
         if got is None:
             # error path only: find the first infeasible group of the batch
@@ -347,7 +369,7 @@ def _solve_groups(group: np.ndarray, n_groups: int, problem: dict, where) -> np.
                 s2 = slice(int(starts[g]), int(ends[g]))
                 r2, ri2 = np.unique(row[s2], return_inverse=True)
                 c2, ci2 = np.unique(col[s2], return_inverse=True)
-                if _bounded_transport(x0[s2], est[s2], ri2, problem["row_lo"][r2],
+                if nearest_bounded_transport(x0[s2], est[s2], ri2, problem["row_lo"][r2],
                                       problem["row_hi"][r2], ci2,
                                       problem["col_target"][c2]) is None:  # fmt: skip
                     raise DataError(where(g))
