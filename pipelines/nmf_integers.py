@@ -157,7 +157,9 @@ def nmf_integers(state, rng: KeyedRNG) -> NMFIntegers:
     Raises
     ------
     DataError
-        Structural zeros that cannot be held with the state total and the parents' integers.
+        Structural zeros that cannot be held with the state total and the parents' integers;
+        hhgq bounds infeasible with each other or with the state total
+        (:func:`effective_bounds`), naming the geocode, the type and the constraint.
     """
     rel = state.release
     held = held_cells(state)
