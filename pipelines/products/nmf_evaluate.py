@@ -49,6 +49,9 @@ from censusdp.spreadsheet import write_csv
 __all__ = [
     "EVALUATED_COLUMN",
     "GEOID_PREFIX",
+    "WATER_BLOCK_PATCH",
+    "geocode16_geoid",
+    "regeocode_water_blocks",
     "block_truth_totals",
     "compare_published",
     "integer_bias",
@@ -379,6 +382,85 @@ def integer_bias(
     return pd.DataFrame(rows)
 
 
+#: The water-block patch of the 2020 Census: blocks whose persons the published tabulation
+#: (and the PPMF) puts in a land block while the NMF spine keeps them in a water block of a
+#: water tract (99xxxx) of the same county. Published 16-character geocode (state 2, county
+#: 3, tract 6, block group 1, block 4) → the NMF's, as the Census Bureau's DHC NMF README
+#: (paragraph 27, "water block patch") documents it and census-bluedown's
+#: ``ground_truth.handle_water_block_patch`` applies it to the PPMF.
+WATER_BLOCK_PATCH = {
+    "4502997080033004": "4502999010000001",
+    "4505395030244009": "4505399010000002",
+    "5306104010044007": "5306199000200017",
+    "4816772390033135": "4816799010000039",
+    "0607501790311031": "0607599020000001",
+}
+
+
+def geocode16_geoid(geocode16: object) -> np.ndarray:
+    """15-character Census block GEOIDs of 16-character geocodes (state 2, county 3, tract 6,
+    block group 1, block 4): the block-group digit dropped (it is the block number's first
+    digit, which the GEOID keeps). The last 16 characters of an NMF block geocode are one."""
+    g = as_codes(geocode16)
+    bad = np.flatnonzero(np.strings.str_len(g) != 16)
+    if bad.size:
+        raise DataError(f"geocode {g[bad[0]]!r} is not 16 characters (state, county, tract, "
+                        "block group, block)")  # fmt: skip
+    return np.strings.add(np.strings.slice(g, 0, 11), np.strings.slice(g, 12, 16))
+
+
+def regeocode_water_blocks(
+    released: dict[str, tuple[np.ndarray, np.ndarray]],
+    patch: dict[str, str] | None = None,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A release's totals re-geocoded as the published tabulation has them (the water-block
+    patch, :data:`WATER_BLOCK_PATCH`).
+
+    For every patched block the release has (its NMF GEOID in ``released["block"]``), its
+    released total moves, at every level, from the area of its NMF GEOID to the area of its
+    published GEOID (a GEOID prefix; the area is added when the release lacks it, as the
+    published land block, absent from the NMF, is): the NMF block keeps exactly 0, its
+    water tract and block group lose it, the land ones gain it. Counties and states are
+    unchanged (the patch stays within a county). Exact for the integer product (int64);
+    the real-valued GLS totals move in float64.
+
+    Parameters
+    ----------
+    released : dict of level → (GEOIDs sorted, totals)
+        :func:`released_totals`.
+    patch : dict of str → str, optional
+        Published → NMF 16-character geocodes (default :data:`WATER_BLOCK_PATCH`).
+
+    Returns
+    -------
+    dict of level → (GEOIDs sorted, totals)
+    """
+    patch = WATER_BLOCK_PATCH if patch is None else patch
+    if not patch or "block" not in released:
+        return released
+    pub = geocode16_geoid(np.array(list(patch), dtype=object))
+    nmf = geocode16_geoid(np.array(list(patch.values()), dtype=object))
+    bg, bv = as_codes(released["block"][0]), released["block"][1]
+    pos = np.searchsorted(bg, nmf)
+    has = (pos < bg.size) & (bg[np.minimum(pos, max(bg.size - 1, 0))] == nmf)
+    if not has.any():
+        return released
+    moved = bv[pos[has]]
+    out = dict(released)
+    for level, (geo, val) in released.items():
+        w = GEOID_PREFIX[level]
+        keys = np.concatenate([as_codes(geo), np.strings.slice(nmf[has], 0, w),
+                               np.strings.slice(pub[has], 0, w)])  # fmt: skip
+        vals = np.concatenate([val, -moved, moved]).astype(val.dtype, copy=False)
+        codes, inv = np.unique(as_codes(keys), return_inverse=True)
+        tot = np.zeros(codes.size, val.dtype)
+        np.add.at(tot, inv.reshape(-1), vals)
+        if level == "block":  # the NMF block keeps exactly 0 (no float residue)
+            tot[np.isin(codes, nmf[has])] = 0
+        out[level] = (codes, tot)
+    return out
+
+
 #: GEOID length → tabulation level, for a published table.
 _LEVEL_OF_WIDTH = {w: lv for lv, w in GEOID_PREFIX.items()}
 
@@ -452,8 +534,11 @@ def compare_published(release_dir: str | Path, published: str | Path) -> pd.Data
 
     Every product found in ``release_dir`` is compared: the unbiased GLS tables
     (``pl94_<level>.csv``) and, when written, the non-negative integer product
-    (``nonnegative/``). Areas are classed by their published size; each published area
-    must be released. Both sides are public: nothing here is confidential.
+    (``nonnegative/``). The release's areas are first re-geocoded as the published
+    tabulation has them (:func:`regeocode_water_blocks`: the documented water-block patch),
+    so published and released rows match by GEOID. Areas are classed by their published
+    size; each published area must be released. Both sides are public: nothing here is
+    confidential.
 
     Returns
     -------
@@ -475,7 +560,7 @@ def compare_published(release_dir: str | Path, published: str | Path) -> pd.Data
         products["nonnegative"] = Path(release_dir) / "nonnegative"
     released: dict[str, dict[str, np.ndarray]] = {}
     for product, folder in products.items():
-        rel = released_totals(folder)
+        rel = regeocode_water_blocks(released_totals(folder))
         released[product] = {}
         for level, (pg, _) in pub.items():
             rg, rv = rel[level]

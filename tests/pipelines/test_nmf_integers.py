@@ -5,18 +5,28 @@ simulation."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from censusdp.errors import DataError
 from censusdp.hierarchy.synthetic import pl94_histogram, synthetic_us
-from censusdp.pipelines.io.nmf import collect_nmf
+from censusdp.pipelines.io.nmf import SPINE_LEVEL, collect_nmf
 from censusdp.pipelines.io.nmf_writer import simulate_nmf, write_nmf, write_state_totals
 from censusdp.pipelines.products.nmf_evaluate import integer_bias
-from censusdp.pipelines.products.nmf_integers import check_integers, held_cells, nmf_integers
+from censusdp.pipelines.products.nmf_integers import (
+    check_integers,
+    effective_bounds,
+    held_cells,
+    nearest_bounded_transport,
+    nmf_integers,
+)
 from censusdp.pipelines.products.nmf_release import NMFReleaseOptions, estimate_state, release_nmf
 from censusdp.rng import KeyedRNG
 
@@ -141,3 +151,207 @@ def test_district_covariance_is_the_same_swept_in_chunks(state, monkeypatch):
     monkeypatch.setattr(nr, "_PAIR_ENTRIES", 7)
     assert np.array_equal(nr.area_total_covariance(r.release, eq, a), whole)
     assert np.all(np.diag(whole) > 0) and np.array_equal(whole, whole.T)
+
+
+# -- the hhgq bounds above 0 -------------------------------------------------------------
+
+
+def _bounded_case():
+    """A small synthetic state's NMF whose hhgq bounds are then edited by hand so that they
+    bind: a lower bound above the GLS estimate (households at one block, a group-quarters
+    type at another), an upper bound below it (households at a third block and at a tract).
+    Upper bounds above 0 and lower bounds do not enter the GLS (only the zeros do), so the
+    release is estimated once and given the edited measurements."""
+    st = synthetic_us(3, states=1, counties=2, tracts=2, block_groups=2, blocks=16,
+                      population=400)  # fmt: skip
+    h = st.hierarchy
+    block, cell, count = pl94_histogram(st, seed=3)
+    total = int(count.sum())
+    subs = list(simulate_nmf(h, block, cell, count, with_us=False,
+                             evaluation_rng=KeyedRNG.reproducible(11, warn=False)))  # fmt: skip
+    r = estimate_state(collect_nmf(subs, {"01": total}))
+    kb, kt = r.hierarchy.level_index("block"), r.hierarchy.level_index("tract")
+    zb = r.release.estimates[kb].reshape(-1, 8, 252).sum(axis=2)
+    zt = r.release.estimates[kt].reshape(-1, 8, 252).sum(axis=2)
+    bcodes, tcodes = r.hierarchy["block"].codes, r.hierarchy["tract"].codes
+    order = np.argsort(-zb[:, 0])
+    raise_hh, cut_hh = bcodes[order[1]], bcodes[order[0]]  # two of the largest blocks
+    gq = np.argwhere((zb[:, 1:] > 0.5) & (np.arange(bcodes.size) != order[1])[:, None])[0]
+    raise_gq, gq_type = bcodes[gq[0]], int(gq[1]) + 1
+    edits = {  # geocode → (hhgq type, new lower or None, new upper or None)
+        raise_hh: (0, int(np.ceil(zb[order[1], 0])) + 3, None),
+        cut_hh: (0, None, int(np.floor(zb[order[0], 0])) - 4),
+        raise_gq: (gq_type, int(np.ceil(zb[gq[0], gq_type])) + 2, None),
+    }
+    t_cut = int(np.argmax(zt[:, 0]))  # below the GLS and below the projections' integer
+    plain = nmf_integers(r, KeyedRNG.reproducible(1, warn=False)).counts[kt][t_cut, 0].sum()
+    edits[tcodes[t_cut]] = (0, None, int(min(np.floor(zt[t_cut, 0]), plain)) - 5)
+    new = []
+    for sub in subs:
+        levels = []
+        for lvl in sub.levels:
+            lo, hi = lvl.lower.copy(), lvl.upper.copy()
+            for code, (t, lb, ub) in edits.items():
+                hit = np.flatnonzero(lvl.geocodes == code)
+                if hit.size:
+                    if lb is not None:
+                        lo[hit, t], hi[hit, t] = lb, max(hi[hit[0], t], lb)
+                    if ub is not None:
+                        hi[hit, t] = ub
+            levels.append(replace(lvl, lower=lo, upper=hi))
+        new.append(replace(sub, levels=tuple(levels)))
+    meas = collect_nmf(new, {"01": total})
+    for k, z in r.measurements.zeros().items():
+        assert np.array_equal(meas.zeros()[k], z)  # the GLS is the same release
+    return replace(r, measurements=meas), edits, new, total
+
+
+@pytest.fixture(scope="module")
+def bounded():
+    return _bounded_case()
+
+
+def _type_persons(r, counts, code):
+    h = r.hierarchy
+    for k in range(h.depth):
+        hit = np.flatnonzero(h.levels[k].codes == code)
+        if hit.size:
+            c = counts[k][hit[0]]
+            return c.reshape(8, -1).sum(axis=1)
+    raise KeyError(code)
+
+
+def test_integers_meet_binding_hhgq_bounds_exactly(bounded):
+    r, edits, _, total = bounded
+    # the bounds bind: the GLS estimate is outside each edited bound
+    for code, (t, lb, ub) in edits.items():
+        z = _type_persons(r, [e.reshape(e.shape[0], -1) for e in r.release.estimates], code)[t]
+        assert (lb is not None and lb > z) or (ub is not None and ub < z)
+    ints = nmf_integers(r, KeyedRNG.reproducible(1, warn=False))
+    for code, (t, lb, ub) in edits.items():
+        n = int(_type_persons(r, ints.counts, code)[t])
+        assert (lb is None or n >= lb) and (ub is None or n <= ub), (code, t, n, lb, ub)
+    h = r.hierarchy
+    for name, lvl in r.measurements.levels.items():  # every bound of every node
+        c = ints.counts[h.level_index(SPINE_LEVEL[name])]
+        s = c.reshape(c.shape[0], 8, -1).sum(axis=2)
+        has = lvl.has_bounds[:, None]
+        assert np.all(~has | ((s >= lvl.lower) & (s <= lvl.upper))), name
+        assert ints.bound_violations[name] == {"below_lower": 0, "above_upper": 0}
+    # and everything the product held before: zeros, sums, totals, non-negative int64
+    held = held_cells(r)
+    for k, c in enumerate(ints.counts):
+        assert c.dtype == np.int64 and c.min() >= 0
+        assert np.all(c.reshape(c.shape[0], -1)[held[k]] == 0)
+        if k + 1 < h.depth:
+            sums = np.zeros_like(c)
+            np.add.at(sums, h.levels[k + 1].parent, ints.counts[k + 1])
+            assert np.array_equal(sums, c)
+    assert int(ints.counts[h.level_index("state")].sum()) == total
+    assert int(ints.counts[h.level_index("state_part")].sum()) == total
+    # the projections alone broke them: the repair moved those pairs inside
+    rep = ints.bounds_repaired["Block"]
+    assert rep["below_lower"] >= 2 and rep["above_upper"] >= 1
+    assert ints.bounds_repaired["Tract"]["above_upper"] >= 1
+
+
+def test_without_the_bound_step_the_bounds_fail(bounded, monkeypatch):
+    """Removing the bound step (the projections' integers as they are) breaks the test above:
+    check_bounds refuses them, naming the constraint."""
+    import censusdp.pipelines.products.nmf_integers as ni
+
+    r, *_ = bounded
+    monkeypatch.setattr(ni, "impose_bounds", lambda state, counts, *a: counts)
+    with pytest.raises(DataError, match="outside its hhgq_total_(lb|ub)_con"):
+        ni.nmf_integers(r, KeyedRNG.reproducible(1, warn=False))
+
+
+def test_infeasible_bounds_name_the_geocode_and_constraint(bounded):
+    r, _, _, total = bounded
+    h = r.hierarchy
+    meas = r.measurements
+    # a block group's household upper bound below its children's lower bounds
+    bg = meas.levels["Block_Group"]
+    blk = meas.levels["Block"]
+    kids = np.bincount(blk.parent, weights=blk.lower[:, 0], minlength=bg.size)
+    i = int(np.argmax(kids))
+    hi = bg.upper.copy()
+    hi[i, 0] = int(kids[i]) - 1
+    lo = np.minimum(bg.lower, hi)
+    bad = replace(meas, levels={**meas.levels, "Block_Group": replace(bg, upper=hi, lower=lo)})
+    with pytest.raises(DataError, match=rf"block_group {bg.geocodes[i]}, hhgq type 0 "
+                       r"\(household\): hhgq_total_ub_con"):  # fmt: skip
+        effective_bounds(replace(r, measurements=bad))
+    # a published state total below what the lower bounds require
+    need = sum(int(x[0].sum()) for x in [effective_bounds(r)[0][h.level_index("state")]])
+    low = replace(meas, state_totals={"01": need - 1})
+    with pytest.raises(DataError, match="state 01: the published total .* hhgq_total_lb_con"):
+        effective_bounds(replace(r, measurements=low))
+    assert need <= total
+
+
+def test_cli_exits_2_on_infeasible_bounds(bounded, tmp_path, capsys):
+    from censusdp.app.cli import main
+
+    _, _, subs, total = bounded
+    new, target = [], None
+    for sub in subs:  # a block group's household upper bound below its blocks' lower bounds
+        bg, blk = sub.level("Block_Group"), sub.level("Block")
+        kids = np.bincount(blk.parent, weights=blk.lower[:, 0], minlength=bg.size)
+        i = int(np.argmax(kids))
+        if target is None and kids[i] >= 2:
+            hi = bg.upper.copy()
+            hi[i, 0] = int(kids[i]) - 1
+            target = str(bg.geocodes[i])
+            lv = tuple(replace(x, upper=hi) if x is bg else x for x in sub.levels)
+            sub = replace(sub, levels=lv)
+        new.append(sub)
+    assert target is not None
+    root = write_nmf(tmp_path / "nmf", new)
+    write_state_totals(tmp_path / "p1.csv", {"01": total})
+    code = main(["nmf", str(root), "--state-totals", str(tmp_path / "p1.csv"), "--out",
+                 str(tmp_path / "out"), "--integers", "--seed", "1"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and target in err and "hhgq_total_ub_con" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+@settings(max_examples=60, deadline=None)
+@given(hst.data())
+def test_nearest_bounded_transport_matches_brute_force(data):
+    """On tiny problems (rows × columns ≤ 6 entries, counts ≤ 4) the integer program's
+    answer is feasible and as cheap as the cheapest of every integer matrix, and it says
+    infeasible exactly when none is feasible."""
+    nr = data.draw(hst.integers(1, 3))
+    nc = data.draw(hst.integers(1, 6 // nr))
+    e = nr * nc
+    row = np.repeat(np.arange(nr), nc)
+    col = np.tile(np.arange(nc), nr)
+    x0 = np.array(data.draw(hst.lists(hst.integers(0, 3), min_size=e, max_size=e)), np.int64)
+    est = np.array(data.draw(hst.lists(hst.floats(-2, 5), min_size=e, max_size=e)))
+    target = np.array(data.draw(hst.lists(hst.integers(0, 4), min_size=nc, max_size=nc)))
+    lo = np.array(data.draw(hst.lists(hst.integers(0, 4), min_size=nr, max_size=nr)))
+    hi = lo + np.array(data.draw(hst.lists(hst.integers(0, 3), min_size=nr, max_size=nr)))
+    got = nearest_bounded_transport(x0, est, row, col_target=target, row_lo=lo, row_hi=hi,
+                                    col=col)  # fmt: skip
+    grid = np.array(list(itertools.product(range(5), repeat=e)))
+    rs = np.stack([grid[:, row == i].sum(axis=1) for i in range(nr)], axis=1)
+    cs = np.stack([grid[:, col == j].sum(axis=1) for j in range(nc)], axis=1)
+    ok = np.all((rs >= lo) & (rs <= hi), axis=1) & np.all(cs == target, axis=1)
+    lean = np.clip(x0 - est, -1, 1)
+
+    def cost(x):
+        d = x - x0
+        return (np.maximum(d, 0) * (1 + 0.5 * lean) + np.maximum(-d, 0) * (1 - 0.5 * lean)).sum(
+            axis=-1
+        )
+
+    if not ok.any():
+        assert got is None
+        return
+    assert got is not None and got.dtype == np.int64 and got.min() >= 0
+    assert np.array_equal(np.bincount(col, weights=got, minlength=nc), target)
+    r = np.bincount(row, weights=got, minlength=nr)
+    assert np.all((r >= lo) & (r <= hi))
+    assert cost(got) <= cost(grid[ok]).min() + 1e-9
