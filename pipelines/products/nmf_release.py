@@ -1319,7 +1319,7 @@ def _release_states(
             with stage(clock, "integers"):
                 ints = nmf_integers(r, rng)
                 write_integers(tmp / INTEGER_FOLDER, r, ints, int_files)
-                violations[state] = ints.bound_violations
+                violations[state] = ints.bounds_repaired
             seconds[state]["integers"] = clock["integers"]
         if callable(on_state):
             on_state(r)
@@ -1423,7 +1423,8 @@ def _manifest(
             "published": Path(opts.published).name,
             "what": "the release's P1_001N minus the published table's, by level and "
             "published size class (a difference from TopDown's published estimates, not "
-            "an error against the truth); the water-block re-geocoding is not applied",
+            "an error against the truth); the Bureau's water-block patch applied first "
+            "(nmf_evaluate.WATER_BLOCK_PATCH)",
         }
     if opts.integers:
         manifest["nonnegative"] = {
@@ -1432,10 +1433,9 @@ def _manifest(
             "label": "BIASED: " + BIASED_NOTE,
             "statement": statement,
             "held": "structural zeros == 0 at every node, state totals == the published "
-            "ones, every node the sum of its children, non-negative int64",
-            "not_imposed": "hhgq bounds other than upper bounds of 0; counts of (node, "
-            "type) outside them per level in hhgq_bounds_outside",
-            "hhgq_bounds_outside": done.violations,
+            "ones, every node the sum of its children, non-negative int64, hhgq lower <= "
+            "persons of the type <= upper at every node with bounds",
+            "hhgq_bounds_repaired": done.violations,
             "seed": "given (reproducible mode)" if opts.seed is not None else "fresh key",
         }
     return manifest
