@@ -33,7 +33,7 @@ from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement, Query
 from censusdp.mechanisms.registry import LawInfo
 from censusdp.pipelines.execute import Executor
-from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
+from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round, rounding_mode
 from censusdp.pipelines.partition import Partition
 from censusdp.registry import Registry
 from censusdp.rng import KeyedRNG
@@ -52,15 +52,6 @@ __all__ = [
 #: (:meth:`~censusdp.estimation.release.Release.sum_variances`); above it they cost too much
 #: memory and only the cells' standard errors are reported.
 COVARIANCE_CELLS = 64
-
-
-def rounding_mode(invariants: Sequence[Invariant]) -> str:
-    """``"totals"`` when node totals are held invariant, else ``"cells"``.
-
-    Either mode keeps every invariant exact (its rows join the rounding family); the mode
-    picks which other sums stay within floor/ceil: node totals, or (node, cell) sums.
-    """
-    return "totals" if any(iv.query.name == "total" for iv in invariants) else "cells"
 
 
 def _marginals(measurements) -> list[Query]:

@@ -38,7 +38,7 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -83,12 +83,28 @@ from censusdp.mechanisms.queries import Invariant, Measurement, Query
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.measure import PartitionedMeasurements
 from censusdp.pipelines.partition import Partition
-from censusdp.pipelines.partition_driver import DriverOptions, PartitionDriver, Task, drive
+from censusdp.pipelines.partition_driver import (
+    DriverOptions,
+    PartitionDriver,
+    Task,
+    drive,
+    integerize,
+    register_integerizer,
+)
 from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece, piece_head
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 from censusdp.timing import stage
 
-__all__ = ["partitioned_gls", "partitioned_round"]
+__all__ = ["RoundIntegerizer", "partitioned_gls", "partitioned_round", "rounding_mode"]
+
+
+def rounding_mode(invariants: Sequence[Invariant]) -> str:
+    """``"totals"`` when node totals are held invariant, else ``"cells"``.
+
+    Either mode keeps every invariant exact (its rows join the rounding family); the mode
+    picks which other sums stay within floor/ceil: node totals, or (node, cell) sums.
+    """
+    return "totals" if any(iv.query.name == "total" for iv in invariants) else "cells"
 
 
 # ----------------------------------------------------------------------------- GLS tasks
@@ -509,13 +525,12 @@ def partitioned_round(
         kept = PartitionedRelease.of(release, partitions, ex)
     else:
         ex.wait(ex.submit(_finite_task, kept.pieces, h, kept.cells))
-    job = _RoundJob(
-        ex, h, tuple(release.cells), kept, tuple(partitions), rng, lab, tol,
-        tuple(invariants), tuple(queries),
-    )  # fmt: skip
-    step = _bipartite_step(job) if method == "bipartite" else _family_step(job, method)
-    pieces = drive(step, PartitionDriver(len(partitions), ex, DriverOptions(cache_bytes=None)))
-    rounded = _rounded(job, step, pieces, method)
+    step = RoundIntegerizer.of(
+        kept, rng, invariants, method=method, queries=queries, label=lab, tol=tol
+    )
+    rounded = integerize(
+        step, PartitionDriver(len(partitions), ex, DriverOptions(cache_bytes=None))
+    )
     if isinstance(release, PartitionedRelease):
         return rounded
     ex.release(kept.pieces)
@@ -554,10 +569,11 @@ class _RoundJob:
         return [tuple(r[0] for r in p.ranges) for p in self.partitions]
 
 
+@register_integerizer
 @dataclass(eq=False)
-class _RoundStep:
-    """The rounding as a :class:`~censusdp.pipelines.partition_driver.PartitionStep` (the
-    integerizer's ``up``/``top``/``down``): each partition rounds its part (``up_tasks``:
+class RoundIntegerizer:
+    """The unbiased rounding as an :class:`~censusdp.pipelines.partition_driver.Integerizer`
+    (``up``/``top``/``partition``): each partition rounds its part (``up_tasks``:
     the family's steps up to its cut nodes, or bipartite its leaf parents), the levels above
     the cut are rounded here from the leftovers the cut nodes send (:func:`round_top`;
     nothing for bipartite), and each partition settles where its piece is
@@ -568,7 +584,9 @@ class _RoundStep:
     levels down to the cut (None for bipartite: summed from the pieces). Every rounded
     part is kept (``cache_bytes=None``)."""
 
+    name: ClassVar[str] = "round"
     job: _RoundJob
+    method: str
     up_tasks: list[Task]
     message_fn: Any
     plan: RoundingPlan | None
@@ -577,6 +595,40 @@ class _RoundStep:
     family: tuple = ()
     settle: list[tuple] = dataclasses.field(default_factory=list)
     top_rounding: list[np.ndarray] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        release: PartitionedRelease,
+        rng: KeyedRNG,
+        invariants: Sequence[Invariant] = (),
+        *,
+        method: str | None = None,
+        queries: Sequence[Query] = (),
+        label: str | None = None,
+        tol: float = TOL,
+    ) -> RoundIntegerizer:
+        """The rounding of ``release`` where its pieces are (``method`` None:
+        :func:`rounding_mode`; ``label`` None: ``rounding/<method>``)."""
+        method = method or rounding_mode(invariants)
+        job = _RoundJob(
+            release.executor, release.hierarchy, tuple(release.cells), release,
+            release.partitions, rng, label or f"rounding/{method}", tol, tuple(invariants),
+            tuple(queries),
+        )  # fmt: skip
+        return _bipartite_step(job) if method == "bipartite" else _family_step(job, method)
+
+    @staticmethod
+    def whole(release: Release, rng: KeyedRNG, invariants: Sequence[Invariant] = ()) -> Release:
+        """The same rounding in one process (:func:`round_release`)."""
+        method = rounding_mode(invariants)
+        return round_release(
+            release, rng, method=method, invariants=invariants, label=f"rounding/{method}"
+        )
+
+    def finish(self, pieces: list) -> PartitionedRelease:
+        """The rounded release kept per partition (:func:`_rounded`)."""
+        return _rounded(self.job, self, pieces, self.method)
 
     def up(self, pos: int) -> Task:
         return self.up_tasks[pos]
@@ -596,7 +648,7 @@ class _RoundStep:
             )
         self.top_rounding = top.variances
 
-    def down(self, pos: int, state: Any | None) -> Task:
+    def partition(self, pos: int, state: Any | None) -> Task:
         """Partition ``pos``'s integer piece (:func:`_settle_task`, where its piece is)."""
         job = self.job
         h, p = job.hierarchy, job.partitions[pos]
@@ -608,8 +660,10 @@ class _RoundStep:
                 invs, self.masks)  # fmt: skip
         return Task(_settle_task, item, (self.plan, job.tol))
 
+    down = partition
 
-def _bipartite_step(job: _RoundJob) -> _RoundStep:
+
+def _bipartite_step(job: _RoundJob) -> RoundIntegerizer:
     """Bipartite: each partition rounds the leaves of its leaf parents, each parent with
     its own keyed generator (sub-keys of its parents only)."""
     h, cut = job.hierarchy, job.cut
@@ -636,10 +690,12 @@ def _bipartite_step(job: _RoundJob) -> _RoundStep:
     else:
         rows = [None] * len(job.partitions)  # the pieces hold the parents' level
     settle = [(none, none, none, r) for r in rows]
-    return _RoundStep(job, tasks, _no_message, None, masks, labels, settle=settle)
+    return RoundIntegerizer(
+        job, "bipartite", tasks, _no_message, None, masks, labels, settle=settle
+    )
 
 
-def _family_step(job: _RoundJob, method: str) -> _RoundStep:
+def _family_step(job: _RoundJob, method: str) -> RoundIntegerizer:
     """``"cells"``/``"totals"``: each partition runs the family's steps up to its cut nodes
     (:func:`_round_task`, with the sub-keys of its streams)."""
     h, cut, lab, tol = job.hierarchy, job.cut, job.label, job.tol
@@ -650,10 +706,14 @@ def _family_step(job: _RoundJob, method: str) -> _RoundStep:
              (n_global, plan, lab, tol))
         for f, lo, piece in zip(job.forests, job.los, job.kept.pieces, strict=True)
     ]  # fmt: skip
-    return _RoundStep(job, tasks, _leftovers, plan, plan.masks, plan.labels, plan.describe())
+    return RoundIntegerizer(
+        job, method, tasks, _leftovers, plan, plan.masks, plan.labels, plan.describe()
+    )
 
 
-def _rounded(job: _RoundJob, start: _RoundStep, pieces: list, method: str) -> PartitionedRelease:
+def _rounded(
+    job: _RoundJob, start: RoundIntegerizer, pieces: list, method: str
+) -> PartitionedRelease:
     """The rounded release kept per partition: the levels down to the cut summed from the
     pieces' heads, variances with the rounding's added, the tracked sums, and every
     invariant checked exact (DataError naming those that are not; the pieces released)."""
