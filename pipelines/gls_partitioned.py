@@ -75,7 +75,15 @@ from censusdp.estimation.integer.laminar import (
     sum_estimator_variances,
     tracked_sums,
 )
+from censusdp.estimation.integer.nonnegative import (
+    BIASED_NOTE,
+    LABEL,
+    nonnegative_partition,
+    nonnegative_top,
+    partition_keys,
+)
 from censusdp.estimation.release import Release, SumVariances
+from censusdp.estimation.topdown.flat import flat_products
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.privacy import checked_statement
@@ -90,12 +98,20 @@ from censusdp.pipelines.partition_driver import (
     drive,
     integerize,
     register_integerizer,
+    same,
 )
 from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece, piece_head
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
+from censusdp.schema import Schema
 from censusdp.timing import stage
 
-__all__ = ["RoundIntegerizer", "partitioned_gls", "partitioned_round", "rounding_mode"]
+__all__ = [
+    "NonNegativeIntegerizer",
+    "RoundIntegerizer",
+    "partitioned_gls",
+    "partitioned_round",
+    "rounding_mode",
+]
 
 
 def rounding_mode(invariants: Sequence[Invariant]) -> str:
@@ -787,3 +803,113 @@ def _invariants_exact(
                 key in s["invariants_missed"] for s in summaries
             )
     return exact
+
+
+# ----------------------------------------------------------------------------- non-negative
+def _nonnegative_task(
+    item: tuple, n_global: tuple[int, ...], schema: Schema, label: str, tol: float
+) -> ReleasePiece:
+    """``item = (forest, lo, piece, cut_counts, keys)`` of one partition: its levels below the
+    cut made non-negative integers from its cut nodes' (:func:`nonnegative_partition`, with
+    the sub-keys of its streams, :func:`partition_keys`)."""
+    forest, lo, piece, cut_counts, keys = item
+    got = nonnegative_partition(
+        forest, lo, n_global, schema, cut_counts, list(piece.estimates), keys, label=label, tol=tol
+    )
+    return ReleasePiece(tuple(c.reshape(c.shape[0], -1) for c in got.counts), None)
+
+
+def _nonnegative_release(release: Release | PartitionedRelease, counts: Sequence[np.ndarray]):
+    """``release`` with ``counts`` (levels from the root) as its non-negative estimates: no
+    variances (the product is biased), its statement noting so (:data:`BIASED_NOTE`)."""
+    return dataclasses.replace(
+        release,
+        integer=True,
+        estimates=[c.reshape(c.shape[0], -1) for c in counts],
+        variances=None,
+        covariances=None,
+        sums=None,
+        privacy=release.privacy.with_notes(BIASED_NOTE),
+        diagnostics={**release.diagnostics, "rounding": NonNegativeIntegerizer.name},
+    )
+
+
+@register_integerizer
+@dataclass(eq=False)
+class NonNegativeIntegerizer:
+    """The non-negative product (:mod:`~censusdp.estimation.integer.nonnegative`) of a flat
+    release as an :class:`~censusdp.pipelines.partition_driver.Integerizer`.
+
+    A flat table is the one-attribute schema ``Schema.flat(cells)``, its invariants product
+    invariants of that schema (:func:`~censusdp.estimation.topdown.flat.flat_products`). A
+    partition sends nothing up; the top makes the levels down to the cut non-negative
+    integers (:func:`~censusdp.estimation.integer.nonnegative.nonnegative_top`: invariants
+    ``==``) and each partition its levels below from its cut nodes' integers where its
+    piece is (:func:`_nonnegative_task`). Uniforms are keyed by level and global node, so
+    the integers equal :meth:`whole`'s bit for bit for every partitioning and executor.
+    Biased, without standard errors (:data:`~censusdp.estimation.integer.nonnegative.BIASED_NOTE`).
+
+    References
+    ----------
+    Abowd et al. (2022), TopDown's per-parent non-negative solves; Held, Wolfe & Crowder
+    (1974); Gandhi, Khuller, Parthasarathy & Srinivasan, J. ACM 53(3), 2006.
+    """
+
+    name: ClassVar[str] = "nonnegative"
+    release: PartitionedRelease
+    schema: Schema
+    rng: KeyedRNG
+    invariants: tuple
+    label: str = LABEL
+    tol: float = TOL
+    top_counts: list = dataclasses.field(default_factory=list)
+    message_fn = staticmethod(_no_message)
+
+    @classmethod
+    def of(
+        cls,
+        release: PartitionedRelease,
+        rng: KeyedRNG,
+        invariants: Sequence[Invariant] = (),
+        *,
+        label: str = LABEL,
+        tol: float = TOL,
+    ) -> NonNegativeIntegerizer:
+        """The non-negative product of ``release`` where its pieces are; ``invariants`` at
+        the root and its children (SpecError elsewhere, from the top)."""
+        schema, _, invs = flat_products(release.hierarchy, release.cells, [], invariants)
+        return cls(release, schema, rng, tuple(invs), label, tol)
+
+    @staticmethod
+    def whole(release: Release, rng: KeyedRNG, invariants: Sequence[Invariant] = ()) -> Release:
+        """The same product in one process (every level in one :func:`nonnegative_top`)."""
+        schema, _, invs = flat_products(release.hierarchy, release.cells, [], invariants)
+        got = nonnegative_top(release.hierarchy, schema, release.estimates, rng, invariants=invs)
+        return _nonnegative_release(release, got.counts)
+
+    def up(self, pos: int) -> Task:
+        return Task(same, None)
+
+    def top(self, messages: list) -> None:
+        r = self.release
+        self.top_counts = nonnegative_top(
+            r.hierarchy, self.schema, r.estimates, self.rng,
+            invariants=self.invariants, label=self.label, tol=self.tol,
+        ).counts  # fmt: skip
+
+    def partition(self, pos: int, state: Any | None) -> Task:
+        r = self.release
+        h, cut, p = r.hierarchy, r.cut, r.partitions[pos]
+        forest, lo = Forest.of(h, cut, p.ranges).without_codes(), tuple(a for a, _ in p.ranges)
+        keys = partition_keys(self.rng, forest, lo, self.schema.n_cells, label=self.label)
+        item = (forest, lo, r.pieces[pos], self.top_counts[cut][slice(*p.units)], keys)
+        extra = (tuple(h.sizes[cut:]), self.schema, self.label, self.tol)
+        return Task(_nonnegative_task, item, extra)
+
+    down = partition
+
+    def finish(self, pieces: list) -> PartitionedRelease:
+        """The non-negative release kept per partition."""
+        return dataclasses.replace(
+            _nonnegative_release(self.release, self.top_counts), pieces=pieces
+        )
