@@ -35,7 +35,6 @@ J. ACM 53(3), 2006 (dependent rounding).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -553,55 +552,27 @@ def partitioned_round(
     return _gathered(rounded, "seconds_gather")
 
 
-@dataclass(frozen=True, eq=False)
-class _RoundJob:
-    """One partitioned rounding's inputs as its steps share them: the release kept per
-    partition (``kept``), the cells, the rounding streams' key and label, the invariants
-    and tracked queries. ``forests`` are the partitions' subtrees without their codes (what
-    the rounding tasks need) and ``los`` their first global node per level."""
+@register_integerizer
+@dataclass(eq=False)
+class RoundIntegerizer:
+    """The unbiased rounding of a release kept per partition as an
+    :class:`~censusdp.pipelines.partition_driver.Integerizer`: each partition rounds its part
+    (``up_tasks``: the family's steps up to its cut nodes, :func:`_round_task`; bipartite:
+    its leaf parents, each with its own keyed generator), the levels above the cut are
+    rounded here from the leftovers the cut nodes send (:func:`round_top`; nothing for
+    bipartite), and each partition settles where its piece is (:func:`_settle_task`).
+    ``settle`` is per partition ``(leaf, cell, add, bits)``: the increments the levels above
+    the cut give its leftovers and its cut nodes' bit covariances or, for bipartite, the
+    parents' rows; ``plan`` None for bipartite; tracked sums' masks and labels, the family's
+    description and the rounding variances of the levels down to the cut (None for
+    bipartite: summed from the pieces). Every rounded part is kept (``cache_bytes=None``)."""
 
-    ex: Executor
-    hierarchy: Hierarchy
-    cells: tuple[str, ...]
-    kept: PartitionedRelease
-    partitions: tuple[Partition, ...]
+    name: ClassVar[str] = "round"
+    release: PartitionedRelease
     rng: KeyedRNG
     label: str
     tol: float
     invariants: tuple[Invariant, ...]
-    queries: tuple[Query, ...]
-
-    @property
-    def cut(self) -> int:
-        return self.partitions[0].cut
-
-    @functools.cached_property
-    def forests(self) -> list[Forest]:
-        h, cut = self.hierarchy, self.cut
-        return [Forest.of(h, cut, p.ranges).without_codes() for p in self.partitions]
-
-    @functools.cached_property
-    def los(self) -> list[tuple[int, ...]]:
-        return [tuple(r[0] for r in p.ranges) for p in self.partitions]
-
-
-@register_integerizer
-@dataclass(eq=False)
-class RoundIntegerizer:
-    """The unbiased rounding as an :class:`~censusdp.pipelines.partition_driver.Integerizer`
-    (``up``/``top``/``partition``): each partition rounds its part (``up_tasks``:
-    the family's steps up to its cut nodes, or bipartite its leaf parents), the levels above
-    the cut are rounded here from the leftovers the cut nodes send (:func:`round_top`;
-    nothing for bipartite), and each partition settles where its piece is
-    (:func:`_settle_task`). ``settle`` is per partition ``(leaf, cell, add, bits)``: the
-    increments the levels above the cut give its leftovers and its cut nodes' bit
-    covariances or, for bipartite, the parents' rows; ``plan`` None for bipartite; tracked
-    sums' masks and labels, the family's description and the rounding variances of the
-    levels down to the cut (None for bipartite: summed from the pieces). Every rounded
-    part is kept (``cache_bytes=None``)."""
-
-    name: ClassVar[str] = "round"
-    job: _RoundJob
     method: str
     up_tasks: list[Task]
     message_fn: Any
@@ -627,12 +598,30 @@ class RoundIntegerizer:
         """The rounding of ``release`` where its pieces are (``method`` None:
         :func:`rounding_mode`; ``label`` None: ``rounding/<method>``)."""
         method = method or rounding_mode(invariants)
-        job = _RoundJob(
-            release.executor, release.hierarchy, tuple(release.cells), release,
-            release.partitions, rng, label or f"rounding/{method}", tol, tuple(invariants),
-            tuple(queries),
-        )  # fmt: skip
-        return _bipartite_step(job) if method == "bipartite" else _family_step(job, method)
+        h, cells, cut, parts = release.hierarchy, release.cells, release.cut, release.partitions
+        lab, invs, D = label or f"rounding/{method}", tuple(invariants), h.depth
+        common = (release, rng, lab, tol, invs, method)
+        if method == "bipartite":
+            check_bipartite(h.names, cells, invs)
+            masks, labels = tracked_sums(cells, invs, queries)
+            tasks = [
+                Task(_bipartite_task, (piece, h.levels[D - 2].child_count[slice(*p.range(D - 2))],
+                     p.range(D - 2)[0], rng.restrict({lab: range(*p.range(D - 2))})), (lab, tol))
+                for p, piece in zip(parts, release.pieces, strict=True)
+            ]  # fmt: skip
+            none = np.zeros(0, np.int64)  # the pieces hold the parents' level unless it is cut
+            rows = [release.estimates[cut][slice(*p.range(cut))] if D - 2 == cut else None
+                    for p in parts]  # fmt: skip
+            settle = [(none, none, none, r) for r in rows]
+            return cls(*common, tasks, _no_message, None, masks, labels, settle=settle)
+        plan = RoundingPlan.build(h.names, cells, method, invs, queries)
+        n_global = tuple(h.sizes[cut:])
+        tasks = []
+        for p, piece in zip(parts, release.pieces, strict=True):
+            f, lo = Forest.of(h, cut, p.ranges).without_codes(), tuple(r[0] for r in p.ranges)
+            keys = _round_keys(rng, f, lo, plan, lab)
+            tasks.append(Task(_round_task, (f, lo, piece, keys), (n_global, plan, lab, tol)))
+        return cls(*common, tasks, _leftovers, plan, plan.masks, plan.labels, plan.describe())
 
     @staticmethod
     def whole(release: Release, rng: KeyedRNG, invariants: Sequence[Invariant] = ()) -> Release:
@@ -642,10 +631,6 @@ class RoundIntegerizer:
             release, rng, method=method, invariants=invariants, label=f"rounding/{method}"
         )
 
-    def finish(self, pieces: list) -> PartitionedRelease:
-        """The rounded release kept per partition (:func:`_rounded`)."""
-        return _rounded(self.job, self, pieces, self.method)
-
     def up(self, pos: int) -> Task:
         return self.up_tasks[pos]
 
@@ -654,9 +639,9 @@ class RoundIntegerizer:
         leftovers, and each partition told the increments its leftovers get."""
         if self.plan is None:
             return
-        job, h, cut = self.job, self.job.hierarchy, self.job.cut
-        top = round_top(h, cut, messages, job.rng, self.plan, label=job.label, tol=job.tol)
-        for p in job.partitions:
+        h, cut = self.release.hierarchy, self.release.cut
+        top = round_top(h, cut, messages, self.rng, self.plan, label=self.label, tol=self.tol)
+        for p in self.release.partitions:
             lo, hi = p.range(h.depth - 1)
             mine = (top.leaf >= lo) & (top.leaf < hi)
             self.settle.append(
@@ -666,143 +651,74 @@ class RoundIntegerizer:
 
     def partition(self, pos: int, state: Any | None) -> Task:
         """Partition ``pos``'s integer piece (:func:`_settle_task`, where its piece is)."""
-        job = self.job
-        h, p = job.hierarchy, job.partitions[pos]
+        r = self.release
+        h, p = r.hierarchy, r.partitions[pos]
         invs = tuple(
             (iv, f"{h.names[iv.level]}: {iv.query.name}")
-            for iv in restrict(job.invariants, job.cut, p.ranges)
+            for iv in restrict(self.invariants, r.cut, p.ranges)
         )
-        item = (state, job.kept.pieces[pos], job.forests[pos], job.los[pos], *self.settle[pos],
-                invs, self.masks)  # fmt: skip
-        return Task(_settle_task, item, (self.plan, job.tol))
+        forest, lo = Forest.of(h, r.cut, p.ranges).without_codes(), tuple(a for a, _ in p.ranges)
+        item = (state, r.pieces[pos], forest, lo, *self.settle[pos], invs, self.masks)
+        return Task(_settle_task, item, (self.plan, self.tol))
 
     down = partition
 
-
-def _bipartite_step(job: _RoundJob) -> RoundIntegerizer:
-    """Bipartite: each partition rounds the leaves of its leaf parents, each parent with
-    its own keyed generator (sub-keys of its parents only)."""
-    h, cut = job.hierarchy, job.cut
-    D = h.depth
-    check_bipartite(h.names, job.cells, job.invariants)
-    masks, labels = tracked_sums(job.cells, job.invariants, job.queries)
-    up = h.levels[D - 2]
-    tasks = [
-        Task(
-            _bipartite_task,
-            (
-                piece,
-                up.child_count[slice(*p.range(D - 2))],
-                p.range(D - 2)[0],
-                job.rng.restrict({job.label: range(*p.range(D - 2))}),
-            ),
-            (job.label, job.tol),
+    def finish(self, pieces: list) -> PartitionedRelease:
+        """The rounded release kept per partition: the levels down to the cut summed from the
+        pieces' heads, variances with the rounding's added, the tracked sums, and every
+        invariant checked exact (DataError naming those that are not; the pieces released)."""
+        kept, ex = self.release, self.release.executor
+        h, cut, K = kept.hierarchy, kept.cut, len(kept.cells)
+        got = _heads(ex, pieces)
+        top = whole_forest(h, 0, cut)
+        estimates = top.aggregate(np.concatenate([c for c, _ in got]))
+        top_rounding = self.top_rounding
+        if top_rounding is None:  # bipartite: the parents are independent, variances add
+            top_rounding = top.aggregate(np.concatenate([s["head_rounding"] for _, s in got]))
+        variances = (
+            None
+            if kept.variances is None
+            else [v + r[:, :K] for v, r in zip(kept.variances, top_rounding, strict=True)]
         )
-        for p, piece in zip(job.partitions, job.kept.pieces, strict=True)
-    ]
-    none = np.zeros(0, np.int64)
-    if D - 2 == cut:
-        rows = [job.kept.estimates[cut][slice(*p.range(cut))] for p in job.partitions]
-    else:
-        rows = [None] * len(job.partitions)  # the pieces hold the parents' level
-    settle = [(none, none, none, r) for r in rows]
-    return RoundIntegerizer(
-        job, "bipartite", tasks, _no_message, None, masks, labels, settle=settle
-    )
-
-
-def _family_step(job: _RoundJob, method: str) -> RoundIntegerizer:
-    """``"cells"``/``"totals"``: each partition runs the family's steps up to its cut nodes
-    (:func:`_round_task`, with the sub-keys of its streams)."""
-    h, cut, lab, tol = job.hierarchy, job.cut, job.label, job.tol
-    plan = RoundingPlan.build(h.names, job.cells, method, job.invariants, job.queries)
-    n_global = tuple(h.sizes[cut:])
-    tasks = [
-        Task(_round_task, (f, lo, piece, _round_keys(job.rng, f, lo, plan, lab)),
-             (n_global, plan, lab, tol))
-        for f, lo, piece in zip(job.forests, job.los, job.kept.pieces, strict=True)
-    ]  # fmt: skip
-    return RoundIntegerizer(
-        job, method, tasks, _leftovers, plan, plan.masks, plan.labels, plan.describe()
-    )
-
-
-def _rounded(
-    job: _RoundJob, start: RoundIntegerizer, pieces: list, method: str
-) -> PartitionedRelease:
-    """The rounded release kept per partition: the levels down to the cut summed from the
-    pieces' heads, variances with the rounding's added, the tracked sums, and every
-    invariant checked exact (DataError naming those that are not; the pieces released)."""
-    h, cut, kept = job.hierarchy, job.cut, job.kept
-    got = _heads(job.ex, pieces)
-    top = whole_forest(h, 0, cut)
-    estimates = top.aggregate(np.concatenate([c for c, _ in got]))
-    top_rounding = start.top_rounding
-    if top_rounding is None:  # bipartite: the parents are independent, variances add
-        top_rounding = top.aggregate(np.concatenate([s["head_rounding"] for _, s in got]))
-    K = len(job.cells)
-    variances = (
-        None
-        if kept.variances is None
-        else [v + r[:, :K] for v, r in zip(kept.variances, top_rounding, strict=True)]
-    )
-    largest = max(
-        [
-            float(max(np.nanmax(r[:, :K], initial=0.0) for r in top_rounding)),
-            *(s["rounding_variance_max"] for _, s in got),
-        ]
-    )
-    sums = SumVariances(
-        start.masks,
-        tuple(start.labels),
-        sum_estimator_variances(kept, start.masks, range(cut + 1)),
-        top_rounding,
-    )
-    diag = dict(kept.diagnostics)
-    diag.update(rounding=method, rounding_variance_max=largest)
-    if start.family:
-        diag["rounding_family"] = list(start.family)
-    exact = _invariants_exact(job, estimates, [s for _, s in got])
-    missed = [k for k, ok in exact.items() if not ok]
-    if missed:
-        job.ex.release(pieces)
-        raise DataError(
-            f"invariants {missed} are not exact after rounding: the real-valued release does "
-            "not meet them within the rounding tolerance; check the estimator's invariant "
-            "constraints"
+        largest = max(
+            [
+                float(max(np.nanmax(r[:, :K], initial=0.0) for r in top_rounding)),
+                *(s["rounding_variance_max"] for _, s in got),
+            ]
         )
-    diag["invariants_exact"] = exact
-    return dataclasses.replace(
-        kept,
-        integer=True,
-        diagnostics=diag,
-        estimates=estimates,
-        variances=variances,
-        covariances=None,
-        pieces=pieces,
-        sums=sums,
-    )
-
-
-def _invariants_exact(
-    job: _RoundJob, estimates: Sequence[np.ndarray], summaries: Sequence[dict]
-) -> dict[str, bool]:
-    """Per invariant label, whether it holds exactly (``==``): checked here on the levels
-    down to the cut, by the pieces (their ``invariants_missed``) below it."""
-    names, cut = job.hierarchy.names, job.cut
-    exact: dict[str, bool] = {}
-    for iv in job.invariants:
-        if iv.level <= cut:
-            key = f"{names[iv.level]}: {iv.query.name}"
-            ok = bool(np.array_equal(iv.query.apply(estimates[iv.level]), iv.values))
-            exact[key] = exact.get(key, True) and ok
-    for iv in job.invariants:
-        if iv.level > cut:
-            key = f"{names[iv.level]}: {iv.query.name}"
-            exact[key] = exact.get(key, True) and not any(
-                key in s["invariants_missed"] for s in summaries
+        est_var = sum_estimator_variances(kept, self.masks, range(cut + 1))
+        sums = SumVariances(self.masks, tuple(self.labels), est_var, top_rounding)
+        diag = {**kept.diagnostics, "rounding": self.method, "rounding_variance_max": largest}
+        if self.family:
+            diag["rounding_family"] = list(self.family)
+        exact = self._exact(estimates, [s for _, s in got])
+        missed = [k for k, ok in exact.items() if not ok]
+        if missed:
+            ex.release(pieces)
+            raise DataError(
+                f"invariants {missed} are not exact after rounding: the real-valued release "
+                "does not meet them within the rounding tolerance; check the estimator's "
+                "invariant constraints"
             )
-    return exact
+        diag["invariants_exact"] = exact
+        return dataclasses.replace(
+            kept, integer=True, diagnostics=diag, estimates=estimates, variances=variances,
+            covariances=None, pieces=pieces, sums=sums,
+        )  # fmt: skip
+
+    def _exact(self, estimates: Sequence[np.ndarray], summaries: Sequence[dict]) -> dict:
+        """Per invariant label, whether it holds exactly (``==``): checked here on the levels
+        down to the cut, by the pieces (their ``invariants_missed``) below it."""
+        names, cut = self.release.hierarchy.names, self.release.cut
+        exact: dict[str, bool] = {}
+        for iv in sorted(self.invariants, key=lambda iv: iv.level > cut):
+            key = f"{names[iv.level]}: {iv.query.name}"
+            if iv.level <= cut:
+                ok = bool(np.array_equal(iv.query.apply(estimates[iv.level]), iv.values))
+            else:
+                ok = not any(key in s["invariants_missed"] for s in summaries)
+            exact[key] = exact.get(key, True) and ok
+        return exact
 
 
 # ----------------------------------------------------------------------------- non-negative
