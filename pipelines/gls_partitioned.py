@@ -626,10 +626,7 @@ class RoundIntegerizer:
     @staticmethod
     def whole(release: Release, rng: KeyedRNG, invariants: Sequence[Invariant] = ()) -> Release:
         """The same rounding in one process (:func:`round_release`)."""
-        method = rounding_mode(invariants)
-        return round_release(
-            release, rng, method=method, invariants=invariants, label=f"rounding/{method}"
-        )
+        return round_release(release, rng, method=rounding_mode(invariants), invariants=invariants)
 
     def up(self, pos: int) -> Task:
         return self.up_tasks[pos]
@@ -754,22 +751,12 @@ def _nonnegative_release(release: Release | PartitionedRelease, counts: Sequence
 @dataclass(eq=False)
 class NonNegativeIntegerizer:
     """The non-negative product (:mod:`~censusdp.estimation.integer.nonnegative`) of a flat
-    release as an :class:`~censusdp.pipelines.partition_driver.Integerizer`.
-
-    A flat table is the one-attribute schema ``Schema.flat(cells)``, its invariants product
-    invariants of that schema (:func:`~censusdp.estimation.topdown.flat.flat_products`). A
-    partition sends nothing up; the top makes the levels down to the cut non-negative
-    integers (:func:`~censusdp.estimation.integer.nonnegative.nonnegative_top`: invariants
-    ``==``) and each partition its levels below from its cut nodes' integers where its
-    piece is (:func:`_nonnegative_task`). Uniforms are keyed by level and global node, so
-    the integers equal :meth:`whole`'s bit for bit for every partitioning and executor.
-    Biased, without standard errors (:data:`~censusdp.estimation.integer.nonnegative.BIASED_NOTE`).
-
-    References
-    ----------
-    Abowd et al. (2022), TopDown's per-parent non-negative solves; Held, Wolfe & Crowder
-    (1974); Gandhi, Khuller, Parthasarathy & Srinivasan, J. ACM 53(3), 2006.
-    """
+    release, on ``Schema.flat(cells)``, as an
+    :class:`~censusdp.pipelines.partition_driver.Integerizer`: nothing goes up, the top is
+    :func:`nonnegative_top` to the cut (invariants ``==``), each partition
+    :func:`nonnegative_partition` from its cut nodes' integers where its piece is. Uniforms
+    are keyed by level and global node: the integers equal :meth:`whole`'s bit for
+    bit. Biased, without standard errors (:data:`BIASED_NOTE`)."""
 
     name: ClassVar[str] = "nonnegative"
     release: PartitionedRelease
