@@ -33,8 +33,9 @@ from censusdp.mechanisms.privacy import checked_statement
 from censusdp.mechanisms.queries import Invariant, Measurement, Query
 from censusdp.mechanisms.registry import LawInfo
 from censusdp.pipelines.execute import Executor
-from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
+from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round, rounding_mode
 from censusdp.pipelines.partition import Partition
+from censusdp.pipelines.partitioned_release import PartitionedRelease
 from censusdp.registry import Registry
 from censusdp.rng import KeyedRNG
 
@@ -54,15 +55,6 @@ __all__ = [
 COVARIANCE_CELLS = 64
 
 
-def rounding_mode(invariants: Sequence[Invariant]) -> str:
-    """``"totals"`` when node totals are held invariant, else ``"cells"``.
-
-    Either mode keeps every invariant exact (its rows join the rounding family); the mode
-    picks which other sums stay within floor/ceil: node totals, or (node, cell) sums.
-    """
-    return "totals" if any(iv.query.name == "total" for iv in invariants) else "cells"
-
-
 def _marginals(measurements) -> list[Query]:
     """The measured marginals (besides cells and totals), whose rounded sums get SEs."""
     plan = getattr(measurements, "plan", None)  # PartitionedMeasurements: (level, query, law)
@@ -74,13 +66,26 @@ def _marginals(measurements) -> list[Query]:
     return list(out.values())
 
 
-def _round(release: Release, invariants, queries, rng: KeyedRNG, executor, partitions) -> Release:
+def _round(release, invariants, queries, rng: KeyedRNG, executor, partitions) -> Release:
+    """The spec's integer step; a release kept per partition (GLS) is rounded where its
+    pieces are, then gathered, and its pieces freed."""
     mode = rounding_mode(invariants)
     if partitions is None or executor is None:
         return round_release(release, rng, method=mode, invariants=invariants, queries=queries)
-    return partitioned_round(
-        release, rng, partitions, executor, method=mode, invariants=invariants, queries=queries
-    )
+    kept = release if isinstance(release, PartitionedRelease) else None
+    try:
+        rounded = partitioned_round(
+            release, rng, partitions, executor, method=mode, invariants=invariants, queries=queries
+        )
+        if not isinstance(rounded, PartitionedRelease):
+            return rounded
+        try:
+            return rounded.gather()
+        finally:
+            rounded.drop()
+    finally:
+        if kept is not None:
+            kept.drop()
 
 
 def _checked(release: Release, invariants: Sequence[Invariant]) -> Release:
@@ -107,44 +112,6 @@ def _checked(release: Release, invariants: Sequence[Invariant]) -> Release:
     else:
         note = "invariants checked on the released values (==): every one exact"
     return release.replace(privacy=release.privacy.with_notes(note))
-
-
-def _partitioned_gls(
-    hierarchy, cells, measurements, invariants, privacy, rng, options, executor, partitions
-) -> Release:
-    """GLS and its rounding where the partitions are; only the finished release is gathered."""
-    kept = partitioned_gls(
-        hierarchy,
-        cells,
-        measurements,
-        invariants,
-        privacy,
-        partitions,
-        executor,
-        keep=True,
-        covariance=len(cells) <= COVARIANCE_CELLS,
-    )
-    try:
-        if options.integer == "none":
-            return kept.gather()
-        mode = rounding_mode(invariants)
-        rounded = partitioned_round(
-            kept,
-            rng.child("round/gls"),
-            partitions,
-            executor,
-            method=mode,
-            invariants=invariants,
-            queries=_marginals(measurements),
-        )
-        if isinstance(rounded, Release):  # cut at the leaves: rounded in this process
-            return rounded
-        try:
-            return rounded.gather()
-        finally:
-            rounded.drop()
-    finally:
-        kept.drop()
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,7 +167,9 @@ class Estimator(Protocol):
         executor: Executor | None,
         partitions: Sequence[Partition] | None,
     ) -> Release:
-        """The release (before the integer step and the invariant check)."""
+        """The release (before the integer step and the invariant check); one kept per
+        partition (:class:`~censusdp.pipelines.partitioned_release.PartitionedRelease`)
+        only when the integer step follows."""
 
 
 #: Every estimator a spec can name, in registration order.
@@ -237,28 +206,15 @@ class GLS(_AnyLaw):
     standard_errors = True
     integer = False
 
-    def run(self, problem, rng, options, executor, partitions) -> Release:
+    def run(self, problem, rng, options, executor, partitions) -> Release | PartitionedRelease:
+        """In this process, or where the partitions are (kept there for the integer step)."""
         p = problem
-        if partitions is not None and executor is not None:
-            return _partitioned_gls(
-                p.hierarchy,
-                p.cells,
-                p.measurements,
-                p.invariants,
-                p.privacy,
-                rng,
-                options,
-                executor,
-                partitions,
-            )
-        return tree_gls(
-            p.hierarchy,
-            p.cells,
-            p.measurements,
-            p.invariants,
-            p.privacy,
-            covariance=len(p.cells) <= COVARIANCE_CELLS,
-        )
+        args = (p.hierarchy, p.cells, p.measurements, p.invariants, p.privacy)
+        covariance = len(p.cells) <= COVARIANCE_CELLS
+        if partitions is None or executor is None:
+            return tree_gls(*args, covariance=covariance)
+        keep = options.integer != "none"
+        return partitioned_gls(*args, partitions, executor, covariance=covariance, keep=keep)
 
 
 @register_estimator
@@ -305,16 +261,8 @@ class TopDown(_AnyLaw):
         from censusdp.estimation.topdown.flat import TopDownOptions, topdown
 
         p = problem
-        mapper = None if executor is None or executor.name == "sync" else executor.map
-        chunks = 1 if mapper is None else 4 * max(1, executor.workers)
-        return topdown(
-            p.hierarchy,
-            p.cells,
-            p.measurements,
-            p.invariants,
-            p.privacy,
-            TopDownOptions(mapper=mapper, chunks=chunks),
-        )
+        opts = TopDownOptions(executor=executor)  # its parents' problems over the executor
+        return topdown(p.hierarchy, p.cells, p.measurements, p.invariants, p.privacy, opts)
 
 
 def run_estimator(
@@ -352,7 +300,7 @@ def run_estimator(
     problem = Problem(hierarchy, cells, measurements, invariants, privacy)
     release = estimator.run(problem, rng, options, executor, partitions)
     # the integer step, unless the estimator released integers itself (TopDown-style,
-    # lattice conditioning, GLS rounded where its partitions are)
+    # lattice conditioning); a GLS release kept per partition is rounded where it is
     if options.integer != "none" and not release.integer:
         release = _round(
             release,

@@ -35,10 +35,9 @@ J. ACM 53(3), 2006 (dependent rounding).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -75,7 +74,15 @@ from censusdp.estimation.integer.laminar import (
     sum_estimator_variances,
     tracked_sums,
 )
+from censusdp.estimation.integer.nonnegative import (
+    BIASED_NOTE,
+    LABEL,
+    nonnegative_partition,
+    nonnegative_top,
+    partition_keys,
+)
 from censusdp.estimation.release import Release, SumVariances
+from censusdp.estimation.topdown.flat import flat_products
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.privacy import checked_statement
@@ -83,12 +90,36 @@ from censusdp.mechanisms.queries import Invariant, Measurement, Query
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.measure import PartitionedMeasurements
 from censusdp.pipelines.partition import Partition
-from censusdp.pipelines.partition_driver import DriverOptions, PartitionDriver, Task, drive
+from censusdp.pipelines.partition_driver import (
+    DriverOptions,
+    PartitionDriver,
+    Task,
+    drive,
+    integerize,
+    register_integerizer,
+    same,
+)
 from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece, piece_head
 from censusdp.rng import KeyedRNG, SubKeys, chunk_range
+from censusdp.schema import Schema
 from censusdp.timing import stage
 
-__all__ = ["partitioned_gls", "partitioned_round"]
+__all__ = [
+    "NonNegativeIntegerizer",
+    "RoundIntegerizer",
+    "partitioned_gls",
+    "partitioned_round",
+    "rounding_mode",
+]
+
+
+def rounding_mode(invariants: Sequence[Invariant]) -> str:
+    """``"totals"`` when node totals are held invariant, else ``"cells"``.
+
+    Either mode keeps every invariant exact (its rows join the rounding family); the mode
+    picks which other sums stay within floor/ceil: node totals, or (node, cell) sums.
+    """
+    return "totals" if any(iv.query.name == "total" for iv in invariants) else "cells"
 
 
 # ----------------------------------------------------------------------------- GLS tasks
@@ -509,66 +540,40 @@ def partitioned_round(
         kept = PartitionedRelease.of(release, partitions, ex)
     else:
         ex.wait(ex.submit(_finite_task, kept.pieces, h, kept.cells))
-    job = _RoundJob(
-        ex, h, tuple(release.cells), kept, tuple(partitions), rng, lab, tol,
-        tuple(invariants), tuple(queries),
-    )  # fmt: skip
-    step = _bipartite_step(job) if method == "bipartite" else _family_step(job, method)
-    pieces = drive(step, PartitionDriver(len(partitions), ex, DriverOptions(cache_bytes=None)))
-    rounded = _rounded(job, step, pieces, method)
+    step = RoundIntegerizer.of(
+        kept, rng, invariants, method=method, queries=queries, label=lab, tol=tol
+    )
+    rounded = integerize(
+        step, PartitionDriver(len(partitions), ex, DriverOptions(cache_bytes=None))
+    )
     if isinstance(release, PartitionedRelease):
         return rounded
     ex.release(kept.pieces)
     return _gathered(rounded, "seconds_gather")
 
 
-@dataclass(frozen=True, eq=False)
-class _RoundJob:
-    """One partitioned rounding's inputs as its steps share them: the release kept per
-    partition (``kept``), the cells, the rounding streams' key and label, the invariants
-    and tracked queries. ``forests`` are the partitions' subtrees without their codes (what
-    the rounding tasks need) and ``los`` their first global node per level."""
+@register_integerizer
+@dataclass(eq=False)
+class RoundIntegerizer:
+    """The unbiased rounding of a release kept per partition as an
+    :class:`~censusdp.pipelines.partition_driver.Integerizer`: each partition rounds its part
+    (``up_tasks``: the family's steps up to its cut nodes, :func:`_round_task`; bipartite:
+    its leaf parents, each with its own keyed generator), the levels above the cut are
+    rounded here from the leftovers the cut nodes send (:func:`round_top`; nothing for
+    bipartite), and each partition settles where its piece is (:func:`_settle_task`).
+    ``settle`` is per partition ``(leaf, cell, add, bits)``: the increments the levels above
+    the cut give its leftovers and its cut nodes' bit covariances or, for bipartite, the
+    parents' rows; ``plan`` None for bipartite; tracked sums' masks and labels, the family's
+    description and the rounding variances of the levels down to the cut (None for
+    bipartite: summed from the pieces). Every rounded part is kept (``cache_bytes=None``)."""
 
-    ex: Executor
-    hierarchy: Hierarchy
-    cells: tuple[str, ...]
-    kept: PartitionedRelease
-    partitions: tuple[Partition, ...]
+    name: ClassVar[str] = "round"
+    release: PartitionedRelease
     rng: KeyedRNG
     label: str
     tol: float
     invariants: tuple[Invariant, ...]
-    queries: tuple[Query, ...]
-
-    @property
-    def cut(self) -> int:
-        return self.partitions[0].cut
-
-    @functools.cached_property
-    def forests(self) -> list[Forest]:
-        h, cut = self.hierarchy, self.cut
-        return [Forest.of(h, cut, p.ranges).without_codes() for p in self.partitions]
-
-    @functools.cached_property
-    def los(self) -> list[tuple[int, ...]]:
-        return [tuple(r[0] for r in p.ranges) for p in self.partitions]
-
-
-@dataclass(eq=False)
-class _RoundStep:
-    """The rounding as a :class:`~censusdp.pipelines.partition_driver.PartitionStep` (the
-    integerizer's ``up``/``top``/``down``): each partition rounds its part (``up_tasks``:
-    the family's steps up to its cut nodes, or bipartite its leaf parents), the levels above
-    the cut are rounded here from the leftovers the cut nodes send (:func:`round_top`;
-    nothing for bipartite), and each partition settles where its piece is
-    (:func:`_settle_task`). ``settle`` is per partition ``(leaf, cell, add, bits)``: the
-    increments the levels above the cut give its leftovers and its cut nodes' bit
-    covariances or, for bipartite, the parents' rows; ``plan`` None for bipartite; tracked
-    sums' masks and labels, the family's description and the rounding variances of the
-    levels down to the cut (None for bipartite: summed from the pieces). Every rounded
-    part is kept (``cache_bytes=None``)."""
-
-    job: _RoundJob
+    method: str
     up_tasks: list[Task]
     message_fn: Any
     plan: RoundingPlan | None
@@ -578,6 +583,51 @@ class _RoundStep:
     settle: list[tuple] = dataclasses.field(default_factory=list)
     top_rounding: list[np.ndarray] | None = None
 
+    @classmethod
+    def of(
+        cls,
+        release: PartitionedRelease,
+        rng: KeyedRNG,
+        invariants: Sequence[Invariant] = (),
+        *,
+        method: str | None = None,
+        queries: Sequence[Query] = (),
+        label: str | None = None,
+        tol: float = TOL,
+    ) -> RoundIntegerizer:
+        """The rounding of ``release`` where its pieces are (``method`` None:
+        :func:`rounding_mode`; ``label`` None: ``rounding/<method>``)."""
+        method = method or rounding_mode(invariants)
+        h, cells, cut, parts = release.hierarchy, release.cells, release.cut, release.partitions
+        lab, invs, D = label or f"rounding/{method}", tuple(invariants), h.depth
+        common = (release, rng, lab, tol, invs, method)
+        if method == "bipartite":
+            check_bipartite(h.names, cells, invs)
+            masks, labels = tracked_sums(cells, invs, queries)
+            tasks = [
+                Task(_bipartite_task, (piece, h.levels[D - 2].child_count[slice(*p.range(D - 2))],
+                     p.range(D - 2)[0], rng.restrict({lab: range(*p.range(D - 2))})), (lab, tol))
+                for p, piece in zip(parts, release.pieces, strict=True)
+            ]  # fmt: skip
+            none = np.zeros(0, np.int64)  # the pieces hold the parents' level unless it is cut
+            rows = [release.estimates[cut][slice(*p.range(cut))] if D - 2 == cut else None
+                    for p in parts]  # fmt: skip
+            settle = [(none, none, none, r) for r in rows]
+            return cls(*common, tasks, _no_message, None, masks, labels, settle=settle)
+        plan = RoundingPlan.build(h.names, cells, method, invs, queries)
+        n_global = tuple(h.sizes[cut:])
+        tasks = []
+        for p, piece in zip(parts, release.pieces, strict=True):
+            f, lo = Forest.of(h, cut, p.ranges).without_codes(), tuple(r[0] for r in p.ranges)
+            keys = _round_keys(rng, f, lo, plan, lab)
+            tasks.append(Task(_round_task, (f, lo, piece, keys), (n_global, plan, lab, tol)))
+        return cls(*common, tasks, _leftovers, plan, plan.masks, plan.labels, plan.describe())
+
+    @staticmethod
+    def whole(release: Release, rng: KeyedRNG, invariants: Sequence[Invariant] = ()) -> Release:
+        """The same rounding in one process (:func:`round_release`)."""
+        return round_release(release, rng, method=rounding_mode(invariants), invariants=invariants)
+
     def up(self, pos: int) -> Task:
         return self.up_tasks[pos]
 
@@ -586,9 +636,9 @@ class _RoundStep:
         leftovers, and each partition told the increments its leftovers get."""
         if self.plan is None:
             return
-        job, h, cut = self.job, self.job.hierarchy, self.job.cut
-        top = round_top(h, cut, messages, job.rng, self.plan, label=job.label, tol=job.tol)
-        for p in job.partitions:
+        h, cut = self.release.hierarchy, self.release.cut
+        top = round_top(h, cut, messages, self.rng, self.plan, label=self.label, tol=self.tol)
+        for p in self.release.partitions:
             lo, hi = p.range(h.depth - 1)
             mine = (top.leaf >= lo) & (top.leaf < hi)
             self.settle.append(
@@ -596,134 +646,173 @@ class _RoundStep:
             )
         self.top_rounding = top.variances
 
-    def down(self, pos: int, state: Any | None) -> Task:
+    def partition(self, pos: int, state: Any | None) -> Task:
         """Partition ``pos``'s integer piece (:func:`_settle_task`, where its piece is)."""
-        job = self.job
-        h, p = job.hierarchy, job.partitions[pos]
+        r = self.release
+        h, p = r.hierarchy, r.partitions[pos]
         invs = tuple(
             (iv, f"{h.names[iv.level]}: {iv.query.name}")
-            for iv in restrict(job.invariants, job.cut, p.ranges)
+            for iv in restrict(self.invariants, r.cut, p.ranges)
         )
-        item = (state, job.kept.pieces[pos], job.forests[pos], job.los[pos], *self.settle[pos],
-                invs, self.masks)  # fmt: skip
-        return Task(_settle_task, item, (self.plan, job.tol))
+        forest, lo = Forest.of(h, r.cut, p.ranges).without_codes(), tuple(a for a, _ in p.ranges)
+        item = (state, r.pieces[pos], forest, lo, *self.settle[pos], invs, self.masks)
+        return Task(_settle_task, item, (self.plan, self.tol))
 
+    down = partition
 
-def _bipartite_step(job: _RoundJob) -> _RoundStep:
-    """Bipartite: each partition rounds the leaves of its leaf parents, each parent with
-    its own keyed generator (sub-keys of its parents only)."""
-    h, cut = job.hierarchy, job.cut
-    D = h.depth
-    check_bipartite(h.names, job.cells, job.invariants)
-    masks, labels = tracked_sums(job.cells, job.invariants, job.queries)
-    up = h.levels[D - 2]
-    tasks = [
-        Task(
-            _bipartite_task,
-            (
-                piece,
-                up.child_count[slice(*p.range(D - 2))],
-                p.range(D - 2)[0],
-                job.rng.restrict({job.label: range(*p.range(D - 2))}),
-            ),
-            (job.label, job.tol),
+    def finish(self, pieces: list) -> PartitionedRelease:
+        """The rounded release kept per partition: the levels down to the cut summed from the
+        pieces' heads, variances with the rounding's added, the tracked sums, and every
+        invariant checked exact (DataError naming those that are not; the pieces released)."""
+        kept, ex = self.release, self.release.executor
+        h, cut, K = kept.hierarchy, kept.cut, len(kept.cells)
+        got = _heads(ex, pieces)
+        top = whole_forest(h, 0, cut)
+        estimates = top.aggregate(np.concatenate([c for c, _ in got]))
+        top_rounding = self.top_rounding
+        if top_rounding is None:  # bipartite: the parents are independent, variances add
+            top_rounding = top.aggregate(np.concatenate([s["head_rounding"] for _, s in got]))
+        variances = (
+            None
+            if kept.variances is None
+            else [v + r[:, :K] for v, r in zip(kept.variances, top_rounding, strict=True)]
         )
-        for p, piece in zip(job.partitions, job.kept.pieces, strict=True)
-    ]
-    none = np.zeros(0, np.int64)
-    if D - 2 == cut:
-        rows = [job.kept.estimates[cut][slice(*p.range(cut))] for p in job.partitions]
-    else:
-        rows = [None] * len(job.partitions)  # the pieces hold the parents' level
-    settle = [(none, none, none, r) for r in rows]
-    return _RoundStep(job, tasks, _no_message, None, masks, labels, settle=settle)
-
-
-def _family_step(job: _RoundJob, method: str) -> _RoundStep:
-    """``"cells"``/``"totals"``: each partition runs the family's steps up to its cut nodes
-    (:func:`_round_task`, with the sub-keys of its streams)."""
-    h, cut, lab, tol = job.hierarchy, job.cut, job.label, job.tol
-    plan = RoundingPlan.build(h.names, job.cells, method, job.invariants, job.queries)
-    n_global = tuple(h.sizes[cut:])
-    tasks = [
-        Task(_round_task, (f, lo, piece, _round_keys(job.rng, f, lo, plan, lab)),
-             (n_global, plan, lab, tol))
-        for f, lo, piece in zip(job.forests, job.los, job.kept.pieces, strict=True)
-    ]  # fmt: skip
-    return _RoundStep(job, tasks, _leftovers, plan, plan.masks, plan.labels, plan.describe())
-
-
-def _rounded(job: _RoundJob, start: _RoundStep, pieces: list, method: str) -> PartitionedRelease:
-    """The rounded release kept per partition: the levels down to the cut summed from the
-    pieces' heads, variances with the rounding's added, the tracked sums, and every
-    invariant checked exact (DataError naming those that are not; the pieces released)."""
-    h, cut, kept = job.hierarchy, job.cut, job.kept
-    got = _heads(job.ex, pieces)
-    top = whole_forest(h, 0, cut)
-    estimates = top.aggregate(np.concatenate([c for c, _ in got]))
-    top_rounding = start.top_rounding
-    if top_rounding is None:  # bipartite: the parents are independent, variances add
-        top_rounding = top.aggregate(np.concatenate([s["head_rounding"] for _, s in got]))
-    K = len(job.cells)
-    variances = (
-        None
-        if kept.variances is None
-        else [v + r[:, :K] for v, r in zip(kept.variances, top_rounding, strict=True)]
-    )
-    largest = max(
-        [
-            float(max(np.nanmax(r[:, :K], initial=0.0) for r in top_rounding)),
-            *(s["rounding_variance_max"] for _, s in got),
-        ]
-    )
-    sums = SumVariances(
-        start.masks,
-        tuple(start.labels),
-        sum_estimator_variances(kept, start.masks, range(cut + 1)),
-        top_rounding,
-    )
-    diag = dict(kept.diagnostics)
-    diag.update(rounding=method, rounding_variance_max=largest)
-    if start.family:
-        diag["rounding_family"] = list(start.family)
-    exact = _invariants_exact(job, estimates, [s for _, s in got])
-    missed = [k for k, ok in exact.items() if not ok]
-    if missed:
-        job.ex.release(pieces)
-        raise DataError(
-            f"invariants {missed} are not exact after rounding: the real-valued release does "
-            "not meet them within the rounding tolerance; check the estimator's invariant "
-            "constraints"
+        largest = max(
+            [
+                float(max(np.nanmax(r[:, :K], initial=0.0) for r in top_rounding)),
+                *(s["rounding_variance_max"] for _, s in got),
+            ]
         )
-    diag["invariants_exact"] = exact
-    return dataclasses.replace(
-        kept,
-        integer=True,
-        diagnostics=diag,
-        estimates=estimates,
-        variances=variances,
-        covariances=None,
-        pieces=pieces,
-        sums=sums,
-    )
-
-
-def _invariants_exact(
-    job: _RoundJob, estimates: Sequence[np.ndarray], summaries: Sequence[dict]
-) -> dict[str, bool]:
-    """Per invariant label, whether it holds exactly (``==``): checked here on the levels
-    down to the cut, by the pieces (their ``invariants_missed``) below it."""
-    names, cut = job.hierarchy.names, job.cut
-    exact: dict[str, bool] = {}
-    for iv in job.invariants:
-        if iv.level <= cut:
-            key = f"{names[iv.level]}: {iv.query.name}"
-            ok = bool(np.array_equal(iv.query.apply(estimates[iv.level]), iv.values))
-            exact[key] = exact.get(key, True) and ok
-    for iv in job.invariants:
-        if iv.level > cut:
-            key = f"{names[iv.level]}: {iv.query.name}"
-            exact[key] = exact.get(key, True) and not any(
-                key in s["invariants_missed"] for s in summaries
+        est_var = sum_estimator_variances(kept, self.masks, range(cut + 1))
+        sums = SumVariances(self.masks, tuple(self.labels), est_var, top_rounding)
+        diag = {**kept.diagnostics, "rounding": self.method, "rounding_variance_max": largest}
+        if self.family:
+            diag["rounding_family"] = list(self.family)
+        exact = self._exact(estimates, [s for _, s in got])
+        missed = [k for k, ok in exact.items() if not ok]
+        if missed:
+            ex.release(pieces)
+            raise DataError(
+                f"invariants {missed} are not exact after rounding: the real-valued release "
+                "does not meet them within the rounding tolerance; check the estimator's "
+                "invariant constraints"
             )
-    return exact
+        diag["invariants_exact"] = exact
+        return dataclasses.replace(
+            kept, integer=True, diagnostics=diag, estimates=estimates, variances=variances,
+            covariances=None, pieces=pieces, sums=sums,
+        )  # fmt: skip
+
+    def _exact(self, estimates: Sequence[np.ndarray], summaries: Sequence[dict]) -> dict:
+        """Per invariant label, whether it holds exactly (``==``): checked here on the levels
+        down to the cut, by the pieces (their ``invariants_missed``) below it."""
+        names, cut = self.release.hierarchy.names, self.release.cut
+        exact: dict[str, bool] = {}
+        for iv in sorted(self.invariants, key=lambda iv: iv.level > cut):
+            key = f"{names[iv.level]}: {iv.query.name}"
+            if iv.level <= cut:
+                ok = bool(np.array_equal(iv.query.apply(estimates[iv.level]), iv.values))
+            else:
+                ok = not any(key in s["invariants_missed"] for s in summaries)
+            exact[key] = exact.get(key, True) and ok
+        return exact
+
+
+# ----------------------------------------------------------------------------- non-negative
+def _nonnegative_task(
+    item: tuple, n_global: tuple[int, ...], schema: Schema, label: str, tol: float
+) -> ReleasePiece:
+    """``item = (forest, lo, piece, cut_counts, keys)`` of one partition: its levels below the
+    cut made non-negative integers from its cut nodes' (:func:`nonnegative_partition`, with
+    the sub-keys of its streams, :func:`partition_keys`)."""
+    forest, lo, piece, cut_counts, keys = item
+    got = nonnegative_partition(
+        forest, lo, n_global, schema, cut_counts, list(piece.estimates), keys, label=label, tol=tol
+    )
+    return ReleasePiece(tuple(c.reshape(c.shape[0], -1) for c in got.counts), None)
+
+
+def _nonnegative_release(release: Release | PartitionedRelease, counts: Sequence[np.ndarray]):
+    """``release`` with ``counts`` (levels from the root) as its non-negative estimates: no
+    variances (the product is biased), its statement noting so (:data:`BIASED_NOTE`)."""
+    return dataclasses.replace(
+        release,
+        integer=True,
+        estimates=[c.reshape(c.shape[0], -1) for c in counts],
+        variances=None,
+        covariances=None,
+        sums=None,
+        privacy=release.privacy.with_notes(BIASED_NOTE),
+        diagnostics={**release.diagnostics, "rounding": NonNegativeIntegerizer.name},
+    )
+
+
+@register_integerizer
+@dataclass(eq=False)
+class NonNegativeIntegerizer:
+    """The non-negative product (:mod:`~censusdp.estimation.integer.nonnegative`) of a flat
+    release, on ``Schema.flat(cells)``, as an
+    :class:`~censusdp.pipelines.partition_driver.Integerizer`: nothing goes up, the top is
+    :func:`nonnegative_top` to the cut (invariants ``==``), each partition
+    :func:`nonnegative_partition` from its cut nodes' integers where its piece is. Uniforms
+    are keyed by level and global node: the integers equal :meth:`whole`'s bit for
+    bit. Biased, without standard errors (:data:`BIASED_NOTE`)."""
+
+    name: ClassVar[str] = "nonnegative"
+    release: PartitionedRelease
+    schema: Schema
+    rng: KeyedRNG
+    invariants: tuple
+    label: str = LABEL
+    tol: float = TOL
+    top_counts: list = dataclasses.field(default_factory=list)
+    message_fn = staticmethod(_no_message)
+
+    @classmethod
+    def of(
+        cls,
+        release: PartitionedRelease,
+        rng: KeyedRNG,
+        invariants: Sequence[Invariant] = (),
+        *,
+        label: str = LABEL,
+        tol: float = TOL,
+    ) -> NonNegativeIntegerizer:
+        """The non-negative product of ``release`` where its pieces are; ``invariants`` at
+        the root and its children (SpecError elsewhere, from the top)."""
+        schema, _, invs = flat_products(release.hierarchy, release.cells, [], invariants)
+        return cls(release, schema, rng, tuple(invs), label, tol)
+
+    @staticmethod
+    def whole(release: Release, rng: KeyedRNG, invariants: Sequence[Invariant] = ()) -> Release:
+        """The same product in one process (every level in one :func:`nonnegative_top`)."""
+        schema, _, invs = flat_products(release.hierarchy, release.cells, [], invariants)
+        got = nonnegative_top(release.hierarchy, schema, release.estimates, rng, invariants=invs)
+        return _nonnegative_release(release, got.counts)
+
+    def up(self, pos: int) -> Task:
+        return Task(same, None)
+
+    def top(self, messages: list) -> None:
+        r = self.release
+        self.top_counts = nonnegative_top(
+            r.hierarchy, self.schema, r.estimates, self.rng,
+            invariants=self.invariants, label=self.label, tol=self.tol,
+        ).counts  # fmt: skip
+
+    def partition(self, pos: int, state: Any | None) -> Task:
+        r = self.release
+        h, cut, p = r.hierarchy, r.cut, r.partitions[pos]
+        forest, lo = Forest.of(h, cut, p.ranges).without_codes(), tuple(a for a, _ in p.ranges)
+        keys = partition_keys(self.rng, forest, lo, self.schema.n_cells, label=self.label)
+        item = (forest, lo, r.pieces[pos], self.top_counts[cut][slice(*p.units)], keys)
+        extra = (tuple(h.sizes[cut:]), self.schema, self.label, self.tol)
+        return Task(_nonnegative_task, item, extra)
+
+    down = partition
+
+    def finish(self, pieces: list) -> PartitionedRelease:
+        """The non-negative release kept per partition."""
+        return dataclasses.replace(
+            _nonnegative_release(self.release, self.top_counts), pieces=pieces
+        )

@@ -19,6 +19,16 @@ upward state, the (module-level, picklable) function that takes a state to its m
 size, what the top does with the messages, and which task runs a partition's downward pass
 from its state; :func:`drive` hands each downward result to the caller's ``take`` or leaves
 it where it was computed.
+
+An integer step is an :class:`Integerizer` (issue 34, build 4): a step whose ``top`` makes
+the levels down to the cut integer from the partitions' messages and whose
+``partition(pos, state)`` — its ``down`` — makes one partition's levels below the cut integer
+where its piece is; :func:`integerize` runs one and returns its finished release. Integer
+steps register in :data:`INTEGERIZERS` (the flat rounding and the non-negative product, in
+:mod:`~censusdp.pipelines.gls_partitioned`), and each says how to make itself from a release
+kept per partition (``of``) and what the single-process computation gives (``whole``), so a
+contract test checks every registered one, partitioned against whole, on every executor.
+
 :func:`drive` runs a step over any :class:`~censusdp.pipelines.execute.Executor`: a
 :class:`~censusdp.pipelines.execute.ThreadExecutor` (or ``workers`` threads without an
 executor) pipelines the partitions in this process, a partition started as soon as a thread
@@ -39,19 +49,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from censusdp.errors import SpecError
 from censusdp.pipelines.execute import DaskExecutor, Executor, ThreadExecutor, ordered_ahead
+from censusdp.registry import Registry
 from censusdp.timing import CPU_PREFIX, stage
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DriverOptions",
+    "INTEGERIZERS",
+    "Integerizer",
     "PartitionDriver",
     "PartitionStep",
     "Task",
     "drive",
+    "integerize",
+    "register_integerizer",
     "same",
 ]
 
@@ -99,6 +114,55 @@ class PartitionStep(Protocol):
     def down(self, pos: int, state: Any | None) -> Task:
         """The downward task of partition ``pos`` from its cached upward state (its handle
         on Dask), or None when it was not cached (the task recomputes it)."""
+
+
+@runtime_checkable
+class Integerizer(PartitionStep, Protocol):
+    """An integer step on the driver: ``top`` / ``partition`` (issue 34, build 4).
+
+    ``up(pos)`` is what a partition computes before the top (its part rounded up to the cut,
+    or nothing), ``top(messages)`` makes the levels ``0 .. cut`` integer in this process, and
+    ``partition(pos, state)`` — the step's ``down`` — is the task making partition ``pos``'s
+    levels below the cut integer where its piece is. A registered class
+    (:func:`register_integerizer`) also has ``of(release, rng, invariants)``, its instance
+    for a :class:`~censusdp.pipelines.partitioned_release.PartitionedRelease`, and
+    ``whole(release, rng, invariants)``, the single-process release it must equal bit for
+    bit.
+
+    Attributes
+    ----------
+    name : str
+        The integer step's name in diagnostics and the registry.
+    """
+
+    name: ClassVar[str]
+
+    def partition(self, pos: int, state: Any | None) -> Task:
+        """The task making partition ``pos``'s levels below the cut integer."""
+
+    def finish(self, pieces: list) -> Any:
+        """The integer release kept per partition, from the partitions' results."""
+
+
+#: Every integer step that runs on the driver, by name, in registration order.
+INTEGERIZERS: Registry[type] = Registry("integerizer")
+
+
+def register_integerizer(cls: type) -> type:
+    """Class decorator: register an :class:`Integerizer` class by its ``name``.
+
+    Raises
+    ------
+    SpecError
+        A class without ``name``, ``up``, ``top``, ``partition``, ``down``, ``finish``,
+        ``of`` or ``whole``.
+    """
+    need = ("name", "up", "top", "partition", "down", "finish", "of", "whole")
+    missing = [a for a in need if not hasattr(cls, a)]
+    if missing:
+        raise SpecError(f"integerizer {cls.__name__} lacks {missing}; see Integerizer")
+    INTEGERIZERS.add(cls.name, cls)
+    return cls
 
 
 @dataclass(frozen=True, eq=False)
@@ -376,3 +440,9 @@ def drive(
             return None
     finally:  # the executor drops what this run left there (also after an error)
         driver.release()
+
+
+def integerize(integerizer: Integerizer, driver: PartitionDriver) -> Any:
+    """Run an :class:`Integerizer` with ``driver`` (up, top, every partition where its piece
+    is) and return what its ``finish`` makes of the partitions' results."""
+    return integerizer.finish(drive(integerizer, driver))

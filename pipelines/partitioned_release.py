@@ -21,6 +21,7 @@ from censusdp.estimation.release import Release, SumVariances
 from censusdp.hierarchy import Hierarchy
 from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.partition import Partition
+from censusdp.pipelines.partition_driver import same
 
 __all__ = ["ReleasePiece", "PartitionedRelease"]
 
@@ -224,13 +225,8 @@ class PartitionedRelease:
             release.estimates[: cut + 1],
             None if release.variances is None else release.variances[: cut + 1],
             None if release.covariances is None else release.covariances[: cut + 1],
-            executor.submit(_same, pieces),
+            executor.submit(same, pieces),
             None
             if su is None
             else SumVariances(su.masks, su.labels, su.estimator[: cut + 1], su.rounding[: cut + 1]),
         )
-
-
-def _same(piece: ReleasePiece) -> ReleasePiece:
-    """Identity: a task that places a piece with the executor, for other tasks to read."""
-    return piece

@@ -123,13 +123,14 @@ from censusdp.estimation.integer.laminar import TOL, uniform_draws
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.product_measure import ProductInvariant
-from censusdp.rng import KeyedRNG
+from censusdp.rng import KeyedRNG, SubKeys, chunk_range
 from censusdp.schema import Schema
 
 __all__ = [
     "BIASED_NOTE",
     "LABEL",
     "nonnegative_partition",
+    "partition_keys",
     "nonnegative_structured",
     "nonnegative_top",
     "project_children",
@@ -904,6 +905,27 @@ def nonnegative_partition(
         raise SpecError("cut counts must be non-negative integers (nonnegative_top's output)")
     counts = _descend(forest, lo, n_global, c.astype(np.int64), estimates, rng, schema, label, tol)
     return RoundedLevels(counts, None)
+
+
+def partition_keys(
+    rng: KeyedRNG, forest: Forest, lo: Sequence[int], n_cells: int, *, label: str = LABEL
+) -> SubKeys:
+    """The sub-keys :func:`nonnegative_partition` draws from for ``forest`` (global first
+    nodes ``lo``; no structural zeros): per level below its first, the chunks of the
+    ``label/<level>/total`` stream over its parents and of ``label/<level>/cells`` over its
+    rows' ``n_cells + 1`` uniforms — what a task on another machine is sent instead of the
+    key (a stream missed here fails loudly with :class:`~censusdp.rng.StreamNotHeld`)."""
+    m = n_cells + 1
+    streams: dict[str, list[int]] = {}
+    for j in range(1, forest.depth):
+        name = forest.names[j]
+        streams[f"{label}/{name}/total"] = list(
+            chunk_range(lo[j - 1], lo[j - 1] + forest.sizes[j - 1])
+        )
+        streams[f"{label}/{name}/cells"] = list(
+            chunk_range(lo[j] * m, (lo[j] + forest.sizes[j]) * m)
+        )
+    return rng.restrict(streams)
 
 
 def nonnegative_structured(
