@@ -1,13 +1,5 @@
-"""Privatize a file from Python: :func:`privatize_file`, the typed call behind
-``censusdp privatize`` (whose parser is :mod:`censusdp.app.commands.privatize`).
-
-The one product of :data:`censusdp.pipelines.products.registry.PRODUCTS` that claims the file
-runs (none, or several, is one error naming every product and why): an NHGIS-style batch
-file written back in its own layout, or a codebook's overlapping tables released from one
-estimate. Every output follows the policy of :mod:`censusdp.atomic` (a new path, or an
-earlier censusdp output with ``overwrite``; nothing else is ever replaced), checked before
-any work. Errors are :class:`censusdp.errors.CensusDPError`.
-"""
+"""Privatize a file from Python (:func:`privatize_file`), the call behind ``censusdp privatize``
+(:mod:`censusdp.app.commands.privatize`)."""
 
 from __future__ import annotations
 

@@ -3,16 +3,11 @@
 One module per sub-command holds its parser (``register(sub)``, which adds it with
 ``set_defaults(func=...)``) and the thin glue that turns the parsed arguments into a call of
 a typed library function and prints what it wrote; :mod:`~censusdp.app.commands.common`
-holds what they share (the parser with one-line errors, the argument types, ``-q`` / ``-v``
-and :func:`~censusdp.app.commands.common.run_cli`, the one error policy: exit 2 for bad
-input). The library modules hold typed functions only (no argparse, no ``Namespace``; a
-test walks their syntax trees).
-
-Start-up is kept light: every module here imports only the standard library and censusdp's
-light core at import, and a command imports what it runs (numpy, pandas, scipy, numba,
-Dask, cvxpy, matplotlib) inside its function, so ``censusdp --help`` or a spec refused by
-the parser answers in a fraction of a second (``benchmarks/startup.py`` measures it; a test
-checks that building the parser imports none of those).
+holds what they share (one-line errors, argument types, ``-q`` / ``-v``, and ``run_cli``,
+the one error policy: exit 2 for bad input). The library holds typed functions only (a
+test walks its syntax trees). Every module here is light at import; a command imports what
+it runs (numpy, pandas, Dask, ...) inside its function, so ``censusdp --help`` answers in a
+fraction of a second (``benchmarks/startup.py``; a test checks the parser imports none).
 """
 
 from __future__ import annotations

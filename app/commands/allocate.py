@@ -1,7 +1,5 @@
-"""``censusdp allocate SPEC --target TARGETS.toml -o NEW_SPEC [--data FILE]``: optimise the
-budget allocation for declared targets (:func:`censusdp.pipelines.allocate.load_targets`,
-:func:`censusdp.estimation.gls.allocate.optimise_allocation`,
-:func:`censusdp.pipelines.allocate.family_spec_text`); no count is read, no noise drawn."""
+"""``censusdp allocate SPEC --target TARGETS.toml -o NEW_SPEC``: optimise the budget shares
+(:mod:`censusdp.pipelines.allocate`); no count is read, no noise drawn."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``censusdp demo [--out DIR] [--quick] [--seed N]``: the main job, the midwest-demo
-experiment (:mod:`censusdp.experiments.midwest_demo`) on the embedded data."""
+"""``censusdp demo``: the main job (:mod:`censusdp.experiments.midwest_demo`)."""
 
 from __future__ import annotations
 

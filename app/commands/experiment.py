@@ -1,5 +1,5 @@
-"""``censusdp experiment [NAME] [--list] [--quick] [--data F] [--out D] [--seed N]``: run a
-reproduced study (:func:`censusdp.experiments.registry.run_experiment`) or list them."""
+"""``censusdp experiment [NAME] [--list]``: run a reproduced study
+(:func:`censusdp.experiments.registry.run_experiment`) or list them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``censusdp hierarchy describe FILE --level NAME=COLUMN[:PREFIXLEN] ... [--json]``: nodes and
-fan-out per level of the hierarchy a file's code columns define
-(:func:`censusdp.hierarchy.describe.describe_file`)."""
+"""``censusdp hierarchy describe FILE --level NAME=COLUMN[:PREFIXLEN]``: nodes and fan-out per
+level (:func:`censusdp.hierarchy.describe.describe_file`)."""
 
 from __future__ import annotations
 

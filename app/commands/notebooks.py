@@ -1,14 +1,107 @@
-"""``censusdp notebooks list`` and ``censusdp notebooks copy DIR [--only NAME]``: the
-walkthrough notebooks shipped in the package (:mod:`censusdp.app.notebooks`)."""
+"""``censusdp notebooks list`` and ``censusdp notebooks copy DIR``: the walkthrough notebooks
+shipped in the package (``censusdp.notebooks``, the repository's ``notebooks/`` folder).
+
+A pip user has no clone: ``list`` names the shipped notebooks with their titles, ``copy``
+writes them (all, or those named by ``--only``) into a new folder through
+:func:`censusdp.atomic.output_dir`, whole or not at all, with its ownership manifest; an
+earlier copy is replaced only with ``--overwrite`` and only while none of its notebooks was
+edited since (censusdp never writes over a file it cannot prove it wrote). Each notebook is
+committed with its outputs and imports only from :mod:`censusdp.prelude`. Reading the list
+needs the package's resources and :mod:`json` only (no numpy, no estimation stack).
+"""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 
 from censusdp.app.commands.common import add_overwrite
-from censusdp.app.notebooks import find_notebooks, shipped_notebooks
+from censusdp.errors import SpecError
 
-__all__ = ["register"]
+__all__ = ["PACKAGE", "ShippedNotebook", "find_notebooks", "register", "shipped_notebooks"]
+
+#: The package whose data files are the notebooks (mapped to ``notebooks/`` in a clone).
+PACKAGE = "censusdp.notebooks"
+
+
+@dataclass(frozen=True)
+class ShippedNotebook:
+    """One notebook shipped in the package.
+
+    Attributes
+    ----------
+    name : str
+        The file's stem (``quickstart``).
+    title : str
+        The text of its first Markdown heading (empty when it has none).
+    """
+
+    name: str
+    title: str
+
+    @property
+    def filename(self) -> str:
+        """``NAME.ipynb``."""
+        return f"{self.name}.ipynb"
+
+    def data(self) -> bytes:
+        """The notebook file as shipped, outputs included."""
+        return _folder().joinpath(self.filename).read_bytes()
+
+
+def _folder() -> Traversable:
+    return resources.files(PACKAGE)
+
+
+def _title(data: bytes) -> str:
+    import json
+
+    for cell in json.loads(data).get("cells", []):
+        if cell.get("cell_type") != "markdown":
+            continue
+        source = cell.get("source", "")
+        text = "".join(source) if isinstance(source, list) else source
+        for line in text.splitlines():
+            if line.startswith("#"):
+                return line.lstrip("#").strip()
+    return ""
+
+
+def shipped_notebooks() -> list[ShippedNotebook]:
+    """Every shipped notebook, by name."""
+    names = sorted(p.name for p in _folder().iterdir() if p.name.endswith(".ipynb"))
+    return [
+        ShippedNotebook(n.removesuffix(".ipynb"), _title(_folder().joinpath(n).read_bytes()))
+        for n in names
+    ]
+
+
+def find_notebooks(names: list[str]) -> list[ShippedNotebook]:
+    """The shipped notebooks called ``names`` (all when empty; ``-`` and ``_`` are the same,
+    a trailing ``.ipynb`` is ignored), in the order given.
+
+    Raises
+    ------
+    SpecError
+        For a name that is not shipped, listing the names to use.
+    """
+    shipped = shipped_notebooks()
+    if not names:
+        return shipped
+    by_name = {nb.name.replace("-", "_"): nb for nb in shipped}
+    found = []
+    for name in names:
+        nb = by_name.get(name.removesuffix(".ipynb").replace("-", "_"))
+        if nb is None:
+            raise SpecError(
+                f"notebooks copy: no shipped notebook {name!r}; the shipped notebooks are "
+                f"{', '.join(n.name for n in shipped)} (see censusdp notebooks list)"
+            )
+        if nb not in found:
+            found.append(nb)
+    return found
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

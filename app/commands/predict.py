@@ -1,8 +1,5 @@
-"""``censusdp predict SPEC [--out DIR] [--data FILE] [--areas FILE ...]``: the exact standard
-errors of a release from the spec and the tree's shape alone
-(:func:`censusdp.pipelines.predict.load_any_spec`,
-:func:`~censusdp.pipelines.predict.predict_spec`,
-:func:`~censusdp.pipelines.predict.write_prediction`); no count is read."""
+"""``censusdp predict SPEC``: exact standard errors from the spec and the tree's shape alone
+(:mod:`censusdp.pipelines.predict`); no count is read."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``censusdp privatize FILE --spec SPEC -o OUT``: the one product of
-:data:`censusdp.pipelines.products.registry.PRODUCTS` that claims the file
-(:func:`censusdp.pipelines.products.registry.privatize`; none, or several, is one exit-2 line
-naming every product and why) writes its release, and the command says where."""
+"""``censusdp privatize FILE -o OUT``: the product that claims the file writes its release
+(:func:`censusdp.pipelines.products.registry.privatize`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""``censusdp run SPEC [--data PATH] [--out DIR] [--seed N] [--scheduler S] [--partitions N]``:
-run a spec (:func:`censusdp.pipelines.runner.run_spec`) and print its errors against the
-confidential truth."""
+"""``censusdp run SPEC``: run a spec (:func:`censusdp.pipelines.runner.run_spec`)."""
 
 from __future__ import annotations
 

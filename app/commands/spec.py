@@ -1,14 +1,118 @@
-"""``censusdp spec list`` and ``censusdp spec show NAME [--out FILE]``: the TOML files shipped
-in the package (:mod:`censusdp.app.specs`)."""
+"""``censusdp spec list`` and ``censusdp spec show NAME``: the TOML files shipped in the package.
+
+Three kinds are shipped, each in its package folder:
+
+- ``spec``: run and privatize specs (``censusdp/experiments/*.toml``, e.g. ``midwest_demo``,
+  the demo's spec);
+- ``schema``: attribute schemas (``censusdp/schemas/*.toml``, the names
+  :func:`censusdp.schema.available_schemas` lists);
+- ``codebook``: NHGIS codebooks (``censusdp/pipelines/codebooks/*.toml``, the names
+  :func:`censusdp.pipelines.io.codebook.available_codebooks` lists).
+
+A file is named ``KIND/NAME`` (``schema/ppdd``) or by ``NAME`` alone when only one kind has
+it. ``show`` prints the file to stdout as shipped; ``--out FILE`` copies it through
+:func:`censusdp.atomic.output_file` instead (a new path, or an earlier censusdp output with
+``--overwrite``; never anything else), so a user can start a spec of their own from it. The
+listing reads the package's resources only (no numpy, no estimation stack).
+"""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 
 from censusdp.app.commands.common import add_overwrite
-from censusdp.app.specs import find_shipped, shipped_files
+from censusdp.errors import SpecError
 
-__all__ = ["register"]
+__all__ = ["KINDS", "ShippedFile", "find_shipped", "register", "shipped_files"]
+
+#: Kind -> (package, folder inside it; "" for the package's own folder) of the shipped TOML
+#: files (by package: in an editable install the subpackages live outside ``censusdp/``).
+KINDS: dict[str, tuple[str, str]] = {
+    "spec": ("censusdp.experiments", ""),
+    "schema": ("censusdp", "schemas"),
+    "codebook": ("censusdp.pipelines", "codebooks"),
+}
+
+
+@dataclass(frozen=True)
+class ShippedFile:
+    """One TOML file shipped in the package.
+
+    Attributes
+    ----------
+    kind : str
+        A key of :data:`KINDS`.
+    name : str
+        The file's stem (``midwest_demo``).
+    summary : str
+        Its first comment line, without ``#`` (empty when it starts with none).
+    """
+
+    kind: str
+    name: str
+    summary: str
+
+    @property
+    def qualified(self) -> str:
+        """``KIND/NAME``, unique among the shipped files."""
+        return f"{self.kind}/{self.name}"
+
+    def text(self) -> str:
+        """The file's text, as shipped (UTF-8)."""
+        return _folder(self.kind).joinpath(f"{self.name}.toml").read_text(encoding="utf-8")
+
+
+def _folder(kind: str) -> Traversable:
+    package, folder = KINDS[kind]
+    root = resources.files(package)
+    return root.joinpath(folder) if folder else root
+
+
+def _summary(text: str) -> str:
+    first = text.lstrip().splitlines()[0] if text.strip() else ""
+    return first.lstrip("#").strip() if first.startswith("#") else ""
+
+
+def shipped_files() -> list[ShippedFile]:
+    """Every shipped TOML file, by kind (in :data:`KINDS` order) then name."""
+    out = []
+    for kind in KINDS:
+        names = sorted(
+            p.name[: -len(".toml")] for p in _folder(kind).iterdir() if p.name.endswith(".toml")
+        )
+        for name in names:
+            text = _folder(kind).joinpath(f"{name}.toml").read_text(encoding="utf-8")
+            out.append(ShippedFile(kind, name, _summary(text)))
+    return out
+
+
+def find_shipped(name: str) -> ShippedFile:
+    """The shipped file called ``name`` (``KIND/NAME``, or ``NAME`` when unambiguous;
+    ``-`` and ``_`` are the same, and a trailing ``.toml`` is ignored).
+
+    Raises
+    ------
+    SpecError
+        For an unknown or ambiguous name, listing the names to use.
+    """
+    files = shipped_files()
+    wanted = name.removesuffix(".toml").replace("-", "_")
+    kind, sep, stem = wanted.rpartition("/")
+    found = [f for f in files if f.name.replace("-", "_") == stem and (not sep or f.kind == kind)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise SpecError(
+            f"spec show: {name!r} is shipped as {len(found)} kinds; name one of "
+            f"{', '.join(f.qualified for f in found)}"
+        )
+    raise SpecError(
+        f"spec show: no shipped file {name!r}; the shipped files are "
+        f"{', '.join(f.qualified for f in files)} (see censusdp spec list)"
+    )
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
