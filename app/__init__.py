@@ -1,6 +1,7 @@
 """The application layer: the ``censusdp`` command line, above every library layer.
 
-core ← hierarchy ← mechanisms ← estimation ← pipelines ← experiments ← app. Each layer
-registers the commands of the features it owns; :mod:`censusdp.app.cli` assembles them and
-owns ``main``. Nothing in the library imports this package.
+core ← hierarchy ← mechanisms ← estimation ← pipelines ← experiments ← app. Every
+sub-command's parser and glue is in :mod:`censusdp.app.commands` (the only argparse code;
+the library holds typed functions); :mod:`censusdp.app.cli` owns ``main``. Nothing in the
+library imports this package.
 """

@@ -22,20 +22,18 @@ regression of county error on log population that reveals TopDown's small-area b
 ggplot2's ``midwest`` table (2000 U.S. census county demographics), packaged as
 ``censusdp/data/midwest.csv`` (:meth:`censusdp.hierarchy.table.Table.from_midwest`).
 
-The module is light at import (the command line builds ``demo``'s parser from it): pandas,
-numpy and the pipeline are imported when the demo runs.
+The module is light at import: pandas, numpy and the pipeline are imported when the demo
+runs (``censusdp demo``, :mod:`censusdp.app.commands.demo`, runs it as an experiment).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from censusdp.command_line import add_overwrite, seed_arg, warn_seed
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, run_experiment
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BUDGETS", "CONDITIONING_REPETITIONS", "SPEC", "print_summary", "register", "run"]
+__all__ = ["BUDGETS", "CONDITIONING_REPETITIONS", "SPEC", "print_summary", "run"]
 
 #: What this study reproduces, for ``censusdp experiment --list`` and the README.
 INFO = ExperimentInfo(
@@ -274,29 +272,3 @@ def print_summary(metrics: dict) -> None:
                 f"{budget:<12}{est:<14}{d['county_total_mae']:>12.2f}{d['mean_slope']:>12.3f}"
                 f"{d['mean_negative_per_run']:>9.2f}{d['mean_significant_negative_001_per_run']:>11.2f}"
             )
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    warn_seed(args.seed)
-    out, metrics = run_experiment(
-        "midwest-demo",
-        args.out if args.out is not None else "results/midwest-demo",
-        quick=args.quick,
-        seed=args.seed,
-        overwrite=args.overwrite,
-    )
-    print_summary(metrics)
-    print(f"wrote {out}/ (report.md, figures, per-budget run folders)")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``censusdp demo``: the main job, this experiment on the embedded data."""
-    demo = sub.add_parser(
-        "demo", help="the main job: GLS vs conditioning vs TopDown-style on the embedded data"
-    )
-    demo.add_argument("--out", help="output directory (default results/midwest-demo)")
-    demo.add_argument("--quick", action="store_true", help="fewer repetitions")
-    demo.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
-    add_overwrite(demo)
-    demo.set_defaults(func=_cmd_demo)

@@ -1,4 +1,4 @@
-"""Discover and run experiments; the ``censusdp experiment`` command (:func:`register`).
+"""Discover and run experiments (``censusdp experiment``, :mod:`censusdp.app.commands.experiment`).
 
 Every experiment module declares its metadata as ``INFO = ExperimentInfo(...)`` (what it
 reproduces, the paper, the data files, the measured run times); ``censusdp experiment --list``
@@ -13,14 +13,13 @@ directory into place only when everything succeeded. The output path follows the
 :mod:`censusdp.atomic` (new, or an earlier censusdp output with ``overwrite``), checked before
 the experiment starts.
 
-The module is light at import (the command line builds its parser from it, and every
+The module is light at import (the command line imports it, and every
 experiment module imports it for ``ExperimentInfo``): the random generators, the run options'
 check and the experiments themselves are imported when a command runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import pkgutil
@@ -28,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from censusdp.command_line import add_overwrite, seed_arg
 from censusdp.errors import DataError, SpecError
 from censusdp.paths import shared_data_file
 from censusdp.timing import stage
@@ -42,8 +40,8 @@ __all__ = [
     "PUBLIC_SOURCES",
     "available",
     "experiment_info",
+    "listing",
     "readme_table",
-    "register",
     "run_experiment",
 ]
 
@@ -281,7 +279,9 @@ def readme_table() -> str:
     return markdown_table(pd.DataFrame(rows))
 
 
-def _listing() -> str:
+def listing() -> str:
+    """``censusdp experiment --list``: one line per experiment (name, full run time, paper,
+    data files), from each module's ``INFO``."""
     rows = [(name, experiment_info(name)) for name in available()]
     width = max(len(name) for name, _ in rows)
     return "\n".join(
@@ -366,60 +366,3 @@ def run_experiment(
             json.dumps(to_jsonable(metrics), indent=2), encoding="utf-8"
         )
     return target, metrics
-
-
-def _cmd_experiment(args: argparse.Namespace) -> int:
-    from censusdp.jsonable import to_jsonable
-
-    if args.list or not args.name:
-        print(_listing())
-        return 0
-    out, metrics = run_experiment(
-        args.name,
-        args.out,
-        quick=args.quick,
-        data=args.data,
-        seed=args.seed,
-        all_units=args.all_units,
-        overwrite=args.overwrite,
-        options=dict(args.opt or []),
-    )
-    summary = {k: v for k, v in metrics.items() if not isinstance(v, dict | list)}
-    print(json.dumps(to_jsonable(summary), indent=2))
-    print(f"wrote {out}/ (metrics.json, report.md, figures)")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``censusdp experiment [NAME] [--list] [--quick] [--data F] [--out D] [--seed N]``."""
-    exp = sub.add_parser("experiment", help="run a reproduced study (see --list)")
-    exp.add_argument("name", nargs="?", help="experiment name, e.g. laplace-conditioning")
-    exp.add_argument("--list", action="store_true", help="list the experiments")
-    exp.add_argument("--quick", action="store_true", help="small settings (≤ 60 s)")
-    exp.add_argument(
-        "--data", help="the experiment's public input file (--list names it; IPUMS NHGIS, Census)"
-    )
-    exp.add_argument("--out", help="output directory (default results/NAME)")
-    exp.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
-    add_overwrite(exp)
-    exp.add_argument(
-        "--all",
-        dest="all_units",
-        action="store_true",
-        help="every unit the study covers (e.g. all states) instead of its default one",
-    )
-    exp.add_argument(
-        "--opt",
-        action="append",
-        type=_option_arg,
-        metavar="KEY=VALUE",
-        help="an option of the experiment (repeatable; its module's OPTIONS lists them)",
-    )
-    exp.set_defaults(func=_cmd_experiment)
-
-
-def _option_arg(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--opt {text!r}: expected KEY=VALUE")
-    return key, value

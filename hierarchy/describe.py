@@ -1,18 +1,17 @@
-"""Describe a hierarchy: nodes and fan-out per level; the ``censusdp hierarchy describe`` command.
+"""Describe a hierarchy: nodes and fan-out per level (``censusdp hierarchy describe``,
+:mod:`censusdp.app.commands.hierarchy`).
 
 Fan-out of a level = number of children per node of that level (in the level below).
 Leaves have no level below, so their ``fanout`` is ``None`` (JSON ``null``), not zeros: a
 zero would read as "childless nodes", which :func:`~censusdp.hierarchy.validate.validate`
 refuses above the leaves.
 
-The module is light at import (the command line builds its parser from it): numpy, pandas
-and the builders are imported by the functions that use them.
+The module is light at import (the command line imports it): numpy, pandas and the
+builders are imported by the functions that use them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     from censusdp.hierarchy.builders import LevelSpec
     from censusdp.hierarchy.core import Hierarchy
 
-__all__ = ["describe", "describe_file", "format_description", "register"]
+__all__ = ["describe", "describe_file", "format_description"]
 
 
 def describe(h: Hierarchy) -> dict[str, Any]:
@@ -113,40 +112,3 @@ def format_description(d: dict[str, Any]) -> str:
         for r in rows
     ]
     return "\n".join(lines)
-
-
-def _cmd_describe(args: argparse.Namespace) -> int:
-    from censusdp.hierarchy.builders import parse_level_spec
-
-    specs = [parse_level_spec(s) for s in args.level]
-    d = describe_file(args.file, specs, duplicates="first" if args.allow_duplicates else "error")
-    print(json.dumps(d, indent=2) if args.json else format_description(d))
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``censusdp hierarchy describe FILE --level NAME=COLUMN[:PREFIXLEN] ... [--json]``."""
-    hier = sub.add_parser("hierarchy", help="inspect a geographic hierarchy")
-    hsub = hier.add_subparsers(dest="hierarchy_command", metavar="SUBCOMMAND", required=True)
-    p = hsub.add_parser(
-        "describe",
-        help="nodes and fan-out per level of the hierarchy defined by code columns",
-        description="Build the hierarchy of a CSV or Parquet file (one row per leaf) from "
-        "code columns read as strings, and print nodes and fan-out per level. The nation "
-        "is an implicit root.",
-    )
-    p.add_argument("file", help="CSV or Parquet file")
-    p.add_argument(
-        "--level",
-        action="append",
-        required=True,
-        metavar="NAME=COLUMN[:PREFIXLEN]",
-        help="a level, top first; repeat (e.g. --level state=fips:2 --level county=fips)",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument(
-        "--allow-duplicates",
-        action="store_true",
-        help="a leaf code on several rows (long tables) counts once instead of an error",
-    )
-    p.set_defaults(func=_cmd_describe)

@@ -46,7 +46,7 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C raises :class:`KeyboardInterrupt` (it is one, so every
     ``except KeyboardInterrupt`` and ``except BaseException`` clean-up runs for it).
 
-    :func:`censusdp.command_line.run_cli` prints ``censusdp: {what}; nothing was written``
+    :func:`censusdp.app.commands.common.run_cli` prints ``censusdp: {what}; nothing was written``
     and returns :attr:`exit_status`.
     """
 

@@ -1,4 +1,5 @@
-"""``censusdp predict SPEC``: the exact standard errors of a release before any noise is drawn.
+"""The exact standard errors of a release before any noise is drawn (``censusdp predict SPEC``,
+:mod:`censusdp.app.commands.predict`).
 
 ``SPEC`` is a predict spec (below) or any spec a file route runs (:func:`load_any_spec`,
 one function per family, each reading the spec with its route's own loader): a ``run``
@@ -47,9 +48,7 @@ ownership manifest with SHA-256 of every file).
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -59,7 +58,6 @@ from typing import TYPE_CHECKING, Any
 from censusdp.budget import Accounting
 from censusdp.config import read_spec_toml
 from censusdp.errors import SpecError
-from censusdp.timing import stage
 
 if TYPE_CHECKING:  # imported by the functions that use them: the CLI's parser stays light
     import pandas as pd
@@ -70,16 +68,12 @@ if TYPE_CHECKING:  # imported by the functions that use them: the CLI's parser s
     from censusdp.mechanisms.product_query import ProductQuery
     from censusdp.schema import Allocation, Schema
 
-log = logging.getLogger(__name__)
-
 __all__ = [
     "SPEC_FAMILIES",
     "PredictSpec",
-    "add_data_option",
     "load_any_spec",
     "load_predict_spec",
     "predict_spec",
-    "register",
     "spec_family",
 ]
 
@@ -302,16 +296,6 @@ def load_any_spec(path: str | Path, *, data: str | Path | None = None) -> Predic
     p = Path(path)
     family = spec_family(p)
     return _FAMILY_MODELS[family](p, None if data is None else Path(data))
-
-
-def add_data_option(p: argparse.ArgumentParser) -> None:
-    """``--data FILE``: the data file whose code columns give a run spec's hierarchy."""
-    p.add_argument(
-        "--data",
-        metavar="FILE",
-        help="a run spec's data file (overrides [data] path); only its header and code "
-        "columns are read, never its counts",
-    )
 
 
 def _ignored(doc: Mapping[str, Any], used: tuple[str, ...], extra: str = "") -> str:
@@ -733,97 +717,3 @@ def write_prediction(
         (tmp / "summary.json").write_text(json.dumps(info, indent=2), encoding="utf-8")
         _figure(summary, tmp / "se_by_level.png")
     return Path(out)
-
-
-def _cmd_predict(args: argparse.Namespace) -> int:
-    from censusdp.atomic import check_output
-    from censusdp.hierarchy.equivalency import read_equivalency
-
-    spec_path = Path(args.spec)
-    out = args.out if args.out is not None else f"results/predict-{spec_path.stem}"
-    inputs = [spec_path, *(Path(f) for f in (args.areas, args.area_list) if f is not None)]
-    if args.data is not None:
-        inputs.append(Path(args.data))
-    check_output(out, kind="dir", overwrite=args.overwrite, inputs=inputs)  # before work
-    clock: dict[str, float] = {}
-    with stage(clock, "read"):
-        log.info("reading the spec (%s) and its public geography", spec_path.name)
-        spec = load_any_spec(spec_path, data=args.data)
-        log.info(
-            "a %s spec, %s schema; nodes per level: %s",
-            spec.family,
-            spec.schema.name,
-            ", ".join(
-                f"{n} {k}" for n, k in zip(spec.hierarchy.names, spec.hierarchy.sizes, strict=True)
-            ),
-        )
-        if spec.ignored:
-            print(spec.ignored)
-        areas = None
-        if args.areas is not None:
-            log.info("reading the areas (%s)", Path(args.areas).name)
-            areas = read_equivalency(
-                args.areas,
-                spec.hierarchy,
-                block_column=args.block_column,
-                area_column=args.area_column,
-                name=args.area_name,
-                gisjoin=args.gisjoin_blocks,
-                areas_path=args.area_list,
-                skip_blank_areas=args.skip_blank_areas,
-            )
-    log.info("predicting the standard errors (%.1f s so far)", clock["read"])
-    with stage(clock, "predict"):
-        pred, summary = predict_spec(spec, areas)
-    log.info("writing %s/ (%.1f s so far)", out, clock["read"] + clock["predict"])
-    write_prediction(spec, pred, summary, out, overwrite=args.overwrite, areas_path=args.areas)
-    loss = (
-        f"ε = {pred.privacy.epsilon:.6g} (pure DP)"
-        if pred.privacy.rho is None
-        else f"ρ = {pred.privacy.rho:.6g} (zCDP)"
-    )
-    print(f"privacy: {loss}, derived from the plan; full statement in summary.json")
-    print(f"classes per level: {pred.diagnostics['classes']}")
-    if areas is not None:
-        print(f"areas: {areas.n_areas} {areas.name}s from {areas.source} (areas.csv)")
-    print(f"wrote {out}/ (summary.csv, summary.json, se_by_level.png; no counts were read)")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``predict`` to the CLI."""
-    from censusdp.command_line import add_overwrite
-
-    p = sub.add_parser(
-        "predict", help="exact standard errors of a release from the spec and tree shape alone"
-    )
-    p.add_argument(
-        "spec", help="a predict spec or any run spec: run, PPMF, units or codebook route (TOML)"
-    )
-    p.add_argument("--out", help="output directory (default results/predict-SPEC)")
-    add_data_option(p)
-    p.add_argument(
-        "--areas",
-        metavar="FILE",
-        help="block → area equivalency CSV (places, districts): their SEs as sums of blocks",
-    )
-    p.add_argument("--block-column", default="block", help="its block code column (block)")
-    p.add_argument("--area-column", default="area", help="its area code column (area)")
-    p.add_argument("--area-name", help="what the areas are, e.g. place (default: the column)")
-    p.add_argument(
-        "--gisjoin-blocks",
-        action="store_true",
-        help="the file's block codes are NHGIS GISJOINs, the hierarchy's 15-digit GEOIDs",
-    )
-    p.add_argument(
-        "--area-list",
-        metavar="FILE",
-        help="CSV listing the areas (column --area-column): each must contain a block",
-    )
-    p.add_argument(
-        "--skip-blank-areas",
-        action="store_true",
-        help="leave out blocks whose area code is blank (in no area) instead of refusing",
-    )
-    add_overwrite(p)
-    p.set_defaults(func=_cmd_predict)

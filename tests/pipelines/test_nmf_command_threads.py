@@ -11,11 +11,11 @@ import textwrap
 import pytest
 
 from censusdp.app.cli import main
-from censusdp.pipelines.nmf_command import BLAS_THREAD_VARIABLES
+from censusdp.app.commands.nmf import BLAS_THREAD_VARIABLES
 
 PROBE = """
 import os, sys
-from censusdp.pipelines.nmf_command import limit_blas_threads
+from censusdp.app.commands.nmf import limit_blas_threads
 with limit_blas_threads({threads}):
     assert "numpy" not in sys.modules
     import numpy

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 
+from censusdp.app.commands.common import add_overwrite
 from censusdp.errors import SpecError
 
 __all__ = ["KINDS", "ShippedFile", "find_shipped", "register", "shipped_files"]
@@ -145,8 +146,6 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``censusdp spec list`` and ``censusdp spec show NAME [--out FILE]``."""
-    from censusdp.command_line import add_overwrite
-
     spec = sub.add_parser(
         "spec", help="list or print the specs, schemas and codebooks shipped in the package"
     )

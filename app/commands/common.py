@@ -1,12 +1,8 @@
-"""The command line's machinery: a parser with one-line errors, argument types, exit statuses.
+"""What every sub-command shares: a parser with one-line errors, argument types, the one
+error policy (exit statuses and stderr lines) every command runs under.
 
-The commands themselves are registered by the layer that owns each feature (``hierarchy
-describe`` in :mod:`censusdp.hierarchy.describe`; ``run``, ``demo``, ``privatize`` in
-:mod:`censusdp.pipelines.commands`; ``experiment`` in :mod:`censusdp.experiments.registry`)
-and assembled by the application layer, :mod:`censusdp.app.cli`, which owns ``main``; so
-core imports no layer above it.
-
-Exit status and stderr, whatever goes wrong (:func:`run_cli`):
+Exit status and stderr, whatever goes wrong (:func:`run_cli`, the one place that maps an
+error to a status: no command catches its own):
 
 - a :class:`censusdp.errors.CensusDPError`, a bad option or an unreadable path: one line
   ``censusdp: error: ...`` and status 2;
@@ -34,6 +30,7 @@ __all__ = [
     "CommandParser",
     "EXIT_INTERRUPTED",
     "add_overwrite",
+    "add_verbosity",
     "count_arg",
     "run_cli",
     "seed_arg",
@@ -87,6 +84,29 @@ def warn_seed(seed: int | None) -> None:
         )
 
 
+def add_verbosity(parser: argparse.ArgumentParser, *, default: object) -> None:
+    """``-v`` / ``-q``: what a command says on stderr while it works (:mod:`censusdp.progress`)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbose",
+        action="count",
+        default=default,
+        help="say more on stderr while working: -v progress bars (also off a terminal) and "
+        "a line per stage, -vv debug lines too",
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbose",
+        action="store_const",
+        const=-1,
+        default=default,
+        help="only warnings and errors on stderr, no progress bars",
+    )
+
+
 def add_overwrite(parser: argparse.ArgumentParser) -> None:
     """``--overwrite``: replace an earlier censusdp output (never anything else)."""
     parser.add_argument(
@@ -114,8 +134,9 @@ def _where(exc: BaseException) -> str:
 def run_cli(
     build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str] | None = None
 ) -> int:
-    """Parse ``argv`` with ``build_parser()`` and run the chosen command's ``func``; returns
-    the exit status (see the module docstring)."""
+    """Parse ``argv`` with ``build_parser()`` and run the chosen command's ``func`` at the
+    verbosity ``-q`` / ``-v`` set (:func:`censusdp.progress.verbosity`); returns the exit
+    status (see the module docstring)."""
     try:
         parser = build_parser()
         try:
@@ -125,7 +146,10 @@ def run_cli(
         if not getattr(args, "func", None):
             parser.print_help()
             return 0
-        return int(args.func(args) or 0)
+        from censusdp.progress import verbosity
+
+        with verbosity(int(getattr(args, "verbose", 0))):
+            return int(args.func(args) or 0)
     except KeyboardInterrupt as exc:  # Ctrl-C, or a signal raised as one (SIGTERM: 143)
         what = getattr(exc, "what", "interrupted")
         print(f"censusdp: {what}; nothing was written", file=sys.stderr)

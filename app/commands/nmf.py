@@ -11,7 +11,7 @@ P1–P5 (real-valued, with exact ``_se``) written for the spine levels, the tabu
 county, tract, block group and block, and the areas of a block assignment file (with the
 covariance matrix of their totals). With the US level and every state of the file, one GLS
 over the whole nation (the national pass). Bad input is one line naming file, row and
-column (exit 2, :func:`censusdp.command_line.run_cli`).
+column (exit 2, :func:`censusdp.app.commands.common.run_cli`).
 
 BLAS threads: ``--blas-threads N`` (default 1, or what ``OPENBLAS_NUM_THREADS`` already
 says). The GLS factorises stacks of small (16 × 16) matrices, which BLAS threads slow down
@@ -26,6 +26,8 @@ import argparse
 import contextlib
 import os
 import sys
+
+from censusdp.app.commands.common import add_overwrite
 
 __all__ = ["BLAS_THREAD_VARIABLES", "limit_blas_threads", "register"]
 
@@ -101,8 +103,6 @@ def _cmd_nmf(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``nmf`` to the CLI."""
-    from censusdp.command_line import add_overwrite
-
     p = sub.add_parser(
         "nmf",
         help="P1-P5 with exact standard errors from the 2020 Noisy Measurement File (GLS)",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 
+from censusdp.app.commands.common import add_overwrite
 from censusdp.errors import SpecError
 
 __all__ = ["PACKAGE", "ShippedNotebook", "find_notebooks", "register", "shipped_notebooks"]
@@ -129,8 +130,6 @@ def _cmd_copy(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``censusdp notebooks list`` and ``censusdp notebooks copy DIR [--only NAME]``."""
-    from censusdp.command_line import add_overwrite
-
     parser = sub.add_parser(
         "notebooks", help="list the walkthrough notebooks shipped in the package, or copy them"
     )
