@@ -120,7 +120,7 @@ from censusdp.pipelines.io.store import (
 )
 from censusdp.pipelines.partition import Partition
 from censusdp.pipelines.products.pl94_stream import PartitionRelease, Pl94StreamResult, TopRelease
-from censusdp.pipelines.products.pl94_tables import pl94_codebook
+from censusdp.pipelines.products.pl94_tables import pl94_codebook, pl94_column_values
 from censusdp.schema import Schema, available_schemas
 
 __all__ = ["FORMAT", "FORMATS", "SE_NOTE", "Pl94Store", "Pl94StoreWriter", "StorePieceWriter"]
@@ -792,14 +792,9 @@ class Pl94Store:
         GLS only: the stored integers' error also holds the rounding's (the national stream
         rounds no replicates, :func:`~censusdp.pipelines.products.pl94_stream.stream_pl94`
         ``rounding_replicates``), which these leave out."""
-        rows = pl94_codebook().rows
         cls = self._gather("classes", level, lo, hi).astype(np.int64)
         cov = self._class_covariance(level)
-        out = np.empty((cls.size, len(rows)))
-        for qi, q in enumerate(rows.queries):
-            sel = np.flatnonzero(rows.query_of_row == qi)
-            out[:, sel] = np.sqrt(cov.query_variances(0, q))[cls][:, rows.row_of_row[sel]]
-        return out
+        return pl94_column_values(lambda q: np.sqrt(cov.query_variances(0, q))[cls])
 
     def verify(self, expected_digest: str | None = None) -> str:
         """Check every file of the store and recompute the content digest (returned).

@@ -57,9 +57,9 @@ from censusdp.pipelines.io.outputs import (
     DictionaryEntry,
     code_entries,
     estimate_entries,
-    lattice_moe,
-    significant,
+    wide_table,
     write_data_dictionary,
+    written_errors,
 )
 from censusdp.schema import Schema
 from censusdp.spreadsheet import write_csv
@@ -358,17 +358,8 @@ def pl94_frames(
     for level, t in levels.items():
         codes, values, se = _checked(level, t)
         parents = {p: np.asarray(c, dtype=object) for p, c in (t.parents or {}).items()}
-        cols: dict[str, np.ndarray] = {code_column: codes, **parents}
-        moe = None
-        if se is not None:
-            moe = lattice_moe(se)
-            se = significant(se)
-        for j, name in enumerate(names):
-            cols[name] = values[:, j]
-            if se is not None and moe is not None:
-                cols[f"{name}_se"] = se[:, j]
-                cols[f"{name}_moe"] = moe[:, j]
-        wide[level] = pd.DataFrame(cols)
+        errors = None if se is None else written_errors(se, integer=True)
+        wide[level] = wide_table({code_column: codes, **parents}, names, values, errors)
         n, k = values.shape
         longs.append(
             pd.DataFrame(
@@ -380,8 +371,8 @@ def pl94_frames(
                     "column": np.tile(np.asarray(names, dtype=object), n),
                     "label": np.tile(np.asarray(labels, dtype=object), n),
                     "value": values.ravel(),
-                    "se": se.ravel() if se is not None else np.full(n * k, np.nan),
-                    "moe": moe.ravel() if moe is not None else np.full(n * k, np.nan),
+                    "se": errors[0].ravel() if errors else np.full(n * k, np.nan),
+                    "moe": errors[1].ravel() if errors else np.full(n * k, np.nan),
                 }
             )
         )

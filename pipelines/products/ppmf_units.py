@@ -133,10 +133,10 @@ from censusdp.pipelines.io.outputs import (
     DictionaryEntry,
     code_entries,
     estimate_entries,
-    lattice_moe,
     parent_codes,
-    significant,
+    wide_table,
     write_data_dictionary,
+    written_errors,
 )
 from censusdp.pipelines.io.ppmf import PPMFHistogram, read_block_list, read_ppmf_units
 from censusdp.pipelines.products.ppmf_persons import (
@@ -477,15 +477,9 @@ def h1_frames(
         codes = np.asarray(h.levels[k].codes, dtype=object)
         parents = parent_codes(h, k)
         values = counts[k]
-        se = significant(release.standard_errors[k])
-        moe = lattice_moe(release.standard_errors[k])
-        cols: dict[str, np.ndarray] = {"GEOID": codes, **parents}
-        for j, col in enumerate(H1_COLUMNS):
-            cols[col] = values[:, j]
-            if unbiased:
-                cols[f"{col}_se"] = se[:, j]
-                cols[f"{col}_moe"] = moe[:, j]
-        wide[name] = pd.DataFrame(cols)
+        se, moe = written_errors(release.standard_errors[k], integer=True)
+        ids = {"GEOID": codes, **parents}
+        wide[name] = wide_table(ids, H1_COLUMNS, values, (se, moe) if unbiased else None)
         n, m = values.shape
         long = {
             "level": name,
