@@ -64,6 +64,7 @@ __all__ = [
     "code_entries",
     "estimate_entries",
     "lattice_moe",
+    "long_table",
     "margin_of_error",
     "parent_codes",
     "real_moe",
@@ -192,6 +193,28 @@ def wide_table(
         cols[f"{c}{suffix}"] = values[:, j]
         if errors is not None:
             cols[f"{c}_se"], cols[f"{c}_moe"] = errors[0][:, j], errors[1][:, j]
+    return pd.DataFrame(cols)
+
+
+def long_table(
+    level: str,
+    ids: Mapping[str, object],
+    values: np.ndarray,
+    errors: tuple[np.ndarray, np.ndarray] | None = None,
+    *,
+    labels: Mapping[str, Sequence[str]],
+) -> pd.DataFrame:
+    """One row per area and column of ``values`` ``(n, m)``: ``level``, the ``ids`` columns
+    repeated per column (None: an empty column, an ancestor the level does not have), the
+    ``labels`` columns (``table``, ``column``, ``label``: ``m`` each) repeated per area,
+    ``value`` and, with ``errors`` (:func:`written_errors`), ``se`` and ``moe``."""
+    n, m = values.shape
+    cols: dict[str, object] = {"level": level}
+    cols |= {c: None if v is None else np.repeat(v, m) for c, v in ids.items()}
+    cols |= {c: np.tile(np.asarray(v, dtype=object), n) for c, v in labels.items()}
+    cols["value"] = values.ravel()
+    if errors is not None:
+        cols["se"], cols["moe"] = errors[0].ravel(), errors[1].ravel()
     return pd.DataFrame(cols)
 
 

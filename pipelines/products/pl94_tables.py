@@ -57,6 +57,7 @@ from censusdp.pipelines.io.outputs import (
     DictionaryEntry,
     code_entries,
     estimate_entries,
+    long_table,
     wide_table,
     write_data_dictionary,
     written_errors,
@@ -352,7 +353,7 @@ def pl94_frames(
     """
     book = pl94_codebook()
     names = list(book.columns)
-    labels = pl94_labels()
+    words = {"table": book.table_of, "column": names, "label": pl94_labels()}
     wide: dict[str, pd.DataFrame] = {}
     longs = []
     for level, t in levels.items():
@@ -360,22 +361,10 @@ def pl94_frames(
         parents = {p: np.asarray(c, dtype=object) for p, c in (t.parents or {}).items()}
         errors = None if se is None else written_errors(se, integer=True)
         wide[level] = wide_table({code_column: codes, **parents}, names, values, errors)
-        n, k = values.shape
-        longs.append(
-            pd.DataFrame(
-                {
-                    "level": level,
-                    code_column: np.repeat(codes, k),
-                    **{p: np.repeat(c, k) for p, c in parents.items()},
-                    "table": np.tile(np.asarray(book.table_of, dtype=object), n),
-                    "column": np.tile(np.asarray(names, dtype=object), n),
-                    "label": np.tile(np.asarray(labels, dtype=object), n),
-                    "value": values.ravel(),
-                    "se": errors[0].ravel() if errors else np.full(n * k, np.nan),
-                    "moe": errors[1].ravel() if errors else np.full(n * k, np.nan),
-                }
-            )
-        )
+        ids = {code_column: codes, **parents}
+        longs.append(long_table(level, ids, values, errors, labels=words))
+        if errors is None:  # the columns are there, empty
+            longs[-1]["se"] = longs[-1]["moe"] = np.nan
     long = pd.concat(longs, ignore_index=True) if longs else pd.DataFrame()
     return wide, long
 

@@ -133,6 +133,7 @@ from censusdp.pipelines.io.outputs import (
     DictionaryEntry,
     code_entries,
     estimate_entries,
+    long_table,
     parent_codes,
     wide_table,
     write_data_dictionary,
@@ -471,29 +472,17 @@ def h1_frames(
     unbiased = product == "unbiased"
     counts = release.counts if unbiased else release.nonnegative
     every_parent = list(parent_codes(h, h.depth - 1, 0, 0))
+    labels = {"table": ["H1"] * len(H1_COLUMNS), "column": H1_COLUMNS, "label": H1_LABELS}
     wide: dict[str, pd.DataFrame] = {}
     longs = []
     for k, name in enumerate(h.names):
         codes = np.asarray(h.levels[k].codes, dtype=object)
         parents = parent_codes(h, k)
         values = counts[k]
-        se, moe = written_errors(release.standard_errors[k], integer=True)
-        ids = {"GEOID": codes, **parents}
-        wide[name] = wide_table(ids, H1_COLUMNS, values, (se, moe) if unbiased else None)
-        n, m = values.shape
-        long = {
-            "level": name,
-            "GEOID": np.repeat(codes, m),
-            **{p: np.repeat(parents[p], m) if p in parents else None for p in every_parent},
-            "table": "H1",
-            "column": np.tile(np.asarray(H1_COLUMNS, dtype=object), n),
-            "label": np.tile(np.asarray(H1_LABELS, dtype=object), n),
-            "value": values.ravel(),
-        }
-        if unbiased:
-            long["se"] = se.ravel()
-            long["moe"] = moe.ravel()
-        longs.append(pd.DataFrame(long))
+        errors = written_errors(release.standard_errors[k], integer=True) if unbiased else None
+        wide[name] = wide_table({"GEOID": codes, **parents}, H1_COLUMNS, values, errors)
+        ids = {"GEOID": codes, **{p: parents.get(p) for p in every_parent}}
+        longs.append(long_table(name, ids, values, errors, labels=labels))
     return wide, pd.concat(longs, ignore_index=True)
 
 

@@ -20,6 +20,7 @@ from censusdp.pipelines.io.outputs import (
     Z90,
     DictionaryEntry,
     lattice_moe,
+    long_table,
     parent_codes,
     real_moe,
     significant,
@@ -124,6 +125,21 @@ def test_wide_table_interleaves_value_se_and_moe():
     assert f["y_se"].tolist() == [1.23457, 2.0] and f["x_moe"].tolist() == [1, 0]
     assert f["y_moe"].tolist() == [2, 3] and f["x_dp"].dtype == np.int64
     assert list(wide_table({"id": ["a", "b"]}, ["x", "y"], values).columns) == ["id", "x", "y"]
+
+
+def test_long_table_has_one_row_per_area_and_column():
+    values = np.array([[1, 2], [3, 4], [5, 6]], dtype=np.int64)
+    errors = written_errors(np.array([[0.5, 1.0], [2.0, 0.0], [0.3, 4.0]]), integer=True)
+    ids = {"GEOID": np.array(["a", "b", "c"], dtype=object), "state_GEOID": None}
+    words = {"table": ["T", "T"], "column": ["x", "y"], "label": ["X", "Y"]}
+    f = long_table("county", ids, values, errors, labels=words)
+    assert list(f.columns) == ["level", "GEOID", "state_GEOID", "table", "column", "label",
+                               "value", "se", "moe"]  # fmt: skip
+    assert f["GEOID"].tolist() == ["a", "a", "b", "b", "c", "c"]
+    assert f["column"].tolist() == ["x", "y"] * 3 and f["state_GEOID"].isna().all()
+    assert f["value"].tolist() == list(range(1, 7)) and f["moe"].tolist() == [1, 2, 3, 0, 0, 7]
+    assert (f["level"] == "county").all()
+    assert "se" not in long_table("county", ids, values, labels=words).columns
 
 
 def test_parent_codes_follow_the_parents():
