@@ -43,7 +43,6 @@ from censusdp.estimation import (
     condition,
     lattice_intervals,
     round_release,
-    standard_errors,
     structured_gls,
     tree_gls,
 )
@@ -129,7 +128,6 @@ __all__ = [
     "topdown",
     "round_release",
     "lattice_intervals",
-    "standard_errors",
     "Release",
     "structured_gls",
     "StructuredRelease",

@@ -25,12 +25,7 @@ from censusdp.estimation.integer.laminar import (
     rounding_variance,
 )
 from censusdp.estimation.release import Release, ReleaseProtocol
-from censusdp.estimation.uncertainty import (
-    coverage,
-    intervals,
-    lattice_intervals,
-    standard_errors,
-)
+from censusdp.estimation.uncertainty import coverage, lattice_intervals
 
 __all__ = [
     "Release",
@@ -46,8 +41,6 @@ __all__ = [
     "round_bipartite",
     "round_release",
     "rounding_variance",
-    "standard_errors",
-    "intervals",
     "coverage",
     "structured_gls",
     "StructuredRelease",

@@ -364,6 +364,35 @@ class Release(ReleaseBase):
         full = None if self.covariances is None else tuple(self.covariances)
         return NodeCovariance(tuple(self.variances), full)
 
+    def standard_errors(
+        self, level: str | int, *, include_rounding: bool = False
+    ) -> np.ndarray | None:
+        """:meth:`ReleaseBase.standard_errors`; ``include_rounding`` adds the rounding variance
+        ``p(1 − p)`` of the (real-valued) estimates, exact for leaf cells only: each is rounded
+        to ⌊x⌋ or ⌈x⌉ unbiasedly. Above the leaves a value's rounding error is a sum of
+        dependent leaf errors whose variance depends on the rounding mode and the invariants:
+        round the release and read the rounded release's :meth:`sum_variances`, exact.
+
+        Raises
+        ------
+        SpecError
+            ``include_rounding`` above the leaves, or without variances.
+        """
+        if not include_rounding:
+            return super().standard_errors(level)
+        from censusdp.estimation.integer.laminar import rounding_variance
+
+        k = self.level_index(level)
+        if self.variances is None:
+            raise self.no_covariance()
+        if k != self.hierarchy.depth - 1:
+            raise SpecError(
+                f"include_rounding predicts the rounding variance of leaf cells only, not of "
+                f"level {self.hierarchy.names[k]!r}: round the release (round_release) and use "
+                "its variances, exact at every level"
+            )
+        return np.sqrt(self.variances[k] + rounding_variance(self.estimates[k]))
+
     def conf_int(
         self,
         level: str | int,
@@ -374,12 +403,13 @@ class Release(ReleaseBase):
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`ReleaseBase.conf_int`; ``include_rounding`` adds the rounding variance
         ``p(1 − p)`` of the leaf cells of a real-valued release you will round
-        (:func:`censusdp.estimation.uncertainty.intervals`)."""
+        (:meth:`standard_errors`)."""
         if not include_rounding:
             return super().conf_int(level, alpha, query=query)
-        from censusdp.estimation.uncertainty import intervals
+        from censusdp.estimation.uncertainty import normal_intervals
 
-        return intervals(self, self.level_index(level), alpha, include_rounding=True)
+        se = self.standard_errors(level, include_rounding=True)
+        return normal_intervals(self.level(level), se, alpha)
 
     def sum_variances(self, level: str | int, query, *, rounding_only: bool = False) -> np.ndarray:
         """Variance of each row of ``query`` (a sum of cells) at every node of a level.

@@ -1,4 +1,5 @@
-"""Standard errors, normal intervals and coverage for linear (GLS) releases.
+"""Normal and lattice intervals and coverage for linear (GLS) releases (their standard errors
+are the release's own: :meth:`~censusdp.estimation.release.Release.standard_errors`).
 
 A GLS estimate is linear in the noise, so its error covariance is exact; with Gaussian noise
 the error is exactly normal and ``estimate ± z_{1−α/2} · se`` covers at the nominal rate. With
@@ -84,8 +85,6 @@ from censusdp.mechanisms.queries import Measurement
 from censusdp.rng import KeyedRNG
 
 __all__ = [
-    "standard_errors",
-    "intervals",
     "normal_intervals",
     "coverage",
     "rounding_variance",
@@ -98,55 +97,6 @@ def _z(alpha: float) -> float:
     if not 0.0 < alpha < 1.0:
         raise SpecError(f"alpha must be in (0, 1), got {alpha}")
     return float(norm.ppf(1.0 - alpha / 2.0))
-
-
-def standard_errors(
-    release: Release, level: str | int, *, include_rounding: bool = False
-) -> np.ndarray:
-    """Exact standard errors at one level, (n_nodes, n_cells).
-
-    With ``include_rounding`` the rounding variance p(1 − p) of the (real-valued) estimates is
-    added (use it on a real-valued release that you will round). That is exact for leaf cells
-    only: each is rounded to ⌊x⌋ or ⌈x⌉ unbiasedly. Above the leaves a value's rounding error
-    is a sum of dependent leaf errors whose variance depends on the rounding mode and the
-    invariants, so it is refused there: round the release and read the rounded release's
-    ``variances`` (or ``sum_variances`` for totals and marginals), which are exact.
-
-    Raises
-    ------
-    SpecError
-        When the release has no variances (e.g. TopDown-style output).
-    """
-    k = release.hierarchy.level_index(level)
-    if release.variances is None:
-        raise SpecError(
-            f"the {release.estimator!r} release has no variances; standard errors are "
-            "defined for GLS (exact) and averaged MCMC (Monte Carlo) output"
-        )
-    var = release.variances[k]
-    if include_rounding and k != release.hierarchy.depth - 1:
-        raise SpecError(
-            f"include_rounding predicts the rounding variance of leaf cells only, not of level "
-            f"{release.hierarchy.names[k]!r}: round the release (round_release) and use its "
-            "variances, exact at every level"
-        )
-    if include_rounding:
-        var = var + rounding_variance(release.estimates[k])
-    return np.sqrt(var)
-
-
-def intervals(
-    release: Release, level: str | int, alpha: float = 0.1, *, include_rounding: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """Normal ``1 − alpha`` intervals ``estimate ∓ z · se`` at one level.
-
-    Returns
-    -------
-    lower, upper : numpy.ndarray
-        (n_nodes, n_cells) each.
-    """
-    se = standard_errors(release, level, include_rounding=include_rounding)
-    return normal_intervals(release.level(level), se, alpha)
 
 
 def normal_intervals(

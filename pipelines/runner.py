@@ -42,7 +42,7 @@ from censusdp.mechanisms.queries import Invariant, Query, invariant
 from censusdp.pipelines.data import RunData, load_data
 from censusdp.pipelines.execute import open_executor
 from censusdp.pipelines.interrupts import workers_ignore_interrupts
-from censusdp.pipelines.io.outputs import lattice_moe, real_moe, significant
+from censusdp.pipelines.io.outputs import written_errors
 from censusdp.pipelines.measure import measure_partitioned
 from censusdp.pipelines.metrics import error_metrics, group_regressions, size_class_metrics
 from censusdp.pipelines.partition import partition_units
@@ -452,12 +452,8 @@ def release_frame(releases: dict[str, Release]) -> pd.DataFrame:
     frames = []
     for r in releases.values():
         f = r.to_frame()
-        se = f["se"].to_numpy(dtype=np.float64)
-        ok = np.isfinite(se)
-        moe = np.full(se.shape, np.nan)
-        moe[ok] = lattice_moe(se[ok]) if r.integer else real_moe(se[ok])
-        f["se"] = significant(se)
-        f["moe"] = moe
+        f["se"], moe = written_errors(f["se"], integer=r.integer)
+        f["moe"] = moe.astype(np.float64)  # one column for every estimator, NaN without SEs
         frames.append(f)
     return pd.concat(frames, ignore_index=True)
 

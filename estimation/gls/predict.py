@@ -78,6 +78,7 @@ from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.laws import NoiseLaw
 from censusdp.mechanisms.privacy import derive_statement
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.mechanisms.queries import level_position
 from censusdp.schema import Allocation, Schema
 from censusdp.timing import stage
 
@@ -186,14 +187,8 @@ class Prediction:
         return self.classes.names
 
     def level_index(self, level: str | int) -> int:
-        if isinstance(level, str):
-            if level not in self.names:
-                raise SpecError(f"unknown level {level!r}; levels are {list(self.names)}")
-            return self.names.index(level)
-        k = int(level)
-        if not 0 <= k < len(self.names):
-            raise SpecError(f"level index {k} is outside 0..{len(self.names) - 1}")
-        return k
+        """A level by name or index (:func:`~censusdp.mechanisms.queries.level_position`)."""
+        return level_position(self.names, level, "prediction")
 
     def _query(self, query: ProductQuery | str) -> ProductQuery:
         return schema_query(self.schema, query)

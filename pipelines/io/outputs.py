@@ -64,12 +64,15 @@ __all__ = [
     "code_entries",
     "estimate_entries",
     "lattice_moe",
+    "long_table",
     "margin_of_error",
     "parent_codes",
     "real_moe",
     "significant",
+    "wide_table",
     "write_data_dictionary",
     "write_parquet",
+    "written_errors",
 ]
 
 #: The ACS's published multiplier of a 90% margin of error.
@@ -156,6 +159,63 @@ def lattice_moe(se: np.ndarray) -> np.ndarray:
 def margin_of_error(se: np.ndarray, *, integer: bool) -> np.ndarray:
     """:func:`lattice_moe` for an integer release, else :func:`real_moe`."""
     return lattice_moe(se) if integer else real_moe(se)
+
+
+def written_errors(se: np.ndarray, *, integer: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The written ``_se`` and ``_moe`` of standard errors: ``se`` to :data:`SE_DIGITS`
+    significant digits (:func:`significant`) and the 90% margin of error of the unrounded
+    ``se`` (:func:`margin_of_error`: integer for an integer release). Where ``se`` is not
+    finite (an estimator without standard errors) the MOE is NaN, and the MOEs float64.
+    """
+    se = np.asarray(se, dtype=np.float64)
+    ok = np.isfinite(se)
+    if ok.all():
+        return significant(se), margin_of_error(se, integer=integer)
+    moe = np.full(se.shape, np.nan)
+    moe[ok] = margin_of_error(se[ok], integer=integer)
+    return significant(se), moe
+
+
+def wide_table(
+    ids: Mapping[str, object],
+    columns: Sequence[str],
+    values: np.ndarray,
+    errors: tuple[np.ndarray, np.ndarray] | None = None,
+    *,
+    suffix: str = "",
+) -> pd.DataFrame:
+    """One row per area: the ``ids`` columns (its code, its ancestors'), then for every
+    column ``c`` of ``values`` ``(n, len(columns))`` its value ``<c><suffix>`` and, with
+    ``errors`` (the written ``se`` and ``moe`` of :func:`written_errors`), ``<c>_se`` and
+    ``<c>_moe`` beside it."""
+    cols: dict[str, object] = dict(ids)
+    for j, c in enumerate(columns):
+        cols[f"{c}{suffix}"] = values[:, j]
+        if errors is not None:
+            cols[f"{c}_se"], cols[f"{c}_moe"] = errors[0][:, j], errors[1][:, j]
+    return pd.DataFrame(cols)
+
+
+def long_table(
+    level: str,
+    ids: Mapping[str, object],
+    values: np.ndarray,
+    errors: tuple[np.ndarray, np.ndarray] | None = None,
+    *,
+    labels: Mapping[str, Sequence[str]],
+) -> pd.DataFrame:
+    """One row per area and column of ``values`` ``(n, m)``: ``level``, the ``ids`` columns
+    repeated per column (None: an empty column, an ancestor the level does not have), the
+    ``labels`` columns (``table``, ``column``, ``label``: ``m`` each) repeated per area,
+    ``value`` and, with ``errors`` (:func:`written_errors`), ``se`` and ``moe``."""
+    n, m = values.shape
+    cols: dict[str, object] = {"level": level}
+    cols |= {c: None if v is None else np.repeat(v, m) for c, v in ids.items()}
+    cols |= {c: np.tile(np.asarray(v, dtype=object), n) for c, v in labels.items()}
+    cols["value"] = values.ravel()
+    if errors is not None:
+        cols["se"], cols["moe"] = errors[0].ravel(), errors[1].ravel()
+    return pd.DataFrame(cols)
 
 
 def parent_codes(

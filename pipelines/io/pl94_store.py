@@ -92,8 +92,9 @@ import numpy as np
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
+from censusdp.estimation.covariance import BlockCovariance
 from censusdp.estimation.gls.marginal_basis import BlockDiagonal, MarginalBasis
-from censusdp.estimation.gls.structured import StructuredPiece, identified_rows
+from censusdp.estimation.gls.structured import StructuredPiece
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.shape_classes import shape_classes
 from censusdp.jsonable import to_jsonable
@@ -119,7 +120,7 @@ from censusdp.pipelines.io.store import (
 )
 from censusdp.pipelines.partition import Partition
 from censusdp.pipelines.products.pl94_stream import PartitionRelease, Pl94StreamResult, TopRelease
-from censusdp.pipelines.products.pl94_tables import pl94_codebook
+from censusdp.pipelines.products.pl94_tables import pl94_codebook, pl94_column_values
 from censusdp.schema import Schema, available_schemas
 
 __all__ = ["FORMAT", "FORMATS", "SE_NOTE", "Pl94Store", "Pl94StoreWriter", "StorePieceWriter"]
@@ -749,7 +750,8 @@ class Pl94Store:
         piece read checked first (the class docstring)."""
         return self._gather("tables", level, lo, hi).astype(np.int64)
 
-    def _class_blocks(self, level: str) -> dict[int, np.ndarray]:
+    def _class_covariance(self, level: str) -> BlockCovariance:
+        """The class blocks of ``level`` as a covariance whose "nodes" are its classes."""
         k = self._level(level)
         names = [name for _, _, name in self.layout[k]]
         if not self.masks:
@@ -770,20 +772,19 @@ class Pl94Store:
             n_s = self.basis.block_size(m)
             out[m] = flat[:, at : at + n_s * n_s].reshape(-1, n_s, n_s)
             at += n_s * n_s
-        return out
+        blocks = (BlockDiagonal(self.basis, out),)
+        return BlockCovariance(blocks, self.identified, (self.n_classes[k],), self._rows)
 
     def standard_errors(
         self, level: str, query: ProductQuery | str, lo: int = 0, hi: int | None = None
     ) -> np.ndarray:
         """GLS standard errors of every row of ``query`` at nodes ``[lo, hi)`` of ``level``,
-        ``(n, n_rows)``, from the nodes' class blocks; NaN for unidentified rows. Every
-        piece read is checked first (the class docstring)."""
+        ``(n, n_rows)``, from the nodes' class blocks; NaN for unidentified rows
+        (:meth:`BlockCovariance.query_variances`). Every piece read is checked first (the
+        class docstring)."""
         q = ProductQuery.parse(self.schema, query) if isinstance(query, str) else query
-        cov = BlockDiagonal(self.basis, self._class_blocks(level))
-        var = np.maximum(cov.query_variances(q), 0.0).reshape(-1, q.n_rows)
-        cls = self._gather("classes", level, lo, hi).astype(np.int64)
-        ok = identified_rows(self.basis, self.identified, q, self._rows)
-        return np.where(ok[None, :], np.sqrt(var[cls]), np.nan)
+        se = np.sqrt(self._class_covariance(level).query_variances(0, q))
+        return se[self._gather("classes", level, lo, hi).astype(np.int64)]
 
     def column_standard_errors(self, level: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """GLS standard errors of every P1–P5 column at nodes ``[lo, hi)``: ``(n, 298)``.
@@ -791,17 +792,9 @@ class Pl94Store:
         GLS only: the stored integers' error also holds the rounding's (the national stream
         rounds no replicates, :func:`~censusdp.pipelines.products.pl94_stream.stream_pl94`
         ``rounding_replicates``), which these leave out."""
-        rows = pl94_codebook().rows
         cls = self._gather("classes", level, lo, hi).astype(np.int64)
-        cov = BlockDiagonal(self.basis, self._class_blocks(level))
-        out = np.empty((cls.size, len(rows)))
-        for qi, q in enumerate(rows.queries):
-            sel = np.flatnonzero(rows.query_of_row == qi)
-            var = np.maximum(cov.query_variances(q), 0.0).reshape(-1, q.n_rows)
-            ok = identified_rows(self.basis, self.identified, q, self._rows)
-            se = np.where(ok[None, :], np.sqrt(var), np.nan)
-            out[:, sel] = se[cls][:, rows.row_of_row[sel]]
-        return out
+        cov = self._class_covariance(level)
+        return pl94_column_values(lambda q: np.sqrt(cov.query_variances(0, q))[cls])
 
     def verify(self, expected_digest: str | None = None) -> str:
         """Check every file of the store and recompute the content digest (returned).

@@ -69,14 +69,13 @@ import functools
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from censusdp.budget import PrivacyStatement, Product, Step, with_products
 from censusdp.errors import DataError
@@ -94,10 +93,10 @@ from censusdp.pipelines.io.codebook import Codebook
 from censusdp.pipelines.io.outputs import (
     DICTIONARY_FILE,
     OUTPUT_COLUMNS_NOTE,
-    lattice_moe,
     parent_codes,
-    significant,
+    wide_table,
     write_data_dictionary,
+    written_errors,
 )
 from censusdp.pipelines.products.codebook_tables import (
     STANDARD_ERRORS_NOTE,
@@ -443,20 +442,6 @@ def codebook_products(levels: Sequence[str], invariants: Sequence[tuple[str, str
     return out
 
 
-def _level_frame(codes: np.ndarray, columns: Sequence[str], values: np.ndarray,
-                 se: np.ndarray | None, parents: Mapping[str, np.ndarray]) -> pd.DataFrame:  # fmt: skip
-    cols: dict[str, object] = {"gisjoin": [str(c) for c in codes]}
-    cols |= {p: np.asarray(v).astype(str) for p, v in parents.items()}
-    moe = None if se is None else lattice_moe(se)
-    se = None if se is None else significant(se)
-    for j, c in enumerate(columns):
-        cols[f"{c}_dp"] = values[:, j]
-        if se is not None and moe is not None:
-            cols[f"{c}_se"] = se[:, j]
-            cols[f"{c}_moe"] = moe[:, j]
-    return pd.DataFrame(cols)
-
-
 def write_hierarchy_release(
     tmp: Path,
     batch,
@@ -489,19 +474,21 @@ def write_hierarchy_release(
                 values[leaf_row[:, None], order[None, :]] = levels[k]
                 ses = moes = None
                 if se is not None:
-                    ses = np.empty(values.shape)
-                    ses[leaf_row[:, None], order[None, :]] = significant(se)
-                    moes = np.empty(values.shape, dtype=np.int64)
-                    moes[leaf_row[:, None], order[None, :]] = lattice_moe(se)
+                    ses, moes = np.empty(values.shape), np.empty(values.shape, dtype=np.int64)
+                    cells = (leaf_row[:, None], order[None, :])
+                    ses[cells], moes[cells] = written_errors(se, integer=True)
                 geo = {}
                 for p, codes in parent_codes(h, k, code_column="GISJOIN").items():
                     geo[p] = np.empty(leaf_row.size, dtype=object)
                     geo[p][leaf_row] = np.asarray(codes).astype(str)
                 write_batch(batch, values, ses, path, margins_of_error=moes, geography=geo)
             else:
-                parents = parent_codes(h, k, code_column="GISJOIN")
-                write_csv(_level_frame(h.levels[k].codes, cb.columns, levels[k], se, parents),
-                          path)  # fmt: skip
+                ids = {"gisjoin": [str(c) for c in h.levels[k].codes]}
+                ids |= {p: np.asarray(v).astype(str)
+                        for p, v in parent_codes(h, k, code_column="GISJOIN").items()}  # fmt: skip
+                errors = None if se is None else written_errors(se, integer=True)
+                frame = wide_table(ids, cb.columns, levels[k], errors, suffix="_dp")
+                write_csv(frame, path)
             written.append(f"{folder}/{name}.csv")
         parents = list(parent_codes(h, h.depth - 1, 0, 0, code_column="GISJOIN"))
         keys = list(dict.fromkeys(["gisjoin", *parents, *batch.key_columns]))

@@ -114,8 +114,7 @@ from censusdp.pipelines.io.outputs import (
     OUTPUT_COLUMNS_NOTE,
     DictionaryEntry,
     estimate_entries,
-    lattice_moe,
-    significant,
+    written_errors,
 )
 from censusdp.pipelines.release_statement import change_factor, unit_of_universes
 from censusdp.rng import KeyedRNG
@@ -1552,7 +1551,8 @@ def _write_codebook_release(
         ses = np.empty(rel.values.shape)
         values[:, order], ses[:, order] = rel.values, rel.standard_errors
         meta = {"privacy": info["privacy"], "schema": info["schema"], "codebook": info["codebook"]}
+        ses, moes = written_errors(ses, integer=True)
         write_batch(
-            batch, values, significant(ses), tmp, margins_of_error=lattice_moe(ses),
+            batch, values, ses, tmp, margins_of_error=moes,
             metadata={**meta, "data_dictionary": info["data_dictionary"]},
         )  # fmt: skip

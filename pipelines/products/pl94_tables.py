@@ -57,9 +57,10 @@ from censusdp.pipelines.io.outputs import (
     DictionaryEntry,
     code_entries,
     estimate_entries,
-    lattice_moe,
-    significant,
+    long_table,
+    wide_table,
     write_data_dictionary,
+    written_errors,
 )
 from censusdp.schema import Schema
 from censusdp.spreadsheet import write_csv
@@ -352,39 +353,18 @@ def pl94_frames(
     """
     book = pl94_codebook()
     names = list(book.columns)
-    labels = pl94_labels()
+    words = {"table": book.table_of, "column": names, "label": pl94_labels()}
     wide: dict[str, pd.DataFrame] = {}
     longs = []
     for level, t in levels.items():
         codes, values, se = _checked(level, t)
         parents = {p: np.asarray(c, dtype=object) for p, c in (t.parents or {}).items()}
-        cols: dict[str, np.ndarray] = {code_column: codes, **parents}
-        moe = None
-        if se is not None:
-            moe = lattice_moe(se)
-            se = significant(se)
-        for j, name in enumerate(names):
-            cols[name] = values[:, j]
-            if se is not None and moe is not None:
-                cols[f"{name}_se"] = se[:, j]
-                cols[f"{name}_moe"] = moe[:, j]
-        wide[level] = pd.DataFrame(cols)
-        n, k = values.shape
-        longs.append(
-            pd.DataFrame(
-                {
-                    "level": level,
-                    code_column: np.repeat(codes, k),
-                    **{p: np.repeat(c, k) for p, c in parents.items()},
-                    "table": np.tile(np.asarray(book.table_of, dtype=object), n),
-                    "column": np.tile(np.asarray(names, dtype=object), n),
-                    "label": np.tile(np.asarray(labels, dtype=object), n),
-                    "value": values.ravel(),
-                    "se": se.ravel() if se is not None else np.full(n * k, np.nan),
-                    "moe": moe.ravel() if moe is not None else np.full(n * k, np.nan),
-                }
-            )
-        )
+        errors = None if se is None else written_errors(se, integer=True)
+        wide[level] = wide_table({code_column: codes, **parents}, names, values, errors)
+        ids = {code_column: codes, **parents}
+        longs.append(long_table(level, ids, values, errors, labels=words))
+        if errors is None:  # the columns are there, empty
+            longs[-1]["se"] = longs[-1]["moe"] = np.nan
     long = pd.concat(longs, ignore_index=True) if longs else pd.DataFrame()
     return wide, long
 

@@ -133,10 +133,11 @@ from censusdp.pipelines.io.outputs import (
     DictionaryEntry,
     code_entries,
     estimate_entries,
-    lattice_moe,
+    long_table,
     parent_codes,
-    significant,
+    wide_table,
     write_data_dictionary,
+    written_errors,
 )
 from censusdp.pipelines.io.ppmf import PPMFHistogram, read_block_list, read_ppmf_units
 from censusdp.pipelines.products.ppmf_persons import (
@@ -471,35 +472,17 @@ def h1_frames(
     unbiased = product == "unbiased"
     counts = release.counts if unbiased else release.nonnegative
     every_parent = list(parent_codes(h, h.depth - 1, 0, 0))
+    labels = {"table": ["H1"] * len(H1_COLUMNS), "column": H1_COLUMNS, "label": H1_LABELS}
     wide: dict[str, pd.DataFrame] = {}
     longs = []
     for k, name in enumerate(h.names):
         codes = np.asarray(h.levels[k].codes, dtype=object)
         parents = parent_codes(h, k)
         values = counts[k]
-        se = significant(release.standard_errors[k])
-        moe = lattice_moe(release.standard_errors[k])
-        cols: dict[str, np.ndarray] = {"GEOID": codes, **parents}
-        for j, col in enumerate(H1_COLUMNS):
-            cols[col] = values[:, j]
-            if unbiased:
-                cols[f"{col}_se"] = se[:, j]
-                cols[f"{col}_moe"] = moe[:, j]
-        wide[name] = pd.DataFrame(cols)
-        n, m = values.shape
-        long = {
-            "level": name,
-            "GEOID": np.repeat(codes, m),
-            **{p: np.repeat(parents[p], m) if p in parents else None for p in every_parent},
-            "table": "H1",
-            "column": np.tile(np.asarray(H1_COLUMNS, dtype=object), n),
-            "label": np.tile(np.asarray(H1_LABELS, dtype=object), n),
-            "value": values.ravel(),
-        }
-        if unbiased:
-            long["se"] = se.ravel()
-            long["moe"] = moe.ravel()
-        longs.append(pd.DataFrame(long))
+        errors = written_errors(release.standard_errors[k], integer=True) if unbiased else None
+        wide[name] = wide_table({"GEOID": codes, **parents}, H1_COLUMNS, values, errors)
+        ids = {"GEOID": codes, **{p: parents.get(p) for p in every_parent}}
+        longs.append(long_table(name, ids, values, errors, labels=labels))
     return wide, pd.concat(longs, ignore_index=True)
 
 

@@ -7,12 +7,7 @@ import pytest
 from release_fixtures import release_for, two_level
 
 from censusdp.errors import SpecError
-from censusdp.estimation import (
-    coverage,
-    intervals,
-    round_release,
-    standard_errors,
-)
+from censusdp.estimation import coverage, round_release
 from censusdp.rng import KeyedRNG
 
 
@@ -22,8 +17,8 @@ def test_intervals_cover_at_nominal_rate():
     hits, n = [], 0
     for _ in range(250):
         rel = release_for(gen, h, cells, counts)
-        lo, hi = intervals(rel, "county", 0.1)
-        est, se = rel.level("county"), standard_errors(rel, "county")
+        lo, hi = rel.conf_int("county", 0.1)
+        est, se = rel.level("county"), rel.standard_errors("county")
         inside = (lo <= counts[2]) & (counts[2] <= hi)
         assert coverage(est, counts[2], se, 0.1) == pytest.approx(inside.mean())
         hits.append(inside.ravel())
@@ -44,11 +39,13 @@ def test_rounding_variance_added_and_invariants_exact_after_rounding():
     assert np.all((extra >= 0) & (extra <= 0.25))
     # a leaf cell's rounding variance is at most 1/4; a sum's above the leaves may be more
     assert 0 < rounded.diagnostics["rounding_variance_max"]
-    se = standard_errors(rel, "county", include_rounding=True)
+    se = rel.standard_errors("county", include_rounding=True)
     np.testing.assert_allclose(se**2, rounded.variances[2])
+    lo, hi = rel.conf_int("county", include_rounding=True)
+    np.testing.assert_allclose((hi - lo) / 2, 1.6448536269514722 * se)
     # above the leaves p(1 − p) is not the rounding variance of a sum: refused
     with pytest.raises(SpecError, match="leaf cells only"):
-        standard_errors(rel, "state", include_rounding=True)
+        rel.standard_errors("state", include_rounding=True)
 
 
 def test_errors():
@@ -56,9 +53,11 @@ def test_errors():
     h, cells, counts = two_level(gen)
     rel = release_for(gen, h, cells, counts)
     with pytest.raises(SpecError, match="alpha"):
-        intervals(rel, "county", 1.5)
+        rel.conf_int("county", 1.5)
     rel = rel.replace(variances=None)
-    with pytest.raises(SpecError, match="no variances"):
-        standard_errors(rel, "county")
+    assert rel.standard_errors("county") is None
+    for rounding in (False, True):
+        with pytest.raises(SpecError, match="no variances"):
+            rel.conf_int("county", include_rounding=rounding)
     with pytest.raises(SpecError, match="shape"):
         coverage(np.zeros(2), np.zeros(3), np.ones(2))

@@ -20,11 +20,14 @@ from censusdp.pipelines.io.outputs import (
     Z90,
     DictionaryEntry,
     lattice_moe,
+    long_table,
     parent_codes,
     real_moe,
     significant,
+    wide_table,
     write_data_dictionary,
     write_parquet,
+    written_errors,
 )
 from censusdp.pipelines.products.codebook_hierarchy import release_hierarchy
 from censusdp.pipelines.products.codebook_tables import TablePlan
@@ -92,6 +95,51 @@ def _tree() -> Hierarchy:
              ["01001020100", "01001020200", "01003010100", "02013000100"]]  # fmt: skip
     parents = [None, np.array([0, 0]), np.array([0, 0, 1]), np.array([0, 0, 1, 2])]
     return Hierarchy.from_parents(["nation", "state", "county", "tract"], codes, parents)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.one_of(st.floats(0.0, 1e6), st.just(math.nan)), min_size=1, max_size=12),
+    st.booleans(),
+)
+def test_written_errors_match_the_per_value_kernels(ses, integer):
+    """Six-digit SEs and the MOE of the unrounded SE, value by value (the obvious loop);
+    a NaN SE (no standard error) gives a NaN MOE, and then the MOEs are float64."""
+    se, moe = written_errors(np.array(ses), integer=integer)
+    one = lattice_moe if integer else real_moe
+    for s, w, m in zip(ses, se, moe, strict=True):
+        if math.isnan(s):
+            assert math.isnan(w) and math.isnan(m)
+        else:
+            assert w == float(f"{s:.6g}") and m == one(np.array([s]))[0]
+    finite = not any(math.isnan(s) for s in ses)
+    assert moe.dtype == (np.int64 if integer and finite else np.float64)
+
+
+def test_wide_table_interleaves_value_se_and_moe():
+    values = np.array([[1, 2], [3, 4]], dtype=np.int64)
+    se = np.array([[0.5, 1.23456789], [0.0, 2.0]])
+    f = wide_table({"id": ["a", "b"]}, ["x", "y"], values, written_errors(se, integer=True),
+                   suffix="_dp")  # fmt: skip
+    assert list(f.columns) == ["id", "x_dp", "x_se", "x_moe", "y_dp", "y_se", "y_moe"]
+    assert f["y_se"].tolist() == [1.23457, 2.0] and f["x_moe"].tolist() == [1, 0]
+    assert f["y_moe"].tolist() == [2, 3] and f["x_dp"].dtype == np.int64
+    assert list(wide_table({"id": ["a", "b"]}, ["x", "y"], values).columns) == ["id", "x", "y"]
+
+
+def test_long_table_has_one_row_per_area_and_column():
+    values = np.array([[1, 2], [3, 4], [5, 6]], dtype=np.int64)
+    errors = written_errors(np.array([[0.5, 1.0], [2.0, 0.0], [0.3, 4.0]]), integer=True)
+    ids = {"GEOID": np.array(["a", "b", "c"], dtype=object), "state_GEOID": None}
+    words = {"table": ["T", "T"], "column": ["x", "y"], "label": ["X", "Y"]}
+    f = long_table("county", ids, values, errors, labels=words)
+    assert list(f.columns) == ["level", "GEOID", "state_GEOID", "table", "column", "label",
+                               "value", "se", "moe"]  # fmt: skip
+    assert f["GEOID"].tolist() == ["a", "a", "b", "b", "c", "c"]
+    assert f["column"].tolist() == ["x", "y"] * 3 and f["state_GEOID"].isna().all()
+    assert f["value"].tolist() == list(range(1, 7)) and f["moe"].tolist() == [1, 2, 3, 0, 0, 7]
+    assert (f["level"] == "county").all()
+    assert "se" not in long_table("county", ids, values, labels=words).columns
 
 
 def test_parent_codes_follow_the_parents():
