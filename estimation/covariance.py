@@ -164,11 +164,24 @@ class BlockCovariance:
 
     def query_variances(self, k: int, query: ProductQuery) -> np.ndarray:
         """Every row's variance at every node of level ``k`` from the node's blocks
-        (:meth:`BlockDiagonal.query_variances`; clipped at 0, the float error of a held
-        row), NaN for unidentified rows."""
-        var = np.maximum(self.blocks[k].query_variances(query), 0.0)
+        (:meth:`BlockDiagonal.query_variances`), NaN for unidentified rows.
+
+        A row the invariants hold has variance 0 in exact arithmetic; in floats the
+        two-pass smoother leaves a residue of order ε times the level's scale, of either
+        sign. Variances at or below ``1e-12 · ‖q‖² · s_k`` (``s_k`` the largest diagonal entry
+        of level ``k``'s blocks: the variance of its noisiest unit direction) are that residue
+        and are reported as 0, as :class:`~censusdp.estimation.gls.predict.Prediction` does
+        with the noise scale; no measured direction comes within nine orders of it."""
+        var = self.blocks[k].query_variances(query)
+        norm2 = self.identified.basis.identity().query_variances(query)
+        var = np.where(var > 1e-12 * self._scale(k) * norm2, var, 0.0)
         var = np.broadcast_to(var, (self.n_nodes[k], query.n_rows))
         return np.where(self.identified_rows(query)[None, :], var, np.nan)
+
+    def _scale(self, k: int) -> float:
+        """The largest diagonal entry of level ``k``'s blocks (0 for a level without any)."""
+        diag = [np.diagonal(b, axis1=-2, axis2=-1) for b in self.blocks[k].blocks.values()]
+        return max((float(d.max()) for d in diag if d.size), default=0.0)
 
     def cell_variances(self, k: int) -> np.ndarray:
         """Every cell's variance, ``(n_nodes, *schema.shape)``: the rows of the detailed query."""
