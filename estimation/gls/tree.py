@@ -36,20 +36,19 @@ them — the blocks of a marginal workload repeated over within-group contrasts,
 run in one pass with a copy axis on every mean and information vector (``(n, C, K)``) and
 one set of per-node matrices (:mod:`censusdp.estimation.gls.structured`).
 
-**Kernel.** The general path is the public kernel :mod:`censusdp.estimation.gls.kernel`
+**Kernel.** The passes are the public kernel :mod:`censusdp.estimation.gls.kernel`
 (:func:`~censusdp.estimation.gls.kernel.general_up`,
-:func:`~censusdp.estimation.gls.kernel.general_down`); this module is its flat front end
+:func:`~censusdp.estimation.gls.kernel.general_down`) for every problem — one cell, identity
+queries, total and detailed queries included; this module is its flat front end
 (:func:`level_inputs` turns measurements and invariants into the kernel's per-level inputs)
-and :mod:`censusdp.estimation.gls.structured` its structured one. The sub-forests the passes
-run on are :class:`~censusdp.hierarchy.forest.Forest` (re-exported here for one release).
-
-**One kernel.** Every problem — one cell, identity queries, total and detailed queries —
-runs the kernel's dense per-node passes; there is no elementwise special case in this module
-(issue 34: the flat and schema GLS are two front ends of one kernel). Measured before the
-elementwise and total/deviation paths were removed (CPU, warm, ``benchmarks/national_scale.py``
-with 1,000,000 blocks): the national benchmark's noise + GLS + rounding took 1.33 s with the
-elementwise path and 1.20 s without (the GLS alone 0.089 s vs 0.123 s on 4,000,000 blocks);
-its 3,221 counties × 36 cells part 0.44 s vs 0.60 s (the GLS alone 0.002 s vs 0.18 s).
+and :mod:`censusdp.estimation.gls.structured` its structured one (issue 34: two front ends of
+one kernel). The sub-forests the passes run on are :class:`~censusdp.hierarchy.forest.Forest`
+(re-exported here for one release). This module had its own elementwise passes for identity
+queries and a two-eigenvalue (total/deviation) kernel; measured when they were removed (CPU
+seconds, warm, the same inputs): ``benchmarks/national_scale.py`` with 1,000,000 blocks,
+noise + GLS + rounding 1.33 → 1.20 (the GLS alone on 4,000,000 blocks 0.089 → 0.123), its
+3,221 counties × 36 cells part 0.44 → 0.60 (the GLS alone 0.002 → 0.18); the two-cell
+units shape (detailed queries, block totals invariant, 1,000,000 blocks) 0.24 → 0.43.
 
 Geometry: ``"weighted"`` uses the measurement variances (Σ⁻¹-weighted projection; for Gaussian
 noise this equals conditioning on consistency and the invariants — Gao, Gong & Yu 2022,
