@@ -45,10 +45,12 @@ and :mod:`censusdp.estimation.gls.structured` its structured one (issue 34: two 
 one kernel). The sub-forests the passes run on are :class:`~censusdp.hierarchy.forest.Forest`
 (re-exported here for one release). This module had its own elementwise passes for identity
 queries and a two-eigenvalue (total/deviation) kernel; measured when they were removed (CPU
-seconds, warm, the same inputs): ``benchmarks/national_scale.py`` with 1,000,000 blocks,
-noise + GLS + rounding 1.33 → 1.20 (the GLS alone on 4,000,000 blocks 0.089 → 0.123), its
-3,221 counties × 36 cells part 0.44 → 0.60 (the GLS alone 0.002 → 0.18); the two-cell
-units shape (detailed queries, block totals invariant, 1,000,000 blocks) 0.24 → 0.43.
+seconds, warm, old and new alternating in one process, median of 3):
+``benchmarks/national_scale.py`` with 1,000,000 blocks, noise + GLS + rounding 1.54 → 1.50,
+its 3,221 counties × 36 cells part 0.53 → 0.66 (1.2×, under the 1.5× that would keep a fast
+path); the GLS alone: one cell, 4,000,000 blocks 0.089 → 0.123, 36 cells 0.002 → 0.18, the
+two-cell units shape (detailed queries, block totals invariant, 1,000,000 blocks)
+0.24 → 0.43.
 
 Geometry: ``"weighted"`` uses the measurement variances (Σ⁻¹-weighted projection; for Gaussian
 noise this equals conditioning on consistency and the invariants — Gao, Gong & Yu 2022,
