@@ -498,8 +498,9 @@ class UpwardState:
     """The upward pass over one sub-forest: every level's beliefs and children summaries.
 
     ``message()`` is what the cut-level nodes send to the levels above: their mean ``m``,
-    covariance ``P`` and flat directions ``N, r`` (:class:`~censusdp.estimation.gls.kernel.UpwardBelief`),
-    after folding in their own measurements and invariants.
+    covariance ``P`` and flat directions ``N, r``
+    (:class:`~censusdp.estimation.gls.kernel.UpwardBelief`), after folding in their own
+    measurements and invariants.
     """
 
     forest: Forest
@@ -602,15 +603,14 @@ def gls_downward(
 def gls_finish(
     plan: GLSPlan, zhat: Sequence[np.ndarray], Phat: Sequence[np.ndarray], covariance: bool
 ) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[np.ndarray] | None]:
-    """Data-unit estimates, per-cell variances and (optionally) covariances per level."""
-    Pd = [np.diagonal(p, axis1=1, axis2=2).copy() for p in Phat]
-    covs = list(Phat) if covariance else None
-    vscale = plan.vscale
+    """Data-unit estimates, per-cell variances and (optionally) covariances per level
+    (variances and covariances None when ``plan.vscale`` is: Euclidean, unequal scales)."""
     estimates = [z * plan.tau for z in zhat]
-    variances = None if vscale is None else [np.maximum(p, 0.0) * vscale for p in Pd]
-    if covs is not None:
-        covs = None if vscale is None else [c * vscale for c in covs]
-    return estimates, variances, covs
+    vscale = plan.vscale
+    if vscale is None:
+        return estimates, None, None
+    variances = [np.maximum(np.diagonal(p, axis1=1, axis2=2), 0.0) * vscale for p in Phat]
+    return estimates, variances, [p * vscale for p in Phat] if covariance else None
 
 
 def gls_diagnostics(plan: GLSPlan, residuals: dict, diagnostics: dict) -> dict:
