@@ -570,9 +570,8 @@ def tree_area_covariance(
     """Error covariances ``(n_areas, K, K)`` of sums of leaves under the tree GLS of plain
     tables (:func:`~censusdp.estimation.gls.tree.tree_gls`, e.g. one-cell population counts).
 
-    The same sweep on the general path's upward covariance pass (its levels built as
-    :func:`~censusdp.estimation.gls.tree.gls_upward` builds them; the diagonal and two-channel
-    paths compute the same estimator faster, so their covariances are these). Cost
+    The same sweep on the kernel's upward covariance pass (its levels built as
+    :func:`~censusdp.estimation.gls.tree.gls_upward` builds them). Cost
     ``O(nodes · K³)``: meant for tables of few cells (schema histograms: the structured form).
 
     Raises

@@ -1,7 +1,7 @@
 """The GLS kernel: Gaussian belief propagation on a forest, dense per-node matrices.
 
-One kernel with two front ends: :mod:`censusdp.estimation.gls.tree` (a flat table of K cells;
-its diagonal and total/deviation paths are elementwise special cases of this kernel) and
+One kernel with two front ends: :mod:`censusdp.estimation.gls.tree` (a flat table of K cells,
+one cell included: no elementwise special case) and
 :mod:`censusdp.estimation.gls.structured` (the blocks of a marginal workload, each a problem
 of this kind with copies); :mod:`censusdp.estimation.gls.areas`,
 :mod:`censusdp.estimation.gls.area_measurements` and :mod:`censusdp.estimation.gls.predict` run it
@@ -165,9 +165,6 @@ class LevelInputs:
         (n, n_H) invariant values, or (n, C, n_H) for C copies.
     shared : bool
         ``J`` is one matrix for every node (no per-node variances).
-    diag_J, diag_h : numpy.ndarray or None
-        The diagonals of ``J`` and ``h`` for the elementwise (diagonal) path of
-        :mod:`censusdp.estimation.gls.tree`; unused by this kernel.
     Z : numpy.ndarray or None
         (n, K) 0/1 per node: coordinates held at exactly 0 at that node (structural zeros,
         docs/design.md § The Noisy Measurement File) — noiseless observations ``zᵥ[i] = 0``, i.e. the node's belief is
@@ -180,8 +177,6 @@ class LevelInputs:
     H: np.ndarray
     t: np.ndarray
     shared: bool = True
-    diag_J: np.ndarray | None = None
-    diag_h: np.ndarray | None = None
     Z: np.ndarray | None = None
 
     def rows(self, idx: slice | np.ndarray) -> LevelInputs:

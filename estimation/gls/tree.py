@@ -36,25 +36,21 @@ them — the blocks of a marginal workload repeated over within-group contrasts,
 run in one pass with a copy axis on every mean and information vector (``(n, C, K)``) and
 one set of per-node matrices (:mod:`censusdp.estimation.gls.structured`).
 
-**Kernel.** The general path is the public kernel :mod:`censusdp.estimation.gls.kernel`
+**Kernel.** The passes are the public kernel :mod:`censusdp.estimation.gls.kernel`
 (:func:`~censusdp.estimation.gls.kernel.general_up`,
-:func:`~censusdp.estimation.gls.kernel.general_down`); this module is its flat front end
+:func:`~censusdp.estimation.gls.kernel.general_down`) for every problem — one cell, identity
+queries, total and detailed queries included; this module is its flat front end
 (:func:`level_inputs` turns measurements and invariants into the kernel's per-level inputs)
-and :mod:`censusdp.estimation.gls.structured` its structured one. The sub-forests the passes
-run on are :class:`~censusdp.hierarchy.forest.Forest` (re-exported here for one release).
-
-**Diagonal fast path.** When every query and invariant row selects a single cell (identity
-queries, one cell), the cells decouple and the passes are elementwise (Hay et al. 2010).
-
-**Total/deviation kernel of the general path.** When every query's Gram matrix is
-``αI + β11ᵀ`` (the total and detailed queries, alone or stacked) and every level's invariants
-fix the node total or the whole node, every node matrix of both passes (J, P, S, gains) is
-``x_E E + x_F F`` with ``E = 11ᵀ/K`` and ``F = I − E``. The passes then carry two eigenvalues
-per node instead of a K × K matrix and a vector as its cell mean and deviations; every product
-is elementwise (the diagonal path's formulas with E and F as two "cells", a flat direction
-being a whole channel), O(nodes · K) in all. Estimates, exact per-cell variances
-``(x_E + (K − 1) x_F) / K`` and covariances ``x_F I + (x_E − x_F) 11ᵀ/K`` are those of the
-dense kernel (to rounding); ``diagnostics["kernel"]`` says which kernel ran.
+and :mod:`censusdp.estimation.gls.structured` its structured one (issue 34: two front ends of
+one kernel). The sub-forests the passes run on are :class:`~censusdp.hierarchy.forest.Forest`
+(re-exported here for one release). This module had its own elementwise passes for identity
+queries and a two-eigenvalue (total/deviation) kernel; measured when they were removed (CPU
+seconds, warm, old and new alternating in one process, median of 3):
+``benchmarks/national_scale.py`` with 1,000,000 blocks, noise + GLS + rounding 1.54 → 1.50,
+its 3,221 counties × 36 cells part 0.53 → 0.66 (1.2×, under the 1.5× that would keep a fast
+path); the GLS alone: one cell, 4,000,000 blocks 0.089 → 0.123, 36 cells 0.002 → 0.18, the
+two-cell units shape (detailed queries, block totals invariant, 1,000,000 blocks)
+0.24 → 0.43.
 
 Geometry: ``"weighted"`` uses the measurement variances (Σ⁻¹-weighted projection; for Gaussian
 noise this equals conditioning on consistency and the invariants — Gao, Gong & Yu 2022,
@@ -70,8 +66,8 @@ upward pass over levels cut .. leaf of one partition and yields each cut-level n
 (they play the role of the children of the level above) and smooths down to the cut;
 :func:`gls_downward` smooths one partition below the cut. :func:`tree_gls` is the one-partition
 case (cut at the root), so there is one implementation of the math. Every batched operation
-is per node — elementwise ufuncs, ``np.add.reduceat`` over a node's children, and stacked
-``matmul``/``solve``/``eigh``, which call BLAS/LAPACK once per node matrix — and every branch
+is per node — elementwise ufuncs, ``np.add.reduceat`` over a node's children, and the kernel's
+stacked ``matmul``/``solve``/``eigh`` — and every branch
 (plain information update or bordered relation) is chosen per node, so a node's numbers do
 not depend on which other nodes share its batch: the partitioned result equals the
 single-process one bit for bit.
@@ -97,13 +93,11 @@ import numpy as np
 from censusdp.budget import PrivacyStatement, invariant_labels, with_invariants
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls.kernel import (
-    PSEUDO_INVERSE_RTOL,
     LevelInputs,
     UpwardBelief,
     concat_messages,
     general_down,
     general_up,
-    not_identifiable,
     root_start,
 )
 from censusdp.estimation.release import Release
@@ -175,14 +169,9 @@ def _rowmul(X: np.ndarray, Q: np.ndarray) -> np.ndarray:
     return out
 
 
-def _unit_rows(matrix: np.ndarray) -> bool:
-    m = np.asarray(matrix)
-    return bool(np.all((m == 0) | (m == 1)) and np.all(m.sum(axis=1) == 1))
-
-
 @dataclass(frozen=True)
 class GLSPlan:
-    """What every partition must agree on: cells, scaling, path and geometry.
+    """What every partition must agree on: cells, scaling and geometry.
 
     Attributes
     ----------
@@ -192,15 +181,9 @@ class GLSPlan:
     geometry : {"weighted", "euclidean"}
     tau2, tau : float
         Scale of the computation (median noise variance, weighted geometry).
-    diagonal : bool
-        Every query and invariant row selects one cell: the elementwise path.
     vscale : float or None
         Factor from scaled to data-unit variances (None: not defined, Euclidean geometry
         with unequal noise scales).
-    two_channel : bool
-        Not diagonal, and every query's Gram matrix is ``αI + β11ᵀ`` and every level's
-        invariants fix the node total or the whole node: the total/deviation kernel of the
-        general path (two eigenvalues per node instead of a K × K matrix).
     """
 
     cells: tuple[str, ...]
@@ -208,9 +191,7 @@ class GLSPlan:
     geometry: str
     tau2: float
     tau: float
-    diagonal: bool
     vscale: float | None
-    two_channel: bool = False
 
     @property
     def K(self) -> int:
@@ -267,22 +248,13 @@ def gls_plan(
     tau2 = float(np.median(var_all)) if geometry == "weighted" else 1.0
     # Euclidean variances are exact only with equal noise scales
     vscale = tau2 if geometry == "weighted" else (float(var_all[0]) if equal_scales else None)
-    diagonal = all(_unit_rows(x.query.matrix) for x in [*meas, *invs])
-    two_channel = (
-        not diagonal
-        and len(cells) >= 2
-        and all(_tc_gram(m.query.matrix) is not None for m in meas)
-        and all(_tc_invariant_kind(i.query.matrix) is not None for i in invs)
-    )
     plan = GLSPlan(
         cells=cells,
         names=hierarchy.names,
         geometry=geometry,
         tau2=tau2,
         tau=float(np.sqrt(tau2)),
-        diagonal=diagonal,
         vscale=vscale,
-        two_channel=two_channel,
     )
     return plan, meas, invs
 
@@ -337,7 +309,7 @@ def level_inputs(
     Per node, in scaled units (variances / τ², values / τ): ``J = Σ_q w_q Q_qᵀ Q_q``,
     ``h = Σ_q w_q Q_qᵀ y_q`` (``w_q = τ²/σ²_q``, per node for a
     :class:`NodeVarianceMeasurement`; 1 in the Euclidean geometry), the invariant rows ``H``
-    and values ``t`` of the level; on the diagonal path also their diagonals.
+    and values ``t`` of the level.
 
     Parameters
     ----------
@@ -372,11 +344,7 @@ def level_inputs(
         vals = [np.asarray(i.values, float) / tau for i in invariants if i.level == k]
         H = np.vstack(rows) if rows else np.zeros((0, K))
         t = np.hstack(vals) if vals else np.zeros((n, 0))
-        item = LevelInputs(J, h, H, t, shared)
-        if plan.diagonal:
-            item.diag_J = np.diagonal(J, axis1=1, axis2=2).copy()
-            item.diag_h = h
-        levels.append(item)
+        levels.append(LevelInputs(J, h, H, t, shared))
     return levels
 
 
@@ -524,339 +492,21 @@ def _violations(
     return int(node), int(vec)
 
 
-# ----------------------------------------------------------------------------- diagonal path
-@dataclass
-class _DUp:
-    """Upward belief of the nodes of one level, cells independent (all (n, K))."""
-
-    m: np.ndarray
-    P: np.ndarray
-    flat: np.ndarray  # bool: the cell is undetermined from below
-    M: np.ndarray | None = None  # children sums (internal levels)
-    S: np.ndarray | None = None
-    nf: np.ndarray | None = None  # number of flat children
-
-    def message(self) -> _DUp:
-        return _DUp(self.m, self.P, self.flat)
-
-
-def _diagonal_up(f: Forest, lv: list[LevelInputs], bottom: _DUp | None) -> list[_DUp]:
-    """Elementwise upward pass; ``bottom`` replaces the last level's own computation."""
-    D = f.depth
-    up: list = [None] * D
-    for j in range(D - 1, -1, -1):
-        if j == D - 1 and bottom is not None:
-            up[j] = bottom
-            continue
-        n, K = f.sizes[j], lv[j].h.shape[1]
-        Jd = np.broadcast_to(lv[j].diag_J, (n, K))
-        hd = lv[j].diag_h
-        pos = Jd > 0
-        M = S = nf = None
-        if j == D - 1:
-            Pk = np.where(pos, 1.0 / np.where(pos, Jd, 1.0), 0.0)
-            mk = Pk * hd
-            fk = ~pos
-        else:
-            ch = up[j + 1]
-            nf = f.sum_children(j, ch.flat.astype(np.int64))
-            M = f.sum_children(j, ch.m)
-            S = f.sum_children(j, ch.P)
-            cf = nf > 0
-            den = 1.0 + S * Jd
-            Pk = np.where(cf, np.where(pos, 1.0 / np.where(pos, Jd, 1.0), 0.0), S / den)
-            mk = np.where(cf, Pk * hd, (M + S * hd) / den)
-            fk = cf & ~pos
-        if lv[j].H.shape[0]:
-            cell = np.argmax(lv[j].H, axis=1)
-            mk, Pk, fk = mk.copy(), Pk.copy(), fk.copy()
-            mk[:, cell] = lv[j].t
-            Pk[:, cell] = 0.0
-            fk[:, cell] = False
-        up[j] = _DUp(mk, Pk, fk, M, S, nf)
-    return up
-
-
-def _refuse_free_siblings(f: Forest, j: int, nf: np.ndarray, what: str) -> None:
-    """Raise when two children of one level-``j`` node leave the same direction unmeasured
-    (``nf > 1``): the split between them is not identified."""
-    if np.any(nf > 1):
-        node = int(np.argwhere(nf > 1)[0, 0])
-        raise not_identifiable(
-            f.names[j + 1],
-            f"two or more children of {f.names[j]} {f.code(j, node)!r} {what} that is "
-            "measured neither at their level nor below",
-        )
-
-
-def _diagonal_down(
-    f: Forest, up: list[_DUp], z0: np.ndarray, P0: np.ndarray
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Elementwise downward pass from the smoothed top level ``z0, P0``."""
-    zhat, Phat = [z0], [P0]
-    for j in range(f.depth - 1):
-        u, ch = up[j], up[j + 1]
-        par = f.parent(j + 1)
-        nf = u.nf
-        _refuse_free_siblings(f, j, nf, "have a cell")
-        S = u.S
-        d = zhat[j] - u.M
-        A = np.where(S > 0, 1.0 / np.where(S > 0, S, 1.0), 0.0)
-        cf = (nf > 0)[par]
-        Pc = ch.P
-        G = np.where(cf, ch.flat.astype(float), Pc * A[par])
-        Dc = np.where(cf, np.where(ch.flat, S[par], Pc), Pc - G * Pc)
-        zhat.append(ch.m + G * d[par])
-        Phat.append(Dc + G * G * Phat[j][par])
-    return zhat, Phat
-
-
-# ----------------------------------------------------------------------------- two-channel path
-# When every query's Gram matrix is αI + β11ᵀ (total, detailed, their stacks) and every level's
-# invariants fix the node total or the whole node, every node matrix of the two passes
-# (information J, covariances P and S, gains G) lies in the commutative algebra span{E, F},
-# E = 11ᵀ/K (the total direction), F = I − E (deviations from the node mean). A matrix
-# x_E E + x_F F is carried as its two eigenvalues, an (n, 2) array; a vector z in "V-form",
-# (n, K + 1): column 0 its cell mean z̄ (mean(X z) = x_E z̄), columns 1.. its deviations
-# F z = z − z̄ (F X z = x_F F z). Every product of the passes is then elementwise — the
-# diagonal path's formulas with E and F as the two "cells" — and a flat direction is a whole
-# channel. The per-cell variance of x_E E + x_F F is (x_E + (K − 1) x_F) / K.
-
-
-def _tc_gram(matrix: np.ndarray) -> tuple[float, float] | None:
-    """Eigenvalues (on E, on F) of QᵀQ when it is αI + β11ᵀ, K ≥ 2; None otherwise."""
-    Q = np.asarray(matrix, dtype=float)
-    K = Q.shape[1]
-    if K < 2:
-        return None
-    G = Q.T @ Q
-    beta = float(G[0, 1])
-    alpha = float(G[0, 0]) - beta
-    if not np.array_equal(G, alpha * np.eye(K) + beta):
-        return None
-    return alpha + K * beta, alpha
-
-
-def _total_rows(matrix: np.ndarray) -> bool:
-    """Every row is a nonzero multiple of 1ᵀ (node totals)."""
-    H = np.asarray(matrix, dtype=float)
-    return H.shape[0] > 0 and bool(np.all(H == H[:, :1]) and np.all(H[:, 0] != 0))
-
-
-def _tc_invariant_kind(matrix: np.ndarray) -> str | None:
-    """``"total"`` (rows ∝ 1ᵀ), ``"full"`` (rank K: fixes the node) or None."""
-    H = np.asarray(matrix, dtype=float)
-    if _total_rows(H):
-        return "total"
-    if H.shape[0] and np.linalg.matrix_rank(H) == H.shape[1]:
-        return "full"
-    return None
-
-
-def _vform(x: np.ndarray) -> np.ndarray:
-    """(n, K) cell vectors → (n, K + 1) V-form: mean, then deviations from it."""
-    n, K = x.shape
-    out = np.empty((n, K + 1))
-    np.divide(np.add.reduce(x, axis=1), K, out=out[:, 0])
-    np.subtract(x, out[:, :1], out=out[:, 1:])
-    return out
-
-
-def _cm(c: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Channel eigenvalues ``c`` (1|n, 2) applied to V-form vectors ``v`` (n, K + 1)."""
-    out = np.empty(v.shape)
-    np.multiply(v[:, :1], c[:, :1], out=out[:, :1])
-    np.multiply(v[:, 1:], c[:, 1:], out=out[:, 1:])
-    return out
-
-
-@dataclass
-class _TCLevel:
-    """Per-level inputs of the two-channel path, in scaled units."""
-
-    J: np.ndarray  # (1|n, 2) information eigenvalues (E, F)
-    h: np.ndarray  # (n, K + 1) information vector, V-form
-    fix: np.ndarray  # (2,) bool: channels fixed by the level's invariants
-    tv: np.ndarray | None = None  # (n, K + 1) V-form of the fixed values (fixed channels)
-    tmax: np.ndarray | None = None  # (n,) largest |invariant value|
-
-
-def _collect_tc(
-    forest: Forest,
-    plan: GLSPlan,
-    measurements: Sequence[Measurement],
-    invariants: Sequence[Invariant],
-) -> list[_TCLevel]:
-    K, tau = plan.K, plan.tau
-    levels = []
-    for j in range(forest.depth):
-        k, n = forest.first + j, forest.sizes[j]
-        J = np.zeros((1, 2))
-        h = np.zeros((n, K + 1))
-        for m in measurements:
-            if m.level != k:
-                continue
-            w = _weights(forest, j, plan, m)
-            J = J + w[:, None] * np.asarray(_tc_gram(m.query.matrix))
-            Q = np.asarray(m.query.matrix, dtype=float)
-            y = np.asarray(m.values, dtype=float) / tau
-            if m.query.is_identity:
-                h += _vform(y) * w[:, None]
-            elif _total_rows(Q):  # Qᵀy = (Σ_r q_r y_r) 1: mean only
-                h[:, 0] += _rowmul(y, Q[:, :1])[:, 0] * w
-            else:
-                h += _vform(_rowmul(y, Q)) * w[:, None]
-        item = _TCLevel(J, h, np.zeros(2, dtype=bool))
-        items = [i for i in invariants if i.level == k]
-        if items:
-            H = np.vstack([np.asarray(i.query.matrix, dtype=float) for i in items])
-            t = np.hstack([np.asarray(i.values, dtype=float) / tau for i in items])
-            item.tmax = np.abs(t).max(axis=1, initial=0.0)
-            if _total_rows(H):
-                item.fix[0] = True
-                mu = t / (H[:, 0] * K)
-                item.tv = np.zeros((n, K + 1))
-                item.tv[:, 0] = mu[:, 0]
-                bad = K * np.abs(mu - mu[:, :1]).max(axis=1, initial=0.0)
-            else:
-                item.fix[:] = True
-                if H.shape[0] == K and np.array_equal(H, np.eye(K)):
-                    z = t
-                else:
-                    z = _rowmul(t, np.linalg.pinv(H).T)
-                item.tv = _vform(z)
-                bad = np.abs(_rowmul(z, H.T) - t).max(axis=1, initial=0.0)
-            if np.any(bad > 1e-7 * (1.0 + item.tmax)):
-                node = int(np.argmax(bad - 1e-7 * (1.0 + item.tmax)))
-                where = forest.code(j, node) if j < forest.depth - 1 else str(node)
-                raise DataError(
-                    f"the invariants at level {forest.names[j]!r} (node {where!r}) contradict "
-                    "each other"
-                )
-        levels.append(item)
-    return levels
-
-
-def _tc_fix(
-    f: Forest,
-    j: int,
-    L: _TCLevel,
-    m: np.ndarray,
-    P: np.ndarray,
-    flat: np.ndarray,
-    trS: np.ndarray | float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Fold in the level's invariants: their channels become exact (noiseless observations).
-
-    A channel already exact from below (zero variance, not flat) keeps its value, which must
-    agree with the invariant (otherwise the invariants contradict those below).
-    """
-    atol = 1e-11 * (1.0 + np.reshape(trS, (-1, 1)))
-    null = (P <= atol) & ~flat & L.fix
-    if null.any():
-        res = np.stack(
-            [
-                m.shape[1] * np.abs(L.tv[:, 0] - m[:, 0]) * L.fix[0],
-                np.abs(L.tv[:, 1:] - m[:, 1:]).max(axis=1) * L.fix[1],
-            ],
-            axis=1,
-        )
-        bad = np.where(null, res, 0.0).max(axis=1) - 1e-7 * (1.0 + L.tmax)
-        if np.any(bad > 0):
-            node = int(np.argmax(bad))
-            where = f.code(j, node) if j < f.depth - 1 else str(node)
-            raise DataError(
-                f"the invariants at level {f.names[j]!r} (node {where!r}) contradict "
-                "the invariants below it: parent totals must equal the sums of their children's"
-            )
-    put = L.fix & ~null
-    m = m.copy()
-    m[:, :1] = np.where(put[:, :1], L.tv[:, :1], m[:, :1])
-    m[:, 1:] = np.where(put[:, 1:], L.tv[:, 1:], m[:, 1:])
-    return m, np.where(L.fix, 0.0, P), flat & ~L.fix
-
-
-def _tc_up(f: Forest, lv: list[_TCLevel], bottom: _DUp | None, K: int) -> list[_DUp]:
-    """Two-channel upward pass (m: (n, K + 1) V-form; P, flat: (n, 2))."""
-    D = f.depth
-    up: list = [None] * D
-    for j in range(D - 1, -1, -1):
-        if j == D - 1 and bottom is not None:
-            up[j] = bottom
-            continue
-        L, n = lv[j], f.sizes[j]
-        J = np.broadcast_to(L.J, (n, 2))
-        pos = J > 0
-        Jinv = np.where(pos, 1.0 / np.where(pos, J, 1.0), 0.0)
-        M = S = nf = None
-        if j == D - 1:
-            P, flat, trS = Jinv, ~pos, 0.0
-            m = _cm(P, L.h)
-        else:
-            ch = up[j + 1]
-            nf = f.sum_children(j, ch.flat.astype(np.int64))
-            rc = nf[:, 0] + (K - 1) * nf[:, 1]
-            if np.any(rc > K):
-                node = int(np.argmax(rc > K))
-                raise not_identifiable(
-                    f.names[j + 1],
-                    f"the children of {f.names[j]} {f.code(j, node)!r} have more "
-                    "undetermined directions than there are cells",
-                )
-            M = f.sum_children(j, ch.m)
-            S = f.sum_children(j, ch.P)
-            trS = S[:, 0] + (K - 1) * S[:, 1]
-            cf = nf > 0
-            den = 1.0 + S * J
-            P = np.where(cf, Jinv, S / den)
-            m = _cm(P, L.h) + _cm(np.where(cf, 0.0, 1.0 / den), M)
-            flat = cf & ~pos
-        if L.fix.any():
-            m, P, flat = _tc_fix(f, j, L, m, P, flat, trS)
-        up[j] = _DUp(m, P, flat, M, S, nf)
-    return up
-
-
-def _tc_down(
-    f: Forest, up: list[_DUp], K: int, z0: np.ndarray, P0: np.ndarray
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Two-channel RTS smoothing from the smoothed top level ``z0`` (V-form), ``P0`` (n, 2)."""
-    zhat, Phat = [z0], [P0]
-    for j in range(f.depth - 1):
-        u, ch = up[j], up[j + 1]
-        par = f.parent(j + 1)
-        nf = u.nf
-        _refuse_free_siblings(f, j, nf, "share a combination of cells")
-        S = u.S
-        trS = S[:, 0] + (K - 1) * S[:, 1]
-        keep = S > np.maximum(PSEUDO_INVERSE_RTOL * S.max(axis=1), 1e-13 * trS)[:, None]
-        A = np.where(keep, 1.0 / np.where(keep, S, 1.0), 0.0)  # S⁺
-        cf = (nf > 0)[par]
-        Pc = ch.P
-        G = np.where(cf, ch.flat.astype(float), Pc * A[par])
-        Dc = np.where(cf, np.where(ch.flat, S[par], Pc), Pc - G * Pc)
-        zhat.append(ch.m + _cm(G, (zhat[j] - u.M)[par]))
-        Phat.append(Dc + G * G * Phat[j][par])
-    return zhat, Phat
-
-
 # ----------------------------------------------------------------------------- split passes
 @dataclass(eq=False)
 class UpwardState:
     """The upward pass over one sub-forest: every level's beliefs and children summaries.
 
     ``message()`` is what the cut-level nodes send to the levels above: their mean ``m``,
-    covariance ``P`` (and flat directions ``N, r`` on the general path, or the ``flat`` mask on
-    the diagonal path and the total/deviation kernel — there ``m`` is (n, K + 1), the cell
-    mean then the deviations, and ``P``, ``flat`` are (n, 2), on 1 and on its complement),
-    after folding in their own measurements and invariants.
+    covariance ``P`` and flat directions ``N, r``
+    (:class:`~censusdp.estimation.gls.kernel.UpwardBelief`), after folding in their own
+    measurements and invariants.
     """
 
     forest: Forest
-    ups: list
-    diagonal: bool
+    ups: list[UpwardBelief]
 
-    def message(self) -> UpwardBelief | _DUp:
+    def message(self) -> UpwardBelief:
         return self.ups[0].message()
 
 
@@ -882,22 +532,8 @@ def gls_upward(
     ----------
     Hay et al. (2010), §4 (upward pass); Rauch, Tung & Striebel (1965).
     """
-    if plan.two_channel:
-        ups = _tc_up(forest, _collect_tc(forest, plan, measurements, invariants), None, plan.K)
-        return UpwardState(forest, ups, plan.diagonal)
     lv = level_inputs(forest, plan, measurements, invariants)
-    if plan.diagonal:
-        ups = _diagonal_up(forest, lv, None)
-    else:
-        ups = general_up(forest, lv, plan.K, None)
-    return UpwardState(forest, ups, plan.diagonal)
-
-
-def _concat_any(parts: Sequence[UpwardBelief | _DUp], K: int) -> UpwardBelief | _DUp:
-    """The cut level's messages of all partitions, in partition order (any path)."""
-    if isinstance(parts[0], _DUp):
-        return _DUp(*(np.concatenate([getattr(p, a) for p in parts]) for a in ("m", "P", "flat")))
-    return concat_messages(parts, K)
+    return UpwardState(forest, general_up(forest, lv, plan.K, None))
 
 
 def gls_top(
@@ -906,7 +542,7 @@ def gls_top(
     cut: int,
     measurements: Sequence[Measurement],
     invariants: Sequence[Invariant],
-    messages: Sequence[UpwardBelief | _DUp],
+    messages: Sequence[UpwardBelief],
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Levels 0 .. cut: upward from the cut-level messages, then smoothing down to the cut.
 
@@ -925,10 +561,8 @@ def gls_top(
     Returns
     -------
     zhat, Phat : lists of numpy.ndarray
-        Smoothed estimates and covariances (scaled units) of levels 0 .. cut, in the path's
-        representation (per-cell variances on the diagonal path; V-form estimates and (n, 2)
-        eigenvalues on the total/deviation kernel), for :func:`gls_downward` and
-        :func:`gls_finish`.
+        Smoothed estimates (n, K) and covariances (1|n, K, K) (scaled units) of levels
+        0 .. cut, for :func:`gls_downward` and :func:`gls_finish`.
 
     Raises
     ------
@@ -937,24 +571,10 @@ def gls_top(
     """
     K = plan.K
     forest = whole_forest(hierarchy, 0, cut)
-    bottom = _concat_any(messages, K) if len(messages) > 1 else messages[0]
+    bottom = concat_messages(messages, K) if len(messages) > 1 else messages[0]
     top_m = [m for m in measurements if m.level < cut]
     top_i = [i for i in invariants if i.level < cut]
-    if plan.two_channel:
-        lv = _collect_tc(forest, plan, top_m, top_i) if cut else []
-        ups = _tc_up(forest, lv, bottom, K)
-        if ups[0].flat.any():
-            raise not_identifiable(
-                plan.names[0],
-                "some combination of cells is measured at no level and held invariant nowhere",
-            )
-        return _tc_down(forest, ups, K, ups[0].m, ups[0].P)
     lv = level_inputs(forest, plan, top_m, top_i) if cut else []
-    if plan.diagonal:
-        ups = _diagonal_up(forest, lv, bottom)
-        if ups[0].flat.any():
-            raise not_identifiable(plan.names[0], "some cell is measured at no level")
-        return _diagonal_down(forest, ups, ups[0].m, ups[0].P)
     ups = general_up(forest, lv, K, bottom)
     z0, P0 = root_start(
         ups,
@@ -977,46 +597,20 @@ def gls_downward(
     ----------
     Rauch, Tung & Striebel (1965).
     """
-    if plan.two_channel:
-        return _tc_down(state.forest, state.ups, plan.K, zhat_cut, Phat_cut)
-    if plan.diagonal:
-        return _diagonal_down(state.forest, state.ups, zhat_cut, Phat_cut)
     return general_down(state.forest, state.ups, plan.K, zhat_cut, Phat_cut)
 
 
 def gls_finish(
     plan: GLSPlan, zhat: Sequence[np.ndarray], Phat: Sequence[np.ndarray], covariance: bool
 ) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[np.ndarray] | None]:
-    """Data-unit estimates, per-cell variances and (optionally) covariances per level."""
-    K = plan.K
-    vscale = plan.vscale
-    if plan.two_channel:  # V-form estimates, (n, 2) eigenvalues (E, F)
-        estimates = [(z[:, 1:] + z[:, :1]) * plan.tau for z in zhat]
-        variances = covs = None
-        if vscale is not None:
-            variances = [
-                np.repeat(np.maximum((p[:, :1] + (K - 1) * p[:, 1:]) / K, 0.0) * vscale, K, 1)
-                for p in Phat
-            ]
-            if covariance:  # x_F I + (x_E − x_F)/K 11ᵀ
-                covs = [
-                    (p[:, 1, None, None] * np.eye(K) + ((p[:, 0] - p[:, 1]) / K)[:, None, None])
-                    * vscale
-                    for p in Phat
-                ]
-        return estimates, variances, covs
-    if plan.diagonal:
-        Pd = list(Phat)
-        covs = [np.einsum("nk,kl->nkl", p, np.eye(K)) for p in Phat] if covariance else None
-    else:
-        Pd = [np.diagonal(p, axis1=1, axis2=2).copy() for p in Phat]
-        covs = list(Phat) if covariance else None
-    vscale = plan.vscale
+    """Data-unit estimates, per-cell variances and (optionally) covariances per level
+    (variances and covariances None when ``plan.vscale`` is: Euclidean, unequal scales)."""
     estimates = [z * plan.tau for z in zhat]
-    variances = None if vscale is None else [np.maximum(p, 0.0) * vscale for p in Pd]
-    if covs is not None:
-        covs = None if vscale is None else [c * vscale for c in covs]
-    return estimates, variances, covs
+    vscale = plan.vscale
+    if vscale is None:
+        return estimates, None, None
+    variances = [np.maximum(np.diagonal(p, axis1=1, axis2=2), 0.0) * vscale for p in Phat]
+    return estimates, variances, [p * vscale for p in Phat] if covariance else None
 
 
 def gls_diagnostics(plan: GLSPlan, residuals: dict, diagnostics: dict) -> dict:
@@ -1026,10 +620,7 @@ def gls_diagnostics(plan: GLSPlan, residuals: dict, diagnostics: dict) -> dict:
     :func:`merge_residuals` of pieces that cover them).
     """
     diag = {
-        "path": "diagonal" if plan.diagonal else "general",
-        "kernel": "elementwise"
-        if plan.diagonal
-        else ("total/deviation" if plan.two_channel else "dense"),
+        "path": "general",  # the one kernel (kept for readers of this key)
         "geometry": plan.geometry,
     }
     diag.update(diagnostics)

@@ -22,8 +22,7 @@ and the GLS objective over consistent, invariant-respecting tables,
 one-cell tree GLS of ``o`` with measurements ``m_v = (y_{v,1}/σ₁² + (t_v − y_{v,2})/σ₂²) /
 (1/σ₁² + 1/σ₂²)`` of variance ``1/(1/σ₁² + 1/σ₂²)`` (Hay et al. 2010). The estimate is computed
 by :func:`~censusdp.estimation.gls.tree.tree_gls` on the two-cell problem with the block totals
-as invariants (its total/deviation kernel: detailed queries and total invariants make every
-node matrix ``x_E E + x_F F``), which is that GLS exactly; its variances are exact, and the
+as invariants, which is that GLS exactly; its variances are exact, and the
 vacant estimate ``t_v − ô_v`` has the same variance (a node's total has none).
 
 **Rounding.** The occupied leaf estimates are rounded by the unbiased dependent (pipage)

@@ -174,7 +174,6 @@ ONE = lambda n: np.ones(n, dtype=int)  # noqa: E731
 def test_underdetermined_leaves_resolved_by_ancestors(fan, K, plan, invplan):
     h, cells, meas, invs = _flat_case(fan, K, plan, invplan)
     rel = tree_gls(h, cells, meas, invs, None, covariance=True)
-    assert rel.diagnostics["path"] == "general"
     assert_matches(rel, *reference(h, K, meas, invs))
 
 
@@ -194,12 +193,12 @@ def test_not_identifiable_names_level(fan, K, plan, level):
 
 
 def test_one_cell_unmeasured_only_children_take_their_parent_value():
-    # K = 1 (diagonal path): an unmeasured leaf that is its parent's only child
+    # K = 1: an unmeasured leaf that is its parent's only child (a flat leaf, bordered parent)
     h, cells, meas, _ = _flat_case([lambda n: [3], ONE], 1, [(1, "total", 1.0)], [])
     rel = tree_gls(h, cells, meas, [], None)
-    assert rel.diagnostics["path"] == "diagonal"
     assert_matches(rel, *reference(h, 1, meas, []))
-    np.testing.assert_array_equal(rel.estimates[2], rel.estimates[1])
+    # to rounding (the kernel's gain on a flat only child is 1 up to an ulp)
+    np.testing.assert_allclose(rel.estimates[2], rel.estimates[1], rtol=1e-14, atol=0)
 
 
 def test_noiseless_consistent_measurements_come_back_unchanged():
@@ -383,11 +382,10 @@ def test_real_counties_by_sex_and_age_keep_state_totals(shared_file, rng):
     )
 
 
-# ----------------------------------------------------------------------------- two-channel kernel
-def _kernel_run(h, cells, meas, invs, two_channel, geometry="weighted"):
-    """The split passes with the two-channel kernel switched on or off (dense general path)."""
-    import dataclasses
-
+# ----------------------------------------------------------------------------- total/detailed shapes
+def _passes(h, cells, meas, invs, geometry="weighted"):
+    """The split passes at cut 0 without a privacy statement (problems with invariants only
+    have none to derive): the estimates, variances and covariances of :func:`tree_gls`."""
     from censusdp.estimation.gls.tree import (
         gls_downward,
         gls_finish,
@@ -398,7 +396,6 @@ def _kernel_run(h, cells, meas, invs, two_channel, geometry="weighted"):
     )
 
     plan, m, i = gls_plan(h, cells, meas, invs, geometry)
-    plan = dataclasses.replace(plan, two_channel=two_channel, diagonal=False)
     state = gls_upward(plan, whole_forest(h), m, i)
     zhat, Phat = gls_top(plan, h, 0, m, i, [state.message()])
     zhat, Phat = gls_downward(plan, state, zhat[-1], Phat[-1])
@@ -462,68 +459,34 @@ def total_detailed_problems(draw):
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(total_detailed_problems())
-def test_two_channel_kernel_equals_dense_kernel_and_reference(problem):
-    """Total/detailed queries and total/full invariants: the two-eigenvalue kernel against the
-    dense K × K kernel and the sparse KKT reference, including flat (under-determined) nodes,
-    redundant invariants (pseudo-inverse), node variances and the Euclidean geometry."""
+def test_total_detailed_problems_equal_reference(problem):
+    """Total/detailed/stacked queries and total/full invariants (the shapes the removed
+    total/deviation path special-cased) through the one kernel against the sparse KKT
+    reference, including flat (under-determined) nodes, redundant invariants
+    (pseudo-inverse), node variances and the Euclidean geometry."""
     h, cells, meas, invs, geometry = problem
     K = len(cells)
     try:
-        dense = _kernel_run(h, cells, meas, invs, False, geometry)
-    except SpecError as exc:  # not identifiable: the same error, naming the same level
-        level = str(exc).split("level ")[1].split(":")[0]
-        with pytest.raises(SpecError, match=f"not identifiable at level {level}"):
-            _kernel_run(h, cells, meas, invs, True, geometry)
-        return
-    privacy = acknowledged(h, meas, invs)
-    rel = tree_gls(h, cells, meas, invs, privacy, covariance=True, geometry=geometry)
-    fast = _kernel_run(h, cells, meas, invs, True, geometry)  # also on diagonal problems
-    if rel.diagnostics["path"] == "diagonal":  # detailed queries only: the elementwise path
-        assert rel.diagnostics["kernel"] == "elementwise"
-    else:
-        assert rel.diagnostics["kernel"] == "total/deviation"
-        for k in range(h.depth):
-            np.testing.assert_array_equal(rel.estimates[k], fast.estimates[k])
-    if rel.variances is None:
-        assert dense.variances is None and fast.variances is None
-        est, _ = reference(h, K, meas, invs, geometry)
-        for a, b in zip(fast.estimates, est, strict=True):
-            np.testing.assert_allclose(a, b, atol=1e-8 * (1 + np.abs(b).max()))
+        rel = _passes(h, cells, meas, invs, geometry)
+    except SpecError as exc:  # not identifiable: the reference's KKT system is singular
+        assert "not identifiable at level" in str(exc)
+        A, _, _, C, _ = hierarchy_to_sparse(h, meas, invs, n_cells=K)
+        stacked = sp.vstack([A, C]).toarray()
+        assert np.linalg.matrix_rank(stacked) < stacked.shape[1]
         return
     est, covs = reference(h, K, meas, invs, geometry)
+    if rel.variances is None:  # Euclidean with unequal scales: the estimate only
+        for a, b in zip(rel.estimates, est, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-8 * (1 + np.abs(b).max()))
+        return
     assert_matches(rel, est, covs)
-    assert_matches(fast, est, covs)
-    assert_matches(fast, dense.estimates, dense.covariances)
     for inv in invs:
         np.testing.assert_allclose(
             inv.query.apply(rel.estimates[inv.level]), inv.values, atol=1e-9 * 1e3
         )
 
 
-def test_two_channel_kernel_on_census_shape():
-    """The benchmark's shape (total + detailed at every level, state totals invariant) takes
-    the two-channel kernel and equals the dense kernel; per-cell variances are exact."""
-    gen = np.random.default_rng(8)
-    h = random_hierarchy(gen, [(6, 6), (1, 9)])
-    cells = cell_names(12)
-    q = _td_queries(cells)
-    counts = h.aggregate(gen.integers(0, 500, size=(h.leaves.size, 12)))
-    meas = [noisy(k, q[n], counts[k], 3.0, gen) for k in range(3) for n in ("total", "detailed")]
-    invs = [exact_invariant(1, q["total"], counts)]
-    rel = tree_gls(h, cells, meas, invs, None, covariance=True)
-    assert rel.diagnostics["path"] == "general"
-    assert rel.diagnostics["kernel"] == "total/deviation"
-    assert_matches(rel, *reference(h, 12, meas, invs))
-    dense = _kernel_run(h, cells, meas, invs, False)
-    assert_matches(rel, dense.estimates, dense.covariances, atol=1e-11)
-    # a marginal leaves the algebra: the dense kernel
-    half = queries(cells)["halves"]
-    other = tree_gls(h, cells, [*meas, noisy(2, half, counts[2], 3.0, gen)], invs, None)
-    assert other.diagnostics["kernel"] == "dense"
-
-
-@pytest.mark.parametrize("two_channel", [True, False])
-def test_two_channel_contradictions_raise(two_channel):
+def test_total_detailed_contradictions_raise():
     gen = np.random.default_rng(2)
     h = random_hierarchy(gen, [(3, 3), (2, 2)])
     cells = cell_names(3)
@@ -533,8 +496,8 @@ def test_two_channel_contradictions_raise(two_channel):
     # a root total that is not the sum of the (invariant) state totals
     bad = Invariant(0, q["total"], q["total"].apply(counts[0]) + 1.0)
     with pytest.raises(DataError, match="contradict"):
-        _kernel_run(h, cells, meas, [bad, exact_invariant(1, q["total"], counts)], two_channel)
+        tree_gls(h, cells, meas, [bad, exact_invariant(1, q["total"], counts)], None)
     # a detailed invariant whose total disagrees with the total invariant of the same level
     bad_t = Invariant(1, q["total"], q["total"].apply(counts[1]) + 2.0)
     with pytest.raises(DataError, match="contradict"):
-        _kernel_run(h, cells, meas, [bad_t, exact_invariant(1, q["detailed"], counts)], two_channel)
+        tree_gls(h, cells, meas, [bad_t, exact_invariant(1, q["detailed"], counts)], None)

@@ -45,7 +45,7 @@ def _problem(kind: str, seed: int = 1):
         t = q.apply(counts[k]).astype(float)
         return Measurement(k, q, t + gen.normal(0, s, t.shape), Gaussian(s))
 
-    if kind == "diagonal":  # identity queries: the elementwise path
+    if kind == "diagonal":  # identity queries only
         meas = [noisy(k, det, s) for k, s in ((1, 2.0), (2, 1.5), (3, 3.0), (4, 2.5))]
         invs = [Invariant(k, det, counts[k].astype(float)) for k in (0, 1)]
         return h, cells, meas, invs
@@ -105,14 +105,18 @@ def test_partitioned_gls_and_rounding_are_bit_identical(scheduler, cuts):
         _check_all(ex, cuts=cuts)
 
 
-def test_problems_cover_both_paths_and_flat_directions():
-    paths = {kind: tree_gls(*_problem(kind), None).diagnostics["path"] for kind in KINDS}
-    assert paths == {
-        "diagonal": "diagonal",
-        "general": "general",
-        "node_variance": "general",
-        "flat": "general",
-    }
+def test_problems_cover_plain_and_bordered_relations():
+    """The bit-identity problems exercise both branches of the kernel's upward pass: only
+    plain information updates, and bordered relations (flat children) below the cuts."""
+    from censusdp.estimation.gls.tree import gls_plan, gls_upward, whole_forest
+
+    bordered = {}
+    for kind in KINDS:
+        h, cells, meas, invs = _problem(kind)
+        plan, m, i = gls_plan(h, cells, meas, invs)
+        ups = gls_upward(plan, whole_forest(h), m, i).ups
+        bordered[kind] = any(u.rc is not None and bool(np.any(u.rc > 0)) for u in ups)
+    assert bordered == {"diagonal": False, "general": False, "node_variance": False, "flat": True}
     # the flat case is not determined by the leaves' own measurements
     h, cells, meas, invs = _problem("flat")
     with pytest.raises(Exception, match="not identifiable"):
