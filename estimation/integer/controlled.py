@@ -802,6 +802,42 @@ def _cap(f, phi):
     return min(f / phi, (1.0 - f) / (1.0 - phi))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _raise_levels(u, n, t, capped, free, act):
+    """Water-filling of :func:`conditional_shares`' levels ``t`` (K,) over the caps ``u``
+    (first ``n`` rows), given the first pass's ``capped`` sums and ``free`` counts: each
+    later pass re-sums only the columns whose level rose in the pass before."""
+    K = t.shape[0]
+    na = K
+    for c in range(K):
+        act[c] = c
+    for it in range(n + 1):
+        if it > 0:
+            for k in range(na):
+                capped[act[k]] = 0.0
+                free[act[k]] = 0
+            for i in range(n):
+                for k in range(na):
+                    c = act[k]
+                    uc = u[i, c]
+                    if uc <= t[c]:
+                        capped[c] += uc
+                    else:
+                        free[c] += 1
+        moved = 0
+        for k in range(na):
+            c = act[k]
+            if free[c] > 0:
+                nt = (1.0 - capped[c]) / free[c]
+                if nt > t[c]:
+                    t[c] = nt
+                    act[moved] = c
+                    moved += 1
+        na = moved
+        if na == 0:
+            break
+
+
 @njit(cache=True, nogil=True)
 def conditional_shares(x, fl_par, p_par, starts, p, fl, a_out, phi_out, dev, extremes):
     """The children's conditional fractions ``p = f + d·a`` given their parents' values
@@ -889,34 +925,7 @@ def conditional_shares(x, fl_par, p_par, starts, p, fl, a_out, phi_out, dev, ext
                     capped[c] += uc
                 else:
                     free[c] += 1
-        na = K
-        for c in range(K):
-            act[c] = c
-        for it in range(n + 1):
-            if it > 0:
-                for k in range(na):
-                    capped[act[k]] = 0.0
-                    free[act[k]] = 0
-                for i in range(n):
-                    for k in range(na):
-                        c = act[k]
-                        uc = u[i, c]
-                        if uc <= t[c]:
-                            capped[c] += uc
-                        else:
-                            free[c] += 1
-            moved = 0
-            for k in range(na):
-                c = act[k]
-                if free[c] > 0:
-                    nt = (1.0 - capped[c]) / free[c]
-                    if nt > t[c]:
-                        t[c] = nt
-                        act[moved] = c
-                        moved += 1
-            na = moved
-            if na == 0:
-                break
+        _raise_levels(u, n, t, capped, free, act)
         for i in range(lo, hi):
             for c in range(K):
                 a = min(t[c], u[i - lo, c])
