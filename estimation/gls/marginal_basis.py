@@ -187,6 +187,14 @@ def _reflect_kernel(y, w, c, out):  # pragma: no cover - compiled
     """``out[i] = y[i] − w (cᵀ y[i])`` per leading index, the dot in ascending order from
     0.0, each product and sum rounded (no fused multiply–add): one pass, no temporaries."""
     pre, n, post = y.shape
+    if post == 1:  # a fibre along the last axis: the dot in a register
+        for i in range(pre):
+            acc = 0.0
+            for k in range(n):
+                acc += y[i, k, 0] * c[k]
+            for k in range(n):
+                out[i, k, 0] = y[i, k, 0] - w[k] * acc
+        return
     dot = np.empty(post)
     for i in range(pre):
         for p in range(post):
