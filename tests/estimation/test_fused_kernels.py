@@ -77,3 +77,45 @@ def test_cenrace_moves_round_trip_and_match_the_dense_basis():
     coef = ax.coefficients(x, 2)
     assert np.abs(coef - x @ ax.basis).max() <= 1e-12 * 63 * np.abs(x).max()
     assert np.abs(ax.values(coef, 2) - x).max() <= 1e-12 * 63 * np.abs(x).max()
+
+
+@st.composite
+def _bordered(draw):
+    """Leaf systems ``[J Hᵀ; H 0]`` with a rank-deficient ``J`` (flat directions), C copies."""
+    K = draw(st.integers(1, 6))
+    rank = draw(st.integers(0, K))
+    nH = draw(st.integers(0, 2))
+    seed = draw(st.integers(0, 2**31 - 1))
+    gen = np.random.default_rng(seed)
+    B = gen.normal(size=(K, rank))
+    J = B @ B.T
+    H = gen.normal(size=(nH, K))
+    Mat = np.zeros((1, K + nH, K + nH))
+    Mat[0, :K, :K], Mat[0, :K, K:], Mat[0, K:, :K] = J, H.T, H
+    rhs = gen.normal(size=(draw(st.integers(1, 4)), draw(st.integers(1, 3)), K + nH)) * 10.0
+    return Mat, rhs, K
+
+
+@settings(max_examples=60, deadline=None)
+@given(_bordered())
+def test_fused_bordered_gain_equals_the_two_step_solve(case):
+    """The leaf's mean as one product with the shape class's gain ``Π M⁺[:K, :]`` equals
+    ``Π (M⁺ rhs)[:K]`` (the unfused steps, numpy's pseudo-inverse) to 1e-12."""
+    from censusdp.estimation.gls import kernel
+
+    Mat, rhs, K = case
+    m, P, N, r = kernel._solve_bordered(Mat, rhs, K)
+    Minv = np.linalg.pinv(Mat[0], rcond=1e-11, hermitian=True)
+    ev, V = np.linalg.eigh(Mat[0])
+    null = V[:, np.abs(ev) <= 1e-11 * np.abs(ev).max(initial=0.0)]
+    Nref = null[:K] @ null[:K].T  # projector onto the flat directions, up to its scale
+    ev2, V2 = np.linalg.eigh(0.5 * (Nref + Nref.T))
+    flat = V2[:, ev2 > 1e-8]
+    Pi = np.eye(K) - flat @ flat.T
+    want = np.einsum("ab,ncb->nca", Pi, np.einsum("ab,ncb->nca", Minv, rhs)[..., :K])
+    scale = max(1.0, float(np.abs(want).max()))
+    assert int(r[0]) == flat.shape[1]
+    assert np.abs(m - want).max() <= 1e-12 * scale * max(1.0, float(np.abs(Minv).max()))
+    assert np.abs(P[0] - Pi @ Minv[:K, :K] @ Pi).max() <= 1e-12 * max(
+        1.0, float(np.abs(Minv).max())
+    )
