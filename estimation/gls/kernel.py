@@ -254,20 +254,30 @@ def _flat_basis(Pz: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
     return np.where(keep[..., None, :], V, 0.0), keep.sum(axis=-1)
 
 
-def _solve_bordered(
-    Mat: np.ndarray, rhs: np.ndarray, K: int
+def _bordered_gain(
+    Mat: np.ndarray, K: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Pseudo-solve the node relation; z occupies the first K coordinates.
+    """Pseudo-solve the node relation of each matrix once (z: its first K coordinates).
 
-    Returns m (n, K), P (b, K, K), the flat basis N (b, K, K) and its rank r (b,).
+    Returns the mean's gain ``A = Π M⁺[:K, :]`` (b, K, Dm) — the mean is ``A rhs``, one
+    product per node and copy instead of ``Π (M⁺ rhs)``'s two: the matrix of a shape class
+    computed once (issue 36) — the covariance P (b, K, K), the flat basis N (b, K, K) and
+    its rank r (b,).
     """
     Minv, Null = _pinv_psd(Mat)
     N, r = _flat_basis(Null[..., :K, :K], K)
     Pi = np.eye(K) - matmul(N, N.swapaxes(-1, -2))
-    x = _mv(Minv, rhs)
-    m = _mv(Pi, x[..., :K])
+    A = matmul(Pi, Minv[..., :K, :])
     P = _sym(matmul(matmul(Pi, Minv[..., :K, :K]), Pi))
-    return m, P, N, r
+    return A, P, N, r
+
+
+def _solve_bordered(
+    Mat: np.ndarray, rhs: np.ndarray, K: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_bordered_gain` applied: m (n, K), P (b, K, K), N (b, K, K), r (b,)."""
+    A, P, N, r = _bordered_gain(Mat, K)
+    return _mv(A, rhs), P, N, r
 
 
 def _zero_rows(Z: np.ndarray) -> np.ndarray:
@@ -311,7 +321,7 @@ def _patterns(L: LevelInputs) -> tuple[np.ndarray, np.ndarray]:
 def _leaf_up_zeros(L: LevelInputs, K: int) -> UpwardBelief:
     """Leaves with structural zeros: per (J, zeros) pattern the bordered system
     ``[J Hᵀ D; H 0 0; D 0 0]`` (``D = diag(Z)``) is pseudo-solved once
-    (:func:`_solve_bordered`'s steps); each leaf's mean is its pattern's gain applied to its
+    (:func:`_bordered_gain`); each leaf's mean is its pattern's gain applied to its
     own ``h`` and ``t``, node by node."""
     nH = L.H.shape[0]
     first, inv = _patterns(L)
@@ -324,13 +334,9 @@ def _leaf_up_zeros(L: LevelInputs, K: int) -> UpwardBelief:
     D = _zero_rows(L.Z[first])
     Mat[:, :K, K + nH :] = D
     Mat[:, K + nH :, :K] = D
-    Minv, Null = _pinv_psd(Mat)
-    N, r = _flat_basis(Null[..., :K, :K], K)
-    Pi = np.eye(K) - matmul(N, N.swapaxes(-1, -2))
-    A = matmul(Pi, Minv[:, :K, : K + nH])  # the mean's gain on (h, t); the zeros' values are 0
-    P = _sym(matmul(matmul(Pi, Minv[:, :K, :K]), Pi))
+    A, P, N, r = _bordered_gain(Mat, K)
     rhs = np.concatenate([L.h, L.t], axis=-1)
-    m = _mv(A[inv], rhs)
+    m = _mv(A[inv, :, : K + nH], rhs)  # the gain on (h, t); the zeros' values are 0
     Pn = P[inv]
     m, Pn, _ = _clear(L.Z, m, Pn)
     if not np.any(r):

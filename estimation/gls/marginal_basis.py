@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from functools import reduce
 
 import numpy as np
+from numba import njit
 
 from censusdp.errors import SpecError
 from censusdp.estimation.gls.block_kernels import eigh, matmul, solve
@@ -181,22 +182,49 @@ _REFLECT_MIN = 16
 _FUSE_MAX = 64
 
 
-def _reflect(y: np.ndarray, n_nodes: int) -> np.ndarray:
-    """``H y`` along axis 1 of ``y`` (``(pre, n, post)``, ``pre`` a multiple of the nodes)
-    for the reflection ``H = I − 2wwᵀ/wᵀw``, ``w = e_0 − 1/√n``: ``H e_0 = 1/√n``, ``H = Hᵀ =
-    H⁻¹``. The dot products are stacks of one fixed shape per node (never one BLAS product
-    over the batch), the update elementwise."""
+@njit(cache=True, nogil=True)
+def _reflect_kernel(y, w, c, out):  # pragma: no cover - compiled
+    """``out[i] = y[i] − w (cᵀ y[i])`` per leading index, the dot in ascending order from
+    0.0, each product and sum rounded (no fused multiply–add): one pass, no temporaries."""
     pre, n, post = y.shape
+    if post == 1:  # a fibre along the last axis: the dot in a register
+        for i in range(pre):
+            acc = 0.0
+            for k in range(n):
+                acc += y[i, k, 0] * c[k]
+            for k in range(n):
+                out[i, k, 0] = y[i, k, 0] - w[k] * acc
+        return
+    dot = np.empty(post)
+    for i in range(pre):
+        for p in range(post):
+            dot[p] = 0.0
+        for k in range(n):
+            ck = c[k]
+            for p in range(post):
+                dot[p] += ck * y[i, k, p]
+        for k in range(n):
+            wk = w[k]
+            for p in range(post):
+                out[i, k, p] = y[i, k, p] - wk * dot[p]
+
+
+def _reflect(y: np.ndarray) -> np.ndarray:
+    """``H y`` along axis 1 of ``y`` (``(pre, n, post)``) for the reflection ``H = I −
+    2wwᵀ/wᵀw``, ``w = e_0 − 1/√n``: ``H e_0 = 1/√n``, ``H = Hᵀ = H⁻¹``.
+
+    One fused compiled pass per fibre (Golub & Van Loan 2013, §5.1.4: ``Hy = y − w (cᵀy)``,
+    ``c = 2w/wᵀw``): the dot product summed in ascending order, then the update — the
+    operations, and so the bits, of a :func:`~censusdp.estimation.gls.block_kernels.matmul`
+    dot followed by the elementwise update, without their two temporaries (issue 36). Each
+    fibre alone: a node's bits do not depend on its batch."""
+    n = y.shape[1]
     w = -np.full(n, 1.0 / np.sqrt(n))
     w[0] += 1.0
     c = w * (2.0 / float(np.sum(w * w)))
-    if post == 1:
-        per = pre // max(n_nodes, 1)
-        dot = matmul(y.reshape(n_nodes, per, n), c[:, None]).reshape(pre, 1, 1)
-    else:
-        dot = matmul(c[None, :], y)
-    out = np.multiply(w[None, :, None], dot)
-    np.subtract(y, out, out=out)
+    out = np.empty(y.shape)
+    if out.size:
+        _reflect_kernel(y, w, c, out)
     return out
 
 
@@ -214,7 +242,6 @@ def _householder(
     d = sh[axis]
     pre = int(np.prod(sh[:axis], dtype=np.int64))
     post = int(np.prod(sh[axis + 1 :], dtype=np.int64))
-    n_nodes = sh[0] if axis > 0 else 1
     y = x.reshape(pre, d, post)
     if pre == 0 or d == 0:
         return x.copy()
@@ -224,12 +251,12 @@ def _householder(
         [starts, *[np.arange(s + 1, s + n) for s, n in zip(starts, sizes, strict=True)]]
     ).astype(np.int64)
     if sizes.size == 1:  # one group: no reordering
-        out = _reflect(y, n_nodes) if d > 1 else y.copy()
+        out = _reflect(y) if d > 1 else y.copy()
         return out.reshape(sh)
     z = y[:, np.argsort(layout)] if inverse else y[:, order]
     for s, n in zip(starts, sizes, strict=True):
         if n > 1:
-            z[:, s : s + n] = _reflect(np.ascontiguousarray(z[:, s : s + n]), n_nodes)
+            z[:, s : s + n] = _reflect(z[:, s : s + n])
     out = z[:, np.argsort(order)] if inverse else z[:, layout]
     return out.reshape(sh)
 

@@ -55,6 +55,7 @@ from censusdp.estimation.gls.areas import (
     area_pairs,
     area_sweep,
 )
+from censusdp.estimation.gls.block_kernels import eigh, eigvalsh, matmul
 from censusdp.estimation.gls.kernel import (
     PSEUDO_INVERSE_RTOL,
     LevelInputs,
@@ -367,7 +368,7 @@ def _rounded(x: np.ndarray) -> tuple:
 def _rows(HG: np.ndarray) -> np.ndarray:
     """Orthonormal rows spanning invariant rows ``H G`` restricted to a group of coordinates
     (``H`` has orthonormal rows, so the threshold is absolute)."""
-    ev, v = np.linalg.eigh(HG.T @ HG)
+    ev, v = eigh(matmul(HG.T, HG))
     return v[:, ev > 1e-10].T
 
 
@@ -386,9 +387,9 @@ def _decouple(Js: Sequence[np.ndarray | None], Ps: Sequence[np.ndarray | None], 
         return [np.eye(K)]
     combo = sum(m / max(np.abs(m).max(), 1e-300) * (1.0 + 0.7548776662 * i) ** 0.5 * (1 + i)
                 for i, m in enumerate(mats))  # fmt: skip
-    _, Q = np.linalg.eigh(0.5 * (combo + combo.T))
+    _, Q = eigh(0.5 * (combo + combo.T))
     for m in mats:
-        d = Q.T @ m @ Q
+        d = matmul(matmul(Q.T, m), Q)
         off = d - np.diag(np.diag(d))
         if np.abs(off).max() > 1e-12 * max(np.abs(m).max(), 1e-300):
             return [np.eye(K)]
@@ -409,8 +410,8 @@ def _group_information(Jk: np.ndarray, G: np.ndarray) -> np.ndarray:
     that fraction of ``J_k``'s largest eigenvalue is likewise no information at all (a group
     with any larger entry, or the whole block, is passed on unchanged).
     """
-    out = G.T @ Jk @ G
-    scale = float(np.abs(np.linalg.eigvalsh(0.5 * (Jk + Jk.T))).max(initial=0.0))
+    out = matmul(matmul(G.T, Jk), G)
+    scale = float(np.abs(eigvalsh(0.5 * (Jk + Jk.T))).max(initial=0.0))
     if np.abs(out).max(initial=0.0) <= PSEUDO_INVERSE_RTOL * scale:
         return np.zeros_like(out)  # the level measures nothing of this group
     return out
@@ -766,32 +767,33 @@ def _block_covariance(
     for k in range(D):
         cov_blocks[k][mask] = np.zeros((1, nS, nS))
     if kS == 0:
-        return V @ V.T
-    Js = [None if J[k] is None else V.T @ J[k][mask] @ V for k in range(D)]
+        return matmul(V, V.T)
+    Js = [None if J[k] is None else matmul(matmul(V.T, J[k][mask]), V) for k in range(D)]
     Hs = [None] * D
     for k in range(D):
         if GH[k] is not None:
             U, _ = range_basis(GH[k][mask])
-            Hs[k] = U.T @ V
-    groups = _decouple(Js, [None if H is None else H.T @ H for H in Hs], kS)
+            Hs[k] = matmul(U.T, V)
+    groups = _decouple(Js, [None if H is None else matmul(H.T, H) for H in Hs], kS)
     for G in groups:
         g = G.shape[1]
         Jg = [np.zeros((1, g, g)) if Jk is None else _group_information(Jk, G)[None] for Jk in Js]
         Hg = [
-            np.zeros((0, g)) if H is None else (H if len(groups) == 1 else _rows(H @ G)) for H in Hs
+            np.zeros((0, g)) if H is None else (H if len(groups) == 1 else _rows(matmul(H, G)))
+            for H in Hs
         ]
         key = solver.solve(Jg, Hg, g, mask)
-        W = V @ G
+        W = matmul(V, G)
         if solver.areas is not None:
-            add = W @ solver.area_solved[key] @ W.T * tau2
+            add = matmul(matmul(W, solver.area_solved[key]), W.T) * tau2
             area_cov[mask] = area_cov[mask] + add if mask in area_cov else add
         for k, P in enumerate(solver.solved[key]):
             if g == 1:  # a scalar per class times one outer product
                 block = (P.reshape(-1, 1, 1) * tau2) * np.outer(W[:, 0], W[:, 0])
             else:
-                block = W @ P @ W.T * tau2
+                block = matmul(matmul(W, P), W.T) * tau2
             cov_blocks[k][mask] = cov_blocks[k][mask] + block
-    return V @ V.T
+    return matmul(V, V.T)
 
 
 def _area_estimates(
