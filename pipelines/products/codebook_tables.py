@@ -1417,7 +1417,7 @@ def privatize_tables(
     SpecError, DataError, BudgetError
     """
     from censusdp.atomic import check_output
-    from censusdp.config import check_run_options
+    from censusdp.pipelines.spec import check_run_options
 
     check_run_options(seed=spec.seed)
     codebook_file = Path(spec.codebook) if spec.codebook.endswith(".toml") else None

@@ -130,7 +130,7 @@ import scipy.sparse as sp
 
 from censusdp.atomic import check_output, output_dir
 from censusdp.budget import Accounting, PrivacyStatement, Product, Step, with_products
-from censusdp.config import MAX_REPETITIONS, MAX_RHO, exact_fraction
+from censusdp.config import MAX_RHO, exact_fraction
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls.area_measurements import (
     MeasuredAreas,
@@ -202,6 +202,7 @@ from censusdp.pipelines.size_class_report import (
     simulate_size_classes,
     write_size_class_report,
 )
+from censusdp.pipelines.spec import MAX_REPETITIONS
 from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Allocation, Schema
