@@ -72,6 +72,7 @@ from typing import Any
 from censusdp.budget import (
     ACCOUNTINGS,
     SHARE_TOLERANCE,
+    Accounting,
     Budget,
     PrivacyStatement,
     statement_for,
@@ -98,6 +99,7 @@ __all__ = [
     "RunSpec",
     "RunSpecParser",
     "check_run_options",
+    "zcdp_keys",
 ]
 
 INTEGER_MODES = ("round", "lattice", "none")
@@ -395,6 +397,45 @@ def check_run_options(*, seed: Any = None, partitions: Any = None, where: str = 
         )
     if partitions is not None and partitions > MAX_PARTITIONS:
         raise SpecError(f"{prefix}partitions: at most {MAX_PARTITIONS}")
+
+
+def zcdp_keys(
+    p: SpecParser, doc: Mapping[str, Any], measured_by: str, *, rho_required: bool = False
+) -> tuple[float | None, float | None, int | None]:
+    """``[privacy]`` (``accounting = "zcdp"``, ``rho``, ``delta``), ``[mechanism] noise``
+    (``"discrete_gaussian"`` only) and ``[run] seed`` of a product spec whose strategy is
+    measured with the discrete Gaussian (Canonne, Kamath & Steinke 2020): the PPMF persons
+    and units routes and the codebook route. ``measured_by`` names the route in messages
+    (``"the pl94 strategy"``).
+
+    Returns
+    -------
+    (rho, delta, seed)
+        None where not given (a ``rho`` is required with ``rho_required``).
+
+    Raises
+    ------
+    SpecError
+        Naming the file and the dotted key.
+    """
+    priv = p.table(doc, "privacy", required=True)
+    p.keys(priv, "privacy", ("accounting", "rho", "delta"))
+    if p.get(priv, "privacy", "accounting", str, required=True) != Accounting.ZCDP:
+        raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
+    rho = p.get(priv, "privacy", "rho", float, required=rho_required)
+    delta = p.get(priv, "privacy", "delta", float)
+    if delta is not None and not 0 < delta < 1:
+        raise p.fail("privacy.delta", "must be in (0, 1)")
+    mech = p.table(doc, "mechanism", required=False)
+    p.keys(mech, "mechanism", ("noise",))
+    if p.get(mech, "mechanism", "noise", str, default="discrete_gaussian") != "discrete_gaussian":
+        raise p.fail("mechanism.noise", f'{measured_by} is measured with "discrete_gaussian"')
+    run = p.table(doc, "run", required=False)
+    p.keys(run, "run", ("seed",))
+    seed = p.get(run, "run", "seed", int)
+    if seed is not None and seed < 0:
+        raise p.fail("run.seed", "must be a non-negative integer")
+    return rho, delta, seed
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from censusdp.atomic import check_output, output_dir
-from censusdp.budget import Accounting, PrivacyStatement, Product, Step, with_products
+from censusdp.budget import PrivacyStatement, Product, Step, with_products
 from censusdp.config import MAX_RHO, exact_fraction
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls.area_measurements import (
@@ -202,7 +202,7 @@ from censusdp.pipelines.size_class_report import (
     simulate_size_classes,
     write_size_class_report,
 )
-from censusdp.pipelines.spec import MAX_REPETITIONS
+from censusdp.pipelines.spec import MAX_REPETITIONS, zcdp_keys
 from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Allocation, Schema
@@ -447,27 +447,9 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
     SpecError
         Naming the file and the dotted key.
     """
-    priv = p.table(doc, "privacy", required=True)
-    p.keys(priv, "privacy", ("accounting", "rho", "delta"))
-    if p.get(priv, "privacy", "accounting", str, required=True) != Accounting.ZCDP:
-        raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
-    rho = p.get(priv, "privacy", "rho", float)
+    rho, delta, seed = zcdp_keys(p, doc, f"the {strategy} strategy")
     if rho is not None:
         rho = exact_fraction(rho, f"{path}: privacy.rho", most=MAX_RHO)
-    delta = p.get(priv, "privacy", "delta", float)
-    if delta is not None and not 0 < delta < 1:
-        raise p.fail("privacy.delta", "must be in (0, 1)")
-    mech = p.table(doc, "mechanism", required=False)
-    p.keys(mech, "mechanism", ("noise",))
-    if p.get(mech, "mechanism", "noise", str, default="discrete_gaussian") != "discrete_gaussian":
-        raise p.fail(
-            "mechanism.noise", f'the {strategy} strategy is measured with "discrete_gaussian"'
-        )
-    run = p.table(doc, "run", required=False)
-    p.keys(run, "run", ("seed",))
-    seed = p.get(run, "run", "seed", int)
-    if seed is not None and seed < 0:
-        raise p.fail("run.seed", "must be a non-negative integer")
     hier = p.table(doc, "hierarchy", required=False)
     p.keys(hier, "hierarchy", ("blocks", "block_column"))
     blocks = p.get(hier, "hierarchy", "blocks", str)
