@@ -418,18 +418,6 @@ class TableSpec:
     repetitions: int = 10
 
 
-def spec_uses_codebook(path: str | Path) -> bool:
-    """True when the TOML spec at ``path`` names ``[data] codebook`` (the codebook route)."""
-    from censusdp.config import read_spec_toml
-
-    try:
-        doc = read_spec_toml(path)
-    except SpecError:
-        return False  # load_spec says what is wrong with it
-    data = doc.get("data")
-    return isinstance(data, Mapping) and "codebook" in data
-
-
 def load_table_spec(path: str | Path) -> TableSpec:
     """Read a codebook-route spec::
 

@@ -223,7 +223,6 @@ __all__ = [
     "load_ppmf_spec",
     "ppmf_products",
     "privatize_ppmf",
-    "spec_reads_ppmf",
     "write_microdata",
 ]
 
@@ -333,19 +332,6 @@ class AreasSpec:
             areas_path=self.areas,
             skip_blank_areas=self.skip_blank,
         )
-
-
-def spec_reads_ppmf(path: str | Path, source: str = "ppmf") -> bool:
-    """Whether the TOML spec at ``path`` says ``[data] source = SOURCE`` (``"ppmf"``; the
-    units route's ``"ppmf_units"``)."""
-    from censusdp.config import read_spec_toml
-
-    try:
-        doc = read_spec_toml(path)
-    except SpecError:
-        return False  # the route's own loader says what is wrong
-    data = doc.get("data")
-    return isinstance(data, Mapping) and data.get("source") == source
 
 
 def csv_header(path: str | Path) -> set[str] | None:
