@@ -7,7 +7,7 @@ PPMF, units, codebook-table, predict and allocate specs): :func:`read_spec_toml`
 budget or share into the exact rational the accounting uses. Every problem raises
 :class:`~censusdp.errors.SpecError` on one line naming the file and the dotted key
 (``privacy.level_shares.county``), never a value that may be confidential. This module keeps
-no vocabulary of the layers above (sections, estimators, schedulers).
+no vocabulary of the layers above (their sections, keys and options).
 """
 
 from __future__ import annotations
@@ -155,6 +155,7 @@ def kind_of(value: Any) -> str:
 
 
 def dotted_key(path: str, key: str) -> str:
+    """``key`` under the dotted ``path`` (``"privacy"``, ``"rho"`` → ``"privacy.rho"``)."""
     return f"{path}.{key}" if path else key
 
 
@@ -240,10 +241,6 @@ class SpecParser:
             dup = next(v for i, v in enumerate(value) if v in value[:i])
             raise self.fail(dotted, f"{dup!r} is listed twice")
         return tuple(value)
-
-    def level_key(self, key: str, path: str, levels: tuple[str, ...]) -> None:
-        if key not in levels:
-            raise self.unknown(key, path, levels, "level", f"hierarchy.levels is {list(levels)}")
 
     def positive_int(self, table: Mapping[str, Any], path: str, key: str, **kw: Any) -> Any:
         value = self.get(table, path, key, int, **kw)

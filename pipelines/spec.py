@@ -611,6 +611,10 @@ def _drop_none(obj: Any) -> Any:
 class RunSpecParser(SpecParser):
     """The run spec's sections, walked by :class:`~censusdp.config.SpecParser`'s checks."""
 
+    def level_key(self, key: str, path: str, levels: tuple[str, ...]) -> None:
+        if key not in levels:
+            raise self.unknown(key, path, levels, "level", f"hierarchy.levels is {list(levels)}")
+
     def spec(self, doc: Mapping[str, Any]) -> RunSpec:
         if not isinstance(doc, Mapping):
             raise self.fail("", "a spec must be a table of sections")
