@@ -1,13 +1,13 @@
 """Run specs checked against the registries: the names a spec may use.
 
 :mod:`censusdp.pipelines.spec` parses a TOML spec into a :class:`~censusdp.pipelines.spec.RunSpec`
-(with core's generic :mod:`censusdp.config` parser) and checks its structure, types and values, but keeps no list of noise laws, estimators or
-schedulers: those live in their registries, above core (noise laws in
-:mod:`censusdp.mechanisms.registry`, estimators in :mod:`censusdp.pipelines.estimators`,
-schedulers in :mod:`censusdp.pipelines.execute`). :func:`check_spec` asks them, and
-:func:`load_spec` / :func:`parse_spec` are core's parsers followed by that check. Every
-problem is a :class:`~censusdp.errors.SpecError` naming the spec and the dotted key, with the
-registered names and the closest match.
+(on core's generic :mod:`censusdp.config` parser) and checks its structure, types and values,
+but keeps no list of noise laws, estimators or schedulers: those live in their registries
+(noise laws in :mod:`censusdp.mechanisms.registry`, estimators in
+:mod:`censusdp.pipelines.estimators`, schedulers in :mod:`censusdp.pipelines.execute`).
+:func:`check_spec` asks them, and :func:`load_spec` / :func:`parse_spec`, the only run-spec
+loaders, parse and then check. Every problem is a :class:`~censusdp.errors.SpecError` naming
+the spec and the dotted key, with the registered names and the closest match.
 """
 
 from __future__ import annotations
