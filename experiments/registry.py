@@ -330,8 +330,8 @@ def run_experiment(
         For an unknown experiment name, or an option or value it does not declare.
     """
     from censusdp.atomic import output_dir
-    from censusdp.config import check_run_options
     from censusdp.jsonable import to_jsonable
+    from censusdp.pipelines.spec import check_run_options
     from censusdp.rng import KeyedRNG
 
     experiment_info(name)

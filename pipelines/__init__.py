@@ -1,6 +1,6 @@
 """censusdp.pipelines — run a spec over a hierarchy on one machine or over Dask.
 
-Layout: specs and their registries (``specs``, ``plan``, ``estimators``), measurement and
+Layout: the run spec and its registries (``spec``, ``specs``, ``plan``, ``estimators``), measurement and
 execution (``measure``, ``execute``, ``partition``, ``partition_driver``: one driver for every
 partitioned step), ``io/`` (NHGIS, PPMF and NMF readers and writers, output columns, the one
 checksummed release store), ``products/`` (the registry of file products — cells table, NHGIS

@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from censusdp.config import SpecParser, read_spec_toml
 from censusdp.errors import SpecError
 
 if TYPE_CHECKING:  # the estimation stack is imported by the functions that run it
@@ -57,9 +57,11 @@ if TYPE_CHECKING:  # the estimation stack is imported by the functions that run 
 
 __all__ = ["Targets", "family_spec_text", "load_targets", "spec_text", "toml_text"]
 
-_SECTIONS = {"objective", "population", "target"}
-_OBJECTIVE_KEYS = {"kind", "floor", "tolerance"}
-_TARGET_KEYS = {"level", "table", "weight", "share"}
+_SECTIONS = ("objective", "population", "target")
+_OBJECTIVE_KEYS = ("kind", "floor", "tolerance")
+_TARGET_KEYS = ("level", "table", "weight", "share")
+#: The objective's kinds: the sum or the largest of the targets' weighted variances.
+_KINDS = ("sum", "max")
 
 
 @dataclass(frozen=True)
@@ -94,33 +96,17 @@ def load_targets(path: str | Path, spec: PredictSpec) -> Targets:
     from censusdp.estimation.gls.allocate import Objective, Target
     from censusdp.mechanisms.product_query import ProductQuery
 
-    p = Path(path)
-    where = str(p)
-    try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise SpecError(f"{where}: cannot read the targets file: {exc}") from None
-    if set(doc) - _SECTIONS:
-        raise SpecError(
-            f"{where}: unknown sections {sorted(set(doc) - _SECTIONS)}; use {sorted(_SECTIONS)}"
-        )
-    obj = doc.get("objective", {})
-    if not isinstance(obj, Mapping):
-        raise SpecError(f"{where}: [objective] must be a table")
-    if set(obj) - _OBJECTIVE_KEYS:
-        raise SpecError(
-            f"{where}: objective: unknown keys {sorted(set(obj) - _OBJECTIVE_KEYS)}; "
-            f"use {sorted(_OBJECTIVE_KEYS)}"
-        )
-    kind = obj.get("kind", "sum")
-    if kind not in ("sum", "max"):
-        raise SpecError(f"{where}: objective.kind: {kind!r} is not 'sum' or 'max'")
+    where = str(path)
+    doc = read_spec_toml(path)
+    p = SpecParser(where, None)
+    p.keys(doc, "", _SECTIONS)
+    obj = p.table(doc, "objective", required=False)
+    p.keys(obj, "objective", _OBJECTIVE_KEYS)
+    kind = p.choice(p.get(obj, "objective", "kind", str, default="sum"), "objective.kind", _KINDS)
     floor = _number(obj.get("floor", 0.01), f"{where}: objective.floor", fraction=True)
     tol = _number(obj.get("tolerance", 1e-3), f"{where}: objective.tolerance", fraction=True)
     levels = list(spec.hierarchy.names)
-    pop = doc.get("population", {})
-    if not isinstance(pop, Mapping):
-        raise SpecError(f"{where}: [population] must be a table of level = persons")
+    pop = p.table(doc, "population", required=False)
     for lvl, v in pop.items():
         if lvl not in levels:
             raise SpecError(f"{where}: population.{lvl}: unknown level; levels are {levels}")
@@ -136,10 +122,7 @@ def load_targets(path: str | Path, spec: PredictSpec) -> Targets:
         at = f"{where}: target[{i}]"
         if not isinstance(t, Mapping):
             raise SpecError(f"{at}: must be a table ([[target]])")
-        if set(t) - _TARGET_KEYS:
-            raise SpecError(
-                f"{at}: unknown keys {sorted(set(t) - _TARGET_KEYS)}; use {sorted(_TARGET_KEYS)}"
-            )
+        p.keys(t, f"target[{i}]", _TARGET_KEYS)
         for key in ("level", "table"):
             if key not in t:
                 raise SpecError(f"{at}: missing {key!r}")
@@ -195,7 +178,7 @@ def _allocation_table(a: Allocation) -> dict:
 def spec_text(spec_path: Path, out: Path, allocation: Allocation, header: str) -> str:
     """The predict spec at ``spec_path`` with ``[allocation]`` replaced, for writing at
     ``out`` (a relative hierarchy file is re-expressed relative to ``out``'s folder)."""
-    doc = tomllib.loads(spec_path.read_text(encoding="utf-8"))
+    doc = dict(read_spec_toml(spec_path))
     hier = dict(doc.get("hierarchy", {}))
     if "file" in hier and not Path(str(hier["file"])).is_absolute():
         target = (spec_path.parent / str(hier["file"])).resolve()
@@ -263,7 +246,7 @@ def family_spec_text(
         return spec_text(spec_path, out, allocation, header)
     import dataclasses
 
-    from censusdp.config import exact_fraction, read_spec_toml
+    from censusdp.config import exact_fraction
 
     doc = dict(read_spec_toml(spec_path))
     strategy = spec.schema.strategy

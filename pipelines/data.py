@@ -21,7 +21,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from censusdp.config import CodeSpec, RunSpec
 from censusdp.errors import DataError, SpecError
 from censusdp.hierarchy import gisjoin
 from censusdp.hierarchy.builders import LevelSpec, from_columns, from_gisjoin
@@ -34,6 +33,7 @@ from censusdp.pipelines.io.nhgis import (
     spine_rows,
     upper_rows,
 )
+from censusdp.pipelines.spec import CodeSpec, RunSpec
 from censusdp.registry import Registry
 from censusdp.tabular import parquet_columns, read_csv_text, read_parquet_table, shown_columns
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from censusdp.budget import PrivacyStatement
-from censusdp.config import EstimatorSpec
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls.tree import tree_gls
 from censusdp.estimation.integer.laminar import check_invariants, round_release
@@ -36,6 +35,7 @@ from censusdp.pipelines.execute import Executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round, rounding_mode
 from censusdp.pipelines.partition import Partition
 from censusdp.pipelines.partitioned_release import PartitionedRelease
+from censusdp.pipelines.spec import EstimatorSpec
 from censusdp.registry import Registry
 from censusdp.rng import KeyedRNG
 
@@ -291,7 +291,7 @@ def run_estimator(
         Randomness of the estimator itself (rounding, MCMC); never the measurement noise.
     options : EstimatorSpec
         ``integer`` ("round", "lattice", "none"; see
-        :class:`~censusdp.config.EstimatorSpec`) and the MCMC options.
+        :class:`~censusdp.pipelines.spec.EstimatorSpec`) and the MCMC options.
     executor, partitions
         Where the parallel parts run; None runs everything in this process.
     """

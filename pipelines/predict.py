@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from censusdp.budget import Accounting
-from censusdp.config import read_spec_toml
+from censusdp.config import SpecParser, read_spec_toml
 from censusdp.errors import SpecError
 
 if TYPE_CHECKING:  # imported by the functions that use them: the CLI's parser stays light
@@ -130,22 +130,11 @@ class PredictSpec:
     ignored: str = ""
 
 
-def _table(doc: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    value = doc.get(key, {})
-    if not isinstance(value, Mapping):
-        raise SpecError(f"{where}: [{key}] must be a table")
-    return value
-
-
 def _hierarchy(h: Mapping[str, Any], where: str, base: Path) -> Hierarchy:
     from censusdp.hierarchy.storage import load_hierarchy
     from censusdp.hierarchy.synthetic import synthetic_state, synthetic_us
 
-    known = {"file", "synthetic", "blocks", "seed"}
-    if set(h) - known:
-        raise SpecError(
-            f"{where}: hierarchy: unknown keys {sorted(set(h) - known)}; use {sorted(known)}"
-        )
+    SpecParser(where, base).keys(h, "hierarchy", ("file", "synthetic", "blocks", "seed"))
     if ("file" in h) == ("synthetic" in h):
         raise SpecError(
             f"{where}: hierarchy: give either file = PATH (a saved hierarchy of public "
@@ -202,23 +191,15 @@ def load_predict_spec(path: str | Path) -> PredictSpec:
     p = Path(path)
     where = str(p)
     doc = read_spec_toml(p)
-    unknown = set(doc) - {"predict", "hierarchy", "allocation"}
-    if unknown:
-        raise SpecError(
-            f"{where}: unknown sections {sorted(unknown)}; use ['allocation', 'hierarchy', "
-            "'predict']"
-        )
-    pr = _table(doc, "predict", where)
-    known = {"schema", "invariants", "tables", "quantiles"}
-    if set(pr) - known:
-        raise SpecError(
-            f"{where}: predict: unknown keys {sorted(set(pr) - known)}; use {sorted(known)}"
-        )
+    sp = SpecParser(where, p.parent)
+    sp.keys(doc, "", ("predict", "hierarchy", "allocation"))
+    pr = sp.table(doc, "predict", required=False)
+    sp.keys(pr, "predict", ("schema", "invariants", "tables", "quantiles"))
     if "schema" not in pr:
         raise SpecError(f'{where}: predict.schema: missing; name a schema (e.g. "pl94")')
     name = str(pr["schema"])
     schema = Schema.load(p.parent / name if name.endswith(".toml") else name)
-    h = _hierarchy(_table(doc, "hierarchy", where), where, p.parent)
+    h = _hierarchy(sp.table(doc, "hierarchy", required=False), where, p.parent)
     allocation = (
         Allocation.from_dict(doc["allocation"], len(schema.strategy), where)
         if "allocation" in doc
@@ -226,7 +207,7 @@ def load_predict_spec(path: str | Path) -> PredictSpec:
     )
     if allocation is None:
         raise SpecError(f"{where}: schema {schema.name!r} has no allocation; add [allocation]")
-    inv = _table(pr, "invariants", f"{where}: predict")
+    inv = sp.get(pr, "predict", "invariants", dict, default={})
     invariants = []
     for lvl, texts in inv.items():
         if lvl not in h.names:

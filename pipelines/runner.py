@@ -33,7 +33,6 @@ import pandas as pd
 
 from censusdp import __version__
 from censusdp.atomic import CLAIM, check_output, output_dir
-from censusdp.config import RunSpec, check_run_options
 from censusdp.errors import SpecError
 from censusdp.estimation.release import Release
 from censusdp.hierarchy.table import Table
@@ -48,6 +47,7 @@ from censusdp.pipelines.metrics import error_metrics, group_regressions, size_cl
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.plan import MeasurementPlan, build_plan
 from censusdp.pipelines.report import CONFIDENTIAL_LABEL, write_figures, write_report
+from censusdp.pipelines.spec import RunSpec, check_run_options
 from censusdp.pipelines.specs import check_spec
 from censusdp.progress import show_progress
 from censusdp.progress import tqdm_bar as tqdm

@@ -1,13 +1,13 @@
 """Run specs checked against the registries: the names a spec may use.
 
-:mod:`censusdp.config` (core) parses a TOML spec into a :class:`~censusdp.config.RunSpec`
-and checks its structure, types and values, but keeps no list of noise laws, estimators or
-schedulers: those live in their registries, above core (noise laws in
-:mod:`censusdp.mechanisms.registry`, estimators in :mod:`censusdp.pipelines.estimators`,
-schedulers in :mod:`censusdp.pipelines.execute`). :func:`check_spec` asks them, and
-:func:`load_spec` / :func:`parse_spec` are core's parsers followed by that check. Every
-problem is a :class:`~censusdp.errors.SpecError` naming the spec and the dotted key, with the
-registered names and the closest match.
+:mod:`censusdp.pipelines.spec` parses a TOML spec into a :class:`~censusdp.pipelines.spec.RunSpec`
+(on core's generic :mod:`censusdp.config` parser) and checks its structure, types and values,
+but keeps no list of noise laws, estimators or schedulers: those live in their registries
+(noise laws in :mod:`censusdp.mechanisms.registry`, estimators in
+:mod:`censusdp.pipelines.estimators`, schedulers in :mod:`censusdp.pipelines.execute`).
+:func:`check_spec` asks them, and :func:`load_spec` / :func:`parse_spec`, the only run-spec
+loaders, parse and then check. Every problem is a :class:`~censusdp.errors.SpecError` naming
+the spec and the dotted key, with the registered names and the closest match.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from censusdp import config
-from censusdp.config import RunSpec
+from censusdp.config import read_spec_toml
 from censusdp.errors import SpecError
+from censusdp.pipelines.spec import RunSpec, RunSpecParser
 
 __all__ = ["check_spec", "load_spec", "parse_spec"]
 
@@ -107,13 +107,24 @@ def check_spec(spec: RunSpec) -> RunSpec:
 
 
 def load_spec(path: str | Path) -> RunSpec:
-    """Read a TOML run spec (:func:`censusdp.config.load_spec`) and :func:`check_spec` it."""
-    return check_spec(config.load_spec(path))
+    """Read a TOML run spec and :func:`parse_spec` it (a relative ``data.path`` is resolved
+    against the spec file's directory).
+
+    Raises
+    ------
+    SpecError
+        Missing or unreadable file, TOML syntax error (with line and column), or any
+        invalid content (naming the dotted key).
+    """
+    path = Path(path)
+    return parse_spec(read_spec_toml(path), str(path), path.parent)
 
 
 def parse_spec(
     doc: Mapping[str, Any], source: str = "<spec>", base_dir: str | Path | None = None
 ) -> RunSpec:
-    """Validate a parsed TOML document (:func:`censusdp.config.parse_spec`) and
-    :func:`check_spec` it."""
-    return check_spec(config.parse_spec(doc, source, base_dir))
+    """Validate a parsed TOML document (:class:`~censusdp.pipelines.spec.RunSpecParser`;
+    ``source`` names it in messages, a relative ``data.path`` is resolved against
+    ``base_dir``) and :func:`check_spec` it."""
+    base = None if base_dir is None else Path(base_dir)
+    return check_spec(RunSpecParser(source, base).spec(doc))

@@ -13,9 +13,9 @@ __all__ = ["register", "repetitions_arg"]
 
 def repetitions_arg(text: str) -> int:
     """``--repetitions``: simulated releases for the size-class bias, 2 to
-    :data:`censusdp.config.MAX_REPETITIONS` (each is a full release: a larger number would
+    :data:`censusdp.pipelines.spec.MAX_REPETITIONS` (each is a full release: a larger number would
     not end; the bias needs two for its standard error)."""
-    from censusdp.config import MAX_REPETITIONS
+    from censusdp.pipelines.spec import MAX_REPETITIONS
 
     try:
         value = int(text)

@@ -64,7 +64,7 @@ class Family:
 
 
 def _load_run(path: Path) -> Any:
-    from censusdp.config import load_spec
+    from censusdp.pipelines.specs import load_spec
 
     return load_spec(path)
 

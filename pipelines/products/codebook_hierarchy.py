@@ -565,9 +565,9 @@ def privatize_hierarchy(path: str | Path, spec, out: str | Path, *,
         are not of the hierarchy's leaf level (naming file, row, column and code).
     """
     from censusdp.atomic import check_output, output_dir
-    from censusdp.config import check_run_options
     from censusdp.pipelines.products.codebook_tables import input_digests
     from censusdp.pipelines.runner import separate_evaluation
+    from censusdp.pipelines.spec import check_run_options
 
     steps: dict[str, float] = {}  # each step's wall (and thread CPU) seconds
     total: dict[str, float] = {}  # the run's, to the manifest

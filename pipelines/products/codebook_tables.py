@@ -418,18 +418,6 @@ class TableSpec:
     repetitions: int = 10
 
 
-def spec_uses_codebook(path: str | Path) -> bool:
-    """True when the TOML spec at ``path`` names ``[data] codebook`` (the codebook route)."""
-    from censusdp.config import read_spec_toml
-
-    try:
-        doc = read_spec_toml(path)
-    except SpecError:
-        return False  # load_spec says what is wrong with it
-    data = doc.get("data")
-    return isinstance(data, Mapping) and "codebook" in data
-
-
 def load_table_spec(path: str | Path) -> TableSpec:
     """Read a codebook-route spec::
 
@@ -464,6 +452,7 @@ def load_table_spec(path: str | Path) -> TableSpec:
         Naming the file and the dotted key.
     """
     from censusdp.config import SpecParser, read_spec_toml
+    from censusdp.pipelines.spec import zcdp_keys
 
     path = Path(path)
     doc = read_spec_toml(path)
@@ -484,12 +473,7 @@ def load_table_spec(path: str | Path) -> TableSpec:
     codebook = p.get(data, "data", "codebook", str, required=True)
     if codebook.endswith(".toml") and not Path(codebook).is_absolute():
         codebook = str(path.parent / codebook)
-    priv = p.table(doc, "privacy", required=True)
-    p.keys(priv, "privacy", ("accounting", "rho", "delta"))
-    if p.get(priv, "privacy", "accounting", str, required=True) != Accounting.ZCDP:
-        raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
-    rho = p.get(priv, "privacy", "rho", float, required=True)
-    delta = p.get(priv, "privacy", "delta", float)
+    rho, delta, seed = zcdp_keys(p, doc, "the codebook route", rho_required=True)
     strategy: tuple[tuple[str, float], ...] = ()
     st = p.table(doc, "strategy", required=False)
     if st:
@@ -503,14 +487,6 @@ def load_table_spec(path: str | Path) -> TableSpec:
         ):
             raise p.fail("strategy.shares", "give one number per query of strategy.queries")
         strategy = tuple(zip(queries, (float(s) for s in shares), strict=True))
-    mech = p.table(doc, "mechanism", required=False)
-    p.keys(mech, "mechanism", ("noise",))
-    noise = p.get(mech, "mechanism", "noise", str, default="discrete_gaussian")
-    if noise != "discrete_gaussian":
-        raise p.fail("mechanism.noise", 'the codebook route measures with "discrete_gaussian"')
-    run = p.table(doc, "run", required=False)
-    p.keys(run, "run", ("seed",))
-    seed = p.get(run, "run", "seed", int)
     level = p.get(data, "data", "level", str)
     level_column = p.get(data, "data", "level_column", str)
     if level is not None and level_column is not None:
@@ -1417,7 +1393,7 @@ def privatize_tables(
     SpecError, DataError, BudgetError
     """
     from censusdp.atomic import check_output
-    from censusdp.config import check_run_options
+    from censusdp.pipelines.spec import check_run_options
 
     check_run_options(seed=spec.seed)
     codebook_file = Path(spec.codebook) if spec.codebook.endswith(".toml") else None

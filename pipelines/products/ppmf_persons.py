@@ -129,8 +129,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from censusdp.atomic import check_output, output_dir
-from censusdp.budget import Accounting, PrivacyStatement, Product, Step, with_products
-from censusdp.config import MAX_REPETITIONS, MAX_RHO, exact_fraction
+from censusdp.budget import PrivacyStatement, Product, Step, with_products
+from censusdp.config import MAX_RHO, exact_fraction
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls.area_measurements import (
     MeasuredAreas,
@@ -202,6 +202,7 @@ from censusdp.pipelines.size_class_report import (
     simulate_size_classes,
     write_size_class_report,
 )
+from censusdp.pipelines.spec import MAX_REPETITIONS, zcdp_keys
 from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Allocation, Schema
@@ -222,7 +223,6 @@ __all__ = [
     "load_ppmf_spec",
     "ppmf_products",
     "privatize_ppmf",
-    "spec_reads_ppmf",
     "write_microdata",
 ]
 
@@ -334,19 +334,6 @@ class AreasSpec:
         )
 
 
-def spec_reads_ppmf(path: str | Path, source: str = "ppmf") -> bool:
-    """Whether the TOML spec at ``path`` says ``[data] source = SOURCE`` (``"ppmf"``; the
-    units route's ``"ppmf_units"``)."""
-    from censusdp.config import read_spec_toml
-
-    try:
-        doc = read_spec_toml(path)
-    except SpecError:
-        return False  # the route's own loader says what is wrong
-    data = doc.get("data")
-    return isinstance(data, Mapping) and data.get("source") == source
-
-
 def csv_header(path: str | Path) -> set[str] | None:
     """The column names of a CSV file's header, or None when ``path`` is not a readable CSV."""
     from censusdp.pipelines.io.ppmf import sniff_csv
@@ -446,27 +433,9 @@ def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> Release
     SpecError
         Naming the file and the dotted key.
     """
-    priv = p.table(doc, "privacy", required=True)
-    p.keys(priv, "privacy", ("accounting", "rho", "delta"))
-    if p.get(priv, "privacy", "accounting", str, required=True) != Accounting.ZCDP:
-        raise p.fail("privacy.accounting", 'discrete Gaussian measurements compose in "zcdp"')
-    rho = p.get(priv, "privacy", "rho", float)
+    rho, delta, seed = zcdp_keys(p, doc, f"the {strategy} strategy")
     if rho is not None:
         rho = exact_fraction(rho, f"{path}: privacy.rho", most=MAX_RHO)
-    delta = p.get(priv, "privacy", "delta", float)
-    if delta is not None and not 0 < delta < 1:
-        raise p.fail("privacy.delta", "must be in (0, 1)")
-    mech = p.table(doc, "mechanism", required=False)
-    p.keys(mech, "mechanism", ("noise",))
-    if p.get(mech, "mechanism", "noise", str, default="discrete_gaussian") != "discrete_gaussian":
-        raise p.fail(
-            "mechanism.noise", f'the {strategy} strategy is measured with "discrete_gaussian"'
-        )
-    run = p.table(doc, "run", required=False)
-    p.keys(run, "run", ("seed",))
-    seed = p.get(run, "run", "seed", int)
-    if seed is not None and seed < 0:
-        raise p.fail("run.seed", "must be a non-negative integer")
     hier = p.table(doc, "hierarchy", required=False)
     p.keys(hier, "hierarchy", ("blocks", "block_column"))
     blocks = p.get(hier, "hierarchy", "blocks", str)

@@ -142,9 +142,7 @@ from censusdp.pipelines.io.ppmf import PPMFHistogram, read_block_list, read_ppmf
 from censusdp.pipelines.products.ppmf_persons import (
     REPORT_LEVELS,
     allocation_dict,
-    csv_header,
     read_release_spec,
-    spec_reads_ppmf,
 )
 from censusdp.pipelines.release_statement import (
     VerifiedRelease,
@@ -178,7 +176,6 @@ __all__ = [
     "privatize_units",
     "release_h1",
     "units_products",
-    "units_route",
 ]
 
 #: The H1 columns (NHGIS names) and labels: total (invariant), occupied, vacant.
@@ -223,15 +220,6 @@ class UnitsSpec:
             "blocks": None if self.blocks is None else self.blocks.name,
             "allocation": allocation_dict(self.allocation),
         }
-
-
-def units_route(path: str | Path, spec_path: str | Path | None) -> bool:
-    """Whether ``privatize`` takes the units route: the spec says ``ppmf_units`` or the
-    input's header is a units file's (``HH_STATUS``)."""
-    if spec_path is not None and spec_reads_ppmf(spec_path, "ppmf_units"):
-        return True
-    header = csv_header(path)
-    return header is not None and "HH_STATUS" in header
 
 
 def load_units_spec(path: str | Path) -> UnitsSpec:

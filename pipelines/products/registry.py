@@ -303,7 +303,7 @@ def privatize(
     ------
     SpecError, DataError, HierarchyError, BudgetError
     """
-    from censusdp.config import check_run_options
+    from censusdp.pipelines.spec import check_run_options
 
     check_run_options(seed=options.seed)
     product = choose_product(path, spec, options)

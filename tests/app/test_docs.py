@@ -91,7 +91,7 @@ def test_every_family_of_spec_is_on_the_page():
     assert set(SPEC_FAMILIES) <= {f.name for f in specref.FAMILIES}
 
 
-@pytest.mark.parametrize("family", ["run", "codebook", "ppmf", "ppmf_units"])
+@pytest.mark.parametrize("family", ["run", "codebook", "ppmf", "ppmf_units", "predict"])
 def test_the_spec_reference_lists_every_key_the_parser_accepts(family, generated, monkeypatch):
     fam = next(f for f in specref.FAMILIES if f.name == family)
     recorded = _recorded(fam, monkeypatch)
@@ -114,8 +114,8 @@ def test_every_listed_key_has_an_example_and_a_meaning(generated):
 
 
 def test_predict_and_targets_pages_list_what_their_parsers_refuse_without(generated):
-    """The loaders that check keys by hand: each listed key, dropped from the examples'
-    union, is what the parser names when it refuses the probe (so the list is the parser's)."""
+    """Each listed key, dropped from the examples' union, is what the parser names when it
+    refuses the probe (so the list is the parser's)."""
     for family in ("predict", "targets"):
         sections, page = generated[family]
         for path, s in sections.items():

@@ -27,13 +27,13 @@ import pytest
 from scipy import stats
 
 from censusdp.budget import PrivacyStatement
-from censusdp.config import EstimatorSpec, McmcSpec
 from censusdp.errors import BudgetError
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.discrete import DiscreteGaussian
 from censusdp.mechanisms.privacy import derive_statement
 from censusdp.mechanisms.queries import Query, invariant, measure
 from censusdp.pipelines.estimators import ESTIMATORS, run_estimator
+from censusdp.pipelines.spec import EstimatorSpec, McmcSpec
 from censusdp.rng import KeyedRNG
 
 CELLS = ("a", "b")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from censusdp.config import REDACTED, CodeSpec, RunSpec
 from censusdp.errors import SpecError
 from censusdp.mechanisms.registry import law_info
+from censusdp.pipelines.spec import REDACTED, CodeSpec, RunSpec
 from censusdp.pipelines.specs import load_spec, parse_spec
 
 SPECS = Path(__file__).parent / "specs"

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from censusdp.budget import PrivacyStatement
-from censusdp.config import EstimatorSpec
 from censusdp.errors import SpecError
 from censusdp.mechanisms.discrete import DiscreteLaplace
 from censusdp.mechanisms.laws import FLOATING_POINT_NOTE, Laplace, NoiseLaw, floating_point_note
@@ -27,6 +26,7 @@ from censusdp.mechanisms.registry import (
 from censusdp.pipelines.estimators import ESTIMATORS, Estimator, register_estimator, run_estimator
 from censusdp.pipelines.execute import SCHEDULERS, open_executor
 from censusdp.pipelines.plan import make_law
+from censusdp.pipelines.spec import EstimatorSpec
 from censusdp.pipelines.specs import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from censusdp.budget import PrivacyStatement, statement_for
-from censusdp.config import EstimatorSpec
 from censusdp.errors import BudgetError, SpecError
 from censusdp.estimation.gls.tree import tree_gls
 from censusdp.hierarchy import Table
@@ -33,6 +32,7 @@ from censusdp.mechanisms.queries import (
     measure,
 )
 from censusdp.pipelines.estimators import run_estimator
+from censusdp.pipelines.spec import EstimatorSpec
 from censusdp.schema import Schema
 
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from censusdp.budget import PrivacyStatement
-from censusdp.config import EstimatorSpec
 from censusdp.estimation.gls.tree import tree_gls
 from censusdp.estimation.integer.laminar import round_release
 from censusdp.hierarchy.synthetic import random_hierarchy
@@ -18,6 +17,7 @@ from censusdp.pipelines.estimators import run_estimator
 from censusdp.pipelines.execute import open_executor
 from censusdp.pipelines.gls_partitioned import partitioned_gls, partitioned_round
 from censusdp.pipelines.partition import partition_units
+from censusdp.pipelines.spec import EstimatorSpec
 from censusdp.rng import KeyedRNG
 
 CELLS = [f"{s}{a}" for s in ("m", "f") for a in range(3)]

@@ -172,7 +172,7 @@ def test_an_acknowledged_exact_release_says_so_in_the_statement(tmp_path, capsys
 def test_acknowledge_must_be_a_boolean(tmp_path):
     import tomllib
 
-    from censusdp.config import parse_spec
+    from censusdp.pipelines.specs import parse_spec
 
     doc = tomllib.loads(
         textwrap.dedent(SPEC.format(ack='acknowledge_exact_release = "yes"')).replace(

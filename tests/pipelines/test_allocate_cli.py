@@ -78,13 +78,19 @@ def test_allocate_writes_a_spec_that_predicts_the_reported_objective(files, caps
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (("[objective]", "[objective]\nspeed = 3"), r"objective: unknown keys \['speed'\]"),
-        (('kind = "sum"', 'kind = "mean"'), "objective.kind: 'mean' is not 'sum' or 'max'"),
-        (("[population]", "[populations]"), r"unknown sections \['populations'\]"),
+        (("[objective]", "[objective]\nspeed = 3"), r"unknown key 'objective.speed'"),
+        (
+            ('kind = "sum"', 'kind = "mean"'),
+            r"objective.kind: 'mean' is not one of \['sum', 'max'\]",
+        ),
+        (
+            ("[population]", "[populations]"),
+            r"unknown key 'populations'; did you mean 'population'\?",
+        ),
         (("tract = 4000", "tracts = 4000"), "population.tracts: unknown level"),
         (('level = "tract"', 'level = "place"'), r"target\[1\].level: unknown level 'place'"),
         (('table = "adult"', 'table = "adults"'), r"target\[1\].table: .*strategy tables are"),
-        (("share = 0.78", "share = 0.78\ncolour = 1"), r"target\[1\]: unknown keys \['colour'\]"),
+        (("share = 0.78", "share = 0.78\ncolour = 1"), r"unknown key 'target\[1\].colour'"),
         (("weight = 2", "weight = -2"), r"target\[1\].weight: must be positive"),
         (("tract = 4000\n", ""), r"target\[1\]: no \[population\] entry for level 'tract'"),
         (("tolerance = 0.01", "tolerance = 2"), r"objective.tolerance: must be in \(0, 1\)"),

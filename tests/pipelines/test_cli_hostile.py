@@ -621,7 +621,7 @@ CASES = [
     C("predict schema unknown", PRED + ["--out", "o"], "'nope'", setup=predspec('schema = "pl94"', 'schema = "nope"')),
     C("predict schema missing", PRED + ["--out", "o"], "predict.schema", setup=predspec('schema = "pl94"\n', "")),
     C("predict schema file missing", PRED + ["--out", "o"], "mine.toml", setup=predspec('schema = "pl94"', 'schema = "mine.toml"')),
-    C("predict unknown key", PRED + ["--out", "o"], "'extra'", setup=predspec('tables = ["total"]', 'tables = ["total"]\nextra = 1')),
+    C("predict unknown key", PRED + ["--out", "o"], "'predict.extra'", setup=predspec('tables = ["total"]', 'tables = ["total"]\nextra = 1')),
     C("predict unknown section", PRED + ["--out", "o"], "'extra'", setup=predspec("[hierarchy]", "[extra]\n[hierarchy]")),
     C("predict quantiles 2", PRED + ["--out", "o"], "predict.quantiles", setup=predspec('tables = ["total"]', 'tables = ["total"]\nquantiles = [2.0]')),
     C("predict quantiles nan", PRED + ["--out", "o"], "predict.quantiles", setup=predspec('tables = ["total"]', 'tables = ["total"]\nquantiles = [nan]')),

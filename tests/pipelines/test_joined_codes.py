@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from censusdp.config import CodeSpec
 from censusdp.errors import DataError, SpecError
 from censusdp.pipelines.data import load_data
+from censusdp.pipelines.spec import CodeSpec
 from censusdp.pipelines.specs import load_spec, parse_spec
 
 SPECS = Path(__file__).parents[1] / "core" / "specs"
