@@ -722,7 +722,10 @@ def concat_messages(parts: Sequence[UpwardBelief], K: int) -> UpwardBelief:
     """
     sizes = [p.m.shape[0] for p in parts]
     m = np.concatenate([p.m for p in parts])
-    if parts[0].shared:  # the same (1, K, K) matrix in every partition
+    # a partition's covariance is "shared" also when it has one node with a matrix of its
+    # own (per-node variances): the union shares it only if every partition holds the same
+    shared = all(p.shared and np.array_equal(p.P, parts[0].P) for p in parts)
+    if shared:  # the same (1, K, K) matrix in every partition
         P = parts[0].P
     else:
         P = np.concatenate(
@@ -739,4 +742,4 @@ def concat_messages(parts: Sequence[UpwardBelief], K: int) -> UpwardBelief:
                 for p, s in zip(parts, sizes, strict=True)
             ]
         )
-    return UpwardBelief(m, P, N, r, parts[0].shared)
+    return UpwardBelief(m, P, N, r, shared)

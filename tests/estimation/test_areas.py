@@ -399,3 +399,30 @@ def test_sweep_options_and_the_old_keywords_give_the_same_sweep():
     assert not np.array_equal(acc, whole)  # the partial sweep is not the whole one
     with pytest.raises(TypeError, match=r"'to_rot'.*SweepOptions: rows, up_forest"):
         area_sweep(*args, to_rot=False)
+
+
+def test_streamed_areas_keep_each_single_node_partitions_own_variance():
+    """One node per partition with variances per node: each partition's cut message is
+    "shared" (one matrix for its one node) but the matrices differ, so the union must keep
+    both. The area {first leaf} has Var = v₁v₂/(v₁ + v₂) under the held total (a hypothesis
+    case found the streamed sweep using v₁ for both, giving v₁/2)."""
+    from censusdp.estimation.gls.areas import area_partition, area_top
+    from censusdp.estimation.gls.structured import structured_setup
+    from censusdp.pipelines.partition import partition_units
+    from censusdp.schema import Schema
+
+    s = Schema.flat(["c"])
+    h = random_hierarchy(np.random.default_rng(0), [(2, 2)])
+    q = ProductQuery.parse(s, "detailed")
+    v = np.array([1.08194705, 1.03305527])
+    meas = [ProductMeasurement(h.names[1], q, np.array([[18.4], [15.4]]), Gaussian(1), v)]
+    invs = [ProductInvariant(h.names[0], q, np.array([[34]]))]
+    setup = structured_setup(h, s, meas, invs, acknowledge_exact_release=True)
+    eq = _equivalency(h, np.array([0]), np.array([0]), 1)
+    parts = partition_units(h, 1, 2)
+    streamed = area_top(setup, eq, 1, [area_partition(setup, eq, 1, p.ranges) for p in parts])
+    whole = structured_area_covariance(setup, eq)
+    expected = v[0] * v[1] / (v[0] + v[1])
+    for mask, blk in whole.blocks.items():
+        assert np.isclose(float(blk.ravel()[0]), expected, rtol=1e-12)
+        assert np.isclose(float(streamed.blocks[mask].ravel()[0]), expected, rtol=1e-12)
