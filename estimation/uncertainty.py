@@ -372,7 +372,10 @@ def lattice_intervals(
         flat_lo[idx] = e - hi_err
         flat_hi[idx] = e - lo_err
         meth.ravel()[idx] = kind
-    lower[fixed], upper[fixed] = est[fixed], est[fixed]
+    # a held figure is released exactly: the integer it equals (the GLS float carries a few
+    # ulps of its solve), or the real value itself when the invariant is not an integer
+    held = np.where(np.abs(est - np.round(est)) <= 1e-9 * (1.0 + np.abs(est)), np.round(est), est)
+    lower[fixed], upper[fixed] = held[fixed], held[fixed]
     meth[fixed] = "invariant"
     return Intervals(
         level=name,
