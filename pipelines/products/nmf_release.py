@@ -19,8 +19,10 @@ its subtrees, its structural zeros and its held total), keeping only the state n
 message per block (a mean and covariance, moved from the state's noise scale τ to the
 nation's); (2) the root combines the US level with the states' messages
 (:func:`national_top`: :func:`~censusdp.estimation.gls.structured.structured_upward` with
-``bottom`` and :func:`~censusdp.estimation.gls.structured.structured_top`); (3) each state
-is read again, its upward pass rerun and smoothed from its node's result
+``bottom`` and :func:`~censusdp.estimation.gls.structured.structured_top`); (3) each state's
+upward state — kept from (1) while the kept ones fit in ``cache_bytes``
+(:meth:`StateUpward.nbytes`, the partition driver's 1 GiB by default), else the state read
+and its upward pass rerun — is smoothed from its node's result
 (:func:`national_state`: :func:`~censusdp.estimation.gls.structured.structured_downward`),
 its areas from the same root (:func:`national_areas`). This is the Rauch–Tung–Striebel
 smoother of the whole tree cut at the state level, so the estimates and every covariance
@@ -77,8 +79,12 @@ and non-negativity are inequalities: the linear estimate does not impose them (t
 bias it).
 
 **What is not yet done.** A state's whole spine is held in memory (its estimates are
-``2,016`` floats per node), and the national pass reads every state twice (its upward
-states are not cached between the passes); ``--areas`` needs a run of one state (a BAF is
+``2,016`` floats per node): the streamed structured GLS
+(:mod:`censusdp.pipelines.structured_stream`) now holds the file's structural zeros and
+per-node variances (each partition's task its own nodes' masks and weights), but this
+release does not yet run a state on it county by county — its tables, tabulation sweeps and
+integer product take the state whole; states beyond ``cache_bytes`` are read twice by the
+national pass; ``--areas`` needs a run of one state (a BAF is
 per state), which is then estimated without the US level (:func:`add_areas` gives a state's
 areas under the national pass in Python); areas that cross state lines (a national BAF)
 would need the area sweep's top (:func:`~censusdp.estimation.gls.areas.area_top`) over the
@@ -104,6 +110,7 @@ Gao, Gong & Yu (2022). Subspace Differential Privacy — induced subspace DP.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -160,6 +167,7 @@ from censusdp.pipelines.io.outputs import (
     significant,
     write_data_dictionary,
 )
+from censusdp.pipelines.partition_driver import DEFAULT_CACHE_BYTES
 from censusdp.pipelines.products.nmf_integers import INTEGER_FOLDER, nmf_integers, write_integers
 from censusdp.pipelines.products.pl94_tables import (
     pl94_codebook,
@@ -621,11 +629,46 @@ class StateUpward:
         return (code, m.state_totals[code], self.message, self.setup.tau, self.zeros,
                 self.setup.basis)  # fmt: skip
 
+    def nbytes(self) -> int:
+        """Bytes of the arrays this state holds (its measurements and spine, its setup's
+        per-node weights and masks, its upward pass): what keeping it for the national
+        pass's second half costs (:func:`held_bytes`)."""
+        return held_bytes(self)
+
     @property
     def zeros(self) -> np.ndarray:
         """``(8, 2, 2)`` cells zero in every part of the state: zero in the state (implied by
         consistency; they only fix the basis's split axes at the national top)."""
         return self.measurements.levels["State"].structural_zeros.all(axis=0)
+
+
+def held_bytes(obj: object) -> int:
+    """Bytes of every numpy array reachable from ``obj`` through dataclass fields, slots,
+    dicts, lists and tuples, each buffer counted once (a view counts its base)."""
+    seen: set[int] = set()
+    total, stack = 0, [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, np.ndarray):
+            base = x
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if id(base) not in seen:
+                seen.add(id(base))
+                total += base.nbytes
+            continue
+        if id(x) in seen or x is None or isinstance(x, (str, bytes, int, float)):
+            continue
+        seen.add(id(x))
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif dataclasses.is_dataclass(x):
+            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+        elif hasattr(type(x), "__slots__"):
+            stack.extend(getattr(x, a, None) for a in type(x).__slots__)
+    return total
 
 
 def state_upward(measurements: NMFMeasurements) -> StateUpward:
@@ -1157,6 +1200,12 @@ class NMFReleaseOptions:
         ``published_comparison.csv``, the metric set by size class of every product against
         it (:func:`~censusdp.pipelines.products.nmf_evaluate.compare_published`; public on both
         sides).
+    cache_bytes : int
+        Under the national pass, memory the states' upward passes may take between its two
+        halves (default :data:`~censusdp.pipelines.partition_driver.DEFAULT_CACHE_BYTES`,
+        the partition driver's budget, 1 GiB; :meth:`StateUpward.nbytes`): a state kept is
+        not read nor passed upward again; the others are (0: every state read twice). The
+        output does not depend on it.
     """
 
     states: Sequence[str] | None = None
@@ -1169,6 +1218,7 @@ class NMFReleaseOptions:
     integers: bool = False
     seed: int | None = None
     published: str | Path | None = None
+    cache_bytes: int = DEFAULT_CACHE_BYTES
 
 
 def release_nmf(
@@ -1242,7 +1292,7 @@ def release_nmf(
             (us,) = read_nmf(root, subtrees=["US"])
             noise.add(us.levels)
             if national:
-                top = _national_top(root, groups, totals, us.levels[0], noise)
+                top = _national_top(root, groups, totals, us.levels[0], noise, opts.cache_bytes)
         done = _release_states(tmp, root, groups, totals, noise, opts, rng, on_state, top)
         if opts.published is not None:  # public against public: written in the release
             from censusdp.pipelines.products.nmf_evaluate import compare_published
@@ -1284,11 +1334,12 @@ def _release_states(
     opts: NMFReleaseOptions,
     rng: KeyedRNG | None,
     on_state: Callable[[NMFStateRelease], object] | None,
-    top: tuple[NationalTop, dict] | None = None,
+    top: tuple[NationalTop, dict, dict] | None = None,
 ) -> _StatesWritten:
     """One state at a time: read its subtrees (their noise added to ``noise``), estimate
-    it (:func:`estimate_state`; with ``top``, the national pass's top and the first pass's
-    timings, its downward pass from the root: :func:`state_upward` again, then
+    it (:func:`estimate_state`; with ``top``, the national pass's top, the first pass's
+    timings and the upward states it kept, its downward pass from the root: the kept
+    :class:`StateUpward`, or the state read and :func:`state_upward` again, then
     :meth:`NationalTop.estimate_state`), append its tables, with ``rng`` its integer
     product (:func:`~censusdp.pipelines.products.nmf_integers.nmf_integers`), hand it to
     ``on_state`` and drop it; then the nation's tables (with ``top``) and the data
@@ -1297,18 +1348,24 @@ def _release_states(
     seconds: dict = {}
     int_files: set[str] = set()
     violations: dict = {}
+    kept = {} if top is None else top[2]
     for state, subtrees in groups.items():
-        clock: dict[str, float] = {}
-        with stage(clock, "read"):
-            m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
-            noise.add(m.levels.values())
+        clock: dict[str, float] = {"read": 0.0, "up": 0.0}
+        up = kept.pop(state, None)  # kept from the first half: neither read nor passed again
+        if up is None:
+            with stage(clock, "read"):
+                m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
+                noise.add(m.levels.values())
+        else:
+            m = up.measurements
         if top is None:
             r = estimate_state(m, areas=opts.areas, block_column=opts.block_column,
                                area_column=opts.area_column, area_name=opts.area_name,
                                skip_blank_areas=opts.skip_blank_areas)  # fmt: skip
         else:
-            with stage(clock, "up"):
-                up = state_upward(m)
+            if up is None:
+                with stage(clock, "up"):
+                    up = state_upward(m)
             r = top[0].estimate_state(up)
             del up
         with stage(clock, "write"):
@@ -1336,25 +1393,33 @@ def _national_top(
     totals: Mapping[str, int],
     us: NMFLevel,
     noise: _LeastNoise,
-) -> tuple[NationalTop, dict]:
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+) -> tuple[NationalTop, dict, dict]:
     """The national pass's first half: each state read and its upward pass run in turn
-    (:func:`state_upward`), only its small root-level message kept, then the root
-    (:func:`national_top`); with the timings of each state's first pass."""
-    items, seconds = [], {}
+    (:func:`state_upward`), its small root-level message kept and, while they fit in
+    ``cache_bytes`` (:meth:`StateUpward.nbytes`, in state order), the whole upward state;
+    then the root (:func:`national_top`). Returns the top, the timings of each state's
+    first pass (``kept``: whether its state was kept) and the kept states."""
+    items, seconds, kept, used = [], {}, {}, 0
     for state, subtrees in groups.items():
         clock: dict[str, float] = {}
         with stage(clock, "read"):
             m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
             noise.add(m.levels.values())
         with stage(clock, "up"):
-            items.append(state_upward(m).for_top())
-        del m
-        seconds[state] = {"first_read": clock["read"], "first_up": clock["up"]}
+            up = state_upward(m)
+            items.append(up.for_top())
+        size = up.nbytes()
+        if used + size <= cache_bytes:
+            kept[state], used = up, used + size
+        del m, up
+        seconds[state] = {"first_read": clock["read"], "first_up": clock["up"],
+                          "kept": state in kept}  # fmt: skip
     t: dict[str, float] = {}
     with stage(t, "top"):
         top = national_top(us, items)
     seconds[next(iter(groups))]["top"] = t["top"]
-    return top, seconds
+    return top, seconds, kept
 
 
 def nation_tables(top: NationalTop) -> pd.DataFrame:

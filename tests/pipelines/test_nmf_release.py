@@ -717,6 +717,28 @@ def test_release_nmf_runs_the_national_pass_and_writes_the_nation(nation):
     assert "pl94_nation.csv" in res.files
 
 
+def test_kept_upward_states_write_the_release_of_states_read_twice(two_states, tmp_path):
+    """The national pass keeps the states' upward passes between its halves while they fit
+    in ``cache_bytes``: every state kept (default budget), only the first (a budget of its
+    size) or none (0, each state read twice) write the same bytes; a kept state is read
+    and passed upward once (its second ``read`` and ``up`` are 0 s)."""
+    d, root, totals, subs = two_states
+    first = state_upward(collect_nmf(read_nmf(root, subtrees=["001", "101"]),
+                                     {"01": totals["01"]})).nbytes()  # fmt: skip
+    assert first > 1 << 20  # measurements, weights and upward pass: more than a MB
+    outs = {}
+    for name, budget, kept in (("all", 1 << 30, [True, True]), ("one", first, [True, False]),
+                               ("none", 0, [False, False])):  # fmt: skip
+        res = release_nmf(root, totals, tmp_path / name,
+                          options=NMFReleaseOptions(cache_bytes=budget))  # fmt: skip
+        assert [res.seconds[s]["kept"] for s in ("01", "02")] == kept
+        for s, k in zip(("01", "02"), kept, strict=True):
+            assert (res.seconds[s]["read"] == 0.0) == k and (res.seconds[s]["up"] == 0.0) == k
+        outs[name] = _without_timings(tmp_path / name)
+    assert "pl94_nation.csv" in outs["all"]
+    assert outs["all"] == outs["one"] == outs["none"]
+
+
 def test_one_state_or_no_us_level_is_the_per_state_release_bit_for_bit(two_states, tmp_path):
     """Without the US level, or with it and one state, the release is today's per-state
     one bit for bit (the national pass runs only with the US level and every state)."""
