@@ -127,6 +127,7 @@ from censusdp.estimation.gls.areas import AreaEstimates, area_partition, area_re
 from censusdp.estimation.gls.kernel import UpwardBelief
 from censusdp.estimation.gls.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.gls.structured import (
+    StructuredPiece,
     StructuredRelease,
     StructuredSetup,
     StructuredUpward,
@@ -167,12 +168,19 @@ from censusdp.pipelines.io.outputs import (
     significant,
     write_data_dictionary,
 )
+from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.partition_driver import DEFAULT_CACHE_BYTES
 from censusdp.pipelines.products.nmf_integers import INTEGER_FOLDER, nmf_integers, write_integers
 from censusdp.pipelines.products.pl94_tables import (
     pl94_codebook,
     pl94_column_values,
     pl94_dictionary,
+)
+from censusdp.pipelines.structured_stream import (
+    StreamOptions,
+    StreamResult,
+    given_values,
+    structured_stream,
 )
 from censusdp.rng import KeyedRNG
 from censusdp.spreadsheet import write_csv
@@ -197,6 +205,7 @@ __all__ = [
     "national_state",
     "national_top",
     "state_upward",
+    "stream_state",
     "held_values",
     "pl94_columns",
     "release_nmf",
@@ -555,6 +564,50 @@ def estimate_state(
         return state
     return add_areas(state, areas, block_column=block_column, area_column=area_column,
                      area_name=area_name, skip_blank_areas=skip_blank_areas)  # fmt: skip
+
+
+def stream_state(
+    measurements: NMFMeasurements,
+    on_partition: Callable[[StructuredPiece], None] | None = None,
+    *,
+    partitions: int | None = None,
+    options: StreamOptions | None = None,
+) -> StreamResult:
+    """One state's structured GLS streamed spine county by spine county.
+
+    The same estimate as :func:`estimate_state`'s ``structured_gls`` bit for bit (tested),
+    on :func:`~censusdp.pipelines.structured_stream.structured_stream` cut at the spine
+    county: the levels nation … county solved once (``StreamResult.top``), each run of
+    counties' tracts, block groups and blocks handed to ``on_partition`` as a
+    :class:`~censusdp.estimation.gls.structured.StructuredPiece` and dropped. The file's
+    structural zeros and per-node variances (+inf at only children) go with each
+    partition's own nodes.
+
+    Parameters
+    ----------
+    measurements : NMFMeasurements
+        One state's subtrees with its published total (as :func:`estimate_state`).
+    on_partition : callable, optional
+        Receives each partition's levels below the county, in county order.
+    partitions : int, optional
+        Leaf-balanced runs of counties (:func:`~censusdp.pipelines.partition.partition_units`;
+        default one per spine county).
+    options : StreamOptions, optional
+        Cache, workers or executor, sink (its ``zeros`` are the file's).
+
+    Raises
+    ------
+    SpecError, DataError
+        As :func:`estimate_state`.
+    """
+    _check_one_state(measurements)
+    h = measurements.spine.hierarchy
+    meas = measurements.measurements()
+    cut = h.level_index("county")
+    parts = partition_units(h, cut, partitions or h.sizes[cut])
+    opts = dataclasses.replace(options or StreamOptions(), zeros=measurements.zeros())
+    return structured_stream(h, meas[0].query.schema, meas, given_values(meas, h, cut), parts,
+                             measurements.invariants(), on_partition, opts)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- national pass
