@@ -515,6 +515,20 @@ def _check_one_state(measurements: NMFMeasurements) -> None:
         )
 
 
+def _tabulation(
+    m: NMFMeasurements, areas_of: AreaFn
+) -> tuple[dict[str, AreaEstimates], dict[str, Equivalency]]:
+    """The tabulation county, tract and block group of a state's blocks (GEOID prefixes)
+    released by ``areas_of``, with their equivalencies."""
+    h, geo = m.spine.hierarchy, m.spine.tabulation_geoids
+    eqs = {
+        level: equivalency_from_arrays(h, h["block"].codes, np.strings.slice(geo, 0, width),
+                                       name=level, source="the NMF's block GEOIDs")
+        for level, width in TABULATION_PREFIX.items()
+    }  # fmt: skip
+    return {level: areas_of(eq) for level, eq in eqs.items()}, eqs
+
+
 def estimate_state(
     measurements: NMFMeasurements,
     *,
@@ -549,14 +563,7 @@ def estimate_state(
         rel = structured_gls(h, meas[0].query.schema, meas, measurements.invariants(),
                              zeros=measurements.zeros())  # fmt: skip
     with stage(clock, "tabulation"):
-        geo = measurements.spine.tabulation_geoids
-        tab, eqs = {}, {}
-        for level, width in TABULATION_PREFIX.items():
-            eqs[level] = equivalency_from_arrays(
-                h, h["block"].codes, np.strings.slice(geo, 0, width), name=level,
-                source="the NMF's block GEOIDs",
-            )  # fmt: skip
-            tab[level] = area_release(rel, eqs[level])
+        tab, eqs = _tabulation(measurements, lambda eq: area_release(rel, eq))
     secs = {"gls": clock["gls"], "tabulation": clock["tabulation"], "areas": 0.0}
     state = NMFStateRelease(str(h["state"].codes[0]), measurements, rel, tab, None, None, eqs,
                             secs)  # fmt: skip
@@ -912,14 +919,7 @@ def national_state(top: NationalTop, state: StateUpward) -> NMFStateRelease:
         return national_areas(setup, P_state, rel, eq)
 
     with stage(clock, "tabulation"):
-        tab, eqs = {}, {}
-        geo = m.spine.tabulation_geoids
-        for level, width in TABULATION_PREFIX.items():
-            eqs[level] = equivalency_from_arrays(
-                h, h["block"].codes, np.strings.slice(geo, 0, width), name=level,
-                source="the NMF's block GEOIDs",
-            )  # fmt: skip
-            tab[level] = areas_of(eqs[level])
+        tab, eqs = _tabulation(m, areas_of)
     secs = {"gls": clock["gls"], "tabulation": clock["tabulation"], "areas": 0.0}
     return NMFStateRelease(str(h["state"].codes[0]), m, rel, tab, None, None, eqs, secs,
                            areas_of)  # fmt: skip
