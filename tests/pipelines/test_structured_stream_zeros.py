@@ -71,33 +71,46 @@ def test_without_the_zeros_the_stream_is_another_release():
     assert np.any(leaf[zeros[h.names[-1]][lo:hi]] != 0)
 
 
+class RecordingExecutor(SyncExecutor):
+    """The sync executor, keeping every task's inputs."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def map(self, fn, items, *extra):
+        self.items.extend(items)
+        return super().map(fn, items, *extra)
+
+
 def test_executors_and_tasks_get_only_their_rows():
     """The sync and thread executors give the in-memory release; the context every task
-    shares holds no per-node array below the cut (each task gets its partition's rows)."""
-    from censusdp.pipelines.structured_stream import _start
-
+    shares holds no per-node mask, weight or information block below the cut, and each
+    upward task is sent its own partition's rows of them."""
     s, h, meas, invs, zeros, rel = in_memory(seed=5)
-    threads = ThreadExecutor(2)
+    threads, rec = ThreadExecutor(2), RecordingExecutor()
     try:
-        for ex in (SyncExecutor(), threads):
+        for ex in (rec, threads):
             res, pieces, parts = stream(h, s, meas, invs, 2, 4, zeros=zeros, executor=ex)
             assert_same(h, rel, res, pieces, parts, 2)
     finally:
         threads.close()
-    parts = partition_units(h, 2, 4)
-    step, _ = _start(h, s, meas, given_values(meas, h, 2), parts, invs,
-                     StreamOptions(zeros=zeros))  # fmt: skip
-    shared = step.ctx.setup
+    ctx = [x for x in rec.items if hasattr(x, "setup")]
+    ups = [x for x in rec.items if isinstance(x, tuple) and len(x) == 5]
+    assert len(ctx) == 1 and len(ups) == len(parts)
+    shared = ctx[0].setup
     assert all(z is None for z in shared.zeros[2:])
     assert all(w is None or w.shape[0] == 1 for k, _, w in shared.heads if k >= 2)
-    p = parts[1]
-    nodes = step.nodes_of(p)
-    for k in range(2, h.depth):
-        lo, hi = p.range(k)
-        assert np.array_equal(nodes.zeros[k], step.setup.zeros[k][lo:hi])
-        for mask, b in nodes.J[k].items():
-            full = step.setup.J[k][mask]
-            assert np.array_equal(b, full if full.shape[0] == 1 else full[lo:hi])
+    assert all(b is None or b.shape[0] == 1 for J in shared.J[2:] for b in J.values())
+    for _, p, _, _, nodes in ups:
+        for k in range(2, h.depth):
+            lo, hi = p.range(k)
+            z = zeros[h.names[k]]  # over sex only: the split axis, as given
+            assert np.array_equal(nodes.zeros[k], z[lo:hi]) if z.any() else nodes.zeros[k] is None
+            for (lvl, _, _w), mine in zip(shared.heads, nodes.weights, strict=True):
+                if lvl == k and mine is not None and mine.shape[0] != 1:
+                    assert mine.shape[0] == hi - lo
+            for b in nodes.J[k].values():
+                assert b.shape[0] in (1, hi - lo)
 
 
 @settings(max_examples=15, deadline=None, derandomize=True, database=None,
