@@ -67,6 +67,17 @@ bytes read 25.0 → 50.0 MB. The national pass adds the second read and one upwa
 state (≈ 3 CPU s here, ≈ 5 % of the counted CPU), and no memory: the root holds one message
 per state and block. ``--fraction 1/256`` was not run (≈ 35 min per run at that load).
 
+**Upward states kept between the halves** (2026-11-28, commit 9bc00e0 against 92fbebe, the
+same hour, one BLAS thread, load averages 4–21 so wall is 1.4–8 × CPU; read the CPU s): per
+stage, CPU s before → after. ``--fraction 1/1024`` (8,008 blocks; all 52 states kept, 470
+MB): read 3.12 → 2.29, up 6.98 → 7.65, top 0.47 → 0.50, GLS 8.89 → 6.83 (no second upward
+pass), districts 6.15 → 6.56, tables 22.3 → 23.2, integers 32.0 → 32.4; counted 80.4 → 79.9
+CPU s; bytes read 50.0 → 25.0 MB; peak 721 → 1,111 MB. ``--fraction 1/256`` (32,031 blocks;
+32 of 52 states kept, 1.07 GB): read 9.47 → 6.06, up 6.08 → 5.50, GLS 19.9 → 14.4,
+districts 35.1 → 29.1, tables 44.7 → 41.1, integers 36.7 → 33.8; counted 152.9 → 130.7 CPU
+s; bytes read 190.1 → 134.5 MB; peak 1,658 → 2,341 MB. The kept states trade up to the
+budget (1 GiB) of memory for the second read and upward pass of each state kept.
+
 Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 1.8–5.7,
 wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
 
