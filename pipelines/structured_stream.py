@@ -25,6 +25,8 @@ masks, each a 0/1 diagonal inside the blocks of the split axes) and per-node var
 (``node_variance``, +inf for an unmeasured node) may vary by node at every level: each
 partition's task is sent its own nodes' masks, weights and information blocks
 (:class:`_NodeInputs`), the context every task shares none of the levels below the cut.
+The per-node weights and information blocks themselves are set up once, in this process,
+for every node (:func:`~censusdp.estimation.gls.structured.structured_setup`).
 
 Memory does not grow with the number of partitions beyond the messages (one per cut-level
 node and block) and whatever the cache is allowed to hold. The result equals
@@ -218,9 +220,10 @@ class StreamOptions:
         Dask and threads run one partition at a time.
     zeros : mapping of level → numpy.ndarray, optional
         Structural zeros, as for ``structured_gls`` (per level a bool ``(n_nodes, d_0, …)``
-        over the schema's first axes, given whole: 16 bytes a node once reduced). Each
-        partition's task is sent its own nodes' masks (and its nodes' weights, where
-        ``node_variance`` varies by node), never a whole level below the cut.
+        over the schema's first axes, given whole: one bool per node and value of the axes
+        the masks vary over). Each partition's task is sent its own nodes' masks (and its
+        nodes' weights, where ``node_variance`` varies by node), never a whole level below
+        the cut.
     """
 
     on_top: Callable[[StructuredPiece], None] | None = None
@@ -304,8 +307,8 @@ class _Context:
     ``setup`` holds the hierarchy reduced to its level names and no per-node array below
     the cut (:func:`_shared_part`: each partition is sent its own
     :class:`~censusdp.hierarchy.forest.Forest` and :class:`_NodeInputs`), so what a worker
-    receives does not grow with the number of blocks beyond the invariants below the cut. ``rows`` is the cache of
-    identified rows shared by the pieces made in one process.
+    receives does not grow with the number of blocks beyond the invariants below the cut.
+    ``rows`` is the cache of identified rows shared by the pieces made in one process.
     """
 
     setup: StructuredSetup
