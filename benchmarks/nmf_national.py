@@ -75,8 +75,12 @@ pass), districts 6.15 → 6.56, tables 22.3 → 23.2, integers 32.0 → 32.4; co
 CPU s; bytes read 50.0 → 25.0 MB; peak 721 → 1,111 MB. ``--fraction 1/256`` (32,031 blocks;
 32 of 52 states kept, 1.07 GB): read 9.47 → 6.06, up 6.08 → 5.50, GLS 19.9 → 14.4,
 districts 35.1 → 29.1, tables 44.7 → 41.1, integers 36.7 → 33.8; counted 152.9 → 130.7 CPU
-s; bytes read 190.1 → 134.5 MB; peak 1,658 → 2,341 MB. The kept states trade up to the
-budget (1 GiB) of memory for the second read and upward pass of each state kept.
+s; bytes read 190.1 → 134.5 MB; peak 1,658 → 2,341 MB. ``--fraction 1/64`` after only
+(128,125 blocks, load 2–11; the same-hour baseline run was stopped for time): 11 of 52 states
+kept (1.07 GB); read 30.3, up 22.4, GLS 51.9, districts 132.6, tables 118.0, integers 254.0;
+counted 610.8 CPU s / 983.5 s wall; bytes read 723.2 MB of 389.2 MB written (2 × without
+keeping); peak 6.60 GB in the integers stage, 4.83 GB in the GLS. The kept states trade up
+to the budget (1 GiB) of memory for the second read and upward pass of each state kept.
 
 Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 1.8–5.7,
 wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
