@@ -24,10 +24,13 @@ state or ``--per-state``, each state alone, as before it):
   and ``up`` (:func:`~censusdp.pipelines.products.nmf_release.state_upward`, keeping only the state
   node's message); then ``top`` (:func:`~censusdp.pipelines.products.nmf_release.national_top`: the
   US level combined with the 52 messages at the root);
-* then state after state again: ``read`` (the second read), ``gls`` (the upward pass again,
-  smoothed from the root: :meth:`~censusdp.pipelines.products.nmf_release.NationalTop.estimate_state`,
-  and the tabulation county / tract / block group as sums of blocks with their covariance
-  sweeps; ``--per-state``: :func:`~censusdp.pipelines.products.nmf_release.estimate_state`);
+* then state after state again: ``gls``, the state's upward pass smoothed from the root —
+  the pass kept from the first half while the kept ones fit in ``--cache-mb`` (default the
+  partition driver's 1 GiB; :meth:`~censusdp.pipelines.products.nmf_release.StateUpward.
+  nbytes`), else ``read`` (the second read) and the upward pass again —
+  (:meth:`~censusdp.pipelines.products.nmf_release.NationalTop.estimate_state`), and the
+  tabulation county / tract / block group as sums of blocks with their covariance sweeps
+  (``--per-state``: :func:`~censusdp.pipelines.products.nmf_release.estimate_state`);
 * ``districts``: the BAF's districts (:func:`~censusdp.pipelines.products.nmf_release.add_areas`:
   sums of blocks with their variance sweeps, the covariance matrix of their totals);
 * ``tables``: P1–P5 with exact ``_se`` (:func:`~censusdp.pipelines.products.nmf_release.
@@ -43,7 +46,8 @@ every node (docs/design.md § The Noisy Measurement File): blocks of 16 over hhg
 
 Without ``--keep`` each state's NMF folder is removed once read — only after
 :func:`censusdp.atomic.verify_output_dir` proves it the benchmark's own, unchanged output.
-Without ``--keep`` a state's folder is removed after its second read. ``--per-state`` runs
+Without ``--keep`` a state's folder is removed after its last read (the first, when its
+upward pass is kept). ``--per-state`` runs
 the release before the national pass (the US level read for ρ only); the JSON says which
 ran (``national_pass``, ``not_run``).
 
@@ -62,6 +66,21 @@ load's noise, ±30 %); counted 68.7 → 59.6 CPU s (541.7 → 292.9 s wall); pea
 bytes read 25.0 → 50.0 MB. The national pass adds the second read and one upward pass per
 state (≈ 3 CPU s here, ≈ 5 % of the counted CPU), and no memory: the root holds one message
 per state and block. ``--fraction 1/256`` was not run (≈ 35 min per run at that load).
+
+**Upward states kept between the halves** (2026-11-28, commit 9bc00e0 against 92fbebe, the
+same hour, one BLAS thread, load averages 4–21 so wall is 1.4–8 × CPU; read the CPU s): per
+stage, CPU s before → after. ``--fraction 1/1024`` (8,008 blocks; all 52 states kept, 470
+MB): read 3.12 → 2.29, up 6.98 → 7.65, top 0.47 → 0.50, GLS 8.89 → 6.83 (no second upward
+pass), districts 6.15 → 6.56, tables 22.3 → 23.2, integers 32.0 → 32.4; counted 80.4 → 79.9
+CPU s; bytes read 50.0 → 25.0 MB; peak 721 → 1,111 MB. ``--fraction 1/256`` (32,031 blocks;
+32 of 52 states kept, 1.07 GB): read 9.47 → 6.06, up 6.08 → 5.50, GLS 19.9 → 14.4,
+districts 35.1 → 29.1, tables 44.7 → 41.1, integers 36.7 → 33.8; counted 152.9 → 130.7 CPU
+s; bytes read 190.1 → 134.5 MB; peak 1,658 → 2,341 MB. ``--fraction 1/64`` after only
+(128,125 blocks, load 2–11; the same-hour baseline run was stopped for time): 11 of 52 states
+kept (1.07 GB); read 30.3, up 22.4, GLS 51.9, districts 132.6, tables 118.0, integers 254.0;
+counted 610.8 CPU s / 983.5 s wall; bytes read 723.2 MB of 389.2 MB written (2 × without
+keeping); peak 6.60 GB in the integers stage, 4.83 GB in the GLS. The kept states trade up
+to the budget (1 GiB) of memory for the second read and upward pass of each state kept.
 
 Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 1.8–5.7,
 wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
@@ -150,6 +169,7 @@ from censusdp.pipelines.io.nmf_writer import (
     write_nmf,
     write_state_totals,
 )
+from censusdp.pipelines.partition_driver import DEFAULT_CACHE_BYTES
 from censusdp.pipelines.products.nmf_integers import INTEGER_FOLDER, nmf_integers, write_integers
 from censusdp.pipelines.products.nmf_release import (
     FileNoise,
@@ -361,6 +381,8 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
     states = sorted(totals)
     national = len(states) > 1 and not args.per_state
     top = None
+    kept: dict = {}  # upward states kept between the halves (within --cache-mb)
+    kept_bytes = n_kept = 0
     if national:  # first half: each state's upward message, then the root with the US level
         items = []
         for state in states:
@@ -369,31 +391,49 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
             ids = nmf_subtree_ids(root)
             m = timed("read", lambda r=root, i=ids, s=state: collect_nmf(
                 read_nmf(r, subtrees=i), {s: totals[s]}))  # fmt: skip
-            items.append(timed("up", lambda m=m: state_upward(m).for_top()))
-            del m
+            up = timed("up", lambda m=m: state_upward(m))
+            items.append(up.for_top())
+            size = up.nbytes()
+            if kept_bytes + size <= args.cache_mb * 2**20:
+                kept[state], kept_bytes = up, kept_bytes + size
+                noise.add(m.levels.values())
+                if not args.keep:  # read once: its folder is no longer needed
+                    t = time.perf_counter()
+                    _remove_own(root)
+                    seconds_removing += time.perf_counter() - t
+            del m, up
         top = timed("top", lambda: national_top(us.levels[0], items))
         del items
-        _log(t_all, "national top: the US level combined with every state's message")
+        n_kept = len(kept)
+        _log(t_all, f"national top: the US level combined with every state's message; "
+                    f"{len(kept)} upward states kept ({kept_bytes / 1e6:.0f} MB)")  # fmt: skip
     int_rng = KeyedRNG.reproducible(args.seed, warn=False)  # benchmark: seeded rounding
     int_files: set[str] = set()
     with output_dir(out / "release", overwrite=True, command="nmf_national") as tmp:
         tables = StateTableWriter(tmp)
         for state in states:
-            root = nmf / f"state_{state}"
-            bytes_read += _bytes(root)
-            ids = nmf_subtree_ids(root)
-            m = timed("read", lambda r=root, i=ids, s=state: collect_nmf(
-                read_nmf(r, subtrees=i), {s: totals[s]}))  # fmt: skip
-            noise.add(m.levels.values())
+            up = kept.pop(state, None)
+            if up is None:
+                root = nmf / f"state_{state}"
+                bytes_read += _bytes(root)
+                ids = nmf_subtree_ids(root)
+                m = timed("read", lambda r=root, i=ids, s=state: collect_nmf(
+                    read_nmf(r, subtrees=i), {s: totals[s]}))  # fmt: skip
+                noise.add(m.levels.values())
+                if not args.keep:
+                    t = time.perf_counter()
+                    _remove_own(root)
+                    seconds_removing += time.perf_counter() - t
+            else:
+                m = up.measurements
             spine_nodes += int(sum(m.spine.hierarchy.sizes))
-            if not args.keep:
-                t = time.perf_counter()
-                _remove_own(root)
-                seconds_removing += time.perf_counter() - t
             if top is None:
                 r = timed("gls", lambda m=m: estimate_state(m))
-            else:  # second half: the state's upward pass again, smoothed from the root
+            elif up is not None:  # second half: the kept upward pass smoothed from the root
+                r = timed("gls", lambda u=up: top.estimate_state(u))
+            else:  # ... or the state's upward pass again
                 r = timed("gls", lambda m=m: top.estimate_state(state_upward(m)))
+            del up
             r = timed("districts", lambda r=r, s=state: add_areas(
                 r, inputs / f"baf_{s}.csv", area_name="district"))  # fmt: skip
             districts += int(r.areas.codes.size)
@@ -424,6 +464,8 @@ def estimate_stage(args: argparse.Namespace, out: Path) -> dict:
             rho, invariant_totals=True, levels=noise.levels(), us_used=national
         ),  # fmt: skip
         "national_pass": national,
+        "upward_states_kept": n_kept,
+        "upward_states_kept_bytes": kept_bytes,
         "seconds_removing_read_folders (not counted)": seconds_removing,
     }
 
@@ -480,6 +522,8 @@ def benchmark(args: argparse.Namespace) -> dict:
         "zeros held, state totals exact; biased) of every state, its tables written under "
         "release/nonnegative/ (counted in the tables' bytes)",
         "national_pass": e["national_pass"],
+        "upward_states_kept (read once; within --cache-mb)": e["upward_states_kept"],
+        "upward_states_kept_bytes": e["upward_states_kept_bytes"],
         "not_run": {}
         if e["national_pass"]
         else {
@@ -508,6 +552,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--keep", action="store_true", help="keep each state's NMF folder once read")
     ap.add_argument("--districts", type=int, default=435, help="districts over all states")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--cache-mb",
+        type=float,
+        default=DEFAULT_CACHE_BYTES / 2**20,
+        help="memory for the states' upward passes kept between the national "
+        "pass's halves (a kept state is read once; 0: every state read twice)",
+    )
     ap.add_argument("--states", type=int, default=52, help="fewer states: a smoke test")
     ap.add_argument("--per-state", action="store_true",
                     help="release the states one by one (no national pass; the US level "

@@ -20,6 +20,14 @@ The hierarchy is cut at a level (county for a state; the units of
    :class:`~censusdp.estimation.gls.structured.StructuredPiece` — go to the caller's
    ``on_partition`` (write, summarise, round) and are dropped.
 
+Structural zeros (``StreamOptions.zeros``, as ``structured_gls(..., zeros=)``: per-node
+masks, each a 0/1 diagonal inside the blocks of the split axes) and per-node variances
+(``node_variance``, +inf for an unmeasured node) may vary by node at every level: each
+partition's task is sent its own nodes' masks, weights and information blocks
+(:class:`_NodeInputs`), the context every task shares none of the levels below the cut.
+The per-node weights and information blocks themselves are set up once, in this process,
+for every node (:func:`~censusdp.estimation.gls.structured.structured_setup`).
+
 Memory does not grow with the number of partitions beyond the messages (one per cut-level
 node and block) and whatever the cache is allowed to hold. The result equals
 :func:`~censusdp.estimation.gls.structured.structured_gls` on the whole tree bit for bit
@@ -59,7 +67,7 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -210,6 +218,12 @@ class StreamOptions:
         bounds the data waiting on the scheduler and workers. Their results are taken as
         they complete (the pieces for ``on_partition`` in ``order``). Other executors than
         Dask and threads run one partition at a time.
+    zeros : mapping of level → numpy.ndarray, optional
+        Structural zeros, as for ``structured_gls`` (per level a bool ``(n_nodes, d_0, …)``
+        over the schema's first axes, given whole: one bool per node and value of the axes
+        the masks vary over). Each partition's task is sent its own nodes' masks (and its
+        nodes' weights, where ``node_variance`` varies by node), never a whole level below
+        the cut.
     """
 
     on_top: Callable[[StructuredPiece], None] | None = None
@@ -224,6 +238,7 @@ class StreamOptions:
     sink: PartitionSink | None = None
     sink_payload: Callable[[Partition], Any] | None = None
     ahead: int | None = None
+    zeros: Mapping[str | int, np.ndarray] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -289,11 +304,11 @@ def _task_measure(measure: MeasureFn, part: Partition) -> MeasureFn:
 class _Context:
     """What every partition's passes share; on Dask sent once to each worker (a handle).
 
-    ``setup`` holds the hierarchy reduced to its level names (:func:`_names_only`: the
-    per-partition passes read nothing else of it; each partition is sent its own
-    :class:`~censusdp.estimation.gls.tree.Forest`), so what a worker receives does not grow with
-    the number of blocks beyond the invariants below the cut. ``rows`` is the cache of
-    identified rows shared by the pieces made in one process.
+    ``setup`` holds the hierarchy reduced to its level names and no per-node array below
+    the cut (:func:`_shared_part`: each partition is sent its own
+    :class:`~censusdp.hierarchy.forest.Forest` and :class:`_NodeInputs`), so what a worker
+    receives does not grow with the number of blocks beyond the invariants below the cut.
+    ``rows`` is the cache of identified rows shared by the pieces made in one process.
     """
 
     setup: StructuredSetup
@@ -314,12 +329,74 @@ def _names_only(hierarchy: Hierarchy) -> Hierarchy:
     )
 
 
+def _per_node(a: np.ndarray | None) -> bool:
+    """Whether ``a`` holds one row per node (not None, not one shared row)."""
+    return a is not None and a.shape[0] != 1
+
+
+@dataclass(frozen=True, eq=False)
+class _NodeInputs:
+    """The per-node inputs of the setup at a partition's levels (cut … leaf), its own rows
+    only: per measurement its weights (None above the cut), per level the information
+    blocks and the structural zeros. A task's setup is the context's with these
+    (:meth:`apply`), and its node ranges start at 0."""
+
+    weights: tuple
+    J: tuple
+    zeros: tuple
+
+    @classmethod
+    def of(cls, setup: StructuredSetup, cut: int, ranges: Sequence[tuple[int, int]]) -> _NodeInputs:
+        """Rows ``ranges[k − cut]`` of every per-node array of ``setup`` at levels ≥ ``cut``
+        (views); shared arrays as they are."""
+
+        def rows(k: int, a: Any) -> Any:
+            if k < cut or not _per_node(a):
+                return a if k >= cut else None
+            lo, hi = ranges[k - cut]
+            return a[lo:hi]
+
+        J = tuple(
+            None if k < cut or Jk is None else {m: rows(k, b) for m, b in Jk.items()}
+            for k, Jk in enumerate(setup.J)
+        )
+        zeros = tuple(rows(k, z) for k, z in enumerate(setup.zeros)) if setup.zeros else ()
+        return cls(tuple(rows(k, w) for k, _, w in setup.heads), J, zeros)
+
+    def apply(self, setup: StructuredSetup, cut: int) -> StructuredSetup:
+        """``setup`` (the context's) with these inputs at levels ≥ ``cut``."""
+        heads = tuple(
+            (k, q, w if k < cut else self.weights[i]) for i, (k, q, w) in enumerate(setup.heads)
+        )
+        J = tuple(Jk if k < cut else self.J[k] for k, Jk in enumerate(setup.J))
+        zeros = tuple(z if k < cut else self.zeros[k] for k, z in enumerate(setup.zeros))
+        return dataclasses.replace(setup, heads=heads, J=J, zeros=zeros)
+
+
+def _shared_part(setup: StructuredSetup, cut: int) -> StructuredSetup:
+    """What every partition's tasks share of ``setup``: its hierarchy reduced to the level
+    names (:func:`_names_only`) and, at levels ≥ ``cut``, no per-node array (weights,
+    information blocks, structural zeros: each task gets its own rows, :class:`_NodeInputs`),
+    so what a worker receives does not grow with the nodes below the cut."""
+    names = _names_only(setup.hierarchy)
+    heads = tuple(
+        (k, q, None if k >= cut and _per_node(w) else w) for k, q, w in setup.heads
+    )  # fmt: skip
+    J = tuple(
+        Jk if k < cut or Jk is None else {m: None if _per_node(b) else b for m, b in Jk.items()}
+        for k, Jk in enumerate(setup.J)
+    )
+    zeros = tuple(None if k >= cut else z for k, z in enumerate(setup.zeros))
+    return dataclasses.replace(setup, hierarchy=names, heads=heads, J=J, zeros=zeros)
+
+
 def _upward(
-    ctx: _Context, p: Partition, measure: MeasureFn, forest: Forest
+    ctx: _Context, p: Partition, measure: MeasureFn, forest: Forest, nodes: _NodeInputs
 ) -> tuple[StructuredUpward, dict]:
-    """Partition ``p``'s upward pass over its ``forest`` from ``measure(p)``, and its
-    seconds."""
-    setup, cut, levels, low = ctx.setup, ctx.cut, ctx.levels, ctx.low
+    """Partition ``p``'s upward pass over its ``forest`` from ``measure(p)`` and its
+    per-node inputs ``nodes``, and its seconds."""
+    cut, levels, low = ctx.cut, ctx.levels, ctx.low
+    setup = nodes.apply(ctx.setup, cut)
     names, depth = setup.hierarchy.names, setup.hierarchy.depth
     seconds: dict[str, float] = {}
     with stage(seconds, "measure"):
@@ -344,12 +421,13 @@ def _upward(
              for inv in ctx.invariants]
             for j in range(depth - cut)
         ]  # fmt: skip
-        up = structured_upward(setup, forest, p.ranges, meas_values, inv_values)
+        rows = [(0, hi - lo) for lo, hi in p.ranges]  # the per-node inputs are the rows
+        up = structured_upward(setup, forest, rows, meas_values, inv_values)
     return up, seconds
 
 
 def _up_task(
-    item: tuple[_Context, Partition, MeasureFn, Forest],
+    item: tuple[_Context, Partition, MeasureFn, Forest, _NodeInputs],
 ) -> tuple[StructuredUpward, dict]:
     return _upward(*item)
 
@@ -362,9 +440,9 @@ def _message_task(state: tuple[StructuredUpward, dict]) -> tuple[tuple[dict, dic
 
 
 #: Partition ``partition``'s downward pass: ``[context, partition, state, measure, forest,
-#: cut_blocks, cut_estimates, payload]`` — its cut nodes' smoothed blocks and estimates, its
-#: cached upward state (None: recompute it from ``measure`` over ``forest``) and its sink's
-#: payload. A plain
+#: nodes, cut_blocks, cut_estimates, payload]`` — its cut nodes' smoothed blocks and
+#: estimates, its cached upward state (None: recompute it from ``measure`` and its per-node
+#: inputs ``nodes`` over ``forest``) and its sink's payload. A plain
 #: list: the executor replaces the handles inside lists (context, state) by their values, and
 #: the pass drops its reference to the upward state as soon as it is smoothed.
 _DownItem = list[Any]
@@ -375,12 +453,12 @@ def _downward(
 ) -> tuple[StructuredPiece | None, tuple, bool, Any, dict]:
     """Smoothing of one partition: its piece (if ``keep_piece``), residuals, whether its
     upward pass was recomputed, the sink's return value and the seconds per stage."""
-    ctx, p, state, measure, forest, cut_blocks, cut_estimates, payload = item
+    ctx, p, state, measure, forest, nodes, cut_blocks, cut_estimates, payload = item
     item[2] = None
     setup, cut = ctx.setup, ctx.cut
     names = setup.hierarchy.names
     fresh = state is None
-    up, seconds = _upward(ctx, p, measure, forest) if fresh else state
+    up, seconds = _upward(ctx, p, measure, forest, nodes) if fresh else state
     del state
     seconds = dict.fromkeys(("measure", "up", "cpu_measure", "cpu_up"), 0.0) | (
         seconds if fresh else {}
@@ -542,15 +620,11 @@ def _start(
         for m, k in zip(measurements, levels, strict=True):
             if k < cut:
                 checked_values(m.values, hierarchy.sizes[k], m.query, "measurement", names[k])
-            elif m.node_variance is not None:
-                raise SpecError(
-                    f"measurement {m.query.name!r} at level {names[k]!r}: per-node variances "
-                    "below the cut are not streamed; use structured_gls"
-                )
         setup = structured_setup(
             hierarchy, schema, measurements, invariants, geometry=opts.geometry,
             privacy=opts.privacy, delta=opts.delta,
             acknowledge_exact_release=opts.acknowledge_exact_release, check_values=False,
+            zeros=opts.zeros,
         )  # fmt: skip
         invs = check_structured_invariants(hierarchy, schema, invariants)
         if opts.sink_payload is not None and opts.sink is None:
@@ -564,7 +638,7 @@ def _start(
         except SpecError as e:
             raise SpecError(f"structured_stream: {e}") from None
     ctx = _Context(
-        dataclasses.replace(setup, hierarchy=_names_only(hierarchy)), tuple(invs),
+        _shared_part(setup, cut), tuple(invs),
         tuple(levels), tuple(m.query for m in measurements),
         tuple(i for i, k in enumerate(levels) if k >= cut), cut,
         BlockDiagonal(setup.basis, setup.ident), {},
@@ -624,13 +698,18 @@ class _StreamStep:
     def forest_of(self, p: Partition) -> Forest:
         return Forest.of(self.hierarchy, self.ctx.cut, p.ranges)
 
+    def nodes_of(self, p: Partition) -> _NodeInputs:
+        return _NodeInputs.of(self.setup, self.ctx.cut, p.ranges)
+
     def _measure_of(self, p: Partition) -> MeasureFn:
         return _task_measure(self.measure, p) if self.remote else self.measure
 
     def up(self, pos: int) -> Task:
         p = self.partitions[pos]
         context = self.ctx_h if self.remote else self.ctx
-        return Task(_up_task, (context, p, self._measure_of(p), self.forest_of(p)))
+        return Task(
+            _up_task, (context, p, self._measure_of(p), self.forest_of(p), self.nodes_of(p))
+        )
 
     def top(self, messages: list[tuple[dict, dict]]) -> None:
         """The levels down to the cut from their measurements, invariants and the
@@ -696,12 +775,13 @@ class _StreamStep:
             for mask, sm in smoothed_top.items()
         }
         if state is not None:  # a cached state needs no measurements: nothing to send
-            task_measure = forest = None
+            task_measure = forest = nodes = None
         else:
-            task_measure, forest = self._measure_of(p), self.forest_of(p)
+            task_measure, forest, nodes = self._measure_of(p), self.forest_of(p), self.nodes_of(p)
         payload = None if self.opts.sink_payload is None else self.opts.sink_payload(p)
         context = self.ctx_h if self.remote else self.ctx
-        item = [context, p, state, task_measure, forest, cut_blocks, top_est[cut][lo:hi], payload]
+        item = [context, p, state, task_measure, forest, nodes, cut_blocks, top_est[cut][lo:hi],
+                payload]  # fmt: skip
         return Task(_downward, item, (self.opts.sink, self.on_partition is not None))
 
     def take(self, pos: int, out: tuple) -> None:

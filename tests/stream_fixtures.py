@@ -47,6 +47,33 @@ def problem_with_counts(schema_name="sex_age5", fan=((2, 3), (2, 4), (1, 3)), se
     return s, h, meas, invs, counts
 
 
+def zeros_problem(seed=0, fan=((2, 3), (2, 4), (1, 3)), p_zero=0.3):
+    """:func:`problem` with structural zeros over the first axis (sex) at every level — a
+    leaf's at random, a parent's the AND of its children's plus a few of its own (as the
+    NMF's hhgq bounds nest) — and per-node variances (factors 1–3, one node unmeasured,
+    +inf) for one query at every level but the root: ``(schema, hierarchy, measurements,
+    invariants, zeros)``."""
+    s, h, meas, invs = problem(fan=fan, seed=seed)
+    gen = np.random.default_rng(seed + 1)
+    d0 = s.shape[0]
+    zs = [None] * h.depth
+    zs[-1] = gen.random((h.leaves.size, d0)) < p_zero
+    for j in range(h.depth - 2, -1, -1):
+        both = np.ones((h.sizes[j], d0), bool)
+        np.logical_and.at(both, h.levels[j + 1].parent, zs[j + 1])
+        zs[j] = both | (gen.random(both.shape) < 0.1)
+    zs[0][:] = False  # the root total is invariant: keep it free
+    out = []
+    for m in meas:
+        k = h.level_index(m.level)
+        if k and m.query.name == "sex * ageband":
+            v = m.law.variance * gen.uniform(1.0, 3.0, size=h.sizes[k])
+            v[gen.integers(h.sizes[k])] = np.inf
+            m = ProductMeasurement(m.level, m.query, m.values, m.law, v)
+        out.append(m)
+    return s, h, out, invs, dict(zip(h.names, zs, strict=True))
+
+
 def stream(h: Hierarchy, s, meas, invs, cut: int, n_parts: int, measure=None, **kw):
     """The streamed run with placeholders below the cut (their values from ``measure``,
     default :func:`given_values`) and ``kw`` its :class:`StreamOptions`; pieces collected per
@@ -55,7 +82,9 @@ def stream(h: Hierarchy, s, meas, invs, cut: int, n_parts: int, measure=None, **
     heads = [
         m
         if h.level_index(m.level) < cut
-        else ProductMeasurement(m.level, m.query, np.empty((0, m.query.n_rows)), m.law)
+        else ProductMeasurement(
+            m.level, m.query, np.empty((0, m.query.n_rows)), m.law, m.node_variance
+        )
         for m in meas
     ]
     pieces = {}

@@ -19,8 +19,10 @@ its subtrees, its structural zeros and its held total), keeping only the state n
 message per block (a mean and covariance, moved from the state's noise scale τ to the
 nation's); (2) the root combines the US level with the states' messages
 (:func:`national_top`: :func:`~censusdp.estimation.gls.structured.structured_upward` with
-``bottom`` and :func:`~censusdp.estimation.gls.structured.structured_top`); (3) each state
-is read again, its upward pass rerun and smoothed from its node's result
+``bottom`` and :func:`~censusdp.estimation.gls.structured.structured_top`); (3) each state's
+upward state — kept from (1) while the kept ones fit in ``cache_bytes``
+(:meth:`StateUpward.nbytes`, the partition driver's 1 GiB by default), else the state read
+and its upward pass rerun — is smoothed from its node's result
 (:func:`national_state`: :func:`~censusdp.estimation.gls.structured.structured_downward`),
 its areas from the same root (:func:`national_areas`). This is the Rauch–Tung–Striebel
 smoother of the whole tree cut at the state level, so the estimates and every covariance
@@ -77,9 +79,14 @@ and non-negativity are inequalities: the linear estimate does not impose them (t
 bias it).
 
 **What is not yet done.** A state's whole spine is held in memory (its estimates are
-``2,016`` floats per node), and the national pass reads every state twice (its upward
-states are not cached between the passes); ``--areas`` needs a run of one state (a BAF is
-per state), which is then estimated without the US level (:func:`add_areas` gives a state's
+``2,016`` floats per node): :func:`stream_state` runs a state's GLS on the streamed
+structured GLS (:mod:`censusdp.pipelines.structured_stream`, which holds the file's
+structural zeros and per-node variances, each partition's task its own nodes' masks and
+weights) spine county by spine county, bit for bit the same estimate (a 6,000-block, 40-county
+synthetic state: GLS peak 1,327 → 952 MB, 4.0 → 3.7 CPU s), but this release does not yet
+use it — its tables, tabulation sweeps and integer product take the state whole; states
+beyond ``cache_bytes`` are read twice by the national pass; ``--areas`` needs a run of one
+state (a BAF is per state), which is then estimated without the US level (:func:`add_areas` gives a state's
 areas under the national pass in Python); areas that cross state lines (a national BAF)
 would need the area sweep's top (:func:`~censusdp.estimation.gls.areas.area_top`) over the
 states' partial sweeps, not wired here.
@@ -104,6 +111,7 @@ Gao, Gong & Yu (2022). Subspace Differential Privacy — induced subspace DP.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -120,6 +128,7 @@ from censusdp.estimation.gls.areas import AreaEstimates, area_partition, area_re
 from censusdp.estimation.gls.kernel import UpwardBelief
 from censusdp.estimation.gls.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.gls.structured import (
+    StructuredPiece,
     StructuredRelease,
     StructuredSetup,
     StructuredUpward,
@@ -160,11 +169,19 @@ from censusdp.pipelines.io.outputs import (
     significant,
     write_data_dictionary,
 )
+from censusdp.pipelines.partition import partition_units
+from censusdp.pipelines.partition_driver import DEFAULT_CACHE_BYTES
 from censusdp.pipelines.products.nmf_integers import INTEGER_FOLDER, nmf_integers, write_integers
 from censusdp.pipelines.products.pl94_tables import (
     pl94_codebook,
     pl94_column_values,
     pl94_dictionary,
+)
+from censusdp.pipelines.structured_stream import (
+    StreamOptions,
+    StreamResult,
+    given_values,
+    structured_stream,
 )
 from censusdp.rng import KeyedRNG
 from censusdp.spreadsheet import write_csv
@@ -189,6 +206,7 @@ __all__ = [
     "national_state",
     "national_top",
     "state_upward",
+    "stream_state",
     "held_values",
     "pl94_columns",
     "release_nmf",
@@ -498,6 +516,20 @@ def _check_one_state(measurements: NMFMeasurements) -> None:
         )
 
 
+def _tabulation(
+    m: NMFMeasurements, areas_of: AreaFn
+) -> tuple[dict[str, AreaEstimates], dict[str, Equivalency]]:
+    """The tabulation county, tract and block group of a state's blocks (GEOID prefixes)
+    released by ``areas_of``, with their equivalencies."""
+    h, geo = m.spine.hierarchy, m.spine.tabulation_geoids
+    eqs = {
+        level: equivalency_from_arrays(h, h["block"].codes, np.strings.slice(geo, 0, width),
+                                       name=level, source="the NMF's block GEOIDs")
+        for level, width in TABULATION_PREFIX.items()
+    }  # fmt: skip
+    return {level: areas_of(eq) for level, eq in eqs.items()}, eqs
+
+
 def estimate_state(
     measurements: NMFMeasurements,
     *,
@@ -532,14 +564,7 @@ def estimate_state(
         rel = structured_gls(h, meas[0].query.schema, meas, measurements.invariants(),
                              zeros=measurements.zeros())  # fmt: skip
     with stage(clock, "tabulation"):
-        geo = measurements.spine.tabulation_geoids
-        tab, eqs = {}, {}
-        for level, width in TABULATION_PREFIX.items():
-            eqs[level] = equivalency_from_arrays(
-                h, h["block"].codes, np.strings.slice(geo, 0, width), name=level,
-                source="the NMF's block GEOIDs",
-            )  # fmt: skip
-            tab[level] = area_release(rel, eqs[level])
+        tab, eqs = _tabulation(measurements, lambda eq: area_release(rel, eq))
     secs = {"gls": clock["gls"], "tabulation": clock["tabulation"], "areas": 0.0}
     state = NMFStateRelease(str(h["state"].codes[0]), measurements, rel, tab, None, None, eqs,
                             secs)  # fmt: skip
@@ -547,6 +572,50 @@ def estimate_state(
         return state
     return add_areas(state, areas, block_column=block_column, area_column=area_column,
                      area_name=area_name, skip_blank_areas=skip_blank_areas)  # fmt: skip
+
+
+def stream_state(
+    measurements: NMFMeasurements,
+    on_partition: Callable[[StructuredPiece], None] | None = None,
+    *,
+    partitions: int | None = None,
+    options: StreamOptions | None = None,
+) -> StreamResult:
+    """One state's structured GLS streamed spine county by spine county.
+
+    The same estimate as :func:`estimate_state`'s ``structured_gls`` bit for bit (tested),
+    on :func:`~censusdp.pipelines.structured_stream.structured_stream` cut at the spine
+    county: the levels nation … county solved once (``StreamResult.top``), each run of
+    counties' tracts, block groups and blocks handed to ``on_partition`` as a
+    :class:`~censusdp.estimation.gls.structured.StructuredPiece` and dropped. The file's
+    structural zeros and per-node variances (+inf at only children) go with each
+    partition's own nodes.
+
+    Parameters
+    ----------
+    measurements : NMFMeasurements
+        One state's subtrees with its published total (as :func:`estimate_state`).
+    on_partition : callable, optional
+        Receives each partition's levels below the county, in county order.
+    partitions : int, optional
+        Leaf-balanced runs of counties (:func:`~censusdp.pipelines.partition.partition_units`;
+        default one per spine county).
+    options : StreamOptions, optional
+        Cache, workers or executor, sink (its ``zeros`` are the file's).
+
+    Raises
+    ------
+    SpecError, DataError
+        As :func:`estimate_state`.
+    """
+    _check_one_state(measurements)
+    h = measurements.spine.hierarchy
+    meas = measurements.measurements()
+    cut = h.level_index("county")
+    parts = partition_units(h, cut, partitions or h.sizes[cut])
+    opts = dataclasses.replace(options or StreamOptions(), zeros=measurements.zeros())
+    return structured_stream(h, meas[0].query.schema, meas, given_values(meas, h, cut), parts,
+                             measurements.invariants(), on_partition, opts)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- national pass
@@ -621,11 +690,46 @@ class StateUpward:
         return (code, m.state_totals[code], self.message, self.setup.tau, self.zeros,
                 self.setup.basis)  # fmt: skip
 
+    def nbytes(self) -> int:
+        """Bytes of the arrays this state holds (its measurements and spine, its setup's
+        per-node weights and masks, its upward pass): what keeping it for the national
+        pass's second half costs (:func:`held_bytes`)."""
+        return held_bytes(self)
+
     @property
     def zeros(self) -> np.ndarray:
         """``(8, 2, 2)`` cells zero in every part of the state: zero in the state (implied by
         consistency; they only fix the basis's split axes at the national top)."""
         return self.measurements.levels["State"].structural_zeros.all(axis=0)
+
+
+def held_bytes(obj: object) -> int:
+    """Bytes of every numpy array reachable from ``obj`` through dataclass fields, slots,
+    dicts, lists and tuples, each buffer counted once (a view counts its base)."""
+    seen: set[int] = set()
+    total, stack = 0, [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, np.ndarray):
+            base = x
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if id(base) not in seen:
+                seen.add(id(base))
+                total += base.nbytes
+            continue
+        if id(x) in seen or x is None or isinstance(x, (str, bytes, int, float)):
+            continue
+        seen.add(id(x))
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif dataclasses.is_dataclass(x):
+            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+        elif hasattr(type(x), "__slots__"):
+            stack.extend(getattr(x, a, None) for a in type(x).__slots__)
+    return total
 
 
 def state_upward(measurements: NMFMeasurements) -> StateUpward:
@@ -816,14 +920,7 @@ def national_state(top: NationalTop, state: StateUpward) -> NMFStateRelease:
         return national_areas(setup, P_state, rel, eq)
 
     with stage(clock, "tabulation"):
-        tab, eqs = {}, {}
-        geo = m.spine.tabulation_geoids
-        for level, width in TABULATION_PREFIX.items():
-            eqs[level] = equivalency_from_arrays(
-                h, h["block"].codes, np.strings.slice(geo, 0, width), name=level,
-                source="the NMF's block GEOIDs",
-            )  # fmt: skip
-            tab[level] = areas_of(eqs[level])
+        tab, eqs = _tabulation(m, areas_of)
     secs = {"gls": clock["gls"], "tabulation": clock["tabulation"], "areas": 0.0}
     return NMFStateRelease(str(h["state"].codes[0]), m, rel, tab, None, None, eqs, secs,
                            areas_of)  # fmt: skip
@@ -1157,6 +1254,12 @@ class NMFReleaseOptions:
         ``published_comparison.csv``, the metric set by size class of every product against
         it (:func:`~censusdp.pipelines.products.nmf_evaluate.compare_published`; public on both
         sides).
+    cache_bytes : int
+        Under the national pass, memory the states' upward passes may take between its two
+        halves (default :data:`~censusdp.pipelines.partition_driver.DEFAULT_CACHE_BYTES`,
+        the partition driver's budget, 1 GiB; :meth:`StateUpward.nbytes`): a state kept is
+        not read nor passed upward again; the others are (0: every state read twice). The
+        output does not depend on it.
     """
 
     states: Sequence[str] | None = None
@@ -1169,6 +1272,7 @@ class NMFReleaseOptions:
     integers: bool = False
     seed: int | None = None
     published: str | Path | None = None
+    cache_bytes: int = DEFAULT_CACHE_BYTES
 
 
 def release_nmf(
@@ -1242,7 +1346,7 @@ def release_nmf(
             (us,) = read_nmf(root, subtrees=["US"])
             noise.add(us.levels)
             if national:
-                top = _national_top(root, groups, totals, us.levels[0], noise)
+                top = _national_top(root, groups, totals, us.levels[0], noise, opts.cache_bytes)
         done = _release_states(tmp, root, groups, totals, noise, opts, rng, on_state, top)
         if opts.published is not None:  # public against public: written in the release
             from censusdp.pipelines.products.nmf_evaluate import compare_published
@@ -1284,11 +1388,12 @@ def _release_states(
     opts: NMFReleaseOptions,
     rng: KeyedRNG | None,
     on_state: Callable[[NMFStateRelease], object] | None,
-    top: tuple[NationalTop, dict] | None = None,
+    top: tuple[NationalTop, dict, dict] | None = None,
 ) -> _StatesWritten:
     """One state at a time: read its subtrees (their noise added to ``noise``), estimate
-    it (:func:`estimate_state`; with ``top``, the national pass's top and the first pass's
-    timings, its downward pass from the root: :func:`state_upward` again, then
+    it (:func:`estimate_state`; with ``top``, the national pass's top, the first pass's
+    timings and the upward states it kept, its downward pass from the root: the kept
+    :class:`StateUpward`, or the state read and :func:`state_upward` again, then
     :meth:`NationalTop.estimate_state`), append its tables, with ``rng`` its integer
     product (:func:`~censusdp.pipelines.products.nmf_integers.nmf_integers`), hand it to
     ``on_state`` and drop it; then the nation's tables (with ``top``) and the data
@@ -1297,18 +1402,24 @@ def _release_states(
     seconds: dict = {}
     int_files: set[str] = set()
     violations: dict = {}
+    kept = {} if top is None else top[2]
     for state, subtrees in groups.items():
-        clock: dict[str, float] = {}
-        with stage(clock, "read"):
-            m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
-            noise.add(m.levels.values())
+        clock: dict[str, float] = {"read": 0.0, "up": 0.0}
+        up = kept.pop(state, None)  # kept from the first half: neither read nor passed again
+        if up is None:
+            with stage(clock, "read"):
+                m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
+                noise.add(m.levels.values())
+        else:
+            m = up.measurements
         if top is None:
             r = estimate_state(m, areas=opts.areas, block_column=opts.block_column,
                                area_column=opts.area_column, area_name=opts.area_name,
                                skip_blank_areas=opts.skip_blank_areas)  # fmt: skip
         else:
-            with stage(clock, "up"):
-                up = state_upward(m)
+            if up is None:
+                with stage(clock, "up"):
+                    up = state_upward(m)
             r = top[0].estimate_state(up)
             del up
         with stage(clock, "write"):
@@ -1336,25 +1447,33 @@ def _national_top(
     totals: Mapping[str, int],
     us: NMFLevel,
     noise: _LeastNoise,
-) -> tuple[NationalTop, dict]:
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+) -> tuple[NationalTop, dict, dict]:
     """The national pass's first half: each state read and its upward pass run in turn
-    (:func:`state_upward`), only its small root-level message kept, then the root
-    (:func:`national_top`); with the timings of each state's first pass."""
-    items, seconds = [], {}
+    (:func:`state_upward`), its small root-level message kept and, while they fit in
+    ``cache_bytes`` (:meth:`StateUpward.nbytes`, in state order), the whole upward state;
+    then the root (:func:`national_top`). Returns the top, the timings of each state's
+    first pass (``kept``: whether its state was kept) and the kept states."""
+    items, seconds, kept, used = [], {}, {}, 0
     for state, subtrees in groups.items():
         clock: dict[str, float] = {}
         with stage(clock, "read"):
             m = collect_nmf(read_nmf(root, subtrees=subtrees), {state: _total(totals, state)})
             noise.add(m.levels.values())
         with stage(clock, "up"):
-            items.append(state_upward(m).for_top())
-        del m
-        seconds[state] = {"first_read": clock["read"], "first_up": clock["up"]}
+            up = state_upward(m)
+            items.append(up.for_top())
+        size = up.nbytes()
+        if used + size <= cache_bytes:
+            kept[state], used = up, used + size
+        del m, up
+        seconds[state] = {"first_read": clock["read"], "first_up": clock["up"],
+                          "kept": state in kept}  # fmt: skip
     t: dict[str, float] = {}
     with stage(t, "top"):
         top = national_top(us, items)
     seconds[next(iter(groups))]["top"] = t["top"]
-    return top, seconds
+    return top, seconds, kept
 
 
 def nation_tables(top: NationalTop) -> pd.DataFrame:

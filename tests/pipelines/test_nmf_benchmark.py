@@ -78,9 +78,20 @@ def test_two_states_run_the_national_pass(tmp_path):
     assert r["national_pass"] and r["not_run"] == {}
     assert r["cpu_seconds_per_stage"]["up"] > 0 and r["seconds_per_stage"]["top"] > 0
     assert "US level estimated on" in r["privacy"]["statement"]
-    assert r["bytes_read"] > r["bytes_written"]["nmf"]  # the states are read twice
+    # both upward passes kept between the halves: each state read once
+    assert r["upward_states_kept (read once; within --cache-mb)"] == 2
+    assert r["bytes_read"] == r["bytes_written"]["nmf"] and r["seconds_per_stage"]["read"] > 0
     nation = pd.read_csv(out / "release" / "pl94_nation.csv", dtype={"GEOID": str})
     assert nation["GEOID"].tolist() == ["US"] and nation["P1_001N"][0] == r["persons"]
+    assert sorted(p.name for p in (out / "nmf").iterdir()) == ["US"]
+    # no memory for them: each state read twice, the same tables
+    again = tmp_path / "again"
+    r0 = bench.main(["--fraction", "1/16384", "--states", "2", "--districts", "3",
+                     "--cache-mb", "0", "--out", str(again)])  # fmt: skip
+    assert r0["upward_states_kept (read once; within --cache-mb)"] == 0
+    assert r0["bytes_read"] > r0["bytes_written"]["nmf"] == r["bytes_written"]["nmf"]
+    for f in ("pl94_block.csv", "pl94_nation.csv", "area_district_P1_001N_covariance.csv"):
+        assert (again / "release" / f).read_bytes() == (out / "release" / f).read_bytes()
 
 
 def test_keep_leaves_the_nmf(tmp_path):

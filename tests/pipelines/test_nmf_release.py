@@ -4,6 +4,7 @@ across the two parts; area SEs and the districts' covariance equal a dense covar
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -12,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.linalg
+from stream_fixtures import assert_same
 
 from censusdp.app.cli import main
 from censusdp.errors import DataError, SpecError
@@ -22,6 +24,7 @@ from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.io.nmf import collect_nmf, read_nmf
 from censusdp.pipelines.io.nmf_writer import simulate_nmf, write_nmf, write_state_totals
 from censusdp.pipelines.io.outputs import real_moe, significant
+from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.products.nmf_release import (
     TABULATION_PREFIX,
     NMFReleaseOptions,
@@ -34,8 +37,10 @@ from censusdp.pipelines.products.nmf_release import (
     release_nmf,
     release_statement,
     state_upward,
+    stream_state,
 )
 from censusdp.pipelines.products.pl94_tables import pl94_codebook, pl94_column_values
+from censusdp.pipelines.structured_stream import StreamOptions
 from censusdp.rng import KeyedRNG
 
 COLUMNS = list(pl94_codebook().columns)
@@ -140,6 +145,33 @@ def test_spine_levels_equal_the_structured_gls_bit_for_bit(one_state):
     assert np.array_equal(f["P1_001N"], f["P2_001N"])
     close = np.abs(f["P2_001N"] - f["P2_002N"] - f["P2_003N"]) <= 1e-9 * (1 + np.abs(f["P2_001N"]))
     assert close.all()
+
+
+def _keep_piece(pieces: dict, piece) -> None:
+    pieces[piece.partition] = piece
+
+
+def test_a_state_streamed_county_by_county_is_its_release_bit_for_bit(one_state):
+    """The streamed structured GLS on a state's NMF (zeros and only children's +inf
+    variances at every level), one partition per spine county or two runs of counties, on
+    two threads, cached or recomputed: estimates and covariance blocks of every level equal
+    the state's release bit for bit, and the masked cells are == 0."""
+    d, h, _, totals, res, r = one_state
+    m = collect_nmf(read_nmf(d / "nmf", subtrees=["001", "101"]), totals)
+    sh = m.spine.hierarchy
+    cut = sh.level_index("county")
+    assert sh.sizes[cut] >= 3
+    for n, opts in ((None, StreamOptions(cache_bytes=0)),
+                    (2, StreamOptions(workers=2, cache_bytes=1 << 30))):  # fmt: skip
+        pieces: dict = {}
+        got = stream_state(m, functools.partial(_keep_piece, pieces), partitions=n,
+                           options=opts)  # fmt: skip
+        parts = partition_units(sh, cut, n or sh.sizes[cut])
+        assert len(parts) == (n or sh.sizes[cut])
+        assert_same(sh, r.release, got, pieces, parts, cut)
+    blocks = np.concatenate([pieces[p.index].estimates[-1] for p in parts])
+    z = m.zeros()["block"]
+    assert z.any() and np.all(blocks[z] == 0)
 
 
 def test_state_total_is_held_across_the_two_parts(one_state):
@@ -715,6 +747,28 @@ def test_release_nmf_runs_the_national_pass_and_writes_the_nation(nation):
     assert "US level estimated on together with the states" in res.statement
     assert man["privacy"]["rho_derived"] == m.derived_rho()
     assert "pl94_nation.csv" in res.files
+
+
+def test_kept_upward_states_write_the_release_of_states_read_twice(two_states, tmp_path):
+    """The national pass keeps the states' upward passes between its halves while they fit
+    in ``cache_bytes``: every state kept (default budget), only the first (a budget of its
+    size) or none (0, each state read twice) write the same bytes; a kept state is read
+    and passed upward once (its second ``read`` and ``up`` are 0 s)."""
+    d, root, totals, subs = two_states
+    first = state_upward(collect_nmf(read_nmf(root, subtrees=["001", "101"]),
+                                     {"01": totals["01"]})).nbytes()  # fmt: skip
+    assert first > 1 << 20  # measurements, weights and upward pass: more than a MB
+    outs = {}
+    for name, budget, kept in (("all", 1 << 30, [True, True]), ("one", first, [True, False]),
+                               ("none", 0, [False, False])):  # fmt: skip
+        res = release_nmf(root, totals, tmp_path / name,
+                          options=NMFReleaseOptions(cache_bytes=budget))  # fmt: skip
+        assert [res.seconds[s]["kept"] for s in ("01", "02")] == kept
+        for s, k in zip(("01", "02"), kept, strict=True):
+            assert (res.seconds[s]["read"] == 0.0) == k and (res.seconds[s]["up"] == 0.0) == k
+        outs[name] = _without_timings(tmp_path / name)
+    assert "pl94_nation.csv" in outs["all"]
+    assert outs["all"] == outs["one"] == outs["none"]
 
 
 def test_one_state_or_no_us_level_is_the_per_state_release_bit_for_bit(two_states, tmp_path):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from stream_fixtures import assert_same, problem, problem_with_counts, stream
+from stream_fixtures import assert_same, problem, problem_with_counts, stream, zeros_problem
 
 from censusdp.errors import SpecError
 from censusdp.estimation.gls.structured import StructuredPiece, structured_gls
@@ -163,6 +163,21 @@ def test_every_executor_order_and_window_gives_the_in_memory_release(cluster):
             ])  # fmt: skip
     finally:
         threads.close()
+
+
+def test_zeros_and_node_variances_on_dask_give_the_in_memory_release(cluster):
+    """Structural zeros at every level and per-node variances below the cut (the NMF's
+    case): each Dask task is sent its own partition's masks and weights, and the release,
+    recomputed or cached on the workers, is the in-memory ``structured_gls(zeros=)`` bit
+    for bit."""
+    ex, _ = cluster
+    s, h, meas, invs, zeros = zeros_problem(seed=2)
+    rel = structured_gls(h, s, meas, invs, zeros=zeros)
+    for cache in (0, 1 << 30):
+        res, pieces, parts = stream(h, s, meas, invs, CUT, N_PARTS, zeros=zeros, executor=ex,
+                                    cache_bytes=cache)  # fmt: skip
+        assert_same(h, rel, res, pieces, parts, CUT)
+        assert res.diagnostics["executor"] == ex.name
 
 
 def test_noise_drawn_in_the_tasks_from_sub_keys(cluster):
