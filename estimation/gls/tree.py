@@ -609,7 +609,13 @@ def gls_finish(
     vscale = plan.vscale
     if vscale is None:
         return estimates, None, None
-    variances = [np.maximum(np.diagonal(p, axis1=1, axis2=2), 0.0) * vscale for p in Phat]
+    # a held cell's variance is 0 in exact arithmetic; the smoother leaves an ε-residue of
+    # either sign: at or below 1e-12 of the level's largest it is reported as 0 (the rule of
+    # BlockCovariance and Prediction)
+    variances = []
+    for p in Phat:
+        v = np.diagonal(p, axis1=1, axis2=2) * vscale
+        variances.append(np.where(v > 1e-12 * v.max(initial=0.0), v, 0.0))
     return estimates, variances, [p * vscale for p in Phat] if covariance else None
 
 
