@@ -196,7 +196,7 @@ def topdown(
         they spend (BudgetError when it claims less); the release notes that it is
         post-processing and names the invariants (induced subspace DP).
     options : TopDownOptions, optional
-        Passes, structural zeros, band slack, mapper or executor
+        Passes, structural zeros, band slack, executor
         (:class:`~censusdp.estimation.topdown.schema.TopDownOptions`).
     **legacy
         Fields of :class:`TopDownOptions` as keyword arguments (applied over ``options``).

@@ -255,7 +255,7 @@ def _solve_parent(task: tuple, opts: dict) -> tuple[np.ndarray, dict]:
 
 
 def _solve_run(run: list[tuple], opts: dict) -> list[tuple[np.ndarray, dict]]:
-    """A run of parents: one unit of work for a mapper."""
+    """A run of parents: one task of an executor."""
     return [_solve_parent(t, opts) for t in run]
 
 
@@ -290,9 +290,6 @@ class TopDownOptions:
     privacy : PrivacyStatement, optional
         Checked against the statement derived from the measurements (BudgetError when it
         claims less).
-    mapper : callable, optional
-        ``mapper(fn, items, *shared)`` → ``[fn(item, *shared) for item in items]``; each
-        level's non-trivial parents are cut into ``chunks`` runs.
     chunks : int, optional
         Runs of parents per level, contiguous and of about equal size in children (default
         1, or 4 per worker of an ``executor``).
@@ -300,7 +297,7 @@ class TopDownOptions:
         Called with one line per level solved.
     executor : Executor, optional
         Runs each level's runs of parents as tasks (:mod:`censusdp.pipelines.execute`: sync,
-        threads, a Dask cluster), the largest first; instead of ``mapper``. Every parent's
+        threads, a Dask cluster), the largest first; None: here, in turn. Every parent's
         problem is a pure function of its inputs, so the release is the same for any
         executor, number of workers and ``chunks``.
     """
@@ -309,7 +306,6 @@ class TopDownOptions:
     structural_zeros: np.ndarray | None = None
     slack: float = DEFAULT_SLACK
     privacy: PrivacyStatement | None = None
-    mapper: Callable[..., list[Any]] | None = None
     chunks: int | None = None
     progress: Callable[[str], None] | None = None
     executor: Executor | None = None
@@ -336,7 +332,7 @@ def topdown_schema(
     invariants : sequence of ProductInvariant
         Exact integer answers, met with ``==``; propagated to the levels above.
     options : TopDownOptions, optional
-        The ordering, structural zeros, slack, claimed statement and the mapper or executor
+        The ordering, structural zeros, slack, claimed statement and the executor
         (:class:`TopDownOptions`; defaults when omitted).
     **legacy
         The fields of :class:`TopDownOptions` as keyword arguments, as before it existed
@@ -397,7 +393,7 @@ def topdown_schema(
 class _Plan:
     """A checked TopDown-style problem: measurements and invariants per level (invariants
     with the sums of those below), the structural zeros, the passes per level, the derived
-    statement and how the parents are mapped."""
+    statement and how many runs of parents a level's problems make."""
 
     hierarchy: Hierarchy
     n_cells: int
@@ -437,8 +433,6 @@ def _plan(
     opts: TopDownOptions,
 ) -> _Plan:
     """Check the inputs and the options and set the problem up (:class:`_Plan`)."""
-    if opts.executor is not None and opts.mapper is not None:
-        raise SpecError("topdown_schema: give a mapper or an executor, not both")
     chunks = opts.chunks
     if chunks is None:
         chunks = 1 if opts.executor is None else 4 * max(1, int(opts.executor.workers))
@@ -604,20 +598,18 @@ def _solve_level(plan: _Plan, k: int, par: np.ndarray, diag: dict[str, dict]) ->
 
 
 def _solve_tasks(plan: _Plan, k: int, tasks: list[tuple]) -> Iterator[tuple[np.ndarray, dict]]:
-    """The parents' problems of level ``k`` solved in contiguous runs, on the executor, the
-    mapper or here; results in the tasks' order."""
+    """The parents' problems of level ``k`` solved in contiguous runs, on the executor or
+    here; results in the tasks' order."""
     runs = _runs(np.asarray([t[3] for t in tasks], np.int64), plan.chunks)
     items = [[tasks[i] for i in r] for r in runs]
     o = plan.solve_opts(k)
-    executor, mapper = plan.opts.executor, plan.opts.mapper
+    executor = plan.opts.executor
     if executor is not None:
         handles = executor.submit(_solve_run, items, o, cost=[len(r) for r in runs])
         try:
             results = executor.gather(handles)
         finally:
             executor.release(handles)
-    elif mapper is not None:
-        results = mapper(_solve_run, items, o)
     else:
         results = [_solve_run(it, o) for it in items]
     return (r for run in results for r in run)

@@ -14,6 +14,7 @@ from censusdp.estimation.topdown.flat import TopDownOptions, propagate_invariant
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Gaussian, Laplace, Query, invariant, measure
 from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.pipelines.execute import SyncExecutor
 from censusdp.rng import KeyedRNG
 
 
@@ -272,13 +273,14 @@ def test_options_given_one_by_one_as_before_equal_topdown_options(rng):
     meas = measure(h.names, counts, plan, rng)
     seen: list[int] = []
 
-    def mapper(fn, items, *shared):
-        seen.append(len(items))
-        return [fn(it, *shared) for it in items]
+    class Counting(SyncExecutor):
+        def map(self, fn, items, *shared):
+            seen.append(len(items))
+            return super().map(fn, items, *shared)
 
-    base = topdown(h, cells, meas, [], None, TopDownOptions(slack=0.05, chunks=2, mapper=mapper))
-    legacy = topdown(h, cells, meas, [], None, TopDownOptions(slack=0.05), chunks=2,
-                     mapper=mapper)  # fmt: skip
+    ex = Counting()
+    base = topdown(h, cells, meas, [], None, TopDownOptions(slack=0.05, chunks=2, executor=ex))
+    legacy = topdown(h, cells, meas, [], None, TopDownOptions(slack=0.05), chunks=2, executor=ex)
     assert all(np.array_equal(a, b) for a, b in zip(base.estimates, legacy.estimates, strict=True))
     assert legacy.diagnostics["slack"] == 0.05 and seen and max(seen) <= 2
     with pytest.raises(TypeError, match="'chunk'; its options are the fields of TopDownOptions"):
