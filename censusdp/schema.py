@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from censusdp.config import SpecParser
 from censusdp.errors import SpecError
 
 __all__ = [
@@ -227,9 +228,7 @@ class Allocation:
         where = f"{source}: allocation"
         if not isinstance(spec, Mapping):
             raise SpecError(f"{where}: must be a table with rho, levels and queries")
-        unknown = set(spec) - {"rho", "levels", "queries"}
-        if unknown:
-            raise SpecError(f"{where}: unknown keys {sorted(unknown)}; use rho, levels, queries")
+        SpecParser(source, None).keys(spec, "allocation", ("rho", "levels", "queries"))
         for key in ("rho", "levels", "queries"):
             if key not in spec:
                 raise SpecError(f"{where}: missing {key!r}")
@@ -427,18 +426,8 @@ class Schema:
         SpecError
             Naming ``source``, the attribute and the recode or slice at fault.
         """
-        known = {
-            "name",
-            "description",
-            "separator",
-            "attributes",
-            "references",
-            "strategy",
-            "allocation",
-        }
-        unknown = set(spec) - known
-        if unknown:
-            raise SpecError(f"{source}: unknown keys {sorted(unknown)}")
+        known = ("name", "description", "separator", "attributes", "references", "strategy")
+        SpecParser(source, None).keys(spec, "", (*known, "allocation"))
         name = spec.get("name")
         if not isinstance(name, str) or not name:
             raise SpecError(f"{source}: the schema needs a 'name' string")
@@ -541,17 +530,8 @@ def _build_attribute(spec: Any, index: int, source: str) -> Attribute:
         raise SpecError(f"{where}: each [[attributes]] entry must be a table")
     name = _check_name(spec.get("name"), where)
     where = f"{source}: attribute {name!r}"
-    unknown = set(spec) - {
-        "name",
-        "labels",
-        "generate",
-        "races",
-        "recodes",
-        "slices",
-        "description",
-    }
-    if unknown:
-        raise SpecError(f"{where}: unknown keys {sorted(unknown)}")
+    known = ("name", "labels", "generate", "races", "recodes", "slices", "description")
+    SpecParser(source, None).keys(spec, f"attributes[{index}]", known)
     combos: list[tuple[int, ...]] | None = None
     races: list[str] = []
     if "generate" in spec:
@@ -619,9 +599,7 @@ def _build_recode(
     races: Sequence[str],
     where: str,
 ) -> Recode:
-    unknown = set(spec) - {"name", "of", "groups", "rule", "description"}
-    if unknown:
-        raise SpecError(f"{where}: unknown keys {sorted(unknown)}")
+    SpecParser(where, None).keys(spec, "", ("name", "of", "groups", "rule", "description"))
     if ("groups" in spec) == ("rule" in spec):
         raise SpecError(f"{where}: give exactly one of 'groups' (label → members) or 'rule'")
     if "rule" in spec:
@@ -672,9 +650,7 @@ def _build_recode(
 def _build_slice(
     spec: Mapping[str, Any], name: str, attr: str, elements: dict[str, Recode], where: str
 ) -> Recode:
-    unknown = set(spec) - {"name", "of", "groups", "description"}
-    if unknown:
-        raise SpecError(f"{where}: unknown keys {sorted(unknown)}")
+    SpecParser(where, None).keys(spec, "", ("name", "of", "groups", "description"))
     parent = _parent(spec, attr, elements, where)
     groups = spec.get("groups")
     if not isinstance(groups, list) or not groups or not all(isinstance(g, str) for g in groups):

@@ -42,8 +42,9 @@ import numpy as np
 
 from censusdp.estimation.gls.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.mechanisms.queries import query_matrix
 
-__all__ = ["BlockCovariance", "Covariance", "NodeCovariance", "identified_rows", "query_matrix"]
+__all__ = ["BlockCovariance", "Covariance", "NodeCovariance", "identified_rows"]
 
 
 @runtime_checkable
@@ -63,15 +64,6 @@ class Covariance(Protocol):
         """``Var(qᵀ e_v)`` of every row ``q`` of ``query``, ``(n_nodes, n_rows)``; NaN where
         the covariance does not determine it."""
         ...
-
-
-def query_matrix(query) -> np.ndarray:
-    """The ``(n_rows, n_cells)`` matrix of a query: a :class:`~censusdp.mechanisms.queries.Query`
-    (``.matrix``), a :class:`~censusdp.mechanisms.product_query.ProductQuery` (``.dense()``)
-    or an array."""
-    if isinstance(query, ProductQuery):
-        return np.asarray(query.dense(), dtype=np.float64)
-    return np.asarray(getattr(query, "matrix", query), dtype=np.float64)
 
 
 def identified_rows(

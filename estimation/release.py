@@ -32,10 +32,10 @@ import pandas as pd
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
-from censusdp.estimation.covariance import Covariance, NodeCovariance, query_matrix
+from censusdp.estimation.covariance import Covariance, NodeCovariance
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.laws import floating_point_note
-from censusdp.mechanisms.queries import level_position
+from censusdp.mechanisms.queries import level_position, query_matrix
 
 __all__ = ["LevelRelease", "Release", "ReleaseBase", "ReleaseProtocol", "SumVariances"]
 

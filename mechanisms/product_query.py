@@ -107,8 +107,25 @@ def _lattice_answers(queries: Sequence[ProductQuery], x: np.ndarray) -> list[np.
     return out
 
 
+class _ZeroOneRows:
+    """The sensitivity of 0/1 rows from their :attr:`l1_sensitivity` (the most rows counting
+    one cell): a column's sum of squares is its sum, so ℓ₂ = √ℓ₁ (the
+    :class:`~censusdp.mechanisms.queries.LinearQuery` protocol's ``sensitivity``)."""
+
+    @property
+    def l2_sensitivity(self) -> float:
+        """Square root of the largest column sum of squares."""
+        return float(np.sqrt(self.l1_sensitivity))
+
+    def sensitivity(self, norm: int) -> float:
+        """:attr:`l1_sensitivity` (``norm=1``) or :attr:`l2_sensitivity` (``norm=2``)."""
+        if norm not in (1, 2):
+            raise SpecError(f"sensitivity norm must be 1 or 2, got {norm!r}")
+        return float(self.l1_sensitivity) if norm == 1 else self.l2_sensitivity
+
+
 @dataclass(frozen=True, eq=False)
-class ProductQuery:
+class ProductQuery(_ZeroOneRows):
     """The query ``⊗_a R_a``: one element (detailed, recode, slice or all) per attribute.
 
     Attributes
@@ -255,26 +272,10 @@ class ProductQuery:
         """Largest column L1 norm: ``∏_a`` (largest column sum of ``R_a``)."""
         return int(np.prod([f.matrix.sum(axis=0).max() for f in self.factors]))
 
-    @property
-    def l2_sensitivity(self) -> float:
-        """Square root of the largest column sum of squares (0/1 entries: of counts)."""
-        return float(np.sqrt(self.l1_sensitivity))
-
-    def sensitivity(self, norm: int) -> float:
-        """:attr:`l1_sensitivity` (``norm=1``) or :attr:`l2_sensitivity` (``norm=2``), from
-        the factors (the :class:`~censusdp.mechanisms.queries.LinearQuery` protocol)."""
-        return _by_norm(self, norm)
-
     def gram(self) -> np.ndarray:
         """``A Aᵀ`` as the Kronecker product of the factors' ``R_a R_aᵀ`` (rows in
         :meth:`apply`'s order), without forming ``A``."""
         return reduce(np.kron, [f.matrix @ f.matrix.T for f in self.factors])
-
-
-def _by_norm(query: ProductQuery | QueryRows, norm: int) -> float:
-    if norm not in (1, 2):
-        raise SpecError(f"sensitivity norm must be 1 or 2, got {norm!r}")
-    return float(query.l1_sensitivity) if norm == 1 else query.l2_sensitivity
 
 
 def _canonical_name(factors: Sequence[Recode]) -> str:
@@ -287,7 +288,7 @@ def _canonical_name(factors: Sequence[Recode]) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class QueryRows:
+class QueryRows(_ZeroOneRows):
     """Rows drawn from product queries of one schema: a table with subtotals, a workload.
 
     Attributes
@@ -389,15 +390,6 @@ class QueryRows:
     def l1_sensitivity(self) -> int:
         """Largest column L1 norm (rows are 0/1: the most rows counting one person)."""
         return int(self.column_counts().max())
-
-    @property
-    def l2_sensitivity(self) -> float:
-        """Square root of the largest column sum of squares."""
-        return float(np.sqrt(self.l1_sensitivity))
-
-    def sensitivity(self, norm: int) -> float:
-        """:attr:`l1_sensitivity` or :attr:`l2_sensitivity` by ``norm`` (1 or 2)."""
-        return _by_norm(self, norm)
 
     def gram(self) -> np.ndarray:
         """``M Mᵀ`` (n × n, int64) from per-axis inner products, without forming ``M``.

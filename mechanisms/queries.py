@@ -81,7 +81,8 @@ def matrix_sensitivity(matrix: np.ndarray | sparse.spmatrix, norm: int) -> float
 @runtime_checkable
 class LinearQuery(Protocol):
     """What every query offers, whatever holds it (a matrix, a schema's per-axis recodes, rows
-    of several product queries): its name and size, its answers on node counts, its
+    of several product queries): its name and size, its answers on node counts (one node's
+    or a batch, exact for integers), its
     sensitivity (:func:`matrix_sensitivity`'s definition) and its Gram matrix ``A Aᵀ`` —
     the operator view of Ektelo (Zhang et al. 2018). Measurements, the privacy statement and
     the estimators ask these, never a query's type."""
@@ -205,7 +206,8 @@ class Query:
         return cls(name, np.vstack(rows), tuple(groups))
 
     def apply(self, counts: np.ndarray) -> np.ndarray:
-        """Answers for node counts of shape (n_nodes, n_cells) → (n_nodes, k).
+        """Answers for node counts of shape (n_nodes, n_cells) → (n_nodes, k), or for one
+        node's (n_cells,) → (k,), as every :class:`LinearQuery`.
 
         Integer counts give exact int64 answers (a sum beyond the int64 range is refused,
         never wrapped around).
@@ -213,11 +215,13 @@ class Query:
         Raises
         ------
         SpecError
-            Counts that are not (n_nodes, n_cells) for this query's n_cells (no broadcasting).
+            Counts that are not (n_nodes, n_cells) or (n_cells,) (no broadcasting).
         DataError
             An integer answer beyond the int64 range.
         """
         counts = np.asarray(counts)
+        if counts.shape == (self.n_cells,):
+            return self.apply(counts[None])[0]
         if counts.ndim != 2 or counts.shape[1] != self.n_cells:
             raise SpecError(
                 f"query {self.name!r} is on {self.n_cells} cells but the counts have shape "

@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # the estimation stack is imported by the functions that run 
     from censusdp.pipelines.predict import PredictSpec
     from censusdp.schema import Allocation
 
-__all__ = ["Targets", "family_spec_text", "load_targets", "spec_text", "toml_text"]
+__all__ = ["Targets", "family_spec_text", "load_targets", "toml_text"]
 
 _SECTIONS = ("objective", "population", "target")
 _OBJECTIVE_KEYS = ("kind", "floor", "tolerance")
@@ -175,29 +175,6 @@ def _allocation_table(a: Allocation) -> dict:
     }
 
 
-def spec_text(spec_path: Path, out: Path, allocation: Allocation, header: str) -> str:
-    """The predict spec at ``spec_path`` with ``[allocation]`` replaced, for writing at
-    ``out`` (a relative hierarchy file is re-expressed relative to ``out``'s folder)."""
-    doc = dict(read_spec_toml(spec_path))
-    hier = dict(doc.get("hierarchy", {}))
-    if "file" in hier and not Path(str(hier["file"])).is_absolute():
-        target = (spec_path.parent / str(hier["file"])).resolve()
-        hier["file"] = os.path.relpath(target, out.resolve().parent)
-    doc["hierarchy"] = hier
-    doc["allocation"] = _allocation_table(allocation)
-    lines = [f"# {line}" for line in header.splitlines()]
-    for section in ("predict", "hierarchy"):
-        if section in doc:
-            lines += ["", f"[{section}]"]
-            lines += [f"{_key(k)} = {_value(v)}" for k, v in doc[section].items()]
-    alloc = doc["allocation"]
-    lines += ["", "[allocation]", f"rho = {_value(alloc['rho'])}", "", "[allocation.levels]"]
-    lines += [f"{_key(k)} = {_value(v)}" for k, v in alloc["levels"].items()]
-    lines += ["", "[allocation.queries]"]
-    lines += [f"{_key(k)} = {_value(v)}" for k, v in alloc["queries"].items()]
-    return "\n".join(lines) + "\n"
-
-
 def toml_text(doc: Mapping[str, Any], header: str) -> str:
     """A TOML document: ``header`` as comments, top-level values, then one ``[section]`` per
     table with its keys (nested tables inline)."""
@@ -242,15 +219,16 @@ def family_spec_text(
     SpecError
         A family whose spec cannot hold the allocation.
     """
-    if spec.family == "predict":
-        return spec_text(spec_path, out, allocation, header)
     import dataclasses
 
     from censusdp.config import exact_fraction
 
     doc = dict(read_spec_toml(spec_path))
     strategy = spec.schema.strategy
-    if spec.family == "run":
+    if spec.family == "predict":
+        doc["allocation"] = _allocation_table(allocation)
+        _rebased(doc, ("hierarchy.file",), spec_path, out)
+    elif spec.family == "run":
         privacy = dict(doc["privacy"])
         privacy["level_shares"] = {lvl: float(s) for lvl, s in allocation.levels.items()}
         privacy["query_shares"] = {

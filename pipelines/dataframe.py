@@ -4,8 +4,8 @@ A user with a table already in pandas (one row per area: ``gisjoin``, identifier
 confidential ``<cell>_sf`` columns, as an NHGIS extract) gets the release back as a frame,
 without choosing file names: :func:`privatize` writes the frame to a Parquet file in a
 temporary directory it creates (and alone removes), runs the existing file route
-(:func:`censusdp.pipelines.commands.privatize_file`: the cells route of a run spec, or the
-codebook route with ``codebook``), and reads the release back, the same numbers the command
+(:func:`censusdp.pipelines.products.registry.privatize`: the product that claims it — the
+cells route of a run spec, or the codebook route with ``codebook``), and reads the release back, the same numbers the command
 writes for the same input, spec and seed. Parquet both ways keeps the dtypes: integer
 releases come back int64, codes as text.
 
@@ -66,8 +66,9 @@ def privatize(
         As the ``privatize`` command.
     """
     from censusdp.atomic import read_marker, sidecar_path
-    from censusdp.pipelines.commands import privatize_file
     from censusdp.pipelines.io.outputs import margin_of_error
+    from censusdp.pipelines.products.registry import PrivatizeOptions
+    from censusdp.pipelines.products.registry import privatize as privatize_path
 
     if not isinstance(frame, pd.DataFrame):
         raise DataError(
@@ -77,7 +78,8 @@ def privatize(
     with tempfile.TemporaryDirectory(prefix="censusdp-privatize-") as tmp:
         src, out = Path(tmp) / "input.parquet", Path(tmp) / "release.parquet"
         frame.to_parquet(src, index=False)
-        privatize_file(src, spec, out, seed=seed, codebook=codebook, rho=rho, delta=delta)
+        options = PrivatizeOptions(seed=seed, codebook=codebook, rho=rho, delta=delta)
+        privatize_path(src, spec, out, options)
         result = pd.read_parquet(out)
         side = read_marker(sidecar_path(out)) or {}
     cols: dict[str, object] = {}

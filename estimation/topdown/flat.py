@@ -47,11 +47,7 @@ import numpy as np
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.release import Release
-from censusdp.estimation.topdown.schema import (
-    TopDownOptions,
-    propagate_product_invariants,
-    topdown_schema,
-)
+from censusdp.estimation.topdown.schema import TopDownOptions, topdown_schema
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms.product_measure import ProductInvariant, ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery
@@ -59,7 +55,7 @@ from censusdp.mechanisms.queries import Invariant, Measurement, Query, at_level_
 from censusdp.options import with_keywords
 from censusdp.schema import Recode, Schema
 
-__all__ = ["TopDownOptions", "flat_products", "propagate_invariants", "topdown"]
+__all__ = ["TopDownOptions", "flat_products", "topdown"]
 
 
 class _Converter:
@@ -138,36 +134,6 @@ def flat_products(
     return conv.schema, meas, invs
 
 
-def propagate_invariants(
-    hierarchy: Hierarchy, invariants: Sequence[Invariant]
-) -> list[list[Invariant]]:
-    """Per level, the invariants given there plus those implied by the levels below.
-
-    A query held exactly at every node of level ``k`` is held exactly at every node above
-    (sum over children); duplicates must agree exactly
-    (:func:`~censusdp.estimation.topdown.schema.propagate_product_invariants` on the flat
-    schema). The cells are the invariants' columns.
-
-    Raises
-    ------
-    SpecError
-        An unknown level name (naming the known levels), or values of the wrong shape.
-    DataError
-        When an invariant is not integer-valued or disagrees with the sum of the same
-        invariant one level below (naming the level and node).
-    """
-    invariants = at_level_indices(hierarchy.names, invariants)
-    if not invariants:
-        return [[] for _ in range(hierarchy.depth)]
-    n = invariants[0].query.n_cells
-    _, _, invs = flat_products(hierarchy, [f"c{j}" for j in range(n)], [], invariants)
-    flat = {i.query.name: i.query for i in invariants}
-    return [
-        [Invariant(k, flat[name], v, level_name=hierarchy.names[k]) for name, (_, v) in lv.items()]
-        for k, lv in enumerate(propagate_product_invariants(hierarchy, invs))
-    ]
-
-
 def topdown(
     hierarchy: Hierarchy,
     cells: Sequence[str],
@@ -196,7 +162,7 @@ def topdown(
         they spend (BudgetError when it claims less); the release notes that it is
         post-processing and names the invariants (induced subspace DP).
     options : TopDownOptions, optional
-        Passes, structural zeros, band slack, mapper or executor
+        Passes, structural zeros, band slack, executor
         (:class:`~censusdp.estimation.topdown.schema.TopDownOptions`).
     **legacy
         Fields of :class:`TopDownOptions` as keyword arguments (applied over ``options``).

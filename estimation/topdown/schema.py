@@ -59,7 +59,8 @@ from censusdp.estimation.topdown.sparse import (
     l2_multipass,
 )
 from censusdp.executor import Executor
-from censusdp.hierarchy import Hierarchy, Level
+from censusdp.hierarchy import Hierarchy
+from censusdp.hierarchy.forest import Forest
 from censusdp.mechanisms.privacy import check_statement, derive_statement
 from censusdp.mechanisms.product_measure import (
     ProductInvariant,
@@ -75,10 +76,12 @@ from censusdp.timing import stage
 __all__ = [
     "LevelOrdering",
     "TopDownOptions",
+    "TopDownPasses",
     "bureau_pl94_ordering",
     "default_ordering",
     "propagate_product_invariants",
     "structural_zero_mask",
+    "topdown_forest",
     "topdown_schema",
     "trivial_children",
 ]
@@ -217,20 +220,22 @@ def propagate_product_invariants(
 
 
 def trivial_children(
-    up: Level, n_children: int, parent: np.ndarray
+    forest: Forest, j: int, parent: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The children no solver needs, and the parents left to solve, of one level.
+    """The children no solver needs, and the parents left to solve, of forest level ``j``
+    (``parent``: the int64 histograms of level ``j - 1``).
 
     An only child equals its (integer) parent; the children of a parent with an all-zero
     histogram are all zero. Returns the children's int64 histograms with those filled in
     (``(n_children, cells)``, zero elsewhere), the parents with one child, the mask of parents
     with several children and an all-zero histogram, and the indices of the other parents.
     """
-    out = np.zeros((n_children, parent.shape[1]), dtype=np.int64)
-    single = np.flatnonzero(up.child_count == 1)
-    out[up.child_start[single]] = parent[single]
-    zero = (up.child_count > 1) & (parent.sum(axis=1) == 0)
-    todo = np.flatnonzero((up.child_count > 1) & ~zero)
+    count, start = forest.child_count[j - 1], forest.child_start(j - 1)
+    out = np.zeros((forest.sizes[j], parent.shape[1]), dtype=np.int64)
+    single = np.flatnonzero(count == 1)
+    out[start[single]] = parent[single]
+    zero = (count > 1) & (parent.sum(axis=1) == 0)
+    todo = np.flatnonzero((count > 1) & ~zero)
     return out, single, zero, todo
 
 
@@ -255,7 +260,7 @@ def _solve_parent(task: tuple, opts: dict) -> tuple[np.ndarray, dict]:
 
 
 def _solve_run(run: list[tuple], opts: dict) -> list[tuple[np.ndarray, dict]]:
-    """A run of parents: one unit of work for a mapper."""
+    """A run of parents: one task of an executor."""
     return [_solve_parent(t, opts) for t in run]
 
 
@@ -290,9 +295,6 @@ class TopDownOptions:
     privacy : PrivacyStatement, optional
         Checked against the statement derived from the measurements (BudgetError when it
         claims less).
-    mapper : callable, optional
-        ``mapper(fn, items, *shared)`` → ``[fn(item, *shared) for item in items]``; each
-        level's non-trivial parents are cut into ``chunks`` runs.
     chunks : int, optional
         Runs of parents per level, contiguous and of about equal size in children (default
         1, or 4 per worker of an ``executor``).
@@ -300,7 +302,7 @@ class TopDownOptions:
         Called with one line per level solved.
     executor : Executor, optional
         Runs each level's runs of parents as tasks (:mod:`censusdp.pipelines.execute`: sync,
-        threads, a Dask cluster), the largest first; instead of ``mapper``. Every parent's
+        threads, a Dask cluster), the largest first; None: here, in turn. Every parent's
         problem is a pure function of its inputs, so the release is the same for any
         executor, number of workers and ``chunks``.
     """
@@ -309,7 +311,6 @@ class TopDownOptions:
     structural_zeros: np.ndarray | None = None
     slack: float = DEFAULT_SLACK
     privacy: PrivacyStatement | None = None
-    mapper: Callable[..., list[Any]] | None = None
     chunks: int | None = None
     progress: Callable[[str], None] | None = None
     executor: Executor | None = None
@@ -336,7 +337,7 @@ def topdown_schema(
     invariants : sequence of ProductInvariant
         Exact integer answers, met with ``==``; propagated to the levels above.
     options : TopDownOptions, optional
-        The ordering, structural zeros, slack, claimed statement and the mapper or executor
+        The ordering, structural zeros, slack, claimed statement and the executor
         (:class:`TopDownOptions`; defaults when omitted).
     **legacy
         The fields of :class:`TopDownOptions` as keyword arguments, as before it existed
@@ -362,10 +363,15 @@ def topdown_schema(
     """
     opts = with_keywords(TopDownOptions, options, legacy, "topdown_schema")
     plan = _plan(hierarchy, schema, measurements, invariants, opts)
-    diag: dict[str, dict] = {}
-    estimates = [_solve_root(plan, diag)]
-    for k in range(1, hierarchy.depth):
-        estimates.append(_solve_level(plan, k, estimates[k - 1], diag))
+    levels = hierarchy.levels
+    forest = Forest(
+        0, hierarchy.names, hierarchy.sizes, [lv.child_count for lv in levels[:-1]],
+        [lv.codes for lv in levels],
+    )  # fmt: skip
+    estimates, diag = topdown_forest(
+        forest, None, [plan.level_meas(k) for k in range(hierarchy.depth)], plan.invs,
+        plan.passes, executor=opts.executor, chunks=plan.chunks, progress=opts.progress,
+    )  # fmt: skip
     names = hierarchy.names
     labels = [f"{names[hierarchy.level_index(i.level)]}: {i.query.name}" for i in invariants]
     statement = with_invariants(plan.statement, list(dict.fromkeys(labels)))
@@ -387,46 +393,72 @@ def topdown_schema(
                 lvl: [list(map(list, o[0])), list(map(list, o[1]))]
                 for lvl, o in plan.ordering.items()
             },
-            "structural_zeros": int(plan.zero.sum()) if plan.zero is not None else 0,
+            "structural_zeros": 0 if plan.passes.zero is None else int(plan.passes.zero.sum()),
             "strategy": "per-parent sparse problems: Clarabel (L2 passes), HiGHS MILP (L1)",
         },
     )
 
 
 @dataclass(frozen=True, eq=False)
+class TopDownPasses:
+    """What every parent's problem of a run shares: the number of cells, the structural
+    zeros (flat mask or None), per level name the L2 passes (query names) and the rounder
+    passes (product queries), and the L2 band's slack (:func:`topdown_forest`)."""
+
+    n_cells: int
+    zero: np.ndarray | None
+    l2: Mapping[str, tuple[tuple[str, ...], ...]]
+    l1: Mapping[str, tuple[tuple[ProductQuery, ...], ...]]
+    slack: float = DEFAULT_SLACK
+
+    @classmethod
+    def of(
+        cls,
+        schema: Schema,
+        ordering: Mapping[str, LevelOrdering],
+        zero: np.ndarray | None = None,
+        slack: float = DEFAULT_SLACK,
+    ) -> TopDownPasses:
+        """The passes of ``ordering`` (rounder query texts parsed over ``schema``)."""
+        l1 = {
+            lvl: tuple(tuple(ProductQuery.parse(schema, t) for t in p) for p in passes)
+            for lvl, (_, passes) in ordering.items()
+        }
+        return cls(schema.n_cells, zero, {lvl: o[0] for lvl, o in ordering.items()}, l1, slack)
+
+    def solve_opts(self, level: str) -> dict:
+        """What every parent's problem at ``level`` shares (:func:`_solve_parent`)."""
+        return dict(
+            n_cells=self.n_cells, zero=self.zero, l2=self.l2[level], l1=self.l1[level],
+            slack=self.slack,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
 class _Plan:
     """A checked TopDown-style problem: measurements and invariants per level (invariants
-    with the sums of those below), the structural zeros, the passes per level, the derived
-    statement and how the parents are mapped."""
+    with the sums of those below), the passes per level, the derived statement and how
+    many runs of parents a level's problems make."""
 
     hierarchy: Hierarchy
-    n_cells: int
     meas: list[list[ProductMeasurement]]
     invs: list[dict[str, tuple[ProductQuery, np.ndarray]]]
-    zero: np.ndarray | None
     ordering: Mapping[str, LevelOrdering]
-    rounder: dict[str, tuple[tuple[ProductQuery, ...], ...]]
+    passes: TopDownPasses
     statement: PrivacyStatement
     chunks: int
     opts: TopDownOptions
 
-    def level_meas(self, k: int, lo: int, hi: int) -> list[tuple]:
-        """Level ``k``'s ``(query, values, variance)`` at nodes ``lo .. hi-1``."""
-        out = []
-        for mm in self.meas[k]:
-            var = mm.variance
-            if np.ndim(var):
-                var = np.asarray(var)[lo:hi]
-            out.append((mm.query, np.asarray(mm.values)[lo:hi], var))
-        return out
-
-    def solve_opts(self, k: int) -> dict:
-        """What every parent's problem at level ``k`` shares (:func:`_solve_parent`)."""
-        lv = self.hierarchy.names[k]
-        return dict(
-            n_cells=self.n_cells, zero=self.zero, l2=self.ordering[lv][0],
-            l1=self.rounder[lv], slack=self.opts.slack,
-        )  # fmt: skip
+    def level_meas(self, k: int) -> list[tuple]:
+        """Level ``k``'s ``(query, values, variance)`` at every node."""
+        return [
+            (
+                mm.query,
+                np.asarray(mm.values),
+                np.asarray(mm.variance) if np.ndim(mm.variance) else mm.variance,
+            )
+            for mm in self.meas[k]
+        ]
 
 
 def _plan(
@@ -437,8 +469,6 @@ def _plan(
     opts: TopDownOptions,
 ) -> _Plan:
     """Check the inputs and the options and set the problem up (:class:`_Plan`)."""
-    if opts.executor is not None and opts.mapper is not None:
-        raise SpecError("topdown_schema: give a mapper or an executor, not both")
     chunks = opts.chunks
     if chunks is None:
         chunks = 1 if opts.executor is None else 4 * max(1, int(opts.executor.workers))
@@ -467,11 +497,8 @@ def _plan(
         ordering = default_ordering(schema, names, [[q.query.name for q in lv] for lv in meas])
     _check_identified(hierarchy, meas, invs, m)
     _check_ordering(hierarchy, meas, ordering)
-    rounder = {
-        lvl: tuple(tuple(ProductQuery.parse(schema, t) for t in p) for p in passes)
-        for lvl, (_, passes) in ordering.items()
-    }
-    return _Plan(hierarchy, m, meas, invs, zero, ordering, rounder, statement, chunks, opts)
+    passes = TopDownPasses.of(schema, ordering, zero, opts.slack)
+    return _Plan(hierarchy, meas, invs, ordering, passes, statement, chunks, opts)
 
 
 def default_ordering(
@@ -555,72 +582,138 @@ def _check_ordering(
             )
 
 
-def _solve_root(plan: _Plan, diag: dict[str, dict]) -> np.ndarray:
-    """The root's histogram alone (no parent), its diagnostics into ``diag``."""
-    root = plan.hierarchy.levels[0]
-    clock: dict[str, float] = {}
-    with stage(clock, "seconds", cpu=time.process_time):
-        task = (
-            None, plan.level_meas(0, 0, 1), [(q, v) for q, v in plan.invs[0].values()], 1,
-            f"level {root.name!r}, root {str(root.codes[0])!r}",
-        )  # fmt: skip
-        counts, info = _solve_parent(task, plan.solve_opts(0))
-    diag[root.name] = _level_diag([info], 0, 0, clock)
-    if plan.opts.progress:
-        plan.opts.progress(f"{root.name}: {diag[root.name]['seconds']:.1f} s")
-    return counts
+def topdown_forest(
+    forest: Forest,
+    top: np.ndarray | None,
+    measurements: Sequence[Sequence[tuple[ProductQuery, np.ndarray, Any]]],
+    invariants: Sequence[Mapping[str, tuple[ProductQuery, np.ndarray]]],
+    passes: TopDownPasses,
+    *,
+    executor: Executor | None = None,
+    chunks: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[np.ndarray], dict[str, dict]]:
+    """TopDown-style down a forest: every level's children solved given their parents'
+    integer histograms (Abowd et al. 2022, §4: the L2 passes, then the rounder).
+
+    :func:`topdown_schema` runs it on the whole hierarchy; a partition of the driver
+    (:mod:`~censusdp.pipelines.topdown_integerizer`) on its subtrees below the cut, from the
+    cut nodes' integers. Every parent's problem is a pure function of its inputs, so a level's
+    histograms do not depend on the forest it is solved in, the executor or ``chunks``.
+
+    Parameters
+    ----------
+    forest : Forest
+        The levels to solve (local node indices).
+    top : numpy.ndarray or None
+        The int64 histograms ``(nodes, cells)`` of the forest's first level, or None: its one
+        node is a root, solved alone (no parent).
+    measurements : sequence of sequence of (ProductQuery, values, variance)
+        Per forest level, the measured queries' answers at its nodes and their variance (a
+        float or one per node).
+    invariants : sequence of mapping
+        Per forest level, query name → (query, int64 values at its nodes), met with ``==``
+        (with the sums of the levels below: :func:`propagate_product_invariants`).
+    passes : TopDownPasses
+    executor : Executor, optional
+        Runs a level's runs of parents as tasks (None: here, in turn).
+    chunks : int
+        Runs of parents per level, contiguous, of about equal numbers of children.
+    progress : callable, optional
+        Called with one line per level solved.
+
+    Returns
+    -------
+    estimates : list of numpy.ndarray
+        Per forest level, int64 ``(nodes, cells)``; the first is ``top`` when given.
+    diagnostics : dict
+        Per level solved (by name): :func:`_level_diag`.
+
+    Raises
+    ------
+    SolverError
+        A sub-problem failed, or a level's result is not exact (negative, not summing to its
+        parents, a structural zero filled, an invariant missed); the message names the level
+        and parent.
+    """
+    walk = _Walk(forest, passes, executor, chunks, progress, {})
+    out = [walk.root(measurements[0], invariants[0]) if top is None else np.asarray(top)]
+    for j in range(1, forest.depth):
+        out.append(walk.level(j, out[-1], measurements[j], invariants[j]))
+    return out, walk.diag
 
 
-def _solve_level(plan: _Plan, k: int, par: np.ndarray, diag: dict[str, dict]) -> np.ndarray:
-    """Level ``k`` given its parents' integer histograms ``par``: trivial parents handed
-    down, the others' problems solved (mapped in runs), the level checked exactly; its
-    diagnostics into ``diag``."""
-    h = plan.hierarchy
-    up, lv = h.levels[k - 1], h.levels[k]
-    clock: dict[str, float] = {}
-    with stage(clock, "seconds", cpu=time.process_time):
-        out, single, empty, todo = trivial_children(up, lv.size, par)
-        tasks = []
-        for p in todo:
-            lo = int(up.child_start[p])
-            hi = lo + int(up.child_count[p])
-            sub_i = [(q, v[lo:hi]) for q, v in plan.invs[k].values()]
-            where = f"level {lv.name!r}, parent {str(up.codes[p])!r} (level {up.name!r})"
-            tasks.append((par[p], plan.level_meas(k, lo, hi), sub_i, hi - lo, where))
-        infos = []
-        for p, (cnt, info) in zip(todo, _solve_tasks(plan, k, tasks), strict=True):
-            lo = int(up.child_start[p])
-            out[lo : lo + cnt.shape[0]] = cnt
-            infos.append(info)
-        _check_level(h, k, out, par, plan.invs[k], plan.zero)
-    d = diag[lv.name] = _level_diag(infos, int(single.size), int(empty.sum()), clock)
-    if plan.opts.progress:
-        plan.opts.progress(
-            f"{lv.name}: {d['parents_solved']} parents, {d['seconds']:.1f} s "
-            f"({d['cpu_seconds']:.1f} CPU s; L2 {d['l2_seconds']:.1f} s, L1 "
-            f"{d['l1_seconds']:.1f} s; {d['mean_active_cells']:.0f} active cells)"
-        )
-    return out
+@dataclass(frozen=True, eq=False)
+class _Walk:
+    """One :func:`topdown_forest` run: the forest, the passes, where the parents' problems
+    run, and the levels' diagnostics."""
 
+    forest: Forest
+    passes: TopDownPasses
+    executor: Executor | None
+    chunks: int
+    progress: Callable[[str], None] | None
+    diag: dict[str, dict]
 
-def _solve_tasks(plan: _Plan, k: int, tasks: list[tuple]) -> Iterator[tuple[np.ndarray, dict]]:
-    """The parents' problems of level ``k`` solved in contiguous runs, on the executor, the
-    mapper or here; results in the tasks' order."""
-    runs = _runs(np.asarray([t[3] for t in tasks], np.int64), plan.chunks)
-    items = [[tasks[i] for i in r] for r in runs]
-    o = plan.solve_opts(k)
-    executor, mapper = plan.opts.executor, plan.opts.mapper
-    if executor is not None:
-        handles = executor.submit(_solve_run, items, o, cost=[len(r) for r in runs])
-        try:
-            results = executor.gather(handles)
-        finally:
-            executor.release(handles)
-    elif mapper is not None:
-        results = mapper(_solve_run, items, o)
-    else:
-        results = [_solve_run(it, o) for it in items]
-    return (r for run in results for r in run)
+    def root(self, meas: Sequence[tuple], invs: Mapping[str, tuple]) -> np.ndarray:
+        """The root's histogram alone (no parent)."""
+        name = self.forest.names[0]
+        clock: dict[str, float] = {}
+        with stage(clock, "seconds", cpu=time.process_time):
+            where = f"level {name!r}, root {self.forest.code(0, 0)!r}"
+            task = (None, list(meas), list(invs.values()), 1, where)
+            counts, info = _solve_parent(task, self.passes.solve_opts(name))
+        self.diag[name] = _level_diag([info], 0, 0, clock)
+        if self.progress:
+            self.progress(f"{name}: {self.diag[name]['seconds']:.1f} s")
+        return counts
+
+    def level(
+        self, j: int, par: np.ndarray, meas: Sequence[tuple], invs: Mapping[str, tuple]
+    ) -> np.ndarray:
+        """Forest level ``j`` given its parents' integer histograms ``par``: trivial parents
+        handed down, the others' problems solved (in runs), the level checked exactly."""
+        f = self.forest
+        name, up = f.names[j], f.names[j - 1]
+        clock: dict[str, float] = {}
+        with stage(clock, "seconds", cpu=time.process_time):
+            out, single, empty, todo = trivial_children(f, j, par)
+            start, count = f.child_start(j - 1), f.child_count[j - 1]
+            tasks = []
+            for p in todo:
+                lo, hi = int(start[p]), int(start[p] + count[p])
+                m = [(q, v[lo:hi], var[lo:hi] if np.ndim(var) else var) for q, v, var in meas]
+                where = f"level {name!r}, parent {f.code(j - 1, p)!r} (level {up!r})"
+                tasks.append((par[p], m, [(q, v[lo:hi]) for q, v in invs.values()], hi - lo, where))
+            infos = []
+            for p, (cnt, info) in zip(todo, self._solve(name, tasks), strict=True):
+                out[start[p] : start[p] + cnt.shape[0]] = cnt
+                infos.append(info)
+            _check_level(f, j, out, par, invs, self.passes.zero)
+        d = self.diag[name] = _level_diag(infos, int(single.size), int(empty.sum()), clock)
+        if self.progress:
+            self.progress(
+                f"{name}: {d['parents_solved']} parents, {d['seconds']:.1f} s "
+                f"({d['cpu_seconds']:.1f} CPU s; L2 {d['l2_seconds']:.1f} s, L1 "
+                f"{d['l1_seconds']:.1f} s; {d['mean_active_cells']:.0f} active cells)"
+            )
+        return out
+
+    def _solve(self, name: str, tasks: list[tuple]) -> Iterator[tuple[np.ndarray, dict]]:
+        """The parents' problems of level ``name`` solved in contiguous runs, on the
+        executor or here; results in the tasks' order."""
+        runs = _runs(np.asarray([t[3] for t in tasks], np.int64), self.chunks)
+        items = [[tasks[i] for i in r] for r in runs]
+        o = self.passes.solve_opts(name)
+        if self.executor is not None:
+            handles = self.executor.submit(_solve_run, items, o, cost=[len(r) for r in runs])
+            try:
+                results = self.executor.gather(handles)
+            finally:
+                self.executor.release(handles)
+        else:
+            results = [_solve_run(it, o) for it in items]
+        return (r for run in results for r in run)
 
 
 def _level_diag(infos: list[dict], single: int, empty: int, clock: dict[str, float]) -> dict:
@@ -645,18 +738,18 @@ def _level_diag(infos: list[dict], single: int, empty: int, clock: dict[str, flo
 
 
 def _check_level(
-    h: Hierarchy,
-    k: int,
+    forest: Forest,
+    j: int,
     out: np.ndarray,
     parent: np.ndarray,
     invs: Mapping[str, tuple[ProductQuery, np.ndarray]],
     zero: np.ndarray | None,
 ) -> None:
     """Consistency, non-negativity, invariants and structural zeros, exactly."""
-    name = h.names[k]
+    name = forest.names[j]
     if np.any(out < 0):
         raise SolverError(f"level {name!r}: a negative count survived the rounding")
-    if not np.array_equal(h.aggregate_up(k, out), parent):
+    if not np.array_equal(forest.sum_children(j - 1, out), parent):
         raise SolverError(f"level {name!r}: children do not sum to their parents")
     if zero is not None and np.any(out[:, zero]):
         raise SolverError(f"level {name!r}: a structural zero is filled")

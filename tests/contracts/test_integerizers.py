@@ -2,7 +2,8 @@
 
 Every registered :class:`~censusdp.pipelines.partition_driver.Integerizer`
 (``INTEGERIZERS``: the flat rounding and the non-negative product, registered where they are
-defined in :mod:`censusdp.pipelines.gls_partitioned`), on one small GLS release (nation →
+defined in :mod:`censusdp.pipelines.gls_partitioned`, and the TopDown-style product of
+:mod:`censusdp.pipelines.topdown_integerizer`), on one small GLS release (nation →
 4 → ~12 → ~30 nodes, six cells, the level-1 totals invariant), run by
 :func:`~censusdp.pipelines.partition_driver.integerize` from a release kept per partition:
 
@@ -17,10 +18,13 @@ An integerizer registered later is picked up by the parametrisation with no edit
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import censusdp.pipelines.gls_partitioned  # noqa: F401  (registers the integer steps)
+import censusdp.pipelines.topdown_integerizer  # noqa: F401
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
 from censusdp.estimation.gls.tree import tree_gls
@@ -112,18 +116,22 @@ def test_partitioned_equals_whole_on_dask(release, name, dask_executor):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_another_seed_gives_other_integers(release, name):
-    """Power of the equality check: the whole release under another key differs, so the
+def test_other_estimates_give_other_integers(release, name):
+    """Power of the equality check: the whole product of the release with 2.5 moved from one
+    leaf's first cell to its second (every total, so the invariant, kept) differs, so the
     bit-for-bit check above can fail."""
     rel, invs = release
     cls = INTEGERIZERS.get(name)
-    a = cls.whole(rel, KeyedRNG.reproducible(9, warn=False).child(name), invs)
-    b = cls.whole(rel, KeyedRNG.reproducible(10, warn=False).child(name), invs)
+    rng = KeyedRNG.reproducible(9, warn=False).child(name)
+    leaves = rel.estimates[-1].copy()
+    leaves[0, :2] += (2.5, -2.5)
+    moved = dataclasses.replace(rel, estimates=rel.hierarchy.aggregate(leaves))
+    a, b = cls.whole(rel, rng, invs), cls.whole(moved, rng, invs)
     assert not np.array_equal(a.estimates[-1], b.estimates[-1])
 
 
 def test_registry_lists_the_integer_steps_and_refuses_an_incomplete_one():
-    assert {"round", "nonnegative"} <= set(NAMES)
+    assert {"round", "nonnegative", "topdown"} <= set(NAMES)
 
     class Half:
         name = "half"

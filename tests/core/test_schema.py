@@ -175,7 +175,7 @@ def test_validation_other_errors(tmp_path):
                 ],
             }
         )
-    with pytest.raises(SpecError, match="unknown keys"):
+    with pytest.raises(SpecError, match="unknown key 'colour'"):
         Schema.from_dict({**base, "colour": 1})
     with pytest.raises(SpecError, match="not a shipped schema"):
         Schema.load("no_such_schema")

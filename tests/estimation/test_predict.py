@@ -354,7 +354,7 @@ def test_pl94_allocation_is_the_production_one_and_plans_spend_rho():
         ({"queries": {"a": ["1"], "c": ["1"]}}, "differ from"),
         ({"queries": {"a": ["1", "0"], "b": ["1"]}}, "one share per strategy query"),
         ({"queries": {"a": ["1/2"], "b": ["1"]}}, "sum to 1/2"),
-        ({"extra": 1}, "unknown keys"),
+        ({"extra": 1}, "unknown key 'allocation.extra'"),
     ],
 )
 def test_allocation_errors_name_the_key(change, message):

@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 import censusdp.estimation.topdown.schema as tsch
 import censusdp.estimation.topdown.sparse as ts
 from censusdp.errors import DataError, SolverError
-from censusdp.estimation.topdown.flat import TopDownOptions, propagate_invariants, topdown
+from censusdp.estimation.topdown.flat import TopDownOptions, topdown
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Gaussian, Laplace, Query, invariant, measure
 from censusdp.mechanisms.queries import Invariant, Measurement
+from censusdp.pipelines.execute import SyncExecutor
 from censusdp.rng import KeyedRNG
 
 
@@ -28,14 +29,27 @@ def build(branching: list[list[int]], seed: int) -> Hierarchy:
     return Hierarchy.from_parents(names, codes, parents)
 
 
+def implied(h: Hierarchy, invs: list[Invariant]) -> list[Invariant]:
+    """Every invariant and its sums at each level above it (the slow reference)."""
+    out = []
+    for iv in invs:
+        k, v = h.level_index(iv.level), np.asarray(iv.values)
+        out.append(Invariant(k, iv.query, v))
+        for j in range(k, 0, -1):
+            v = h.aggregate_up(j, v)
+            out.append(Invariant(j - 1, iv.query, v))
+    return out
+
+
 def check_release(rel, h: Hierarchy, invs: list[Invariant]) -> None:
+    """Integer, non-negative, consistent; every given and implied invariant met ``==``."""
     assert rel.integer and rel.estimator == "topdown" and rel.variances is None
     for k, est in enumerate(rel.estimates):
         assert est.dtype == np.int64
         assert (est >= 0).all()
         if k > 0:
             assert np.array_equal(h.aggregate_up(k, est), rel.estimates[k - 1])
-    for inv in invs:
+    for inv in implied(h, invs):
         assert np.array_equal(inv.query.apply(rel.estimates[inv.level]), inv.values)
 
 
@@ -77,7 +91,7 @@ def test_random_hierarchies_integer_consistent_invariants_exact(spec):
     if detailed_inv:
         invs.append(invariant(counts, 1, Query.detailed(cells)))
     rel = topdown(h, cells, meas, invs, None)
-    check_release(rel, h, [iv for level in propagate_invariants(h, invs) for iv in level])
+    check_release(rel, h, invs)
     assert rel.diagnostics["milp_fallbacks"] == 0
 
 
@@ -113,7 +127,7 @@ def test_three_levels_with_noise_and_release_fields(rng):
     meas = measure(h.names, counts, plan, rng)
     invs = [invariant(counts, 1, Query.total(cells))]
     rel = topdown(h, cells, meas, invs, None)
-    check_release(rel, h, [iv for level in propagate_invariants(h, invs) for iv in level])
+    check_release(rel, h, invs)
     assert rel.estimates[0].sum() == counts[0].sum()  # implied root invariant
     assert "post-processing" in rel.privacy.text()
     d = rel.diagnostics["levels"]
@@ -182,7 +196,7 @@ def test_milp_fallback_when_the_lp_fails(monkeypatch, rng):
     meas = measure(h.names, counts, plan, rng)
     invs = [invariant(counts, 2, Query.total(cells))]
     rel = topdown(h, cells, meas, invs, None)
-    check_release(rel, h, [iv for level in propagate_invariants(h, invs) for iv in level])
+    check_release(rel, h, invs)
     assert rel.diagnostics["milp_fallbacks"] > 0
     assert rel.diagnostics["levels"]["L2"]["l1_status"]["milp"] > 0
     assert "lp" not in rel.diagnostics["levels"]["L2"]["l1_status"]
@@ -232,17 +246,23 @@ def test_solver_error_names_level_and_parent(monkeypatch, rng):
 
 
 def test_invariants_propagate_and_must_nest():
+    """Leaf totals held hold every level's totals; invariants that do not nest, or are not
+    integers, are refused naming the level and node."""
     h, cells, counts = small_table()
-    invs = propagate_invariants(h, [invariant(counts, 3, Query.total(cells))])
+    plan = [(k, q, Gaussian(2.0)) for k in range(h.depth) for q in (Query.total(cells), Query.detailed(cells))]  # fmt: skip
+    meas = measure(h.names, counts, plan, KeyedRNG.reproducible(3, warn=False))
+    leaf = invariant(counts, 3, Query.total(cells))
+    rel = topdown(h, cells, meas, [leaf], None)
+    check_release(rel, h, [leaf])
     for k in range(h.depth):
-        assert np.array_equal(invs[k][0].values, counts[k].sum(axis=1, keepdims=True))
+        assert np.array_equal(rel.estimates[k].sum(axis=1), counts[k].sum(axis=1))
     bad = invariant(counts, 1, Query.total(cells))
     bad = Invariant(1, bad.query, bad.values + np.array([[1], [0], [-1]]))
     with pytest.raises(DataError, match="level 'L1', node '1-000'"):
-        propagate_invariants(h, [invariant(counts, 3, Query.total(cells)), bad])
+        topdown(h, cells, meas, [leaf, bad], None)
     frac = Invariant(0, Query.total(cells), np.array([[2.5]]))
     with pytest.raises(DataError, match="not integer-valued"):
-        propagate_invariants(h, [frac])
+        topdown(h, cells, meas, [frac], None)
 
 
 def test_solution_does_not_depend_on_earlier_solves_of_the_same_shape():
@@ -272,13 +292,14 @@ def test_options_given_one_by_one_as_before_equal_topdown_options(rng):
     meas = measure(h.names, counts, plan, rng)
     seen: list[int] = []
 
-    def mapper(fn, items, *shared):
-        seen.append(len(items))
-        return [fn(it, *shared) for it in items]
+    class Counting(SyncExecutor):
+        def map(self, fn, items, *shared):
+            seen.append(len(items))
+            return super().map(fn, items, *shared)
 
-    base = topdown(h, cells, meas, [], None, TopDownOptions(slack=0.05, chunks=2, mapper=mapper))
-    legacy = topdown(h, cells, meas, [], None, TopDownOptions(slack=0.05), chunks=2,
-                     mapper=mapper)  # fmt: skip
+    ex = Counting()
+    base = topdown(h, cells, meas, [], None, TopDownOptions(slack=0.05, chunks=2, executor=ex))
+    legacy = topdown(h, cells, meas, [], None, TopDownOptions(slack=0.05), chunks=2, executor=ex)
     assert all(np.array_equal(a, b) for a, b in zip(base.estimates, legacy.estimates, strict=True))
     assert legacy.diagnostics["slack"] == 0.05 and seen and max(seen) <= 2
     with pytest.raises(TypeError, match="'chunk'; its options are the fields of TopDownOptions"):

@@ -31,6 +31,7 @@ from censusdp.mechanisms.product_measure import (
     measure_products,
 )
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.execute import open_executor
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 from tests.schema_strategies import query_texts, schemas
@@ -270,18 +271,14 @@ def test_bureau_pl94_ordering():
         assert set(schema.strategy) <= {q for p in o[lv][0] for q in p}
 
 
-def test_mapper_and_chunks_do_not_change_the_result():
-    """Per-parent problems are pure: mapping runs of parents in any order gives the same
-    release as solving them in turn."""
+def test_executor_and_chunks_do_not_change_the_result():
+    """Per-parent problems are pure: runs of parents solved by threads, finishing in any
+    order, give the same release as solving them in turn."""
     h, schema, counts, meas, invs, ordering = _tree_problem(9, 4.0)
     base = topdown_schema(h, schema, meas, invs, options=TopDownOptions(ordering=ordering))
-
-    def reversed_mapper(fn, items, *shared):
-        out = [fn(it, *shared) for it in reversed(items)]
-        return out[::-1]
-
-    opts = TopDownOptions(ordering=ordering, mapper=reversed_mapper, chunks=3)
-    rel = topdown_schema(h, schema, meas, invs, opts)
+    with open_executor("threads", workers=3) as ex:
+        opts = TopDownOptions(ordering=ordering, executor=ex, chunks=3)
+        rel = topdown_schema(h, schema, meas, invs, opts)
     for a, b in zip(base.estimates, rel.estimates, strict=True):
         assert np.array_equal(a, b)
 

@@ -14,8 +14,9 @@ import pytest
 from run_specs import SMALL_NHGIS, SMALL_NHGIS_SPEC
 
 from censusdp.errors import DataError
-from censusdp.pipelines.commands import privatize_file
 from censusdp.pipelines.io.outputs import lattice_moe
+from censusdp.pipelines.products.registry import PrivatizeOptions
+from censusdp.pipelines.products.registry import privatize as privatize_path
 from censusdp.prelude import privatize
 
 
@@ -31,7 +32,7 @@ def test_a_frame_in_the_release_out(tmp_path: Path) -> None:
     assert set(Path(tempfile.gettempdir()).glob("censusdp-privatize-*")) == before
     # the command on the same file, spec and seed writes the same numbers
     _frame().to_csv(tmp_path / "in.csv", index=False)
-    privatize_file(tmp_path / "in.csv", spec, tmp_path / "out.csv", seed=3)
+    privatize_path(tmp_path / "in.csv", spec, tmp_path / "out.csv", PrivatizeOptions(seed=3))
     cli = pd.read_csv(tmp_path / "out.csv", dtype={"gisjoin": str})
     assert list(got.columns) == [
         "gisjoin", "name", "state", "H78003_dp", "H78003_se", "H78003_moe", "H78024_dp",

@@ -281,8 +281,6 @@ def test_topdown_per_parent_solves_on_every_executor(cluster):
         rel = topdown_schema(h, s, meas, invs, options=TopDownOptions(executor=ex, chunks=chunks))
         for a, b in zip(base.estimates, rel.estimates, strict=True):
             assert np.array_equal(a, b)
-    with pytest.raises(SpecError, match="not both"):
-        topdown_schema(h, s, meas, invs, options=TopDownOptions(executor=ex_dask, mapper=map))
 
 
 def test_key_guard_looks_inside_callables_and_records():
