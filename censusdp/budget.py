@@ -487,11 +487,7 @@ PrivacyLoss = PureDP | ZCDP
 
 def loss(accounting: str, amount: float) -> PrivacyLoss:
     """The typed loss of an ``accounting`` name (``"pure"``/``"zcdp"``) and its amount."""
-    if accounting == "pure":
-        return PureDP(amount)
-    if accounting == "zcdp":
-        return ZCDP(amount)
-    raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
+    return (PureDP if Accounting.parse(accounting) is Accounting.PURE else ZCDP)(amount)
 
 
 def compose(losses: Sequence[PrivacyLoss]) -> PrivacyLoss:
@@ -1083,11 +1079,9 @@ class ZCDPAccountant(Accountant):
 
 def accountant_for(accounting: str, total: float, delta: float | None = None) -> Accountant:
     """A :class:`PureAccountant` or :class:`ZCDPAccountant` for ``accounting``."""
-    if accounting == "pure":
+    if Accounting.parse(accounting) is Accounting.PURE:
         return PureAccountant(total)
-    if accounting == "zcdp":
-        return ZCDPAccountant(total, delta)
-    raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
+    return ZCDPAccountant(total, delta)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1201,9 +1195,7 @@ class Budget:
     delta: float | None = None
 
     def __post_init__(self) -> None:
-        if self.accounting not in ACCOUNTINGS:
-            raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {self.accounting!r}")
-        object.__setattr__(self, "accounting", Accounting(self.accounting))
+        object.__setattr__(self, "accounting", Accounting.parse(self.accounting))
         if self.delta is not None:
             check_delta(self.delta)
         self.allocation()  # validate now
@@ -1307,8 +1299,7 @@ def statement_for(
                 "own total; give one or the other"
             )
         accounting, total = accounting.accounting, accounting.amount
-    if accounting not in ACCOUNTINGS:
-        raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
+    accounting = Accounting.parse(accounting)
     if total is None:
         raise BudgetError(f"statement_for({accounting!r}): give the total ε or ρ")
     total = (check_epsilon if accounting == "pure" else check_rho)(
