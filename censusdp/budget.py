@@ -778,25 +778,11 @@ class PrivacyStatement:
     @classmethod
     def from_dict(cls, d: dict) -> PrivacyStatement:
         """The statement :meth:`to_dict` wrote (``guarantee``, the ε's and ``text`` are
-        derived)."""
-        return cls(
-            d["accounting"],
-            epsilon=d.get("epsilon"),
-            rho=d.get("rho"),
-            delta=d.get("delta"),
-            invariants=tuple(d.get("invariants", ())),
-            geometry=d.get("geometry", "euclidean"),
-            data_dependent=bool(d.get("data_dependent", False)),
-            mechanism=d.get("mechanism", ""),
-            notes=tuple(d.get("notes", ())),
-            unit=d.get("unit", ""),
-            neighbour=d.get("neighbour", "add/remove"),
-            exact=tuple(d.get("exact", ())),
-            target=d.get("target"),
-            reveals=tuple(d.get("reveals", ())),
-            parts=tuple(d.get("parts", ())),
-            change_factor=d.get("change_factor"),
-        )
+        derived, so not read; a missing field takes its default)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"accounting"}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["data_dependent"] = bool(kw.get("data_dependent", False))
+        return cls(d["accounting"], **kw)
 
 
 # --------------------------------------------------------------------------------------------
