@@ -133,16 +133,9 @@ class GaussianLine:
         *,
         integer: bool = False,
     ) -> GaussianLine:
-        """The conditional law for current values ``a``, coefficients ``c``, precisions p.
-
-        Parameters
-        ----------
-        a, c, prec : array_like
-            (n, K); ``prec ≥ 0``.
-        lo, hi : array_like, optional
-            (n,) bounds on δ; None for unbounded. For integer lines they are rounded inward.
-        integer : bool
-        """
+        """The conditional law for current values ``a``, coefficients ``c`` and precisions
+        ``prec ≥ 0``, (n, K); bounds and ``integer`` as for
+        :meth:`~censusdp.estimation.conditioning.line_conditional.LaplaceLine.build`."""
         a, c, prec, lo, hi = line_inputs(a, c, prec, lo, hi, integer)
         n = a.shape[0]
         P = np.einsum("nk,nk->n", prec, c * c)
