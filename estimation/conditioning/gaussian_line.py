@@ -232,9 +232,7 @@ class GaussianLine:
         j, _, _ = invert_rows(np.where(np.isfinite(w), w, 0.0), np.isfinite(self.window_logw), u)
         return np.nan_to_num(self.window[np.arange(u.size), j])
 
-    def subset(self, rows: np.ndarray) -> GaussianLine:
-        """The lines at ``rows``."""
-        return take_rows(self, rows)
+    subset = take_rows  # the lines at ``rows``
 
     def distance(self, other: GaussianLine, shift: np.ndarray) -> np.ndarray:
         """How far ``other`` (shifted by ``shift``) is from this line, per line.

@@ -299,9 +299,7 @@ class LaplaceLine:
             out = np.where(slope > 0, hi - k, lo + k)
         return np.where(self.proper, out, 0.0)
 
-    def subset(self, rows: np.ndarray) -> LaplaceLine:
-        """The lines at ``rows``."""
-        return take_rows(self, rows)
+    subset = take_rows  # the lines at ``rows``
 
     def distance(self, other: LaplaceLine, shift: np.ndarray) -> np.ndarray:
         """A bound on ``sup |log p_x(δ) − log p_y(δ + shift)|`` (unnormalised), per line,
