@@ -67,6 +67,7 @@ __all__ = [
     "atomic_file",
     "check_output",
     "claim_path",
+    "file_sha256",
     "output_dir",
     "output_file",
     "read_claim",
@@ -402,12 +403,10 @@ def atomic_file(target: PathLike) -> Iterator[Path]:
 # -- ownership manifests --------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex, read in blocks (``hashlib.file_digest``)."""
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sidecar_path(target: PathLike) -> Path:
@@ -479,7 +478,7 @@ def _foreign_in_dir(target: Path) -> str | None:
     foreign = [f for f in files if f != MARKER and f not in listed] + other
     if foreign:
         return f"holds {_first(foreign)}, which censusdp did not write"
-    changed = [f for f in files if f != MARKER and _sha256(target / f) != listed[f]]
+    changed = [f for f in files if f != MARKER and file_sha256(target / f) != listed[f]]
     if changed:
         return f"{_first(changed)} changed since censusdp wrote it"
     return None
@@ -523,7 +522,7 @@ def _foreign_file(target: Path) -> str | None:
     doc = read_marker(sidecar_path(target))
     if doc is None or doc.get("kind") != "file":
         return f"is not a censusdp output (no {sidecar_path(target).name} beside it)"
-    if doc["files"].get(target.name) != _sha256(target):
+    if doc["files"].get(target.name) != file_sha256(target):
         return "changed since censusdp wrote it"
     return None
 
@@ -646,7 +645,7 @@ def output_dir(
         files = [f for f in files if f != CLAIM]
         if other:
             raise SpecError(f"{target}: refusing to publish non-regular files {_first(other)}")
-        digests = {f: _sha256(tmp / f) for f in files if f != MARKER}
+        digests = {f: file_sha256(tmp / f) for f in files if f != MARKER}
         (tmp / MARKER).write_text(_marker("directory", digests, command, info), encoding="utf-8")
 
 
@@ -675,6 +674,6 @@ def output_file(
     with atomic_file(target) as tmp:
         yield tmp
         check_output(target, **args)  # type: ignore[arg-type]
-        text = _marker("file", {target.name: _sha256(tmp)}, command, info)
+        text = _marker("file", {target.name: file_sha256(tmp)}, command, info)
         with atomic_file(sidecar_path(target)) as side:
             side.write_text(text, encoding="utf-8")

@@ -30,6 +30,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Self
 
 from censusdp.errors import BudgetError
 
@@ -366,8 +367,26 @@ def gaussian_sigma(rho: float, sensitivity: float = 1.0) -> float:
 # Typed privacy losses
 
 
+class _Loss:
+    """What both typed losses do alike: scale, split and compose by ``+``."""
+
+    amount: float
+
+    def scaled(self, factor: float) -> Self:
+        """The amount (ε or ρ) × ``factor`` (a share of this budget, or k repetitions)."""
+        return type(self)(self.amount * check_positive("factor", factor))
+
+    def split(self, shares: Mapping[str, float]) -> dict[str, Self]:
+        """This budget cut into named pieces that compose back to it (shares sum to 1)."""
+        _check_shares(shares, "budget shares")
+        return {name: self.scaled(float(share)) for name, share in shares.items()}
+
+    def __add__(self, other: PureDP | ZCDP) -> PureDP | ZCDP:
+        return compose([self, other])  # type: ignore[list-item]
+
+
 @dataclass(frozen=True)
-class PureDP:
+class PureDP(_Loss):
     """A pure ε-DP privacy loss (Dwork & Roth 2014, Def. 2.4).
 
     Losses compose by ``+`` (sequential composition adds ε, Dwork & Roth 2014, Thm. 3.16;
@@ -399,15 +418,6 @@ class PureDP:
         """The zCDP loss an ε-DP mechanism also has: ρ = ε²/2 (Bun & Steinke 2016, Prop. 1.4)."""
         return ZCDP(pure_to_zcdp(self.epsilon))
 
-    def scaled(self, factor: float) -> PureDP:
-        """ε × ``factor`` (a share of this budget, or k repetitions of the loss)."""
-        return PureDP(self.epsilon * check_positive("factor", factor))
-
-    def split(self, shares: Mapping[str, float]) -> dict[str, PureDP]:
-        """This budget cut into named pieces that compose back to it (shares sum to 1)."""
-        _check_shares(shares, "budget shares")
-        return {name: self.scaled(float(share)) for name, share in shares.items()}
-
     def covers(self, spent: PureDP | ZCDP) -> bool:
         """True when a claim of ε-DP is honest for a computation that spends ``spent``: a
         pure spend of at most ε (relative slack :data:`SPEND_TOLERANCE`); never a zCDP
@@ -416,15 +426,12 @@ class PureDP:
             return False
         return spent.epsilon <= self.epsilon * (1.0 + SPEND_TOLERANCE)
 
-    def __add__(self, other: PureDP | ZCDP) -> PureDP | ZCDP:
-        return compose([self, other])
-
     def __str__(self) -> str:
         return f"ε = {self.epsilon:g} (pure)"
 
 
 @dataclass(frozen=True)
-class ZCDP:
+class ZCDP(_Loss):
     """A ρ-zCDP privacy loss (Bun & Steinke 2016, Def. 1.1).
 
     Losses compose by ``+`` (ρ adds, Bun & Steinke 2016, Lemma 2.3), split by
@@ -455,15 +462,6 @@ class ZCDP:
         """This loss."""
         return self
 
-    def scaled(self, factor: float) -> ZCDP:
-        """ρ × ``factor``."""
-        return ZCDP(self.rho * check_positive("factor", factor))
-
-    def split(self, shares: Mapping[str, float]) -> dict[str, ZCDP]:
-        """This budget cut into named pieces that compose back to it (shares sum to 1)."""
-        _check_shares(shares, "budget shares")
-        return {name: self.scaled(float(share)) for name, share in shares.items()}
-
     def covers(self, spent: PureDP | ZCDP) -> bool:
         """True when a claim of ρ-zCDP is honest for a computation that spends ``spent``
         (a pure spend counts ε²/2; relative slack :data:`SPEND_TOLERANCE`)."""
@@ -473,9 +471,6 @@ class ZCDP:
         """The ε of the (ε, δ)-DP this loss implies (:func:`zcdp_to_dp_cks` when ``tight``,
         else :func:`zcdp_to_dp`)."""
         return (zcdp_to_dp_cks if tight else zcdp_to_dp)(self.rho, delta)
-
-    def __add__(self, other: PureDP | ZCDP) -> ZCDP:
-        return compose([self, other])  # type: ignore[return-value]
 
     def __str__(self) -> str:
         return f"ρ = {self.rho:g} (zCDP)"
@@ -487,11 +482,7 @@ PrivacyLoss = PureDP | ZCDP
 
 def loss(accounting: str, amount: float) -> PrivacyLoss:
     """The typed loss of an ``accounting`` name (``"pure"``/``"zcdp"``) and its amount."""
-    if accounting == "pure":
-        return PureDP(amount)
-    if accounting == "zcdp":
-        return ZCDP(amount)
-    raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
+    return (PureDP if Accounting.parse(accounting) is Accounting.PURE else ZCDP)(amount)
 
 
 def compose(losses: Sequence[PrivacyLoss]) -> PrivacyLoss:
@@ -782,25 +773,11 @@ class PrivacyStatement:
     @classmethod
     def from_dict(cls, d: dict) -> PrivacyStatement:
         """The statement :meth:`to_dict` wrote (``guarantee``, the ε's and ``text`` are
-        derived)."""
-        return cls(
-            d["accounting"],
-            epsilon=d.get("epsilon"),
-            rho=d.get("rho"),
-            delta=d.get("delta"),
-            invariants=tuple(d.get("invariants", ())),
-            geometry=d.get("geometry", "euclidean"),
-            data_dependent=bool(d.get("data_dependent", False)),
-            mechanism=d.get("mechanism", ""),
-            notes=tuple(d.get("notes", ())),
-            unit=d.get("unit", ""),
-            neighbour=d.get("neighbour", "add/remove"),
-            exact=tuple(d.get("exact", ())),
-            target=d.get("target"),
-            reveals=tuple(d.get("reveals", ())),
-            parts=tuple(d.get("parts", ())),
-            change_factor=d.get("change_factor"),
-        )
+        derived, so not read; a missing field takes its default)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"accounting"}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["data_dependent"] = bool(kw.get("data_dependent", False))
+        return cls(d["accounting"], **kw)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1083,11 +1060,9 @@ class ZCDPAccountant(Accountant):
 
 def accountant_for(accounting: str, total: float, delta: float | None = None) -> Accountant:
     """A :class:`PureAccountant` or :class:`ZCDPAccountant` for ``accounting``."""
-    if accounting == "pure":
+    if Accounting.parse(accounting) is Accounting.PURE:
         return PureAccountant(total)
-    if accounting == "zcdp":
-        return ZCDPAccountant(total, delta)
-    raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
+    return ZCDPAccountant(total, delta)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1201,9 +1176,7 @@ class Budget:
     delta: float | None = None
 
     def __post_init__(self) -> None:
-        if self.accounting not in ACCOUNTINGS:
-            raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {self.accounting!r}")
-        object.__setattr__(self, "accounting", Accounting(self.accounting))
+        object.__setattr__(self, "accounting", Accounting.parse(self.accounting))
         if self.delta is not None:
             check_delta(self.delta)
         self.allocation()  # validate now
@@ -1307,8 +1280,7 @@ def statement_for(
                 "own total; give one or the other"
             )
         accounting, total = accounting.accounting, accounting.amount
-    if accounting not in ACCOUNTINGS:
-        raise BudgetError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
+    accounting = Accounting.parse(accounting)
     if total is None:
         raise BudgetError(f"statement_for({accounting!r}): give the total ε or ρ")
     total = (check_epsilon if accounting == "pure" else check_rho)(

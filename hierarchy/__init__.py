@@ -5,6 +5,7 @@ package, or a light submodule such as :mod:`censusdp.hierarchy.describe` for the
 line's parser, does not import pandas, networkx or numba until a name that needs them is used.
 """
 
+# ruff: noqa: F401  (the TYPE_CHECKING imports are the names of __all__, made from _EXPORTS)
 from __future__ import annotations
 
 import importlib
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from censusdp.hierarchy.table import MIDWEST_CELLS, Table, resolve_cells
     from censusdp.hierarchy.validate import check_additive, check_counts, check_leaf_data, validate
 
-#: Public name -> the submodule defining it.
+#: Public name -> the submodule defining it: the one list of the package's names (``__all__``).
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         [
@@ -64,39 +65,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["check_additive", "check_counts", "check_leaf_data", "validate"], "validate"),
 }
 
-__all__ = [
-    "GISJOIN_LENGTHS",
-    "Hierarchy",
-    "Level",
-    "LevelAdded",
-    "LevelSpec",
-    "MIDWEST_CELLS",
-    "STRING_DTYPE",
-    "Table",
-    "add_level",
-    "as_codes",
-    "check_additive",
-    "check_counts",
-    "check_leaf_data",
-    "describe",
-    "describe_file",
-    "from_columns",
-    "from_edges",
-    "from_gisjoin",
-    "level_specs",
-    "load_hierarchy",
-    "load_table",
-    "parse_level_spec",
-    "resolve_cells",
-    "save_hierarchy",
-    "save_table",
-    "synthetic_us",
-    "synthetic_state",
-    "pl94_histogram",
-    "pl94_partitions",
-    "to_networkx",
-    "validate",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

@@ -127,11 +127,12 @@ def analytic_gaussian_delta(epsilon: float, sigma: float, sensitivity: float = 1
     sensitivity = check_positive("sensitivity", sensitivity)
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
-    first = float(log_ndtr(a - b))
-    second = epsilon + float(log_ndtr(-a - b))
-    if second >= first:
-        return 0.0
-    return math.exp(first) * -math.expm1(second - first)
+    return _gap(float(log_ndtr(a - b)), epsilon + float(log_ndtr(-a - b)))
+
+
+def _gap(log_a: float, log_b: float) -> float:
+    """``e^{log_a} − e^{log_b}`` when positive, else 0, without cancellation (NaN stays NaN)."""
+    return 0.0 if log_b >= log_a else math.exp(log_a) * -math.expm1(log_b - log_a)
 
 
 def analytic_gaussian_sigma(
@@ -158,37 +159,19 @@ def analytic_gaussian_sigma(
     delta = check_delta(delta)
     sensitivity = check_positive("sensitivity", sensitivity)
 
-    def gap(log_a: float, log_b: float) -> float:
-        # Φ-difference e^{log_a} − e^{log_b}, stable
-        return math.exp(log_a) * -math.expm1(log_b - log_a) if log_b < log_a else 0.0
-
-    def b_plus(v: float) -> float:
-        return gap(
-            float(log_ndtr(math.sqrt(epsilon * v))),
+    def bound(v: float, sign: float) -> float:  # B⁺(v) for sign +1, B⁻(v) for −1
+        return _gap(
+            float(log_ndtr(sign * math.sqrt(epsilon * v))),
             epsilon + float(log_ndtr(-math.sqrt(epsilon * (v + 2.0)))),
         )
 
-    def b_minus(u: float) -> float:
-        return gap(
-            float(log_ndtr(-math.sqrt(epsilon * u))),
-            epsilon + float(log_ndtr(-math.sqrt(epsilon * (u + 2.0)))),
-        )
-
-    delta0 = b_plus(0.0)
-    if delta >= delta0:
-        # B⁺ increases in v: find where it crosses δ
-        hi = 1.0
-        while b_plus(hi) <= delta:
-            hi *= 2.0
-        v = brentq(lambda s: b_plus(s) - delta, 0.0, hi, xtol=tol, rtol=1e-15, maxiter=1000)
-        alpha = math.sqrt(1.0 + v / 2.0) - math.sqrt(v / 2.0)
-    else:
-        # B⁻ decreases in u
-        hi = 1.0
-        while b_minus(hi) > delta:
-            hi *= 2.0
-        u = brentq(lambda s: b_minus(s) - delta, 0.0, hi, xtol=tol, rtol=1e-15, maxiter=1000)
-        alpha = math.sqrt(1.0 + u / 2.0) + math.sqrt(u / 2.0)
+    # B⁺ increases in v, B⁻ decreases in u: double the bracket until it crosses δ
+    sign = 1.0 if delta >= bound(0.0, 1.0) else -1.0
+    hi = 1.0
+    while (bound(hi, sign) <= delta) == (sign > 0):
+        hi *= 2.0
+    v = brentq(lambda x: bound(x, sign) - delta, 0.0, hi, xtol=tol, rtol=1e-15, maxiter=1000)
+    alpha = math.sqrt(1.0 + v / 2.0) - sign * math.sqrt(v / 2.0)
     sigma = check_scale(alpha * sensitivity / math.sqrt(2.0 * epsilon), "the resulting sigma")
     step = 0
     while analytic_gaussian_delta(epsilon, sigma, sensitivity) > delta:

@@ -129,10 +129,6 @@ class SmithForm:
     V_inv: np.ndarray
     rank: int
 
-    @property
-    def invariant_factors(self) -> tuple[int, ...]:
-        return tuple(int(self.D[i, i]) for i in range(self.rank))
-
 
 def smith_normal_form(a: np.ndarray) -> SmithForm:
     """Exact Smith normal form with the unimodular transforms, by integer elimination.

@@ -423,13 +423,14 @@ def projected_gaussian(
     return _gaussian_result("projected_gaussian", release, cov, diag, mse, names, law, sens, budget)
 
 
-def _extension_setup(A, h, C):
+def _extension_setup(A, h, C, invariant_names):
+    """``(A, answers, C, n, n_c, Q_N, Q_Nᵀ A, names)`` of an extension mechanism."""
     A_, answers = _query(A, h)
     n = answers.shape[0]
     C_, _, n_c = _invariants(C, None, n)
     q = np.eye(n) if C_ is None else null_space_basis(C_)
     a_n = q.T if A_ is None else q.T @ A_
-    return A_, answers, C_, n_c, q, a_n
+    return A_, answers, C_, n, n_c, q, a_n, _names(invariant_names, C_, None, n_c)
 
 
 def extended_laplace(
@@ -454,9 +455,7 @@ def extended_laplace(
     ----------
     Gao, Gong & Yu (2022), Theorem 12 and Corollary 18.
     """
-    A_, answers, C_, n_c, q, a_n = _extension_setup(A, h, C)
-    n = answers.shape[0]
-    names = _names(invariant_names, C_, None, n_c)
+    A_, answers, C_, n, n_c, q, a_n, names = _extension_setup(A, h, C, invariant_names)
     full = l1_sensitivity(A_)
     sens = l1_sensitivity(a_n) if a_n.size else 0.0
     if sens <= full and sens > 0:
@@ -504,9 +503,7 @@ def extended_gaussian(
     ----------
     Gao, Gong & Yu (2022), Algorithm 1 and Corollary 15.
     """
-    A_, answers, C_, n_c, q, a_n = _extension_setup(A, h, C)
-    n = answers.shape[0]
-    names = _names(invariant_names, C_, None, n_c)
+    A_, answers, C_, n, n_c, q, a_n, names = _extension_setup(A, h, C, invariant_names)
     sens = l2_sensitivity(a_n) if a_n.size else 0.0
     sens = min(sens, l2_sensitivity(A_))  # equal up to rounding; never report more
     law = Gaussian(gaussian_sigma_for(epsilon, delta, sens, calibration))
@@ -602,9 +599,7 @@ def correlated_gaussian(
     Gao, Gong & Yu (2022), Algorithm 3 and Theorem 20; Nikolov, Talwar & Zhang (2013),
     Algorithm 1 and Theorem 13.
     """
-    A_, answers, C_, n_c, q, a_n = _extension_setup(A, h, C)
-    n = answers.shape[0]
-    names = _names(invariant_names, C_, None, n_c)
+    A_, answers, C_, n, n_c, q, a_n, names = _extension_setup(A, h, C, invariant_names)
     # restrict to the range of A_N: outside it the answers carry no information
     uu, s, _ = np.linalg.svd(a_n, full_matrices=False)
     rank = int((s > max(a_n.shape) * np.finfo(np.float64).eps * (s[0] if s.size else 0)).sum())

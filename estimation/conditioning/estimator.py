@@ -73,6 +73,7 @@ from censusdp.options import with_keywords
 from censusdp.rng import KeyedRNG
 
 __all__ = [
+    "ChainOptions",
     "condition",
     "ConditioningOptions",
     "certificate",
@@ -344,8 +345,8 @@ def _gaussian_release(hierarchy, cells, measurements, invariants, privacy, rng, 
 
 
 @dataclass(frozen=True, eq=False)
-class ConditioningOptions:
-    """How :func:`condition` samples and certifies its draws.
+class ChainOptions:
+    """The chains' certificate and moves (:func:`certified_draws`).
 
     Attributes
     ----------
@@ -355,18 +356,12 @@ class ConditioningOptions:
         L; default: the median meeting time of a 1-lag pilot (so the bound is informative).
     max_iterations : int
         Cap on coupled iterations and on the burn-in.
-    n_draws : int
-        1: release one draw; > 1: release the average of that many independent draws.
     n_coupled_pairs : int
         Independent coupled pairs for the meeting times (≥ 100 recommended).
     n_rhat_chains : int
-        Over-dispersed chains for split-R̂ (≥ 4).
-    nonnegative : bool
-        Condition also on released leaf cells ≥ 0 (flagged data-dependent in the statement).
-    step_scale : float, optional
-        δ scale; default the finest measured level's noise standard deviation.
-    start : numpy.ndarray, optional
-        Consistent leaf table satisfying the invariants to start the chains from.
+        At least this many over-dispersed chains are run, for split-R̂ (≥ 4);
+        :func:`~censusdp.estimation.conditioning.mechanism.conditioned_noise` runs one per
+        table.
     kernel : {"auto", "gibbs", "metropolis"}
         MCMC moves (see :class:`ConditioningProblem`).
     """
@@ -374,13 +369,32 @@ class ConditioningOptions:
     tv_bound: float = 0.01
     lag: int | None = None
     max_iterations: int = 200_000
-    n_draws: int = 1
     n_coupled_pairs: int = 200
     n_rhat_chains: int = 4
+    kernel: str = "auto"
+
+
+@dataclass(frozen=True, eq=False)
+class ConditioningOptions(ChainOptions):
+    """How :func:`condition` samples and certifies its draws: the fields of
+    :class:`ChainOptions` and these.
+
+    Attributes
+    ----------
+    n_draws : int
+        1: release one draw; > 1: release the average of that many independent draws.
+    nonnegative : bool
+        Condition also on released leaf cells ≥ 0 (flagged data-dependent in the statement).
+    step_scale : float, optional
+        δ scale; default the finest measured level's noise standard deviation.
+    start : numpy.ndarray, optional
+        Consistent leaf table satisfying the invariants to start the chains from.
+    """
+
+    n_draws: int = 1
     nonnegative: bool = False
     step_scale: float | None = None
     start: np.ndarray | None = None
-    kernel: str = "auto"
 
 
 def condition(
@@ -444,15 +458,7 @@ def condition(
         start=o.start,
         kernel=o.kernel,
     )
-    draws = certified_draws(
-        prob,
-        rng,
-        tv_bound=o.tv_bound,
-        lag=o.lag,
-        max_iterations=o.max_iterations,
-        n_coupled_pairs=o.n_coupled_pairs,
-        n_chains=max(n_draws, o.n_rhat_chains),
-    )
+    draws = certified_draws(prob, rng, o, n_chains=max(n_draws, o.n_rhat_chains))
     estimates, variances, integer, mcse = _released_draws(hierarchy, prob, draws, n_draws)
     notes = [
         draws.certificate_note(),
@@ -541,19 +547,12 @@ class CertifiedDraws:
 
 
 def certified_draws(
-    prob: ConditioningProblem,
-    rng: KeyedRNG,
-    *,
-    tv_bound: float,
-    lag: int | None,
-    max_iterations: int,
-    n_coupled_pairs: int,
-    n_chains: int,
+    prob: ConditioningProblem, rng: KeyedRNG, options: ChainOptions, *, n_chains: int
 ) -> CertifiedDraws:
     """Run ``n_chains`` chains of ``prob`` past the first iteration T whose L-lag coupling
-    bound on d_TV(π_T, π) is below ``tv_bound`` (Biswas, Jacob & Vanetti 2019, Thm. 2.5).
+    bound on d_TV(π_T, π) is below ``options.tv_bound`` (Biswas, Jacob & Vanetti 2019, Thm. 2.5).
 
-    ``lag=None`` takes L from a 1-lag pilot (the median meeting time of 50 pairs). Coupled
+    ``options.lag=None`` takes L from a 1-lag pilot (the median meeting time of 50 pairs). Coupled
     pairs start from the same over-dispersed initial law as the chains; all randomness comes
     from ``rng``'s stream ``conditioning/mcmc``.
 
@@ -563,6 +562,8 @@ def certified_draws(
         Pairs that do not meet within ``max_iterations``, or a bound still above
         ``tv_bound`` there (the message names the bound reached).
     """
+    tv_bound, lag, max_iterations = options.tv_bound, options.lag, options.max_iterations
+    n_coupled_pairs = options.n_coupled_pairs
     eng = prob.engine
     gen = rng.generator("conditioning/mcmc")
     spread = prob.default_spread

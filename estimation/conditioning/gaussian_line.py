@@ -53,7 +53,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import log_ndtr, ndtri_exp
 
-from censusdp.estimation.conditioning.line_conditional import line_inputs, same_bounds, take_rows
+from censusdp.estimation.conditioning.line_conditional import (
+    invert_rows,
+    line_inputs,
+    same_bounds,
+    take_rows,
+)
 
 __all__ = ["GaussianLine", "WINDOW_LOG_TAIL", "tail_bound"]
 
@@ -128,16 +133,9 @@ class GaussianLine:
         *,
         integer: bool = False,
     ) -> GaussianLine:
-        """The conditional law for current values ``a``, coefficients ``c``, precisions p.
-
-        Parameters
-        ----------
-        a, c, prec : array_like
-            (n, K); ``prec ≥ 0``.
-        lo, hi : array_like, optional
-            (n,) bounds on δ; None for unbounded. For integer lines they are rounded inward.
-        integer : bool
-        """
+        """The conditional law for current values ``a``, coefficients ``c`` and precisions
+        ``prec ≥ 0``, (n, K); bounds and ``integer`` as for
+        :meth:`~censusdp.estimation.conditioning.line_conditional.LaplaceLine.build`."""
         a, c, prec, lo, hi = line_inputs(a, c, prec, lo, hi, integer)
         n = a.shape[0]
         P = np.einsum("nk,nk->n", prec, c * c)
@@ -191,16 +189,8 @@ class GaussianLine:
     def sample(
         self, gen: np.random.Generator | None = None, u: np.ndarray | None = None
     ) -> np.ndarray:
-        """One exact draw of δ per line (0 on improper lines), by inversion of the CDF.
-
-        Parameters
-        ----------
-        gen : numpy.random.Generator, optional
-            Source of the uniforms when ``u`` is not given.
-        u : numpy.ndarray, optional
-            (n,) uniforms on [0, 1); the draw is non-decreasing in ``u`` (the quantile
-            function), so a common ``u`` couples two lines synchronously.
-        """
+        """One exact draw of δ per line (0 on improper lines), by inversion of the CDF;
+        parameters as for :meth:`~censusdp.estimation.conditioning.line_conditional.LaplaceLine.sample`."""
         n = self.P.size
         if u is None:
             u = gen.random(n)
@@ -236,22 +226,13 @@ class GaussianLine:
 
     def _sample_window(self, u: np.ndarray) -> np.ndarray:
         """Sequential-search inversion of the discrete CDF on the window (Devroye §III.2)."""
-        w = np.exp(self.window_logw - self.log_norm_centred[:, None])
-        cdf = np.cumsum(np.where(np.isfinite(w), w, 0.0), axis=1)
-        if cdf.shape[1] == 0:
+        if self.window.shape[1] == 0:
             return np.zeros(u.size)
-        target = u * cdf[:, -1]
-        j = np.minimum((cdf <= target[:, None]).sum(axis=1), cdf.shape[1] - 1)
-        rows = np.arange(u.size)
-        # never land on padding through rounding: step back to the last support point
-        ok = np.isfinite(self.window_logw)
-        last_ok = np.maximum.accumulate(np.where(ok, np.arange(ok.shape[1]), -1), axis=1)
-        j = np.where(ok[rows, j], j, np.maximum(last_ok[rows, j], 0))
-        return np.nan_to_num(self.window[rows, j])
+        w = np.exp(self.window_logw - self.log_norm_centred[:, None])
+        j, _, _ = invert_rows(np.where(np.isfinite(w), w, 0.0), np.isfinite(self.window_logw), u)
+        return np.nan_to_num(self.window[np.arange(u.size), j])
 
-    def subset(self, rows: np.ndarray) -> GaussianLine:
-        """The lines at ``rows``."""
-        return take_rows(self, rows)
+    subset = take_rows  # the lines at ``rows``
 
     def distance(self, other: GaussianLine, shift: np.ndarray) -> np.ndarray:
         """How far ``other`` (shifted by ``shift``) is from this line, per line.

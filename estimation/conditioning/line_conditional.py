@@ -38,7 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["Line", "LaplaceLine", "couple_lines", "distance"]
+__all__ = ["Line", "LaplaceLine", "couple_lines", "distance", "invert_rows"]
 
 
 class Line(Protocol):
@@ -109,6 +109,19 @@ def same_bounds(x: Line, y: Line, shift: np.ndarray) -> np.ndarray:
         np.isinf(x.hi) & np.isinf(y.hi)
     )
     return same_lo & same_hi
+
+
+def invert_rows(p: np.ndarray, ok: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per row, the first ``j`` with ``cdf[j] > u·cdf[-1]`` for the masses ``p`` (0 off the
+    support ``ok``), never off ``ok`` through rounding (Devroye 1986, §III.2, sequential
+    search); the pieces of :class:`LaplaceLine` and the windows of ``GaussianLine`` use it.
+    Returns ``(j, cdf, u·cdf[:, -1])``."""
+    cdf = np.cumsum(p, axis=1)
+    target = u * cdf[:, -1]
+    j = np.minimum((cdf <= target[:, None]).sum(axis=1), p.shape[1] - 1)
+    rows = np.arange(u.size)
+    last_ok = np.maximum.accumulate(np.where(ok, np.arange(ok.shape[1]), -1), axis=1)
+    return np.where(ok[rows, j], j, np.maximum(last_ok[rows, j], 0)), cdf, target
 
 
 @dataclass(frozen=True)
@@ -255,19 +268,12 @@ class LaplaceLine:
             (n,) uniforms on [0, 1); the draw is non-decreasing in ``u`` (the quantile
             function), so a common ``u`` couples two lines synchronously.
         """
-        n, pieces = self.log_mass.shape
+        n = self.log_mass.shape[0]
         if u is None:
             u = gen.random(n)
         p = np.exp(self.log_mass - np.where(self.proper, self.log_norm, 0.0)[:, None])
-        cdf = np.cumsum(p, axis=1)
-        total = cdf[:, -1]
-        target = u * total
-        m = np.minimum((cdf <= target[:, None]).sum(axis=1), pieces - 1)
+        m, cdf, target = invert_rows(p, np.isfinite(self.log_mass), u)
         rows = np.arange(n)
-        # never land on an empty piece through rounding: step back to the last non-empty one
-        nonempty = np.isfinite(self.log_mass)
-        last_ok = np.maximum.accumulate(np.where(nonempty, np.arange(pieces), -1), axis=1)
-        m = np.where(nonempty[rows, m], m, np.maximum(last_ok[rows, m], 0))
         below = np.where(m > 0, cdf[rows, np.maximum(m - 1, 0)], 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             u_in = np.clip((target - below) / p[rows, m], 0.0, 1.0)
@@ -293,9 +299,7 @@ class LaplaceLine:
             out = np.where(slope > 0, hi - k, lo + k)
         return np.where(self.proper, out, 0.0)
 
-    def subset(self, rows: np.ndarray) -> LaplaceLine:
-        """The lines at ``rows``."""
-        return take_rows(self, rows)
+    subset = take_rows  # the lines at ``rows``
 
     def distance(self, other: LaplaceLine, shift: np.ndarray) -> np.ndarray:
         """A bound on ``sup |log p_x(δ) − log p_y(δ + shift)|`` (unnormalised), per line,

@@ -17,14 +17,10 @@ then evaluates a proposal by materialising ``s + Δ`` and calling it. For speed,
 ``log_density_change(states, idx, delta) -> (n_chains,)``, the change
 ``log π(s + Δ) − log π(s)`` of a *sparse* move (``Δ`` is ``delta`` scattered at ``idx``,
 see :class:`Proposal`), computed from the touched entries only.
-Two ready-made targets:
-
-* :class:`ProductTarget` — ``Σ_i log p_{law(i)}(s_i)``, a sum of per-coordinate
-  :class:`~censusdp.mechanisms.laws.NoiseLaw` log-densities (conditioned Laplace, Gaussian,
-  discrete Laplace/Gaussian); coordinates with law index ``-1`` are unconstrained
-  book-keeping coordinates (flat density). Incremental.
-* :class:`FunctionTarget` — wraps any callable ``f(states) -> (n_chains,)``, e.g. the
-  generalized-Laplace lattice target ``−ε ‖s‖₂``.
+The ready-made target, :class:`ProductTarget`, is ``Σ_i log p_{law(i)}(s_i)``, a sum of
+per-coordinate :class:`~censusdp.mechanisms.laws.NoiseLaw` log-densities (conditioned
+Laplace, Gaussian, discrete Laplace/Gaussian); coordinates with law index ``-1`` are
+unconstrained book-keeping coordinates (flat density). Incremental.
 
 Plugging in a move set
 ----------------------
@@ -41,7 +37,7 @@ Ready-made move sets: :class:`TreeMoves` (+δ on one leaf cell, −δ on another
 invariant block: only the two paths up to their lowest common ancestor change) and
 :class:`BasisMoves` (moves along the columns of a null-space or integer-lattice basis ``B``:
 ``s* = s + δ b_k`` or ``s* = s + B u``). The step laws (:class:`GaussianStep`,
-:class:`LaplaceStep`, :class:`UniformStep`, :class:`DoubleGeometricStep`) give δ.
+:class:`DoubleGeometricStep`) give δ.
 
 Inequality constraints (e.g. non-negativity of the released table) enter as ``lower`` bounds on
 state coordinates: a proposal below a bound is rejected (an indicator in the acceptance ratio).
@@ -72,7 +68,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,11 +80,8 @@ __all__ = [
     "Proposal",
     "Target",
     "ProductTarget",
-    "FunctionTarget",
     "StepLaw",
     "GaussianStep",
-    "LaplaceStep",
-    "UniformStep",
     "DoubleGeometricStep",
     "maximal_coupling",
     "uniform_index",
@@ -219,16 +212,6 @@ class ProductTarget(Target):
         return np.bincount(rows, weights=diff, minlength=states.shape[0])
 
 
-class FunctionTarget(Target):
-    """A target given by a callable ``f(states) -> (n_chains,)`` log-densities."""
-
-    def __init__(self, log_density: Callable[[np.ndarray], np.ndarray]) -> None:
-        self._f = log_density
-
-    def log_density(self, states: np.ndarray) -> np.ndarray:
-        return np.asarray(self._f(states), dtype=np.float64)
-
-
 # ---------------------------------------------------------------------------- step laws
 class StepLaw(ABC):
     """A symmetric law of the step δ along one move direction."""
@@ -255,32 +238,6 @@ class GaussianStep(StepLaw):
 
     def log_pdf(self, x):
         return -0.5 * (np.asarray(x) / self.scale) ** 2
-
-
-class LaplaceStep(StepLaw):
-    """δ ~ Laplace(0, scale)."""
-
-    def __init__(self, scale: float) -> None:
-        self.scale = float(scale)
-
-    def sample(self, gen, size):
-        return gen.laplace(0.0, self.scale, size=size)
-
-    def log_pdf(self, x):
-        return -np.abs(x) / self.scale
-
-
-class UniformStep(StepLaw):
-    """δ ~ U(−half_width, half_width)."""
-
-    def __init__(self, half_width: float) -> None:
-        self.half_width = float(half_width)
-
-    def sample(self, gen, size):
-        return gen.uniform(-self.half_width, self.half_width, size=size)
-
-    def log_pdf(self, x):
-        return np.where(np.abs(x) <= self.half_width, 0.0, -np.inf)
 
 
 class DoubleGeometricStep(StepLaw):

@@ -45,7 +45,6 @@ Biswas, Jacob & Vanetti (2019), L-lag couplings.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,6 +53,7 @@ from censusdp.budget import PrivacyStatement, invariant_labels, with_invariants
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.conditioning.estimator import (
     CertifiedDraws,
+    ChainOptions,
     ConditioningProblem,
     certified_draws,
     chain_level_variances,
@@ -110,36 +110,6 @@ def _check_table(
     return levels
 
 
-@dataclass(frozen=True, eq=False)
-class ChainOptions:
-    """The chains' certificate and moves, as for
-    :func:`~censusdp.estimation.conditioning.estimator.condition`.
-
-    Attributes
-    ----------
-    tv_bound : float
-        Required L-lag coupling bound on d_TV(π_T, π) at the burn-in T used.
-    lag : int, optional
-        L; default: the median meeting time of a 1-lag pilot.
-    max_iterations : int
-        Cap on coupled iterations and on the burn-in.
-    n_coupled_pairs : int
-        Independent coupled pairs for the meeting times.
-    n_rhat_chains : int
-        :func:`conditioned_releases` runs at least this many chains (for split-R̂);
-        :func:`conditioned_noise` runs one per table.
-    kernel : {"auto", "gibbs", "metropolis"}
-        MCMC moves.
-    """
-
-    tv_bound: float = 0.01
-    lag: int | None = None
-    max_iterations: int = 200_000
-    n_coupled_pairs: int = 200
-    n_rhat_chains: int = 4
-    kernel: str = "auto"
-
-
 def conditioned_noise(
     hierarchy: Hierarchy,
     cells: Sequence[str],
@@ -175,15 +145,7 @@ def conditioned_noise(
     ]
     zero_invariants = [Invariant(i.level, i.query, np.zeros_like(i.values)) for i in invariants]
     prob = ConditioningProblem(hierarchy, len(cells), zero, zero_invariants, kernel=o.kernel)
-    draws = certified_draws(
-        prob,
-        rng,
-        tv_bound=o.tv_bound,
-        lag=o.lag,
-        max_iterations=o.max_iterations,
-        n_coupled_pairs=o.n_coupled_pairs,
-        n_chains=max(int(n_tables), 1),
-    )
+    draws = certified_draws(prob, rng, o, n_chains=max(int(n_tables), 1))
     draws.diagnostics["integer"] = bool(prob.integer)
     return -draws.finals[: int(n_tables)], draws
 

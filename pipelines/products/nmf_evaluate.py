@@ -4,11 +4,10 @@
 Noisy Measurement File. When the file was simulated from a known histogram
 (:func:`~censusdp.pipelines.io.nmf_writer.simulate_nmf`), :func:`evaluate_nmf_release`
 compares the released total population ``P1_001N`` of every state, county, tract, block
-group and block with the truth, per size class of the areas (0, 1–9, 10–99, 100–999, 1000+
-persons) with the Census Bureau's metric set — mean absolute error, root mean squared error,
-mean signed error, mean absolute percent error and the count of areas off by more than 10%
-— computed by :func:`~censusdp.pipelines.size_class_report.evaluate_size_classes` (which
-calls :func:`~censusdp.pipelines.metrics.size_class_metrics`).
+group and block with the truth, per size class of the areas, with the Census Bureau's metric
+set of :mod:`censusdp.pipelines.size_class_report` (its
+:func:`~censusdp.pipelines.size_class_report.evaluate_size_classes`, where the metrics and
+their references are).
 
 **Confidential.** Errors against the truth, together with the release, reveal the truth.
 The evaluation is written into its own output folder, never inside the release (which must
@@ -21,14 +20,6 @@ county 3, tract 6, block 4) and summed over the GEOID prefixes of the tabulation
 (2, 5, 11, 12 — the block group is the block number's first digit — and 15), exactly
 (int64). The released areas of each level must be exactly the truth's areas of the
 released states, or the evaluation is refused.
-
-References
-----------
-U.S. Census Bureau (2021). Disclosure Avoidance and the 2020 Census: detailed summary
-    metrics (mean absolute error, mean numeric error, mean absolute percent error and the
-    count of geographies with a percent difference over 10%, by size bins).
-Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown Algorithm.
-    Harvard Data Science Review, Special Issue 2.
 """
 
 from __future__ import annotations
