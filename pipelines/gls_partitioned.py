@@ -62,6 +62,7 @@ from censusdp.estimation.integer.laminar import (
     TOL,
     RoundingPlan,
     RoundPart,
+    bipartite_rows,
     bipartite_variances,
     check_bipartite,
     check_finite,
@@ -389,14 +390,15 @@ def _round_keys(
 
 
 def _bipartite_task(
-    item: tuple[ReleasePiece, np.ndarray, int, SubKeys], label: str, tol: float
+    item: tuple[ReleasePiece, np.ndarray, int, int, SubKeys], n_rows: int, label: str, tol: float
 ) -> np.ndarray:
-    """``item = (piece, child_count, first_parent, keys)``: the leaves of each parent
-    rounded, with the sub-keys of those parents' generators."""
-    piece, child_count, first_parent, keys = item
+    """``item = (piece, child_count, first_parent, first_leaf, keys)``: the leaves of the
+    partition's leaf parents rounded, with the sub-keys of their kernel rows' uniforms."""
+    piece, child_count, first_parent, first_leaf, keys = item
     return round_bipartite_part(
-        piece.estimates[-1], child_count, first_parent, keys, label=label, tol=tol
-    )
+        piece.estimates[-1], child_count, first_parent, keys, n_rows, first_leaf,
+        label=label, tol=tol,
+    )  # fmt: skip
 
 
 def _leftovers(part: RoundPart) -> tuple[RoundPart, int]:
@@ -604,11 +606,16 @@ class RoundIntegerizer:
         if method == "bipartite":
             check_bipartite(h.names, cells, invs)
             masks, labels = tracked_sums(cells, invs, queries)
-            tasks = [
-                Task(_bipartite_task, (piece, h.levels[D - 2].child_count[slice(*p.range(D - 2))],
-                     p.range(D - 2)[0], rng.restrict({lab: range(*p.range(D - 2))})), (lab, tol))
-                for p, piece in zip(parts, release.pieces, strict=True)
-            ]  # fmt: skip
+            cc, n_rows = h.levels[D - 2].child_count, h.sizes[-1] + h.sizes[D - 2]
+            tasks = []
+            for p, piece in zip(parts, release.pieces, strict=True):
+                (p0, p1), l0 = p.range(D - 2), p.range(D - 1)[0]
+                _, lo, hi = bipartite_rows(cc[p0:p1], l0, p0)
+                keys = rng.restrict(
+                    {lab: chunk_range(lo * (len(cells) + 2), hi * (len(cells) + 2))}
+                )
+                item = (piece, cc[p0:p1], p0, l0, keys)
+                tasks.append(Task(_bipartite_task, item, (n_rows, lab, tol)))
             none = np.zeros(0, np.int64)  # the pieces hold the parents' level unless it is cut
             rows = [release.estimates[cut][slice(*p.range(cut))] if D - 2 == cut else None
                     for p in parts]  # fmt: skip
