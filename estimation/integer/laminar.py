@@ -118,6 +118,7 @@ __all__ = [
     "split_fraction",
     "invariant_rows",
     "check_laminar",
+    "relabel",
     "cancel_cycles",
     "bordered",
 ]
@@ -275,26 +276,13 @@ def pipage_round(
     return out
 
 
-def _tree_groups(h: Hierarchy, order: str, K: int) -> list[np.ndarray]:
-    """The tree's laminar family as :func:`pipage_round` groups (cell-major or leaf-major)."""
-    if order == "cells":  # items j * n_leaves + leaf
-        groups = []
-        for k in range(h.depth - 1, 0, -1):
-            n_up = h.levels[k - 1].size
-            par = h.levels[k].parent
-            groups.append((np.arange(K)[:, None] * n_up + par[None, :]).reshape(-1))
-        return groups
-    n_leaves = h.leaves.size  # items leaf * K + j
-    groups = [np.repeat(np.arange(n_leaves), K)]
-    for k in range(h.depth - 1, 0, -1):
-        groups.append(h.levels[k].parent)
-    return groups
-
-
 # ----------------------------------------------------------------------------- the family
-def _relabel(labels: np.ndarray) -> np.ndarray:
-    """Block ids 0 .. nb − 1 in order of first appearance over the cells."""
-    _, first, inv = np.unique(labels, return_index=True, return_inverse=True)
+def relabel(labels: np.ndarray) -> np.ndarray:
+    """Labels renumbered 0 .. n − 1 in order of first appearance (of each value, or of each
+    row of a 2-D array): the canonical name of a partition of the cells."""
+    a = np.asarray(labels)
+    axis = 0 if a.ndim > 1 else None
+    _, first, inv = np.unique(a, axis=axis, return_index=True, return_inverse=True)
     rank = np.empty(first.size, np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.size)
     return rank[inv.reshape(-1)]
@@ -327,12 +315,8 @@ def _layout(part: np.ndarray, masks: np.ndarray) -> _Layout:
             reps.append(np.zeros(0, np.int64))
             continue
         q = np.flatnonzero(nz)
-        _, first, inv = np.unique(inter[q], axis=0, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")
-        slot = np.empty(first.size, np.int64)
-        slot[order] = np.arange(first.size)
-        fidx[b, q] = slot[inv.reshape(-1)]
-        reps.append(q[first[order]])
+        fidx[b, q] = slot = relabel(inter[q])
+        reps.append(q[np.unique(slot, return_index=True)[1]])
     F = max(1, max(r.size for r in reps))
     rep = np.full((nb, F), -1, np.int64)
     for b, r in enumerate(reps):
@@ -415,14 +399,8 @@ class RoundingPlan:
                 P = lab
             if mode == "totals":
                 above = [s for lv, s, _ in rows if lv < k]
-                sig = (
-                    np.zeros(K, np.int64)
-                    if not above
-                    else _relabel(
-                        np.unique(np.vstack(above).T, axis=0, return_inverse=True)[1].reshape(-1)
-                    )
-                )
-                lab = _relabel(sig)  # the atoms of the invariants above (all cells if none)
+                # the atoms of the invariants above (all cells if none)
+                lab = relabel(np.vstack(above).T) if above else np.zeros(K, np.int64)
                 if not np.array_equal(lab, P):
                     stages.append(lab)
                     P = lab
@@ -467,7 +445,7 @@ def invariant_chain(
                     "family keeps below it"
                 )
             lab[s] = lab[s].min()
-        lab = _relabel(lab)
+        lab = relabel(lab)
         if not np.array_equal(lab, P):
             out.append(lab)
             P = lab
