@@ -66,10 +66,12 @@ from censusdp.estimation.integer.laminar import (
     bipartite_variances,
     check_bipartite,
     check_finite,
+    require_exact,
     round_bipartite_part,
     round_part,
     round_release,
     round_top,
+    rounding_fields,
     settle_part,
     snap_invariants,
     sum_estimator_variances,
@@ -82,7 +84,7 @@ from censusdp.estimation.integer.nonnegative import (
     nonnegative_top,
     partition_keys,
 )
-from censusdp.estimation.release import Release, SumVariances
+from censusdp.estimation.release import Release
 from censusdp.estimation.topdown.flat import flat_products
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
@@ -264,7 +266,7 @@ def partitioned_gls(
     del tasks
     step.tasks = []  # the upward items (measurement slices) are no longer needed
     with stage(driver.seconds, "downward"):
-        summaries = [summary for _, summary in _heads(ex, pieces)]
+        summaries = [summary for _, summary in ex.map(piece_head, pieces)]
     clock |= driver.seconds
     zhat, Phat = step.smoothed
     est, var, cov = gls_finish(plan, zhat, Phat, covariance)
@@ -338,15 +340,6 @@ def _gls_tasks(
         for p, h, iv in zip(partitions, pm.handles, part_invs, strict=True)
     ]
     return plan, meas, invs, part_invs, tasks
-
-
-def _heads(ex: Executor, pieces: list) -> list[tuple[np.ndarray | None, dict]]:
-    """The small part of every piece (:func:`piece_head`); the pieces stay where they are."""
-    handles = ex.submit(piece_head, pieces)
-    try:
-        return ex.gather(handles)
-    finally:
-        ex.release(handles)
 
 
 def _gathered(kept: PartitionedRelease, timing: str) -> Release:
@@ -672,39 +665,22 @@ class RoundIntegerizer:
         pieces' heads, variances with the rounding's added, the tracked sums, and every
         invariant checked exact (DataError naming those that are not; the pieces released)."""
         kept, ex = self.release, self.release.executor
-        h, cut, K = kept.hierarchy, kept.cut, len(kept.cells)
-        got = _heads(ex, pieces)
+        h, cut = kept.hierarchy, kept.cut
+        got = ex.map(piece_head, pieces)
         top = whole_forest(h, 0, cut)
         estimates = top.aggregate(np.concatenate([c for c, _ in got]))
         top_rounding = self.top_rounding
         if top_rounding is None:  # bipartite: the parents are independent, variances add
             top_rounding = top.aggregate(np.concatenate([s["head_rounding"] for _, s in got]))
-        variances = (
-            None
-            if kept.variances is None
-            else [v + r[:, :K] for v, r in zip(kept.variances, top_rounding, strict=True)]
+        largest = max(s["rounding_variance_max"] for _, s in got)
+        variances, sums, diag = rounding_fields(
+            kept, top_rounding, self.masks, self.labels, self.method, self.family, largest
         )
-        largest = max(
-            [
-                float(max(np.nanmax(r[:, :K], initial=0.0) for r in top_rounding)),
-                *(s["rounding_variance_max"] for _, s in got),
-            ]
-        )
-        est_var = sum_estimator_variances(kept, self.masks, range(cut + 1))
-        sums = SumVariances(self.masks, tuple(self.labels), est_var, top_rounding)
-        diag = {**kept.diagnostics, "rounding": self.method, "rounding_variance_max": largest}
-        if self.family:
-            diag["rounding_family"] = list(self.family)
-        exact = self._exact(estimates, [s for _, s in got])
-        missed = [k for k, ok in exact.items() if not ok]
-        if missed:
+        try:
+            diag["invariants_exact"] = require_exact(self._exact(estimates, [s for _, s in got]))
+        except DataError:
             ex.release(pieces)
-            raise DataError(
-                f"invariants {missed} are not exact after rounding: the real-valued release "
-                "does not meet them within the rounding tolerance; check the estimator's "
-                "invariant constraints"
-            )
-        diag["invariants_exact"] = exact
+            raise
         return dataclasses.replace(
             kept, integer=True, diagnostics=diag, estimates=estimates, variances=variances,
             covariances=None, pieces=pieces, sums=sums,

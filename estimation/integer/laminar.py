@@ -108,7 +108,8 @@ __all__ = [
     "round_bipartite_part",
     "bipartite_rows",
     "bipartite_variances",
-    "finish_rounding",
+    "rounding_fields",
+    "require_exact",
     "tracked_sums",
     "sum_estimator_variances",
     "snap_invariants",
@@ -1712,60 +1713,42 @@ def sum_estimator_variances(
     return out
 
 
-def finish_rounding(
-    release: Release,
-    counts: list[np.ndarray],
-    rounding: list[np.ndarray],
+def rounding_fields(
+    release: Release | object,
+    rounding: Sequence[np.ndarray],
     masks: np.ndarray,
     labels: Sequence[str],
     method: str,
-    invariants: Sequence[Invariant] = (),
     family: Sequence[str] = (),
-) -> Release:
-    """The integer :class:`Release` of rounded ``counts`` (per level) of ``release``.
+    largest: float = 0.0,
+) -> tuple[list[np.ndarray] | None, SumVariances, dict]:
+    """The variances, tracked sums and diagnostics of ``release`` rounded (its first
+    ``len(rounding)`` levels).
 
     ``rounding`` are the rounding variances of the tracked sums (per level (n, m), the first
     K being the cells): the variances become the estimator's plus these, and
-    :meth:`Release.sum_variances` gives those of totals and marginals. The invariants are
-    checked ``==`` on the output (:func:`check_invariants`).
-
-    Raises
-    ------
-    DataError
-        When an invariant is not exact after rounding (the real-valued release missed it by
-        more than the rounding tolerance).
+    :meth:`Release.sum_variances` gives those of totals and marginals; ``largest`` a cell
+    rounding variance seen elsewhere (levels held apart).
     """
-    K = len(release.cells)
+    K = masks.shape[1]
     cell_var = [r[:, :K] for r in rounding]
     variances = (
         None
         if release.variances is None
         else [v + r for v, r in zip(release.variances, cell_var, strict=True)]
     )
-    largest = float(max((np.nanmax(r, initial=0.0) for r in cell_var), default=0.0))
-    sums = SumVariances(
-        masks,
-        tuple(labels),
-        sum_estimator_variances(release, masks, range(release.hierarchy.depth)),
-        list(rounding),
-    )
-    diag = dict(release.diagnostics)
-    diag.update(rounding=method, rounding_variance_max=largest)
+    largest = max([largest, *(float(np.nanmax(r, initial=0.0)) for r in cell_var)])
+    est = sum_estimator_variances(release, masks, range(len(rounding)))
+    sums = SumVariances(masks, tuple(labels), est, list(rounding))
+    diag = {**release.diagnostics, "rounding": method, "rounding_variance_max": largest}
     if family:
         diag["rounding_family"] = list(family)
-    out = Release(
-        estimator=release.estimator,
-        hierarchy=release.hierarchy,
-        cells=release.cells,
-        estimates=counts,
-        variances=variances,
-        privacy=release.privacy,
-        integer=True,
-        diagnostics=diag,
-        covariances=None,
-        sums=sums,
-    )
-    exact = check_invariants(out, invariants)
+    return variances, sums, diag
+
+
+def require_exact(exact: dict[str, bool]) -> dict[str, bool]:
+    """``exact`` (per invariant label, whether it holds ``==`` after rounding), or
+    :class:`DataError` naming those that do not."""
     missed = [k for k, ok in exact.items() if not ok]
     if missed:
         raise DataError(
@@ -1773,8 +1756,7 @@ def finish_rounding(
             "not meet them within the rounding tolerance; check the estimator's invariant "
             "constraints"
         )
-    out.diagnostics["invariants_exact"] = exact
-    return out
+    return exact
 
 
 def round_release(
@@ -1829,18 +1811,19 @@ def round_release(
         check_bipartite(h.names, release.cells, invariants)
         masks, labels = tracked_sums(release.cells, invariants, queries)
         counts = round_bipartite(h, leaves, rng, label=lab, tol=tol)
-        snapped = snap_invariants(whole_forest(h), leaves, counts[-1], invariants, tol)
-        if snapped is not counts[-1]:
-            counts = h.aggregate(snapped)
         parent = release.estimates[-2] if h.depth >= 2 else leaves
         aggregate = whole_forest(h, 0, max(h.depth - 2, 0)).aggregate
         rv = bipartite_variances(aggregate, leaves, parent, h.depth, masks, tol)
-        return finish_rounding(release, counts, rv, masks, labels, method, invariants)
-    plan = RoundingPlan.build(h.names, release.cells, method, invariants, queries)
-    counts, rv = round_tree(h, leaves, rng, plan=plan, label=lab, tol=tol, with_variances=True)
+        family: list[str] = []
+    else:
+        plan = RoundingPlan.build(h.names, release.cells, method, invariants, queries)
+        counts, rv = round_tree(h, leaves, rng, plan=plan, label=lab, tol=tol, with_variances=True)
+        masks, labels, family = plan.masks, plan.labels, plan.describe()
     snapped = snap_invariants(whole_forest(h), leaves, counts[-1], invariants, tol)
     if snapped is not counts[-1]:
         counts = h.aggregate(snapped)
-    return finish_rounding(
-        release, counts, rv, plan.masks, plan.labels, method, invariants, plan.describe()
-    )
+    variances, sums, diag = rounding_fields(release, rv, masks, labels, method, family)
+    changes = {"estimates": counts, "variances": variances, "diagnostics": diag, "sums": sums}
+    out = release.replace(integer=True, covariances=None, **changes)
+    out.diagnostics["invariants_exact"] = require_exact(check_invariants(out, invariants))
+    return out
