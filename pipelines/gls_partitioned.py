@@ -422,13 +422,12 @@ def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleaseP
     if plan is None:  # bipartite: ``part`` is the rounded leaves, ``bits`` the parents' rows
         leaves = snap_invariants(forest, piece.estimates[-1], part, [i for i, _ in invariants], tol)
         counts = forest.aggregate(leaves)
-        parents = Forest(
-            forest.first, forest.names[:-1], forest.sizes[:-1], forest.child_count[:-1], ()
+        f = forest
+        par, leaf = bipartite_variances(
+            piece.estimates[-1], piece.estimates[-2] if bits is None else bits, masks, tol
         )
-        parent = piece.estimates[-2] if bits is None else bits
-        rv = bipartite_variances(parents.aggregate, piece.estimates[-1], parent, 2, masks, tol)
-        summary["head_rounding"] = rv[0]
-        rounding = rv[1:]
+        above = Forest(f.first, f.names[:-1], f.sizes[:-1], f.child_count[:-1], ()).aggregate
+        summary["head_rounding"], *rounding = [*above(par), leaf]
     else:
         leaves = part.leaves.copy()  # the rounded leaves stay as they are, for a recomputation
         leaves[leaf - lo[-1], cell] += add

@@ -1481,38 +1481,25 @@ def check_bipartite(
 
 
 def bipartite_variances(
-    aggregate: Callable[[np.ndarray], list[np.ndarray]],
-    leaf_values: np.ndarray,
-    parent_values: np.ndarray,
-    depth: int,
-    masks: np.ndarray,
-    tol: float = TOL,
+    leaf_values: np.ndarray, parent_values: np.ndarray, masks: np.ndarray, tol: float = TOL
 ) -> list[np.ndarray]:
-    """Rounding variances under :func:`round_bipartite` (per level, (n, m)).
+    """Rounding variances under :func:`round_bipartite`: ``[parents (n, m), leaves (n, m)]``.
 
     Leaf cells and totals, parent cells and totals are each within floor/ceil (variance
     f(1 − f)); the parents are rounded independently, so above them the variances of cells
-    and totals add. Other sums (marginals of several cells) are NaN: the cycle-cancelling
-    scheme has no closed-form joint law; use a laminar mode for them.
+    and totals add (aggregate the parents'). Other sums (marginals of several cells) are NaN:
+    the cycle-cancelling scheme has no closed-form joint law; use a laminar mode for them.
     """
-    K = leaf_values.shape[1]
     single = masks.sum(axis=1) == 1
     whole = masks.all(axis=1)
     col = np.where(single, np.argmax(masks, axis=1), 0)
 
     def at(values: np.ndarray) -> np.ndarray:
-        cellv = rounding_variance(values, tol)
-        totv = rounding_variance(values.sum(axis=1), tol)
-        out = np.where(single[None], cellv[:, col], np.nan)
-        return np.where(whole[None], totv[:, None], out)
+        v = np.asarray(values, float)
+        out = np.where(single[None], rounding_variance(v, tol)[:, col], np.nan)
+        return np.where(whole[None], rounding_variance(v.sum(axis=1), tol)[:, None], out)
 
-    leaf = at(np.asarray(leaf_values, float))
-    if depth < 2:
-        return [leaf]
-    par = at(np.asarray(parent_values, float))
-    above = aggregate(par)  # the parents' sums add up (independent parents)
-    del K
-    return [*above, leaf]
+    return [at(parent_values), at(leaf_values)]
 
 
 def round_bipartite(
@@ -1811,9 +1798,8 @@ def round_release(
         check_bipartite(h.names, release.cells, invariants)
         masks, labels = tracked_sums(release.cells, invariants, queries)
         counts = round_bipartite(h, leaves, rng, label=lab, tol=tol)
-        parent = release.estimates[-2] if h.depth >= 2 else leaves
-        aggregate = whole_forest(h, 0, max(h.depth - 2, 0)).aggregate
-        rv = bipartite_variances(aggregate, leaves, parent, h.depth, masks, tol)
+        par, leaf = bipartite_variances(leaves, release.estimates[h.depth - 2], masks, tol)
+        rv = [*whole_forest(h, 0, h.depth - 2).aggregate(par), leaf] if h.depth > 1 else [leaf]
         family: list[str] = []
     else:
         plan = RoundingPlan.build(h.names, release.cells, method, invariants, queries)

@@ -108,8 +108,8 @@ def test_bipartite_law_unbiased_and_its_variances_by_simulation():
     assert np.any(np.abs(mean - wrong) > 4 * se)
 
     masks, _ = tracked_sums([f"c{j}" for j in range(x.shape[1])])
-    agg = whole_forest(h, 0, h.depth - 2).aggregate
-    rv = bipartite_variances(agg, x, real[1], h.depth, masks, TOL)
+    par, leaf = bipartite_variances(x, real[1], masks, TOL)
+    rv = [*whole_forest(h, 0, h.depth - 2).aggregate(par), leaf]
     # the nation's cells: sums of the independently rounded parents' cells
     nation = np.stack([d[0][0] for d in draws]).astype(float)
     K = x.shape[1]
