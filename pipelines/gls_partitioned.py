@@ -126,21 +126,14 @@ def rounding_mode(invariants: Sequence[Invariant]) -> str:
 
 
 # ----------------------------------------------------------------------------- GLS tasks
-@dataclass(frozen=True, eq=False)
-class _UpTask:
-    forest: Forest
-    measurements: tuple[Measurement, ...]
-    invariants: tuple[Invariant, ...]
-
-
-def _upward_task(item: _UpTask | tuple, plan: GLSPlan) -> UpwardState:
-    """Upward pass of one partition: an :class:`_UpTask`, or ``(forest, measured, entries,
-    invariants)`` with ``measured`` the partition's :func:`_measure_task
-    <censusdp.pipelines.measure._measure_task>` result and ``entries`` the plan positions,
+def _upward_task(item: tuple, plan: GLSPlan) -> UpwardState:
+    """Upward pass of one partition, ``item = (forest, measured, entries, invariants)``:
+    ``measured`` its measurements (``entries`` None), or its :func:`_measure_task
+    <censusdp.pipelines.measure._measure_task>` result with ``entries`` the plan positions,
     levels, queries and laws of the levels at or below the cut."""
-    if isinstance(item, _UpTask):
-        return gls_upward(plan, item.forest, item.measurements, item.invariants)
     forest, measured, entries, invariants = item
+    if entries is None:
+        return gls_upward(plan, forest, measured, invariants)
     meas = []
     for i, k, q, law in entries:
         values = measured[i]
@@ -309,9 +302,9 @@ def _gls_tasks(
     geometry: Geometry,
 ) -> tuple[GLSPlan, list, list, list[tuple[Invariant, ...]], list]:
     """The GLS plan, the resolved measurements and invariants, and per partition its
-    invariants and upward task: an :class:`_UpTask` with its slices, or, for measurements
-    kept with this executor and these partitions, the handle of its measurements there
-    (levels at or below the cut validated by shape here, for finiteness in their tasks)."""
+    invariants and upward task (:func:`_upward_task`): its measurement slices, or, for
+    measurements kept with this executor and these partitions, the handle of its measurements
+    there (levels at or below the cut validated by shape here, for finiteness in their tasks)."""
     cut = partitions[0].cut
     pm = measurements if isinstance(measurements, PartitionedMeasurements) else None
     if pm is not None and (pm.executor is not ex or pm.partitions != tuple(partitions)):
@@ -320,24 +313,21 @@ def _gls_tasks(
         plan, meas, invs = gls_plan(
             hierarchy, cells, measurements, invariants, geometry, privacy=privacy
         )
-        part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
-        tasks: list = [
-            _UpTask(Forest.of(hierarchy, cut, p.ranges), tuple(restrict(meas, cut, p.ranges)), iv)
-            for p, iv in zip(partitions, part_invs, strict=True)
+        items = [(tuple(restrict(meas, cut, p.ranges)), None) for p in partitions]
+    else:
+        stubs = [
+            pm.top[i]
+            if i in pm.top
+            else Measurement(k, q, np.broadcast_to(np.zeros(()), (pm.sizes[k], q.n_rows)), law)
+            for i, (k, q, law) in enumerate(pm.plan)
         ]
-        return plan, meas, invs, part_invs, tasks
-    stubs = [
-        pm.top[i]
-        if i in pm.top
-        else Measurement(k, q, np.broadcast_to(np.zeros(()), (pm.sizes[k], q.n_rows)), law)
-        for i, (k, q, law) in enumerate(pm.plan)
-    ]
-    plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry, privacy=privacy)
+        plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry, privacy=privacy)
+        entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
+        items = [(h, entries) for h in pm.handles]
     part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
-    entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
     tasks = [
-        (Forest.of(hierarchy, cut, p.ranges), h, entries, iv)
-        for p, h, iv in zip(partitions, pm.handles, part_invs, strict=True)
+        (Forest.of(hierarchy, cut, p.ranges), m, e, iv)
+        for p, (m, e), iv in zip(partitions, items, part_invs, strict=True)
     ]
     return plan, meas, invs, part_invs, tasks
 
