@@ -395,13 +395,6 @@ def _no_message(part: np.ndarray) -> tuple[None, int]:
     return None, 0
 
 
-def _piece_sums(
-    piece: ReleasePiece, masks: np.ndarray, rounding: Sequence[np.ndarray]
-) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-    est = sum_estimator_variances(piece, masks, range(len(piece.estimates)))
-    return tuple(zip(est, rounding, strict=True))
-
-
 def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleasePiece:
     """A partition's integer piece: its leaves with the increments the levels above the cut
     gave its leftovers, summed up to the cut; the variances plus the exact rounding
@@ -439,12 +432,13 @@ def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleaseP
     ]
     largest = float(max((np.nanmax(r[:, :K], initial=0.0) for r in rounding), default=0.0))
     summary.update(rounding_variance_max=largest, invariants_missed=missed)
+    levels = range(len(piece.estimates))
     return ReleasePiece(
         tuple(counts[1:]),
         variances,
         head=counts[0],
         summary=summary,
-        sums=_piece_sums(piece, masks, rounding),
+        sums=tuple(zip(sum_estimator_variances(piece, masks, levels), rounding, strict=True)),
     )
 
 

@@ -589,11 +589,6 @@ class _Elems:
     mu: np.ndarray
     m2: np.ndarray
 
-    @classmethod
-    def empty(cls, F: int) -> _Elems:
-        z = np.zeros(0, np.int64)
-        return cls(z, z, np.zeros(0), np.zeros((0, 2, F)), np.zeros((0, 2, F)))
-
     def take(self, idx: np.ndarray) -> _Elems:
         return _Elems(self.eid[idx], self.item[idx], self.val[idx], self.mu[idx], self.m2[idx])
 
