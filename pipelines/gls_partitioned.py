@@ -478,8 +478,8 @@ def partitioned_round(
     where its piece is (:func:`~censusdp.estimation.integer.laminar.settle_part`). Every uniform is
     keyed by (step, element) and every group merges in global element order, so integers
     and variances are the same for every partition count and backend, and equal to
-    :func:`~censusdp.estimation.integer.laminar.round_release`. ``"bipartite"``: the leaves of each
-    parent of the leaf level, with a generator keyed by that parent.
+    :func:`~censusdp.estimation.integer.laminar.round_release`. ``"bipartite"``: the leaves of the
+    partition's leaf parents in one kernel call, uniforms keyed by global kernel row.
 
     A :class:`~censusdp.pipelines.partitioned_release.PartitionedRelease` (from
     ``partitioned_gls(..., keep=True)``, same partitions and executor) is rounded where its
@@ -536,7 +536,7 @@ class RoundIntegerizer:
     """The unbiased rounding of a release kept per partition as an
     :class:`~censusdp.pipelines.partition_driver.Integerizer`: each partition rounds its part
     (``up_tasks``: the family's steps up to its cut nodes, :func:`_round_task`; bipartite:
-    its leaf parents, each with its own keyed generator), the levels above the cut are
+    its leaf parents at once, :func:`_bipartite_task`), the levels above the cut are
     rounded here from the leftovers the cut nodes send (:func:`round_top`; nothing for
     bipartite), and each partition settles where its piece is (:func:`_settle_task`).
     ``settle`` is per partition ``(leaf, cell, add, bits)``: the increments the levels above
