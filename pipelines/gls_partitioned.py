@@ -58,7 +58,6 @@ from censusdp.estimation.gls.tree import (
     restrict,
 )
 from censusdp.estimation.integer.laminar import (
-    INT_LIMIT,
     TOL,
     RoundingPlan,
     RoundPart,
@@ -442,16 +441,10 @@ def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleaseP
     )
 
 
-def _finite_task(piece: ReleasePiece, hierarchy: Hierarchy, cells: tuple[str, ...]) -> None:
-    """Refuse non-finite or out-of-range leaf estimates where the piece is (DataError)."""
-    x = piece.estimates[-1]
-    if not np.all(np.isfinite(x)) or np.abs(x).max(initial=0.0) >= INT_LIMIT:
-        bad = ~np.isfinite(x) | (np.abs(np.where(np.isfinite(x), x, 0.0)) >= INT_LIMIT)
-        c = int(np.argwhere(bad)[0][1])
-        raise DataError(
-            f"cannot round the release: an estimate at level {hierarchy.names[-1]!r}, cell "
-            f"{cells[c]!r} is not finite or exceeds ±2^62; integer counts must fit in int64"
-        )
+def _finite_task(item: tuple[ReleasePiece, int], hierarchy: Hierarchy, cells: tuple) -> None:
+    """Refuse non-finite or out-of-range leaf estimates where the piece is
+    (:func:`~censusdp.estimation.integer.laminar.check_finite`; ``item = (piece, first leaf)``)."""
+    check_finite(hierarchy, cells, item[0].estimates[-1], item[1])
 
 
 def partitioned_round(
@@ -517,7 +510,8 @@ def partitioned_round(
         check_finite(h, release.cells, release.estimates[-1])
         kept = PartitionedRelease.of(release, partitions, ex)
     else:
-        ex.wait(ex.submit(_finite_task, kept.pieces, h, kept.cells))
+        items = [(x, p.range(D - 1)[0]) for x, p in zip(kept.pieces, partitions, strict=True)]
+        ex.wait(ex.submit(_finite_task, items, h, kept.cells))
     step = RoundIntegerizer.of(
         kept, rng, invariants, method=method, queries=queries, label=lab, tol=tol
     )

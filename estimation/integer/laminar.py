@@ -157,8 +157,13 @@ def rounding_variance(values: np.ndarray, tol: float = TOL) -> np.ndarray:
     return p
 
 
-def check_finite(hierarchy: Hierarchy, cells: Sequence[str], leaf_values: np.ndarray) -> None:
+def check_finite(
+    hierarchy: Hierarchy, cells: Sequence[str], leaf_values: np.ndarray, first_leaf: int = 0
+) -> None:
     """Refuse leaf estimates that cannot be rounded into int64.
+
+    ``leaf_values`` are every leaf's, or a partition's run of leaves from global leaf
+    ``first_leaf`` (then only the leaves are checked: the node sums need every leaf).
 
     Raises
     ------
@@ -175,9 +180,11 @@ def check_finite(hierarchy: Hierarchy, cells: Sequence[str], leaf_values: np.nda
             i, c = np.argwhere(mask)[0]
             raise DataError(
                 f"cannot round the release: the estimate at level {leaf.name!r}, node "
-                f"{leaf.codes[i]!r}, cell {cells[c]!r} {what}; integer counts must fit in "
-                "int64 — check the measurements and the estimator's output"
+                f"{leaf.codes[first_leaf + i]!r}, cell {cells[c]!r} {what}; integer counts "
+                "must fit in int64 — check the measurements and the estimator's output"
             )
+    if x.shape[0] != leaf.size:
+        return
     tot = hierarchy.aggregate(np.abs(x).sum(axis=1))
     for k, t in enumerate(tot):
         if t.size and t.max() >= INT_LIMIT:
