@@ -58,17 +58,19 @@ from censusdp.estimation.gls.tree import (
     restrict,
 )
 from censusdp.estimation.integer.laminar import (
-    INT_LIMIT,
     TOL,
     RoundingPlan,
     RoundPart,
+    bipartite_rows,
     bipartite_variances,
     check_bipartite,
     check_finite,
+    require_exact,
     round_bipartite_part,
     round_part,
     round_release,
     round_top,
+    rounding_fields,
     settle_part,
     snap_invariants,
     sum_estimator_variances,
@@ -81,7 +83,7 @@ from censusdp.estimation.integer.nonnegative import (
     nonnegative_top,
     partition_keys,
 )
-from censusdp.estimation.release import Release, SumVariances
+from censusdp.estimation.release import Release
 from censusdp.estimation.topdown.flat import flat_products
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
@@ -123,21 +125,14 @@ def rounding_mode(invariants: Sequence[Invariant]) -> str:
 
 
 # ----------------------------------------------------------------------------- GLS tasks
-@dataclass(frozen=True, eq=False)
-class _UpTask:
-    forest: Forest
-    measurements: tuple[Measurement, ...]
-    invariants: tuple[Invariant, ...]
-
-
-def _upward_task(item: _UpTask | tuple, plan: GLSPlan) -> UpwardState:
-    """Upward pass of one partition: an :class:`_UpTask`, or ``(forest, measured, entries,
-    invariants)`` with ``measured`` the partition's :func:`_measure_task
-    <censusdp.pipelines.measure._measure_task>` result and ``entries`` the plan positions,
+def _upward_task(item: tuple, plan: GLSPlan) -> UpwardState:
+    """Upward pass of one partition, ``item = (forest, measured, entries, invariants)``:
+    ``measured`` its measurements (``entries`` None), or its :func:`_measure_task
+    <censusdp.pipelines.measure._measure_task>` result with ``entries`` the plan positions,
     levels, queries and laws of the levels at or below the cut."""
-    if isinstance(item, _UpTask):
-        return gls_upward(plan, item.forest, item.measurements, item.invariants)
     forest, measured, entries, invariants = item
+    if entries is None:
+        return gls_upward(plan, forest, measured, invariants)
     meas = []
     for i, k, q, law in entries:
         values = measured[i]
@@ -263,7 +258,7 @@ def partitioned_gls(
     del tasks
     step.tasks = []  # the upward items (measurement slices) are no longer needed
     with stage(driver.seconds, "downward"):
-        summaries = [summary for _, summary in _heads(ex, pieces)]
+        summaries = [summary for _, summary in ex.map(piece_head, pieces)]
     clock |= driver.seconds
     zhat, Phat = step.smoothed
     est, var, cov = gls_finish(plan, zhat, Phat, covariance)
@@ -306,9 +301,9 @@ def _gls_tasks(
     geometry: Geometry,
 ) -> tuple[GLSPlan, list, list, list[tuple[Invariant, ...]], list]:
     """The GLS plan, the resolved measurements and invariants, and per partition its
-    invariants and upward task: an :class:`_UpTask` with its slices, or, for measurements
-    kept with this executor and these partitions, the handle of its measurements there
-    (levels at or below the cut validated by shape here, for finiteness in their tasks)."""
+    invariants and upward task (:func:`_upward_task`): its measurement slices, or, for
+    measurements kept with this executor and these partitions, the handle of its measurements
+    there (levels at or below the cut validated by shape here, for finiteness in their tasks)."""
     cut = partitions[0].cut
     pm = measurements if isinstance(measurements, PartitionedMeasurements) else None
     if pm is not None and (pm.executor is not ex or pm.partitions != tuple(partitions)):
@@ -317,35 +312,23 @@ def _gls_tasks(
         plan, meas, invs = gls_plan(
             hierarchy, cells, measurements, invariants, geometry, privacy=privacy
         )
-        part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
-        tasks: list = [
-            _UpTask(Forest.of(hierarchy, cut, p.ranges), tuple(restrict(meas, cut, p.ranges)), iv)
-            for p, iv in zip(partitions, part_invs, strict=True)
+        items = [(tuple(restrict(meas, cut, p.ranges)), None) for p in partitions]
+    else:
+        stubs = [
+            pm.top[i]
+            if i in pm.top
+            else Measurement(k, q, np.broadcast_to(np.zeros(()), (pm.sizes[k], q.n_rows)), law)
+            for i, (k, q, law) in enumerate(pm.plan)
         ]
-        return plan, meas, invs, part_invs, tasks
-    stubs = [
-        pm.top[i]
-        if i in pm.top
-        else Measurement(k, q, np.broadcast_to(np.zeros(()), (pm.sizes[k], q.n_rows)), law)
-        for i, (k, q, law) in enumerate(pm.plan)
-    ]
-    plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry, privacy=privacy)
+        plan, meas, invs = gls_plan(hierarchy, cells, stubs, invariants, geometry, privacy=privacy)
+        entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
+        items = [(h, entries) for h in pm.handles]
     part_invs = [tuple(restrict(invs, cut, p.ranges)) for p in partitions]
-    entries = tuple((i, k, q, law) for i, (k, q, law) in enumerate(pm.plan) if k >= cut)
     tasks = [
-        (Forest.of(hierarchy, cut, p.ranges), h, entries, iv)
-        for p, h, iv in zip(partitions, pm.handles, part_invs, strict=True)
+        (Forest.of(hierarchy, cut, p.ranges), m, e, iv)
+        for p, (m, e), iv in zip(partitions, items, part_invs, strict=True)
     ]
     return plan, meas, invs, part_invs, tasks
-
-
-def _heads(ex: Executor, pieces: list) -> list[tuple[np.ndarray | None, dict]]:
-    """The small part of every piece (:func:`piece_head`); the pieces stay where they are."""
-    handles = ex.submit(piece_head, pieces)
-    try:
-        return ex.gather(handles)
-    finally:
-        ex.release(handles)
 
 
 def _gathered(kept: PartitionedRelease, timing: str) -> Release:
@@ -389,14 +372,15 @@ def _round_keys(
 
 
 def _bipartite_task(
-    item: tuple[ReleasePiece, np.ndarray, int, SubKeys], label: str, tol: float
+    item: tuple[ReleasePiece, np.ndarray, int, int, SubKeys], n_rows: int, label: str, tol: float
 ) -> np.ndarray:
-    """``item = (piece, child_count, first_parent, keys)``: the leaves of each parent
-    rounded, with the sub-keys of those parents' generators."""
-    piece, child_count, first_parent, keys = item
+    """``item = (piece, child_count, first_parent, first_leaf, keys)``: the leaves of the
+    partition's leaf parents rounded, with the sub-keys of their kernel rows' uniforms."""
+    piece, child_count, first_parent, first_leaf, keys = item
     return round_bipartite_part(
-        piece.estimates[-1], child_count, first_parent, keys, label=label, tol=tol
-    )
+        piece.estimates[-1], child_count, first_parent, keys, n_rows, first_leaf,
+        label=label, tol=tol,
+    )  # fmt: skip
 
 
 def _leftovers(part: RoundPart) -> tuple[RoundPart, int]:
@@ -410,13 +394,6 @@ def _no_message(part: np.ndarray) -> tuple[None, int]:
     return None, 0
 
 
-def _piece_sums(
-    piece: ReleasePiece, masks: np.ndarray, rounding: Sequence[np.ndarray]
-) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-    est = sum_estimator_variances(piece, masks, range(len(piece.estimates)))
-    return tuple(zip(est, rounding, strict=True))
-
-
 def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleasePiece:
     """A partition's integer piece: its leaves with the increments the levels above the cut
     gave its leftovers, summed up to the cut; the variances plus the exact rounding
@@ -427,13 +404,12 @@ def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleaseP
     if plan is None:  # bipartite: ``part`` is the rounded leaves, ``bits`` the parents' rows
         leaves = snap_invariants(forest, piece.estimates[-1], part, [i for i, _ in invariants], tol)
         counts = forest.aggregate(leaves)
-        parents = Forest(
-            forest.first, forest.names[:-1], forest.sizes[:-1], forest.child_count[:-1], ()
+        f = forest
+        par, leaf = bipartite_variances(
+            piece.estimates[-1], piece.estimates[-2] if bits is None else bits, masks, tol
         )
-        parent = piece.estimates[-2] if bits is None else bits
-        rv = bipartite_variances(parents.aggregate, piece.estimates[-1], parent, 2, masks, tol)
-        summary["head_rounding"] = rv[0]
-        rounding = rv[1:]
+        above = Forest(f.first, f.names[:-1], f.sizes[:-1], f.child_count[:-1], ()).aggregate
+        summary["head_rounding"], *rounding = [*above(par), leaf]
     else:
         leaves = part.leaves.copy()  # the rounded leaves stay as they are, for a recomputation
         leaves[leaf - lo[-1], cell] += add
@@ -455,25 +431,20 @@ def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleaseP
     ]
     largest = float(max((np.nanmax(r[:, :K], initial=0.0) for r in rounding), default=0.0))
     summary.update(rounding_variance_max=largest, invariants_missed=missed)
+    levels = range(len(piece.estimates))
     return ReleasePiece(
         tuple(counts[1:]),
         variances,
         head=counts[0],
         summary=summary,
-        sums=_piece_sums(piece, masks, rounding),
+        sums=tuple(zip(sum_estimator_variances(piece, masks, levels), rounding, strict=True)),
     )
 
 
-def _finite_task(piece: ReleasePiece, hierarchy: Hierarchy, cells: tuple[str, ...]) -> None:
-    """Refuse non-finite or out-of-range leaf estimates where the piece is (DataError)."""
-    x = piece.estimates[-1]
-    if not np.all(np.isfinite(x)) or np.abs(x).max(initial=0.0) >= INT_LIMIT:
-        bad = ~np.isfinite(x) | (np.abs(np.where(np.isfinite(x), x, 0.0)) >= INT_LIMIT)
-        c = int(np.argwhere(bad)[0][1])
-        raise DataError(
-            f"cannot round the release: an estimate at level {hierarchy.names[-1]!r}, cell "
-            f"{cells[c]!r} is not finite or exceeds ±2^62; integer counts must fit in int64"
-        )
+def _finite_task(item: tuple[ReleasePiece, int], hierarchy: Hierarchy, cells: tuple) -> None:
+    """Refuse non-finite or out-of-range leaf estimates where the piece is
+    (:func:`~censusdp.estimation.integer.laminar.check_finite`; ``item = (piece, first leaf)``)."""
+    check_finite(hierarchy, cells, item[0].estimates[-1], item[1])
 
 
 def partitioned_round(
@@ -500,8 +471,8 @@ def partitioned_round(
     where its piece is (:func:`~censusdp.estimation.integer.laminar.settle_part`). Every uniform is
     keyed by (step, element) and every group merges in global element order, so integers
     and variances are the same for every partition count and backend, and equal to
-    :func:`~censusdp.estimation.integer.laminar.round_release`. ``"bipartite"``: the leaves of each
-    parent of the leaf level, with a generator keyed by that parent.
+    :func:`~censusdp.estimation.integer.laminar.round_release`. ``"bipartite"``: the leaves of the
+    partition's leaf parents in one kernel call, uniforms keyed by global kernel row.
 
     A :class:`~censusdp.pipelines.partitioned_release.PartitionedRelease` (from
     ``partitioned_gls(..., keep=True)``, same partitions and executor) is rounded where its
@@ -539,7 +510,8 @@ def partitioned_round(
         check_finite(h, release.cells, release.estimates[-1])
         kept = PartitionedRelease.of(release, partitions, ex)
     else:
-        ex.wait(ex.submit(_finite_task, kept.pieces, h, kept.cells))
+        items = [(x, p.range(D - 1)[0]) for x, p in zip(kept.pieces, partitions, strict=True)]
+        ex.wait(ex.submit(_finite_task, items, h, kept.cells))
     step = RoundIntegerizer.of(
         kept, rng, invariants, method=method, queries=queries, label=lab, tol=tol
     )
@@ -558,7 +530,7 @@ class RoundIntegerizer:
     """The unbiased rounding of a release kept per partition as an
     :class:`~censusdp.pipelines.partition_driver.Integerizer`: each partition rounds its part
     (``up_tasks``: the family's steps up to its cut nodes, :func:`_round_task`; bipartite:
-    its leaf parents, each with its own keyed generator), the levels above the cut are
+    its leaf parents at once, :func:`_bipartite_task`), the levels above the cut are
     rounded here from the leftovers the cut nodes send (:func:`round_top`; nothing for
     bipartite), and each partition settles where its piece is (:func:`_settle_task`).
     ``settle`` is per partition ``(leaf, cell, add, bits)``: the increments the levels above
@@ -604,11 +576,16 @@ class RoundIntegerizer:
         if method == "bipartite":
             check_bipartite(h.names, cells, invs)
             masks, labels = tracked_sums(cells, invs, queries)
-            tasks = [
-                Task(_bipartite_task, (piece, h.levels[D - 2].child_count[slice(*p.range(D - 2))],
-                     p.range(D - 2)[0], rng.restrict({lab: range(*p.range(D - 2))})), (lab, tol))
-                for p, piece in zip(parts, release.pieces, strict=True)
-            ]  # fmt: skip
+            cc, n_rows = h.levels[D - 2].child_count, h.sizes[-1] + h.sizes[D - 2]
+            tasks = []
+            for p, piece in zip(parts, release.pieces, strict=True):
+                (p0, p1), l0 = p.range(D - 2), p.range(D - 1)[0]
+                _, lo, hi = bipartite_rows(cc[p0:p1], l0, p0)
+                keys = rng.restrict(
+                    {lab: chunk_range(lo * (len(cells) + 2), hi * (len(cells) + 2))}
+                )
+                item = (piece, cc[p0:p1], p0, l0, keys)
+                tasks.append(Task(_bipartite_task, item, (n_rows, lab, tol)))
             none = np.zeros(0, np.int64)  # the pieces hold the parents' level unless it is cut
             rows = [release.estimates[cut][slice(*p.range(cut))] if D - 2 == cut else None
                     for p in parts]  # fmt: skip
@@ -665,39 +642,22 @@ class RoundIntegerizer:
         pieces' heads, variances with the rounding's added, the tracked sums, and every
         invariant checked exact (DataError naming those that are not; the pieces released)."""
         kept, ex = self.release, self.release.executor
-        h, cut, K = kept.hierarchy, kept.cut, len(kept.cells)
-        got = _heads(ex, pieces)
+        h, cut = kept.hierarchy, kept.cut
+        got = ex.map(piece_head, pieces)
         top = whole_forest(h, 0, cut)
         estimates = top.aggregate(np.concatenate([c for c, _ in got]))
         top_rounding = self.top_rounding
         if top_rounding is None:  # bipartite: the parents are independent, variances add
             top_rounding = top.aggregate(np.concatenate([s["head_rounding"] for _, s in got]))
-        variances = (
-            None
-            if kept.variances is None
-            else [v + r[:, :K] for v, r in zip(kept.variances, top_rounding, strict=True)]
+        largest = max(s["rounding_variance_max"] for _, s in got)
+        variances, sums, diag = rounding_fields(
+            kept, top_rounding, self.masks, self.labels, self.method, self.family, largest
         )
-        largest = max(
-            [
-                float(max(np.nanmax(r[:, :K], initial=0.0) for r in top_rounding)),
-                *(s["rounding_variance_max"] for _, s in got),
-            ]
-        )
-        est_var = sum_estimator_variances(kept, self.masks, range(cut + 1))
-        sums = SumVariances(self.masks, tuple(self.labels), est_var, top_rounding)
-        diag = {**kept.diagnostics, "rounding": self.method, "rounding_variance_max": largest}
-        if self.family:
-            diag["rounding_family"] = list(self.family)
-        exact = self._exact(estimates, [s for _, s in got])
-        missed = [k for k, ok in exact.items() if not ok]
-        if missed:
+        try:
+            diag["invariants_exact"] = require_exact(self._exact(estimates, [s for _, s in got]))
+        except DataError:
             ex.release(pieces)
-            raise DataError(
-                f"invariants {missed} are not exact after rounding: the real-valued release "
-                "does not meet them within the rounding tolerance; check the estimator's "
-                "invariant constraints"
-            )
-        diag["invariants_exact"] = exact
+            raise
         return dataclasses.replace(
             kept, integer=True, diagnostics=diag, estimates=estimates, variances=variances,
             covariances=None, pieces=pieces, sums=sums,

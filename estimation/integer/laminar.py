@@ -81,12 +81,12 @@ from typing import Literal
 import numpy as np
 
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.integer.dependent import dependent_round
+from censusdp.estimation.integer.dependent import dependent_round, keyed_uniforms
 from censusdp.estimation.release import Release, SumVariances
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.queries import Invariant, Query, at_level_indices
-from censusdp.rng import KeyedRNG
+from censusdp.rng import KeyedRNG, SubKeys
 
 __all__ = [
     "pipage_round",
@@ -106,8 +106,10 @@ __all__ = [
     "round_top",
     "settle_part",
     "round_bipartite_part",
+    "bipartite_rows",
     "bipartite_variances",
-    "finish_rounding",
+    "rounding_fields",
+    "require_exact",
     "tracked_sums",
     "sum_estimator_variances",
     "snap_invariants",
@@ -117,6 +119,7 @@ __all__ = [
     "split_fraction",
     "invariant_rows",
     "check_laminar",
+    "relabel",
     "cancel_cycles",
     "bordered",
 ]
@@ -154,8 +157,13 @@ def rounding_variance(values: np.ndarray, tol: float = TOL) -> np.ndarray:
     return p
 
 
-def check_finite(hierarchy: Hierarchy, cells: Sequence[str], leaf_values: np.ndarray) -> None:
+def check_finite(
+    hierarchy: Hierarchy, cells: Sequence[str], leaf_values: np.ndarray, first_leaf: int = 0
+) -> None:
     """Refuse leaf estimates that cannot be rounded into int64.
+
+    ``leaf_values`` are every leaf's, or a partition's run of leaves from global leaf
+    ``first_leaf`` (then only the leaves are checked: the node sums need every leaf).
 
     Raises
     ------
@@ -172,9 +180,11 @@ def check_finite(hierarchy: Hierarchy, cells: Sequence[str], leaf_values: np.nda
             i, c = np.argwhere(mask)[0]
             raise DataError(
                 f"cannot round the release: the estimate at level {leaf.name!r}, node "
-                f"{leaf.codes[i]!r}, cell {cells[c]!r} {what}; integer counts must fit in "
-                "int64 — check the measurements and the estimator's output"
+                f"{leaf.codes[first_leaf + i]!r}, cell {cells[c]!r} {what}; integer counts "
+                "must fit in int64 — check the measurements and the estimator's output"
             )
+    if x.shape[0] != leaf.size:
+        return
     tot = hierarchy.aggregate(np.abs(x).sum(axis=1))
     for k, t in enumerate(tot):
         if t.size and t.max() >= INT_LIMIT:
@@ -274,26 +284,13 @@ def pipage_round(
     return out
 
 
-def _tree_groups(h: Hierarchy, order: str, K: int) -> list[np.ndarray]:
-    """The tree's laminar family as :func:`pipage_round` groups (cell-major or leaf-major)."""
-    if order == "cells":  # items j * n_leaves + leaf
-        groups = []
-        for k in range(h.depth - 1, 0, -1):
-            n_up = h.levels[k - 1].size
-            par = h.levels[k].parent
-            groups.append((np.arange(K)[:, None] * n_up + par[None, :]).reshape(-1))
-        return groups
-    n_leaves = h.leaves.size  # items leaf * K + j
-    groups = [np.repeat(np.arange(n_leaves), K)]
-    for k in range(h.depth - 1, 0, -1):
-        groups.append(h.levels[k].parent)
-    return groups
-
-
 # ----------------------------------------------------------------------------- the family
-def _relabel(labels: np.ndarray) -> np.ndarray:
-    """Block ids 0 .. nb − 1 in order of first appearance over the cells."""
-    _, first, inv = np.unique(labels, return_index=True, return_inverse=True)
+def relabel(labels: np.ndarray) -> np.ndarray:
+    """Labels renumbered 0 .. n − 1 in order of first appearance (of each value, or of each
+    row of a 2-D array): the canonical name of a partition of the cells."""
+    a = np.asarray(labels)
+    axis = 0 if a.ndim > 1 else None
+    _, first, inv = np.unique(a, axis=axis, return_index=True, return_inverse=True)
     rank = np.empty(first.size, np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.size)
     return rank[inv.reshape(-1)]
@@ -326,12 +323,8 @@ def _layout(part: np.ndarray, masks: np.ndarray) -> _Layout:
             reps.append(np.zeros(0, np.int64))
             continue
         q = np.flatnonzero(nz)
-        _, first, inv = np.unique(inter[q], axis=0, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")
-        slot = np.empty(first.size, np.int64)
-        slot[order] = np.arange(first.size)
-        fidx[b, q] = slot[inv.reshape(-1)]
-        reps.append(q[first[order]])
+        fidx[b, q] = slot = relabel(inter[q])
+        reps.append(q[np.unique(slot, return_index=True)[1]])
     F = max(1, max(r.size for r in reps))
     rep = np.full((nb, F), -1, np.int64)
     for b, r in enumerate(reps):
@@ -414,14 +407,8 @@ class RoundingPlan:
                 P = lab
             if mode == "totals":
                 above = [s for lv, s, _ in rows if lv < k]
-                sig = (
-                    np.zeros(K, np.int64)
-                    if not above
-                    else _relabel(
-                        np.unique(np.vstack(above).T, axis=0, return_inverse=True)[1].reshape(-1)
-                    )
-                )
-                lab = _relabel(sig)  # the atoms of the invariants above (all cells if none)
+                # the atoms of the invariants above (all cells if none)
+                lab = relabel(np.vstack(above).T) if above else np.zeros(K, np.int64)
                 if not np.array_equal(lab, P):
                     stages.append(lab)
                     P = lab
@@ -466,7 +453,7 @@ def invariant_chain(
                     "family keeps below it"
                 )
             lab[s] = lab[s].min()
-        lab = _relabel(lab)
+        lab = relabel(lab)
         if not np.array_equal(lab, P):
             out.append(lab)
             P = lab
@@ -608,11 +595,6 @@ class _Elems:
     val: np.ndarray
     mu: np.ndarray
     m2: np.ndarray
-
-    @classmethod
-    def empty(cls, F: int) -> _Elems:
-        z = np.zeros(0, np.int64)
-        return cls(z, z, np.zeros(0), np.zeros((0, 2, F)), np.zeros((0, 2, F)))
 
     def take(self, idx: np.ndarray) -> _Elems:
         return _Elems(self.eid[idx], self.item[idx], self.val[idx], self.mu[idx], self.m2[idx])
@@ -1228,50 +1210,110 @@ def _line_resolution(abs_sums: np.ndarray, counts: np.ndarray | int, unit: float
     return n * np.spacing(np.asarray(abs_sums, dtype=float)) + n * (unit / 2.0)
 
 
-def _settle_held(
-    Q: np.ndarray, d: np.ndarray, free: np.ndarray, margin: np.ndarray, U: int, axis: int
-) -> None:
-    """Add each held line's residual ``d`` (grid units) to one entry, in place.
+def _group_reduce(ufunc: np.ufunc, a: np.ndarray, starts: np.ndarray, empty) -> np.ndarray:
+    """``ufunc`` over each group's rows of ``a`` (rows ``starts[g]:starts[g+1]``), in row
+    order; ``empty`` for a group without rows."""
+    full = np.diff(starts) > 0
+    out = np.full((starts.size - 1, *a.shape[1:]), empty, dtype=a.dtype)
+    if full.any():
+        out[full] = ufunc.reduceat(a, starts[:-1][full], axis=0)
+    return out
 
-    The entry is the line's one with the most room ``min(q, U − q)`` in a free crossing line
-    (one not held); a crossing line takes the fixes only while their sum stays below its
+
+def _group_argmax(room: np.ndarray, starts: np.ndarray, grp: np.ndarray) -> tuple:
+    """Per group and column, the largest ``room`` over the group's rows and its first row
+    (``np.argmax``'s tie rule); ``(−1, n)`` for an empty group."""
+    best = _group_reduce(np.maximum, room, starts, -1)
+    rows = np.where(room == best[grp], np.arange(room.shape[0])[:, None], room.shape[0])
+    return best, _group_reduce(np.minimum, rows, starts, room.shape[0])
+
+
+def _settle_rows(Q, d, free, margin, grp, U) -> None:
+    """Add each held row's residual ``d`` (grid units) to one entry, in place.
+
+    The entry is the row's one with the most room ``min(q, U − q)`` in a free column of its
+    group (one not held); a column takes the fixes only while their sum stays below its
     ``margin`` (grid units from its nearest integer), so it stays strictly between the same
-    integers as its real sum. Lines without such an entry are left as they are.
+    integers as its real sum. Rows without such an entry are left as they are.
     """
-    G = Q if axis == 1 else Q.T
     lines = np.flatnonzero(d != 0)
     if lines.size == 0:
         return
-    rows = G[lines]
-    room = np.where(free[None, :], np.minimum(rows, U - rows), -1)
+    g, rows = grp[lines], Q[lines]
+    room = np.where(free[g], np.minimum(rows, U - rows), -1)
     at = np.argmax(room, axis=1)
     ok = room[np.arange(lines.size), at] >= np.abs(d[lines])
-    acc = np.zeros(G.shape[1], dtype=np.int64)
-    np.add.at(acc, at[ok], d[lines[ok]])
+    acc = np.zeros(margin.shape, dtype=np.int64)
+    np.add.at(acc, (g[ok], at[ok]), d[lines[ok]])
+    ok &= np.abs(acc[g, at]) < margin[g, at]
+    Q[lines[ok], at[ok]] += d[lines[ok]]
+
+
+def _settle_columns(Q, d, free, margin, starts, grp, U) -> None:
+    """:func:`_settle_rows` for the held columns of every group (``d`` per group × column):
+    the entry is the column's one of most room in a free row of the group."""
+    if not d.any():
+        return
+    room = np.where(free[:, None], np.minimum(Q, U - Q), -1)
+    best, row = _group_argmax(room, starts, grp)
+    g, j = np.nonzero(d)
+    at, dd = row[g, j], d[g, j]
+    ok = best[g, j] >= np.abs(dd)
+    acc = np.zeros(Q.shape[0], dtype=np.int64)
+    np.add.at(acc, at[ok], dd[ok])
     ok &= np.abs(acc[at]) < margin[at]
-    G[lines[ok], at[ok]] += d[lines[ok]]
+    Q[at[ok], j[ok]] += dd[ok]
 
 
-def controlled_round(values: np.ndarray, gen: np.random.Generator, tol: float = TOL) -> np.ndarray:
-    """Unbiased controlled rounding of one matrix: row sums, column sums and total kept.
+def _settle_totals(Q, starts, grp, held, res, U, tol, abs_total, counts) -> None:
+    """Each group whose total is within its resolution of an integer made that integer, in
+    place: the residual on the entry of most room in a free row and column whose sums stay
+    strictly between the same integers (rows first in ``np.argmax`` order)."""
+    hr, hc, res_r, res_c = held[0], held[1], res[0], res[1]
+    s = _group_reduce(np.add, Q.sum(axis=1), starts, 0)
+    d = np.rint(s / U).astype(np.int64) * U - s
+    res_s = _line_resolution(abs_total, counts, 1.0 / U)
+    d = np.where(np.abs(d) <= np.maximum(tol, res_s) * U, d, 0)
+    if not d.any():
+        return
+    r, c = Q.sum(axis=1), _group_reduce(np.add, Q, starts, 0)
+    mr = np.abs(r - np.rint(r / U) * U) - res_r * U
+    mc = np.abs(c - np.rint(c / U) * U) - res_c * U
+    dg = np.abs(d)[grp][:, None]
+    ok = (~hr[:, None]) & (~hc[grp]) & (mr[:, None] > dg) & (mc[grp] > dg)
+    room = np.where(ok, np.minimum(Q, U - Q), -1)
+    col = np.argmax(room, axis=1)
+    best, row = _group_argmax(room.max(axis=1, initial=-1)[:, None], starts, grp)
+    g = np.flatnonzero((d != 0) & (best[:, 0] >= np.abs(d)))
+    Q[row[g, 0], col[row[g, 0]]] += d[g]
 
-    Every entry becomes ⌊x⌋ or ⌈x⌉ with ``E = x``; every row sum, column sum and the total
-    is the floor or ceiling of its real sum, and exactly it when that sum is an integer
-    (Cox 1987; Gandhi, Khuller, Parthasarathy & Srinivasan 2006, §2).
+
+def controlled_round(
+    values: np.ndarray,
+    uniforms: np.random.Generator | np.ndarray,
+    tol: float = TOL,
+    starts: np.ndarray | None = None,
+) -> np.ndarray:
+    """Unbiased controlled rounding of matrices: each one's row sums, column sums and total kept.
+
+    Every entry becomes ⌊x⌋ or ⌈x⌉ with ``E = x``; in every group of rows (a matrix: the
+    children of one parent) every row sum, column sum and the total is the floor or ceiling
+    of its real sum, and exactly it when that sum is an integer (Cox 1987; Gandhi, Khuller,
+    Parthasarathy & Srinivasan 2006, §2). Every group at once, vectorised, in one call of the
+    compiled kernel :func:`~censusdp.estimation.integer.dependent.dependent_round`.
 
     **Integer-exact bookkeeping.** Only the fractional parts are rounded (the integer parts
     are kept exactly), each as an int64 count of grid units ``2⁻ᴳ`` (nearest;
     ``G`` = :data:`CR_GRID_BITS` = 40 unless a row of ``K + 1`` grid values would not fit
-    in 53 bits). The line sums, the slack row and column that make every line sum an integer
-    (``⌈r⌉ − r``, and a corner making both slack lines integral) are integer arithmetic, and
-    the kernel :func:`~censusdp.estimation.integer.dependent.dependent_round` (run with
-    tolerance ``2⁻ᴳ⁻²``) only adds, subtracts and compares grid values whose sums fit in
-    float64: its column sums are exact integers however large the values. Bordering the
-    values themselves, as this function's predecessor did, left line sums off by
-    ``n · ulp(Σ|x|)`` (1e-7 for a county of 10 million persons), above the kernel's 1e-9
+    in 53 bits). The line sums, the slack row and column that make every line sum of a group
+    an integer (``⌈r⌉ − r``, and a corner making both slack lines integral) are integer
+    arithmetic, and the kernel (run with tolerance ``2⁻ᴳ⁻²``) only adds, subtracts and
+    compares grid values whose sums fit in float64: its column sums are exact integers however
+    large the values. Bordering the values themselves (:func:`bordered`) leaves line sums off
+    by ``n · ulp(Σ|x|)`` (1e-7 for a county of 10 million persons), above the kernel's 1e-9
     tolerance: the 3,221-county × 36-cell table raised :class:`DataError`.
 
-    **Held lines.** A row, column or the total whose grid sum is within ``max(tol, ρ)`` of
+    **Held lines.** A row, column or group total whose grid sum is within ``max(tol, ρ)`` of
     an integer, ``ρ`` its resolution (``n · ulp(Σ|x|)`` of the values plus ``n/2`` grid
     units: the real sum cannot be told from that integer, e.g. an invariant met to float
     precision), is made exactly that integer before bordering: its residual is added to its
@@ -1283,18 +1325,23 @@ def controlled_round(values: np.ndarray, gen: np.random.Generator, tol: float = 
 
     **Law.** The kernel is unbiased for the grid probabilities it is given, so
     ``E[rounded] − x`` is only what the preparation moved: at most ``tol`` for an entry
-    snapped to an integer (:func:`split_fraction`), half a grid unit (4.5e-13), and a held line's
-    residual (at most ``max(tol, ρ)``) on one entry of that line.
+    snapped to an integer (:func:`split_fraction`), half a grid unit (4.5e-13), and a held
+    line's residual (at most ``max(tol, ρ)``) on one entry of that line.
 
     Parameters
     ----------
     values : (n, K) array of float
         Finite values, ``|x| <`` :data:`INT_LIMIT`.
-    gen : numpy.random.Generator
-        Draws the kernel's ``(n + 1) × (K + 2)`` uniforms.
+    uniforms : numpy.random.Generator or (n + n_groups, K + 2) array of float
+        The kernel's U[0, 1) draws: one row per row of a group and one for its slack row
+        (after the group's rows), e.g. from
+        :func:`~censusdp.estimation.integer.dependent.keyed_uniforms`; or a generator that
+        draws them.
     tol : float
         Entries within ``tol`` of an integer count as that integer; lines within ``tol``
         (or their resolution) of an integer are held at it.
+    starts : (n_groups + 1,) array of int, optional
+        Group boundaries from 0 to ``n`` (non-decreasing); None: one group.
 
     Returns
     -------
@@ -1303,54 +1350,51 @@ def controlled_round(values: np.ndarray, gen: np.random.Generator, tol: float = 
     Raises
     ------
     DataError
-        A matrix too large for the grid (``K`` above 2⁴⁵ or sums beyond int64).
+        A group too large for the grid (``K`` above 2⁴⁵ or sums beyond int64).
     """
     x = np.asarray(values, dtype=float)
     base, F = split_fraction(x, tol)
     n, K = F.shape
+    st = np.array([0, n] if starts is None else starts, dtype=np.int64)
+    sizes = np.diff(st)
+    G = sizes.size
+    grp = np.repeat(np.arange(G), sizes)
     bits = _grid_bits(K)
-    if bits < 8 or (n + 1) * (K + 1) >= 2 ** (62 - bits):
+    if bits < 8 or (int(sizes.max(initial=0)) + 1) * (K + 1) >= 2 ** (62 - bits):
         raise DataError(
-            f"controlled rounding: a {n} × {K} matrix is too large for exact grid "
-            "bookkeeping; round it in smaller groups"
+            f"controlled rounding: a {int(sizes.max(initial=0))} × {K} matrix is too large "
+            "for exact grid bookkeeping; round it in smaller groups"
         )
     U = 1 << bits
     unit = 1.0 / U
     Q = np.rint(np.ldexp(F, bits)).astype(np.int64)
     ax = np.abs(x)
-    r, c = Q.sum(axis=1), Q.sum(axis=0)
+    r, c = Q.sum(axis=1), _group_reduce(np.add, Q, st, 0)
+    ax_c = _group_reduce(np.add, ax, st, 0.0)
     res_r = _line_resolution(ax.sum(axis=1), K, unit)
-    res_c = _line_resolution(ax.sum(axis=0), n, unit)
+    res_c = _line_resolution(ax_c, sizes[:, None], unit)
     near_r = np.rint(r / U).astype(np.int64) * U
     near_c = np.rint(c / U).astype(np.int64) * U
     hr = np.abs(r - near_r) <= np.maximum(tol, res_r) * U
     hc = np.abs(c - near_c) <= np.maximum(tol, res_c) * U
     margin_r = np.abs(r - near_r) - res_r * U
     margin_c = np.abs(c - near_c) - res_c * U
-    _settle_held(Q, np.where(hr, near_r - r, 0), ~hc, margin_c, U, axis=1)
-    _settle_held(Q, np.where(hc, near_c - c, 0), ~hr, margin_r, U, axis=0)
-    s = int(Q.sum())
-    res_s = float(_line_resolution(ax.sum(), n * K, unit))
-    d = int(round(s / U)) * U - s
-    if d and abs(d) <= max(tol, res_s) * U:
-        r, c = Q.sum(axis=1), Q.sum(axis=0)
-        mr = np.abs(r - np.rint(r / U) * U) - res_r * U
-        mc = np.abs(c - np.rint(c / U) * U) - res_c * U
-        ok = (~hr[:, None]) & (~hc[None, :]) & (mr[:, None] > abs(d)) & (mc[None, :] > abs(d))
-        room = np.where(ok, np.minimum(Q, U - Q), -1)
-        i, j = np.unravel_index(int(np.argmax(room)), room.shape)
-        if room[i, j] >= abs(d):
-            Q[i, j] += d
-    B = np.zeros((n + 1, K + 1), dtype=np.int64)
-    B[:n, :K] = Q
-    B[:n, K] = -Q.sum(axis=1) % U
-    B[n, :K] = -Q.sum(axis=0) % U
-    B[n, K] = -B[:n, K].sum() % U
+    _settle_rows(Q, np.where(hr, near_r - r, 0), ~hc, margin_c, grp, U)
+    _settle_columns(Q, np.where(hc, near_c - c, 0), ~hr, margin_r, st, grp, U)
+    _settle_totals(Q, st, grp, (hr, hc), (res_r, res_c), U, tol, ax_c.sum(axis=1), sizes * K)
+    # bordered groups: a group's rows then its slack row, each row with a slack entry
+    at = np.arange(n) + grp  # a row's place among the n + G bordered rows
+    slack = st[1:] + np.arange(G)
+    B = np.zeros((n + G, K + 1), dtype=np.int64)
+    B[at, :K] = Q
+    B[at, K] = -Q.sum(axis=1) % U
+    B[slack, :K] = -_group_reduce(np.add, Q, st, 0) % U
+    B[slack, K] = -_group_reduce(np.add, B[at, K], st, 0) % U
+    if isinstance(uniforms, np.random.Generator):
+        uniforms = uniforms.random((n + G, K + 2))
     P = np.ldexp(B.astype(float), -bits)
-    out = dependent_round(
-        P, np.array([0, n + 1]), gen.random((n + 1, K + 2)), tol=np.ldexp(1.0, -bits - 2)
-    )
-    return base + out[:n, :K]
+    out = dependent_round(P, st + np.arange(G + 1), uniforms, tol=np.ldexp(1.0, -bits - 2))
+    return base + out[at, :K]
 
 
 def cancel_cycles(X: np.ndarray, gen: np.random.Generator, tol: float) -> np.ndarray:
@@ -1371,28 +1415,38 @@ def cancel_cycles(X: np.ndarray, gen: np.random.Generator, tol: float) -> np.nda
     return base + bits
 
 
+def bipartite_rows(child_count: np.ndarray, first_leaf: int, first_parent: int) -> tuple:
+    """The kernel rows of a run of leaf parents (``first_parent`` onwards, their leaves from
+    ``first_leaf``): the group starts over its leaves and the global range of its bordered
+    rows (a parent's leaves then its slack row, leaf ``l`` of parent ``p`` at row ``l + p``)."""
+    starts = np.concatenate([[0], np.cumsum(child_count)]).astype(np.int64)
+    lo = first_leaf + first_parent
+    return starts, lo, lo + int(starts[-1]) + child_count.size
+
+
 def round_bipartite_part(
     leaf_values: np.ndarray,
     child_count: np.ndarray,
     first_parent: int,
-    rng: KeyedRNG,
+    rng: KeyedRNG | SubKeys,
+    n_rows: int,
+    first_leaf: int,
     *,
     label: str = "rounding/bipartite",
     tol: float = TOL,
 ) -> np.ndarray:
-    """Controlled rounding of the leaves of a run of parents (``first_parent`` onwards).
+    """Controlled rounding of the leaves of a run of parents (``first_parent`` onwards, their
+    leaves from ``first_leaf``), all in one :func:`controlled_round`.
 
-    Parent ``p`` (global index) draws from its own generator ``rng.generator(label, p)``, so
-    any split of the parents gives the same integers.
+    The uniforms of parent ``p``'s bordered rows are items of the keyed stream ``label`` of
+    ``n_rows`` (all leaves and all parents) rows
+    (:func:`~censusdp.estimation.integer.dependent.keyed_uniforms`, by global row), so any
+    split of the parents gives the same integers.
     """
     x = np.asarray(leaf_values, dtype=float)
-    out = np.empty(x.shape, dtype=np.int64)
-    start = np.concatenate([[0], np.cumsum(child_count)[:-1]])
-    for p in np.flatnonzero(child_count):  # one small matrix per parent (see round_bipartite)
-        lo, hi = int(start[p]), int(start[p] + child_count[p])
-        gen = rng.generator(label, first_parent + int(p))
-        out[lo:hi] = controlled_round(x[lo:hi], gen, tol)
-    return out
+    starts, lo, hi = bipartite_rows(np.asarray(child_count), first_leaf, first_parent)
+    u = keyed_uniforms(rng, label, n_rows, lo, hi, x.shape[1] + 1)
+    return controlled_round(x, u, tol, starts)
 
 
 def check_bipartite(
@@ -1429,38 +1483,25 @@ def check_bipartite(
 
 
 def bipartite_variances(
-    aggregate: Callable[[np.ndarray], list[np.ndarray]],
-    leaf_values: np.ndarray,
-    parent_values: np.ndarray,
-    depth: int,
-    masks: np.ndarray,
-    tol: float = TOL,
+    leaf_values: np.ndarray, parent_values: np.ndarray, masks: np.ndarray, tol: float = TOL
 ) -> list[np.ndarray]:
-    """Rounding variances under :func:`round_bipartite` (per level, (n, m)).
+    """Rounding variances under :func:`round_bipartite`: ``[parents (n, m), leaves (n, m)]``.
 
     Leaf cells and totals, parent cells and totals are each within floor/ceil (variance
     f(1 − f)); the parents are rounded independently, so above them the variances of cells
-    and totals add. Other sums (marginals of several cells) are NaN: the cycle-cancelling
-    scheme has no closed-form joint law; use a laminar mode for them.
+    and totals add (aggregate the parents'). Other sums (marginals of several cells) are NaN:
+    the cycle-cancelling scheme has no closed-form joint law; use a laminar mode for them.
     """
-    K = leaf_values.shape[1]
     single = masks.sum(axis=1) == 1
     whole = masks.all(axis=1)
     col = np.where(single, np.argmax(masks, axis=1), 0)
 
     def at(values: np.ndarray) -> np.ndarray:
-        cellv = rounding_variance(values, tol)
-        totv = rounding_variance(values.sum(axis=1), tol)
-        out = np.where(single[None], cellv[:, col], np.nan)
-        return np.where(whole[None], totv[:, None], out)
+        v = np.asarray(values, float)
+        out = np.where(single[None], rounding_variance(v, tol)[:, col], np.nan)
+        return np.where(whole[None], rounding_variance(v.sum(axis=1), tol)[:, None], out)
 
-    leaf = at(np.asarray(leaf_values, float))
-    if depth < 2:
-        return [leaf]
-    par = at(np.asarray(parent_values, float))
-    above = aggregate(par)  # the parents' sums add up (independent parents)
-    del K
-    return [*above, leaf]
+    return [at(parent_values), at(leaf_values)]
 
 
 def round_bipartite(
@@ -1480,17 +1521,15 @@ def round_bipartite(
     column (ceil(row sum) − row sum) and a slack row (ceil(column sum) − column sum), which
     makes every line sum an integer, and then rounded by cycle cancelling
     (:func:`controlled_round`: exact however large the values; line sums within float
-    resolution of an integer are held at it), with randomness keyed by the parent
-    (:func:`round_bipartite_part`; this function is its one-partition case).
+    resolution of an integer are held at it), every parent in one call of the compiled
+    kernel, with uniforms keyed by global row (:func:`round_bipartite_part`; this function
+    is its one-partition case). A one-level hierarchy is one matrix.
 
     Notes
     -----
     Sums two or more levels above the leaves are sums of the independently rounded parents:
     exact when the parents' values are (invariants), else not within floor/ceil
-    (:func:`check_bipartite` refuses invariants it cannot keep). The cycle walk is compiled
-    but the parents are visited by a Python loop, one small matrix each (the 52 states ×
-    3,221 counties × 36 cells: well under 2 s); use :func:`round_tree` for millions of
-    parents.
+    (:func:`check_bipartite` refuses invariants it cannot keep).
 
     References
     ----------
@@ -1500,9 +1539,8 @@ def round_bipartite(
     h = hierarchy
     if x.ndim != 2 or x.shape[0] != h.leaves.size:
         raise SpecError(f"leaf_values must be (n_leaves={h.leaves.size}, n_cells)")
-    if h.depth < 2:
-        return [controlled_round(x, rng.generator(label), tol)]
-    out = round_bipartite_part(x, h.levels[-2].child_count, 0, rng, label=label, tol=tol)
+    cc = h.levels[-2].child_count if h.depth >= 2 else np.array([x.shape[0]])
+    out = round_bipartite_part(x, cc, 0, rng, x.shape[0] + cc.size, 0, label=label, tol=tol)
     return h.aggregate(out)
 
 
@@ -1664,60 +1702,42 @@ def sum_estimator_variances(
     return out
 
 
-def finish_rounding(
-    release: Release,
-    counts: list[np.ndarray],
-    rounding: list[np.ndarray],
+def rounding_fields(
+    release: Release | object,
+    rounding: Sequence[np.ndarray],
     masks: np.ndarray,
     labels: Sequence[str],
     method: str,
-    invariants: Sequence[Invariant] = (),
     family: Sequence[str] = (),
-) -> Release:
-    """The integer :class:`Release` of rounded ``counts`` (per level) of ``release``.
+    largest: float = 0.0,
+) -> tuple[list[np.ndarray] | None, SumVariances, dict]:
+    """The variances, tracked sums and diagnostics of ``release`` rounded (its first
+    ``len(rounding)`` levels).
 
     ``rounding`` are the rounding variances of the tracked sums (per level (n, m), the first
     K being the cells): the variances become the estimator's plus these, and
-    :meth:`Release.sum_variances` gives those of totals and marginals. The invariants are
-    checked ``==`` on the output (:func:`check_invariants`).
-
-    Raises
-    ------
-    DataError
-        When an invariant is not exact after rounding (the real-valued release missed it by
-        more than the rounding tolerance).
+    :meth:`Release.sum_variances` gives those of totals and marginals; ``largest`` a cell
+    rounding variance seen elsewhere (levels held apart).
     """
-    K = len(release.cells)
+    K = masks.shape[1]
     cell_var = [r[:, :K] for r in rounding]
     variances = (
         None
         if release.variances is None
         else [v + r for v, r in zip(release.variances, cell_var, strict=True)]
     )
-    largest = float(max((np.nanmax(r, initial=0.0) for r in cell_var), default=0.0))
-    sums = SumVariances(
-        masks,
-        tuple(labels),
-        sum_estimator_variances(release, masks, range(release.hierarchy.depth)),
-        list(rounding),
-    )
-    diag = dict(release.diagnostics)
-    diag.update(rounding=method, rounding_variance_max=largest)
+    largest = max([largest, *(float(np.nanmax(r, initial=0.0)) for r in cell_var)])
+    est = sum_estimator_variances(release, masks, range(len(rounding)))
+    sums = SumVariances(masks, tuple(labels), est, list(rounding))
+    diag = {**release.diagnostics, "rounding": method, "rounding_variance_max": largest}
     if family:
         diag["rounding_family"] = list(family)
-    out = Release(
-        estimator=release.estimator,
-        hierarchy=release.hierarchy,
-        cells=release.cells,
-        estimates=counts,
-        variances=variances,
-        privacy=release.privacy,
-        integer=True,
-        diagnostics=diag,
-        covariances=None,
-        sums=sums,
-    )
-    exact = check_invariants(out, invariants)
+    return variances, sums, diag
+
+
+def require_exact(exact: dict[str, bool]) -> dict[str, bool]:
+    """``exact`` (per invariant label, whether it holds ``==`` after rounding), or
+    :class:`DataError` naming those that do not."""
     missed = [k for k, ok in exact.items() if not ok]
     if missed:
         raise DataError(
@@ -1725,8 +1745,7 @@ def finish_rounding(
             "not meet them within the rounding tolerance; check the estimator's invariant "
             "constraints"
         )
-    out.diagnostics["invariants_exact"] = exact
-    return out
+    return exact
 
 
 def round_release(
@@ -1781,18 +1800,18 @@ def round_release(
         check_bipartite(h.names, release.cells, invariants)
         masks, labels = tracked_sums(release.cells, invariants, queries)
         counts = round_bipartite(h, leaves, rng, label=lab, tol=tol)
-        snapped = snap_invariants(whole_forest(h), leaves, counts[-1], invariants, tol)
-        if snapped is not counts[-1]:
-            counts = h.aggregate(snapped)
-        parent = release.estimates[-2] if h.depth >= 2 else leaves
-        aggregate = whole_forest(h, 0, max(h.depth - 2, 0)).aggregate
-        rv = bipartite_variances(aggregate, leaves, parent, h.depth, masks, tol)
-        return finish_rounding(release, counts, rv, masks, labels, method, invariants)
-    plan = RoundingPlan.build(h.names, release.cells, method, invariants, queries)
-    counts, rv = round_tree(h, leaves, rng, plan=plan, label=lab, tol=tol, with_variances=True)
+        par, leaf = bipartite_variances(leaves, release.estimates[h.depth - 2], masks, tol)
+        rv = [*whole_forest(h, 0, h.depth - 2).aggregate(par), leaf] if h.depth > 1 else [leaf]
+        family: list[str] = []
+    else:
+        plan = RoundingPlan.build(h.names, release.cells, method, invariants, queries)
+        counts, rv = round_tree(h, leaves, rng, plan=plan, label=lab, tol=tol, with_variances=True)
+        masks, labels, family = plan.masks, plan.labels, plan.describe()
     snapped = snap_invariants(whole_forest(h), leaves, counts[-1], invariants, tol)
     if snapped is not counts[-1]:
         counts = h.aggregate(snapped)
-    return finish_rounding(
-        release, counts, rv, plan.masks, plan.labels, method, invariants, plan.describe()
-    )
+    variances, sums, diag = rounding_fields(release, rv, masks, labels, method, family)
+    changes = {"estimates": counts, "variances": variances, "diagnostics": diag, "sums": sums}
+    out = release.replace(integer=True, covariances=None, **changes)
+    out.diagnostics["invariants_exact"] = require_exact(check_invariants(out, invariants))
+    return out

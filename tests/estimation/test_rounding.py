@@ -1,4 +1,5 @@
-"""Unbiased dependent rounding: floor/ceil sums at every node, exact integer sums, E = x."""
+"""Unbiased dependent rounding: floor/ceil sums at every node, exact integer sums, E = x
+(the bipartite mode's law: test_laminar_bipartite.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from censusdp.estimation.integer.laminar import (
-    _tree_groups,
     pipage_round,
-    round_bipartite,
     round_tree,
     rounding_variance,
 )
+from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.synthetic import random_hierarchy
 from censusdp.rng import KeyedRNG
+
+
+def tree_groups(h: Hierarchy, order: str, K: int) -> list[np.ndarray]:
+    """The tree's laminar family as :func:`pipage_round` groups (cell-major or leaf-major)."""
+    if order == "cells":  # items j * n_leaves + leaf
+        groups = []
+        for k in range(h.depth - 1, 0, -1):
+            n_up = h.levels[k - 1].size
+            par = h.levels[k].parent
+            groups.append((np.arange(K)[:, None] * n_up + par[None, :]).reshape(-1))
+        return groups
+    n_leaves = h.leaves.size  # items leaf * K + j
+    groups = [np.repeat(np.arange(n_leaves), K)]
+    for k in range(h.depth - 1, 0, -1):
+        groups.append(h.levels[k].parent)
+    return groups
 
 
 def zero_sum_within(groups: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -77,7 +93,7 @@ def test_tree_rounding_unbiased_over_10000_repetitions(mode):
     h = random_hierarchy(gen, [(2, 3), (1, 4), (1, 3)])
     K = 3
     x = gen.uniform(-2, 8, size=(h.leaves.size, K))
-    groups = _tree_groups(h, mode, K)
+    groups = tree_groups(h, mode, K)
     R = 10_000
     # R independent copies as one forest: copy r's groups are offset by r * (groups per copy)
     sizes = [int(g.max()) + 1 for g in groups]
@@ -96,32 +112,6 @@ def test_tree_rounding_unbiased_over_10000_repetitions(mode):
     assert np.all(np.abs(mean - values)[live] < 4 * se[live])
     assert np.all(out[:, ~live] == np.rint(values[~live]))
     assert np.all((out == np.floor(values)) | (out == np.ceil(values)))
-
-
-def test_bipartite_controlled_rounding_properties_and_unbiasedness():
-    gen = np.random.default_rng(7)
-    h = random_hierarchy(gen, [(2, 2), (3, 5)])
-    K = 4
-    x = gen.integers(0, 9, size=(h.leaves.size, K)) + gen.uniform(0, 1, (h.leaves.size, K))
-    # parent totals integer (an invariant): shift within each parent's block
-    par = h.leaves.parent
-    frac = np.bincount(par, x.sum(1)) % 1.0
-    x[h.levels[1].child_start, 0] -= frac
-    real = h.aggregate(x)
-    rng = KeyedRNG.reproducible(5, warn=False)
-    R = 2000
-    acc = np.zeros_like(x)
-    for r in range(R):
-        got = round_bipartite(h, x, rng.child(str(r)))
-        acc += got[-1]
-        if r < 200:
-            assert within(got[-1], real[-1])
-            assert within(got[-1].sum(1), real[-1].sum(1))  # each leaf's total
-            assert within(got[1], real[1])  # each parent's cell sums
-            assert np.array_equal(got[1].sum(1), np.rint(real[1].sum(1)).astype(np.int64))
-            assert got[0].sum() == round(real[0].sum())
-    se = np.sqrt(rounding_variance(x) / R)
-    assert np.all(np.abs(acc / R - x) < 4 * se + 1e-12)
 
 
 def test_rounding_variance_is_p_one_minus_p():
