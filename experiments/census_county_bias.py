@@ -68,7 +68,7 @@ from censusdp.estimation.gls.tree import tree_gls
 from censusdp.estimation.integer.laminar import round_release
 from censusdp.estimation.integer.lattice_release import certify, release_lattice_noise
 from censusdp.estimation.topdown.flat import topdown
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, repeat
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Table
 from censusdp.mechanisms.lattice import GroupSumLattice, LatticeLaplace
@@ -90,6 +90,8 @@ INFO = ExperimentInfo(
     all_units="conditioning on all 10 runs",
 )
 
+#: The public county file (``--data`` overrides; :data:`~censusdp.experiments.registry.PUBLIC_SOURCES`).
+DATA = "county_totalpop_2010.csv"
 EPSILON = 0.192
 RUNS, RUNS_QUICK = 10, 2
 #: Runs of conditioning (one certified MCMC call per state and run; the costliest estimator);
@@ -135,7 +137,7 @@ def load_counties(ctx: ExperimentContext) -> tuple[Table, pd.DataFrame]:
     DataError
         Without the data file, or when a needed column is missing.
     """
-    path = ctx.input_file("county_totalpop_2010.csv")
+    path = ctx.input_file(DATA)
     df = pd.read_csv(path, dtype={"fips": str, "state_fips": str, "county_fips": str})
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
@@ -151,10 +153,10 @@ def load_counties(ctx: ExperimentContext) -> tuple[Table, pd.DataFrame]:
 # ------------------------------------------------------------------------------ estimators
 
 
-def _privacy(mechanism: str) -> PrivacyStatement:
-    return PrivacyStatement(
-        Accounting.PURE, epsilon=EPSILON, invariants=("state: total",), mechanism=mechanism
-    )
+#: The privacy of the Laplace county measurements (and of every estimator made from them).
+PRIVACY = PrivacyStatement(
+    Accounting.PURE, epsilon=EPSILON, invariants=("state: total",), mechanism="laplace"
+)
 
 
 def _run_estimators(
@@ -170,29 +172,26 @@ def _run_estimators(
     total = Query.total(cells)
     law = Laplace.from_epsilon(EPSILON)
     invs = [invariant(counts, 1, total)]
-    names = ["projected_laplace", "gls", "topdown"]
-    errors = {k: np.empty((runs, truth.size)) for k in names}
     clock: dict[str, float] = {}
-    all_meas = []
-    for r in range(runs):
-        rr = rng.child(f"run/{r}")
-        with stage(clock, "projected_laplace"):
-            pl = projected_laplace(
-                None, truth, None, EPSILON, rr, groups=state, invariant_names=("state totals",)
-            )
-            errors["projected_laplace"][r] = pl.release - truth
-        meas = measure(h.names, counts, [(2, total, law)], rr.child("measure"))
-        all_meas.append(meas)
-        with stage(clock, "gls"):
-            gls = round_release(
-                tree_gls(h, cells, meas, invs, _privacy("laplace")), rr, invariants=invs
-            )
-            errors["gls"][r] = gls.totals("county") - truth
-        with stage(clock, "topdown"):
-            td = topdown(h, cells, meas, invs, _privacy("laplace"))
-            errors["topdown"][r] = td.totals("county") - truth
-    seconds = {k: clock.get(k, 0.0) for k in names}
-    return errors, seconds, all_meas
+    out, all_meas = repeat(
+        runs,
+        rng,
+        lambda rr: measure(h.names, counts, [(2, total, law)], rr.child("measure")),
+        {
+            "projected_laplace": lambda _, rr: (
+                projected_laplace(
+                    None, truth, None, EPSILON, rr, groups=state, invariant_names=("state totals",)
+                ).release
+            ),
+            "gls": lambda m, rr: round_release(
+                tree_gls(h, cells, m, invs, PRIVACY), rr, invariants=invs
+            ).totals("county"),
+            "topdown": lambda m, _: topdown(h, cells, m, invs, PRIVACY).totals("county"),
+        },
+        clock,
+    )
+    errors = {k: np.array(v, np.float64) - truth for k, v in out.items()}
+    return errors, {k: clock.get(k, 0.0) for k in out}, all_meas
 
 
 def _multi_county_states(table: Table) -> np.ndarray:
@@ -246,7 +245,7 @@ def _condition_by_state(
                 cells,
                 m,
                 inv,
-                _privacy("laplace"),
+                PRIVACY,
                 rng.child(f"cond/{s}"),
                 ConditioningOptions(tv_bound=TV_TARGET, lag=lags.get(s)),
             )
@@ -447,16 +446,13 @@ def run(ctx: ExperimentContext) -> dict:
     }
     ours, seconds, all_meas = _run_estimators(table, runs, ctx.rng)
     errors.update(ours)
-    clock: dict[str, float] = {}
-    with stage(clock, "conditioning"):
+    ctx.timings.update({f"{k}_seconds": v for k, v in seconds.items()})
+    with ctx.timed("conditioning"):
         errors["conditioning"], cond_info = _conditioning_errors(
             table, all_meas[:cond_runs], ctx.rng, sampled
         )
-    seconds["conditioning"] = clock["conditioning"]
-    with stage(clock, "lattice"):
+    with ctx.timed("lattice"):
         errors["lattice"], lattice_info = _lattice_errors(table, runs, ctx.rng, sampled)
-    seconds["lattice"] = clock["lattice"]
-    ctx.timings.update({f"{k}_seconds": v for k, v in seconds.items()})
 
     codes = table.hierarchy["state"].codes
     metrics: dict = {
@@ -754,7 +750,7 @@ def _report(ctx: ExperimentContext, m: dict, table: Table) -> Report:
         .bullets(
             [
                 "Projected Laplace, GLS, TopDown-style, conditioning: "
-                f"{_privacy('laplace').text()} GLS, TopDown-style and conditioning are "
+                f"{PRIVACY.text()} GLS, TopDown-style and conditioning are "
                 "post-processing of the Laplace county measurements given the public "
                 "invariants. Conditioning's release is a state of a finite Markov chain, exact "
                 "up to its TV distance from the conditioned law (the bound above is a Monte "

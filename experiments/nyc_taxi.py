@@ -88,7 +88,7 @@ from censusdp.estimation.conditioning.estimator import ConditioningOptions, cert
 from censusdp.estimation.conditioning.mechanism import ChainOptions, conditioned_releases
 from censusdp.estimation.gls.tree import tree_gls
 from censusdp.estimation.topdown.flat import topdown
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, repeat
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.builders import from_columns
@@ -455,18 +455,18 @@ def _study(
         law = Laplace.from_epsilon(eps / 3.0)
         plan = [(k, Query.total(cells), law) for k in range(h.depth)]
         privacy = _privacy(eps, nodes=denominator)
-        measured[eps] = [
-            measure(h.names, counts, plan, ctx.rng.child(f"{label}/eps={eps:g}/run={r}"))
-            for r in range(runs)
-        ]
-        released[eps] = {}
-        for name, fn in (("gls", tree_gls), ("topdown", topdown)):
-            key = f"{label}/{name}/eps={eps:g}"
-            with stage(clock, key):
-                released[eps][name] = [
-                    fn(h, cells, m, [], privacy).estimates for m in measured[eps]
-                ]
-            ctx.timings[key] = clock[key]
+        released[eps], measured[eps] = repeat(
+            runs,
+            ctx.rng,
+            lambda rr, plan=plan: measure(h.names, counts, plan, rr),
+            {
+                name: lambda m, _, fn=fn, p=privacy: fn(h, cells, m, [], p).estimates
+                for name, fn in (("gls", tree_gls), ("topdown", topdown))
+            },
+            seconds := {},
+            stream=f"{label}/eps={eps:g}/run={{}}",
+        )
+        ctx.timings.update({f"{label}/{k}/eps={eps:g}": seconds[k] for k in released[eps]})
     if cond_runs:
         with stage(clock, f"{label}/mcmc releases"):
             cond, diagnostics = _condition_runs(

@@ -26,12 +26,11 @@ from scipy import stats
 from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.estimation.gls.tree import tree_gls
 from censusdp.estimation.topdown.flat import topdown
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, repeat
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Query, invariant, measure
 from censusdp.mechanisms.discrete import DiscreteGaussian
-from censusdp.timing import stage
 
 #: What this study reproduces, for ``censusdp experiment --list`` and the README.
 INFO = ExperimentInfo(
@@ -94,14 +93,15 @@ def run(ctx: ExperimentContext) -> dict:
         Accounting.ZCDP, rho=rho, delta=1e-10, invariants=("state: total",), mechanism=law.name
     )
 
-    errors = {"topdown": np.empty((runs, N_COUNTIES)), "gls": np.empty((runs, N_COUNTIES))}
+    def county_error(estimator):
+        return lambda meas, _: (
+            estimator(h, cells, meas, invs, privacy).totals("county") - true_total
+        )
+
     clock: dict[str, float] = {}
-    for r in range(runs):
-        meas = measure(h.names, counts, plan, ctx.rng.child(f"run/{r}"))
-        for name, estimator in (("topdown", topdown), ("gls", tree_gls)):
-            with stage(clock, name):
-                rel = estimator(h, cells, meas, invs, privacy)
-            errors[name][r] = rel.totals("county") - true_total
+    estimators = {"topdown": county_error(topdown), "gls": county_error(tree_gls)}
+    out, _ = repeat(runs, ctx.rng, lambda rr: measure(h.names, counts, plan, rr), estimators, clock)
+    errors = {k: np.array(v, np.float64) for k, v in out.items()}
     ctx.timings.update({f"{k}_seconds": clock.get(k, 0.0) for k in ("topdown", "gls")})
 
     logsize = np.log(np.maximum(true_total, 1))
