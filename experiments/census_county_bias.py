@@ -58,6 +58,8 @@ Dharangutte, Gao, Gong & Yu, "Integer Subspace Differential Privacy", AAAI 2023 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
@@ -66,7 +68,12 @@ from censusdp.errors import DataError
 from censusdp.estimation.conditioning.estimator import ConditioningOptions, certificate, condition
 from censusdp.estimation.gls.tree import tree_gls
 from censusdp.estimation.integer.laminar import round_release
-from censusdp.estimation.integer.lattice_release import certify, release_lattice_noise
+from censusdp.estimation.integer.lattice_release import (
+    CertifyOptions,
+    ConvergenceReport,
+    certify,
+    release_lattice_noise,
+)
 from censusdp.estimation.topdown.flat import topdown
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, repeat
 from censusdp.experiments.reporting import Report, pyplot
@@ -79,7 +86,7 @@ from censusdp.pipelines.metrics import group_regressions, slope_summary
 from censusdp.rng import KeyedRNG
 from censusdp.timing import stage
 
-__all__ = ["DAS_RUNS", "EPSILON", "STATE_ABBR", "load_counties", "run"]
+__all__ = ["DAS_RUNS", "EPSILON", "STATE_ABBR", "certify_sizes", "load_counties", "run"]
 
 #: What this study reproduces, for ``censusdp experiment --list`` and the README.
 INFO = ExperimentInfo(
@@ -194,12 +201,6 @@ def _run_estimators(
     return errors, {k: clock.get(k, 0.0) for k in out}, all_meas
 
 
-def _multi_county_states(table: Table) -> np.ndarray:
-    """Indices of the state-level areas with at least two counties (a one-county area is
-    released exactly by its invariant: there is nothing to sample)."""
-    return np.flatnonzero(table.hierarchy["state"].child_count >= 2)
-
-
 def _condition_by_state(
     table: Table,
     meas: list[Measurement],
@@ -307,6 +308,26 @@ def _convergence_summary(calls: list[dict]) -> dict:
     }
 
 
+def certify_sizes(
+    sizes: Iterable[int],
+    law: LatticeLaplace,
+    rng: KeyedRNG,
+    stream: str,
+    options: CertifyOptions | None = None,
+) -> dict[int, tuple[ConvergenceReport, float]]:
+    """A certificate and its seconds per group size n ≥ 2 of {z ∈ ℤⁿ : Σ z = 0} (stream
+    ``stream.format(n)``): lattice and law depend on n alone, so it serves every group of
+    that size (Dharangutte, Gao, Gong & Yu 2023, §4); a group of one is held by its total."""
+    out = {}
+    for n in sorted({int(n) for n in sizes} - {1}):
+        clock: dict[str, float] = {}
+        with stage(clock, "certify"):
+            lattice = GroupSumLattice(np.zeros(n, dtype=np.int64))
+            report = certify(lattice, law, rng.child(stream.format(n)), options)
+        out[n] = (report, clock["certify"])
+    return out
+
+
 def _lattice_errors(
     table: Table, runs: int, rng: KeyedRNG, states: np.ndarray
 ) -> tuple[np.ndarray, dict]:
@@ -330,19 +351,14 @@ def _lattice_errors(
     st = table.hierarchy["state"]
     law = LatticeLaplace(EPSILON, "l1")
     err = np.full((runs, table.hierarchy.leaves.size), np.nan)
-    reports, seconds = {}, {}
-    clock: dict[str, float] = {}
+    certified = certify_sizes(st.child_count[states], law, rng, "lattice/certify/{}")
+    reports = {n: rep for n, (rep, _) in certified.items()}
     privacy = None
     for s in states:
         s = int(s)
         lo, n = int(st.child_start[s]), int(st.child_count[s])
-        lattice = GroupSumLattice(np.zeros(n, dtype=np.int64))
-        if n not in reports:
-            with stage(clock, f"certify n={n}"):
-                reports[n] = certify(lattice, law, rng.child(f"lattice/certify/{n}"))
-            seconds[n] = clock[f"certify n={n}"]
         rel = release_lattice_noise(
-            lattice,
+            GroupSumLattice(np.zeros(n, dtype=np.int64)),
             law,
             rng.child(f"lattice/state/{s}"),
             n_draws=runs,
@@ -353,8 +369,8 @@ def _lattice_errors(
         if privacy is None or reports[n].tv_bound >= privacy[0]:
             privacy = (reports[n].tv_bound, rel.privacy)  # the weakest certificate's
     sizes = [
-        {"counties": n, **rep.to_dict(), "certify_seconds": seconds[n]}
-        for n, rep in sorted(reports.items())
+        {"counties": n, **rep.to_dict(), "certify_seconds": seconds}
+        for n, (rep, seconds) in certified.items()
     ]
     return err, {
         "certificates": len(reports),
@@ -422,9 +438,10 @@ def _state_regressions(err: np.ndarray, truth: np.ndarray, state_codes: np.ndarr
 
 
 def _sampled_states(table: Table, quick: bool) -> np.ndarray:
-    """States the MCMC estimators (conditioning, lattice) cover: every multi-county state,
-    or in ``--quick`` runs the ``QUICK_STATES`` regression states with fewest counties."""
-    multi = _multi_county_states(table)
+    """States the MCMC estimators (conditioning, lattice) cover: every multi-county state (a
+    one-county area is released exactly by its invariant: there is nothing to sample), or in
+    ``--quick`` runs the ``QUICK_STATES`` regression states with fewest counties."""
+    multi = np.flatnonzero(table.hierarchy["state"].child_count >= 2)
     if not quick:
         return multi
     counts = table.hierarchy["state"].child_count

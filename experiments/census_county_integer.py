@@ -51,11 +51,10 @@ from censusdp.errors import DataError
 from censusdp.estimation.integer.lattice_release import (
     CertifyOptions,
     ConvergenceReport,
-    certify,
     release_lattice_noise,
 )
 from censusdp.experiments._lattice_tables import unbiasedness_z
-from censusdp.experiments.census_county_bias import DATA, load_counties
+from censusdp.experiments.census_county_bias import DATA, certify_sizes, load_counties
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.mechanisms.lattice import (
@@ -63,7 +62,6 @@ from censusdp.mechanisms.lattice import (
     LatticeLaplace,
     sample_group_laplace_l1,
 )
-from censusdp.timing import stage
 
 __all__ = ["EPSILON", "STATE", "TV", "projected_double_geometric", "two_sample", "run"]
 
@@ -361,19 +359,11 @@ def run(ctx) -> dict:
     n_other = 50 if ctx.quick else 200
     sizes = df.groupby("state").size()
     # certificates: one per distinct county count (they depend on nothing else)
-    certs: dict[int, ConvergenceReport] = {}
-    cert_info: dict[int, dict] = {}
-    clock: dict[str, float] = {}
     with ctx.timed("certify"):
-        for n in sorted(set(sizes.tolist()) - {1}):
-            with stage(clock, f"certify n={n}"):
-                certs[n] = certify(
-                    GroupSumLattice(np.zeros(n, dtype=np.int64)),
-                    law,
-                    ctx.rng.child(f"certify/{n}"),
-                    CertifyOptions(tv=TV, mode="gibbs"),
-                )
-            cert_info[n] = _certificate_dict(certs[n], clock[f"certify n={n}"])
+        options = CertifyOptions(tv=TV, mode="gibbs")
+        certified = certify_sizes(sizes.tolist(), law, ctx.rng, "certify/{}", options)
+    certs = {n: rep for n, (rep, _) in certified.items()}
+    cert_info = {n: _certificate_dict(rep, sec) for n, (rep, sec) in certified.items()}
     with ctx.timed("release_and_exact"):
         per_state: dict[str, dict] = {}
         arrays: dict[str, dict] = {}

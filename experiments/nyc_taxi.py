@@ -583,29 +583,19 @@ def run(ctx: ExperimentContext) -> dict:
 
 def _write_estimates(path: Path, h: Hierarchy, first: dict) -> None:
     """The first run's released tables: data, epsilon, estimator, level, code, parent, value."""
-    frames = []
-    for label, per_eps in first.items():
-        for eps, per_est in per_eps.items():
-            for name, levels in per_est.items():
-                for k, lv in enumerate(h.levels):
-                    parent = (
-                        np.full(lv.size, "", dtype=object)
-                        if k == 0
-                        else np.asarray(h.levels[k - 1].codes, dtype=object)[lv.parent]
-                    )
-                    frames.append(
-                        pd.DataFrame(
-                            {
-                                "data": label,
-                                "epsilon": float(eps),
-                                "estimator": name,
-                                "level": lv.name,
-                                "code": np.asarray(lv.codes, dtype=object),
-                                "parent": parent,
-                                "value": np.asarray(levels[k], dtype=np.float64)[:, 0],
-                            }
-                        )
-                    )
+    codes = [np.asarray(lv.codes, dtype=object) for lv in h.levels]
+    parents = [np.full(codes[0].size, "", dtype=object)]
+    parents += [codes[k - 1][lv.parent] for k, lv in enumerate(h.levels) if k]
+    frames = [
+        pd.DataFrame(
+            {"data": label, "epsilon": float(eps), "estimator": name, "level": lv.name}
+            | {"code": codes[k], "parent": parents[k], "value": np.asarray(levels[k], float)[:, 0]}
+        )
+        for label, per_eps in first.items()
+        for eps, per_est in per_eps.items()
+        for name, levels in per_est.items()
+        for k, lv in enumerate(h.levels)
+    ]
     write_csv(pd.concat(frames, ignore_index=True), path, index=False)
 
 
