@@ -11,7 +11,8 @@ and calls its ``run(ctx)``. The experiment writes figures and ``report.md`` thro
 temporary directory; the runner adds ``metrics.json`` (the returned dict) and renames the
 directory into place only when everything succeeded. The output path follows the policy of
 :mod:`censusdp.atomic` (new, or an earlier censusdp output with ``overwrite``), checked before
-the experiment starts.
+the experiment starts. A study repeats its releases with :func:`repeat` (one keyed stream per
+run) and times its stages with :meth:`ExperimentContext.timed`.
 
 The module is light at import (the command line imports it, and every
 experiment module imports it for ``ExperimentInfo``): the random generators, the run options'

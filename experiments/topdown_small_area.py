@@ -66,17 +66,6 @@ def synthetic_state(rng: np.random.Generator) -> tuple[Hierarchy, np.ndarray]:
     return h, leaf[order[1]].astype(np.int64)
 
 
-def ols(x: np.ndarray, y: np.ndarray) -> dict:
-    """Slope of y on x with its standard error (scipy.stats.linregress)."""
-    fit = stats.linregress(x, y)
-    return {
-        "slope": float(fit.slope),
-        "slope_se": float(fit.stderr),
-        "intercept": float(fit.intercept),
-        "p": float(fit.pvalue),
-    }
-
-
 def run(ctx: ExperimentContext) -> dict:
     runs = RUNS_QUICK if ctx.quick else RUNS
     h, leaf = synthetic_state(ctx.rng.generator("topdown-small-area/truth"))
@@ -116,11 +105,11 @@ def run(ctx: ExperimentContext) -> dict:
     large = true_total >= np.quantile(true_total, 0.8)
     for name, err in errors.items():
         mean_err = err.mean(axis=0)
-        fit = ols(logsize, mean_err)
+        fit = stats.linregress(logsize, mean_err)  # OLS slope, its standard error and p
         metrics[name] = {
-            "slope": fit["slope"],
-            "slope_se": fit["slope_se"],
-            "slope_p": fit["p"],
+            "slope": float(fit.slope),
+            "slope_se": float(fit.stderr),
+            "slope_p": float(fit.pvalue),
             "mean_abs_error": float(np.abs(err).mean()),
             "mean_error_smallest_fifth": float(mean_err[small].mean()),
             "mean_error_largest_fifth": float(mean_err[large].mean()),
