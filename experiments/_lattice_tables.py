@@ -27,7 +27,6 @@ from censusdp.estimation.integer.lattice_release import (
 from censusdp.experiments.registry import ExperimentContext
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.mechanisms.lattice import IntegerLattice, LatticeLaplace
-from censusdp.timing import stage
 
 __all__ = ["MOVES", "LatticeTable", "run_table_experiment", "unbiasedness_z"]
 
@@ -109,10 +108,8 @@ class LatticeTable:
 def run_table_experiment(ctx: ExperimentContext, spec: LatticeTable) -> dict:
     """Run both targets (ℓ₁ and ℓ₂ generalized Laplace) of ``spec``, write figures and
     the report, return the metrics."""
-    clock: dict[str, float] = {}
-    with stage(clock, "lattice"):
+    with ctx.timed("lattice"):
         lattice = IntegerLattice.from_incidence(spec.incidence)
-    ctx.timings["lattice_seconds"] = clock["lattice"]
     k = lattice.n_directions
     targets: dict[str, dict] = {}
     draws_by_norm: dict[str, np.ndarray] = {}
@@ -120,10 +117,9 @@ def run_table_experiment(ctx: ExperimentContext, spec: LatticeTable) -> dict:
     all_exact = True
     privacy = None
     for norm in ("l1", "l2"):
-        with stage(clock, norm):
+        with ctx.timed(norm):
             target, curves[norm], rel = _run_target(ctx, lattice, spec, norm)
-        targets[norm] = target | {"seconds": clock[norm]}
-        ctx.timings[f"{norm}_seconds"] = clock[norm]
+        targets[norm] = target | {"seconds": ctx.timings[f"{norm}_seconds"]}
         all_exact &= target["margins_exact"]
         draws_by_norm[norm] = rel.noise
         if norm == "l1":

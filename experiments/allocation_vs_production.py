@@ -28,20 +28,17 @@ Silvey, Titterington & Torsney (1978); Yu (2010) — the multiplicative design a
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from censusdp.estimation.gls.allocate import Objective, Target, optimise_allocation
 from censusdp.estimation.gls.predict import allocation_plan
 from censusdp.estimation.gls.structured import structured_gls
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, repeat
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy.synthetic import synthetic_state
 from censusdp.mechanisms.product_measure import ProductInvariant, measure_products
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.schema import Allocation, Schema
-from censusdp.timing import CPU_PREFIX, stage
 
 INFO = ExperimentInfo(
     reproduces="An optimised ρ allocation against the 2020 production one on the Bureau's "
@@ -90,14 +87,19 @@ def _simulate(h, schema: Schema, allocation: Allocation, obj: Objective, rng, re
         ProductInvariant(lvl, total, np.zeros((h.sizes[k], 1), np.int64))
         for k, lvl in enumerate(h.names[:2])
     ]
-    out = np.empty((releases, len(obj.targets)))
-    for r in range(releases):
-        meas = measure_products(counts, plan, rng.child(f"release/{r}"), level_names=h.names)
-        rel = structured_gls(h, schema, meas, inv)
-        for j, t in enumerate(obj.targets):
-            err = rel.query_estimates(t.level, t.query)  # the truth is 0
-            out[r, j] = float(np.mean(err**2)) / t.size**2
-    return out
+
+    def relative_variances(meas, _):
+        rel = structured_gls(h, schema, meas, inv)  # the truth is 0: estimates are errors
+        return [
+            float(np.mean(rel.query_estimates(t.level, t.query) ** 2)) / t.size**2
+            for t in obj.targets
+        ]
+
+    def draw(rr):
+        return measure_products(counts, plan, rr, level_names=h.names)
+
+    out, _ = repeat(releases, rng, draw, {"gls": relative_variances}, stream="release/{}")
+    return np.array(out["gls"], np.float64).reshape(releases, len(obj.targets))
 
 
 def _compare(res, sims: dict, releases: int, strategy: tuple[str, ...]) -> dict:
@@ -180,8 +182,7 @@ def run(ctx: ExperimentContext) -> dict:
     # 1. relative: the declared sizes, weights 1 (the smallest cells dominate);
     # 2. balanced: each target weighted by 1 / its production relative variance, so the
     #    objective is the mean ratio to production (targets held exactly are left out)
-    clock: dict[str, float] = {}  # wall and process CPU seconds
-    with stage(clock, "optimise", cpu=time.process_time):
+    with ctx.timed("optimise", cpu=True):
         results = {"relative": optimise_allocation(
             h, schema, objective(), invariants, floor=FLOOR, tolerance=TOLERANCE)}  # fmt: skip
         first = results["relative"]
@@ -193,10 +194,8 @@ def run(ctx: ExperimentContext) -> dict:
         results["balanced"] = optimise_allocation(
             h, schema, objective(balance), invariants, floor=FLOOR, tolerance=TOLERANCE
         )
-    ctx.timings["optimise_seconds"] = clock["optimise"]
-    ctx.timings["optimise_cpu_seconds"] = clock[CPU_PREFIX + "optimise"]
 
-    with stage(clock, "simulate", cpu=time.process_time):
+    with ctx.timed("simulate", cpu=True):
         every = objective()  # all targets: simulate once, weight per objective afterwards
         labels = [t.label for t in every.targets]
         sim = {
@@ -206,8 +205,6 @@ def run(ctx: ExperimentContext) -> dict:
         }
         for name, res in results.items():
             sim[name] = _simulate(h, schema, res.allocation, every, ctx.rng.child(name), releases)
-    ctx.timings["simulate_seconds"] = clock["simulate"]
-    ctx.timings["simulate_cpu_seconds"] = clock[CPU_PREFIX + "simulate"]
 
     metrics: dict = {
         "blocks": blocks,

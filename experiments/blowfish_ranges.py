@@ -35,7 +35,6 @@ from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.mechanisms import blowfish as bf
 from censusdp.mechanisms.blowfish_strategies import strategy_matrix  # noqa: E402
-from censusdp.timing import stage
 
 __all__ = ["EPSILON", "series_1d", "series_2d", "growth", "run"]
 
@@ -211,17 +210,14 @@ def run(ctx: ExperimentContext) -> dict[str, Any]:
     top1 = 10 if ctx.quick else 12
     ks1 = [2**e for e in range(6, top1 + 1)]
     ks2 = [2**e for e in range(3, (6 if ctx.quick else 8) + 1)]
-    clock: dict[str, float] = {}
-    with stage(clock, "closed_forms"):
+    with ctx.timed("closed_forms"):
         s1 = series_1d(ks1)
         s2 = series_2d(ks2)
-    ctx.timings["closed_forms_seconds"] = clock["closed_forms"]
     fits1 = {name: growth(ks1, v) for name, v in s1.items()}
     fits2 = {name: growth(ks2, v) for name, v in s2.items()}
 
-    with stage(clock, "monte_carlo"):
+    with ctx.timed("monte_carlo"):
         mc = _monte_carlo(ctx, 256 if ctx.quick else 1024, 100 if ctx.quick else 200, 10_000)
-    ctx.timings["monte_carlo_seconds"] = clock["monte_carlo"]
 
     _figures(ctx, ks1, s1, ks2, s2)
     ctx.write_report(_report(ctx, ks1, s1, fits1, ks2, s2, fits2, mc))

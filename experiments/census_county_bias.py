@@ -58,6 +58,8 @@ Dharangutte, Gao, Gong & Yu, "Integer Subspace Differential Privacy", AAAI 2023 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
@@ -66,9 +68,14 @@ from censusdp.errors import DataError
 from censusdp.estimation.conditioning.estimator import ConditioningOptions, certificate, condition
 from censusdp.estimation.gls.tree import tree_gls
 from censusdp.estimation.integer.laminar import round_release
-from censusdp.estimation.integer.lattice_release import certify, release_lattice_noise
+from censusdp.estimation.integer.lattice_release import (
+    CertifyOptions,
+    ConvergenceReport,
+    certify,
+    release_lattice_noise,
+)
 from censusdp.estimation.topdown.flat import topdown
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, repeat
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Table
 from censusdp.mechanisms.lattice import GroupSumLattice, LatticeLaplace
@@ -79,7 +86,7 @@ from censusdp.pipelines.metrics import group_regressions, slope_summary
 from censusdp.rng import KeyedRNG
 from censusdp.timing import stage
 
-__all__ = ["DAS_RUNS", "EPSILON", "STATE_ABBR", "load_counties", "run"]
+__all__ = ["DAS_RUNS", "EPSILON", "STATE_ABBR", "certify_sizes", "load_counties", "run"]
 
 #: What this study reproduces, for ``censusdp experiment --list`` and the README.
 INFO = ExperimentInfo(
@@ -90,6 +97,8 @@ INFO = ExperimentInfo(
     all_units="conditioning on all 10 runs",
 )
 
+#: The public county file (``--data`` overrides; :data:`~censusdp.experiments.registry.PUBLIC_SOURCES`).
+DATA = "county_totalpop_2010.csv"
 EPSILON = 0.192
 RUNS, RUNS_QUICK = 10, 2
 #: Runs of conditioning (one certified MCMC call per state and run; the costliest estimator);
@@ -135,7 +144,7 @@ def load_counties(ctx: ExperimentContext) -> tuple[Table, pd.DataFrame]:
     DataError
         Without the data file, or when a needed column is missing.
     """
-    path = ctx.input_file("county_totalpop_2010.csv")
+    path = ctx.input_file(DATA)
     df = pd.read_csv(path, dtype={"fips": str, "state_fips": str, "county_fips": str})
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
@@ -151,10 +160,10 @@ def load_counties(ctx: ExperimentContext) -> tuple[Table, pd.DataFrame]:
 # ------------------------------------------------------------------------------ estimators
 
 
-def _privacy(mechanism: str) -> PrivacyStatement:
-    return PrivacyStatement(
-        Accounting.PURE, epsilon=EPSILON, invariants=("state: total",), mechanism=mechanism
-    )
+#: The privacy of the Laplace county measurements (and of every estimator made from them).
+PRIVACY = PrivacyStatement(
+    Accounting.PURE, epsilon=EPSILON, invariants=("state: total",), mechanism="laplace"
+)
 
 
 def _run_estimators(
@@ -170,35 +179,26 @@ def _run_estimators(
     total = Query.total(cells)
     law = Laplace.from_epsilon(EPSILON)
     invs = [invariant(counts, 1, total)]
-    names = ["projected_laplace", "gls", "topdown"]
-    errors = {k: np.empty((runs, truth.size)) for k in names}
     clock: dict[str, float] = {}
-    all_meas = []
-    for r in range(runs):
-        rr = rng.child(f"run/{r}")
-        with stage(clock, "projected_laplace"):
-            pl = projected_laplace(
-                None, truth, None, EPSILON, rr, groups=state, invariant_names=("state totals",)
-            )
-            errors["projected_laplace"][r] = pl.release - truth
-        meas = measure(h.names, counts, [(2, total, law)], rr.child("measure"))
-        all_meas.append(meas)
-        with stage(clock, "gls"):
-            gls = round_release(
-                tree_gls(h, cells, meas, invs, _privacy("laplace")), rr, invariants=invs
-            )
-            errors["gls"][r] = gls.totals("county") - truth
-        with stage(clock, "topdown"):
-            td = topdown(h, cells, meas, invs, _privacy("laplace"))
-            errors["topdown"][r] = td.totals("county") - truth
-    seconds = {k: clock.get(k, 0.0) for k in names}
-    return errors, seconds, all_meas
-
-
-def _multi_county_states(table: Table) -> np.ndarray:
-    """Indices of the state-level areas with at least two counties (a one-county area is
-    released exactly by its invariant: there is nothing to sample)."""
-    return np.flatnonzero(table.hierarchy["state"].child_count >= 2)
+    out, all_meas = repeat(
+        runs,
+        rng,
+        lambda rr: measure(h.names, counts, [(2, total, law)], rr.child("measure")),
+        {
+            "projected_laplace": lambda _, rr: (
+                projected_laplace(
+                    None, truth, None, EPSILON, rr, groups=state, invariant_names=("state totals",)
+                ).release
+            ),
+            "gls": lambda m, rr: round_release(
+                tree_gls(h, cells, m, invs, PRIVACY), rr, invariants=invs
+            ).totals("county"),
+            "topdown": lambda m, _: topdown(h, cells, m, invs, PRIVACY).totals("county"),
+        },
+        clock,
+    )
+    errors = {k: np.array(v, np.float64) - truth for k, v in out.items()}
+    return errors, {k: clock.get(k, 0.0) for k in out}, all_meas
 
 
 def _condition_by_state(
@@ -246,7 +246,7 @@ def _condition_by_state(
                 cells,
                 m,
                 inv,
-                _privacy("laplace"),
+                PRIVACY,
                 rng.child(f"cond/{s}"),
                 ConditioningOptions(tv_bound=TV_TARGET, lag=lags.get(s)),
             )
@@ -308,6 +308,26 @@ def _convergence_summary(calls: list[dict]) -> dict:
     }
 
 
+def certify_sizes(
+    sizes: Iterable[int],
+    law: LatticeLaplace,
+    rng: KeyedRNG,
+    stream: str,
+    options: CertifyOptions | None = None,
+) -> dict[int, tuple[ConvergenceReport, float]]:
+    """A certificate and its seconds per group size n ≥ 2 of {z ∈ ℤⁿ : Σ z = 0} (stream
+    ``stream.format(n)``): lattice and law depend on n alone, so it serves every group of
+    that size (Dharangutte, Gao, Gong & Yu 2023, §4); a group of one is held by its total."""
+    out = {}
+    for n in sorted({int(n) for n in sizes} - {1}):
+        clock: dict[str, float] = {}
+        with stage(clock, "certify"):
+            lattice = GroupSumLattice(np.zeros(n, dtype=np.int64))
+            report = certify(lattice, law, rng.child(stream.format(n)), options)
+        out[n] = (report, clock["certify"])
+    return out
+
+
 def _lattice_errors(
     table: Table, runs: int, rng: KeyedRNG, states: np.ndarray
 ) -> tuple[np.ndarray, dict]:
@@ -331,19 +351,14 @@ def _lattice_errors(
     st = table.hierarchy["state"]
     law = LatticeLaplace(EPSILON, "l1")
     err = np.full((runs, table.hierarchy.leaves.size), np.nan)
-    reports, seconds = {}, {}
-    clock: dict[str, float] = {}
+    certified = certify_sizes(st.child_count[states], law, rng, "lattice/certify/{}")
+    reports = {n: rep for n, (rep, _) in certified.items()}
     privacy = None
     for s in states:
         s = int(s)
         lo, n = int(st.child_start[s]), int(st.child_count[s])
-        lattice = GroupSumLattice(np.zeros(n, dtype=np.int64))
-        if n not in reports:
-            with stage(clock, f"certify n={n}"):
-                reports[n] = certify(lattice, law, rng.child(f"lattice/certify/{n}"))
-            seconds[n] = clock[f"certify n={n}"]
         rel = release_lattice_noise(
-            lattice,
+            GroupSumLattice(np.zeros(n, dtype=np.int64)),
             law,
             rng.child(f"lattice/state/{s}"),
             n_draws=runs,
@@ -354,8 +369,8 @@ def _lattice_errors(
         if privacy is None or reports[n].tv_bound >= privacy[0]:
             privacy = (reports[n].tv_bound, rel.privacy)  # the weakest certificate's
     sizes = [
-        {"counties": n, **rep.to_dict(), "certify_seconds": seconds[n]}
-        for n, rep in sorted(reports.items())
+        {"counties": n, **rep.to_dict(), "certify_seconds": seconds}
+        for n, (rep, seconds) in certified.items()
     ]
     return err, {
         "certificates": len(reports),
@@ -423,9 +438,10 @@ def _state_regressions(err: np.ndarray, truth: np.ndarray, state_codes: np.ndarr
 
 
 def _sampled_states(table: Table, quick: bool) -> np.ndarray:
-    """States the MCMC estimators (conditioning, lattice) cover: every multi-county state,
-    or in ``--quick`` runs the ``QUICK_STATES`` regression states with fewest counties."""
-    multi = _multi_county_states(table)
+    """States the MCMC estimators (conditioning, lattice) cover: every multi-county state (a
+    one-county area is released exactly by its invariant: there is nothing to sample), or in
+    ``--quick`` runs the ``QUICK_STATES`` regression states with fewest counties."""
+    multi = np.flatnonzero(table.hierarchy["state"].child_count >= 2)
     if not quick:
         return multi
     counts = table.hierarchy["state"].child_count
@@ -447,16 +463,13 @@ def run(ctx: ExperimentContext) -> dict:
     }
     ours, seconds, all_meas = _run_estimators(table, runs, ctx.rng)
     errors.update(ours)
-    clock: dict[str, float] = {}
-    with stage(clock, "conditioning"):
+    ctx.timings.update({f"{k}_seconds": v for k, v in seconds.items()})
+    with ctx.timed("conditioning"):
         errors["conditioning"], cond_info = _conditioning_errors(
             table, all_meas[:cond_runs], ctx.rng, sampled
         )
-    seconds["conditioning"] = clock["conditioning"]
-    with stage(clock, "lattice"):
+    with ctx.timed("lattice"):
         errors["lattice"], lattice_info = _lattice_errors(table, runs, ctx.rng, sampled)
-    seconds["lattice"] = clock["lattice"]
-    ctx.timings.update({f"{k}_seconds": v for k, v in seconds.items()})
 
     codes = table.hierarchy["state"].codes
     metrics: dict = {
@@ -754,7 +767,7 @@ def _report(ctx: ExperimentContext, m: dict, table: Table) -> Report:
         .bullets(
             [
                 "Projected Laplace, GLS, TopDown-style, conditioning: "
-                f"{_privacy('laplace').text()} GLS, TopDown-style and conditioning are "
+                f"{PRIVACY.text()} GLS, TopDown-style and conditioning are "
                 "post-processing of the Laplace county measurements given the public "
                 "invariants. Conditioning's release is a state of a finite Markov chain, exact "
                 "up to its TV distance from the conditioned law (the bound above is a Monte "

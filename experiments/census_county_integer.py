@@ -51,10 +51,10 @@ from censusdp.errors import DataError
 from censusdp.estimation.integer.lattice_release import (
     CertifyOptions,
     ConvergenceReport,
-    certify,
     release_lattice_noise,
 )
 from censusdp.experiments._lattice_tables import unbiasedness_z
+from censusdp.experiments.census_county_bias import DATA, certify_sizes, load_counties
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.mechanisms.lattice import (
@@ -62,7 +62,6 @@ from censusdp.mechanisms.lattice import (
     LatticeLaplace,
     sample_group_laplace_l1,
 )
-from censusdp.timing import stage
 
 __all__ = ["EPSILON", "STATE", "TV", "projected_double_geometric", "two_sample", "run"]
 
@@ -70,7 +69,7 @@ __all__ = ["EPSILON", "STATE", "TV", "projected_double_geometric", "two_sample",
 INFO = ExperimentInfo(
     reproduces="integer noise for Illinois' 102 counties with the state total invariant by the certified lattice MCMC release (Gibbs moves), checked against an exact sampler, beside the Bureau's errors and the projected baseline",
     paper="Dharangutte, Gao, Gong & Yu (2023), Integer Subspace Differential Privacy, Fig. 2",
-    data=("county_totalpop_2010.csv",),
+    data=(DATA,),
     full_run="61 s",
     all_units="every state, 11.7 min",
 )
@@ -159,14 +158,15 @@ def two_sample(mcmc: np.ndarray, exact: np.ndarray) -> dict:
 
 
 def _load(ctx) -> pd.DataFrame:
-    path = ctx.input_file("county_totalpop_2010.csv")
-    df = pd.read_csv(path, dtype={"state_fips": str, "fips": str, "county_fips": str})
-    need = {"state_fips", "county_fips", "pop_sf2010", "pop_ddp_20191029", "pop_ppdd_20200527"}
-    if not need <= set(df.columns):
-        raise DataError(f"{path}: needs columns {sorted(need)}")
+    """The county file as :func:`~censusdp.experiments.census_county_bias.load_counties`
+    reads it, Illinois alone unless ``--all``, each state's counties by 2010 population."""
+    df = load_counties(ctx)[1]
     df["state"] = df["state_fips"].astype(int)
-    if not ctx.all_units and not (df["state"] == STATE).any():
-        raise DataError(f"{path}: no county of state {STATE:02d} (Illinois)")
+    if "county_fips" not in df.columns or not (ctx.all_units or (df["state"] == STATE).any()):
+        raise DataError(
+            f"{ctx.input_file(DATA)}: needs a column county_fips and, without --all, the "
+            f"counties of state {STATE:02d} (Illinois)"
+        )
     if not ctx.all_units:
         df = df[df["state"] == STATE]
     return df.sort_values(["state", "pop_sf2010"], kind="stable").reset_index(drop=True)
@@ -359,30 +359,20 @@ def run(ctx) -> dict:
     n_other = 50 if ctx.quick else 200
     sizes = df.groupby("state").size()
     # certificates: one per distinct county count (they depend on nothing else)
-    certs: dict[int, ConvergenceReport] = {}
-    cert_info: dict[int, dict] = {}
-    clock: dict[str, float] = {}
-    with stage(clock, "certify"):
-        for n in sorted(set(sizes.tolist()) - {1}):
-            with stage(clock, f"certify n={n}"):
-                certs[n] = certify(
-                    GroupSumLattice(np.zeros(n, dtype=np.int64)),
-                    law,
-                    ctx.rng.child(f"certify/{n}"),
-                    CertifyOptions(tv=TV, mode="gibbs"),
-                )
-            cert_info[n] = _certificate_dict(certs[n], clock[f"certify n={n}"])
-    ctx.timings["certify_seconds"] = clock["certify"]
-    with stage(clock, "release_and_exact"):
+    with ctx.timed("certify"):
+        options = CertifyOptions(tv=TV, mode="gibbs")
+        certified = certify_sizes(sizes.tolist(), law, ctx.rng, "certify/{}", options)
+    certs = {n: rep for n, (rep, _) in certified.items()}
+    cert_info = {n: _certificate_dict(rep, sec) for n, (rep, sec) in certified.items()}
+    with ctx.timed("release_and_exact"):
         per_state: dict[str, dict] = {}
         arrays: dict[str, dict] = {}
         for fips, st in df.groupby("state", sort=True):
             nd = n_main if fips == STATE else n_other
             rep = certs.get(len(st))
             per_state[f"{fips:02d}"], arrays[f"{fips:02d}"] = _state(ctx, st, law, rep, nd)
-    ctx.timings["release_and_exact_seconds"] = clock["release_and_exact"]
 
-    with stage(clock, "figures"):
+    with ctx.timed("figures"):
         il = per_state.get(f"{STATE:02d}")
         if il is not None:
             st = df[df["state"] == STATE].reset_index(drop=True)
@@ -402,7 +392,6 @@ def run(ctx) -> dict:
             il["share_draws_within_30"] = float(np.mean(np.abs(arr["noise"]) <= 30))
         if ctx.all_units:
             _all_states_figure(ctx, df, arrays, cert_info)
-    ctx.timings["figures_seconds"] = clock["figures"]
 
     moved = [s for s in per_state.values() if s["certificate_counties"] is not None]
     checks = [s["cross_check"] for s in moved]

@@ -200,10 +200,6 @@ def exact_conditioned_var_n3() -> float:
     return outer(2) / outer(0)
 
 
-def _fmt(x: float | None) -> str:
-    return "—" if x is None else f"{x:.4f}"
-
-
 #: n of the sweep (full run, --quick).
 SWEEP, SWEEP_QUICK = (3, 4, 5, 6, 8, 10, 20, 35, 50), (3, 5, 10)
 #: Chains behind the n = 3 variance; for larger n, chains × n stays near ``COORDS``.
@@ -269,7 +265,7 @@ def _report(
             "conditioned": f"{r['conditioned_var_over_lambda2']:.4f} ± {r['conditioned_se']:.4f}",
             "projected (MC)": r["projected_var_over_lambda2"],
             "2(1−1/n)": r["projected_formula"],
-            "TV bound": _fmt(r["tv_bound"]),
+            "TV bound": "—" if r["tv_bound"] is None else f"{r['tv_bound']:.4f}",
             "L": r["lag"],
             "burn-in T": r["burn_in"],
             "τ 99%": r["meeting_time_quantiles"][1],

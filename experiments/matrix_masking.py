@@ -28,7 +28,6 @@ from scipy import stats
 from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.mechanisms import masking as mk
-from censusdp.timing import stage
 
 __all__ = ["PAPER_TABLE1", "table1_rows", "run"]
 
@@ -299,18 +298,15 @@ def _figure(ctx: ExperimentContext, rows: list[dict[str, Any]]) -> None:
 
 def run(ctx: ExperimentContext) -> dict[str, Any]:
     """Run the experiment; returns the metrics written to ``metrics.json``."""
-    clock: dict[str, float] = {}
-    with stage(clock, "table1"):
+    with ctx.timed("table1"):
         rows = table1_rows()
-    ctx.timings["table1_seconds"] = clock["table1"]
     max_diff = max(r["max_abs_diff"] for r in rows)
     ratio_ok = sum(r["ratio_matches"] for r in rows)
 
-    with stage(clock, "tail"):
+    with ctx.timed("tail"):
         draws = 200_000 if ctx.quick else 2_000_000
         tail_a = _tail_setting_a(ctx, draws)
         tail_b = _tail_setting_b_p1(ctx, draws // 10 if ctx.quick else draws // 4)
-    ctx.timings["tail_seconds"] = clock["tail"]
 
     ols_res = _ols_identity(ctx)
     _figure(ctx, rows)

@@ -88,7 +88,7 @@ from censusdp.estimation.conditioning.estimator import ConditioningOptions, cert
 from censusdp.estimation.conditioning.mechanism import ChainOptions, conditioned_releases
 from censusdp.estimation.gls.tree import tree_gls
 from censusdp.estimation.topdown.flat import topdown
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, repeat
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.builders import from_columns
@@ -455,18 +455,18 @@ def _study(
         law = Laplace.from_epsilon(eps / 3.0)
         plan = [(k, Query.total(cells), law) for k in range(h.depth)]
         privacy = _privacy(eps, nodes=denominator)
-        measured[eps] = [
-            measure(h.names, counts, plan, ctx.rng.child(f"{label}/eps={eps:g}/run={r}"))
-            for r in range(runs)
-        ]
-        released[eps] = {}
-        for name, fn in (("gls", tree_gls), ("topdown", topdown)):
-            key = f"{label}/{name}/eps={eps:g}"
-            with stage(clock, key):
-                released[eps][name] = [
-                    fn(h, cells, m, [], privacy).estimates for m in measured[eps]
-                ]
-            ctx.timings[key] = clock[key]
+        released[eps], measured[eps] = repeat(
+            runs,
+            ctx.rng,
+            lambda rr, plan=plan: measure(h.names, counts, plan, rr),
+            {
+                name: lambda m, _, fn=fn, p=privacy: fn(h, cells, m, [], p).estimates
+                for name, fn in (("gls", tree_gls), ("topdown", topdown))
+            },
+            seconds := {},
+            stream=f"{label}/eps={eps:g}/run={{}}",
+        )
+        ctx.timings.update({f"{label}/{k}/eps={eps:g}": seconds[k] for k in released[eps]})
     if cond_runs:
         with stage(clock, f"{label}/mcmc releases"):
             cond, diagnostics = _condition_runs(
@@ -583,29 +583,19 @@ def run(ctx: ExperimentContext) -> dict:
 
 def _write_estimates(path: Path, h: Hierarchy, first: dict) -> None:
     """The first run's released tables: data, epsilon, estimator, level, code, parent, value."""
-    frames = []
-    for label, per_eps in first.items():
-        for eps, per_est in per_eps.items():
-            for name, levels in per_est.items():
-                for k, lv in enumerate(h.levels):
-                    parent = (
-                        np.full(lv.size, "", dtype=object)
-                        if k == 0
-                        else np.asarray(h.levels[k - 1].codes, dtype=object)[lv.parent]
-                    )
-                    frames.append(
-                        pd.DataFrame(
-                            {
-                                "data": label,
-                                "epsilon": float(eps),
-                                "estimator": name,
-                                "level": lv.name,
-                                "code": np.asarray(lv.codes, dtype=object),
-                                "parent": parent,
-                                "value": np.asarray(levels[k], dtype=np.float64)[:, 0],
-                            }
-                        )
-                    )
+    codes = [np.asarray(lv.codes, dtype=object) for lv in h.levels]
+    parents = [np.full(codes[0].size, "", dtype=object)]
+    parents += [codes[k - 1][lv.parent] for k, lv in enumerate(h.levels) if k]
+    frames = [
+        pd.DataFrame(
+            {"data": label, "epsilon": float(eps), "estimator": name, "level": lv.name}
+            | {"code": codes[k], "parent": parents[k], "value": np.asarray(levels[k], float)[:, 0]}
+        )
+        for label, per_eps in first.items()
+        for eps, per_est in per_eps.items()
+        for name, levels in per_est.items()
+        for k, lv in enumerate(h.levels)
+    ]
     write_csv(pd.concat(frames, ignore_index=True), path, index=False)
 
 

@@ -11,7 +11,8 @@ and calls its ``run(ctx)``. The experiment writes figures and ``report.md`` thro
 temporary directory; the runner adds ``metrics.json`` (the returned dict) and renames the
 directory into place only when everything succeeded. The output path follows the policy of
 :mod:`censusdp.atomic` (new, or an earlier censusdp output with ``overwrite``), checked before
-the experiment starts.
+the experiment starts. A study repeats its releases with :func:`repeat` (one keyed stream per
+run) and times its stages with :meth:`ExperimentContext.timed`.
 
 The module is light at import (the command line imports it, and every
 experiment module imports it for ``ExperimentInfo``): the random generators, the run options'
@@ -23,13 +24,16 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from censusdp.errors import DataError, SpecError
 from censusdp.paths import shared_data_file
-from censusdp.timing import stage
+from censusdp.timing import CPU_PREFIX, stage
 
 if TYPE_CHECKING:
     from censusdp.rng import KeyedRNG
@@ -42,6 +46,7 @@ __all__ = [
     "experiment_info",
     "listing",
     "readme_table",
+    "repeat",
     "run_experiment",
 ]
 
@@ -163,6 +168,18 @@ class ExperimentContext:
             )
         return p
 
+    @contextmanager
+    def timed(self, name: str, *, cpu: bool = False) -> Iterator[None]:
+        """Record the wall seconds of the ``with`` body as ``timings[name + "_seconds"]`` (with
+        ``cpu``, the process CPU seconds as ``timings[name + "_cpu_seconds"]`` too), by
+        :func:`~censusdp.timing.stage`."""
+        clock: dict[str, float] = {}
+        with stage(clock, name, cpu=time.process_time):
+            yield
+        self.timings[f"{name}_seconds"] = clock[name]
+        if cpu:
+            self.timings[f"{name}_cpu_seconds"] = clock[CPU_PREFIX + name]
+
     def savefig(self, fig: Any, name: str) -> Path:
         """Save a matplotlib figure as PNG and close it."""
         import matplotlib.pyplot as plt
@@ -177,6 +194,42 @@ class ExperimentContext:
         path = self.out / "report.md"
         path.write_text(str(text), encoding="utf-8")
         return path
+
+
+def repeat(
+    runs: int,
+    rng: KeyedRNG,
+    measure: Callable[[KeyedRNG], Any],
+    estimators: Mapping[str, Callable[[Any, KeyedRNG], Any]],
+    clock: dict[str, float] | None = None,
+    *,
+    stream: str = "run/{}",
+) -> tuple[dict[str, list], list]:
+    """The studies' simulate-and-summarise loop: ``runs`` independent releases.
+
+    Run ``r`` has its own keyed stream ``rr = rng.child(stream.format(r))`` (run ``r`` is the
+    same whatever the number of runs): its measurements ``measure(rr)``, then every
+    estimator's ``f(measurements, rr)`` (an error vector, a release), timed by
+    :func:`~censusdp.timing.stage` into ``clock`` under its name (wall and process CPU
+    seconds).
+
+    Returns
+    -------
+    outputs : dict
+        Estimator name → its outputs, one per run.
+    measurements : list
+        Each run's measurements.
+    """
+    clock = {} if clock is None else clock
+    out: dict[str, list] = {name: [] for name in estimators}
+    measured = []
+    for r in range(runs):
+        rr = rng.child(stream.format(r))
+        measured.append(meas := measure(rr))
+        for name, fn in estimators.items():
+            with stage(clock, name, cpu=time.process_time):
+                out[name].append(fn(meas, rr))
+    return out, measured
 
 
 #: Modules of the package that serve the experiments and are not experiments themselves
@@ -355,10 +408,8 @@ def run_experiment(
             all_units=all_units,
             options=opts,
         )
-        clock: dict[str, float] = {}
-        with stage(clock, "total"):
+        with ctx.timed("total"):
             metrics = module.run(ctx)
-        ctx.timings["total_seconds"] = clock["total"]
         metrics = dict(metrics)
         metrics.setdefault("quick", quick)
         metrics.setdefault("timings", ctx.timings)

@@ -101,7 +101,7 @@ from censusdp.estimation.integer.controlled import round_structured
 from censusdp.estimation.integer.nonnegative import nonnegative_structured
 from censusdp.estimation.topdown.schema import LevelOrdering, TopDownOptions, topdown_schema
 from censusdp.experiments.census_county_bias import STATE_ABBR
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, repeat
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy, Table
 from censusdp.mechanisms.discrete import DiscreteGaussian
@@ -475,18 +475,15 @@ def _tensors(hist: Histogram) -> list[np.ndarray]:
     return [c.reshape(-1, *hist.schema.shape) for c in hist.hierarchy.aggregate(hist.truth)]
 
 
-def _topdown(hist: Histogram, meas, invs, rng, shared) -> np.ndarray:
-    rel = topdown_schema(
-        hist.hierarchy, hist.schema, meas, invs, TopDownOptions(ordering=hist.ordering)
-    )
-    return np.asarray(rel.estimates[-1]).reshape(-1, hist.schema.n_cells)
+def _topdown_with(ordering: str) -> Callable[..., np.ndarray]:
+    """TopDown-style with the histogram's ``ordering`` (production) or ``ordering_one``."""
 
+    def estimate(hist: Histogram, meas, invs, rng, shared) -> np.ndarray:
+        options = TopDownOptions(ordering=getattr(hist, ordering))
+        rel = topdown_schema(hist.hierarchy, hist.schema, meas, invs, options)
+        return np.asarray(rel.estimates[-1]).reshape(-1, hist.schema.n_cells)
 
-def _topdown_one(hist: Histogram, meas, invs, rng, shared) -> np.ndarray:
-    rel = topdown_schema(
-        hist.hierarchy, hist.schema, meas, invs, TopDownOptions(ordering=hist.ordering_one)
-    )
-    return np.asarray(rel.estimates[-1]).reshape(-1, hist.schema.n_cells)
+    return estimate
 
 
 def _gls_release(hist: Histogram, meas, invs, shared: dict):
@@ -513,8 +510,8 @@ def _nonnegative(hist: Histogram, meas, invs, rng, shared) -> np.ndarray:
 #: the seconds of the GLS-based columns after the first exclude its solve). A new estimator
 #: on the same measurements is one entry here (and one in LABELS).
 ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
-    "topdown": _topdown,
-    "topdown_one": _topdown_one,
+    "topdown": _topdown_with("ordering"),
+    "topdown_one": _topdown_with("ordering_one"),
     "gls": _gls,
     "nonnegative": _nonnegative,
 }
@@ -586,13 +583,16 @@ def size_class_table(error: np.ndarray, truth: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _zero_cells(truth: np.ndarray, release: np.ndarray) -> dict:
+def _zero_cells(truth: np.ndarray, releases: np.ndarray | Sequence[np.ndarray]) -> dict:
+    """Cells zero in the truth kept zero, positive ones set to zero: counted over one release
+    (an array) or summed over several (a list)."""
     z = truth == 0
+    rel = releases if isinstance(releases, list) else [releases]
     return {
-        "true_zero_cells": int(z.sum()),
-        "zero_kept_zero": int((release[z] == 0).sum()),
-        "positive_set_to_zero": int((release[~z] == 0).sum()),
-        "positive_cells": int((~z).sum()),
+        "true_zero_cells": int(z.sum()) * len(rel),
+        "zero_kept_zero": sum(int((r[z] == 0).sum()) for r in rel),
+        "positive_set_to_zero": sum(int((r[~z] == 0).sum()) for r in rel),
+        "positive_cells": int((~z).sum()) * len(rel),
     }
 
 
@@ -622,9 +622,6 @@ def _slope_counts(regs: list[pd.DataFrame]) -> dict:
     }
 
 
-_ZERO_KEYS = ("true_zero_cells", "zero_kept_zero", "positive_set_to_zero", "positive_cells")
-
-
 def _run_rho(
     hist: Histogram,
     tensors: list[np.ndarray],
@@ -643,58 +640,53 @@ def _run_rho(
     truth36 = hist.sex_age(truth)
     total = truth.sum(axis=1)
     plan = strategy(hist.schema, rho, hist.shares)
-    errors = {k: np.empty((runs, total.size)) for k in names}
-    regs: dict[str, list[pd.DataFrame]] = {k: [] for k in names}
-    zeros = {k: dict.fromkeys(_ZERO_KEYS, 0) for k in names}
-    zeros_h = {k: dict.fromkeys(_ZERO_KEYS, 0) for k in names}
-    cell_abs = dict.fromkeys(names, 0.0)
-    checks: dict[str, dict] = {k: {} for k in names}
-    clock: dict[str, float] = {}  # wall and process CPU seconds per estimator
     bar = tqdm(total=runs * len(names), desc=f"{hist.name} ρ={float(rho):.4g}", unit="estimate")
-    for r in range(runs):
-        rr = rng.child(f"run/{r}")
-        meas: list[ProductMeasurement] = measure_products(
-            tensors, plan, rr.child("measure"), level_names=h.names
-        )
-        shared: dict = {}
-        for name in names:
-            fn = ESTIMATORS[name]
-            with stage(clock, name, cpu=time.process_time):
-                county = fn(hist, meas, invs, rr.child(name), shared)
-            for k, ok in _checks(hist, county).items():
-                checks[name][k] = checks[name].get(k, True) and ok
-            err = county.sum(axis=1) - total
-            errors[name][r] = err
-            regs[name].append(group_regressions(err, total, hist.state, min_members=MIN_COUNTIES))
-            county36 = hist.sex_age(county)
-            for k, v in _zero_cells(truth36, county36).items():
-                zeros[name][k] += v
-            for k, v in _zero_cells(truth, county).items():
-                zeros_h[name][k] += v
-            cell_abs[name] += float(np.abs(county36 - truth36).mean()) / runs
+
+    def estimator(name: str) -> Callable:
+        def estimate(measured: tuple[list[ProductMeasurement], dict], rr: KeyedRNG) -> np.ndarray:
+            county = ESTIMATORS[name](hist, measured[0], invs, rr.child(name), measured[1])
             bar.update()
+            return county
+
+        return estimate
+
+    def draw(rr: KeyedRNG) -> tuple[list[ProductMeasurement], dict]:
+        # the run's measurements, and what its estimators share (the GLS release)
+        return measure_products(tensors, plan, rr.child("measure"), level_names=h.names), {}
+
+    clock: dict[str, float] = {}  # wall and process CPU seconds per estimator
+    counties, _ = repeat(runs, rng, draw, {k: estimator(k) for k in names}, clock)
     bar.close()
-    out = {}
+    out, errors = {}, {}
     for name in names:
+        errors[name] = np.array([c.sum(axis=1) - total for c in counties[name]], np.float64)
+        regs = [
+            group_regressions(e, total, hist.state, min_members=MIN_COUNTIES) for e in errors[name]
+        ]
         pooled = group_regressions(
             errors[name].reshape(-1), np.tile(total, runs), np.tile(hist.state, runs),
             min_members=MIN_COUNTIES * runs,
         )  # fmt: skip
+        checks = [_checks(hist, c) for c in counties[name]]
+        zeros = _zero_cells(truth36, [hist.sex_age(c) for c in counties[name]])
+        zeros_h = _zero_cells(truth, counties[name])
         out[name] = {
             "runs": runs,
-            **_slope_counts(regs[name]),
+            **_slope_counts(regs),
             "pooled": slope_summary(pooled, alpha=ALPHA),
             "mean_abs_county_error": float(np.abs(errors[name]).mean()),
-            "mean_abs_cell_error": cell_abs[name],
-            **zeros[name],
-            **_shares(zeros[name]),
-            "histogram_cells": {**zeros_h[name], **_shares(zeros_h[name])},
-            "checks": checks[name],
+            "mean_abs_cell_error": sum(
+                float(np.abs(hist.sex_age(c) - truth36).mean()) / runs for c in counties[name]
+            ),
+            **zeros,
+            **_shares(zeros),
+            "histogram_cells": {**zeros_h, **_shares(zeros_h)},
+            "checks": {k: all(c[k] for c in checks) for k in checks[0]},
             "seconds": clock.get(name, 0.0),
             "cpu_seconds": clock.get(CPU_PREFIX + name, 0.0),
             "cpu_seconds_per_run": clock.get(CPU_PREFIX + name, 0.0) / runs,
             "size_classes": size_class_table(errors[name], total).to_dict("records"),
-            "per_state": _per_state(regs[name]).to_dict("records"),
+            "per_state": _per_state(regs).to_dict("records"),
         }
     return out, errors
 
@@ -743,13 +735,12 @@ def _split_facts(hist: Histogram) -> dict:
 def run(ctx: ExperimentContext) -> dict:
     clock: dict[str, float] = {}
     with stage(clock, "run"):
-        with stage(clock, "load"):
+        with ctx.timed("load"):
             path = ctx.input_file("county_sex_age5_2010.csv")
             data = load_county_table(path, QUICK_STATES if ctx.quick else None)
             h = data.hierarchy
             truth_total = data.truth.sum(axis=1)
             hists = histograms(ctx, data)
-        ctx.timings["load_seconds"] = clock["load"]
 
         bureau_regs = bureau_slopes(data)
         metrics: dict = {

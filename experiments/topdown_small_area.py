@@ -26,12 +26,11 @@ from scipy import stats
 from censusdp.budget import Accounting, PrivacyStatement
 from censusdp.estimation.gls.tree import tree_gls
 from censusdp.estimation.topdown.flat import topdown
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, repeat
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.hierarchy import Hierarchy
 from censusdp.mechanisms import Query, invariant, measure
 from censusdp.mechanisms.discrete import DiscreteGaussian
-from censusdp.timing import stage
 
 #: What this study reproduces, for ``censusdp experiment --list`` and the README.
 INFO = ExperimentInfo(
@@ -67,17 +66,6 @@ def synthetic_state(rng: np.random.Generator) -> tuple[Hierarchy, np.ndarray]:
     return h, leaf[order[1]].astype(np.int64)
 
 
-def ols(x: np.ndarray, y: np.ndarray) -> dict:
-    """Slope of y on x with its standard error (scipy.stats.linregress)."""
-    fit = stats.linregress(x, y)
-    return {
-        "slope": float(fit.slope),
-        "slope_se": float(fit.stderr),
-        "intercept": float(fit.intercept),
-        "p": float(fit.pvalue),
-    }
-
-
 def run(ctx: ExperimentContext) -> dict:
     runs = RUNS_QUICK if ctx.quick else RUNS
     h, leaf = synthetic_state(ctx.rng.generator("topdown-small-area/truth"))
@@ -94,14 +82,15 @@ def run(ctx: ExperimentContext) -> dict:
         Accounting.ZCDP, rho=rho, delta=1e-10, invariants=("state: total",), mechanism=law.name
     )
 
-    errors = {"topdown": np.empty((runs, N_COUNTIES)), "gls": np.empty((runs, N_COUNTIES))}
+    def county_error(estimator):
+        return lambda meas, _: (
+            estimator(h, cells, meas, invs, privacy).totals("county") - true_total
+        )
+
     clock: dict[str, float] = {}
-    for r in range(runs):
-        meas = measure(h.names, counts, plan, ctx.rng.child(f"run/{r}"))
-        for name, estimator in (("topdown", topdown), ("gls", tree_gls)):
-            with stage(clock, name):
-                rel = estimator(h, cells, meas, invs, privacy)
-            errors[name][r] = rel.totals("county") - true_total
+    estimators = {"topdown": county_error(topdown), "gls": county_error(tree_gls)}
+    out, _ = repeat(runs, ctx.rng, lambda rr: measure(h.names, counts, plan, rr), estimators, clock)
+    errors = {k: np.array(v, np.float64) for k, v in out.items()}
     ctx.timings.update({f"{k}_seconds": clock.get(k, 0.0) for k in ("topdown", "gls")})
 
     logsize = np.log(np.maximum(true_total, 1))
@@ -116,11 +105,11 @@ def run(ctx: ExperimentContext) -> dict:
     large = true_total >= np.quantile(true_total, 0.8)
     for name, err in errors.items():
         mean_err = err.mean(axis=0)
-        fit = ols(logsize, mean_err)
+        fit = stats.linregress(logsize, mean_err)  # OLS slope, its standard error and p
         metrics[name] = {
-            "slope": fit["slope"],
-            "slope_se": fit["slope_se"],
-            "slope_p": fit["p"],
+            "slope": float(fit.slope),
+            "slope_se": float(fit.stderr),
+            "slope_p": float(fit.pvalue),
             "mean_abs_error": float(np.abs(err).mean()),
             "mean_error_smallest_fifth": float(mean_err[small].mean()),
             "mean_error_largest_fifth": float(mean_err[large].mean()),

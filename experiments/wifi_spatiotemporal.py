@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from censusdp.experiments.registry import ExperimentContext, ExperimentInfo
+from censusdp.experiments.registry import ExperimentContext, ExperimentInfo, repeat
 from censusdp.experiments.reporting import Report, pyplot
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.projection import (
@@ -43,7 +43,6 @@ from censusdp.mechanisms.projection import (
     row_column_projection_variance,
     row_column_rank,
 )
-from censusdp.timing import stage
 
 __all__ = [
     "BUILDING_TYPES",
@@ -140,20 +139,19 @@ def run(ctx: ExperimentContext) -> dict:
     runs = RUNS_QUICK if ctx.quick else RUNS
     truth = synthetic_counts(ctx.rng.generator("wifi/truth"))
     n = truth.size
-    clock: dict[str, float] = {}
-    with stage(clock, "rank"):
+    with ctx.timed("rank"):
         rank = invariant_rank()
-    ctx.timings["rank_seconds"] = clock["rank"]
 
     law = Gaussian(SIGMA)
-    with stage(clock, "release"):
-        errors = np.empty((runs, *truth.shape))
-        releases = np.empty((runs, *truth.shape))
-        for r in range(runs):
-            e = ctx.rng.child(f"run/{r}").draw("wifi/noise", n, 0, n, law.sample)[:, 0]
-            releases[r] = truth + project_row_column_totals(e.reshape(truth.shape))
-            errors[r] = releases[r] - truth
-    ctx.timings["release_seconds"] = clock["release"]
+    with ctx.timed("release"):
+        out, _ = repeat(
+            runs,
+            ctx.rng,
+            lambda rr: rr.draw("wifi/noise", n, 0, n, law.sample)[:, 0],
+            {"release": lambda e, _: truth + project_row_column_totals(e.reshape(truth.shape))},
+        )
+        releases = np.array(out["release"], np.float64)
+        errors = releases - truth
 
     tg, th = _margins(truth.astype(np.float64))
     rg, rh = _margins(releases)

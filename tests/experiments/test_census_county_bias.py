@@ -92,3 +92,24 @@ def test_lattice_errors_are_integer_and_keep_state_totals(tmp_path, shared_file,
     for s in states:
         assert np.all(err[:, state == s].sum(axis=1) == 0)
     assert info["tv_bound_max"] < TV_TARGET
+
+
+def test_certify_sizes_is_one_certify_call_per_distinct_size():
+    """One certificate per distinct group size ≥ 2 on its own stream, as the studies called
+    certify by hand; a size-1 group (held by its total) gets none."""
+    from censusdp.estimation.integer.lattice_release import certify
+    from censusdp.experiments.census_county_bias import certify_sizes
+    from censusdp.mechanisms.lattice import GroupSumLattice, LatticeLaplace
+    from censusdp.rng import KeyedRNG
+
+    rng = KeyedRNG.reproducible(3, warn=False)
+    law = LatticeLaplace(EPSILON, "l1")
+    out = certify_sizes([3, 1, 2, 3], law, rng, "c/{}")
+    assert list(out) == [2, 3]
+    for n, (rep, seconds) in out.items():
+        ref = certify(GroupSumLattice(np.zeros(n, dtype=np.int64)), law, rng.child(f"c/{n}"))
+        assert np.array_equal(rep.meeting_times, ref.meeting_times) and seconds >= 0
+        assert (rep.iterations, rep.tv_bound, rep.lag) == (ref.iterations, ref.tv_bound, ref.lag)
+    # another stream is another certificate's draw
+    other = certify_sizes([3], law, rng, "d/{}")[3][0]
+    assert not np.array_equal(other.meeting_times, out[3][0].meeting_times)
