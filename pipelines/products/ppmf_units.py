@@ -138,12 +138,8 @@ from censusdp.pipelines.io.outputs import (
     write_data_dictionary,
     written_errors,
 )
-from censusdp.pipelines.io.ppmf import PPMFHistogram, read_block_list, read_ppmf_units
-from censusdp.pipelines.products.ppmf_persons import (
-    REPORT_LEVELS,
-    allocation_dict,
-    read_release_spec,
-)
+from censusdp.pipelines.io.ppmf import LEVELS, PPMFHistogram, read_block_list, read_ppmf_units
+from censusdp.pipelines.products.ppmf_persons import REPORT_LEVELS
 from censusdp.pipelines.release_statement import (
     VerifiedRelease,
     change_factor,
@@ -158,6 +154,7 @@ from censusdp.pipelines.size_class_report import (
     simulate_size_classes,
     write_size_class_report,
 )
+from censusdp.pipelines.spec import ProductKeys, ProductSpec, load_product_spec
 from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Allocation, Schema
@@ -168,7 +165,6 @@ log = logging.getLogger(__name__)
 __all__ = [
     "H1_COLUMNS",
     "H1Release",
-    "UnitsSpec",
     "compose_statements",
     "h1_frames",
     "load_units_spec",
@@ -196,34 +192,18 @@ NONNEGATIVE_NOTE = (
 )
 
 
-@dataclass(frozen=True)
-class UnitsSpec:
-    """A units privatize spec (:func:`load_units_spec`; module docstring)."""
-
-    rho: Fraction | None = None
-    delta: float | None = None
-    seed: int | None = None
-    source: str = "<spec>"
-    blocks: Path | None = None
-    block_column: str | None = None
-    repetitions: int = 10
-    allocation: Allocation | None = None
-
-    def to_dict(self) -> dict:
-        """The spec for the manifest, never the seed."""
-        return {
-            "source": self.source,
-            "rho": None if self.rho is None else str(self.rho),
-            "delta": self.delta,
-            "repetitions": self.repetitions,
-            "reproducible_mode": self.seed is not None,
-            "blocks": None if self.blocks is None else self.blocks.name,
-            "allocation": allocation_dict(self.allocation),
-        }
+#: What the units route's spec says about itself (:func:`load_units_spec`).
+UNITS_KEYS = ProductKeys(
+    source="ppmf_units",
+    reads="a PPMF units file (RTYPE, HH_STATUS)",
+    strategy="h1",
+    levels=LEVELS,
+)
 
 
-def load_units_spec(path: str | Path) -> UnitsSpec:
-    """Read a units privatize spec (module docstring).
+def load_units_spec(path: str | Path) -> ProductSpec:
+    """Read a units privatize spec (module docstring): the keys every PPMF route shares
+    (:func:`~censusdp.pipelines.spec.load_product_spec`) and no other.
 
     Raises
     ------
@@ -231,11 +211,7 @@ def load_units_spec(path: str | Path) -> UnitsSpec:
         Naming the file and the dotted key; anything but the H1 production strategy with
         its block invariant (other keys, another noise law) is refused.
     """
-    _, _, opts = read_release_spec(
-        path, source="ppmf_units", reads="a PPMF units file (RTYPE, HH_STATUS)", strategy="h1"
-    )
-    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
-    return UnitsSpec(**fields, source=str(path))
+    return load_product_spec(path, UNITS_KEYS)[2]
 
 
 # -- the release ---------------------------------------------------------------------------------
@@ -722,7 +698,8 @@ def privatize_units(
         A malformed units file or block list (file, data row and column named).
     """
     t0, c0 = time.perf_counter(), time.process_time()
-    spec = _units_spec(spec_path, seed, repetitions, blocks)
+    spec = load_units_spec(spec_path) if spec_path is not None else ProductSpec()
+    spec = spec.with_cli(seed=seed, repetitions=repetitions, blocks=blocks)
     inputs = [x for x in (path, spec_path, spec.blocks, compose_with) if x is not None]
     persons = None if compose_with is None else _persons_release(compose_with, out)
     check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
@@ -774,33 +751,7 @@ def privatize_units(
     return UnitsResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 
-def _units_spec(
-    spec_path: str | Path | None,
-    seed: int | None,
-    repetitions: int | None,
-    blocks: str | Path | None,
-) -> UnitsSpec:
-    """The spec (:func:`load_units_spec`, or the production allocation's) with the command
-    line's overrides.
-
-    Raises
-    ------
-    SpecError
-        A bad spec, fewer than 2 repetitions.
-    """
-    spec = load_units_spec(spec_path) if spec_path is not None else UnitsSpec()
-    if seed is not None:
-        spec = dataclasses.replace(spec, seed=seed)
-    if repetitions is not None:
-        if repetitions < 2:
-            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
-        spec = dataclasses.replace(spec, repetitions=repetitions)
-    if blocks is not None:
-        spec = dataclasses.replace(spec, blocks=Path(blocks))
-    return spec
-
-
-def _read_units(path: str | Path, spec: UnitsSpec, blocks_from_data: bool) -> PPMFHistogram:
+def _read_units(path: str | Path, spec: ProductSpec, blocks_from_data: bool) -> PPMFHistogram:
     """The units file on the public block list (or, acknowledged, on its own rows' blocks).
 
     Raises
@@ -827,7 +778,7 @@ def _read_units(path: str | Path, spec: UnitsSpec, blocks_from_data: bool) -> PP
 
 
 def _units_statement(
-    rel: H1Release, spec: UnitsSpec, hist: PPMFHistogram, products: tuple[Product, ...]
+    rel: H1Release, spec: ProductSpec, hist: PPMFHistogram, products: tuple[Product, ...]
 ) -> PrivacyStatement:
     """The units release's own statement: derived from its measurements, with the spec's δ,
     the privacy unit, the change factor, the target ρ, the areas exact through the block
@@ -861,7 +812,7 @@ def _write_h1_tables(tmp: Path, rel: H1Release) -> None:
 def _write_manifest(
     tmp: Path,
     path,
-    spec: UnitsSpec,
+    spec: ProductSpec,
     privacy: PrivacyStatement,
     units_privacy: PrivacyStatement,
     persons: VerifiedRelease | None,
