@@ -115,7 +115,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -165,8 +164,10 @@ from censusdp.mechanisms.product_measure import (
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.io.outputs import (
     OUTPUT_COLUMNS_NOTE,
+    SIZE_CLASS_FILES,
     parent_codes,
     write_data_dictionary,
+    write_release_texts,
 )
 from censusdp.pipelines.io.ppmf import (
     GEOGRAPHY,
@@ -1288,43 +1289,32 @@ def _write_manifest(
         "columns": OUTPUT_COLUMNS_NOTE,
         "product_steps": [p.to_dict() for p in products],
         "size_class_report": {
-            "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
+            "files": list(SIZE_CLASS_FILES),
             "repetitions": spec.repetitions,
             "confidential_evaluation": "../evaluation/ (CONFIDENTIAL)" if evaluate else None,
         },
         "versions": package_versions(),
         "timings": timings,
     }
-    (tmp / "manifest.json").write_text(
-        json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
-    )
-    wording = [f"- {p.wording()}" for p in products]
-    (tmp / "privacy.md").write_text(
-        "# Privacy\n\n" + privacy.text() + "\n\nWhat each product is:\n\n"
-        + "\n".join(wording) + "\n",
-        encoding="utf-8",
-    )  # fmt: skip
-    lines = ["# censusdp release (PPMF)", "", f"Privacy: {privacy.text()}", ""]
-    lines += [f"- {text}" for text in labels.values()]
+    notes = list(labels.values())
     if spec.areas is not None:
-        lines += [
-            f"- pl94_{spec.areas.level}.csv in both folders: the {spec.areas.level}s of "
+        notes += [
+            f"pl94_{spec.areas.level}.csv in both folders: the {spec.areas.level}s of "
             f"{spec.areas.file.name}, sums of their blocks (unbiased: _se from the exact GLS "
             "variance plus the replicate rounding variance)"
         ]
         if spec.areas.share is not None:
-            lines += [
-                f"- the {spec.areas.level}s were also measured ({', '.join(spec.areas.queries)}; "
+            notes += [
+                f"the {spec.areas.level}s were also measured ({', '.join(spec.areas.queries)}; "
                 f"{spec.areas.share} of ρ) and every level's GLS estimate updated with them "
                 "exactly (still sums of blocks, invariants exact)"
             ]
-    lines += [
-        f"- blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
+    notes += [
+        f"blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
         if spec.blocks is not None
-        else "- blocks: taken from the PPMF's rows (--blocks-from-data): the set of occupied "
+        else "blocks: taken from the PPMF's rows (--blocks-from-data): the set of occupied "
         "blocks is disclosed"
     ]
-    lines += ["- size_classes.md: errors by size class, simulated from the released numbers"]
-    lines += [f"- columns: {OUTPUT_COLUMNS_NOTE}", ""]
-    lines += ["Privacy of each product (privacy.md says the same):", "", *wording, ""]
-    (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    notes += ["size_classes.md: errors by size class, simulated from the released numbers"]
+    notes += [f"columns: {OUTPUT_COLUMNS_NOTE}"]
+    write_release_texts(tmp, manifest, privacy, products, title="PPMF", notes=notes)

@@ -103,7 +103,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -129,6 +128,7 @@ from censusdp.hierarchy.forest import whole_forest
 from censusdp.mechanisms.queries import Query, invariant, measure
 from censusdp.pipelines.io.outputs import (
     OUTPUT_COLUMNS_NOTE,
+    SIZE_CLASS_FILES,
     DictionaryEntry,
     code_entries,
     estimate_entries,
@@ -136,6 +136,7 @@ from censusdp.pipelines.io.outputs import (
     parent_codes,
     wide_table,
     write_data_dictionary,
+    write_release_texts,
     written_errors,
 )
 from censusdp.pipelines.io.ppmf import LEVELS, PPMFHistogram, read_block_list, read_ppmf_units
@@ -858,7 +859,7 @@ def _write_manifest(
         "product_steps": [p.to_dict() for p in products],
         "columns": OUTPUT_COLUMNS_NOTE,
         "size_class_report": {
-            "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
+            "files": list(SIZE_CLASS_FILES),
             "quantity": "occupied housing units (H1_002N); areas classed by housing units",
             "repetitions": spec.repetitions,
             "confidential_evaluation": "../evaluation/ (CONFIDENTIAL)" if evaluate else None,
@@ -866,34 +867,22 @@ def _write_manifest(
         "versions": package_versions(),
         "timings": timings,
     }
-    (tmp / "manifest.json").write_text(
-        json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
-    )
     scope = (
         f"This statement covers the {persons.label()} ({persons.privacy.budget}) and this "
         "housing-unit release together."
         if persons is not None
         else "This statement covers this housing-unit release."
     )
-    wording = [f"- {p.wording()}" for p in products]
-    (tmp / "privacy.md").write_text(
-        "# Privacy\n\n" + privacy.text() + f"\n\n{scope} What each product is:\n\n"
-        + "\n".join(wording) + "\n",
-        encoding="utf-8",
-    )  # fmt: skip
-    lines = ["# censusdp release (PPMF units: H1)", "", f"Privacy: {privacy.text()}", ""]
-    lines += [f"- {product}", f"- nonnegative/: {NONNEGATIVE_NOTE}"]
-    lines += [
-        f"- blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
+    notes = [
+        product,
+        f"nonnegative/: {NONNEGATIVE_NOTE}",
+        f"blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
         if spec.blocks is not None
-        else "- blocks: taken from the units file's rows (--blocks-from-data): the set of "
+        else "blocks: taken from the units file's rows (--blocks-from-data): the set of "
         "blocks with a housing unit or facility is disclosed",
-        "- size_classes.md: both products' errors in occupied units by size class (housing "
+        "size_classes.md: both products' errors in occupied units by size class (housing "
         "units), simulated from the released numbers",
-        "",
-        "Privacy of each product (privacy.md says the same):",
-        "",
-        *wording,
-        "",
     ]
-    (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    write_release_texts(
+        tmp, manifest, privacy, products, title="PPMF units: H1", notes=notes, scope=scope
+    )
