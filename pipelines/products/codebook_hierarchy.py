@@ -706,18 +706,7 @@ def _hierarchy_manifest(
         "hierarchy": {"levels": list(h.names), "sizes": list(h.sizes)},
         "invariants": [f"{lv}: {q}" for lv, q in spec.invariants],
         "exact_through_invariants": list(privacy.exact),
-        "strategy": [
-            {
-                "query": q.name,
-                "rows": q.n_rows,
-                "l2_sensitivity": d,
-                "sigma2": float(law.sigma2),
-                "rho": r,
-            }
-            for q, d, law, r in zip(
-                plan.queries, plan.sensitivities, plan.laws, plan.rho_per_query, strict=True
-            )
-        ],  # fmt: skip
+        "strategy": plan.strategy_rows(),
         "rho_requested": spec.rho,
         "rho_derived": privacy.rho,
         "privacy": privacy.to_dict(),

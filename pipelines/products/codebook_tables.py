@@ -863,6 +863,16 @@ class TablePlan:
             "identified part, rounded to integers that keep every identity among the columns",
         )
 
+    def strategy_rows(self) -> list[dict[str, Any]]:
+        """The strategy for a manifest: per query its name, rows, L2 sensitivity, σ² and ρ."""
+        return [
+            {"query": q.name, "rows": q.n_rows, "l2_sensitivity": d, "sigma2": float(w.sigma2),
+             "rho": r}
+            for q, d, w, r in zip(
+                self.queries, self.sensitivities, self.laws, self.rho_per_query, strict=True
+            )
+        ]  # fmt: skip
+
     @property
     def total_column(self) -> int:
         """The index of a column counting every person (P1), or -1 when none does."""
@@ -1479,18 +1489,7 @@ def _codebook_info(
         "codebook": cb.source,
         "schema": cb.schema.name,
         "areas": int(batch.truth.shape[0]),
-        "strategy": [
-            {
-                "query": q.name,
-                "rows": q.n_rows,
-                "l2_sensitivity": d,
-                "sigma2": float(law.sigma2),
-                "rho": r,
-            }
-            for q, d, law, r in zip(
-                plan.queries, plan.sensitivities, plan.laws, plan.rho_per_query, strict=True
-            )
-        ],
+        "strategy": plan.strategy_rows(),
         "rho_requested": rho_requested,
         "rho_derived": rel.privacy.rho,
         "rho_per_row": plan.rho,
