@@ -68,6 +68,7 @@ __all__ = [
     "code_entries",
     "estimate_entries",
     "lattice_moe",
+    "long_entries",
     "long_table",
     "margin_of_error",
     "parent_codes",
@@ -312,6 +313,27 @@ def code_entries(code_column: str, parents: Iterable[str] = ()) -> list[Dictiona
         out.append(
             DictionaryEntry(p, "", f"the code of the area's {p.rsplit('_', 1)[0]}", "text", "code")
         )
+    return out
+
+
+def long_entries(
+    file: str, unit: str, tables: str, first: str, errors: tuple[str, str] | None
+) -> list[DictionaryEntry]:
+    """Dictionary rows of a long table's own columns (:func:`long_table`): level, table
+    (``tables`` says which, e.g. ``"H1"``), column (``first`` the first one's name), label,
+    value in ``unit``; with ``errors`` the ``se`` and ``moe`` columns, described by them."""
+    out = [
+        DictionaryEntry("level", "", f"{file}: the geographic level", "text", "level"),
+        DictionaryEntry("table", "", f"{file}: the table ({tables})", "text", "table"),
+        DictionaryEntry("column", "", f"{file}: the column ({first} ...)", "text", "column"),
+        DictionaryEntry("label", "", f"{file}: the column's label", "text", "label"),
+        DictionaryEntry("value", "", f"{file}: the released count", "integer", unit),
+    ]
+    if errors is not None:
+        out += [
+            DictionaryEntry("se", "", f"{file}: {errors[0]}", "float", unit),
+            DictionaryEntry("moe", "", f"{file}: {errors[1]}", "integer", unit),
+        ]
     return out
 
 

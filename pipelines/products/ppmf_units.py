@@ -106,6 +106,7 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -132,6 +133,7 @@ from censusdp.pipelines.io.outputs import (
     DictionaryEntry,
     code_entries,
     estimate_entries,
+    long_entries,
     long_table,
     parent_codes,
     wide_table,
@@ -160,6 +162,7 @@ from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Allocation, Schema
 from censusdp.spreadsheet import write_csv
+from censusdp.timing import CPU_PREFIX, stage
 
 log = logging.getLogger(__name__)
 
@@ -457,20 +460,8 @@ def h1_dictionary(parents: Sequence[str], *, with_se: bool) -> list[DictionaryEn
         H1_COLUMNS, ["H1"] * len(H1_COLUMNS), H1_LABELS, unit="housing units", integer=True,
         with_se=with_se,
     )  # fmt: skip
-    out += [
-        DictionaryEntry("level", "", "h1_long.csv: the geographic level", "text", "level"),
-        DictionaryEntry("table", "", "h1_long.csv: the table (H1)", "text", "table"),
-        DictionaryEntry("column", "", "h1_long.csv: the column (H1_001N ...)", "text", "column"),
-        DictionaryEntry("label", "", "h1_long.csv: the column's label", "text", "label"),
-        DictionaryEntry("value", "", "h1_long.csv: the released count", "integer", "housing units"),
-    ]  # fmt: skip
-    if with_se:
-        out += [
-            DictionaryEntry("se", "", "h1_long.csv: its standard error", "float", "housing units"),
-            DictionaryEntry("moe", "", "h1_long.csv: its integer 90% margin of error",
-                            "integer", "housing units"),
-        ]  # fmt: skip
-    return out
+    errors = ("its standard error", "its integer 90% margin of error") if with_se else None
+    return out + long_entries("h1_long.csv", "housing units", "H1", "H1_001N", errors)
 
 
 def _occupied(release: H1Release, levels) -> dict[str, dict[str, np.ndarray]]:
@@ -698,53 +689,49 @@ def privatize_units(
     DataError
         A malformed units file or block list (file, data row and column named).
     """
-    t0, c0 = time.perf_counter(), time.process_time()
-    spec = load_units_spec(spec_path) if spec_path is not None else ProductSpec()
-    spec = spec.with_cli(seed=seed, repetitions=repetitions, blocks=blocks)
-    inputs = [x for x in (path, spec_path, spec.blocks, compose_with) if x is not None]
-    persons = None if compose_with is None else _persons_release(compose_with, out)
-    check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
-    hist = _read_units(path, spec, blocks_from_data)
-    timings = {"read": time.perf_counter() - t0}
-    h = hist.hierarchy
-    log.info(
-        "read in %.1f s; nodes per level: %s; measure, GLS and rounding of both products",
-        timings["read"],
-        ", ".join(f"{name} {n}" for name, n in zip(h.names, h.sizes, strict=True)),
-    )
-    t1 = time.perf_counter()
-    rng = KeyedRNG.from_seed(spec.seed).child("units")
-    rel = release_h1(hist, rng, rho=spec.rho, allocation=spec.allocation)
-    timings["release"] = time.perf_counter() - t1
-    log.info("released in %.1f s; writing the tables", timings["release"])
-    products = units_products(spec.blocks is not None)
-    privacy = units_privacy = _units_statement(rel, spec, hist, products)
-    if persons is not None:
-        privacy = compose_statements(persons.privacy, privacy, persons_label=persons.label())
-    with output_dir(
-        out, overwrite=overwrite, inputs=inputs, command="privatize", option="-o",
-        info={"route": "ppmf_units"},
-    ) as tmp:  # fmt: skip
-        _write_h1_tables(tmp, rel)
-        t1 = time.perf_counter()
-        log.info("size-class report: %d simulated release(s)", spec.repetitions)
-        sim, evaluation = size_class_report(
-            rel, hist.schema, rng, spec.repetitions, rho=spec.rho, allocation=spec.allocation,
-            truth=hist.dense().reshape(-1, hist.schema.n_cells) if evaluate else None,
-        )  # fmt: skip
-        write_size_class_report(
-            tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
-            unit="housing units", what="block occupancy (occupied, vacant)",
-            privacy=products[-1].wording(),
-        )  # fmt: skip
-        timings["size_class_report"] = time.perf_counter() - t1
-        timings["seconds"] = time.perf_counter() - t0
-        timings["cpu_seconds"] = time.process_time() - c0
-        log.info(
-            "size-class report in %.1f s; writing the manifest (%.1f s in all)",
-            timings["size_class_report"],
-            timings["seconds"],
-        )
+    steps: dict[str, float] = {}  # each step's wall (and thread CPU) seconds
+    total: dict[str, float] = {}  # the run's wall and process CPU seconds, to the manifest
+    with ExitStack() as stack:
+        with stage(total, "seconds", cpu=time.process_time):
+            with stage(steps, "read"):
+                spec = load_units_spec(spec_path) if spec_path is not None else ProductSpec()
+                spec = spec.with_cli(seed=seed, repetitions=repetitions, blocks=blocks)
+                inputs = [x for x in (path, spec_path, spec.blocks, compose_with) if x is not None]
+                persons = None if compose_with is None else _persons_release(compose_with, out)
+                check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
+                hist = _read_units(path, spec, blocks_from_data)
+            sizes = zip(hist.hierarchy.names, hist.hierarchy.sizes, strict=True)
+            log.info("read in %.1f s; nodes per level: %s; measure, GLS and rounding of both "
+                     "products", steps["read"], ", ".join(f"{lv} {n}" for lv, n in sizes))  # fmt: skip
+            with stage(steps, "release"):
+                rng = KeyedRNG.from_seed(spec.seed).child("units")
+                rel = release_h1(hist, rng, rho=spec.rho, allocation=spec.allocation)
+            log.info("released in %.1f s; writing the tables", steps["release"])
+            products = units_products(spec.blocks is not None)
+            privacy = units_privacy = _units_statement(rel, spec, hist, products)
+            if persons is not None:
+                privacy = compose_statements(
+                    persons.privacy, privacy, persons_label=persons.label()
+                )
+            tmp = stack.enter_context(output_dir(out, overwrite=overwrite, inputs=inputs,
+                                                 command="privatize", option="-o",
+                                                 info={"route": "ppmf_units"}))  # fmt: skip
+            _write_h1_tables(tmp, rel)
+            with stage(steps, "size_class_report"):
+                log.info("size-class report: %d simulated release(s)", spec.repetitions)
+                sim, evaluation = size_class_report(
+                    rel, hist.schema, rng, spec.repetitions, rho=spec.rho,
+                    allocation=spec.allocation,
+                    truth=hist.dense().reshape(-1, hist.schema.n_cells) if evaluate else None,
+                )  # fmt: skip
+                write_size_class_report(
+                    tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
+                    unit="housing units", what="block occupancy (occupied, vacant)",
+                    privacy=products[-1].wording(),
+                )  # fmt: skip
+        timings = {k: v for k, v in steps.items() if not k.startswith(CPU_PREFIX)} | total
+        log.info("size-class report in %.1f s; writing the manifest (%.1f s in all)",
+                 timings["size_class_report"], timings["seconds"])  # fmt: skip
         _write_manifest(tmp, path, spec, privacy, units_privacy, persons, products, timings,
                         evaluate)  # fmt: skip
         if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
