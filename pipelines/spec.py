@@ -101,6 +101,7 @@ __all__ = [
     "OutputSpec",
     "ProductKeys",
     "ProductSpec",
+    "SpecCore",
     "PrivacySpec",
     "RunOptions",
     "RunSpec",
@@ -108,6 +109,7 @@ __all__ = [
     "allocation_dict",
     "check_run_options",
     "load_product_spec",
+    "open_spec",
     "relative_path",
     "zcdp_keys",
 ]
@@ -448,40 +450,45 @@ def zcdp_keys(
     return rho, delta, seed
 
 
-@dataclass(frozen=True)
-class ProductSpec:
-    """The keys every PPMF file product's spec shares (:func:`load_product_spec`): the PPMF
-    units route's whole spec, the persons route's with its ``[areas]`` added
-    (:class:`~censusdp.pipelines.products.ppmf_persons.PPMFSpec`).
+@dataclass(frozen=True, kw_only=True)
+class SpecCore:
+    """The keys every file product's spec shares: :class:`ProductSpec` (the PPMF routes) and
+    :class:`~censusdp.pipelines.products.codebook_tables.TableSpec` (the codebook route) add
+    their own.
 
     Attributes
     ----------
-    rho : Fraction or None
-        Total per-person (per-unit) ρ (zCDP); None: the schema allocation's own.
+    rho : Fraction, float or None
+        Per-person (per-unit) ρ (zCDP); None: the schema allocation's own.
     delta : float or None
         δ at which ρ is also reported as (ε, δ).
     seed : int or None
         ``[run] seed``: reproducible mode (tests); never written to a manifest.
     source : str
         The spec file, for messages and the manifest.
-    blocks : Path or None
-        ``[hierarchy] blocks``: the public list of every block.
-    block_column : str or None
-        Its block-code column.
     repetitions : int
-        ``[report] repetitions``: simulated releases for the size-class bias (≥ 2).
-    allocation : Allocation or None
-        The spec's ``[allocation]`` of the route's strategy (``censusdp allocate`` writes
-        it); None: the schema's production one.
+        Simulated releases of the size-class report (≥ 2).
     """
 
-    rho: Fraction | None = None
+    rho: Fraction | float | None = None
     delta: float | None = None
-    seed: int | None = None
+    seed: int | None = field(default=None, repr=False)  # never in a repr, log or manifest
     source: str = "<spec>"
+    repetitions: int = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProductSpec(SpecCore):
+    """The keys every PPMF route's spec shares (:func:`load_product_spec`): the units route's
+    whole spec, the persons route's with its ``[areas]`` added
+    (:class:`~censusdp.pipelines.products.ppmf_persons.PPMFSpec`): :class:`SpecCore`'s (ρ a
+    Fraction, repetitions from ``[report]``), ``[hierarchy] blocks`` (the public list of
+    every block) and its ``block_column``, and ``allocation``, the spec's ``[allocation]`` of
+    the route's strategy (None: the schema's production one).
+    """
+
     blocks: Path | None = None
     block_column: str | None = None
-    repetitions: int = 10
     allocation: Allocation | None = None
 
     def to_dict(self) -> dict:
@@ -567,6 +574,21 @@ class ProductKeys:
     more_tables: tuple[str, ...] = ()
 
 
+def open_spec(
+    path: Path, tables: tuple[str, ...], data_keys: tuple[str, ...], *, data_required: bool = False
+) -> tuple[SpecParser, dict[str, Any], Mapping[str, Any]]:
+    """A product spec's parser, document and ``[data]`` table, its top-level ``tables`` and
+    ``[data]``'s ``data_keys`` checked (SpecError naming the file and the key)."""
+    from censusdp.config import read_spec_toml
+
+    doc = read_spec_toml(path)
+    p = SpecParser(str(path), path.parent)
+    p.keys(doc, "", tables)
+    data = p.table(doc, "data", required=data_required)
+    p.keys(data, "data", data_keys)
+    return p, doc, data
+
+
 def load_product_spec(
     path: str | Path, keys: ProductKeys
 ) -> tuple[SpecParser, dict[str, Any], ProductSpec]:
@@ -588,16 +610,11 @@ def load_product_spec(
     SpecError
         Naming the file and the dotted key.
     """
-    from censusdp.config import read_spec_toml
     from censusdp.schema import Allocation, Schema
 
     path = Path(path)
-    doc = read_spec_toml(path)
-    p = SpecParser(str(path), path.parent)
     tables = ("data", "privacy", "mechanism", "hierarchy", *keys.more_tables, "report", "run")
-    p.keys(doc, "", (*tables, "allocation"))
-    data = p.table(doc, "data", required=False)
-    p.keys(data, "data", keys.data_keys)
+    p, doc, data = open_spec(path, (*tables, "allocation"), keys.data_keys)
     given = p.get(data, "data", "source", str, default=keys.source)
     if given != keys.source:
         raise p.fail(
