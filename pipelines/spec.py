@@ -62,12 +62,14 @@ seeded output is for reproduction only and the seed must never reach a manifest 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from censusdp.budget import (
     ACCOUNTINGS,
@@ -77,8 +79,11 @@ from censusdp.budget import (
     PrivacyStatement,
     statement_for,
 )
-from censusdp.config import SpecParser, dotted_key, kind_of
+from censusdp.config import MAX_RHO, SpecParser, dotted_key, exact_fraction, kind_of
 from censusdp.errors import SpecError
+
+if TYPE_CHECKING:
+    from censusdp.schema import Allocation
 
 __all__ = [
     "BUILTIN_QUERIES",
@@ -94,11 +99,18 @@ __all__ = [
     "McmcSpec",
     "MechanismSpec",
     "OutputSpec",
+    "ProductKeys",
+    "ProductSpec",
+    "SpecCore",
     "PrivacySpec",
     "RunOptions",
     "RunSpec",
     "RunSpecParser",
+    "allocation_dict",
     "check_run_options",
+    "load_product_spec",
+    "open_spec",
+    "relative_path",
     "zcdp_keys",
 ]
 
@@ -436,6 +448,212 @@ def zcdp_keys(
     if seed is not None and seed < 0:
         raise p.fail("run.seed", "must be a non-negative integer")
     return rho, delta, seed
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecCore:
+    """The keys every file product's spec shares: :class:`ProductSpec` (the PPMF routes) and
+    :class:`~censusdp.pipelines.products.codebook_tables.TableSpec` (the codebook route) add
+    their own.
+
+    Attributes
+    ----------
+    rho : Fraction, float or None
+        Per-person (per-unit) ρ (zCDP); None: the schema allocation's own.
+    delta : float or None
+        δ at which ρ is also reported as (ε, δ).
+    seed : int or None
+        ``[run] seed``: reproducible mode (tests); never written to a manifest.
+    source : str
+        The spec file, for messages and the manifest.
+    repetitions : int
+        Simulated releases of the size-class report (≥ 2).
+    """
+
+    rho: Fraction | float | None = None
+    delta: float | None = None
+    seed: int | None = field(default=None, repr=False)  # never in a repr, log or manifest
+    source: str = "<spec>"
+    repetitions: int = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProductSpec(SpecCore):
+    """The keys every PPMF route's spec shares (:func:`load_product_spec`): the units route's
+    whole spec, the persons route's with its ``[areas]`` added
+    (:class:`~censusdp.pipelines.products.ppmf_persons.PPMFSpec`): :class:`SpecCore`'s (ρ a
+    Fraction, repetitions from ``[report]``), ``[hierarchy] blocks`` (the public list of
+    every block) and its ``block_column``, and ``allocation``, the spec's ``[allocation]`` of
+    the route's strategy (None: the schema's production one).
+    """
+
+    blocks: Path | None = None
+    block_column: str | None = None
+    allocation: Allocation | None = None
+
+    def to_dict(self) -> dict:
+        """The spec for the manifest, never the seed."""
+        return {
+            "source": self.source,
+            "rho": None if self.rho is None else str(self.rho),
+            "delta": self.delta,
+            "repetitions": self.repetitions,
+            "reproducible_mode": self.seed is not None,
+            "blocks": None if self.blocks is None else self.blocks.name,
+            "allocation": allocation_dict(self.allocation),
+        }
+
+    def with_cli(
+        self, *, seed: int | None, repetitions: int | None, blocks: str | Path | None
+    ) -> Self:
+        """The spec with the command line's ``--seed``, ``--repetitions``, ``--blocks`` over it.
+
+        Raises
+        ------
+        SpecError
+            ``--repetitions`` outside 2 to :data:`MAX_REPETITIONS`.
+        """
+        spec = self
+        if seed is not None:
+            spec = dataclasses.replace(spec, seed=seed)
+        if repetitions is not None:
+            if not 2 <= repetitions <= MAX_REPETITIONS:
+                raise SpecError(
+                    f"--repetitions: give 2 to {MAX_REPETITIONS} (the bias has a standard "
+                    "error; each is a full release)"
+                )
+            spec = dataclasses.replace(spec, repetitions=repetitions)
+        if blocks is not None:
+            spec = dataclasses.replace(spec, blocks=Path(blocks))
+        return spec
+
+
+def allocation_dict(allocation: Allocation | None) -> dict | None:
+    """An allocation's exact shares as text, for manifests (None: the schema's own)."""
+    if allocation is None:
+        return None
+    return {
+        "rho": str(allocation.rho),
+        "levels": {lvl: str(s) for lvl, s in allocation.levels.items()},
+        "queries": {lvl: [str(s) for s in v] for lvl, v in allocation.queries.items()},
+    }
+
+
+def relative_path(spec: Path, name: str) -> Path:
+    """``name`` as given in the spec file ``spec``: relative to its folder unless absolute."""
+    q = Path(name)
+    return q if q.is_absolute() else spec.parent / q
+
+
+@dataclass(frozen=True)
+class ProductKeys:
+    """What a PPMF route's spec says about itself, for :func:`load_product_spec`.
+
+    Attributes
+    ----------
+    source : str
+        The one ``[data] source`` it takes (``"ppmf"``).
+    reads : str
+        What that input is, for the message refusing another source.
+    strategy : str
+        The schema whose strategy it measures (``"pl94"``), named in messages; its
+        ``[allocation]`` is read against it.
+    levels : tuple of str
+        The hierarchy's levels, those an ``[allocation]`` may name.
+    data_keys : tuple of str
+        The keys ``[data]`` takes.
+    more_tables : tuple of str
+        The route's own top-level tables, beyond the shared ones.
+    """
+
+    source: str
+    reads: str
+    strategy: str
+    levels: tuple[str, ...]
+    data_keys: tuple[str, ...] = ("source",)
+    more_tables: tuple[str, ...] = ()
+
+
+def open_spec(
+    path: Path, tables: tuple[str, ...], data_keys: tuple[str, ...], *, data_required: bool = False
+) -> tuple[SpecParser, dict[str, Any], Mapping[str, Any]]:
+    """A product spec's parser, document and ``[data]`` table, its top-level ``tables`` and
+    ``[data]``'s ``data_keys`` checked (SpecError naming the file and the key)."""
+    from censusdp.config import read_spec_toml
+
+    doc = read_spec_toml(path)
+    p = SpecParser(str(path), path.parent)
+    p.keys(doc, "", tables)
+    data = p.table(doc, "data", required=data_required)
+    p.keys(data, "data", data_keys)
+    return p, doc, data
+
+
+def load_product_spec(
+    path: str | Path, keys: ProductKeys
+) -> tuple[SpecParser, dict[str, Any], ProductSpec]:
+    """Open a PPMF route's spec and read the keys every route shares.
+
+    The top-level tables (``data``, ``privacy``, ``mechanism``, ``hierarchy``, ``report``,
+    ``run``, ``allocation`` and ``keys.more_tables``), ``[data] source`` (which must be
+    ``keys.source``), ``[privacy]`` (zCDP ρ, δ), ``[mechanism]`` (discrete Gaussian only),
+    ``[run] seed``, ``[hierarchy] blocks, block_column``, ``[report] repetitions`` and
+    ``[allocation]``.
+
+    Returns
+    -------
+    (SpecParser, dict, ProductSpec)
+        The parser and document, for the route's own tables, and the shared keys.
+
+    Raises
+    ------
+    SpecError
+        Naming the file and the dotted key.
+    """
+    from censusdp.schema import Allocation, Schema
+
+    path = Path(path)
+    tables = ("data", "privacy", "mechanism", "hierarchy", *keys.more_tables, "report", "run")
+    p, doc, data = open_spec(path, (*tables, "allocation"), keys.data_keys)
+    given = p.get(data, "data", "source", str, default=keys.source)
+    if given != keys.source:
+        raise p.fail(
+            "data.source", f'the input is {keys.reads}, not {given!r}: set source = "{keys.source}"'
+        )
+    rho, delta, seed = zcdp_keys(p, doc, f"the {keys.strategy} strategy")
+    if rho is not None:
+        rho = exact_fraction(rho, f"{path}: privacy.rho", most=MAX_RHO)
+    hier = p.table(doc, "hierarchy", required=False)
+    p.keys(hier, "hierarchy", ("blocks", "block_column"))
+    blocks = p.get(hier, "hierarchy", "blocks", str)
+    rep = p.table(doc, "report", required=False)
+    p.keys(rep, "report", ("repetitions",))
+    repetitions = p.get(rep, "report", "repetitions", int, default=10)
+    if not 2 <= repetitions <= MAX_REPETITIONS:
+        raise p.fail(
+            "report.repetitions",
+            f"give 2 to {MAX_REPETITIONS} (the bias has a standard error; each is a release)",
+        )
+    allocation = None
+    if "allocation" in doc:  # the strategy's shares (censusdp allocate writes them)
+        n_queries = len(Schema.load(keys.strategy).strategy)
+        allocation = Allocation.from_dict(doc["allocation"], n_queries, str(path))
+        unknown = [lvl for lvl in allocation.levels if lvl not in keys.levels]
+        if unknown:
+            raise p.fail(
+                "allocation.levels", f"unknown level(s) {unknown}; levels are {list(keys.levels)}"
+            )
+    spec = ProductSpec(
+        rho=rho,
+        delta=delta,
+        seed=seed,
+        source=str(path),
+        blocks=None if blocks is None else relative_path(path, blocks),
+        block_column=p.get(hier, "hierarchy", "block_column", str),
+        repetitions=repetitions,
+        allocation=allocation,
+    )
+    return p, doc, spec
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ codebook routes, the Noisy Measurement File release) writes its tables through t
   label → type → unit; :func:`write_data_dictionary`).
 * **Parquet metadata**: the privacy statement and schema name in the file's key-value
   metadata (:func:`write_parquet`).
+* **Release texts**: ``manifest.json``, ``privacy.md`` and ``README.md`` of a release folder
+  (:func:`write_release_texts`), one layout for every folder route.
 
 References
 ----------
@@ -50,6 +52,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
+from censusdp.budget import PrivacyStatement, Product
 from censusdp.hierarchy.core import Hierarchy
 from censusdp.spreadsheet import write_csv
 
@@ -59,11 +62,13 @@ __all__ = [
     "DICTIONARY_FILE",
     "SE_DIGITS",
     "Z90",
+    "SIZE_CLASS_FILES",
     "OUTPUT_COLUMNS_NOTE",
     "DictionaryEntry",
     "code_entries",
     "estimate_entries",
     "lattice_moe",
+    "long_entries",
     "long_table",
     "margin_of_error",
     "parent_codes",
@@ -72,6 +77,7 @@ __all__ = [
     "wide_table",
     "write_data_dictionary",
     "write_parquet",
+    "write_release_texts",
     "written_errors",
 ]
 
@@ -79,6 +85,8 @@ __all__ = [
 ACS_Z = 1.645
 #: The exact two-sided 90% normal quantile, Φ⁻¹(0.95), for the integer (lattice) MOE.
 Z90 = float(norm.ppf(0.95))
+#: The size-class report's files (manifests list them).
+SIZE_CLASS_FILES = ("size_classes.csv", "size_classes.md", "size_classes.png")
 #: Significant digits of written standard errors and real-valued margins of error.
 SE_DIGITS = 6
 #: What the ``_moe`` columns and the dictionary are (manifests and READMEs of the routes).
@@ -308,6 +316,27 @@ def code_entries(code_column: str, parents: Iterable[str] = ()) -> list[Dictiona
     return out
 
 
+def long_entries(
+    file: str, unit: str, tables: str, first: str, errors: tuple[str, str] | None
+) -> list[DictionaryEntry]:
+    """Dictionary rows of a long table's own columns (:func:`long_table`): level, table
+    (``tables`` says which, e.g. ``"H1"``), column (``first`` the first one's name), label,
+    value in ``unit``; with ``errors`` the ``se`` and ``moe`` columns, described by them."""
+    out = [
+        DictionaryEntry("level", "", f"{file}: the geographic level", "text", "level"),
+        DictionaryEntry("table", "", f"{file}: the table ({tables})", "text", "table"),
+        DictionaryEntry("column", "", f"{file}: the column ({first} ...)", "text", "column"),
+        DictionaryEntry("label", "", f"{file}: the column's label", "text", "label"),
+        DictionaryEntry("value", "", f"{file}: the released count", "integer", unit),
+    ]
+    if errors is not None:
+        out += [
+            DictionaryEntry("se", "", f"{file}: {errors[0]}", "float", unit),
+            DictionaryEntry("moe", "", f"{file}: {errors[1]}", "integer", unit),
+        ]
+    return out
+
+
 def write_data_dictionary(folder: Path, entries: Iterable[DictionaryEntry]) -> Path:
     """Write ``folder/data_dictionary.csv`` (one row per distinct column, first seen kept)."""
     seen: dict[str, DictionaryEntry] = {}
@@ -337,3 +366,38 @@ def write_parquet(frame: pd.DataFrame, path: Path, metadata: Mapping[str, object
     }
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **extra})
     pq.write_table(table, path)
+
+
+def write_release_texts(
+    folder: Path,
+    manifest: Mapping[str, object],
+    privacy: PrivacyStatement,
+    products: Sequence[Product],
+    *,
+    title: str,
+    notes: Iterable[str],
+    scope: str = "",
+) -> None:
+    """Write a release folder's ``manifest.json``, ``privacy.md`` and ``README.md``.
+
+    ``privacy.md``: the derived statement, ``scope`` (what it covers, when it covers more than
+    this release) and each product's wording (:meth:`~censusdp.budget.Product.wording`).
+    ``README.md``: ``# censusdp release (title)``, the statement, one bullet per line of
+    ``notes`` (the files and what they are) and the products' wording again.
+    """
+    folder = Path(folder)
+    (folder / "manifest.json").write_text(
+        json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
+    wording = [f"- {p.wording()}" for p in products]
+    lead = f"{scope} " if scope else ""
+    (folder / "privacy.md").write_text(
+        f"# Privacy\n\n{privacy.text()}\n\n{lead}What each product is:\n\n"
+        + "\n".join(wording)
+        + "\n",
+        encoding="utf-8",
+    )
+    lines = [f"# censusdp release ({title})", "", f"Privacy: {privacy.text()}", ""]
+    lines += [f"- {note}" for note in notes]
+    lines += ["", "Privacy of each product (privacy.md says the same):", "", *wording, ""]
+    (folder / "README.md").write_text("\n".join(lines), encoding="utf-8")

@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -93,9 +92,11 @@ from censusdp.pipelines.io.codebook import Codebook
 from censusdp.pipelines.io.outputs import (
     DICTIONARY_FILE,
     OUTPUT_COLUMNS_NOTE,
+    SIZE_CLASS_FILES,
     parent_codes,
     wide_table,
     write_data_dictionary,
+    write_release_texts,
     written_errors,
 )
 from censusdp.pipelines.products.codebook_tables import (
@@ -705,18 +706,7 @@ def _hierarchy_manifest(
         "hierarchy": {"levels": list(h.names), "sizes": list(h.sizes)},
         "invariants": [f"{lv}: {q}" for lv, q in spec.invariants],
         "exact_through_invariants": list(privacy.exact),
-        "strategy": [
-            {
-                "query": q.name,
-                "rows": q.n_rows,
-                "l2_sensitivity": d,
-                "sigma2": float(law.sigma2),
-                "rho": r,
-            }
-            for q, d, law, r in zip(
-                plan.queries, plan.sensitivities, plan.laws, plan.rho_per_query, strict=True
-            )
-        ],  # fmt: skip
+        "strategy": plan.strategy_rows(),
         "rho_requested": spec.rho,
         "rho_derived": privacy.rho,
         "privacy": privacy.to_dict(),
@@ -734,7 +724,7 @@ def _hierarchy_manifest(
         "size_class_report": None
         if not spec.evaluate
         else {
-            "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
+            "files": list(SIZE_CLASS_FILES),
             "repetitions": spec.repetitions,
             "confidential_evaluation": "../evaluation/ (CONFIDENTIAL, beside release/)",
         },  # fmt: skip
@@ -754,23 +744,12 @@ def _write_hierarchy_texts(
 ) -> None:
     """``manifest.json``, ``README.md`` and ``privacy.md`` of a codebook hierarchy release."""
     h, name = rows.hierarchy, rows.name
-    (tmp / "manifest.json").write_text(
-        json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
-    )
-    wording = [f"- {p.wording()}" for p in products]
-    lines = [f"# censusdp release ({name}, codebook {rows.codebook.source})", "",
-             f"Privacy: {privacy.text()}", ""]  # fmt: skip
-    lines += [f"- {text}" for text in manifest["products"].values()]
-    lines += [f"- columns: {OUTPUT_COLUMNS_NOTE}"]
-    lines += [f"- {lv}.csv in both folders: every {lv}" for lv in h.names[:-1]]
-    lines += [f"- {h.names[-1]}.csv in both folders: the rows of {name}, in its layout"]
+    notes = [*manifest["products"].values(), f"columns: {OUTPUT_COLUMNS_NOTE}"]
+    notes += [f"{lv}.csv in both folders: every {lv}" for lv in h.names[:-1]]
+    notes += [f"{h.names[-1]}.csv in both folders: the rows of {name}, in its layout"]
     if evaluate:
-        lines += ["- size_classes.md: errors by size class, simulated from the released "
+        notes += ["size_classes.md: errors by size class, simulated from the released "
                   "non-negative tables; ../evaluation/ (beside this release/ folder): "
                   "CONFIDENTIAL, against the _sf totals"]  # fmt: skip
-    lines += ["", "Privacy of each product (privacy.md says the same):", "", *wording, ""]
-    (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
-    (tmp / "privacy.md").write_text(
-        "# Privacy\n\n" + privacy.text() + "\n\nWhat each product is:\n\n"
-        + "\n".join(wording) + "\n", encoding="utf-8",
-    )  # fmt: skip
+    title = f"{name}, codebook {rows.codebook.source}"
+    write_release_texts(tmp, manifest, privacy, products, title=title, notes=notes)

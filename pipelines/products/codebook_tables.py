@@ -117,6 +117,7 @@ from censusdp.pipelines.io.outputs import (
     written_errors,
 )
 from censusdp.pipelines.release_statement import change_factor, unit_of_universes
+from censusdp.pipelines.spec import SpecCore, open_spec, zcdp_keys
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Schema
 from censusdp.timing import stage
@@ -367,25 +368,21 @@ def group_sum_variance(weights: np.ndarray, parent: np.ndarray, var: np.ndarray)
 
 
 # ---------------------------------------------------------------------------------- spec
-@dataclass(frozen=True)
-class TableSpec:
-    """What a codebook-route ``privatize`` does (from the CLI, a spec file, or both).
+@dataclass(frozen=True, kw_only=True)
+class TableSpec(SpecCore):
+    """What a codebook-route ``privatize`` does (from the CLI, a spec file, or both):
+    :class:`~censusdp.pipelines.spec.SpecCore`'s keys (``rho``, required, the per-person ρ the
+    strategy spends in every area; ``repetitions`` from ``[evaluate]``) and its own.
 
     Attributes
     ----------
     codebook : str
         A shipped codebook name (``"ppdd"``) or the path of a codebook TOML.
-    rho : float
-        The per-person ρ (zCDP) the strategy spends in every area.
-    delta : float or None
-        δ at which ρ is also reported as (ε, δ).
     strategy : tuple of (query text, share)
         The measured product queries and their shares of ρ; empty: the codebook's.
     schema : str or None
         The schema the spec expects (must be the codebook's).
     encoding : str or None
-    seed : int or None
-    source : str
     level : str or None
         The summary level of every row (``"place"``, or a SUMLEV code), where the file does
         not tell it.
@@ -398,24 +395,19 @@ class TableSpec:
         ``[invariants]``: totals held exact (hierarchy route only).
     evaluate : bool
         ``[evaluate]``: write the size-class report and its confidential evaluation.
-    repetitions : int
-        ``[evaluate] repetitions``: simulated releases of the report.
     """
 
     codebook: str
     rho: float
-    delta: float | None = None
     strategy: tuple[tuple[str, float], ...] = ()
     schema: str | None = None
     encoding: str | None = None
-    seed: int | None = None
     source: str = "<command line>"
     level: str | None = None
     level_column: str | None = None
     levels: tuple[str, ...] = ()
     invariants: tuple[tuple[str, str], ...] = ()
     evaluate: bool = False
-    repetitions: int = 10
 
 
 def load_table_spec(path: str | Path) -> TableSpec:
@@ -451,22 +443,11 @@ def load_table_spec(path: str | Path) -> TableSpec:
     SpecError
         Naming the file and the dotted key.
     """
-    from censusdp.config import SpecParser, read_spec_toml
-    from censusdp.pipelines.spec import zcdp_keys
-
     path = Path(path)
-    doc = read_spec_toml(path)
-    p = SpecParser(str(path), path.parent)
-    p.keys(
-        doc, "", ("data", "privacy", "strategy", "mechanism", "run", "hierarchy", "invariants",
-                  "evaluate"),
-    )  # fmt: skip
-    data = p.table(doc, "data", required=True)
-    p.keys(
-        data,
-        "data",
-        ("source", "codebook", "schema", "encoding", "path", "level", "level_column"),
-    )
+    tables = ("data", "privacy", "strategy", "mechanism", "run", "hierarchy", "invariants",
+              "evaluate")  # fmt: skip
+    data_keys = ("source", "codebook", "schema", "encoding", "path", "level", "level_column")
+    p, doc, data = open_spec(path, tables, data_keys, data_required=True)
     source = p.get(data, "data", "source", str, required=True)
     if source != "nhgis":
         raise p.fail("data.source", 'a codebook route reads NHGIS-style files: "nhgis"')
@@ -862,6 +843,16 @@ class TablePlan:
             "every table column is written from one GLS estimate of the histogram's "
             "identified part, rounded to integers that keep every identity among the columns",
         )
+
+    def strategy_rows(self) -> list[dict[str, Any]]:
+        """The strategy for a manifest: per query its name, rows, L2 sensitivity, σ² and ρ."""
+        return [
+            {"query": q.name, "rows": q.n_rows, "l2_sensitivity": d, "sigma2": float(w.sigma2),
+             "rho": r}
+            for q, d, w, r in zip(
+                self.queries, self.sensitivities, self.laws, self.rho_per_query, strict=True
+            )
+        ]  # fmt: skip
 
     @property
     def total_column(self) -> int:
@@ -1479,18 +1470,7 @@ def _codebook_info(
         "codebook": cb.source,
         "schema": cb.schema.name,
         "areas": int(batch.truth.shape[0]),
-        "strategy": [
-            {
-                "query": q.name,
-                "rows": q.n_rows,
-                "l2_sensitivity": d,
-                "sigma2": float(law.sigma2),
-                "rho": r,
-            }
-            for q, d, law, r in zip(
-                plan.queries, plan.sensitivities, plan.laws, plan.rho_per_query, strict=True
-            )
-        ],
+        "strategy": plan.strategy_rows(),
         "rho_requested": rho_requested,
         "rho_derived": rel.privacy.rho,
         "rho_per_row": plan.rho,

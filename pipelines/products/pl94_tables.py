@@ -57,6 +57,7 @@ from censusdp.pipelines.io.outputs import (
     DictionaryEntry,
     code_entries,
     estimate_entries,
+    long_entries,
     long_table,
     wide_table,
     write_data_dictionary,
@@ -391,23 +392,11 @@ def pl94_dictionary(
     )  # fmt: skip
     if not long:
         return out
-    out += [
-        DictionaryEntry("level", "", "pl94_long.csv: the geographic level", "text", "level"),
-        DictionaryEntry("table", "", "pl94_long.csv: the table (P1 ... P5)", "text", "table"),
-        DictionaryEntry("column", "", "pl94_long.csv: the column (P1_001N ...)", "text", "column"),
-        DictionaryEntry("label", "", "pl94_long.csv: the column's label", "text", "label"),
-        DictionaryEntry("value", "", "pl94_long.csv: the released count", "integer", "persons"),
-    ]
-    out += [
-        DictionaryEntry(
-            "se", "", "pl94_long.csv: its standard error (blank without)", "float", "persons"
-        ),
-        DictionaryEntry(
-            "moe", "", "pl94_long.csv: its integer 90% margin of error, as the _moe columns "
-            "(blank without a standard error)", "integer", "persons",
-        ),
-    ]  # fmt: skip
-    return out
+    errors = (
+        "its standard error (blank without)",
+        "its integer 90% margin of error, as the _moe columns (blank without a standard error)",
+    )
+    return out + long_entries("pl94_long.csv", "persons", "P1 ... P5", "P1_001N", errors)
 
 
 def write_pl94_tables(

@@ -115,10 +115,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
@@ -130,7 +129,7 @@ import scipy.sparse as sp
 
 from censusdp.atomic import check_output, output_dir
 from censusdp.budget import PrivacyStatement, Product, Step, with_products
-from censusdp.config import MAX_RHO, exact_fraction
+from censusdp.config import exact_fraction
 from censusdp.errors import DataError, SpecError
 from censusdp.estimation.gls.area_measurements import (
     MeasuredAreas,
@@ -165,8 +164,10 @@ from censusdp.mechanisms.product_measure import (
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.pipelines.io.outputs import (
     OUTPUT_COLUMNS_NOTE,
+    SIZE_CLASS_FILES,
     parent_codes,
     write_data_dictionary,
+    write_release_texts,
 )
 from censusdp.pipelines.io.ppmf import (
     GEOGRAPHY,
@@ -202,10 +203,10 @@ from censusdp.pipelines.size_class_report import (
     simulate_size_classes,
     write_size_class_report,
 )
-from censusdp.pipelines.spec import MAX_REPETITIONS, zcdp_keys
+from censusdp.pipelines.spec import ProductKeys, ProductSpec, load_product_spec, relative_path
 from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
-from censusdp.schema import Allocation, Schema
+from censusdp.schema import Schema
 from censusdp.spreadsheet import write_csv
 from censusdp.timing import CPU_PREFIX, stage
 
@@ -241,45 +242,15 @@ MICRODATA_COLUMNS = (
     "CENHISP",
     "CENRACE",
 )
-
-
-@dataclass(frozen=True)
-class PPMFSpec:
-    """A PPMF privatize spec (:func:`load_ppmf_spec`).
-
-    Attributes
-    ----------
-    rho : Fraction or None
-        Total per-person ρ (zCDP); None: the schema allocation's own.
-    delta : float or None
-    repetitions : int
-        Simulated releases for the size-class bias (≥ 2).
-    seed : int or None
-    source : str
-    """
-
-    rho: Fraction | None = None
-    delta: float | None = None
-    repetitions: int = 10
-    seed: int | None = None
-    source: str = "<spec>"
-    blocks: Path | None = None
-    block_column: str | None = None
-    areas: AreasSpec | None = None
-    allocation: Allocation | None = None
-
-    def to_dict(self) -> dict:
-        """The spec for the manifest, never the seed."""
-        return {
-            "source": self.source,
-            "rho": None if self.rho is None else str(self.rho),
-            "delta": self.delta,
-            "repetitions": self.repetitions,
-            "reproducible_mode": self.seed is not None,
-            "blocks": None if self.blocks is None else self.blocks.name,
-            "areas": None if self.areas is None else self.areas.to_dict(),
-            "allocation": allocation_dict(self.allocation),
-        }
+#: What the persons route's spec says about itself (:func:`load_ppmf_spec`).
+PERSONS_KEYS = ProductKeys(
+    source="ppmf",
+    reads="a PPMF (persons with TABBLKST ... CENRACE)",
+    strategy="pl94",
+    levels=LEVELS,
+    data_keys=("source", "path"),
+    more_tables=("areas",),
+)
 
 
 @dataclass(frozen=True)
@@ -334,6 +305,21 @@ class AreasSpec:
         )
 
 
+@dataclass(frozen=True)
+class PPMFSpec(ProductSpec):
+    """A PPMF privatize spec (:func:`load_ppmf_spec`): the keys every PPMF route shares
+    (:class:`~censusdp.pipelines.spec.ProductSpec`) and the persons route's ``[areas]``."""
+
+    areas: AreasSpec | None = None
+
+    def to_dict(self) -> dict:
+        """The spec for the manifest, never the seed."""
+        d = super().to_dict()
+        allocation = d.pop("allocation")
+        areas = None if self.areas is None else self.areas.to_dict()
+        return {**d, "areas": areas, "allocation": allocation}
+
+
 def csv_header(path: str | Path) -> set[str] | None:
     """The column names of a CSV file's header, or None when ``path`` is not a readable CSV."""
     from censusdp.pipelines.io.ppmf import sniff_csv
@@ -353,120 +339,6 @@ def is_ppmf(path: str | Path) -> bool:
     return header is not None and all(any(s in header for s in g[2]) for g in GEOGRAPHY)
 
 
-@dataclass(frozen=True)
-class ReleaseOptions:
-    """The spec keys every PPMF route reads (:func:`parse_release_options`); ``allocation``:
-    the spec's ``[allocation]`` of the route's strategy (e.g. written by ``censusdp
-    allocate``), None for the schema's production one."""
-
-    rho: Fraction | None
-    delta: float | None
-    seed: int | None
-    blocks: Path | None
-    block_column: str | None
-    repetitions: int
-    allocation: Allocation | None = None
-
-
-def allocation_dict(allocation: Allocation | None) -> dict | None:
-    """An allocation's exact shares as text, for manifests (None: the schema's own)."""
-    if allocation is None:
-        return None
-    return {
-        "rho": str(allocation.rho),
-        "levels": {lvl: str(s) for lvl, s in allocation.levels.items()},
-        "queries": {lvl: [str(s) for s in v] for lvl, v in allocation.queries.items()},
-    }
-
-
-def read_release_spec(
-    path: str | Path,
-    *,
-    source: str,
-    reads: str,
-    strategy: str,
-    data_keys: tuple[str, ...] = ("source",),
-    more_tables: tuple[str, ...] = (),
-):
-    """Open a PPMF route's spec and read the keys every route shares.
-
-    The top-level tables (``data``, ``privacy``, ``mechanism``, ``hierarchy``, ``report``,
-    ``run`` and ``more_tables``), ``[data] source`` (which must be ``source``; ``reads`` says
-    what that input is, for the message), and :func:`parse_release_options`.
-
-    Returns
-    -------
-    (SpecParser, dict, ReleaseOptions)
-        The parser and document, for the route's own tables, and the shared options.
-
-    Raises
-    ------
-    SpecError
-        Naming the file and the dotted key.
-    """
-    from censusdp.config import SpecParser, read_spec_toml
-
-    path = Path(path)
-    doc = read_spec_toml(path)
-    p = SpecParser(str(path), path.parent)
-    p.keys(
-        doc,
-        "",
-        ("data", "privacy", "mechanism", "hierarchy", *more_tables, "report", "run", "allocation"),
-    )
-    data = p.table(doc, "data", required=False)
-    p.keys(data, "data", data_keys)
-    given = p.get(data, "data", "source", str, default=source)
-    if given != source:
-        raise p.fail("data.source", f'the input is {reads}, not {given!r}: set source = "{source}"')
-    return p, doc, parse_release_options(p, doc, path, strategy)
-
-
-def parse_release_options(p, doc: Mapping, path: Path, strategy: str) -> ReleaseOptions:
-    """``[privacy]`` (zCDP ρ, δ), ``[mechanism]`` (discrete Gaussian only), ``[run] seed``,
-    ``[hierarchy] blocks, block_column`` and ``[report] repetitions`` of a PPMF route's
-    spec; ``p`` its :class:`~censusdp.config.SpecParser`, ``strategy`` the name in messages
-    (``pl94``).
-
-    Raises
-    ------
-    SpecError
-        Naming the file and the dotted key.
-    """
-    rho, delta, seed = zcdp_keys(p, doc, f"the {strategy} strategy")
-    if rho is not None:
-        rho = exact_fraction(rho, f"{path}: privacy.rho", most=MAX_RHO)
-    hier = p.table(doc, "hierarchy", required=False)
-    p.keys(hier, "hierarchy", ("blocks", "block_column"))
-    blocks = p.get(hier, "hierarchy", "blocks", str)
-    rep = p.table(doc, "report", required=False)
-    p.keys(rep, "report", ("repetitions",))
-    repetitions = p.get(rep, "report", "repetitions", int, default=10)
-    if not 2 <= repetitions <= MAX_REPETITIONS:
-        raise p.fail(
-            "report.repetitions",
-            f"give 2 to {MAX_REPETITIONS} (the bias has a standard error; each is a release)",
-        )
-    allocation = None
-    if "allocation" in doc:  # the strategy's shares (censusdp allocate writes them)
-        schema = Schema.load(strategy)
-        allocation = Allocation.from_dict(doc["allocation"], len(schema.strategy), str(path))
-        unknown = [lvl for lvl in allocation.levels if lvl not in LEVELS]
-        if unknown:
-            raise p.fail(
-                "allocation.levels", f"unknown level(s) {unknown}; levels are {list(LEVELS)}"
-            )
-    return ReleaseOptions(
-        rho=rho,
-        delta=delta,
-        seed=seed,
-        blocks=None if blocks is None else _relative(path, blocks),
-        block_column=p.get(hier, "hierarchy", "block_column", str),
-        repetitions=repetitions,
-        allocation=allocation,
-    )
-
-
 def load_ppmf_spec(path: str | Path) -> PPMFSpec:
     """Read a PPMF privatize spec (module docstring).
 
@@ -476,10 +348,7 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
         Naming the file and the dotted key.
     """
     path = Path(path)
-    p, doc, opts = read_release_spec(
-        path, source="ppmf", reads="a PPMF (persons with TABBLKST ... CENRACE)",
-        strategy="pl94", data_keys=("source", "path"), more_tables=("areas",),
-    )  # fmt: skip
+    p, doc, shared = load_product_spec(path, PERSONS_KEYS)
     ar = p.table(doc, "areas", required=False)
     p.keys(ar, "areas", ("file", "level", "block_column", "area_column", "skip_blank", "gisjoin",
                          "list", "share", "queries"))  # fmt: skip
@@ -491,35 +360,21 @@ def load_ppmf_spec(path: str | Path) -> PPMFSpec:
             share = exact_fraction(share, f"{path}: areas.share", below_one=True)
         queries = p.str_list(ar.get("queries", ["total"]), "areas.queries", allow_str=True)
         areas = AreasSpec(
-            _relative(path, p.get(ar, "areas", "file", str, required=True)),
+            relative_path(path, p.get(ar, "areas", "file", str, required=True)),
             level=p.get(ar, "areas", "level", str, default="place"),
             block_column=p.get(ar, "areas", "block_column", str, default="block"),
             area_column=p.get(ar, "areas", "area_column", str, default="area"),
             skip_blank=p.get(ar, "areas", "skip_blank", bool, default=False),
             gisjoin=p.get(ar, "areas", "gisjoin", bool, default=False),
-            areas=None if listed is None else _relative(path, listed),
+            areas=None if listed is None else relative_path(path, listed),
             share=share,
             queries=tuple(queries),
         )
         if areas.level in LEVELS:
             raise p.fail("areas.level", f"{areas.level!r} is a level of the hierarchy; name the "
                          "areas otherwise (e.g. place)")  # fmt: skip
-    return PPMFSpec(
-        rho=opts.rho,
-        delta=opts.delta,
-        repetitions=opts.repetitions,
-        seed=opts.seed,
-        source=str(path),
-        blocks=opts.blocks,
-        block_column=opts.block_column,
-        areas=areas,
-        allocation=opts.allocation,
-    )
-
-
-def _relative(spec: Path, name: str) -> Path:
-    q = Path(name)
-    return q if q.is_absolute() else spec.parent / q
+    fields = {f.name: getattr(shared, f.name) for f in dataclasses.fields(shared)}
+    return PPMFSpec(**fields, areas=areas)
 
 
 # -- the two products, streamed --------------------------------------------------------------
@@ -915,31 +770,6 @@ def ppmf_products(blocks_public: bool, areas: str | None = None) -> tuple[Produc
     )  # fmt: skip
 
 
-def _with_cli(
-    spec: PPMFSpec,
-    blocks: str | Path | None,
-    areas: str | Path | None,
-    repetitions: int | None,
-    seed: int | None,
-) -> PPMFSpec:
-    """The spec with the command line's overrides."""
-    if seed is not None:
-        spec = dataclasses.replace(spec, seed=seed)
-    if repetitions is not None:
-        if not 2 <= repetitions <= MAX_REPETITIONS:
-            raise SpecError(
-                f"--repetitions: give 2 to {MAX_REPETITIONS} (the bias has a standard error; "
-                "each is a full release)"
-            )
-        spec = dataclasses.replace(spec, repetitions=repetitions)
-    if blocks is not None:
-        spec = dataclasses.replace(spec, blocks=Path(blocks))
-    if areas is not None:
-        a = spec.areas or AreasSpec(Path(areas))
-        spec = dataclasses.replace(spec, areas=dataclasses.replace(a, file=Path(areas)))
-    return spec
-
-
 def _measured_products(
     h: Hierarchy,
     schema: Schema,
@@ -1171,7 +1001,10 @@ def _checked_ppmf_inputs(
     must not overwrite, after the checks made before any data is read: the output policy,
     a public block list or its disclosure acknowledged, areas only over a block list."""
     spec = load_ppmf_spec(spec_path) if spec_path is not None else PPMFSpec()
-    spec = _with_cli(spec, cli["blocks"], cli["areas"], cli["repetitions"], cli["seed"])
+    spec = spec.with_cli(seed=cli["seed"], repetitions=cli["repetitions"], blocks=cli["blocks"])
+    if cli["areas"] is not None:
+        a = spec.areas or AreasSpec(Path(cli["areas"]))
+        spec = dataclasses.replace(spec, areas=dataclasses.replace(a, file=Path(cli["areas"])))
     ar = spec.areas
     inputs = [path, spec_path, spec.blocks, *(() if ar is None else (ar.file, ar.areas))]
     inputs = [x for x in inputs if x is not None]
@@ -1456,43 +1289,32 @@ def _write_manifest(
         "columns": OUTPUT_COLUMNS_NOTE,
         "product_steps": [p.to_dict() for p in products],
         "size_class_report": {
-            "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
+            "files": list(SIZE_CLASS_FILES),
             "repetitions": spec.repetitions,
             "confidential_evaluation": "../evaluation/ (CONFIDENTIAL)" if evaluate else None,
         },
         "versions": package_versions(),
         "timings": timings,
     }
-    (tmp / "manifest.json").write_text(
-        json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
-    )
-    wording = [f"- {p.wording()}" for p in products]
-    (tmp / "privacy.md").write_text(
-        "# Privacy\n\n" + privacy.text() + "\n\nWhat each product is:\n\n"
-        + "\n".join(wording) + "\n",
-        encoding="utf-8",
-    )  # fmt: skip
-    lines = ["# censusdp release (PPMF)", "", f"Privacy: {privacy.text()}", ""]
-    lines += [f"- {text}" for text in labels.values()]
+    notes = list(labels.values())
     if spec.areas is not None:
-        lines += [
-            f"- pl94_{spec.areas.level}.csv in both folders: the {spec.areas.level}s of "
+        notes += [
+            f"pl94_{spec.areas.level}.csv in both folders: the {spec.areas.level}s of "
             f"{spec.areas.file.name}, sums of their blocks (unbiased: _se from the exact GLS "
             "variance plus the replicate rounding variance)"
         ]
         if spec.areas.share is not None:
-            lines += [
-                f"- the {spec.areas.level}s were also measured ({', '.join(spec.areas.queries)}; "
+            notes += [
+                f"the {spec.areas.level}s were also measured ({', '.join(spec.areas.queries)}; "
                 f"{spec.areas.share} of ρ) and every level's GLS estimate updated with them "
                 "exactly (still sums of blocks, invariants exact)"
             ]
-    lines += [
-        f"- blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
+    notes += [
+        f"blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
         if spec.blocks is not None
-        else "- blocks: taken from the PPMF's rows (--blocks-from-data): the set of occupied "
+        else "blocks: taken from the PPMF's rows (--blocks-from-data): the set of occupied "
         "blocks is disclosed"
     ]
-    lines += ["- size_classes.md: errors by size class, simulated from the released numbers"]
-    lines += [f"- columns: {OUTPUT_COLUMNS_NOTE}", ""]
-    lines += ["Privacy of each product (privacy.md says the same):", "", *wording, ""]
-    (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    notes += ["size_classes.md: errors by size class, simulated from the released numbers"]
+    notes += [f"columns: {OUTPUT_COLUMNS_NOTE}"]
+    write_release_texts(tmp, manifest, privacy, products, title="PPMF", notes=notes)

@@ -103,10 +103,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -129,21 +129,20 @@ from censusdp.hierarchy.forest import whole_forest
 from censusdp.mechanisms.queries import Query, invariant, measure
 from censusdp.pipelines.io.outputs import (
     OUTPUT_COLUMNS_NOTE,
+    SIZE_CLASS_FILES,
     DictionaryEntry,
     code_entries,
     estimate_entries,
+    long_entries,
     long_table,
     parent_codes,
     wide_table,
     write_data_dictionary,
+    write_release_texts,
     written_errors,
 )
-from censusdp.pipelines.io.ppmf import PPMFHistogram, read_block_list, read_ppmf_units
-from censusdp.pipelines.products.ppmf_persons import (
-    REPORT_LEVELS,
-    allocation_dict,
-    read_release_spec,
-)
+from censusdp.pipelines.io.ppmf import LEVELS, PPMFHistogram, read_block_list, read_ppmf_units
+from censusdp.pipelines.products.ppmf_persons import REPORT_LEVELS
 from censusdp.pipelines.release_statement import (
     VerifiedRelease,
     change_factor,
@@ -158,17 +157,18 @@ from censusdp.pipelines.size_class_report import (
     simulate_size_classes,
     write_size_class_report,
 )
+from censusdp.pipelines.spec import ProductKeys, ProductSpec, load_product_spec
 from censusdp.progress import progress_bar
 from censusdp.rng import KeyedRNG
 from censusdp.schema import Allocation, Schema
 from censusdp.spreadsheet import write_csv
+from censusdp.timing import CPU_PREFIX, stage
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "H1_COLUMNS",
     "H1Release",
-    "UnitsSpec",
     "compose_statements",
     "h1_frames",
     "load_units_spec",
@@ -196,34 +196,18 @@ NONNEGATIVE_NOTE = (
 )
 
 
-@dataclass(frozen=True)
-class UnitsSpec:
-    """A units privatize spec (:func:`load_units_spec`; module docstring)."""
-
-    rho: Fraction | None = None
-    delta: float | None = None
-    seed: int | None = None
-    source: str = "<spec>"
-    blocks: Path | None = None
-    block_column: str | None = None
-    repetitions: int = 10
-    allocation: Allocation | None = None
-
-    def to_dict(self) -> dict:
-        """The spec for the manifest, never the seed."""
-        return {
-            "source": self.source,
-            "rho": None if self.rho is None else str(self.rho),
-            "delta": self.delta,
-            "repetitions": self.repetitions,
-            "reproducible_mode": self.seed is not None,
-            "blocks": None if self.blocks is None else self.blocks.name,
-            "allocation": allocation_dict(self.allocation),
-        }
+#: What the units route's spec says about itself (:func:`load_units_spec`).
+UNITS_KEYS = ProductKeys(
+    source="ppmf_units",
+    reads="a PPMF units file (RTYPE, HH_STATUS)",
+    strategy="h1",
+    levels=LEVELS,
+)
 
 
-def load_units_spec(path: str | Path) -> UnitsSpec:
-    """Read a units privatize spec (module docstring).
+def load_units_spec(path: str | Path) -> ProductSpec:
+    """Read a units privatize spec (module docstring): the keys every PPMF route shares
+    (:func:`~censusdp.pipelines.spec.load_product_spec`) and no other.
 
     Raises
     ------
@@ -231,11 +215,7 @@ def load_units_spec(path: str | Path) -> UnitsSpec:
         Naming the file and the dotted key; anything but the H1 production strategy with
         its block invariant (other keys, another noise law) is refused.
     """
-    _, _, opts = read_release_spec(
-        path, source="ppmf_units", reads="a PPMF units file (RTYPE, HH_STATUS)", strategy="h1"
-    )
-    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
-    return UnitsSpec(**fields, source=str(path))
+    return load_product_spec(path, UNITS_KEYS)[2]
 
 
 # -- the release ---------------------------------------------------------------------------------
@@ -480,20 +460,8 @@ def h1_dictionary(parents: Sequence[str], *, with_se: bool) -> list[DictionaryEn
         H1_COLUMNS, ["H1"] * len(H1_COLUMNS), H1_LABELS, unit="housing units", integer=True,
         with_se=with_se,
     )  # fmt: skip
-    out += [
-        DictionaryEntry("level", "", "h1_long.csv: the geographic level", "text", "level"),
-        DictionaryEntry("table", "", "h1_long.csv: the table (H1)", "text", "table"),
-        DictionaryEntry("column", "", "h1_long.csv: the column (H1_001N ...)", "text", "column"),
-        DictionaryEntry("label", "", "h1_long.csv: the column's label", "text", "label"),
-        DictionaryEntry("value", "", "h1_long.csv: the released count", "integer", "housing units"),
-    ]  # fmt: skip
-    if with_se:
-        out += [
-            DictionaryEntry("se", "", "h1_long.csv: its standard error", "float", "housing units"),
-            DictionaryEntry("moe", "", "h1_long.csv: its integer 90% margin of error",
-                            "integer", "housing units"),
-        ]  # fmt: skip
-    return out
+    errors = ("its standard error", "its integer 90% margin of error") if with_se else None
+    return out + long_entries("h1_long.csv", "housing units", "H1", "H1_001N", errors)
 
 
 def _occupied(release: H1Release, levels) -> dict[str, dict[str, np.ndarray]]:
@@ -721,52 +689,49 @@ def privatize_units(
     DataError
         A malformed units file or block list (file, data row and column named).
     """
-    t0, c0 = time.perf_counter(), time.process_time()
-    spec = _units_spec(spec_path, seed, repetitions, blocks)
-    inputs = [x for x in (path, spec_path, spec.blocks, compose_with) if x is not None]
-    persons = None if compose_with is None else _persons_release(compose_with, out)
-    check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
-    hist = _read_units(path, spec, blocks_from_data)
-    timings = {"read": time.perf_counter() - t0}
-    h = hist.hierarchy
-    log.info(
-        "read in %.1f s; nodes per level: %s; measure, GLS and rounding of both products",
-        timings["read"],
-        ", ".join(f"{name} {n}" for name, n in zip(h.names, h.sizes, strict=True)),
-    )
-    t1 = time.perf_counter()
-    rng = KeyedRNG.from_seed(spec.seed).child("units")
-    rel = release_h1(hist, rng, rho=spec.rho, allocation=spec.allocation)
-    timings["release"] = time.perf_counter() - t1
-    log.info("released in %.1f s; writing the tables", timings["release"])
-    products = units_products(spec.blocks is not None)
-    privacy = units_privacy = _units_statement(rel, spec, hist, products)
-    if persons is not None:
-        privacy = compose_statements(persons.privacy, privacy, persons_label=persons.label())
-    with output_dir(
-        out, overwrite=overwrite, inputs=inputs, command="privatize", option="-o",
-        info={"route": "ppmf_units"},
-    ) as tmp:  # fmt: skip
-        _write_h1_tables(tmp, rel)
-        t1 = time.perf_counter()
-        log.info("size-class report: %d simulated release(s)", spec.repetitions)
-        sim, evaluation = size_class_report(
-            rel, hist.schema, rng, spec.repetitions, rho=spec.rho, allocation=spec.allocation,
-            truth=hist.dense().reshape(-1, hist.schema.n_cells) if evaluate else None,
-        )  # fmt: skip
-        write_size_class_report(
-            tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
-            unit="housing units", what="block occupancy (occupied, vacant)",
-            privacy=products[-1].wording(),
-        )  # fmt: skip
-        timings["size_class_report"] = time.perf_counter() - t1
-        timings["seconds"] = time.perf_counter() - t0
-        timings["cpu_seconds"] = time.process_time() - c0
-        log.info(
-            "size-class report in %.1f s; writing the manifest (%.1f s in all)",
-            timings["size_class_report"],
-            timings["seconds"],
-        )
+    steps: dict[str, float] = {}  # each step's wall (and thread CPU) seconds
+    total: dict[str, float] = {}  # the run's wall and process CPU seconds, to the manifest
+    with ExitStack() as stack:
+        with stage(total, "seconds", cpu=time.process_time):
+            with stage(steps, "read"):
+                spec = load_units_spec(spec_path) if spec_path is not None else ProductSpec()
+                spec = spec.with_cli(seed=seed, repetitions=repetitions, blocks=blocks)
+                inputs = [x for x in (path, spec_path, spec.blocks, compose_with) if x is not None]
+                persons = None if compose_with is None else _persons_release(compose_with, out)
+                check_output(out, kind="dir", overwrite=overwrite, inputs=inputs, option="-o")
+                hist = _read_units(path, spec, blocks_from_data)
+            sizes = zip(hist.hierarchy.names, hist.hierarchy.sizes, strict=True)
+            log.info("read in %.1f s; nodes per level: %s; measure, GLS and rounding of both "
+                     "products", steps["read"], ", ".join(f"{lv} {n}" for lv, n in sizes))  # fmt: skip
+            with stage(steps, "release"):
+                rng = KeyedRNG.from_seed(spec.seed).child("units")
+                rel = release_h1(hist, rng, rho=spec.rho, allocation=spec.allocation)
+            log.info("released in %.1f s; writing the tables", steps["release"])
+            products = units_products(spec.blocks is not None)
+            privacy = units_privacy = _units_statement(rel, spec, hist, products)
+            if persons is not None:
+                privacy = compose_statements(
+                    persons.privacy, privacy, persons_label=persons.label()
+                )
+            tmp = stack.enter_context(output_dir(out, overwrite=overwrite, inputs=inputs,
+                                                 command="privatize", option="-o",
+                                                 info={"route": "ppmf_units"}))  # fmt: skip
+            _write_h1_tables(tmp, rel)
+            with stage(steps, "size_class_report"):
+                log.info("size-class report: %d simulated release(s)", spec.repetitions)
+                sim, evaluation = size_class_report(
+                    rel, hist.schema, rng, spec.repetitions, rho=spec.rho,
+                    allocation=spec.allocation,
+                    truth=hist.dense().reshape(-1, hist.schema.n_cells) if evaluate else None,
+                )  # fmt: skip
+                write_size_class_report(
+                    tmp, sim, repetitions=spec.repetitions, evaluation=evaluation,
+                    unit="housing units", what="block occupancy (occupied, vacant)",
+                    privacy=products[-1].wording(),
+                )  # fmt: skip
+        timings = {k: v for k, v in steps.items() if not k.startswith(CPU_PREFIX)} | total
+        log.info("size-class report in %.1f s; writing the manifest (%.1f s in all)",
+                 timings["size_class_report"], timings["seconds"])  # fmt: skip
         _write_manifest(tmp, path, spec, privacy, units_privacy, persons, products, timings,
                         evaluate)  # fmt: skip
         if evaluate:  # as `run` lays it out: release/ and the confidential evaluation/ apart
@@ -774,33 +739,7 @@ def privatize_units(
     return UnitsResult(Path(out), privacy, hist.persons, timings["seconds"])
 
 
-def _units_spec(
-    spec_path: str | Path | None,
-    seed: int | None,
-    repetitions: int | None,
-    blocks: str | Path | None,
-) -> UnitsSpec:
-    """The spec (:func:`load_units_spec`, or the production allocation's) with the command
-    line's overrides.
-
-    Raises
-    ------
-    SpecError
-        A bad spec, fewer than 2 repetitions.
-    """
-    spec = load_units_spec(spec_path) if spec_path is not None else UnitsSpec()
-    if seed is not None:
-        spec = dataclasses.replace(spec, seed=seed)
-    if repetitions is not None:
-        if repetitions < 2:
-            raise SpecError("--repetitions: give at least 2 (the bias has a standard error)")
-        spec = dataclasses.replace(spec, repetitions=repetitions)
-    if blocks is not None:
-        spec = dataclasses.replace(spec, blocks=Path(blocks))
-    return spec
-
-
-def _read_units(path: str | Path, spec: UnitsSpec, blocks_from_data: bool) -> PPMFHistogram:
+def _read_units(path: str | Path, spec: ProductSpec, blocks_from_data: bool) -> PPMFHistogram:
     """The units file on the public block list (or, acknowledged, on its own rows' blocks).
 
     Raises
@@ -827,7 +766,7 @@ def _read_units(path: str | Path, spec: UnitsSpec, blocks_from_data: bool) -> PP
 
 
 def _units_statement(
-    rel: H1Release, spec: UnitsSpec, hist: PPMFHistogram, products: tuple[Product, ...]
+    rel: H1Release, spec: ProductSpec, hist: PPMFHistogram, products: tuple[Product, ...]
 ) -> PrivacyStatement:
     """The units release's own statement: derived from its measurements, with the spec's δ,
     the privacy unit, the change factor, the target ρ, the areas exact through the block
@@ -861,7 +800,7 @@ def _write_h1_tables(tmp: Path, rel: H1Release) -> None:
 def _write_manifest(
     tmp: Path,
     path,
-    spec: UnitsSpec,
+    spec: ProductSpec,
     privacy: PrivacyStatement,
     units_privacy: PrivacyStatement,
     persons: VerifiedRelease | None,
@@ -907,7 +846,7 @@ def _write_manifest(
         "product_steps": [p.to_dict() for p in products],
         "columns": OUTPUT_COLUMNS_NOTE,
         "size_class_report": {
-            "files": ["size_classes.csv", "size_classes.md", "size_classes.png"],
+            "files": list(SIZE_CLASS_FILES),
             "quantity": "occupied housing units (H1_002N); areas classed by housing units",
             "repetitions": spec.repetitions,
             "confidential_evaluation": "../evaluation/ (CONFIDENTIAL)" if evaluate else None,
@@ -915,34 +854,22 @@ def _write_manifest(
         "versions": package_versions(),
         "timings": timings,
     }
-    (tmp / "manifest.json").write_text(
-        json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8"
-    )
     scope = (
         f"This statement covers the {persons.label()} ({persons.privacy.budget}) and this "
         "housing-unit release together."
         if persons is not None
         else "This statement covers this housing-unit release."
     )
-    wording = [f"- {p.wording()}" for p in products]
-    (tmp / "privacy.md").write_text(
-        "# Privacy\n\n" + privacy.text() + f"\n\n{scope} What each product is:\n\n"
-        + "\n".join(wording) + "\n",
-        encoding="utf-8",
-    )  # fmt: skip
-    lines = ["# censusdp release (PPMF units: H1)", "", f"Privacy: {privacy.text()}", ""]
-    lines += [f"- {product}", f"- nonnegative/: {NONNEGATIVE_NOTE}"]
-    lines += [
-        f"- blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
+    notes = [
+        product,
+        f"nonnegative/: {NONNEGATIVE_NOTE}",
+        f"blocks: every block of the public list {spec.blocks.name} (empty blocks included)"
         if spec.blocks is not None
-        else "- blocks: taken from the units file's rows (--blocks-from-data): the set of "
+        else "blocks: taken from the units file's rows (--blocks-from-data): the set of "
         "blocks with a housing unit or facility is disclosed",
-        "- size_classes.md: both products' errors in occupied units by size class (housing "
+        "size_classes.md: both products' errors in occupied units by size class (housing "
         "units), simulated from the released numbers",
-        "",
-        "Privacy of each product (privacy.md says the same):",
-        "",
-        *wording,
-        "",
     ]
-    (tmp / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    write_release_texts(
+        tmp, manifest, privacy, products, title="PPMF units: H1", notes=notes, scope=scope
+    )

@@ -556,31 +556,34 @@ class CodebookProduct:
         return Written(self.name, Path(written), rel.privacy.text(), what, evaluation)
 
 
-class PPMFProduct:
+class _PPMFRoute:
+    """What the PPMF persons and units products share: every capability (their levels from
+    the geography columns, their own invariants: the nation and state totals, the block
+    housing units), and a claim on their ``[data] source`` or header, refusing the other's."""
+
+    capabilities: Mapping[str, bool | str] = dict.fromkeys(CAPABILITIES, True)
+    name: str
+    header: str  # the kind _ppmf_header tells
+    other: tuple[str, str]  # the other route's source, and why it is not this one's
+    neither: str
+
+    def claims(self, path: Path, spec: Path | None, options: PrivatizeOptions) -> bool | str:
+        source = _data(spec).get("source")
+        if source == self.other[0]:
+            return self.other[1]
+        return source == self.name or _ppmf_header(path) == self.header or self.neither
+
+
+class PPMFProduct(_PPMFRoute):
     """PPMF persons (one row per person, 2020 layout): P1–P5 at every level in both products
     (unbiased with ``_se``, non-negative with microdata),
     :func:`~censusdp.pipelines.products.ppmf_persons.privatize_ppmf`."""
 
     name = "ppmf"
     reads = 'a PPMF persons file (its geography columns, or [data] source = "ppmf")'
-    capabilities: Mapping[str, bool | str] = {
-        "hierarchy_from_codes": True,  # TABBLKST ... TABBLK
-        "invariants": True,
-        "unbiased": True,
-        "nonnegative": True,
-        "evaluate": True,
-        "predict": True,
-    }
-
-    def claims(self, path: Path, spec: Path | None, options: PrivatizeOptions) -> bool | str:
-        source = _data(spec).get("source")
-        if source == "ppmf":
-            return True
-        if source == "ppmf_units":
-            return 'its spec says [data] source = "ppmf_units"'
-        if _ppmf_header(path) == "persons":
-            return True
-        return 'neither a PPMF persons header nor a spec with [data] source = "ppmf"'
+    header = "persons"
+    other = ("ppmf_units", 'its spec says [data] source = "ppmf_units"')
+    neither = 'neither a PPMF persons header nor a spec with [data] source = "ppmf"'
 
     def load_spec(self, spec: Path | None, options: PrivatizeOptions) -> Any:
         from censusdp.pipelines.products.ppmf_persons import load_ppmf_spec
@@ -625,31 +628,16 @@ class PPMFProduct:
         return Written(self.name, res.out, res.privacy.text(), what, options.evaluate)
 
 
-class UnitsProduct:
+class UnitsProduct(_PPMFRoute):
     """PPMF housing units (one row per unit or group-quarters facility): H1 at every level,
     the block totals invariant, both products,
     :func:`~censusdp.pipelines.products.ppmf_units.privatize_units`."""
 
     name = "ppmf_units"
     reads = 'a PPMF units file (HH_STATUS in its header, or [data] source = "ppmf_units")'
-    capabilities: Mapping[str, bool | str] = {
-        "hierarchy_from_codes": True,
-        "invariants": True,  # the housing units of every block (H1_001N), fixed
-        "unbiased": True,
-        "nonnegative": True,
-        "evaluate": True,
-        "predict": True,
-    }
-
-    def claims(self, path: Path, spec: Path | None, options: PrivatizeOptions) -> bool | str:
-        source = _data(spec).get("source")
-        if source == "ppmf_units":
-            return True
-        if source == "ppmf":
-            return 'its spec says [data] source = "ppmf" (persons)'
-        if _ppmf_header(path) == "units":
-            return True
-        return 'neither HH_STATUS in its header nor a spec with [data] source = "ppmf_units"'
+    header = "units"
+    other = ("ppmf", 'its spec says [data] source = "ppmf" (persons)')
+    neither = 'neither HH_STATUS in its header nor a spec with [data] source = "ppmf_units"'
 
     def load_spec(self, spec: Path | None, options: PrivatizeOptions) -> Any:
         from censusdp.pipelines.products.ppmf_units import load_units_spec

@@ -30,10 +30,6 @@ LIBRARY = ("censusdp", "hierarchy", "mechanisms", "estimation", "pipelines", "ex
 CLOCK_READERS = {
     "censusdp/timing.py",
     "pipelines/products/pl94_stream.py",
-    "pipelines/products/ppmf_persons.py",
-    "pipelines/products/ppmf_units.py",
-    "pipelines/products/codebook_hierarchy.py",
-    "pipelines/products/codebook_tables.py",
     "pipelines/structured_stream.py",
     "estimation/integer/controlled.py",
     "estimation/integer/dependent.py",
