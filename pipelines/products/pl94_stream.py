@@ -26,11 +26,12 @@ Four passes:
 3. **Top.** The levels down to the cut are solved from their measurements, the invariants and
    the partitions' messages, then rounded top-down (:func:`~censusdp.estimation.
    structured_rounding.round_structured_top`, the invariants ``==``) and handed to ``on_top``.
-4. **Downward, per partition.** Each partition is smoothed, rounded from its cut nodes' integers
-   (:func:`~censusdp.estimation.integer.controlled.round_structured_partition`: every cell
-   ⌊x⌋ or ⌈x⌉, children summing to their parent cell by cell) and handed to ``on_partition``
-   as a :class:`PartitionRelease` (the GLS piece with its covariance blocks, and the integer
-   cell tensors of its levels), then dropped.
+4. **Downward, per partition.** Each partition is smoothed and rounded from its cut nodes'
+   integers (:func:`~censusdp.estimation.integer.controlled.round_structured_partition`: every
+   cell ⌊x⌋ or ⌈x⌉, children summing to their parent cell by cell) on the worker that smoothed
+   it, then handed to ``on_partition`` as a :class:`PartitionRelease` (the GLS piece with its
+   covariance blocks, and the integer cell tensors of its levels) in order, in the calling
+   thread, and dropped.
 
 Memory is the largest partition's working set plus the levels above the cut and one small
 message per cut-level node: it does not grow with the number of leaves. The output is the
@@ -718,6 +719,12 @@ class _RoundingSink:
         return value, seconds
 
 
+def _the_release(release: PartitionRelease, payload: object) -> PartitionRelease:
+    """The sink of :func:`stream_pl94` without a caller's sink: the rounded release itself,
+    handed to ``on_partition`` in the calling process."""
+    return release
+
+
 def _tables_of(counts: Sequence[np.ndarray], cache: dict) -> list[np.ndarray]:
     if "tables" not in cache:
         from censusdp.pipelines.products.pl94_tables import tabulate
@@ -899,7 +906,9 @@ class Pl94StreamOptions:
         there (e.g. :meth:`~censusdp.pipelines.io.pl94_store.Pl94StoreWriter.piece_sink`, which
         writes the partition's store files and returns their checksums); its small,
         picklable return values are :attr:`Pl94StreamResult.sunk` in partition order.
-        Without it, pieces come back and are rounded here for ``on_partition``.
+        Without it, each partition is rounded where its piece was computed (a worker
+        thread, so the rounding runs on every worker) and its release comes back for
+        ``on_partition``.
     sink_payload : callable, optional
         ``sink_payload(partition)`` → the ``payload`` of ``sink`` (called here after
         ``on_top``).
@@ -1068,8 +1077,8 @@ def _replicate_rows(schema: Schema, rows: object, replicates: bool) -> object:
 class _Pl94Run:
     """One :func:`stream_pl94` run between its steps: the checked inputs, the rounded top
     (once solved) and the seconds per stage (:data:`_PL94_STAGES`; CPU under ``cpu_``:
-    of the process for pass 1, of the calling thread for the rounding and the callbacks,
-    which run there)."""
+    of the process for pass 1, of the threads or tasks that ran them for the rounding, of
+    the calling thread for the callbacks)."""
 
     h: Hierarchy
     schema: Schema
@@ -1101,7 +1110,9 @@ class _Pl94Run:
         rep_keys = replicate_keys(rng, opts.rounding_replicates)  # SpecError naming a bad count
         rows = _replicate_rows(schema, opts.replicate_rows, bool(rep_keys))
         if opts.sink is not None and on_partition is not None:
-            raise SpecError("stream_pl94: give on_partition (rounded here) or a sink, not both")
+            raise SpecError(
+                "stream_pl94: give on_partition (releases handed here) or a sink, not both"
+            )
         if opts.sink_payload is not None and opts.sink is None:
             raise SpecError("stream_pl94: sink_payload without a sink")
         for lvl, _, _ in plan:
@@ -1151,18 +1162,19 @@ class _Pl94Run:
         return persons, invs, meas, top_draws
 
     def stream(self, meas: list[ProductMeasurement], invs: list[ProductInvariant]) -> StreamResult:
-        """Passes 2–4: the structured stream, rounding in its callbacks (here) or its sink
-        (where each piece is computed)."""
+        """Passes 2–4: the structured stream, each partition rounded where its piece is
+        computed (a worker thread or task), then handed to the caller's sink there or, as
+        a release, to ``on_partition`` here, in order."""
         opts, sink = self.opts, self.opts.sink
         self.invariants = invs
         return structured_stream(
             self.h, self.schema, meas, self.measure, self.parts, invs,
-            None if sink else self.round_partition,
+            None if sink else self.take_release,
             StreamOptions(
                 on_top=self.round_top, privacy=opts.privacy, cache_bytes=opts.cache_bytes,
                 order=opts.order, workers=opts.workers, executor=opts.executor,
-                sink=None if sink is None else _RoundingSink(sink, self.schema),
-                sink_payload=None if sink is None else self.payload,
+                sink=_RoundingSink(sink or _the_release, self.schema), sink_payload=self.payload,
+                hand_sunk=sink is None,
             ),
         )  # fmt: skip
 
@@ -1201,14 +1213,21 @@ class _Pl94Run:
             restrict=restrict, replicates=self.replicates, rows=self.rows,
         )  # fmt: skip
 
-    def round_partition(self, piece: StructuredPiece) -> None:
-        """A partition's piece rounded here, handed to ``on_partition``."""
-        part = self.parts[piece.partition]
-        with stage(self.seconds, "rounding"):
-            release = self.rounding_input(part, restrict=False).release(part, piece, self.schema)
+    def take_release(self, sunk: tuple[PartitionRelease, dict]) -> None:
+        """A partition's release, rounded where its piece was computed, handed to
+        ``on_partition`` here."""
+        release, seconds = sunk
+        self.add_task_seconds(seconds)
         if self.on_partition is not None:
             with stage(self.seconds, "callbacks"):
                 self.on_partition(release)
+
+    def add_task_seconds(self, seconds: dict[str, float]) -> None:
+        """The rounding and sink seconds a partition's task measured, added to ``rounding``
+        and ``callbacks``."""
+        for theirs, ours in (("rounding", "rounding"), ("sink", "callbacks")):
+            self.seconds[ours] += seconds[theirs]
+            self.seconds[CPU_PREFIX + ours] += seconds[CPU_PREFIX + theirs]
 
     def payload(self, part: Partition) -> tuple:
         """The sink's payload of partition ``part``: its rounding input (its own sub-keys
@@ -1224,9 +1243,7 @@ class _Pl94Run:
         if self.opts.sink is None:
             return []
         for _, seconds in sunk:
-            for theirs, ours in (("rounding", "rounding"), ("sink", "callbacks")):
-                self.seconds[ours] += seconds[theirs]
-                self.seconds[CPU_PREFIX + ours] += seconds[CPU_PREFIX + theirs]
+            self.add_task_seconds(seconds)
         return [value for value, _ in sunk]
 
     def noisy_counts(self) -> int:
