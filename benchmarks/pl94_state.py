@@ -76,6 +76,7 @@ Canonne, C., Kamath, G. & Steinke, T. (2020). The Discrete Gaussian for Differen
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -92,6 +93,8 @@ from censusdp.estimation.integer.controlled import RoundedLevels, round_structur
 from censusdp.hierarchy.synthetic import PL94_SHAPE, synthetic_state
 from censusdp.mechanisms.product_measure import ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.execute import keep_freed_memory
+from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.products.pl94_stream import (
     PartitionRelease,
     Pl94StreamOptions,
@@ -218,6 +221,11 @@ def run(
     ses = StandardErrorSummary(schema, SE_TABLES)
     checks = ReleaseChecks(h)
     moved = TotalMovement(schema)
+    digest = IntegerDigest()
+    cut = h.level_index("county")
+    parts = partition_units(h, cut, partitions or h.sizes[cut])
+    # largest first: two threads stay busy to the end with results taken in this order
+    largest_first = np.argsort([-p.leaves for p in parts], kind="stable")
     t0, c0 = time.perf_counter(), time.process_time()
     if streaming:
 
@@ -225,15 +233,17 @@ def run(
             ses.add(top.piece)
             checks.top(top)
             moved.add(top.piece, top.counts, top.rounded.spread)
+            digest.add(top.piece.first, top.piece.ranges, top.counts)
 
         def on_partition(out: PartitionRelease) -> None:
             ses.add(out.piece)
             checks.partition(out)
             moved.add(out.piece, out.counts, getattr(out, "total_var", None))
+            digest.add(out.piece.first, out.piece.ranges, out.counts)
 
         res = stream_pl94(
             h, schema, source, plan, rng, on_top=on_top, on_partition=on_partition,
-            options=Pl94StreamOptions(partitions=partitions, workers=workers,
+            options=Pl94StreamOptions(partitions=parts, workers=workers, order=largest_first,
                                       cache_bytes=int(cache_mb * 2**20), privacy=claimed),
         )  # fmt: skip
         d = res.diagnostics
@@ -265,6 +275,10 @@ def run(
         rounded = round_structured(rel, rng.child("rounding"), invariants=invs, spreads=False)
         t4, c4 = time.perf_counter(), time.process_time()
         checks.top(TopRelease(_whole(rel), RoundedLevels(rounded.counts, None), tuple(invs)))
+        digest.add(0, [(0, n) for n in h.sizes[: cut + 1]], rounded.counts[: cut + 1])
+        for p in parts:  # the streamed run's pieces, for the same digest
+            low = zip(rounded.counts[cut + 1 :], p.ranges[1:], strict=True)
+            digest.add(cut + 1, p.ranges[1:], [c[lo:hi] for c, (lo, hi) in low])
         privacy, diagnostics = rel.privacy, rel.diagnostics
         stages = {
             "measure (apply queries + noise)": (t1 - t0, c1 - c0),
@@ -312,6 +326,7 @@ def run(
         "standard_errors": ses.result(h.names),
         "rounding": checks.result(persons),
         "rounding_of_node_totals": moved.result(h.names),
+        "integer_digest": digest.result(),
         "seconds_rounding_checks (not counted)": checks.seconds,
     }  # fmt: skip
     k = h.level_index("county")
@@ -331,6 +346,26 @@ def run(
     out["wall_seconds"] = time.perf_counter() - t_start
     out["peak_rss_mb"] = _peak_mb()
     return out
+
+
+class IntegerDigest:
+    """SHA-256 of the released integer cell tensors (int64 bytes, C order) of each piece —
+    the levels down to the cut whole, each partition's levels below it — taken in node order
+    whatever order the pieces come in: the same for any order and number of workers (for
+    one partitioning), and for the in-memory path sliced alike, so any change of the
+    rounding's output shows. ``result()``: the first 16 hex digits."""
+
+    def __init__(self) -> None:
+        self.pieces: dict[tuple[int, int], str] = {}
+
+    def add(self, first: int, ranges, counts) -> None:
+        for j, ((lo, _), c) in enumerate(zip(ranges, counts, strict=True)):
+            data = np.ascontiguousarray(c, np.int64).data
+            self.pieces[(first + j, lo)] = hashlib.sha256(data).hexdigest()
+
+    def result(self) -> str:
+        joined = "".join(self.pieces[k] for k in sorted(self.pieces))
+        return hashlib.sha256(joined.encode()).hexdigest()[:16]
 
 
 class TotalMovement:
@@ -406,6 +441,7 @@ def main() -> None:
         "the output does not depend on it)",
     )
     args = ap.parse_args()
+    keep_freed_memory()  # the heap keeps what the partitions free: no page faults on reuse
     out = run(
         args.blocks,
         args.seed,
