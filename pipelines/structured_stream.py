@@ -830,7 +830,7 @@ class _StreamStep:
 #: The driver's counts in a streamed run's diagnostics (:meth:`PartitionDriver.stats`).
 _DRIVER_COUNTS = (
     "partitions", "partitions_cached", "partitions_regenerated", "cache_bytes_used",
-    "largest_cached_state_bytes", "executor", "workers",
+    "largest_cached_state_bytes", "executor", "workers", "worker_thread_cpu_seconds",
 )  # fmt: skip
 
 

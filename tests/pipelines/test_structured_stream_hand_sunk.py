@@ -47,3 +47,14 @@ def test_hand_sunk_gives_on_partition_the_sink_values_in_order_from_the_workers(
             assert ran_on == {threading.get_ident()}
         else:  # on the pool's threads, not the one consuming the values
             assert threading.get_ident() not in ran_on
+
+
+def test_the_pool_threads_cpu_is_reported_per_pass() -> None:
+    """With two workers the diagnostics give each pass's pool threads' CPU seconds (the
+    balance of the two cores); one worker has no pool."""
+    s, h, meas, invs = problem(seed=4)
+    one = _run(h, s, meas, invs, None, workers=1).diagnostics["worker_thread_cpu_seconds"]
+    two = _run(h, s, meas, invs, None, workers=2).diagnostics["worker_thread_cpu_seconds"]
+    assert one == []
+    assert len(two) == 2  # upward, downward
+    assert all(1 <= len(p) <= 2 and all(c > 0 for c in p) for p in two)
