@@ -67,6 +67,18 @@ cycle by cycle from the cut node (issue 33's kernel), 6.1–6.7 s with each leaf
 matrix swept by 4-cycles first and the walk on the arcs left (issue 36); peak RSS 1,836 →
 1,462–1,478 MB.
 
+Measured 2026-11-28 (issue 36, 160,000 blocks, ``--workers 2``, the 2-core machine loaded
+10–16 deep by other jobs, so elapsed times say little): integer digest ``704fb31d…`` before
+and after. Before, the rounding ran in the calling thread, partition after partition: its
+65.6 CPU s alone bounded the run (88 s on an idle machine, the session before). Now each
+partition is rounded on the worker that smoothed it and the workers' CPU is balanced
+(upward 7.6 / 7.1 s, downward 33.9 / 32.1 s; calling thread 8.1 s; process 89.3 CPU s
+over the run, 64 user + 27 system), so two idle cores would take ~45–50 s: below 30 s
+needs less CPU, chiefly the rounding (53.9 CPU s, 337 µs per block). Peak 6.4 → 9.7 GB:
+two partitions' rounding working sets at once, the two largest counties first. At 16,000
+blocks: process CPU 8.35 s with two workers (pool threads 1.15 / 1.06 and 2.40 / 2.37 s,
+calling thread 1.33 s) against 8.96 s with one.
+
 Usage: ``python benchmarks/pl94_state.py [--blocks N] [--seed S] [--no-dense] [--in-memory]
 [--partitions P] [--cache-mb M] [--workers W]``.
 
