@@ -980,8 +980,9 @@ def stream_pl94(
     on_top : callable, optional
         ``on_top(TopRelease)``: the levels down to the cut, once, before any partition.
     on_partition : callable, optional
-        ``on_partition(PartitionRelease)``: each partition's levels below the cut, rounded,
-        in ``order``, one at a time in the calling thread.
+        ``on_partition(PartitionRelease)``: each partition's levels below the cut, rounded
+        where its piece was computed, handed over in ``order``, one at a time in the calling
+        thread.
     options : Pl94StreamOptions, optional
         The invariants, the cut and partitions, the workers or executor, the cache, the
         order, a claimed statement, the sink and the rounding replicates
