@@ -43,8 +43,12 @@ The pipeline is the library's streamed engine,
   (2,016-cell histogram, dense query matrices, ``K × K`` per node) beside it: the time ratio
   and the largest difference of their estimates and variances.
 
-``seconds`` is the wall time of the counted stages (the synthetic data are timed apart),
-``cpu_seconds`` their CPU time (on a shared machine the difference is waiting);
+``seconds`` is the sum of the counted stages' seconds (the synthetic data are timed apart;
+the per-partition stages are summed over the threads that ran them, so with ``W > 1`` it
+exceeds the elapsed time: ``wall_seconds`` is the run's, from the synthetic data to the
+JSON), ``cpu_seconds`` their CPU time (on a shared machine the difference is waiting);
+``integer_digest`` the SHA-256 of the released integer tables (:class:`IntegerDigest`: the
+same for any ``W``, partition order, and for ``--in-memory``);
 ``peak_rss_mb`` the process's peak resident memory (``resource.getrusage``; the streamed
 stages interleave in the partitions, so their peaks are one).
 Progress goes to stderr. The privacy
@@ -52,13 +56,28 @@ statement is derived from the measurements (Σ Δ₂²/(2σ²) with the sensitiv
 the queries) and compared with the production total.
 
 ``--workers W`` (default: the CPUs) threads run the streamed partitions (histogram, noise,
-passes); the output is the same for any W (keyed noise, results taken in order).
+GLS passes, and the rounding, which runs on the thread that smoothed the partition), largest
+first; the output is the same for any W (keyed noise, results taken in order). The process
+keeps the heap memory it frees (:func:`~censusdp.pipelines.execute.keep_freed_memory`): each
+partition's arrays reuse the last one's pages instead of faulting fresh ones in.
 
 Measured (``--blocks 16000 --workers 1``, 2-core machine shared with other jobs, numba caches
 warm, two runs each): the ``rounding`` stage's CPU 12.7–13.4 s with the flow networks walked
 cycle by cycle from the cut node (issue 33's kernel), 6.1–6.7 s with each leaf parent's
 matrix swept by 4-cycles first and the walk on the arcs left (issue 36); peak RSS 1,836 →
 1,462–1,478 MB.
+
+Measured 2026-11-28 (issue 36, 160,000 blocks, ``--workers 2``, the 2-core machine loaded
+10–16 deep by other jobs, so elapsed times say little): integer digest ``704fb31d…`` before
+and after. Before, the rounding ran in the calling thread, partition after partition: its
+65.6 CPU s alone bounded the run (88 s on an idle machine, the session before). Now each
+partition is rounded on the worker that smoothed it and the workers' CPU is balanced
+(upward 7.6 / 7.1 s, downward 33.9 / 32.1 s; calling thread 8.1 s; process 89.3 CPU s
+over the run, 64 user + 27 system), so two idle cores would take ~45–50 s: below 30 s
+needs less CPU, chiefly the rounding (53.9 CPU s, 337 µs per block). Peak 6.4 → 9.7 GB:
+two partitions' rounding working sets at once, the two largest counties first. At 16,000
+blocks: process CPU 8.35 s with two workers (pool threads 1.15 / 1.06 and 2.40 / 2.37 s,
+calling thread 1.33 s) against 8.96 s with one.
 
 Usage: ``python benchmarks/pl94_state.py [--blocks N] [--seed S] [--no-dense] [--in-memory]
 [--partitions P] [--cache-mb M] [--workers W]``.
@@ -76,6 +95,7 @@ Canonne, C., Kamath, G. & Steinke, T. (2020). The Discrete Gaussian for Differen
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -92,6 +112,8 @@ from censusdp.estimation.integer.controlled import RoundedLevels, round_structur
 from censusdp.hierarchy.synthetic import PL94_SHAPE, synthetic_state
 from censusdp.mechanisms.product_measure import ProductMeasurement
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.pipelines.execute import keep_freed_memory
+from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.products.pl94_stream import (
     PartitionRelease,
     Pl94StreamOptions,
@@ -218,22 +240,29 @@ def run(
     ses = StandardErrorSummary(schema, SE_TABLES)
     checks = ReleaseChecks(h)
     moved = TotalMovement(schema)
-    t0, c0 = time.perf_counter(), time.process_time()
+    digest = IntegerDigest()
+    cut = h.level_index("county")
+    parts = partition_units(h, cut, partitions or h.sizes[cut])
+    # largest first: two threads stay busy to the end with results taken in this order
+    largest_first = np.argsort([-p.leaves for p in parts], kind="stable")
+    t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
     if streaming:
 
         def on_top(top: TopRelease) -> None:
             ses.add(top.piece)
             checks.top(top)
             moved.add(top.piece, top.counts, top.rounded.spread)
+            digest.add(top.piece.first, top.piece.ranges, top.counts)
 
         def on_partition(out: PartitionRelease) -> None:
             ses.add(out.piece)
             checks.partition(out)
             moved.add(out.piece, out.counts, getattr(out, "total_var", None))
+            digest.add(out.piece.first, out.piece.ranges, out.counts)
 
         res = stream_pl94(
             h, schema, source, plan, rng, on_top=on_top, on_partition=on_partition,
-            options=Pl94StreamOptions(partitions=partitions, workers=workers,
+            options=Pl94StreamOptions(partitions=parts, workers=workers, order=largest_first,
                                       cache_bytes=int(cache_mb * 2**20), privacy=claimed),
         )  # fmt: skip
         d = res.diagnostics
@@ -246,7 +275,7 @@ def run(
         stages = {
             "measure (apply queries + noise)": (measure_s, measure_c),
             "structured_gls": (d["seconds_gls"], d["cpu_seconds_gls"]),
-            "standard_errors": (ses.seconds, ses.cpu_seconds),
+            "standard_errors": (ses.clock["standard_errors"], ses.clock["cpu_standard_errors"]),
             "rounding": (d["seconds_rounding"], d["cpu_seconds_rounding"]),
         }
         t_data += m["seconds_generate"] + d["seconds_truth"]
@@ -265,6 +294,10 @@ def run(
         rounded = round_structured(rel, rng.child("rounding"), invariants=invs, spreads=False)
         t4, c4 = time.perf_counter(), time.process_time()
         checks.top(TopRelease(_whole(rel), RoundedLevels(rounded.counts, None), tuple(invs)))
+        digest.add(0, [(0, n) for n in h.sizes[: cut + 1]], rounded.counts[: cut + 1])
+        for p in parts:  # the streamed run's pieces, for the same digest
+            low = zip(rounded.counts[cut + 1 :], p.ranges[1:], strict=True)
+            digest.add(cut + 1, p.ranges[1:], [c[lo:hi] for c, (lo, hi) in low])
         privacy, diagnostics = rel.privacy, rel.diagnostics
         stages = {
             "measure (apply queries + noise)": (t1 - t0, c1 - c0),
@@ -278,6 +311,11 @@ def run(
         path = "in memory"
         del rel, rounded
     _log(t_start, "estimated, rounded and summarised")
+    t_run, c_run, m_run = (
+        time.perf_counter() - t0,
+        time.process_time() - c0,
+        time.thread_time() - m0,
+    )
     out = {
         "blocks": int(h.sizes[-1]),
         "nodes_per_level": dict(zip(h.names, h.sizes, strict=True)),
@@ -288,11 +326,14 @@ def run(
         "path": path,
         "seconds": sum(v[0] for v in stages.values()),
         "cpu_seconds": sum(v[1] for v in stages.values()),
+        "seconds_elapsed (stages and consumers, synthetic data included)": t_run,
+        "cpu_seconds_process (the same span)": c_run,
+        "cpu_seconds_calling_thread (the same span)": m_run,
         "seconds_per_stage": {k: v[0] for k, v in stages.items()},
         "cpu_seconds_per_stage": {k: v[1] for k, v in stages.items()},
         "structured_stream": {
             k: v for k, v in diagnostics.items()
-            if k.startswith(("seconds_", "partitions", "cache", "largest", "message"))
+            if k.startswith(("seconds_", "partitions", "cache", "largest", "message", "worker"))
         } if streaming else {},
         "seconds_synthetic_data (not counted)": t_data,
         "noise_draws": int(draws),
@@ -312,7 +353,8 @@ def run(
         "standard_errors": ses.result(h.names),
         "rounding": checks.result(persons),
         "rounding_of_node_totals": moved.result(h.names),
-        "seconds_rounding_checks (not counted)": checks.seconds,
+        "integer_digest": digest.result(),
+        "seconds_rounding_checks (not counted)": checks.clock["checks"],
     }  # fmt: skip
     k = h.level_index("county")
     sizes = [int(np.diff(h.descendant_range(k, c, h.depth - 1))[0]) for c in range(h.sizes[k])]
@@ -331,6 +373,26 @@ def run(
     out["wall_seconds"] = time.perf_counter() - t_start
     out["peak_rss_mb"] = _peak_mb()
     return out
+
+
+class IntegerDigest:
+    """SHA-256 of the released integer cell tensors (int64 bytes, C order) of each piece —
+    the levels down to the cut whole, each partition's levels below it — taken in node order
+    whatever order the pieces come in: the same for any order and number of workers (for
+    one partitioning), and for the in-memory path sliced alike, so any change of the
+    rounding's output shows. ``result()``: the first 16 hex digits."""
+
+    def __init__(self) -> None:
+        self.pieces: dict[tuple[int, int], str] = {}
+
+    def add(self, first: int, ranges, counts) -> None:
+        for j, ((lo, _), c) in enumerate(zip(ranges, counts, strict=True)):
+            data = np.ascontiguousarray(c, np.int64).data
+            self.pieces[(first + j, lo)] = hashlib.sha256(data).hexdigest()
+
+    def result(self) -> str:
+        joined = "".join(self.pieces[k] for k in sorted(self.pieces))
+        return hashlib.sha256(joined.encode()).hexdigest()[:16]
 
 
 class TotalMovement:
@@ -406,6 +468,7 @@ def main() -> None:
         "the output does not depend on it)",
     )
     args = ap.parse_args()
+    keep_freed_memory()  # the heap keeps what the partitions free: no page faults on reuse
     out = run(
         args.blocks,
         args.seed,

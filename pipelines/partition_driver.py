@@ -47,6 +47,8 @@ partitioning of the block-level work); Dean & Ghemawat, OSDI 2004 (map → reduc
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -236,6 +238,7 @@ class PartitionDriver:
         self.cached: dict[int, Any] = {}
         self.sent: dict[int, Any] = {}
         self.shared: list[Any] = []
+        self.thread_cpu: list[list[float]] = []
         self.used = self.largest = self.regenerated = 0
 
     # ------------------------------------------------------------------ where tasks run
@@ -300,8 +303,20 @@ class PartitionDriver:
             yield i, inflight.pop(i), value
 
     def _threaded(self, fn: Callable[[int], Any]) -> Iterator[tuple[int, Any]]:
-        """``fn(pos)`` over ``order`` in this process's threads, in order."""
-        return enumerate(ordered_ahead(fn, self.order, self.workers))
+        """``fn(pos)`` over ``order`` in this process's threads, in order; with a pool, each
+        pool thread's CPU seconds are appended to :attr:`thread_cpu` (the pass's balance)."""
+        if self.workers <= 1:
+            yield from enumerate(ordered_ahead(fn, self.order, 1))
+            return
+        busy: dict[int, float] = {}
+
+        def timed(pos: int) -> Any:
+            out = fn(pos)
+            busy[threading.get_ident()] = time.thread_time()  # a fresh pool's thread: its CPU
+            return out
+
+        yield from enumerate(ordered_ahead(timed, self.order, self.workers))
+        self.thread_cpu.append(sorted(busy.values(), reverse=True))
 
     # ------------------------------------------------------------------ the passes
     def upward(self, step: PartitionStep) -> list[Any]:
@@ -391,6 +406,7 @@ class PartitionDriver:
             "largest_cached_state_bytes": self.largest,
             "executor": self.name,
             "workers": self.workers if self.ex is None else self.ex.workers,
+            "worker_thread_cpu_seconds": self.thread_cpu,
             **{f"seconds_{k}": v for k, v in self.seconds.items() if not k.startswith(CPU_PREFIX)},
             **{
                 f"cpu_seconds_{k[len(CPU_PREFIX) :]}": v

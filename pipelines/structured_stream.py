@@ -218,6 +218,12 @@ class StreamOptions:
         bounds the data waiting on the scheduler and workers. Their results are taken as
         they complete (the pieces for ``on_partition`` in ``order``). Other executors than
         Dask and threads run one partition at a time.
+    hand_sunk : bool
+        With a ``sink``: ``on_partition`` receives each partition's sink value (in
+        ``order``, in this process) instead of its piece, and :attr:`StreamResult.sunk`
+        keeps none — for a sink whose value is large and consumed here, e.g. the partition
+        rounded on the thread that smoothed it (:func:`~censusdp.pipelines.products.
+        pl94_stream.stream_pl94`), so the callbacks here are all that runs one at a time.
     zeros : mapping of level → numpy.ndarray, optional
         Structural zeros, as for ``structured_gls`` (per level a bool ``(n_nodes, d_0, …)``
         over the schema's first axes, given whole: one bool per node and value of the axes
@@ -238,6 +244,7 @@ class StreamOptions:
     sink: PartitionSink | None = None
     sink_payload: Callable[[Partition], Any] | None = None
     ahead: int | None = None
+    hand_sunk: bool = False
     zeros: Mapping[str | int, np.ndarray] | None = None
 
 
@@ -590,7 +597,7 @@ def structured_stream(
         diagnostics["note"] = EUCLIDEAN_NOTE
     return StreamResult(
         step.result[0], floating_point_note(step.setup.statement), diagnostics,
-        tuple(step.sunk) if opts.sink is not None else (),
+        tuple(step.sunk) if opts.sink is not None and not opts.hand_sunk else (),
     )  # fmt: skip
 
 
@@ -782,18 +789,23 @@ class _StreamStep:
         context = self.ctx_h if self.remote else self.ctx
         item = [context, p, state, task_measure, forest, nodes, cut_blocks, top_est[cut][lo:hi],
                 payload]  # fmt: skip
-        return Task(_downward, item, (self.opts.sink, self.on_partition is not None))
+        keep_piece = self.on_partition is not None and not self.opts.hand_sunk
+        return Task(_downward, item, (self.opts.sink, keep_piece))
 
     def take(self, pos: int, out: tuple) -> None:
         """Partition ``pos``'s downward result: its seconds and residuals counted, the sink's
-        value kept, its piece handed to ``on_partition`` (then dropped)."""
-        piece, residuals, _, self.sunk[pos], seconds = out
+        value kept, its piece (or with ``hand_sunk`` the sink's value) handed to
+        ``on_partition`` (then dropped)."""
+        piece, residuals, _, value, seconds = out
         del out
         _add_seconds(self.seconds, seconds)
         self.residuals = _worst(self.residuals, residuals)
+        handed = value if self.opts.hand_sunk else piece
+        self.sunk[pos] = None if self.opts.hand_sunk else value
+        del piece, value
         if self.on_partition is not None:
             with stage(self.seconds, "callback"):
-                self.on_partition(piece)
+                self.on_partition(handed)
 
     def diagnostics(self, driver: PartitionDriver) -> dict:
         """The run's diagnostics (:attr:`StreamResult.diagnostics`), but its total seconds."""
@@ -818,7 +830,7 @@ class _StreamStep:
 #: The driver's counts in a streamed run's diagnostics (:meth:`PartitionDriver.stats`).
 _DRIVER_COUNTS = (
     "partitions", "partitions_cached", "partitions_regenerated", "cache_bytes_used",
-    "largest_cached_state_bytes", "executor", "workers",
+    "largest_cached_state_bytes", "executor", "workers", "worker_thread_cpu_seconds",
 )  # fmt: skip
 
 

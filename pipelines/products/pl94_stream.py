@@ -26,11 +26,12 @@ Four passes:
 3. **Top.** The levels down to the cut are solved from their measurements, the invariants and
    the partitions' messages, then rounded top-down (:func:`~censusdp.estimation.
    structured_rounding.round_structured_top`, the invariants ``==``) and handed to ``on_top``.
-4. **Downward, per partition.** Each partition is smoothed, rounded from its cut nodes' integers
-   (:func:`~censusdp.estimation.integer.controlled.round_structured_partition`: every cell
-   ⌊x⌋ or ⌈x⌉, children summing to their parent cell by cell) and handed to ``on_partition``
-   as a :class:`PartitionRelease` (the GLS piece with its covariance blocks, and the integer
-   cell tensors of its levels), then dropped.
+4. **Downward, per partition.** Each partition is smoothed and rounded from its cut nodes'
+   integers (:func:`~censusdp.estimation.integer.controlled.round_structured_partition`: every
+   cell ⌊x⌋ or ⌈x⌉, children summing to their parent cell by cell) on the worker that smoothed
+   it, then handed to ``on_partition`` as a :class:`PartitionRelease` (the GLS piece with its
+   covariance blocks, and the integer cell tensors of its levels) in order, in the calling
+   thread, and dropped.
 
 Memory is the largest partition's working set plus the levels above the cut and one small
 message per cut-level node: it does not grow with the number of leaves. The output is the
@@ -379,19 +380,17 @@ def _measure_partition(
     """One partition's noisy answers (:class:`PartitionMeasure`) over its ``forest`` (levels
     ``cut .. leaf``, local indices), and its counters."""
     D, n_cells, shape = len(names), schema.n_cells, tuple(schema.shape)
-    t0, c0 = time.perf_counter(), time.thread_time()
-    lo_leaf, hi_leaf = part.range(D - 1)
-    leaf, cell, count = _checked_entries(source(lo_leaf, hi_leaf), lo_leaf, hi_leaf, n_cells)
-    # the partition's nodes of every level from the cut down, as local indices of the leaves
-    node = leaf - lo_leaf
-    local = {D - 1: node}
-    for k in range(D - 1, part.cut, -1):
-        node = forest.parent(k - part.cut)[node]
-        local[k - 1] = node
-    t1 = time.perf_counter()
+    stats: dict = {"calls": 1, "draws": 0}
+    with stage(stats, "generate"):
+        lo_leaf, hi_leaf = part.range(D - 1)
+        leaf, cell, count = _checked_entries(source(lo_leaf, hi_leaf), lo_leaf, hi_leaf, n_cells)
+        # the partition's nodes of every level from the cut down, as local indices of leaves
+        node = leaf - lo_leaf
+        local = {D - 1: node}
+        for k in range(D - 1, part.cut, -1):
+            node = forest.parent(k - part.cut)[node]
+            local[k - 1] = node
     answers: dict[int, dict[str, np.ndarray]] = {}
-    draws = 0
-    t_apply = t_noise = 0.0
     for k in sorted({k for k, _, _ in low}):
         lo_k, hi_k = part.range(k)
         qs = [(q, law) for kk, q, law in low if kk == k]
@@ -400,23 +399,20 @@ def _measure_partition(
         vals = {q.name: np.empty((hi_k - lo_k, q.n_rows), np.int64) for q, _ in qs}
         cut_at = np.searchsorted(local[k], bounds)
         for a, b, ea, eb in zip(bounds[:-1], bounds[1:], cut_at[:-1], cut_at[1:], strict=True):
-            ta = time.perf_counter()
-            ent = (local[k][ea:eb] - a, cell[ea:eb], count[ea:eb], b - a, n_cells)
-            if k == D - 1:  # leaves are sparse: no dense histograms
-                ans = answers_from_entries([q for q, _ in qs], *ent)
-            else:
-                ans = apply_queries([q for q, _ in qs], _sums(*ent).reshape(b - a, *shape))
-            tb = time.perf_counter()
-            for q, law in qs:
-                truth = ans.pop(q.name)
-                vals[q.name][a:b] = measure_range(truth, names[k], sizes[k], lo_k + a, q, law, keys)
-                draws += truth.size
-            t_apply += tb - ta
-            t_noise += time.perf_counter() - tb
+            with stage(stats, "apply"):
+                ent = (local[k][ea:eb] - a, cell[ea:eb], count[ea:eb], b - a, n_cells)
+                if k == D - 1:  # leaves are sparse: no dense histograms
+                    ans = answers_from_entries([q for q, _ in qs], *ent)
+                else:
+                    ans = apply_queries([q for q, _ in qs], _sums(*ent).reshape(b - a, *shape))
+            with stage(stats, "noise"):
+                for q, law in qs:
+                    truth = ans.pop(q.name)
+                    at = lo_k + a
+                    vals[q.name][a:b] = measure_range(truth, names[k], sizes[k], at, q, law, keys)
+                    stats["draws"] += truth.size
         answers[k] = vals
     out = [answers[k][q.name] for k, q, _ in low]
-    stats = dict(calls=1, draws=draws, generate=t1 - t0, apply=t_apply, noise=t_noise,
-                 cpu=time.thread_time() - c0)  # fmt: skip
     return out, stats
 
 
@@ -433,8 +429,9 @@ class PartitionMeasure:
     On an executor each partition's tasks get :meth:`for_partition`: its forest, its leaves'
     source (``source.restrict``) and the sub-keys of its own noise chunks, never the key.
 
-    Counters (``stats``: draws, seconds generating, answering, drawing noise; calls) are
-    summed over threads (calls in this process only).
+    Counters (``stats``: draws, calls, wall seconds generating, answering and drawing noise,
+    their thread CPU seconds under ``cpu_``: :func:`~censusdp.timing.stage`) are summed
+    over threads (calls in this process only).
     """
 
     def __init__(
@@ -450,7 +447,10 @@ class PartitionMeasure:
             if hierarchy.level_index(lvl) >= cut
         ]
         self._lock = threading.Lock()
-        self.stats = dict(calls=0, draws=0, generate=0.0, apply=0.0, noise=0.0, cpu=0.0)
+        stages = ("generate", "apply", "noise")
+        self.stats = dict(calls=0, draws=0) | dict.fromkeys(
+            (*stages, *(CPU_PREFIX + k for k in stages)), 0.0
+        )
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -718,6 +718,12 @@ class _RoundingSink:
         return value, seconds
 
 
+def _the_release(release: PartitionRelease, payload: object) -> PartitionRelease:
+    """The sink of :func:`stream_pl94` without a caller's sink: the rounded release itself,
+    handed to ``on_partition`` in the calling process."""
+    return release
+
+
 def _tables_of(counts: Sequence[np.ndarray], cache: dict) -> list[np.ndarray]:
     if "tables" not in cache:
         from censusdp.pipelines.products.pl94_tables import tabulate
@@ -899,7 +905,9 @@ class Pl94StreamOptions:
         there (e.g. :meth:`~censusdp.pipelines.io.pl94_store.Pl94StoreWriter.piece_sink`, which
         writes the partition's store files and returns their checksums); its small,
         picklable return values are :attr:`Pl94StreamResult.sunk` in partition order.
-        Without it, pieces come back and are rounded here for ``on_partition``.
+        Without it, each partition is rounded where its piece was computed (a worker
+        thread, so the rounding runs on every worker) and its release comes back for
+        ``on_partition``.
     sink_payload : callable, optional
         ``sink_payload(partition)`` → the ``payload`` of ``sink`` (called here after
         ``on_top``).
@@ -972,8 +980,9 @@ def stream_pl94(
     on_top : callable, optional
         ``on_top(TopRelease)``: the levels down to the cut, once, before any partition.
     on_partition : callable, optional
-        ``on_partition(PartitionRelease)``: each partition's levels below the cut, rounded,
-        in ``order``, one at a time in the calling thread.
+        ``on_partition(PartitionRelease)``: each partition's levels below the cut, rounded
+        where its piece was computed, handed over in ``order``, one at a time in the calling
+        thread.
     options : Pl94StreamOptions, optional
         The invariants, the cut and partitions, the workers or executor, the cache, the
         order, a claimed statement, the sink and the rounding replicates
@@ -1068,8 +1077,8 @@ def _replicate_rows(schema: Schema, rows: object, replicates: bool) -> object:
 class _Pl94Run:
     """One :func:`stream_pl94` run between its steps: the checked inputs, the rounded top
     (once solved) and the seconds per stage (:data:`_PL94_STAGES`; CPU under ``cpu_``:
-    of the process for pass 1, of the calling thread for the rounding and the callbacks,
-    which run there)."""
+    of the process for pass 1, of the threads or tasks that ran them for the rounding, of
+    the calling thread for the callbacks)."""
 
     h: Hierarchy
     schema: Schema
@@ -1101,7 +1110,9 @@ class _Pl94Run:
         rep_keys = replicate_keys(rng, opts.rounding_replicates)  # SpecError naming a bad count
         rows = _replicate_rows(schema, opts.replicate_rows, bool(rep_keys))
         if opts.sink is not None and on_partition is not None:
-            raise SpecError("stream_pl94: give on_partition (rounded here) or a sink, not both")
+            raise SpecError(
+                "stream_pl94: give on_partition (releases handed here) or a sink, not both"
+            )
         if opts.sink_payload is not None and opts.sink is None:
             raise SpecError("stream_pl94: sink_payload without a sink")
         for lvl, _, _ in plan:
@@ -1151,18 +1162,19 @@ class _Pl94Run:
         return persons, invs, meas, top_draws
 
     def stream(self, meas: list[ProductMeasurement], invs: list[ProductInvariant]) -> StreamResult:
-        """Passes 2–4: the structured stream, rounding in its callbacks (here) or its sink
-        (where each piece is computed)."""
+        """Passes 2–4: the structured stream, each partition rounded where its piece is
+        computed (a worker thread or task), then handed to the caller's sink there or, as
+        a release, to ``on_partition`` here, in order."""
         opts, sink = self.opts, self.opts.sink
         self.invariants = invs
         return structured_stream(
             self.h, self.schema, meas, self.measure, self.parts, invs,
-            None if sink else self.round_partition,
+            None if sink else self.take_release,
             StreamOptions(
                 on_top=self.round_top, privacy=opts.privacy, cache_bytes=opts.cache_bytes,
                 order=opts.order, workers=opts.workers, executor=opts.executor,
-                sink=None if sink is None else _RoundingSink(sink, self.schema),
-                sink_payload=None if sink is None else self.payload,
+                sink=_RoundingSink(sink or _the_release, self.schema), sink_payload=self.payload,
+                hand_sunk=sink is None,
             ),
         )  # fmt: skip
 
@@ -1201,14 +1213,21 @@ class _Pl94Run:
             restrict=restrict, replicates=self.replicates, rows=self.rows,
         )  # fmt: skip
 
-    def round_partition(self, piece: StructuredPiece) -> None:
-        """A partition's piece rounded here, handed to ``on_partition``."""
-        part = self.parts[piece.partition]
-        with stage(self.seconds, "rounding"):
-            release = self.rounding_input(part, restrict=False).release(part, piece, self.schema)
+    def take_release(self, sunk: tuple[PartitionRelease, dict]) -> None:
+        """A partition's release, rounded where its piece was computed, handed to
+        ``on_partition`` here."""
+        release, seconds = sunk
+        self.add_task_seconds(seconds)
         if self.on_partition is not None:
             with stage(self.seconds, "callbacks"):
                 self.on_partition(release)
+
+    def add_task_seconds(self, seconds: dict[str, float]) -> None:
+        """The rounding and sink seconds a partition's task measured, added to ``rounding``
+        and ``callbacks``."""
+        for theirs, ours in (("rounding", "rounding"), ("sink", "callbacks")):
+            self.seconds[ours] += seconds[theirs]
+            self.seconds[CPU_PREFIX + ours] += seconds[CPU_PREFIX + theirs]
 
     def payload(self, part: Partition) -> tuple:
         """The sink's payload of partition ``part``: its rounding input (its own sub-keys
@@ -1224,9 +1243,7 @@ class _Pl94Run:
         if self.opts.sink is None:
             return []
         for _, seconds in sunk:
-            for theirs, ours in (("rounding", "rounding"), ("sink", "callbacks")):
-                self.seconds[ours] += seconds[theirs]
-                self.seconds[CPU_PREFIX + ours] += seconds[CPU_PREFIX + theirs]
+            self.add_task_seconds(seconds)
         return [value for value, _ in sunk]
 
     def noisy_counts(self) -> int:
@@ -1288,7 +1305,7 @@ class ReleaseChecks:
             self._identities = sp.csr_matrix(book.identities().T.astype(np.int64))
             self._total_column = book.columns.index("P1_001N")
             self.tables_exact = True
-        self.seconds = 0.0
+        self.clock: dict[str, float] = {"checks": 0.0}  # wall seconds, wherever they ran
 
     def _floor_ceil(self, counts: Sequence[np.ndarray], estimates: Sequence[np.ndarray]) -> None:
         for c, x in zip(counts, estimates, strict=True):
@@ -1314,19 +1331,18 @@ class ReleaseChecks:
             self.tables_exact &= bool(ok)
 
     def top(self, top: TopRelease) -> None:
-        t0 = time.perf_counter()
-        counts = top.rounded.counts
-        self._floor_ceil(counts, top.piece.estimates)
-        for k, c in enumerate(counts):
-            self.totals[k] += int(c.sum())
-        for k in range(1, len(counts)):
-            self._sum_to(counts[k - 1], counts[k], self.h.levels[k - 1].child_count)
-        self.invariants_exact = all(
-            np.array_equal(inv.query.apply(counts[self.h.level_index(inv.level)]), inv.values)
-            for inv in top.invariants
-        )
-        self._tables(counts, top.tables if self._identities is not None else [])
-        self.seconds += time.perf_counter() - t0
+        with stage(self.clock, "checks"):
+            counts = top.rounded.counts
+            self._floor_ceil(counts, top.piece.estimates)
+            for k, c in enumerate(counts):
+                self.totals[k] += int(c.sum())
+            for k in range(1, len(counts)):
+                self._sum_to(counts[k - 1], counts[k], self.h.levels[k - 1].child_count)
+            self.invariants_exact = all(
+                np.array_equal(inv.query.apply(counts[self.h.level_index(inv.level)]), inv.values)
+                for inv in top.invariants
+            )
+            self._tables(counts, top.tables if self._identities is not None else [])
 
     def partition(self, out: PartitionRelease) -> None:
         self.add(self.for_partition()(out))
@@ -1343,7 +1359,7 @@ class ReleaseChecks:
         self.consistent &= checked["consistent"]
         if self.tables_exact is not None:
             self.tables_exact &= checked["tables_exact"]
-        self.seconds += checked["seconds"]
+        self.clock["checks"] += checked["seconds"]
 
     def result(self, persons: int) -> dict:
         """The checks as JSON-able values (``persons``: the histogram's total)."""
@@ -1373,23 +1389,24 @@ class PartitionChecks(ReleaseChecks):
         return copy.copy(self)._check(out)
 
     def _check(self, out: PartitionRelease) -> dict:
-        t0 = time.perf_counter()
-        self.totals = np.zeros(self.depth, np.int64)
-        self.floor_ceil = self.consistent = True
-        self.tables_exact = None if self._identities is None else True
-        self._floor_ceil(out.counts, out.piece.estimates)
-        levels = [out.cut_counts, *out.counts]
-        for j in range(1, len(levels)):
-            self._sum_to(levels[j - 1], levels[j], out.forest.child_count[j - 1])
-        for j, c in enumerate(out.counts, start=out.partition.cut + 1):
-            self.totals[j] += int(c.sum())
-        self._tables(out.counts, out.tables if self._identities is not None else [])
+        self.clock = {}
+        with stage(self.clock, "checks"):
+            self.totals = np.zeros(self.depth, np.int64)
+            self.floor_ceil = self.consistent = True
+            self.tables_exact = None if self._identities is None else True
+            self._floor_ceil(out.counts, out.piece.estimates)
+            levels = [out.cut_counts, *out.counts]
+            for j in range(1, len(levels)):
+                self._sum_to(levels[j - 1], levels[j], out.forest.child_count[j - 1])
+            for j, c in enumerate(out.counts, start=out.partition.cut + 1):
+                self.totals[j] += int(c.sum())
+            self._tables(out.counts, out.tables if self._identities is not None else [])
         return {
             "totals": self.totals.tolist(),
             "floor_ceil": self.floor_ceil,
             "consistent": self.consistent,
             "tables_exact": self.tables_exact,
-            "seconds": time.perf_counter() - t0,
+            "seconds": self.clock["checks"],
         }
 
 
@@ -1410,7 +1427,7 @@ class StandardErrorSummary:
         self.queries = [ProductQuery.parse(schema, t) for t in tables]
         self.acc: dict = {}
         self.replicates: set[int] = set()
-        self.seconds = self.cpu_seconds = 0.0
+        self.clock: dict[str, float] = {}  # wall and thread CPU seconds in add (stage)
 
     @property
     def rows(self) -> QueryRows:
@@ -1426,28 +1443,26 @@ class StandardErrorSummary:
     ) -> None:
         """Accumulate ``piece``'s levels; ``replicate_errors`` per level ``(R, n, rows)``
         (of :attr:`rows`) adds the replicate rounding variance."""
-        t0, c0 = time.perf_counter(), time.thread_time()
-        for j, lvl in enumerate(piece.names):
-            var = None
-            if replicate_errors is not None:
-                z = replicate_errors[j]
-                var = replicate_variance(z)
-                self.replicates.add(int(z.shape[0]))
-            at = 0
-            for q in self.queries:
-                se = piece.query_standard_errors(lvl, q)
-                if var is not None:
-                    se = np.sqrt(se**2 + var[:, at : at + q.n_rows])
-                at += q.n_rows
-                ok = ~np.isnan(se)
-                a = self.acc.setdefault((lvl, q.name), [0.0, 0, -np.inf])
-                a[0] += float(se[ok].sum())
-                a[1] += int(ok.sum())
-                a[2] = max(a[2], float(se[ok].max(initial=-np.inf)))
-        if replicate_errors is None:
-            self.replicates.add(0)
-        self.seconds += time.perf_counter() - t0
-        self.cpu_seconds += time.thread_time() - c0
+        with stage(self.clock, "standard_errors"):
+            for j, lvl in enumerate(piece.names):
+                var = None
+                if replicate_errors is not None:
+                    z = replicate_errors[j]
+                    var = replicate_variance(z)
+                    self.replicates.add(int(z.shape[0]))
+                at = 0
+                for q in self.queries:
+                    se = piece.query_standard_errors(lvl, q)
+                    if var is not None:
+                        se = np.sqrt(se**2 + var[:, at : at + q.n_rows])
+                    at += q.n_rows
+                    ok = ~np.isnan(se)
+                    a = self.acc.setdefault((lvl, q.name), [0.0, 0, -np.inf])
+                    a[0] += float(se[ok].sum())
+                    a[1] += int(ok.sum())
+                    a[2] = max(a[2], float(se[ok].max(initial=-np.inf)))
+            if replicate_errors is None:
+                self.replicates.add(0)
 
     def result(self, names: Sequence[str]) -> dict:
         reps = sorted(self.replicates)
@@ -1554,14 +1569,14 @@ def slice_check(
                     np.asarray(m.values, np.int64), m.law)
         for m in smeas
     ]  # fmt: skip
-    t0 = time.perf_counter()
-    rel = tree_gls(sub, schema.cells, meas, [])  # its statement derived from the measurements
-    t1 = time.perf_counter()
+    with stage(clock, "dense_tree_gls"):
+        rel = tree_gls(sub, schema.cells, meas, [])  # its statement derived from the measurements
     svar = [srel.query_variances(j, "detailed") for j in range(sub.depth)]
     scale = max(float(np.abs(e).max()) for e in rel.estimates)
     out.update({
-        "seconds_dense_tree_gls": t1 - t0,
-        "ratio_dense_over_structured": (t1 - t0) / max(out["seconds_structured_gls"], 1e-12),
+        "seconds_dense_tree_gls": clock["dense_tree_gls"],
+        "ratio_dense_over_structured": clock["dense_tree_gls"]
+        / max(out["seconds_structured_gls"], 1e-12),
         "dense_gls_path": rel.diagnostics.get("path"),
         "max_estimate_difference_relative": max(
             float(np.abs(a - b.reshape(a.shape)).max())
