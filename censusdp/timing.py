@@ -18,6 +18,7 @@ a thread pool).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,9 @@ __all__ = ["CPU_PREFIX", "stage"]
 
 #: The key of a stage's CPU seconds is its name with this prefix.
 CPU_PREFIX = "cpu_"
+
+#: Serialises the read-add-write of the seconds, which threads of one run share.
+_ADD = threading.Lock()
 
 
 @contextmanager
@@ -40,7 +44,7 @@ def stage(
         Receives ``seconds[name]`` (wall, :func:`time.perf_counter`) and
         ``seconds["cpu_" + name]`` (``cpu``), each added to what is there (0 when absent).
         Written also when the body raises, so a failed run's diagnostics still show where
-        the time went.
+        the time went. Threads may share one dict: the additions are serialised.
     name : str
         The stage.
     cpu : callable
@@ -51,6 +55,8 @@ def stage(
     try:
         yield
     finally:
+        elapsed, used = time.perf_counter() - wall, cpu() - cpu0
         cpu_key = CPU_PREFIX + name
-        seconds[name] = seconds.get(name, 0.0) + (time.perf_counter() - wall)
-        seconds[cpu_key] = seconds.get(cpu_key, 0.0) + (cpu() - cpu0)
+        with _ADD:
+            seconds[name] = seconds.get(name, 0.0) + elapsed
+            seconds[cpu_key] = seconds.get(cpu_key, 0.0) + used

@@ -54,3 +54,39 @@ def test_stage_records_when_the_body_raises():
         time.sleep(0.01)
         raise ValueError("boom")
     assert seconds["fail"] >= 0.01 and "cpu_fail" in seconds
+
+
+class _SlowReads(dict):
+    """A dict whose reads give other threads the interpreter, so an unserialised
+    read-add-write of the same key loses additions."""
+
+    def get(self, key, default=None):
+        value = super().get(key, default)
+        time.sleep(0.0005)
+        return value
+
+
+def test_stage_adds_every_threads_seconds_to_a_shared_dict():
+    """Each stage adds exactly 1 CPU second (a clock that reads 0 then 1); eight threads
+    sharing one dict must leave all 200 additions in it."""
+    counted = _SlowReads()
+    n_threads, n_stages = 8, 25
+
+    def count() -> None:
+        clock = _one_per_call()
+        for _ in range(n_stages):
+            with stage(counted, "n", cpu=clock):
+                pass
+
+    threads = [threading.Thread(target=count) for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counted["cpu_n"] == n_threads * n_stages
+
+
+def _one_per_call():
+    """A CPU clock that reads 0, 1, 0, 1, ...: one second per stage."""
+    calls = iter(range(10**6))
+    return lambda: float(next(calls) % 2)
