@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["CPU_PREFIX", "stage"]
+__all__ = ["CPU_PREFIX", "stage", "thread_cpu_seconds"]
 
 #: The key of a stage's CPU seconds is its name with this prefix.
 CPU_PREFIX = "cpu_"
@@ -60,3 +60,10 @@ def stage(
         with _ADD:
             seconds[name] = seconds.get(name, 0.0) + elapsed
             seconds[cpu_key] = seconds.get(cpu_key, 0.0) + used
+
+
+def thread_cpu_seconds() -> float:
+    """The CPU seconds the calling thread has used since it started (a pool thread's
+    whole work, read when it finishes a task: :class:`~censusdp.pipelines.partition_driver.PartitionDriver`'s
+    balance of a pass over its threads)."""
+    return time.thread_time()

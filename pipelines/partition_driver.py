@@ -48,7 +48,6 @@ partitioning of the block-level work); Dean & Ghemawat, OSDI 2004 (map → reduc
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -56,7 +55,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from censusdp.errors import SpecError
 from censusdp.pipelines.execute import DaskExecutor, Executor, ThreadExecutor, ordered_ahead
 from censusdp.registry import Registry
-from censusdp.timing import CPU_PREFIX, stage
+from censusdp.timing import CPU_PREFIX, stage, thread_cpu_seconds
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -312,7 +311,7 @@ class PartitionDriver:
 
         def timed(pos: int) -> Any:
             out = fn(pos)
-            busy[threading.get_ident()] = time.thread_time()  # a fresh pool's thread: its CPU
+            busy[threading.get_ident()] = thread_cpu_seconds()  # a fresh pool's thread
             return out
 
         yield from enumerate(ordered_ahead(timed, self.order, self.workers))

@@ -27,13 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ("censusdp", "hierarchy", "mechanisms", "estimation", "pipelines", "experiments", "app")
 #: The one place that reads the clocks, and the files other work still moves onto it (remove
 #: an entry when its file no longer reads a clock; never add one).
-CLOCK_READERS = {
-    "censusdp/timing.py",
-    "pipelines/products/pl94_stream.py",
-    "pipelines/structured_stream.py",
-    "estimation/integer/controlled.py",
-    "estimation/integer/dependent.py",
-}
+CLOCK_READERS = {"censusdp/timing.py"}
 CLOCK_CALL = re.compile(r"\b(perf_counter|process_time|thread_time|monotonic)\(\)|time\.time\(\)")
 
 
