@@ -124,7 +124,12 @@ import pandas as pd
 
 from censusdp.atomic import output_dir
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.gls.areas import AreaEstimates, area_partition, area_release
+from censusdp.estimation.gls.areas import (
+    AreaEstimates,
+    area_partition,
+    area_query_covariance,
+    area_release,
+)
 from censusdp.estimation.gls.kernel import UpwardBelief
 from censusdp.estimation.gls.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.gls.structured import (
@@ -358,6 +363,9 @@ class NMFStateRelease:
         Equivalency → :class:`~censusdp.estimation.gls.areas.AreaEstimates` where the state's
         own GLS does not give its area covariances (the national pass); None: from
         ``release``.
+    cross_of : callable, optional
+        (Equivalency, query) → covariance matrices between disjoint areas (the national
+        pass, :data:`CrossFn`); None: from ``release``.
     """
 
     state: str
@@ -369,6 +377,7 @@ class NMFStateRelease:
     equivalencies: dict[str, Equivalency]
     seconds: dict
     areas_of: AreaFn | None = None
+    cross_of: CrossFn | None = None
 
     def area_release(self, eq: Equivalency) -> AreaEstimates:
         """Sums of the state's blocks (``eq`` read against its spine) with their exact
@@ -377,6 +386,16 @@ class NMFStateRelease:
         if self.areas_of is not None:
             return self.areas_of(eq)
         return area_release(self.release, eq)
+
+    def area_cross(self, eq: Equivalency, query: ProductQuery) -> np.ndarray:
+        """``(n_areas, n_areas, n_rows)``: the covariance matrices between ``eq``'s disjoint
+        areas of every row of ``query``
+        (:func:`~censusdp.estimation.gls.areas.area_query_covariance` of the state's own GLS,
+        or ``cross_of`` under the national pass)."""
+        if self.cross_of is not None:
+            return self.cross_of(eq, query)
+        assert self.release.setup is not None
+        return area_query_covariance(self.release.setup, eq, query)
 
     @property
     def hierarchy(self) -> Hierarchy:
@@ -388,90 +407,27 @@ class NMFStateRelease:
         return self.measurements.spine.tabulation_geoids
 
 
-def _pairs(eq: Equivalency) -> Equivalency:
-    """One area per pair ``α < β`` of ``eq``'s (disjoint) areas: their union, for the
-    covariances. Its incidence has ``(n_areas − 1)`` × (assigned leaves) entries."""
-    n = eq.n_areas
-    a, b = np.triu_indices(n, 1)
-    order = np.argsort(eq.area, kind="stable")
-    leaf = eq.leaf[order]  # grouped by area
-    start = np.searchsorted(eq.area[order], np.arange(n + 1))
-    sizes = np.diff(start)
-
-    def members(side: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(leaf, pair) of every leaf of area ``side[p]`` for every pair ``p``, vectorised."""
-        k = sizes[side]
-        pair = np.repeat(np.arange(side.size), k)
-        within = np.arange(pair.size) - np.repeat(np.cumsum(k) - k, k)
-        return leaf[np.repeat(start[side], k) + within], pair
-
-    leaf_a, pair_a = members(a)
-    leaf_b, pair_b = members(b)
-    codes = np.strings.add(np.strings.add(a.astype(str), "|"), b.astype(str))
-    return Equivalency(
-        name=f"{eq.name} pairs",
-        codes=as_codes(codes),
-        leaf=np.concatenate([leaf_a, leaf_b]),
-        area=np.concatenate([pair_a, pair_b]),
-        n_leaves=eq.n_leaves,
-        source=eq.source,
-    )
-
-
-#: Leaf entries of pair unions swept at a time (the sweep holds a block matrix per entry:
-#: 16 × 16 per block with structural zeros, 2 KB; 52 districts of a large state's 1/64
-#: benchmark made 3.4 million entries, 6.5 GB at once).
-_PAIR_ENTRIES = 1 << 17
-
-
 #: A state's sums of blocks with their exact covariance: ``area_release(release, eq)`` for a
 #: state estimated alone, :func:`national_areas` under the national pass.
 AreaFn = Callable[[Equivalency], AreaEstimates]
+#: A state's covariance matrices between disjoint areas, row by row of a query
+#: (:func:`~censusdp.estimation.gls.areas.area_query_covariance`), ``(n_areas, n_areas, n_rows)``.
+CrossFn = Callable[[Equivalency, ProductQuery], np.ndarray]
 
 
-def _union_variances(release: StructuredRelease | AreaFn, pairs: Equivalency) -> np.ndarray:
-    """``Var`` of the total of every union area of ``pairs``, swept in chunks of whole
-    unions of at most :data:`_PAIR_ENTRIES` leaf entries each (each union's variance is its
-    own sweep's: the chunking changes memory, not the values)."""
-    n = pairs.n_areas
-    sizes = np.bincount(pairs.area, minlength=n)
-    ends = np.cumsum(sizes)
-    out = np.empty(n)
-    lo = 0
-    while lo < n:
-        base = ends[lo - 1] if lo else 0
-        hi = max(lo + 1, int(np.searchsorted(ends, base + _PAIR_ENTRIES, side="right")))
-        hi = min(hi, n)
-        sel = (pairs.area >= lo) & (pairs.area < hi)
-        part = Equivalency(pairs.name, pairs.codes[lo:hi], pairs.leaf[sel],
-                           pairs.area[sel] - lo, pairs.n_leaves, pairs.source)  # fmt: skip
-        rel = release(part) if callable(release) else area_release(release, part)
-        out[lo:hi] = rel.query_variances(rel.name, "total")[:, 0]
-        lo = hi
-    return out
+def area_total_covariance(state: NMFStateRelease, eq: Equivalency) -> np.ndarray:
+    """``(n_areas, n_areas)`` error covariance of the (disjoint) areas' total populations.
 
-
-def area_total_covariance(
-    release: StructuredRelease | AreaFn, eq: Equivalency, areas: AreaEstimates
-) -> np.ndarray:
-    """``(n_areas, n_areas)`` error covariance of the areas' total populations.
-
-    ``Cov(α, β) = (Var(α ∪ β) − Var α − Var β) / 2`` for disjoint areas, each variance exact
-    (:func:`~censusdp.estimation.gls.areas.area_release` of the unions as areas of their own: the
-    area sweep gives one area's variance, not a pair's covariance). ``areas`` is
-    ``area_release(release, eq)``; ``release`` may also be the function giving a state's
-    areas (:attr:`NMFStateRelease.area_release`, e.g. under the national pass). Cost: the sweep over ``(n_areas − 1)`` × (assigned
-    blocks) leaf entries — fine for districts, heavy for hundreds of areas.
+    One sweep of the blocks' gains' total rows up the state's tree, every two areas' terms
+    taken at the nodes whose subtrees meet both
+    (:func:`~censusdp.estimation.gls.areas.area_query_covariance`; under the national pass
+    from the state node's covariance smoothed from the root, ``state.cross_of``): exact,
+    and what the unions ``Var(α ∪ β)`` of every two areas gave, without their
+    ``n_areas − 1`` sweeps of the blocks.
     """
-    var = areas.query_variances(eq.name, "total")[:, 0]
-    cov = np.diag(var).astype(np.float64)
-    if eq.n_areas > 1:
-        union = _union_variances(release, _pairs(eq))
-        a, b = np.triu_indices(eq.n_areas, 1)
-        c = 0.5 * (union - var[a] - var[b])
-        cov[a, b] = c
-        cov[b, a] = c
-    return cov
+    q = state.release.resolve_query("total")
+    cov = state.area_cross(eq, q)[:, :, 0]
+    return 0.5 * (cov + cov.T)
 
 
 def _block_equivalency(
@@ -919,11 +875,14 @@ def national_state(top: NationalTop, state: StateUpward) -> NMFStateRelease:
     def areas_of(eq: Equivalency) -> AreaEstimates:
         return national_areas(setup, P_state, rel, eq)
 
+    def cross_of(eq: Equivalency, query: ProductQuery) -> np.ndarray:
+        return area_query_covariance(setup, eq, query, first=1, top=P_state)
+
     with stage(clock, "tabulation"):
         tab, eqs = _tabulation(m, areas_of)
     secs = {"gls": clock["gls"], "tabulation": clock["tabulation"], "areas": 0.0}
     return NMFStateRelease(str(h["state"].codes[0]), m, rel, tab, None, None, eqs, secs,
-                           areas_of)  # fmt: skip
+                           areas_of, cross_of)  # fmt: skip
 
 
 def national_areas(
@@ -1001,10 +960,10 @@ def add_areas(
             skip_blank_areas=skip_blank_areas,
         )  # fmt: skip
         user = state.area_release(eq)
-        cov = area_total_covariance(state.area_release, eq, user)
+        cov = area_total_covariance(state, eq)
     secs = {**state.seconds, "areas": clock["areas"]}
-    return NMFStateRelease(state.state, state.measurements, rel, state.tabulation, user, cov,
-                           {**state.equivalencies, name: eq}, secs, state.areas_of)  # fmt: skip
+    return dataclasses.replace(state, areas=user, area_covariance=cov,
+                               equivalencies={**state.equivalencies, name: eq}, seconds=secs)  # fmt: skip
 
 
 def release_statement(
