@@ -74,6 +74,7 @@ from functools import reduce
 from typing import Any
 
 import numpy as np
+from scipy import sparse
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
@@ -123,12 +124,16 @@ __all__ = [
 
 
 def _scatter_sum(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """``out[i] = Σ_{index[p] = i} values[p]`` for matrices ``(p, a, b)``: one ``bincount``
-    per matrix entry (a loop over at most ``4K²`` entries, never over nodes)."""
+    """``out[i] = Σ_{index[p] = i} values[p]`` for matrices ``(p, a, b)``: one sparse
+    product of the ``(n, p)`` incidence with the flattened matrices. Each output entry is
+    summed in increasing ``p`` from 0 (scipy's CSR kernel, columns sorted within rows), as
+    ``bincount`` sums its weights: the same floats, without a ``bincount`` per entry."""
     flat = values.reshape(values.shape[0], int(np.prod(values.shape[1:])))  # 0 rows too
-    out = np.empty((n, flat.shape[1]))
-    for e in range(flat.shape[1]):
-        out[:, e] = np.bincount(index, weights=flat[:, e], minlength=n)
+    p = flat.shape[0]
+    inc = sparse.csr_array((np.ones(p), (np.asarray(index, np.int64), np.arange(p))),
+                           shape=(n, p))  # fmt: skip
+    inc.has_sorted_indices = True  # (row, p) built in increasing p within every row
+    out = np.asarray(inc @ flat) if p else np.zeros((n, flat.shape[1]))
     return out.reshape((n, *values.shape[1:]))
 
 

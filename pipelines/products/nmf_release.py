@@ -129,6 +129,7 @@ from censusdp.estimation.gls.areas import (
     area_partition,
     area_query_covariance,
     area_release,
+    query_block_rows,
 )
 from censusdp.estimation.gls.kernel import UpwardBelief
 from censusdp.estimation.gls.marginal_basis import BlockDiagonal, MarginalBasis
@@ -267,26 +268,82 @@ def pl94_columns(estimates: object, level: str | int) -> tuple[np.ndarray, np.nd
     real-valued estimates and their exact standard errors, ``(n_nodes, 298)`` each.
 
     ``estimates`` is a :class:`~censusdp.estimation.gls.structured.StructuredRelease` or an
-    :class:`~censusdp.estimation.gls.areas.AreaEstimates` (anything with ``query_estimates`` and
-    ``query_standard_errors``); a column is the row of one product query, so its SE is the
-    quadratic form of that row with the node's covariance blocks (docs/design.md § The structured algebra).
+    :class:`~censusdp.estimation.gls.areas.AreaEstimates`; a column is the row of one product
+    query, so its SE is the quadratic form of that row with the node's covariance blocks
+    (docs/design.md § The structured algebra), here of the 298 rows at once
+    (:func:`column_variances`).
     """
     est = pl94_column_values(lambda q: estimates.query_estimates(level, q))  # type: ignore[attr-defined]
-    se = pl94_column_values(lambda q: estimates.query_standard_errors(level, q))  # type: ignore[attr-defined]
-    return est, se
+    return est, np.sqrt(column_variances(estimates, level))  # type: ignore[arg-type]
+
+
+#: :func:`_column_rows`' memo: id(basis) → (basis, rows, squared norms); a few bases.
+_COLUMN_ROWS: dict[int, tuple[MarginalBasis, dict[int, np.ndarray], np.ndarray]] = {}
+#: Nodes of one product in :func:`column_variances` (``(nodes, n_S, 298)`` floats).
+_COLUMN_CHUNK = 2048
+
+
+def _column_rows(basis: MarginalBasis) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """Per block, ``(298, n_S)``: every P1–P5 column as a functional of the block
+    (:func:`~censusdp.estimation.gls.areas.query_block_rows` of its query, its row), and
+    every column's squared norm ``‖q‖²`` (its variance under the identity)."""
+    hit = _COLUMN_ROWS.get(id(basis))
+    if hit is not None and hit[0] is basis:
+        return hit[1], hit[2]
+    rows = pl94_codebook().rows
+    out: dict[int, np.ndarray] = {}
+    for qi, q in enumerate(rows.queries):
+        sel = np.flatnonzero(rows.query_of_row == qi)
+        for mask, r in query_block_rows(basis, q).items():
+            block = out.setdefault(mask, np.zeros((rows.query_of_row.size, r.shape[1])))
+            block[sel] = r[rows.row_of_row[sel]]
+    norm2 = sum((r**2).sum(axis=1) for r in out.values())
+    if len(_COLUMN_ROWS) >= 4:
+        _COLUMN_ROWS.clear()
+    _COLUMN_ROWS[id(basis)] = (basis, out, norm2)
+    return out, norm2
+
+
+def column_variances(estimates: StructuredRelease | AreaEstimates, level: str | int) -> np.ndarray:
+    """Every P1–P5 column's error variance at every node of ``level``, ``(n_nodes, 298)``:
+    the 298 columns' rows (:func:`_column_rows`) with each block of the nodes' covariance,
+    in chunks of nodes — the values of ``query_variances`` column by column (to summation
+    order, ~1e-15 relative), with their rules: a release level's variances at or below
+    ``1e-12 · ‖q‖² · s_k`` (``s_k`` the level's largest block diagonal entry) are the
+    smoother's residue, reported 0; an area's negatives are 0; NaN for unidentified rows."""
+    k = estimates.level_index(level)
+    assert estimates.covariances is not None
+    cov = estimates.covariances[k]
+    rows, norm2 = _column_rows(estimates.basis)
+    n = estimates.level(level).shape[0]
+    var = np.zeros((n, norm2.size))
+    for mask, R in rows.items():
+        B = cov.blocks[mask]
+        for lo in range(0, B.shape[0], _COLUMN_CHUNK):  # (1, n_S, n_S): shared by every node
+            T = np.einsum("njc,cj->nc", B[lo : lo + _COLUMN_CHUNK] @ R.T, R)
+            var[lo : lo + T.shape[0]] += T if B.shape[0] == n else T[:1]
+    if isinstance(estimates, AreaEstimates):
+        var = np.maximum(var, 0.0)
+    else:
+        diag = [np.diagonal(b, axis1=-2, axis2=-1) for b in cov.blocks.values()]
+        scale = max((float(d.max()) for d in diag if d.size), default=0.0)
+        var = np.where(var > 1e-12 * scale * norm2, var, 0.0)
+    book = pl94_codebook().rows
+    ident = np.concatenate([estimates.identified_rows(q) for q in book.queries])
+    offsets = np.cumsum([0] + [q.n_rows for q in book.queries])[:-1]
+    return np.where(ident[offsets[book.query_of_row] + book.row_of_row][None, :], var, np.nan)
 
 
 def _frame(codes: Mapping[str, np.ndarray], est: np.ndarray, se: np.ndarray) -> pd.DataFrame:
     """Codes, then per column the real-valued estimate (float64, as computed), its SE (six
     significant digits) and its 90% MOE ``1.645 · SE`` (:func:`~censusdp.pipelines.io.outputs.real_moe`:
     the estimates are not integers, so the ACS's normal interval applies)."""
-    cols: dict[str, np.ndarray] = {k: np.asarray(v, dtype=object) for k, v in codes.items()}
-    moe, se = real_moe(se), significant(se)
-    for j, name in enumerate(pl94_codebook().columns):
-        cols[name] = est[:, j]
-        cols[f"{name}_se"] = se[:, j]
-        cols[f"{name}_moe"] = moe[:, j]
-    return pd.DataFrame(cols)
+    names = pl94_codebook().columns
+    values = np.empty((est.shape[0], 3 * len(names)))  # one float block, not 894 columns
+    values[:, 0::3], values[:, 1::3], values[:, 2::3] = est, significant(se), real_moe(se)
+    heads = [f"{c}{s}" for c in names for s in ("", "_se", "_moe")]
+    code = pd.DataFrame({k: np.asarray(v, dtype=object) for k, v in codes.items()})
+    return pd.concat([code, pd.DataFrame(values, columns=heads)], axis=1)
 
 
 #: A tabulation GEOID's ancestors: level → length of its prefix (a block GEOID's block
