@@ -66,8 +66,10 @@ independent: they are correlated through the US level, so the nation's figures (
 states) get their own exact SE from the root (``pl94_nation.csv``), not the root-sum-square
 of the states' SEs, and a state's areas carry the state node's covariance smoothed from the
 root (:func:`national_areas`). Without it (one state, a subset, no US level) errors of
-different states are independent. The covariance between two areas is
-``(Var(α ∪ β) − Var α − Var β) / 2`` with ``α ∪ β`` released as one more area.
+different states are independent. The covariance between two disjoint areas is the
+same sweep's cross terms at the nodes whose subtrees meet both
+(:func:`~censusdp.estimation.gls.areas.area_query_covariance`), equal to
+``(Var(α ∪ β) − Var α − Var β) / 2`` (tested against it).
 
 **Structural zeros.** The file's constraints are held exactly (docs/design.md § The Noisy Measurement File): an hhgq upper
 bound of 0 at a node zeroes every cell of that type there, and nursing facilities hold no
