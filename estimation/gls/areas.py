@@ -137,11 +137,6 @@ def _scatter_sum(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     return out.reshape((n, *values.shape[1:]))
 
 
-def _quad(M: np.ndarray, P: np.ndarray) -> np.ndarray:
-    """``M P Mᵀ`` per pair."""
-    return (M @ P) @ M.swapaxes(-1, -2)
-
-
 def _packed_flat(u: UpwardBelief, ch: UpwardBelief, K: int) -> np.ndarray:
     """``Ñ_c`` of every child row: its flat directions in its packed columns of the parent."""
     n = ch.m.shape[0]

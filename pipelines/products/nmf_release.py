@@ -279,8 +279,6 @@ def pl94_columns(estimates: object, level: str | int) -> tuple[np.ndarray, np.nd
     return est, np.sqrt(column_variances(estimates, level))  # type: ignore[arg-type]
 
 
-#: :func:`_column_rows`' memo: id(basis) → (basis, rows, squared norms); a few bases.
-_COLUMN_ROWS: dict[int, tuple[MarginalBasis, dict[int, np.ndarray], np.ndarray]] = {}
 #: Nodes of one product in :func:`column_variances` (``(nodes, n_S, 298)`` floats).
 _COLUMN_CHUNK = 2048
 
@@ -289,9 +287,6 @@ def _column_rows(basis: MarginalBasis) -> tuple[dict[int, np.ndarray], np.ndarra
     """Per block, ``(298, n_S)``: every P1–P5 column as a functional of the block
     (:func:`~censusdp.estimation.gls.areas.query_block_rows` of its query, its row), and
     every column's squared norm ``‖q‖²`` (its variance under the identity)."""
-    hit = _COLUMN_ROWS.get(id(basis))
-    if hit is not None and hit[0] is basis:
-        return hit[1], hit[2]
     rows = pl94_codebook().rows
     out: dict[int, np.ndarray] = {}
     for qi, q in enumerate(rows.queries):
@@ -299,11 +294,7 @@ def _column_rows(basis: MarginalBasis) -> tuple[dict[int, np.ndarray], np.ndarra
         for mask, r in query_block_rows(basis, q).items():
             block = out.setdefault(mask, np.zeros((rows.query_of_row.size, r.shape[1])))
             block[sel] = r[rows.row_of_row[sel]]
-    norm2 = sum((r**2).sum(axis=1) for r in out.values())
-    if len(_COLUMN_ROWS) >= 4:
-        _COLUMN_ROWS.clear()
-    _COLUMN_ROWS[id(basis)] = (basis, out, norm2)
-    return out, norm2
+    return out, sum((r**2).sum(axis=1) for r in out.values())
 
 
 def column_variances(estimates: StructuredRelease | AreaEstimates, level: str | int) -> np.ndarray:
