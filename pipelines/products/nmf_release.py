@@ -465,7 +465,9 @@ AreaFn = Callable[[Equivalency], AreaEstimates]
 CrossFn = Callable[[Equivalency, ProductQuery], np.ndarray]
 
 
-def area_total_covariance(state: NMFStateRelease, eq: Equivalency) -> np.ndarray:
+def area_total_covariance(
+    state: NMFStateRelease, eq: Equivalency, areas: AreaEstimates | None = None
+) -> np.ndarray:
     """``(n_areas, n_areas)`` error covariance of the (disjoint) areas' total populations.
 
     One sweep of the blocks' gains' total rows up the state's tree, every two areas' terms
@@ -473,11 +475,17 @@ def area_total_covariance(state: NMFStateRelease, eq: Equivalency) -> np.ndarray
     (:func:`~censusdp.estimation.gls.areas.area_query_covariance`; under the national pass
     from the state node's covariance smoothed from the root, ``state.cross_of``): exact,
     and what the unions ``Var(α ∪ β)`` of every two areas gave, without their
-    ``n_areas − 1`` sweeps of the blocks.
+    ``n_areas − 1`` sweeps of the blocks. With ``areas`` (``state.area_release(eq)``) the
+    diagonal is their variance, so that it is the square of the written ``P1_001N_se``
+    (the two sweeps sum different terms: they agree to ~1e-9 of the variance, the
+    cancellation of the sweep's large terms at national scale).
     """
     q = state.release.resolve_query("total")
     cov = state.area_cross(eq, q)[:, :, 0]
-    return 0.5 * (cov + cov.T)
+    cov = 0.5 * (cov + cov.T)
+    if areas is not None:
+        np.fill_diagonal(cov, areas.query_variances(eq.name, "total")[:, 0])
+    return cov
 
 
 def _block_equivalency(
@@ -1010,7 +1018,7 @@ def add_areas(
             skip_blank_areas=skip_blank_areas,
         )  # fmt: skip
         user = state.area_release(eq)
-        cov = area_total_covariance(state, eq)
+        cov = area_total_covariance(state, eq, user)
     secs = {**state.seconds, "areas": clock["areas"]}
     return dataclasses.replace(state, areas=user, area_covariance=cov,
                                equivalencies={**state.equivalencies, name: eq}, seconds=secs)  # fmt: skip
