@@ -92,7 +92,11 @@ scatter as one sparse product; the integers' sums as sparse products. Per stage,
 before → after: read 7.7 → 6.6, up 7.3 → 4.8, GLS 14.6 → 11.8 (the tabulation sweeps),
 districts 31.9 → 4.7, tables 49.7 → 38.9, integers 60.0 → 57.9; counted 172.0 → 125.6 CPU
 s; peak 2,414 → 2,320 MB (the districts' stage 2,414 → 1,726). Rerun at load 4–9: 113.8
-CPU s (districts 4.2, tables 34.0, integers 52.4). Every table is byte-identical to the
+CPU s (districts 4.2, tables 34.0, integers 52.4). ``--fraction 1/64`` after (128,125
+blocks, load 3–9; before: 610.8 counted, the figures above): read 28.8, up 20.8, GLS 44.2,
+districts 9.7 (132.6), tables 103.1 (118.0), integers 355.3 (254.0: the same code but its
+sums; HiGHS and the projections vary with the load); counted 564.0 CPU s / 1,347 s wall;
+peak 6.54 GB in the integers stage (6.60), 4.51 GB in the GLS. Every table is byte-identical to the
 one before but ``area_district_P1_001N_covariance.csv``, whose off-diagonal entries moved by
 at most 3.1e-10 of the district's variance (its diagonal, the variances, is bit for bit):
 both the unions' formula and the cross sweep sum the sweep's terms, far larger than a
