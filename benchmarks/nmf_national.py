@@ -82,6 +82,32 @@ counted 610.8 CPU s / 983.5 s wall; bytes read 723.2 MB of 389.2 MB written (2 �
 keeping); peak 6.60 GB in the integers stage, 4.83 GB in the GLS. The kept states trade up
 to the budget (1 GiB) of memory for the second read and upward pass of each state kept.
 
+**Districts, tables and integers restructured** (2026-11-28, this commit against c43eb8f
+run beside it the same hour, ``--fraction 1/256``, 32,031 blocks, one BLAS thread, load
+averages 8–13; read the CPU s): districts' covariance in one cross sweep
+(:func:`~censusdp.estimation.gls.areas.area_query_covariance`: the blocks' total rows carried
+up once, every two districts' terms where they meet) instead of ``n_areas − 1`` sweeps of the
+pairs' unions; the 298 columns' SEs at once; frames as one float block; the area sweep's
+scatter as one sparse product; the integers' sums as sparse products. Per stage, CPU s
+before → after: read 7.7 → 6.6, up 7.3 → 4.8, GLS 14.6 → 11.8 (the tabulation sweeps),
+districts 31.9 → 4.7, tables 49.7 → 38.9, integers 60.0 → 57.9; counted 172.0 → 125.6 CPU
+s; peak 2,414 → 2,320 MB (the districts' stage 2,414 → 1,726). Rerun at load 4–9: 113.8
+CPU s (districts 4.2, tables 34.0, integers 52.4). ``--fraction 1/64`` after (128,125
+blocks, load 3–9; before: 610.8 counted, the figures above): read 28.8, up 20.8, GLS 44.2,
+districts 9.7 (132.6), tables 103.1 (118.0), integers 355.3 (254.0: the same code but its
+sums; HiGHS and the projections vary with the load); counted 564.0 CPU s / 1,347 s wall;
+peak 6.54 GB in the integers stage (6.60), 4.51 GB in the GLS. Every table is byte-identical to the
+one before but ``area_district_P1_001N_covariance.csv``, whose off-diagonal entries moved by
+at most 3.1e-10 of the district's variance (its diagonal, the variances, is bit for bit):
+both the unions' formula and the cross sweep sum the sweep's terms, far larger than a
+district's variance, and round differently; the small-case tests against the dense
+covariance hold at 1e-9. What bounds the rest: the integers (46 % of the counted CPU;
+profiled, 73 % of them the non-negative projections' descent in
+:mod:`censusdp.estimation.integer.nonnegative`, 25 % scipy HiGHS for the bound repair) and
+the tables (31 %, about half of it pandas' CSV formatting); the peak is a state's whole
+spine (integers and GLS), which only a per-county product
+(:func:`~censusdp.pipelines.products.nmf_release.stream_state`) would bound.
+
 Measured (2026-11-28, the shared 2-core machine, 23 GB, **under load**: load averages 1.8–5.7,
 wall 1.6–3.7 × CPU; read the CPU seconds; one process, states in turn):
 

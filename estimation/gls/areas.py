@@ -68,11 +68,13 @@ Abowd, J. M. et al. (2022). The 2020 Census Disclosure Avoidance System TopDown 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 import numpy as np
+from scipy import sparse
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import SpecError
@@ -107,7 +109,10 @@ __all__ = [
     "AreaEstimates",
     "AreaPairs",
     "AreaPartial",
+    "area_cross_sweep",
     "area_pairs",
+    "area_query_covariance",
+    "query_block_rows",
     "area_partition",
     "area_release",
     "area_sweep",
@@ -119,18 +124,17 @@ __all__ = [
 
 
 def _scatter_sum(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """``out[i] = Σ_{index[p] = i} values[p]`` for matrices ``(p, a, b)``: one ``bincount``
-    per matrix entry (a loop over at most ``4K²`` entries, never over nodes)."""
+    """``out[i] = Σ_{index[p] = i} values[p]`` for matrices ``(p, a, b)``: one sparse
+    product of the ``(n, p)`` incidence with the flattened matrices. Each output entry is
+    summed in increasing ``p`` from 0 (scipy's CSR kernel, columns sorted within rows), as
+    ``bincount`` sums its weights: the same floats, without a ``bincount`` per entry."""
     flat = values.reshape(values.shape[0], int(np.prod(values.shape[1:])))  # 0 rows too
-    out = np.empty((n, flat.shape[1]))
-    for e in range(flat.shape[1]):
-        out[:, e] = np.bincount(index, weights=flat[:, e], minlength=n)
+    p = flat.shape[0]
+    inc = sparse.csr_array((np.ones(p), (np.asarray(index, np.int64), np.arange(p))),
+                           shape=(n, p))  # fmt: skip
+    inc.has_sorted_indices = True  # (row, p) built in increasing p within every row
+    out = np.asarray(inc @ flat) if p else np.zeros((n, flat.shape[1]))
     return out.reshape((n, *values.shape[1:]))
-
-
-def _quad(M: np.ndarray, P: np.ndarray) -> np.ndarray:
-    """``M P Mᵀ`` per pair."""
-    return (M @ P) @ M.swapaxes(-1, -2)
 
 
 def _packed_flat(u: UpwardBelief, ch: UpwardBelief, K: int) -> np.ndarray:
@@ -244,31 +248,65 @@ def area_sweep(
         ``to_root=False`` the terms of the levels below the forest's top and its pairs.
     """
     o = with_keywords(SweepOptions, options, legacy, "area_sweep")
+    acc = np.zeros((n_areas, K, K))
+
+    def emit(node: np.ndarray, ar: np.ndarray, left: np.ndarray, right: np.ndarray,
+             sign: float) -> None:  # fmt: skip
+        nonlocal acc
+        term = _scatter_sum(ar, left @ right.swapaxes(-1, -2), n_areas)
+        acc = acc + term if sign > 0 else acc - term
+
+    top = _carry(forest, ups, K, leaf, area, n_areas, o, emit)
+    if not o.to_root:
+        return acc, top
+    node, ar, M = top
+    emit(node, ar, M @ P_root, M, 1.0)
+    return 0.5 * (acc + acc.swapaxes(-1, -2))
+
+
+#: What a sweep step hands its emitter: the pairs' nodes and areas, the left and right
+#: factors (a term ``left @ rightᵀ`` per pair) and the sign of the term.
+Emit = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float], None]
+
+
+def _carry(
+    forest: Forest,
+    ups: Sequence[UpwardBelief],
+    K: int,
+    leaf: np.ndarray,
+    area: np.ndarray,
+    n_areas: int,
+    o: SweepOptions,
+    emit: Emit,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Carry the pairs' gains ``M`` (``(pairs, L, K)``: ``L = K`` for the whole block, ``L =
+    1`` for a functional's row) from the leaves to the forest's top level, handing every
+    level's terms of the module docstring's formula to ``emit``: ``+ M_c P_c M_cᵀ`` per
+    pair, ``− Q_p A_p Q_pᵀ`` per parent pair (or ``Q_p Y_p Q_pᵀ`` with flat children).
+    Returns the top level's pairs ``(node, area, M)``."""
     rows, start, pairs = o.rows, o.start, o.pairs
     uf = forest if o.up_forest is None else o.up_forest
-    D = forest.depth
-    acc = np.zeros((n_areas, K, K))
     if pairs is None:
         pairs = area_pairs(forest, leaf, area, n_areas, None if start is None else start[:2])
     if start is None:
         M = np.broadcast_to(np.eye(K), (pairs.node[0].size, K, K))
     else:
         M = start[2]
-    for i, j in enumerate(range(D - 1, 0, -1)):
+    for i, j in enumerate(range(forest.depth - 1, 0, -1)):
         node, ar, inv = pairs.node[i], pairs.area[i], pairs.up[i]
         pnode, parea = pairs.node[i + 1], pairs.area[i + 1]
         ch, u = ups[j], ups[j - 1]
         r = node if rows is None else rows[j][node]
         Pc = ch.P if ch.P.shape[0] == 1 else ch.P[r]
         MP = M @ Pc
-        acc += _scatter_sum(ar, MP @ M.swapaxes(-1, -2), n_areas)
+        emit(node, ar, MP, M, 1.0)
         n_up = pnode.size
         pr = pnode if rows is None else rows[j - 1][pnode]
         bord = u.rc > 0
         if not bord.any():
             Q = _scatter_sum(inv, MP, n_up)
             Mp = Q @ family_inverse_plain(u.S)[pr]
-            acc -= _scatter_sum(parea, Mp @ Q.swapaxes(-1, -2), n_areas)
+            emit(pnode, parea, Mp, Q, -1.0)
         else:
             Y = np.zeros((bord.size, 2 * K, 2 * K))
             if not bord.all():
@@ -279,13 +317,93 @@ def area_sweep(
             Q = _scatter_sum(inv, M @ F, n_up)
             Yp = Y[pr]
             Mp = Q @ Yp[:, :, :K]
-            acc -= _scatter_sum(parea, _quad(Q, Yp), n_areas)
+            emit(pnode, parea, Q @ Yp, Q, -1.0)
         M = Mp
-    node, ar = pairs.node[-1], pairs.area[-1]
+    return pairs.node[-1], pairs.area[-1], M
+
+
+def _same_node_terms(
+    node: np.ndarray, ar: np.ndarray, left: np.ndarray, right: np.ndarray, n_areas: int
+) -> np.ndarray:
+    """``out[α, β] = Σ left_i right_jᵀ`` over every two pairs ``i`` (area α) and ``j`` (area β)
+    of the same node: the cross terms of one level, ``(n_areas, n_areas, L, L)``. The
+    combinations are built by ``repeat`` within runs of equal nodes (Σ m² of them, m the
+    areas meeting a node), no loop over nodes."""
+    order = np.argsort(node, kind="stable")
+    _, first, count = np.unique(node[order], return_index=True, return_counts=True)
+    m = np.repeat(count, count)  # per sorted pair: its node's number of pairs
+    base = np.repeat(first, count)
+    i = np.repeat(np.arange(order.size), m)
+    j = np.repeat(base, m) + (np.arange(i.size) - np.repeat(np.cumsum(m) - m, m))
+    i, j = order[i], order[j]
+    L = left.shape[1]
+    vals = np.einsum("pak,pbk->pab", left[i], right[j]).reshape(i.size, L * L)
+    key = ar[i] * n_areas + ar[j]
+    out = np.empty((n_areas * n_areas, L * L))
+    for e in range(L * L):
+        out[:, e] = np.bincount(key, weights=vals[:, e], minlength=n_areas * n_areas)
+    return out.reshape(n_areas, n_areas, L, L)
+
+
+def area_cross_sweep(
+    forest: Forest,
+    ups: Sequence[UpwardBelief],
+    K: int,
+    rows: np.ndarray,
+    leaf: np.ndarray,
+    area: np.ndarray,
+    n_areas: int,
+    P_root: np.ndarray,
+    *,
+    options: SweepOptions | None = None,
+) -> np.ndarray:
+    """Error covariances between the sums of leaves of *disjoint* areas, of the functionals
+    ``rows`` ``(L, K)``: ``(n_areas, n_areas, L, L)``, ``out[α, β] = R Cov(e_α, e_β) Rᵀ``.
+
+    The sweep of :func:`area_sweep` with the gains' rows ``R M`` carried instead of the
+    gains (``R M_p = (Σ_c R M_c P_c) A_p`` is linear in ``R M_c``: ``L × K`` per pair, not
+    ``K × K``), and each level's terms taken between every two pairs of the same node:
+    ``e_α = M^α_root e_root + Σ_c M^α_c η_c`` and ``Cov(η_c, η_c') = δ_cc' P_c −
+    P_c A_p P_c'`` (module docstring) give ``Cov(e_α, e_β) = Σ_c M^α_c P_c M^βᵀ_c −
+    Σ_p Q^α_p A_p Q^βᵀ_p + M^α_root P̂_root M^βᵀ_root``, every sum over the nodes whose
+    subtrees meet both areas (for α ≠ β no leaf term: the areas are disjoint). The diagonal
+    is :func:`area_sweep`'s variance of ``R``'s rows (up to summation order). Cost
+    ``O(Σ_levels Σ_nodes m² · L K + pairs · K²)``, ``m`` the areas meeting a node: one
+    sweep, where the unions of every two areas took ``n_areas − 1`` sweeps of their blocks.
+
+    Parameters
+    ----------
+    forest, ups, K, leaf, area, n_areas, P_root, options
+        As :func:`area_sweep` (``options.start``'s ``M``, if given, are the rows ``R M``;
+        ``options.to_root`` must be True: ``P_root`` is the top node's smoothed covariance,
+        for a forest whose top level is one node).
+    rows : numpy.ndarray
+        ``(L, K)``: the functionals, in the problem's (scaled, identified) coordinates.
+
+    Returns
+    -------
+    numpy.ndarray
+        Symmetric in ``(α, a) ↔ (β, b)``.
+    """
+    o = options or SweepOptions()
     if not o.to_root:
-        return acc, (node, ar, M)
-    acc += _scatter_sum(ar, _quad(M, P_root), n_areas)
-    return 0.5 * (acc + acc.swapaxes(-1, -2))
+        raise SpecError("area_cross_sweep: give the top node's covariance (to_root=True)")
+    R = np.asarray(rows, dtype=np.float64)
+    if o.start is None:
+        leaf = np.asarray(leaf, np.int64)
+        start = (leaf, np.asarray(area, np.int64), np.broadcast_to(R, (leaf.size, *R.shape)))
+        o = dataclasses.replace(o, start=start)
+    acc = np.zeros((n_areas, n_areas, R.shape[0], R.shape[0]))
+
+    def emit(node: np.ndarray, ar: np.ndarray, left: np.ndarray, right: np.ndarray,
+             sign: float) -> None:  # fmt: skip
+        nonlocal acc
+        term = _same_node_terms(node, ar, left, right, n_areas)
+        acc = acc + term if sign > 0 else acc - term
+
+    node, ar, M = _carry(forest, ups, K, leaf, area, n_areas, o, emit)
+    emit(node, ar, M @ P_root, M, 1.0)
+    return 0.5 * (acc + acc.transpose(1, 0, 3, 2))
 
 
 def structured_area_covariance(setup: StructuredSetup, equivalency: Equivalency) -> BlockDiagonal:
@@ -330,6 +448,96 @@ def structured_area_covariance(setup: StructuredSetup, equivalency: Equivalency)
             raise block_error(setup.schema, mask, err) from None
         blocks[mask] = _to_cells(setup, mask, cov)
     return BlockDiagonal(basis, blocks)
+
+
+def query_block_rows(basis: MarginalBasis, query: ProductQuery) -> dict[int, np.ndarray]:
+    """Per block ``S`` of ``basis``, ``(n_rows, n_S)``: row ``i`` of ``query`` as a functional
+    of the block, weighted so that a row's variance under a covariance ``C`` is
+    ``Σ_S r_S,i C_S r_S,iᵀ`` (:meth:`~censusdp.estimation.gls.marginal_basis.BlockDiagonal.
+    query_variances`' terms: the group parts ``⊗_{a∈S} T_a[i_a, :r_a]`` times
+    ``√∏_{a∉S} w_a[i_a]``, the within-group norms of the axes outside S). Blocks with no
+    component are left out. The same holds for a cross covariance between two areas: every
+    covariance of the basis repeats a block identically over its contrast indices."""
+    if query.schema is not basis.schema:
+        raise SpecError(f"query {query.name!r} is over another schema than {basis.schema.name!r}")
+    t = [f.matrix @ a.basis for a, f in zip(basis.axes, query.factors, strict=True)]
+    group = [ti[:, : a.r] for ti, a in zip(t, basis.axes, strict=True)]
+    within = [(ti[:, a.r :] ** 2).sum(axis=1) for ti, a in zip(t, basis.axes, strict=True)]
+    shape = query.row_shape
+    idx = np.indices(shape).reshape(len(shape), -1)  # every row's per-axis index, C order
+    out: dict[int, np.ndarray] = {}
+    for mask in basis.subsets:
+        ins = [a for a in range(len(t)) if mask >> a & 1]
+        outs = [a for a in range(len(t)) if not mask >> a & 1]
+        if any(not within[a].any() for a in outs):
+            continue  # rows of whole groups on an axis outside S: no component here
+        g = reduce(np.kron, [group[a] for a in ins], np.ones((1, 1)))
+        gi = np.ravel_multi_index(idx[ins], [shape[a] for a in ins]) if ins else 0
+        w = np.prod([within[a][idx[a]] for a in outs], axis=0) if outs else 1.0
+        out[mask] = g[gi].reshape(query.n_rows, -1) * np.sqrt(w).reshape(-1, 1)
+    return out
+
+
+def area_query_covariance(
+    setup: StructuredSetup,
+    equivalency: Equivalency,
+    query: ProductQuery,
+    *,
+    first: int = 0,
+    top: dict[int, np.ndarray | None] | None = None,
+) -> np.ndarray:
+    """Error covariances between disjoint areas' sums of leaves, row by row of ``query``:
+    ``(n_areas, n_areas, n_rows)`` (each row's covariance matrix of the areas; its diagonal
+    the areas' variances of :func:`area_release`, up to summation order).
+
+    One :func:`area_cross_sweep` per block of the basis that the rows touch
+    (:func:`query_block_rows`), on the covariance upward pass rerun from ``setup``.
+
+    Parameters
+    ----------
+    setup : StructuredSetup
+    equivalency : Equivalency
+        Disjoint areas (each leaf at most once).
+    query : ProductQuery
+        Over the setup's schema (e.g. the total: the areas' total populations).
+    first : int
+        The sweep's top level: 0 (the root, its smoothed covariance from the upward pass) or a
+        level of one node whose smoothed covariance ``top`` gives (e.g. a state under the
+        national pass, smoothed from the nation).
+    top : dict, optional
+        Block mask → ``(1, k_S, k_S)`` smoothed covariance of the level-``first`` node
+        (scaled units), None for a block with nothing identified there.
+
+    Raises
+    ------
+    SpecError
+        As :func:`structured_area_covariance`; ``first > 0`` without ``top``.
+    """
+    _check(setup, equivalency)
+    if first and top is None:
+        raise SpecError("area_query_covariance: give the top node's covariance (first > 0)")
+    h = setup.hierarchy
+    ranges = [(0, n) for n in h.sizes[first:]]
+    forest = Forest.of(h, first, ranges)
+    nA = equivalency.n_areas
+    shared = area_pairs(forest, equivalency.leaf, equivalency.area, nA)
+    assert setup.vscale is not None
+    out = np.zeros((nA, nA, query.n_rows))
+    for mask, rows in query_block_rows(setup.basis, query).items():
+        kS = setup.k(mask)
+        if kS == 0 or (top is not None and top[mask] is None):
+            continue
+        V = setup.V[mask]
+        R = rows if V is None else rows @ V
+        try:
+            ups = general_up(forest, covariance_levels(setup, mask, first, ranges), kS, None)
+            P0 = root_start(ups, kS, h.names[0])[1] if top is None else top[mask]
+            cov = area_cross_sweep(forest, ups, kS, R, equivalency.leaf, equivalency.area, nA,
+                                   P0, options=SweepOptions(pairs=shared))  # fmt: skip
+        except SpecError as err:
+            raise block_error(setup.schema, mask, err) from None
+        out += np.diagonal(cov, axis1=2, axis2=3) * setup.vscale
+    return out
 
 
 def _check(setup: StructuredSetup, equivalency: Equivalency) -> None:

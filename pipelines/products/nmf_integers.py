@@ -68,6 +68,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.sparse import csr_array
 
 from censusdp.errors import DataError
 from censusdp.estimation.integer.nonnegative import nonnegative_structured
@@ -84,6 +85,7 @@ __all__ = [
     "check_bounds",
     "check_integers",
     "effective_bounds",
+    "group_sums",
     "held_cells",
     "impose_bounds",
     "nearest_bounded_transport",
@@ -94,6 +96,18 @@ __all__ = [
 #: The product's folder inside the release folder.
 INTEGER_FOLDER = "nonnegative"
 _LABEL = "nmf/nonnegative"
+
+
+def group_sums(index: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
+    """``out[i] = Σ_{index[p] = i} x[p]`` of integer rows (any trailing shape): one sparse
+    product of the ``(n, p)`` 0/1 incidence, exact in int64 (what ``numpy.add.at`` gives,
+    without its per-element dispatch: the children's sums of a level, the tabulation sums
+    of the blocks)."""
+    x = np.asarray(x)
+    flat = x.reshape(x.shape[0], -1).astype(np.int64, copy=False)
+    inc = csr_array((np.ones(index.size, np.int64), (index, np.arange(index.size))),
+                    shape=(n, index.size))  # fmt: skip
+    return np.asarray(inc @ flat).reshape((n, *x.shape[1:]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,8 +151,7 @@ def held_cells(state) -> list[np.ndarray]:
         )
         if k < h.depth - 1:
             par = h.levels[k + 1].parent
-            every = np.ones((n, 2016), bool)
-            np.logical_and.at(every, par, out[k + 1])
+            every = group_sums(par, ~out[k + 1], n) == 0  # no child leaves the cell free
             cells = cells | every
         out[k] = cells
     return out
@@ -239,11 +252,8 @@ def effective_bounds(state) -> tuple[list[np.ndarray | None], list[np.ndarray | 
         if k + 1 < h.depth:
             n = h.levels[k].size
             par = h.levels[k + 1].parent
-            clo = np.zeros((n, 8), np.int64)
-            chi = np.zeros((n, 8), np.int64)
-            np.add.at(clo, par, lower[k + 1])
-            np.add.at(chi, par, upper[k + 1])
-            chi = np.minimum(chi, NO_UPPER)
+            clo = group_sums(par, lower[k + 1], n)
+            chi = np.minimum(group_sums(par, upper[k + 1], n), NO_UPPER)
             bad = np.argwhere(lo > chi)
             if bad.size:
                 i, t = (int(v) for v in bad[0])
@@ -444,8 +454,7 @@ def impose_bounds(
         x = out[k]
         s = x.sum(axis=2)
         outside = (s < lower[k]) | (s > upper[k])
-        touched = np.any(new_p != old_p, axis=2)
-        np.logical_or.at(touched, par, outside)
+        touched = np.any(new_p != old_p, axis=2) | (group_sums(par, outside, new_p.shape[0]) > 0)
         if not touched.any():
             continue
         pos = new_p > 0
@@ -485,8 +494,7 @@ def impose_bounds(
         x[touched[par]] = 0
         x[i, t, c] = sol
     for k in range(top - 1, -1, -1):
-        out[k] = np.zeros_like(out[k])
-        np.add.at(out[k], h.levels[k + 1].parent, out[k + 1])
+        out[k] = group_sums(h.levels[k + 1].parent, out[k + 1], out[k].shape[0])
     return tuple(c.reshape(-1, 8, 2, 2, 63) for c in out)
 
 
@@ -524,8 +532,7 @@ def check_integers(state, counts, held=None) -> None:
         if np.any(c.reshape(c.shape[0], -1)[held[k]] != 0):
             raise DataError(f"non-negative product, level {h.names[k]!r}: a held cell is not 0")
         if k + 1 < len(counts):
-            sums = np.zeros_like(c)
-            np.add.at(sums, h.levels[k + 1].parent, counts[k + 1])
+            sums = group_sums(h.levels[k + 1].parent, counts[k + 1], c.shape[0])
             if not np.array_equal(sums, c):
                 raise DataError(
                     f"non-negative product, level {h.names[k]!r}: children do not sum to parents"
@@ -584,8 +591,7 @@ def write_integers(folder: Path, state, product: NMFIntegers, started: set[str])
     geo = state.tabulation_geoids
     for level, width in TABULATION_PREFIX.items():
         keys, inv = np.unique(np.strings.slice(geo, 0, width), return_inverse=True)
-        sums = np.zeros((keys.size, *blocks.shape[1:]), np.int64)
-        np.add.at(sums, inv.reshape(-1), blocks)
+        sums = group_sums(inv.reshape(-1), blocks, keys.size)
         frames[f"pl94_{level}.csv"] = table({"GEOID": keys}, sums)
     frames["pl94_block.csv"] = table(
         {"GEOID": census_block_geoids(geo), "geocode": h["block"].codes}, blocks

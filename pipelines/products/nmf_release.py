@@ -66,8 +66,10 @@ independent: they are correlated through the US level, so the nation's figures (
 states) get their own exact SE from the root (``pl94_nation.csv``), not the root-sum-square
 of the states' SEs, and a state's areas carry the state node's covariance smoothed from the
 root (:func:`national_areas`). Without it (one state, a subset, no US level) errors of
-different states are independent. The covariance between two areas is
-``(Var(α ∪ β) − Var α − Var β) / 2`` with ``α ∪ β`` released as one more area.
+different states are independent. The covariance between two disjoint areas is the
+same sweep's cross terms at the nodes whose subtrees meet both
+(:func:`~censusdp.estimation.gls.areas.area_query_covariance`), equal to
+``(Var(α ∪ β) − Var α − Var β) / 2`` (tested against it).
 
 **Structural zeros.** The file's constraints are held exactly (docs/design.md § The Noisy Measurement File): an hhgq upper
 bound of 0 at a node zeroes every cell of that type there, and nursing facilities hold no
@@ -124,7 +126,13 @@ import pandas as pd
 
 from censusdp.atomic import output_dir
 from censusdp.errors import DataError, SpecError
-from censusdp.estimation.gls.areas import AreaEstimates, area_partition, area_release
+from censusdp.estimation.gls.areas import (
+    AreaEstimates,
+    area_partition,
+    area_query_covariance,
+    area_release,
+    query_block_rows,
+)
 from censusdp.estimation.gls.kernel import UpwardBelief
 from censusdp.estimation.gls.marginal_basis import BlockDiagonal, MarginalBasis
 from censusdp.estimation.gls.structured import (
@@ -262,26 +270,73 @@ def pl94_columns(estimates: object, level: str | int) -> tuple[np.ndarray, np.nd
     real-valued estimates and their exact standard errors, ``(n_nodes, 298)`` each.
 
     ``estimates`` is a :class:`~censusdp.estimation.gls.structured.StructuredRelease` or an
-    :class:`~censusdp.estimation.gls.areas.AreaEstimates` (anything with ``query_estimates`` and
-    ``query_standard_errors``); a column is the row of one product query, so its SE is the
-    quadratic form of that row with the node's covariance blocks (docs/design.md § The structured algebra).
+    :class:`~censusdp.estimation.gls.areas.AreaEstimates`; a column is the row of one product
+    query, so its SE is the quadratic form of that row with the node's covariance blocks
+    (docs/design.md § The structured algebra), here of the 298 rows at once
+    (:func:`column_variances`).
     """
     est = pl94_column_values(lambda q: estimates.query_estimates(level, q))  # type: ignore[attr-defined]
-    se = pl94_column_values(lambda q: estimates.query_standard_errors(level, q))  # type: ignore[attr-defined]
-    return est, se
+    return est, np.sqrt(column_variances(estimates, level))  # type: ignore[arg-type]
+
+
+#: Nodes of one product in :func:`column_variances` (``(nodes, n_S, 298)`` floats).
+_COLUMN_CHUNK = 2048
+
+
+def _column_rows(basis: MarginalBasis) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """Per block, ``(298, n_S)``: every P1–P5 column as a functional of the block
+    (:func:`~censusdp.estimation.gls.areas.query_block_rows` of its query, its row), and
+    every column's squared norm ``‖q‖²`` (its variance under the identity)."""
+    rows = pl94_codebook().rows
+    out: dict[int, np.ndarray] = {}
+    for qi, q in enumerate(rows.queries):
+        sel = np.flatnonzero(rows.query_of_row == qi)
+        for mask, r in query_block_rows(basis, q).items():
+            block = out.setdefault(mask, np.zeros((rows.query_of_row.size, r.shape[1])))
+            block[sel] = r[rows.row_of_row[sel]]
+    return out, sum((r**2).sum(axis=1) for r in out.values())
+
+
+def column_variances(estimates: StructuredRelease | AreaEstimates, level: str | int) -> np.ndarray:
+    """Every P1–P5 column's error variance at every node of ``level``, ``(n_nodes, 298)``:
+    the 298 columns' rows (:func:`_column_rows`) with each block of the nodes' covariance,
+    in chunks of nodes — the values of ``query_variances`` column by column (to summation
+    order, ~1e-15 relative), with their rules: a release level's variances at or below
+    ``1e-12 · ‖q‖² · s_k`` (``s_k`` the level's largest block diagonal entry) are the
+    smoother's residue, reported 0; an area's negatives are 0; NaN for unidentified rows."""
+    k = estimates.level_index(level)
+    assert estimates.covariances is not None
+    cov = estimates.covariances[k]
+    rows, norm2 = _column_rows(estimates.basis)
+    n = estimates.level(level).shape[0]
+    var = np.zeros((n, norm2.size))
+    for mask, R in rows.items():
+        B = cov.blocks[mask]
+        for lo in range(0, B.shape[0], _COLUMN_CHUNK):  # (1, n_S, n_S): shared by every node
+            T = np.einsum("njc,cj->nc", B[lo : lo + _COLUMN_CHUNK] @ R.T, R)
+            var[lo : lo + T.shape[0]] += T if B.shape[0] == n else T[:1]
+    if isinstance(estimates, AreaEstimates):
+        var = np.maximum(var, 0.0)
+    else:
+        diag = [np.diagonal(b, axis1=-2, axis2=-1) for b in cov.blocks.values()]
+        scale = max((float(d.max()) for d in diag if d.size), default=0.0)
+        var = np.where(var > 1e-12 * scale * norm2, var, 0.0)
+    book = pl94_codebook().rows
+    ident = np.concatenate([estimates.identified_rows(q) for q in book.queries])
+    offsets = np.cumsum([0] + [q.n_rows for q in book.queries])[:-1]
+    return np.where(ident[offsets[book.query_of_row] + book.row_of_row][None, :], var, np.nan)
 
 
 def _frame(codes: Mapping[str, np.ndarray], est: np.ndarray, se: np.ndarray) -> pd.DataFrame:
     """Codes, then per column the real-valued estimate (float64, as computed), its SE (six
     significant digits) and its 90% MOE ``1.645 · SE`` (:func:`~censusdp.pipelines.io.outputs.real_moe`:
     the estimates are not integers, so the ACS's normal interval applies)."""
-    cols: dict[str, np.ndarray] = {k: np.asarray(v, dtype=object) for k, v in codes.items()}
-    moe, se = real_moe(se), significant(se)
-    for j, name in enumerate(pl94_codebook().columns):
-        cols[name] = est[:, j]
-        cols[f"{name}_se"] = se[:, j]
-        cols[f"{name}_moe"] = moe[:, j]
-    return pd.DataFrame(cols)
+    names = pl94_codebook().columns
+    values = np.empty((est.shape[0], 3 * len(names)))  # one float block, not 894 columns
+    values[:, 0::3], values[:, 1::3], values[:, 2::3] = est, significant(se), real_moe(se)
+    heads = [f"{c}{s}" for c in names for s in ("", "_se", "_moe")]
+    code = pd.DataFrame({k: np.asarray(v, dtype=object) for k, v in codes.items()})
+    return pd.concat([code, pd.DataFrame(values, columns=heads)], axis=1)
 
 
 #: A tabulation GEOID's ancestors: level → length of its prefix (a block GEOID's block
@@ -358,6 +413,9 @@ class NMFStateRelease:
         Equivalency → :class:`~censusdp.estimation.gls.areas.AreaEstimates` where the state's
         own GLS does not give its area covariances (the national pass); None: from
         ``release``.
+    cross_of : callable, optional
+        (Equivalency, query) → covariance matrices between disjoint areas (the national
+        pass, :data:`CrossFn`); None: from ``release``.
     """
 
     state: str
@@ -369,6 +427,7 @@ class NMFStateRelease:
     equivalencies: dict[str, Equivalency]
     seconds: dict
     areas_of: AreaFn | None = None
+    cross_of: CrossFn | None = None
 
     def area_release(self, eq: Equivalency) -> AreaEstimates:
         """Sums of the state's blocks (``eq`` read against its spine) with their exact
@@ -377,6 +436,16 @@ class NMFStateRelease:
         if self.areas_of is not None:
             return self.areas_of(eq)
         return area_release(self.release, eq)
+
+    def area_cross(self, eq: Equivalency, query: ProductQuery) -> np.ndarray:
+        """``(n_areas, n_areas, n_rows)``: the covariance matrices between ``eq``'s disjoint
+        areas of every row of ``query``
+        (:func:`~censusdp.estimation.gls.areas.area_query_covariance` of the state's own GLS,
+        or ``cross_of`` under the national pass)."""
+        if self.cross_of is not None:
+            return self.cross_of(eq, query)
+        assert self.release.setup is not None
+        return area_query_covariance(self.release.setup, eq, query)
 
     @property
     def hierarchy(self) -> Hierarchy:
@@ -388,89 +457,34 @@ class NMFStateRelease:
         return self.measurements.spine.tabulation_geoids
 
 
-def _pairs(eq: Equivalency) -> Equivalency:
-    """One area per pair ``α < β`` of ``eq``'s (disjoint) areas: their union, for the
-    covariances. Its incidence has ``(n_areas − 1)`` × (assigned leaves) entries."""
-    n = eq.n_areas
-    a, b = np.triu_indices(n, 1)
-    order = np.argsort(eq.area, kind="stable")
-    leaf = eq.leaf[order]  # grouped by area
-    start = np.searchsorted(eq.area[order], np.arange(n + 1))
-    sizes = np.diff(start)
-
-    def members(side: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(leaf, pair) of every leaf of area ``side[p]`` for every pair ``p``, vectorised."""
-        k = sizes[side]
-        pair = np.repeat(np.arange(side.size), k)
-        within = np.arange(pair.size) - np.repeat(np.cumsum(k) - k, k)
-        return leaf[np.repeat(start[side], k) + within], pair
-
-    leaf_a, pair_a = members(a)
-    leaf_b, pair_b = members(b)
-    codes = np.strings.add(np.strings.add(a.astype(str), "|"), b.astype(str))
-    return Equivalency(
-        name=f"{eq.name} pairs",
-        codes=as_codes(codes),
-        leaf=np.concatenate([leaf_a, leaf_b]),
-        area=np.concatenate([pair_a, pair_b]),
-        n_leaves=eq.n_leaves,
-        source=eq.source,
-    )
-
-
-#: Leaf entries of pair unions swept at a time (the sweep holds a block matrix per entry:
-#: 16 × 16 per block with structural zeros, 2 KB; 52 districts of a large state's 1/64
-#: benchmark made 3.4 million entries, 6.5 GB at once).
-_PAIR_ENTRIES = 1 << 17
-
-
 #: A state's sums of blocks with their exact covariance: ``area_release(release, eq)`` for a
 #: state estimated alone, :func:`national_areas` under the national pass.
 AreaFn = Callable[[Equivalency], AreaEstimates]
-
-
-def _union_variances(release: StructuredRelease | AreaFn, pairs: Equivalency) -> np.ndarray:
-    """``Var`` of the total of every union area of ``pairs``, swept in chunks of whole
-    unions of at most :data:`_PAIR_ENTRIES` leaf entries each (each union's variance is its
-    own sweep's: the chunking changes memory, not the values)."""
-    n = pairs.n_areas
-    sizes = np.bincount(pairs.area, minlength=n)
-    ends = np.cumsum(sizes)
-    out = np.empty(n)
-    lo = 0
-    while lo < n:
-        base = ends[lo - 1] if lo else 0
-        hi = max(lo + 1, int(np.searchsorted(ends, base + _PAIR_ENTRIES, side="right")))
-        hi = min(hi, n)
-        sel = (pairs.area >= lo) & (pairs.area < hi)
-        part = Equivalency(pairs.name, pairs.codes[lo:hi], pairs.leaf[sel],
-                           pairs.area[sel] - lo, pairs.n_leaves, pairs.source)  # fmt: skip
-        rel = release(part) if callable(release) else area_release(release, part)
-        out[lo:hi] = rel.query_variances(rel.name, "total")[:, 0]
-        lo = hi
-    return out
+#: A state's covariance matrices between disjoint areas, row by row of a query
+#: (:func:`~censusdp.estimation.gls.areas.area_query_covariance`), ``(n_areas, n_areas, n_rows)``.
+CrossFn = Callable[[Equivalency, ProductQuery], np.ndarray]
 
 
 def area_total_covariance(
-    release: StructuredRelease | AreaFn, eq: Equivalency, areas: AreaEstimates
+    state: NMFStateRelease, eq: Equivalency, areas: AreaEstimates | None = None
 ) -> np.ndarray:
-    """``(n_areas, n_areas)`` error covariance of the areas' total populations.
+    """``(n_areas, n_areas)`` error covariance of the (disjoint) areas' total populations.
 
-    ``Cov(α, β) = (Var(α ∪ β) − Var α − Var β) / 2`` for disjoint areas, each variance exact
-    (:func:`~censusdp.estimation.gls.areas.area_release` of the unions as areas of their own: the
-    area sweep gives one area's variance, not a pair's covariance). ``areas`` is
-    ``area_release(release, eq)``; ``release`` may also be the function giving a state's
-    areas (:attr:`NMFStateRelease.area_release`, e.g. under the national pass). Cost: the sweep over ``(n_areas − 1)`` × (assigned
-    blocks) leaf entries — fine for districts, heavy for hundreds of areas.
+    One sweep of the blocks' gains' total rows up the state's tree, every two areas' terms
+    taken at the nodes whose subtrees meet both
+    (:func:`~censusdp.estimation.gls.areas.area_query_covariance`; under the national pass
+    from the state node's covariance smoothed from the root, ``state.cross_of``): exact,
+    and what the unions ``Var(α ∪ β)`` of every two areas gave, without their
+    ``n_areas − 1`` sweeps of the blocks. With ``areas`` (``state.area_release(eq)``) the
+    diagonal is their variance, so that it is the square of the written ``P1_001N_se``
+    (the two sweeps sum different terms: they agree to ~1e-9 of the variance, the
+    cancellation of the sweep's large terms at national scale).
     """
-    var = areas.query_variances(eq.name, "total")[:, 0]
-    cov = np.diag(var).astype(np.float64)
-    if eq.n_areas > 1:
-        union = _union_variances(release, _pairs(eq))
-        a, b = np.triu_indices(eq.n_areas, 1)
-        c = 0.5 * (union - var[a] - var[b])
-        cov[a, b] = c
-        cov[b, a] = c
+    q = state.release.resolve_query("total")
+    cov = state.area_cross(eq, q)[:, :, 0]
+    cov = 0.5 * (cov + cov.T)
+    if areas is not None:
+        np.fill_diagonal(cov, areas.query_variances(eq.name, "total")[:, 0])
     return cov
 
 
@@ -919,11 +933,14 @@ def national_state(top: NationalTop, state: StateUpward) -> NMFStateRelease:
     def areas_of(eq: Equivalency) -> AreaEstimates:
         return national_areas(setup, P_state, rel, eq)
 
+    def cross_of(eq: Equivalency, query: ProductQuery) -> np.ndarray:
+        return area_query_covariance(setup, eq, query, first=1, top=P_state)
+
     with stage(clock, "tabulation"):
         tab, eqs = _tabulation(m, areas_of)
     secs = {"gls": clock["gls"], "tabulation": clock["tabulation"], "areas": 0.0}
     return NMFStateRelease(str(h["state"].codes[0]), m, rel, tab, None, None, eqs, secs,
-                           areas_of)  # fmt: skip
+                           areas_of, cross_of)  # fmt: skip
 
 
 def national_areas(
@@ -1001,10 +1018,10 @@ def add_areas(
             skip_blank_areas=skip_blank_areas,
         )  # fmt: skip
         user = state.area_release(eq)
-        cov = area_total_covariance(state.area_release, eq, user)
+        cov = area_total_covariance(state, eq, user)
     secs = {**state.seconds, "areas": clock["areas"]}
-    return NMFStateRelease(state.state, state.measurements, rel, state.tabulation, user, cov,
-                           {**state.equivalencies, name: eq}, secs, state.areas_of)  # fmt: skip
+    return dataclasses.replace(state, areas=user, area_covariance=cov,
+                               equivalencies={**state.equivalencies, name: eq}, seconds=secs)  # fmt: skip
 
 
 def release_statement(

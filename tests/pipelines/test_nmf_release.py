@@ -4,6 +4,7 @@ across the two parts; area SEs and the districts' covariance equal a dense covar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -342,6 +343,29 @@ def test_area_ses_and_district_covariance_equal_the_dense_covariance(one_state):
         assert (blk[f"{up}_GEOID"] == blk["GEOID"].str[:w]).all()
     sums = inc[:, [spine_of[g] for g in blk["GEOID"]]] @ blk[COLUMNS].to_numpy()
     assert np.abs(areas[COLUMNS].to_numpy() - sums).max() <= 1e-9 * max(1.0, np.abs(sums).max())
+
+
+def test_column_ses_equal_the_query_ses_column_by_column(one_state):
+    """The 298 columns' SEs at once (:func:`pl94_columns`) equal each query's
+    ``query_standard_errors`` taken column by column (the slow, plain route) to 1e-12 of the
+    node's largest, with the same held zeros and NaNs, at every spine level and tabulation
+    area; a covariance off by 1% in one block is caught."""
+    r = one_state[-1]
+    pairs = [(r.release, lv) for lv in r.release.level_names]
+    pairs += [(a, a.name) for a in r.tabulation.values()] + [(r.areas, r.areas.name)]
+    for est, lv in pairs:
+        ref = pl94_column_values(lambda q, e=est, v=lv: e.query_standard_errors(v, q))
+        got = pl94_columns(est, lv)[1]
+        assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(got == 0, ref == 0)
+        scale = np.maximum(np.nanmax(ref, axis=1, keepdims=True), 1e-300)  # all held: 0
+        assert np.nanmax(np.abs(got - ref) / scale) <= 1e-12, lv
+    a = r.areas
+    mask = next(iter(a.covariances[0].blocks))
+    blocks = dict(a.covariances[0].blocks)
+    blocks[mask] = blocks[mask] * 1.01
+    off = dataclasses.replace(a, covariances=(type(a.covariances[0])(a.basis, blocks),))
+    ref = pl94_column_values(lambda q: a.query_standard_errors(a.name, q))
+    assert np.nanmax(np.abs(pl94_columns(off, a.name)[1] - ref) / ref.max()) > 1e-4
 
 
 def test_manifest_states_the_derived_privacy(one_state):
