@@ -27,7 +27,7 @@ import contextlib
 import os
 import sys
 
-from censusdp.app.commands.common import add_overwrite
+from censusdp.app.commands.common import add_areas, add_overwrite, count_arg
 
 __all__ = ["BLAS_THREAD_VARIABLES", "limit_blas_threads", "register"]
 
@@ -65,16 +65,6 @@ def limit_blas_threads(threads: int | None) -> contextlib.AbstractContextManager
         return contextlib.nullcontext()
     n = int(threads) if threads is not None else int(os.environ.get("OPENBLAS_NUM_THREADS", "1"))
     return threadpool_limits(limits=n, user_api="blas")
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of threads, 1 or more")
-    return n
 
 
 def _cmd_nmf(args: argparse.Namespace) -> int:
@@ -121,19 +111,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SS",
         help="release this state only (2-digit FIPS; repeat for several; default: all)",
     )
-    p.add_argument(
-        "--areas",
-        metavar="BAF",
-        help="block assignment file (15-character block GEOID → area): the areas' tables, "
+    add_areas(
+        p,
+        "BAF",
+        "block assignment file (15-character block GEOID → area): the areas' tables, "
         "SEs and the covariance matrix of their totals (one state per run)",
-    )
-    p.add_argument("--block-column", default="BLOCKID", help="its block column (BLOCKID)")
-    p.add_argument("--area-column", default="DISTRICT", help="its area column (DISTRICT)")
-    p.add_argument("--area-name", help="what the areas are, e.g. district (default: the column)")
-    p.add_argument(
-        "--skip-blank-areas",
-        action="store_true",
-        help="leave out blocks whose area code is blank (in no area) instead of refusing",
+        "BLOCKID",
+        "DISTRICT",
+        "district",
     )
     p.add_argument(
         "--integers",
@@ -154,7 +139,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--blas-threads",
-        type=_positive,
+        type=count_arg,
         metavar="N",
         help="BLAS threads (default 1, or the environment's OPENBLAS_NUM_THREADS): the GLS "
         "factorises many small matrices, which extra threads slow down",
