@@ -27,7 +27,7 @@ import contextlib
 import os
 import sys
 
-from censusdp.app.commands.common import add_areas, add_overwrite, count_arg
+from censusdp.app.commands.common import add_areas, add_overwrite
 
 __all__ = ["BLAS_THREAD_VARIABLES", "limit_blas_threads", "register"]
 
@@ -65,6 +65,16 @@ def limit_blas_threads(threads: int | None) -> contextlib.AbstractContextManager
         return contextlib.nullcontext()
     n = int(threads) if threads is not None else int(os.environ.get("OPENBLAS_NUM_THREADS", "1"))
     return threadpool_limits(limits=n, user_api="blas")
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of threads, 1 or more")
+    return n
 
 
 def _cmd_nmf(args: argparse.Namespace) -> int:
@@ -139,7 +149,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--blas-threads",
-        type=count_arg,
+        type=_positive,
         metavar="N",
         help="BLAS threads (default 1, or the environment's OPENBLAS_NUM_THREADS): the GLS "
         "factorises many small matrices, which extra threads slow down",
