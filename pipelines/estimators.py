@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 from censusdp.budget import PrivacyStatement
 from censusdp.errors import DataError, SpecError
@@ -114,9 +113,9 @@ def _checked(release: Release, invariants: Sequence[Invariant]) -> Release:
     return release.replace(privacy=release.privacy.with_notes(note))
 
 
-@dataclass(frozen=True, eq=False)
-class Problem:
-    """The inputs every estimator takes: one set of measurements of one hierarchy.
+class Problem(NamedTuple):
+    """The inputs every estimator takes: one set of measurements of one hierarchy, in the
+    order of the flat estimators' positional arguments (``tree_gls(*problem)``).
 
     Attributes
     ----------
@@ -208,13 +207,11 @@ class GLS(_AnyLaw):
 
     def run(self, problem, rng, options, executor, partitions) -> Release | PartitionedRelease:
         """In this process, or where the partitions are (kept there for the integer step)."""
-        p = problem
-        args = (p.hierarchy, p.cells, p.measurements, p.invariants, p.privacy)
-        covariance = len(p.cells) <= COVARIANCE_CELLS
+        covariance = len(problem.cells) <= COVARIANCE_CELLS
         if partitions is None or executor is None:
-            return tree_gls(*args, covariance=covariance)
+            return tree_gls(*problem, covariance=covariance)
         keep = options.integer != "none"
-        return partitioned_gls(*args, partitions, executor, covariance=covariance, keep=keep)
+        return partitioned_gls(*problem, partitions, executor, covariance=covariance, keep=keep)
 
 
 @register_estimator
@@ -230,20 +227,11 @@ class Conditioning(_AnyLaw):
     def run(self, problem, rng, options, executor, partitions) -> Release:
         from censusdp.estimation.conditioning.estimator import ConditioningOptions, condition
 
-        p = problem
         mc = options.mcmc
         opts = ConditioningOptions(tv_bound=mc.tv_bound, n_rhat_chains=max(4, mc.chains))
         if mc.max_iterations is not None:
             opts = dataclasses.replace(opts, max_iterations=mc.max_iterations)
-        return condition(
-            p.hierarchy,
-            p.cells,
-            p.measurements,
-            p.invariants,
-            p.privacy,
-            rng.child("conditioning"),
-            opts,
-        )
+        return condition(*problem, rng.child("conditioning"), opts)
 
 
 @register_estimator
@@ -260,9 +248,8 @@ class TopDown(_AnyLaw):
     def run(self, problem, rng, options, executor, partitions) -> Release:
         from censusdp.estimation.topdown.flat import TopDownOptions, topdown
 
-        p = problem
         opts = TopDownOptions(executor=executor)  # its parents' problems over the executor
-        return topdown(p.hierarchy, p.cells, p.measurements, p.invariants, p.privacy, opts)
+        return topdown(*problem, opts)
 
 
 def run_estimator(

@@ -220,32 +220,7 @@ def _filled(cell: types.CellType) -> bool:
     return True
 
 
-class _Local:
-    """Handles of the in-process backends are the values themselves."""
-
-    def submit(
-        self,
-        fn: Callable[..., Any],
-        items: Sequence[Any],
-        *extra: Any,
-        cost: Sequence[float] | None = None,
-    ) -> list[Any]:
-        return self.map(fn, items, *extra)  # type: ignore[attr-defined]
-
-    def gather(self, handles: Sequence[Any]) -> list[Any]:
-        return list(handles)
-
-    def each(self, handles: Sequence[Any]) -> Iterator[tuple[int, Any]]:
-        return iter(enumerate(handles))
-
-    def release(self, handles: Sequence[Any]) -> None:
-        pass
-
-    def wait(self, handles: Sequence[Any]) -> None:
-        pass
-
-
-class SyncExecutor(_Local):
+class SyncExecutor(Executor):
     """Everything in the calling thread (the reference backend)."""
 
     name = "sync"
@@ -258,7 +233,7 @@ class SyncExecutor(_Local):
         """Nothing to release."""
 
 
-class ThreadExecutor(_Local):
+class ThreadExecutor(Executor):
     """A thread pool: numpy and the solvers release the GIL in their heavy parts."""
 
     name = "threads"
@@ -371,7 +346,7 @@ def _worker_environ(keep_memory: bool) -> dict:
     return env
 
 
-class DaskExecutor:
+class DaskExecutor(Executor):
     """Dask distributed: a ``LocalCluster`` by default, or an existing scheduler address.
 
     Every task carries its item and the shared arguments (``extra``, meant to be small) in
@@ -508,12 +483,6 @@ class DaskExecutor:
         for i in order:
             self._launch(handles[i])
         return handles
-
-    def gather(self, handles: Sequence[_Handle]) -> list[Any]:
-        out: list[Any] = [None] * len(handles)
-        for i, value in self.each(handles):
-            out[i] = value
-        return out
 
     def each(self, handles: Sequence[_Handle]) -> Iterator[tuple[int, Any]]:
         """Results with their positions, each fetched as soon as it is ready (the transfers

@@ -7,8 +7,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from censusdp.app.commands.common import add_overwrite
-from censusdp.app.commands.predict import add_data_option
+from censusdp.app.commands.common import add_data_option, add_overwrite
 from censusdp.errors import SpecError
 
 if TYPE_CHECKING:

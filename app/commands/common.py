@@ -1,5 +1,7 @@
-"""What every sub-command shares: a parser with one-line errors, argument types, the one
-error policy (exit statuses and stderr lines) every command runs under.
+"""What every sub-command shares: a parser with one-line errors, argument types, the
+argument groups several commands take (``--seed``, ``--overwrite``, ``--data``, the areas
+of an equivalency file), the one error policy (exit statuses and stderr lines) every command
+runs under.
 
 Exit status and stderr, whatever goes wrong (:func:`run_cli`, the one place that maps an
 error to a status: no command catches its own):
@@ -29,7 +31,10 @@ from censusdp.errors import CensusDPError
 __all__ = [
     "CommandParser",
     "EXIT_INTERRUPTED",
+    "add_areas",
+    "add_data_option",
     "add_overwrite",
+    "add_seed",
     "add_verbosity",
     "count_arg",
     "run_cli",
@@ -107,13 +112,53 @@ def add_verbosity(parser: argparse.ArgumentParser, *, default: object) -> None:
     )
 
 
-def add_overwrite(parser: argparse.ArgumentParser) -> None:
-    """``--overwrite``: replace an earlier censusdp output (never anything else)."""
+def add_overwrite(parser: argparse.ArgumentParser, *, seed: bool = False) -> None:
+    """``--overwrite``: replace an earlier censusdp output (never anything else); with
+    ``seed``, :func:`add_seed` first."""
+    if seed:
+        add_seed(parser)
     parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an earlier output of censusdp at the output path (nothing else is ever "
         "replaced)",
+    )
+
+
+def add_seed(parser: argparse.ArgumentParser) -> None:
+    """``--seed N``: reproducible mode (:func:`seed_arg`; say it with :func:`warn_seed`)."""
+    parser.add_argument(
+        "--seed", type=seed_arg, help="reproducible mode (never for a real release)"
+    )
+
+
+def add_data_option(parser: argparse.ArgumentParser) -> None:
+    """``--data FILE``: the data file whose code columns give a run spec's hierarchy."""
+    parser.add_argument(
+        "--data",
+        metavar="FILE",
+        help="a run spec's data file (overrides [data] path); only its header and code "
+        "columns are read, never its counts",
+    )
+
+
+def add_areas(
+    parser: argparse.ArgumentParser, metavar: str, help: str, block: str, area: str, example: str
+) -> None:
+    """``--areas FILE`` (a block → area equivalency file,
+    :func:`censusdp.hierarchy.equivalency.read_equivalency`), its ``--block-column`` and
+    ``--area-column`` (defaults ``block`` and ``area``), ``--area-name`` (``example``) and
+    ``--skip-blank-areas``."""
+    parser.add_argument("--areas", metavar=metavar, help=help)
+    parser.add_argument("--block-column", default=block, help=f"its block column ({block})")
+    parser.add_argument("--area-column", default=area, help=f"its area column ({area})")
+    parser.add_argument(
+        "--area-name", help=f"what the areas are, e.g. {example} (default: the column)"
+    )
+    parser.add_argument(
+        "--skip-blank-areas",
+        action="store_true",
+        help="leave out blocks whose area code is blank (in no area) instead of refusing",
     )
 
 

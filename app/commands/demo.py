@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from censusdp.app.commands.common import add_overwrite, seed_arg, warn_seed
+from censusdp.app.commands.common import add_overwrite, warn_seed
 
 __all__ = ["register"]
 
@@ -33,6 +33,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     demo.add_argument("--out", help="output directory (default results/midwest-demo)")
     demo.add_argument("--quick", action="store_true", help="fewer repetitions")
-    demo.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
-    add_overwrite(demo)
+    add_overwrite(demo, seed=True)
     demo.set_defaults(func=_cmd_demo)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from censusdp.app.commands.common import add_overwrite, seed_arg
+from censusdp.app.commands.common import add_overwrite
 
 __all__ = ["register"]
 
@@ -44,8 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--data", help="the experiment's public input file (--list names it; IPUMS NHGIS, Census)"
     )
     exp.add_argument("--out", help="output directory (default results/NAME)")
-    exp.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
-    add_overwrite(exp)
+    add_overwrite(exp, seed=True)
     exp.add_argument(
         "--all",
         dest="all_units",

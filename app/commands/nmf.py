@@ -27,7 +27,7 @@ import contextlib
 import os
 import sys
 
-from censusdp.app.commands.common import add_overwrite
+from censusdp.app.commands.common import add_areas, add_overwrite
 
 __all__ = ["BLAS_THREAD_VARIABLES", "limit_blas_threads", "register"]
 
@@ -121,19 +121,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SS",
         help="release this state only (2-digit FIPS; repeat for several; default: all)",
     )
-    p.add_argument(
-        "--areas",
-        metavar="BAF",
-        help="block assignment file (15-character block GEOID → area): the areas' tables, "
+    add_areas(
+        p,
+        "BAF",
+        "block assignment file (15-character block GEOID → area): the areas' tables, "
         "SEs and the covariance matrix of their totals (one state per run)",
-    )
-    p.add_argument("--block-column", default="BLOCKID", help="its block column (BLOCKID)")
-    p.add_argument("--area-column", default="DISTRICT", help="its area column (DISTRICT)")
-    p.add_argument("--area-name", help="what the areas are, e.g. district (default: the column)")
-    p.add_argument(
-        "--skip-blank-areas",
-        action="store_true",
-        help="leave out blocks whose area code is blank (in no area) instead of refusing",
+        "BLOCKID",
+        "DISTRICT",
+        "district",
     )
     p.add_argument(
         "--integers",

@@ -13,52 +13,21 @@ needs the package's resources and :mod:`json` only (no numpy, no estimation stac
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
-from importlib import resources
-from importlib.resources.abc import Traversable
 
 from censusdp.app.commands.common import add_overwrite
+from censusdp.app.commands.spec import ShippedFile, print_listing, shipped_files
 from censusdp.errors import SpecError
 
-__all__ = ["PACKAGE", "ShippedNotebook", "find_notebooks", "register", "shipped_notebooks"]
+__all__ = ["PACKAGE", "find_notebooks", "register", "shipped_notebooks"]
 
 #: The package whose data files are the notebooks (mapped to ``notebooks/`` in a clone).
 PACKAGE = "censusdp.notebooks"
 
 
-@dataclass(frozen=True)
-class ShippedNotebook:
-    """One notebook shipped in the package.
-
-    Attributes
-    ----------
-    name : str
-        The file's stem (``quickstart``).
-    title : str
-        The text of its first Markdown heading (empty when it has none).
-    """
-
-    name: str
-    title: str
-
-    @property
-    def filename(self) -> str:
-        """``NAME.ipynb``."""
-        return f"{self.name}.ipynb"
-
-    def data(self) -> bytes:
-        """The notebook file as shipped, outputs included."""
-        return _folder().joinpath(self.filename).read_bytes()
-
-
-def _folder() -> Traversable:
-    return resources.files(PACKAGE)
-
-
-def _title(data: bytes) -> str:
+def _title(text: str) -> str:
     import json
 
-    for cell in json.loads(data).get("cells", []):
+    for cell in json.loads(text).get("cells", []):
         if cell.get("cell_type") != "markdown":
             continue
         source = cell.get("source", "")
@@ -69,16 +38,13 @@ def _title(data: bytes) -> str:
     return ""
 
 
-def shipped_notebooks() -> list[ShippedNotebook]:
-    """Every shipped notebook, by name."""
-    names = sorted(p.name for p in _folder().iterdir() if p.name.endswith(".ipynb"))
-    return [
-        ShippedNotebook(n.removesuffix(".ipynb"), _title(_folder().joinpath(n).read_bytes()))
-        for n in names
-    ]
+def shipped_notebooks() -> list[ShippedFile]:
+    """Every shipped notebook, by name; its summary is the text of its first Markdown
+    heading (empty when it has none)."""
+    return shipped_files({"notebook": (PACKAGE, "")}, ".ipynb", _title)
 
 
-def find_notebooks(names: list[str]) -> list[ShippedNotebook]:
+def find_notebooks(names: list[str]) -> list[ShippedFile]:
     """The shipped notebooks called ``names`` (all when empty; ``-`` and ``_`` are the same,
     a trailing ``.ipynb`` is ignored), in the order given.
 
@@ -105,10 +71,7 @@ def find_notebooks(names: list[str]) -> list[ShippedNotebook]:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    notebooks = shipped_notebooks()
-    width = max(len(nb.name) for nb in notebooks)
-    for nb in notebooks:
-        print(f"{nb.name:<{width}}  {nb.title}".rstrip())
+    print_listing([(nb.name, nb.summary) for nb in shipped_notebooks()])
     return 0
 
 

@@ -7,22 +7,12 @@ import argparse
 import logging
 from pathlib import Path
 
-from censusdp.app.commands.common import add_overwrite
+from censusdp.app.commands.common import add_areas, add_data_option, add_overwrite
 from censusdp.timing import stage
 
 log = logging.getLogger(__name__)
 
-__all__ = ["add_data_option", "register"]
-
-
-def add_data_option(p: argparse.ArgumentParser) -> None:
-    """``--data FILE``: the data file whose code columns give a run spec's hierarchy."""
-    p.add_argument(
-        "--data",
-        metavar="FILE",
-        help="a run spec's data file (overrides [data] path); only its header and code "
-        "columns are read, never its counts",
-    )
+__all__ = ["register"]
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -91,14 +81,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", help="output directory (default results/predict-SPEC)")
     add_data_option(p)
-    p.add_argument(
-        "--areas",
-        metavar="FILE",
-        help="block → area equivalency CSV (places, districts): their SEs as sums of blocks",
+    add_areas(
+        p,
+        "FILE",
+        "block → area equivalency CSV (places, districts): their SEs as sums of blocks",
+        "block",
+        "area",
+        "place",
     )
-    p.add_argument("--block-column", default="block", help="its block code column (block)")
-    p.add_argument("--area-column", default="area", help="its area code column (area)")
-    p.add_argument("--area-name", help="what the areas are, e.g. place (default: the column)")
     p.add_argument(
         "--gisjoin-blocks",
         action="store_true",
@@ -108,11 +98,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--area-list",
         metavar="FILE",
         help="CSV listing the areas (column --area-column): each must contain a block",
-    )
-    p.add_argument(
-        "--skip-blank-areas",
-        action="store_true",
-        help="leave out blocks whose area code is blank (in no area) instead of refusing",
     )
     add_overwrite(p)
     p.set_defaults(func=_cmd_predict)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from censusdp.app.commands.common import add_overwrite, seed_arg, warn_seed
+from censusdp.app.commands.common import add_overwrite, warn_seed
 
 __all__ = ["register", "repetitions_arg"]
 
@@ -112,6 +112,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="PPMF units file: the persons release directory of the same census; the H1 "
         "release's privacy statement then covers both (rho adds)",
     )
-    priv.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
-    add_overwrite(priv)
+    add_overwrite(priv, seed=True)
     priv.set_defaults(func=_cmd_privatize)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from censusdp.app.commands.common import add_overwrite, count_arg, seed_arg, warn_seed
+from censusdp.app.commands.common import add_overwrite, add_seed, count_arg, warn_seed
 
 __all__ = ["register"]
 
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("spec", help="the run spec (TOML)")
     run.add_argument("--data", help="input file overriding [data] path")
     run.add_argument("--out", help="output directory (default [output] dir or results/SPEC)")
-    run.add_argument("--seed", type=seed_arg, help="reproducible mode (never for a real release)")
+    add_seed(run)
     run.add_argument("--scheduler", help="sync, threads, distributed or tcp://HOST:PORT")
     run.add_argument(
         "--partitions",

@@ -19,14 +19,15 @@ listing reads the package's resources only (no numpy, no estimation stack).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
 
 from censusdp.app.commands.common import add_overwrite
 from censusdp.errors import SpecError
 
-__all__ = ["KINDS", "ShippedFile", "find_shipped", "register", "shipped_files"]
+__all__ = ["KINDS", "ShippedFile", "find_shipped", "print_listing", "register", "shipped_files"]
 
 #: Kind -> (package, folder inside it; "" for the package's own folder) of the shipped TOML
 #: files (by package: in an editable install the subpackages live outside ``censusdp/``).
@@ -39,36 +40,47 @@ KINDS: dict[str, tuple[str, str]] = {
 
 @dataclass(frozen=True)
 class ShippedFile:
-    """One TOML file shipped in the package.
+    """One file shipped in the package (a TOML file, or a notebook of
+    :mod:`censusdp.app.commands.notebooks`).
 
     Attributes
     ----------
     kind : str
-        A key of :data:`KINDS`.
+        A key of :data:`KINDS` (``notebook`` for the notebooks).
     name : str
         The file's stem (``midwest_demo``).
     summary : str
-        Its first comment line, without ``#`` (empty when it starts with none).
+        Its first comment line, without ``#`` (empty when it starts with none); a
+        notebook's title.
+    folder : Traversable
+        The package folder that holds it.
+    suffix : str
+        ``.toml`` or ``.ipynb``.
     """
 
     kind: str
     name: str
     summary: str
+    folder: Traversable = field(compare=False, repr=False)
+    suffix: str = ".toml"
 
     @property
     def qualified(self) -> str:
         """``KIND/NAME``, unique among the shipped files."""
         return f"{self.kind}/{self.name}"
 
+    @property
+    def filename(self) -> str:
+        """``NAME.SUFFIX``."""
+        return self.name + self.suffix
+
     def text(self) -> str:
         """The file's text, as shipped (UTF-8)."""
-        return _folder(self.kind).joinpath(f"{self.name}.toml").read_text(encoding="utf-8")
+        return self.folder.joinpath(self.filename).read_text(encoding="utf-8")
 
-
-def _folder(kind: str) -> Traversable:
-    package, folder = KINDS[kind]
-    root = resources.files(package)
-    return root.joinpath(folder) if folder else root
+    def data(self) -> bytes:
+        """The file's bytes, as shipped."""
+        return self.folder.joinpath(self.filename).read_bytes()
 
 
 def _summary(text: str) -> str:
@@ -76,17 +88,29 @@ def _summary(text: str) -> str:
     return first.lstrip("#").strip() if first.startswith("#") else ""
 
 
-def shipped_files() -> list[ShippedFile]:
-    """Every shipped TOML file, by kind (in :data:`KINDS` order) then name."""
+def shipped_files(
+    kinds: Mapping[str, tuple[str, str]] = KINDS,
+    suffix: str = ".toml",
+    summary: Callable[[str], str] = _summary,
+) -> list[ShippedFile]:
+    """Every shipped file ending in ``suffix`` in the folders of ``kinds`` (kind -> (package,
+    folder), as :data:`KINDS`), by kind then name, with ``summary`` of its text."""
     out = []
-    for kind in KINDS:
-        names = sorted(
-            p.name[: -len(".toml")] for p in _folder(kind).iterdir() if p.name.endswith(".toml")
-        )
+    for kind, (package, folder) in kinds.items():
+        root = resources.files(package)
+        where = root.joinpath(folder) if folder else root
+        names = sorted(p.name for p in where.iterdir() if p.name.endswith(suffix))
         for name in names:
-            text = _folder(kind).joinpath(f"{name}.toml").read_text(encoding="utf-8")
-            out.append(ShippedFile(kind, name, _summary(text)))
+            text = where.joinpath(name).read_text(encoding="utf-8")
+            out.append(ShippedFile(kind, name.removesuffix(suffix), summary(text), where, suffix))
     return out
+
+
+def print_listing(rows: list[tuple[str, str]]) -> None:
+    """Print ``NAME  SUMMARY`` lines, the names padded to one width."""
+    width = max(len(name) for name, _ in rows)
+    for name, summary in rows:
+        print(f"{name:<{width}}  {summary}".rstrip())
 
 
 def find_shipped(name: str) -> ShippedFile:
@@ -116,11 +140,9 @@ def find_shipped(name: str) -> ShippedFile:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    files = shipped_files()
-    width = max(len(f.qualified) for f in files)
-    for f in files:
-        summary = f.summary if len(f.summary) <= 90 else f.summary[:87] + "..."
-        print(f"{f.qualified:<{width}}  {summary}".rstrip())
+    cut = [(f.qualified, f.summary if len(f.summary) <= 90 else f.summary[:87] + "...")
+           for f in shipped_files()]  # fmt: skip
+    print_listing(cut)
     return 0
 
 

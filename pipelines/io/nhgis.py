@@ -71,11 +71,8 @@ __all__ = [
     "spine_rows",
     "upper_rows",
     "write_batch",
-    "GISJOIN_COUNTY",
 ]
 
-#: County GISJOIN: ``G`` + 2-digit state FIPS + ``0`` + 3-digit county FIPS + ``0``.
-GISJOIN_COUNTY = re.compile(r"^G\d{2}0\d{3}0$")
 _SUFFIX = re.compile(r"^(?P<code>.+)_(?P<version>sf|dp)$", re.IGNORECASE)
 
 #: Identifier ("context") columns of NHGIS files, compared case-insensitively: the PPDD
@@ -307,6 +304,22 @@ def read_batch(
             "units by GISJOIN"
         )
     keys = [c for c in df.columns if c.lower() in CONTEXT_COLUMNS or c == gisjoin_column]
+
+    def batch(
+        layout: str,
+        chosen: list[str],
+        counted: list[str],
+        rows: np.ndarray,
+        dropped: list[str],
+        version: str | None = None,
+    ) -> BatchFile:
+        """The units of ``rows``: GISJOINs checked, ``counted`` columns read as counts."""
+        codes = df[gisjoin_column].to_numpy(dtype=object)[rows]
+        _check_gisjoin(codes, rows, path, gisjoin_column)
+        truth = _to_counts(df, counted, rows, path)
+        return BatchFile(path, df, layout, enc, keys, chosen, codes.astype(str), truth, rows,
+                         version, dropped, gisjoin_column)  # fmt: skip
+
     if version_column in df.columns:
         versions = df[version_column].to_numpy(dtype=object)
         if truth_version is None:
@@ -324,24 +337,8 @@ def read_batch(
             )
         candidates = [c for c in df.columns if c not in keys and c != version_column]
         chosen = _match_cells(candidates, cells, path, [*keys, version_column])
-        codes = df[gisjoin_column].to_numpy(dtype=object)[rows]
-        _check_gisjoin(codes, rows, path, gisjoin_column)
-        truth = _to_counts(df, chosen, rows, path)
         dropped = [c for c in candidates if c not in chosen]
-        return BatchFile(
-            path,
-            df,
-            "long",
-            enc,
-            keys,
-            chosen,
-            codes.astype(str),
-            truth,
-            rows,
-            version_column,
-            dropped,
-            gisjoin_column,
-        )
+        return batch("long", chosen, chosen, rows, dropped, version_column)
 
     versions_of: dict[str, dict[str, str]] = {}
     for c in df.columns:
@@ -362,25 +359,10 @@ def read_batch(
             "(wide layout) found; name the confidential columns <code>_sf"
         )
     chosen = _match_cells(complete, cells, path, keys)
-    rows = _nonblank_rows(df)
-    codes = df[gisjoin_column].to_numpy(dtype=object)[rows]
-    _check_gisjoin(codes, rows, path, gisjoin_column)
-    truth = _to_counts(df, [versions_of[c]["sf"] for c in chosen], rows, path)
     own = {col for c in chosen for col in versions_of[c].values()}
     dropped = [c for c in df.columns if c not in keys and c not in own]
-    return BatchFile(
-        path,
-        df,
-        "wide",
-        enc,
-        keys,
-        chosen,
-        codes.astype(str),
-        truth,
-        rows,
-        dropped=dropped,
-        gisjoin_column=gisjoin_column,
-    )
+    sf = [versions_of[c]["sf"] for c in chosen]
+    return batch("wide", chosen, sf, _nonblank_rows(df), dropped)
 
 
 def write_batch(
