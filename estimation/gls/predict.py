@@ -502,17 +502,6 @@ def allocation_plan(
     return plan
 
 
-def _level_of(names: Sequence[str], level: str | int, what: str) -> int:
-    if isinstance(level, str):
-        if level not in names:
-            raise SpecError(f"{what}: unknown level {level!r}; levels are {list(names)}")
-        return list(names).index(level)
-    k = int(level)
-    if not 0 <= k < len(names):
-        raise SpecError(f"{what}: level index {k} is outside 0..{len(names) - 1}")
-    return k
-
-
 def predict_errors(
     hierarchy: Hierarchy | ShapeClasses,
     schema: Schema,
@@ -640,7 +629,7 @@ def _checked_plan(
     meas: list[tuple[int, ProductQuery, NoiseLaw]] = []
     seen: set[tuple[int, str]] = set()
     for level, q, law in plan:
-        k = _level_of(names, level, f"measurement of {q.name!r}")
+        k = level_position(names, level, f"measurement of {q.name!r}")
         if q.schema is not schema:
             raise SpecError(
                 f"measurement {q.name!r} at level {names[k]!r} is over schema {q.schema.name!r}, "
@@ -655,13 +644,13 @@ def _checked_plan(
         meas.append((k, q, law))
     extra = []
     for level, q, p in information:
-        k = _level_of(names, level, f"information of {q.name!r}")
+        k = level_position(names, level, f"information of {q.name!r}")
         if q.schema is not schema:
             raise SpecError(f"information {q.name!r} at level {names[k]!r} is over another schema")
         extra.append((k, q, float(p)))
     invs = []
     for level, q in invariants:
-        k = _level_of(names, level, f"invariant {q.name!r}")
+        k = level_position(names, level, f"invariant {q.name!r}")
         if q.schema is not schema:
             raise SpecError(f"invariant {q.name!r} at level {names[k]!r} is over another schema")
         invs.append((k, q))
