@@ -184,12 +184,14 @@ class ReleaseBase:
         return np.sqrt(self.query_variances(level, query))
 
     def conf_int(
-        self, level: str | int, alpha: float = 0.1, *, query=None
+        self, level: str | int, alpha: float = 0.1, *, query=None, **se_options
     ) -> tuple[np.ndarray, np.ndarray]:
         """Normal ``1 − alpha`` intervals ``estimate ∓ z_{1−α/2}·se`` at every node of a
         level: of every cell, or of every row of ``query`` (default :attr:`default_query`).
         90% by default, the level of the written ``_moe`` columns (which widen an integer
         release's interval to whole numbers, :func:`~censusdp.pipelines.io.outputs.lattice_moe`).
+        ``se_options`` go to the cells' :meth:`standard_errors` (a :class:`Release`'s
+        ``include_rounding``); they are refused with a query.
 
         Returns
         -------
@@ -206,10 +208,12 @@ class ReleaseBase:
 
         query = self.default_query if query is None else query
         if query is None:
-            se = self.standard_errors(level)
+            se = self.standard_errors(level, **se_options)
             if se is None:
                 raise self.no_covariance()
             return normal_intervals(self.level(level), se, alpha)
+        if any(se_options.values()):
+            raise SpecError(f"{sorted(se_options)} apply to the cells' intervals, not a query's")
         q = self.resolve_query(query)
         return normal_intervals(
             self.query_estimates(level, q), self.query_standard_errors(level, q), alpha
@@ -392,24 +396,6 @@ class Release(ReleaseBase):
                 "its variances, exact at every level"
             )
         return np.sqrt(self.variances[k] + rounding_variance(self.estimates[k]))
-
-    def conf_int(
-        self,
-        level: str | int,
-        alpha: float = 0.1,
-        *,
-        query=None,
-        include_rounding: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`ReleaseBase.conf_int`; ``include_rounding`` adds the rounding variance
-        ``p(1 − p)`` of the leaf cells of a real-valued release you will round
-        (:meth:`standard_errors`)."""
-        if not include_rounding:
-            return super().conf_int(level, alpha, query=query)
-        from censusdp.estimation.uncertainty import normal_intervals
-
-        se = self.standard_errors(level, include_rounding=True)
-        return normal_intervals(self.level(level), se, alpha)
 
     def sum_variances(self, level: str | int, query, *, rounding_only: bool = False) -> np.ndarray:
         """Variance of each row of ``query`` (a sum of cells) at every node of a level.
