@@ -792,15 +792,10 @@ def merge_residuals(parts: Sequence[dict]) -> dict:
         "max_invariant_value": 0.0,
         "worst_invariant_level": "",
     }
+    worst = ("max_invariant_residual", "worst_invariant_level")
     for r in parts:
-        out["max_consistency_residual"] = max(
-            out["max_consistency_residual"], r["max_consistency_residual"]
-        )
-        out["max_invariant_value"] = max(out["max_invariant_value"], r["max_invariant_value"])
-        if (
-            r["worst_invariant_level"]
-            and r["max_invariant_residual"] >= out["max_invariant_residual"]
-        ):
-            out["max_invariant_residual"] = r["max_invariant_residual"]
-            out["worst_invariant_level"] = r["worst_invariant_level"]
+        for key in ("max_consistency_residual", "max_invariant_value"):
+            out[key] = max(out[key], r[key])
+        if r[worst[1]] and r[worst[0]] >= out[worst[0]]:
+            out.update({key: r[key] for key in worst})
     return out
