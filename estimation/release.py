@@ -92,7 +92,8 @@ class ReleaseBase:
     :class:`~censusdp.estimation.covariance.Covariance` (module docstring).
 
     A member provides :attr:`level_names`, :meth:`level`, :meth:`level_codes`,
-    :attr:`cell_labels`, :attr:`covariance` (None: no standard errors), :attr:`integer`,
+    :attr:`cell_labels` (or the ``hierarchy``, ``estimates`` and ``cells`` the defaults
+    read), :attr:`covariance` (None: no standard errors), :attr:`integer`,
     :attr:`estimator`, ``privacy``; optionally :meth:`resolve_query` and
     :attr:`default_query` (the query of :meth:`conf_int` and :meth:`summary` when none is
     given: None for every cell, ``"total"`` for a schema histogram published as tables).
@@ -107,24 +108,24 @@ class ReleaseBase:
     estimator: str
     privacy: PrivacyStatement
 
-    # -- what a member provides ------------------------------------------------------------
+    # -- what a member provides (the defaults read ``hierarchy``, ``estimates``, ``cells``) --
     @property
     def level_names(self) -> tuple[str, ...]:
         """The levels held, top first."""
-        raise NotImplementedError
+        return tuple(self.hierarchy.names)
 
     def level(self, level: str | int) -> np.ndarray:
         """Estimates at one level, ``(n_nodes, *cells)``."""
-        raise NotImplementedError
+        return self.estimates[self.level_index(level)]
 
     def level_codes(self, level: str | int) -> np.ndarray:
         """The code of every node of one level (the ``code`` column of :meth:`to_frame`)."""
-        raise NotImplementedError
+        return self.hierarchy.levels[self.level_index(level)].codes
 
     @property
     def cell_labels(self) -> tuple[str, ...]:
         """One label per cell, in the order of a level's flattened estimates."""
-        raise NotImplementedError
+        return self.cells
 
     @property
     def covariance(self) -> Covariance | None:
@@ -345,21 +346,6 @@ class Release(ReleaseBase):
         )
 
     @property
-    def level_names(self) -> tuple[str, ...]:
-        return tuple(self.hierarchy.names)
-
-    def level(self, level: str | int) -> np.ndarray:
-        """Estimates at one level, (n_nodes, n_cells)."""
-        return self.estimates[self.level_index(level)]
-
-    def level_codes(self, level: str | int) -> np.ndarray:
-        return self.hierarchy.levels[self.level_index(level)].codes
-
-    @property
-    def cell_labels(self) -> tuple[str, ...]:
-        return self.cells
-
-    @property
     def covariance(self) -> NodeCovariance | None:
         """Per node: the cell variances, with the full covariances when the estimator kept
         them (``tree_gls(..., covariance=True)``); None without variances."""
@@ -507,15 +493,8 @@ class LevelRelease(ReleaseBase):
     def level_names(self) -> tuple[str, ...]:
         return self.names
 
-    def level(self, level: str | int) -> np.ndarray:
-        return self.estimates[self.level_index(level)]
-
     def level_codes(self, level: str | int) -> np.ndarray:
         return self.codes[self.level_index(level)]
-
-    @property
-    def cell_labels(self) -> tuple[str, ...]:
-        return self.cells
 
     @property
     def covariance(self) -> Covariance | None:
