@@ -132,6 +132,25 @@ class ReleaseBase:
         """The error covariance, level by level; None when the estimator has none."""
         raise NotImplementedError
 
+    def __repr__(self) -> str:
+        levels = ", ".join(f"{n}={len(self.level_codes(n))}" for n in self.level_names)
+        kind = "integer" if self.integer else "real"
+        se = "no SEs" if self.covariance is None else "with SEs"
+        return (
+            f"<{type(self).__name__} {self.estimator}: {kind}, {len(self.cell_labels)} cells, "
+            f"levels {levels}, {se}; {self.privacy.guarantee}>"
+        )
+
+    def _check_shapes(self) -> None:
+        """Refuse estimates that are not one ``(n_nodes, n_cells)`` array per level."""
+        names, n_cells = self.level_names, len(self.cell_labels)
+        if len(self.estimates) != len(names):
+            raise ValueError(f"a {type(self).__name__} needs one estimate array per level")
+        for name in names:
+            n = len(self.level_codes(name))
+            if self.level(name).shape != (n, n_cells):
+                raise ValueError(f"level {name!r}: estimates must be ({n}, {n_cells})")
+
     def resolve_query(self, query):
         """``query`` as the covariance takes it (a member over a schema parses names)."""
         return query
@@ -324,26 +343,11 @@ class Release(ReleaseBase):
         object.__setattr__(self, "cells", tuple(self.cells))
         # continuous laws: Mironov (2012)
         object.__setattr__(self, "privacy", floating_point_note(self.privacy))
-        if len(self.estimates) != self.hierarchy.depth:
-            raise ValueError("a Release needs one estimate array per level")
-        for lv, est in zip(self.hierarchy.levels, self.estimates, strict=True):
-            if est.shape != (lv.size, len(self.cells)):
-                raise ValueError(
-                    f"level {lv.name!r}: estimates must be ({lv.size}, {len(self.cells)})"
-                )
+        self._check_shapes()
 
     def replace(self, **changes) -> Release:
         """A new release with some fields changed (this one is left as it was)."""
         return dataclasses.replace(self, **changes)
-
-    def __repr__(self) -> str:
-        levels = ", ".join(f"{lv.name}={lv.size}" for lv in self.hierarchy.levels)
-        kind = "integer" if self.integer else "real"
-        se = "with SEs" if self.variances is not None else "no SEs"
-        return (
-            f"<Release {self.estimator}: {kind}, {len(self.cells)} cells, levels {levels}, "
-            f"{se}; {self.privacy.guarantee}>"
-        )
 
     @property
     def covariance(self) -> NodeCovariance | None:
@@ -478,16 +482,9 @@ class LevelRelease(ReleaseBase):
     integer: bool = False
 
     def __post_init__(self) -> None:
-        for name, codes, est in zip(self.names, self.codes, self.estimates, strict=True):
-            if est.shape != (len(codes), len(self.cells)):
-                raise ValueError(
-                    f"level {name!r}: estimates must be ({len(codes)}, {len(self.cells)})"
-                )
-
-    def __repr__(self) -> str:
-        levels = ", ".join(f"{n}={len(c)}" for n, c in zip(self.names, self.codes, strict=True))
-        kind = "integer" if self.integer else "real"
-        return f"<LevelRelease {self.estimator}: {kind}, {len(self.cells)} cells, levels {levels}>"
+        if len(self.codes) != len(self.names):
+            raise ValueError("a LevelRelease needs one code array per level")
+        self._check_shapes()
 
     @property
     def level_names(self) -> tuple[str, ...]:
