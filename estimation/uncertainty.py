@@ -68,6 +68,7 @@ Canonne, Kamath & Steinke, "The discrete Gaussian for differential privacy", Neu
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -557,19 +558,30 @@ def _lattice_rows(
     return todo, folded
 
 
+@dataclass(eq=False)
 class _LazyUniforms:
     """The randomized boundary's uniforms, drawn on first use (so that a level that never
-    needs them needs no ``rng``)."""
+    needs them needs no ``rng``); None under the conservative rule."""
 
-    def __init__(self, rng: KeyedRNG | None, boundary: str, level: str, what: str, size: int):
-        self._args = (rng, boundary, level, what, size)
-        self._drawn = False
-        self._u: np.ndarray | None = None
+    rng: KeyedRNG | None
+    boundary: str
+    level: str
+    what: str
+    size: int
+
+    @functools.cached_property
+    def uniforms(self) -> np.ndarray | None:
+        if self.boundary == "conservative":
+            return None
+        if self.rng is None:
+            raise SpecError(
+                "the randomized boundary needs a KeyedRNG (rng=...); or pass "
+                "boundary='conservative' for intervals that cover at least the nominal rate"
+            )
+        return self.rng.generator(f"intervals/{self.level}/{self.what}").random(self.size)
 
     def take(self, index: np.ndarray) -> np.ndarray | None:
-        if not self._drawn:
-            self._u, self._drawn = _uniforms(*self._args), True
-        return None if self._u is None else self._u[index]
+        return None if self.uniforms is None else self.uniforms[index]
 
 
 def _lattice_errors(
@@ -701,17 +713,3 @@ def _tent_mean(mu: np.ndarray, t: np.ndarray) -> np.ndarray:
         return np.where(t > 0, val, np.maximum(m, 0.0))
 
     return np.maximum(g(mu + 1.0) - 2.0 * g(mu) + g(mu - 1.0), 0.0)
-
-
-def _uniforms(
-    rng: KeyedRNG | None, boundary: str, level: str, what: str, size: int
-) -> np.ndarray | None:
-    """The uniforms of the randomized boundary (None: the conservative rule)."""
-    if boundary == "conservative":
-        return None
-    if rng is None:
-        raise SpecError(
-            "the randomized boundary needs a KeyedRNG (rng=...); or pass "
-            "boundary='conservative' for intervals that cover at least the nominal rate"
-        )
-    return rng.generator(f"intervals/{level}/{what}").random(size)
