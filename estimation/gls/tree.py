@@ -461,9 +461,9 @@ def check_invariants(hierarchy: Hierarchy, invariants: Sequence[Invariant]) -> N
                     "correct the invariant values (they must come from one table)"
                 )
         rref, *_, rank = gram.rref()
-        pivots = []
-        for r in range(int(rank)):
-            pivots.append(next(c for c in range(rows.shape[0]) if rref[r, c] != 0))
+        pivots = [
+            next(c for c in range(rows.shape[0]) if rref[r, c] != 0) for r in range(int(rank))
+        ]
         rows, values = rows[pivots], values[:, pivots]
         labels = [labels[c] for c in pivots]
 
@@ -721,14 +721,13 @@ def tree_gls(
     Raises
     ------
     SpecError
-        Shapes that do not match the hierarchy, an unknown level name, or an estimate that
-        is not identifiable (the message names the level).
+        Shapes that do not match the hierarchy, an unknown level name, an estimate that is
+        not identifiable (the message names the level), or invariants that determine every
+        measured value of a level, unless ``privacy`` acknowledges it
+        (:func:`~censusdp.mechanisms.queries.guard_exact_release`).
     DataError
         Invariants that contradict each other (checked exactly before estimating) or lie
         beyond 2⁵³.
-    SpecError
-        Invariants that determine every measured value of a level, unless ``privacy``
-        acknowledges it (:func:`~censusdp.mechanisms.queries.guard_exact_release`).
     BudgetError
         ``privacy`` claims less than the measurements spend (e.g. ρ = 10⁻⁹ for σ = 20 noise).
 
