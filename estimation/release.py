@@ -92,7 +92,8 @@ class ReleaseBase:
     :class:`~censusdp.estimation.covariance.Covariance` (module docstring).
 
     A member provides :attr:`level_names`, :meth:`level`, :meth:`level_codes`,
-    :attr:`cell_labels`, :attr:`covariance` (None: no standard errors), :attr:`integer`,
+    :attr:`cell_labels` (or the ``hierarchy``, ``estimates`` and ``cells`` the defaults
+    read), :attr:`covariance` (None: no standard errors), :attr:`integer`,
     :attr:`estimator`, ``privacy``; optionally :meth:`resolve_query` and
     :attr:`default_query` (the query of :meth:`conf_int` and :meth:`summary` when none is
     given: None for every cell, ``"total"`` for a schema histogram published as tables).
@@ -107,29 +108,48 @@ class ReleaseBase:
     estimator: str
     privacy: PrivacyStatement
 
-    # -- what a member provides ------------------------------------------------------------
+    # -- what a member provides (the defaults read ``hierarchy``, ``estimates``, ``cells``) --
     @property
     def level_names(self) -> tuple[str, ...]:
         """The levels held, top first."""
-        raise NotImplementedError
+        return tuple(self.hierarchy.names)
 
     def level(self, level: str | int) -> np.ndarray:
         """Estimates at one level, ``(n_nodes, *cells)``."""
-        raise NotImplementedError
+        return self.estimates[self.level_index(level)]
 
     def level_codes(self, level: str | int) -> np.ndarray:
         """The code of every node of one level (the ``code`` column of :meth:`to_frame`)."""
-        raise NotImplementedError
+        return self.hierarchy.levels[self.level_index(level)].codes
 
     @property
     def cell_labels(self) -> tuple[str, ...]:
         """One label per cell, in the order of a level's flattened estimates."""
-        raise NotImplementedError
+        return self.cells
 
     @property
     def covariance(self) -> Covariance | None:
         """The error covariance, level by level; None when the estimator has none."""
         raise NotImplementedError
+
+    def __repr__(self) -> str:
+        levels = ", ".join(f"{n}={len(self.level_codes(n))}" for n in self.level_names)
+        kind = "integer" if self.integer else "real"
+        se = "no SEs" if self.covariance is None else "with SEs"
+        return (
+            f"<{type(self).__name__} {self.estimator}: {kind}, {len(self.cell_labels)} cells, "
+            f"levels {levels}, {se}; {self.privacy.guarantee}>"
+        )
+
+    def _check_shapes(self) -> None:
+        """Refuse estimates that are not one ``(n_nodes, n_cells)`` array per level."""
+        names, n_cells = self.level_names, len(self.cell_labels)
+        if len(self.estimates) != len(names):
+            raise ValueError(f"a {type(self).__name__} needs one estimate array per level")
+        for name in names:
+            n = len(self.level_codes(name))
+            if self.level(name).shape != (n, n_cells):
+                raise ValueError(f"level {name!r}: estimates must be ({n}, {n_cells})")
 
     def resolve_query(self, query):
         """``query`` as the covariance takes it (a member over a schema parses names)."""
@@ -184,12 +204,14 @@ class ReleaseBase:
         return np.sqrt(self.query_variances(level, query))
 
     def conf_int(
-        self, level: str | int, alpha: float = 0.1, *, query=None
+        self, level: str | int, alpha: float = 0.1, *, query=None, **se_options
     ) -> tuple[np.ndarray, np.ndarray]:
         """Normal ``1 − alpha`` intervals ``estimate ∓ z_{1−α/2}·se`` at every node of a
         level: of every cell, or of every row of ``query`` (default :attr:`default_query`).
         90% by default, the level of the written ``_moe`` columns (which widen an integer
         release's interval to whole numbers, :func:`~censusdp.pipelines.io.outputs.lattice_moe`).
+        ``se_options`` go to the cells' :meth:`standard_errors` (a :class:`Release`'s
+        ``include_rounding``); they are refused with a query.
 
         Returns
         -------
@@ -206,10 +228,12 @@ class ReleaseBase:
 
         query = self.default_query if query is None else query
         if query is None:
-            se = self.standard_errors(level)
+            se = self.standard_errors(level, **se_options)
             if se is None:
                 raise self.no_covariance()
             return normal_intervals(self.level(level), se, alpha)
+        if any(se_options.values()):
+            raise SpecError(f"{sorted(se_options)} apply to the cells' intervals, not a query's")
         q = self.resolve_query(query)
         return normal_intervals(
             self.query_estimates(level, q), self.query_standard_errors(level, q), alpha
@@ -319,41 +343,11 @@ class Release(ReleaseBase):
         object.__setattr__(self, "cells", tuple(self.cells))
         # continuous laws: Mironov (2012)
         object.__setattr__(self, "privacy", floating_point_note(self.privacy))
-        if len(self.estimates) != self.hierarchy.depth:
-            raise ValueError("a Release needs one estimate array per level")
-        for lv, est in zip(self.hierarchy.levels, self.estimates, strict=True):
-            if est.shape != (lv.size, len(self.cells)):
-                raise ValueError(
-                    f"level {lv.name!r}: estimates must be ({lv.size}, {len(self.cells)})"
-                )
+        self._check_shapes()
 
     def replace(self, **changes) -> Release:
         """A new release with some fields changed (this one is left as it was)."""
         return dataclasses.replace(self, **changes)
-
-    def __repr__(self) -> str:
-        levels = ", ".join(f"{lv.name}={lv.size}" for lv in self.hierarchy.levels)
-        kind = "integer" if self.integer else "real"
-        se = "with SEs" if self.variances is not None else "no SEs"
-        return (
-            f"<Release {self.estimator}: {kind}, {len(self.cells)} cells, levels {levels}, "
-            f"{se}; {self.privacy.guarantee}>"
-        )
-
-    @property
-    def level_names(self) -> tuple[str, ...]:
-        return tuple(self.hierarchy.names)
-
-    def level(self, level: str | int) -> np.ndarray:
-        """Estimates at one level, (n_nodes, n_cells)."""
-        return self.estimates[self.level_index(level)]
-
-    def level_codes(self, level: str | int) -> np.ndarray:
-        return self.hierarchy.levels[self.level_index(level)].codes
-
-    @property
-    def cell_labels(self) -> tuple[str, ...]:
-        return self.cells
 
     @property
     def covariance(self) -> NodeCovariance | None:
@@ -392,24 +386,6 @@ class Release(ReleaseBase):
                 "its variances, exact at every level"
             )
         return np.sqrt(self.variances[k] + rounding_variance(self.estimates[k]))
-
-    def conf_int(
-        self,
-        level: str | int,
-        alpha: float = 0.1,
-        *,
-        query=None,
-        include_rounding: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`ReleaseBase.conf_int`; ``include_rounding`` adds the rounding variance
-        ``p(1 − p)`` of the leaf cells of a real-valued release you will round
-        (:meth:`standard_errors`)."""
-        if not include_rounding:
-            return super().conf_int(level, alpha, query=query)
-        from censusdp.estimation.uncertainty import normal_intervals
-
-        se = self.standard_errors(level, include_rounding=True)
-        return normal_intervals(self.level(level), se, alpha)
 
     def sum_variances(self, level: str | int, query, *, rounding_only: bool = False) -> np.ndarray:
         """Variance of each row of ``query`` (a sum of cells) at every node of a level.
@@ -506,30 +482,16 @@ class LevelRelease(ReleaseBase):
     integer: bool = False
 
     def __post_init__(self) -> None:
-        for name, codes, est in zip(self.names, self.codes, self.estimates, strict=True):
-            if est.shape != (len(codes), len(self.cells)):
-                raise ValueError(
-                    f"level {name!r}: estimates must be ({len(codes)}, {len(self.cells)})"
-                )
-
-    def __repr__(self) -> str:
-        levels = ", ".join(f"{n}={len(c)}" for n, c in zip(self.names, self.codes, strict=True))
-        kind = "integer" if self.integer else "real"
-        return f"<LevelRelease {self.estimator}: {kind}, {len(self.cells)} cells, levels {levels}>"
+        if len(self.codes) != len(self.names):
+            raise ValueError("a LevelRelease needs one code array per level")
+        self._check_shapes()
 
     @property
     def level_names(self) -> tuple[str, ...]:
         return self.names
 
-    def level(self, level: str | int) -> np.ndarray:
-        return self.estimates[self.level_index(level)]
-
     def level_codes(self, level: str | int) -> np.ndarray:
         return self.codes[self.level_index(level)]
-
-    @property
-    def cell_labels(self) -> tuple[str, ...]:
-        return self.cells
 
     @property
     def covariance(self) -> Covariance | None:

@@ -68,6 +68,7 @@ Canonne, Kamath & Steinke, "The discrete Gaussian for differential privacy", Neu
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -87,7 +88,6 @@ from censusdp.rng import KeyedRNG
 __all__ = [
     "normal_intervals",
     "coverage",
-    "rounding_variance",
     "Intervals",
     "lattice_intervals",
 ]
@@ -350,8 +350,9 @@ def lattice_intervals(
     _check_choices(what, method, boundary)
     k = release.hierarchy.level_index(level)
     name = release.hierarchy.names[k]
-    cov_c, var, real = _level_errors(release, k, what)
-    est, var_normal = _released(release, rounded, k, what, var, real)
+    cov_c, var, C = _level_errors(release, k, what)
+    real = release.estimates[k].astype(float) @ C
+    est, var_normal = _released(rounded, k, what, var, real, C)
     law = _error_law(measurements, k, name, cov_c, var)
     fixed = var <= 1e-12 * (1.0 + np.abs(real))
     use_normal = _normal_rule(law, var_normal, rounded is not None, method, tolerance)
@@ -416,7 +417,7 @@ def _check_choices(what: str, method: str, boundary: str) -> None:
 
 def _level_errors(release: Release, k: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per node of level ``k``: Cov(ẑ_v)·C (n, K, q), the variances of the q released
-    numbers (n, q) and their real values, C the identity (cells) or a column of ones."""
+    numbers (n, q) and C, the identity (cells) or a column of ones (totals)."""
     K = len(release.cells)
     if release.variances is None:
         raise SpecError(f"the {release.estimator!r} release has no variances; intervals need them")
@@ -436,18 +437,12 @@ def _level_errors(release: Release, k: int, what: str) -> tuple[np.ndarray, np.n
         )
     C = np.eye(K) if what == "cells" else np.ones((K, 1))
     cov_c = cov @ C  # (n, K, q)
-    var = np.einsum("kq,nkq->nq", C, cov_c)
-    var = np.maximum(var, 0.0)
-    return cov_c, var, release.estimates[k].astype(float) @ C
+    var = np.maximum(np.einsum("kq,nkq->nq", C, cov_c), 0.0)
+    return cov_c, var, C
 
 
 def _released(
-    release: Release,
-    rounded: Release | None,
-    k: int,
-    what: str,
-    var: np.ndarray,
-    real: np.ndarray,
+    rounded: Release | None, k: int, what: str, var: np.ndarray, real: np.ndarray, C: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """The numbers the intervals are around and the variance of their normal rule."""
     if rounded is None:
@@ -459,8 +454,6 @@ def _released(
             f"real values, so their error law is not known; round with one of "
             f"{sorted(_KEEPS_NODE_TOTALS)} for intervals on rounded totals"
         )
-    K = len(release.cells)
-    C = np.eye(K) if what == "cells" else np.ones((K, 1))
     est = rounded.estimates[k].astype(float) @ C
     if what == "cells" and rounded.variances is not None:
         return est, np.asarray(rounded.variances[k], dtype=float)
@@ -565,19 +558,30 @@ def _lattice_rows(
     return todo, folded
 
 
+@dataclass(eq=False)
 class _LazyUniforms:
     """The randomized boundary's uniforms, drawn on first use (so that a level that never
-    needs them needs no ``rng``)."""
+    needs them needs no ``rng``); None under the conservative rule."""
 
-    def __init__(self, rng: KeyedRNG | None, boundary: str, level: str, what: str, size: int):
-        self._args = (rng, boundary, level, what, size)
-        self._drawn = False
-        self._u: np.ndarray | None = None
+    rng: KeyedRNG | None
+    boundary: str
+    level: str
+    what: str
+    size: int
+
+    @functools.cached_property
+    def uniforms(self) -> np.ndarray | None:
+        if self.boundary == "conservative":
+            return None
+        if self.rng is None:
+            raise SpecError(
+                "the randomized boundary needs a KeyedRNG (rng=...); or pass "
+                "boundary='conservative' for intervals that cover at least the nominal rate"
+            )
+        return self.rng.generator(f"intervals/{self.level}/{self.what}").random(self.size)
 
     def take(self, index: np.ndarray) -> np.ndarray | None:
-        if not self._drawn:
-            self._u, self._drawn = _uniforms(*self._args), True
-        return None if self._u is None else self._u[index]
+        return None if self.uniforms is None else self.uniforms[index]
 
 
 def _lattice_errors(
@@ -709,17 +713,3 @@ def _tent_mean(mu: np.ndarray, t: np.ndarray) -> np.ndarray:
         return np.where(t > 0, val, np.maximum(m, 0.0))
 
     return np.maximum(g(mu + 1.0) - 2.0 * g(mu) + g(mu - 1.0), 0.0)
-
-
-def _uniforms(
-    rng: KeyedRNG | None, boundary: str, level: str, what: str, size: int
-) -> np.ndarray | None:
-    """The uniforms of the randomized boundary (None: the conservative rule)."""
-    if boundary == "conservative":
-        return None
-    if rng is None:
-        raise SpecError(
-            "the randomized boundary needs a KeyedRNG (rng=...); or pass "
-            "boundary='conservative' for intervals that cover at least the nominal rate"
-        )
-    return rng.generator(f"intervals/{level}/{what}").random(size)

@@ -70,6 +70,7 @@ from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.shape_classes import ShapeClasses, shape_classes
 from censusdp.mechanisms.laws import Gaussian
 from censusdp.mechanisms.product_query import ProductQuery
+from censusdp.mechanisms.queries import level_position
 from censusdp.schema import Allocation, Schema
 from censusdp.timing import stage
 
@@ -220,11 +221,8 @@ class _Evaluator:
         self.queries = [q for _, q, _ in variables]
         self.sens = [q.sensitivity(2) for q in self.queries]
         names = list(classes.names)
-        for t in objective.targets:
-            if t.level not in names:
-                raise SpecError(f"target {t.label!r}: unknown level; levels are {names}")
+        self.tk = [level_position(names, t.level, f"target {t.label!r}") for t in objective.targets]
         self.tq = [ProductQuery.parse(schema, t.query) for t in objective.targets]
-        self.tk = [names.index(t.level) for t in objective.targets]
         n = classes.n_nodes()
         # f_j = S_j / (nodes · rows · size²): the mean over nodes and rows of Var / size²
         self.scale = np.array(

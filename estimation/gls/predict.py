@@ -502,17 +502,6 @@ def allocation_plan(
     return plan
 
 
-def _level_of(names: Sequence[str], level: str | int, what: str) -> int:
-    if isinstance(level, str):
-        if level not in names:
-            raise SpecError(f"{what}: unknown level {level!r}; levels are {list(names)}")
-        return list(names).index(level)
-    k = int(level)
-    if not 0 <= k < len(names):
-        raise SpecError(f"{what}: level index {k} is outside 0..{len(names) - 1}")
-    return k
-
-
 def predict_errors(
     hierarchy: Hierarchy | ShapeClasses,
     schema: Schema,
@@ -640,7 +629,7 @@ def _checked_plan(
     meas: list[tuple[int, ProductQuery, NoiseLaw]] = []
     seen: set[tuple[int, str]] = set()
     for level, q, law in plan:
-        k = _level_of(names, level, f"measurement of {q.name!r}")
+        k = level_position(names, level, f"measurement of {q.name!r}")
         if q.schema is not schema:
             raise SpecError(
                 f"measurement {q.name!r} at level {names[k]!r} is over schema {q.schema.name!r}, "
@@ -655,13 +644,13 @@ def _checked_plan(
         meas.append((k, q, law))
     extra = []
     for level, q, p in information:
-        k = _level_of(names, level, f"information of {q.name!r}")
+        k = level_position(names, level, f"information of {q.name!r}")
         if q.schema is not schema:
             raise SpecError(f"information {q.name!r} at level {names[k]!r} is over another schema")
         extra.append((k, q, float(p)))
     invs = []
     for level, q in invariants:
-        k = _level_of(names, level, f"invariant {q.name!r}")
+        k = level_position(names, level, f"invariant {q.name!r}")
         if q.schema is not schema:
             raise SpecError(f"invariant {q.name!r} at level {names[k]!r} is over another schema")
         invs.append((k, q))
@@ -686,27 +675,26 @@ class _Information:
         tau2 = float(np.median(variances))  # the scaling of structured_gls, for equal rounding
         queries = [q for _, q, _ in meas] + [q for _, q in invs] + [q for _, q, _ in extra]
         basis = MarginalBasis.for_queries(schema, queries)
-        grams: dict[tuple, BlockDiagonal] = {}
+        grams: dict[tuple, dict] = {}
         for q in queries:
             key = tuple(id(f) for f in q.factors)
             if key not in grams:
-                grams[key] = basis.gram(q)
+                grams[key] = basis.gram(q).blocks
+
+        def gram(q: ProductQuery) -> dict:
+            return grams[tuple(id(f) for f in q.factors)]
+
         J: list[dict[int, np.ndarray] | None] = [None] * D
         GH: list[dict[int, np.ndarray] | None] = [None] * D
         measured = {m: np.zeros((basis.block_size(m),) * 2) for m in basis.subsets}
-        for (k, q, _), v in zip(meas, variances, strict=True):
-            g = grams[tuple(id(f) for f in q.factors)].blocks
-            for mask, blk in g.items():
+        for _, q, _ in meas:
+            for mask, blk in gram(q).items():
                 measured[mask] = measured[mask] + blk
-            w = tau2 / v
-            J[k] = {m: (0.0 if J[k] is None else J[k][m]) + blk * w for m, blk in g.items()}
-        for k, q, p in extra:
-            g = grams[tuple(id(f) for f in q.factors)].blocks
-            J[k] = {
-                m: (0.0 if J[k] is None else J[k][m]) + blk * (tau2 * p) for m, blk in g.items()
-            }
+        weighted = [(k, q, tau2 / v) for (k, q, _), v in zip(meas, variances, strict=True)]
+        for k, q, w in weighted + [(k, q, tau2 * p) for k, q, p in extra]:
+            J[k] = {m: (0.0 if J[k] is None else J[k][m]) + blk * w for m, blk in gram(q).items()}
         for k, q in invs:
-            g = grams[tuple(id(f) for f in q.factors)].blocks
+            g = gram(q)
             GH[k] = g if GH[k] is None else {m: GH[k][m] + g[m] for m in g}
         return cls(basis, variances, tau2, J, GH, measured)
 

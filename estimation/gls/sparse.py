@@ -154,9 +154,7 @@ def general_gls(
     else:
         Ck, ck = sp.csr_matrix((0, n)), np.zeros(0)
     nc = Ck.shape[0]
-    K = sp.bmat([[F, Ck.T], [Ck, None]], format="csc")
-    if nc == 0:
-        K = F
+    K = sp.bmat([[F, Ck.T], [Ck, None]], format="csc") if nc else F
     try:
         lu = spla.splu(K)
     except RuntimeError as exc:
@@ -170,9 +168,7 @@ def general_gls(
         raise SpecError("the estimate is not identifiable (singular KKT system)")
     if covariance == "none":
         return x_hat, None
-    E = np.zeros((n + nc, n))
-    E[np.arange(n), np.arange(n)] = 1.0
-    G = lu.solve(E)[:n]  # top-left block of the KKT inverse
+    G = lu.solve(np.eye(n + nc, n))[:n]  # top-left block of the KKT inverse
     G = 0.5 * (G + G.T)
     if geometry == "weighted":
         cov = G

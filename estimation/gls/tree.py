@@ -461,9 +461,9 @@ def check_invariants(hierarchy: Hierarchy, invariants: Sequence[Invariant]) -> N
                     "correct the invariant values (they must come from one table)"
                 )
         rref, *_, rank = gram.rref()
-        pivots = []
-        for r in range(int(rank)):
-            pivots.append(next(c for c in range(rows.shape[0]) if rref[r, c] != 0))
+        pivots = [
+            next(c for c in range(rows.shape[0]) if rref[r, c] != 0) for r in range(int(rank))
+        ]
         rows, values = rows[pivots], values[:, pivots]
         labels = [labels[c] for c in pivots]
 
@@ -721,14 +721,13 @@ def tree_gls(
     Raises
     ------
     SpecError
-        Shapes that do not match the hierarchy, an unknown level name, or an estimate that
-        is not identifiable (the message names the level).
+        Shapes that do not match the hierarchy, an unknown level name, an estimate that is
+        not identifiable (the message names the level), or invariants that determine every
+        measured value of a level, unless ``privacy`` acknowledges it
+        (:func:`~censusdp.mechanisms.queries.guard_exact_release`).
     DataError
         Invariants that contradict each other (checked exactly before estimating) or lie
         beyond 2⁵³.
-    SpecError
-        Invariants that determine every measured value of a level, unless ``privacy``
-        acknowledges it (:func:`~censusdp.mechanisms.queries.guard_exact_release`).
     BudgetError
         ``privacy`` claims less than the measurements spend (e.g. ρ = 10⁻⁹ for σ = 20 noise).
 
@@ -792,15 +791,10 @@ def merge_residuals(parts: Sequence[dict]) -> dict:
         "max_invariant_value": 0.0,
         "worst_invariant_level": "",
     }
+    worst = ("max_invariant_residual", "worst_invariant_level")
     for r in parts:
-        out["max_consistency_residual"] = max(
-            out["max_consistency_residual"], r["max_consistency_residual"]
-        )
-        out["max_invariant_value"] = max(out["max_invariant_value"], r["max_invariant_value"])
-        if (
-            r["worst_invariant_level"]
-            and r["max_invariant_residual"] >= out["max_invariant_residual"]
-        ):
-            out["max_invariant_residual"] = r["max_invariant_residual"]
-            out["worst_invariant_level"] = r["worst_invariant_level"]
+        for key in ("max_consistency_residual", "max_invariant_value"):
+            out[key] = max(out[key], r[key])
+        if r[worst[1]] and r[worst[0]] >= out[worst[0]]:
+            out.update({key: r[key] for key in worst})
     return out

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -202,11 +202,6 @@ class GroupPairMoves(MoveSet):
         return self._proposal(i, j, dx), self._proposal(i, j, dy)
 
 
-def n_directions(lattice: Lattice) -> int:
-    """Lattice rank: basis directions per Gibbs sweep (steps per "sweep")."""
-    return lattice.n_directions
-
-
 def default_mode(law: LatticeTarget) -> str:
     """``"gibbs"`` for the separable ℓ₁ generalized Laplace, else ``"single"``."""
     return "gibbs" if isinstance(law, LatticeLaplace) and law.separable else "single"
@@ -216,7 +211,7 @@ def steps_per_sweep(lattice: Lattice, mode: str) -> int:
     """Engine steps that make one sweep: 1 for a group matching sweep, else the rank."""
     if mode == "gibbs" and isinstance(lattice, GroupSumLattice):
         return 1
-    return n_directions(lattice)
+    return lattice.n_directions
 
 
 def lattice_engine(
@@ -309,7 +304,7 @@ def tune_scale(
     (float, float)
         ``a`` and the pilot acceptance rate at ``a``.
     """
-    k = n_directions(lattice)
+    k = lattice.n_directions
     steps = max(pilot_sweeps * k, 40)
     lo_s, hi_s = 0.0, math.inf
     s = -1.0 / math.log(_initial_a(law))
@@ -387,19 +382,13 @@ class ConvergenceReport:
         return tv_upper_bound(self.meeting_times, self.lag, t)
 
     def to_dict(self) -> dict:
+        """Every field but the meeting times (``a`` and ``acceptance`` as ``proposal_a`` and
+        ``pilot_acceptance``), in field order: the release's diagnostics."""
+        names = {"a": "proposal_a", "acceptance": "pilot_acceptance"}
         return {
-            "iterations": self.iterations,
-            "sweeps": self.sweeps,
-            "tv_requested": self.tv_requested,
-            "tv_bound": self.tv_bound,
-            "lag": self.lag,
-            "n_coupled": self.n_coupled,
-            "rhat_max": self.rhat_max,
-            "rhat_chains": self.rhat_chains,
-            "rhat_iterations": self.rhat_iterations,
-            "proposal_a": self.a,
-            "pilot_acceptance": self.acceptance,
-            "mode": self.mode,
+            names.get(f.name, f.name): getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "meeting_times"
         }
 
 

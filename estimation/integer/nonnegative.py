@@ -363,8 +363,11 @@ def project_transport(
         step = max(1, chunk // (n * k))
         for a0 in range(0, ps.size, step):
             p = ps[a0 : a0 + step]
-            R, vr = _padded_rows(_ranges(start[p], count[p]), act_r, nr[p], n)
-            C, vc = _padded_cols(act_c[p], kc[p], k)
+            children = _ranges(start[p], count[p])
+            R, vr = _padded(
+                np.repeat(np.arange(p.size), nr[p]), children[act_r[children]], nr[p], n
+            )
+            C, vc = _padded(*np.nonzero(act_c[p]), kc[p], k)
             valid = vr[:, :, None] & vc[:, None, :]
             zb = np.where(valid, z[R[:, :, None], C[:, None, :]], -np.inf)
             x, sweeps = _transport_chunk(
@@ -408,34 +411,18 @@ def _check_transport_targets(
         )
 
 
-def _padded_rows(
-    children: np.ndarray, active: np.ndarray, n_active: np.ndarray, n: int
+def _padded(
+    batch: np.ndarray, values: np.ndarray, n_active: np.ndarray, width: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A batch's active rows padded to ``n`` per parent: ``(B, n)`` child indices and
-    validity, from the parents' ``children`` (concatenated, in order), the children's
-    ``active`` flags and each parent's number of active children ``n_active``."""
-    B = n_active.size
-    ch = children[active[children]]
-    pb = np.repeat(np.arange(B), n_active)
-    ri = np.arange(ch.size) - np.repeat(np.cumsum(n_active) - n_active, n_active)
-    R = np.zeros((B, n), np.int64)
-    R[pb, ri] = ch
-    vr = np.zeros((B, n), bool)
-    vr[pb, ri] = True
-    return R, vr
-
-
-def _padded_cols(active: np.ndarray, n_active: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """A batch's active columns padded to ``k`` per parent: ``(B, k)`` cell indices and
-    validity, from the parents' ``(B, K)`` active flags and their counts ``n_active``."""
-    B = n_active.size
-    cb, cc = np.nonzero(active)
-    ci = np.arange(cc.size) - np.repeat(np.cumsum(n_active) - n_active, n_active)
-    C = np.zeros((B, k), np.int64)
-    C[cb, ci] = cc
-    vc = np.zeros((B, k), bool)
-    vc[cb, ci] = True
-    return C, vc
+    """A batch's active rows (or columns) padded to ``width`` per parent: ``(B, width)``
+    indices and validity, from ``values`` (the active indices, parent after parent), their
+    parent in the batch ``batch`` and each parent's count ``n_active``."""
+    pos = np.arange(values.size) - np.repeat(np.cumsum(n_active) - n_active, n_active)
+    out = np.zeros((n_active.size, width), np.int64)
+    out[batch, pos] = values
+    valid = np.zeros((n_active.size, width), bool)
+    valid[batch, pos] = True
+    return out, valid
 
 
 def _atoms(shape, level: int, K: int) -> tuple[np.ndarray, np.ndarray]:

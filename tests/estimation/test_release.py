@@ -9,6 +9,7 @@ import pytest
 from release_fixtures import release_for, two_level
 
 from censusdp.errors import SpecError
+from censusdp.estimation.release import LevelRelease
 from censusdp.estimation.uncertainty import normal_intervals
 
 
@@ -100,3 +101,27 @@ def test_structured_release_shares_the_release_protocol():
     assert (
         text.startswith("<StructuredRelease sex_age5: 36 cells, levels L0=1,") and len(text) < 200
     )
+
+
+def test_shapes_checked_and_repr_shared_by_release_and_level_release():
+    gen = np.random.default_rng(5)
+    h, cells, counts = two_level(gen)
+    rel = release_for(gen, h, cells, counts)
+    with pytest.raises(ValueError, match="one estimate array per level"):
+        rel.replace(estimates=rel.estimates[:-1])
+    with pytest.raises(ValueError, match=r"level 'county': estimates must be"):
+        rel.replace(estimates=[*rel.estimates[:-1], rel.estimates[-1][:, :1]])
+    parts = LevelRelease(
+        "gls",
+        tuple(h.names),
+        tuple(lv.codes for lv in h.levels),
+        tuple(cells),
+        tuple(rel.estimates),
+        rel.covariance,
+        rel.privacy,
+    )
+    assert repr(parts) == repr(rel).replace("<Release", "<LevelRelease", 1)
+    for name in h.names:
+        assert np.array_equal(parts.conf_int(name)[0], rel.conf_int(name)[0])
+    with pytest.raises(ValueError, match=r"level 'county': estimates must be"):
+        dataclasses.replace(parts, estimates=(*parts.estimates[:-1], parts.estimates[-1][:1]))

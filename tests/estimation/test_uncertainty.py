@@ -8,6 +8,7 @@ from release_fixtures import release_for, two_level
 
 from censusdp.errors import SpecError
 from censusdp.estimation import coverage, round_release
+from censusdp.mechanisms.queries import Query
 from censusdp.rng import KeyedRNG
 
 
@@ -46,6 +47,12 @@ def test_rounding_variance_added_and_invariants_exact_after_rounding():
     # above the leaves p(1 − p) is not the rounding variance of a sum: refused
     with pytest.raises(SpecError, match="leaf cells only"):
         rel.standard_errors("state", include_rounding=True)
+    # nor is it a query row's: refused, not the cells' intervals in its place
+    total = Query.total(cells)
+    with pytest.raises(SpecError, match="not a query's"):
+        rel.conf_int("county", query=total, include_rounding=True)
+    lo, hi = rel.conf_int("county", query=total, include_rounding=False)
+    assert lo.shape == (h.levels[2].size, 1)
 
 
 def test_errors():
