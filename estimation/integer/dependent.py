@@ -56,7 +56,7 @@ import numpy as np
 from numba import njit
 
 from censusdp.errors import DataError
-from censusdp.rng import KeyedRNG, Sampler, aes_counter
+from censusdp.rng import CHUNK, KeyedRNG, Sampler, aes_counter, chunk_range
 
 __all__ = [
     "DR_TOL",
@@ -893,19 +893,30 @@ def keyed_uniforms(
     row_hi: int,
     n_cols: int,
     sampler: Sampler = aes_uniform_draws,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The uniforms :func:`dependent_round` needs for global rows ``[row_lo, row_hi)``.
 
     Item ``row · (n_cols + 1) + j`` of the keyed stream ``label`` (of ``n_rows_global ·
     (n_cols + 1)`` items): a partition holding any run of whole groups draws the same
     uniforms for them as a single machine does. ``sampler`` is :func:`aes_uniform_draws`
-    unless a test replaces it.
+    unless a test replaces it. ``out`` (C-contiguous float64, ``row_hi − row_lo`` rows of
+    ``n_cols + 1``) receives them chunk by chunk, the same draws with no range-sized
+    temporary.
 
     Returns
     -------
     (row_hi − row_lo, n_cols + 1) numpy.ndarray
+        ``out`` when given.
     """
     m = n_cols + 1
-    return rng.draw(label, n_rows_global * m, row_lo * m, row_hi * m, sampler).reshape(
-        row_hi - row_lo, m
-    )
+    n, a, b = n_rows_global * m, row_lo * m, row_hi * m
+    if out is None:
+        return rng.draw(label, n, a, b, sampler).reshape(row_hi - row_lo, m)
+    flat = out.reshape(-1)  # a view of a C-contiguous out
+    if flat.size != b - a or not np.shares_memory(flat, out):
+        raise DataError(f"keyed uniforms: out must be C-contiguous with {b - a} entries")
+    for j in chunk_range(a, b):  # draw() of a range within a chunk slices that chunk's call
+        s, e = max(a, j * CHUNK), min(b, (j + 1) * CHUNK)
+        flat[s - a : e - a] = rng.draw(label, n, s, e, sampler).reshape(-1)
+    return out
