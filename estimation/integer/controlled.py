@@ -186,6 +186,7 @@ Gandhi, R., Khuller, S., Parthasarathy, S. & Srinivasan, A. (2006). Dependent ro
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -1097,6 +1098,34 @@ def _descend(
     )
 
 
+#: Bytes of scratch each thread keeps between partitions (:func:`_scratch`); a buffer that
+#: would take the total past this is allocated for the call and dropped.
+_SCRATCH_BYTES = 1 << 30
+_SCRATCH = threading.local()
+
+
+def _scratch(name: str, n: int, dtype) -> np.ndarray:
+    """An uninitialised 1-d ``dtype`` array of ``n`` items, reused by this thread's next call
+    with ``name``: a partition's network and conditional values are written into memory
+    the last partition touched, not fresh pages (first-touch faults and unmapping were
+    ~30% of the rounding's CPU). Per thread, since partitions round on several threads;
+    the caller must be done with a name's buffer before asking for it again."""
+    pool = getattr(_SCRATCH, "pool", None)
+    if pool is None:
+        pool = _SCRATCH.pool = {}
+    dt = np.dtype(dtype)
+    buf = pool.get(name)
+    if buf is not None and buf.dtype == dt and buf.size >= n:
+        return buf[:n]
+    kept = sum(b.nbytes for k, b in pool.items() if k != name)
+    new = np.empty(n, dt)
+    if kept + new.nbytes <= _SCRATCH_BYTES:
+        pool[name] = new
+    else:
+        pool.pop(name, None)
+    return new
+
+
 def _flow(
     forest: Forest,
     lo: Sequence[int],
@@ -1299,11 +1328,11 @@ def _conditional_levels(
         cnt = forest.child_count[j - 1]
         starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
         n = x.shape[0]
-        p = np.empty((n, K))
-        fl = np.empty((n, K), np.int64)
-        a = np.empty((n, K))
-        phi = np.empty((cnt.size, K))
-        dev = np.zeros((cnt.size, K))
+        p = _scratch(f"p{j}", n * K, np.float64).reshape(n, K)
+        fl = np.empty((n, K), np.int64)  # becomes the level's counts: the caller keeps it
+        a = _scratch(f"a{j}", n * K, np.float64).reshape(n, K)  # A_prev: the level above's
+        phi = _scratch("phi", cnt.size * K, np.float64).reshape(cnt.size, K)
+        dev = _scratch("dev", cnt.size * K, np.float64).reshape(cnt.size, K)  # all written
         extremes = np.empty(2)
         conditional_shares(
             x, fl_par, p_par, starts, p, fl, a, phi, dev,
@@ -1352,10 +1381,10 @@ def _network_arrays(
     K = net.m - 1
     cc = np.arange(K)
     D = forest.depth - 1
-    tail_all = np.empty(net.n_arcs, net.vdt)
-    head_all = np.empty(net.n_arcs, net.vdt)
-    frac_all = np.empty(net.n_arcs)
-    u_all = np.empty(net.n_arcs)
+    tail_all = _scratch("tail", net.n_arcs, net.vdt)
+    head_all = _scratch("head", net.n_arcs, net.vdt)
+    frac_all = _scratch("frac", net.n_arcs, np.float64)
+    u_all = _scratch("u", net.n_arcs, np.float64)
     for j in range(1, D + 1):
         n, at, pj = net.sizes[j], lv.pos[j - 1], lv.par[j - 1]
         p = lv.ps[j - 1]
@@ -1378,12 +1407,12 @@ def _network_arrays(
         frac[:, 1:] = p
         net.put(frac_all, at, frac)
         del frac, Q
+        # one subtree: drawn straight into its arcs' slice, no level-sized copy
+        into = net.rows(u_all, at, n, np.float64) if net.sizes[0] == 1 else None
         u = keyed_uniforms(
             rng, f"{label}/{forest.names[j]}/controlled", n_global[j], lo[j], lo[j] + n, K,
-            aes_uniform_draws,
+            aes_uniform_draws, out=into,
         )  # fmt: skip
-        if net.sizes[0] == 1:
-            net.rows(u_all, at, n, np.float64)[:] = u
         net.put(u_all, at, u)
         del u, p
     return tail_all, head_all, frac_all, u_all

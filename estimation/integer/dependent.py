@@ -56,7 +56,7 @@ import numpy as np
 from numba import njit
 
 from censusdp.errors import DataError
-from censusdp.rng import KeyedRNG, Sampler, aes_counter
+from censusdp.rng import CHUNK, KeyedRNG, Sampler, aes_counter, chunk_range
 
 __all__ = [
     "DR_TOL",
@@ -492,8 +492,10 @@ def _walk_component(f0, f1, k, U, tol, arc, ct, ch, cw, bits, live, lists, walk)
     ``U[k], U[k + 1], …``: from each arc still fractional, walk (never back along the arc
     just used) until a vertex repeats, cancel that cycle and resume from its first vertex.
     ``lists`` is :func:`_vertex_lists`' ``(vhead, nxt, prv)``, ``walk`` the scratch ``(pos,
-    sv, se)``: each vertex's place on the walk (−1: off it), the walk's vertices and the arc
-    each was entered by. Returns −1, or a vertex left with a single fractional arc."""
+    sv, se)``: each vertex's place on the walk (−1: off it), the walk's vertices and the
+    half-edge each was entered by (:func:`_vertex_lists`; its parity says whether the arc
+    was walked along its direction, no load of its tail). Returns −1, or a vertex left with
+    a single fractional arc."""
     vhead, nxt, prv = lists
     pos, sv, se = walk
     for e0 in range(f0, f1):
@@ -501,12 +503,12 @@ def _walk_component(f0, f1, k, U, tol, arc, ct, ch, cw, bits, live, lists, walk)
             continue
         sp = 0
         sv[0] = ct[e0]
-        se[0] = -1
+        se[0] = -2
         pos[ct[e0]] = 0
         while sp >= 0:
             v = sv[sp]
             h = vhead[v]
-            if h >= 0 and (h >> 1) == se[sp]:
+            if h >= 0 and (h >> 1) == (se[sp] >> 1):
                 h = nxt[h]
             if h < 0:
                 if vhead[v] >= 0:
@@ -514,24 +516,23 @@ def _walk_component(f0, f1, k, U, tol, arc, ct, ch, cw, bits, live, lists, walk)
                 pos[v] = -1
                 sp -= 1
                 continue
-            e = h >> 1
-            u = ch[e] if (h & 1) == 0 else ct[e]
+            u = ch[h >> 1] if (h & 1) == 0 else ct[h >> 1]
             if pos[u] < 0:
                 sp += 1
                 sv[sp] = u
-                se[sp] = e
+                se[sp] = h
                 pos[u] = sp
                 continue
-            # the cycle sv[p0] .. sv[sp] and back to sv[p0] by arc e; an arc walked along
-            # its direction moves by +δ, against it by −δ; arcs made integral leave the lists
+            # the cycle sv[p0] .. sv[sp] and back to sv[p0] by half-edge h; an arc left by
+            # its tail (even half-edge) is walked along its direction and moves by +δ,
+            # against it by −δ; arcs made integral leave the lists
             p0 = pos[u]
             alpha = 1.0
             beta = 1.0
             for t in range(p0 + 1, sp + 2):
-                a = se[t] if t <= sp else e
-                fwd = ct[a] == sv[t - 1] if t <= sp else ct[a] == sv[sp]
-                x = cw[a]
-                if fwd:
+                g = se[t] if t <= sp else h
+                x = cw[g >> 1]
+                if (g & 1) == 0:
                     alpha = min(alpha, 1.0 - x)
                     beta = min(beta, x)
                 else:
@@ -540,9 +541,9 @@ def _walk_component(f0, f1, k, U, tol, arc, ct, ch, cw, bits, live, lists, walk)
             step = alpha if U[k] * (alpha + beta) < beta else -beta
             k += 1
             for t in range(p0 + 1, sp + 2):
-                a = se[t] if t <= sp else e
-                fwd = ct[a] == sv[t - 1] if t <= sp else ct[a] == sv[sp]
-                x = cw[a] + (step if fwd else -step)
+                g = se[t] if t <= sp else h
+                a = g >> 1
+                x = cw[a] + (step if (g & 1) == 0 else -step)
                 cw[a] = x
                 if x <= tol or x >= 1.0 - tol:
                     bits[arc[a]] = 1 if x > 0.5 else 0
@@ -893,19 +894,30 @@ def keyed_uniforms(
     row_hi: int,
     n_cols: int,
     sampler: Sampler = aes_uniform_draws,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The uniforms :func:`dependent_round` needs for global rows ``[row_lo, row_hi)``.
 
     Item ``row · (n_cols + 1) + j`` of the keyed stream ``label`` (of ``n_rows_global ·
     (n_cols + 1)`` items): a partition holding any run of whole groups draws the same
     uniforms for them as a single machine does. ``sampler`` is :func:`aes_uniform_draws`
-    unless a test replaces it.
+    unless a test replaces it. ``out`` (C-contiguous float64, ``row_hi − row_lo`` rows of
+    ``n_cols + 1``) receives them chunk by chunk, the same draws with no range-sized
+    temporary.
 
     Returns
     -------
     (row_hi − row_lo, n_cols + 1) numpy.ndarray
+        ``out`` when given.
     """
     m = n_cols + 1
-    return rng.draw(label, n_rows_global * m, row_lo * m, row_hi * m, sampler).reshape(
-        row_hi - row_lo, m
-    )
+    n, a, b = n_rows_global * m, row_lo * m, row_hi * m
+    if out is None:
+        return rng.draw(label, n, a, b, sampler).reshape(row_hi - row_lo, m)
+    flat = out.reshape(-1)  # a view of a C-contiguous out
+    if flat.size != b - a or not np.shares_memory(flat, out):
+        raise DataError(f"keyed uniforms: out must be C-contiguous with {b - a} entries")
+    for j in chunk_range(a, b):  # draw() of a range within a chunk slices that chunk's call
+        s, e = max(a, j * CHUNK), min(b, (j + 1) * CHUNK)
+        flat[s - a : e - a] = rng.draw(label, n, s, e, sampler).reshape(-1)
+    return out

@@ -271,6 +271,19 @@ def test_keyed_uniforms_do_not_depend_on_the_range():
     assert np.array_equal(whole[3:7], keyed_uniforms(rng, "t/dr", 10, 3, 7, 5))
 
 
+def test_keyed_uniforms_into_out_are_the_same_draws_across_chunks():
+    """Drawn into ``out`` chunk by chunk (rows 20..70 of 2,001 cells span four 65,536-item
+    chunks, both ends inside one): the same bits as the one-array draw; an ``out`` that is
+    not a C-contiguous block of the right size is refused."""
+    rng = KeyedRNG.reproducible(5, warn=False)
+    want = keyed_uniforms(rng, "t/out", 100, 20, 70, 2000)
+    out = np.full((50, 2001), np.nan)
+    got = keyed_uniforms(rng, "t/out", 100, 20, 70, 2000, out=out)
+    assert got is out and np.array_equal(out, want)
+    with pytest.raises(DataError, match="C-contiguous with 100050 entries"):
+        keyed_uniforms(rng, "t/out", 100, 20, 70, 2000, out=np.empty((2001, 50)).T)
+
+
 def test_refusals_name_what_is_wrong():
     P = np.array([[0.5, 0.5], [0.25, 0.5]])  # column 0 sums to 0.75
     with pytest.raises(DataError, match="group 0, column 0"):

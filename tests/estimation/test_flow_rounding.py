@@ -441,6 +441,33 @@ def test_runs_of_subtrees_rounded_at_a_time_change_no_bit(monkeypatch):
         assert np.array_equal(a, b)
 
 
+def test_per_thread_scratch_changes_no_bit(monkeypatch):
+    """The networks are built in per-thread scratch reused from partition to partition
+    (stale, larger buffers included), and partitions round on two threads at once: the
+    integers and bounds equal those with no scratch kept (every buffer fresh), partitions
+    of several subtrees and of one (drawn straight into the arcs) alike."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = []
+    for C, seed in ((40, 1), (1, 2), (25, 3), (1, 4)):
+        h, f, N, est, _ = _copies(C, integral_cut=False, seed=seed)
+        rng = KeyedRNG.reproducible(seed, warn=False)
+        cases.append((f, [0, 0, 0], h.sizes[1:], SCHEMA, N, np.full(C, 0.3), est, rng))
+
+    def run(args):
+        out = round_structured_partition(*args, NEGATIVE)
+        return out.counts + out.spread
+
+    with monkeypatch.context() as m:
+        m.setattr(sr, "_SCRATCH_BYTES", 0)
+        want = [run(c) for c in cases]
+    with ThreadPoolExecutor(2) as ex:
+        got = list(ex.map(run, cases * 6))
+    for i, g in enumerate(got):
+        for a, b in zip(want[i % len(cases)], g, strict=True):
+            assert np.array_equal(a, b)
+
+
 def test_partition_options_and_the_old_keywords_give_the_same_integers():
     """The settings once passed one by one are fields of PartitionOptions; for one release
     the keywords still work, applied over the options (a changed label draws other streams,
