@@ -145,6 +145,11 @@ DENSE_LEAVES = 4096
 #: GLS output), the process's resident memory about 1.5 times that (the heap's fragments).
 BLOCK_BYTES = 100_000
 
+#: Leaves whose non-negative product is made at once inside a partition (runs of the cut's
+#: children's subtrees: :meth:`RoundingInput.nonnegative_release`), bounding its
+#: transient memory whatever the partition's size.
+NONNEGATIVE_LEAVES = 8192
+
 #: The label the rounding's keyed streams descend from (``rng.child(ROUNDING)``).
 ROUNDING = "rounding"
 
@@ -726,12 +731,49 @@ class RoundingInput:
         if self.nonnegative is None:
             return release
         cut_nn, keys = self.nonnegative
-        nn = nonnegative_partition(
-            self.forest, self.lo, self.n_global, schema, cut_nn, list(release.piece.estimates),
-            keys,
-        )  # fmt: skip
-        own = PartitionRelease(release.partition, release.piece, nn.counts, cut_nn, self.forest)
+        f, lo, n, est = self.forest, self.lo, self.n_global, list(release.piece.estimates)
+        if f.depth <= 2 or f.sizes[-1] <= NONNEGATIVE_LEAVES:
+            counts = nonnegative_partition(f, lo, n, schema, cut_nn, est, keys).counts
+        else:  # the cut's children whole, then their subtrees a few at a time
+            head = Forest(f.first, f.names[:2], f.sizes[:2], f.child_count[:1], ())
+            top = nonnegative_partition(head, lo[:2], n[:2], schema, cut_nn, est[:1], keys)
+            counts = [top.counts[0]]
+            rest: list[list[np.ndarray]] = [[] for _ in est[1:]]
+            for sub, ranges in _subforests(f, NONNEGATIVE_LEAVES):
+                a, b = ranges[0]
+                low = nonnegative_partition(
+                    sub, [lo[j + 1] + r[0] for j, r in enumerate(ranges)], n[1:], schema,
+                    top.counts[0][a:b], [e[r0:r1] for e, (r0, r1) in zip(est[1:], ranges[1:],
+                                                                       strict=True)], keys,
+                )  # fmt: skip
+                for j, c in enumerate(low.counts):
+                    rest[j].append(c)
+            counts += [np.concatenate(c) for c in rest]
+        own = PartitionRelease(release.partition, release.piece, counts, cut_nn, self.forest)
         return dataclasses.replace(release, nonnegative=own)
+
+
+def _subforests(f: Forest, leaves: int):
+    """``(forest, ranges)`` of runs of the subtrees of ``f``'s second level, each with at
+    most ``leaves`` leaves where one subtree allows: ``ranges`` the local node ranges of
+    levels ``1 ..`` of ``f`` (a chunk of the non-negative product: its integers are keyed
+    by global node, so chunks give those of the whole)."""
+    ends = [np.arange(f.sizes[1] + 1)]  # per level from 1, each level-1 node's first node
+    for j in range(1, f.depth - 1):
+        cs = np.concatenate([[0], np.cumsum(f.child_count[j])])
+        ends.append(cs[ends[-1]])
+    cuts = [0]
+    for i in range(1, f.sizes[1] + 1):  # a loop over the cut's children, not blocks
+        if ends[-1][i] - ends[-1][cuts[-1]] > leaves and i - 1 > cuts[-1]:
+            cuts.append(i - 1)
+    cuts.append(f.sizes[1])
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        ranges = [(int(e[a]), int(e[b])) for e in ends]
+        sub = Forest(
+            f.first + 1, f.names[1:], [hi - lo for lo, hi in ranges],
+            [f.child_count[j + 1][r0:r1] for j, (r0, r1) in enumerate(ranges[:-1])], (),
+        )  # fmt: skip
+        yield sub, ranges
 
 
 #: ``sink(release, payload)`` on the worker (:func:`stream_pl94` with an executor): a

@@ -22,6 +22,7 @@ from pl94_fixtures import PLAN, SCHEMA, TOTAL, small_us
 from censusdp.estimation.gls.structured import structured_gls
 from censusdp.estimation.integer.nonnegative import nonnegative_structured
 from censusdp.pipelines.execute import open_executor
+from censusdp.pipelines.products import pl94_stream
 from censusdp.pipelines.products.pl94_stream import (
     NONNEGATIVE,
     Pl94StreamOptions,
@@ -71,7 +72,12 @@ def _stream(h, source, rng, **kw):
     return res, got, {p: c.result(res.persons) for p, c in checks.items()}
 
 
-def test_nonnegative_product_equals_the_in_memory_one_and_holds_its_identities(state) -> None:
+@pytest.mark.parametrize("chunk", [8192, 16])
+def test_nonnegative_product_equals_the_in_memory_one_and_holds_its_identities(
+    state, chunk, monkeypatch
+) -> None:
+    """Whole partitions, and (``chunk`` 16) each made a few tracts' subtrees at a time."""
+    monkeypatch.setattr(pl94_stream, "NONNEGATIVE_LEAVES", chunk)
     h, source = state
     rng = KeyedRNG.reproducible(21, warn=False)
     res, got, checked = _stream(h, source, rng, partitions=0)
