@@ -87,8 +87,8 @@ the memory it frees — one malloc arena, no trimming:
 
 Usage: ``python benchmarks/pl94_national.py [--fraction F] [--scheduler sync|threads|dask]
 [--workers W] [--dask-workers N] [--address tcp://…] [--compare] [--out DIR]
-[--partitions P] [--seed S] [--cache-mb M] [--check-county] [--histograms]
-[--platform-malloc]``.
+[--partitions P] [--seed S] [--cache-mb M] [--memory-gb G] [--products unbiased,nonnegative]
+[--check-county] [--histograms] [--platform-malloc]``.
 
 References
 ----------

@@ -80,7 +80,7 @@ blocks: process CPU 8.35 s with two workers (pool threads 1.15 / 1.06 and 2.40 /
 calling thread 1.33 s) against 8.96 s with one.
 
 Usage: ``python benchmarks/pl94_state.py [--blocks N] [--seed S] [--no-dense] [--in-memory]
-[--partitions P] [--cache-mb M] [--workers W]``.
+[--partitions P] [--cache-mb M] [--workers W] [--memory-gb G]``.
 
 References
 ----------

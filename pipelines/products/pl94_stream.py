@@ -33,8 +33,12 @@ Four passes:
    covariance blocks, and the integer cell tensors of its levels) in order, in the calling
    thread, and dropped.
 
-Memory is the largest partition's working set plus the levels above the cut and one small
-message per cut-level node: it does not grow with the number of leaves. The output is the
+Memory is the working sets of the partitions in flight plus the levels above the cut, the
+cached upward states and one small message per cut-level node: it does not grow with the
+number of leaves, and ``memory_bytes`` bounds the first two together
+(:class:`Pl94StreamOptions`). With ``nonnegative`` the non-negative product
+(:mod:`~censusdp.estimation.integer.nonnegative`) is made beside the unbiased one, each
+partition where it is rounded, a few of the cut's children's subtrees at a time. The output is the
 same bit for bit for any partitioning of the cut level, partition order and number of
 workers (keyed noise, keyed rounding, per-node GLS operations that do not depend on the batch;
 :mod:`~censusdp.pipelines.structured_stream`), and equals the in-memory
