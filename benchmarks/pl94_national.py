@@ -61,6 +61,23 @@ With ``--cache-mb 0`` (the kernel alone) the measurement took 7.43 CPU s; one pa
 measurement (26,113 blocks, 2,710 draws per block) 16.0–21.3 → 12.7–16.6 CPU µs per block
 (best runs of alternating pairs; one outlier at 24.3 under load).
 
+Both products and a memory budget (issue 36, 2026-11-28; ``--products`` default both,
+``--memory-gb`` default 4). ``--fraction 1/64``, threads, 2 workers, the shared 2-core machine
+at load 7–9 (wall seconds say little). Before (unbiased only, 8 partitions largest first, no
+budget): 77.4 CPU s, peak 7.3 GB, digest ``2cda55cd…``; by stage (CPU s) rounding 49.6, GLS
+17.3, measure 5.2, checks + store 4.3. RSS sampled per stage (``tracemalloc`` and ``/proc``,
+one 32,031-block partition at 1/256, sync, cache 0): the upward pass 2.1 GB, the GLS output
+2.45 GB, the rounding 2.0 GB, and the non-negative product made whole per partition 5.74 GB —
+that product, not the GLS, drove the peak once both were made (8.4 GB at 1/64 before the run
+was stopped). Now it is made a few tracts' subtrees at a time
+(:data:`~censusdp.pipelines.products.pl94_stream.NONNEGATIVE_LEAVES`), the partitions are sized
+by the budget, a large county runs beside a small one, and the driver starts a partition only
+while the working sets in flight and the cached states fit
+(:class:`~censusdp.pipelines.partition_driver.DriverOptions`): peak 5.6 GB with both products
+(``--platform-malloc``: 4.4 GB when stopped in the downward pass), not yet the issue's 4 GB:
+the largest 1/64 county alone (26,113 blocks) takes ~2.5 GB from the GLS output to its store
+pieces, and the county cut cannot split it (the block level in chunks of block groups is left).
+
 Measured (2026-11-24, the 2-core machine, quiet; threads, ``--workers 2``, the process keeping
 the memory it frees — one malloc arena, no trimming:
 :func:`~censusdp.pipelines.execute.keep_freed_memory`):
