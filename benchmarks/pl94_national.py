@@ -73,10 +73,13 @@ was stopped). Now it is made a few tracts' subtrees at a time
 (:data:`~censusdp.pipelines.products.pl94_stream.NONNEGATIVE_LEAVES`), the partitions are sized
 by the budget, a large county runs beside a small one, and the driver starts a partition only
 while the working sets in flight and the cached states fit
-(:class:`~censusdp.pipelines.partition_driver.DriverOptions`): peak 5.6 GB with both products
-(``--platform-malloc``: 4.4 GB when stopped in the downward pass), not yet the issue's 4 GB:
-the largest 1/64 county alone (26,113 blocks) takes ~2.5 GB from the GLS output to its store
-pieces, and the county cut cannot split it (the block level in chunks of block groups is left).
+(:class:`~censusdp.pipelines.partition_driver.DriverOptions`): peak 5.7 GB with both products,
+239.9 CPU s (the non-negative product 166.8 of them; the unbiased stages as before: rounding
+45.3, GLS 13.8, measure 5.3, checks + store of both 7.2), digest ``2cda55cd…`` unchanged, every
+check of both products true (``--platform-malloc``: 4.4 GB when stopped in the downward pass),
+not yet the issue's 4 GB: the largest 1/64 county alone (26,113 blocks) takes ~2.5 GB from the
+GLS output to its store pieces, and the county cut cannot split it (the block level in chunks
+of block groups is left).
 
 Measured (2026-11-24, the 2-core machine, quiet; threads, ``--workers 2``, the process keeping
 the memory it frees — one malloc arena, no trimming:
