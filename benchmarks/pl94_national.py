@@ -61,6 +61,26 @@ With ``--cache-mb 0`` (the kernel alone) the measurement took 7.43 CPU s; one pa
 measurement (26,113 blocks, 2,710 draws per block) 16.0–21.3 → 12.7–16.6 CPU µs per block
 (best runs of alternating pairs; one outlier at 24.3 under load).
 
+Both products and a memory budget (issue 36, 2026-11-28; ``--products`` default both,
+``--memory-gb`` default 4). ``--fraction 1/64``, threads, 2 workers, the shared 2-core machine
+at load 7–9 (wall seconds say little). Before (unbiased only, 8 partitions largest first, no
+budget): 77.4 CPU s, peak 7.3 GB, digest ``2cda55cd…``; by stage (CPU s) rounding 49.6, GLS
+17.3, measure 5.2, checks + store 4.3. RSS sampled per stage (``tracemalloc`` and ``/proc``,
+one 32,031-block partition at 1/256, sync, cache 0): the upward pass 2.1 GB, the GLS output
+2.45 GB, the rounding 2.0 GB, and the non-negative product made whole per partition 5.74 GB —
+that product, not the GLS, drove the peak once both were made (8.4 GB at 1/64 before the run
+was stopped). Now it is made a few tracts' subtrees at a time
+(:data:`~censusdp.pipelines.products.pl94_stream.NONNEGATIVE_LEAVES`), the partitions are sized
+by the budget, a large county runs beside a small one, and the driver starts a partition only
+while the working sets in flight and the cached states fit
+(:class:`~censusdp.pipelines.partition_driver.DriverOptions`): peak 5.7 GB with both products,
+239.9 CPU s (the non-negative product 166.8 of them; the unbiased stages as before: rounding
+45.3, GLS 13.8, measure 5.3, checks + store of both 7.2), digest ``2cda55cd…`` unchanged, every
+check of both products true (``--platform-malloc``: 4.4 GB when stopped in the downward pass),
+not yet the issue's 4 GB: the largest 1/64 county alone (26,113 blocks) takes ~2.5 GB from the
+GLS output to its store pieces, and the county cut cannot split it (the block level in chunks
+of block groups is left).
+
 Measured (2026-11-24, the 2-core machine, quiet; threads, ``--workers 2``, the process keeping
 the memory it frees — one malloc arena, no trimming:
 :func:`~censusdp.pipelines.execute.keep_freed_memory`):
@@ -87,8 +107,8 @@ the memory it frees — one malloc arena, no trimming:
 
 Usage: ``python benchmarks/pl94_national.py [--fraction F] [--scheduler sync|threads|dask]
 [--workers W] [--dask-workers N] [--address tcp://…] [--compare] [--out DIR]
-[--partitions P] [--seed S] [--cache-mb M] [--check-county] [--histograms]
-[--platform-malloc]``.
+[--partitions P] [--seed S] [--cache-mb M] [--memory-gb G] [--products unbiased,nonnegative]
+[--check-county] [--histograms] [--platform-malloc]``.
 
 References
 ----------
@@ -116,6 +136,7 @@ from censusdp.pipelines.execute import KEEP_FREED_MEMORY, keep_freed_memory, ope
 from censusdp.pipelines.io.pl94_store import Pl94Store, Pl94StoreWriter
 from censusdp.pipelines.partition import partition_units
 from censusdp.pipelines.products.pl94_stream import (
+    BLOCK_BYTES,
     Pl94StreamOptions,
     ReleaseChecks,
     Sinks,
@@ -134,8 +155,29 @@ from distributed_stream import _process, _warm  # noqa: E402
 #: The full synthetic U.S. (2020 geography: 85,528 tracts, 242,335 block groups, 8.13 M blocks).
 US = dict(states=52, counties=3221, tracts=85_000, block_groups=242_000, blocks=8_200_000,
           population=330_000_000)  # fmt: skip
-#: Leaves per partition by default (runs of whole counties).
+#: Leaves per partition at most by default (runs of whole counties).
 LEAVES_PER_PARTITION = 16_384
+#: The products a run can make (``--products``): the unbiased one is always made and stored.
+PRODUCTS = ("unbiased", "nonnegative")
+#: Memory outside the partitions' working sets (interpreter, libraries, the levels above the
+#: cut, the store writer), left out of the partitions' budget.
+BASE_BYTES = 600 * 2**20
+
+
+def partitioning(h, budget: int, workers: int, partitions: int = 0) -> tuple[list, list[int]]:
+    """The county runs of a run and their order: ``partitions`` of them, or as many as keep
+    ``workers`` partitions' working sets (:data:`BLOCK_BYTES` per block) within the memory
+    ``budget`` (and at most :data:`LEAVES_PER_PARTITION` blocks each); ordered largest,
+    smallest, second largest, ... so a large partition runs beside a small one."""
+    blocks = int(h.sizes[-1])
+    leaves = LEAVES_PER_PARTITION
+    if budget:
+        room = max(budget - BASE_BYTES, BLOCK_BYTES)
+        leaves = max(1, min(leaves, room // (workers * BLOCK_BYTES)))
+    parts = partition_units(h, h.level_index("county"), partitions or -(-blocks // leaves))
+    by_size = np.argsort([-p.leaves for p in parts], kind="stable").tolist()
+    order = [by_size[i // 2] if i % 2 == 0 else by_size[-1 - i // 2] for i in range(len(parts))]
+    return parts, order
 
 
 def _peak_mb() -> float:
@@ -180,11 +222,11 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
     source = SyntheticHistogram(pop, args.seed)
     rng = KeyedRNG.reproducible(args.seed, warn=False)
     total = ProductQuery.parse(schema, "total")
-    cut = h.level_index("county")
-    n_parts = args.partitions or max(1, round(h.sizes[-1] / LEAVES_PER_PARTITION))
-    parts = partition_units(h, cut, n_parts)
-    largest_first = np.argsort([-p.leaves for p in parts], kind="stable")
+    budget = int(args.memory_gb * 2**30)
+    parts, order = partitioning(h, budget, ex.workers, args.partitions)
     checks = ReleaseChecks(h, tables=True)
+    nonnegative = "nonnegative" in args.products
+    nn_checks = ReleaseChecks(h, tables=True, nonnegative=True) if nonnegative else None
     store_path = out_dir / "store"
     client = getattr(ex, "client", None)
     if client is not None:
@@ -202,21 +244,27 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
         def on_top(top) -> None:
             checks.top(top)
             store.top(top)
+            if nn_checks is not None:
+                nn_checks.top(top)
             _log(t_start, "top solved and rounded")
 
         res = stream_pl94(
             h, schema, source, plan, rng, on_top=on_top, options=Pl94StreamOptions(
-                partitions=parts, executor=ex, order=largest_first,
-                cache_bytes=int(args.cache_mb * 2**20),
-                sink=Sinks((checks.for_partition(), store.piece_sink())),
-                sink_payload=lambda p: (None, store.payload(p)),
+                partitions=parts, executor=ex, order=order,
+                cache_bytes=int(args.cache_mb * 2**20), nonnegative=nonnegative,
+                memory_bytes=max(budget - BASE_BYTES, 0) if budget else None,
+                sink=Sinks((checks.for_partition(), store.piece_sink(),
+                            *([nn_checks.for_partition()] if nonnegative else []))),
+                sink_payload=lambda p: (None, store.payload(p), *([None] if nonnegative else [])),
             ),
         )  # fmt: skip
         _log(t_start, f"{len(parts)} partitions written")
         t1, c1 = time.perf_counter(), time.process_time()
-        for checked, written in res.sunk:
+        for checked, written, *nn in res.sunk:
             checks.add(checked)
             store.add(written)
+            if nn:
+                nn_checks.add(nn[0])
         queries = [q for _, q, _ in plan] + [total, total]
         summary = store.finish(res, queries, info={"checks": checks.result(res.persons)})
         t_finish, c_finish = time.perf_counter() - t1, time.process_time() - c1
@@ -238,6 +286,11 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
         "rounding_partitions (in the tasks, summed)": (
             d["seconds_rounding"] - d["seconds_rounding_top"],
             d["cpu_seconds_rounding"] - d["cpu_seconds_rounding_top"]),
+        "nonnegative_top (driver)": (
+            d["seconds_nonnegative_top"], d["cpu_seconds_nonnegative_top"]),
+        "nonnegative_partitions (in the tasks, summed)": (
+            d["seconds_nonnegative"] - d["seconds_nonnegative_top"],
+            d["cpu_seconds_nonnegative"] - d["cpu_seconds_nonnegative_top"]),
         "checks_and_store_top (driver)": (
             d["seconds_callbacks_top"], d["cpu_seconds_callbacks_top"]),
         "checks_and_store_pieces (in the tasks, summed)": (
@@ -249,7 +302,11 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
     }  # fmt: skip
     st = d["stream"]
     workers_cpu = {a: after[a]["cpu"] - before[a]["cpu"] for a in after if a in before}
+    per_block = 1e6 / h.sizes[-1]
     out: dict = {
+        "products": list(args.products),
+        "memory_budget_bytes": budget,
+        "partitions_waiting_for_memory": st.get("partitions_waiting_for_memory"),
         "scheduler": ex.name,
         "workers": ex.workers,
         "partitions": len(res.partitions),
@@ -262,6 +319,8 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
         "cpu_seconds": c_run + sum(workers_cpu.values()),
         "seconds_per_stage": {k: v[0] for k, v in stages.items()},
         "cpu_seconds_per_stage": {k: v[1] for k, v in stages.items()},
+        "cpu_us_per_block": (c_run + sum(workers_cpu.values())) * per_block,
+        "cpu_us_per_block_per_stage": {k: v[1] * per_block for k, v in stages.items()},
         "stream_seconds (tasks summed)": {k: v for k, v in st.items() if k.startswith("seconds_")},
         "seconds_histogram_generation_inside_partitions (in-process only)": m["seconds_generate"],
         "seconds_noise_inside_partitions (in-process only)": m["seconds_noise"],
@@ -280,6 +339,7 @@ def run(args: argparse.Namespace, h, pop: np.ndarray, ex, out_dir: Path) -> dict
             "statement": res.privacy.text().split(". derived from")[0],
         },
         "checks": checks.result(res.persons),
+        "checks_nonnegative": None if nn_checks is None else nn_checks.result(res.persons),
         "persons": res.persons,
         "noisy_counts": res.noisy_counts,
     }
@@ -386,6 +446,18 @@ def benchmark(args: argparse.Namespace) -> dict:
     return out
 
 
+def _products(text: str) -> tuple[str, ...]:
+    """``--products``: a comma-separated subset of :data:`PRODUCTS` naming unbiased."""
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in PRODUCTS]
+    if bad or "unbiased" not in names:
+        raise argparse.ArgumentTypeError(
+            f"--products {text!r}: give unbiased and optionally nonnegative, comma-separated"
+            + (f" (unknown: {', '.join(bad)})" if bad else "")
+        )
+    return names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fraction", type=float, default=1.0)
@@ -417,6 +489,16 @@ def main() -> None:
         default=DEFAULT_CACHE_BYTES / 2**20,
         help="memory for upward states kept between the passes (default 1024; 0: regenerate)",
     )
+    ap.add_argument(
+        "--products", type=_products, default=PRODUCTS,
+        help="comma-separated: unbiased (always made and stored), nonnegative (made and "
+        "checked beside it on the workers); default both",
+    )  # fmt: skip
+    ap.add_argument(
+        "--memory-gb", type=float, default=4.0,
+        help="memory budget: partitions sized and run so their working sets and the cache "
+        "fit (default 4; 0: none, --partitions runs at once)",
+    )  # fmt: skip
     ap.add_argument("--check-county", action="store_true")
     ap.add_argument(
         "--histograms",

@@ -80,7 +80,7 @@ blocks: process CPU 8.35 s with two workers (pool threads 1.15 / 1.06 and 2.40 /
 calling thread 1.33 s) against 8.96 s with one.
 
 Usage: ``python benchmarks/pl94_state.py [--blocks N] [--seed S] [--no-dense] [--in-memory]
-[--partitions P] [--cache-mb M] [--workers W]``.
+[--partitions P] [--cache-mb M] [--workers W] [--memory-gb G]``.
 
 References
 ----------
@@ -138,6 +138,9 @@ ALLOCATION = Schema.load("pl94").allocation
 RHO = ALLOCATION.rho
 F = Fraction
 N_CELLS = int(np.prod(PL94_SHAPE))
+#: Memory outside the partitions' working sets (interpreter, libraries, levels above the cut),
+#: left out of ``--memory-gb``'s budget for them.
+BASE_BYTES = 600 * 2**20
 #: Tables whose standard errors are computed at every node of every level.
 SE_TABLES = ("total", "hhinstlevels", "votingage * hispanic", "votingage * hispanic * cenrace")
 #: The dense one-county path holds several (nodes, 2016, 2016) float64 arrays: skip it when
@@ -221,6 +224,7 @@ def run(
     partitions: int = 0,
     cache_mb: float = 4096.0,
     workers: int = 1,
+    memory_gb: float = 4.0,
 ) -> dict:
     t_start = time.perf_counter()
     state = synthetic_state(seed, blocks=blocks)
@@ -243,8 +247,10 @@ def run(
     digest = IntegerDigest()
     cut = h.level_index("county")
     parts = partition_units(h, cut, partitions or h.sizes[cut])
-    # largest first: two threads stay busy to the end with results taken in this order
-    largest_first = np.argsort([-p.leaves for p in parts], kind="stable")
+    # largest, smallest, second largest, ...: a large county smoothed beside a small one
+    by_size = np.argsort([-p.leaves for p in parts], kind="stable").tolist()
+    order = [by_size[i // 2] if i % 2 == 0 else by_size[-1 - i // 2] for i in range(len(parts))]
+    budget = int(memory_gb * 2**30) - BASE_BYTES if memory_gb else None
     t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
     if streaming:
 
@@ -262,8 +268,9 @@ def run(
 
         res = stream_pl94(
             h, schema, source, plan, rng, on_top=on_top, on_partition=on_partition,
-            options=Pl94StreamOptions(partitions=parts, workers=workers, order=largest_first,
-                                      cache_bytes=int(cache_mb * 2**20), privacy=claimed),
+            options=Pl94StreamOptions(partitions=parts, workers=workers, order=order,
+                                      cache_bytes=int(cache_mb * 2**20), privacy=claimed,
+                                      memory_bytes=budget),
         )  # fmt: skip
         d = res.diagnostics
         privacy, diagnostics = res.privacy, d["stream"]
@@ -467,6 +474,10 @@ def main() -> None:
         help="threads for the noise draws and the streamed partitions (default: the CPUs; "
         "the output does not depend on it)",
     )
+    ap.add_argument(
+        "--memory-gb", type=float, default=4.0,
+        help="memory budget of the partitions' working sets and cached states (0: none)",
+    )  # fmt: skip
     args = ap.parse_args()
     keep_freed_memory()  # the heap keeps what the partitions free: no page faults on reuse
     out = run(
@@ -477,6 +488,7 @@ def main() -> None:
         args.partitions,
         args.cache_mb,
         args.workers,
+        args.memory_gb,
     )
     print(json.dumps(out, indent=2))
 

@@ -184,12 +184,21 @@ class DriverOptions:
         Threads of this process running partitions at once when no executor is given.
     ahead : int, optional
         On Dask, partitions submitted and not yet taken back (default ``2 ×`` the workers).
+    memory_bytes : int, optional
+        A memory budget for this process's threads: a partition's pass starts only while
+        the working sets of those running (``costs``) plus the cached states fit in it (a
+        partition alone always runs), and the cache keeps at most ``memory_bytes`` minus
+        the largest working set. None: no budget (``workers`` partitions at once).
+    costs : sequence of int, optional
+        Per partition position, its estimated working set in bytes (with ``memory_bytes``).
     """
 
     cache_bytes: int | None = DEFAULT_CACHE_BYTES
     order: Sequence[int] | None = None
     workers: int = 1
     ahead: int | None = None
+    memory_bytes: int | None = None
+    costs: Sequence[int] | None = None
 
 
 def same(x: Any) -> Any:
@@ -239,6 +248,10 @@ class PartitionDriver:
         self.shared: list[Any] = []
         self.thread_cpu: list[list[float]] = []
         self.used = self.largest = self.regenerated = 0
+        # the memory budget's gate: bytes of the running partitions and of the cached states
+        self._gate = threading.Condition()
+        self.running = self.held = self.waited = self.turn = 0
+        self.sizes: dict[int, int] = {}
 
     # ------------------------------------------------------------------ where tasks run
     @property
@@ -301,20 +314,57 @@ class PartitionDriver:
                 i = keys[j]
             yield i, inflight.pop(i), value
 
+    def _acquire(self, i: int) -> None:
+        """Wait until the ``i``-th partition of ``order`` may start: every earlier one has
+        started (so none waits on a later one) and the memory budget has room for its
+        working set beside the partitions not yet taken back and the cached states (or
+        none of those is left)."""
+        need = int(self.options.costs[self.order[i]])  # type: ignore[index]
+        budget = int(self.options.memory_bytes)  # type: ignore[arg-type]
+
+        def room() -> bool:
+            fits = self.running == 0 or self.running + self.held + need <= budget
+            return self.turn == i and fits
+
+        with self._gate:
+            if not room():
+                self.waited += 1
+                self._gate.wait_for(room)
+            self.running += need
+            self.turn += 1
+            self._gate.notify_all()
+
+    def _free(self, i: int) -> None:
+        """The ``i``-th partition's result was taken back: its working set is free."""
+        with self._gate:
+            self.running -= int(self.options.costs[self.order[i]])  # type: ignore[index]
+            self._gate.notify_all()
+
     def _threaded(self, fn: Callable[[int], Any]) -> Iterator[tuple[int, Any]]:
-        """``fn(pos)`` over ``order`` in this process's threads, in order; with a pool, each
-        pool thread's CPU seconds are appended to :attr:`thread_cpu` (the pass's balance)."""
+        """``fn(pos)`` over ``order`` in this process's threads, in order; with
+        ``memory_bytes`` a partition's working set counts from its start until its result
+        is taken back (:meth:`_acquire`). With a pool, each pool thread's CPU seconds are
+        appended to :attr:`thread_cpu` (the pass's balance)."""
         if self.workers <= 1:
             yield from enumerate(ordered_ahead(fn, self.order, 1))
             return
         busy: dict[int, float] = {}
+        gated = self.options.memory_bytes is not None and self.options.costs is not None
+        index = {pos: i for i, pos in enumerate(self.order)}
+        self.turn = 0
 
         def timed(pos: int) -> Any:
+            if gated:
+                self._acquire(index[pos])
             out = fn(pos)
             busy[threading.get_ident()] = thread_cpu_seconds()  # a fresh pool's thread
             return out
 
-        yield from enumerate(ordered_ahead(timed, self.order, self.workers))
+        for i, out in enumerate(ordered_ahead(timed, self.order, self.workers)):
+            yield i, out
+            del out
+            if gated:
+                self._free(i)
         self.thread_cpu.append(sorted(busy.values(), reverse=True))
 
     # ------------------------------------------------------------------ the passes
@@ -323,6 +373,9 @@ class PartitionDriver:
         state cached while the budget allows (else dropped, recomputed in pass 3)."""
         messages: list[Any] = [None] * self.n
         budget = self.options.cache_bytes
+        if self.options.memory_bytes is not None and self.options.costs and self.ex is None:
+            room = self.options.memory_bytes - max(self.options.costs)
+            budget = max(0, room if budget is None else min(budget, room))
         if self.ex is None:
 
             def up(pos: int) -> tuple:
@@ -345,6 +398,9 @@ class PartitionDriver:
                 self.cached[pos] = state
                 self.used += size
                 self.largest = max(self.largest, size)
+                with self._gate:
+                    self.held += size
+                    self.sizes[pos] = size
             elif self.ex is not None:
                 self.ex.release([state])
             del state, handles, msg
@@ -353,6 +409,8 @@ class PartitionDriver:
 
     def _down_task(self, step: PartitionStep, pos: int) -> Task:
         state = self.cached.pop(pos, None)
+        with self._gate:  # the state is now the running partition's working set
+            self.held -= self.sizes.pop(pos, 0)
         if state is not None and self.ex is not None:
             self.sent[pos] = state  # its handle, released once its downward task is taken
         return step.down(pos, state)
@@ -403,6 +461,7 @@ class PartitionDriver:
             "partitions_regenerated": self.regenerated,
             "cache_bytes_used": self.used,
             "largest_cached_state_bytes": self.largest,
+            "partitions_waiting_for_memory": self.waited,
             "executor": self.name,
             "workers": self.workers if self.ex is None else self.ex.workers,
             "worker_thread_cpu_seconds": self.thread_cpu,

@@ -230,6 +230,13 @@ class StreamOptions:
         the masks vary over). Each partition's task is sent its own nodes' masks (and its
         nodes' weights, where ``node_variance`` varies by node), never a whole level below
         the cut.
+    memory_bytes : int, optional
+        A memory budget for the partitions run in this process's threads (``workers``): a
+        partition starts only while the running ones' working sets (``leaf_bytes`` × their
+        leaves) and the cached states fit in it, and the cache is held within it
+        (:class:`~censusdp.pipelines.partition_driver.DriverOptions`). None: no budget.
+    leaf_bytes : int
+        A partition's working set per leaf, in bytes (with ``memory_bytes``).
     """
 
     on_top: Callable[[StructuredPiece], None] | None = None
@@ -246,6 +253,8 @@ class StreamOptions:
     ahead: int | None = None
     hand_sunk: bool = False
     zeros: Mapping[str | int, np.ndarray] | None = None
+    memory_bytes: int | None = None
+    leaf_bytes: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -640,7 +649,14 @@ def _start(
             driver = PartitionDriver(
                 len(partitions),
                 opts.executor,
-                DriverOptions(opts.cache_bytes, opts.order, opts.workers, opts.ahead),
+                DriverOptions(
+                    opts.cache_bytes,
+                    opts.order,
+                    opts.workers,
+                    opts.ahead,
+                    opts.memory_bytes,
+                    [p.leaves * opts.leaf_bytes for p in partitions],
+                ),
             )
         except SpecError as e:
             raise SpecError(f"structured_stream: {e}") from None
@@ -830,7 +846,8 @@ class _StreamStep:
 #: The driver's counts in a streamed run's diagnostics (:meth:`PartitionDriver.stats`).
 _DRIVER_COUNTS = (
     "partitions", "partitions_cached", "partitions_regenerated", "cache_bytes_used",
-    "largest_cached_state_bytes", "executor", "workers", "worker_thread_cpu_seconds",
+    "largest_cached_state_bytes", "partitions_waiting_for_memory", "executor", "workers",
+    "worker_thread_cpu_seconds",
 )  # fmt: skip
 
 

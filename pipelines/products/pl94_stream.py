@@ -33,8 +33,12 @@ Four passes:
    covariance blocks, and the integer cell tensors of its levels) in order, in the calling
    thread, and dropped.
 
-Memory is the largest partition's working set plus the levels above the cut and one small
-message per cut-level node: it does not grow with the number of leaves. The output is the
+Memory is the working sets of the partitions in flight plus the levels above the cut, the
+cached upward states and one small message per cut-level node: it does not grow with the
+number of leaves, and ``memory_bytes`` bounds the first two together
+(:class:`Pl94StreamOptions`). With ``nonnegative`` the non-negative product
+(:mod:`~censusdp.estimation.integer.nonnegative`) is made beside the unbiased one, each
+partition where it is rounded, a few of the cut's children's subtrees at a time. The output is the
 same bit for bit for any partitioning of the cut level, partition order and number of
 workers (keyed noise, keyed rounding, per-node GLS operations that do not depend on the batch;
 :mod:`~censusdp.pipelines.structured_stream`), and equals the in-memory
@@ -59,6 +63,7 @@ Madow, W. G. (1949). On the theory of systematic sampling II — the unbiased ro
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -81,6 +86,11 @@ from censusdp.estimation.integer.controlled import (
     replicate_variance,
     round_structured_partition,
     round_structured_top,
+)
+from censusdp.estimation.integer.nonnegative import (
+    nonnegative_partition,
+    nonnegative_top,
+    partition_keys,
 )
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest
@@ -120,6 +130,7 @@ __all__ = [
     "TopRelease",
     "county_measurements",
     "exact_histograms",
+    "fingerprint",
     "measure_whole",
     "slice_check",
     "stream_pl94",
@@ -132,8 +143,24 @@ Plan = Sequence[tuple[str, ProductQuery, NoiseLaw]]
 #: bounds a partition's transient memory whatever its size.
 DENSE_LEAVES = 4096
 
+#: A ``pl94`` partition's working set per block in the downward pass (GLS piece, rounding,
+#: checks, store), the estimate :attr:`Pl94StreamOptions.memory_bytes` budgets with:
+#: tracemalloc's peak of one 32,031-block partition was 2.11 GB (66 KB per block, at the
+#: GLS output; resident 2.45 GB with the interpreter's 0.45 GB), the non-negative product
+#: made in chunks (:data:`NONNEGATIVE_LEAVES`) adding its integers and tables.
+BLOCK_BYTES = 100_000
+
+#: Leaves whose non-negative product is made at once inside a partition (runs of the cut's
+#: children's subtrees: :meth:`RoundingInput.nonnegative_release`), bounding its
+#: transient memory whatever the partition's size.
+NONNEGATIVE_LEAVES = 8192
+
 #: The label the rounding's keyed streams descend from (``rng.child(ROUNDING)``).
 ROUNDING = "rounding"
+
+#: The label the non-negative product's keyed streams descend from
+#: (``rng.child(NONNEGATIVE)``, :attr:`Pl94StreamOptions.nonnegative`).
+NONNEGATIVE = "nonnegative"
 
 
 # ----------------------------------------------------------------------------- sources
@@ -530,12 +557,17 @@ class TopRelease:
         :func:`~censusdp.estimation.integer.controlled.replicate_errors`); their
         :func:`~censusdp.estimation.integer.controlled.replicate_variance` is the
         replicate estimate of the rounding's variance. None without replicates.
+    nonnegative : TopRelease or None
+        With :attr:`Pl94StreamOptions.nonnegative`, the non-negative product of the same
+        levels (:func:`~censusdp.estimation.integer.nonnegative.nonnegative_top` of the same
+        estimates, the invariants ``==``; no spreads, no replicates), else None.
     """
 
     piece: StructuredPiece
     rounded: RoundedLevels
     invariants: tuple[ProductInvariant, ...] = ()
     replicate_errors: list[np.ndarray] | None = None
+    nonnegative: TopRelease | None = None
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -573,6 +605,11 @@ class PartitionRelease:
         Per level ``cut + 1 .. leaf``, ``(R, n_nodes, m)``: as
         :attr:`TopRelease.replicate_errors`, each replicate rounded from its own replicate
         of the cut nodes' integers (None without replicates).
+    nonnegative : PartitionRelease or None
+        With :attr:`Pl94StreamOptions.nonnegative`, the partition's non-negative product
+        (:func:`~censusdp.estimation.integer.nonnegative.nonnegative_partition` from its cut
+        nodes' non-negative integers, ``cut_counts`` those), computed where the partition
+        was rounded; else None.
     """
 
     partition: Partition
@@ -582,6 +619,7 @@ class PartitionRelease:
     forest: Forest
     total_var: list[np.ndarray] | None = None
     replicate_errors: list[np.ndarray] | None = None
+    nonnegative: PartitionRelease | None = None
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -619,6 +657,9 @@ class RoundingInput:
         Per replicate rounding, its cut nodes' integers and its keys (restricted as ``keys``).
     rows : QueryRows or None
         The rows whose replicate errors are kept (with ``replicates``).
+    nonnegative : tuple of (numpy.ndarray, KeyedRNG or SubKeys) or None
+        The non-negative product's cut nodes' integers and its keys (restricted as ``keys``:
+        :func:`~censusdp.estimation.integer.nonnegative.partition_keys`), or None.
     """
 
     forest: Forest
@@ -630,20 +671,23 @@ class RoundingInput:
     cut_var: np.ndarray | None = None
     replicates: tuple[tuple[np.ndarray, KeyedRNG | SubKeys], ...] = ()
     rows: object = None
+    nonnegative: tuple[np.ndarray, KeyedRNG | SubKeys] | None = None
 
     @classmethod
     def of(
         cls, h: Hierarchy, schema: Schema, part: Partition, top: RoundedLevels, rng: KeyedRNG,
         *, restrict: bool, replicates: Sequence[tuple[np.ndarray, KeyedRNG]] = (),
-        rows: object = None,
+        rows: object = None, nonnegative: tuple[RoundedLevels, KeyedRNG] | None = None,
     ) -> RoundingInput:  # fmt: skip
         """Partition ``part``'s input from the rounded top; with ``restrict`` the sub-keys of
         its own chunks of the rounding streams (``rng.child(ROUNDING)``) instead of the key.
         ``replicates``: per replicate rounding its cut level's integers (every cut node) and
         its key (:func:`~censusdp.estimation.integer.controlled.replicate_keys` of the
-        stream's key), restricted alike."""
+        stream's key), restricted alike; ``nonnegative``: the non-negative product's top and
+        key (``rng.child(NONNEGATIVE)``)."""
         cut, K = part.cut, schema.n_cells
         forest = Forest.of(h, cut, part.ranges)
+        lo = tuple(r[0] for r in part.ranges)
         streams = partition_streams(
             h.names[cut + 1 : cut + len(part.ranges)], part.ranges[1:], K, ROUNDING_LABEL
         )
@@ -651,11 +695,16 @@ class RoundingInput:
         def held(key: KeyedRNG) -> KeyedRNG | SubKeys:
             return key.restrict(streams) if restrict else key
 
+        nn = None
+        if nonnegative is not None:
+            nn_top, nn_key = nonnegative
+            nn = (nn_top.counts[cut][slice(*part.units)],
+                  partition_keys(nn_key, forest, lo, K) if restrict else nn_key)  # fmt: skip
         return cls(
-            forest, tuple(r[0] for r in part.ranges), tuple(int(n) for n in h.sizes[cut:]),
+            forest, lo, tuple(int(n) for n in h.sizes[cut:]),
             top.counts[cut][slice(*part.units)], bool(top.negative), held(rng),
             None if top.spread is None else top.spread[cut][slice(*part.units)],
-            tuple((c[slice(*part.units)], held(key)) for c, key in replicates), rows,
+            tuple((c[slice(*part.units)], held(key)) for c, key in replicates), rows, nn,
         )  # fmt: skip
 
     def release(self, part: Partition, piece: StructuredPiece, schema: Schema) -> PartitionRelease:
@@ -680,6 +729,56 @@ class RoundingInput:
         return PartitionRelease(
             part, piece, out.counts, self.cut_counts, self.forest, out.spread, errs
         )
+
+    def nonnegative_release(self, release: PartitionRelease, schema: Schema) -> PartitionRelease:
+        """``release`` with its :attr:`~PartitionRelease.nonnegative` product, from the same
+        estimates and the non-negative cut integers (``release`` itself without them)."""
+        if self.nonnegative is None:
+            return release
+        cut_nn, keys = self.nonnegative
+        f, lo, n, est = self.forest, self.lo, self.n_global, list(release.piece.estimates)
+        if f.depth <= 2 or f.sizes[-1] <= NONNEGATIVE_LEAVES:
+            counts = nonnegative_partition(f, lo, n, schema, cut_nn, est, keys).counts
+        else:  # the cut's children whole, then their subtrees a few at a time
+            head = Forest(f.first, f.names[:2], f.sizes[:2], f.child_count[:1], ())
+            top = nonnegative_partition(head, lo[:2], n[:2], schema, cut_nn, est[:1], keys)
+            counts = [top.counts[0]]
+            rest: list[list[np.ndarray]] = [[] for _ in est[1:]]
+            for sub, ranges in _subforests(f, NONNEGATIVE_LEAVES):
+                a, b = ranges[0]
+                low = nonnegative_partition(
+                    sub, [lo[j + 1] + r[0] for j, r in enumerate(ranges)], n[1:], schema,
+                    top.counts[0][a:b], [e[r0:r1] for e, (r0, r1) in zip(est[1:], ranges[1:],
+                                                                       strict=True)], keys,
+                )  # fmt: skip
+                for j, c in enumerate(low.counts):
+                    rest[j].append(c)
+            counts += [np.concatenate(c) for c in rest]
+        own = PartitionRelease(release.partition, release.piece, counts, cut_nn, self.forest)
+        return dataclasses.replace(release, nonnegative=own)
+
+
+def _subforests(f: Forest, leaves: int):
+    """``(forest, ranges)`` of runs of the subtrees of ``f``'s second level, each with at
+    most ``leaves`` leaves where one subtree allows: ``ranges`` the local node ranges of
+    levels ``1 ..`` of ``f`` (a chunk of the non-negative product: its integers are keyed
+    by global node, so chunks give those of the whole)."""
+    ends = [np.arange(f.sizes[1] + 1)]  # per level from 1, each level-1 node's first node
+    for j in range(1, f.depth - 1):
+        cs = np.concatenate([[0], np.cumsum(f.child_count[j])])
+        ends.append(cs[ends[-1]])
+    cuts = [0]
+    for i in range(1, f.sizes[1] + 1):  # a loop over the cut's children, not blocks
+        if ends[-1][i] - ends[-1][cuts[-1]] > leaves and i - 1 > cuts[-1]:
+            cuts.append(i - 1)
+    cuts.append(f.sizes[1])
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        ranges = [(int(e[a]), int(e[b])) for e in ends]
+        sub = Forest(
+            f.first + 1, f.names[1:], [hi - lo for lo, hi in ranges],
+            [f.child_count[j + 1][r0:r1] for j, (r0, r1) in enumerate(ranges[:-1])], (),
+        )  # fmt: skip
+        yield sub, ranges
 
 
 #: ``sink(release, payload)`` on the worker (:func:`stream_pl94` with an executor): a
@@ -713,6 +812,8 @@ class _RoundingSink:
         seconds: dict[str, float] = {}
         with stage(seconds, "rounding"):
             release = rounding.release(part, piece, self.schema)
+        with stage(seconds, "nonnegative"):
+            release = rounding.nonnegative_release(release, self.schema)
         with stage(seconds, "sink"):
             value = self.sink(release, theirs)
         return value, seconds
@@ -926,6 +1027,21 @@ class Pl94StreamOptions:
         The rows whose replicate errors are kept (default: the P1–P5 columns,
         :func:`~censusdp.pipelines.products.pl94_tables.pl94_codebook`'s rows, for the ``pl94``
         schema).
+    memory_bytes : int, optional
+        A memory budget for the partitions run in this process's threads: a partition
+        starts only while the running partitions' working sets (:data:`BLOCK_BYTES` per
+        block, or ``leaf_bytes``) and the cached upward states fit in it, the cache held
+        within it (:class:`~censusdp.pipelines.partition_driver.DriverOptions`). None: no
+        budget. The output does not depend on it.
+    leaf_bytes : int
+        A partition's working set per leaf (default :data:`BLOCK_BYTES`).
+    nonnegative : bool
+        Also make the non-negative product (:mod:`~censusdp.estimation.integer.nonnegative`:
+        no negative cell, the invariants ``==``, children summing to their parent) from the
+        same GLS estimates, post-processing under the same privacy statement: the top in
+        ``on_top`` (:attr:`TopRelease.nonnegative`), each partition where it is rounded
+        (:attr:`PartitionRelease.nonnegative`, so on the worker with a sink), keyed by
+        ``rng.child(NONNEGATIVE)``. The unbiased integers do not depend on it.
     """
 
     invariants: Sequence[tuple[str, ProductQuery | str]] = (("nation", "total"), ("state", "total"))
@@ -940,6 +1056,9 @@ class Pl94StreamOptions:
     sink_payload: Callable[[Partition], object] | None = None
     rounding_replicates: int = 0
     replicate_rows: object = None
+    memory_bytes: int | None = None
+    leaf_bytes: int = 0
+    nonnegative: bool = False
 
 
 def stream_pl94(
@@ -1020,8 +1139,8 @@ def stream_pl94(
 
 #: The stages of :attr:`Pl94StreamResult.diagnostics` (``seconds_*``, ``cpu_seconds_*``),
 #: in the order they are reported.
-_PL94_STAGES = ("truth", "measure_top", "gls", "rounding_top", "rounding", "callbacks_top",
-                "callbacks", "payloads", "measure")  # fmt: skip
+_PL94_STAGES = ("truth", "measure_top", "gls", "rounding_top", "rounding", "nonnegative_top",
+                "nonnegative", "callbacks_top", "callbacks", "payloads", "measure")  # fmt: skip
 
 #: The structured stream's stages that are the GLS (``seconds_gls``).
 _GLS_STAGES = ("setup", "up", "top", "down", "output")
@@ -1174,7 +1293,8 @@ class _Pl94Run:
                 on_top=self.round_top, privacy=opts.privacy, cache_bytes=opts.cache_bytes,
                 order=opts.order, workers=opts.workers, executor=opts.executor,
                 sink=_RoundingSink(sink or _the_release, self.schema), sink_payload=self.payload,
-                hand_sunk=sink is None,
+                hand_sunk=sink is None, memory_bytes=opts.memory_bytes,
+                leaf_bytes=opts.leaf_bytes or BLOCK_BYTES,
             ),
         )  # fmt: skip
 
@@ -1201,7 +1321,13 @@ class _Pl94Run:
                     for k in range(len(est))
                 ]
                 del reps
-        self.top = TopRelease(piece, rounded, tuple(invs), errs)
+        nn = None
+        if self.opts.nonnegative:
+            with stage(self.seconds, "nonnegative"), stage(self.seconds, "nonnegative_top"):
+                nn_top = nonnegative_top(h, schema, est, self.rng.child(NONNEGATIVE),
+                                         invariants=invs)  # fmt: skip
+                nn = TopRelease(piece, nn_top, tuple(invs))
+        self.top = TopRelease(piece, rounded, tuple(invs), errs, nn)
         if self.on_top is not None:
             with stage(self.seconds, "callbacks"), stage(self.seconds, "callbacks_top"):
                 self.on_top(self.top)
@@ -1211,6 +1337,8 @@ class _Pl94Run:
         return RoundingInput.of(
             self.h, self.schema, part, self.top.rounded, self.round_rng,
             restrict=restrict, replicates=self.replicates, rows=self.rows,
+            nonnegative=None if self.top.nonnegative is None
+            else (self.top.nonnegative.rounded, self.rng.child(NONNEGATIVE)),
         )  # fmt: skip
 
     def take_release(self, sunk: tuple[PartitionRelease, dict]) -> None:
@@ -1225,7 +1353,8 @@ class _Pl94Run:
     def add_task_seconds(self, seconds: dict[str, float]) -> None:
         """The rounding and sink seconds a partition's task measured, added to ``rounding``
         and ``callbacks``."""
-        for theirs, ours in (("rounding", "rounding"), ("sink", "callbacks")):
+        for theirs, ours in (("rounding", "rounding"), ("nonnegative", "nonnegative"),
+                             ("sink", "callbacks")):  # fmt: skip
             self.seconds[ours] += seconds[theirs]
             self.seconds[CPU_PREFIX + ours] += seconds[CPU_PREFIX + theirs]
 
@@ -1287,11 +1416,18 @@ class ReleaseChecks:
     ``==`` (:attr:`TopRelease.invariants`), and with ``tables`` every linear identity among
     the P1–P5 columns (:meth:`~censusdp.pipelines.io.codebook.Codebook.identities`: P1_001N =
     P2_001N, a total = the sum of its rows, ...) at every node, with P1_001N the node's
-    total. Holds only booleans and per-level totals.
+    total. Holds only booleans, per-level totals and the integers' :func:`fingerprint`.
+
+    With ``nonnegative`` the checks are of the releases' non-negative product
+    (:attr:`TopRelease.nonnegative`, :attr:`PartitionRelease.nonnegative`): every cell ``≥ 0``
+    replaces every cell ⌊x⌋ or ⌈x⌉ (that product is not a rounding of the estimates).
     """
 
-    def __init__(self, hierarchy: Hierarchy, *, tables: bool = False) -> None:
-        self.h = hierarchy
+    def __init__(
+        self, hierarchy: Hierarchy, *, tables: bool = False, nonnegative: bool = False
+    ) -> None:
+        self.h, self.nonnegative = hierarchy, nonnegative
+        self.fingerprint = np.zeros(hierarchy.depth, np.uint64)
         self.totals = np.zeros(hierarchy.depth, np.int64)
         self.floor_ceil = self.consistent = True
         self.invariants_exact: bool | None = None
@@ -1308,6 +1444,9 @@ class ReleaseChecks:
         self.clock: dict[str, float] = {"checks": 0.0}  # wall seconds, wherever they ran
 
     def _floor_ceil(self, counts: Sequence[np.ndarray], estimates: Sequence[np.ndarray]) -> None:
+        if self.nonnegative:
+            self.floor_ceil &= all(int(c.min(initial=0)) >= 0 for c in counts)
+            return
         for c, x in zip(counts, estimates, strict=True):
             d = c - np.asarray(x, dtype=float)
             self.floor_ceil &= bool(np.all((d > -1 - 1e-6) & (d < 1 + 1e-6)))
@@ -1331,8 +1470,13 @@ class ReleaseChecks:
             self.tables_exact &= bool(ok)
 
     def top(self, top: TopRelease) -> None:
+        top = top.nonnegative if self.nonnegative else top
+        if top is None:
+            raise SpecError("non-negative checks of a release without that product")
         with stage(self.clock, "checks"):
             counts = top.rounded.counts
+            for k, c in enumerate(counts):
+                self.fingerprint[k] += fingerprint(c, 0, k)
             self._floor_ceil(counts, top.piece.estimates)
             for k, c in enumerate(counts):
                 self.totals[k] += int(c.sum())
@@ -1350,11 +1494,12 @@ class ReleaseChecks:
     def for_partition(self) -> PartitionChecks:
         """The checks of one partition, to run where its release is (a sink on a worker);
         :meth:`add` takes what they return."""
-        return PartitionChecks(self.h.depth, self._identities, self._total_column)
+        return PartitionChecks(self.h.depth, self._identities, self._total_column, self.nonnegative)
 
     def add(self, checked: dict) -> None:
         """Accumulate one partition's :class:`PartitionChecks` result."""
         self.totals += np.asarray(checked["totals"], np.int64)
+        self.fingerprint += np.asarray(checked["fingerprint"], np.uint64)
         self.floor_ceil &= checked["floor_ceil"]
         self.consistent &= checked["consistent"]
         if self.tables_exact is not None:
@@ -1363,11 +1508,13 @@ class ReleaseChecks:
 
     def result(self, persons: int) -> dict:
         """The checks as JSON-able values (``persons``: the histogram's total)."""
+        cells = "every_cell_non_negative" if self.nonnegative else "every_cell_floor_or_ceil"
         return {
+            "integers_fingerprint": "".join(f"{int(f):016x}" for f in self.fingerprint),
             "rounded_total_per_level": dict(zip(self.h.names, self.totals.tolist(), strict=True)),
             "every_level_total_equals_the_persons": bool(np.all(self.totals == persons)),
             "invariants_exact": self.invariants_exact,
-            "every_cell_floor_or_ceil": self.floor_ceil,
+            cells: self.floor_ceil,
             "children_sum_to_parent_cell_by_cell": self.consistent,
             "table_identities_exact_at_every_node": self.tables_exact,
         }
@@ -1379,13 +1526,18 @@ class PartitionChecks(ReleaseChecks):
     :meth:`ReleaseChecks.add`."""
 
     def __init__(
-        self, depth: int, identities: sp.csr_matrix | None, total_column: int | None
-    ) -> None:
+        self, depth: int, identities: sp.csr_matrix | None, total_column: int | None,
+        nonnegative: bool = False,
+    ) -> None:  # fmt: skip
         self.depth, self._identities, self._total_column = depth, identities, total_column
+        self.nonnegative = nonnegative
 
     def __call__(self, out: PartitionRelease, payload: object = None) -> dict:
         """The partition's checks (``payload`` unused: a :data:`ReleaseSink`); safe to call
         from several threads at once (each call checks on its own copy)."""
+        out = out.nonnegative if self.nonnegative else out
+        if out is None:
+            raise SpecError("non-negative checks of a release without that product")
         return copy.copy(self)._check(out)
 
     def _check(self, out: PartitionRelease) -> dict:
@@ -1398,16 +1550,42 @@ class PartitionChecks(ReleaseChecks):
             levels = [out.cut_counts, *out.counts]
             for j in range(1, len(levels)):
                 self._sum_to(levels[j - 1], levels[j], out.forest.child_count[j - 1])
+            fp = np.zeros(self.depth, np.uint64)
             for j, c in enumerate(out.counts, start=out.partition.cut + 1):
                 self.totals[j] += int(c.sum())
+                fp[j] = fingerprint(c, out.partition.range(j)[0], j)
             self._tables(out.counts, out.tables if self._identities is not None else [])
         return {
+            "fingerprint": fp.tolist(),
             "totals": self.totals.tolist(),
             "floor_ceil": self.floor_ceil,
             "consistent": self.consistent,
             "tables_exact": self.tables_exact,
             "seconds": self.clock["checks"],
         }
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (Steele, Lea & Flood 2014), elementwise on uint64."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def fingerprint(counts: np.ndarray, first: int, level: int) -> np.uint64:
+    """A linear fingerprint of one level's integer cells, nodes ``first ..`` of it:
+    ``Σ_n w(level, n) · Σ_c counts[n, c] · v(c)`` mod 2⁶⁴, ``w`` and ``v`` pseudo-random
+    (:func:`_mix64`). A sum over nodes, so the fingerprints of a level's pieces add up
+    (mod 2⁶⁴) to the whole level's, whatever the partitioning: an identity check of the
+    integers, not a cryptographic digest."""
+    with np.errstate(over="ignore"):
+        c = np.ascontiguousarray(counts, dtype=np.int64)
+        flat = c.reshape(c.shape[0], int(np.prod(c.shape[1:]))).view(np.uint64)
+        v = _mix64(np.arange(flat.shape[1], dtype=np.uint64) + np.uint64(1 << 40))
+        nodes = np.arange(first, first + flat.shape[0], dtype=np.uint64)
+        w = _mix64(nodes + np.uint64(level << 48))
+        return np.uint64((flat @ v * w).sum(dtype=np.uint64))
 
 
 class StandardErrorSummary:

@@ -149,13 +149,10 @@ from censusdp.estimation.integer.controlled import (
 )
 from censusdp.estimation.integer.nonnegative import (
     BIASED_NOTE,
-    nonnegative_partition,
     nonnegative_structured,
-    nonnegative_top,
 )
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.equivalency import Equivalency, read_equivalency
-from censusdp.hierarchy.forest import Forest
 from censusdp.mechanisms.product_measure import (
     ProductInvariant,
     ProductMeasurement,
@@ -422,71 +419,41 @@ def _two_products(
     invariants: list[ProductInvariant],
     on_partition: Callable[[int, tuple], None] | None = None,
 ):
-    """Run the engine on ``source`` and make the non-negative product in its callbacks.
+    """Run the engine on ``source`` with its non-negative product
+    (:attr:`~censusdp.pipelines.products.pl94_stream.Pl94StreamOptions.nonnegative`, keys
+    ``rng.child("nonnegative")``) and hand both products' levels to ``on_levels``.
 
-    The non-negative product draws from ``rng.child("nonnegative")`` (the engine's noise and
-    rounding use other streams of ``rng``). ``invariants`` are ``source``'s (the non-negative
-    product holds them ==); ``on_partition(index, ranges)`` is told each partition's node
-    ranges (levels cut .. leaf). With ``with_pieces`` the engine also rounds
-    :data:`ROUNDING_REPLICATES` replicates for the standard errors.
+    ``invariants`` are ``source``'s (both products hold them ==); ``on_partition(index,
+    ranges)`` is told each partition's node ranges (levels cut .. leaf). With
+    ``with_pieces`` the engine also rounds :data:`ROUNDING_REPLICATES` replicates for the
+    standard errors.
     """
-    invs = invariants
-    on_part = on_partition
-    nn_rng = rng.child("nonnegative")
     k_cut = h.level_index(CUT)
-    held: dict = {}
 
     def on_top(top: TopRelease) -> None:
-        nn = nonnegative_top(h, schema, list(top.piece.estimates), nn_rng, invariants=invs)
-        held["nn"] = nn.counts[k_cut]
-        ranges = tuple((0, h.sizes[k]) for k in range(k_cut + 1))
         on_levels(
-            h.names[: k_cut + 1],
-            ranges,
-            top.piece if with_pieces else None,
-            list(top.counts),
-            nn.counts,
-            _exact_totals(top.rounded, h.names[: k_cut + 1], 0),
-            top.replicate_errors,
-        )
+            h.names[: k_cut + 1], tuple((0, h.sizes[k]) for k in range(k_cut + 1)),
+            top.piece if with_pieces else None, list(top.counts), top.nonnegative.counts,
+            _exact_totals(top.rounded, h.names[: k_cut + 1], 0), top.replicate_errors,
+        )  # fmt: skip
 
-    def on_partition(pr: PartitionRelease) -> None:
-        part = pr.partition
-        if on_part is not None:
-            on_part(pr.piece.partition, part.ranges)
-        nn = nonnegative_partition(
-            Forest.of(h, k_cut, part.ranges),
-            [r[0] for r in part.ranges],
-            h.sizes[k_cut:],
-            schema,
-            held["nn"][slice(*part.units)],
-            list(pr.piece.estimates),
-            nn_rng,
-        )
+    def on_release(pr: PartitionRelease) -> None:
+        if on_partition is not None:
+            on_partition(pr.piece.partition, pr.partition.ranges)
+        # below the cut the totals' spread is a bound (None): the replicates instead
         on_levels(
-            h.names[k_cut + 1 :],
-            tuple(part.ranges[1:]),
-            pr.piece if with_pieces else None,
-            list(pr.counts),
-            nn.counts,
-            None,  # below the cut the totals' spread is a bound: the replicates instead
+            h.names[k_cut + 1 :], tuple(pr.partition.ranges[1:]),
+            pr.piece if with_pieces else None, list(pr.counts), pr.nonnegative.counts, None,
             pr.replicate_errors,
-        )
+        )  # fmt: skip
 
     return stream_pl94(
-        h,
-        schema,
-        source,
-        plan,
-        rng,
-        on_top=on_top,
-        on_partition=on_partition,
+        h, schema, source, plan, rng, on_top=on_top, on_partition=on_release,
         options=Pl94StreamOptions(
-            invariants=INVARIANTS,
-            cut=CUT,
+            invariants=INVARIANTS, cut=CUT, nonnegative=True,
             rounding_replicates=ROUNDING_REPLICATES if with_pieces else 0,
         ),
-    )
+    )  # fmt: skip
 
 
 def column_standard_errors(
