@@ -17,7 +17,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import censusdp.estimation.integer.nonnegative as nn
+from censusdp.estimation.gls.predict import allocation_plan
+from censusdp.estimation.gls.structured import structured_gls
 from censusdp.estimation.integer.transport_kernel import simplex_threshold, transport_batch
+from censusdp.hierarchy.synthetic import synthetic_state
+from censusdp.pipelines.io.nmf import collect_nmf
+from censusdp.pipelines.io.nmf_writer import simulate_nmf
+from censusdp.pipelines.products.nmf_integers import nmf_integers
+from censusdp.pipelines.products.nmf_release import estimate_state
+from censusdp.pipelines.products.pl94_stream import SyntheticHistogram, measure_whole
+from censusdp.rng import KeyedRNG
+from censusdp.schema import Schema
+from tests.pipelines.test_nmf_integers import _state
 
 
 def _threshold_ref(z: np.ndarray, total: np.ndarray) -> np.ndarray:
@@ -130,13 +141,6 @@ def _recording(monkeypatch):
 
 def test_kernel_equals_numpy_on_the_pl94_product(monkeypatch):
     """Every batch of the non-negative product of a synthetic pl94 state (2,016 cells)."""
-    from censusdp.estimation.gls.predict import allocation_plan
-    from censusdp.estimation.gls.structured import structured_gls
-    from censusdp.hierarchy.synthetic import synthetic_state
-    from censusdp.pipelines.products.pl94_stream import SyntheticHistogram, measure_whole
-    from censusdp.rng import KeyedRNG
-    from censusdp.schema import Schema
-
     state = synthetic_state(2, blocks=60)
     h, schema = state.hierarchy, Schema.load("pl94")
     source = SyntheticHistogram(state.leaf_counts[:, 0], 2)
@@ -151,14 +155,6 @@ def test_kernel_equals_numpy_on_the_pl94_product(monkeypatch):
 
 def test_kernel_equals_numpy_on_the_nmf_product(monkeypatch):
     """Every batch of the NMF route's integers (structural zeros at ``−M``, state parts)."""
-    from tests.pipelines.test_nmf_integers import _state
-
-    from censusdp.pipelines.io.nmf import collect_nmf
-    from censusdp.pipelines.io.nmf_writer import simulate_nmf
-    from censusdp.pipelines.products.nmf_integers import nmf_integers
-    from censusdp.pipelines.products.nmf_release import estimate_state
-    from censusdp.rng import KeyedRNG
-
     h, block, cell, count, aian = _state(blocks=12)
     subs = simulate_nmf(h, block, cell, count, aian_counties=aian, with_us=False,
                         evaluation_rng=KeyedRNG.reproducible(7, warn=False))  # fmt: skip
