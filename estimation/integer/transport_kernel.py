@@ -35,32 +35,66 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["simplex_threshold", "transport_batch", "transport_problem"]
+__all__ = ["simplex_threshold", "sort_descending", "transport_batch", "transport_problem"]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _threshold_descending(u: np.ndarray, total: float, css: np.ndarray) -> float:
+    """:func:`simplex_threshold` of values ``u`` already in descending order."""
+    s = 0.0
+    k = 0
+    for j in range(u.size):
+        s = u[j] if j == 0 else s + u[j]
+        c = s - total
+        css[j] = c
+        if u[j] - c / (j + 1.0) > 0.0:
+            k += 1
+    k = max(k, 1)
+    return css[k - 1] / k
 
 
 @njit(cache=True, nogil=True)
 def simplex_threshold(v: np.ndarray, total: float, css: np.ndarray) -> float:
     """The simplex threshold ``θ`` with ``Σ max(v − θ, 0) = total`` (Held et al. 1974;
-    Duchi et al. 2008, Fig. 1) of the finite values ``v`` (sorted in place, ascending).
+    Duchi et al. 2008, Fig. 1) of the finite values ``v`` (sorted in place, descending).
 
     With ``u`` the values in descending order and ``css_j = (u_1 + … + u_j) − total``
     (summed left to right), ``k = max(1, #{j : u_j − css_j / j > 0})`` and
     ``θ = css_k / k``; ``total = 0`` gives ``θ = max v``. ``css`` is scratch of at least
     ``v.size`` floats.
     """
-    m = v.size
     v.sort()
-    s = 0.0
-    k = 0
-    for j in range(m):
-        u = v[m - 1 - j]
-        s = u if j == 0 else s + u
-        c = s - total
-        css[j] = c
-        if u - c / (j + 1.0) > 0.0:
-            k += 1
-    k = max(k, 1)
-    return css[k - 1] / k
+    v[:] = v[::-1].copy()
+    return _threshold_descending(v, total, css)
+
+
+@njit(cache=True, nogil=True)
+def sort_descending(v: np.ndarray, perm: np.ndarray) -> None:
+    """Sort ``v`` descending in place, ``perm`` moved along: insertion sort, linear on the
+    nearly sorted lanes of a converging sweep (the previous sweep's order), a full sort
+    once it has shifted more than ``4 · size + 16`` values (only the sorted *values* are
+    used, and those do not depend on the algorithm)."""
+    m = v.size
+    budget = 4 * m + 16
+    shifts = 0
+    for j in range(1, m):
+        key = v[j]
+        if v[j - 1] >= key:
+            continue
+        kp = perm[j]
+        i = j - 1
+        while i >= 0 and v[i] < key:
+            v[i + 1] = v[i]
+            perm[i + 1] = perm[i]
+            i -= 1
+        shifts += j - 1 - i
+        v[i + 1] = key
+        perm[i + 1] = kp
+        if shifts > budget:
+            order = np.argsort(-v)
+            v[:] = v[order]
+            perm[:] = perm[order]
+            return
 
 
 @njit(cache=True, nogil=True)
@@ -71,25 +105,37 @@ def transport_problem(
 
     Sweeps of exact dual block-coordinate ascent (Ohuchi & Kaji 1984): every row's
     ``α_i = −θ(z_i· + β, r_i)``, then every column's ``β_c = −θ(z_·c + α, s_c)``
-    (:func:`simplex_threshold`), then ``X = max((z + β) + α, 0)``; stops once
+    (:func:`simplex_threshold`; each lane kept in its previous sweep's order and re-sorted
+    by :func:`sort_descending`), then ``X = max((z + β) + α, 0)``; stops once
     ``max_i |Σ_c X_ic − r_i| ≤ tol`` (sums left to right). Returns the sweeps taken, 0 if
     not within ``tol`` after ``max_sweeps`` (``x`` then holds the last sweep's ``X``).
     """
     n, k = z.shape
+    zt = np.ascontiguousarray(z.T)
     a = np.zeros(n)
     b = np.zeros(k)
     row = np.empty(k)
     col = np.empty(n)
     css = np.empty(max(n, k))
+    pr = np.empty((n, k), np.int64)
+    pc = np.empty((k, n), np.int64)
+    for i in range(n):
+        pr[i] = np.arange(k)
+    for c in range(k):
+        pc[c] = np.arange(n)
     for sweep in range(1, max_sweeps + 1):
         for i in range(n):
-            for c in range(k):
-                row[c] = z[i, c] + b[c]
-            a[i] = -simplex_threshold(row, r[i], css)
+            p = pr[i]
+            for t in range(k):
+                row[t] = z[i, p[t]] + b[p[t]]
+            sort_descending(row, p)
+            a[i] = -_threshold_descending(row, r[i], css)
         for c in range(k):
-            for i in range(n):
-                col[i] = z[i, c] + a[i]
-            b[c] = -simplex_threshold(col, s[c], css)
+            p = pc[c]
+            for t in range(n):
+                col[t] = zt[c, p[t]] + a[p[t]]
+            sort_descending(col, p)
+            b[c] = -_threshold_descending(col, s[c], css)
         res = 0.0
         nan = False
         for i in range(n):

@@ -19,7 +19,11 @@ from hypothesis import strategies as st
 import censusdp.estimation.integer.nonnegative as nn
 from censusdp.estimation.gls.predict import allocation_plan
 from censusdp.estimation.gls.structured import structured_gls
-from censusdp.estimation.integer.transport_kernel import simplex_threshold, transport_batch
+from censusdp.estimation.integer.transport_kernel import (
+    simplex_threshold,
+    sort_descending,
+    transport_batch,
+)
 from censusdp.hierarchy.synthetic import synthetic_state
 from censusdp.pipelines.io.nmf import collect_nmf
 from censusdp.pipelines.io.nmf_writer import simulate_nmf
@@ -122,6 +126,27 @@ def test_threshold_is_the_simplex_threshold():
             assert theta == v.max()
         else:
             assert abs(np.maximum(v - theta, 0.0).sum() - total) < 1e-12
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    v=st.lists(st.sampled_from([-1.5, -0.0, 0.0, 0.5, 2.0, 3.25]) | st.floats(-5, 5), max_size=60),
+    shuffle=st.integers(0, 60),
+)
+def test_sort_descending_sorts_and_moves_the_permutation_along(v, shuffle):
+    """Nearly sorted lanes (insertion sort) and shuffled ones (past the budget: full sort)."""
+    v = np.array(sorted(v, reverse=True), np.float64)
+    gen = np.random.default_rng(shuffle)
+    for _ in range(shuffle):  # a few swaps, or many
+        if v.size > 1:
+            i, j = gen.integers(0, v.size, 2)
+            v[[i, j]] = v[[j, i]]
+    orig = v.copy()
+    perm = np.arange(v.size)
+    sort_descending(v, perm)
+    assert np.array_equal(v, -np.sort(-orig))
+    assert np.array_equal(orig[perm], v)
+    assert np.array_equal(np.sort(perm), np.arange(v.size))
 
 
 def _recording(monkeypatch):
