@@ -38,9 +38,13 @@ from numba import njit
 __all__ = ["simplex_threshold", "sort_descending", "transport_batch", "transport_problem"]
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _threshold_descending(u: np.ndarray, total: float, css: np.ndarray) -> float:
-    """:func:`simplex_threshold` of values ``u`` already in descending order."""
+@njit(cache=True, nogil=True)
+def simplex_threshold(u: np.ndarray, total: float, css: np.ndarray) -> float:
+    """The simplex threshold ``θ`` with ``Σ max(u − θ, 0) = total`` (Held et al. 1974;
+    Duchi et al. 2008, Fig. 1) of finite values ``u`` in descending order: with
+    ``css_j = (u_1 + … + u_j) − total`` (summed left to right) and
+    ``k = max(1, #{j : u_j − css_j / j > 0})``, ``θ = css_k / k`` (``total = 0``:
+    ``θ = u_1``). ``css`` is scratch of at least ``u.size`` floats."""
     s = 0.0
     k = 0
     for j in range(u.size):
@@ -51,21 +55,6 @@ def _threshold_descending(u: np.ndarray, total: float, css: np.ndarray) -> float
             k += 1
     k = max(k, 1)
     return css[k - 1] / k
-
-
-@njit(cache=True, nogil=True)
-def simplex_threshold(v: np.ndarray, total: float, css: np.ndarray) -> float:
-    """The simplex threshold ``θ`` with ``Σ max(v − θ, 0) = total`` (Held et al. 1974;
-    Duchi et al. 2008, Fig. 1) of the finite values ``v`` (sorted in place, descending).
-
-    With ``u`` the values in descending order and ``css_j = (u_1 + … + u_j) − total``
-    (summed left to right), ``k = max(1, #{j : u_j − css_j / j > 0})`` and
-    ``θ = css_k / k``; ``total = 0`` gives ``θ = max v``. ``css`` is scratch of at least
-    ``v.size`` floats.
-    """
-    v.sort()
-    v[:] = v[::-1].copy()
-    return _threshold_descending(v, total, css)
 
 
 @njit(cache=True, nogil=True)
@@ -129,13 +118,13 @@ def transport_problem(
             for t in range(k):
                 row[t] = z[i, p[t]] + b[p[t]]
             sort_descending(row, p)
-            a[i] = -_threshold_descending(row, r[i], css)
+            a[i] = -simplex_threshold(row, r[i], css)
         for c in range(k):
             p = pc[c]
             for t in range(n):
                 col[t] = zt[c, p[t]] + a[p[t]]
             sort_descending(col, p)
-            b[c] = -_threshold_descending(col, s[c], css)
+            b[c] = -simplex_threshold(col, s[c], css)
         res = 0.0
         nan = False
         for i in range(n):
