@@ -120,6 +120,7 @@ from censusdp.estimation.integer.dependent import (
     settle_margins,
 )
 from censusdp.estimation.integer.laminar import TOL, uniform_draws
+from censusdp.estimation.integer.transport_kernel import transport_batch
 from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.product_measure import ProductInvariant
@@ -248,39 +249,6 @@ def _ranges(first: np.ndarray, length: np.ndarray) -> np.ndarray:
     return np.repeat(first, length) + (np.arange(n) - off)
 
 
-def _transport_chunk(
-    z: np.ndarray, r: np.ndarray, s: np.ndarray, tol: np.ndarray, max_sweeps: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Dual block-coordinate ascent for a batch of transportation projections.
-
-    ``z`` (B, n, k) with ``-inf`` wherever the row or the column target is 0 (or padding),
-    ``r`` (B, n) row targets, ``s`` (B, k) column targets, ``tol`` (B,) absolute tolerances
-    of the row sums. Returns ``X`` (B, n, k) and the sweeps each problem took (0: not
-    converged). A problem is frozen as soon as it meets its tolerance, so its result depends
-    on its own data alone (not on the batch).
-    """
-    zt = np.ascontiguousarray(z.transpose(0, 2, 1))  # rows' lanes along axis 1
-    B, n, k = z.shape
-    out = np.zeros((B, k, n))
-    sweeps = np.zeros(B, np.int64)
-    live = np.arange(B)
-    b = np.zeros((B, k))
-    for sweep in range(1, max_sweeps + 1):
-        a = -_threshold(zt + b[:, :, None], r)  # every row's sum exact, given b
-        b = -_threshold(z + a[:, :, None], s)  # every column's sum exact, given a
-        xt = np.maximum(zt + b[:, :, None] + a[:, None, :], 0.0)
-        res = np.abs(np.cumsum(xt, axis=1)[:, -1, :] - r).max(axis=1, initial=0.0)
-        done = res <= tol
-        if done.any():
-            out[live[done]] = xt[done]
-            sweeps[live[done]] = sweep
-            keep = ~done
-            if not keep.any():
-                break
-            live, z, zt, r, s, tol, b = (v[keep] for v in (live, z, zt, r, s, tol, b))
-    return out.transpose(0, 2, 1), sweeps
-
-
 def project_transport(
     z: np.ndarray,
     rows: np.ndarray,
@@ -370,11 +338,13 @@ def project_transport(
             C, vc = _padded(*np.nonzero(act_c[p]), kc[p], k)
             valid = vr[:, :, None] & vc[:, None, :]
             zb = np.where(valid, z[R[:, :, None], C[:, None, :]], -np.inf)
-            x, sweeps = _transport_chunk(
+            x, sweeps = transport_batch(
                 zb,
                 np.where(vr, rows[R], 0.0),
                 np.where(vc, cols[p[:, None], C], 0.0),
                 bound[p],
+                nr[p],
+                kc[p],
                 max_sweeps,
             )
             if np.any(sweeps == 0):
