@@ -80,6 +80,13 @@ check of both products true (``--platform-malloc``: 4.4 GB when stopped in the d
 not yet the issue's 4 GB: the largest 1/64 county alone (26,113 blocks) takes ~2.5 GB from the
 GLS output to its store pieces, and the county cut cannot split it (the block level in chunks
 of block groups is left).
+Re-measured at the end of that session on the idle machine (load 0.5–1.5), after the
+rounding's per-thread scratch and the compiled transportation kernel: 154.6 s wall, 216.8 CPU s
+(1,692 µs per block: measure 4.2, GLS 13.0, rounding 39.8, non-negative product 152.3 = 1,188
+µs per block, checks + store 6.3), peak 7.22 GB (the per-thread rounding scratch stays resident
+and the budget's 100 KB per block is below the resident cost), digest ``2cda55cd…``, every check
+of both products true, store verified. Linear in blocks the full run is ~13,900 CPU s: the
+non-negative product (its transport rounding and ``settle_margins``) is 70% of it.
 
 Measured (2026-11-24, the 2-core machine, quiet; threads, ``--workers 2``, the process keeping
 the memory it frees — one malloc arena, no trimming:

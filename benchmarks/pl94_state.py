@@ -79,6 +79,12 @@ two partitions' rounding working sets at once, the two largest counties first. A
 blocks: process CPU 8.35 s with two workers (pool threads 1.15 / 1.06 and 2.40 / 2.37 s,
 calling thread 1.33 s) against 8.96 s with one.
 
+Re-measured at the end of that session on the idle machine (load 0.5–1.5), after the
+rounding's per-thread scratch (``--no-dense``; integer digest ``704fb31d…`` in both): with
+``--memory-gb 0`` 42.1 s wall, 74.9 CPU s (measure 6.9, GLS 18.3, SEs 3.8, rounding 42.2), peak
+9.6 GB; with the default 4 GB budget 49.3 s wall, 69.8 CPU s (rounding 40.5), peak 5.8 GB — the
+budget holds the largest counties apart, so the downward pass's threads ran 37.5 / 16.0 CPU s.
+
 Usage: ``python benchmarks/pl94_state.py [--blocks N] [--seed S] [--no-dense] [--in-memory]
 [--partitions P] [--cache-mb M] [--workers W] [--memory-gb G]``.
 
