@@ -98,6 +98,7 @@ from censusdp.pipelines.partition_driver import (
     Task,
     drive,
     integerize,
+    no_message,
     register_integerizer,
     same,
 )
@@ -389,11 +390,6 @@ def _leftovers(part: RoundPart) -> tuple[RoundPart, int]:
     return part.leftovers(), 0
 
 
-def _no_message(part: np.ndarray) -> tuple[None, int]:
-    """Bipartite rounding sends nothing up: each leaf parent is rounded on its own."""
-    return None, 0
-
-
 def _settle_task(item: tuple, plan: RoundingPlan | None, tol: float) -> ReleasePiece:
     """A partition's integer piece: its leaves with the increments the levels above the cut
     gave its leftovers, summed up to the cut; the variances plus the exact rounding
@@ -590,7 +586,7 @@ class RoundIntegerizer:
             rows = [release.estimates[cut][slice(*p.range(cut))] if D - 2 == cut else None
                     for p in parts]  # fmt: skip
             settle = [(none, none, none, r) for r in rows]
-            return cls(*common, tasks, _no_message, None, masks, labels, settle=settle)
+            return cls(*common, tasks, no_message, None, masks, labels, settle=settle)
         plan = RoundingPlan.build(h.names, cells, method, invs, queries)
         n_global = tuple(h.sizes[cut:])
         tasks = []
@@ -726,7 +722,7 @@ class NonNegativeIntegerizer:
     label: str = LABEL
     tol: float = TOL
     top_counts: list = dataclasses.field(default_factory=list)
-    message_fn = staticmethod(_no_message)
+    message_fn = staticmethod(no_message)
 
     @classmethod
     def of(

@@ -44,7 +44,7 @@ from censusdp.hierarchy import Hierarchy
 from censusdp.hierarchy.forest import Forest, whole_forest
 from censusdp.mechanisms.product_query import ProductQuery
 from censusdp.mechanisms.queries import Invariant
-from censusdp.pipelines.partition_driver import Task, register_integerizer, same
+from censusdp.pipelines.partition_driver import Task, no_message, register_integerizer, same
 from censusdp.pipelines.partitioned_release import PartitionedRelease, ReleasePiece
 from censusdp.rng import KeyedRNG
 
@@ -58,11 +58,6 @@ NOTE = (
 )
 
 Fitted = list[dict[str, tuple[ProductQuery, np.ndarray]]]
-
-
-def no_message(state: Any) -> tuple[None, int]:
-    """A partition sends nothing up."""
-    return None, 0
 
 
 def _problem(
